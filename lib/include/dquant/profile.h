@@ -1,0 +1,100 @@
+/* dquant — codec profiles (container format version 1).
+ *
+ * A profile is everything a decoder needs besides the bytes: the stream shape (kv_heads × head_dim
+ * values per token), per kind (keys, values) the container size in bytes and the number of levels
+ * with its integer frequency table, the sharpening used to make the tables, the key-mean window W,
+ * the BF16 residual window R and the rotation seed. Frequency tables are computed once, when the
+ * profile is made, and from then on travel as integers, so that every machine encodes and decodes
+ * against the same table. A profile is plain data: copy it freely. */
+#ifndef DQUANT_PROFILE_H
+#define DQUANT_PROFILE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dquant/export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DQ_FORMAT_VERSION 1
+#define DQ_MAX_LEVELS 32
+#define DQ_MIN_LEVELS 2
+#define DQ_MAX_STREAM 65536u        /* largest n = kv_heads × head_dim */
+#define DQ_MAX_CONTAINER 65536u     /* largest container, bytes */
+#define DQ_PROFILE_NAME_MAX 32
+#define DQ_PROFILE_SERIALIZED_MAX 512
+
+typedef enum dq_kind {
+    DQ_KIND_K = 0, /* keys: rotation, window mean removal, affine grid */
+    DQ_KIND_V = 1, /* values: rotation, affine grid */
+} dq_kind;
+
+typedef struct dq_profile {
+    uint32_t format_version;                /* DQ_FORMAT_VERSION */
+    char name[DQ_PROFILE_NAME_MAX];         /* NUL-terminated, informational */
+    uint32_t kv_heads;
+    uint32_t head_dim;                      /* power of two */
+    uint32_t container_bytes[2];            /* C_K, C_V: payload bytes per stream (rANS state + bytes) */
+    uint32_t levels[2];                     /* M_K, M_V in [2, 32] */
+    float alpha;                            /* sharpening exponent used to make the tables */
+    uint32_t window;                        /* W: tokens per key-mean window (>= 1) */
+    uint32_t residual;                      /* R: BF16 tail, tokens (R >= W) */
+    uint64_t rotation_seed;                 /* 0: no sign flips (D = I) */
+    uint16_t freq[2][DQ_MAX_LEVELS];        /* f_m >= 1, sum 256; entries past levels are 0 */
+} dq_profile;
+
+/* What dq_profile_make needs; fill with dq_profile_params_default() then change fields. */
+typedef struct dq_profile_params {
+    uint32_t kv_heads, head_dim;
+    uint32_t container_bytes[2];
+    uint32_t levels[2];
+    float alpha;
+    uint32_t window, residual;
+    uint64_t rotation_seed;
+    const char *name;                       /* NULL: "custom" */
+} dq_profile_params;
+
+/* dq226 shape for n = 8 × 128: C 331/231, M 8/6, alpha 1.4, W = R = 128, seed 0x5eed. */
+DQ_API void dq_profile_params_default(dq_profile_params *p);
+
+/* Computes the frequency tables from Gaussian order statistics and fills *out.
+ * Returns DQ_PROFILE for bad shapes or levels, DQ_CONTAINER_TOO_SMALL when even the all-cheapest
+ * assignment of a stream does not fit its container. */
+DQ_API int dq_profile_make(const dq_profile_params *params, dq_profile *out);
+
+/* The built-in profiles, instantiated for a stream shape. Container sizes keep the payload bit
+ * rate of the n = 1024 definition: C = round((rate · n + 32) / 8) bytes.
+ *   "dq226": rate K 2.5547, V 1.7734 bits/value (C 331/231 at n = 1024), M 8/6 → 2.26 bits/value
+ *   "dq196": rate K 2.2109, V 1.5234 bits/value (C 287/199 at n = 1024), M 7/5 → 1.96 bits/value
+ * Returns DQ_PROFILE for an unknown name or bad shape. */
+DQ_API int dq_profile_builtin(const char *name, uint32_t kv_heads, uint32_t head_dim, dq_profile *out);
+/* NULL-terminated list of built-in profile names. */
+DQ_API const char *const *dq_profile_builtin_names(void);
+
+/* Checks every field of a profile that came from outside (wire, disk): shapes, levels, tables
+ * summing to 256 with every f >= 1, containers large enough. Returns 0 or an error code. */
+DQ_API int dq_profile_validate(const dq_profile *p);
+
+/* Stored bits per value of one kind, every byte counted: container + fp16 scale/offset per token,
+ * plus for keys the INT8 window mean (n bytes + fp16 scale per W tokens). */
+DQ_API double dq_profile_bits_per_value(const dq_profile *p, dq_kind kind);
+/* Mean of the two kinds. */
+DQ_API double dq_profile_bits_per_value_mean(const dq_profile *p);
+
+/* Fixed little-endian serialization ("DQPF", version, fields, FNV-1a 32 checksum).
+ * serialize: writes at most cap bytes, sets *len; DQ_INVALID_ARGUMENT if cap is too small.
+ * deserialize: validates fully (dq_profile_validate); DQ_TRUNCATED, DQ_CORRUPT, DQ_VERSION. */
+DQ_API int dq_profile_serialize(const dq_profile *p, uint8_t *buf, size_t cap, size_t *len);
+DQ_API int dq_profile_deserialize(const uint8_t *buf, size_t len, dq_profile *out);
+
+/* The analytic model alone: symbol probabilities of an n-value Gaussian stream on an M-level
+ * min–max grid (p[M], summing to 1), and the sharpened integer table (f[M], sum 256, f >= 1). */
+DQ_API int dq_model_probabilities(uint32_t n, uint32_t levels, double *p);
+DQ_API int dq_model_freq_table(uint32_t n, uint32_t levels, float alpha, uint16_t *freq);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,334 @@
+/* Decode attention on the containers (DESIGN §2.7, seed Appendix A).
+ *
+ * Token-centric: a window's K streams are decoded once (all KV heads at a time) and their levels
+ * feed the dot products of every query head of the group directly:
+ *     q'·k̂_t = s_t·Σ_j q'_j m_{t,j} + o_t·Σ_j q'_j + Σ_j q'_j μ_j
+ * then the V streams, with the scale folded into the attention weight and the offset accumulated
+ * on the side:  Σ_t a_t v̂_t = Σ_t (a_t s_t) m_t + (Σ_t a_t o_t)·1.
+ * The accumulator lives in the rotated domain and is un-rotated once per head; the BF16 tail is then
+ * attended exactly in the original domain with the same running max and sum (online softmax). */
+#include <math.h>
+#include <string.h>
+
+#include "codec_internal.h"
+#include "dquant/attention.h"
+#include "dsp.h"
+
+/* dq_layer is opaque even inside the library; attention reads it through the public accessors. */
+
+static inline uint16_t get_u16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+
+typedef struct attn_state {
+    uint32_t qn, d, W;
+    float *qr;     /* [qn][d] rotated queries */
+    float *accw;   /* [qn][d] one window's contribution, float */
+    double *acc;   /* [qn][d] running accumulator */
+    float *logit;  /* [qn][W] logits, then weights */
+    double *l, *off; /* [qn] running sum of weights, running Σ a·(o + s·c) */
+    float *m, *qsum, *qmu, *offw; /* [qn] */
+} attn_state;
+
+static void state_layout(attn_state *st, float *base, uint32_t qn, uint32_t d, uint32_t W)
+{
+    st->qn = qn;
+    st->d = d;
+    st->W = W;
+    st->acc = (double *)(void *)base;
+    st->l = st->acc + (size_t)qn * d;
+    st->off = st->l + qn;
+    float *f = (float *)(void *)(st->off + qn);
+    st->qr = f;
+    st->accw = st->qr + (size_t)qn * d;
+    st->logit = st->accw + (size_t)qn * d;
+    st->m = st->logit + (size_t)qn * W;
+    st->qsum = st->m + qn;
+    st->qmu = st->qsum + qn;
+    st->offw = st->qmu + qn;
+}
+
+/* Softmax bookkeeping for one block of cnt logits per head: rescale the running state to the new
+ * max and turn the block's logits into weights. */
+static void softmax_block(attn_state *st, uint32_t cnt)
+{
+    for (uint32_t h = 0; h < st->qn; h++) {
+        float *lg = st->logit + (size_t)h * st->W;
+        float mb = -INFINITY;
+        for (uint32_t t = 0; t < cnt; t++)
+            mb = fmaxf(mb, lg[t]);
+        float mnew = fmaxf(st->m[h], mb);
+        if (mnew > st->m[h]) {
+            double alpha = st->m[h] == -INFINITY ? 0.0 : exp((double)st->m[h] - (double)mnew);
+            st->l[h] *= alpha;
+            st->off[h] *= alpha;
+            double *acc = st->acc + (size_t)h * st->d;
+            for (uint32_t j = 0; j < st->d; j++)
+                acc[j] *= alpha;
+            st->m[h] = mnew;
+        }
+        float sum = 0;
+        for (uint32_t t = 0; t < cnt; t++) {
+            float p = expf(lg[t] - mnew);
+            lg[t] = p;
+            sum += p;
+        }
+        st->l[h] += sum;
+    }
+}
+
+static void attend_windows(const dq_codec *c, dq_workspace *ws, const dq__dsp *dsp, const dq_layer *layer,
+                           attn_state *st, uint32_t qh0, uint32_t G, float scale)
+{
+    const uint32_t n = c->n, d = c->head_dim, W = c->profile.window;
+    const dq__kind_tables *ktk = &c->kt[DQ_KIND_K], *ktv = &c->kt[DQ_KIND_V];
+    /* levels are centered on the middle of the grid: m - c with c = (M - 1)/2 (exact in float) */
+    const float ck = 0.5f * (float)(ktk->levels - 1), cv = 0.5f * (float)(ktv->levels - 1);
+    float *mu = ws->f1;
+    const size_t nwin = dq_layer_window_count(layer);
+    for (size_t w = 0; w < nwin; w++) {
+        const uint8_t *win = dq_layer_window(layer, w);
+        dq__mean_dequant(c, dq_window_mean(c, win), mu);
+        for (uint32_t h = 0; h < st->qn; h++) {
+            uint32_t kv = (qh0 + h) / G;
+            float s = 0;
+            const float *q = st->qr + (size_t)h * d;
+            for (uint32_t j = 0; j < d; j++)
+                s += q[j] * mu[kv * d + j];
+            st->qmu[h] = s;
+        }
+        const uint8_t *krec = dq_window_record(c, win, DQ_KIND_K, 0);
+        dsp->decode_levels(&ktk->dec, krec, c->record_bytes[0], W, ktk->container, n, ws->levels);
+        for (uint32_t t = 0; t < W; t++) {
+            const uint8_t *rec = krec + (size_t)t * c->record_bytes[0];
+            const float s = dq_f16_to_f32(get_u16(rec)), o = dq_f16_to_f32(get_u16(rec + 2));
+            const float mid = o + s * ck;
+            const uint8_t *lev = ws->levels + (size_t)t * n;
+            for (uint32_t h = 0; h < st->qn; h++) {
+                uint32_t kv = (qh0 + h) / G;
+                float dot = dsp->dot_u8(st->qr + (size_t)h * d, lev + (size_t)kv * d, d, ck);
+                st->logit[(size_t)h * W + t] = scale * (s * dot + mid * st->qsum[h] + st->qmu[h]);
+            }
+        }
+        softmax_block(st, W);
+        memset(st->accw, 0, sizeof(float) * st->qn * d);
+        memset(st->offw, 0, sizeof(float) * st->qn);
+        const uint8_t *vrec = dq_window_record(c, win, DQ_KIND_V, 0);
+        dsp->decode_levels(&ktv->dec, vrec, c->record_bytes[1], W, ktv->container, n, ws->levels);
+        for (uint32_t t = 0; t < W; t++) {
+            const uint8_t *rec = vrec + (size_t)t * c->record_bytes[1];
+            const float s = dq_f16_to_f32(get_u16(rec)), o = dq_f16_to_f32(get_u16(rec + 2));
+            const float mid = o + s * cv;
+            const uint8_t *lev = ws->levels + (size_t)t * n;
+            for (uint32_t h = 0; h < st->qn; h++) {
+                uint32_t kv = (qh0 + h) / G;
+                float p = st->logit[(size_t)h * W + t];
+                dsp->axpy_u8(st->accw + (size_t)h * d, p * s, lev + (size_t)kv * d, d, cv);
+                st->offw[h] += p * mid;
+            }
+        }
+        for (uint32_t h = 0; h < st->qn; h++) {
+            double *acc = st->acc + (size_t)h * d;
+            const float *aw = st->accw + (size_t)h * d;
+            for (uint32_t j = 0; j < d; j++)
+                acc[j] += aw[j];
+            st->off[h] += st->offw[h];
+        }
+    }
+}
+
+static void fwht_d(double *x, uint32_t len)
+{
+    for (uint32_t h = 1; h < len; h <<= 1)
+        for (uint32_t i = 0; i < len; i += h << 1)
+            for (uint32_t j = i; j < i + h; j++) {
+                double a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+}
+
+/* Un-rotates the accumulators of query heads [qh0, qh0 + qn) (kv head of each) in place. */
+static void unrotate_acc(const dq_codec *c, attn_state *st, uint32_t qh0, uint32_t G)
+{
+    const uint32_t d = c->head_dim;
+    const double scale = 1.0 / sqrt((double)d);
+    for (uint32_t h = 0; h < st->qn; h++) {
+        uint32_t kv = (qh0 + h) / G;
+        double *acc = st->acc + (size_t)h * d;
+        for (uint32_t j = 0; j < d; j++)
+            acc[j] += st->off[h];
+        st->off[h] = 0;
+        fwht_d(acc, d);
+        for (uint32_t j = 0; j < d; j++)
+            acc[j] *= c->signs ? scale * c->signs[kv * d + j] : scale;
+    }
+}
+
+static void attend_tail(const dq_codec *c, dq_workspace *ws, const dq_layer *layer, attn_state *st,
+                        const float *q, uint32_t qh0, uint32_t G, float scale)
+{
+    const uint32_t n = c->n, d = c->head_dim, W = st->W;
+    const size_t T = dq_layer_tail_tokens(layer);
+    const uint16_t *tk = dq_layer_tail(layer, DQ_KIND_K), *tv = dq_layer_tail(layer, DQ_KIND_V);
+    float *row = ws->f0;
+    for (size_t t0 = 0; t0 < T; t0 += W) {
+        uint32_t cnt = (uint32_t)(T - t0 < W ? T - t0 : W);
+        for (uint32_t t = 0; t < cnt; t++) {
+            const uint16_t *k = tk + (t0 + t) * n;
+            for (uint32_t j = 0; j < n; j++)
+                row[j] = dq_bf16_to_f32(k[j]);
+            for (uint32_t h = 0; h < st->qn; h++) {
+                uint32_t kv = (qh0 + h) / G;
+                const float *qq = q + (size_t)(qh0 + h) * d, *kk = row + (size_t)kv * d;
+                float s = 0;
+                for (uint32_t j = 0; j < d; j++)
+                    s += qq[j] * kk[j];
+                st->logit[(size_t)h * W + t] = scale * s;
+            }
+        }
+        softmax_block(st, cnt);
+        for (uint32_t t = 0; t < cnt; t++) {
+            const uint16_t *v = tv + (t0 + t) * n;
+            for (uint32_t j = 0; j < n; j++)
+                row[j] = dq_bf16_to_f32(v[j]);
+            for (uint32_t h = 0; h < st->qn; h++) {
+                uint32_t kv = (qh0 + h) / G;
+                double p = st->logit[(size_t)h * W + t];
+                double *acc = st->acc + (size_t)h * d;
+                const float *vv = row + (size_t)kv * d;
+                for (uint32_t j = 0; j < d; j++)
+                    acc[j] += p * vv[j];
+            }
+        }
+    }
+}
+
+static int check_items(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, const dq_attn_item *items,
+                       size_t nitems)
+{
+    if (!c || !ws || ws->codec != c || (nitems && !items))
+        return DQ_INVALID_ARGUMENT;
+    if (!q_heads || q_heads % c->profile.kv_heads)
+        return DQ_SHAPE;
+    for (size_t i = 0; i < nitems; i++) {
+        if (!items[i].layer || !items[i].q || !items[i].out)
+            return DQ_INVALID_ARGUMENT;
+        DQ_FORWARD_IF_ERROR(dq_check_finite(items[i].q, DQ_DTYPE_F32, (size_t)q_heads * c->head_dim));
+    }
+    return DQ_OK;
+}
+
+int dq_attend(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale, const dq_attn_item *items,
+              size_t nitems)
+{
+    DQ_FORWARD_IF_ERROR(check_items(c, ws, q_heads, items, nitems));
+    if (!isfinite(scale))
+        return DQ_INVALID_ARGUMENT;
+    const dq__dsp *dsp = dq__dsp_get();
+    const uint32_t d = c->head_dim, W = c->profile.window, G = q_heads / c->profile.kv_heads;
+    const uint32_t per_head = 4 * d + W + 16; /* floats of attention state per query head */
+    uint32_t qc = (uint32_t)(ws->big_len / per_head);
+    if (qc > q_heads)
+        qc = q_heads;
+    for (size_t i = 0; i < nitems; i++) {
+        const dq_attn_item *it = &items[i];
+        for (uint32_t qh0 = 0; qh0 < q_heads; qh0 += qc) {
+            attn_state st;
+            uint32_t qn = q_heads - qh0 < qc ? q_heads - qh0 : qc;
+            state_layout(&st, ws->big, qn, d, W);
+            for (uint32_t h = 0; h < qn; h++) {
+                uint32_t kv = (qh0 + h) / G;
+                float *qr = st.qr + (size_t)h * d;
+                const float *q = it->q + (size_t)(qh0 + h) * d;
+                for (uint32_t j = 0; j < d; j++)
+                    qr[j] = c->signs ? q[j] * c->signs[kv * d + j] : q[j];
+                dq__fwht(qr, d);
+                float s = 0;
+                for (uint32_t j = 0; j < d; j++) {
+                    qr[j] *= c->rot_scale;
+                    s += qr[j];
+                }
+                st.qsum[h] = s;
+                st.m[h] = -INFINITY;
+                st.l[h] = 0;
+                st.off[h] = 0;
+                memset(st.acc + (size_t)h * d, 0, sizeof(double) * d);
+            }
+            attend_windows(c, ws, dsp, it->layer, &st, qh0, G, scale);
+            unrotate_acc(c, &st, qh0, G);
+            attend_tail(c, ws, it->layer, &st, it->q, qh0, G, scale);
+            for (uint32_t h = 0; h < qn; h++) {
+                float *out = it->out + (size_t)(qh0 + h) * d;
+                const double *acc = st.acc + (size_t)h * d;
+                double inv = st.l[h] > 0 ? 1.0 / st.l[h] : 0.0;
+                for (uint32_t j = 0; j < d; j++)
+                    out[j] = (float)(acc[j] * inv);
+                if (it->lse)
+                    it->lse[qh0 + h] = st.l[h] > 0 ? (float)((double)st.m[h] + log(st.l[h])) : -INFINITY;
+            }
+        }
+    }
+    return DQ_OK;
+}
+
+int dq_attend_reference(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale,
+                        const dq_attn_item *items, size_t nitems)
+{
+    DQ_FORWARD_IF_ERROR(check_items(c, ws, q_heads, items, nitems));
+    const uint32_t n = c->n, d = c->head_dim, G = q_heads / c->profile.kv_heads;
+    const dq_allocator *a = &c->alloc;
+    float *k = dq__alloc(a, sizeof(float) * n * 2);
+    double *acc = dq__alloc(a, sizeof(double) * ((size_t)q_heads * d + 2 * q_heads));
+    if (!k || !acc) {
+        dq__free(a, k);
+        dq__free(a, acc);
+        return DQ_NOMEM;
+    }
+    float *v = k + n;
+    double *m = acc + (size_t)q_heads * d, *l = m + q_heads;
+    int rc = DQ_OK;
+    for (size_t i = 0; i < nitems && rc >= 0; i++) {
+        const dq_attn_item *it = &items[i];
+        const size_t T = dq_layer_tokens(it->layer);
+        memset(acc, 0, sizeof(double) * (size_t)q_heads * d);
+        for (uint32_t h = 0; h < q_heads; h++) {
+            m[h] = -INFINITY;
+            l[h] = 0;
+        }
+        for (size_t t = 0; t < T && rc >= 0; t++) {
+            int r1 = dq_layer_decode(it->layer, ws, DQ_KIND_K, t, 1, k, DQ_DTYPE_F32);
+            int r2 = dq_layer_decode(it->layer, ws, DQ_KIND_V, t, 1, v, DQ_DTYPE_F32);
+            if ((r1 < 0 && r1 != DQ_CORRUPT) || (r2 < 0 && r2 != DQ_CORRUPT)) {
+                rc = r1 < 0 ? r1 : r2;
+                break;
+            }
+            for (uint32_t h = 0; h < q_heads; h++) {
+                const uint32_t kv = h / G;
+                const float *q = it->q + (size_t)h * d;
+                double s = 0;
+                for (uint32_t j = 0; j < d; j++)
+                    s += (double)q[j] * (double)k[kv * d + j];
+                s *= (double)scale;
+                double mnew = s > m[h] ? s : m[h];
+                double alpha = m[h] == -INFINITY ? 0.0 : exp(m[h] - mnew);
+                double p = exp(s - mnew);
+                double *ac = acc + (size_t)h * d;
+                for (uint32_t j = 0; j < d; j++)
+                    ac[j] = ac[j] * alpha + p * (double)v[kv * d + j];
+                l[h] = l[h] * alpha + p;
+                m[h] = mnew;
+            }
+        }
+        for (uint32_t h = 0; h < q_heads; h++) {
+            for (uint32_t j = 0; j < d; j++)
+                it->out[(size_t)h * d + j] = l[h] > 0 ? (float)(acc[(size_t)h * d + j] / l[h]) : 0.0f;
+            if (it->lse)
+                it->lse[h] = l[h] > 0 ? (float)(m[h] + log(l[h])) : -INFINITY;
+        }
+    }
+    dq__free(a, k);
+    dq__free(a, acc);
+    return rc;
+}

@@ -1,0 +1,93 @@
+/* Internals shared by the codec's source files. */
+#ifndef DQ_CODEC_INTERNAL_H
+#define DQ_CODEC_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dquant/codec.h"
+#include "dquant/error.h"
+#include "dquant/log.h"
+#include "rans.h"
+
+/* Per-kind tables derived from the profile. */
+typedef struct dq__kind_tables {
+    uint32_t container;     /* C */
+    uint32_t levels;        /* M */
+    uint64_t budget_q16;    /* B = 8C - 32 bits, Q16 */
+    int32_t cost_q16[32];   /* r_m = -log2(f_m / 256) in 1/65536 bits, exact integer algorithm */
+    float cost[32];         /* cost_q16 / 65536, exactly */
+    uint32_t cheapest;      /* argmin cost (lowest index on ties) */
+    dq__rans_enc enc;
+    dq__rans_dec dec;
+} dq__kind_tables;
+
+struct dq_codec {
+    dq_profile profile;
+    dq_allocator alloc;
+    uint32_t n;             /* kv_heads × head_dim */
+    uint32_t head_dim;
+    uint32_t log2_head_dim;
+    float rot_scale;        /* (float)(1 / sqrt(head_dim)) */
+    float *signs;           /* n entries of ±1 (D), or NULL when the seed is 0 */
+    dq__kind_tables kt[2];
+    size_t record_bytes[2]; /* 4 + C */
+    size_t mean_bytes;      /* 2 + n */
+    size_t window_bytes;
+};
+
+struct dq_workspace {
+    const dq_codec *codec;
+    float *f0, *f1, *f2;    /* n floats each */
+    uint32_t *u0;           /* n: sort keys / indices */
+    uint32_t *u1;           /* n */
+    uint8_t *b0, *b1;       /* n bytes each */
+    float *big;             /* window scratch: W · n floats */
+    uint8_t *levels;        /* window scratch: W · n levels */
+    uint16_t *stage;        /* window staging: 2 · W · n BF16 (K then V) */
+    size_t big_len;
+};
+
+void *dq__alloc(const dq_allocator *a, size_t size);
+void dq__free(const dq_allocator *a, void *p);
+
+/* Log through the user callback (no-op when none). */
+void dq__log(dq_log_level level, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+#define DQ_LOG(level, ...) dq__log(level, __FILE__, __LINE__, __VA_ARGS__)
+
+/* zstd-style checks: log file:line, then return. */
+#define DQ_RETURN_IF(cond, err, ...)                                  \
+    do {                                                              \
+        if (cond) {                                                   \
+            DQ_LOG(DQ_LOG_DEBUG, __VA_ARGS__);                        \
+            return (err);                                             \
+        }                                                             \
+    } while (0)
+#define DQ_FORWARD_IF_ERROR(expr)                                     \
+    do {                                                              \
+        int dq__e = (expr);                                           \
+        if (dq__e < 0) {                                              \
+            DQ_LOG(DQ_LOG_DEBUG, "%s failed: %s", #expr, dq_err_name(dq__e)); \
+            return dq__e;                                             \
+        }                                                             \
+    } while (0)
+
+/* Stream encoder with its diagnostics: levels (may be NULL) receives the final assignment. */
+int dq__stream_encode_ex(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const float *y,
+                         uint8_t *record, dq_encode_stats *stats, uint8_t *levels);
+
+/* Key-mean block helpers (window of ntok rotated tokens, token-major [ntok][n]). */
+int dq__mean_compute(const dq_codec *codec, const float *y, size_t ntok, uint8_t *mean_block);
+void dq__mean_dequant(const dq_codec *codec, const uint8_t *mean_block, float *mu);
+
+/* Fast Walsh–Hadamard transform of len (power of two) floats, unnormalized, in place. */
+void dq__fwht(float *x, uint32_t len);
+/* Exact integer cost r = -log2(f/256) in Q16 for 1 <= f <= 256. */
+int32_t dq__cost_q16(uint32_t f);
+
+/* Canonical warp-order reduction (32 lanes, lane l sums i ≡ l mod 32 in order, then a butterfly),
+ * the order the CUDA kernels use, so sums are bit-identical on CPU and GPU. */
+double dq__sum_lanes_d(const double *v, uint32_t n);
+
+#endif

@@ -1,0 +1,238 @@
+#include <math.h>
+#include <string.h>
+
+#include "drift.h"
+
+static float g_exp2[512];
+static int g_exp2_ready;
+
+const float *dq__exp2_table(void)
+{
+    /* Idempotent: concurrent first calls write identical values. */
+    if (!__atomic_load_n(&g_exp2_ready, __ATOMIC_ACQUIRE)) {
+        for (int i = 0; i < 512; i++)
+            g_exp2[i] = (float)exp2(i / 512.0);
+        __atomic_store_n(&g_exp2_ready, 1, __ATOMIC_RELEASE);
+    }
+    return g_exp2;
+}
+
+float dq__drift_lambda(int hi, uint32_t j)
+{
+    const float *e = dq__exp2_table();
+    uint32_t k = 5 * j; /* 40·j/4096 = 5·j/512 */
+    return ldexpf(e[k & 511u], hi - 40 + (int)(k >> 9));
+}
+
+static inline uint32_t float_key(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+static inline float key_float(uint32_t k)
+{
+    uint32_t u = (k & 0x80000000u) ? (k & 0x7fffffffu) : ~k;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+void dq__sort_floats(const float *x, uint32_t n, float *out, uint32_t *tmp)
+{
+    uint32_t *a = tmp, *b = (uint32_t *)(void *)out;
+    for (uint32_t i = 0; i < n; i++)
+        a[i] = float_key(x[i]);
+    /* LSD radix, 4 × 8 bits; a pass whose byte is constant is skipped. The data ends in `out`
+     * after an even number of executed passes, otherwise it is copied there. */
+    int in_tmp = 1;
+    for (int pass = 0; pass < 4; pass++) {
+        uint32_t shift = 8u * (uint32_t)pass;
+        uint32_t count[256] = {0};
+        for (uint32_t i = 0; i < n; i++)
+            count[(a[i] >> shift) & 0xffu]++;
+        if (count[(a[0] >> shift) & 0xffu] == n)
+            continue;
+        uint32_t sum = 0;
+        for (int v = 0; v < 256; v++) {
+            uint32_t c = count[v];
+            count[v] = sum;
+            sum += c;
+        }
+        for (uint32_t i = 0; i < n; i++)
+            b[count[(a[i] >> shift) & 0xffu]++] = a[i];
+        uint32_t *t = a;
+        a = b;
+        b = t;
+        in_tmp = !in_tmp;
+    }
+    uint32_t *outu = (uint32_t *)(void *)out;
+    if (in_tmp)
+        memcpy(outu, a, n * sizeof(uint32_t));
+    for (uint32_t i = 0; i < n; i++)
+        out[i] = key_float(outu[i]);
+}
+
+/* Envelope for one λ: levels lv[0..k] and thresholds thr[1..k] (non-decreasing). */
+typedef struct envelope {
+    uint32_t k;
+    uint8_t lv[32];
+    float thr[32];
+} envelope;
+
+static inline float swap_point(const dq__kind_tables *kt, float s, float lam, uint32_t a, uint32_t b)
+{
+    float mid = s * (float)(a + b) * 0.5f;
+    float pen = (lam * (kt->cost[b] - kt->cost[a])) / ((2.0f * s) * (float)(b - a));
+    return mid + pen;
+}
+
+static void build_envelope(const dq__kind_tables *kt, float s, float lam, envelope *env)
+{
+    uint32_t k = 0;
+    env->lv[0] = 0;
+    for (uint32_t m = 1; m < kt->levels; m++) {
+        float t = swap_point(kt, s, lam, env->lv[k], m);
+        while (k >= 1 && t <= env->thr[k]) {
+            k--;
+            t = swap_point(kt, s, lam, env->lv[k], m);
+        }
+        k++;
+        env->lv[k] = (uint8_t)m;
+        env->thr[k] = t;
+    }
+    for (uint32_t i = 2; i <= k; i++)
+        if (env->thr[i] < env->thr[i - 1])
+            env->thr[i] = env->thr[i - 1];
+    env->k = k;
+}
+
+/* Number of sorted values with fl(x - o) <= t. */
+static inline uint32_t count_le(const float *xs, uint32_t n, float o, float t)
+{
+    uint32_t lo = 0, hi = n;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) >> 1;
+        if (xs[mid] - o <= t)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int64_t envelope_cost(const dq__kind_tables *kt, const envelope *env, const float *xs, uint32_t n,
+                             float o)
+{
+    int64_t cost = (int64_t)n * kt->cost_q16[env->lv[0]];
+    for (uint32_t i = 1; i <= env->k; i++) {
+        uint32_t above = n - count_le(xs, n, o, env->thr[i]);
+        cost += (int64_t)above * (kt->cost_q16[env->lv[i]] - kt->cost_q16[env->lv[i - 1]]);
+    }
+    return cost;
+}
+
+dq__drift_result dq__drift(const dq__kind_tables *kt, const float *x, const float *xs, uint32_t n,
+                           float s, float o, int64_t budget_q16, uint8_t *levels)
+{
+    const uint32_t M = kt->levels;
+    /* hi = ceil(log2(8·(max D - min D))). max D sits at an end level and an extreme value. */
+    float lv0 = o, lvM = o + s * (float)(M - 1);
+    float xmin = xs[0], xmax = xs[n - 1];
+    float d;
+    float maxd = 0;
+    d = xmin - lv0; maxd = fmaxf(maxd, d * d);
+    d = xmax - lv0; maxd = fmaxf(maxd, d * d);
+    d = xmin - lvM; maxd = fmaxf(maxd, d * d);
+    d = xmax - lvM; maxd = fmaxf(maxd, d * d);
+    float mind = INFINITY;
+    for (uint32_t m = 0; m < M; m++) {
+        float lv = o + s * (float)m;
+        uint32_t p = count_le(xs, n, 0.0f, lv); /* xs[p-1] <= lv < xs[p] */
+        if (p > 0) {
+            d = xs[p - 1] - lv;
+            mind = fminf(mind, d * d);
+        }
+        if (p < n) {
+            d = xs[p] - lv;
+            mind = fminf(mind, d * d);
+        }
+    }
+    float span = 8.0f * (maxd - mind);
+    int hi = 0;
+    if (span > 0 && isfinite(span)) {
+        int e;
+        float mant = frexpf(span, &e);
+        hi = mant == 0.5f ? e - 1 : e;
+    }
+
+    envelope env;
+    uint32_t jlo = 0, jhi = DQ_DRIFT_GRID;
+    for (int t = 0; t < DQ_DRIFT_STEPS; t++) {
+        uint32_t jm = (jlo + jhi) >> 1;
+        build_envelope(kt, s, dq__drift_lambda(hi, jm), &env);
+        if (envelope_cost(kt, &env, xs, n, o) <= budget_q16)
+            jhi = jm;
+        else
+            jlo = jm;
+    }
+    build_envelope(kt, s, dq__drift_lambda(hi, jhi), &env);
+    int64_t cost = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        float y = x[i] - o;
+        uint32_t c = 0;
+        for (uint32_t j = 1; j <= env.k; j++)
+            c += y > env.thr[j];
+        levels[i] = env.lv[c];
+        cost += kt->cost_q16[env.lv[c]];
+    }
+    dq__drift_result r = {cost, cost <= budget_q16, jhi};
+    return r;
+}
+
+void dq__refit(const float *x, const uint8_t *levels, uint32_t n, double *s, double *o)
+{
+    /* Lane partials in the order of a 32-lane warp holding value i in lane i mod 32. */
+    double px[32] = {0}, pxm[32] = {0};
+    int64_t sm = 0, smm = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t l = i & 31u;
+        px[l] += (double)x[i];
+        pxm[l] += (double)x[i] * (double)levels[i];
+        sm += levels[i];
+        smm += (int64_t)levels[i] * levels[i];
+    }
+    for (uint32_t off = 16; off >= 1; off >>= 1) {
+        for (uint32_t l = 0; l < off; l++) {
+            px[l] = px[l] + px[l + off];
+            pxm[l] = pxm[l] + pxm[l + off];
+        }
+    }
+    double sx = px[0], sxm = pxm[0];
+    double dn = (double)n;
+    double det = dn * (double)smm - (double)sm * (double)sm;
+    double ns, no;
+    if (det > 0) {
+        ns = (dn * sxm - (double)sm * sx) / det;
+        no = (sx - ns * (double)sm) / dn;
+    } else {
+        ns = *s;
+        no = (sx - ns * (double)sm) / dn;
+    }
+    if (!(ns >= 0) || !isfinite(ns) || !isfinite(no) || (det > 0 && !(ns > 0)))
+        return;
+    *s = ns;
+    *o = no;
+}
+
+double dq__sum_lanes_d(const double *v, uint32_t n)
+{
+    double p[32] = {0};
+    for (uint32_t i = 0; i < n; i++)
+        p[i & 31u] += v[i];
+    for (uint32_t off = 16; off >= 1; off >>= 1)
+        for (uint32_t l = 0; l < off; l++)
+            p[l] = p[l] + p[l + off];
+    return p[0];
+}

@@ -1,0 +1,50 @@
+/* Portable C reference kernels and the dispatch table. */
+#include <pthread.h>
+
+#include "codec_internal.h"
+#include "dsp.h"
+
+static size_t decode_levels_c(const dq__rans_dec *dec, const uint8_t *records, size_t stride, size_t count,
+                              uint32_t C, uint32_t n, uint8_t *levels)
+{
+    size_t corrupt = 0;
+    for (size_t i = 0; i < count; i++)
+        corrupt += dq__rans_decode(dec, records + i * stride + 4, C, n, levels + i * n) != DQ_OK;
+    return corrupt;
+}
+
+static void axpy_u8_c(float *acc, float w, const uint8_t *lev, size_t len, float center)
+{
+    for (size_t j = 0; j < len; j++)
+        acc[j] += w * ((float)lev[j] - center);
+}
+
+static float dot_u8_c(const float *q, const uint8_t *lev, size_t len, float center)
+{
+    float s = 0;
+    for (size_t j = 0; j < len; j++)
+        s += q[j] * ((float)lev[j] - center);
+    return s;
+}
+
+void dq__dsp_init_c(dq__dsp *dsp)
+{
+    dsp->decode_levels = decode_levels_c;
+    dsp->axpy_u8 = axpy_u8_c;
+    dsp->dot_u8 = dot_u8_c;
+}
+
+static dq__dsp g_dsp;
+static pthread_once_t g_dsp_once = PTHREAD_ONCE_INIT;
+
+static void dsp_init_once(void)
+{
+    dq__dsp_init_c(&g_dsp);
+    dq__dsp_init_x86(&g_dsp);
+}
+
+const dq__dsp *dq__dsp_get(void)
+{
+    pthread_once(&g_dsp_once, dsp_init_once);
+    return &g_dsp;
+}

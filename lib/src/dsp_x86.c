@@ -1,0 +1,144 @@
+/* Fast kernels: a multi-stream rANS decoder (8 interleaved states: the per-symbol dependency chain
+ * of one stream is the bottleneck, independent streams fill the pipeline), and AVX2+FMA dot/axpy on
+ * x86-64 when the CPU has them. The decoder is portable C and is installed on every CPU. */
+#include <string.h>
+
+#include "codec_internal.h"
+#include "dsp.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define DQ_X86 1
+#endif
+
+#define LANES 8
+
+static inline uint32_t load_state(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Same semantics as dq__rans_decode for every input, valid or not. */
+static size_t decode_group(const dq__rans_dec *dec, const uint8_t *const *in, uint32_t C, uint32_t n,
+                           uint8_t *const *out)
+{
+    uint32_t x[LANES], ptr[LANES], overrun[LANES];
+    for (int l = 0; l < LANES; l++) {
+        x[l] = load_state(in[l]);
+        ptr[l] = DQ_RANS_STATE_BYTES;
+        overrun[l] = 0;
+    }
+    const uint32_t *T = dec->entry;
+    for (uint32_t i = 0; i < n; i++) {
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC unroll 8
+#endif
+        for (int l = 0; l < LANES; l++) {
+            /* branchless: the renormalization happens for ~1/3 of the symbols, unpredictably */
+            uint32_t e = T[x[l] & 0xffu];
+            out[l][i] = (uint8_t)e;
+            uint32_t xn = (e >> 16) * (x[l] >> 8) + ((e >> 8) & 0xffu);
+            uint32_t need = xn < DQ_RANS_L;
+            uint32_t have = ptr[l] < C;
+            uint32_t take = need & have;
+            uint32_t b = in[l][have ? ptr[l] : 0] & (0u - take);
+            overrun[l] |= need & (have ^ 1u);
+            ptr[l] += take;
+            x[l] = (xn << (need << 3)) | b;
+        }
+    }
+    size_t corrupt = 0;
+    for (int l = 0; l < LANES; l++) {
+        int bad = overrun[l] || x[l] != DQ_RANS_L;
+        for (uint32_t i = ptr[l]; !bad && i < C; i++)
+            bad = in[l][i] != 0;
+        corrupt += (size_t)bad;
+    }
+    return corrupt;
+}
+
+static size_t decode_levels_multi(const dq__rans_dec *dec, const uint8_t *records, size_t stride, size_t count,
+                                  uint32_t C, uint32_t n, uint8_t *levels)
+{
+    size_t corrupt = 0, i = 0;
+    if (C >= DQ_RANS_STATE_BYTES) {
+        for (; i + LANES <= count; i += LANES) {
+            const uint8_t *in[LANES];
+            uint8_t *out[LANES];
+            int ok = 1;
+            for (int l = 0; l < LANES; l++) {
+                in[l] = records + (i + (size_t)l) * stride + 4;
+                out[l] = levels + (i + (size_t)l) * n;
+                uint32_t x0 = load_state(in[l]);
+                ok &= x0 >= DQ_RANS_L && x0 < (DQ_RANS_L << 8);
+            }
+            if (ok) {
+                corrupt += decode_group(dec, in, C, n, out);
+            } else {
+                for (int l = 0; l < LANES; l++)
+                    corrupt += dq__rans_decode(dec, in[l], C, n, out[l]) != DQ_OK;
+            }
+        }
+    }
+    for (; i < count; i++)
+        corrupt += dq__rans_decode(dec, records + i * stride + 4, C, n, levels + i * n) != DQ_OK;
+    return corrupt;
+}
+
+#ifdef DQ_X86
+__attribute__((target("avx2,fma"))) static float dot_u8_avx2(const float *q, const uint8_t *lev, size_t len, float center)
+{
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), vc = _mm256_set1_ps(center);
+    size_t j = 0;
+    for (; j + 16 <= len; j += 16) {
+        __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(lev + j));
+        __m256 l0 = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), vc);
+        __m256 l1 = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8))), vc);
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), l0, acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 8), l1, acc1);
+    }
+    acc0 = _mm256_add_ps(acc0, acc1);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc0), _mm256_extractf128_ps(acc0, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    float r = _mm_cvtss_f32(s);
+    for (; j < len; j++)
+        r += q[j] * ((float)lev[j] - center);
+    return r;
+}
+
+__attribute__((target("avx2,fma"))) static void axpy_u8_avx2(float *acc, float w, const uint8_t *lev, size_t len, float center)
+{
+    __m256 vw = _mm256_set1_ps(w), vc = _mm256_set1_ps(center);
+    size_t j = 0;
+    for (; j + 8 <= len; j += 8) {
+        __m128i b = _mm_loadl_epi64((const __m128i *)(const void *)(lev + j));
+        __m256 l = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), vc);
+        _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(vw, l, _mm256_loadu_ps(acc + j)));
+    }
+    for (; j < len; j++)
+        acc[j] += w * ((float)lev[j] - center);
+}
+#endif
+
+static const char *g_name = "c";
+
+void dq__dsp_init_x86(dq__dsp *dsp)
+{
+    dsp->decode_levels = decode_levels_multi;
+    g_name = "interleaved";
+#ifdef DQ_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        dsp->dot_u8 = dot_u8_avx2;
+        dsp->axpy_u8 = axpy_u8_avx2;
+        g_name = "interleaved+avx2";
+    }
+#endif
+}
+
+const char *dq__dsp_name(void)
+{
+    (void)dq__dsp_get();
+    return g_name;
+}

@@ -1,0 +1,45 @@
+/* Per-head randomized Hadamard rotation (DESIGN §2.1): y = H·D·x / sqrt(d), orthonormal, so
+ * q·k = (Rq)·(Rk). The butterfly order below is the canonical one (CUDA uses the same pairs per
+ * stage), which makes rotations bit-identical on CPU and GPU. */
+#include "codec_internal.h"
+
+void dq__fwht(float *x, uint32_t len)
+{
+    for (uint32_t h = 1; h < len; h <<= 1) {
+        for (uint32_t i = 0; i < len; i += h << 1) {
+            for (uint32_t j = i; j < i + h; j++) {
+                float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+        }
+    }
+}
+
+void dq_rotate(const dq_codec *codec, float *x)
+{
+    const uint32_t n = codec->n, d = codec->head_dim;
+    const float scale = codec->rot_scale;
+    if (codec->signs)
+        for (uint32_t i = 0; i < n; i++)
+            x[i] *= codec->signs[i];
+    for (uint32_t h0 = 0; h0 < n; h0 += d) {
+        dq__fwht(x + h0, d);
+        for (uint32_t j = 0; j < d; j++)
+            x[h0 + j] *= scale;
+    }
+}
+
+void dq_unrotate(const dq_codec *codec, float *y)
+{
+    const uint32_t n = codec->n, d = codec->head_dim;
+    const float scale = codec->rot_scale;
+    for (uint32_t h0 = 0; h0 < n; h0 += d) {
+        dq__fwht(y + h0, d);
+        for (uint32_t j = 0; j < d; j++)
+            y[h0 + j] *= scale;
+    }
+    if (codec->signs)
+        for (uint32_t i = 0; i < n; i++)
+            y[i] *= codec->signs[i];
+}

@@ -1,0 +1,365 @@
+/* One layer of one sequence: sealed windows plus the BF16 tail. Appends are all-or-nothing:
+ * everything that can fail (validation, allocation, encoding) happens before the layer changes.
+ * Inputs are rounded to BF16 first (the tail's precision), so a layer's bytes depend only on the
+ * BF16 token sequence, never on how it was split into appends. */
+#include <math.h>
+#include <string.h>
+
+#include "codec_internal.h"
+#include "dquant/layer.h"
+
+struct dq_layer {
+    const dq_codec *codec;
+    uint8_t **windows;
+    size_t nwin, cap;
+    uint16_t *tail[2]; /* R tokens each, K and V */
+    size_t tail_len;
+};
+
+int dq_layer_create(const dq_codec *codec, dq_layer **out)
+{
+    if (!codec || !out)
+        return DQ_INVALID_ARGUMENT;
+    *out = NULL;
+    const dq_allocator *a = &codec->alloc;
+    dq_layer *l = dq__alloc(a, sizeof *l);
+    if (!l)
+        return DQ_NOMEM;
+    memset(l, 0, sizeof *l);
+    l->codec = codec;
+    size_t tail_bytes = (size_t)codec->profile.residual * codec->n * sizeof(uint16_t);
+    l->tail[0] = dq__alloc(a, tail_bytes);
+    l->tail[1] = dq__alloc(a, tail_bytes);
+    if (!l->tail[0] || !l->tail[1]) {
+        dq__free(a, l->tail[0]);
+        dq__free(a, l->tail[1]);
+        dq__free(a, l);
+        return DQ_NOMEM;
+    }
+    *out = l;
+    return DQ_OK;
+}
+
+void dq_layer_free(dq_layer *layer)
+{
+    if (!layer)
+        return;
+    const dq_allocator *a = &layer->codec->alloc;
+    for (size_t i = 0; i < layer->nwin; i++)
+        dq__free(a, layer->windows[i]);
+    dq__free(a, layer->windows);
+    dq__free(a, layer->tail[0]);
+    dq__free(a, layer->tail[1]);
+    dq__free(a, layer);
+}
+
+size_t dq_layer_tokens(const dq_layer *layer)
+{
+    return layer->nwin * layer->codec->profile.window + layer->tail_len;
+}
+
+size_t dq_layer_sealed_tokens(const dq_layer *layer)
+{
+    return layer->nwin * layer->codec->profile.window;
+}
+
+size_t dq_layer_tail_tokens(const dq_layer *layer)
+{
+    return layer->tail_len;
+}
+
+size_t dq_layer_stored_bytes(const dq_layer *layer)
+{
+    return layer->nwin * layer->codec->window_bytes + layer->tail_len * layer->codec->n * 2 * sizeof(uint16_t);
+}
+
+size_t dq_layer_allocated_bytes(const dq_layer *layer)
+{
+    const dq_codec *c = layer->codec;
+    return sizeof *layer + layer->nwin * c->window_bytes + layer->cap * sizeof(uint8_t *) +
+           2 * (size_t)c->profile.residual * c->n * sizeof(uint16_t);
+}
+
+size_t dq_layer_window_count(const dq_layer *layer)
+{
+    return layer->nwin;
+}
+
+const uint8_t *dq_layer_window(const dq_layer *layer, size_t i)
+{
+    return i < layer->nwin ? layer->windows[i] : NULL;
+}
+
+const uint16_t *dq_layer_tail(const dq_layer *layer, dq_kind kind)
+{
+    return layer->tail[kind == DQ_KIND_V];
+}
+
+/* Token i of the concatenation [tail, input] as BF16 into dst (n values). */
+static void fetch_token(const dq_layer *l, int kind, const void *x, dq_dtype dtype, size_t i, uint16_t *dst)
+{
+    const uint32_t n = l->codec->n;
+    if (i < l->tail_len) {
+        memcpy(dst, l->tail[kind] + i * n, n * sizeof(uint16_t));
+        return;
+    }
+    size_t t = i - l->tail_len;
+    switch (dtype) {
+    case DQ_DTYPE_BF16:
+        memcpy(dst, (const uint16_t *)x + t * n, n * sizeof(uint16_t));
+        break;
+    case DQ_DTYPE_F16:
+        for (uint32_t j = 0; j < n; j++)
+            dst[j] = dq_f32_to_bf16(dq_f16_to_f32(((const uint16_t *)x)[t * n + j]));
+        break;
+    default:
+        for (uint32_t j = 0; j < n; j++)
+            dst[j] = dq_f32_to_bf16(((const float *)x)[t * n + j]);
+        break;
+    }
+}
+
+/* Every new token, rounded to BF16, must be finite and within the codec's range after rotation. */
+static int validate_tokens(const dq_layer *l, dq_workspace *ws, const void *x, dq_dtype dtype, size_t ntok)
+{
+    const dq_codec *c = l->codec;
+    const uint32_t n = c->n;
+    DQ_FORWARD_IF_ERROR(dq_check_finite(x, dtype, ntok * n));
+    float *y = ws->f0;
+    for (size_t t = 0; t < ntok; t++) {
+        /* fetch_token with the tail skipped */
+        for (uint32_t j = 0; j < n; j++) {
+            float v;
+            switch (dtype) {
+            case DQ_DTYPE_BF16: v = dq_bf16_to_f32(((const uint16_t *)x)[t * n + j]); break;
+            case DQ_DTYPE_F16: v = dq_f16_to_f32(((const uint16_t *)x)[t * n + j]); break;
+            default: v = ((const float *)x)[t * n + j]; break;
+            }
+            y[j] = dq_bf16_to_f32(dq_f32_to_bf16(v));
+            if (!isfinite(y[j]))
+                return DQ_NONFINITE;
+        }
+        dq_rotate(c, y);
+        for (uint32_t j = 0; j < n; j++)
+            if (!(fabsf(y[j]) <= DQ_TOKEN_MAX_ABS))
+                return DQ_RANGE;
+    }
+    return DQ_OK;
+}
+
+int dq_layer_append(dq_layer *layer, dq_workspace *ws, const void *k, const void *v, dq_dtype dtype, size_t ntok,
+                    dq_encode_stats *stats)
+{
+    if (!layer || !ws || ws->codec != layer->codec || (ntok && (!k || !v)))
+        return DQ_INVALID_ARGUMENT;
+    if (!dq_dtype_size(dtype))
+        return DQ_DTYPE;
+    if (ntok == 0)
+        return DQ_OK;
+    const dq_codec *c = layer->codec;
+    const dq_allocator *a = &c->alloc;
+    const size_t n = c->n, W = c->profile.window, R = c->profile.residual;
+    if (ntok > ((size_t)1 << 40) / n)
+        return DQ_SHAPE;
+    DQ_FORWARD_IF_ERROR(validate_tokens(layer, ws, k, dtype, ntok));
+    DQ_FORWARD_IF_ERROR(validate_tokens(layer, ws, v, dtype, ntok));
+
+    const size_t total = layer->tail_len + ntok;
+    const size_t nseal = total >= R ? (total - R) / W + 1 : 0;
+
+    /* Allocate everything first. */
+    uint8_t **grown = NULL;
+    size_t newcap = layer->cap;
+    if (layer->nwin + nseal > layer->cap) {
+        newcap = layer->cap ? layer->cap : 8;
+        while (newcap < layer->nwin + nseal)
+            newcap *= 2;
+        grown = dq__alloc(a, newcap * sizeof(uint8_t *));
+        if (!grown)
+            return DQ_NOMEM;
+    }
+    uint8_t **fresh = NULL;
+    int rc = DQ_OK;
+    dq_encode_stats st = {0};
+    if (nseal) {
+        fresh = dq__alloc(a, nseal * sizeof(uint8_t *));
+        if (!fresh) {
+            dq__free(a, grown);
+            return DQ_NOMEM;
+        }
+        memset(fresh, 0, nseal * sizeof(uint8_t *));
+        for (size_t w = 0; w < nseal && rc == DQ_OK; w++) {
+            fresh[w] = dq__alloc(a, c->window_bytes);
+            if (!fresh[w])
+                rc = DQ_NOMEM;
+        }
+        /* Encode sealed windows from the concatenation [tail, input]. */
+        uint16_t *sk = ws->stage, *sv = ws->stage + W * n;
+        for (size_t w = 0; w < nseal && rc == DQ_OK; w++) {
+            for (size_t t = 0; t < W; t++) {
+                fetch_token(layer, 0, k, dtype, w * W + t, sk + t * n);
+                fetch_token(layer, 1, v, dtype, w * W + t, sv + t * n);
+            }
+            rc = dq_window_encode(c, ws, sk, sv, DQ_DTYPE_BF16, fresh[w], &st);
+        }
+        if (rc != DQ_OK) {
+            for (size_t w = 0; w < nseal; w++)
+                dq__free(a, fresh[w]);
+            dq__free(a, fresh);
+            dq__free(a, grown);
+            return rc;
+        }
+    }
+
+    /* Commit: nothing below can fail. */
+    if (grown) {
+        if (layer->nwin)
+            memcpy(grown, layer->windows, layer->nwin * sizeof(uint8_t *));
+        dq__free(a, layer->windows);
+        layer->windows = grown;
+        layer->cap = newcap;
+    }
+    for (size_t w = 0; w < nseal; w++)
+        layer->windows[layer->nwin++] = fresh[w];
+    dq__free(a, fresh);
+    const size_t consumed = nseal * W;
+    const size_t new_tail = total - consumed;
+    /* Tail tokens are concatenation[consumed, total). Old tail tokens that survive move down first. */
+    for (int kind = 0; kind < 2; kind++) {
+        const void *x = kind == 0 ? k : v;
+        uint16_t *tail = layer->tail[kind];
+        size_t keep_old = layer->tail_len > consumed ? layer->tail_len - consumed : 0;
+        if (keep_old)
+            memmove(tail, tail + consumed * n, keep_old * n * sizeof(uint16_t));
+        size_t first_new = consumed > layer->tail_len ? consumed - layer->tail_len : 0;
+        for (size_t t = first_new; t < ntok; t++) {
+            uint16_t *dst = tail + (keep_old + t - first_new) * n;
+            switch (dtype) {
+            case DQ_DTYPE_BF16:
+                memcpy(dst, (const uint16_t *)x + t * n, n * sizeof(uint16_t));
+                break;
+            case DQ_DTYPE_F16:
+                for (size_t j = 0; j < n; j++)
+                    dst[j] = dq_f32_to_bf16(dq_f16_to_f32(((const uint16_t *)x)[t * n + j]));
+                break;
+            default:
+                for (size_t j = 0; j < n; j++)
+                    dst[j] = dq_f32_to_bf16(((const float *)x)[t * n + j]);
+                break;
+            }
+        }
+    }
+    layer->tail_len = new_tail;
+    if (stats) {
+        stats->streams += st.streams;
+        stats->retries += st.retries;
+        stats->fallbacks += st.fallbacks;
+        stats->payload_bytes += st.payload_bytes;
+        stats->symbols_moved += st.symbols_moved;
+        if (st.max_payload_bytes > stats->max_payload_bytes)
+            stats->max_payload_bytes = st.max_payload_bytes;
+        if (st.max_move > stats->max_move)
+            stats->max_move = st.max_move;
+    }
+    return DQ_OK;
+}
+
+int dq_layer_decode(const dq_layer *layer, dq_workspace *ws, dq_kind kind, size_t first, size_t count, void *out,
+                    dq_dtype dtype)
+{
+    if (!layer || !ws || ws->codec != layer->codec || (count && !out) || (kind != DQ_KIND_K && kind != DQ_KIND_V))
+        return DQ_INVALID_ARGUMENT;
+    if (!dq_dtype_size(dtype))
+        return DQ_DTYPE;
+    const dq_codec *c = layer->codec;
+    const size_t n = c->n, W = c->profile.window, esz = dq_dtype_size(dtype);
+    const size_t total = dq_layer_tokens(layer), sealed = dq_layer_sealed_tokens(layer);
+    if (first > total || count > total - first)
+        return DQ_OUT_OF_BOUNDS;
+    int rc = DQ_OK;
+    size_t t = first, end = first + count;
+    while (t < end && t < sealed) {
+        size_t w = t / W, off = t % W;
+        size_t cnt = W - off < end - t ? W - off : end - t;
+        const uint8_t *win = layer->windows[w];
+        int r = dq_tokens_decode(c, ws, kind, kind == DQ_KIND_K ? dq_window_mean(c, win) : NULL,
+                                 dq_window_record(c, win, kind, off), c->record_bytes[kind], cnt,
+                                 (uint8_t *)out + (t - first) * n * esz, dtype);
+        if (r == DQ_CORRUPT)
+            rc = r;
+        else if (r < 0)
+            return r;
+        t += cnt;
+    }
+    if (t < end) {
+        const uint16_t *src = layer->tail[kind] + (t - sealed) * n;
+        rc = rc ? rc : dq_convert(src, DQ_DTYPE_BF16, (uint8_t *)out + (t - first) * n * esz, dtype, (end - t) * n);
+    }
+    return rc;
+}
+
+int dq_layer_restore(const dq_codec *codec, const uint8_t *windows, size_t nwin, const uint16_t *tail_k,
+                     const uint16_t *tail_v, size_t tail_tokens, dq_layer **out)
+{
+    if (!codec || !out || (nwin && !windows) || (tail_tokens && (!tail_k || !tail_v)))
+        return DQ_INVALID_ARGUMENT;
+    *out = NULL;
+    const size_t n = codec->n, W = codec->profile.window;
+    if (tail_tokens >= codec->profile.residual)
+        return DQ_SHAPE;
+    /* Verify every container before taking anything. */
+    for (size_t w = 0; w < nwin; w++) {
+        const uint8_t *win = windows + w * codec->window_bytes;
+        for (int kind = 0; kind < 2; kind++) {
+            const dq__kind_tables *kt = &codec->kt[kind];
+            for (size_t t = 0; t < W; t++) {
+                const uint8_t *rec = dq_window_record(codec, win, (dq_kind)kind, t);
+                uint16_t sh = (uint16_t)(rec[0] | rec[1] << 8), oh = (uint16_t)(rec[2] | rec[3] << 8);
+                if ((sh & 0x7c00u) == 0x7c00u || (oh & 0x7c00u) == 0x7c00u || (sh & 0x8000u))
+                    return DQ_CORRUPT;
+                /* Decoding checks state, length and padding; levels are discarded. */
+                uint8_t lev[256];
+                int rc;
+                if (n <= sizeof lev) {
+                    rc = dq__rans_decode(&kt->dec, rec + 4, kt->container, (uint32_t)n, lev);
+                } else {
+                    uint8_t *buf = dq__alloc(&codec->alloc, n);
+                    if (!buf)
+                        return DQ_NOMEM;
+                    rc = dq__rans_decode(&kt->dec, rec + 4, kt->container, (uint32_t)n, buf);
+                    dq__free(&codec->alloc, buf);
+                }
+                if (rc != DQ_OK)
+                    return DQ_CORRUPT;
+            }
+        }
+    }
+    if (dq_check_finite(tail_k, DQ_DTYPE_BF16, tail_tokens * n) || dq_check_finite(tail_v, DQ_DTYPE_BF16, tail_tokens * n))
+        return DQ_CORRUPT;
+    dq_layer *l;
+    DQ_FORWARD_IF_ERROR(dq_layer_create(codec, &l));
+    if (nwin) {
+        l->windows = dq__alloc(&codec->alloc, nwin * sizeof(uint8_t *));
+        if (!l->windows) {
+            dq_layer_free(l);
+            return DQ_NOMEM;
+        }
+        l->cap = nwin;
+        for (size_t w = 0; w < nwin; w++) {
+            uint8_t *blk = dq__alloc(&codec->alloc, codec->window_bytes);
+            if (!blk) {
+                dq_layer_free(l);
+                return DQ_NOMEM;
+            }
+            memcpy(blk, windows + w * codec->window_bytes, codec->window_bytes);
+            l->windows[l->nwin++] = blk;
+        }
+    }
+    if (tail_tokens) {
+        memcpy(l->tail[0], tail_k, tail_tokens * n * sizeof(uint16_t));
+        memcpy(l->tail[1], tail_v, tail_tokens * n * sizeof(uint16_t));
+    }
+    l->tail_len = tail_tokens;
+    *out = l;
+    return DQ_OK;
+}

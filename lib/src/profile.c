@@ -1,0 +1,467 @@
+/* Profiles: creation, built-ins, validation, serialization; codec and workspace objects. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec_internal.h"
+#include "drift.h"
+
+static const char *const g_builtin_names[] = {"dq226", "dq196", NULL};
+
+typedef struct builtin_def {
+    const char *name;
+    uint32_t c1024[2]; /* containers at n = 1024 */
+    uint32_t levels[2];
+} builtin_def;
+
+static const builtin_def g_builtins[] = {
+    {"dq226", {331, 231}, {8, 6}},
+    {"dq196", {287, 199}, {7, 5}},
+};
+
+void dq_profile_params_default(dq_profile_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->kv_heads = 8;
+    p->head_dim = 128;
+    p->container_bytes[0] = 331;
+    p->container_bytes[1] = 231;
+    p->levels[0] = 8;
+    p->levels[1] = 6;
+    p->alpha = 1.4f;
+    p->window = 128;
+    p->residual = 128;
+    p->rotation_seed = 0x5eed;
+    p->name = "custom";
+}
+
+static int is_pow2(uint32_t v)
+{
+    return v && !(v & (v - 1));
+}
+
+/* Container bytes the all-cheapest assignment needs (state + emitted), by running the encoder's
+ * renormalization without storing bytes. */
+static uint32_t cheapest_bytes(const dq__rans_enc *enc, uint32_t sym, uint32_t n)
+{
+    uint32_t x = DQ_RANS_L, emitted = 0, f = enc->freq[sym];
+    for (uint32_t i = 0; i < n; i++) {
+        if (x >= ((DQ_RANS_L >> DQ_RANS_PREC) << 8) * f) {
+            emitted++;
+            x >>= 8;
+        }
+        x = ((x / f) << DQ_RANS_PREC) + (x % f) + enc->cum[sym];
+    }
+    return DQ_RANS_STATE_BYTES + emitted;
+}
+
+static void kind_tables(const dq_profile *p, int kind, dq__kind_tables *kt)
+{
+    memset(kt, 0, sizeof *kt);
+    kt->container = p->container_bytes[kind];
+    kt->levels = p->levels[kind];
+    kt->budget_q16 = ((uint64_t)kt->container * 8u - 32u) << 16;
+    int32_t best = INT32_MAX;
+    for (uint32_t m = 0; m < kt->levels; m++) {
+        kt->cost_q16[m] = dq__cost_q16(p->freq[kind][m]);
+        kt->cost[m] = (float)kt->cost_q16[m] / 65536.0f;
+        if (kt->cost_q16[m] < best) {
+            best = kt->cost_q16[m];
+            kt->cheapest = m;
+        }
+    }
+    dq__rans_tables(p->freq[kind], kt->levels, &kt->enc, &kt->dec);
+}
+
+static int validate_shape(uint32_t kv_heads, uint32_t head_dim)
+{
+    if (!kv_heads || !is_pow2(head_dim))
+        return DQ_PROFILE;
+    if ((uint64_t)kv_heads * head_dim > DQ_MAX_STREAM)
+        return DQ_PROFILE;
+    return DQ_OK;
+}
+
+int dq_profile_validate(const dq_profile *p)
+{
+    if (!p)
+        return DQ_INVALID_ARGUMENT;
+    if (p->format_version != DQ_FORMAT_VERSION)
+        return DQ_VERSION;
+    DQ_FORWARD_IF_ERROR(validate_shape(p->kv_heads, p->head_dim));
+    if (memchr(p->name, 0, sizeof p->name) == NULL)
+        return DQ_PROFILE;
+    if (!(p->alpha > 0) || !(p->alpha < 16))
+        return DQ_PROFILE;
+    if (p->window < 1 || p->residual < p->window || p->window > 65536 || p->residual > 65536)
+        return DQ_PROFILE;
+    const uint32_t n = p->kv_heads * p->head_dim;
+    for (int k = 0; k < 2; k++) {
+        uint32_t M = p->levels[k];
+        if (M < DQ_MIN_LEVELS || M > DQ_MAX_LEVELS)
+            return DQ_PROFILE;
+        if (p->container_bytes[k] < DQ_RANS_STATE_BYTES + 1 || p->container_bytes[k] > DQ_MAX_CONTAINER)
+            return DQ_CONTAINER_TOO_SMALL;
+        uint32_t sum = 0;
+        for (uint32_t m = 0; m < DQ_MAX_LEVELS; m++) {
+            if (m < M && p->freq[k][m] < 1)
+                return DQ_PROFILE;
+            if (m >= M && p->freq[k][m] != 0)
+                return DQ_PROFILE;
+            sum += p->freq[k][m];
+        }
+        if (sum != 256)
+            return DQ_PROFILE;
+        dq__kind_tables kt;
+        kind_tables(p, k, &kt);
+        if (cheapest_bytes(&kt.enc, kt.cheapest, n) > p->container_bytes[k])
+            return DQ_CONTAINER_TOO_SMALL;
+    }
+    return DQ_OK;
+}
+
+int dq_profile_make(const dq_profile_params *params, dq_profile *out)
+{
+    if (!params || !out)
+        return DQ_INVALID_ARGUMENT;
+    DQ_FORWARD_IF_ERROR(validate_shape(params->kv_heads, params->head_dim));
+    dq_profile p;
+    memset(&p, 0, sizeof p);
+    p.format_version = DQ_FORMAT_VERSION;
+    snprintf(p.name, sizeof p.name, "%s", params->name ? params->name : "custom");
+    p.kv_heads = params->kv_heads;
+    p.head_dim = params->head_dim;
+    p.alpha = params->alpha;
+    p.window = params->window;
+    p.residual = params->residual;
+    p.rotation_seed = params->rotation_seed;
+    const uint32_t n = p.kv_heads * p.head_dim;
+    for (int k = 0; k < 2; k++) {
+        p.container_bytes[k] = params->container_bytes[k];
+        p.levels[k] = params->levels[k];
+        if (p.levels[k] < DQ_MIN_LEVELS || p.levels[k] > DQ_MAX_LEVELS)
+            return DQ_PROFILE;
+        int rc = dq_model_freq_table(n, p.levels[k], p.alpha, p.freq[k]);
+        if (rc < 0)
+            return rc == DQ_INVALID_ARGUMENT ? DQ_PROFILE : rc;
+    }
+    DQ_FORWARD_IF_ERROR(dq_profile_validate(&p));
+    *out = p;
+    return DQ_OK;
+}
+
+const char *const *dq_profile_builtin_names(void)
+{
+    return g_builtin_names;
+}
+
+int dq_profile_builtin(const char *name, uint32_t kv_heads, uint32_t head_dim, dq_profile *out)
+{
+    if (!name || !out)
+        return DQ_INVALID_ARGUMENT;
+    DQ_FORWARD_IF_ERROR(validate_shape(kv_heads, head_dim));
+    for (size_t i = 0; i < sizeof g_builtins / sizeof g_builtins[0]; i++) {
+        const builtin_def *b = &g_builtins[i];
+        if (strcmp(name, b->name) != 0)
+            continue;
+        dq_profile_params pp;
+        dq_profile_params_default(&pp);
+        pp.name = b->name;
+        pp.kv_heads = kv_heads;
+        pp.head_dim = head_dim;
+        const double n = (double)kv_heads * head_dim;
+        for (int k = 0; k < 2; k++) {
+            /* keep the payload bit rate of the n = 1024 definition */
+            double rate = (8.0 * b->c1024[k] - 32.0) / 1024.0;
+            pp.container_bytes[k] = (uint32_t)lround((rate * n + 32.0) / 8.0);
+            pp.levels[k] = b->levels[k];
+        }
+        return dq_profile_make(&pp, out);
+    }
+    return DQ_PROFILE;
+}
+
+double dq_profile_bits_per_value(const dq_profile *p, dq_kind kind)
+{
+    const double n = (double)p->kv_heads * p->head_dim;
+    double bits = 8.0 * (4.0 + p->container_bytes[kind]) / n;
+    if (kind == DQ_KIND_K)
+        bits += 8.0 * (2.0 + n) / (n * p->window);
+    return bits;
+}
+
+double dq_profile_bits_per_value_mean(const dq_profile *p)
+{
+    return 0.5 * (dq_profile_bits_per_value(p, DQ_KIND_K) + dq_profile_bits_per_value(p, DQ_KIND_V));
+}
+
+/* ---- serialization ---- */
+
+static uint32_t fnv1a32(const uint8_t *p, size_t n)
+{
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 16777619u;
+    }
+    return h;
+}
+
+static uint8_t *w32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+    return p + 4;
+}
+
+static uint32_t r32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+#define DQ_PROFILE_FIXED_BYTES 88u
+
+int dq_profile_serialize(const dq_profile *p, uint8_t *buf, size_t cap, size_t *len)
+{
+    if (!p || !buf || !len)
+        return DQ_INVALID_ARGUMENT;
+    DQ_FORWARD_IF_ERROR(dq_profile_validate(p));
+    size_t need = DQ_PROFILE_FIXED_BYTES + 2u * (p->levels[0] + p->levels[1]);
+    if (cap < need)
+        return DQ_INVALID_ARGUMENT;
+    uint8_t *q = buf;
+    memcpy(q, "DQPF", 4);
+    q = w32(q + 4, p->format_version);
+    memset(q, 0, DQ_PROFILE_NAME_MAX);
+    memcpy(q, p->name, strnlen(p->name, DQ_PROFILE_NAME_MAX - 1));
+    q += DQ_PROFILE_NAME_MAX;
+    q = w32(q, p->kv_heads);
+    q = w32(q, p->head_dim);
+    q = w32(q, p->container_bytes[0]);
+    q = w32(q, p->container_bytes[1]);
+    q = w32(q, p->levels[0]);
+    q = w32(q, p->levels[1]);
+    uint32_t ab;
+    memcpy(&ab, &p->alpha, 4);
+    q = w32(q, ab);
+    q = w32(q, p->window);
+    q = w32(q, p->residual);
+    q = w32(q, (uint32_t)p->rotation_seed);
+    q = w32(q, (uint32_t)(p->rotation_seed >> 32));
+    for (int k = 0; k < 2; k++)
+        for (uint32_t m = 0; m < p->levels[k]; m++) {
+            q[0] = (uint8_t)p->freq[k][m];
+            q[1] = (uint8_t)(p->freq[k][m] >> 8);
+            q += 2;
+        }
+    q = w32(q, fnv1a32(buf, (size_t)(q - buf)));
+    *len = (size_t)(q - buf);
+    return DQ_OK;
+}
+
+int dq_profile_deserialize(const uint8_t *buf, size_t len, dq_profile *out)
+{
+    if (!buf || !out)
+        return DQ_INVALID_ARGUMENT;
+    if (len < DQ_PROFILE_FIXED_BYTES)
+        return DQ_TRUNCATED;
+    if (memcmp(buf, "DQPF", 4) != 0)
+        return DQ_CORRUPT;
+    dq_profile p;
+    memset(&p, 0, sizeof p);
+    const uint8_t *q = buf + 4;
+    p.format_version = r32(q);
+    q += 4;
+    if (p.format_version != DQ_FORMAT_VERSION)
+        return DQ_VERSION;
+    memcpy(p.name, q, DQ_PROFILE_NAME_MAX);
+    p.name[DQ_PROFILE_NAME_MAX - 1] = 0;
+    q += DQ_PROFILE_NAME_MAX;
+    p.kv_heads = r32(q); q += 4;
+    p.head_dim = r32(q); q += 4;
+    p.container_bytes[0] = r32(q); q += 4;
+    p.container_bytes[1] = r32(q); q += 4;
+    p.levels[0] = r32(q); q += 4;
+    p.levels[1] = r32(q); q += 4;
+    uint32_t ab = r32(q); q += 4;
+    memcpy(&p.alpha, &ab, 4);
+    p.window = r32(q); q += 4;
+    p.residual = r32(q); q += 4;
+    p.rotation_seed = r32(q);
+    p.rotation_seed |= (uint64_t)r32(q + 4) << 32;
+    q += 8;
+    if (p.levels[0] < DQ_MIN_LEVELS || p.levels[0] > DQ_MAX_LEVELS || p.levels[1] < DQ_MIN_LEVELS ||
+        p.levels[1] > DQ_MAX_LEVELS)
+        return DQ_CORRUPT;
+    size_t need = DQ_PROFILE_FIXED_BYTES + 2u * (p.levels[0] + p.levels[1]);
+    if (len < need)
+        return DQ_TRUNCATED;
+    for (int k = 0; k < 2; k++)
+        for (uint32_t m = 0; m < p.levels[k]; m++) {
+            p.freq[k][m] = (uint16_t)(q[0] | q[1] << 8);
+            q += 2;
+        }
+    if (r32(q) != fnv1a32(buf, (size_t)(q - buf)))
+        return DQ_CORRUPT;
+    DQ_FORWARD_IF_ERROR(dq_profile_validate(&p));
+    *out = p;
+    return DQ_OK;
+}
+
+/* ---- codec and workspace ---- */
+
+static void *default_alloc(void *opaque, size_t size)
+{
+    (void)opaque;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, size ? size : 1) != 0)
+        return NULL;
+    return p;
+}
+
+static void default_free(void *opaque, void *ptr)
+{
+    (void)opaque;
+    free(ptr);
+}
+
+void *dq__alloc(const dq_allocator *a, size_t size)
+{
+    return a->alloc(a->opaque, size);
+}
+
+void dq__free(const dq_allocator *a, void *p)
+{
+    if (p)
+        a->free(a->opaque, p);
+}
+
+int dq_codec_create(const dq_profile *profile, const dq_allocator *alloc, dq_codec **out)
+{
+    if (!profile || !out)
+        return DQ_INVALID_ARGUMENT;
+    *out = NULL;
+    DQ_FORWARD_IF_ERROR(dq_profile_validate(profile));
+    dq_allocator a = {default_alloc, default_free, NULL};
+    if (alloc && alloc->alloc && alloc->free)
+        a = *alloc;
+    dq_codec *c = dq__alloc(&a, sizeof *c);
+    if (!c)
+        return DQ_NOMEM;
+    memset(c, 0, sizeof *c);
+    c->profile = *profile;
+    c->alloc = a;
+    c->n = profile->kv_heads * profile->head_dim;
+    c->head_dim = profile->head_dim;
+    c->log2_head_dim = (uint32_t)__builtin_ctz(profile->head_dim);
+    c->rot_scale = (float)(1.0 / sqrt((double)profile->head_dim));
+    if (profile->rotation_seed) {
+        c->signs = dq__alloc(&a, sizeof(float) * c->n);
+        if (!c->signs) {
+            dq__free(&a, c);
+            return DQ_NOMEM;
+        }
+        /* splitmix64 over the index: D_i = ±1 from the top bit */
+        for (uint32_t i = 0; i < c->n; i++) {
+            uint64_t z = profile->rotation_seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull;
+            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+            z ^= z >> 31;
+            c->signs[i] = (z >> 63) ? -1.0f : 1.0f;
+        }
+    }
+    for (int k = 0; k < 2; k++) {
+        kind_tables(profile, k, &c->kt[k]);
+        c->record_bytes[k] = 4u + profile->container_bytes[k];
+    }
+    c->mean_bytes = 2u + c->n;
+    c->window_bytes = c->mean_bytes + (size_t)profile->window * (c->record_bytes[0] + c->record_bytes[1]);
+    (void)dq__exp2_table();
+    *out = c;
+    return DQ_OK;
+}
+
+void dq_codec_free(dq_codec *codec)
+{
+    if (!codec)
+        return;
+    dq_allocator a = codec->alloc;
+    dq__free(&a, codec->signs);
+    dq__free(&a, codec);
+}
+
+const dq_profile *dq_codec_profile(const dq_codec *codec)
+{
+    return &codec->profile;
+}
+
+uint32_t dq_codec_stream_len(const dq_codec *codec)
+{
+    return codec->n;
+}
+
+size_t dq_codec_record_bytes(const dq_codec *codec, dq_kind kind)
+{
+    return codec->record_bytes[kind == DQ_KIND_V];
+}
+
+size_t dq_codec_window_bytes(const dq_codec *codec)
+{
+    return codec->window_bytes;
+}
+
+size_t dq_codec_mean_bytes(const dq_codec *codec)
+{
+    return codec->mean_bytes;
+}
+
+int dq_workspace_create(const dq_codec *codec, dq_workspace **out)
+{
+    if (!codec || !out)
+        return DQ_INVALID_ARGUMENT;
+    *out = NULL;
+    const dq_allocator *a = &codec->alloc;
+    const size_t n = codec->n, W = codec->profile.window, d = codec->head_dim;
+    /* big: a window of floats, and room for the attention state of >= 64 query heads */
+    size_t big = W * n;
+    if (big < 64 * (4 * d + W + 16))
+        big = 64 * (4 * d + W + 16);
+    /* one block: f0 f1 f2 (n floats) u0 u1 (n u32) big (W·n floats) levels (W·n) b0 b1 (n) */
+    size_t bytes = sizeof(dq_workspace) + 64 + 3 * n * sizeof(float) + 2 * n * sizeof(uint32_t) +
+                   big * sizeof(float) + big + 2 * n + 2 * big * sizeof(uint16_t) + 16 * 64;
+    uint8_t *blk = dq__alloc(a, bytes);
+    if (!blk)
+        return DQ_NOMEM;
+    memset(blk, 0, sizeof(dq_workspace));
+    dq_workspace *ws = (dq_workspace *)(void *)blk;
+    uint8_t *p = blk + ((sizeof(dq_workspace) + 63) & ~(size_t)63);
+#define DQ_TAKE(field, type, count)                                   \
+    do {                                                              \
+        ws->field = (type *)(void *)p;                                \
+        p += (((count) * sizeof(type)) + 63) & ~(size_t)63;           \
+    } while (0)
+    DQ_TAKE(f0, float, n);
+    DQ_TAKE(f1, float, n);
+    DQ_TAKE(f2, float, n);
+    DQ_TAKE(u0, uint32_t, n);
+    DQ_TAKE(u1, uint32_t, n);
+    DQ_TAKE(big, float, big);
+    DQ_TAKE(levels, uint8_t, big);
+    DQ_TAKE(b0, uint8_t, n);
+    DQ_TAKE(b1, uint8_t, n);
+    DQ_TAKE(stage, uint16_t, 2 * big);
+#undef DQ_TAKE
+    ws->codec = codec;
+    ws->big_len = big;
+    *out = ws;
+    return DQ_OK;
+}
+
+void dq_workspace_free(dq_workspace *ws)
+{
+    if (!ws)
+        return;
+    const dq_allocator *a = &ws->codec->alloc;
+    dq__free(a, ws);
+}

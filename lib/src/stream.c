@@ -1,0 +1,166 @@
+/* One stream: FitMinMax → Drift → Refit → fp16 s, o → Drift → rANS, with the length check that
+ * makes every stream fit its container (seed Algorithm 1, DESIGN §2.4). */
+#include <math.h>
+#include <string.h>
+
+#include "drift.h"
+
+#define DQ_MAX_RETRIES 8
+
+static inline void put_u16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static inline uint16_t get_u16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+
+/* Nearest level on the grid (for drift statistics). */
+static inline uint32_t nearest_level(float x, float s, float o, uint32_t M)
+{
+    if (!(s > 0))
+        return 0;
+    float u = rintf((x - o) / s);
+    if (u < 0)
+        u = 0;
+    if (u > (float)(M - 1))
+        u = (float)(M - 1);
+    return (uint32_t)u;
+}
+
+int dq__stream_encode_ex(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const float *x,
+                         uint8_t *record, dq_encode_stats *stats, uint8_t *levels_out)
+{
+    if (!codec || !ws || !x || !record || (kind != DQ_KIND_K && kind != DQ_KIND_V) || ws->codec != codec)
+        return DQ_INVALID_ARGUMENT;
+    const dq__kind_tables *kt = &codec->kt[kind];
+    const uint32_t n = codec->n, M = kt->levels, C = kt->container;
+    for (uint32_t i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            return DQ_NONFINITE;
+
+    float *xs = ws->f0;
+    uint8_t *lev = ws->b0;
+    dq__sort_floats(x, n, xs, ws->u0);
+    const float xmin = xs[0], xmax = xs[n - 1];
+    if (!(fabsf(xmin) <= DQ_STREAM_MAX_ABS) || !(fabsf(xmax) <= DQ_STREAM_MAX_ABS))
+        return DQ_RANGE;
+
+    /* FitMinMax */
+    float s = (xmax - xmin) / (float)(M - 1);
+    float o = xmin;
+    int64_t budget = (int64_t)kt->budget_q16;
+    uint16_t sh, oh;
+    if (s > 0) {
+        dq__drift(kt, x, xs, n, s, o, budget, lev);
+        double ds = s, dof = o;
+        dq__refit(x, lev, n, &ds, &dof);
+        sh = dq_f64_to_f16(ds);
+        oh = dq_f64_to_f16(dof);
+        if ((sh & 0x7c00u) == 0x7c00u || (oh & 0x7c00u) == 0x7c00u) {
+            /* a degenerate refit outside fp16: the min–max grid always fits (|x| <= 30000) */
+            sh = dq_f64_to_f16((double)s);
+            oh = dq_f64_to_f16((double)o);
+        }
+    } else {
+        sh = 0;
+        oh = dq_f64_to_f16((double)xmin);
+    }
+    if ((sh & 0x7c00u) == 0x7c00u || (oh & 0x7c00u) == 0x7c00u)
+        return DQ_RANGE;
+    sh &= 0x7fffu; /* s >= 0; never store -0 */
+    const float sf = dq_f16_to_f32(sh), of = dq_f16_to_f32(oh);
+
+    uint32_t retries = 0, used = 0;
+    int fallback = 0;
+    for (;;) {
+        int feasible;
+        if (sf > 0) {
+            dq__drift_result r = dq__drift(kt, x, xs, n, sf, of, budget, lev);
+            feasible = r.feasible;
+        } else {
+            feasible = 0;
+        }
+        if (!feasible) {
+            memset(lev, (int)kt->cheapest, n);
+            fallback = sf > 0; /* s = 0: the cheapest level is the exact answer, not a fallback */
+        }
+        used = dq__rans_encode(&kt->enc, lev, n, ws->b1, record + 4, C);
+        if (used <= C)
+            break;
+        if (!feasible || retries >= DQ_MAX_RETRIES) {
+            /* Profile validation guarantees the all-cheapest assignment fits. */
+            memset(lev, (int)kt->cheapest, n);
+            used = dq__rans_encode(&kt->enc, lev, n, ws->b1, record + 4, C);
+            fallback = 1;
+            if (used > C)
+                return DQ_INTERNAL;
+            break;
+        }
+        retries++;
+        budget -= ((int64_t)(used - C) * 8 + 8 * (int64_t)retries) << 16;
+    }
+    put_u16(record, sh);
+    put_u16(record + 2, oh);
+    if (levels_out)
+        memcpy(levels_out, lev, n);
+    if (stats) {
+        stats->streams++;
+        stats->retries += retries > 0;
+        stats->fallbacks += (uint64_t)fallback;
+        stats->payload_bytes += used;
+        if (used > stats->max_payload_bytes)
+            stats->max_payload_bytes = used;
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t nl = nearest_level(x[i], sf, of, M);
+            uint32_t mv = nl > lev[i] ? nl - lev[i] : lev[i] - nl;
+            if (mv) {
+                stats->symbols_moved++;
+                if (mv > stats->max_move)
+                    stats->max_move = mv;
+            }
+        }
+    }
+    return DQ_OK;
+}
+
+int dq_stream_encode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const float *y, uint8_t *record,
+                     dq_encode_stats *stats)
+{
+    return dq__stream_encode_ex(codec, ws, kind, y, record, stats, NULL);
+}
+
+int dq_stream_decode_levels(const dq_codec *codec, dq_kind kind, const uint8_t *record, uint8_t *levels)
+{
+    if (!codec || !record || !levels || (kind != DQ_KIND_K && kind != DQ_KIND_V))
+        return DQ_INVALID_ARGUMENT;
+    const dq__kind_tables *kt = &codec->kt[kind];
+    return dq__rans_decode(&kt->dec, record + 4, kt->container, codec->n, levels);
+}
+
+int dq_stream_decode(const dq_codec *codec, dq_kind kind, const uint8_t *record, float *y)
+{
+    if (!codec || !record || !y || (kind != DQ_KIND_K && kind != DQ_KIND_V))
+        return DQ_INVALID_ARGUMENT;
+    const dq__kind_tables *kt = &codec->kt[kind];
+    const uint32_t n = codec->n;
+    /* Decode levels into the tail of y's own storage would alias; decode symbol by symbol. */
+    uint8_t buf[256];
+    const float s = dq_f16_to_f32(get_u16(record)), o = dq_f16_to_f32(get_u16(record + 2));
+    int rc = DQ_OK;
+    if (n <= sizeof buf) {
+        rc = dq__rans_decode(&kt->dec, record + 4, kt->container, n, buf);
+        for (uint32_t i = 0; i < n; i++)
+            y[i] = o + s * (float)buf[i];
+        return rc;
+    }
+    /* Large streams: levels into the float buffer's bytes first, then expand back to front. */
+    uint8_t *lev = (uint8_t *)y;
+    rc = dq__rans_decode(&kt->dec, record + 4, kt->container, n, lev);
+    for (uint32_t i = n; i-- > 0;)
+        y[i] = o + s * (float)lev[i];
+    return rc;
+}

@@ -1,0 +1,206 @@
+/* Token blocks and windows: rotation, the INT8 key window mean, and record layout. */
+#include <math.h>
+#include <string.h>
+
+#include "codec_internal.h"
+#include "dsp.h"
+
+static inline void put_u16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static inline uint16_t get_u16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+
+static inline float load_elem(const void *src, dq_dtype t, size_t i)
+{
+    switch (t) {
+    case DQ_DTYPE_F16: return dq_f16_to_f32(((const uint16_t *)src)[i]);
+    case DQ_DTYPE_BF16: return dq_bf16_to_f32(((const uint16_t *)src)[i]);
+    default: return ((const float *)src)[i];
+    }
+}
+
+static inline void store_elem(void *dst, dq_dtype t, size_t i, float v)
+{
+    switch (t) {
+    case DQ_DTYPE_F16: ((uint16_t *)dst)[i] = dq_f32_to_f16(v); break;
+    case DQ_DTYPE_BF16: ((uint16_t *)dst)[i] = dq_f32_to_bf16(v); break;
+    default: ((float *)dst)[i] = v; break;
+    }
+}
+
+/* Loads token t of x as floats and rotates it. Returns 0 or DQ_RANGE. */
+static int load_rotated(const dq_codec *codec, const void *x, dq_dtype dtype, size_t t, float *y)
+{
+    const uint32_t n = codec->n;
+    for (uint32_t j = 0; j < n; j++)
+        y[j] = load_elem(x, dtype, t * n + j);
+    dq_rotate(codec, y);
+    for (uint32_t j = 0; j < n; j++)
+        if (!(fabsf(y[j]) <= DQ_TOKEN_MAX_ABS))
+            return DQ_RANGE;
+    return DQ_OK;
+}
+
+int dq__mean_compute(const dq_codec *codec, const float *y, size_t ntok, uint8_t *mean_block)
+{
+    const uint32_t n = codec->n;
+    float amax = 0;
+    int8_t *q = (int8_t *)(mean_block + 2);
+    /* two passes over the window: mean per channel (tokens summed in order), then quantize */
+    float maxabs = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        float sum = 0;
+        for (size_t t = 0; t < ntok; t++)
+            sum += y[t * n + j];
+        float m = sum / (float)ntok;
+        float a = fabsf(m);
+        if (a > maxabs)
+            maxabs = a;
+    }
+    amax = maxabs;
+    uint16_t sh = dq_f32_to_f16(amax / 127.0f);
+    float sf = dq_f16_to_f32(sh);
+    put_u16(mean_block, sh);
+    for (uint32_t j = 0; j < n; j++) {
+        float sum = 0;
+        for (size_t t = 0; t < ntok; t++)
+            sum += y[t * n + j];
+        float m = sum / (float)ntok;
+        float r = sf > 0 ? rintf(m / sf) : 0.0f;
+        if (r > 127.0f)
+            r = 127.0f;
+        if (r < -127.0f)
+            r = -127.0f;
+        q[j] = (int8_t)r;
+    }
+    return DQ_OK;
+}
+
+void dq__mean_dequant(const dq_codec *codec, const uint8_t *mean_block, float *mu)
+{
+    const float sf = dq_f16_to_f32(get_u16(mean_block));
+    const int8_t *q = (const int8_t *)(mean_block + 2);
+    for (uint32_t j = 0; j < codec->n; j++)
+        mu[j] = (float)q[j] * sf;
+}
+
+int dq_tokens_encode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const void *x, dq_dtype dtype,
+                     size_t ntok, uint8_t *mean, uint8_t *records, size_t record_stride, dq_encode_stats *stats)
+{
+    if (!codec || !ws || ws->codec != codec || !x || !records || (kind != DQ_KIND_K && kind != DQ_KIND_V))
+        return DQ_INVALID_ARGUMENT;
+    if (!dq_dtype_size(dtype))
+        return DQ_DTYPE;
+    const uint32_t n = codec->n, W = codec->profile.window;
+    if (record_stride < codec->record_bytes[kind])
+        return DQ_INVALID_ARGUMENT;
+    if (kind == DQ_KIND_K && (!mean || ntok < 1 || ntok > W))
+        return DQ_SHAPE;
+    if (kind == DQ_KIND_V && mean)
+        return DQ_INVALID_ARGUMENT;
+    DQ_FORWARD_IF_ERROR(dq_check_finite(x, dtype, ntok * n));
+
+    float *y = ws->big;
+    if (kind == DQ_KIND_K) {
+        for (size_t t = 0; t < ntok; t++)
+            DQ_FORWARD_IF_ERROR(load_rotated(codec, x, dtype, t, y + t * n));
+        dq__mean_compute(codec, y, ntok, mean);
+        float *mu = ws->f1;
+        dq__mean_dequant(codec, mean, mu);
+        for (size_t t = 0; t < ntok; t++) {
+            float *yt = y + t * n;
+            for (uint32_t j = 0; j < n; j++)
+                yt[j] = yt[j] - mu[j];
+            DQ_FORWARD_IF_ERROR(dq__stream_encode_ex(codec, ws, kind, yt, records + t * record_stride, stats, NULL));
+        }
+        return DQ_OK;
+    }
+    /* values: validate the whole range first, then encode chunk by chunk */
+    for (size_t t = 0; t < ntok; t++)
+        DQ_FORWARD_IF_ERROR(load_rotated(codec, x, dtype, t, ws->f1));
+    for (size_t t = 0; t < ntok; t++) {
+        load_rotated(codec, x, dtype, t, ws->f1);
+        DQ_FORWARD_IF_ERROR(dq__stream_encode_ex(codec, ws, kind, ws->f1, records + t * record_stride, stats, NULL));
+    }
+    return DQ_OK;
+}
+
+int dq_tokens_decode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const uint8_t *mean,
+                     const uint8_t *records, size_t record_stride, size_t ntok, void *out, dq_dtype dtype)
+{
+    if (!codec || !ws || ws->codec != codec || !records || !out || (kind != DQ_KIND_K && kind != DQ_KIND_V))
+        return DQ_INVALID_ARGUMENT;
+    if (!dq_dtype_size(dtype))
+        return DQ_DTYPE;
+    if (kind == DQ_KIND_K && !mean)
+        return DQ_INVALID_ARGUMENT;
+    if (record_stride < codec->record_bytes[kind])
+        return DQ_INVALID_ARGUMENT;
+    const dq__kind_tables *kt = &codec->kt[kind];
+    const dq__dsp *dsp = dq__dsp_get();
+    const uint32_t n = codec->n, W = codec->profile.window;
+    float *mu = ws->f1, *y = ws->f0;
+    if (kind == DQ_KIND_K)
+        dq__mean_dequant(codec, mean, mu);
+    size_t corrupt = 0;
+    for (size_t t0 = 0; t0 < ntok; t0 += W) {
+        size_t cnt = ntok - t0 < W ? ntok - t0 : W;
+        const uint8_t *rec0 = records + t0 * record_stride;
+        corrupt += dsp->decode_levels(&kt->dec, rec0, record_stride, cnt, kt->container, n, ws->levels);
+        for (size_t t = 0; t < cnt; t++) {
+            const uint8_t *rec = rec0 + t * record_stride;
+            const float s = dq_f16_to_f32(get_u16(rec)), o = dq_f16_to_f32(get_u16(rec + 2));
+            const uint8_t *lev = ws->levels + t * n;
+            if (kind == DQ_KIND_K) {
+                for (uint32_t j = 0; j < n; j++)
+                    y[j] = (o + s * (float)lev[j]) + mu[j];
+            } else {
+                for (uint32_t j = 0; j < n; j++)
+                    y[j] = o + s * (float)lev[j];
+            }
+            dq_unrotate(codec, y);
+            size_t base = (t0 + t) * n;
+            if (dtype == DQ_DTYPE_F32)
+                memcpy((float *)out + base, y, n * sizeof(float));
+            else
+                for (uint32_t j = 0; j < n; j++)
+                    store_elem(out, dtype, base + j, y[j]);
+        }
+    }
+    return corrupt ? DQ_CORRUPT : DQ_OK;
+}
+
+const uint8_t *dq_window_mean(const dq_codec *codec, const uint8_t *window)
+{
+    (void)codec;
+    return window;
+}
+
+const uint8_t *dq_window_record(const dq_codec *codec, const uint8_t *window, dq_kind kind, size_t t)
+{
+    const size_t W = codec->profile.window;
+    size_t off = codec->mean_bytes;
+    if (kind == DQ_KIND_V)
+        off += W * codec->record_bytes[0];
+    return window + off + t * codec->record_bytes[kind == DQ_KIND_V];
+}
+
+int dq_window_encode(const dq_codec *codec, dq_workspace *ws, const void *k, const void *v, dq_dtype dtype,
+                     uint8_t *window, dq_encode_stats *stats)
+{
+    if (!codec || !ws || !k || !v || !window)
+        return DQ_INVALID_ARGUMENT;
+    const size_t W = codec->profile.window;
+    DQ_FORWARD_IF_ERROR(dq_check_finite(v, dtype, W * codec->n));
+    uint8_t *krec = (uint8_t *)dq_window_record(codec, window, DQ_KIND_K, 0);
+    uint8_t *vrec = (uint8_t *)dq_window_record(codec, window, DQ_KIND_V, 0);
+    DQ_FORWARD_IF_ERROR(
+        dq_tokens_encode(codec, ws, DQ_KIND_K, k, dtype, W, window, krec, codec->record_bytes[0], stats));
+    return dq_tokens_encode(codec, ws, DQ_KIND_V, v, dtype, W, NULL, vrec, codec->record_bytes[1], stats);
+}
