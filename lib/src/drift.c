@@ -1,19 +1,21 @@
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "drift.h"
 
 static float g_exp2[512];
-static int g_exp2_ready;
+static pthread_once_t g_exp2_once = PTHREAD_ONCE_INIT;
+
+static void exp2_init(void)
+{
+    for (int i = 0; i < 512; i++)
+        g_exp2[i] = (float)exp2(i / 512.0);
+}
 
 const float *dq__exp2_table(void)
 {
-    /* Idempotent: concurrent first calls write identical values. */
-    if (!__atomic_load_n(&g_exp2_ready, __ATOMIC_ACQUIRE)) {
-        for (int i = 0; i < 512; i++)
-            g_exp2[i] = (float)exp2(i / 512.0);
-        __atomic_store_n(&g_exp2_ready, 1, __ATOMIC_RELEASE);
-    }
+    pthread_once(&g_exp2_once, exp2_init);
     return g_exp2;
 }
 
