@@ -205,6 +205,40 @@ static void attend_tail(const dq_codec *c, dq_workspace *ws, const dq_layer *lay
     }
 }
 
+/* Baseline codecs: decode each window to floats (original domain), then exact attention. */
+static int attend_decoded_windows(const dq_codec *c, dq_workspace *ws, const dq_layer *layer, attn_state *st,
+                                  const float *q, uint32_t qh0, uint32_t G, float scale, float *blk)
+{
+    const uint32_t n = c->n, d = c->head_dim, W = c->profile.window;
+    const size_t nwin = dq_layer_window_count(layer);
+    for (size_t w = 0; w < nwin; w++) {
+        const uint8_t *win = dq_layer_window(layer, w);
+        DQ_FORWARD_IF_ERROR(dq_tokens_decode(c, ws, DQ_KIND_K, c->mean_bytes ? dq_window_mean(c, win) : NULL,
+                                             dq_window_record(c, win, DQ_KIND_K, 0), c->record_bytes[0], W, blk,
+                                             DQ_DTYPE_F32));
+        for (uint32_t t = 0; t < W; t++)
+            for (uint32_t h = 0; h < st->qn; h++) {
+                const float *qq = q + (size_t)(qh0 + h) * d, *kk = blk + (size_t)t * n + (size_t)((qh0 + h) / G) * d;
+                float s = 0;
+                for (uint32_t j = 0; j < d; j++)
+                    s += qq[j] * kk[j];
+                st->logit[(size_t)h * W + t] = scale * s;
+            }
+        softmax_block(st, W);
+        DQ_FORWARD_IF_ERROR(dq_tokens_decode(c, ws, DQ_KIND_V, NULL, dq_window_record(c, win, DQ_KIND_V, 0),
+                                             c->record_bytes[1], W, blk, DQ_DTYPE_F32));
+        for (uint32_t t = 0; t < W; t++)
+            for (uint32_t h = 0; h < st->qn; h++) {
+                double p = st->logit[(size_t)h * W + t];
+                double *acc = st->acc + (size_t)h * d;
+                const float *vv = blk + (size_t)t * n + (size_t)((qh0 + h) / G) * d;
+                for (uint32_t j = 0; j < d; j++)
+                    acc[j] += p * vv[j];
+            }
+    }
+    return DQ_OK;
+}
+
 static int check_items(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, const dq_attn_item *items,
                        size_t nitems)
 {
@@ -232,6 +266,13 @@ int dq_attend(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale
     uint32_t qc = (uint32_t)(ws->big_len / per_head);
     if (qc > q_heads)
         qc = q_heads;
+    const int dquant = c->profile.codec_type == DQ_CODEC_DQUANT;
+    float *blk = NULL;
+    if (!dquant) {
+        blk = dq__alloc(&c->alloc, sizeof(float) * (size_t)W * c->n);
+        if (!blk)
+            return DQ_NOMEM;
+    }
     for (size_t i = 0; i < nitems; i++) {
         const dq_attn_item *it = &items[i];
         for (uint32_t qh0 = 0; qh0 < q_heads; qh0 += qc) {
@@ -256,8 +297,16 @@ int dq_attend(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale
                 st.off[h] = 0;
                 memset(st.acc + (size_t)h * d, 0, sizeof(double) * d);
             }
-            attend_windows(c, ws, dsp, it->layer, &st, qh0, G, scale);
-            unrotate_acc(c, &st, qh0, G);
+            if (dquant) {
+                attend_windows(c, ws, dsp, it->layer, &st, qh0, G, scale);
+                unrotate_acc(c, &st, qh0, G);
+            } else {
+                int rc = attend_decoded_windows(c, ws, it->layer, &st, it->q, qh0, G, scale, blk);
+                if (rc < 0) {
+                    dq__free(&c->alloc, blk);
+                    return rc;
+                }
+            }
             attend_tail(c, ws, it->layer, &st, it->q, qh0, G, scale);
             for (uint32_t h = 0; h < qn; h++) {
                 float *out = it->out + (size_t)(qh0 + h) * d;
@@ -270,6 +319,7 @@ int dq_attend(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale
             }
         }
     }
+    dq__free(&c->alloc, blk);
     return DQ_OK;
 }
 

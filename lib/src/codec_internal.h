@@ -31,9 +31,13 @@ struct dq_codec {
     float rot_scale;        /* (float)(1 / sqrt(head_dim)) */
     float *signs;           /* n entries of ±1 (D), or NULL when the seed is 0 */
     dq__kind_tables kt[2];
-    size_t record_bytes[2]; /* 4 + C */
-    size_t mean_bytes;      /* 2 + n */
+    size_t record_bytes[2]; /* 4 + C (baselines: their record size) */
+    size_t mean_bytes;      /* key window header: 2 + n (KIVI: 4n, other baselines: 0) */
     size_t window_bytes;
+    /* baselines */
+    uint32_t group;         /* channels per scale/zero group */
+    float lm_c[256];        /* TurboQuant: Lloyd–Max centroids for N(0,1), 2^bits of them */
+    float lm_t[256];        /* decision thresholds between consecutive centroids */
 };
 
 struct dq_workspace {
@@ -76,6 +80,18 @@ void dq__log(dq_log_level level, const char *file, int line, const char *fmt, ..
 /* Stream encoder with its diagnostics: levels (may be NULL) receives the final assignment. */
 int dq__stream_encode_ex(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const float *y,
                          uint8_t *record, dq_encode_stats *stats, uint8_t *levels);
+
+/* Baseline codecs (baseline.c). */
+int dq__baseline_profile(const char *name, uint32_t kv_heads, uint32_t head_dim, dq_profile *out);
+int dq__baseline_validate(const dq_profile *p);
+/* Record bytes per kind and key window header bytes of a baseline profile. */
+size_t dq__baseline_record_bytes(const dq_profile *p, int kind);
+size_t dq__baseline_header_bytes(const dq_profile *p);
+void dq__baseline_setup(dq_codec *c);
+int dq__baseline_encode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const void *x, dq_dtype dtype,
+                        size_t ntok, uint8_t *header, uint8_t *records, size_t stride);
+int dq__baseline_decode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const uint8_t *header,
+                        const uint8_t *records, size_t stride, size_t ntok, void *out, dq_dtype dtype);
 
 /* Key-mean block helpers (window of ntok rotated tokens, token-major [ntok][n]). */
 int dq__mean_compute(const dq_codec *codec, const float *y, size_t ntok, uint8_t *mean_block);

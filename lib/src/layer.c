@@ -307,8 +307,8 @@ int dq_layer_restore(const dq_codec *codec, const uint8_t *windows, size_t nwin,
     const size_t n = codec->n, W = codec->profile.window;
     if (tail_tokens >= codec->profile.residual)
         return DQ_SHAPE;
-    /* Verify every container before taking anything. */
-    for (size_t w = 0; w < nwin; w++) {
+    /* Verify every container before taking anything (baselines have no redundancy to check). */
+    for (size_t w = 0; w < nwin && codec->profile.codec_type == DQ_CODEC_DQUANT; w++) {
         const uint8_t *win = windows + w * codec->window_bytes;
         for (int kind = 0; kind < 2; kind++) {
             const dq__kind_tables *kt = &codec->kt[kind];

@@ -92,9 +92,13 @@ int dq_profile_validate(const dq_profile *p)
     DQ_FORWARD_IF_ERROR(validate_shape(p->kv_heads, p->head_dim));
     if (memchr(p->name, 0, sizeof p->name) == NULL)
         return DQ_PROFILE;
-    if (!(p->alpha > 0) || !(p->alpha < 16))
-        return DQ_PROFILE;
     if (p->window < 1 || p->residual < p->window || p->window > 65536 || p->residual > 65536)
+        return DQ_PROFILE;
+    if (p->codec_type != DQ_CODEC_DQUANT)
+        return dq__baseline_validate(p);
+    if (p->bits[0] || p->bits[1] || p->group || p->rotate)
+        return DQ_PROFILE;
+    if (!(p->alpha > 0) || !(p->alpha < 16))
         return DQ_PROFILE;
     const uint32_t n = p->kv_heads * p->head_dim;
     for (int k = 0; k < 2; k++) {
@@ -179,12 +183,32 @@ int dq_profile_builtin(const char *name, uint32_t kv_heads, uint32_t head_dim, d
         }
         return dq_profile_make(&pp, out);
     }
-    return DQ_PROFILE;
+    return dq__baseline_profile(name, kv_heads, head_dim, out);
+}
+
+int dq_profile_baseline(const char *name, uint32_t kv_heads, uint32_t head_dim, dq_profile *out)
+{
+    if (!name || !out)
+        return DQ_INVALID_ARGUMENT;
+    DQ_FORWARD_IF_ERROR(validate_shape(kv_heads, head_dim));
+    return dq__baseline_profile(name, kv_heads, head_dim, out);
+}
+
+const char *const *dq_profile_baseline_names(void)
+{
+    static const char *const names[] = {"bf16", "int2", "quarot2", "kivi2", "turbo2", NULL};
+    return names;
 }
 
 double dq_profile_bits_per_value(const dq_profile *p, dq_kind kind)
 {
     const double n = (double)p->kv_heads * p->head_dim;
+    if (p->codec_type != DQ_CODEC_DQUANT) {
+        double b = 8.0 * (double)dq__baseline_record_bytes(p, kind) / n;
+        if (kind == DQ_KIND_K)
+            b += 8.0 * (double)dq__baseline_header_bytes(p) / (n * p->window);
+        return b;
+    }
     double bits = 8.0 * (4.0 + p->container_bytes[kind]) / n;
     if (kind == DQ_KIND_K)
         bits += 8.0 * (2.0 + n) / (n * p->window);
@@ -220,14 +244,14 @@ static uint32_t r32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-#define DQ_PROFILE_FIXED_BYTES 88u
+#define DQ_PROFILE_FIXED_BYTES 108u
 
 int dq_profile_serialize(const dq_profile *p, uint8_t *buf, size_t cap, size_t *len)
 {
     if (!p || !buf || !len)
         return DQ_INVALID_ARGUMENT;
     DQ_FORWARD_IF_ERROR(dq_profile_validate(p));
-    size_t need = DQ_PROFILE_FIXED_BYTES + 2u * (p->levels[0] + p->levels[1]);
+    size_t need = DQ_PROFILE_FIXED_BYTES + (p->codec_type == DQ_CODEC_DQUANT ? 2u * (p->levels[0] + p->levels[1]) : 0);
     if (cap < need)
         return DQ_INVALID_ARGUMENT;
     uint8_t *q = buf;
@@ -249,8 +273,13 @@ int dq_profile_serialize(const dq_profile *p, uint8_t *buf, size_t cap, size_t *
     q = w32(q, p->residual);
     q = w32(q, (uint32_t)p->rotation_seed);
     q = w32(q, (uint32_t)(p->rotation_seed >> 32));
+    q = w32(q, p->codec_type);
+    q = w32(q, p->bits[0]);
+    q = w32(q, p->bits[1]);
+    q = w32(q, p->group);
+    q = w32(q, p->rotate);
     for (int k = 0; k < 2; k++)
-        for (uint32_t m = 0; m < p->levels[k]; m++) {
+        for (uint32_t m = 0; m < p->levels[k] && p->codec_type == DQ_CODEC_DQUANT; m++) {
             q[0] = (uint8_t)p->freq[k][m];
             q[1] = (uint8_t)(p->freq[k][m] >> 8);
             q += 2;
@@ -291,14 +320,20 @@ int dq_profile_deserialize(const uint8_t *buf, size_t len, dq_profile *out)
     p.rotation_seed = r32(q);
     p.rotation_seed |= (uint64_t)r32(q + 4) << 32;
     q += 8;
-    if (p.levels[0] < DQ_MIN_LEVELS || p.levels[0] > DQ_MAX_LEVELS || p.levels[1] < DQ_MIN_LEVELS ||
-        p.levels[1] > DQ_MAX_LEVELS)
+    p.codec_type = r32(q); q += 4;
+    p.bits[0] = r32(q); q += 4;
+    p.bits[1] = r32(q); q += 4;
+    p.group = r32(q); q += 4;
+    p.rotate = r32(q); q += 4;
+    const int dquant = p.codec_type == DQ_CODEC_DQUANT;
+    if (dquant && (p.levels[0] < DQ_MIN_LEVELS || p.levels[0] > DQ_MAX_LEVELS || p.levels[1] < DQ_MIN_LEVELS ||
+                   p.levels[1] > DQ_MAX_LEVELS))
         return DQ_CORRUPT;
-    size_t need = DQ_PROFILE_FIXED_BYTES + 2u * (p.levels[0] + p.levels[1]);
+    size_t need = DQ_PROFILE_FIXED_BYTES + (dquant ? 2u * (p.levels[0] + p.levels[1]) : 0);
     if (len < need)
         return DQ_TRUNCATED;
     for (int k = 0; k < 2; k++)
-        for (uint32_t m = 0; m < p.levels[k]; m++) {
+        for (uint32_t m = 0; m < p.levels[k] && dquant; m++) {
             p.freq[k][m] = (uint16_t)(q[0] | q[1] << 8);
             q += 2;
         }
@@ -371,11 +406,15 @@ int dq_codec_create(const dq_profile *profile, const dq_allocator *alloc, dq_cod
             c->signs[i] = (z >> 63) ? -1.0f : 1.0f;
         }
     }
-    for (int k = 0; k < 2; k++) {
-        kind_tables(profile, k, &c->kt[k]);
-        c->record_bytes[k] = 4u + profile->container_bytes[k];
+    if (profile->codec_type == DQ_CODEC_DQUANT) {
+        for (int k = 0; k < 2; k++) {
+            kind_tables(profile, k, &c->kt[k]);
+            c->record_bytes[k] = 4u + profile->container_bytes[k];
+        }
+        c->mean_bytes = 2u + c->n;
+    } else {
+        dq__baseline_setup(c);
     }
-    c->mean_bytes = 2u + c->n;
     c->window_bytes = c->mean_bytes + (size_t)profile->window * (c->record_bytes[0] + c->record_bytes[1]);
     (void)dq__exp2_table();
     *out = c;

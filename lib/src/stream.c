@@ -36,6 +36,8 @@ int dq__stream_encode_ex(const dq_codec *codec, dq_workspace *ws, dq_kind kind, 
 {
     if (!codec || !ws || !x || !record || (kind != DQ_KIND_K && kind != DQ_KIND_V) || ws->codec != codec)
         return DQ_INVALID_ARGUMENT;
+    if (codec->profile.codec_type != DQ_CODEC_DQUANT)
+        return DQ_UNSUPPORTED;
     const dq__kind_tables *kt = &codec->kt[kind];
     const uint32_t n = codec->n, M = kt->levels, C = kt->container;
     for (uint32_t i = 0; i < n; i++)
@@ -137,6 +139,8 @@ int dq_stream_decode_levels(const dq_codec *codec, dq_kind kind, const uint8_t *
 {
     if (!codec || !record || !levels || (kind != DQ_KIND_K && kind != DQ_KIND_V))
         return DQ_INVALID_ARGUMENT;
+    if (codec->profile.codec_type != DQ_CODEC_DQUANT)
+        return DQ_UNSUPPORTED;
     const dq__kind_tables *kt = &codec->kt[kind];
     return dq__rans_decode(&kt->dec, record + 4, kt->container, codec->n, levels);
 }
@@ -145,6 +149,8 @@ int dq_stream_decode(const dq_codec *codec, dq_kind kind, const uint8_t *record,
 {
     if (!codec || !record || !y || (kind != DQ_KIND_K && kind != DQ_KIND_V))
         return DQ_INVALID_ARGUMENT;
+    if (codec->profile.codec_type != DQ_CODEC_DQUANT)
+        return DQ_UNSUPPORTED;
     const dq__kind_tables *kt = &codec->kt[kind];
     const uint32_t n = codec->n;
     /* Decode levels into the tail of y's own storage would alias; decode symbol by symbol. */

@@ -100,10 +100,12 @@ int dq_tokens_encode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, cons
     const uint32_t n = codec->n, W = codec->profile.window;
     if (record_stride < codec->record_bytes[kind])
         return DQ_INVALID_ARGUMENT;
-    if (kind == DQ_KIND_K && (!mean || ntok < 1 || ntok > W))
+    if (kind == DQ_KIND_K && (!mean || ntok < 1 || ntok > W) && codec->mean_bytes)
         return DQ_SHAPE;
     if (kind == DQ_KIND_V && mean)
         return DQ_INVALID_ARGUMENT;
+    if (codec->profile.codec_type != DQ_CODEC_DQUANT)
+        return dq__baseline_encode(codec, ws, kind, x, dtype, ntok, mean, records, record_stride);
     DQ_FORWARD_IF_ERROR(dq_check_finite(x, dtype, ntok * n));
 
     float *y = ws->big;
@@ -138,10 +140,12 @@ int dq_tokens_decode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, cons
         return DQ_INVALID_ARGUMENT;
     if (!dq_dtype_size(dtype))
         return DQ_DTYPE;
-    if (kind == DQ_KIND_K && !mean)
+    if (kind == DQ_KIND_K && !mean && codec->mean_bytes)
         return DQ_INVALID_ARGUMENT;
     if (record_stride < codec->record_bytes[kind])
         return DQ_INVALID_ARGUMENT;
+    if (codec->profile.codec_type != DQ_CODEC_DQUANT)
+        return dq__baseline_decode(codec, ws, kind, mean, records, record_stride, ntok, out, dtype);
     const dq__kind_tables *kt = &codec->kt[kind];
     const dq__dsp *dsp = dq__dsp_get();
     const uint32_t n = codec->n, W = codec->profile.window;

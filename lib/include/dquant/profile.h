@@ -31,6 +31,20 @@ typedef enum dq_kind {
     DQ_KIND_V = 1, /* values: rotation, affine grid */
 } dq_kind;
 
+/* Which codec a profile describes. D-Quant is the format of this project; the others are the
+ * baselines it is compared with (DESIGN §2.8), stored the same way (fixed-size records, windows
+ * of W tokens, the BF16 tail) so the daemon can hold and attend over any of them. */
+typedef enum dq_codec_type {
+    DQ_CODEC_DQUANT = 0, /* D-Quant containers (the fields below) */
+    DQ_CODEC_BF16 = 1,   /* passthrough: BF16 values */
+    DQ_CODEC_INT = 2,    /* per-token asymmetric INT-b, fp16 scale/zero per group of `group` channels;
+                            rotate = 1: per-head Hadamard first (QuaRot-style) */
+    DQ_CODEC_KIVI = 3,   /* keys per channel over each window of W tokens, values per token (groups of
+                            `group` channels), INT-b, fp16 scale/zero */
+    DQ_CODEC_TURBO = 4,  /* TurboQuant-MSE: keys rotated, per-head norm (fp16), Lloyd–Max b-bit scalar
+                            codebook for N(0,1); values per-token affine INT-b (groups of `group`) */
+} dq_codec_type;
+
 typedef struct dq_profile {
     uint32_t format_version;                /* DQ_FORMAT_VERSION */
     char name[DQ_PROFILE_NAME_MAX];         /* NUL-terminated, informational */
@@ -43,6 +57,13 @@ typedef struct dq_profile {
     uint32_t residual;                      /* R: BF16 tail, tokens (R >= W) */
     uint64_t rotation_seed;                 /* 0: no sign flips (D = I) */
     uint16_t freq[2][DQ_MAX_LEVELS];        /* f_m >= 1, sum 256; entries past levels are 0 */
+    /* Baselines (codec_type != DQ_CODEC_DQUANT): bits per symbol per kind, channel group size,
+     * rotation on/off. For them container_bytes holds the record payload, levels = 2^bits, and the
+     * frequency tables and alpha are unused (zero). */
+    uint32_t codec_type;                    /* dq_codec_type; 0 = D-Quant */
+    uint32_t bits[2];
+    uint32_t group;
+    uint32_t rotate;
 } dq_profile;
 
 /* What dq_profile_make needs; fill with dq_profile_params_default() then change fields. */
@@ -70,8 +91,16 @@ DQ_API int dq_profile_make(const dq_profile_params *params, dq_profile *out);
  *   "dq196": rate K 2.2109, V 1.5234 bits/value (C 287/199 at n = 1024), M 7/5 → 1.96 bits/value
  * Returns DQ_PROFILE for an unknown name or bad shape. */
 DQ_API int dq_profile_builtin(const char *name, uint32_t kv_heads, uint32_t head_dim, dq_profile *out);
-/* NULL-terminated list of built-in profile names. */
+/* NULL-terminated list of the built-in D-Quant profile names. */
 DQ_API const char *const *dq_profile_builtin_names(void);
+
+/* Baseline profiles by name, for any shape, W = R = 128 and channel groups of 128 (or n when
+ * smaller): "bf16"; "intB" (per-token INT-B, no rotation); "quarotB" (INT-B after the Hadamard
+ * rotation); "kiviB"; "turboB"; B in 1..8 (e.g. "int2", "kivi2", "turbo2"). dq_profile_builtin
+ * accepts these names too. */
+DQ_API int dq_profile_baseline(const char *name, uint32_t kv_heads, uint32_t head_dim, dq_profile *out);
+/* NULL-terminated list of the baseline names at 2 bits (and "bf16"), as compared in the seed. */
+DQ_API const char *const *dq_profile_baseline_names(void);
 
 /* Checks every field of a profile that came from outside (wire, disk): shapes, levels, tables
  * summing to 256 with every f >= 1, containers large enough. Returns 0 or an error code. */
