@@ -1,0 +1,107 @@
+/* dquantd undoable layer appends (see append.h). */
+#include "append.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "dquant/error.h"
+#include "logging.h"
+
+void dqd_append_clear(dqd_append *a)
+{
+    free(a->tail_k);
+    free(a->tail_v);
+    a->tail_k = a->tail_v = NULL;
+}
+
+int dqd_append_apply(dqd_append *a, dqd_codec *codec, dq_workspace *ws, dq_layer **slot, const void *k,
+                     const void *v, dq_dtype dtype, size_t ntok, dq_encode_stats *stats)
+{
+    memset(a, 0, sizeof *a);
+    int rc;
+    if (!*slot) {
+        rc = dq_layer_create(codec->codec, slot);
+        if (rc < 0)
+            return rc;
+        a->created = true;
+    }
+    dq_layer *layer = *slot;
+    a->tokens0 = dq_layer_tokens(layer);
+    a->nwin0 = dq_layer_window_count(layer);
+    a->tail0 = dq_layer_tail_tokens(layer);
+
+    /* A window is sealed when the tail reaches R tokens: only then does the tail change in place. */
+    if (!a->created && a->tail0 && a->tail0 + ntok >= codec->profile.residual) {
+        size_t elems = a->tail0 * codec->n;
+        a->tail_k = malloc(elems * sizeof(uint16_t));
+        a->tail_v = malloc(elems * sizeof(uint16_t));
+        if (!a->tail_k || !a->tail_v) {
+            dqd_append_clear(a);
+            return DQ_NOMEM;
+        }
+        memcpy(a->tail_k, dq_layer_tail(layer, DQ_KIND_K), elems * sizeof(uint16_t));
+        memcpy(a->tail_v, dq_layer_tail(layer, DQ_KIND_V), elems * sizeof(uint16_t));
+    }
+
+    rc = dq_layer_append(layer, ws, k, v, dtype, ntok, stats);
+    if (rc < 0) {
+        if (a->created) {
+            dq_layer_free(layer);
+            *slot = NULL;
+            a->created = false;
+        }
+        dqd_append_clear(a);
+        return rc;
+    }
+    a->applied = true;
+    return DQ_OK;
+}
+
+int dqd_append_rollback(dqd_append *a, dqd_codec *codec, dq_layer **slot)
+{
+    if (!a->applied)
+        return DQ_OK;
+    dq_layer *layer = *slot;
+    if (a->created) {
+        dq_layer_free(layer);
+        *slot = NULL;
+        a->applied = false;
+        return DQ_OK;
+    }
+
+    const uint16_t *tk, *tv;
+    if (dq_layer_window_count(layer) == a->nwin0) {
+        /* Nothing sealed: the old tail is the head of the current one. */
+        tk = dq_layer_tail(layer, DQ_KIND_K);
+        tv = dq_layer_tail(layer, DQ_KIND_V);
+    } else {
+        tk = a->tail_k;
+        tv = a->tail_v;
+    }
+    static const uint16_t none[1];
+    if (!a->tail0)
+        tk = tv = none;
+    if (!tk || !tv)
+        return DQ_INTERNAL;
+
+    uint8_t *windows = NULL;
+    if (a->nwin0) {
+        windows = malloc(a->nwin0 * codec->window_bytes);
+        if (!windows)
+            return DQ_NOMEM;
+        for (size_t i = 0; i < a->nwin0; i++)
+            memcpy(windows + i * codec->window_bytes, dq_layer_window(layer, i), codec->window_bytes);
+    }
+    dq_layer *fresh = NULL;
+    int rc = dq_layer_restore(codec->codec, windows ? windows : (const uint8_t *)none, a->nwin0, tk, tv, a->tail0,
+                              &fresh);
+    free(windows);
+    if (rc < 0) {
+        DQD_ERROR("cannot roll back a layer to %zu tokens: %s", a->tokens0, dq_strerror(rc));
+        return rc;
+    }
+    dq_layer_free(layer);
+    *slot = fresh;
+    a->applied = false;
+    return DQ_OK;
+}

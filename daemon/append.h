@@ -1,0 +1,39 @@
+/* dquantd layer appends that can be undone: the building block of all-or-nothing PUTs (many
+ * layers) and ATTEND batches with appends (many sequences).
+ *
+ * dq_layer_append is atomic for one layer; a request touching several layers applies each with
+ * dqd_append_apply and, if any fails, rolls the applied ones back with dqd_append_rollback.
+ * Layers are append-only, so the previous state is the first nwin0 windows (still in the layer)
+ * plus the previous BF16 tail: kept in the layer when no window was sealed, else copied by apply
+ * beforehand (only when the append can seal a window, so usually nothing is copied).
+ *
+ * Runs on a worker thread; the caller holds write access to the sequence. */
+#ifndef DQD_APPEND_H
+#define DQD_APPEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dquant/layer.h"
+#include "registry.h"
+
+typedef struct dqd_append {
+    bool created;        /* the layer did not exist before */
+    bool applied;        /* the append succeeded */
+    size_t tokens0, nwin0, tail0;
+    uint16_t *tail_k;    /* snapshot of the previous tail when the append may seal a window */
+    uint16_t *tail_v;
+} dqd_append;
+
+/* Appends ntok tokens (k, v: [ntok, kv_heads, head_dim] of dtype) to *slot, creating the layer if
+ * *slot is NULL. On failure the slot is as before (a created layer is freed again). */
+int dqd_append_apply(dqd_append *a, dqd_codec *codec, dq_workspace *ws, dq_layer **slot, const void *k,
+                     const void *v, dq_dtype dtype, size_t ntok, dq_encode_stats *stats);
+/* Undoes an applied append (no-op otherwise). DQ_NOMEM / DQ_CORRUPT if the previous state cannot
+ * be rebuilt: the caller must then drop the whole sequence. */
+int dqd_append_rollback(dqd_append *a, dqd_codec *codec, dq_layer **slot);
+/* Frees the snapshot. */
+void dqd_append_clear(dqd_append *a);
+
+#endif

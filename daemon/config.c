@@ -1,0 +1,679 @@
+/* dquantd configuration (see config.h). One table describes every setting: its INI section and
+ * key, its flag, its type and bounds, and its help text. */
+#include "config.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <ini.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "dquant/error.h"
+#include "dquant/version.h"
+#include "logging.h"
+
+#ifndef DQD_VERSION
+#define DQD_VERSION DQ_VERSION_STRING
+#endif
+
+#define KiB (1024ull)
+#define MiB (1024ull * KiB)
+#define GiB (1024ull * MiB)
+#define TiB (1024ull * GiB)
+
+typedef enum opt_type {
+    OPT_LISTEN,
+    OPT_METRICS,
+    OPT_SIZE,
+    OPT_U32,
+    OPT_BACKEND,
+    OPT_LOG_LEVEL,
+    OPT_SECRET,
+    OPT_SECRET_FILE,
+} opt_type;
+
+typedef struct dqd_option {
+    const char *flag;     /* without the leading "--" */
+    const char *section;
+    const char *key;
+    opt_type type;
+    size_t offset;        /* of the field for OPT_SIZE / OPT_U32 */
+    uint64_t min, max;
+    const char *arg;      /* placeholder in --help */
+    const char *def;      /* default, as shown in --help */
+    const char *help;
+} dqd_option;
+
+#define FIELD(f) offsetof(dqd_config, f)
+
+static const dqd_option options[] = {
+    {"listen", "server", "listen", OPT_LISTEN, 0, 0, 0, "ADDR", "unix:/tmp/dquantd.sock, tcp://127.0.0.1:7733",
+     "Listen on ADDR: unix:/path or tcp://host:port (IPv6: tcp://[::1]:7733). Repeatable; the first "
+     "one replaces the defaults. TCP on a non-loopback address requires a secret."},
+    {"secret", "server", "secret", OPT_SECRET, 0, 0, 0, "SECRET", "none",
+     "Shared secret every TCP client must present in HELLO (compared in constant time)."},
+    {"secret-file", "server", "secret_file", OPT_SECRET_FILE, 0, 0, 0, "FILE", "none",
+     "Read the shared secret from FILE (one trailing newline is stripped); keeps it out of ps."},
+    {"workers", "server", "workers", OPT_U32, FIELD(workers), 1, 256, "N", "number of CPUs",
+     "Worker threads for encoding, decoding and attention."},
+    {"backend", "server", "backend", OPT_BACKEND, 0, 0, 0, "cpu|cuda", "cpu",
+     "Codec backend. cuda falls back to cpu (with a log line) when not built with CUDA or no GPU."},
+    {"log-level", "server", "log_level", OPT_LOG_LEVEL, 0, 0, 0, "LEVEL", "info",
+     "error, warn, info or debug."},
+    {"shutdown-timeout", "server", "shutdown_timeout", OPT_U32, FIELD(shutdown_timeout), 1, 3600, "SECONDS", "30",
+     "On SIGTERM/SIGINT, how long to wait for in-flight requests before closing connections."},
+    {"host-memory", "store", "host_memory", OPT_SIZE, FIELD(host_memory), 1 * MiB, 64 * TiB, "SIZE", "4G",
+     "Host-memory budget of the store; least recently used unpinned sequences are evicted to stay "
+     "within it."},
+    {"max-models", "store", "max_models", OPT_U32, FIELD(max_models), 1, 1u << 20, "N", "256",
+     "Registered models at most."},
+    {"max-frame", "limits", "max_frame", OPT_SIZE, FIELD(max_frame), 64, 1 * TiB, "SIZE",
+     "32 + max-header + max-payload", "Largest frame (fixed header + header message + payload)."},
+    {"max-header", "limits", "max_header", OPT_SIZE, FIELD(max_header), 64, 256 * MiB, "SIZE", "1M",
+     "Largest protobuf header message of a frame."},
+    {"max-payload", "limits", "max_payload", OPT_SIZE, FIELD(max_payload), 0, 1 * TiB, "SIZE", "256M",
+     "Largest tensor payload of a frame (requests and replies)."},
+    {"max-connections", "limits", "max_connections", OPT_U32, FIELD(max_connections), 1, 1u << 20, "N", "1024",
+     "Client connections at most; further ones are closed at once."},
+    {"max-output-queue", "limits", "max_output_queue", OPT_SIZE, FIELD(max_output_queue), 1 * KiB, 1 * TiB,
+     "SIZE", "64M", "Reply bytes queued on one connection before the daemon stops reading from it."},
+    {"max-inflight", "limits", "max_inflight", OPT_U32, FIELD(max_inflight), 1, 1u << 16, "N", "64",
+     "Requests of one connection in progress before the daemon stops reading from it."},
+    {"max-batch-items", "limits", "max_batch_items", OPT_U32, FIELD(max_batch_items), 1, 1u << 20, "N", "4096",
+     "Items of one ATTEND request at most."},
+    {"metrics", "metrics", "listen", OPT_METRICS, 0, 0, 0, "HOST:PORT|off", "127.0.0.1:9733",
+     "Prometheus endpoint (GET /metrics, GET /healthz); off disables it."},
+};
+
+#define NOPTIONS (sizeof options / sizeof options[0])
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return DQ_INVALID_ARGUMENT;
+}
+
+static void set_default_listeners(dqd_config *cfg)
+{
+    memset(cfg->listen, 0, sizeof cfg->listen);
+    cfg->listen[0].kind = DQD_LISTEN_UNIX;
+    snprintf(cfg->listen[0].path, sizeof cfg->listen[0].path, "/tmp/dquantd.sock");
+    cfg->listen[1].kind = DQD_LISTEN_TCP;
+    snprintf(cfg->listen[1].host, sizeof cfg->listen[1].host, "127.0.0.1");
+    cfg->listen[1].port = 7733;
+    cfg->nlisten = 2;
+}
+
+void dqd_config_default(dqd_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    set_default_listeners(cfg);
+    cfg->metrics_enabled = true;
+    snprintf(cfg->metrics_host, sizeof cfg->metrics_host, "127.0.0.1");
+    cfg->metrics_port = 9733;
+    cfg->host_memory = 4 * GiB;
+    cfg->backend = DQD_BACKEND_CPU;
+    cfg->log_level = DQ_LOG_INFO;
+    cfg->max_frame = 0;
+    cfg->max_header = 1 * MiB;
+    cfg->max_payload = 256 * MiB;
+    cfg->max_output_queue = 64 * MiB;
+    cfg->max_connections = 1024;
+    cfg->max_inflight = 64;
+    cfg->max_batch_items = 4096;
+    cfg->max_models = 256;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    cfg->workers = ncpu < 1 ? 1 : ncpu > 256 ? 256 : (uint32_t)ncpu;
+    cfg->shutdown_timeout = 30;
+}
+
+void dqd_config_free(dqd_config *cfg)
+{
+    if (cfg->secret) {
+        memset(cfg->secret, 0, cfg->secret_len);
+        free(cfg->secret);
+    }
+    cfg->secret = NULL;
+    cfg->secret_len = 0;
+}
+
+int dqd_parse_size(const char *s, uint64_t *out)
+{
+    if (!s)
+        return DQ_INVALID_ARGUMENT;
+    while (isspace((unsigned char)*s))
+        s++;
+    if (!isdigit((unsigned char)*s))
+        return DQ_INVALID_ARGUMENT;
+    uint64_t v = 0;
+    while (isdigit((unsigned char)*s)) {
+        unsigned d = (unsigned)(*s++ - '0');
+        if (v > (UINT64_MAX - d) / 10)
+            return DQ_INVALID_ARGUMENT;
+        v = v * 10 + d;
+    }
+    uint64_t mult = 1;
+    switch (toupper((unsigned char)*s)) {
+    case 'K': mult = KiB; s++; break;
+    case 'M': mult = MiB; s++; break;
+    case 'G': mult = GiB; s++; break;
+    case 'T': mult = TiB; s++; break;
+    default: break;
+    }
+    if (mult != 1 && (*s == 'i' || *s == 'I'))
+        s++;
+    if (*s == 'B' || *s == 'b')
+        s++;
+    while (isspace((unsigned char)*s))
+        s++;
+    if (*s)
+        return DQ_INVALID_ARGUMENT;
+    if (v > UINT64_MAX / mult)
+        return DQ_INVALID_ARGUMENT;
+    *out = v * mult;
+    return DQ_OK;
+}
+
+static int parse_u32(const char *s, uint32_t *out)
+{
+    uint64_t v;
+    /* Plain integers only: reuse the size parser but refuse suffixes. */
+    for (const char *p = s; *p; p++)
+        if (!isdigit((unsigned char)*p))
+            return DQ_INVALID_ARGUMENT;
+    if (dqd_parse_size(s, &v) < 0 || v > UINT32_MAX)
+        return DQ_INVALID_ARGUMENT;
+    *out = (uint32_t)v;
+    return DQ_OK;
+}
+
+bool dqd_host_is_loopback(const char *host)
+{
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (inet_pton(AF_INET, host, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, &a6) == 1) {
+        if (IN6_IS_ADDR_LOOPBACK(&a6))
+            return true;
+        if (IN6_IS_ADDR_V4MAPPED(&a6))
+            return a6.s6_addr[12] == 127;
+    }
+    return false;
+}
+
+int dqd_hostport_parse(const char *s, char host[DQD_HOST_MAX], uint16_t *port, char *err, size_t errlen)
+{
+    const char *colon;
+    size_t hlen;
+    const char *h = s;
+    if (*s == '[') {
+        const char *close = strchr(s, ']');
+        if (!close || close[1] != ':')
+            return fail(err, errlen, "'%s': expected [IPv6]:PORT", s);
+        h = s + 1;
+        hlen = (size_t)(close - h);
+        colon = close + 1;
+    } else {
+        colon = strrchr(s, ':');
+        if (!colon)
+            return fail(err, errlen, "'%s': expected HOST:PORT", s);
+        hlen = (size_t)(colon - s);
+        if (memchr(s, ':', hlen))
+            return fail(err, errlen, "'%s': write IPv6 addresses in brackets, [::1]:PORT", s);
+    }
+    if (hlen == 0 || hlen >= DQD_HOST_MAX)
+        return fail(err, errlen, "'%s': missing or overlong host", s);
+    char tmp[DQD_HOST_MAX];
+    memcpy(tmp, h, hlen);
+    tmp[hlen] = 0;
+    if (strcmp(tmp, "localhost") == 0)
+        snprintf(tmp, sizeof tmp, "127.0.0.1");
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (inet_pton(AF_INET, tmp, &a4) != 1 && inet_pton(AF_INET6, tmp, &a6) != 1)
+        return fail(err, errlen, "'%s': host must be a numeric IPv4/IPv6 address or localhost", s);
+    uint32_t p;
+    if (parse_u32(colon + 1, &p) < 0 || p == 0 || p > 65535)
+        return fail(err, errlen, "'%s': port must be 1..65535", s);
+    snprintf(host, DQD_HOST_MAX, "%s", tmp);
+    *port = (uint16_t)p;
+    return DQ_OK;
+}
+
+int dqd_listen_parse(const char *s, dqd_listen_addr *out, char *err, size_t errlen)
+{
+    dqd_listen_addr a;
+    memset(&a, 0, sizeof a);
+    if (strncmp(s, "unix:", 5) == 0) {
+        const char *path = s + 5;
+        if (strncmp(path, "//", 2) == 0)
+            path += 2;
+        size_t n = strlen(path);
+        if (n == 0 || n >= sizeof a.path)
+            return fail(err, errlen, "'%s': unix socket path empty or longer than %zu bytes", s,
+                        sizeof a.path - 1);
+        a.kind = DQD_LISTEN_UNIX;
+        memcpy(a.path, path, n + 1);
+    } else if (strncmp(s, "tcp://", 6) == 0) {
+        a.kind = DQD_LISTEN_TCP;
+        int rc = dqd_hostport_parse(s + 6, a.host, &a.port, err, errlen);
+        if (rc < 0)
+            return rc;
+    } else {
+        return fail(err, errlen, "'%s': expected unix:/path or tcp://host:port", s);
+    }
+    *out = a;
+    return DQ_OK;
+}
+
+void dqd_listen_format(const dqd_listen_addr *a, char *buf, size_t len)
+{
+    if (a->kind == DQD_LISTEN_UNIX)
+        snprintf(buf, len, "unix:%s", a->path);
+    else if (strchr(a->host, ':'))
+        snprintf(buf, len, "tcp://[%s]:%u", a->host, a->port);
+    else
+        snprintf(buf, len, "tcp://%s:%u", a->host, a->port);
+}
+
+static int set_secret(dqd_config *cfg, const char *s, size_t n, char *err, size_t errlen)
+{
+    if (n == 0)
+        return fail(err, errlen, "the secret must not be empty");
+    if (n > 4096)
+        return fail(err, errlen, "the secret is longer than 4096 bytes");
+    char *copy = malloc(n + 1);
+    if (!copy)
+        return fail(err, errlen, "out of memory");
+    memcpy(copy, s, n);
+    copy[n] = 0;
+    dqd_config_free(cfg);
+    cfg->secret = copy;
+    cfg->secret_len = n;
+    return DQ_OK;
+}
+
+static int read_secret_file(dqd_config *cfg, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return fail(err, errlen, "cannot open secret file '%s': %s", path, strerror(errno));
+    char buf[4098];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad)
+        return fail(err, errlen, "cannot read secret file '%s'", path);
+    if (n == sizeof buf)
+        return fail(err, errlen, "secret file '%s' is longer than 4096 bytes", path);
+    if (n && buf[n - 1] == '\n')
+        n--;
+    if (n && buf[n - 1] == '\r')
+        n--;
+    int rc = set_secret(cfg, buf, n, err, errlen);
+    memset(buf, 0, sizeof buf);
+    return rc;
+}
+
+static int apply(dqd_config *cfg, const dqd_option *o, const char *value, bool from_flag, char *err,
+                 size_t errlen)
+{
+    const char *name = o->key;
+    char flagname[64];
+    if (from_flag) {
+        snprintf(flagname, sizeof flagname, "--%s", o->flag);
+        name = flagname;
+    }
+    if (!value)
+        return fail(err, errlen, "%s: missing value", name);
+
+    switch (o->type) {
+    case OPT_LISTEN: {
+        dqd_listen_addr a;
+        char why[256];
+        if (dqd_listen_parse(value, &a, why, sizeof why) < 0)
+            return fail(err, errlen, "%s: %s", name, why);
+        bool *seen = from_flag ? &cfg->listen_from_flags : &cfg->listen_from_file;
+        if (!*seen) {
+            cfg->nlisten = 0;
+            *seen = true;
+        }
+        if (cfg->nlisten >= DQD_MAX_LISTENERS)
+            return fail(err, errlen, "%s: more than %d listeners", name, DQD_MAX_LISTENERS);
+        cfg->listen[cfg->nlisten++] = a;
+        return DQ_OK;
+    }
+    case OPT_METRICS: {
+        if (strcasecmp(value, "off") == 0 || strcasecmp(value, "none") == 0 || strcasecmp(value, "false") == 0) {
+            cfg->metrics_enabled = false;
+            return DQ_OK;
+        }
+        char why[256];
+        if (dqd_hostport_parse(value, cfg->metrics_host, &cfg->metrics_port, why, sizeof why) < 0)
+            return fail(err, errlen, "%s: %s", name, why);
+        cfg->metrics_enabled = true;
+        return DQ_OK;
+    }
+    case OPT_SIZE: {
+        uint64_t v;
+        if (dqd_parse_size(value, &v) < 0)
+            return fail(err, errlen, "%s: invalid size '%s' (expected e.g. 4096, 64K, 512M, 4G)", name, value);
+        if (v < o->min || v > o->max)
+            return fail(err, errlen, "%s: %s is out of range (%llu .. %llu bytes)", name, value,
+                        (unsigned long long)o->min, (unsigned long long)o->max);
+        memcpy((char *)cfg + o->offset, &v, sizeof v);
+        return DQ_OK;
+    }
+    case OPT_U32: {
+        uint32_t v;
+        if (parse_u32(value, &v) < 0)
+            return fail(err, errlen, "%s: invalid number '%s'", name, value);
+        if (v < o->min || v > o->max)
+            return fail(err, errlen, "%s: %s is out of range (%llu .. %llu)", name, value,
+                        (unsigned long long)o->min, (unsigned long long)o->max);
+        memcpy((char *)cfg + o->offset, &v, sizeof v);
+        return DQ_OK;
+    }
+    case OPT_BACKEND:
+        if (strcasecmp(value, "cpu") == 0)
+            cfg->backend = DQD_BACKEND_CPU;
+        else if (strcasecmp(value, "cuda") == 0)
+            cfg->backend = DQD_BACKEND_CUDA;
+        else
+            return fail(err, errlen, "%s: unknown backend '%s' (cpu or cuda)", name, value);
+        return DQ_OK;
+    case OPT_LOG_LEVEL:
+        if (dqd_log_level_parse(value, &cfg->log_level) < 0)
+            return fail(err, errlen, "%s: unknown level '%s' (error, warn, info or debug)", name, value);
+        return DQ_OK;
+    case OPT_SECRET: {
+        char why[256];
+        if (set_secret(cfg, value, strlen(value), why, sizeof why) < 0)
+            return fail(err, errlen, "%s: %s", name, why);
+        return DQ_OK;
+    }
+    case OPT_SECRET_FILE: {
+        char why[512];
+        if (read_secret_file(cfg, value, why, sizeof why) < 0)
+            return fail(err, errlen, "%s: %s", name, why);
+        return DQ_OK;
+    }
+    }
+    return fail(err, errlen, "%s: internal error", name);
+}
+
+int dqd_config_set(dqd_config *cfg, const char *section, const char *key, const char *value, bool from_flag,
+                   char *err, size_t errlen)
+{
+    bool any_section = !section || !*section;
+    bool section_known = any_section;
+    for (size_t i = 0; i < NOPTIONS; i++) {
+        const dqd_option *o = &options[i];
+        if (!any_section && strcmp(o->section, section) != 0)
+            continue;
+        section_known = true;
+        if (strcmp(o->key, key) == 0)
+            return apply(cfg, o, value, from_flag, err, errlen);
+    }
+    if (!section_known)
+        return fail(err, errlen, "unknown section [%s]", section);
+    return fail(err, errlen, "unknown key '%s'%s%s%s", key, any_section ? "" : " in [",
+                any_section ? "" : section, any_section ? "" : "]");
+}
+
+typedef struct ini_ctx {
+    dqd_config *cfg;
+    char *err;
+    size_t errlen;
+    int failed;
+} ini_ctx;
+
+static int ini_handler_cb(void *user, const char *section, const char *name, const char *value)
+{
+    ini_ctx *c = user;
+    if (c->failed)
+        return 0;
+    if (!section || !*section) {
+        fail(c->err, c->errlen, "key '%s' outside of a section ([server], [store], [limits], [metrics])", name);
+        c->failed = 1;
+        return 0;
+    }
+    if (dqd_config_set(c->cfg, section, name, value, false, c->err, c->errlen) < 0) {
+        c->failed = 1;
+        return 0;
+    }
+    return 1;
+}
+
+static int ini_result(const ini_ctx *c, int rc, const char *what, const char *why, char *err, size_t errlen)
+{
+    if (rc == 0 && !c->failed)
+        return DQ_OK;
+    if (rc == -1)
+        return fail(err, errlen, "cannot open config file '%s': %s", what, strerror(errno ? errno : ENOENT));
+    if (rc == -2)
+        return fail(err, errlen, "%s: out of memory", what);
+    return fail(err, errlen, "%s:%d: %s", what, rc, c->failed ? why : "syntax error");
+}
+
+int dqd_config_load_file(dqd_config *cfg, const char *path, char *err, size_t errlen)
+{
+    char why[512] = "";
+    ini_ctx c = {cfg, why, sizeof why, 0};
+    errno = 0;
+    int rc = ini_parse(path, ini_handler_cb, &c);
+    return ini_result(&c, rc, path, why, err, errlen);
+}
+
+int dqd_config_load_string(dqd_config *cfg, const char *ini, char *err, size_t errlen)
+{
+    char why[512] = "";
+    ini_ctx c = {cfg, why, sizeof why, 0};
+    int rc = ini_parse_string(ini, ini_handler_cb, &c);
+    return ini_result(&c, rc, "<config>", why, err, errlen);
+}
+
+static bool listen_equal(const dqd_listen_addr *a, const dqd_listen_addr *b)
+{
+    if (a->kind != b->kind)
+        return false;
+    if (a->kind == DQD_LISTEN_UNIX)
+        return strcmp(a->path, b->path) == 0;
+    return a->port == b->port && strcmp(a->host, b->host) == 0;
+}
+
+int dqd_config_finish(dqd_config *cfg, char *err, size_t errlen)
+{
+    uint64_t derived = 32 + cfg->max_header + cfg->max_payload;
+    if (cfg->max_frame == 0)
+        cfg->max_frame = derived;
+    if (cfg->max_frame < 32 + 64)
+        return fail(err, errlen, "max_frame (%llu) is too small", (unsigned long long)cfg->max_frame);
+    if (cfg->max_header > UINT32_MAX)
+        return fail(err, errlen, "max_header must be below 4G");
+    if (cfg->max_header + 32 > cfg->max_frame)
+        return fail(err, errlen, "max_header (%llu) does not fit in max_frame (%llu)",
+                    (unsigned long long)cfg->max_header, (unsigned long long)cfg->max_frame);
+    if (cfg->nlisten == 0)
+        return fail(err, errlen, "no listener configured");
+    for (uint32_t i = 0; i < cfg->nlisten; i++) {
+        const dqd_listen_addr *a = &cfg->listen[i];
+        char name[160];
+        dqd_listen_format(a, name, sizeof name);
+        for (uint32_t j = 0; j < i; j++)
+            if (listen_equal(a, &cfg->listen[j]))
+                return fail(err, errlen, "listener %s is given twice", name);
+        if (a->kind == DQD_LISTEN_TCP && !dqd_host_is_loopback(a->host) && !cfg->secret)
+            return fail(err, errlen,
+                        "refusing to listen on %s: a non-loopback TCP listener needs a shared secret "
+                        "(secret/secret_file in [server], or --secret/--secret-file)",
+                        name);
+    }
+    return DQ_OK;
+}
+
+static const dqd_option *find_flag(const char *name, size_t len)
+{
+    for (size_t i = 0; i < NOPTIONS; i++)
+        if (strlen(options[i].flag) == len && strncmp(options[i].flag, name, len) == 0)
+            return &options[i];
+    return NULL;
+}
+
+/* Splits "--name=value" / "--name value". Returns the number of argv entries used, or -1. */
+static int split_flag(int argc, char *const argv[], int i, const char **name, size_t *name_len,
+                      const char **value)
+{
+    const char *a = argv[i] + 2;
+    const char *eq = strchr(a, '=');
+    *name = a;
+    if (eq) {
+        *name_len = (size_t)(eq - a);
+        *value = eq + 1;
+        return 1;
+    }
+    *name_len = strlen(a);
+    *value = i + 1 < argc ? argv[i + 1] : NULL;
+    return 2;
+}
+
+int dqd_config_from_args(dqd_config *cfg, int argc, char *const argv[], dqd_cli_action *action, char *err,
+                         size_t errlen)
+{
+    dqd_config_default(cfg);
+    *action = DQD_CLI_RUN;
+    const char *config_path = NULL;
+
+    /* First pass: --help, --version, --config and unknown flags. */
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            *action = DQD_CLI_HELP;
+            return DQ_OK;
+        }
+        if (strcmp(a, "--version") == 0 || strcmp(a, "-V") == 0) {
+            *action = DQD_CLI_VERSION;
+            return DQ_OK;
+        }
+    }
+    for (int i = 1; i < argc;) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) != 0 || a[2] == 0)
+            return fail(err, errlen, "unexpected argument '%s' (see --help)", a);
+        const char *name, *value;
+        size_t nlen;
+        int used = split_flag(argc, argv, i, &name, &nlen, &value);
+        bool is_config = nlen == 6 && strncmp(name, "config", 6) == 0;
+        if (!is_config && !find_flag(name, nlen))
+            return fail(err, errlen, "unknown option '--%.*s' (see --help)", (int)nlen, name);
+        if (!value)
+            return fail(err, errlen, "option '--%.*s' needs a value", (int)nlen, name);
+        if (is_config)
+            config_path = value;
+        i += used;
+    }
+
+    if (config_path) {
+        int rc = dqd_config_load_file(cfg, config_path, err, errlen);
+        if (rc < 0)
+            return rc;
+    }
+    for (int i = 1; i < argc;) {
+        const char *name, *value;
+        size_t nlen;
+        int used = split_flag(argc, argv, i, &name, &nlen, &value);
+        const dqd_option *o = find_flag(name, nlen);
+        if (o) {
+            int rc = apply(cfg, o, value, true, err, errlen);
+            if (rc < 0)
+                return rc;
+        }
+        i += used;
+    }
+    return dqd_config_finish(cfg, err, errlen);
+}
+
+static void print_wrapped(FILE *out, const char *text, int indent, int width)
+{
+    int col = indent;
+    fprintf(out, "%*s", indent, "");
+    const char *p = text;
+    while (*p) {
+        const char *sp = p;
+        while (*sp && *sp != ' ')
+            sp++;
+        int wlen = (int)(sp - p);
+        if (col > indent && col + 1 + wlen > width) {
+            fprintf(out, "\n%*s", indent, "");
+            col = indent;
+        } else if (col > indent) {
+            fputc(' ', out);
+            col++;
+        }
+        fwrite(p, 1, (size_t)wlen, out);
+        col += wlen;
+        p = *sp ? sp + 1 : sp;
+    }
+    fputc('\n', out);
+}
+
+void dqd_config_print_help(FILE *out)
+{
+    fprintf(out,
+            "NAME\n"
+            "       dquantd - KV-cache compression daemon for disaggregated LLM serving\n"
+            "\n"
+            "SYNOPSIS\n"
+            "       dquantd [--config FILE] [OPTION]...\n"
+            "\n"
+            "DESCRIPTION\n");
+    print_wrapped(out,
+                  "dquantd holds the keys and values (KV cache) of LLM inference in D-Quant compressed "
+                  "form. Prefill engines PUT K/V per layer; decode workers GET decompressed blocks or ask "
+                  "for the decode-attention result (ATTEND) computed on the compressed containers. It "
+                  "speaks the framed protobuf protocol of proto/dquant.proto over Unix and TCP sockets and "
+                  "serves Prometheus metrics over HTTP.",
+                  7, 100);
+    fprintf(out, "\nOPTIONS\n");
+    fprintf(out, "       --config FILE\n");
+    print_wrapped(out,
+                  "Read settings from the INI file FILE first; flags given on the command line override "
+                  "it. Sections [server], [store], [limits], [metrics]; see deploy/dquantd.ini.",
+                  14, 100);
+    for (size_t i = 0; i < NOPTIONS; i++) {
+        const dqd_option *o = &options[i];
+        fprintf(out, "\n       --%s %s\n", o->flag, o->arg);
+        print_wrapped(out, o->help, 14, 100);
+        fprintf(out, "%14sDefault: %s. INI: [%s] %s.\n", "", o->def, o->section, o->key);
+    }
+    fprintf(out,
+            "\n       --help, -h\n              Show this help and exit.\n"
+            "\n       --version, -V\n              Print the version and exit.\n"
+            "\nSIZES\n"
+            "       SIZE is a byte count with an optional binary suffix: 65536, 64K, 512M, 4G, 1T\n"
+            "       (K/M/G/T are powers of 1024; KiB/MB-style spellings are accepted).\n"
+            "\nSIGNALS\n"
+            "       SIGTERM, SIGINT: stop accepting connections, finish the requests in progress, send their\n"
+            "       replies and exit with status 0.\n"
+            "\nENVIRONMENT\n"
+            "       NOTIFY_SOCKET  when set (systemd Type=notify), READY=1 is sent once the listeners are up.\n"
+            "\nEXIT STATUS\n"
+            "       0 on a clean shutdown, 1 when start-up fails (a listener cannot be opened), 2 for a bad\n"
+            "       command line or configuration.\n"
+            "\nEXAMPLES\n"
+            "       dquantd --listen unix:/run/dquantd.sock --host-memory 16G\n"
+            "       dquantd --config /etc/dquantd.ini --log-level debug\n"
+            "       dquantd --listen tcp://0.0.0.0:7733 --secret-file /etc/dquantd.secret\n");
+}

@@ -1,0 +1,488 @@
+/* dquantd client connections (see conn.h). */
+#include "conn.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "dquant/error.h"
+#include "logging.h"
+#include "ops.h"
+#include "server.h"
+
+#define RBUF_SIZE (64u * 1024u)
+#define DRAIN_MS 10000u
+
+typedef struct dqd_write {
+    uv_write_t w;
+    dqd_conn *c;
+    uint8_t *head;
+    uint8_t *out;
+    size_t bytes;
+} dqd_write;
+
+static void process_input(dqd_conn *c);
+static void flush(dqd_conn *c);
+
+static void on_handle_closed(uv_handle_t *h)
+{
+    dqd_conn *c = h->data;
+    if (--c->handles_open > 0)
+        return;
+    c->state = DQD_CONN_CLOSED;
+    dqd_server_conn_closed(c->srv, c);
+}
+
+void dqd_conn_close(dqd_conn *c)
+{
+    if (c->state >= DQD_CONN_CLOSING)
+        return;
+    c->state = DQD_CONN_CLOSING;
+    if (c->reading)
+        uv_read_stop(&c->h.stream);
+    c->reading = false;
+    c->handles_open = 2;
+    uv_close(&c->h.handle, on_handle_closed);
+    uv_close((uv_handle_t *)&c->timer, on_handle_closed);
+}
+
+static void on_drain_timeout(uv_timer_t *t)
+{
+    dqd_conn *c = t->data;
+    DQD_DEBUG("conn %llu: drain deadline passed, closing", (unsigned long long)c->id);
+    dqd_conn_close(c);
+}
+
+void dqd_conn_drain(dqd_conn *c, uint64_t deadline_ms)
+{
+    if (c->state != DQD_CONN_OPEN)
+        return;
+    c->state = DQD_CONN_DRAINING;
+    if (c->reading)
+        uv_read_stop(&c->h.stream);
+    c->reading = false;
+    uv_timer_start(&c->timer, on_drain_timeout, deadline_ms, 0);
+    flush(c);
+}
+
+bool dqd_conn_reapable(const dqd_conn *c)
+{
+    return c->state == DQD_CONN_CLOSED && !c->q_head && !c->writes;
+}
+
+void dqd_conn_free(dqd_conn *c)
+{
+    free(c->rbuf);
+    free(c->fbuf);
+    free(c);
+}
+
+static bool over_limits(const dqd_conn *c)
+{
+    const dqd_config *cfg = c->srv->cfg;
+    return c->nreqs >= cfg->max_inflight || c->held >= cfg->max_output_queue;
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    dqd_conn *c = h->data;
+    (void)suggested;
+    if (c->fbuf) {
+        buf->base = (char *)c->fbuf + c->fpad + c->fhave;
+        buf->len = c->ftotal - c->fhave;
+        return;
+    }
+    if (!c->rbuf)
+        c->rbuf = malloc(RBUF_SIZE);
+    if (!c->rbuf) {
+        buf->base = NULL;
+        buf->len = 0;
+        return;
+    }
+    buf->base = (char *)c->rbuf + c->rlen;
+    buf->len = RBUF_SIZE - c->rlen;
+}
+
+static void start_reading(dqd_conn *c);
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    dqd_conn *c = s->data;
+    (void)buf;
+    if (nread < 0) {
+        if (nread == UV_EOF) {
+            /* The client finished sending; answer what it asked, then close. */
+            DQD_DEBUG("conn %llu: end of input", (unsigned long long)c->id);
+            dqd_conn_drain(c, DRAIN_MS);
+        } else {
+            DQD_DEBUG("conn %llu: read error: %s", (unsigned long long)c->id, uv_strerror((int)nread));
+            dqd_conn_close(c);
+        }
+        return;
+    }
+    if (nread == 0)
+        return;
+    c->srv->metrics.bytes_in += (uint64_t)nread;
+    if (c->fbuf)
+        c->fhave += (size_t)nread;
+    else
+        c->rlen += (size_t)nread;
+    process_input(c);
+}
+
+static void start_reading(dqd_conn *c)
+{
+    if (c->state != DQD_CONN_OPEN || c->reading || c->paused)
+        return;
+    int rc = uv_read_start(&c->h.stream, on_alloc, on_read);
+    if (rc < 0) {
+        DQD_WARN("conn %llu: uv_read_start: %s", (unsigned long long)c->id, uv_strerror(rc));
+        dqd_conn_close(c);
+        return;
+    }
+    c->reading = true;
+}
+
+static void pause_reading(dqd_conn *c)
+{
+    if (c->paused)
+        return;
+    c->paused = true;
+    c->srv->metrics.backpressure_pauses++;
+    if (c->reading)
+        uv_read_stop(&c->h.stream);
+    c->reading = false;
+}
+
+static void maybe_resume(dqd_conn *c)
+{
+    if (!c->paused || c->state != DQD_CONN_OPEN || over_limits(c))
+        return;
+    c->paused = false;
+    if (c->in_process)
+        return; /* the outer process_input goes on and restarts reading */
+    process_input(c);
+}
+
+static void enqueue(dqd_conn *c, dqd_req *req)
+{
+    req->next = NULL;
+    if (c->q_tail)
+        c->q_tail->next = req;
+    else
+        c->q_head = req;
+    c->q_tail = req;
+    c->nreqs++;
+}
+
+/* Queues an error reply after the replies already owed, then closes. */
+static void fail_and_drain(dqd_conn *c, int code, uint64_t request_id, const char *what)
+{
+    dqd_req *req = calloc(1, sizeof *req);
+    if (req) {
+        req->conn = c;
+        req->srv = c->srv;
+        req->id = request_id;
+        req->done = 1;
+        req->err = code;
+        req->close_after = 1;
+        if (dqd_error_frame(request_id, code, what, &req->head, &req->head_len) == 0)
+            c->held += req->head_len;
+        enqueue(c, req);
+    }
+    dqd_conn_drain(c, DRAIN_MS);
+}
+
+/* A framing error: the stream cannot be resynchronized. */
+static void protocol_error(dqd_conn *c, int code, uint64_t request_id, const char *what)
+{
+    DQD_INFO("conn %llu: %s (%s); closing", (unsigned long long)c->id, what, dq_err_name(code));
+    c->srv->metrics.protocol_closes++;
+    dqd_metrics_count_error(&c->srv->metrics, code);
+    fail_and_drain(c, code, request_id, what);
+}
+
+static uint64_t peek_request_id(const uint8_t *p, size_t len)
+{
+    if (len < DQ_FRAME_HEADER_BYTES)
+        return 0;
+    uint64_t id = 0;
+    for (int i = 7; i >= 0; i--)
+        id = id << 8 | p[24 + i];
+    return id;
+}
+
+static size_t payload_pad(uint32_t header_len)
+{
+    return (64u - ((DQ_FRAME_HEADER_BYTES + header_len) & 63u)) & 63u;
+}
+
+static uint8_t *frame_alloc(size_t pad, size_t total)
+{
+    size_t bytes = (pad + total + 63u) & ~(size_t)63u;
+    return aligned_alloc(64, bytes ? bytes : 64);
+}
+
+/* A whole frame at buf + pad: check it, make the request and dispatch it. Takes buf. */
+static void frame_ready(dqd_conn *c, uint8_t *buf, size_t pad, size_t total)
+{
+    dqd_server *srv = c->srv;
+    dq_frame f;
+    size_t consumed;
+    int err = 0;
+    dq_frame_status st = dq_frame_parse(buf + pad, total, &srv->frame_limits, &f, &consumed, &err);
+    if (st != DQ_FRAME_OK || consumed != total) {
+        uint64_t id = peek_request_id(buf + pad, total);
+        free(buf);
+        protocol_error(c, err < 0 ? err : DQ_PROTOCOL, id,
+                       err == DQ_CORRUPT ? "header checksum mismatch" : "malformed frame");
+        return;
+    }
+    dqd_req *req = calloc(1, sizeof *req);
+    if (!req) {
+        free(buf);
+        protocol_error(c, DQ_NOMEM, f.hdr.request_id, "out of memory");
+        return;
+    }
+    srv->metrics.frames_in++;
+    req->conn = c;
+    req->srv = srv;
+    req->id = f.hdr.request_id;
+    req->t0_ns = dqd_now_ns();
+    req->frame = buf;
+    req->frame_bytes = total;
+    req->payload = f.payload;
+    req->payload_len = f.hdr.payload_len;
+    enqueue(c, req);
+    c->held += total;
+    srv->reqs_inflight++;
+
+    /* A real request unpacks into at most ~15x its encoded size (many tiny items); beyond this
+     * bound the message is built to amplify memory, and unpacking fails instead. */
+    dqd_pbmem_init(&req->pbmem, (size_t)f.hdr.header_len * 32u + (1u << 20));
+    req->msg = dquant__request__unpack(&req->pbmem.a, f.hdr.header_len, f.header);
+    if (!req->msg) {
+        dqd_req_fail(req, DQ_PROTOCOL, "the header message is not a valid dquant.Request");
+        return;
+    }
+    dqd_ops_dispatch(req);
+}
+
+static void process_input(dqd_conn *c)
+{
+    dqd_server *srv = c->srv;
+    c->in_process = true;
+    size_t off = 0;
+    while (c->state == DQD_CONN_OPEN && !c->paused) {
+        if (c->fbuf) {
+            if (c->fhave < c->ftotal)
+                break;
+            uint8_t *buf = c->fbuf;
+            size_t pad = c->fpad, total = c->ftotal;
+            c->fbuf = NULL;
+            c->held -= total; /* frame_ready accounts it again as a request */
+            frame_ready(c, buf, pad, total);
+        } else {
+            const uint8_t *p = c->rbuf + off;
+            size_t avail = c->rlen - off;
+            if (avail == 0)
+                break;
+            dq_frame_header hdr;
+            int err = 0;
+            dq_frame_status st = dq_frame_parse_header(p, avail, &srv->frame_limits, &hdr, &err);
+            if (st == DQ_FRAME_INCOMPLETE)
+                break;
+            if (st == DQ_FRAME_ERROR) {
+                protocol_error(c, err < 0 ? err : DQ_PROTOCOL, peek_request_id(p, avail),
+                               err == DQ_TOO_LARGE   ? "frame exceeds the configured limits"
+                               : err == DQ_VERSION ? "unsupported wire version"
+                                                   : "bad frame header");
+                break;
+            }
+            uint64_t total64 = DQ_FRAME_HEADER_BYTES + (uint64_t)hdr.header_len + hdr.payload_len;
+            if (total64 > srv->cfg->max_frame) {
+                protocol_error(c, DQ_TOO_LARGE, hdr.request_id, "frame exceeds max_frame");
+                break;
+            }
+            size_t total = (size_t)total64;
+            size_t pad = payload_pad(hdr.header_len);
+            if (total > RBUF_SIZE) {
+                /* Large frame: give it its own buffer and let the socket fill it in place. */
+                uint8_t *buf = frame_alloc(pad, total);
+                if (!buf) {
+                    protocol_error(c, DQ_NOMEM, hdr.request_id, "out of memory for a frame");
+                    break;
+                }
+                memcpy(buf + pad, p, avail);
+                c->fbuf = buf;
+                c->fpad = pad;
+                c->ftotal = total;
+                c->fhave = avail;
+                c->held += total;
+                off += avail;
+                continue;
+            }
+            if (avail < total)
+                break;
+            uint8_t *buf = frame_alloc(pad, total);
+            if (!buf) {
+                protocol_error(c, DQ_NOMEM, hdr.request_id, "out of memory for a frame");
+                break;
+            }
+            memcpy(buf + pad, p, total);
+            off += total;
+            frame_ready(c, buf, pad, total);
+        }
+        if (c->state == DQD_CONN_OPEN && over_limits(c))
+            pause_reading(c);
+    }
+    if (off && c->rbuf) {
+        memmove(c->rbuf, c->rbuf + off, c->rlen - off);
+        c->rlen -= off;
+    }
+    c->in_process = false;
+    if (c->state == DQD_CONN_OPEN && !c->paused)
+        start_reading(c);
+}
+
+static void on_write(uv_write_t *w, int status)
+{
+    dqd_write *wr = w->data;
+    dqd_conn *c = wr->c;
+    c->writes--;
+    c->held -= wr->bytes;
+    if (status == 0) {
+        c->srv->metrics.bytes_out += wr->bytes;
+        c->srv->metrics.frames_out++;
+    }
+    free(wr->head);
+    free(wr->out);
+    free(wr);
+    if (status < 0 && status != UV_ECANCELED) {
+        DQD_DEBUG("conn %llu: write failed: %s", (unsigned long long)c->id, uv_strerror(status));
+        dqd_conn_close(c);
+    }
+    flush(c);
+}
+
+static void send_reply(dqd_conn *c, dqd_req *req)
+{
+    size_t bytes = req->head_len + req->out_len;
+    dqd_write *wr = malloc(sizeof *wr);
+    if (!wr) {
+        c->held -= bytes;
+        dqd_conn_close(c);
+        return;
+    }
+    wr->c = c;
+    wr->head = req->head;
+    wr->out = req->out;
+    wr->bytes = bytes;
+    wr->w.data = wr;
+    req->head = req->out = NULL;
+    /* uv_buf_init takes an unsigned int; on Unix the struct itself holds a size_t. */
+    uv_buf_t bufs[2];
+    bufs[0].base = (char *)wr->head;
+    bufs[0].len = req->head_len;
+    bufs[1].base = (char *)wr->out;
+    bufs[1].len = req->out_len;
+    unsigned nbufs = req->out_len ? 2 : 1;
+    int rc = uv_write(&wr->w, &c->h.stream, bufs, nbufs, on_write);
+    if (rc < 0) {
+        DQD_DEBUG("conn %llu: uv_write: %s", (unsigned long long)c->id, uv_strerror(rc));
+        free(wr->head);
+        free(wr->out);
+        free(wr);
+        c->held -= bytes;
+        dqd_conn_close(c);
+        return;
+    }
+    c->writes++;
+}
+
+static void flush(dqd_conn *c)
+{
+    while (c->q_head && c->q_head->done) {
+        dqd_req *req = c->q_head;
+        c->q_head = req->next;
+        if (!c->q_head)
+            c->q_tail = NULL;
+        c->nreqs--;
+        bool close_after = req->close_after;
+        bool writable = c->state == DQD_CONN_OPEN || c->state == DQD_CONN_DRAINING;
+        if (writable && req->head) {
+            send_reply(c, req);
+        } else {
+            c->held -= req->head_len + req->out_len;
+            if (writable && !req->head)
+                dqd_conn_close(c); /* the reply could not even be built */
+        }
+        dqd_req_free(req);
+        if (close_after && c->state == DQD_CONN_OPEN)
+            dqd_conn_drain(c, DRAIN_MS);
+    }
+    if (c->state == DQD_CONN_DRAINING && !c->q_head && !c->writes)
+        dqd_conn_close(c);
+    if (c->state == DQD_CONN_OPEN)
+        maybe_resume(c);
+    if (dqd_conn_reapable(c))
+        dqd_server_conn_closed(c->srv, c);
+}
+
+void dqd_conn_req_done(dqd_req *req)
+{
+    dqd_conn *c = req->conn;
+    c->held -= req->frame_bytes;
+    req->frame_bytes = 0;
+    c->held += req->head_len + req->out_len;
+    flush(c);
+}
+
+void dqd_conn_accept(dqd_listener *l)
+{
+    dqd_server *srv = l->srv;
+    dqd_conn *c = calloc(1, sizeof *c);
+    if (!c) {
+        DQD_ERROR("out of memory accepting a connection");
+        return;
+    }
+    c->srv = srv;
+    c->lst = l;
+    c->id = ++srv->next_conn_id;
+    int rc = l->addr.kind == DQD_LISTEN_TCP ? uv_tcp_init(srv->loop, &c->h.tcp) : uv_pipe_init(srv->loop, &c->h.pipe, 0);
+    if (rc < 0) {
+        DQD_ERROR("cannot initialize a connection handle: %s", uv_strerror(rc));
+        free(c);
+        return;
+    }
+    uv_timer_init(srv->loop, &c->timer);
+    c->h.handle.data = c;
+    c->timer.data = c;
+    c->next = srv->conns;
+    if (srv->conns)
+        srv->conns->prev = c;
+    srv->conns = c;
+    srv->metrics.conns_open++;
+
+    rc = uv_accept(&l->h.stream, &c->h.stream);
+    if (rc < 0) {
+        DQD_WARN("accept: %s", uv_strerror(rc));
+        dqd_conn_close(c);
+        return;
+    }
+    if (l->addr.kind == DQD_LISTEN_TCP)
+        uv_tcp_nodelay(&c->h.tcp, 1);
+
+    if (srv->stopping || srv->metrics.conns_open > srv->cfg->max_connections) {
+        srv->metrics.conns_rejected++;
+        int code = srv->stopping ? DQ_SHUTTING_DOWN : DQ_RESOURCE_EXHAUSTED;
+        dqd_metrics_count_error(&srv->metrics, code);
+        DQD_WARN("refusing connection %llu: %s", (unsigned long long)c->id,
+                 srv->stopping ? "shutting down" : "max_connections reached");
+        fail_and_drain(c, code, 0, srv->stopping ? "the server is shutting down" : "too many connections");
+        return;
+    }
+    srv->metrics.conns_accepted++;
+    DQD_DEBUG("conn %llu accepted on %s", (unsigned long long)c->id,
+              l->addr.kind == DQD_LISTEN_TCP ? "tcp" : "unix");
+    start_reading(c);
+}

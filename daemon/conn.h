@@ -1,0 +1,76 @@
+/* dquantd client connections: framing, ordered replies, backpressure, close and reap.
+ *
+ * States: OPEN (reading frames) → DRAINING (not reading; in-flight requests finish and their
+ * replies are sent, then close) → CLOSING (handles closing) → CLOSED (waiting for the reaper;
+ * freed once no request refers to it). A connection is never freed inside one of its callbacks.
+ *
+ * Backpressure: reading stops while the connection holds max_inflight unanswered requests or
+ * max_output_queue bytes (frames in progress + replies not yet written), and resumes when it
+ * drains. Frames are assembled in a 64 KiB staging buffer, or directly in their own buffer when
+ * larger, sized only from a fixed header that dq_frame_parse_header has checked against the limits. */
+#ifndef DQD_CONN_H
+#define DQD_CONN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "frame.h"
+#include "request.h"
+
+typedef struct dqd_server dqd_server;
+typedef struct dqd_listener dqd_listener;
+
+typedef enum dqd_conn_state {
+    DQD_CONN_OPEN = 0,
+    DQD_CONN_DRAINING = 1,
+    DQD_CONN_CLOSING = 2,
+    DQD_CONN_CLOSED = 3,
+} dqd_conn_state;
+
+struct dqd_conn {
+    union {
+        uv_handle_t handle;
+        uv_stream_t stream;
+        uv_tcp_t tcp;
+        uv_pipe_t pipe;
+    } h;
+    uv_timer_t timer;         /* drain deadline */
+    dqd_server *srv;
+    dqd_listener *lst;
+    uint64_t id;
+    dqd_conn_state state;
+    int handles_open;
+    bool reading;             /* uv_read_start active */
+    bool paused;              /* backpressure */
+    bool in_process;          /* inside process_input (no re-entry) */
+    bool authed;
+    bool reap_queued;
+
+    uint8_t *rbuf;            /* staging buffer */
+    size_t rlen;
+    uint8_t *fbuf;            /* a large frame received in place */
+    size_t fpad, ftotal, fhave;
+
+    dqd_req *q_head, *q_tail; /* requests in arrival order, until their reply is written out */
+    uint32_t nreqs;
+    uint64_t held;            /* bytes of frames in progress and replies not yet written */
+    uint32_t writes;          /* uv_write requests in flight */
+
+    struct dqd_conn *prev, *next;  /* server list */
+    struct dqd_conn *reap_next;
+};
+
+/* Accepts a pending connection on a listener. */
+void dqd_conn_accept(dqd_listener *l);
+/* A request has its reply (or was failed): send replies that are next in order. */
+void dqd_conn_req_done(dqd_req *req);
+/* Stop reading; close once every request has been answered (shutdown, protocol error). */
+void dqd_conn_drain(dqd_conn *c, uint64_t deadline_ms);
+/* Close now; requests in flight finish and their replies are dropped. */
+void dqd_conn_close(dqd_conn *c);
+bool dqd_conn_reapable(const dqd_conn *c);
+void dqd_conn_free(dqd_conn *c);
+
+#endif

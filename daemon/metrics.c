@@ -1,0 +1,331 @@
+/* dquantd metrics (see metrics.h). */
+#include "metrics.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dquant/error.h"
+
+static const double bucket_le[DQD_LAT_BUCKETS] = {
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+    0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   5.0,  10.0,
+};
+
+void dqd_metrics_init(dqd_metrics *m)
+{
+    memset(m, 0, sizeof *m);
+}
+
+static size_t err_slot(int err)
+{
+    int idx = -err;
+    return idx > 0 && idx < DQD_ERR_SLOTS - 1 ? (size_t)idx : DQD_ERR_SLOTS - 1;
+}
+
+void dqd_metrics_count_error(dqd_metrics *m, int err)
+{
+    if (err < 0)
+        m->errors_by_code[err_slot(err)]++;
+}
+
+void dqd_metrics_observe(dqd_metrics *m, dqd_op op, int err, double seconds)
+{
+    if ((unsigned)op >= DQD_OP_COUNT)
+        op = DQD_OP_UNKNOWN;
+    m->requests[op]++;
+    if (err < 0) {
+        m->errors[op]++;
+        dqd_metrics_count_error(m, err);
+    }
+    dqd_histogram *h = &m->latency[op];
+    h->count++;
+    h->sum += seconds;
+    for (size_t i = 0; i < DQD_LAT_BUCKETS; i++) {
+        if (seconds <= bucket_le[i]) {
+            h->buckets[i]++;
+            break;
+        }
+    }
+}
+
+/* A growable text buffer; a failed allocation sticks and is reported at the end. */
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+    int failed;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void sb_printf(sbuf *b, const char *fmt, ...)
+{
+    if (b->failed)
+        return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->failed = 1;
+            return;
+        }
+        if ((size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap * 2 + (size_t)n + 1;
+        char *q = realloc(b->p, cap);
+        if (!q) {
+            b->failed = 1;
+            return;
+        }
+        b->p = q;
+        b->cap = cap;
+    }
+}
+
+static const char *code_name(size_t slot)
+{
+    return slot == DQD_ERR_SLOTS - 1 ? "UNKNOWN" : dq_err_name(-(int)slot);
+}
+
+static void counter(sbuf *b, const char *name, const char *help, uint64_t v)
+{
+    sb_printf(b, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name, (unsigned long long)v);
+}
+
+static void gauge(sbuf *b, const char *name, const char *help, double v)
+{
+    sb_printf(b, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
+}
+
+int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, size_t *len)
+{
+    sbuf b = {malloc(16384), 0, 16384, 0};
+    if (!b.p)
+        return DQ_NOMEM;
+    b.p[0] = 0;
+
+    sb_printf(&b, "# HELP dquant_build_info Version and backend of this dquantd.\n# TYPE dquant_build_info gauge\n"
+                  "dquant_build_info{version=\"%s\",backend=\"%s\"} 1\n",
+              g->version, g->backend);
+    sb_printf(&b, "# HELP dquant_requests_total Requests finished, by operation.\n# TYPE dquant_requests_total counter\n");
+    for (int op = 0; op < DQD_OP_COUNT; op++)
+        sb_printf(&b, "dquant_requests_total{op=\"%s\"} %llu\n", dqd_op_name((dqd_op)op),
+                  (unsigned long long)m->requests[op]);
+    sb_printf(&b, "# HELP dquant_request_errors_total Requests answered with an error, by operation.\n"
+                  "# TYPE dquant_request_errors_total counter\n");
+    for (int op = 0; op < DQD_OP_COUNT; op++)
+        sb_printf(&b, "dquant_request_errors_total{op=\"%s\"} %llu\n", dqd_op_name((dqd_op)op),
+                  (unsigned long long)m->errors[op]);
+    sb_printf(&b, "# HELP dquant_errors_total Errors by code name (requests, framing and authentication).\n"
+                  "# TYPE dquant_errors_total counter\n");
+    for (size_t i = 1; i < DQD_ERR_SLOTS; i++)
+        if (m->errors_by_code[i] || (i <= (size_t)-DQ_INTERNAL))
+            sb_printf(&b, "dquant_errors_total{code=\"%s\"} %llu\n", code_name(i),
+                      (unsigned long long)m->errors_by_code[i]);
+    sb_printf(&b, "# HELP dquant_request_duration_seconds Request latency from the whole frame's arrival to "
+                  "its reply, by operation.\n# TYPE dquant_request_duration_seconds histogram\n");
+    for (int op = 0; op < DQD_OP_COUNT; op++) {
+        const dqd_histogram *h = &m->latency[op];
+        uint64_t cum = 0;
+        const char *name = dqd_op_name((dqd_op)op);
+        for (size_t i = 0; i < DQD_LAT_BUCKETS; i++) {
+            cum += h->buckets[i];
+            sb_printf(&b, "dquant_request_duration_seconds_bucket{op=\"%s\",le=\"%g\"} %llu\n", name, bucket_le[i],
+                      (unsigned long long)cum);
+        }
+        sb_printf(&b, "dquant_request_duration_seconds_bucket{op=\"%s\",le=\"+Inf\"} %llu\n", name,
+                  (unsigned long long)h->count);
+        sb_printf(&b, "dquant_request_duration_seconds_sum{op=\"%s\"} %.9f\n", name, h->sum);
+        sb_printf(&b, "dquant_request_duration_seconds_count{op=\"%s\"} %llu\n", name, (unsigned long long)h->count);
+    }
+    counter(&b, "dquant_received_bytes_total", "Bytes of request frames received.", m->bytes_in);
+    counter(&b, "dquant_sent_bytes_total", "Bytes of reply frames sent.", m->bytes_out);
+    counter(&b, "dquant_connections_total", "Client connections accepted.", m->conns_accepted);
+    counter(&b, "dquant_connections_rejected_total", "Client connections refused (max_connections, shutdown).",
+            m->conns_rejected);
+    gauge(&b, "dquant_connections", "Client connections open.", (double)m->conns_open);
+    counter(&b, "dquant_protocol_closes_total", "Connections closed for unparseable framing.", m->protocol_closes);
+    counter(&b, "dquant_auth_failures_total", "HELLOs refused for a wrong or missing secret.", m->auth_failures);
+    counter(&b, "dquant_backpressure_pauses_total", "Times reading from a client paused for its queue.",
+            m->backpressure_pauses);
+    counter(&b, "dquant_tokens_put_total", "Token-layers appended by PUT and ATTEND.", m->tokens_put);
+    counter(&b, "dquant_streams_encoded_total", "K/V streams encoded into containers.", m->streams_encoded);
+    counter(&b, "dquant_encode_retries_total", "Streams whose first rANS pass overflowed.", m->encode_retries);
+    counter(&b, "dquant_rollbacks_total", "Layers rolled back after a failed multi-layer write.", m->rollbacks);
+    counter(&b, "dquant_tokens_get_total", "Token-layers returned by GET.", m->tokens_get);
+    counter(&b, "dquant_attend_items_total", "ATTEND items computed.", m->attend_items);
+    counter(&b, "dquant_compress_tokens_total", "Tokens compressed by COMPRESS.", m->compress_tokens);
+    counter(&b, "dquant_decompress_tokens_total", "Tokens decompressed by DECOMPRESS.", m->decompress_tokens);
+    counter(&b, "dquant_evictions_total", "Sequences evicted to stay within the host-memory budget.",
+            g->store.evictions);
+    counter(&b, "dquant_evicted_bytes_total", "Bytes freed by eviction.", g->store.evicted_bytes);
+    gauge(&b, "dquant_sequences", "Sequences stored.", (double)g->store.sequences);
+    gauge(&b, "dquant_sequences_pinned", "Sequences pinned (never evicted).", (double)g->store.pinned);
+    gauge(&b, "dquant_tokens_stored", "Tokens stored, summed over layers.", (double)g->store.token_layers);
+    gauge(&b, "dquant_stored_bytes", "Bytes of K/V stored (window records + BF16 tails).",
+          (double)g->store.stored_bytes);
+    gauge(&b, "dquant_bf16_equivalent_bytes", "The same tokens' K and V as BF16.", (double)g->store.bf16_bytes);
+    gauge(&b, "dquant_compression_ratio", "BF16-equivalent bytes / stored bytes.",
+          g->store.stored_bytes ? (double)g->store.bf16_bytes / (double)g->store.stored_bytes : 0.0);
+    gauge(&b, "dquant_host_memory_used_bytes", "Host memory allocated by the store and codecs.",
+          (double)g->store.used);
+    gauge(&b, "dquant_host_memory_budget_bytes", "Host-memory budget.", (double)g->store.budget);
+    gauge(&b, "dquant_host_memory_reserved_bytes", "Budget reserved by writes in progress.",
+          (double)g->store.reserved);
+    gauge(&b, "dquant_models", "Registered models.", (double)g->models);
+    gauge(&b, "dquant_inflight_requests", "Requests in progress.", (double)g->inflight_requests);
+    gauge(&b, "dquant_workers", "Worker threads.", (double)g->workers);
+    gauge(&b, "dquant_uptime_seconds", "Seconds since start.", g->uptime_seconds);
+
+    if (b.failed) {
+        free(b.p);
+        return DQ_NOMEM;
+    }
+    *out = b.p;
+    *len = b.len;
+    return DQ_OK;
+}
+
+/* ---- STATS reply ---- */
+
+typedef struct kv_builder {
+    Dquant__StatsReply *r;
+    size_t cap_c, cap_g;
+    int failed;
+} kv_builder;
+
+static void add_counter(kv_builder *kb, const char *name, uint64_t v)
+{
+    Dquant__StatsReply *r = kb->r;
+    if (kb->failed || r->n_counters == kb->cap_c) {
+        kb->failed = 1;
+        return;
+    }
+    Dquant__StatsReply__CountersEntry *e = malloc(sizeof *e);
+    char *key = strdup(name);
+    if (!e || !key) {
+        free(e);
+        free(key);
+        kb->failed = 1;
+        return;
+    }
+    dquant__stats_reply__counters_entry__init(e);
+    e->key = key;
+    e->value = v;
+    r->counters[r->n_counters++] = e;
+}
+
+static void add_gauge(kv_builder *kb, const char *name, double v)
+{
+    Dquant__StatsReply *r = kb->r;
+    if (kb->failed || r->n_gauges == kb->cap_g) {
+        kb->failed = 1;
+        return;
+    }
+    Dquant__StatsReply__GaugesEntry *e = malloc(sizeof *e);
+    char *key = strdup(name);
+    if (!e || !key) {
+        free(e);
+        free(key);
+        kb->failed = 1;
+        return;
+    }
+    dquant__stats_reply__gauges_entry__init(e);
+    e->key = key;
+    e->value = v;
+    r->gauges[r->n_gauges++] = e;
+}
+
+int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsReply *out)
+{
+    dquant__stats_reply__init(out);
+    kv_builder kb = {out, 3 * DQD_OP_COUNT + DQD_ERR_SLOTS + 32, DQD_OP_COUNT + 32, 0};
+    out->counters = calloc(kb.cap_c, sizeof *out->counters);
+    out->gauges = calloc(kb.cap_g, sizeof *out->gauges);
+    if (!out->counters || !out->gauges) {
+        dqd_metrics_stats_free(out);
+        return DQ_NOMEM;
+    }
+    char name[96];
+    for (int op = 1; op < DQD_OP_COUNT; op++) {
+        snprintf(name, sizeof name, "requests.%s", dqd_op_name((dqd_op)op));
+        add_counter(&kb, name, m->requests[op]);
+        snprintf(name, sizeof name, "errors.%s", dqd_op_name((dqd_op)op));
+        add_counter(&kb, name, m->errors[op]);
+    }
+    add_counter(&kb, "requests.unknown", m->requests[DQD_OP_UNKNOWN]);
+    for (size_t i = 1; i < DQD_ERR_SLOTS; i++) {
+        if (!m->errors_by_code[i])
+            continue;
+        snprintf(name, sizeof name, "errors.%s", code_name(i));
+        add_counter(&kb, name, m->errors_by_code[i]);
+    }
+    add_counter(&kb, "bytes_in", m->bytes_in);
+    add_counter(&kb, "bytes_out", m->bytes_out);
+    add_counter(&kb, "frames_in", m->frames_in);
+    add_counter(&kb, "frames_out", m->frames_out);
+    add_counter(&kb, "connections_total", m->conns_accepted);
+    add_counter(&kb, "connections_rejected", m->conns_rejected);
+    add_counter(&kb, "protocol_closes", m->protocol_closes);
+    add_counter(&kb, "auth_failures", m->auth_failures);
+    add_counter(&kb, "backpressure_pauses", m->backpressure_pauses);
+    add_counter(&kb, "tokens_put", m->tokens_put);
+    add_counter(&kb, "streams_encoded", m->streams_encoded);
+    add_counter(&kb, "encode_retries", m->encode_retries);
+    add_counter(&kb, "rollbacks", m->rollbacks);
+    add_counter(&kb, "tokens_get", m->tokens_get);
+    add_counter(&kb, "attend_items", m->attend_items);
+    add_counter(&kb, "attend_appends", m->attend_appends);
+    add_counter(&kb, "compress_tokens", m->compress_tokens);
+    add_counter(&kb, "decompress_tokens", m->decompress_tokens);
+    add_counter(&kb, "evictions", g->store.evictions);
+    add_counter(&kb, "evicted_bytes", g->store.evicted_bytes);
+
+    add_gauge(&kb, "sequences", (double)g->store.sequences);
+    add_gauge(&kb, "sequences_pinned", (double)g->store.pinned);
+    add_gauge(&kb, "tokens_stored", (double)g->store.token_layers);
+    add_gauge(&kb, "stored_bytes", (double)g->store.stored_bytes);
+    add_gauge(&kb, "bf16_equivalent_bytes", (double)g->store.bf16_bytes);
+    add_gauge(&kb, "compression_ratio",
+              g->store.stored_bytes ? (double)g->store.bf16_bytes / (double)g->store.stored_bytes : 0.0);
+    add_gauge(&kb, "host_memory_used", (double)g->store.used);
+    add_gauge(&kb, "host_memory_budget", (double)g->store.budget);
+    add_gauge(&kb, "host_memory_reserved", (double)g->store.reserved);
+    add_gauge(&kb, "connections_open", (double)m->conns_open);
+    add_gauge(&kb, "models", (double)g->models);
+    add_gauge(&kb, "inflight_requests", (double)g->inflight_requests);
+    add_gauge(&kb, "workers", (double)g->workers);
+    add_gauge(&kb, "uptime_seconds", g->uptime_seconds);
+    for (int op = 1; op < DQD_OP_COUNT; op++) {
+        const dqd_histogram *h = &m->latency[op];
+        snprintf(name, sizeof name, "latency_mean_seconds.%s", dqd_op_name((dqd_op)op));
+        add_gauge(&kb, name, h->count ? h->sum / (double)h->count : 0.0);
+    }
+    if (kb.failed) {
+        dqd_metrics_stats_free(out);
+        return DQ_NOMEM;
+    }
+    return DQ_OK;
+}
+
+void dqd_metrics_stats_free(Dquant__StatsReply *out)
+{
+    for (size_t i = 0; i < out->n_counters; i++) {
+        free(out->counters[i]->key);
+        free(out->counters[i]);
+    }
+    for (size_t i = 0; i < out->n_gauges; i++) {
+        free(out->gauges[i]->key);
+        free(out->gauges[i]);
+    }
+    free(out->counters);
+    free(out->gauges);
+    out->counters = NULL;
+    out->gauges = NULL;
+    out->n_counters = out->n_gauges = 0;
+}

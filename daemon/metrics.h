@@ -1,0 +1,57 @@
+/* dquantd metrics: counters and latency histograms, rendered as Prometheus text (GET /metrics)
+ * and as the STATS reply. Updated and read on the loop thread only. */
+#ifndef DQD_METRICS_H
+#define DQD_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dquant.pb-c.h"
+#include "opcode.h"
+#include "store.h"
+
+#define DQD_LAT_BUCKETS 16
+#define DQD_ERR_SLOTS 64   /* -code; the last slot counts codes outside the table */
+
+typedef struct dqd_histogram {
+    uint64_t buckets[DQD_LAT_BUCKETS];  /* cumulative at render time, per-bucket here */
+    uint64_t count;
+    double sum;
+} dqd_histogram;
+
+typedef struct dqd_metrics {
+    uint64_t requests[DQD_OP_COUNT];
+    uint64_t errors[DQD_OP_COUNT];
+    uint64_t errors_by_code[DQD_ERR_SLOTS];
+    dqd_histogram latency[DQD_OP_COUNT];
+    uint64_t bytes_in, bytes_out, frames_in, frames_out;
+    uint64_t conns_accepted, conns_rejected, conns_open;
+    uint64_t protocol_closes, auth_failures, backpressure_pauses;
+    uint64_t tokens_put, streams_encoded, encode_retries, rollbacks;
+    uint64_t tokens_get, attend_items, attend_appends, compress_tokens, decompress_tokens;
+} dqd_metrics;
+
+/* Everything else a report shows, gathered by the server at render time. */
+typedef struct dqd_gauges {
+    dqd_store_stats store;
+    uint64_t models;
+    uint64_t inflight_requests;
+    uint64_t workers;
+    double uptime_seconds;
+    const char *backend;
+    const char *version;
+} dqd_gauges;
+
+void dqd_metrics_init(dqd_metrics *m);
+/* One finished request: its kind, its result (0 or a dq_error) and its latency. */
+void dqd_metrics_observe(dqd_metrics *m, dqd_op op, int err, double seconds);
+/* A failure outside a request (framing, auth): counted by error name only. */
+void dqd_metrics_count_error(dqd_metrics *m, int err);
+
+/* Prometheus text exposition format 0.0.4. *out is malloc'd. Returns 0 or DQ_NOMEM. */
+int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, size_t *len);
+/* Fills a StatsReply (counters and gauges maps); free with dqd_metrics_stats_free. */
+int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsReply *out);
+void dqd_metrics_stats_free(Dquant__StatsReply *out);
+
+#endif

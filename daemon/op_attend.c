@@ -1,0 +1,453 @@
+/* dquantd ATTEND: a batch of decode-attention items, each (sequence, layer, query) with an
+ * optional new token appended first.
+ *
+ * Loop: look up every sequence and queue for them all (exclusive for sequences that get appends,
+ * shared otherwise), then check every item against its model. Workers, three phases over chunks
+ * of items: (A) queries to f32 and every input checked finite, (B) the appends, rolled back all
+ * together if one fails, (C) dq_attend. The reply is out F32 [items, q_heads, head_dim] followed
+ * by lse F32 [items, q_heads]. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "access.h"
+#include "append.h"
+#include "dquant/attention.h"
+#include "dquant/codec.h"
+#include "dquant/error.h"
+#include "logging.h"
+#include "ops_internal.h"
+#include "server.h"
+#include "tensor.h"
+#include "work.h"
+
+typedef struct att_item {
+    dqd_seq *seq;
+    dqd_codec *codec;
+    uint32_t layer;
+    dqd_tensor q, ak, av;
+    bool append;
+    dqd_append txn;
+    int rc;
+} att_item;
+
+typedef struct att_op {
+    dqd_req *req;
+    dqd_server *srv;
+    const Dquant__Attend *a;
+    size_t n;
+    att_item *items;
+    dqd_access_set as;
+    uint32_t q_heads, head_dim;
+    float scale;
+    float *qf;
+    uint8_t *out;
+    size_t out_len;
+    size_t nchunks;
+    size_t *append_idx;   /* items with appends */
+    size_t nappend;
+    uint64_t reserved;
+    int fail_rc;
+    char msg[256];
+} att_op;
+
+typedef struct append_key {
+    uintptr_t seq;
+    uint32_t layer;
+} append_key;
+
+static int cmp_append_key(const void *a, const void *b)
+{
+    const append_key *x = a, *y = b;
+    if (x->seq != y->seq)
+        return x->seq < y->seq ? -1 : 1;
+    return x->layer < y->layer ? -1 : x->layer > y->layer;
+}
+
+static void att_free(att_op *op)
+{
+    if (op->reserved)
+        dqd_store_unreserve(op->srv->store, op->reserved);
+    dqd_access_end(&op->as);
+    if (op->items)
+        for (size_t i = 0; i < op->n; i++)
+            dqd_append_clear(&op->items[i].txn);
+    free(op->items);
+    free(op->qf);
+    free(op->out);
+    free(op->append_idx);
+    free(op);
+}
+
+static void att_fail(att_op *op, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void att_fail(att_op *op, int code, const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    dqd_req_fail(op->req, code, "%s", msg);
+    att_free(op);
+}
+
+static void chunk_range(size_t n, size_t nchunks, size_t c, size_t *lo, size_t *hi)
+{
+    *lo = n * c / nchunks;
+    *hi = n * (c + 1) / nchunks;
+}
+
+static size_t qsize(const att_op *op)
+{
+    return (size_t)op->q_heads * op->head_dim;
+}
+
+/* ---- phase C: attention ---- */
+
+static void attend_task(void *ctx, size_t c)
+{
+    att_op *op = ctx;
+    size_t lo, hi;
+    chunk_range(op->n, op->nchunks, c, &lo, &hi);
+    float *out = (float *)op->out;
+    float *lse = out + op->n * qsize(op);
+    size_t i = lo;
+    while (i < hi) {
+        /* A run of items of one codec shares a workspace and one dq_attend call. */
+        dqd_codec *codec = op->items[i].codec;
+        size_t j = i;
+        dq_attn_item batch[64];
+        size_t nb = 0;
+        while (j < hi && op->items[j].codec == codec && nb < 64) {
+            att_item *it = &op->items[j];
+            const dq_layer *l = it->seq->layers[it->layer];
+            if (!l) {
+                memset(out + j * qsize(op), 0, qsize(op) * sizeof(float));
+                for (uint32_t h = 0; h < op->q_heads; h++)
+                    lse[j * op->q_heads + h] = -INFINITY;
+            } else {
+                batch[nb++] = (dq_attn_item){l, op->qf + j * qsize(op), out + j * qsize(op), lse + j * op->q_heads};
+            }
+            j++;
+        }
+        if (nb) {
+            dq_workspace *ws = dqd_codec_ws_take(codec);
+            int rc = ws ? dq_attend(codec->codec, ws, op->q_heads, op->scale, batch, nb) : DQ_NOMEM;
+            dqd_codec_ws_give(codec, ws);
+            for (size_t k = i; k < j; k++)
+                op->items[k].rc = rc;
+        }
+        i = j;
+    }
+}
+
+static void attend_done(void *ctx)
+{
+    att_op *op = ctx;
+    for (size_t i = 0; i < op->n; i++) {
+        if (op->items[i].rc < 0) {
+            att_fail(op, op->items[i].rc, "item %zu: %s", i, dq_strerror(op->items[i].rc));
+            return;
+        }
+    }
+    for (size_t i = 0; i < op->n; i++)
+        dqd_store_touch(op->srv->store, op->items[i].seq);
+    op->srv->metrics.attend_items += op->n;
+
+    Dquant__AttendReply r = DQUANT__ATTEND_REPLY__INIT;
+    Dquant__Tensor to, tl;
+    uint64_t so[3], sl[2];
+    const uint64_t oshape[3] = {op->n, op->q_heads, op->head_dim};
+    const uint64_t lshape[2] = {op->n, op->q_heads};
+    size_t olen = op->n * qsize(op) * sizeof(float);
+    dqd_reply_tensor(&to, so, DQUANT__DTYPE__F32, oshape, 3, 0, olen);
+    dqd_reply_tensor(&tl, sl, DQUANT__DTYPE__F32, lshape, 2, olen, op->n * op->q_heads * sizeof(float));
+    r.out = &to;
+    r.lse = &tl;
+    Dquant__Response resp = DQUANT__RESPONSE__INIT;
+    resp.body_case = DQUANT__RESPONSE__BODY_ATTEND;
+    resp.attend = &r;
+    uint8_t *out = op->out;
+    op->out = NULL;
+    dqd_req_reply(op->req, &resp, out, op->out_len);
+    att_free(op);
+}
+
+static void start_attend(att_op *op)
+{
+    op->nchunks = dqd_tasks_split(op->srv, op->n);
+    for (size_t i = 0; i < op->n; i++)
+        op->items[i].rc = 0;
+    if (dqd_tasks_run(op->srv, op->nchunks, attend_task, attend_done, op) < 0)
+        att_fail(op, DQ_NOMEM, "out of memory");
+}
+
+/* ---- phase B: appends ---- */
+
+static void rollback_task(void *ctx, size_t c)
+{
+    att_op *op = ctx;
+    size_t lo, hi;
+    chunk_range(op->nappend, op->nchunks, c, &lo, &hi);
+    for (size_t k = lo; k < hi; k++) {
+        att_item *it = &op->items[op->append_idx[k]];
+        it->rc = dqd_append_rollback(&it->txn, it->codec, &it->seq->layers[it->layer]);
+    }
+}
+
+static void rollback_done(void *ctx)
+{
+    att_op *op = ctx;
+    for (size_t k = 0; k < op->nappend; k++) {
+        att_item *it = &op->items[op->append_idx[k]];
+        if (it->rc < 0 && it->seq->in_index) {
+            DQD_ERROR("ATTEND rollback failed; dropping sequence ns='%s'", it->seq->ns);
+            dqd_store_remove(op->srv->store, it->seq);
+        } else if (it->seq->in_index) {
+            dqd_store_commit(op->srv->store, it->seq);
+        }
+    }
+    att_fail(op, op->fail_rc, "%s", op->msg);
+}
+
+static void append_task(void *ctx, size_t c)
+{
+    att_op *op = ctx;
+    size_t lo, hi;
+    chunk_range(op->nappend, op->nchunks, c, &lo, &hi);
+    for (size_t k = lo; k < hi; k++) {
+        att_item *it = &op->items[op->append_idx[k]];
+        const void *kd, *vd;
+        void *kt, *vt;
+        it->rc = dqd_tensor_aligned(&it->ak, &kd, &kt);
+        if (it->rc == 0) {
+            it->rc = dqd_tensor_aligned(&it->av, &vd, &vt);
+            if (it->rc == 0) {
+                dq_workspace *ws = dqd_codec_ws_take(it->codec);
+                it->rc = ws ? dqd_append_apply(&it->txn, it->codec, ws, &it->seq->layers[it->layer], kd, vd,
+                                               dqd_tensor_dtype(&it->ak), 1, NULL)
+                            : DQ_NOMEM;
+                dqd_codec_ws_give(it->codec, ws);
+                free(vt);
+            }
+            free(kt);
+        }
+    }
+}
+
+static void append_done(void *ctx)
+{
+    att_op *op = ctx;
+    int first = 0;
+    size_t bad = 0, applied = 0;
+    for (size_t k = 0; k < op->nappend; k++) {
+        att_item *it = &op->items[op->append_idx[k]];
+        if (it->rc < 0 && !first) {
+            first = it->rc;
+            bad = op->append_idx[k];
+        }
+        applied += it->txn.applied;
+    }
+    if (first) {
+        if (applied) {
+            snprintf(op->msg, sizeof op->msg, "item %zu: append failed: %s", bad, dq_strerror(first));
+            op->fail_rc = first;
+            op->srv->metrics.rollbacks += applied;
+            if (dqd_tasks_run(op->srv, op->nchunks, rollback_task, rollback_done, op) == 0)
+                return;
+            for (size_t c = 0; c < op->nchunks; c++)
+                rollback_task(op, c);
+            rollback_done(op);
+            return;
+        }
+        att_fail(op, first, "item %zu: append failed: %s", bad, dq_strerror(first));
+        return;
+    }
+    for (size_t k = 0; k < op->nappend; k++)
+        dqd_store_commit(op->srv->store, op->items[op->append_idx[k]].seq);
+    dqd_store_unreserve(op->srv->store, op->reserved);
+    op->reserved = 0;
+    op->srv->metrics.attend_appends += op->nappend;
+    op->srv->metrics.tokens_put += op->nappend;
+    start_attend(op);
+}
+
+/* ---- phase A: inputs ---- */
+
+static void input_task(void *ctx, size_t c)
+{
+    att_op *op = ctx;
+    size_t lo, hi;
+    chunk_range(op->n, op->nchunks, c, &lo, &hi);
+    for (size_t i = lo; i < hi; i++) {
+        att_item *it = &op->items[i];
+        float *q = op->qf + i * qsize(op);
+        it->rc = dqd_tensor_to_f32(&it->q, q);
+        if (it->rc == 0)
+            it->rc = dq_check_finite(q, DQ_DTYPE_F32, qsize(op));
+        if (it->rc == 0 && it->append) {
+            const void *kd, *vd;
+            void *kt, *vt;
+            it->rc = dqd_tensor_aligned(&it->ak, &kd, &kt);
+            if (it->rc == 0) {
+                it->rc = dq_check_finite(kd, dqd_tensor_dtype(&it->ak), (size_t)it->ak.count);
+                free(kt);
+            }
+            if (it->rc == 0) {
+                it->rc = dqd_tensor_aligned(&it->av, &vd, &vt);
+                if (it->rc == 0) {
+                    it->rc = dq_check_finite(vd, dqd_tensor_dtype(&it->av), (size_t)it->av.count);
+                    free(vt);
+                }
+            }
+        }
+    }
+}
+
+static void input_done(void *ctx)
+{
+    att_op *op = ctx;
+    for (size_t i = 0; i < op->n; i++) {
+        if (op->items[i].rc < 0) {
+            att_fail(op, op->items[i].rc, "item %zu: %s", i,
+                     op->items[i].rc == DQ_NONFINITE ? "q or the appended k/v holds NaN or infinity"
+                                                     : dq_strerror(op->items[i].rc));
+            return;
+        }
+    }
+    if (!op->nappend) {
+        start_attend(op);
+        return;
+    }
+    uint64_t need = 0;
+    for (size_t k = 0; k < op->nappend; k++) {
+        att_item *it = &op->items[op->append_idx[k]];
+        need += dqd_store_append_need(it->codec, it->seq->layers[it->layer], 1);
+    }
+    int rc = dqd_store_reserve(op->srv->store, need, NULL);
+    if (rc < 0) {
+        att_fail(op, rc, "appending needs about %llu bytes and nothing evictable frees enough",
+                 (unsigned long long)need);
+        return;
+    }
+    op->reserved = need;
+    op->nchunks = dqd_tasks_split(op->srv, op->nappend);
+    if (dqd_tasks_run(op->srv, op->nchunks, append_task, append_done, op) < 0)
+        att_fail(op, DQ_NOMEM, "out of memory");
+}
+
+static void att_ready(dqd_access_set *as)
+{
+    att_op *op = as->ctx;
+    dqd_server *srv = op->srv;
+    const Dquant__Attend *a = op->a;
+    for (size_t i = 0; i < op->n; i++) {
+        att_item *it = &op->items[i];
+        const Dquant__AttendItem *src = a->items[i];
+        if (!dqd_seq_alive(it->seq)) {
+            att_fail(op, DQ_NOT_FOUND, "item %zu: no such sequence", i);
+            return;
+        }
+        const dqd_model *m = it->seq->model;
+        dqd_model_info info;
+        dqd_model_info_of(m, &info);
+        char msg[200];
+        int rc = dqd_validate_attend_item(src, op->req->payload, op->req->payload_len, &info, &it->q, &it->ak,
+                                          &it->av, msg, sizeof msg);
+        if (rc < 0) {
+            att_fail(op, rc, "item %zu: %s", i, msg);
+            return;
+        }
+        if (i == 0) {
+            op->q_heads = m->q_heads;
+            op->head_dim = m->head_dim;
+        } else if (m->q_heads != op->q_heads || m->head_dim != op->head_dim) {
+            att_fail(op, DQ_SHAPE, "item %zu: q_heads/head_dim differ from item 0's; batch items of one shape", i);
+            return;
+        }
+        it->codec = m->codec;
+        it->layer = src->layer;
+    }
+    op->scale = a->scale > 0 ? a->scale : 1.0f / sqrtf((float)op->head_dim);
+
+    /* Two appends to one layer in one batch would make the result depend on item order. */
+    if (op->nappend > 1) {
+        append_key *keys = malloc(op->nappend * sizeof *keys);
+        if (!keys) {
+            att_fail(op, DQ_NOMEM, "out of memory");
+            return;
+        }
+        for (size_t k = 0; k < op->nappend; k++) {
+            const att_item *it = &op->items[op->append_idx[k]];
+            keys[k] = (append_key){(uintptr_t)it->seq, it->layer};
+        }
+        qsort(keys, op->nappend, sizeof *keys, cmp_append_key);
+        for (size_t x = 1; x < op->nappend; x++) {
+            if (keys[x].seq == keys[x - 1].seq && keys[x].layer == keys[x - 1].layer) {
+                uint32_t layer = keys[x].layer;
+                free(keys);
+                att_fail(op, DQ_INVALID_ARGUMENT, "two items append to the same sequence layer %u", layer);
+                return;
+            }
+        }
+        free(keys);
+    }
+
+    size_t qbytes = op->n * qsize(op) * sizeof(float);
+    op->out_len = qbytes + op->n * op->q_heads * sizeof(float);
+    if (op->out_len > srv->cfg->max_payload) {
+        att_fail(op, DQ_TOO_LARGE, "the reply would exceed max_payload; split the batch");
+        return;
+    }
+    op->qf = malloc(qbytes);
+    op->out = dqd_out_alloc(op->out_len);
+    if (!op->qf || !op->out) {
+        att_fail(op, DQ_NOMEM, "out of memory");
+        return;
+    }
+    op->nchunks = dqd_tasks_split(srv, op->n);
+    if (dqd_tasks_run(srv, op->nchunks, input_task, input_done, op) < 0)
+        att_fail(op, DQ_NOMEM, "out of memory");
+}
+
+void dqd_op_attend(dqd_req *req)
+{
+    const Dquant__Attend *a = req->msg->attend;
+    att_op *op = calloc(1, sizeof *op);
+    if (!op) {
+        dqd_req_fail(req, DQ_NOMEM, "out of memory");
+        return;
+    }
+    op->req = req;
+    op->srv = req->srv;
+    op->a = a;
+    op->n = a->n_items;
+    op->items = calloc(op->n, sizeof *op->items);
+    op->append_idx = malloc(op->n * sizeof *op->append_idx);
+    if (!op->items || !op->append_idx || dqd_access_init(&op->as, op->n) < 0) {
+        free(op->items);
+        free(op->append_idx);
+        free(op);
+        dqd_req_fail(req, DQ_NOMEM, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < op->n; i++) {
+        const Dquant__AttendItem *src = a->items[i];
+        dqd_seq *seq = dqd_ops_lookup(req, src->seq);
+        if (!seq) {
+            att_fail(op, DQ_NOT_FOUND, "item %zu: no such sequence", i);
+            return;
+        }
+        att_item *it = &op->items[i];
+        it->seq = seq;
+        it->append = src->append_k != NULL;
+        if (it->append)
+            op->append_idx[op->nappend++] = i;
+        dqd_access_add(&op->as, seq, it->append ? DQD_ACCESS_WRITE : DQD_ACCESS_READ);
+    }
+    dqd_access_start(&op->as, att_ready, op);
+}

@@ -1,0 +1,323 @@
+/* dquantd PUT: append K/V for a token range of one or many layers, all or nothing.
+ *
+ * Loop: look up or create the sequence (a new one stays invisible), queue for exclusive access,
+ * check start_token against every layer (ORDER) and reserve the estimated bytes (evicting if that
+ * makes room, else RESOURCE_EXHAUSTED with nothing touched).
+ * Worker, one task: align the input if needed and check it is finite (NONFINITE before any layer
+ * changes). Workers, one task per layer: dqd_append_apply. Loop: commit, or if any layer failed
+ * roll the others back on the workers; a sequence this PUT created is removed again. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "access.h"
+#include "append.h"
+#include "dquant/codec.h"
+#include "dquant/error.h"
+#include "logging.h"
+#include "ops_internal.h"
+#include "server.h"
+#include "tensor.h"
+#include "work.h"
+
+#define MAX_LOOKUP_RETRIES 64
+
+typedef struct put_op {
+    dqd_req *req;
+    dqd_server *srv;
+    const Dquant__Put *put;   /* freed with the request once it is answered */
+    uint32_t nlayers;
+    dqd_model *model;
+    dqd_codec *codec;
+    dqd_tensor k, v;
+    const void *kdata, *vdata;
+    void *ktmp, *vtmp;
+    dqd_access_set as;
+    bool as_live;
+    dqd_seq *seq;
+    bool created;
+    int lookups;
+    uint64_t reserved;
+    int prep_rc;
+    dqd_append *txn;
+    int *rc;
+    dq_encode_stats *stats;
+    int fail_rc;
+    char fail_msg[256];
+} put_op;
+
+static void put_lookup(put_op *op);
+
+static void put_free(put_op *op)
+{
+    if (op->reserved)
+        dqd_store_unreserve(op->srv->store, op->reserved);
+    if (op->as_live)
+        dqd_access_end(&op->as);
+    if (op->txn)
+        for (uint32_t i = 0; i < op->nlayers; i++)
+            dqd_append_clear(&op->txn[i]);
+    free(op->txn);
+    free(op->rc);
+    free(op->stats);
+    free(op->ktmp);
+    free(op->vtmp);
+    free(op);
+}
+
+/* Fails the request; a sequence created by this PUT leaves no trace. */
+static void put_fail(put_op *op, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void put_fail(put_op *op, int code, const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (op->created && op->seq && op->seq->in_index)
+        dqd_store_remove(op->srv->store, op->seq);
+    dqd_req_fail(op->req, code, "%s", msg);
+    put_free(op);
+}
+
+static size_t layer_bytes(const put_op *op)
+{
+    return (size_t)op->put->tokens * op->codec->n * dqd_dtype_size(op->k.dtype);
+}
+
+static void rollback_task(void *ctx, size_t i)
+{
+    put_op *op = ctx;
+    dq_layer **slot = &op->seq->layers[op->put->first_layer + i];
+    op->rc[i] = dqd_append_rollback(&op->txn[i], op->codec, slot);
+}
+
+static void rollback_done(void *ctx)
+{
+    put_op *op = ctx;
+    dqd_server *srv = op->srv;
+    bool broken = false;
+    for (uint32_t i = 0; i < op->put->num_layers; i++)
+        if (op->rc[i] < 0)
+            broken = true;
+    if (broken && op->seq->in_index) {
+        /* The previous state could not be rebuilt: drop the sequence rather than show it half-written. */
+        DQD_ERROR("PUT rollback failed; dropping sequence ns='%s'", op->seq->ns);
+        dqd_store_remove(srv->store, op->seq);
+    } else if (op->seq->in_index && !op->created) {
+        dqd_store_commit(srv->store, op->seq); /* accounting back to the previous state */
+    }
+    put_fail(op, op->fail_rc, "%s", op->fail_msg);
+}
+
+static void append_task(void *ctx, size_t i)
+{
+    put_op *op = ctx;
+    size_t lb = layer_bytes(op);
+    dq_workspace *ws = dqd_codec_ws_take(op->codec);
+    if (!ws) {
+        op->rc[i] = DQ_NOMEM;
+        return;
+    }
+    dq_layer **slot = &op->seq->layers[op->put->first_layer + i];
+    op->rc[i] = dqd_append_apply(&op->txn[i], op->codec, ws, slot, (const uint8_t *)op->kdata + i * lb,
+                                 (const uint8_t *)op->vdata + i * lb, dqd_tensor_dtype(&op->k),
+                                 (size_t)op->put->tokens, &op->stats[i]);
+    dqd_codec_ws_give(op->codec, ws);
+}
+
+static void append_done(void *ctx)
+{
+    put_op *op = ctx;
+    dqd_server *srv = op->srv;
+    const Dquant__Put *put = op->put;
+    int first_err = 0;
+    uint32_t failed_layer = 0;
+    size_t applied = 0;
+    for (uint32_t i = 0; i < put->num_layers; i++) {
+        if (op->rc[i] < 0 && !first_err) {
+            first_err = op->rc[i];
+            failed_layer = put->first_layer + i;
+        }
+        applied += op->txn[i].applied;
+    }
+    if (first_err) {
+        op->fail_rc = first_err;
+        snprintf(op->fail_msg, sizeof op->fail_msg, "layer %u: %s", failed_layer, dq_strerror(first_err));
+        if (applied) {
+            srv->metrics.rollbacks += applied;
+            memset(op->rc, 0, put->num_layers * sizeof *op->rc);
+            if (dqd_tasks_run(srv, put->num_layers, rollback_task, rollback_done, op) == 0)
+                return;
+            /* Could not even queue the rollback: run it here rather than leave a half-written sequence. */
+            for (uint32_t i = 0; i < put->num_layers; i++)
+                rollback_task(op, i);
+            rollback_done(op);
+            return;
+        }
+        put_fail(op, op->fail_rc, "%s", op->fail_msg);
+        return;
+    }
+
+    dqd_store_commit(srv->store, op->seq);
+    dqd_store_unreserve(srv->store, op->reserved);
+    op->reserved = 0;
+    dqd_store_enforce(srv->store, op->seq);
+
+    Dquant__PutReply r = DQUANT__PUT_REPLY__INIT;
+    r.tokens = dq_layer_tokens(op->seq->layers[put->first_layer]);
+    r.stored_bytes = op->seq->stored_bytes;
+    for (uint32_t i = 0; i < put->num_layers; i++) {
+        r.streams_encoded += op->stats[i].streams;
+        r.retries += op->stats[i].retries;
+    }
+    srv->metrics.tokens_put += put->tokens * put->num_layers;
+    srv->metrics.streams_encoded += r.streams_encoded;
+    srv->metrics.encode_retries += r.retries;
+    Dquant__Response resp = DQUANT__RESPONSE__INIT;
+    resp.body_case = DQUANT__RESPONSE__BODY_PUT;
+    resp.put = &r;
+    dqd_req_reply(op->req, &resp, NULL, 0);
+    put_free(op);
+}
+
+static void prepare_task(void *ctx, size_t i)
+{
+    put_op *op = ctx;
+    (void)i;
+    int rc = dqd_tensor_aligned(&op->k, &op->kdata, &op->ktmp);
+    if (rc == 0)
+        rc = dqd_tensor_aligned(&op->v, &op->vdata, &op->vtmp);
+    if (rc == 0)
+        rc = dq_check_finite(op->kdata, dqd_tensor_dtype(&op->k), (size_t)op->k.count);
+    if (rc == 0)
+        rc = dq_check_finite(op->vdata, dqd_tensor_dtype(&op->v), (size_t)op->v.count);
+    op->prep_rc = rc;
+}
+
+static void prepare_done(void *ctx)
+{
+    put_op *op = ctx;
+    if (op->prep_rc < 0) {
+        put_fail(op, op->prep_rc, "%s",
+                 op->prep_rc == DQ_NONFINITE ? "k or v holds NaN or infinity" : dq_strerror(op->prep_rc));
+        return;
+    }
+    if (dqd_tasks_run(op->srv, op->put->num_layers, append_task, append_done, op) < 0)
+        put_fail(op, DQ_NOMEM, "out of memory");
+}
+
+static void put_ready(dqd_access_set *as)
+{
+    put_op *op = as->ctx;
+    dqd_server *srv = op->srv;
+    const Dquant__Put *put = op->put;
+    dqd_seq *seq = op->seq;
+
+    if (!seq->in_index || (!seq->visible && !op->created)) {
+        /* Deleted, or its creating PUT failed, while this one waited: start over. */
+        dqd_access_end(&op->as);
+        op->as_live = false;
+        op->seq = NULL;
+        put_lookup(op);
+        return;
+    }
+    if (seq->model != op->model) {
+        put_fail(op, DQ_INVALID_ARGUMENT, "the sequence belongs to model '%s', not '%s'", seq->model->name,
+                 op->model->name);
+        return;
+    }
+    uint64_t need = 0;
+    for (uint32_t i = 0; i < put->num_layers; i++) {
+        const dq_layer *l = seq->layers[put->first_layer + i];
+        uint64_t have = l ? dq_layer_tokens(l) : 0;
+        if (have != put->start_token) {
+            put_fail(op, DQ_ORDER, "layer %u holds %llu tokens; start_token is %llu", put->first_layer + i,
+                     (unsigned long long)have, (unsigned long long)put->start_token);
+            return;
+        }
+        need += dqd_store_append_need(op->codec, l, put->tokens);
+    }
+    int rc = dqd_store_reserve(srv->store, need, seq);
+    if (rc < 0) {
+        dqd_store_stats st;
+        dqd_store_get_stats(srv->store, &st);
+        put_fail(op, rc, "needs about %llu bytes; budget %llu, used %llu, nothing evictable frees enough",
+                 (unsigned long long)need, (unsigned long long)st.budget, (unsigned long long)st.used);
+        return;
+    }
+    op->reserved = need;
+
+    op->txn = calloc(put->num_layers, sizeof *op->txn);
+    op->rc = calloc(put->num_layers, sizeof *op->rc);
+    op->stats = calloc(put->num_layers, sizeof *op->stats);
+    if (!op->txn || !op->rc || !op->stats || dqd_tasks_run(srv, 1, prepare_task, prepare_done, op) < 0)
+        put_fail(op, DQ_NOMEM, "out of memory");
+}
+
+static void put_lookup(put_op *op)
+{
+    const Dquant__Put *put = op->put;
+    if (++op->lookups > MAX_LOOKUP_RETRIES) {
+        put_fail(op, DQ_BUSY, "the sequence keeps being deleted concurrently");
+        return;
+    }
+    op->created = false;
+    op->seq = dqd_ops_lookup(op->req, put->seq);
+    if (!op->seq) {
+        const char *ns = put->seq->ns ? put->seq->ns : "";
+        int rc = dqd_store_insert(op->srv->store, ns, strlen(ns), put->seq->key.data, put->seq->key.len, op->model,
+                                  &op->seq);
+        if (rc < 0) {
+            op->seq = NULL;
+            put_fail(op, rc, "cannot create the sequence: %s", dq_strerror(rc));
+            return;
+        }
+        op->created = true;
+    }
+    if (dqd_access_init(&op->as, 1) < 0) {
+        dqd_seq *seq = op->seq;
+        if (op->created)
+            dqd_store_remove(op->srv->store, seq);
+        dqd_seq_unref(seq);
+        op->seq = NULL;
+        put_fail(op, DQ_NOMEM, "out of memory");
+        return;
+    }
+    op->as_live = true;
+    dqd_access_add(&op->as, op->seq, DQD_ACCESS_WRITE);
+    dqd_access_start(&op->as, put_ready, op);
+}
+
+void dqd_op_put(dqd_req *req)
+{
+    const Dquant__Put *put = req->msg->put;
+    dqd_model *model = dqd_registry_find(req->srv->reg, put->model);
+    if (!model) {
+        dqd_req_fail(req, DQ_NOT_FOUND, "no model named '%s' (REGISTER_MODEL first)", put->model);
+        return;
+    }
+    put_op *op = calloc(1, sizeof *op);
+    if (!op) {
+        dqd_req_fail(req, DQ_NOMEM, "out of memory");
+        return;
+    }
+    op->req = req;
+    op->srv = req->srv;
+    op->put = put;
+    op->nlayers = put->num_layers;
+    op->model = model;
+    op->codec = model->codec;
+    dqd_model_info info;
+    dqd_model_info_of(model, &info);
+    char msg[256];
+    int rc = dqd_validate_put(put, req->payload, req->payload_len, &info, &op->k, &op->v, msg, sizeof msg);
+    if (rc < 0) {
+        dqd_req_fail(req, rc, "%s", msg);
+        free(op);
+        return;
+    }
+    put_lookup(op);
+}

@@ -1,0 +1,256 @@
+/* dquantd operations: dispatch and the operations that need no codec work (HELLO,
+ * REGISTER_MODEL, DELETE, PIN, UNPIN, STATS, PING). */
+#include "ops.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "access.h"
+#include "conn.h"
+#include "dquant/error.h"
+#include "dquant/profile.h"
+#include "frame.h"
+#include "logging.h"
+#include "ops_internal.h"
+#include "server.h"
+
+#ifndef DQD_VERSION
+#define DQD_VERSION "0.1.0"
+#endif
+
+void dqd_model_info_of(const dqd_model *m, dqd_model_info *out)
+{
+    out->layers = m->layers;
+    out->q_heads = m->q_heads;
+    out->kv_heads = m->kv_heads;
+    out->head_dim = m->head_dim;
+}
+
+void dqd_profile_info_of(const dqd_codec *c, dqd_profile_info *out)
+{
+    out->kv_heads = c->profile.kv_heads;
+    out->head_dim = c->profile.head_dim;
+    out->window = c->profile.window;
+    out->mean_bytes = c->mean_bytes;
+    out->record_bytes[0] = c->record_bytes[DQ_KIND_K];
+    out->record_bytes[1] = c->record_bytes[DQ_KIND_V];
+}
+
+dqd_seq *dqd_ops_lookup(dqd_req *req, const Dquant__SeqRef *ref)
+{
+    const char *ns = ref->ns ? ref->ns : "";
+    return dqd_store_lookup(req->srv->store, ns, strlen(ns), ref->key.data, ref->key.len);
+}
+
+/* Compares the whole configured secret whatever the input, so timing says nothing about it. */
+static bool secret_matches(const uint8_t *given, size_t given_len, const char *secret, size_t secret_len)
+{
+    volatile uint8_t diff = (uint8_t)(given_len != secret_len);
+    for (size_t i = 0; i < secret_len; i++) {
+        uint8_t g = i < given_len ? given[i] : 0;
+        diff |= (uint8_t)(g ^ (uint8_t)secret[i]);
+    }
+    return diff == 0;
+}
+
+static void op_hello(dqd_req *req)
+{
+    dqd_server *srv = req->srv;
+    dqd_conn *c = req->conn;
+    const Dquant__Hello *h = req->msg->hello;
+    uint32_t lo = h->min_version ? h->min_version : 1;
+    uint32_t hi = h->max_version ? h->max_version : lo;
+    if (lo > DQ_WIRE_VERSION || hi < DQ_WIRE_VERSION) {
+        dqd_req_fail(req, DQ_VERSION, "client speaks versions %u..%u, the server speaks %u", lo, hi,
+                     DQ_WIRE_VERSION);
+        return;
+    }
+    if (c->lst->require_secret &&
+        !secret_matches(h->secret.data, h->secret.len, srv->cfg->secret, srv->cfg->secret_len)) {
+        srv->metrics.auth_failures++;
+        DQD_WARN("conn %llu: HELLO with a wrong or missing secret; closing", (unsigned long long)c->id);
+        req->close_after = 1;
+        dqd_req_fail(req, DQ_UNAUTHENTICATED, "wrong or missing secret");
+        return;
+    }
+    c->authed = true;
+
+    Dquant__HelloReply r = DQUANT__HELLO_REPLY__INIT;
+    r.version = DQ_WIRE_VERSION;
+    r.server_version = (char *)DQD_VERSION;
+    r.max_frame_bytes = srv->cfg->max_frame;
+    r.max_payload_bytes = srv->cfg->max_payload;
+    r.max_batch_items = srv->cfg->max_batch_items;
+    r.backend = (char *)srv->backend_name;
+    const char *const *names = dq_profile_builtin_names();
+    size_t n = 0;
+    while (names && names[n])
+        n++;
+    r.n_profiles = n;
+    r.profiles = (char **)names;
+    Dquant__Response resp = DQUANT__RESPONSE__INIT;
+    resp.body_case = DQUANT__RESPONSE__BODY_HELLO;
+    resp.hello = &r;
+    DQD_DEBUG("conn %llu: HELLO from '%s'", (unsigned long long)c->id, h->client_name ? h->client_name : "");
+    dqd_req_reply(req, &resp, NULL, 0);
+}
+
+static void op_register(dqd_req *req)
+{
+    const Dquant__ModelSpec *m = req->msg->register_model->model;
+    dqd_model_spec spec = {
+        .name = m->name,
+        .layers = m->layers,
+        .q_heads = m->q_heads,
+        .kv_heads = m->kv_heads,
+        .head_dim = m->head_dim,
+        .profile_name = m->profile_name,
+        .profile = m->profile.data,
+        .profile_len = m->profile.len,
+    };
+    dqd_model *model;
+    bool existed;
+    char msg[256];
+    int rc = dqd_registry_register(req->srv->reg, &spec, &model, &existed, msg, sizeof msg);
+    if (rc < 0) {
+        dqd_req_fail(req, rc, "%s", msg);
+        return;
+    }
+    Dquant__RegisterModelReply r = DQUANT__REGISTER_MODEL_REPLY__INIT;
+    r.profile.data = model->codec->pbytes;
+    r.profile.len = model->codec->plen;
+    r.bits_per_value = dq_profile_bits_per_value_mean(&model->codec->profile);
+    r.existed = existed;
+    Dquant__Response resp = DQUANT__RESPONSE__INIT;
+    resp.body_case = DQUANT__RESPONSE__BODY_REGISTER_MODEL;
+    resp.register_model = &r;
+    dqd_req_reply(req, &resp, NULL, 0);
+}
+
+/* DELETE, PIN and UNPIN: queue for the sequence like any other request, so that they apply in
+ * order after the requests before them. */
+typedef struct seq_op {
+    dqd_req *req;
+    dqd_access_set as;
+} seq_op;
+
+static void reply_ok(dqd_req *req)
+{
+    Dquant__Empty e = DQUANT__EMPTY__INIT;
+    Dquant__Response resp = DQUANT__RESPONSE__INIT;
+    resp.body_case = DQUANT__RESPONSE__BODY_OK;
+    resp.ok = &e;
+    dqd_req_reply(req, &resp, NULL, 0);
+}
+
+static void seq_op_ready(dqd_access_set *as)
+{
+    seq_op *op = as->ctx;
+    dqd_req *req = op->req;
+    dqd_store *store = req->srv->store;
+    dqd_seq *seq = as->items[0].seq;
+    if (!dqd_seq_alive(seq)) {
+        dqd_req_fail(req, DQ_NOT_FOUND, "no such sequence");
+    } else {
+        switch (req->op) {
+        case DQD_OP_DELETE:
+            dqd_store_remove(store, seq);
+            break;
+        case DQD_OP_PIN:
+            dqd_store_set_pinned(store, seq, true);
+            dqd_store_touch(store, seq);
+            break;
+        default:
+            dqd_store_set_pinned(store, seq, false);
+            break;
+        }
+        reply_ok(req);
+    }
+    dqd_access_end(&op->as);
+    free(op);
+}
+
+static void op_seq(dqd_req *req, const Dquant__SeqRef *ref, dqd_access mode)
+{
+    dqd_seq *seq = dqd_ops_lookup(req, ref);
+    if (!seq) {
+        dqd_req_fail(req, DQ_NOT_FOUND, "no such sequence");
+        return;
+    }
+    seq_op *op = calloc(1, sizeof *op);
+    if (!op || dqd_access_init(&op->as, 1) < 0) {
+        free(op);
+        dqd_seq_unref(seq);
+        dqd_req_fail(req, DQ_NOMEM, "out of memory");
+        return;
+    }
+    op->req = req;
+    dqd_access_add(&op->as, seq, mode);
+    dqd_access_start(&op->as, seq_op_ready, op);
+}
+
+static void op_stats(dqd_req *req)
+{
+    dqd_gauges g;
+    dqd_server_gauges(req->srv, &g);
+    Dquant__StatsReply r;
+    if (dqd_metrics_stats(&req->srv->metrics, &g, &r) < 0) {
+        dqd_req_fail(req, DQ_NOMEM, "out of memory");
+        return;
+    }
+    Dquant__Response resp = DQUANT__RESPONSE__INIT;
+    resp.body_case = DQUANT__RESPONSE__BODY_STATS;
+    resp.stats = &r;
+    dqd_req_reply(req, &resp, NULL, 0);
+    dqd_metrics_stats_free(&r);
+}
+
+static void op_ping(dqd_req *req)
+{
+    Dquant__Pong p = DQUANT__PONG__INIT;
+    p.data = req->msg->ping->data;
+    Dquant__Response resp = DQUANT__RESPONSE__INIT;
+    resp.body_case = DQUANT__RESPONSE__BODY_PONG;
+    resp.pong = &p;
+    dqd_req_reply(req, &resp, NULL, 0);
+}
+
+void dqd_ops_dispatch(dqd_req *req)
+{
+    dqd_server *srv = req->srv;
+    const Dquant__Request *msg = req->msg;
+    req->op = (unsigned)msg->body_case < DQD_OP_COUNT ? (dqd_op)msg->body_case : DQD_OP_UNKNOWN;
+
+    if (!req->conn->authed && msg->body_case != DQUANT__REQUEST__BODY_HELLO) {
+        dqd_req_fail(req, DQ_UNAUTHENTICATED, "the first request must be a successful HELLO");
+        return;
+    }
+    if (srv->stopping) {
+        dqd_req_fail(req, DQ_SHUTTING_DOWN, "the server is shutting down");
+        return;
+    }
+    char msgbuf[256];
+    dqd_op op;
+    int rc = dqd_request_validate(msg, req->payload, req->payload_len, &srv->limits, &op, msgbuf, sizeof msgbuf);
+    req->op = op;
+    if (rc < 0) {
+        dqd_req_fail(req, rc, "%s", msgbuf);
+        return;
+    }
+    switch (op) {
+    case DQD_OP_HELLO: op_hello(req); return;
+    case DQD_OP_REGISTER_MODEL: op_register(req); return;
+    case DQD_OP_PUT: dqd_op_put(req); return;
+    case DQD_OP_GET: dqd_op_get(req); return;
+    case DQD_OP_ATTEND: dqd_op_attend(req); return;
+    case DQD_OP_COMPRESS: dqd_op_compress(req); return;
+    case DQD_OP_DECOMPRESS: dqd_op_decompress(req); return;
+    case DQD_OP_DELETE: op_seq(req, msg->delete_->seq, DQD_ACCESS_WRITE); return;
+    case DQD_OP_PIN: op_seq(req, msg->pin->seq, DQD_ACCESS_READ); return;
+    case DQD_OP_UNPIN: op_seq(req, msg->unpin->seq, DQD_ACCESS_READ); return;
+    case DQD_OP_STATS: op_stats(req); return;
+    case DQD_OP_PING: op_ping(req); return;
+    default: break;
+    }
+    dqd_req_fail(req, DQ_UNSUPPORTED, "unsupported request");
+}

@@ -1,0 +1,284 @@
+/* dquantd registry (see registry.h). */
+#include "registry.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dquant/error.h"
+#include "logging.h"
+
+/* Unreferenced codecs kept for reuse by COMPRESS / DECOMPRESS. */
+#define CODEC_CACHE 16
+
+struct dqd_registry {
+    dqd_hostmem *mem;
+    uint32_t max_models, nmodels;
+    dqd_model *models;
+    dqd_codec *codecs;
+    uint64_t clock;
+};
+
+int dqd_registry_create(dqd_hostmem *mem, uint32_t max_models, dqd_registry **out)
+{
+    dqd_registry *reg = calloc(1, sizeof *reg);
+    if (!reg)
+        return DQ_NOMEM;
+    reg->mem = mem;
+    reg->max_models = max_models;
+    *out = reg;
+    return DQ_OK;
+}
+
+static void codec_free(dqd_codec *c)
+{
+    for (size_t i = 0; i < c->nfree; i++)
+        dq_workspace_free(c->free_ws[i]);
+    free(c->free_ws);
+    dq_codec_free(c->codec);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+void dqd_registry_destroy(dqd_registry *reg)
+{
+    if (!reg)
+        return;
+    for (dqd_model *m = reg->models, *next; m; m = next) {
+        next = m->next;
+        free(m);
+    }
+    for (dqd_codec *c = reg->codecs, *next; c; c = next) {
+        next = c->next;
+        codec_free(c);
+    }
+    free(reg);
+}
+
+/* Drops unreferenced codecs, least recently used first, beyond the cache size. */
+static void codec_trim(dqd_registry *reg)
+{
+    for (;;) {
+        size_t idle = 0;
+        dqd_codec **victim = NULL;
+        for (dqd_codec **pp = &reg->codecs; *pp; pp = &(*pp)->next) {
+            if ((*pp)->refs)
+                continue;
+            idle++;
+            if (!victim || (*pp)->last_use < (*victim)->last_use)
+                victim = pp;
+        }
+        if (idle <= CODEC_CACHE)
+            return;
+        dqd_codec *c = *victim;
+        *victim = c->next;
+        codec_free(c);
+    }
+}
+
+int dqd_registry_codec(dqd_registry *reg, const dq_profile *profile, dqd_codec **out)
+{
+    uint8_t key[DQ_PROFILE_SERIALIZED_MAX];
+    size_t klen;
+    int rc = dq_profile_serialize(profile, key, sizeof key, &klen);
+    if (rc < 0)
+        return rc;
+    for (dqd_codec *c = reg->codecs; c; c = c->next) {
+        if (c->plen == klen && memcmp(c->pbytes, key, klen) == 0) {
+            c->refs++;
+            c->last_use = ++reg->clock;
+            *out = c;
+            return DQ_OK;
+        }
+    }
+    dqd_codec *c = calloc(1, sizeof *c);
+    if (!c)
+        return DQ_NOMEM;
+    rc = dq_codec_create(profile, &reg->mem->alloc, &c->codec);
+    if (rc < 0) {
+        free(c);
+        return rc;
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    c->profile = *dq_codec_profile(c->codec);
+    memcpy(c->pbytes, key, klen);
+    c->plen = klen;
+    c->n = dq_codec_stream_len(c->codec);
+    c->window_bytes = dq_codec_window_bytes(c->codec);
+    c->mean_bytes = dq_codec_mean_bytes(c->codec);
+    c->record_bytes[DQ_KIND_K] = dq_codec_record_bytes(c->codec, DQ_KIND_K);
+    c->record_bytes[DQ_KIND_V] = dq_codec_record_bytes(c->codec, DQ_KIND_V);
+    c->refs = 1;
+    c->last_use = ++reg->clock;
+    c->next = reg->codecs;
+    reg->codecs = c;
+    codec_trim(reg);
+    *out = c;
+    return DQ_OK;
+}
+
+void dqd_registry_codec_release(dqd_registry *reg, dqd_codec *codec)
+{
+    if (!codec)
+        return;
+    codec->refs--;
+    codec_trim(reg);
+}
+
+dq_workspace *dqd_codec_ws_take(dqd_codec *codec)
+{
+    dq_workspace *ws = NULL;
+    pthread_mutex_lock(&codec->mu);
+    if (codec->nfree)
+        ws = codec->free_ws[--codec->nfree];
+    pthread_mutex_unlock(&codec->mu);
+    if (!ws && dq_workspace_create(codec->codec, &ws) < 0)
+        return NULL;
+    return ws;
+}
+
+void dqd_codec_ws_give(dqd_codec *codec, dq_workspace *ws)
+{
+    if (!ws)
+        return;
+    pthread_mutex_lock(&codec->mu);
+    if (codec->nfree == codec->capfree) {
+        size_t cap = codec->capfree ? codec->capfree * 2 : 4;
+        dq_workspace **grown = realloc(codec->free_ws, cap * sizeof *grown);
+        if (!grown) {
+            pthread_mutex_unlock(&codec->mu);
+            dq_workspace_free(ws);
+            return;
+        }
+        codec->free_ws = grown;
+        codec->capfree = cap;
+    }
+    codec->free_ws[codec->nfree++] = ws;
+    pthread_mutex_unlock(&codec->mu);
+}
+
+dqd_model *dqd_registry_find(const dqd_registry *reg, const char *name)
+{
+    if (!name)
+        return NULL;
+    for (dqd_model *m = reg->models; m; m = m->next)
+        if (strcmp(m->name, name) == 0)
+            return m;
+    return NULL;
+}
+
+uint32_t dqd_registry_model_count(const dqd_registry *reg)
+{
+    return reg->nmodels;
+}
+
+static bool name_ok(const char *name)
+{
+    size_t n = name ? strlen(name) : 0;
+    if (n == 0 || n > DQD_MODEL_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
+            return false;
+    return true;
+}
+
+#define MSG(...) snprintf(msg, msglen, __VA_ARGS__)
+
+int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_model **out, bool *existed,
+                          char *msg, size_t msglen)
+{
+    *existed = false;
+    if (!name_ok(spec->name)) {
+        MSG("model name must be 1..%d printable bytes", DQD_MODEL_NAME_MAX);
+        return DQ_INVALID_ARGUMENT;
+    }
+    if (spec->layers == 0 || spec->layers > 4096) {
+        MSG("layers must be 1..4096 (got %u)", spec->layers);
+        return DQ_SHAPE;
+    }
+    if (spec->kv_heads == 0 || spec->head_dim == 0 || spec->q_heads == 0 || spec->q_heads % spec->kv_heads) {
+        MSG("q_heads (%u) must be a positive multiple of kv_heads (%u)", spec->q_heads, spec->kv_heads);
+        return DQ_SHAPE;
+    }
+    if (spec->head_dim & (spec->head_dim - 1)) {
+        MSG("head_dim must be a power of two (got %u)", spec->head_dim);
+        return DQ_SHAPE;
+    }
+    if ((uint64_t)spec->kv_heads * spec->head_dim > DQ_MAX_STREAM || spec->q_heads > 65536) {
+        MSG("kv_heads x head_dim must be at most %u", DQ_MAX_STREAM);
+        return DQ_SHAPE;
+    }
+
+    dq_profile p;
+    int rc;
+    if (spec->profile_len) {
+        rc = dq_profile_deserialize(spec->profile, spec->profile_len, &p);
+        if (rc < 0) {
+            MSG("serialized profile rejected: %s", dq_strerror(rc));
+            return rc;
+        }
+        if (p.kv_heads != spec->kv_heads || p.head_dim != spec->head_dim) {
+            MSG("profile is for %u x %u, model has kv_heads %u, head_dim %u", p.kv_heads, p.head_dim,
+                spec->kv_heads, spec->head_dim);
+            return DQ_SHAPE;
+        }
+    } else {
+        const char *pname = spec->profile_name && *spec->profile_name ? spec->profile_name : "dq226";
+        rc = dq_profile_builtin(pname, spec->kv_heads, spec->head_dim, &p);
+        if (rc < 0) {
+            MSG("built-in profile '%s' unavailable for %u x %u: %s", pname, spec->kv_heads, spec->head_dim,
+                dq_strerror(rc));
+            return rc;
+        }
+    }
+
+    uint8_t pbytes[DQ_PROFILE_SERIALIZED_MAX];
+    size_t plen;
+    rc = dq_profile_serialize(&p, pbytes, sizeof pbytes, &plen);
+    if (rc < 0) {
+        MSG("cannot serialize profile: %s", dq_strerror(rc));
+        return rc;
+    }
+
+    dqd_model *m = dqd_registry_find(reg, spec->name);
+    if (m) {
+        if (m->layers == spec->layers && m->q_heads == spec->q_heads && m->kv_heads == spec->kv_heads &&
+            m->head_dim == spec->head_dim && m->codec->plen == plen && memcmp(m->codec->pbytes, pbytes, plen) == 0) {
+            *existed = true;
+            *out = m;
+            return DQ_OK;
+        }
+        MSG("model '%s' is already registered with a different spec", spec->name);
+        return DQ_EXISTS;
+    }
+    if (reg->nmodels >= reg->max_models) {
+        MSG("at most %u models can be registered", reg->max_models);
+        return DQ_RESOURCE_EXHAUSTED;
+    }
+
+    m = calloc(1, sizeof *m);
+    if (!m) {
+        MSG("out of memory");
+        return DQ_NOMEM;
+    }
+    rc = dqd_registry_codec(reg, &p, &m->codec);
+    if (rc < 0) {
+        free(m);
+        MSG("cannot create codec: %s", dq_strerror(rc));
+        return rc;
+    }
+    snprintf(m->name, sizeof m->name, "%s", spec->name);
+    m->layers = spec->layers;
+    m->q_heads = spec->q_heads;
+    m->kv_heads = spec->kv_heads;
+    m->head_dim = spec->head_dim;
+    m->next = reg->models;
+    reg->models = m;
+    reg->nmodels++;
+    DQD_INFO("registered model '%s': %u layers, %u q heads, %u kv heads, head_dim %u, profile %s (%.3f bits/value)",
+             m->name, m->layers, m->q_heads, m->kv_heads, m->head_dim, m->codec->profile.name,
+             dq_profile_bits_per_value_mean(&m->codec->profile));
+    *out = m;
+    return DQ_OK;
+}

@@ -1,0 +1,76 @@
+/* dquantd registry: the registered models and a cache of codecs keyed by profile.
+ *
+ * A dqd_codec wraps a dq_codec (allocating through the store's counting allocator) with a pool of
+ * workspaces for the worker threads. Models hold a reference to their codec for the daemon's
+ * lifetime; COMPRESS/DECOMPRESS take short references to codecs of built-in or client-supplied
+ * profiles, and unreferenced ones are dropped beyond a small cache.
+ *
+ * Thread-safety: everything except dqd_codec_ws_take/give runs on the loop thread. */
+#ifndef DQD_REGISTRY_H
+#define DQD_REGISTRY_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dquant/codec.h"
+#include "dquant/profile.h"
+#include "hostmem.h"
+
+#define DQD_MODEL_NAME_MAX 128
+
+typedef struct dqd_codec {
+    dq_codec *codec;
+    dq_profile profile;
+    uint8_t pbytes[DQ_PROFILE_SERIALIZED_MAX];  /* serialized profile: the cache key */
+    size_t plen;
+    uint32_t n;                                 /* kv_heads × head_dim */
+    size_t window_bytes, mean_bytes, record_bytes[2];
+    int refs;                                   /* loop thread */
+    uint64_t last_use;
+    pthread_mutex_t mu;                         /* guards the workspace pool */
+    dq_workspace **free_ws;
+    size_t nfree, capfree;
+    struct dqd_codec *next;
+} dqd_codec;
+
+typedef struct dqd_model {
+    char name[DQD_MODEL_NAME_MAX + 1];
+    uint32_t layers, q_heads, kv_heads, head_dim;
+    dqd_codec *codec;
+    struct dqd_model *next;
+} dqd_model;
+
+/* A model as requested (REGISTER_MODEL). profile/profile_len win over profile_name when set. */
+typedef struct dqd_model_spec {
+    const char *name;
+    uint32_t layers, q_heads, kv_heads, head_dim;
+    const char *profile_name;
+    const uint8_t *profile;
+    size_t profile_len;
+} dqd_model_spec;
+
+typedef struct dqd_registry dqd_registry;
+
+int dqd_registry_create(dqd_hostmem *mem, uint32_t max_models, dqd_registry **out);
+/* Frees models and codecs; no codec may be in use by work in flight. */
+void dqd_registry_destroy(dqd_registry *reg);
+
+/* Registers a model, or finds an identical one (*existed = true). Errors: DQ_INVALID_ARGUMENT /
+ * DQ_SHAPE / DQ_PROFILE for a bad spec, DQ_EXISTS for a different model of the same name,
+ * DQ_RESOURCE_EXHAUSTED past max_models; msg explains. */
+int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_model **out, bool *existed,
+                          char *msg, size_t msglen);
+dqd_model *dqd_registry_find(const dqd_registry *reg, const char *name);
+uint32_t dqd_registry_model_count(const dqd_registry *reg);
+
+/* A referenced codec for a (validated) profile; release it with dqd_registry_codec_release. */
+int dqd_registry_codec(dqd_registry *reg, const dq_profile *profile, dqd_codec **out);
+void dqd_registry_codec_release(dqd_registry *reg, dqd_codec *codec);
+
+/* A workspace for the calling thread (any thread); NULL when out of memory. Give it back after use. */
+dq_workspace *dqd_codec_ws_take(dqd_codec *codec);
+void dqd_codec_ws_give(dqd_codec *codec, dq_workspace *ws);
+
+#endif

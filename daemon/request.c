@@ -1,0 +1,174 @@
+/* dquantd requests and reply frames (see request.h). */
+#include "request.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "conn.h"
+#include "dquant/error.h"
+#include "frame.h"
+#include "logging.h"
+#include "server.h"
+
+#define PB_HDR 16u
+
+static void *pb_alloc(void *data, size_t size)
+{
+    dqd_pbmem *m = data;
+    if (size > m->cap || m->used + size + PB_HDR > m->cap)
+        return NULL;
+    size_t need = size + PB_HDR;
+    uint8_t *p = malloc(need);
+    if (!p)
+        return NULL;
+    memcpy(p, &need, sizeof need);
+    m->used += need;
+    return p + PB_HDR;
+}
+
+static void pb_free(void *data, void *ptr)
+{
+    dqd_pbmem *m = data;
+    if (!ptr)
+        return;
+    uint8_t *p = (uint8_t *)ptr - PB_HDR;
+    size_t need;
+    memcpy(&need, p, sizeof need);
+    m->used -= need;
+    free(p);
+}
+
+void dqd_pbmem_init(dqd_pbmem *m, size_t cap)
+{
+    m->a.alloc = pb_alloc;
+    m->a.free = pb_free;
+    m->a.allocator_data = m;
+    m->used = 0;
+    m->cap = cap;
+}
+
+uint8_t *dqd_out_alloc(size_t len)
+{
+    if (len == 0 || len > SIZE_MAX - 64)
+        return NULL;
+    return aligned_alloc(64, (len + 63u) & ~(size_t)63u);
+}
+
+void dqd_reply_tensor(Dquant__Tensor *t, uint64_t *shape_store, Dquant__DType dtype, const uint64_t *shape,
+                      size_t ndim, uint64_t offset, uint64_t length)
+{
+    dquant__tensor__init(t);
+    t->dtype = dtype;
+    memcpy(shape_store, shape, ndim * sizeof *shape);
+    t->shape = shape_store;
+    t->n_shape = ndim;
+    t->offset = offset;
+    t->length = length;
+}
+
+/* Packs resp behind a fixed header. */
+static int pack_frame(uint64_t request_id, const Dquant__Response *resp, uint64_t payload_len, size_t max_header,
+                      uint8_t **head, size_t *head_len)
+{
+    size_t plen = dquant__response__get_packed_size(resp);
+    if (plen == 0 || plen > max_header || plen > UINT32_MAX)
+        return DQ_TOO_LARGE;
+    uint8_t *buf = malloc(DQ_FRAME_HEADER_BYTES + plen);
+    if (!buf)
+        return DQ_NOMEM;
+    size_t n = dquant__response__pack(resp, buf + DQ_FRAME_HEADER_BYTES);
+    dq_frame_write_header(buf, buf + DQ_FRAME_HEADER_BYTES, (uint32_t)n, payload_len, request_id);
+    *head = buf;
+    *head_len = DQ_FRAME_HEADER_BYTES + n;
+    return DQ_OK;
+}
+
+int dqd_error_frame(uint64_t request_id, int code, const char *message, uint8_t **head, size_t *head_len)
+{
+    Dquant__Error e = DQUANT__ERROR__INIT;
+    Dquant__Response resp = DQUANT__RESPONSE__INIT;
+    e.code = code;
+    e.name = (char *)dq_err_name(code);
+    e.message = (char *)(message ? message : dq_strerror(code));
+    resp.body_case = DQUANT__RESPONSE__BODY_ERROR;
+    resp.error = &e;
+    return pack_frame(request_id, &resp, 0, 1u << 20, head, head_len);
+}
+
+static void release_input(dqd_req *req)
+{
+    if (req->msg)
+        dquant__request__free_unpacked(req->msg, &req->pbmem.a);
+    req->msg = NULL;
+    free(req->frame);
+    req->frame = NULL;
+    req->payload = NULL;
+}
+
+void dqd_req_free(dqd_req *req)
+{
+    if (!req)
+        return;
+    release_input(req);
+    free(req->head);
+    free(req->out);
+    free(req);
+}
+
+static void finish(dqd_req *req, int err)
+{
+    dqd_server *srv = req->srv;
+    req->done = 1;
+    req->err = err;
+    double secs = (double)(dqd_now_ns() - req->t0_ns) * 1e-9;
+    dqd_metrics_observe(&srv->metrics, req->op, err, secs);
+    srv->reqs_inflight--;
+    dqd_conn_req_done(req);
+    dqd_server_check_idle(srv);
+}
+
+void dqd_req_reply(dqd_req *req, Dquant__Response *resp, uint8_t *out, size_t out_len)
+{
+    dqd_server *srv = req->srv;
+    int rc = DQ_OK;
+    if (out_len > srv->cfg->max_payload)
+        rc = DQ_TOO_LARGE;
+    else
+        rc = pack_frame(req->id, resp, out_len, (size_t)srv->cfg->max_header, &req->head, &req->head_len);
+    if (rc < 0) {
+        free(out);
+        dqd_req_fail(req, rc, "the reply exceeds the configured limits (max_header %llu, max_payload %llu)",
+                     (unsigned long long)srv->cfg->max_header, (unsigned long long)srv->cfg->max_payload);
+        return;
+    }
+    /* Packed: the input (which resp may point into) can go now. */
+    release_input(req);
+    req->out = out;
+    req->out_len = out ? out_len : 0;
+    finish(req, 0);
+}
+
+void dqd_req_fail(dqd_req *req, int code, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (code >= 0)
+        code = DQ_INTERNAL;
+    DQD_DEBUG("request %llu (%s) failed: %s: %s", (unsigned long long)req->id, dqd_op_name(req->op), dq_err_name(code),
+              msg);
+    release_input(req);
+    free(req->head);
+    free(req->out);
+    req->head = req->out = NULL;
+    req->head_len = req->out_len = 0;
+    if (dqd_error_frame(req->id, code, msg, &req->head, &req->head_len) < 0) {
+        req->head = NULL;
+        req->head_len = 0;
+    }
+    finish(req, code);
+}

@@ -1,0 +1,68 @@
+/* dquantd requests: one frame's request from arrival to reply.
+ *
+ * A request owns its frame buffer (the payload tensors point into it) and its unpacked header.
+ * An operation finishes it exactly once with dqd_req_reply or dqd_req_fail; the input is freed
+ * then, the reply frame is built and handed to the connection, which sends replies in request
+ * order. If the connection has gone meanwhile the reply is dropped. */
+#ifndef DQD_REQUEST_H
+#define DQD_REQUEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dquant.pb-c.h"
+#include "opcode.h"
+
+typedef struct dqd_conn dqd_conn;
+typedef struct dqd_server dqd_server;
+
+/* Bounded allocator for protobuf-c unpacking of one header. */
+typedef struct dqd_pbmem {
+    ProtobufCAllocator a;
+    size_t used, cap;
+} dqd_pbmem;
+
+typedef struct dqd_req {
+    dqd_conn *conn;
+    dqd_server *srv;
+    struct dqd_req *next;      /* connection queue, arrival order */
+    uint64_t id;
+    dqd_op op;
+    uint64_t t0_ns;
+
+    uint8_t *frame;            /* owned; 64-byte aligned payload inside */
+    size_t frame_bytes;        /* accounted against the connection's queue */
+    const uint8_t *payload;
+    uint64_t payload_len;
+    Dquant__Request *msg;
+    dqd_pbmem pbmem;
+
+    int done;
+    int err;                   /* 0, or the error code replied */
+    int close_after;           /* close the connection once this reply is sent */
+    uint8_t *head;             /* fixed header + packed Response */
+    size_t head_len;
+    uint8_t *out;              /* reply payload (owned, may be NULL) */
+    size_t out_len;
+} dqd_req;
+
+void dqd_pbmem_init(dqd_pbmem *m, size_t cap);
+
+/* Replies with resp and the payload out (ownership taken, freed with free(); may be NULL).
+ * If the reply frame cannot be built (too large, no memory) an error reply is sent instead. */
+void dqd_req_reply(dqd_req *req, Dquant__Response *resp, uint8_t *out, size_t out_len);
+/* Replies Error{code, dq_err_name(code), message}. */
+void dqd_req_fail(dqd_req *req, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Frees a request with whatever it still owns. */
+void dqd_req_free(dqd_req *req);
+
+/* Fills a reply tensor (shape copied into shape_store, which must live until the reply is packed). */
+void dqd_reply_tensor(Dquant__Tensor *t, uint64_t *shape_store, Dquant__DType dtype, const uint64_t *shape,
+                      size_t ndim, uint64_t offset, uint64_t length);
+/* 64-byte aligned output buffer for replies (free with free()); NULL if len is 0 or no memory. */
+uint8_t *dqd_out_alloc(size_t len);
+
+/* Builds a complete error frame in head (used where no request exists, e.g. framing errors). */
+int dqd_error_frame(uint64_t request_id, int code, const char *message, uint8_t **head, size_t *head_len);
+
+#endif

@@ -1,0 +1,424 @@
+/* dquantd request validation (see validate.h). Pure: no allocation, no global state. */
+#include "validate.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "dquant/error.h"
+
+static int err(char *msg, size_t msglen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+static int err(char *msg, size_t msglen, int code, const char *fmt, ...)
+{
+    if (msg && msglen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, msglen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+#define FAIL(code, ...) return err(msg, msglen, (code), __VA_ARGS__)
+#define FORWARD(expr)                                                                              \
+    do {                                                                                           \
+        int fwd__rc = (expr);                                                                      \
+        if (fwd__rc < 0)                                                                           \
+            return fwd__rc;                                                                        \
+    } while (0)
+
+typedef unsigned long long ull;
+
+void dqd_limits_default(dqd_limits *lim)
+{
+    lim->max_payload = 256ull << 20;
+    lim->max_batch_items = 4096;
+    lim->max_ns = 256;
+    lim->max_key = 4096;
+    lim->max_name = 128;
+}
+
+size_t dqd_dtype_size(uint32_t dtype)
+{
+    switch (dtype) {
+    case DQUANT__DTYPE__F32: return 4;
+    case DQUANT__DTYPE__F16: return 2;
+    case DQUANT__DTYPE__BF16: return 2;
+    case DQUANT__DTYPE__RAW: return 1;
+    default: return 0;
+    }
+}
+
+static const char *dtype_name(uint32_t dtype)
+{
+    static const char *const names[] = {"F32", "F16", "BF16", "RAW"};
+    return dtype < 4 ? names[dtype] : "unknown";
+}
+
+int dqd_tensor_check(const Dquant__Tensor *t, const char *what, uint32_t allowed, uint32_t ndim,
+                     bool allow_missing, const uint8_t *payload, uint64_t payload_len, dqd_tensor *out,
+                     char *msg, size_t msglen)
+{
+    memset(out, 0, sizeof *out);
+    if (!t) {
+        if (allow_missing)
+            return DQ_OK;
+        FAIL(DQ_INVALID_ARGUMENT, "tensor %s is missing", what);
+    }
+    uint32_t dt = (uint32_t)t->dtype;
+    size_t esize = dqd_dtype_size(dt);
+    if (!esize || !(allowed & (1u << dt)))
+        FAIL(DQ_DTYPE, "tensor %s: dtype %s (%u) is not allowed here", what, dtype_name(dt), dt);
+    out->dtype = dt;
+
+    if (dt == DQUANT__DTYPE__RAW && t->n_shape == 0) {
+        out->ndim = 1;
+        out->shape[0] = t->length;
+    } else {
+        if (t->n_shape > DQD_MAX_DIMS || (dt != DQUANT__DTYPE__RAW && t->n_shape != ndim))
+            FAIL(DQ_SHAPE, "tensor %s: rank %zu, expected %u", what, t->n_shape, ndim);
+        out->ndim = (uint32_t)t->n_shape;
+        for (size_t i = 0; i < t->n_shape; i++)
+            out->shape[i] = t->shape[i];
+    }
+
+    uint64_t count = 1;
+    for (uint32_t i = 0; i < out->ndim; i++) {
+        uint64_t d = out->shape[i];
+        if (d && count > UINT64_MAX / d)
+            FAIL(DQ_SHAPE, "tensor %s: the product of its shape overflows", what);
+        count *= d;
+    }
+    if (count > UINT64_MAX / esize)
+        FAIL(DQ_SHAPE, "tensor %s: its byte size overflows", what);
+    uint64_t bytes = count * esize;
+    if (bytes != t->length)
+        FAIL(DQ_SHAPE, "tensor %s: length %llu != %llu (shape x %zu-byte %s)", what, (ull)t->length, (ull)bytes,
+             esize, dtype_name(dt));
+    if (t->offset > payload_len || t->length > payload_len - t->offset)
+        FAIL(DQ_OUT_OF_BOUNDS, "tensor %s: bytes [%llu, +%llu) lie outside the %llu-byte payload", what,
+             (ull)t->offset, (ull)t->length, (ull)payload_len);
+    out->count = count;
+    out->offset = t->offset;
+    out->len = t->length;
+    out->data = t->length ? payload + t->offset : NULL;
+    return DQ_OK;
+}
+
+int dqd_tensor_expect(const dqd_tensor *t, const char *what, const uint64_t *shape, char *msg, size_t msglen)
+{
+    for (uint32_t i = 0; i < t->ndim; i++) {
+        if (shape[i] != UINT64_MAX && shape[i] != t->shape[i]) {
+            char want[160], got[160];
+            size_t wn = 0, gn = 0;
+            for (uint32_t j = 0; j < t->ndim; j++) {
+                if (shape[j] == UINT64_MAX)
+                    wn += (size_t)snprintf(want + wn, sizeof want - wn, "%s*", j ? ", " : "");
+                else
+                    wn += (size_t)snprintf(want + wn, sizeof want - wn, "%s%llu", j ? ", " : "", (ull)shape[j]);
+                gn += (size_t)snprintf(got + gn, sizeof got - gn, "%s%llu", j ? ", " : "", (ull)t->shape[j]);
+                if (wn >= sizeof want || gn >= sizeof got)
+                    break;
+            }
+            FAIL(DQ_SHAPE, "tensor %s: shape [%s], expected [%s]", what, got, want);
+        }
+    }
+    return DQ_OK;
+}
+
+static int check_seq(const Dquant__SeqRef *seq, const dqd_limits *lim, char *msg, size_t msglen)
+{
+    if (!seq)
+        FAIL(DQ_INVALID_ARGUMENT, "seq is missing");
+    size_t ns = seq->ns ? strlen(seq->ns) : 0;
+    if (ns > lim->max_ns)
+        FAIL(DQ_TOO_LARGE, "namespace longer than %u bytes", lim->max_ns);
+    if (seq->key.len == 0)
+        FAIL(DQ_INVALID_ARGUMENT, "seq.key is empty");
+    if (seq->key.len > lim->max_key)
+        FAIL(DQ_TOO_LARGE, "seq.key longer than %u bytes", lim->max_key);
+    return DQ_OK;
+}
+
+static int check_name(const char *s, const char *what, bool required, const dqd_limits *lim, char *msg,
+                      size_t msglen)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (required && n == 0)
+        FAIL(DQ_INVALID_ARGUMENT, "%s is missing", what);
+    if (n > lim->max_name)
+        FAIL(DQ_TOO_LARGE, "%s longer than %u bytes", what, lim->max_name);
+    return DQ_OK;
+}
+
+static int validate_put(const Dquant__Put *p, const uint8_t *payload, uint64_t payload_len, const dqd_limits *lim,
+                        char *msg, size_t msglen)
+{
+    FORWARD(check_seq(p->seq, lim, msg, msglen));
+    FORWARD(check_name(p->model, "model", true, lim, msg, msglen));
+    if (p->num_layers == 0)
+        FAIL(DQ_INVALID_ARGUMENT, "num_layers must be at least 1");
+    if (p->tokens == 0)
+        FAIL(DQ_INVALID_ARGUMENT, "tokens must be at least 1");
+    if (p->start_token > UINT64_MAX - p->tokens)
+        FAIL(DQ_OUT_OF_BOUNDS, "start_token + tokens overflows");
+    dqd_tensor k, v;
+    FORWARD(dqd_tensor_check(p->k, "k", DQD_DT_TYPED, 4, false, payload, payload_len, &k, msg, msglen));
+    FORWARD(dqd_tensor_check(p->v, "v", DQD_DT_TYPED, 4, false, payload, payload_len, &v, msg, msglen));
+    if (k.dtype != v.dtype)
+        FAIL(DQ_DTYPE, "k and v must have the same dtype");
+    const uint64_t want[4] = {p->num_layers, p->tokens, UINT64_MAX, UINT64_MAX};
+    FORWARD(dqd_tensor_expect(&k, "k", want, msg, msglen));
+    FORWARD(dqd_tensor_expect(&v, "v", want, msg, msglen));
+    if (k.shape[2] != v.shape[2] || k.shape[3] != v.shape[3])
+        FAIL(DQ_SHAPE, "k and v shapes differ");
+    return DQ_OK;
+}
+
+static int validate_attend(const Dquant__Attend *a, const uint8_t *payload, uint64_t payload_len,
+                           const dqd_limits *lim, char *msg, size_t msglen)
+{
+    if (a->n_items == 0)
+        FAIL(DQ_INVALID_ARGUMENT, "attend has no items");
+    if (a->n_items > lim->max_batch_items)
+        FAIL(DQ_TOO_LARGE, "attend has %zu items, the limit is %u", a->n_items, lim->max_batch_items);
+    if (!isfinite(a->scale) || a->scale < 0)
+        FAIL(DQ_INVALID_ARGUMENT, "scale must be finite and >= 0 (0: 1/sqrt(head_dim))");
+    for (size_t i = 0; i < a->n_items; i++) {
+        const Dquant__AttendItem *it = a->items[i];
+        char what[48];
+        if (!it)
+            FAIL(DQ_INVALID_ARGUMENT, "item %zu is empty", i);
+        int rc = check_seq(it->seq, lim, msg, msglen);
+        if (rc < 0)
+            return rc;
+        dqd_tensor q, ak, av;
+        snprintf(what, sizeof what, "items[%zu].q", i);
+        FORWARD(dqd_tensor_check(it->q, what, DQD_DT_TYPED, 2, false, payload, payload_len, &q, msg, msglen));
+        snprintf(what, sizeof what, "items[%zu].append_k", i);
+        FORWARD(dqd_tensor_check(it->append_k, what, DQD_DT_TYPED, 3, true, payload, payload_len, &ak, msg, msglen));
+        snprintf(what, sizeof what, "items[%zu].append_v", i);
+        FORWARD(dqd_tensor_check(it->append_v, what, DQD_DT_TYPED, 3, true, payload, payload_len, &av, msg, msglen));
+        if (!it->append_k != !it->append_v)
+            FAIL(DQ_INVALID_ARGUMENT, "item %zu: append_k and append_v go together", i);
+        if (it->append_k) {
+            if (ak.dtype != av.dtype)
+                FAIL(DQ_DTYPE, "item %zu: append_k and append_v must have the same dtype", i);
+            if (ak.shape[0] != 1 || av.shape[0] != 1)
+                FAIL(DQ_SHAPE, "item %zu: append_k / append_v must be [1, kv_heads, head_dim]", i);
+        }
+    }
+    return DQ_OK;
+}
+
+static int validate_compress(const Dquant__Compress *c, const uint8_t *payload, uint64_t payload_len,
+                             const dqd_limits *lim, char *msg, size_t msglen)
+{
+    FORWARD(check_name(c->model, "model", false, lim, msg, msglen));
+    FORWARD(check_name(c->profile_name, "profile_name", false, lim, msg, msglen));
+    bool has_model = c->model && *c->model;
+    bool has_profile = c->profile_name && *c->profile_name;
+    if (!has_model && !has_profile)
+        FAIL(DQ_INVALID_ARGUMENT, "compress needs a model or a profile_name");
+    if (!has_model && (c->kv_heads == 0 || c->head_dim == 0))
+        FAIL(DQ_INVALID_ARGUMENT, "profile_name needs kv_heads and head_dim");
+    if (c->kind > 1)
+        FAIL(DQ_INVALID_ARGUMENT, "kind must be 0 (keys) or 1 (values)");
+    dqd_tensor x;
+    FORWARD(dqd_tensor_check(c->x, "x", DQD_DT_TYPED, 3, false, payload, payload_len, &x, msg, msglen));
+    if (x.shape[0] == 0)
+        FAIL(DQ_SHAPE, "x holds no tokens");
+    return DQ_OK;
+}
+
+static int validate_decompress(const Dquant__Decompress *d, const uint8_t *payload, uint64_t payload_len,
+                               char *msg, size_t msglen)
+{
+    if (d->profile.len == 0)
+        FAIL(DQ_INVALID_ARGUMENT, "profile is missing");
+    if (d->profile.len > 4096)
+        FAIL(DQ_TOO_LARGE, "profile longer than 4096 bytes");
+    if (d->kind > 1)
+        FAIL(DQ_INVALID_ARGUMENT, "kind must be 0 (keys) or 1 (values)");
+    if (d->tokens == 0)
+        FAIL(DQ_INVALID_ARGUMENT, "tokens must be at least 1");
+    if (!dqd_dtype_size((uint32_t)d->out_dtype) || d->out_dtype == DQUANT__DTYPE__RAW)
+        FAIL(DQ_DTYPE, "out_dtype must be F32, F16 or BF16");
+    dqd_tensor t;
+    FORWARD(dqd_tensor_check(d->records, "records", DQD_DT_RAW, 1, false, payload, payload_len, &t, msg, msglen));
+    FORWARD(dqd_tensor_check(d->means, "means", DQD_DT_RAW, 1, d->kind == 1, payload, payload_len, &t, msg, msglen));
+    return DQ_OK;
+}
+
+int dqd_request_validate(const Dquant__Request *req, const uint8_t *payload, uint64_t payload_len,
+                         const dqd_limits *lim, dqd_op *op, char *msg, size_t msglen)
+{
+    *op = DQD_OP_UNKNOWN;
+    if (!req)
+        FAIL(DQ_PROTOCOL, "no request");
+    if (payload_len > lim->max_payload)
+        FAIL(DQ_TOO_LARGE, "payload of %llu bytes exceeds the limit of %llu", (ull)payload_len,
+             (ull)lim->max_payload);
+    if (payload_len && !payload)
+        FAIL(DQ_PROTOCOL, "payload missing");
+
+    switch (req->body_case) {
+    case DQUANT__REQUEST__BODY_HELLO: {
+        *op = DQD_OP_HELLO;
+        const Dquant__Hello *h = req->hello;
+        FORWARD(check_name(h->client_name, "client_name", false, lim, msg, msglen));
+        if (h->secret.len > 4096)
+            FAIL(DQ_TOO_LARGE, "secret longer than 4096 bytes");
+        if (h->n_features > 64)
+            FAIL(DQ_TOO_LARGE, "more than 64 features");
+        return DQ_OK;
+    }
+    case DQUANT__REQUEST__BODY_REGISTER_MODEL: {
+        *op = DQD_OP_REGISTER_MODEL;
+        const Dquant__ModelSpec *m = req->register_model->model;
+        if (!m)
+            FAIL(DQ_INVALID_ARGUMENT, "model spec is missing");
+        FORWARD(check_name(m->name, "model name", true, lim, msg, msglen));
+        FORWARD(check_name(m->profile_name, "profile_name", false, lim, msg, msglen));
+        if (m->profile.len > 4096)
+            FAIL(DQ_TOO_LARGE, "profile longer than 4096 bytes");
+        return DQ_OK;
+    }
+    case DQUANT__REQUEST__BODY_PUT:
+        *op = DQD_OP_PUT;
+        return validate_put(req->put, payload, payload_len, lim, msg, msglen);
+    case DQUANT__REQUEST__BODY_GET: {
+        *op = DQD_OP_GET;
+        const Dquant__Get *g = req->get;
+        FORWARD(check_seq(g->seq, lim, msg, msglen));
+        if ((uint32_t)g->format > DQUANT__GET_FORMAT__GET_RAW)
+            FAIL(DQ_INVALID_ARGUMENT, "unknown GET format %d", (int)g->format);
+        if (g->start_token > UINT64_MAX - g->tokens)
+            FAIL(DQ_OUT_OF_BOUNDS, "start_token + tokens overflows");
+        if ((uint64_t)g->first_layer + g->num_layers > UINT32_MAX)
+            FAIL(DQ_OUT_OF_BOUNDS, "first_layer + num_layers overflows");
+        return DQ_OK;
+    }
+    case DQUANT__REQUEST__BODY_ATTEND:
+        *op = DQD_OP_ATTEND;
+        return validate_attend(req->attend, payload, payload_len, lim, msg, msglen);
+    case DQUANT__REQUEST__BODY_COMPRESS:
+        *op = DQD_OP_COMPRESS;
+        return validate_compress(req->compress, payload, payload_len, lim, msg, msglen);
+    case DQUANT__REQUEST__BODY_DECOMPRESS:
+        *op = DQD_OP_DECOMPRESS;
+        return validate_decompress(req->decompress, payload, payload_len, msg, msglen);
+    case DQUANT__REQUEST__BODY_DELETE:
+        *op = DQD_OP_DELETE;
+        return check_seq(req->delete_->seq, lim, msg, msglen);
+    case DQUANT__REQUEST__BODY_PIN:
+        *op = DQD_OP_PIN;
+        return check_seq(req->pin->seq, lim, msg, msglen);
+    case DQUANT__REQUEST__BODY_UNPIN:
+        *op = DQD_OP_UNPIN;
+        return check_seq(req->unpin->seq, lim, msg, msglen);
+    case DQUANT__REQUEST__BODY_STATS:
+        *op = DQD_OP_STATS;
+        return DQ_OK;
+    case DQUANT__REQUEST__BODY_PING:
+        *op = DQD_OP_PING;
+        return DQ_OK;
+    default:
+        break;
+    }
+    FAIL(DQ_UNSUPPORTED, "unknown or missing request body (case %d)", (int)req->body_case);
+}
+
+int dqd_validate_put(const Dquant__Put *put, const uint8_t *payload, uint64_t payload_len,
+                     const dqd_model_info *m, dqd_tensor *k, dqd_tensor *v, char *msg, size_t msglen)
+{
+    if ((uint64_t)put->first_layer + put->num_layers > m->layers)
+        FAIL(DQ_OUT_OF_BOUNDS, "layers [%u, %llu) outside the model's %u layers", put->first_layer,
+             (ull)put->first_layer + put->num_layers, m->layers);
+    FORWARD(dqd_tensor_check(put->k, "k", DQD_DT_TYPED, 4, false, payload, payload_len, k, msg, msglen));
+    FORWARD(dqd_tensor_check(put->v, "v", DQD_DT_TYPED, 4, false, payload, payload_len, v, msg, msglen));
+    const uint64_t want[4] = {put->num_layers, put->tokens, m->kv_heads, m->head_dim};
+    FORWARD(dqd_tensor_expect(k, "k", want, msg, msglen));
+    FORWARD(dqd_tensor_expect(v, "v", want, msg, msglen));
+    if (k->dtype != v->dtype)
+        FAIL(DQ_DTYPE, "k and v must have the same dtype");
+    return DQ_OK;
+}
+
+int dqd_validate_get(const Dquant__Get *get, const dqd_model_info *m, uint32_t *first, uint32_t *num,
+                     char *msg, size_t msglen)
+{
+    if (get->first_layer >= m->layers)
+        FAIL(DQ_OUT_OF_BOUNDS, "first_layer %u outside the model's %u layers", get->first_layer, m->layers);
+    uint32_t n = get->num_layers ? get->num_layers : m->layers - get->first_layer;
+    if ((uint64_t)get->first_layer + n > m->layers)
+        FAIL(DQ_OUT_OF_BOUNDS, "layers [%u, %llu) outside the model's %u layers", get->first_layer,
+             (ull)get->first_layer + n, m->layers);
+    *first = get->first_layer;
+    *num = n;
+    return DQ_OK;
+}
+
+int dqd_validate_attend_item(const Dquant__AttendItem *it, const uint8_t *payload, uint64_t payload_len,
+                             const dqd_model_info *m, dqd_tensor *q, dqd_tensor *ak, dqd_tensor *av,
+                             char *msg, size_t msglen)
+{
+    if (it->layer >= m->layers)
+        FAIL(DQ_OUT_OF_BOUNDS, "layer %u outside the model's %u layers", it->layer, m->layers);
+    FORWARD(dqd_tensor_check(it->q, "q", DQD_DT_TYPED, 2, false, payload, payload_len, q, msg, msglen));
+    const uint64_t wq[2] = {m->q_heads, m->head_dim};
+    FORWARD(dqd_tensor_expect(q, "q", wq, msg, msglen));
+    FORWARD(dqd_tensor_check(it->append_k, "append_k", DQD_DT_TYPED, 3, true, payload, payload_len, ak, msg, msglen));
+    FORWARD(dqd_tensor_check(it->append_v, "append_v", DQD_DT_TYPED, 3, true, payload, payload_len, av, msg, msglen));
+    if (!it->append_k != !it->append_v)
+        FAIL(DQ_INVALID_ARGUMENT, "append_k and append_v go together");
+    if (it->append_k) {
+        const uint64_t wkv[3] = {1, m->kv_heads, m->head_dim};
+        FORWARD(dqd_tensor_expect(ak, "append_k", wkv, msg, msglen));
+        FORWARD(dqd_tensor_expect(av, "append_v", wkv, msg, msglen));
+        if (ak->dtype != av->dtype)
+            FAIL(DQ_DTYPE, "append_k and append_v must have the same dtype");
+    }
+    return DQ_OK;
+}
+
+int dqd_validate_compress(const Dquant__Compress *c, const uint8_t *payload, uint64_t payload_len,
+                          const dqd_profile_info *p, dqd_tensor *x, char *msg, size_t msglen)
+{
+    if (c->kind > 1)
+        FAIL(DQ_INVALID_ARGUMENT, "kind must be 0 (keys) or 1 (values)");
+    FORWARD(dqd_tensor_check(c->x, "x", DQD_DT_TYPED, 3, false, payload, payload_len, x, msg, msglen));
+    const uint64_t want[3] = {UINT64_MAX, p->kv_heads, p->head_dim};
+    FORWARD(dqd_tensor_expect(x, "x", want, msg, msglen));
+    if (x->shape[0] == 0)
+        FAIL(DQ_SHAPE, "x holds no tokens");
+    return DQ_OK;
+}
+
+int dqd_validate_decompress(const Dquant__Decompress *d, const uint8_t *payload, uint64_t payload_len,
+                            const dqd_profile_info *p, dqd_tensor *means, dqd_tensor *records, char *msg,
+                            size_t msglen)
+{
+    if (d->kind > 1)
+        FAIL(DQ_INVALID_ARGUMENT, "kind must be 0 (keys) or 1 (values)");
+    if (d->tokens == 0)
+        FAIL(DQ_INVALID_ARGUMENT, "tokens must be at least 1");
+    FORWARD(dqd_tensor_check(d->records, "records", DQD_DT_RAW, 1, false, payload, payload_len, records, msg, msglen));
+    FORWARD(dqd_tensor_check(d->means, "means", DQD_DT_RAW, 1, d->kind == 1, payload, payload_len, means, msg, msglen));
+    uint64_t rb = p->record_bytes[d->kind];
+    if (rb == 0 || d->tokens > UINT64_MAX / rb || records->len != d->tokens * rb)
+        FAIL(DQ_SHAPE, "records: %llu bytes, expected tokens (%llu) x record bytes (%llu)", (ull)records->len,
+             (ull)d->tokens, (ull)rb);
+    if (d->kind == 0) {
+        uint64_t w = p->window ? p->window : 1;
+        uint64_t blocks = d->tokens / w + (d->tokens % w != 0);
+        if (p->mean_bytes == 0 || blocks > UINT64_MAX / p->mean_bytes || means->len != blocks * p->mean_bytes)
+            FAIL(DQ_SHAPE, "means: %llu bytes, expected %llu blocks x %llu bytes", (ull)means->len, (ull)blocks,
+                 (ull)p->mean_bytes);
+    } else if (means->len != 0) {
+        FAIL(DQ_SHAPE, "values carry no means");
+    }
+    return DQ_OK;
+}

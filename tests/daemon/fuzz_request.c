@@ -1,0 +1,118 @@
+/* Fuzz target: bytes from a client → frame parser → protobuf unpack → request validation.
+ *
+ * The input is read as a stream of frames (each one parsed, unpacked with a bounded allocator and
+ * validated, then checked against a fixed model and profile the way the daemon does once it has
+ * looked them up); the whole input is also unpacked directly as a header message with an empty
+ * payload, so mutations of the protobuf reach the validators without a valid frame around them.
+ * Built with -fsanitize=fuzzer when the fuzzing option is on; fuzz_replay.c runs the corpus in CI. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dquant.pb-c.h"
+#include "frame.h"
+#include "validate.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+typedef struct bounded {
+    ProtobufCAllocator a;
+    size_t used, cap;
+} bounded;
+
+static void *b_alloc(void *opaque, size_t size)
+{
+    bounded *b = opaque;
+    if (size > b->cap || b->used + size + 16 > b->cap)
+        return NULL;
+    uint8_t *p = malloc(size + 16);
+    if (!p)
+        return NULL;
+    size_t total = size + 16;
+    memcpy(p, &total, sizeof total);
+    b->used += total;
+    return p + 16;
+}
+
+static void b_free(void *opaque, void *ptr)
+{
+    bounded *b = opaque;
+    if (!ptr)
+        return;
+    uint8_t *p = (uint8_t *)ptr - 16;
+    size_t total;
+    memcpy(&total, p, sizeof total);
+    b->used -= total;
+    free(p);
+}
+
+static void check_request(const uint8_t *header, size_t header_len, const uint8_t *payload, uint64_t payload_len)
+{
+    bounded b = {{b_alloc, b_free, NULL}, 0, header_len * 16 + 65536};
+    b.a.allocator_data = &b;
+    Dquant__Request *req = dquant__request__unpack(&b.a, header_len, header);
+    if (!req)
+        return;
+
+    dqd_limits lim;
+    dqd_limits_default(&lim);
+    lim.max_payload = 1u << 20;
+    lim.max_batch_items = 64;
+    char msg[256];
+    dqd_op op;
+    int rc = dqd_request_validate(req, payload, payload_len, &lim, &op, msg, sizeof msg);
+
+    /* What the daemon checks next, against a model and a profile it found. */
+    const dqd_model_info model = {.layers = 4, .q_heads = 8, .kv_heads = 2, .head_dim = 64};
+    const dqd_profile_info prof = {.kv_heads = 2, .head_dim = 64, .window = 128, .mean_bytes = 130,
+                                   .record_bytes = {49, 36}};
+    if (rc == 0) {
+        dqd_tensor a, b2, c;
+        uint32_t first, num;
+        switch (op) {
+        case DQD_OP_PUT:
+            (void)dqd_validate_put(req->put, payload, payload_len, &model, &a, &b2, msg, sizeof msg);
+            break;
+        case DQD_OP_GET:
+            (void)dqd_validate_get(req->get, &model, &first, &num, msg, sizeof msg);
+            break;
+        case DQD_OP_ATTEND:
+            for (size_t i = 0; i < req->attend->n_items; i++)
+                (void)dqd_validate_attend_item(req->attend->items[i], payload, payload_len, &model, &a, &b2, &c, msg,
+                                               sizeof msg);
+            break;
+        case DQD_OP_COMPRESS:
+            (void)dqd_validate_compress(req->compress, payload, payload_len, &prof, &a, msg, sizeof msg);
+            break;
+        case DQD_OP_DECOMPRESS:
+            (void)dqd_validate_decompress(req->decompress, payload, payload_len, &prof, &a, &b2, msg, sizeof msg);
+            break;
+        default:
+            break;
+        }
+    }
+    dquant__request__free_unpacked(req, &b.a);
+    if (b.used != 0)
+        abort(); /* every byte protobuf-c allocated must come back */
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    const dq_frame_limits lim = {.max_header = 1u << 16, .max_payload = 1u << 20};
+    size_t off = 0;
+    while (off < size) {
+        dq_frame f;
+        size_t consumed = 0;
+        int err = 0;
+        dq_frame_status st = dq_frame_parse(data + off, size - off, &lim, &f, &consumed, &err);
+        if (st != DQ_FRAME_OK)
+            break;
+        if (consumed == 0 || consumed > size - off)
+            abort(); /* the parser must never claim bytes it was not given */
+        check_request(f.header, f.hdr.header_len, f.payload, f.hdr.payload_len);
+        off += consumed;
+    }
+    if (size <= (1u << 16))
+        check_request(data, size, NULL, 0);
+    return 0;
+}

@@ -1,0 +1,301 @@
+/* Request validation: tensors that lie about where they are or how big they are, shapes that do
+ * not match the model, products that overflow, limits. Pure functions: no daemon needed. */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "dquant/error.h"
+#include "validate.h"
+
+static dqd_limits lim;
+static uint8_t payload[65536] __attribute__((aligned(64)));
+static char msg[256];
+
+static const dqd_model_info model = {.layers = 4, .q_heads = 8, .kv_heads = 2, .head_dim = 64};
+
+static void setup(void)
+{
+    dqd_limits_default(&lim);
+    lim.max_batch_items = 8;
+    memset(payload, 0, sizeof payload);
+    msg[0] = 0;
+}
+
+TestSuite(validate, .init = setup);
+
+static Dquant__Tensor tensor(Dquant__DType dt, uint64_t *shape, size_t ndim, uint64_t offset, uint64_t length)
+{
+    Dquant__Tensor t = DQUANT__TENSOR__INIT;
+    t.dtype = dt;
+    t.shape = shape;
+    t.n_shape = ndim;
+    t.offset = offset;
+    t.length = length;
+    return t;
+}
+
+static uint8_t key[] = {1, 2, 3};
+
+static Dquant__SeqRef seqref(void)
+{
+    Dquant__SeqRef s = DQUANT__SEQ_REF__INIT;
+    s.ns = "ns";
+    s.key.data = key;
+    s.key.len = sizeof key;
+    return s;
+}
+
+/* A valid 1-layer, 2-token f16 PUT of kv 2 x hd 64: k at 0, v at 512. */
+typedef struct put_fixture {
+    Dquant__SeqRef seq;
+    uint64_t shape[4];
+    Dquant__Tensor k, v;
+    Dquant__Put put;
+    Dquant__Request req;
+} put_fixture;
+
+static void make_put(put_fixture *f)
+{
+    f->seq = seqref();
+    f->shape[0] = 1;
+    f->shape[1] = 2;
+    f->shape[2] = 2;
+    f->shape[3] = 64;
+    f->k = tensor(DQUANT__DTYPE__F16, f->shape, 4, 0, 512);
+    f->v = tensor(DQUANT__DTYPE__F16, f->shape, 4, 512, 512);
+    dquant__put__init(&f->put);
+    f->put.seq = &f->seq;
+    f->put.model = "m";
+    f->put.first_layer = 3;
+    f->put.num_layers = 1;
+    f->put.tokens = 2;
+    f->put.k = &f->k;
+    f->put.v = &f->v;
+    dquant__request__init(&f->req);
+    f->req.body_case = DQUANT__REQUEST__BODY_PUT;
+    f->req.put = &f->put;
+}
+
+static int validate_put(put_fixture *f, uint64_t plen)
+{
+    dqd_op op;
+    int rc = dqd_request_validate(&f->req, payload, plen, &lim, &op, msg, sizeof msg);
+    if (rc < 0)
+        return rc;
+    cr_assert_eq(op, DQD_OP_PUT);
+    dqd_tensor k, v;
+    return dqd_validate_put(&f->put, payload, plen, &model, &k, &v, msg, sizeof msg);
+}
+
+Test(validate, good_put)
+{
+    put_fixture f;
+    make_put(&f);
+    cr_assert_eq(validate_put(&f, 1024), 0, "%s", msg);
+    dqd_tensor k, v;
+    cr_assert_eq(dqd_validate_put(&f.put, payload, 1024, &model, &k, &v, msg, sizeof msg), 0);
+    cr_assert_eq(k.data, payload);
+    cr_assert_eq(v.data, payload + 512);
+    cr_assert_eq(k.count, 256);
+}
+
+Test(validate, tensor_outside_payload)
+{
+    put_fixture f;
+    make_put(&f);
+    cr_assert_eq(validate_put(&f, 1023), DQ_OUT_OF_BOUNDS, "v ends one byte past the payload");
+    make_put(&f);
+    f.v.offset = 4096;
+    cr_assert_eq(validate_put(&f, 1024), DQ_OUT_OF_BOUNDS);
+    cr_assert(strstr(msg, "outside"), "%s", msg);
+    make_put(&f);
+    f.v.offset = UINT64_MAX - 100; /* offset + length wraps around */
+    cr_assert_eq(validate_put(&f, 1024), DQ_OUT_OF_BOUNDS);
+}
+
+Test(validate, length_disagrees_with_shape)
+{
+    put_fixture f;
+    make_put(&f);
+    f.k.length = 511;
+    cr_assert_eq(validate_put(&f, 1024), DQ_SHAPE);
+    cr_assert(strstr(msg, "length 511 != 512"), "%s", msg);
+    make_put(&f);
+    f.k.dtype = DQUANT__DTYPE__F32; /* the same bytes read as f32 would be 1024 */
+    f.v.dtype = DQUANT__DTYPE__F32;
+    cr_assert_eq(validate_put(&f, 1024), DQ_SHAPE);
+}
+
+Test(validate, shape_product_overflow)
+{
+    put_fixture f;
+    make_put(&f);
+    uint64_t huge[4] = {1, 2, 1ull << 40, 1ull << 40};
+    f.k.shape = huge;
+    cr_assert_eq(validate_put(&f, 1024), DQ_SHAPE);
+    cr_assert(strstr(msg, "overflows"), "%s", msg);
+    /* product fits in 64 bits, times the element size does not */
+    uint64_t big[4] = {1, 2, 1ull << 31, 1ull << 31};
+    f.k.shape = big;
+    cr_assert_eq(validate_put(&f, 1024), DQ_SHAPE);
+    cr_assert(strstr(msg, "overflows"), "%s", msg);
+}
+
+Test(validate, shape_must_match_model)
+{
+    put_fixture f;
+    make_put(&f);
+    uint64_t wrong[4] = {1, 2, 4, 32}; /* same element count, wrong heads */
+    f.k.shape = wrong;
+    f.v.shape = wrong;
+    cr_assert_eq(validate_put(&f, 1024), DQ_SHAPE);
+    cr_assert(strstr(msg, "expected [1, 2, 2, 64]"), "%s", msg);
+    make_put(&f);
+    f.put.first_layer = 4;
+    cr_assert_eq(validate_put(&f, 1024), DQ_OUT_OF_BOUNDS, "layer 4 of a 4-layer model");
+    make_put(&f);
+    f.put.tokens = 3;
+    cr_assert_eq(validate_put(&f, 1024), DQ_SHAPE, "tokens disagrees with the tensors");
+}
+
+Test(validate, dtypes)
+{
+    put_fixture f;
+    make_put(&f);
+    f.k.dtype = (Dquant__DType)9;
+    cr_assert_eq(validate_put(&f, 1024), DQ_DTYPE);
+    make_put(&f);
+    f.k.dtype = DQUANT__DTYPE__RAW;
+    cr_assert_eq(validate_put(&f, 1024), DQ_DTYPE, "raw bytes are no K");
+    make_put(&f);
+    uint64_t s2[4] = {1, 2, 2, 32};
+    f.v.dtype = DQUANT__DTYPE__F32;
+    f.v.shape = s2;
+    cr_assert_eq(validate_put(&f, 1024), DQ_DTYPE, "k and v of different dtypes");
+}
+
+Test(validate, missing_fields)
+{
+    put_fixture f;
+    make_put(&f);
+    f.put.seq = NULL;
+    cr_assert_eq(validate_put(&f, 1024), DQ_INVALID_ARGUMENT);
+    make_put(&f);
+    f.put.k = NULL;
+    cr_assert_eq(validate_put(&f, 1024), DQ_INVALID_ARGUMENT);
+    make_put(&f);
+    f.put.model = "";
+    cr_assert_eq(validate_put(&f, 1024), DQ_INVALID_ARGUMENT);
+    make_put(&f);
+    f.seq.key.len = 0;
+    cr_assert_eq(validate_put(&f, 1024), DQ_INVALID_ARGUMENT);
+    make_put(&f);
+    f.put.start_token = UINT64_MAX;
+    cr_assert_eq(validate_put(&f, 1024), DQ_OUT_OF_BOUNDS);
+}
+
+Test(validate, limits)
+{
+    put_fixture f;
+    make_put(&f);
+    lim.max_payload = 512;
+    cr_assert_eq(validate_put(&f, 1024), DQ_TOO_LARGE);
+    setup();
+    make_put(&f);
+    static uint8_t longkey[5000];
+    f.seq.key.data = longkey;
+    f.seq.key.len = sizeof longkey;
+    cr_assert_eq(validate_put(&f, 1024), DQ_TOO_LARGE);
+}
+
+Test(validate, unknown_body)
+{
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    dqd_op op;
+    cr_assert_eq(dqd_request_validate(&req, NULL, 0, &lim, &op, msg, sizeof msg), DQ_UNSUPPORTED);
+    cr_assert_eq(op, DQD_OP_UNKNOWN);
+}
+
+Test(validate, attend_items)
+{
+    Dquant__SeqRef seq = seqref();
+    uint64_t qs[2] = {8, 64}, kvs[3] = {1, 2, 64};
+    Dquant__Tensor q = tensor(DQUANT__DTYPE__F32, qs, 2, 0, 8 * 64 * 4);
+    Dquant__Tensor ak = tensor(DQUANT__DTYPE__BF16, kvs, 3, 2048, 256);
+    Dquant__Tensor av = tensor(DQUANT__DTYPE__BF16, kvs, 3, 2304, 256);
+    Dquant__AttendItem it = DQUANT__ATTEND_ITEM__INIT;
+    it.seq = &seq;
+    it.layer = 1;
+    it.q = &q;
+    it.append_k = &ak;
+    it.append_v = &av;
+    Dquant__AttendItem *items[9] = {&it, &it, &it, &it, &it, &it, &it, &it, &it};
+    Dquant__Attend a = DQUANT__ATTEND__INIT;
+    a.items = items;
+    a.n_items = 2;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_ATTEND;
+    req.attend = &a;
+    dqd_op op;
+    cr_assert_eq(dqd_request_validate(&req, payload, 4096, &lim, &op, msg, sizeof msg), 0, "%s", msg);
+    dqd_tensor tq, tk, tv;
+    cr_assert_eq(dqd_validate_attend_item(&it, payload, 4096, &model, &tq, &tk, &tv, msg, sizeof msg), 0, "%s", msg);
+
+    a.n_items = 9;
+    cr_assert_eq(dqd_request_validate(&req, payload, 4096, &lim, &op, msg, sizeof msg), DQ_TOO_LARGE);
+    a.n_items = 0;
+    cr_assert_eq(dqd_request_validate(&req, payload, 4096, &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    a.n_items = 1;
+    a.scale = -1;
+    cr_assert_eq(dqd_request_validate(&req, payload, 4096, &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    a.scale = 0;
+
+    it.append_v = NULL;
+    cr_assert_eq(dqd_request_validate(&req, payload, 4096, &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    it.append_v = &av;
+
+    uint64_t qbad[2] = {4, 128}; /* 512 elements, wrong split */
+    q.shape = qbad;
+    cr_assert_eq(dqd_validate_attend_item(&it, payload, 4096, &model, &tq, &tk, &tv, msg, sizeof msg), DQ_SHAPE);
+    q.shape = qs;
+    it.layer = 4;
+    cr_assert_eq(dqd_validate_attend_item(&it, payload, 4096, &model, &tq, &tk, &tv, msg, sizeof msg),
+                 DQ_OUT_OF_BOUNDS);
+    it.layer = 0;
+    uint64_t two[3] = {2, 2, 32};
+    ak.shape = two;
+    cr_assert_eq(dqd_request_validate(&req, payload, 4096, &lim, &op, msg, sizeof msg), DQ_SHAPE,
+                 "append_k must hold exactly one token");
+}
+
+Test(validate, decompress_sizes)
+{
+    const dqd_profile_info p = {.kv_heads = 2, .head_dim = 64, .window = 128, .mean_bytes = 130,
+                                .record_bytes = {49, 36}};
+    uint8_t prof[8] = {1};
+    uint64_t ms[1] = {260}, rs[1] = {129 * 49};
+    Dquant__Tensor means = tensor(DQUANT__DTYPE__RAW, ms, 1, 0, 260);
+    Dquant__Tensor recs = tensor(DQUANT__DTYPE__RAW, rs, 1, 320, 129 * 49);
+    Dquant__Decompress d = DQUANT__DECOMPRESS__INIT;
+    d.profile.data = prof;
+    d.profile.len = sizeof prof;
+    d.kind = 0;
+    d.tokens = 129; /* two mean blocks */
+    d.means = &means;
+    d.records = &recs;
+    d.out_dtype = DQUANT__DTYPE__F32;
+    dqd_tensor tm, tr;
+    cr_assert_eq(dqd_validate_decompress(&d, payload, 65536, &p, &tm, &tr, msg, sizeof msg), 0, "%s", msg);
+    d.tokens = 128;
+    cr_assert_eq(dqd_validate_decompress(&d, payload, 65536, &p, &tm, &tr, msg, sizeof msg), DQ_SHAPE);
+    d.tokens = 129;
+    ms[0] = 130;
+    means.length = 130;
+    cr_assert_eq(dqd_validate_decompress(&d, payload, 65536, &p, &tm, &tr, msg, sizeof msg), DQ_SHAPE,
+                 "129 key tokens need two mean blocks");
+    d.kind = 1;
+    d.means = NULL;
+    rs[0] = 129 * 36;
+    recs.length = 129 * 36;
+    cr_assert_eq(dqd_validate_decompress(&d, payload, 65536, &p, &tm, &tr, msg, sizeof msg), 0, "%s", msg);
+}
