@@ -1,0 +1,368 @@
+/* libdquant-client — blocking C client for dquantd.
+ *
+ * One handle (dqc_client) is one connection to one daemon. Every call sends one request and waits
+ * for its reply. Calls return 0 (DQ_OK) or a negative dq_error code (dquant/error.h): either the
+ * code the server sent in its Error reply, or a local one (DQ_CONNECTION, DQ_TIMEOUT, DQ_IO,
+ * DQ_PROTOCOL, DQ_INVALID_ARGUMENT, DQ_NOMEM, DQ_TOO_LARGE, ...). After a failure,
+ * dqc_last_error() describes it in words.
+ *
+ * Addresses: "unix:/path/to/socket" (or just "/path/to/socket"; "unix:@name" for the Linux
+ * abstract namespace) and "tcp://host:port" ("tcp://[::1]:7733" for IPv6). The daemon's defaults
+ * are DQC_DEFAULT_UNIX ("unix:/tmp/dquantd.sock", the CLI's default) and DQC_DEFAULT_TCP.
+ *
+ * Reconnection: when the connection breaks (peer closed, reset) and opts.auto_reconnect is on, the
+ * handle reconnects and repeats the HELLO. A call that had already been sent is repeated on the
+ * new connection only if it is idempotent: register_model, get, get_raw, attend without appends,
+ * compress, decompress, delete, pin, unpin, stats, ping. A PUT or an ATTEND with appends that
+ * breaks in flight returns DQ_CONNECTION (it may or may not have been applied); the next call
+ * reconnects first. A connection known to be closed is always re-established before sending
+ * anything, so even PUT never fails just because an idle connection went stale. Timeouts
+ * (DQ_TIMEOUT) are not retried; they close the connection, since a late reply could otherwise be
+ * taken for the answer to the next request.
+ *
+ * Memory and ownership: pointers passed in are borrowed for the duration of the call unless stated
+ * otherwise. Replies with tensors whose size the caller cannot know in advance (GET, GET_RAW,
+ * COMPRESS, DECOMPRESS, STATS) are returned in *result structs* whose memory the library
+ * allocates and the caller releases with the matching *_free function. A result struct must be
+ * zero-initialized before its first use (= {0}); passing it again to a call of the same kind
+ * reuses its memory (no allocation when the new reply fits), and the previous contents are gone.
+ * On failure a result struct is left empty (still safe to free). Tensor pointers inside a result
+ * point into one block read straight from the socket: they are byte pointers, not necessarily
+ * aligned to the element size (dquantd aligns them; copy with memcpy if unsure). ATTEND writes
+ * into caller buffers, whose size is fully determined by the request.
+ *
+ * Thread-safety: a handle is used by one thread at a time (calls on one handle must be serialized
+ * by the caller); distinct handles are fully independent and may be used concurrently from
+ * different threads. The library keeps no global state, never prints, never reads the environment
+ * and never raises SIGPIPE (sends use MSG_NOSIGNAL). */
+#ifndef DQUANT_CLIENT_H
+#define DQUANT_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dquant/error.h"
+#include "dquant/types.h"
+
+#if defined(DQC_BUILDING_CLIENT) && defined(__GNUC__)
+#define DQC_API __attribute__((visibility("default")))
+#else
+#define DQC_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DQC_DEFAULT_UNIX "unix:/tmp/dquantd.sock"
+#define DQC_DEFAULT_TCP "tcp://127.0.0.1:7733"
+#define DQC_DEFAULT_ADDR DQC_DEFAULT_UNIX
+
+/* Largest serialized profile the client accepts from a server (dq_profile_serialize writes at most
+ * DQ_PROFILE_SERIALIZED_MAX = 512 bytes). */
+#define DQC_PROFILE_MAX 1024
+
+typedef struct dqc_client dqc_client;
+
+/* ---- options and connection ---- */
+
+typedef struct dqc_options {
+    uint32_t size;                  /* sizeof(dqc_options); set by dqc_options_default */
+    int connect_timeout_ms;         /* per connection attempt; default 5000; <= 0: no limit */
+    int io_timeout_ms;              /* longest wait without progress while sending or receiving
+                                       one request; default 60000; <= 0: no limit */
+    const char *client_name;        /* sent in HELLO; copied by dqc_connect; NULL: "libdquant-client" */
+    const void *secret;             /* shared secret sent in HELLO; copied by dqc_connect; may be NULL */
+    size_t secret_len;
+    int auto_reconnect;             /* default 1; 0: a broken handle fails with DQ_CONNECTION until
+                                       dqc_reconnect() */
+    uint32_t reconnect_attempts;    /* connection attempts per reconnect; default 5 */
+    uint32_t reconnect_backoff_ms;  /* delay before the 2nd attempt, doubling after; default 20 */
+    uint32_t max_reply_header;      /* largest protobuf reply header accepted; default 64 MiB */
+    uint64_t max_reply_payload;     /* largest reply payload accepted; default 64 GiB */
+} dqc_options;
+
+/* Fills *opts with the defaults above. */
+DQC_API void dqc_options_default(dqc_options *opts);
+
+/* Connects to addr, sends HELLO (version 1) and waits for the reply. opts may be NULL (defaults);
+ * it and everything it points to are copied. On success *out is a new handle owned by the caller
+ * (release with dqc_free). On failure *out is NULL and the code is returned; the message of a
+ * failed connect is available only through errbuf (may be NULL; errbuf_len bytes, NUL-terminated).
+ * Returns 0, DQ_INVALID_ARGUMENT (bad address), DQ_CONNECTION (refused, no such socket),
+ * DQ_TIMEOUT, DQ_UNAUTHENTICATED (bad or missing secret), DQ_VERSION, DQ_PROTOCOL, DQ_NOMEM. */
+DQC_API int dqc_connect(const char *addr, const dqc_options *opts, dqc_client **out);
+DQC_API int dqc_connect_ex(const char *addr, const dqc_options *opts, dqc_client **out, char *errbuf,
+                           size_t errbuf_len);
+
+/* Closes the connection and frees the handle and everything it owns. NULL is allowed. Result
+ * structs filled by the handle stay valid (they own their memory). */
+DQC_API void dqc_free(dqc_client *client);
+
+/* Closes the current connection (if any) and connects again, with HELLO. */
+DQC_API int dqc_reconnect(dqc_client *client);
+
+/* A message describing the last failure on this handle ("" if none). Owned by the handle; valid
+ * until the next call on it. */
+DQC_API const char *dqc_last_error(const dqc_client *client);
+
+/* Number of times the handle has reconnected since dqc_connect (explicitly or automatically). */
+DQC_API uint64_t dqc_reconnect_count(const dqc_client *client);
+
+/* Static text and name of an error code (the same tables as libdquant's dq_strerror /
+ * dq_err_name, without linking libdquant). */
+DQC_API const char *dqc_strerror(int err);
+DQC_API const char *dqc_err_name(int err);
+
+/* The client library's version, "MAJOR.MINOR.PATCH". */
+DQC_API const char *dqc_version(void);
+
+/* What the server said in its HELLO reply (refreshed on every reconnect). */
+#define DQC_INFO_STR 64
+#define DQC_INFO_LIST 16
+typedef struct dqc_server_info {
+    uint32_t version;                            /* wire protocol version chosen (1) */
+    char server_version[DQC_INFO_STR];
+    char backend[DQC_INFO_STR];                  /* "cpu", "cuda" */
+    uint64_t max_frame_bytes;                    /* 0: not stated */
+    uint64_t max_payload_bytes;                  /* 0: not stated */
+    uint32_t max_batch_items;                    /* 0: not stated */
+    size_t nprofiles;                            /* built-in profiles (at most DQC_INFO_LIST kept) */
+    char profiles[DQC_INFO_LIST][DQC_INFO_STR];
+    size_t nfeatures;
+    char features[DQC_INFO_LIST][DQC_INFO_STR];
+} dqc_server_info;
+
+/* Copies the server's HELLO reply into *out. Returns 0 or DQ_INVALID_ARGUMENT. */
+DQC_API int dqc_server(const dqc_client *client, dqc_server_info *out);
+
+/* ---- addressing ---- */
+
+/* A sequence: an opaque key within a namespace. ns may be NULL or "" (the default namespace);
+ * key points to key_len bytes (key_len may be 0). Both borrowed for the call. */
+typedef struct dqc_seq {
+    const char *ns;
+    const void *key;
+    size_t key_len;
+} dqc_seq;
+
+/* ---- REGISTER_MODEL ---- */
+
+typedef struct dqc_model_spec {
+    const char *name;           /* required, non-empty */
+    uint32_t layers, q_heads, kv_heads, head_dim;
+    const char *profile_name;   /* a built-in profile ("dq226", "dq196"), or NULL when profile is set */
+    const void *profile;        /* a serialized dq_profile; wins over profile_name; may be NULL */
+    size_t profile_len;
+} dqc_model_spec;
+
+typedef struct dqc_model_info {
+    int existed;                        /* an identical model was already registered */
+    double bits_per_value;
+    size_t profile_len;
+    uint8_t profile[DQC_PROFILE_MAX];   /* serialized profile the server uses */
+} dqc_model_info;
+
+/* Registers a model (idempotent for an identical spec; a different spec under the same name is
+ * DQ_EXISTS). info may be NULL. */
+DQC_API int dqc_register_model(dqc_client *client, const dqc_model_spec *spec, dqc_model_info *info);
+
+/* ---- PUT ---- */
+
+/* Appends tokens [start_token, start_token + tokens) to layers [first_layer, first_layer +
+ * num_layers) of a sequence (created by its first PUT). k and v are [num_layers, tokens, kv_heads,
+ * head_dim] of dtype (f32, f16, bf16), contiguous, borrowed; kv_heads and head_dim must match the
+ * model. start_token must equal each layer's current length (DQ_ORDER otherwise). All-or-nothing. */
+typedef struct dqc_put_args {
+    dqc_seq seq;
+    const char *model;
+    uint64_t start_token;
+    uint32_t first_layer, num_layers;
+    uint64_t tokens;
+    uint32_t kv_heads, head_dim;
+    dq_dtype dtype;
+    const void *k, *v;
+} dqc_put_args;
+
+typedef struct dqc_put_result {
+    uint64_t tokens;            /* length of the first written layer after the PUT */
+    uint64_t stored_bytes;      /* bytes the sequence now holds */
+    uint64_t streams_encoded;
+    uint64_t retries;
+} dqc_put_result;
+
+/* res may be NULL. Not retried after a break in flight (see the top of this file). */
+DQC_API int dqc_put(dqc_client *client, const dqc_put_args *args, dqc_put_result *res);
+
+/* ---- GET (decompressed) ---- */
+
+typedef struct dqc_get_args {
+    dqc_seq seq;
+    uint32_t first_layer;
+    uint32_t num_layers;        /* 0: every layer from first_layer */
+    uint64_t start_token;
+    uint64_t tokens;            /* 0: up to the end */
+    dq_dtype dtype;             /* of the returned tensors */
+} dqc_get_args;
+
+typedef struct dqc_get_result {
+    uint64_t start_token, tokens;
+    uint32_t num_layers, kv_heads, head_dim;
+    dq_dtype dtype;
+    const void *k, *v;          /* [num_layers, tokens, kv_heads, head_dim] of dtype; owned by the result */
+    size_t bytes;               /* of k, and of v */
+    void *mem_;                 /* private */
+    size_t mem_cap_;            /* private */
+} dqc_get_result;
+
+/* res: zero-initialized or previously filled (its memory is reused). */
+DQC_API int dqc_get(dqc_client *client, const dqc_get_args *args, dqc_get_result *res);
+/* Frees what res owns and zeroes it. NULL is allowed. */
+DQC_API void dqc_get_result_free(dqc_get_result *res);
+
+/* ---- GET_RAW: containers as stored ---- */
+
+typedef struct dqc_raw_layer {
+    uint32_t layer;
+    uint64_t tokens;            /* tokens held: windows · W + tail_tokens */
+    uint64_t windows;
+    const uint8_t *records;     /* windows window records back to back (see dquant/codec.h) */
+    size_t records_bytes;
+    uint64_t tail_tokens;
+    const void *tail_k, *tail_v;   /* BF16 [tail_tokens, kv_heads, head_dim] (little endian) */
+    size_t tail_bytes;             /* of tail_k, and of tail_v */
+} dqc_raw_layer;
+
+typedef struct dqc_raw_result {
+    size_t profile_len;
+    uint8_t profile[DQC_PROFILE_MAX];  /* serialized dq_profile (dq_profile_deserialize) */
+    size_t nlayers;
+    dqc_raw_layer *layers;             /* owned by the result */
+    void *mem_;                        /* private */
+    size_t mem_cap_;                   /* private */
+    size_t layers_cap_;                /* private */
+} dqc_raw_result;
+
+/* Whole layers [first_layer, first_layer + num_layers) (num_layers 0: to the last layer). */
+DQC_API int dqc_get_raw(dqc_client *client, const dqc_seq *seq, uint32_t first_layer, uint32_t num_layers,
+                        dqc_raw_result *res);
+DQC_API void dqc_raw_result_free(dqc_raw_result *res);
+
+/* ---- ATTEND ---- */
+
+typedef struct dqc_attend_item {
+    dqc_seq seq;
+    uint32_t layer;
+    const void *q;              /* [q_heads, head_dim] of args.dtype; borrowed */
+    const void *append_k;       /* NULL, or [1, kv_heads, head_dim] of args.dtype appended first */
+    const void *append_v;       /* NULL exactly when append_k is NULL */
+} dqc_attend_item;
+
+typedef struct dqc_attend_args {
+    const dqc_attend_item *items;
+    size_t nitems;              /* 1 .. the server's max_batch_items */
+    uint32_t q_heads, kv_heads, head_dim;   /* kv_heads is needed only with appends */
+    dq_dtype dtype;             /* of q and the appended K/V */
+    float scale;                /* 0: 1/sqrt(head_dim) */
+} dqc_attend_args;
+
+/* Writes out [nitems, q_heads, head_dim] and, when lse is not NULL, lse [nitems, q_heads] (both
+ * f32, caller-owned, sized by the caller). Retried after a break only when no item appends. */
+DQC_API int dqc_attend(dqc_client *client, const dqc_attend_args *args, float *out, float *lse);
+
+/* ---- COMPRESS / DECOMPRESS: stateless codec calls ---- */
+
+typedef struct dqc_compress_args {
+    const char *model;          /* a registered model's profile, or NULL and: */
+    const char *profile_name;   /* a built-in profile instantiated for kv_heads × head_dim */
+    uint32_t kv_heads, head_dim;   /* the shape of x; always required */
+    int kind;                   /* 0 keys, 1 values */
+    dq_dtype dtype;
+    const void *x;              /* [tokens, kv_heads, head_dim] of dtype; borrowed */
+    uint64_t tokens;
+} dqc_compress_args;
+
+typedef struct dqc_compress_result {
+    size_t profile_len;
+    uint8_t profile[DQC_PROFILE_MAX];
+    uint64_t tokens;
+    const uint8_t *means;       /* keys: one mean block per W tokens; NULL for values */
+    size_t means_bytes;
+    const uint8_t *records;     /* tokens · record_bytes */
+    size_t records_bytes;
+    double bits_per_value;
+    uint64_t retries;
+    void *mem_;                 /* private */
+    size_t mem_cap_;            /* private */
+} dqc_compress_result;
+
+DQC_API int dqc_compress(dqc_client *client, const dqc_compress_args *args, dqc_compress_result *res);
+DQC_API void dqc_compress_result_free(dqc_compress_result *res);
+
+typedef struct dqc_decompress_args {
+    const void *profile;        /* serialized dq_profile */
+    size_t profile_len;
+    int kind;                   /* 0 keys, 1 values */
+    uint64_t tokens;
+    const void *means;          /* keys: mean blocks as returned by COMPRESS; NULL for values */
+    size_t means_bytes;
+    const void *records;
+    size_t records_bytes;
+    dq_dtype out_dtype;
+} dqc_decompress_args;
+
+typedef struct dqc_decompress_result {
+    dq_dtype dtype;
+    uint32_t ndim;
+    uint64_t shape[4];          /* [tokens, kv_heads, head_dim] */
+    const void *x;              /* owned by the result */
+    size_t bytes;
+    void *mem_;                 /* private */
+    size_t mem_cap_;            /* private */
+} dqc_decompress_result;
+
+DQC_API int dqc_decompress(dqc_client *client, const dqc_decompress_args *args, dqc_decompress_result *res);
+DQC_API void dqc_decompress_result_free(dqc_decompress_result *res);
+
+/* ---- DELETE / PIN / UNPIN ---- */
+
+/* DQ_NOT_FOUND when the sequence does not exist. A pinned sequence is never evicted. */
+DQC_API int dqc_delete(dqc_client *client, const dqc_seq *seq);
+DQC_API int dqc_pin(dqc_client *client, const dqc_seq *seq);
+DQC_API int dqc_unpin(dqc_client *client, const dqc_seq *seq);
+
+/* ---- STATS ---- */
+
+typedef struct dqc_counter {
+    const char *name;
+    uint64_t value;
+} dqc_counter;
+
+typedef struct dqc_gauge {
+    const char *name;
+    double value;
+} dqc_gauge;
+
+typedef struct dqc_stats_result {
+    size_t ncounters;
+    dqc_counter *counters;      /* sorted by name; owned by the result */
+    size_t ngauges;
+    dqc_gauge *gauges;          /* sorted by name; owned by the result */
+    void *mem_;                 /* private */
+} dqc_stats_result;
+
+DQC_API int dqc_stats(dqc_client *client, dqc_stats_result *res);
+DQC_API void dqc_stats_result_free(dqc_stats_result *res);
+/* Look-ups by exact name. Return 0 or DQ_NOT_FOUND (then *value is left untouched). */
+DQC_API int dqc_stats_counter(const dqc_stats_result *res, const char *name, uint64_t *value);
+DQC_API int dqc_stats_gauge(const dqc_stats_result *res, const char *name, double *value);
+
+/* ---- PING ---- */
+
+/* Sends data (len bytes, may be 0) and checks that the server echoes it (DQ_PROTOCOL otherwise). */
+DQC_API int dqc_ping(dqc_client *client, const void *data, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

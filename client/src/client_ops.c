@@ -1,0 +1,718 @@
+/* libdquant-client: one function per operation. Each validates its arguments, builds the request
+ * around the caller's buffers (payload tensors are sent straight from caller memory), makes the
+ * call through dqc__call and checks every tensor of the reply before handing it out. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+
+#define DQC_RAW_DTYPE DQUANT__DTYPE__RAW
+
+static int dtype_ok(dq_dtype d)
+{
+    return d == DQ_DTYPE_F32 || d == DQ_DTYPE_F16 || d == DQ_DTYPE_BF16;
+}
+
+static size_t dtype_size(dq_dtype d)
+{
+    return dqc__wire_dtype_size((int)d);
+}
+
+/* product of dims · elem into *out; 0 on overflow of size_t. */
+static int mul_size(size_t *out, size_t elem, const uint64_t *dims, size_t n)
+{
+    uint64_t v = elem;
+    for (size_t i = 0; i < n; i++) {
+        if (dims[i] && v > UINT64_MAX / dims[i])
+            return 0;
+        v *= dims[i];
+    }
+    if (v > SIZE_MAX)
+        return 0;
+    *out = (size_t)v;
+    return 1;
+}
+
+static int seq_fill(dqc_client *c, const char *op, const dqc_seq *s, Dquant__SeqRef *out)
+{
+    DQC_CHECK_ARG(c, s, "%s: seq is NULL", op);
+    DQC_CHECK_ARG(c, s->key || !s->key_len, "%s: seq.key is NULL with key_len %zu", op, s->key_len);
+    dquant__seq_ref__init(out);
+    out->ns = (char *)(s->ns ? s->ns : "");
+    out->key.data = (uint8_t *)s->key;
+    out->key.len = s->key_len;
+    return 0;
+}
+
+static void tensor_set(Dquant__Tensor *t, int dtype, uint64_t *shape, size_t ndim, uint64_t offset, size_t length)
+{
+    dquant__tensor__init(t);
+    t->dtype = (Dquant__DType)dtype;
+    t->shape = shape;
+    t->n_shape = ndim;
+    t->offset = offset;
+    t->length = length;
+}
+
+/* Empties a result for a new call, keeping its block for reuse. */
+#define RESULT_RESET(res)                         \
+    do {                                          \
+        void *m_ = (res)->mem_;                   \
+        size_t c_ = (res)->mem_cap_;              \
+        memset((res), 0, sizeof *(res));          \
+        (res)->mem_ = m_;                         \
+        (res)->mem_cap_ = c_;                     \
+    } while (0)
+
+/* ---- REGISTER_MODEL ---- */
+
+int dqc_register_model(dqc_client *c, const dqc_model_spec *spec, dqc_model_info *info)
+{
+    if (!c)
+        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_ARG(c, spec && spec->name && spec->name[0], "register_model: spec and its name are required");
+    DQC_CHECK_ARG(c, spec->layers && spec->q_heads && spec->kv_heads && spec->head_dim,
+                  "register_model: layers, q_heads, kv_heads and head_dim must be positive");
+    DQC_CHECK_ARG(c, (spec->profile_name && spec->profile_name[0]) || (spec->profile && spec->profile_len),
+                  "register_model: a profile name or a serialized profile is required");
+    if (info)
+        memset(info, 0, sizeof *info);
+
+    Dquant__ModelSpec ms = DQUANT__MODEL_SPEC__INIT;
+    ms.name = (char *)spec->name;
+    ms.layers = spec->layers;
+    ms.q_heads = spec->q_heads;
+    ms.kv_heads = spec->kv_heads;
+    ms.head_dim = spec->head_dim;
+    ms.profile_name = (char *)(spec->profile_name ? spec->profile_name : "");
+    ms.profile.data = (uint8_t *)spec->profile;
+    ms.profile.len = spec->profile ? spec->profile_len : 0;
+    Dquant__RegisterModel rm = DQUANT__REGISTER_MODEL__INIT;
+    rm.model = &ms;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_REGISTER_MODEL;
+    req.register_model = &rm;
+
+    dqc__reply rep;
+    DQC_FORWARD(dqc__call(c, &req, NULL, 0, 1, DQUANT__RESPONSE__BODY_REGISTER_MODEL, NULL, NULL, &rep));
+    int rc = 0;
+    if (info) {
+        const Dquant__RegisterModelReply *r = rep.resp->register_model;
+        info->existed = r->existed;
+        info->bits_per_value = r->bits_per_value;
+        rc = dqc__copy_profile(c, &r->profile, info->profile, &info->profile_len);
+    }
+    dqc__reply_free(&rep);
+    return rc;
+}
+
+/* ---- PUT ---- */
+
+int dqc_put(dqc_client *c, const dqc_put_args *a, dqc_put_result *res)
+{
+    if (!c)
+        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_ARG(c, a, "put: args is NULL");
+    if (res)
+        memset(res, 0, sizeof *res);
+    DQC_CHECK_ARG(c, a->model && a->model[0], "put: model name required");
+    DQC_CHECK_ARG(c, a->num_layers && a->tokens && a->kv_heads && a->head_dim,
+                  "put: num_layers, tokens, kv_heads and head_dim must be positive");
+    DQC_CHECK_ARG(c, dtype_ok(a->dtype), "put: unsupported dtype %d", (int)a->dtype);
+    DQC_CHECK_ARG(c, a->k && a->v, "put: k and v are required");
+    uint64_t shape[4] = {a->num_layers, a->tokens, a->kv_heads, a->head_dim};
+    size_t bytes;
+    if (!mul_size(&bytes, dtype_size(a->dtype), shape, 4) || bytes > SIZE_MAX / 2)
+        return dqc__fail(c, DQ_TOO_LARGE, "put: tensor size overflows");
+
+    Dquant__SeqRef seq;
+    DQC_FORWARD(seq_fill(c, "put", &a->seq, &seq));
+    Dquant__Tensor tk, tv;
+    tensor_set(&tk, (int)a->dtype, shape, 4, 0, bytes);
+    tensor_set(&tv, (int)a->dtype, shape, 4, bytes, bytes);
+    Dquant__Put p = DQUANT__PUT__INIT;
+    p.seq = &seq;
+    p.model = (char *)a->model;
+    p.start_token = a->start_token;
+    p.first_layer = a->first_layer;
+    p.num_layers = a->num_layers;
+    p.tokens = a->tokens;
+    p.k = &tk;
+    p.v = &tv;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_PUT;
+    req.put = &p;
+    struct iovec iov[2] = {{(void *)a->k, bytes}, {(void *)a->v, bytes}};
+
+    dqc__reply rep;
+    DQC_FORWARD(dqc__call(c, &req, iov, 2, 0, DQUANT__RESPONSE__BODY_PUT, NULL, NULL, &rep));
+    if (res) {
+        const Dquant__PutReply *r = rep.resp->put;
+        res->tokens = r->tokens;
+        res->stored_bytes = r->stored_bytes;
+        res->streams_encoded = r->streams_encoded;
+        res->retries = r->retries;
+    }
+    dqc__reply_free(&rep);
+    return 0;
+}
+
+/* ---- GET ---- */
+
+static Dquant__GetFormat get_format(dq_dtype d)
+{
+    switch (d) {
+    case DQ_DTYPE_F16:
+        return DQUANT__GET_FORMAT__GET_F16;
+    case DQ_DTYPE_BF16:
+        return DQUANT__GET_FORMAT__GET_BF16;
+    default:
+        return DQUANT__GET_FORMAT__GET_F32;
+    }
+}
+
+int dqc_get(dqc_client *c, const dqc_get_args *a, dqc_get_result *res)
+{
+    if (!c)
+        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_ARG(c, a && res, "get: args and res are required");
+    RESULT_RESET(res);
+    DQC_CHECK_ARG(c, dtype_ok(a->dtype), "get: unsupported dtype %d", (int)a->dtype);
+
+    Dquant__SeqRef seq;
+    DQC_FORWARD(seq_fill(c, "get", &a->seq, &seq));
+    Dquant__Get g = DQUANT__GET__INIT;
+    g.seq = &seq;
+    g.first_layer = a->first_layer;
+    g.num_layers = a->num_layers;
+    g.start_token = a->start_token;
+    g.tokens = a->tokens;
+    g.format = get_format(a->dtype);
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_GET;
+    req.get = &g;
+
+    dqc__reply rep;
+    DQC_FORWARD(dqc__call(c, &req, NULL, 0, 1, DQUANT__RESPONSE__BODY_GET, &res->mem_, &res->mem_cap_, &rep));
+    const Dquant__GetReply *r = rep.resp->get;
+    uint64_t want[4] = {a->num_layers ? a->num_layers : UINT64_MAX, r->tokens, UINT64_MAX, UINT64_MAX};
+    size_t kb = 0, vb = 0;
+    int rc = dqc__tensor_check(c, r->k, "k", rep.payload_len, (int)a->dtype, 4, want, &kb);
+    if (!rc) {
+        const uint64_t *ks = r->k->shape;
+        uint64_t same[4] = {ks[0], ks[1], ks[2], ks[3]};
+        rc = dqc__tensor_check(c, r->v, "v", rep.payload_len, (int)a->dtype, 4, same, &vb);
+    }
+    if (!rc && (a->tokens && r->tokens != a->tokens))
+        rc = dqc__fail(c, DQ_PROTOCOL, "get: asked for %llu tokens, reply has %llu",
+                       (unsigned long long)a->tokens, (unsigned long long)r->tokens);
+    if (!rc) {
+        res->start_token = r->start_token;
+        res->tokens = r->tokens;
+        res->num_layers = (uint32_t)r->k->shape[0];
+        res->kv_heads = (uint32_t)r->k->shape[2];
+        res->head_dim = (uint32_t)r->k->shape[3];
+        res->dtype = a->dtype;
+        res->bytes = kb;
+        res->k = kb ? rep.payload + r->k->offset : NULL;
+        res->v = vb ? rep.payload + r->v->offset : NULL;
+    }
+    dqc__reply_free(&rep);
+    return rc;
+}
+
+void dqc_get_result_free(dqc_get_result *res)
+{
+    if (!res)
+        return;
+    free(res->mem_);
+    memset(res, 0, sizeof *res);
+}
+
+/* ---- GET_RAW ---- */
+
+int dqc_get_raw(dqc_client *c, const dqc_seq *s, uint32_t first_layer, uint32_t num_layers, dqc_raw_result *res)
+{
+    if (!c)
+        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_ARG(c, res, "get_raw: res is required");
+    dqc_raw_layer *layers = res->layers;
+    size_t layers_cap = res->layers_cap_;
+    RESULT_RESET(res);
+    res->layers = layers;
+    res->layers_cap_ = layers_cap;
+
+    Dquant__SeqRef seq;
+    DQC_FORWARD(seq_fill(c, "get_raw", s, &seq));
+    Dquant__Get g = DQUANT__GET__INIT;
+    g.seq = &seq;
+    g.first_layer = first_layer;
+    g.num_layers = num_layers;
+    g.format = DQUANT__GET_FORMAT__GET_RAW;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_GET;
+    req.get = &g;
+
+    dqc__reply rep;
+    DQC_FORWARD(dqc__call(c, &req, NULL, 0, 1, DQUANT__RESPONSE__BODY_GET, &res->mem_, &res->mem_cap_, &rep));
+    const Dquant__GetReply *r = rep.resp->get;
+    int rc = dqc__copy_profile(c, &r->profile, res->profile, &res->profile_len);
+    if (!rc && num_layers && r->n_raw != num_layers)
+        rc = dqc__fail(c, DQ_PROTOCOL, "get_raw: asked for %u layers, reply has %zu", num_layers, r->n_raw);
+    if (!rc && r->n_raw > res->layers_cap_) {
+        dqc_raw_layer *nl = realloc(res->layers, r->n_raw * sizeof *nl);
+        if (!nl)
+            rc = dqc__fail(c, DQ_NOMEM, "get_raw: no memory for %zu layers", r->n_raw);
+        else {
+            res->layers = nl;
+            res->layers_cap_ = r->n_raw;
+        }
+    }
+    for (size_t i = 0; !rc && i < r->n_raw; i++) {
+        const Dquant__RawLayer *rl = r->raw[i];
+        dqc_raw_layer *o = &res->layers[i];
+        memset(o, 0, sizeof *o);
+        o->layer = rl->layer;
+        o->tokens = rl->tokens;
+        o->windows = rl->windows;
+        size_t rb = 0, kb = 0, vb = 0;
+        if (rl->records) {
+            rc = dqc__tensor_check(c, rl->records, "records", rep.payload_len, DQC_RAW_DTYPE, 0, NULL, &rb);
+            if (rc)
+                break;
+            o->records = rb ? rep.payload + rl->records->offset : NULL;
+        }
+        if (rl->windows && (!rb || rb % rl->windows)) {
+            rc = dqc__fail(c, DQ_PROTOCOL, "get_raw: layer %u: %llu windows in %zu record bytes", rl->layer,
+                           (unsigned long long)rl->windows, rb);
+            break;
+        }
+        o->records_bytes = rb;
+        if (rl->tail_k || rl->tail_v) {
+            rc = dqc__tensor_check(c, rl->tail_k, "tail_k", rep.payload_len, DQUANT__DTYPE__BF16, 3, NULL, &kb);
+            if (!rc) {
+                const uint64_t *ks = rl->tail_k->shape;
+                uint64_t same[3] = {ks[0], ks[1], ks[2]};
+                rc = dqc__tensor_check(c, rl->tail_v, "tail_v", rep.payload_len, DQUANT__DTYPE__BF16, 3, same, &vb);
+            }
+            if (rc)
+                break;
+            o->tail_tokens = rl->tail_k->shape[0];
+            o->tail_bytes = kb;
+            o->tail_k = kb ? rep.payload + rl->tail_k->offset : NULL;
+            o->tail_v = vb ? rep.payload + rl->tail_v->offset : NULL;
+        }
+        if (o->tail_tokens > o->tokens) {
+            rc = dqc__fail(c, DQ_PROTOCOL, "get_raw: layer %u: tail of %llu tokens in a layer of %llu", rl->layer,
+                           (unsigned long long)o->tail_tokens, (unsigned long long)o->tokens);
+            break;
+        }
+    }
+    if (!rc)
+        res->nlayers = r->n_raw;
+    dqc__reply_free(&rep);
+    return rc;
+}
+
+void dqc_raw_result_free(dqc_raw_result *res)
+{
+    if (!res)
+        return;
+    free(res->mem_);
+    free(res->layers);
+    memset(res, 0, sizeof *res);
+}
+
+/* ---- ATTEND ---- */
+
+int dqc_attend(dqc_client *c, const dqc_attend_args *a, float *out, float *lse)
+{
+    if (!c)
+        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_ARG(c, a && out, "attend: args and out are required");
+    DQC_CHECK_ARG(c, a->items && a->nitems, "attend: at least one item is required");
+    DQC_CHECK_ARG(c, a->q_heads && a->head_dim, "attend: q_heads and head_dim must be positive");
+    DQC_CHECK_ARG(c, dtype_ok(a->dtype), "attend: unsupported dtype %d", (int)a->dtype);
+    DQC_CHECK_ARG(c, isfinite(a->scale) && a->scale >= 0, "attend: scale must be finite and >= 0");
+    if (c->info.max_batch_items && a->nitems > c->info.max_batch_items)
+        return dqc__fail(c, DQ_TOO_LARGE, "attend: %zu items exceed the server's batch limit of %u", a->nitems,
+                         c->info.max_batch_items);
+    size_t nappend = 0;
+    for (size_t i = 0; i < a->nitems; i++) {
+        const dqc_attend_item *it = &a->items[i];
+        DQC_CHECK_ARG(c, it->q, "attend: item %zu has no q", i);
+        DQC_CHECK_ARG(c, !it->append_k == !it->append_v, "attend: item %zu: append_k and append_v go together", i);
+        DQC_CHECK_ARG(c, it->seq.key || !it->seq.key_len, "attend: item %zu: seq.key is NULL", i);
+        nappend += it->append_k != NULL;
+    }
+    DQC_CHECK_ARG(c, !nappend || a->kv_heads, "attend: kv_heads is required with appends");
+
+    uint64_t qshape[2] = {a->q_heads, a->head_dim};
+    uint64_t ashape[3] = {1, a->kv_heads, a->head_dim};
+    size_t es = dtype_size(a->dtype), qbytes, abytes = 0, obytes, lbytes;
+    uint64_t oshape[3] = {a->nitems, a->q_heads, a->head_dim};
+    if (!mul_size(&qbytes, es, qshape, 2) || (nappend && !mul_size(&abytes, es, ashape, 3)) ||
+        !mul_size(&obytes, 4, oshape, 3) || !mul_size(&lbytes, 4, oshape, 2))
+        return dqc__fail(c, DQ_TOO_LARGE, "attend: tensor size overflows");
+
+    /* One block for the request structures: items, item pointers, seq refs, tensors, iovecs. */
+    size_t n = a->nitems;
+    size_t niov = n + 2 * nappend;
+    size_t need = n * (sizeof(Dquant__AttendItem) + sizeof(Dquant__AttendItem *) + sizeof(Dquant__SeqRef) +
+                       3 * sizeof(Dquant__Tensor)) +
+                  niov * sizeof(struct iovec);
+    uint8_t *blk = malloc(need);
+    if (!blk)
+        return dqc__fail(c, DQ_NOMEM, "attend: no memory for %zu items", n);
+    Dquant__AttendItem *items = (Dquant__AttendItem *)blk;
+    Dquant__AttendItem **ptrs = (Dquant__AttendItem **)(items + n);
+    Dquant__SeqRef *seqs = (Dquant__SeqRef *)(ptrs + n);
+    Dquant__Tensor *tens = (Dquant__Tensor *)(seqs + n);
+    struct iovec *iov = (struct iovec *)(tens + 3 * n);
+
+    uint64_t off = 0;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const dqc_attend_item *it = &a->items[i];
+        dquant__attend_item__init(&items[i]);
+        seq_fill(c, "attend", &it->seq, &seqs[i]);
+        items[i].seq = &seqs[i];
+        items[i].layer = it->layer;
+        tensor_set(&tens[3 * i], (int)a->dtype, qshape, 2, off, qbytes);
+        items[i].q = &tens[3 * i];
+        iov[k++] = (struct iovec){(void *)it->q, qbytes};
+        off += qbytes;
+        if (it->append_k) {
+            tensor_set(&tens[3 * i + 1], (int)a->dtype, ashape, 3, off, abytes);
+            iov[k++] = (struct iovec){(void *)it->append_k, abytes};
+            off += abytes;
+            tensor_set(&tens[3 * i + 2], (int)a->dtype, ashape, 3, off, abytes);
+            iov[k++] = (struct iovec){(void *)it->append_v, abytes};
+            off += abytes;
+            items[i].append_k = &tens[3 * i + 1];
+            items[i].append_v = &tens[3 * i + 2];
+        }
+        ptrs[i] = &items[i];
+    }
+    Dquant__Attend at = DQUANT__ATTEND__INIT;
+    at.n_items = n;
+    at.items = ptrs;
+    at.scale = a->scale;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_ATTEND;
+    req.attend = &at;
+
+    dqc__reply rep;
+    int rc = dqc__call(c, &req, iov, niov, nappend == 0, DQUANT__RESPONSE__BODY_ATTEND, NULL, NULL, &rep);
+    free(blk);
+    if (rc)
+        return rc;
+    const Dquant__AttendReply *r = rep.resp->attend;
+    size_t ob = 0, lb = 0;
+    rc = dqc__tensor_check(c, r->out, "out", rep.payload_len, DQUANT__DTYPE__F32, 3, oshape, &ob);
+    if (!rc)
+        rc = dqc__tensor_check(c, r->lse, "lse", rep.payload_len, DQUANT__DTYPE__F32, 2, oshape, &lb);
+    if (!rc) {
+        memcpy(out, rep.payload + r->out->offset, obytes);
+        if (lse)
+            memcpy(lse, rep.payload + r->lse->offset, lbytes);
+    }
+    dqc__reply_free(&rep);
+    return rc;
+}
+
+/* ---- COMPRESS / DECOMPRESS ---- */
+
+int dqc_compress(dqc_client *c, const dqc_compress_args *a, dqc_compress_result *res)
+{
+    if (!c)
+        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_ARG(c, a && res, "compress: args and res are required");
+    RESULT_RESET(res);
+    DQC_CHECK_ARG(c, (a->model && a->model[0]) || (a->profile_name && a->profile_name[0]),
+                  "compress: a model or a profile name is required");
+    DQC_CHECK_ARG(c, a->kv_heads && a->head_dim && a->tokens, "compress: kv_heads, head_dim and tokens must be positive");
+    DQC_CHECK_ARG(c, a->kind == 0 || a->kind == 1, "compress: kind must be 0 (keys) or 1 (values)");
+    DQC_CHECK_ARG(c, dtype_ok(a->dtype), "compress: unsupported dtype %d", (int)a->dtype);
+    DQC_CHECK_ARG(c, a->x, "compress: x is required");
+    uint64_t shape[3] = {a->tokens, a->kv_heads, a->head_dim};
+    size_t bytes;
+    if (!mul_size(&bytes, dtype_size(a->dtype), shape, 3))
+        return dqc__fail(c, DQ_TOO_LARGE, "compress: tensor size overflows");
+
+    Dquant__Tensor tx;
+    tensor_set(&tx, (int)a->dtype, shape, 3, 0, bytes);
+    Dquant__Compress cm = DQUANT__COMPRESS__INIT;
+    cm.model = (char *)(a->model ? a->model : "");
+    cm.profile_name = (char *)(a->profile_name ? a->profile_name : "");
+    cm.kv_heads = a->kv_heads;
+    cm.head_dim = a->head_dim;
+    cm.kind = (uint32_t)a->kind;
+    cm.x = &tx;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_COMPRESS;
+    req.compress = &cm;
+    struct iovec iov[1] = {{(void *)a->x, bytes}};
+
+    dqc__reply rep;
+    DQC_FORWARD(dqc__call(c, &req, iov, 1, 1, DQUANT__RESPONSE__BODY_COMPRESS, &res->mem_, &res->mem_cap_, &rep));
+    const Dquant__CompressReply *r = rep.resp->compress;
+    size_t mb = 0, rb = 0;
+    int rc = dqc__copy_profile(c, &r->profile, res->profile, &res->profile_len);
+    if (!rc && r->means)
+        rc = dqc__tensor_check(c, r->means, "means", rep.payload_len, DQC_RAW_DTYPE, 0, NULL, &mb);
+    if (!rc)
+        rc = dqc__tensor_check(c, r->records, "records", rep.payload_len, DQC_RAW_DTYPE, 0, NULL, &rb);
+    if (!rc && r->tokens != a->tokens)
+        rc = dqc__fail(c, DQ_PROTOCOL, "compress: sent %llu tokens, reply has %llu", (unsigned long long)a->tokens,
+                       (unsigned long long)r->tokens);
+    if (!rc && (rb == 0 || rb % a->tokens))
+        rc = dqc__fail(c, DQ_PROTOCOL, "compress: %zu record bytes for %llu tokens", rb,
+                       (unsigned long long)a->tokens);
+    if (!rc) {
+        res->tokens = r->tokens;
+        res->means = mb ? rep.payload + r->means->offset : NULL;
+        res->means_bytes = mb;
+        res->records = rep.payload + r->records->offset;
+        res->records_bytes = rb;
+        res->bits_per_value = r->bits_per_value;
+        res->retries = r->retries;
+    }
+    dqc__reply_free(&rep);
+    return rc;
+}
+
+void dqc_compress_result_free(dqc_compress_result *res)
+{
+    if (!res)
+        return;
+    free(res->mem_);
+    memset(res, 0, sizeof *res);
+}
+
+int dqc_decompress(dqc_client *c, const dqc_decompress_args *a, dqc_decompress_result *res)
+{
+    if (!c)
+        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_ARG(c, a && res, "decompress: args and res are required");
+    RESULT_RESET(res);
+    DQC_CHECK_ARG(c, a->profile && a->profile_len, "decompress: a serialized profile is required");
+    DQC_CHECK_ARG(c, a->kind == 0 || a->kind == 1, "decompress: kind must be 0 (keys) or 1 (values)");
+    DQC_CHECK_ARG(c, a->tokens, "decompress: tokens must be positive");
+    DQC_CHECK_ARG(c, a->records && a->records_bytes, "decompress: records are required");
+    DQC_CHECK_ARG(c, a->kind == 1 || (a->means && a->means_bytes), "decompress: keys need their mean blocks");
+    DQC_CHECK_ARG(c, dtype_ok(a->out_dtype), "decompress: unsupported dtype %d", (int)a->out_dtype);
+
+    uint64_t mshape[1] = {a->kind == 0 ? a->means_bytes : 0};
+    uint64_t rshape[1] = {a->records_bytes};
+    Dquant__Tensor tm, tr;
+    tensor_set(&tm, DQC_RAW_DTYPE, mshape, 1, 0, a->kind == 0 ? a->means_bytes : 0);
+    tensor_set(&tr, DQC_RAW_DTYPE, rshape, 1, tm.length, a->records_bytes);
+    Dquant__Decompress d = DQUANT__DECOMPRESS__INIT;
+    d.profile.data = (uint8_t *)a->profile;
+    d.profile.len = a->profile_len;
+    d.kind = (uint32_t)a->kind;
+    d.tokens = a->tokens;
+    d.means = a->kind == 0 ? &tm : NULL;
+    d.records = &tr;
+    d.out_dtype = (Dquant__DType)a->out_dtype;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_DECOMPRESS;
+    req.decompress = &d;
+    struct iovec iov[2] = {{(void *)a->means, (size_t)tm.length}, {(void *)a->records, a->records_bytes}};
+
+    dqc__reply rep;
+    DQC_FORWARD(dqc__call(c, &req, iov, 2, 1, DQUANT__RESPONSE__BODY_DECOMPRESS, &res->mem_, &res->mem_cap_, &rep));
+    const Dquant__DecompressReply *r = rep.resp->decompress;
+    uint64_t want[3] = {a->tokens, UINT64_MAX, UINT64_MAX};
+    size_t xb = 0;
+    int rc = dqc__tensor_check(c, r->x, "x", rep.payload_len, (int)a->out_dtype, 3, want, &xb);
+    if (!rc) {
+        res->dtype = a->out_dtype;
+        res->ndim = 3;
+        for (int i = 0; i < 3; i++)
+            res->shape[i] = r->x->shape[i];
+        res->x = xb ? rep.payload + r->x->offset : NULL;
+        res->bytes = xb;
+    }
+    dqc__reply_free(&rep);
+    return rc;
+}
+
+void dqc_decompress_result_free(dqc_decompress_result *res)
+{
+    if (!res)
+        return;
+    free(res->mem_);
+    memset(res, 0, sizeof *res);
+}
+
+/* ---- DELETE / PIN / UNPIN ---- */
+
+static int seq_op(dqc_client *c, const char *op, Dquant__Request__BodyCase which, const dqc_seq *s)
+{
+    if (!c)
+        return DQ_INVALID_ARGUMENT;
+    Dquant__SeqRef seq;
+    DQC_FORWARD(seq_fill(c, op, s, &seq));
+    Dquant__Delete del = DQUANT__DELETE__INIT;
+    Dquant__Pin pin = DQUANT__PIN__INIT;
+    Dquant__Unpin unpin = DQUANT__UNPIN__INIT;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = which;
+    switch (which) {
+    case DQUANT__REQUEST__BODY_DELETE:
+        del.seq = &seq;
+        req.delete_ = &del;
+        break;
+    case DQUANT__REQUEST__BODY_PIN:
+        pin.seq = &seq;
+        req.pin = &pin;
+        break;
+    default:
+        unpin.seq = &seq;
+        req.unpin = &unpin;
+        break;
+    }
+    dqc__reply rep;
+    DQC_FORWARD(dqc__call(c, &req, NULL, 0, 1, DQUANT__RESPONSE__BODY_OK, NULL, NULL, &rep));
+    dqc__reply_free(&rep);
+    return 0;
+}
+
+int dqc_delete(dqc_client *client, const dqc_seq *seq)
+{
+    return seq_op(client, "delete", DQUANT__REQUEST__BODY_DELETE, seq);
+}
+
+int dqc_pin(dqc_client *client, const dqc_seq *seq)
+{
+    return seq_op(client, "pin", DQUANT__REQUEST__BODY_PIN, seq);
+}
+
+int dqc_unpin(dqc_client *client, const dqc_seq *seq)
+{
+    return seq_op(client, "unpin", DQUANT__REQUEST__BODY_UNPIN, seq);
+}
+
+/* ---- STATS ---- */
+
+static int cmp_counter(const void *a, const void *b)
+{
+    return strcmp(((const dqc_counter *)a)->name, ((const dqc_counter *)b)->name);
+}
+
+static int cmp_gauge(const void *a, const void *b)
+{
+    return strcmp(((const dqc_gauge *)a)->name, ((const dqc_gauge *)b)->name);
+}
+
+int dqc_stats(dqc_client *c, dqc_stats_result *res)
+{
+    if (!c)
+        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_ARG(c, res, "stats: res is required");
+    free(res->mem_);
+    memset(res, 0, sizeof *res);
+
+    Dquant__Stats st = DQUANT__STATS__INIT;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_STATS;
+    req.stats = &st;
+    dqc__reply rep;
+    DQC_FORWARD(dqc__call(c, &req, NULL, 0, 1, DQUANT__RESPONSE__BODY_STATS, NULL, NULL, &rep));
+    const Dquant__StatsReply *r = rep.resp->stats;
+
+    /* One block: the two arrays, then the names. */
+    size_t need = r->n_counters * sizeof(dqc_counter) + r->n_gauges * sizeof(dqc_gauge);
+    for (size_t i = 0; i < r->n_counters; i++)
+        need += strlen(r->counters[i]->key) + 1;
+    for (size_t i = 0; i < r->n_gauges; i++)
+        need += strlen(r->gauges[i]->key) + 1;
+    uint8_t *blk = malloc(need ? need : 1);
+    if (!blk) {
+        dqc__reply_free(&rep);
+        return dqc__fail(c, DQ_NOMEM, "stats: no memory");
+    }
+    dqc_counter *cs = (dqc_counter *)blk;
+    dqc_gauge *gs = (dqc_gauge *)(cs + r->n_counters);
+    char *names = (char *)(gs + r->n_gauges);
+    for (size_t i = 0; i < r->n_counters; i++) {
+        size_t l = strlen(r->counters[i]->key) + 1;
+        memcpy(names, r->counters[i]->key, l);
+        cs[i] = (dqc_counter){names, r->counters[i]->value};
+        names += l;
+    }
+    for (size_t i = 0; i < r->n_gauges; i++) {
+        size_t l = strlen(r->gauges[i]->key) + 1;
+        memcpy(names, r->gauges[i]->key, l);
+        gs[i] = (dqc_gauge){names, r->gauges[i]->value};
+        names += l;
+    }
+    qsort(cs, r->n_counters, sizeof *cs, cmp_counter);
+    qsort(gs, r->n_gauges, sizeof *gs, cmp_gauge);
+    res->mem_ = blk;
+    res->ncounters = r->n_counters;
+    res->counters = r->n_counters ? cs : NULL;
+    res->ngauges = r->n_gauges;
+    res->gauges = r->n_gauges ? gs : NULL;
+    dqc__reply_free(&rep);
+    return 0;
+}
+
+void dqc_stats_result_free(dqc_stats_result *res)
+{
+    if (!res)
+        return;
+    free(res->mem_);
+    memset(res, 0, sizeof *res);
+}
+
+int dqc_stats_counter(const dqc_stats_result *res, const char *name, uint64_t *value)
+{
+    if (!res || !name || !value)
+        return DQ_INVALID_ARGUMENT;
+    dqc_counter key = {name, 0};
+    const dqc_counter *f = res->ncounters ? bsearch(&key, res->counters, res->ncounters, sizeof key, cmp_counter) : NULL;
+    if (!f)
+        return DQ_NOT_FOUND;
+    *value = f->value;
+    return 0;
+}
+
+int dqc_stats_gauge(const dqc_stats_result *res, const char *name, double *value)
+{
+    if (!res || !name || !value)
+        return DQ_INVALID_ARGUMENT;
+    dqc_gauge key = {name, 0};
+    const dqc_gauge *f = res->ngauges ? bsearch(&key, res->gauges, res->ngauges, sizeof key, cmp_gauge) : NULL;
+    if (!f)
+        return DQ_NOT_FOUND;
+    *value = f->value;
+    return 0;
+}
+
+/* ---- PING ---- */
+
+int dqc_ping(dqc_client *c, const void *data, size_t len)
+{
+    if (!c)
+        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_ARG(c, data || !len, "ping: data is NULL with len %zu", len);
+    Dquant__Ping p = DQUANT__PING__INIT;
+    p.data.data = (uint8_t *)data;
+    p.data.len = len;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_PING;
+    req.ping = &p;
+    dqc__reply rep;
+    DQC_FORWARD(dqc__call(c, &req, NULL, 0, 1, DQUANT__RESPONSE__BODY_PONG, NULL, NULL, &rep));
+    const Dquant__Pong *r = rep.resp->pong;
+    int rc = 0;
+    if (r->data.len != len || (len && memcmp(r->data.data, data, len) != 0))
+        rc = dqc__fail(c, DQ_PROTOCOL, "ping: the server echoed %zu bytes that differ from the %zu sent", r->data.len,
+                       len);
+    dqc__reply_free(&rep);
+    return rc;
+}

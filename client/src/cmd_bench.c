@@ -1,0 +1,756 @@
+/* dquant bench: a load generator for dquantd. N connections (one thread each) send M requests
+ * each, drawn from a weighted mix of PUT / GET / ATTEND / PING / STATS, and the tool prints the
+ * throughput and the latency percentiles of each kind. */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli_common.h"
+#include "commands.h"
+
+enum { OP_PUT, OP_GET, OP_ATTEND, OP_PING, OP_STATS, NOPS };
+static const char *const op_names[NOPS] = {"put", "get", "attend", "ping", "stats"};
+
+#define NERR 32   /* error codes 0 .. -31 */
+
+typedef struct bench_cfg {
+    cli_conn cc;
+    uint32_t connections;
+    uint64_t requests;       /* per connection */
+    uint64_t warmup;         /* per connection, not measured */
+    uint32_t mix[NOPS];      /* weights */
+    uint32_t mix_total;
+    const char *model, *profile, *ns;
+    uint32_t layers, q_heads, kv_heads, head_dim;
+    uint64_t tokens;         /* per PUT */
+    uint64_t get_tokens;     /* per GET (the last ones); 0: whole sequence */
+    int get_raw;
+    dq_dtype get_dtype;
+    uint32_t batch;          /* ATTEND items */
+    uint32_t seqs;           /* sequences per connection */
+    uint64_t prefill;        /* tokens per sequence before the run */
+    uint64_t max_seq_tokens; /* a sequence this long is deleted and restarted */
+    uint64_t ping_bytes;
+    dq_dtype dtype;
+    uint64_t seed;
+    int quiet, pin;
+} bench_cfg;
+
+typedef struct worker {
+    int id;
+    const bench_cfg *cfg;
+    pthread_t thread;
+    dqc_client *c;
+    char (*keys)[64];
+    uint64_t *len;           /* tokens in each sequence; UINT64_MAX: unknown (restart it) */
+    void *kv;                /* K and V of one PUT: [layers, tokens, kv_heads, head_dim] each */
+    size_t kv_bytes;
+    void *q;                 /* batch queries */
+    float *out, *lse;
+    dqc_attend_item *items;
+    uint8_t *ping;
+    dqc_get_result get;
+    dqc_raw_result raw;
+    dqc_stats_result stats;
+    uint64_t rng;
+    uint64_t *lat;           /* ns per measured request */
+    uint8_t *op;
+    uint64_t nrec;
+    uint64_t bytes[NOPS];
+    uint64_t errs[NOPS][NERR];
+    char first_err[NERR][200];
+    int setup_rc;
+} worker;
+
+static pthread_barrier_t start_barrier;
+static _Atomic uint64_t done_requests;
+static _Atomic uint64_t failed_requests;
+static _Atomic int abort_run;
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static dqc_seq seq_ref(const worker *w, uint32_t i)
+{
+    return (dqc_seq){.ns = w->cfg->ns, .key = w->keys[i], .key_len = strlen(w->keys[i])};
+}
+
+static void record_error(worker *w, int op, int rc)
+{
+    int idx = rc < 0 && rc > -NERR ? -rc : 0;
+    if (w->errs[op][idx] == 0 && !w->first_err[idx][0])
+        snprintf(w->first_err[idx], sizeof w->first_err[idx], "%s: %s", op_names[op], dqc_last_error(w->c));
+    w->errs[op][idx]++;
+}
+
+/* Deletes sequence i (whatever state it is in) and starts it over. */
+static void restart_seq(worker *w, uint32_t i)
+{
+    dqc_seq s = seq_ref(w, i);
+    dqc_delete(w->c, &s);   /* NOT_FOUND is fine */
+    w->len[i] = 0;
+    if (w->cfg->pin)
+        dqc_pin(w->c, &s);
+}
+
+static int do_put(worker *w, uint32_t i)
+{
+    const bench_cfg *cfg = w->cfg;
+    if (w->len[i] == UINT64_MAX || w->len[i] + cfg->tokens > cfg->max_seq_tokens)
+        restart_seq(w, i);
+    dqc_put_args a = {
+        .seq = seq_ref(w, i),
+        .model = cfg->model,
+        .start_token = w->len[i],
+        .first_layer = 0,
+        .num_layers = cfg->layers,
+        .tokens = cfg->tokens,
+        .kv_heads = cfg->kv_heads,
+        .head_dim = cfg->head_dim,
+        .dtype = cfg->dtype,
+        .k = w->kv,
+        .v = (const uint8_t *)w->kv + w->kv_bytes,
+    };
+    int rc = dqc_put(w->c, &a, NULL);
+    if (rc == 0)
+        w->len[i] += cfg->tokens;
+    else if (rc != DQ_RESOURCE_EXHAUSTED)
+        w->len[i] = UINT64_MAX;   /* maybe applied, maybe evicted: start it over next time */
+    return rc;
+}
+
+static int do_get(worker *w, uint32_t i, uint64_t *bytes)
+{
+    const bench_cfg *cfg = w->cfg;
+    dqc_seq s = seq_ref(w, i);
+    if (cfg->get_raw) {
+        int rc = dqc_get_raw(w->c, &s, 0, 0, &w->raw);
+        for (size_t l = 0; rc == 0 && l < w->raw.nlayers; l++)
+            *bytes += w->raw.layers[l].records_bytes + 2 * w->raw.layers[l].tail_bytes;
+        return rc;
+    }
+    uint64_t len = w->len[i] == UINT64_MAX ? 0 : w->len[i];
+    uint64_t n = cfg->get_tokens && cfg->get_tokens < len ? cfg->get_tokens : len;
+    dqc_get_args a = {.seq = s, .first_layer = 0, .num_layers = 0, .start_token = len - n, .tokens = n,
+                      .dtype = cfg->get_dtype};
+    int rc = dqc_get(w->c, &a, &w->get);
+    if (rc == 0)
+        *bytes += 2 * w->get.bytes;
+    return rc;
+}
+
+static int do_attend(worker *w, uint64_t r)
+{
+    const bench_cfg *cfg = w->cfg;
+    for (uint32_t b = 0; b < cfg->batch; b++) {
+        uint32_t si = (uint32_t)((r + b) % cfg->seqs);
+        w->items[b].seq = seq_ref(w, si);
+        w->items[b].layer = (uint32_t)((r + b) % cfg->layers);
+    }
+    dqc_attend_args a = {.items = w->items, .nitems = cfg->batch, .q_heads = cfg->q_heads,
+                         .kv_heads = cfg->kv_heads, .head_dim = cfg->head_dim, .dtype = cfg->dtype, .scale = 0};
+    return dqc_attend(w->c, &a, w->out, w->lse);
+}
+
+static int pick_op(worker *w)
+{
+    uint32_t x = (uint32_t)(rng_next(&w->rng) % w->cfg->mix_total);
+    for (int op = 0; op < NOPS; op++) {
+        if (x < w->cfg->mix[op])
+            return op;
+        x -= w->cfg->mix[op];
+    }
+    return OP_PING;
+}
+
+static void run_one(worker *w, uint64_t r, int measure)
+{
+    const bench_cfg *cfg = w->cfg;
+    int op = pick_op(w);
+    uint32_t si = (uint32_t)(rng_next(&w->rng) % cfg->seqs);
+    uint64_t bytes = 0;
+    uint64_t t0 = cli_now_ns();
+    int rc;
+    switch (op) {
+    case OP_PUT:
+        rc = do_put(w, si);
+        bytes = 2 * w->kv_bytes;
+        break;
+    case OP_GET:
+        rc = do_get(w, si, &bytes);
+        break;
+    case OP_ATTEND:
+        rc = do_attend(w, r);
+        bytes = (size_t)cfg->batch * cfg->q_heads * cfg->head_dim * (cli_dtype_size(cfg->dtype) + 4);
+        break;
+    case OP_PING:
+        rc = dqc_ping(w->c, w->ping, cfg->ping_bytes);
+        bytes = 2 * cfg->ping_bytes;
+        break;
+    default:
+        rc = dqc_stats(w->c, &w->stats);
+        break;
+    }
+    uint64_t dt = cli_now_ns() - t0;
+    if (!measure)
+        return;
+    if (rc) {
+        record_error(w, op, rc);
+        atomic_fetch_add(&failed_requests, 1);
+    } else {
+        w->bytes[op] += bytes;
+        w->lat[w->nrec] = dt;
+        w->op[w->nrec] = (uint8_t)op;
+        w->nrec++;
+    }
+    atomic_fetch_add(&done_requests, 1);
+}
+
+static int worker_setup(worker *w)
+{
+    const bench_cfg *cfg = w->cfg;
+    w->rng = cfg->seed * 0x9E3779B97F4A7C15ull + (uint64_t)w->id * 0xD1B54A32D192ED03ull + 1;
+    w->keys = calloc(cfg->seqs, sizeof *w->keys);
+    w->len = calloc(cfg->seqs, sizeof *w->len);
+    size_t es = cli_dtype_size(cfg->dtype);
+    size_t kvcount = (size_t)cfg->layers * cfg->tokens * cfg->kv_heads * cfg->head_dim;
+    w->kv_bytes = kvcount * es;
+    w->kv = malloc(2 * w->kv_bytes);
+    size_t qcount = (size_t)cfg->batch * cfg->q_heads * cfg->head_dim;
+    w->q = malloc(qcount * es);
+    w->out = malloc(qcount * sizeof(float));
+    w->lse = malloc((size_t)cfg->batch * cfg->q_heads * sizeof(float));
+    w->items = calloc(cfg->batch, sizeof *w->items);
+    w->ping = malloc(cfg->ping_bytes ? cfg->ping_bytes : 1);
+    w->lat = malloc(cfg->requests * sizeof *w->lat);
+    w->op = malloc(cfg->requests);
+    if (!w->keys || !w->len || !w->kv || !w->q || !w->out || !w->lse || !w->items || !w->ping || !w->lat || !w->op) {
+        fprintf(stderr, "dquant bench: out of memory\n");
+        return DQ_NOMEM;
+    }
+    uint64_t st = w->rng;
+    cli_fill_normal(w->kv, cfg->dtype, 2 * kvcount, &st);
+    cli_fill_normal(w->q, cfg->dtype, qcount, &st);
+    memset(w->ping, 0x5A, cfg->ping_bytes ? cfg->ping_bytes : 1);
+    for (uint32_t b = 0; b < cfg->batch; b++)
+        w->items[b].q = (const uint8_t *)w->q + (size_t)b * cfg->q_heads * cfg->head_dim * es;
+    for (uint32_t i = 0; i < cfg->seqs; i++)
+        snprintf(w->keys[i], sizeof w->keys[i], "bench-%ld-%d-%u", (long)getpid(), w->id, i);
+
+    int rc = cli_connect(&cfg->cc, "bench", &w->c);
+    if (rc)
+        return rc;
+    /* Fresh sequences, filled to the prefill length. */
+    for (uint32_t i = 0; i < cfg->seqs; i++) {
+        restart_seq(w, i);
+        while (w->len[i] < cfg->prefill) {
+            rc = do_put(w, i);
+            if (rc) {
+                fprintf(stderr, "dquant bench: prefill of %s failed: %s\n", w->keys[i], dqc_last_error(w->c));
+                return rc;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Phases, each closed by start_barrier: set up | main checks every setup | warm up | measure. */
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    w->setup_rc = worker_setup(w);
+    pthread_barrier_wait(&start_barrier);
+    pthread_barrier_wait(&start_barrier);
+    if (atomic_load(&abort_run))
+        return NULL;
+    for (uint64_t r = 0; r < w->cfg->warmup; r++)
+        run_one(w, r, 0);
+    pthread_barrier_wait(&start_barrier);   /* the clock starts */
+    for (uint64_t r = 0; r < w->cfg->requests; r++)
+        run_one(w, r, 1);
+    return NULL;
+}
+
+static void worker_cleanup(worker *w)
+{
+    if (w->c && w->keys) {
+        for (uint32_t i = 0; i < w->cfg->seqs; i++) {
+            dqc_seq s = seq_ref(w, i);
+            dqc_delete(w->c, &s);
+        }
+    }
+    dqc_free(w->c);
+    dqc_get_result_free(&w->get);
+    dqc_raw_result_free(&w->raw);
+    dqc_stats_result_free(&w->stats);
+    free(w->keys);
+    free(w->len);
+    free(w->kv);
+    free(w->q);
+    free(w->out);
+    free(w->lse);
+    free(w->items);
+    free(w->ping);
+    free(w->lat);
+    free(w->op);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Nearest-rank percentile of a sorted array. */
+static double pct(const uint64_t *v, size_t n, double p)
+{
+    if (!n)
+        return 0;
+    size_t k = (size_t)ceil(p / 100.0 * (double)n);
+    if (k < 1)
+        k = 1;
+    return (double)v[k - 1];
+}
+
+static int parse_mix(const char *s, bench_cfg *cfg)
+{
+    memset(cfg->mix, 0, sizeof cfg->mix);
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", s);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strpbrk(tok, "=:");
+        if (!eq)
+            return -1;
+        *eq = 0;
+        int op = -1;
+        for (int i = 0; i < NOPS; i++)
+            if (strcmp(tok, op_names[i]) == 0)
+                op = i;
+        uint32_t wgt;
+        if (op < 0 || cli_u32(eq + 1, &wgt) || wgt > 1000000)
+            return -1;
+        cfg->mix[op] = wgt;
+    }
+    cfg->mix_total = 0;
+    for (int i = 0; i < NOPS; i++)
+        cfg->mix_total += cfg->mix[i];
+    return cfg->mix_total ? 0 : -1;
+}
+
+static const char bench_help[] =
+    "NAME\n"
+    "       dquant bench - load generator for dquantd\n"
+    "\n"
+    "SYNOPSIS\n"
+    "       dquant bench [-c N] [-n M] [--mix put=W,get=W,attend=W,ping=W,stats=W] [SHAPE OPTIONS]\n"
+    "\n"
+    "DESCRIPTION\n"
+    "       Opens N connections, one thread each; every connection registers nothing but uses the\n"
+    "       model --model (registered once up front with --profile and the shape options), owns\n"
+    "       --seqs sequences in namespace --ns, fills each with --prefill tokens, then sends M\n"
+    "       requests drawn from the weighted --mix. PUT appends --tokens tokens to every layer of\n"
+    "       one of its sequences (a sequence reaching --max-seq-tokens is deleted and restarted);\n"
+    "       GET reads the last --get-tokens tokens of every layer (or the raw containers);\n"
+    "       ATTEND sends --batch items over the connection's sequences and layers; PING echoes\n"
+    "       --ping-bytes; STATS fetches the counters.\n"
+    "       Prints per kind and in total: requests, errors, requests/s, MB/s of tensor payload\n"
+    "       (PUT: raw K+V sent; GET: K+V received; ATTEND: queries sent + outputs received) and\n"
+    "       latency p50/p99/p999/max of the successful requests. A progress line goes to stderr\n"
+    "       every second while the run lasts (on a terminal; every 10 s otherwise).\n"
+    "       The connections' sequences are deleted at the end.\n"
+    "\n"
+    "OPTIONS\n"
+    "   -c, --connections N\n"
+    "       Connections (threads), default 2.\n"
+    "   -n, --requests M\n"
+    "       Measured requests per connection, default 1000.\n"
+    "   --warmup W\n"
+    "       Unmeasured requests per connection first, default 0.\n"
+    "   --mix SPEC\n"
+    "       Weights per kind, default put=30,get=40,attend=30.\n"
+    "   --model NAME, --profile NAME\n"
+    "       Model used (default dquant-bench, registered with profile dq226 if new).\n"
+    "   --layers L, --q-heads Q, --kv-heads H, --head-dim D\n"
+    "       Shape: layers written per PUT and read per GET (default 1, 32, 8, 128).\n"
+    "   --tokens T\n"
+    "       Tokens per PUT (default 128).\n"
+    "   --dtype f32|f16|bf16\n"
+    "       Element type of PUT data and queries (default bf16).\n"
+    "   --get-tokens T, --get-dtype f32|f16|bf16|raw\n"
+    "       Tokens per GET (default 128; 0: all) and returned format (default bf16).\n"
+    "   --batch B\n"
+    "       ATTEND items per request (default 1).\n"
+    "   --seqs S\n"
+    "       Sequences per connection (default: B).\n"
+    "   --prefill T, --max-seq-tokens T\n"
+    "       Tokens written to each sequence before the run (default 1024) and the length at\n"
+    "       which a sequence is restarted (default 32768).\n"
+    "   --ping-bytes BYTES\n"
+    "       PING payload (default 0).\n"
+    "   --ns NAMESPACE\n"
+    "       Namespace of the benchmark's sequences (default \"bench\").\n"
+    "   --pin\n"
+    "       Pin the benchmark's sequences.\n"
+    "   --seed S\n"
+    "       Seed of the data and of the request mix (default 1).\n"
+    "   --quiet\n"
+    "       No progress line.\n" CLI_CONN_HELP "\n"
+    "EXIT STATUS\n"
+    "       0 when every request succeeded, 1 when any failed (see the error summary) or the\n"
+    "       setup failed, 2 on a usage error.\n"
+    "\n"
+    "EXAMPLES\n"
+    "       dquant bench -c 2 -n 5000 --mix put=10,get=45,attend=45 --batch 32\n"
+    "       dquant bench -c 4 -n 100000 --mix ping=1 --connect tcp://127.0.0.1:7733\n";
+
+enum {
+    BO_WARMUP = CLI_OPT_FIRST_OWN,
+    BO_MIX,
+    BO_MODEL,
+    BO_PROFILE,
+    BO_LAYERS,
+    BO_Q_HEADS,
+    BO_KV_HEADS,
+    BO_HEAD_DIM,
+    BO_TOKENS,
+    BO_DTYPE,
+    BO_GET_TOKENS,
+    BO_GET_DTYPE,
+    BO_BATCH,
+    BO_SEQS,
+    BO_PREFILL,
+    BO_MAX_SEQ,
+    BO_PING_BYTES,
+    BO_NS,
+    BO_PIN,
+    BO_SEED,
+    BO_QUIET,
+};
+
+static int parse_args(int argc, char **argv, bench_cfg *cfg)
+{
+    static const struct option longopts[] = {
+        CLI_CONN_LONGOPTS,
+        {"connections", required_argument, NULL, 'c'},
+        {"requests", required_argument, NULL, 'n'},
+        {"warmup", required_argument, NULL, BO_WARMUP},
+        {"mix", required_argument, NULL, BO_MIX},
+        {"model", required_argument, NULL, BO_MODEL},
+        {"profile", required_argument, NULL, BO_PROFILE},
+        {"layers", required_argument, NULL, BO_LAYERS},
+        {"q-heads", required_argument, NULL, BO_Q_HEADS},
+        {"kv-heads", required_argument, NULL, BO_KV_HEADS},
+        {"head-dim", required_argument, NULL, BO_HEAD_DIM},
+        {"tokens", required_argument, NULL, BO_TOKENS},
+        {"dtype", required_argument, NULL, BO_DTYPE},
+        {"get-tokens", required_argument, NULL, BO_GET_TOKENS},
+        {"get-dtype", required_argument, NULL, BO_GET_DTYPE},
+        {"batch", required_argument, NULL, BO_BATCH},
+        {"seqs", required_argument, NULL, BO_SEQS},
+        {"prefill", required_argument, NULL, BO_PREFILL},
+        {"max-seq-tokens", required_argument, NULL, BO_MAX_SEQ},
+        {"ping-bytes", required_argument, NULL, BO_PING_BYTES},
+        {"ns", required_argument, NULL, BO_NS},
+        {"pin", no_argument, NULL, BO_PIN},
+        {"seed", required_argument, NULL, BO_SEED},
+        {"quiet", no_argument, NULL, BO_QUIET},
+        {NULL, 0, NULL, 0},
+    };
+    const char *prog = "bench";
+    int opt, bad = 0;
+    const char *name = NULL;
+    optind = 1;
+    while (!bad && (opt = getopt_long(argc, argv, "c:n:", longopts, NULL)) != -1) {
+        uint32_t u32 = 0;
+        uint64_t u64 = 0;
+        name = optarg;
+        switch (opt) {
+        case 'c':
+            bad = cli_u32(optarg, &cfg->connections) || !cfg->connections || cfg->connections > 4096;
+            break;
+        case 'n':
+            bad = cli_u64(optarg, &cfg->requests) || !cfg->requests;
+            break;
+        case BO_WARMUP:
+            bad = cli_u64(optarg, &cfg->warmup);
+            break;
+        case BO_MIX:
+            bad = parse_mix(optarg, cfg);
+            break;
+        case BO_MODEL:
+            cfg->model = optarg;
+            break;
+        case BO_PROFILE:
+            cfg->profile = optarg;
+            break;
+        case BO_LAYERS:
+            bad = cli_u32(optarg, &cfg->layers) || !cfg->layers;
+            break;
+        case BO_Q_HEADS:
+            bad = cli_u32(optarg, &cfg->q_heads) || !cfg->q_heads;
+            break;
+        case BO_KV_HEADS:
+            bad = cli_u32(optarg, &cfg->kv_heads) || !cfg->kv_heads;
+            break;
+        case BO_HEAD_DIM:
+            bad = cli_u32(optarg, &cfg->head_dim) || !cfg->head_dim;
+            break;
+        case BO_TOKENS:
+            bad = cli_u64(optarg, &cfg->tokens) || !cfg->tokens;
+            break;
+        case BO_DTYPE:
+            bad = cli_dtype(optarg, &cfg->dtype);
+            break;
+        case BO_GET_TOKENS:
+            bad = cli_u64(optarg, &cfg->get_tokens);
+            break;
+        case BO_GET_DTYPE:
+            cfg->get_raw = strcmp(optarg, "raw") == 0;
+            bad = !cfg->get_raw && cli_dtype(optarg, &cfg->get_dtype);
+            break;
+        case BO_BATCH:
+            bad = cli_u32(optarg, &cfg->batch) || !cfg->batch;
+            break;
+        case BO_SEQS:
+            bad = cli_u32(optarg, &u32) || !u32;
+            cfg->seqs = u32;
+            break;
+        case BO_PREFILL:
+            bad = cli_u64(optarg, &cfg->prefill);
+            break;
+        case BO_MAX_SEQ:
+            bad = cli_u64(optarg, &cfg->max_seq_tokens) || !cfg->max_seq_tokens;
+            break;
+        case BO_PING_BYTES:
+            bad = cli_size(optarg, &u64) || u64 > (1u << 30);
+            cfg->ping_bytes = u64;
+            break;
+        case BO_NS:
+            cfg->ns = optarg;
+            break;
+        case BO_PIN:
+            cfg->pin = 1;
+            break;
+        case BO_SEED:
+            bad = cli_u64(optarg, &cfg->seed);
+            break;
+        case BO_QUIET:
+            cfg->quiet = 1;
+            break;
+        case CLI_OPT_HELP:
+            fputs(bench_help, stdout);
+            return CLI_OK;
+        default: {
+            int rc;
+            if (!cli_conn_option(&cfg->cc, opt, optarg, &rc))
+                return CLI_USAGE;
+            if (rc)
+                return CLI_USAGE;
+        }
+        }
+    }
+    if (bad)
+        return cli_error(CLI_USAGE, prog, "bad value '%s' (see --help)", name ? name : "");
+    if (optind < argc)
+        return cli_error(CLI_USAGE, prog, "unexpected argument '%s'", argv[optind]);
+    if (!cfg->seqs)
+        cfg->seqs = cfg->batch;
+    if (cfg->prefill % cfg->tokens)
+        cfg->prefill += cfg->tokens - cfg->prefill % cfg->tokens;
+    if (cfg->max_seq_tokens < cfg->prefill + cfg->tokens)
+        return cli_error(CLI_USAGE, prog, "--max-seq-tokens must leave room for --prefill plus one PUT");
+    return -1;
+}
+
+int dq_cmd_bench(int argc, char **argv)
+{
+    bench_cfg cfg = {
+        .connections = 2,
+        .requests = 1000,
+        .model = "dquant-bench",
+        .profile = "dq226",
+        .ns = "bench",
+        .layers = 1,
+        .q_heads = 32,
+        .kv_heads = 8,
+        .head_dim = 128,
+        .tokens = 128,
+        .get_tokens = 128,
+        .get_dtype = DQ_DTYPE_BF16,
+        .batch = 1,
+        .prefill = 1024,
+        .max_seq_tokens = 32768,
+        .dtype = DQ_DTYPE_BF16,
+        .seed = 1,
+    };
+    cli_conn_init(&cfg.cc);
+    parse_mix("put=30,get=40,attend=30", &cfg);
+    int status = parse_args(argc, argv, &cfg);
+    if (status >= 0) {
+        cli_conn_free(&cfg.cc);
+        return status;
+    }
+    status = CLI_FAILED;
+    worker *ws = NULL;
+    uint64_t *lat = NULL;
+
+    /* The model, registered once (an identical earlier registration is fine). */
+    dqc_client *c = NULL;
+    if (cli_connect(&cfg.cc, "bench", &c))
+        goto out;
+    dqc_model_spec spec = {.name = cfg.model, .layers = cfg.layers, .q_heads = cfg.q_heads,
+                           .kv_heads = cfg.kv_heads, .head_dim = cfg.head_dim, .profile_name = cfg.profile};
+    int rc = dqc_register_model(c, &spec, NULL);
+    if (rc) {
+        cli_call_error("bench", "register model", c, rc);
+        dqc_free(c);
+        goto out;
+    }
+    dqc_server_info info;
+    dqc_server(c, &info);
+    dqc_free(c);
+    if (info.max_batch_items && cfg.batch > info.max_batch_items) {
+        cli_error(CLI_USAGE, "bench", "--batch %u exceeds the daemon's limit of %u", cfg.batch, info.max_batch_items);
+        status = CLI_USAGE;
+        goto out;
+    }
+
+    ws = calloc(cfg.connections, sizeof *ws);
+    if (!ws)
+        goto out;
+    atomic_store(&done_requests, 0);
+    atomic_store(&failed_requests, 0);
+    atomic_store(&abort_run, 0);
+    pthread_barrier_init(&start_barrier, NULL, cfg.connections + 1);
+    uint32_t started = 0;
+    for (uint32_t i = 0; i < cfg.connections; i++) {
+        ws[i].id = (int)i;
+        ws[i].cfg = &cfg;
+        if (pthread_create(&ws[i].thread, NULL, worker_main, &ws[i]) != 0)
+            break;
+        started++;
+    }
+    if (started != cfg.connections) {
+        /* Cannot happen short of thread exhaustion; the barrier would never open. */
+        fprintf(stderr, "dquant bench: could only start %u of %u threads\n", started, cfg.connections);
+        exit(CLI_FAILED);
+    }
+    pthread_barrier_wait(&start_barrier);   /* set up */
+    int setup_failed = 0;
+    for (uint32_t i = 0; i < cfg.connections; i++)
+        setup_failed |= ws[i].setup_rc != 0;
+    atomic_store(&abort_run, setup_failed);
+    pthread_barrier_wait(&start_barrier);
+    if (!setup_failed)
+        pthread_barrier_wait(&start_barrier);   /* warmed up */
+    uint64_t t0 = cli_now_ns();
+    uint64_t total = cfg.requests * cfg.connections;
+    int tty = isatty(2);
+    uint64_t last_print = t0;
+    int printed = 0;
+    while (!setup_failed) {
+        struct timespec ts = {0, 100 * 1000000L};
+        nanosleep(&ts, NULL);
+        uint64_t done = atomic_load(&done_requests);
+        uint64_t now = cli_now_ns();
+        if (done >= total)
+            break;
+        uint64_t every = tty ? 1000000000ull : 10000000000ull;
+        if (!cfg.quiet && now - last_print >= every) {
+            double el = (double)(now - t0) / 1e9;
+            fprintf(stderr, "%s[bench] %.1f s  %llu/%llu requests  %.0f req/s  %llu errors%s", tty ? "\r" : "", el,
+                    (unsigned long long)done, (unsigned long long)total, (double)done / el,
+                    (unsigned long long)atomic_load(&failed_requests), tty ? "   " : "\n");
+            last_print = now;
+            printed = 1;
+        }
+    }
+    for (uint32_t i = 0; i < cfg.connections; i++)
+        pthread_join(ws[i].thread, NULL);
+    double wall = (double)(cli_now_ns() - t0) / 1e9;
+    if (printed && tty)
+        fputc('\n', stderr);
+    pthread_barrier_destroy(&start_barrier);
+    if (setup_failed) {
+        fprintf(stderr, "dquant bench: setup failed\n");
+        goto out;
+    }
+
+    /* Report. */
+    uint64_t nrec = 0;
+    for (uint32_t i = 0; i < cfg.connections; i++)
+        nrec += ws[i].nrec;
+    lat = malloc((nrec ? nrec : 1) * sizeof *lat);
+    if (!lat)
+        goto out;
+    printf("dquant bench: %u connections x %llu requests to %s (%.3f s)\n", cfg.connections,
+           (unsigned long long)cfg.requests, cfg.cc.addr, wall);
+    printf("  shape: %u layers, %u q heads, %u kv heads x %u, %llu tokens per put, %s data; get %llu tokens as %s; "
+           "attend batch %u\n",
+           cfg.layers, cfg.q_heads, cfg.kv_heads, cfg.head_dim, (unsigned long long)cfg.tokens,
+           cli_dtype_name(cfg.dtype), (unsigned long long)cfg.get_tokens,
+           cfg.get_raw ? "raw" : cli_dtype_name(cfg.get_dtype), cfg.batch);
+    printf("%-8s %9s %7s %11s %10s %10s %10s %10s %10s\n", "op", "requests", "errors", "req/s", "MB/s", "p50 us",
+           "p99 us", "p999 us", "max us");
+    uint64_t all_err = 0;
+    for (int op = -1; op < NOPS; op++) {
+        size_t n = 0;
+        uint64_t bytes = 0, errs = 0;
+        for (uint32_t i = 0; i < cfg.connections; i++) {
+            for (uint64_t r = 0; r < ws[i].nrec; r++)
+                if (op < 0 || ws[i].op[r] == op)
+                    lat[n++] = ws[i].lat[r];
+            for (int o = 0; o < NOPS; o++) {
+                if (op >= 0 && o != op)
+                    continue;
+                bytes += ws[i].bytes[o];
+                for (int e = 0; e < NERR; e++)
+                    errs += ws[i].errs[o][e];
+            }
+        }
+        if (op >= 0 && !cfg.mix[op])
+            continue;
+        if (op < 0)
+            all_err = errs;
+        qsort(lat, n, sizeof *lat, cmp_u64);
+        printf("%-8s %9llu %7llu %11.1f %10.2f %10.1f %10.1f %10.1f %10.1f\n", op < 0 ? "total" : op_names[op],
+               (unsigned long long)(n + errs), (unsigned long long)errs, (double)n / wall,
+               (double)bytes / wall / 1e6, pct(lat, n, 50) / 1e3, pct(lat, n, 99) / 1e3, pct(lat, n, 99.9) / 1e3,
+               n ? (double)lat[n - 1] / 1e3 : 0.0);
+    }
+    if (all_err) {
+        printf("errors:\n");
+        for (int e = 0; e < NERR; e++) {
+            uint64_t cnt = 0;
+            const char *first = NULL;
+            for (uint32_t i = 0; i < cfg.connections; i++) {
+                for (int o = 0; o < NOPS; o++)
+                    cnt += ws[i].errs[o][e];
+                if (!first && ws[i].first_err[e][0])
+                    first = ws[i].first_err[e];
+            }
+            if (cnt)
+                printf("  %-20s %8llu  (first: %s)\n", dqc_err_name(-e), (unsigned long long)cnt, first ? first : "");
+        }
+    }
+    status = all_err ? CLI_FAILED : CLI_OK;
+out:
+    if (ws) {
+        for (uint32_t i = 0; i < cfg.connections; i++)
+            worker_cleanup(&ws[i]);
+        free(ws);
+    }
+    free(lat);
+    cli_conn_free(&cfg.cc);
+    return status;
+}

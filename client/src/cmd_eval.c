@@ -1,0 +1,506 @@
+/* `dquant eval`: codec quality on given KV data — bits/value, key/value NMSE, attention-score KL
+ * and attention-output error with bootstrap intervals, for any list of codecs; ablations of
+ * D-Quant's design choices. The computation lives in eval_core.c / eval_ablation.c. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+#include "dquant/error.h"
+#include "eval_ablation.h"
+#include "eval_core.h"
+#include "fixedwidth.h"
+
+/* Declared here until commands.h lists it; dquant_main.c references it weakly. */
+int dq_cmd_eval(int argc, char **argv);
+
+#define EVAL_OK 0
+#define EVAL_FAILED 1
+#define EVAL_USAGE 2
+#define DEFAULT_CODECS "dq226,dq196,int2,quarot2,kivi2,turbo2,bf16"
+#define MAX_CODECS 64
+
+static int eval_err(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int eval_err(int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("dquant eval: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return status;
+}
+
+static const char g_eval_help[] =
+    "NAME\n"
+    "   dquant eval - KV-cache codec quality on real keys, values and queries\n"
+    "\n"
+    "SYNOPSIS\n"
+    "   dquant eval --dataset bytellama-19m|tinystories-656k [--data DIR] [OPTIONS]\n"
+    "   dquant eval --k FILE --v FILE [--q FILE --q-heads QH] --kv-heads H --head-dim D --dtype f16|bf16|f32\n"
+    "               [OPTIONS]\n"
+    "\n"
+    "DESCRIPTION\n"
+    "   Encodes every token of every layer with each codec (window by window, the last partial window\n"
+    "   with its own statistics, no BF16 tail), decodes, and prints a markdown table per codec:\n"
+    "   bits/value (every stored byte: records, scales, window headers; mean of K and V), key and value\n"
+    "   NMSE (sum (x - x^)^2 / sum x^2), attention-score KL and attention-output relative error, each with\n"
+    "   a 95% percentile-bootstrap interval over tokens.\n"
+    "\n"
+    "   Attention uses the data's own queries (post-RoPE, like the keys): for query position t, every\n"
+    "   layer and query head (GQA), p = softmax(q.k_s / sqrt(head_dim)) over s = 0..t (causal) with the\n"
+    "   original keys and p^ with the reconstructed ones; KL(p || p^) in nats, and ||o - o^|| / ||o||\n"
+    "   with o = sum p_s v_s, o^ = sum p^_s v^_s. Positions T-1, T-1-S, ... are evaluated (stride S).\n"
+    "\n"
+    "   Datasets (DIR default ../shared/data): bytellama-19m (2 sequences x 6 layers x 1024 tokens,\n"
+    "   2 KV heads x 128; queries of sequence 0, 4 heads) and tinystories-656k (1 x 2 x 495, 4 KV heads\n"
+    "   x 16; 8 query heads). --k/--v/--q read one layer of raw little-endian [tokens, heads, head_dim].\n"
+    "\n"
+    "OPTIONS\n"
+    "   --codecs LIST\n"
+    "       Comma-separated codecs (default " DEFAULT_CODECS "):\n"
+    "         dq226, dq196          D-Quant built-in profiles (containers keep the n = 1024 payload rate)\n"
+    "         bf16, intB, quarotB, kiviB, turboB   baselines in the library (B = 1..8 bits)\n"
+    "         intB-gG, quarotB-gG   INT-B with G channels per fp16 scale/zero (default G = 128)\n"
+    "         dq226@BITS            dq226's levels and K/V rate split, containers scaled to the largest\n"
+    "                               stored mean <= BITS bits/value (likewise dq196@BITS)\n"
+    "         fixed226, fixed196    fixed-width at the matched storage of dq226 / dq196 (seed Appendix B):\n"
+    "                               same rotation and INT8 key window mean, M = floor(2^(8C/n)) levels,\n"
+    "                               nearest rounding, least-squares refit, fp16 s/o, charged log2(M)\n"
+    "                               bits per symbol plus the same metadata (eval only, not a storage\n"
+    "                               format); fixed226@BITS matches dq226@BITS\n"
+    "   --ablation levels|budget|split|alpha|drift\n"
+    "       levels: (M_K, M_V) at dq226's containers; budget: containers x0.7..x1.5 (M 8/6); split:\n"
+    "       C_K + C_V = 562 bytes at n = 1024; alpha: sharpening 1.0..2.0; drift: per D-Quant codec of\n"
+    "       --codecs (default dq226,dq196), symbols moved by drift, largest move, container fill, and the\n"
+    "       excess rate of the coding table over the empirical symbol entropy (bits/value).\n"
+    "   --query-stride S\n"
+    "       Evaluate every S-th query position counted back from the last (default: tokens / 128).\n"
+    "   --resamples R      bootstrap resamples (default 2000, at least 1000 recommended)\n"
+    "   --seed N           bootstrap seed (default fixed: runs are reproducible)\n"
+    "   --json             one JSON object per codec (or ablation row) instead of the table\n"
+    "   --help             print this page\n"
+    "\n"
+    "EXIT STATUS\n"
+    "   0 success, 1 failure (missing data, codec error), 2 usage error.\n"
+    "\n"
+    "EXAMPLES\n"
+    "   dquant eval --dataset bytellama-19m --codecs dq226,fixed226,int2,kivi2,quarot2,turbo2\n"
+    "   dquant eval --dataset tinystories-656k --ablation budget\n";
+
+enum {
+    OPT_DATASET = 1000, OPT_DATA, OPT_K, OPT_V, OPT_Q, OPT_KV_HEADS, OPT_HEAD_DIM, OPT_Q_HEADS, OPT_DTYPE,
+    OPT_CODECS, OPT_ABLATION, OPT_STRIDE, OPT_RESAMPLES, OPT_SEED, OPT_JSON, OPT_HELP
+};
+
+static const struct option g_opts[] = {
+    {"dataset", required_argument, NULL, OPT_DATASET},
+    {"data", required_argument, NULL, OPT_DATA},
+    {"k", required_argument, NULL, OPT_K},
+    {"v", required_argument, NULL, OPT_V},
+    {"q", required_argument, NULL, OPT_Q},
+    {"kv-heads", required_argument, NULL, OPT_KV_HEADS},
+    {"head-dim", required_argument, NULL, OPT_HEAD_DIM},
+    {"q-heads", required_argument, NULL, OPT_Q_HEADS},
+    {"dtype", required_argument, NULL, OPT_DTYPE},
+    {"codecs", required_argument, NULL, OPT_CODECS},
+    {"ablation", required_argument, NULL, OPT_ABLATION},
+    {"query-stride", required_argument, NULL, OPT_STRIDE},
+    {"resamples", required_argument, NULL, OPT_RESAMPLES},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"help", no_argument, NULL, OPT_HELP},
+    {NULL, 0, NULL, 0},
+};
+
+typedef struct eval_args {
+    const char *dataset, *data, *k, *v, *q, *codecs, *ablation;
+    uint32_t kv_heads, head_dim, q_heads;
+    int have_dtype, json;
+    dq_dtype dtype;
+    eval_opts opts;
+} eval_args;
+
+static int parse_u32(const char *s, uint32_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(s, &end, 10);
+    if (errno || end == s || *end || v > UINT32_MAX || s[0] == '-')
+        return -1;
+    *out = (uint32_t)v;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, eval_args *a)
+{
+    memset(a, 0, sizeof *a);
+    eval_opts_default(&a->opts);
+    optind = 1;
+    opterr = 0;
+    int opt;
+    while ((opt = getopt_long(argc, argv, "", g_opts, NULL)) != -1) {
+        const char *v = optarg;
+        switch (opt) {
+        case OPT_DATASET: a->dataset = v; break;
+        case OPT_DATA: a->data = v; break;
+        case OPT_K: a->k = v; break;
+        case OPT_V: a->v = v; break;
+        case OPT_Q: a->q = v; break;
+        case OPT_CODECS: a->codecs = v; break;
+        case OPT_ABLATION: a->ablation = v; break;
+        case OPT_JSON: a->json = 1; break;
+        case OPT_KV_HEADS:
+            if (parse_u32(v, &a->kv_heads) || !a->kv_heads)
+                return eval_err(EVAL_USAGE, "bad --kv-heads '%s'", v);
+            break;
+        case OPT_HEAD_DIM:
+            if (parse_u32(v, &a->head_dim) || !a->head_dim)
+                return eval_err(EVAL_USAGE, "bad --head-dim '%s'", v);
+            break;
+        case OPT_Q_HEADS:
+            if (parse_u32(v, &a->q_heads) || !a->q_heads)
+                return eval_err(EVAL_USAGE, "bad --q-heads '%s'", v);
+            break;
+        case OPT_DTYPE:
+            if (dq_dtype_parse(v, &a->dtype) != DQ_OK)
+                return eval_err(EVAL_USAGE, "bad --dtype '%s' (f32, f16, bf16)", v);
+            a->have_dtype = 1;
+            break;
+        case OPT_STRIDE:
+            if (parse_u32(v, &a->opts.query_stride) || !a->opts.query_stride)
+                return eval_err(EVAL_USAGE, "bad --query-stride '%s'", v);
+            break;
+        case OPT_RESAMPLES:
+            if (parse_u32(v, &a->opts.resamples) || a->opts.resamples < 10)
+                return eval_err(EVAL_USAGE, "bad --resamples '%s' (at least 10)", v);
+            break;
+        case OPT_SEED: {
+            char *end;
+            errno = 0;
+            a->opts.seed = strtoull(v, &end, 0);
+            if (errno || end == v || *end)
+                return eval_err(EVAL_USAGE, "bad --seed '%s'", v);
+            break;
+        }
+        case OPT_HELP:
+            fputs(g_eval_help, stdout);
+            return -1;
+        default:
+            return eval_err(EVAL_USAGE, "unknown or incomplete option '%s' (see dquant eval --help)",
+                            argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return eval_err(EVAL_USAGE, "unexpected argument '%s'", argv[optind]);
+    if (!a->dataset == !a->k)
+        return eval_err(EVAL_USAGE, "give either --dataset NAME or --k/--v files (see dquant eval --help)");
+    if (a->k && (!a->v || !a->kv_heads || !a->head_dim || !a->have_dtype))
+        return eval_err(EVAL_USAGE, "--k needs --v, --kv-heads, --head-dim and --dtype");
+    if (a->q && !a->q_heads)
+        return eval_err(EVAL_USAGE, "--q needs --q-heads");
+    return 0;
+}
+
+/* ---- output ---- */
+
+static void print_data_header(const eval_data *d, const eval_opts *o, const char *what)
+{
+    const size_t n = eval_data_stream_len(d);
+    printf("%s on %s: %u sequence%s x %u layer%s x %u tokens, %u KV heads x %u (n = %zu values per stream); "
+           "every token encoded (no BF16 tail).\n",
+           what, d->name, d->seqs, d->seqs == 1 ? "" : "s", d->layers, d->layers == 1 ? "" : "s", d->tokens,
+           d->kv_heads, d->head_dim, n);
+    if (d->q && !o->skip_attention) {
+        const uint32_t S = eval_query_stride(d, o);
+        printf("Attention: the data's queries of sequence 0 (%u heads, GQA), causal; query positions T-1, T-1-%u, "
+               "... (stride %u: %u of %u per layer), all layers and heads.\n",
+               d->q_heads, S, S, (d->tokens - 1) / S + 1, d->tokens);
+    } else if (!o->skip_attention) {
+        printf("Attention: no queries in the data; attention columns are empty.\n");
+    }
+    printf("95%% intervals: percentile bootstrap over tokens, %u resamples, seed %#" PRIx64 ".\n", o->resamples,
+           o->seed);
+    if (n < 1024)
+        printf("Note: at n = %zu the per-token fp16 scale/offset of D-Quant costs %.3f bits/value (%.3f at n = 1024); "
+               "NAME@BITS gives a D-Quant profile at a chosen total.\n",
+               n, 32.0 / (double)n, 32.0 / 1024.0);
+    printf("\n");
+}
+
+static void fmt_ci(char *buf, size_t len, const eval_ci *c, int have)
+{
+    if (!have)
+        snprintf(buf, len, "-");
+    else
+        snprintf(buf, len, "%.4g [%.4g, %.4g]", c->est, c->lo, c->hi);
+}
+
+static void print_table_head(void)
+{
+    printf("| codec | bits/value | K bits | V bits | K NMSE [95%% CI] | V NMSE [95%% CI] | score KL, nats [95%% CI] | "
+           "attn out rel. err [95%% CI] |\n");
+    printf("|---|---:|---:|---:|---|---|---|---|\n");
+}
+
+static void print_row(const char *lead, const eval_result *r)
+{
+    char nk[64], nv[64], kl[64], ae[64];
+    fmt_ci(nk, sizeof nk, &r->nmse[0], 1);
+    fmt_ci(nv, sizeof nv, &r->nmse[1], 1);
+    fmt_ci(kl, sizeof kl, &r->kl, r->have_attn);
+    fmt_ci(ae, sizeof ae, &r->attn_err, r->have_attn);
+    printf("| %s%s | %.4f | %.4f | %.4f | %s | %s | %s | %s |\n", lead, r->label, r->bits_mean, r->bits[0], r->bits[1],
+           nk, nv, kl, ae);
+}
+
+static void json_ci(const char *key, const eval_ci *c, int have)
+{
+    if (have)
+        printf(",\"%s\":{\"est\":%.9g,\"lo\":%.9g,\"hi\":%.9g}", key, c->est, c->lo, c->hi);
+    else
+        printf(",\"%s\":null", key);
+}
+
+static void print_json(const eval_data *d, const eval_codec *c, const eval_result *r, const char *panel)
+{
+    printf("{\"dataset\":\"%s\",\"codec\":\"%s\",\"type\":\"%s\"", d->name, r->label,
+           c->type == EVAL_CODEC_FIXED ? "fixed-width" : c->profile.codec_type == DQ_CODEC_DQUANT ? "dquant" : "baseline");
+    if (panel)
+        printf(",\"ablation\":\"%s\"", panel);
+    printf(",\"stream_values\":%zu,\"tokens\":%u,\"layers\":%u,\"sequences\":%u", eval_data_stream_len(d), d->tokens,
+           d->layers, d->seqs);
+    if (c->type == EVAL_CODEC_FIXED)
+        printf(",\"levels\":[%u,%u]", fixedwidth_levels(&c->profile, DQ_KIND_K), fixedwidth_levels(&c->profile, DQ_KIND_V));
+    else if (c->profile.codec_type == DQ_CODEC_DQUANT)
+        printf(",\"levels\":[%u,%u],\"container_bytes\":[%u,%u],\"alpha\":%.3g", c->profile.levels[0],
+               c->profile.levels[1], c->profile.container_bytes[0], c->profile.container_bytes[1],
+               (double)c->profile.alpha);
+    printf(",\"bits_per_value\":%.6f,\"bits_k\":%.6f,\"bits_v\":%.6f", r->bits_mean, r->bits[0], r->bits[1]);
+    json_ci("nmse_k", &r->nmse[0], 1);
+    json_ci("nmse_v", &r->nmse[1], 1);
+    json_ci("attn_kl", &r->kl, r->have_attn);
+    json_ci("attn_rel_err", &r->attn_err, r->have_attn);
+    printf(",\"query_stride\":%u,\"query_positions_per_layer\":%u,\"resamples\":%u", r->query_stride,
+           r->query_positions, r->resamples);
+    if (c->type == EVAL_CODEC_LIB && c->profile.codec_type == DQ_CODEC_DQUANT)
+        printf(",\"symbols_moved_fraction\":[%.6f,%.6f],\"max_move\":[%u,%u],\"retries\":[%" PRIu64 ",%" PRIu64 "]",
+               r->streams[0] ? (double)r->symbols_moved[0] / ((double)r->streams[0] * eval_data_stream_len(d)) : 0.0,
+               r->streams[1] ? (double)r->symbols_moved[1] / ((double)r->streams[1] * eval_data_stream_len(d)) : 0.0,
+               r->max_move[0], r->max_move[1], r->retries[0], r->retries[1]);
+    printf(",\"seconds\":%.3f}\n", r->seconds);
+}
+
+/* ---- subcommand ---- */
+
+static int load_data(const eval_args *a, eval_data *d)
+{
+    char err[512];
+    int rc = a->dataset ? eval_data_load_named(a->dataset, a->data, d, err, sizeof err)
+                        : eval_data_load_files(a->k, a->v, a->q, a->kv_heads, a->head_dim, a->q_heads, a->dtype, d,
+                                               err, sizeof err);
+    if (rc != DQ_OK)
+        return eval_err(EVAL_FAILED, "%s", err);
+    return 0;
+}
+
+/* Splits the codec list and resolves each name for the data's shape. */
+static int parse_codecs(const char *list, const eval_data *d, eval_codec *out, size_t *count)
+{
+    char buf[1024], err[256];
+    if (strlen(list) >= sizeof buf)
+        return eval_err(EVAL_USAGE, "--codecs list too long");
+    snprintf(buf, sizeof buf, "%s", list);
+    *count = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (*count == MAX_CODECS)
+            return eval_err(EVAL_USAGE, "at most %d codecs", MAX_CODECS);
+        if (eval_codec_parse(tok, d->kv_heads, d->head_dim, &out[*count], err, sizeof err) != DQ_OK)
+            return eval_err(EVAL_USAGE, "%s", err);
+        (*count)++;
+    }
+    return *count ? 0 : eval_err(EVAL_USAGE, "--codecs is empty");
+}
+
+static int run_codecs(const eval_args *a, const eval_data *d)
+{
+    eval_codec *codecs = calloc(MAX_CODECS, sizeof *codecs);
+    if (!codecs)
+        return eval_err(EVAL_FAILED, "out of memory");
+    size_t nc = 0;
+    int status = parse_codecs(a->codecs ? a->codecs : DEFAULT_CODECS, d, codecs, &nc);
+    if (status)
+        goto out;
+    if (!a->json) {
+        print_data_header(d, &a->opts, "Codec quality");
+        print_table_head();
+    }
+    for (size_t i = 0; i < nc; i++) {
+        eval_result r;
+        char err[512];
+        if (eval_run(d, &codecs[i], &a->opts, &r, err, sizeof err) != DQ_OK) {
+            status = eval_err(EVAL_FAILED, "%s", err);
+            goto out;
+        }
+        if (a->json)
+            print_json(d, &codecs[i], &r, NULL);
+        else
+            print_row("", &r);
+        fflush(stdout);
+    }
+    if (!a->json) {
+        for (size_t i = 0; i < nc; i++)
+            if (codecs[i].type == EVAL_CODEC_FIXED)
+                printf("\n%s: fixed-width at the storage of D-Quant profile %s (C %u/%u bytes): M %u/%u levels, charged "
+                       "log2(M) bits per symbol + the same metadata.",
+                       codecs[i].label, codecs[i].profile.name, codecs[i].profile.container_bytes[0],
+                       codecs[i].profile.container_bytes[1], fixedwidth_levels(&codecs[i].profile, DQ_KIND_K),
+                       fixedwidth_levels(&codecs[i].profile, DQ_KIND_V));
+        printf("\n");
+    }
+out:
+    free(codecs);
+    return status;
+}
+
+static int run_ablation(const eval_args *a, const eval_data *d)
+{
+    eval_ablation_row *rows = NULL;
+    size_t nrows = 0;
+    int rc = eval_ablation_rows(a->ablation, d->kv_heads, d->head_dim, &rows, &nrows);
+    if (rc == DQ_INVALID_ARGUMENT)
+        return eval_err(EVAL_USAGE, "unknown ablation '%s' (levels, budget, split, alpha, drift)", a->ablation);
+    if (rc != DQ_OK)
+        return eval_err(EVAL_FAILED, "out of memory");
+    if (!a->json) {
+        char what[64];
+        snprintf(what, sizeof what, "Ablation '%s'", a->ablation);
+        print_data_header(d, &a->opts, what);
+        printf("| panel | C K/V bytes | M K/V | alpha | moved K/V %% | bits/value | K bits | V bits | K NMSE [95%% CI] | "
+               "V NMSE [95%% CI] | score KL, nats [95%% CI] | attn out rel. err [95%% CI] |\n");
+        printf("|---|---|---|---|---|---:|---:|---:|---|---|---|---|\n");
+    }
+    int status = EVAL_OK;
+    for (size_t i = 0; i < nrows; i++) {
+        const eval_ablation_row *row = &rows[i];
+        if (row->rc != DQ_OK) {
+            if (a->json)
+                printf("{\"dataset\":\"%s\",\"ablation\":\"%s\",\"codec\":\"%s\",\"container_bytes\":[%u,%u],"
+                       "\"levels\":[%u,%u],\"alpha\":%.3g,\"error\":\"%s\"}\n",
+                       d->name, row->panel, row->codec.label, row->containers[0], row->containers[1], row->levels[0],
+                       row->levels[1], (double)row->alpha, dq_err_name(row->rc));
+            else
+                printf("| %s | %u/%u | %u/%u | %.1f | - | - | - | - | does not fit: %s | | | |\n", row->panel,
+                       row->containers[0], row->containers[1], row->levels[0], row->levels[1], (double)row->alpha,
+                       dq_err_name(row->rc));
+            continue;
+        }
+        eval_result r;
+        char err[512];
+        if (eval_run(d, &row->codec, &a->opts, &r, err, sizeof err) != DQ_OK) {
+            status = eval_err(EVAL_FAILED, "%s", err);
+            break;
+        }
+        if (a->json) {
+            print_json(d, &row->codec, &r, row->panel);
+        } else {
+            char lead[160];
+            const double nv = (double)eval_data_stream_len(d);
+            snprintf(lead, sizeof lead, "%s | %u/%u | %u/%u | %.1f | %.2f/%.2f", row->panel, row->containers[0],
+                     row->containers[1], row->levels[0], row->levels[1], (double)row->alpha,
+                     100.0 * (double)r.symbols_moved[0] / ((double)r.streams[0] * nv),
+                     100.0 * (double)r.symbols_moved[1] / ((double)r.streams[1] * nv));
+            /* the label is the configuration; the lead columns carry it already */
+            r.label[0] = 0;
+            print_row(lead, &r);
+        }
+        fflush(stdout);
+    }
+    free(rows);
+    return status;
+}
+
+static int run_drift(const eval_args *a, const eval_data *d)
+{
+    eval_codec *codecs = calloc(MAX_CODECS, sizeof *codecs);
+    if (!codecs)
+        return eval_err(EVAL_FAILED, "out of memory");
+    size_t nc = 0;
+    int status = parse_codecs(a->codecs ? a->codecs : "dq226,dq196", d, codecs, &nc);
+    if (status)
+        goto out;
+    eval_opts o = a->opts;
+    o.collect_levels = 1;
+    o.skip_attention = 1;
+    if (!a->json) {
+        print_data_header(d, &o, "Drift statistics");
+        printf("| codec | kind | M | C bytes | symbols moved %% | max move | retries | fallbacks | container fill %% | "
+               "H bits/value | table CE - H | analytic CE - H | log2 M - H |\n");
+        printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    }
+    for (size_t i = 0; i < nc; i++) {
+        const eval_codec *c = &codecs[i];
+        if (c->type != EVAL_CODEC_LIB || c->profile.codec_type != DQ_CODEC_DQUANT) {
+            fprintf(stderr, "dquant eval: drift: %s is not a D-Quant codec, skipped\n", c->label);
+            continue;
+        }
+        eval_result r;
+        char err[512];
+        if (eval_run(d, c, &o, &r, err, sizeof err) != DQ_OK) {
+            status = eval_err(EVAL_FAILED, "%s", err);
+            goto out;
+        }
+        for (int k = 0; k < 2; k++) {
+            eval_drift dr;
+            if (eval_drift_summary(&r, &c->profile, (dq_kind)k, &dr) != DQ_OK) {
+                status = eval_err(EVAL_FAILED, "%s: no symbols collected", c->label);
+                goto out;
+            }
+            if (a->json)
+                printf("{\"dataset\":\"%s\",\"ablation\":\"drift\",\"codec\":\"%s\",\"kind\":\"%s\",\"levels\":%u,"
+                       "\"container_bytes\":%u,\"symbols_moved_fraction\":%.6g,\"max_move\":%u,\"retries\":%" PRIu64
+                       ",\"fallbacks\":%" PRIu64 ",\"fill\":%.6f,\"entropy\":%.6f,\"excess_table\":%.6f,"
+                       "\"excess_model\":%.6f,\"coding_gain\":%.6f}\n",
+                       d->name, c->label, k ? "v" : "k", dr.levels, dr.container, dr.moved_fraction, dr.max_move,
+                       dr.retries, dr.fallbacks, dr.fill, dr.entropy, dr.excess_table, dr.excess_model, dr.coding_gain);
+            else
+                printf("| %s | %s | %u | %u | %.3f | %u | %" PRIu64 " | %" PRIu64 " | %.2f | %.4f | %.4f | %.4f | %.4f |\n",
+                       c->label, k ? "V" : "K", dr.levels, dr.container, 100.0 * dr.moved_fraction, dr.max_move,
+                       dr.retries, dr.fallbacks, 100.0 * dr.fill, dr.entropy, dr.excess_table, dr.excess_model,
+                       dr.coding_gain);
+        }
+        fflush(stdout);
+    }
+    if (!a->json)
+        printf("\nH: empirical entropy of the final (drifted) symbols; table CE: cross-entropy under the profile's "
+               "sharpened integer table (what the coder pays per symbol); analytic CE: under the unsharpened "
+               "Gaussian order-statistics model. Fill: rANS bytes used / container.\n");
+out:
+    free(codecs);
+    return status;
+}
+
+int dq_cmd_eval(int argc, char **argv)
+{
+    eval_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc)
+        return rc < 0 ? EVAL_OK : rc;
+    eval_data d;
+    if ((rc = load_data(&a, &d)) != 0)
+        return rc;
+    if (!a.ablation)
+        rc = run_codecs(&a, &d);
+    else if (strcmp(a.ablation, "drift") == 0)
+        rc = run_drift(&a, &d);
+    else
+        rc = run_ablation(&a, &d);
+    eval_data_free(&d);
+    return rc;
+}

@@ -1,0 +1,1282 @@
+/* dquant command-line tool: one subcommand per daemon operation — register, put, get, attend,
+ * delete, pin, unpin, stats, ping. Each is a thin layer over libdquant-client. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli_common.h"
+#include "commands.h"
+
+#define EXIT_HELP                                                                   \
+    "EXIT STATUS\n"                                                                 \
+    "       0 on success, 1 when the request failed (connection or server error, the\n" \
+    "       reason on stderr), 2 on a usage error.\n"
+
+/* ---- sequence options shared by several subcommands ---- */
+
+enum {
+    OPT_NS = CLI_OPT_FIRST_OWN,
+    OPT_KEY,
+    OPT_KEY_HEX,
+    OPT_MODEL,
+    OPT_LAYERS,
+    OPT_Q_HEADS,
+    OPT_KV_HEADS,
+    OPT_HEAD_DIM,
+    OPT_PROFILE,
+    OPT_PROFILE_FILE,
+    OPT_SAVE_PROFILE,
+    OPT_START,
+    OPT_LAYER,
+    OPT_TOKENS,
+    OPT_DTYPE,
+    OPT_K,
+    OPT_V,
+    OPT_RANDOM,
+    OPT_RAW,
+    OPT_OUT,
+    OPT_OUT_K,
+    OPT_OUT_V,
+    OPT_Q,
+    OPT_SCALE,
+    OPT_APPEND_K,
+    OPT_APPEND_V,
+    OPT_LSE,
+    OPT_COUNTER,
+    OPT_GAUGE,
+    OPT_COUNT,
+    OPT_SIZE,
+    OPT_INTERVAL,
+    OPT_QUIET,
+};
+
+#define SEQ_LONGOPTS                                    \
+    {"ns", required_argument, NULL, OPT_NS},            \
+    {"key", required_argument, NULL, OPT_KEY},          \
+    {"key-hex", required_argument, NULL, OPT_KEY_HEX}
+
+#define SEQ_HELP                                                                            \
+    "   --ns NAMESPACE\n"                                                                   \
+    "       Namespace of the sequence (default: the empty namespace).\n"                    \
+    "   --key KEY, --key-hex HEX\n"                                                         \
+    "       The sequence's key, as text or as hex-encoded bytes (one of them is required).\n"
+
+typedef struct seq_arg {
+    const char *ns;
+    uint8_t *key;   /* owned */
+    size_t key_len;
+    int set;
+} seq_arg;
+
+/* Handles --ns/--key/--key-hex. Returns 1 if opt was one of them (*bad set on a bad value). */
+static int seq_option(seq_arg *s, int opt, const char *arg, int *bad)
+{
+    switch (opt) {
+    case OPT_NS:
+        s->ns = arg;
+        return 1;
+    case OPT_KEY:
+        free(s->key);
+        s->key_len = strlen(arg);
+        s->key = malloc(s->key_len + 1);
+        if (!s->key) {
+            *bad = 1;
+            return 1;
+        }
+        memcpy(s->key, arg, s->key_len + 1);
+        s->set = 1;
+        return 1;
+    case OPT_KEY_HEX:
+        free(s->key);
+        s->key = NULL;
+        if (cli_hex_decode(arg, &s->key, &s->key_len)) {
+            fprintf(stderr, "dquant: --key-hex: '%s' is not an even number of hex digits\n", arg);
+            *bad = 1;
+        }
+        s->set = 1;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static dqc_seq seq_of(const seq_arg *s)
+{
+    return (dqc_seq){.ns = s->ns, .key = s->key, .key_len = s->key_len};
+}
+
+/* Common tail of every option loop: connection options, --help, unknown options. Returns -1 to
+ * continue parsing, or an exit status to return. */
+static int common_option(cli_conn *cc, int opt, const char *arg, const char *help)
+{
+    int rc;
+    if (cli_conn_option(cc, opt, arg, &rc))
+        return rc ? CLI_USAGE : -1;
+    if (opt == CLI_OPT_HELP) {
+        fputs(help, stdout);
+        return CLI_OK;
+    }
+    return CLI_USAGE;   /* getopt already printed the complaint */
+}
+
+#define BAD_VALUE(prog, name, arg) cli_error(CLI_USAGE, prog, "%s: bad value '%s' (see --help)", name, arg)
+
+/* ================================ register ================================ */
+
+static const char register_help[] =
+    "NAME\n"
+    "       dquant register - register a model with dquantd\n"
+    "\n"
+    "SYNOPSIS\n"
+    "       dquant register --model NAME --layers N --q-heads Q --kv-heads H --head-dim D\n"
+    "                       [--profile NAME | --profile-file FILE] [--save-profile FILE]\n"
+    "\n"
+    "DESCRIPTION\n"
+    "       Registers a model shape with its codec profile under a global name. Registering the same\n"
+    "       name with an identical spec again succeeds (\"existed\"); a different spec under the same\n"
+    "       name fails with EXISTS. Prints the profile's stored bits per value.\n"
+    "\n"
+    "OPTIONS\n"
+    "   --model NAME\n"
+    "       Model name (required).\n"
+    "   --layers N, --q-heads Q, --kv-heads H, --head-dim D\n"
+    "       The model's shape (defaults: 1 layer, 32 query heads, 8 KV heads of 128).\n"
+    "   --profile NAME\n"
+    "       A built-in codec profile, instantiated for the shape (default dq226; also dq196).\n"
+    "   --profile-file FILE\n"
+    "       A serialized dq_profile instead (as written by --save-profile).\n"
+    "   --save-profile FILE\n"
+    "       Write the serialized profile the daemon uses to FILE.\n" CLI_CONN_HELP "\n" EXIT_HELP "\n"
+    "EXAMPLES\n"
+    "       dquant register --model llama3-8b --layers 32 --q-heads 32 --kv-heads 8 --head-dim 128\n";
+
+int dq_cmd_register(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        CLI_CONN_LONGOPTS,
+        {"model", required_argument, NULL, OPT_MODEL},
+        {"layers", required_argument, NULL, OPT_LAYERS},
+        {"q-heads", required_argument, NULL, OPT_Q_HEADS},
+        {"kv-heads", required_argument, NULL, OPT_KV_HEADS},
+        {"head-dim", required_argument, NULL, OPT_HEAD_DIM},
+        {"profile", required_argument, NULL, OPT_PROFILE},
+        {"profile-file", required_argument, NULL, OPT_PROFILE_FILE},
+        {"save-profile", required_argument, NULL, OPT_SAVE_PROFILE},
+        {NULL, 0, NULL, 0},
+    };
+    const char *prog = "register";
+    cli_conn cc;
+    cli_conn_init(&cc);
+    dqc_model_spec spec = {.layers = 1, .q_heads = 32, .kv_heads = 8, .head_dim = 128, .profile_name = "dq226"};
+    const char *profile_file = NULL, *save = NULL;
+    void *profile = NULL;
+    dqc_client *c = NULL;
+    int status = CLI_USAGE, opt;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        switch (opt) {
+        case OPT_MODEL:
+            spec.name = optarg;
+            break;
+        case OPT_LAYERS:
+            if (cli_u32(optarg, &spec.layers) || !spec.layers) {
+                status = BAD_VALUE(prog, "--layers", optarg);
+                goto out;
+            }
+            break;
+        case OPT_Q_HEADS:
+            if (cli_u32(optarg, &spec.q_heads) || !spec.q_heads) {
+                status = BAD_VALUE(prog, "--q-heads", optarg);
+                goto out;
+            }
+            break;
+        case OPT_KV_HEADS:
+            if (cli_u32(optarg, &spec.kv_heads) || !spec.kv_heads) {
+                status = BAD_VALUE(prog, "--kv-heads", optarg);
+                goto out;
+            }
+            break;
+        case OPT_HEAD_DIM:
+            if (cli_u32(optarg, &spec.head_dim) || !spec.head_dim) {
+                status = BAD_VALUE(prog, "--head-dim", optarg);
+                goto out;
+            }
+            break;
+        case OPT_PROFILE:
+            spec.profile_name = optarg;
+            break;
+        case OPT_PROFILE_FILE:
+            profile_file = optarg;
+            break;
+        case OPT_SAVE_PROFILE:
+            save = optarg;
+            break;
+        default:
+            status = common_option(&cc, opt, optarg, register_help);
+            if (status >= 0)
+                goto out;
+        }
+    }
+    status = CLI_USAGE;
+    if (optind < argc) {
+        cli_error(status, prog, "unexpected argument '%s'", argv[optind]);
+        goto out;
+    }
+    if (!spec.name) {
+        cli_error(status, prog, "--model is required");
+        goto out;
+    }
+    if (profile_file) {
+        size_t len;
+        if (cli_read_file(profile_file, SIZE_MAX, &profile, &len))
+            goto out;
+        spec.profile = profile;
+        spec.profile_len = len;
+        spec.profile_name = NULL;
+    }
+    status = CLI_FAILED;
+    if (cli_connect(&cc, prog, &c))
+        goto out;
+    dqc_model_info info;
+    int rc = dqc_register_model(c, &spec, &info);
+    if (rc) {
+        cli_call_error(prog, "register", c, rc);
+        goto out;
+    }
+    printf("model %s: %s, %.4f bits/value, profile %zu bytes\n", spec.name,
+           info.existed ? "already registered" : "registered", info.bits_per_value, info.profile_len);
+    if (save && cli_write_file(save, info.profile, info.profile_len))
+        goto out;
+    status = CLI_OK;
+out:
+    dqc_free(c);
+    free(profile);
+    cli_conn_free(&cc);
+    return status;
+}
+
+/* ================================ put ================================ */
+
+static const char put_help[] =
+    "NAME\n"
+    "       dquant put - append K/V tokens to a sequence stored by dquantd\n"
+    "\n"
+    "SYNOPSIS\n"
+    "       dquant put --model NAME (--key KEY | --key-hex HEX) --tokens T\n"
+    "                  (--k FILE --v FILE | --random SEED) [OPTIONS]\n"
+    "\n"
+    "DESCRIPTION\n"
+    "       Appends tokens [START, START + T) to layers [LAYER, LAYER + N) of a sequence; the daemon\n"
+    "       compresses them with the model's profile. The sequence is created by its first PUT;\n"
+    "       START must equal each written layer's current length. All-or-nothing.\n"
+    "       K and V files hold raw little-endian values of DTYPE laid out as\n"
+    "       [N, T, KV_HEADS, HEAD_DIM]; --random fills both with N(0,1) draws instead.\n"
+    "\n"
+    "OPTIONS\n"
+    "   --model NAME\n"
+    "       A registered model (see dquant register).\n" SEQ_HELP
+    "   --start START\n"
+    "       First token position (default 0).\n"
+    "   --layer LAYER, --layers N\n"
+    "       First layer and number of layers written (defaults 0 and 1).\n"
+    "   --tokens T\n"
+    "       Tokens per layer (required).\n"
+    "   --kv-heads H, --head-dim D\n"
+    "       The model's KV shape (defaults 8 and 128).\n"
+    "   --dtype f32|f16|bf16\n"
+    "       Element type of the files (default bf16).\n"
+    "   --k FILE, --v FILE\n"
+    "       The keys and values.\n"
+    "   --random SEED\n"
+    "       Send random normal K/V generated from SEED.\n" CLI_CONN_HELP "\n" EXIT_HELP "\n"
+    "EXAMPLES\n"
+    "       dquant register --model m --layers 2\n"
+    "       dquant put --model m --key req-1 --layers 2 --tokens 256 --random 1\n";
+
+int dq_cmd_put(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        CLI_CONN_LONGOPTS,
+        SEQ_LONGOPTS,
+        {"model", required_argument, NULL, OPT_MODEL},
+        {"start", required_argument, NULL, OPT_START},
+        {"layer", required_argument, NULL, OPT_LAYER},
+        {"layers", required_argument, NULL, OPT_LAYERS},
+        {"tokens", required_argument, NULL, OPT_TOKENS},
+        {"kv-heads", required_argument, NULL, OPT_KV_HEADS},
+        {"head-dim", required_argument, NULL, OPT_HEAD_DIM},
+        {"dtype", required_argument, NULL, OPT_DTYPE},
+        {"k", required_argument, NULL, OPT_K},
+        {"v", required_argument, NULL, OPT_V},
+        {"random", required_argument, NULL, OPT_RANDOM},
+        {NULL, 0, NULL, 0},
+    };
+    const char *prog = "put";
+    cli_conn cc;
+    cli_conn_init(&cc);
+    seq_arg seq = {0};
+    dqc_put_args a = {.num_layers = 1, .kv_heads = 8, .head_dim = 128, .dtype = DQ_DTYPE_BF16};
+    const char *kfile = NULL, *vfile = NULL;
+    uint64_t seed = 0;
+    int have_seed = 0, bad = 0, opt, status = CLI_USAGE;
+    void *k = NULL, *v = NULL;
+    dqc_client *c = NULL;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        if (seq_option(&seq, opt, optarg, &bad)) {
+            if (bad)
+                goto out;
+            continue;
+        }
+        switch (opt) {
+        case OPT_MODEL:
+            a.model = optarg;
+            break;
+        case OPT_START:
+            if (cli_u64(optarg, &a.start_token)) {
+                status = BAD_VALUE(prog, "--start", optarg);
+                goto out;
+            }
+            break;
+        case OPT_LAYER:
+            if (cli_u32(optarg, &a.first_layer)) {
+                status = BAD_VALUE(prog, "--layer", optarg);
+                goto out;
+            }
+            break;
+        case OPT_LAYERS:
+            if (cli_u32(optarg, &a.num_layers) || !a.num_layers) {
+                status = BAD_VALUE(prog, "--layers", optarg);
+                goto out;
+            }
+            break;
+        case OPT_TOKENS:
+            if (cli_u64(optarg, &a.tokens) || !a.tokens) {
+                status = BAD_VALUE(prog, "--tokens", optarg);
+                goto out;
+            }
+            break;
+        case OPT_KV_HEADS:
+            if (cli_u32(optarg, &a.kv_heads) || !a.kv_heads) {
+                status = BAD_VALUE(prog, "--kv-heads", optarg);
+                goto out;
+            }
+            break;
+        case OPT_HEAD_DIM:
+            if (cli_u32(optarg, &a.head_dim) || !a.head_dim) {
+                status = BAD_VALUE(prog, "--head-dim", optarg);
+                goto out;
+            }
+            break;
+        case OPT_DTYPE:
+            if (cli_dtype(optarg, &a.dtype)) {
+                status = BAD_VALUE(prog, "--dtype", optarg);
+                goto out;
+            }
+            break;
+        case OPT_K:
+            kfile = optarg;
+            break;
+        case OPT_V:
+            vfile = optarg;
+            break;
+        case OPT_RANDOM:
+            if (cli_u64(optarg, &seed)) {
+                status = BAD_VALUE(prog, "--random", optarg);
+                goto out;
+            }
+            have_seed = 1;
+            break;
+        default:
+            status = common_option(&cc, opt, optarg, put_help);
+            if (status >= 0)
+                goto out;
+        }
+    }
+    status = CLI_USAGE;
+    if (optind < argc) {
+        cli_error(status, prog, "unexpected argument '%s'", argv[optind]);
+        goto out;
+    }
+    if (!a.model || !seq.set || !a.tokens) {
+        cli_error(status, prog, "--model, --key and --tokens are required");
+        goto out;
+    }
+    if (have_seed == !!(kfile || vfile) || (!have_seed && !(kfile && vfile))) {
+        cli_error(status, prog, "give either --k FILE and --v FILE, or --random SEED");
+        goto out;
+    }
+    size_t count = (size_t)a.num_layers * a.tokens * a.kv_heads * a.head_dim;
+    size_t bytes = count * cli_dtype_size(a.dtype);
+    status = CLI_FAILED;
+    if (have_seed) {
+        k = malloc(bytes);
+        v = malloc(bytes);
+        if (!k || !v) {
+            cli_error(status, prog, "out of memory for %zu bytes", bytes);
+            goto out;
+        }
+        cli_fill_normal(k, a.dtype, count, &seed);
+        cli_fill_normal(v, a.dtype, count, &seed);
+    } else if (cli_read_file(kfile, bytes, &k, NULL) || cli_read_file(vfile, bytes, &v, NULL)) {
+        goto out;
+    }
+    a.seq = seq_of(&seq);
+    a.k = k;
+    a.v = v;
+    if (cli_connect(&cc, prog, &c))
+        goto out;
+    dqc_put_result r;
+    uint64_t t0 = cli_now_ns();
+    int rc = dqc_put(c, &a, &r);
+    double ms = (double)(cli_now_ns() - t0) / 1e6;
+    if (rc) {
+        cli_call_error(prog, "put", c, rc);
+        goto out;
+    }
+    printf("put %llu tokens x %u layers (%zu bytes of %s K+V) in %.3f ms: sequence now %llu tokens, "
+           "%llu bytes stored, %llu streams encoded, %llu retries\n",
+           (unsigned long long)a.tokens, a.num_layers, 2 * bytes, cli_dtype_name(a.dtype), ms,
+           (unsigned long long)r.tokens, (unsigned long long)r.stored_bytes, (unsigned long long)r.streams_encoded,
+           (unsigned long long)r.retries);
+    status = CLI_OK;
+out:
+    dqc_free(c);
+    free(k);
+    free(v);
+    free(seq.key);
+    cli_conn_free(&cc);
+    return status;
+}
+
+/* ================================ get ================================ */
+
+static const char get_help[] =
+    "NAME\n"
+    "       dquant get - read K/V tokens of a sequence back from dquantd\n"
+    "\n"
+    "SYNOPSIS\n"
+    "       dquant get (--key KEY | --key-hex HEX) [--layer L] [--layers N] [--start S]\n"
+    "                  [--tokens T] [--dtype f32|f16|bf16] [--out-k FILE] [--out-v FILE]\n"
+    "       dquant get (--key KEY | --key-hex HEX) --raw [--layer L] [--layers N] [--out PREFIX]\n"
+    "\n"
+    "DESCRIPTION\n"
+    "       Decompressed form: tokens [S, S + T) of layers [L, L + N) as [N, T, KV_HEADS, HEAD_DIM]\n"
+    "       of DTYPE. Prints the shape and the RMS and largest magnitude of K and V; --out-k and\n"
+    "       --out-v write the raw little-endian tensors.\n"
+    "       Raw form (--raw): the stored containers of whole layers. Prints per layer the tokens,\n"
+    "       sealed windows and BF16 tail; --out PREFIX writes PREFIX.profile (serialized profile),\n"
+    "       PREFIX.L<layer>.records (window records back to back) and PREFIX.L<layer>.tail_k /\n"
+    "       .tail_v (BF16 tail), ready for libdquant's dq_profile_deserialize / dq_layer_restore.\n"
+    "\n"
+    "OPTIONS\n" SEQ_HELP
+    "   --layer L, --layers N\n"
+    "       First layer (default 0) and number of layers (default 0: every layer from L).\n"
+    "   --start S, --tokens T\n"
+    "       Token range (defaults 0 and 0: up to the end).\n"
+    "   --dtype f32|f16|bf16\n"
+    "       Element type of the returned tensors (default f32).\n"
+    "   --out-k FILE, --out-v FILE\n"
+    "       Write the keys / values.\n"
+    "   --raw\n"
+    "       Fetch the raw containers instead.\n"
+    "   --out PREFIX\n"
+    "       With --raw: write the profile, records and tails to files named from PREFIX.\n"
+    "   --quiet\n"
+    "       Print nothing on success.\n" CLI_CONN_HELP "\n" EXIT_HELP "\n"
+    "EXAMPLES\n"
+    "       dquant get --key req-1 --layer 0 --layers 1 --dtype bf16 --out-k k.bin --out-v v.bin\n"
+    "       dquant get --key req-1 --raw --out /tmp/req1\n";
+
+static void tensor_summary(const char *name, const void *data, dq_dtype dtype, size_t count)
+{
+    double ss = 0, mx = 0;
+    float buf[1024];
+    size_t es = cli_dtype_size(dtype);
+    for (size_t i = 0; i < count; i += 1024) {
+        size_t n = count - i < 1024 ? count - i : 1024;
+        cli_to_f32((const uint8_t *)data + i * es, dtype, n, buf);
+        for (size_t j = 0; j < n; j++) {
+            ss += (double)buf[j] * buf[j];
+            if (fabs(buf[j]) > mx)
+                mx = fabs(buf[j]);
+        }
+    }
+    printf("  %s: rms %.6g, max |x| %.6g\n", name, count ? sqrt(ss / (double)count) : 0.0, mx);
+}
+
+static int get_raw(dqc_client *c, const char *prog, const seq_arg *seq, uint32_t layer, uint32_t layers,
+                   const char *prefix, int quiet)
+{
+    dqc_raw_result r = {0};
+    dqc_seq s = seq_of(seq);
+    int status = CLI_FAILED;
+    int rc = dqc_get_raw(c, &s, layer, layers, &r);
+    if (rc) {
+        cli_call_error(prog, "get raw", c, rc);
+        goto out;
+    }
+    if (!quiet)
+        printf("profile %zu bytes, %zu layers\n", r.profile_len, r.nlayers);
+    char path[4096];
+    if (prefix) {
+        snprintf(path, sizeof path, "%s.profile", prefix);
+        if (cli_write_file(path, r.profile, r.profile_len))
+            goto out;
+    }
+    for (size_t i = 0; i < r.nlayers; i++) {
+        const dqc_raw_layer *l = &r.layers[i];
+        if (!quiet)
+            printf("  layer %u: %llu tokens = %llu windows (%zu record bytes) + %llu tail tokens\n", l->layer,
+                   (unsigned long long)l->tokens, (unsigned long long)l->windows, l->records_bytes,
+                   (unsigned long long)l->tail_tokens);
+        if (!prefix)
+            continue;
+        snprintf(path, sizeof path, "%s.L%u.records", prefix, l->layer);
+        if (cli_write_file(path, l->records, l->records_bytes))
+            goto out;
+        snprintf(path, sizeof path, "%s.L%u.tail_k", prefix, l->layer);
+        if (cli_write_file(path, l->tail_k, l->tail_bytes))
+            goto out;
+        snprintf(path, sizeof path, "%s.L%u.tail_v", prefix, l->layer);
+        if (cli_write_file(path, l->tail_v, l->tail_bytes))
+            goto out;
+    }
+    status = CLI_OK;
+out:
+    dqc_raw_result_free(&r);
+    return status;
+}
+
+int dq_cmd_get(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        CLI_CONN_LONGOPTS,
+        SEQ_LONGOPTS,
+        {"layer", required_argument, NULL, OPT_LAYER},
+        {"layers", required_argument, NULL, OPT_LAYERS},
+        {"start", required_argument, NULL, OPT_START},
+        {"tokens", required_argument, NULL, OPT_TOKENS},
+        {"dtype", required_argument, NULL, OPT_DTYPE},
+        {"out-k", required_argument, NULL, OPT_OUT_K},
+        {"out-v", required_argument, NULL, OPT_OUT_V},
+        {"raw", no_argument, NULL, OPT_RAW},
+        {"out", required_argument, NULL, OPT_OUT},
+        {"quiet", no_argument, NULL, OPT_QUIET},
+        {NULL, 0, NULL, 0},
+    };
+    const char *prog = "get";
+    cli_conn cc;
+    cli_conn_init(&cc);
+    seq_arg seq = {0};
+    dqc_get_args a = {.dtype = DQ_DTYPE_F32};
+    const char *outk = NULL, *outv = NULL, *prefix = NULL;
+    int raw = 0, quiet = 0, bad = 0, opt, status = CLI_USAGE;
+    dqc_client *c = NULL;
+    dqc_get_result r = {0};
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        if (seq_option(&seq, opt, optarg, &bad)) {
+            if (bad)
+                goto out;
+            continue;
+        }
+        switch (opt) {
+        case OPT_LAYER:
+            if (cli_u32(optarg, &a.first_layer)) {
+                status = BAD_VALUE(prog, "--layer", optarg);
+                goto out;
+            }
+            break;
+        case OPT_LAYERS:
+            if (cli_u32(optarg, &a.num_layers)) {
+                status = BAD_VALUE(prog, "--layers", optarg);
+                goto out;
+            }
+            break;
+        case OPT_START:
+            if (cli_u64(optarg, &a.start_token)) {
+                status = BAD_VALUE(prog, "--start", optarg);
+                goto out;
+            }
+            break;
+        case OPT_TOKENS:
+            if (cli_u64(optarg, &a.tokens)) {
+                status = BAD_VALUE(prog, "--tokens", optarg);
+                goto out;
+            }
+            break;
+        case OPT_DTYPE:
+            if (cli_dtype(optarg, &a.dtype)) {
+                status = BAD_VALUE(prog, "--dtype", optarg);
+                goto out;
+            }
+            break;
+        case OPT_OUT_K:
+            outk = optarg;
+            break;
+        case OPT_OUT_V:
+            outv = optarg;
+            break;
+        case OPT_RAW:
+            raw = 1;
+            break;
+        case OPT_OUT:
+            prefix = optarg;
+            break;
+        case OPT_QUIET:
+            quiet = 1;
+            break;
+        default:
+            status = common_option(&cc, opt, optarg, get_help);
+            if (status >= 0)
+                goto out;
+        }
+    }
+    status = CLI_USAGE;
+    if (optind < argc) {
+        cli_error(status, prog, "unexpected argument '%s'", argv[optind]);
+        goto out;
+    }
+    if (!seq.set) {
+        cli_error(status, prog, "--key or --key-hex is required");
+        goto out;
+    }
+    if (raw && (outk || outv)) {
+        cli_error(status, prog, "--raw writes with --out PREFIX, not --out-k/--out-v");
+        goto out;
+    }
+    if (!raw && prefix) {
+        cli_error(status, prog, "--out PREFIX needs --raw (use --out-k/--out-v)");
+        goto out;
+    }
+    status = CLI_FAILED;
+    if (cli_connect(&cc, prog, &c))
+        goto out;
+    if (raw) {
+        status = get_raw(c, prog, &seq, a.first_layer, a.num_layers, prefix, quiet);
+        goto out;
+    }
+    a.seq = seq_of(&seq);
+    uint64_t t0 = cli_now_ns();
+    int rc = dqc_get(c, &a, &r);
+    double ms = (double)(cli_now_ns() - t0) / 1e6;
+    if (rc) {
+        cli_call_error(prog, "get", c, rc);
+        goto out;
+    }
+    if (!quiet) {
+        printf("tokens [%llu, %llu) of %u layers x %u kv heads x %u, %s, %zu bytes each of K and V, %.3f ms\n",
+               (unsigned long long)r.start_token, (unsigned long long)(r.start_token + r.tokens), r.num_layers,
+               r.kv_heads, r.head_dim, cli_dtype_name(r.dtype), r.bytes, ms);
+        size_t count = r.bytes / cli_dtype_size(r.dtype);
+        tensor_summary("k", r.k, r.dtype, count);
+        tensor_summary("v", r.v, r.dtype, count);
+    }
+    if (outk && cli_write_file(outk, r.k, r.bytes))
+        goto out;
+    if (outv && cli_write_file(outv, r.v, r.bytes))
+        goto out;
+    status = CLI_OK;
+out:
+    dqc_get_result_free(&r);
+    dqc_free(c);
+    free(seq.key);
+    cli_conn_free(&cc);
+    return status;
+}
+
+/* ================================ attend ================================ */
+
+static const char attend_help[] =
+    "NAME\n"
+    "       dquant attend - decode attention computed by dquantd on compressed KV\n"
+    "\n"
+    "SYNOPSIS\n"
+    "       dquant attend (--key KEY | --key-hex HEX)... --layer L (--q FILE | --random SEED)\n"
+    "                     [--q-heads Q] [--head-dim D] [--dtype f32|f16|bf16] [--scale S]\n"
+    "                     [--append-k FILE --append-v FILE --kv-heads H] [--out FILE] [--lse FILE]\n"
+    "\n"
+    "DESCRIPTION\n"
+    "       One batched ATTEND request with one item per --key (all in the --ns namespace, all at\n"
+    "       layer L): softmax(scale q.K^T) V over every token of the layer, computed on the\n"
+    "       containers. The query file holds [ITEMS, Q, D] values of DTYPE; with --append-k/-v\n"
+    "       ([ITEMS, 1, H, D] each) every item's sequence first gets one more token. Prints each\n"
+    "       item's output RMS and the log-sum-exp of its first heads; --out writes the f32 output\n"
+    "       [ITEMS, Q, D] and --lse the f32 log-sum-exp [ITEMS, Q].\n"
+    "\n"
+    "OPTIONS\n" SEQ_HELP
+    "       Repeat --key / --key-hex for a batch of items.\n"
+    "   --layer L\n"
+    "       Layer attended (default 0).\n"
+    "   --q-heads Q, --head-dim D, --kv-heads H\n"
+    "       Query heads (default 32), head size (default 128), KV heads for appends (default 8).\n"
+    "   --dtype f32|f16|bf16\n"
+    "       Element type of the query and appended files (default f32).\n"
+    "   --q FILE | --random SEED\n"
+    "       The queries, from a file or random normal.\n"
+    "   --scale S\n"
+    "       Logit scale (default 0: 1/sqrt(D)).\n"
+    "   --append-k FILE, --append-v FILE\n"
+    "       Append one token per item before attending (not retried after a broken connection).\n"
+    "   --out FILE, --lse FILE\n"
+    "       Write the outputs / log-sum-exps.\n"
+    "   --quiet\n"
+    "       Print nothing on success.\n" CLI_CONN_HELP "\n" EXIT_HELP "\n"
+    "EXAMPLES\n"
+    "       dquant attend --key req-1 --key req-2 --layer 3 --random 7\n";
+
+#define MAX_ATTEND_KEYS 4096
+
+int dq_cmd_attend(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        CLI_CONN_LONGOPTS,
+        SEQ_LONGOPTS,
+        {"layer", required_argument, NULL, OPT_LAYER},
+        {"q-heads", required_argument, NULL, OPT_Q_HEADS},
+        {"kv-heads", required_argument, NULL, OPT_KV_HEADS},
+        {"head-dim", required_argument, NULL, OPT_HEAD_DIM},
+        {"dtype", required_argument, NULL, OPT_DTYPE},
+        {"q", required_argument, NULL, OPT_Q},
+        {"random", required_argument, NULL, OPT_RANDOM},
+        {"scale", required_argument, NULL, OPT_SCALE},
+        {"append-k", required_argument, NULL, OPT_APPEND_K},
+        {"append-v", required_argument, NULL, OPT_APPEND_V},
+        {"out", required_argument, NULL, OPT_OUT},
+        {"lse", required_argument, NULL, OPT_LSE},
+        {"quiet", no_argument, NULL, OPT_QUIET},
+        {NULL, 0, NULL, 0},
+    };
+    const char *prog = "attend";
+    cli_conn cc;
+    cli_conn_init(&cc);
+    seq_arg *keys = calloc(MAX_ATTEND_KEYS, sizeof *keys);
+    size_t nkeys = 0;
+    const char *ns = NULL, *qfile = NULL, *akfile = NULL, *avfile = NULL, *outfile = NULL, *lsefile = NULL;
+    uint32_t layer = 0;
+    dqc_attend_args a = {.q_heads = 32, .kv_heads = 8, .head_dim = 128, .dtype = DQ_DTYPE_F32};
+    uint64_t seed = 0;
+    int have_seed = 0, quiet = 0, bad = 0, opt, status = CLI_USAGE;
+    void *q = NULL, *ak = NULL, *av = NULL;
+    float *out = NULL, *lse = NULL;
+    dqc_attend_item *items = NULL;
+    dqc_client *c = NULL;
+    if (!keys)
+        return cli_error(CLI_FAILED, prog, "out of memory");
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        if (opt == OPT_NS) {
+            ns = optarg;
+            continue;
+        }
+        if (opt == OPT_KEY || opt == OPT_KEY_HEX) {
+            if (nkeys == MAX_ATTEND_KEYS) {
+                cli_error(status, prog, "more than %d keys", MAX_ATTEND_KEYS);
+                goto out;
+            }
+            seq_option(&keys[nkeys++], opt, optarg, &bad);
+            if (bad)
+                goto out;
+            continue;
+        }
+        switch (opt) {
+        case OPT_LAYER:
+            if (cli_u32(optarg, &layer)) {
+                status = BAD_VALUE(prog, "--layer", optarg);
+                goto out;
+            }
+            break;
+        case OPT_Q_HEADS:
+            if (cli_u32(optarg, &a.q_heads) || !a.q_heads) {
+                status = BAD_VALUE(prog, "--q-heads", optarg);
+                goto out;
+            }
+            break;
+        case OPT_KV_HEADS:
+            if (cli_u32(optarg, &a.kv_heads) || !a.kv_heads) {
+                status = BAD_VALUE(prog, "--kv-heads", optarg);
+                goto out;
+            }
+            break;
+        case OPT_HEAD_DIM:
+            if (cli_u32(optarg, &a.head_dim) || !a.head_dim) {
+                status = BAD_VALUE(prog, "--head-dim", optarg);
+                goto out;
+            }
+            break;
+        case OPT_DTYPE:
+            if (cli_dtype(optarg, &a.dtype)) {
+                status = BAD_VALUE(prog, "--dtype", optarg);
+                goto out;
+            }
+            break;
+        case OPT_Q:
+            qfile = optarg;
+            break;
+        case OPT_RANDOM:
+            if (cli_u64(optarg, &seed)) {
+                status = BAD_VALUE(prog, "--random", optarg);
+                goto out;
+            }
+            have_seed = 1;
+            break;
+        case OPT_SCALE: {
+            double s;
+            if (cli_double(optarg, &s) || s < 0) {
+                status = BAD_VALUE(prog, "--scale", optarg);
+                goto out;
+            }
+            a.scale = (float)s;
+            break;
+        }
+        case OPT_APPEND_K:
+            akfile = optarg;
+            break;
+        case OPT_APPEND_V:
+            avfile = optarg;
+            break;
+        case OPT_OUT:
+            outfile = optarg;
+            break;
+        case OPT_LSE:
+            lsefile = optarg;
+            break;
+        case OPT_QUIET:
+            quiet = 1;
+            break;
+        default:
+            status = common_option(&cc, opt, optarg, attend_help);
+            if (status >= 0)
+                goto out;
+        }
+    }
+    status = CLI_USAGE;
+    if (optind < argc) {
+        cli_error(status, prog, "unexpected argument '%s'", argv[optind]);
+        goto out;
+    }
+    if (!nkeys) {
+        cli_error(status, prog, "at least one --key is required");
+        goto out;
+    }
+    if (have_seed == !!qfile) {
+        cli_error(status, prog, "give either --q FILE or --random SEED");
+        goto out;
+    }
+    if (!akfile != !avfile) {
+        cli_error(status, prog, "--append-k and --append-v go together");
+        goto out;
+    }
+    status = CLI_FAILED;
+    size_t es = cli_dtype_size(a.dtype);
+    size_t qcount = nkeys * a.q_heads * a.head_dim, acount = nkeys * a.kv_heads * a.head_dim;
+    if (qfile) {
+        if (cli_read_file(qfile, qcount * es, &q, NULL))
+            goto out;
+    } else {
+        q = malloc(qcount * es);
+        if (!q) {
+            cli_error(status, prog, "out of memory");
+            goto out;
+        }
+        cli_fill_normal(q, a.dtype, qcount, &seed);
+    }
+    if (akfile && (cli_read_file(akfile, acount * es, &ak, NULL) || cli_read_file(avfile, acount * es, &av, NULL)))
+        goto out;
+    items = calloc(nkeys, sizeof *items);
+    out = malloc(qcount * sizeof *out);
+    lse = malloc(nkeys * a.q_heads * sizeof *lse);
+    if (!items || !out || !lse) {
+        cli_error(status, prog, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < nkeys; i++) {
+        keys[i].ns = ns;
+        items[i].seq = seq_of(&keys[i]);
+        items[i].layer = layer;
+        items[i].q = (const uint8_t *)q + i * a.q_heads * a.head_dim * es;
+        if (ak) {
+            items[i].append_k = (const uint8_t *)ak + i * a.kv_heads * a.head_dim * es;
+            items[i].append_v = (const uint8_t *)av + i * a.kv_heads * a.head_dim * es;
+        }
+    }
+    a.items = items;
+    a.nitems = nkeys;
+    if (cli_connect(&cc, prog, &c))
+        goto out;
+    uint64_t t0 = cli_now_ns();
+    int rc = dqc_attend(c, &a, out, lse);
+    double ms = (double)(cli_now_ns() - t0) / 1e6;
+    if (rc) {
+        cli_call_error(prog, "attend", c, rc);
+        goto out;
+    }
+    if (!quiet) {
+        printf("attend: %zu items x %u heads x %u at layer %u in %.3f ms\n", nkeys, a.q_heads, a.head_dim, layer, ms);
+        for (size_t i = 0; i < nkeys; i++) {
+            double ss = 0;
+            const float *o = out + i * a.q_heads * a.head_dim;
+            for (size_t j = 0; j < (size_t)a.q_heads * a.head_dim; j++)
+                ss += (double)o[j] * o[j];
+            printf("  item %zu: out rms %.6g, lse", i, sqrt(ss / ((double)a.q_heads * a.head_dim)));
+            for (uint32_t h = 0; h < a.q_heads && h < 4; h++)
+                printf(" %.6g", lse[i * a.q_heads + h]);
+            printf("%s\n", a.q_heads > 4 ? " ..." : "");
+        }
+    }
+    if (outfile && cli_write_file(outfile, out, qcount * sizeof *out))
+        goto out;
+    if (lsefile && cli_write_file(lsefile, lse, nkeys * a.q_heads * sizeof *lse))
+        goto out;
+    status = CLI_OK;
+out:
+    dqc_free(c);
+    for (size_t i = 0; i < nkeys; i++)
+        free(keys[i].key);
+    free(keys);
+    free(items);
+    free(q);
+    free(ak);
+    free(av);
+    free(out);
+    free(lse);
+    cli_conn_free(&cc);
+    return status;
+}
+
+/* ============================ delete / pin / unpin ============================ */
+
+static const char delete_help[] =
+    "NAME\n"
+    "       dquant delete - delete a sequence from dquantd\n"
+    "\n"
+    "SYNOPSIS\n"
+    "       dquant delete (--key KEY | --key-hex HEX) [--ns NS]\n"
+    "\n"
+    "DESCRIPTION\n"
+    "       Frees every layer of the sequence. Fails with NOT_FOUND when it does not exist.\n"
+    "\n"
+    "OPTIONS\n" SEQ_HELP CLI_CONN_HELP "\n" EXIT_HELP;
+
+static const char pin_help[] =
+    "NAME\n"
+    "       dquant pin - protect a sequence from eviction\n"
+    "\n"
+    "SYNOPSIS\n"
+    "       dquant pin (--key KEY | --key-hex HEX) [--ns NS]\n"
+    "\n"
+    "DESCRIPTION\n"
+    "       A pinned sequence is never evicted to make room (a PUT that cannot fit without evicting\n"
+    "       it fails with RESOURCE_EXHAUSTED instead). Undo with dquant unpin.\n"
+    "\n"
+    "OPTIONS\n" SEQ_HELP CLI_CONN_HELP "\n" EXIT_HELP;
+
+static const char unpin_help[] =
+    "NAME\n"
+    "       dquant unpin - make a pinned sequence evictable again\n"
+    "\n"
+    "SYNOPSIS\n"
+    "       dquant unpin (--key KEY | --key-hex HEX) [--ns NS]\n"
+    "\n"
+    "OPTIONS\n" SEQ_HELP CLI_CONN_HELP "\n" EXIT_HELP;
+
+static int seq_command(int argc, char **argv, const char *prog, const char *help,
+                       int (*fn)(dqc_client *, const dqc_seq *))
+{
+    static const struct option longopts[] = {
+        CLI_CONN_LONGOPTS,
+        SEQ_LONGOPTS,
+        {NULL, 0, NULL, 0},
+    };
+    cli_conn cc;
+    cli_conn_init(&cc);
+    seq_arg seq = {0};
+    int bad = 0, opt, status = CLI_USAGE;
+    dqc_client *c = NULL;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        if (seq_option(&seq, opt, optarg, &bad)) {
+            if (bad)
+                goto out;
+            continue;
+        }
+        status = common_option(&cc, opt, optarg, help);
+        if (status >= 0)
+            goto out;
+    }
+    status = CLI_USAGE;
+    if (optind < argc) {
+        cli_error(status, prog, "unexpected argument '%s'", argv[optind]);
+        goto out;
+    }
+    if (!seq.set) {
+        cli_error(status, prog, "--key or --key-hex is required");
+        goto out;
+    }
+    status = CLI_FAILED;
+    if (cli_connect(&cc, prog, &c))
+        goto out;
+    dqc_seq s = seq_of(&seq);
+    int rc = fn(c, &s);
+    if (rc) {
+        cli_call_error(prog, prog, c, rc);
+        goto out;
+    }
+    status = CLI_OK;
+out:
+    dqc_free(c);
+    free(seq.key);
+    cli_conn_free(&cc);
+    return status;
+}
+
+int dq_cmd_delete(int argc, char **argv)
+{
+    return seq_command(argc, argv, "delete", delete_help, dqc_delete);
+}
+
+int dq_cmd_pin(int argc, char **argv)
+{
+    return seq_command(argc, argv, "pin", pin_help, dqc_pin);
+}
+
+int dq_cmd_unpin(int argc, char **argv)
+{
+    return seq_command(argc, argv, "unpin", unpin_help, dqc_unpin);
+}
+
+/* ================================ stats ================================ */
+
+static const char stats_help[] =
+    "NAME\n"
+    "       dquant stats - print dquantd's counters and gauges\n"
+    "\n"
+    "SYNOPSIS\n"
+    "       dquant stats [--counter NAME | --gauge NAME]\n"
+    "\n"
+    "DESCRIPTION\n"
+    "       Prints every counter and gauge as \"NAME VALUE\", sorted by name, under a \"# counters\"\n"
+    "       and a \"# gauges\" heading. With --counter or --gauge prints only that value (exit\n"
+    "       status 1 if the daemon has no such name), for scripts.\n"
+    "\n"
+    "OPTIONS\n"
+    "   --counter NAME, --gauge NAME\n"
+    "       Print one value.\n" CLI_CONN_HELP "\n" EXIT_HELP "\n"
+    "EXAMPLES\n"
+    "       dquant stats --connect tcp://127.0.0.1:7733\n"
+    "       dquant stats --gauge store_bytes\n";
+
+int dq_cmd_stats(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        CLI_CONN_LONGOPTS,
+        {"counter", required_argument, NULL, OPT_COUNTER},
+        {"gauge", required_argument, NULL, OPT_GAUGE},
+        {NULL, 0, NULL, 0},
+    };
+    const char *prog = "stats";
+    cli_conn cc;
+    cli_conn_init(&cc);
+    const char *counter = NULL, *gauge = NULL;
+    int opt, status = CLI_USAGE;
+    dqc_client *c = NULL;
+    dqc_stats_result r = {0};
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        switch (opt) {
+        case OPT_COUNTER:
+            counter = optarg;
+            break;
+        case OPT_GAUGE:
+            gauge = optarg;
+            break;
+        default:
+            status = common_option(&cc, opt, optarg, stats_help);
+            if (status >= 0)
+                goto out;
+        }
+    }
+    status = CLI_USAGE;
+    if (optind < argc) {
+        cli_error(status, prog, "unexpected argument '%s'", argv[optind]);
+        goto out;
+    }
+    if (counter && gauge) {
+        cli_error(status, prog, "give --counter or --gauge, not both");
+        goto out;
+    }
+    status = CLI_FAILED;
+    if (cli_connect(&cc, prog, &c))
+        goto out;
+    int rc = dqc_stats(c, &r);
+    if (rc) {
+        cli_call_error(prog, "stats", c, rc);
+        goto out;
+    }
+    if (counter) {
+        uint64_t v;
+        if (dqc_stats_counter(&r, counter, &v)) {
+            cli_error(status, prog, "no counter named '%s'", counter);
+            goto out;
+        }
+        printf("%llu\n", (unsigned long long)v);
+    } else if (gauge) {
+        double v;
+        if (dqc_stats_gauge(&r, gauge, &v)) {
+            cli_error(status, prog, "no gauge named '%s'", gauge);
+            goto out;
+        }
+        printf("%.17g\n", v);
+    } else {
+        printf("# counters\n");
+        for (size_t i = 0; i < r.ncounters; i++)
+            printf("%s %llu\n", r.counters[i].name, (unsigned long long)r.counters[i].value);
+        printf("# gauges\n");
+        for (size_t i = 0; i < r.ngauges; i++)
+            printf("%s %.17g\n", r.gauges[i].name, r.gauges[i].value);
+    }
+    status = CLI_OK;
+out:
+    dqc_stats_result_free(&r);
+    dqc_free(c);
+    cli_conn_free(&cc);
+    return status;
+}
+
+/* ================================ ping ================================ */
+
+static const char ping_help[] =
+    "NAME\n"
+    "       dquant ping - check that dquantd answers, and how fast\n"
+    "\n"
+    "SYNOPSIS\n"
+    "       dquant ping [--count N] [--size BYTES] [--interval MS] [--quiet]\n"
+    "\n"
+    "DESCRIPTION\n"
+    "       Connects (HELLO), prints what the daemon announced (version, backend, limits,\n"
+    "       profiles), then sends N PINGs carrying BYTES random bytes each, checks every echo and\n"
+    "       prints each round trip and a min/avg/max summary.\n"
+    "\n"
+    "OPTIONS\n"
+    "   --count N\n"
+    "       Number of pings (default 1).\n"
+    "   --size BYTES\n"
+    "       Payload of each ping (default 0; K/M suffixes allowed).\n"
+    "   --interval MS\n"
+    "       Pause between pings (default 0).\n"
+    "   --quiet\n"
+    "       Print only the summary line.\n" CLI_CONN_HELP "\n" EXIT_HELP "\n"
+    "EXAMPLES\n"
+    "       dquant ping\n"
+    "       dquant ping --connect tcp://127.0.0.1:7733 --count 5 --size 4K\n";
+
+int dq_cmd_ping(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        CLI_CONN_LONGOPTS,
+        {"count", required_argument, NULL, OPT_COUNT},
+        {"size", required_argument, NULL, OPT_SIZE},
+        {"interval", required_argument, NULL, OPT_INTERVAL},
+        {"quiet", no_argument, NULL, OPT_QUIET},
+        {NULL, 0, NULL, 0},
+    };
+    const char *prog = "ping";
+    cli_conn cc;
+    cli_conn_init(&cc);
+    uint64_t count = 1, size = 0;
+    uint32_t interval = 0;
+    int quiet = 0, opt, status = CLI_USAGE;
+    dqc_client *c = NULL;
+    uint8_t *data = NULL;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        switch (opt) {
+        case OPT_COUNT:
+            if (cli_u64(optarg, &count) || !count) {
+                status = BAD_VALUE(prog, "--count", optarg);
+                goto out;
+            }
+            break;
+        case OPT_SIZE:
+            if (cli_size(optarg, &size) || size > (1ull << 30)) {
+                status = BAD_VALUE(prog, "--size", optarg);
+                goto out;
+            }
+            break;
+        case OPT_INTERVAL:
+            if (cli_u32(optarg, &interval)) {
+                status = BAD_VALUE(prog, "--interval", optarg);
+                goto out;
+            }
+            break;
+        case OPT_QUIET:
+            quiet = 1;
+            break;
+        default:
+            status = common_option(&cc, opt, optarg, ping_help);
+            if (status >= 0)
+                goto out;
+        }
+    }
+    status = CLI_USAGE;
+    if (optind < argc) {
+        cli_error(status, prog, "unexpected argument '%s'", argv[optind]);
+        goto out;
+    }
+    status = CLI_FAILED;
+    data = malloc(size ? size : 1);
+    if (!data) {
+        cli_error(status, prog, "out of memory");
+        goto out;
+    }
+    uint64_t st = 42;
+    for (uint64_t i = 0; i < size; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        data[i] = (uint8_t)(st >> 56);
+    }
+    if (cli_connect(&cc, prog, &c))
+        goto out;
+    if (!quiet) {
+        dqc_server_info in;
+        dqc_server(c, &in);
+        printf("PING %s: dquantd %s, protocol %u, backend %s, max payload %llu, max batch %u, profiles", cc.addr,
+               in.server_version, in.version, in.backend, (unsigned long long)in.max_payload_bytes,
+               in.max_batch_items);
+        for (size_t i = 0; i < in.nprofiles; i++)
+            printf("%s%s", i ? "," : " ", in.profiles[i]);
+        printf("\n");
+    }
+    double mn = 1e300, mx = 0, sum = 0;
+    uint64_t ok = 0;
+    for (uint64_t i = 0; i < count; i++) {
+        if (i && interval) {
+            struct timespec ts = {.tv_sec = interval / 1000, .tv_nsec = (long)(interval % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        uint64_t t0 = cli_now_ns();
+        int rc = dqc_ping(c, data, size);
+        double ms = (double)(cli_now_ns() - t0) / 1e6;
+        if (rc) {
+            cli_call_error(prog, "ping", c, rc);
+            continue;
+        }
+        ok++;
+        sum += ms;
+        mn = ms < mn ? ms : mn;
+        mx = ms > mx ? ms : mx;
+        if (!quiet)
+            printf("%llu bytes: seq=%llu time=%.3f ms\n", (unsigned long long)size, (unsigned long long)(i + 1), ms);
+    }
+    printf("%llu sent, %llu ok", (unsigned long long)count, (unsigned long long)ok);
+    if (ok)
+        printf(", rtt min/avg/max = %.3f/%.3f/%.3f ms", mn, sum / (double)ok, mx);
+    printf("\n");
+    status = ok == count ? CLI_OK : CLI_FAILED;
+out:
+    dqc_free(c);
+    free(data);
+    cli_conn_free(&cc);
+    return status;
+}
