@@ -13,8 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "codec_run.h"
 #include "commands.h"
 #include "dquant/dquant.h"
 
@@ -32,74 +32,6 @@ static int codec_err(int status, const char *fmt, ...)
     fputc('\n', stderr);
     va_end(ap);
     return status;
-}
-
-typedef struct rt_result {
-    uint64_t streams, tokens, retries, fallbacks;
-    uint32_t container_bytes, max_payload;
-    uint64_t stored_bytes;
-    double bits_per_value, nmse, moved_fraction;
-    uint32_t max_move;
-    double encode_s;
-} rt_result;
-
-/* Encodes ntok tokens of x (f32, [ntok, n]) as one layer's keys (window means, the last window
- * over its own tokens) or values, decodes into xhat (f32), fills res. */
-static int roundtrip_f32(const dq_profile *p, dq_kind kind, const float *x, size_t ntok, float *xhat,
-                         rt_result *res)
-{
-    dq_codec *c = NULL;
-    dq_workspace *ws = NULL;
-    uint8_t *records = NULL, *means = NULL;
-    int rc = dq_codec_create(p, NULL, &c);
-    if (rc == DQ_OK)
-        rc = dq_workspace_create(c, &ws);
-    if (rc != DQ_OK)
-        goto out;
-    const size_t n = dq_codec_stream_len(c), W = p->window, rb = dq_codec_record_bytes(c, kind);
-    const size_t nwin = (ntok + W - 1) / W, mb = dq_codec_mean_bytes(c);
-    records = malloc(ntok * rb + 1);
-    means = malloc(nwin * mb + 1);
-    if (!records || !means) {
-        rc = DQ_NOMEM;
-        goto out;
-    }
-    dq_encode_stats st = {0};
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (size_t w = 0; w < nwin; w++) {
-        size_t first = w * W, cnt = ntok - first < W ? ntok - first : W;
-        rc = dq_tokens_encode(c, ws, kind, x + first * n, DQ_DTYPE_F32, cnt, kind == DQ_KIND_K ? means + w * mb : NULL,
-                              records + first * rb, rb, &st);
-        if (rc != DQ_OK)
-            goto out;
-    }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    for (size_t w = 0; w < nwin; w++) {
-        size_t first = w * W, cnt = ntok - first < W ? ntok - first : W;
-        rc = dq_tokens_decode(c, ws, kind, kind == DQ_KIND_K ? means + w * mb : NULL, records + first * rb, rb, cnt,
-                              xhat + first * n, DQ_DTYPE_F32);
-        if (rc != DQ_OK)
-            goto out;
-    }
-    memset(res, 0, sizeof *res);
-    res->streams = st.streams;
-    res->tokens = ntok;
-    res->retries = st.retries;
-    res->fallbacks = st.fallbacks;
-    res->container_bytes = p->container_bytes[kind];
-    res->max_payload = st.max_payload_bytes;
-    res->stored_bytes = ntok * rb + (kind == DQ_KIND_K ? nwin * mb : 0);
-    res->bits_per_value = 8.0 * (double)res->stored_bytes / ((double)ntok * n);
-    res->moved_fraction = (double)st.symbols_moved / ((double)ntok * n);
-    res->max_move = st.max_move;
-    res->encode_s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-out:
-    free(records);
-    free(means);
-    dq_workspace_free(ws);
-    dq_codec_free(c);
-    return rc;
 }
 
 static double nmse_of(const float *x, const float *xhat, size_t count)
@@ -378,8 +310,8 @@ static int cmd_roundtrip(int argc, char **argv)
         goto done;
     }
     dq_convert(raw, a.dtype, x, DQ_DTYPE_F32, ntok * n);
-    rt_result r;
-    rc = roundtrip_f32(&p, (dq_kind)a.kind, x, ntok, xhat, &r);
+    codec_rt_result r;
+    rc = codec_roundtrip_f32(&p, (dq_kind)a.kind, x, ntok, xhat, NULL, &r);
     if (rc != DQ_OK) {
         codec_err(CODEC_FAILED, "%s: %s (%s)", a.in, dq_strerror(rc), dq_err_name(rc));
         goto done;
@@ -481,8 +413,8 @@ static int demo_run(const demo_set *s)
             uint64_t retries = 0, streams = 0;
             for (uint32_t l = 0; l < s->layers; l++) {
                 const float *x = (kind == 0 ? s->k : s->v) + (size_t)l * per;
-                rt_result r;
-                if (roundtrip_f32(&p, (dq_kind)kind, x, s->tokens, xhat, &r) != DQ_OK) {
+                codec_rt_result r;
+                if (codec_roundtrip_f32(&p, (dq_kind)kind, x, s->tokens, xhat, NULL, &r) != DQ_OK) {
                     free(xhat);
                     return -1;
                 }

@@ -225,8 +225,9 @@ static void print_data_header(const eval_data *d, const eval_opts *o, const char
     } else if (!o->skip_attention) {
         printf("Attention: no queries in the data; attention columns are empty.\n");
     }
-    printf("95%% intervals: percentile bootstrap over tokens, %u resamples, seed %#" PRIx64 ".\n", o->resamples,
-           o->seed);
+    if (!o->collect_levels)
+        printf("95%% intervals: percentile bootstrap over tokens, %u resamples, seed %#" PRIx64 ".\n", o->resamples,
+               o->seed);
     if (n < 1024)
         printf("Note: at n = %zu the per-token fp16 scale/offset of D-Quant costs %.3f bits/value (%.3f at n = 1024); "
                "NAME@BITS gives a D-Quant profile at a chosen total.\n",
@@ -310,8 +311,10 @@ static int load_data(const eval_args *a, eval_data *d)
     return 0;
 }
 
-/* Splits the codec list and resolves each name for the data's shape. */
-static int parse_codecs(const char *list, const eval_data *d, eval_codec *out, size_t *count)
+/* Splits the codec list and resolves each name for the data's shape. A codec that exists but cannot
+ * be made at this shape (containers too small for its levels) gets its reason in why[i] and a row
+ * saying so; an unknown name is a usage error. */
+static int parse_codecs(const char *list, const eval_data *d, eval_codec *out, char (*why)[256], size_t *count)
 {
     char buf[1024], err[256];
     if (strlen(list) >= sizeof buf)
@@ -321,7 +324,11 @@ static int parse_codecs(const char *list, const eval_data *d, eval_codec *out, s
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         if (*count == MAX_CODECS)
             return eval_err(EVAL_USAGE, "at most %d codecs", MAX_CODECS);
-        if (eval_codec_parse(tok, d->kv_heads, d->head_dim, &out[*count], err, sizeof err) != DQ_OK)
+        const int rc = eval_codec_parse(tok, d->kv_heads, d->head_dim, &out[*count], err, sizeof err);
+        why[*count][0] = 0;
+        if (rc == DQ_CONTAINER_TOO_SMALL)
+            snprintf(why[*count], sizeof why[*count], "%s", err);
+        else if (rc != DQ_OK)
             return eval_err(EVAL_USAGE, "%s", err);
         (*count)++;
     }
@@ -331,10 +338,14 @@ static int parse_codecs(const char *list, const eval_data *d, eval_codec *out, s
 static int run_codecs(const eval_args *a, const eval_data *d)
 {
     eval_codec *codecs = calloc(MAX_CODECS, sizeof *codecs);
-    if (!codecs)
+    char(*why)[256] = calloc(MAX_CODECS, sizeof *why);
+    if (!codecs || !why) {
+        free(codecs);
+        free(why);
         return eval_err(EVAL_FAILED, "out of memory");
+    }
     size_t nc = 0;
-    int status = parse_codecs(a->codecs ? a->codecs : DEFAULT_CODECS, d, codecs, &nc);
+    int status = parse_codecs(a->codecs ? a->codecs : DEFAULT_CODECS, d, codecs, why, &nc);
     if (status)
         goto out;
     if (!a->json) {
@@ -342,6 +353,15 @@ static int run_codecs(const eval_args *a, const eval_data *d)
         print_table_head();
     }
     for (size_t i = 0; i < nc; i++) {
+        if (why[i][0]) {
+            if (a->json)
+                printf("{\"dataset\":\"%s\",\"codec\":\"%s\",\"error\":\"CONTAINER_TOO_SMALL\"}\n", d->name,
+                       codecs[i].label);
+            else
+                printf("| %s | - | - | - | cannot be made at n = %zu (see below) | | | |\n", codecs[i].label,
+                       eval_data_stream_len(d));
+            continue;
+        }
         eval_result r;
         char err[512];
         if (eval_run(d, &codecs[i], &a->opts, &r, err, sizeof err) != DQ_OK) {
@@ -356,7 +376,9 @@ static int run_codecs(const eval_args *a, const eval_data *d)
     }
     if (!a->json) {
         for (size_t i = 0; i < nc; i++)
-            if (codecs[i].type == EVAL_CODEC_FIXED)
+            if (why[i][0])
+                printf("\n%s", why[i]);
+            else if (codecs[i].type == EVAL_CODEC_FIXED)
                 printf("\n%s: fixed-width at the storage of D-Quant profile %s (C %u/%u bytes): M %u/%u levels, charged "
                        "log2(M) bits per symbol + the same metadata.",
                        codecs[i].label, codecs[i].profile.name, codecs[i].profile.container_bytes[0],
@@ -366,6 +388,7 @@ static int run_codecs(const eval_args *a, const eval_data *d)
     }
 out:
     free(codecs);
+    free(why);
     return status;
 }
 
@@ -429,10 +452,14 @@ static int run_ablation(const eval_args *a, const eval_data *d)
 static int run_drift(const eval_args *a, const eval_data *d)
 {
     eval_codec *codecs = calloc(MAX_CODECS, sizeof *codecs);
-    if (!codecs)
+    char(*why)[256] = calloc(MAX_CODECS, sizeof *why);
+    if (!codecs || !why) {
+        free(codecs);
+        free(why);
         return eval_err(EVAL_FAILED, "out of memory");
+    }
     size_t nc = 0;
-    int status = parse_codecs(a->codecs ? a->codecs : "dq226,dq196", d, codecs, &nc);
+    int status = parse_codecs(a->codecs ? a->codecs : "dq226,dq196", d, codecs, why, &nc);
     if (status)
         goto out;
     eval_opts o = a->opts;
@@ -446,6 +473,10 @@ static int run_drift(const eval_args *a, const eval_data *d)
     }
     for (size_t i = 0; i < nc; i++) {
         const eval_codec *c = &codecs[i];
+        if (why[i][0]) {
+            fprintf(stderr, "dquant eval: drift: %s\n", why[i]);
+            continue;
+        }
         if (c->type != EVAL_CODEC_LIB || c->profile.codec_type != DQ_CODEC_DQUANT) {
             fprintf(stderr, "dquant eval: drift: %s is not a D-Quant codec, skipped\n", c->label);
             continue;
@@ -483,6 +514,7 @@ static int run_drift(const eval_args *a, const eval_data *d)
                "Gaussian order-statistics model. Fill: rANS bytes used / container.\n");
 out:
     free(codecs);
+    free(why);
     return status;
 }
 

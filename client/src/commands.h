@@ -17,6 +17,9 @@ int dq_cmd_unpin(int argc, char **argv);
 int dq_cmd_stats(int argc, char **argv);
 int dq_cmd_ping(int argc, char **argv);
 
+/* client/src/cmd_demo.c: the main job (prefill + decode steps through a running daemon) */
+int dq_cmd_demo(int argc, char **argv);
+
 /* client/src/cmd_bench.c */
 int dq_cmd_bench(int argc, char **argv);
 

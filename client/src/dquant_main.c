@@ -29,6 +29,7 @@ static const subcmd subcmds[] = {
     {"stats", dq_cmd_stats, "print the daemon's counters and gauges"},
     {"ping", dq_cmd_ping, "check that the daemon answers; round-trip times"},
     {"bench", dq_cmd_bench, "load generator: N connections x M requests, latency percentiles"},
+    {"demo", dq_cmd_demo, "the main job: a real prefill and decode steps through the daemon"},
     {"codec", cmd_codec_entry, "run the codec locally (libdquant) on given data"},
     {"eval", cmd_eval_entry, "codec quality on given data"},
 };

@@ -25,7 +25,8 @@
  * COMPRESS, DECOMPRESS, STATS) are returned in *result structs* whose memory the library
  * allocates and the caller releases with the matching *_free function. A result struct must be
  * zero-initialized before its first use (= {0}); passing it again to a call of the same kind
- * reuses its memory (no allocation when the new reply fits), and the previous contents are gone.
+ * replaces its contents (GET, GET_RAW, COMPRESS and DECOMPRESS results also reuse their memory:
+ * no allocation when the new reply fits).
  * On failure a result struct is left empty (still safe to free). Tensor pointers inside a result
  * point into one block read straight from the socket: they are byte pointers, not necessarily
  * aligned to the element size (dquantd aligns them; copy with memcpy if unsure). ATTEND writes

@@ -1,0 +1,509 @@
+"""ctypes binding of libdquant: profiles, codecs, layers and decode attention.
+
+Arrays are numpy arrays or torch tensors shaped [tokens, kv_heads, head_dim] (keys or values of
+one layer); queries are [q_heads, head_dim]. Results come back in the input's flavour. A Codec
+holds one workspace: use one Codec per thread (profiles are plain data and may be shared)."""
+
+import ctypes
+import math
+
+from . import _lib
+from . import _tensor as T
+
+DQ_MAX_LEVELS = 32
+DQ_PROFILE_NAME_MAX = 32
+DQ_PROFILE_SERIALIZED_MAX = 512
+
+KIND_K, KIND_V = 0, 1
+CODEC_TYPES = {0: "dquant", 1: "bf16", 2: "int", 3: "kivi", 4: "turbo"}
+
+
+class dq_profile(ctypes.Structure):
+    _fields_ = [
+        ("format_version", ctypes.c_uint32),
+        ("name", ctypes.c_char * DQ_PROFILE_NAME_MAX),
+        ("kv_heads", ctypes.c_uint32),
+        ("head_dim", ctypes.c_uint32),
+        ("container_bytes", ctypes.c_uint32 * 2),
+        ("levels", ctypes.c_uint32 * 2),
+        ("alpha", ctypes.c_float),
+        ("window", ctypes.c_uint32),
+        ("residual", ctypes.c_uint32),
+        ("rotation_seed", ctypes.c_uint64),
+        ("freq", (ctypes.c_uint16 * DQ_MAX_LEVELS) * 2),
+        ("codec_type", ctypes.c_uint32),
+        ("bits", ctypes.c_uint32 * 2),
+        ("group", ctypes.c_uint32),
+        ("rotate", ctypes.c_uint32),
+    ]
+
+
+class dq_profile_params(ctypes.Structure):
+    _fields_ = [
+        ("kv_heads", ctypes.c_uint32), ("head_dim", ctypes.c_uint32),
+        ("container_bytes", ctypes.c_uint32 * 2), ("levels", ctypes.c_uint32 * 2),
+        ("alpha", ctypes.c_float), ("window", ctypes.c_uint32), ("residual", ctypes.c_uint32),
+        ("rotation_seed", ctypes.c_uint64), ("name", ctypes.c_char_p),
+    ]
+
+
+class dq_encode_stats(ctypes.Structure):
+    _fields_ = [
+        ("streams", ctypes.c_uint64), ("retries", ctypes.c_uint64), ("fallbacks", ctypes.c_uint64),
+        ("max_payload_bytes", ctypes.c_uint32), ("payload_bytes", ctypes.c_uint64),
+        ("symbols_moved", ctypes.c_uint64), ("max_move", ctypes.c_uint32),
+    ]
+
+
+class dq_attn_item(ctypes.Structure):
+    _fields_ = [("layer", ctypes.c_void_p), ("q", ctypes.c_void_p), ("out", ctypes.c_void_p),
+                ("lse", ctypes.c_void_p)]
+
+
+class DquantError(RuntimeError):
+    """A libdquant error code: .code (negative int), .name ("NONFINITE", ...)."""
+
+    def __init__(self, code, what=""):
+        lib = library()
+        self.code = code
+        self.name = lib.dq_err_name(code).decode()
+        msg = lib.dq_strerror(code).decode()
+        super().__init__(f"{what + ': ' if what else ''}{self.name}: {msg}")
+
+
+_L = None
+
+
+def library():
+    """The loaded libdquant (ctypes.CDLL) with its prototypes declared."""
+    global _L
+    if _L is not None:
+        return _L
+    lib = _lib.load("dquant", "lib")
+    P, VP, U32, SZ, I = ctypes.POINTER, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_size_t, ctypes.c_int
+    protos = {
+        "dq_strerror": (ctypes.c_char_p, [I]),
+        "dq_err_name": (ctypes.c_char_p, [I]),
+        "dq_profile_params_default": (None, [P(dq_profile_params)]),
+        "dq_profile_make": (I, [P(dq_profile_params), P(dq_profile)]),
+        "dq_profile_builtin": (I, [ctypes.c_char_p, U32, U32, P(dq_profile)]),
+        "dq_profile_builtin_names": (P(ctypes.c_char_p), []),
+        "dq_profile_baseline_names": (P(ctypes.c_char_p), []),
+        "dq_profile_validate": (I, [P(dq_profile)]),
+        "dq_profile_bits_per_value": (ctypes.c_double, [P(dq_profile), I]),
+        "dq_profile_bits_per_value_mean": (ctypes.c_double, [P(dq_profile)]),
+        "dq_profile_serialize": (I, [P(dq_profile), P(ctypes.c_uint8), SZ, P(SZ)]),
+        "dq_profile_deserialize": (I, [P(ctypes.c_uint8), SZ, P(dq_profile)]),
+        "dq_codec_create": (I, [P(dq_profile), VP, P(VP)]),
+        "dq_codec_free": (None, [VP]),
+        "dq_codec_stream_len": (U32, [VP]),
+        "dq_codec_record_bytes": (SZ, [VP, I]),
+        "dq_codec_mean_bytes": (SZ, [VP]),
+        "dq_workspace_create": (I, [VP, P(VP)]),
+        "dq_workspace_free": (None, [VP]),
+        "dq_rotate": (None, [VP, VP]),
+        "dq_unrotate": (None, [VP, VP]),
+        "dq_tokens_encode": (I, [VP, VP, I, VP, I, SZ, VP, VP, SZ, P(dq_encode_stats)]),
+        "dq_tokens_decode": (I, [VP, VP, I, VP, VP, SZ, SZ, VP, I]),
+        "dq_layer_create": (I, [VP, P(VP)]),
+        "dq_layer_free": (None, [VP]),
+        "dq_layer_append": (I, [VP, VP, VP, VP, I, SZ, P(dq_encode_stats)]),
+        "dq_layer_tokens": (SZ, [VP]),
+        "dq_layer_sealed_tokens": (SZ, [VP]),
+        "dq_layer_tail_tokens": (SZ, [VP]),
+        "dq_layer_stored_bytes": (SZ, [VP]),
+        "dq_layer_decode": (I, [VP, VP, I, SZ, SZ, VP, I]),
+        "dq_attend": (I, [VP, VP, U32, ctypes.c_float, P(dq_attn_item), SZ]),
+        "dq_attend_reference": (I, [VP, VP, U32, ctypes.c_float, P(dq_attn_item), SZ]),
+    }
+    for name, (res, args) in protos.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    _L = lib
+    return lib
+
+
+def _check(rc, what=""):
+    if rc != 0:
+        raise DquantError(rc, what)
+
+
+def _kind(kind):
+    if kind in (KIND_K, "k", "K", "keys", "key"):
+        return KIND_K
+    if kind in (KIND_V, "v", "V", "values", "value"):
+        return KIND_V
+    raise ValueError(f"kind must be 'k' or 'v', not {kind!r}")
+
+
+def _names(ptr):
+    out, i = [], 0
+    while ptr[i]:
+        out.append(ptr[i].decode())
+        i += 1
+    return out
+
+
+def builtin_names():
+    """Names of the built-in D-Quant profiles ("dq226", "dq196")."""
+    return _names(library().dq_profile_builtin_names())
+
+
+def baseline_names():
+    """The 2-bit baselines compared in the seed, and "bf16"."""
+    return _names(library().dq_profile_baseline_names())
+
+
+class Profile:
+    """A codec profile (plain data; copy freely)."""
+
+    def __init__(self, raw):
+        self._p = raw
+
+    @classmethod
+    def builtin(cls, name, kv_heads, head_dim):
+        """"dq226", "dq196", or a baseline ("bf16", "int2", "quarot2", "kivi2", "turbo2", any B in 1..8)."""
+        p = dq_profile()
+        _check(library().dq_profile_builtin(name.encode(), kv_heads, head_dim, ctypes.byref(p)), name)
+        return cls(p)
+
+    @classmethod
+    def make(cls, kv_heads, head_dim, container_bytes=(331, 231), levels=(8, 6), alpha=1.4, window=128,
+             residual=None, rotation_seed=0x5eed, name="custom"):
+        """A custom D-Quant profile: any containers (bytes), levels (2..32) and sharpening alpha."""
+        lib = library()
+        pp = dq_profile_params()
+        lib.dq_profile_params_default(ctypes.byref(pp))
+        pp.kv_heads, pp.head_dim = kv_heads, head_dim
+        pp.container_bytes[0], pp.container_bytes[1] = container_bytes
+        pp.levels[0], pp.levels[1] = levels
+        pp.alpha, pp.window = alpha, window
+        pp.residual = window if residual is None else residual
+        pp.rotation_seed = rotation_seed
+        name_b = name.encode()
+        pp.name = name_b
+        p = dq_profile()
+        _check(lib.dq_profile_make(ctypes.byref(pp), ctypes.byref(p)), name)
+        return cls(p)
+
+    @classmethod
+    def scaled(cls, base, kv_heads, head_dim, scale=1.0, name=None):
+        """A built-in D-Quant profile's levels, alpha and K/V payload rates, both containers scaled:
+        C = round((rate · scale · n + 32) / 8) with rate = (8·C_1024 − 32) / 1024 (scale 1: the
+        built-in itself)."""
+        ref = cls.builtin(base, 8, 128)
+        if ref.codec_type != "dquant":
+            raise ValueError(f"{base!r} is not a D-Quant profile")
+        c = _scaled_containers(ref.container_bytes, kv_heads * head_dim, scale)
+        return cls.make(kv_heads, head_dim, c, ref.levels, ref.alpha, ref.window, ref.residual, ref.rotation_seed,
+                        name or f"{base}x{scale:g}")
+
+    @classmethod
+    def matched(cls, base, kv_heads, head_dim, bits, name=None):
+        """Profile.scaled at the largest scale whose stored mean bits/value is <= bits (what
+        `dquant eval --codecs BASE@BITS` uses)."""
+        ref = cls.builtin(base, 8, 128)
+        n = kv_heads * head_dim
+        lo, hi = 0.0, 16.0
+        if _dq_bits(_scaled_containers(ref.container_bytes, n, 1e-9), n, ref.window) > bits:
+            raise ValueError(f"{base}@{bits}: below the metadata alone")
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            if _dq_bits(_scaled_containers(ref.container_bytes, n, mid), n, ref.window) <= bits:
+                lo = mid
+            else:
+                hi = mid
+        return cls.scaled(base, kv_heads, head_dim, lo, name or f"{base}@{bits:g}")
+
+    @classmethod
+    def deserialize(cls, data):
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(bytes(data))
+        p = dq_profile()
+        _check(library().dq_profile_deserialize(buf, len(data), ctypes.byref(p)), "deserialize")
+        return cls(p)
+
+    def serialize(self):
+        buf = (ctypes.c_uint8 * DQ_PROFILE_SERIALIZED_MAX)()
+        n = ctypes.c_size_t()
+        _check(library().dq_profile_serialize(ctypes.byref(self._p), buf, len(buf), ctypes.byref(n)), "serialize")
+        return bytes(buf[:n.value])
+
+    def bits_per_value(self, kind=None):
+        """Stored bits per value, every byte counted; kind None: the mean of keys and values."""
+        lib = library()
+        if kind is None:
+            return lib.dq_profile_bits_per_value_mean(ctypes.byref(self._p))
+        return lib.dq_profile_bits_per_value(ctypes.byref(self._p), _kind(kind))
+
+    name = property(lambda s: s._p.name.decode())
+    kv_heads = property(lambda s: s._p.kv_heads)
+    head_dim = property(lambda s: s._p.head_dim)
+    stream_len = property(lambda s: s._p.kv_heads * s._p.head_dim)
+    codec_type = property(lambda s: CODEC_TYPES.get(s._p.codec_type, "?"))
+    container_bytes = property(lambda s: tuple(s._p.container_bytes))
+    levels = property(lambda s: tuple(s._p.levels))
+    alpha = property(lambda s: s._p.alpha)
+    window = property(lambda s: s._p.window)
+    residual = property(lambda s: s._p.residual)
+    rotation_seed = property(lambda s: s._p.rotation_seed)
+
+    @property
+    def freq(self):
+        return tuple(tuple(self._p.freq[k][m] for m in range(self._p.levels[k])) if self._p.codec_type == 0 else ()
+                     for k in range(2))
+
+    def __repr__(self):
+        return (f"Profile({self.name!r}, {self.codec_type}, {self.kv_heads}x{self.head_dim}, "
+                f"C={self.container_bytes}, M={self.levels}, {self.bits_per_value():.4f} bits/value)")
+
+
+def _scaled_containers(c1024, n, scale):
+    """Container bytes keeping the n = 1024 payload rates of c1024, times scale (as libdquant
+    instantiates its built-ins)."""
+    return tuple(_lround(((8.0 * c - 32.0) / 1024.0 * scale * n + 32.0) / 8.0) for c in c1024)
+
+
+def _lround(x):
+    """C's lround: halves away from zero (Python's round() goes to even)."""
+    return int(math.floor(x + 0.5)) if x >= 0 else -int(math.floor(-x + 0.5))
+
+
+def _dq_bits(containers, n, window):
+    """Stored mean bits/value of D-Quant containers (dquant/profile.h accounting)."""
+    k = 8.0 * (4 + containers[0]) / n + 8.0 * (2.0 + n) / (n * window)
+    v = 8.0 * (4 + containers[1]) / n
+    return 0.5 * (k + v)
+
+
+def _profile(profile, kv_heads=None, head_dim=None):
+    if isinstance(profile, Profile):
+        return profile
+    if kv_heads is None or head_dim is None:
+        raise ValueError("a profile name needs kv_heads and head_dim")
+    return Profile.builtin(profile, kv_heads, head_dim)
+
+
+class Codec:
+    """A codec for one profile, with one workspace (use from one thread at a time)."""
+
+    def __init__(self, profile, kv_heads=None, head_dim=None):
+        lib = library()
+        self.profile = _profile(profile, kv_heads, head_dim)
+        self._c, self._ws = ctypes.c_void_p(), ctypes.c_void_p()
+        _check(lib.dq_codec_create(ctypes.byref(self.profile._p), None, ctypes.byref(self._c)), "codec_create")
+        rc = lib.dq_workspace_create(self._c, ctypes.byref(self._ws))
+        if rc:
+            lib.dq_codec_free(self._c)
+            self._c = None
+            _check(rc, "workspace_create")
+        self._layers = []
+
+    def close(self):
+        if getattr(self, "_c", None):
+            lib = library()
+            lib.dq_workspace_free(self._ws)
+            lib.dq_codec_free(self._c)
+            self._c = self._ws = None
+
+    __del__ = close
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def stream_len(self):
+        return library().dq_codec_stream_len(self._c)
+
+    def _shape_ok(self, shape, what):
+        p = self.profile
+        if len(shape) != 3 or shape[1] != p.kv_heads or shape[2] != p.head_dim:
+            raise ValueError(f"{what}: shape {shape}, expected [tokens, {p.kv_heads}, {p.head_dim}]")
+
+    def roundtrip(self, x, kind="k", out_dtype=None):
+        """Encodes x ([tokens, kv_heads, head_dim]) as one layer's keys or values, window by window
+        (W tokens, the last partial window with its own statistics, no BF16 tail), decodes it.
+        Returns (reconstruction in x's flavour and dtype unless out_dtype, stats dict)."""
+        lib = library()
+        kind = _kind(kind)
+        xin = T.Input(x)
+        self._shape_ok(xin.shape, "roundtrip")
+        ntok = xin.shape[0]
+        n = self.stream_len
+        W = self.profile.window
+        rb = lib.dq_codec_record_bytes(self._c, kind)
+        mb = lib.dq_codec_mean_bytes(self._c)
+        header = kind == KIND_K and mb > 0
+        nwin = (ntok + W - 1) // W
+        records = ctypes.create_string_buffer(max(1, ntok * rb))
+        means = ctypes.create_string_buffer(max(1, nwin * mb))
+        odt = T.parse_dtype(out_dtype) if out_dtype is not None else xin.dtype
+        out = T.Output(xin.shape, odt, xin)
+        st = dq_encode_stats()
+        esz, osz = T.DTYPE_SIZES[xin.dtype], T.DTYPE_SIZES[odt]
+        base_r, base_m = ctypes.addressof(records), ctypes.addressof(means)
+        for w in range(nwin):
+            first = w * W
+            cnt = min(W, ntok - first)
+            mean = ctypes.c_void_p(base_m + w * mb) if header else None
+            _check(lib.dq_tokens_encode(self._c, self._ws, kind, ctypes.c_void_p(xin.ptr + first * n * esz),
+                                        xin.dtype, cnt, mean, ctypes.c_void_p(base_r + first * rb), rb,
+                                        ctypes.byref(st)), "encode")
+            _check(lib.dq_tokens_decode(self._c, self._ws, kind, mean, ctypes.c_void_p(base_r + first * rb), rb,
+                                        cnt, ctypes.c_void_p(out.ptr + first * n * osz), odt), "decode")
+        stored = ntok * rb + (nwin * mb if header else 0)
+        stats = {"streams": st.streams, "retries": st.retries, "fallbacks": st.fallbacks,
+                 "max_payload_bytes": st.max_payload_bytes, "symbols_moved": st.symbols_moved,
+                 "max_move": st.max_move, "stored_bytes": stored,
+                 "bits_per_value": 8.0 * stored / (ntok * n) if ntok else 0.0}
+        return out.result(), stats
+
+    def rotate(self, x, inverse=False):
+        """The codec's per-head rotation (y = H·D·x/sqrt(d), the profile's seed) of every token of x
+        ([..., kv_heads, head_dim], numpy); a new float32 array. inverse: the un-rotation."""
+        xin = T.Input(x, want=T.F32)
+        n = self.stream_len
+        out = T.Output(xin.shape, T.F32, xin)
+        ctypes.memmove(out.ptr, xin.ptr, xin.nbytes)
+        fn = library().dq_unrotate if inverse else library().dq_rotate
+        for t in range(xin.nbytes // (4 * n)):
+            fn(self._c, ctypes.c_void_p(out.ptr + t * n * 4))
+        return out.result()
+
+    def encode(self, x, kind="k"):
+        """Encodes x ([tokens, kv_heads, head_dim]) window by window as one layer's keys or values:
+        returns (records: bytes, tokens × record_bytes; means: bytes, one window header per W tokens
+        for keys when the codec has one, else b"")."""
+        lib = library()
+        kind = _kind(kind)
+        xin = T.Input(x)
+        self._shape_ok(xin.shape, "encode")
+        ntok, n, W = xin.shape[0], self.stream_len, self.profile.window
+        rb, mb = lib.dq_codec_record_bytes(self._c, kind), lib.dq_codec_mean_bytes(self._c)
+        header = kind == KIND_K and mb > 0
+        nwin = (ntok + W - 1) // W
+        records = ctypes.create_string_buffer(max(1, ntok * rb))
+        means = ctypes.create_string_buffer(max(1, nwin * mb))
+        esz = T.DTYPE_SIZES[xin.dtype]
+        for w in range(nwin):
+            first, cnt = w * W, min(W, ntok - w * W)
+            mean = ctypes.c_void_p(ctypes.addressof(means) + w * mb) if header else None
+            _check(lib.dq_tokens_encode(self._c, self._ws, kind, ctypes.c_void_p(xin.ptr + first * n * esz),
+                                        xin.dtype, cnt, mean, ctypes.c_void_p(ctypes.addressof(records) + first * rb),
+                                        rb, None), "encode")
+        return records.raw[:ntok * rb], (means.raw[:nwin * mb] if header else b"")
+
+    def decode(self, records, means, kind="k", dtype="f32", like=None):
+        """Inverse of encode: [tokens, kv_heads, head_dim] of dtype."""
+        lib = library()
+        kind = _kind(kind)
+        rb, mb, W = lib.dq_codec_record_bytes(self._c, kind), lib.dq_codec_mean_bytes(self._c), self.profile.window
+        header = kind == KIND_K and mb > 0
+        if len(records) % rb:
+            raise ValueError(f"decode: {len(records)} bytes is not a whole number of {rb}-byte records")
+        ntok = len(records) // rb
+        nwin = (ntok + W - 1) // W
+        if header and len(means) != nwin * mb:
+            raise ValueError(f"decode: {len(means)} bytes of window headers, expected {nwin * mb}")
+        rbuf = ctypes.create_string_buffer(bytes(records), max(1, len(records)))
+        mbuf = ctypes.create_string_buffer(bytes(means), max(1, len(means)))
+        odt = T.parse_dtype(dtype)
+        p = self.profile
+        out = T.Output((ntok, p.kv_heads, p.head_dim), odt, T.Input(like) if like is not None else None)
+        osz = T.DTYPE_SIZES[odt]
+        for w in range(nwin):
+            first, cnt = w * W, min(W, ntok - w * W)
+            mean = ctypes.c_void_p(ctypes.addressof(mbuf) + w * mb) if header else None
+            _check(lib.dq_tokens_decode(self._c, self._ws, kind, mean, ctypes.c_void_p(ctypes.addressof(rbuf) + first * rb),
+                                        rb, cnt, ctypes.c_void_p(out.ptr + first * self.stream_len * osz), odt),
+                   "decode")
+        return out.result()
+
+    def layer(self):
+        """A new, empty layer (sealed windows + BF16 tail) of this codec."""
+        return Layer(self)
+
+    def attend(self, layers, q, scale=None, reference=False):
+        """Decode attention over layers (one Layer or a list) with queries q ([q_heads, head_dim], or
+        [items, q_heads, head_dim] for a list). Returns (out [.., q_heads, head_dim] f32, lse [.., q_heads])."""
+        lib = library()
+        single = isinstance(layers, Layer)
+        layers = [layers] if single else list(layers)
+        qin = T.Input(q, want=T.F32)
+        shape = qin.shape if not single else (1,) + qin.shape
+        if len(shape) != 3 or shape[0] != len(layers) or shape[2] != self.profile.head_dim:
+            raise ValueError(f"attend: queries {qin.shape} for {len(layers)} layer(s), head_dim {self.profile.head_dim}")
+        items_n, qh, hd = shape
+        out = T.Output((items_n, qh, hd), T.F32, qin)
+        lse = T.Output((items_n, qh), T.F32, qin)
+        items = (dq_attn_item * items_n)()
+        for i, l in enumerate(layers):
+            if l.codec is not self:
+                raise ValueError("attend: a layer of another codec")
+            items[i].layer = l._l
+            items[i].q = qin.ptr + i * qh * hd * 4
+            items[i].out = out.ptr + i * qh * hd * 4
+            items[i].lse = lse.ptr + i * qh * 4
+        fn = lib.dq_attend_reference if reference else lib.dq_attend
+        sc = 1.0 / math.sqrt(hd) if scale is None else scale
+        _check(fn(self._c, self._ws, qh, sc, items, items_n), "attend")
+        o, s = out.result(), lse.result()
+        return (o[0], s[0]) if single else (o, s)
+
+
+class Layer:
+    """One layer of one sequence: append K/V tokens, decode any range, attend (Codec.attend)."""
+
+    def __init__(self, codec):
+        self.codec = codec
+        self._l = ctypes.c_void_p()
+        _check(library().dq_layer_create(codec._c, ctypes.byref(self._l)), "layer_create")
+
+    def close(self):
+        if getattr(self, "_l", None):
+            library().dq_layer_free(self._l)
+            self._l = None
+
+    __del__ = close
+
+    def append(self, k, v):
+        """Appends tokens: k and v [tokens, kv_heads, head_dim] of one dtype. Returns encoder stats."""
+        kin = T.Input(k)
+        vin = T.Input(v, want=kin.dtype)
+        self.codec._shape_ok(kin.shape, "append k")
+        if vin.shape != kin.shape:
+            raise ValueError(f"append: v {vin.shape} differs from k {kin.shape}")
+        st = dq_encode_stats()
+        _check(library().dq_layer_append(self._l, self.codec._ws, kin.c_void_p(), vin.c_void_p(), kin.dtype,
+                                         kin.shape[0], ctypes.byref(st)), "append")
+        return {"streams": st.streams, "retries": st.retries, "symbols_moved": st.symbols_moved}
+
+    def decode(self, kind, first=0, count=None, dtype="f32", like=None):
+        """Tokens [first, first + count) of K or V as [count, kv_heads, head_dim] (numpy, or torch when
+        like is a torch tensor)."""
+        kind = _kind(kind)
+        if count is None:
+            count = self.tokens - first
+        odt = T.parse_dtype(dtype)
+        p = self.codec.profile
+        ref = T.Input(like) if like is not None else None
+        out = T.Output((count, p.kv_heads, p.head_dim), odt, ref)
+        _check(library().dq_layer_decode(self._l, self.codec._ws, kind, first, count, out.c_void_p(), odt), "decode")
+        return out.result()
+
+    tokens = property(lambda s: library().dq_layer_tokens(s._l))
+    sealed_tokens = property(lambda s: library().dq_layer_sealed_tokens(s._l))
+    tail_tokens = property(lambda s: library().dq_layer_tail_tokens(s._l))
+    stored_bytes = property(lambda s: library().dq_layer_stored_bytes(s._l))
+
+
+def roundtrip(x, codec="dq226", kind="k", out_dtype=None):
+    """Reconstruction of x ([tokens, kv_heads, head_dim]) through a codec by name or Profile:
+    returns (x_hat, stats). Every token is encoded (no BF16 tail)."""
+    shape = tuple(x.shape)
+    if len(shape) != 3:
+        raise ValueError(f"roundtrip: shape {shape}, expected [tokens, kv_heads, head_dim]")
+    with Codec(codec, shape[1], shape[2]) as c:
+        return c.roundtrip(x, kind, out_dtype)
