@@ -12,12 +12,10 @@
 
 #include "commands.h"
 #include "dquant/error.h"
+#include "commands.h"
 #include "eval_ablation.h"
 #include "eval_core.h"
 #include "fixedwidth.h"
-
-/* Declared here until commands.h lists it; dquant_main.c references it weakly. */
-int dq_cmd_eval(int argc, char **argv);
 
 #define EVAL_OK 0
 #define EVAL_FAILED 1
@@ -405,7 +403,7 @@ static int run_ablation(const eval_args *a, const eval_data *d)
         char what[64];
         snprintf(what, sizeof what, "Ablation '%s'", a->ablation);
         print_data_header(d, &a->opts, what);
-        printf("| panel | C K/V bytes | M K/V | alpha | moved K/V %% | bits/value | K bits | V bits | K NMSE [95%% CI] | "
+        printf("| panel: configuration | C K/V bytes | M K/V | alpha | moved K/V %% | bits/value | K bits | V bits | K NMSE [95%% CI] | "
                "V NMSE [95%% CI] | score KL, nats [95%% CI] | attn out rel. err [95%% CI] |\n");
         printf("|---|---|---|---|---|---:|---:|---:|---|---|---|---|\n");
     }
@@ -419,7 +417,8 @@ static int run_ablation(const eval_args *a, const eval_data *d)
                        d->name, row->panel, row->codec.label, row->containers[0], row->containers[1], row->levels[0],
                        row->levels[1], (double)row->alpha, dq_err_name(row->rc));
             else
-                printf("| %s | %u/%u | %u/%u | %.1f | - | - | - | - | does not fit: %s | | | |\n", row->panel,
+                printf("| %s: %s | %u/%u | %u/%u | %.1f | - | - | - | - | does not fit: %s | | | |\n", row->panel,
+                       row->codec.label,
                        row->containers[0], row->containers[1], row->levels[0], row->levels[1], (double)row->alpha,
                        dq_err_name(row->rc));
             continue;
@@ -433,9 +432,10 @@ static int run_ablation(const eval_args *a, const eval_data *d)
         if (a->json) {
             print_json(d, &row->codec, &r, row->panel);
         } else {
-            char lead[160];
+            char lead[256];
             const double nv = (double)eval_data_stream_len(d);
-            snprintf(lead, sizeof lead, "%s | %u/%u | %u/%u | %.1f | %.2f/%.2f", row->panel, row->containers[0],
+            snprintf(lead, sizeof lead, "%s: %s | %u/%u | %u/%u | %.1f | %.2f/%.2f", row->panel, row->codec.label,
+                     row->containers[0],
                      row->containers[1], row->levels[0], row->levels[1], (double)row->alpha,
                      100.0 * (double)r.symbols_moved[0] / ((double)r.streams[0] * nv),
                      100.0 * (double)r.symbols_moved[1] / ((double)r.streams[1] * nv));

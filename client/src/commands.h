@@ -23,7 +23,9 @@ int dq_cmd_demo(int argc, char **argv);
 /* client/src/cmd_bench.c */
 int dq_cmd_bench(int argc, char **argv);
 
-/* client/src/cmd_codec.c (built when present; `dquant codec`, `dquant eval`) */
+/* client/src/cmd_codec.c: `dquant codec` */
 int dq_cmd_codec(int argc, char **argv);
+/* client/src/cmd_eval.c: `dquant eval` */
+int dq_cmd_eval(int argc, char **argv);
 
 #endif

@@ -5,10 +5,6 @@
 #include "commands.h"
 #include "dquant/client.h"
 
-/* `dquant eval` lives with `dquant codec` in cmd_codec.c once written; until then the reference
- * stays unresolved (weak) and the subcommand reports that it is not built. */
-int dq_cmd_eval(int argc, char **argv) __attribute__((weak));
-
 typedef struct subcmd {
     const char *name;
     int (*fn)(int, char **);
@@ -47,10 +43,13 @@ static int cmd_codec_entry(int argc, char **argv)
 
 static int cmd_eval_entry(int argc, char **argv)
 {
-    if (dq_cmd_eval)
-        return dq_cmd_eval(argc, argv);
+#ifdef DQ_HAVE_CMD_CODEC
+    return dq_cmd_eval(argc, argv);
+#else
+    (void)argc;
     fprintf(stderr, "dquant %s: this build does not include the eval subcommand\n", argv[0]);
     return 2;
+#endif
 }
 
 static void usage(FILE *out)

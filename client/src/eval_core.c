@@ -1,4 +1,5 @@
 /* Codec quality on real KV: reconstruction, attention fidelity, bootstrap intervals (eval_core.h). */
+#include <assert.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -69,7 +70,7 @@ static double dq_bits_for(const dq_profile *shape, const uint32_t c1024[2], doub
 
 /* base@BITS: the largest container scale whose stored mean bits/value is <= bits. */
 static int dq_matched(const char *base, double bits, uint32_t kv_heads, uint32_t head_dim, const char *label,
-                      dq_profile *out, char *err, size_t errlen)
+                      const char *spec, dq_profile *out, char *err, size_t errlen)
 {
     dq_profile ref, shape;
     int rc = builtin_1024(base, &ref);
@@ -81,7 +82,7 @@ static int dq_matched(const char *base, double bits, uint32_t kv_heads, uint32_t
     double lo = 0.0, hi = 16.0;
     if (dq_bits_for(&shape, ref.container_bytes, 1e-9) > bits)
         return fail(err, errlen, DQ_CONTAINER_TOO_SMALL, "'%s': %.4g bits/value is below the metadata alone",
-                    label, bits);
+                    spec, bits);
     for (int i = 0; i < 60; i++) {
         double mid = 0.5 * (lo + hi);
         if (dq_bits_for(&shape, ref.container_bytes, mid) <= bits)
@@ -93,7 +94,7 @@ static int dq_matched(const char *base, double bits, uint32_t kv_heads, uint32_t
     if (rc != DQ_OK) {
         uint32_t c[2];
         eval_dq_containers(kv_heads, head_dim, ref.container_bytes, lo, c);
-        return fail(err, errlen, rc, "'%s': containers %u/%u bytes at n = %u cannot hold %u/%u levels (%s)", label,
+        return fail(err, errlen, rc, "'%s': containers %u/%u bytes at n = %u cannot hold %u/%u levels (%s)", spec,
                     c[0], c[1], kv_heads * head_dim, ref.levels[0], ref.levels[1], dq_err_name(rc));
     }
     return DQ_OK;
@@ -138,7 +139,7 @@ int eval_codec_parse(const char *spec, uint32_t kv_heads, uint32_t head_dim, eva
         const double bits = strtod(at + 1, &end);
         if (end == at + 1 || *end || !(bits > 0))
             return fail(err, errlen, DQ_PROFILE, "'%s': bad bit budget after '@'", spec);
-        rc = dq_matched(name, bits, kv_heads, head_dim, rest, &out->profile, err, errlen);
+        rc = dq_matched(name, bits, kv_heads, head_dim, rest, spec, &out->profile, err, errlen);
         if (rc != DQ_OK)
             return rc;
     } else if (grp && out->type == EVAL_CODEC_LIB) {
@@ -215,6 +216,7 @@ static int cmp_double(const void *a, const void *b)
 static int bootstrap(size_t units, size_t nstat, const double *const *num, const double *const *den,
                      uint32_t resamples, uint64_t seed, eval_ci *out)
 {
+    assert(nstat <= 4 && units > 0 && resamples > 0);
     double *stat = malloc((size_t)resamples * nstat * sizeof *stat);
     if (!stat)
         return DQ_NOMEM;
