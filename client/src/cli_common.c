@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli_rng.h"
 #include "dquant/types.h"
 
 void cli_conn_init(cli_conn *cc)
@@ -105,6 +106,118 @@ int cli_connect(const cli_conn *cc, const char *prog, dqc_client **out)
     return rc;
 }
 
+/* ---- option tables ---- */
+
+/* Stores one option's value: 0, 1 when the value is not valid for it, -1 when o->fn said why. */
+static int opt_store(const cli_opt *o, const char *value)
+{
+    uint32_t u32 = 0;
+    uint64_t u64 = 0;
+    int bad = 0;
+    switch (o->arg) {
+    case CLI_ARG_FLAG:
+        *(int *)o->dst = 1;
+        break;
+    case CLI_ARG_STR:
+        *(const char **)o->dst = value;
+        break;
+    case CLI_ARG_U32:
+        bad = cli_u32(value, &u32) || u32 < o->min || u32 > o->max;
+        if (!bad)
+            *(uint32_t *)o->dst = u32;
+        break;
+    case CLI_ARG_U64:
+    case CLI_ARG_SIZE:
+        bad = (o->arg == CLI_ARG_U64 ? cli_u64(value, &u64) : cli_size(value, &u64)) || u64 < o->min || u64 > o->max;
+        if (!bad)
+            *(uint64_t *)o->dst = u64;
+        break;
+    case CLI_ARG_DTYPE:
+        bad = dq_dtype_parse(value, o->dst) != DQ_OK;
+        break;
+    case CLI_ARG_FN:
+        bad = o->fn(o->dst, value);
+        if (bad < 0)
+            return -1;
+        break;
+    }
+    if (!bad && o->given)
+        *o->given = 1;
+    return bad ? 1 : 0;
+}
+
+/* A bad value, in the words of the daemon subcommands or of the in-process ones. */
+static int bad_value(const cli_opt *o, const char *value, const char *prog, int daemon)
+{
+    if (daemon)
+        return cli_error(CLI_USAGE, prog, "--%s: bad value '%s' (see --help)", o->name, value);
+    if (o->arg == CLI_ARG_DTYPE)
+        return cli_error(CLI_USAGE, prog, "bad --%s '%s' (f32, f16, bf16)", o->name, value);
+    if (o->min > 1)
+        return cli_error(CLI_USAGE, prog, "bad --%s '%s' (at least %llu)", o->name, value, (unsigned long long)o->min);
+    return cli_error(CLI_USAGE, prog, "bad --%s '%s'", o->name, value);
+}
+
+/* cli_parse (cc set) and cli_parse_local (cc NULL). */
+static int parse(int argc, char **argv, const char *prog, const char *help, const cli_opt *opts, cli_conn *cc)
+{
+    /* getopt's table: the connection options and --help, then the subcommand's in their order (the
+     * order of getopt's list of candidates for an ambiguous abbreviation); opts[i] is answered as
+     * CLI_OPT_FIRST_OWN + i. */
+    static const struct option conn_opts[] = {CLI_CONN_LONGOPTS};
+    static const struct option help_opt[] = {{"help", no_argument, NULL, CLI_OPT_HELP}};
+    const struct option *fixed = cc ? conn_opts : help_opt;
+    const size_t nfixed = cc ? sizeof conn_opts / sizeof conn_opts[0] : 1;
+    size_t n = 0;
+    while (opts[n].name)
+        n++;
+    struct option *longopts = calloc(nfixed + n + 1, sizeof *longopts);
+    if (!longopts)
+        return cli_error(CLI_FAILED, prog, "out of memory");
+    memcpy(longopts, fixed, nfixed * sizeof *fixed);
+    for (size_t i = 0; i < n; i++)
+        longopts[nfixed + i] = (struct option){opts[i].name,
+                                               opts[i].arg == CLI_ARG_FLAG ? no_argument : required_argument, NULL,
+                                               CLI_OPT_FIRST_OWN + (int)i};
+    int status = CLI_CONTINUE, opt;
+    optind = 1;
+    opterr = cc != NULL;   /* the in-process subcommands word their own complaint */
+    while (status == CLI_CONTINUE && (opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        int rc;
+        if (opt >= CLI_OPT_FIRST_OWN && opt < CLI_OPT_FIRST_OWN + (int)n) {
+            const cli_opt *o = &opts[opt - CLI_OPT_FIRST_OWN];
+            rc = opt_store(o, optarg);
+            if (rc)
+                status = rc > 0 ? bad_value(o, optarg, prog, cc != NULL) : CLI_USAGE;
+        } else if (cc && cli_conn_option(cc, opt, optarg, &rc)) {
+            if (rc)
+                status = CLI_USAGE;
+        } else if (opt == CLI_OPT_HELP) {
+            fputs(help, stdout);
+            status = CLI_OK;
+        } else if (cc) {
+            status = CLI_USAGE;   /* getopt already printed the complaint */
+        } else {
+            status = cli_error(CLI_USAGE, prog, "unknown or incomplete option '%s' (see dquant %s --help)",
+                               argv[optind - 1], prog);
+        }
+    }
+    if (status == CLI_CONTINUE && cc && optind < argc)
+        status = cli_error(CLI_USAGE, prog, "unexpected argument '%s'", argv[optind]);
+    free(longopts);
+    return status;
+}
+
+int cli_parse(int argc, char **argv, const char *prog, const char *help, const cli_opt *opts, cli_conn *cc)
+{
+    return parse(argc, argv, prog, help, opts, cc);
+}
+
+int cli_parse_local(int argc, char **argv, const char *prog, const char *help, const cli_opt *opts)
+{
+    return parse(argc, argv, prog, help, opts, NULL);
+}
+
 int cli_error(int status, const char *prog, const char *fmt, ...)
 {
     va_list ap;
@@ -125,14 +238,27 @@ int cli_call_error(const char *prog, const char *what, dqc_client *c, int rc)
 
 /* ---- numbers ---- */
 
-int cli_u64(const char *s, uint64_t *out)
+/* The decimal number s starts with (a digit first: no blank, sign or base prefix); *end is what
+ * follows it. 0, or -1 when s does not start with a digit or the number overflows. */
+static int leading_u64(const char *s, uint64_t *out, const char **end)
 {
     if (!s || !isdigit((unsigned char)s[0]))
         return -1;
     errno = 0;
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end)
+    char *e;
+    unsigned long long v = strtoull(s, &e, 10);
+    if (errno)
+        return -1;
+    *out = v;
+    *end = e;
+    return 0;
+}
+
+int cli_u64(const char *s, uint64_t *out)
+{
+    uint64_t v;
+    const char *end;
+    if (leading_u64(s, &v, &end) || *end)
         return -1;
     *out = v;
     return 0;
@@ -162,12 +288,9 @@ int cli_double(const char *s, double *out)
 
 int cli_size(const char *s, uint64_t *out)
 {
-    if (!s || !isdigit((unsigned char)s[0]))
-        return -1;
-    errno = 0;
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno)
+    uint64_t v;
+    const char *end;
+    if (leading_u64(s, &v, &end))
         return -1;
     unsigned shift = 0;
     switch (toupper((unsigned char)*end)) {
@@ -197,43 +320,8 @@ int cli_size(const char *s, uint64_t *out)
     }
     if (*end || (shift && v > (UINT64_MAX >> shift)))
         return -1;
-    *out = (uint64_t)v << shift;
+    *out = v << shift;
     return 0;
-}
-
-int cli_dtype(const char *s, dq_dtype *out)
-{
-    static const struct {
-        const char *name;
-        dq_dtype d;
-    } names[] = {
-        {"f32", DQ_DTYPE_F32},  {"float32", DQ_DTYPE_F32},  {"fp32", DQ_DTYPE_F32}, {"f16", DQ_DTYPE_F16},
-        {"float16", DQ_DTYPE_F16}, {"fp16", DQ_DTYPE_F16}, {"bf16", DQ_DTYPE_BF16}, {"bfloat16", DQ_DTYPE_BF16},
-    };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (strcmp(s, names[i].name) == 0) {
-            *out = names[i].d;
-            return 0;
-        }
-    return -1;
-}
-
-const char *cli_dtype_name(dq_dtype d)
-{
-    switch (d) {
-    case DQ_DTYPE_F32:
-        return "f32";
-    case DQ_DTYPE_F16:
-        return "f16";
-    case DQ_DTYPE_BF16:
-        return "bf16";
-    }
-    return "?";
-}
-
-size_t cli_dtype_size(dq_dtype d)
-{
-    return d == DQ_DTYPE_F32 ? 4 : 2;
 }
 
 int cli_hex_decode(const char *hex, uint8_t **out, size_t *len)
@@ -260,6 +348,34 @@ int cli_hex_decode(const char *hex, uint8_t **out, size_t *len)
 
 /* ---- files ---- */
 
+/* Reads f to its end into a new buffer, or, when max is not SIZE_MAX, stops once more than max
+ * bytes have come (then *len is max + 1). The buffer has a spare byte after the data (*len < its
+ * size) unless the read stopped early. 0, -ENOMEM or -EIO. */
+static int read_stream(FILE *f, size_t max, uint8_t **out, size_t *len)
+{
+    size_t cap = max != SIZE_MAX ? max + 1 : 1 << 16, n = 0;
+    uint8_t *buf = malloc(cap);
+    for (;;) {
+        if (!buf)
+            return -ENOMEM;
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap || max != SIZE_MAX)
+            break;
+        uint8_t *nb = realloc(buf, cap * 2);
+        if (!nb)
+            free(buf);
+        buf = nb;
+        cap *= 2;
+    }
+    if (ferror(f)) {
+        free(buf);
+        return -EIO;
+    }
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
 int cli_read_file(const char *path, size_t expect, void **out, size_t *len)
 {
     FILE *f = fopen(path, "rb");
@@ -267,30 +383,15 @@ int cli_read_file(const char *path, size_t expect, void **out, size_t *len)
         fprintf(stderr, "dquant: cannot open '%s': %s\n", path, strerror(errno));
         return -1;
     }
-    size_t cap = expect != SIZE_MAX ? expect + 1 : 1 << 16, n = 0;
-    uint8_t *buf = malloc(cap);
-    for (;;) {
-        if (!buf) {
-            fprintf(stderr, "dquant: out of memory reading '%s'\n", path);
-            fclose(f);
-            return -1;
-        }
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap)
-            break;
-        if (expect != SIZE_MAX)
-            break;   /* one byte more than expected: too long */
-        uint8_t *nb = realloc(buf, cap * 2);
-        if (!nb)
-            free(buf);
-        buf = nb;
-        cap *= 2;
-    }
-    int err = ferror(f);
+    uint8_t *buf;
+    size_t n;
+    int rc = read_stream(f, expect, &buf, &n);
     fclose(f);
-    if (err) {
-        fprintf(stderr, "dquant: error reading '%s'\n", path);
-        free(buf);
+    if (rc) {
+        if (rc == -ENOMEM)
+            fprintf(stderr, "dquant: out of memory reading '%s'\n", path);
+        else
+            fprintf(stderr, "dquant: error reading '%s'\n", path);
         return -1;
     }
     if (expect != SIZE_MAX && n != expect) {
@@ -303,6 +404,19 @@ int cli_read_file(const char *path, size_t expect, void **out, size_t *len)
     if (len)
         *len = n;
     return 0;
+}
+
+int cli_slurp(const char *path, void **buf, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -errno;
+    uint8_t *b;
+    int rc = read_stream(f, SIZE_MAX, &b, len);
+    fclose(f);
+    if (rc == 0)
+        *buf = b;
+    return rc;
 }
 
 int cli_write_file(const char *path, const void *data, size_t len)
@@ -322,25 +436,12 @@ int cli_write_file(const char *path, const void *data, size_t len)
 
 /* ---- tensors ---- */
 
-static uint64_t next_u64(uint64_t *s)
-{
-    /* splitmix64 */
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *s)
-{
-    return ((double)(next_u64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-}
-
 void cli_fill_normal(void *dst, dq_dtype dtype, size_t count, uint64_t *state)
 {
     for (size_t i = 0; i < count; i += 2) {
         /* Box–Muller: two draws per pair of uniforms. */
-        double r = sqrt(-2.0 * log(uniform01(state))), t = 6.283185307179586 * uniform01(state);
+        double r = sqrt(-2.0 * log(cli_unit_open(cli_splitmix64(state))));
+        double t = 6.283185307179586 * cli_unit_open(cli_splitmix64(state));
         float v[2] = {(float)(r * cos(t)), (float)(r * sin(t))};
         for (size_t j = 0; j < 2 && i + j < count; j++) {
             switch (dtype) {
@@ -368,4 +469,9 @@ uint64_t cli_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+double cli_seconds_since(uint64_t t0_ns)
+{
+    return (double)(cli_now_ns() - t0_ns) / 1e9;
 }

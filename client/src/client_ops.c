@@ -65,6 +65,16 @@ static void tensor_set(Dquant__Tensor *t, int dtype, uint64_t *shape, size_t ndi
         (res)->mem_cap_ = c_;                     \
     } while (0)
 
+/* The body of the dqc_*_result_free functions: releases the block and empties the result (NULL
+ * allowed). */
+#define RESULT_FREE(res)                          \
+    do {                                          \
+        if (res) {                                \
+            free((res)->mem_);                    \
+            memset((res), 0, sizeof *(res));      \
+        }                                         \
+    } while (0)
+
 /* ---- REGISTER_MODEL ---- */
 
 int dqc_register_model(dqc_client *c, const dqc_model_spec *spec, dqc_model_info *info)
@@ -160,6 +170,22 @@ int dqc_put(dqc_client *c, const dqc_put_args *a, dqc_put_result *res)
 
 /* ---- GET ---- */
 
+/* Sends GET g (every field but seq set) for sequence s and waits for its reply; the payload goes
+ * into the result's block *blk. dqc_get and dqc_get_raw. */
+static int get_call(dqc_client *c, const char *op, const dqc_seq *s, Dquant__Get *g, void **blk, size_t *blk_cap,
+                    dqc__reply *rep)
+{
+    Dquant__SeqRef seq;
+    DQC_FORWARD(seq_fill(c, op, s, &seq));
+    g->seq = &seq;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_GET;
+    req.get = g;
+    int rc = dqc__call(c, &req, NULL, 0, 1, DQUANT__RESPONSE__BODY_GET, blk, blk_cap, rep);
+    g->seq = NULL;
+    return rc;
+}
+
 static Dquant__GetFormat get_format(dq_dtype d)
 {
     switch (d) {
@@ -180,21 +206,14 @@ int dqc_get(dqc_client *c, const dqc_get_args *a, dqc_get_result *res)
     RESULT_RESET(res);
     DQC_CHECK_ARG(c, dtype_ok(a->dtype), "get: unsupported dtype %d", (int)a->dtype);
 
-    Dquant__SeqRef seq;
-    DQC_FORWARD(seq_fill(c, "get", &a->seq, &seq));
     Dquant__Get g = DQUANT__GET__INIT;
-    g.seq = &seq;
     g.first_layer = a->first_layer;
     g.num_layers = a->num_layers;
     g.start_token = a->start_token;
     g.tokens = a->tokens;
     g.format = get_format(a->dtype);
-    Dquant__Request req = DQUANT__REQUEST__INIT;
-    req.body_case = DQUANT__REQUEST__BODY_GET;
-    req.get = &g;
-
     dqc__reply rep;
-    DQC_FORWARD(dqc__call(c, &req, NULL, 0, 1, DQUANT__RESPONSE__BODY_GET, &res->mem_, &res->mem_cap_, &rep));
+    DQC_FORWARD(get_call(c, "get", &a->seq, &g, &res->mem_, &res->mem_cap_, &rep));
     const Dquant__GetReply *r = rep.resp->get;
     uint64_t want[4] = {a->num_layers ? a->num_layers : UINT64_MAX, r->tokens, UINT64_MAX, UINT64_MAX};
     size_t kb = 0, vb = 0;
@@ -224,10 +243,7 @@ int dqc_get(dqc_client *c, const dqc_get_args *a, dqc_get_result *res)
 
 void dqc_get_result_free(dqc_get_result *res)
 {
-    if (!res)
-        return;
-    free(res->mem_);
-    memset(res, 0, sizeof *res);
+    RESULT_FREE(res);
 }
 
 /* ---- GET_RAW ---- */
@@ -243,19 +259,12 @@ int dqc_get_raw(dqc_client *c, const dqc_seq *s, uint32_t first_layer, uint32_t 
     res->layers = layers;
     res->layers_cap_ = layers_cap;
 
-    Dquant__SeqRef seq;
-    DQC_FORWARD(seq_fill(c, "get_raw", s, &seq));
     Dquant__Get g = DQUANT__GET__INIT;
-    g.seq = &seq;
     g.first_layer = first_layer;
     g.num_layers = num_layers;
     g.format = DQUANT__GET_FORMAT__GET_RAW;
-    Dquant__Request req = DQUANT__REQUEST__INIT;
-    req.body_case = DQUANT__REQUEST__BODY_GET;
-    req.get = &g;
-
     dqc__reply rep;
-    DQC_FORWARD(dqc__call(c, &req, NULL, 0, 1, DQUANT__RESPONSE__BODY_GET, &res->mem_, &res->mem_cap_, &rep));
+    DQC_FORWARD(get_call(c, "get_raw", s, &g, &res->mem_, &res->mem_cap_, &rep));
     const Dquant__GetReply *r = rep.resp->get;
     int rc = dqc__copy_profile(c, &r->profile, res->profile, &res->profile_len);
     if (!rc && num_layers && r->n_raw != num_layers)
@@ -485,10 +494,7 @@ int dqc_compress(dqc_client *c, const dqc_compress_args *a, dqc_compress_result 
 
 void dqc_compress_result_free(dqc_compress_result *res)
 {
-    if (!res)
-        return;
-    free(res->mem_);
-    memset(res, 0, sizeof *res);
+    RESULT_FREE(res);
 }
 
 int dqc_decompress(dqc_client *c, const dqc_decompress_args *a, dqc_decompress_result *res)
@@ -542,10 +548,7 @@ int dqc_decompress(dqc_client *c, const dqc_decompress_args *a, dqc_decompress_r
 
 void dqc_decompress_result_free(dqc_decompress_result *res)
 {
-    if (!res)
-        return;
-    free(res->mem_);
-    memset(res, 0, sizeof *res);
+    RESULT_FREE(res);
 }
 
 /* ---- DELETE / PIN / UNPIN ---- */
@@ -663,10 +666,7 @@ int dqc_stats(dqc_client *c, dqc_stats_result *res)
 
 void dqc_stats_result_free(dqc_stats_result *res)
 {
-    if (!res)
-        return;
-    free(res->mem_);
-    memset(res, 0, sizeof *res);
+    RESULT_FREE(res);
 }
 
 int dqc_stats_counter(const dqc_stats_result *res, const char *name, uint64_t *value)

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cli_common.h"
+#include "cli_rng.h"
 #include "commands.h"
 
 enum { OP_PUT, OP_GET, OP_ATTEND, OP_PING, OP_STATS, NOPS };
@@ -70,14 +71,6 @@ static pthread_barrier_t start_barrier;
 static _Atomic uint64_t done_requests;
 static _Atomic uint64_t failed_requests;
 static _Atomic int abort_run;
-
-static uint64_t rng_next(uint64_t *s)
-{
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
-}
 
 static dqc_seq seq_ref(const worker *w, uint32_t i)
 {
@@ -163,7 +156,7 @@ static int do_attend(worker *w, uint64_t r)
 
 static int pick_op(worker *w)
 {
-    uint32_t x = (uint32_t)(rng_next(&w->rng) % w->cfg->mix_total);
+    uint32_t x = (uint32_t)(cli_xorshift64(&w->rng) % w->cfg->mix_total);
     for (int op = 0; op < NOPS; op++) {
         if (x < w->cfg->mix[op])
             return op;
@@ -176,7 +169,7 @@ static void run_one(worker *w, uint64_t r, int measure)
 {
     const bench_cfg *cfg = w->cfg;
     int op = pick_op(w);
-    uint32_t si = (uint32_t)(rng_next(&w->rng) % cfg->seqs);
+    uint32_t si = (uint32_t)(cli_xorshift64(&w->rng) % cfg->seqs);
     uint64_t bytes = 0;
     uint64_t t0 = cli_now_ns();
     int rc;
@@ -190,7 +183,7 @@ static void run_one(worker *w, uint64_t r, int measure)
         break;
     case OP_ATTEND:
         rc = do_attend(w, r);
-        bytes = (size_t)cfg->batch * cfg->q_heads * cfg->head_dim * (cli_dtype_size(cfg->dtype) + 4);
+        bytes = (size_t)cfg->batch * cfg->q_heads * cfg->head_dim * (dq_dtype_size(cfg->dtype) + 4);
         break;
     case OP_PING:
         rc = dqc_ping(w->c, w->ping, cfg->ping_bytes);
@@ -221,7 +214,7 @@ static int worker_setup(worker *w)
     w->rng = cfg->seed * 0x9E3779B97F4A7C15ull + (uint64_t)w->id * 0xD1B54A32D192ED03ull + 1;
     w->keys = calloc(cfg->seqs, sizeof *w->keys);
     w->len = calloc(cfg->seqs, sizeof *w->len);
-    size_t es = cli_dtype_size(cfg->dtype);
+    size_t es = dq_dtype_size(cfg->dtype);
     size_t kvcount = (size_t)cfg->layers * cfg->tokens * cfg->kv_heads * cfg->head_dim;
     w->kv_bytes = kvcount * es;
     w->kv = malloc(2 * w->kv_bytes);
@@ -509,14 +502,14 @@ static int parse_args(int argc, char **argv, bench_cfg *cfg)
             bad = cli_u64(optarg, &cfg->tokens) || !cfg->tokens;
             break;
         case BO_DTYPE:
-            bad = cli_dtype(optarg, &cfg->dtype);
+            bad = dq_dtype_parse(optarg, &cfg->dtype) != DQ_OK;
             break;
         case BO_GET_TOKENS:
             bad = cli_u64(optarg, &cfg->get_tokens);
             break;
         case BO_GET_DTYPE:
             cfg->get_raw = strcmp(optarg, "raw") == 0;
-            bad = !cfg->get_raw && cli_dtype(optarg, &cfg->get_dtype);
+            bad = !cfg->get_raw && dq_dtype_parse(optarg, &cfg->get_dtype) != DQ_OK;
             break;
         case BO_BATCH:
             bad = cli_u32(optarg, &cfg->batch) || !cfg->batch;
@@ -677,7 +670,7 @@ int dq_cmd_bench(int argc, char **argv)
     }
     for (uint32_t i = 0; i < cfg.connections; i++)
         pthread_join(ws[i].thread, NULL);
-    double wall = (double)(cli_now_ns() - t0) / 1e9;
+    double wall = cli_seconds_since(t0);
     if (printed && tty)
         fputc('\n', stderr);
     pthread_barrier_destroy(&start_barrier);
@@ -698,8 +691,8 @@ int dq_cmd_bench(int argc, char **argv)
     printf("  shape: %u layers, %u q heads, %u kv heads x %u, %llu tokens per put, %s data; get %llu tokens as %s; "
            "attend batch %u\n",
            cfg.layers, cfg.q_heads, cfg.kv_heads, cfg.head_dim, (unsigned long long)cfg.tokens,
-           cli_dtype_name(cfg.dtype), (unsigned long long)cfg.get_tokens,
-           cfg.get_raw ? "raw" : cli_dtype_name(cfg.get_dtype), cfg.batch);
+           dq_dtype_name(cfg.dtype), (unsigned long long)cfg.get_tokens,
+           cfg.get_raw ? "raw" : dq_dtype_name(cfg.get_dtype), cfg.batch);
     printf("%-8s %9s %7s %11s %10s %10s %10s %10s %10s\n", "op", "requests", "errors", "req/s", "MB/s", "p50 us",
            "p99 us", "p999 us", "max us");
     uint64_t all_err = 0;

@@ -6,33 +6,19 @@
  *   dquant codec demo       run the round trip over the real KV in ../shared/data (or generated
  *                           Gaussian KV when absent) with every built-in profile; print a table */
 #include <errno.h>
-#include <stdarg.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_common.h"
+#include "cli_rng.h"
 #include "codec_run.h"
 #include "commands.h"
 #include "dquant/dquant.h"
 
-#define CODEC_OK 0
-#define CODEC_FAILED 1
-#define CODEC_USAGE 2
-
-static int codec_err(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int codec_err(int status, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("dquant codec: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return status;
-}
+#define PROG "codec"
 
 static double nmse_of(const float *x, const float *xhat, size_t count)
 {
@@ -43,36 +29,6 @@ static double nmse_of(const float *x, const float *xhat, size_t count)
         sx += (double)x[i] * (double)x[i];
     }
     return sx > 0 ? se / sx : (se > 0 ? INFINITY : 0.0);
-}
-
-static int read_file(const char *path, uint8_t **buf, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return -errno;
-    if (fseek(f, 0, SEEK_END) != 0) {
-        fclose(f);
-        return -EIO;
-    }
-    long sz = ftell(f);
-    rewind(f);
-    if (sz < 0) {
-        fclose(f);
-        return -EIO;
-    }
-    *buf = malloc((size_t)sz + 1);
-    if (!*buf) {
-        fclose(f);
-        return -ENOMEM;
-    }
-    size_t got = fread(*buf, 1, (size_t)sz, f);
-    fclose(f);
-    if (got != (size_t)sz) {
-        free(*buf);
-        return -EIO;
-    }
-    *len = (size_t)sz;
-    return 0;
 }
 
 static int write_file(const char *path, const void *buf, size_t len)
@@ -134,28 +90,6 @@ static const char g_codec_help[] =
     "EXIT STATUS\n"
     "   0 success, 1 failure (I/O, codec error), 2 usage error.\n";
 
-enum {
-    OPT_KIND = 1000, OPT_HEADS, OPT_HEAD_DIM, OPT_DTYPE, OPT_IN, OPT_OUT, OPT_PROFILE, OPT_CBYTES, OPT_LEVELS,
-    OPT_ALPHA, OPT_WINDOW, OPT_DATA, OPT_HELP
-};
-
-static const struct option g_opts[] = {
-    {"kind", required_argument, NULL, OPT_KIND},
-    {"heads", required_argument, NULL, OPT_HEADS},
-    {"head-dim", required_argument, NULL, OPT_HEAD_DIM},
-    {"dtype", required_argument, NULL, OPT_DTYPE},
-    {"in", required_argument, NULL, OPT_IN},
-    {"out", required_argument, NULL, OPT_OUT},
-    {"profile", required_argument, NULL, OPT_PROFILE},
-    {"container-bytes", required_argument, NULL, OPT_CBYTES},
-    {"levels", required_argument, NULL, OPT_LEVELS},
-    {"alpha", required_argument, NULL, OPT_ALPHA},
-    {"window", required_argument, NULL, OPT_WINDOW},
-    {"data", required_argument, NULL, OPT_DATA},
-    {"help", no_argument, NULL, OPT_HELP},
-    {NULL, 0, NULL, 0},
-};
-
 typedef struct codec_args {
     int kind; /* -1 unset */
     uint32_t heads, head_dim, cbytes, levels, window;
@@ -165,81 +99,52 @@ typedef struct codec_args {
     const char *in, *out, *profile, *data;
 } codec_args;
 
-static int parse_u32(const char *s, uint32_t *out)
+/* --kind k|v (cli_opt callback). */
+static int kind_arg(void *dst, const char *v)
 {
-    char *end;
-    errno = 0;
-    unsigned long v = strtoul(s, &end, 10);
-    if (errno || end == s || *end || v > UINT32_MAX || s[0] == '-')
+    int *kind = dst;
+    if (strcmp(v, "k") == 0 || strcmp(v, "K") == 0) {
+        *kind = DQ_KIND_K;
+    } else if (strcmp(v, "v") == 0 || strcmp(v, "V") == 0) {
+        *kind = DQ_KIND_V;
+    } else {
+        cli_error(CLI_USAGE, PROG, "--kind must be k or v, not '%s'", v);
         return -1;
-    *out = (uint32_t)v;
+    }
     return 0;
 }
 
+/* --alpha A > 0 (cli_opt callback). */
+static int alpha_arg(void *dst, const char *v)
+{
+    char *end;
+    double *alpha = dst;
+    *alpha = strtod(v, &end);
+    return end == v || *end || !(*alpha > 0);
+}
+
+/* Parses the options of every codec subcommand: CLI_CONTINUE, or the exit status to return now. */
 static int parse_args(int argc, char **argv, codec_args *a)
 {
     memset(a, 0, sizeof *a);
     a->kind = -1;
     a->alpha = 1.4;
-    optind = 1;
-    opterr = 0;
-    int opt;
-    while ((opt = getopt_long(argc, argv, "", g_opts, NULL)) != -1) {
-        const char *v = optarg;
-        switch (opt) {
-        case OPT_KIND:
-            if (strcmp(v, "k") == 0 || strcmp(v, "K") == 0)
-                a->kind = DQ_KIND_K;
-            else if (strcmp(v, "v") == 0 || strcmp(v, "V") == 0)
-                a->kind = DQ_KIND_V;
-            else
-                return codec_err(CODEC_USAGE, "--kind must be k or v, not '%s'", v);
-            break;
-        case OPT_HEADS:
-            if (parse_u32(v, &a->heads) || !a->heads)
-                return codec_err(CODEC_USAGE, "bad --heads '%s'", v);
-            break;
-        case OPT_HEAD_DIM:
-            if (parse_u32(v, &a->head_dim) || !a->head_dim)
-                return codec_err(CODEC_USAGE, "bad --head-dim '%s'", v);
-            break;
-        case OPT_DTYPE:
-            if (dq_dtype_parse(v, &a->dtype) != DQ_OK)
-                return codec_err(CODEC_USAGE, "bad --dtype '%s' (f32, f16, bf16)", v);
-            a->have_dtype = 1;
-            break;
-        case OPT_IN: a->in = v; break;
-        case OPT_OUT: a->out = v; break;
-        case OPT_PROFILE: a->profile = v; break;
-        case OPT_DATA: a->data = v; break;
-        case OPT_CBYTES:
-            if (parse_u32(v, &a->cbytes) || !a->cbytes)
-                return codec_err(CODEC_USAGE, "bad --container-bytes '%s'", v);
-            break;
-        case OPT_LEVELS:
-            if (parse_u32(v, &a->levels))
-                return codec_err(CODEC_USAGE, "bad --levels '%s'", v);
-            break;
-        case OPT_WINDOW:
-            if (parse_u32(v, &a->window) || !a->window)
-                return codec_err(CODEC_USAGE, "bad --window '%s'", v);
-            break;
-        case OPT_ALPHA: {
-            char *end;
-            a->alpha = strtod(v, &end);
-            if (end == v || *end || !(a->alpha > 0))
-                return codec_err(CODEC_USAGE, "bad --alpha '%s'", v);
-            break;
-        }
-        case OPT_HELP:
-            fputs(g_codec_help, stdout);
-            return -1;
-        default:
-            return codec_err(CODEC_USAGE, "unknown or incomplete option '%s' (see dquant codec --help)",
-                             argv[optind - 1]);
-        }
-    }
-    return 0;
+    const cli_opt opts[] = {
+        CLI_FN("kind", kind_arg, &a->kind),
+        CLI_U32("heads", &a->heads, 1),
+        CLI_U32("head-dim", &a->head_dim, 1),
+        CLI_DTYPE_GIVEN("dtype", &a->dtype, &a->have_dtype),
+        CLI_STR("in", &a->in),
+        CLI_STR("out", &a->out),
+        CLI_STR("profile", &a->profile),
+        CLI_U32("container-bytes", &a->cbytes, 1),
+        CLI_U32("levels", &a->levels, 0),
+        CLI_FN("alpha", alpha_arg, &a->alpha),
+        CLI_U32("window", &a->window, 1),
+        CLI_STR("data", &a->data),
+        CLI_OPT_END,
+    };
+    return cli_parse_local(argc, argv, PROG, g_codec_help, opts);
 }
 
 /* The profile from --profile or the custom flags, for heads × head_dim. */
@@ -248,13 +153,13 @@ static int make_profile(const codec_args *a, uint32_t heads, uint32_t head_dim, 
     int rc;
     if (a->cbytes || a->levels) {
         if (a->profile)
-            return codec_err(CODEC_USAGE, "--profile and --container-bytes/--levels exclude each other");
+            return cli_error(CLI_USAGE, PROG, "--profile and --container-bytes/--levels exclude each other");
         if (!a->cbytes || !a->levels)
-            return codec_err(CODEC_USAGE, "a custom profile needs both --container-bytes and --levels");
+            return cli_error(CLI_USAGE, PROG, "a custom profile needs both --container-bytes and --levels");
         dq_profile base;
         rc = dq_profile_builtin("dq226", heads, head_dim, &base);
         if (rc != DQ_OK)
-            return codec_err(CODEC_USAGE, "shape %u x %u: %s", heads, head_dim, dq_strerror(rc));
+            return cli_error(CLI_USAGE, PROG, "shape %u x %u: %s", heads, head_dim, dq_strerror(rc));
         dq_profile_params pp;
         dq_profile_params_default(&pp);
         pp.kv_heads = heads;
@@ -276,61 +181,58 @@ static int make_profile(const codec_args *a, uint32_t heads, uint32_t head_dim, 
         }
     }
     if (rc != DQ_OK)
-        return codec_err(CODEC_USAGE, "profile: %s (%s)", dq_strerror(rc), dq_err_name(rc));
+        return cli_error(CLI_USAGE, PROG, "profile: %s (%s)", dq_strerror(rc), dq_err_name(rc));
     return 0;
 }
 
-static int cmd_roundtrip(int argc, char **argv)
+static int cmd_roundtrip(const codec_args *a)
 {
-    codec_args a;
-    int rc = parse_args(argc, argv, &a);
-    if (rc)
-        return rc < 0 ? CODEC_OK : rc;
-    if (a.kind < 0 || !a.heads || !a.head_dim || !a.have_dtype || !a.in || !a.out)
-        return codec_err(CODEC_USAGE, "roundtrip needs --kind, --heads, --head-dim, --dtype, --in and --out");
+    int rc;
+    if (a->kind < 0 || !a->heads || !a->head_dim || !a->have_dtype || !a->in || !a->out)
+        return cli_error(CLI_USAGE, PROG, "roundtrip needs --kind, --heads, --head-dim, --dtype, --in and --out");
     dq_profile p;
-    if ((rc = make_profile(&a, a.heads, a.head_dim, a.kind, &p)))
+    if ((rc = make_profile(a, a->heads, a->head_dim, a->kind, &p)))
         return rc;
-    uint8_t *raw = NULL;
+    void *raw = NULL;
     size_t len = 0;
-    if ((rc = read_file(a.in, &raw, &len)) != 0)
-        return codec_err(CODEC_FAILED, "%s: %s", a.in, strerror(-rc));
-    const size_t n = (size_t)a.heads * a.head_dim, esz = dq_dtype_size(a.dtype);
+    if ((rc = cli_slurp(a->in, &raw, &len)) != 0)
+        return cli_error(CLI_FAILED, PROG, "%s: %s", a->in, strerror(-rc));
+    const size_t n = (size_t)a->heads * a->head_dim, esz = dq_dtype_size(a->dtype);
     if (len == 0 || len % (n * esz)) {
         free(raw);
-        return codec_err(CODEC_FAILED, "%s: %zu bytes is not a whole number of [%u, %u] %s tokens", a.in, len, a.heads,
-                         a.head_dim, dq_dtype_name(a.dtype));
+        return cli_error(CLI_FAILED, PROG, "%s: %zu bytes is not a whole number of [%u, %u] %s tokens", a->in, len,
+                         a->heads, a->head_dim, dq_dtype_name(a->dtype));
     }
     const size_t ntok = len / (n * esz);
     float *x = malloc(ntok * n * sizeof(float)), *xhat = malloc(ntok * n * sizeof(float));
     void *outb = malloc(len);
-    int status = CODEC_FAILED;
+    int status = CLI_FAILED;
     if (!x || !xhat || !outb) {
-        codec_err(CODEC_FAILED, "out of memory for %zu tokens", ntok);
+        cli_error(CLI_FAILED, PROG, "out of memory for %zu tokens", ntok);
         goto done;
     }
-    dq_convert(raw, a.dtype, x, DQ_DTYPE_F32, ntok * n);
+    dq_convert(raw, a->dtype, x, DQ_DTYPE_F32, ntok * n);
     codec_rt_result r;
-    rc = codec_roundtrip_f32(&p, (dq_kind)a.kind, x, ntok, xhat, NULL, &r);
+    rc = codec_roundtrip_f32(&p, (dq_kind)a->kind, x, ntok, xhat, NULL, &r);
     if (rc != DQ_OK) {
-        codec_err(CODEC_FAILED, "%s: %s (%s)", a.in, dq_strerror(rc), dq_err_name(rc));
+        cli_error(CLI_FAILED, PROG, "%s: %s (%s)", a->in, dq_strerror(rc), dq_err_name(rc));
         goto done;
     }
     /* The figures describe what is written: the reconstruction in the input dtype. */
-    dq_convert(xhat, DQ_DTYPE_F32, outb, a.dtype, ntok * n);
-    dq_convert(outb, a.dtype, xhat, DQ_DTYPE_F32, ntok * n);
-    if ((rc = write_file(a.out, outb, len)) != 0) {
-        codec_err(CODEC_FAILED, "%s: %s", a.out, strerror(-rc));
+    dq_convert(xhat, DQ_DTYPE_F32, outb, a->dtype, ntok * n);
+    dq_convert(outb, a->dtype, xhat, DQ_DTYPE_F32, ntok * n);
+    if ((rc = write_file(a->out, outb, len)) != 0) {
+        cli_error(CLI_FAILED, PROG, "%s: %s", a->out, strerror(-rc));
         goto done;
     }
     printf("{\"kind\":\"%s\",\"profile\":\"%s\",\"streams\":%" PRIu64 ",\"tokens\":%" PRIu64
            ",\"stream_values\":%zu,\"levels\":%u,\"container_bytes\":%u,\"bits_per_value\":%.4f,\"nmse\":%.6g,"
            "\"max_payload_bytes_used\":%u,\"streams_that_needed_retry\":%" PRIu64 ",\"fallbacks\":%" PRIu64
            ",\"symbols_moved_fraction\":%.5f,\"max_move_levels\":%u,\"encode_streams_per_s\":%.0f}\n",
-           a.kind == DQ_KIND_K ? "k" : "v", p.name, r.streams, r.tokens, n, p.levels[a.kind], r.container_bytes,
+           a->kind == DQ_KIND_K ? "k" : "v", p.name, r.streams, r.tokens, n, p.levels[a->kind], r.container_bytes,
            r.bits_per_value, nmse_of(x, xhat, ntok * n), r.max_payload, r.retries, r.fallbacks, r.moved_fraction,
            r.max_move, r.encode_s > 0 ? (double)r.streams / r.encode_s : 0.0);
-    status = CODEC_OK;
+    status = CLI_OK;
 done:
     free(raw);
     free(x);
@@ -339,18 +241,15 @@ done:
     return status;
 }
 
-static int cmd_info(int argc, char **argv)
+static int cmd_info(const codec_args *a)
 {
-    codec_args a;
-    int rc = parse_args(argc, argv, &a);
-    if (rc)
-        return rc < 0 ? CODEC_OK : rc;
-    uint32_t heads = a.heads ? a.heads : 8, hd = a.head_dim ? a.head_dim : 128;
+    uint32_t heads = a->heads ? a->heads : 8, hd = a->head_dim ? a->head_dim : 128;
     dq_profile p;
-    if ((rc = make_profile(&a, heads, hd, a.kind < 0 ? DQ_KIND_K : a.kind, &p)))
+    int rc = make_profile(a, heads, hd, a->kind < 0 ? DQ_KIND_K : a->kind, &p);
+    if (rc)
         return rc;
     print_profile_json(&p);
-    return CODEC_OK;
+    return CLI_OK;
 }
 
 /* One dataset of the demo: f16 arrays sliced as [tokens, heads, head_dim] per (kind, layer). */
@@ -362,39 +261,26 @@ typedef struct demo_set {
 
 static int load_f16_kv(const char *path, size_t seqs_skip_bytes, demo_set *s)
 {
-    uint8_t *raw;
+    void *file;
     size_t len;
-    if (read_file(path, &raw, &len) != 0)
+    if (cli_slurp(path, &file, &len) != 0)
         return -1;
+    const uint8_t *raw = file;
     const size_t n = (size_t)s->heads * s->head_dim, per = (size_t)s->layers * s->tokens * n;
     if (len < seqs_skip_bytes + 2 * per * 2) {
-        free(raw);
+        free(file);
         return -1;
     }
     s->k = malloc(per * sizeof(float));
     s->v = malloc(per * sizeof(float));
     if (!s->k || !s->v) {
-        free(raw);
+        free(file);
         return -1;
     }
     dq_convert(raw + seqs_skip_bytes, DQ_DTYPE_F16, s->k, DQ_DTYPE_F32, per);
     dq_convert(raw + seqs_skip_bytes + per * 2, DQ_DTYPE_F16, s->v, DQ_DTYPE_F32, per);
-    free(raw);
+    free(file);
     return 0;
-}
-
-static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-static double demo_gauss(void)
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    double u = ((g_rng >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    double w = (g_rng >> 11) * (1.0 / 9007199254740992.0);
-    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * w);
 }
 
 static int demo_run(const demo_set *s)
@@ -436,35 +322,31 @@ static int demo_run(const demo_set *s)
     return 0;
 }
 
-static int cmd_demo(int argc, char **argv)
+static int cmd_demo(const codec_args *a)
 {
-    codec_args a;
-    int rc = parse_args(argc, argv, &a);
-    if (rc)
-        return rc < 0 ? CODEC_OK : rc;
-    const char *dir = a.data ? a.data : "../shared/data";
+    /* The real KV of ../shared/data (sequence 0 of each file). */
+    static const struct {
+        demo_set shape;
+        const char *file;
+    } real[] = {
+        {{"bytellama-19m", 2, 128, 6, 1024, NULL, NULL}, "bytellama-19m/kv_f16.bin"},
+        {{"tinystories-656k", 4, 16, 2, 495, NULL, NULL}, "tinystories-656k/kv/kv_f16.bin"},
+    };
+    const char *dir = a->data ? a->data : "../shared/data";
     char path[4096];
     printf("%-18s %-6s %-2s %13s %8s %10s %8s %12s\n", "data", "prof", "KV", "tokens x n", "bits/val", "nmse",
            "retries", "enc streams/s");
-    int ran = 0;
-    demo_set b = {"bytellama-19m", 2, 128, 6, 1024, NULL, NULL};
-    snprintf(path, sizeof path, "%s/bytellama-19m/kv_f16.bin", dir);
-    if (load_f16_kv(path, 0, &b) == 0) {
-        rc = demo_run(&b);
-        free(b.k);
-        free(b.v);
+    int ran = 0, rc;
+    for (size_t i = 0; i < sizeof real / sizeof real[0]; i++) {
+        demo_set d = real[i].shape;
+        snprintf(path, sizeof path, "%s/%s", dir, real[i].file);
+        if (load_f16_kv(path, 0, &d) != 0)
+            continue;
+        rc = demo_run(&d);
+        free(d.k);
+        free(d.v);
         if (rc)
-            return codec_err(CODEC_FAILED, "bytellama-19m: codec failed");
-        ran++;
-    }
-    demo_set t = {"tinystories-656k", 4, 16, 2, 495, NULL, NULL};
-    snprintf(path, sizeof path, "%s/tinystories-656k/kv/kv_f16.bin", dir);
-    if (load_f16_kv(path, 0, &t) == 0) {
-        rc = demo_run(&t);
-        free(t.k);
-        free(t.v);
-        if (rc)
-            return codec_err(CODEC_FAILED, "tinystories-656k: codec failed");
+            return cli_error(CLI_FAILED, PROG, "%s: codec failed", d.name);
         ran++;
     }
     if (!ran)
@@ -475,28 +357,34 @@ static int cmd_demo(int argc, char **argv)
     g.k = malloc(cnt * sizeof(float));
     g.v = malloc(cnt * sizeof(float));
     if (!g.k || !g.v)
-        return codec_err(CODEC_FAILED, "out of memory");
+        return cli_error(CLI_FAILED, PROG, "out of memory");
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
     for (size_t j = 0; j < cnt; j++) {
-        g.k[j] = (float)demo_gauss() + 0.5f * (float)((j % 128) % 5);
-        g.v[j] = (float)demo_gauss();
+        g.k[j] = (float)cli_gauss(&rng) + 0.5f * (float)((j % 128) % 5);
+        g.v[j] = (float)cli_gauss(&rng);
     }
     rc = demo_run(&g);
     free(g.k);
     free(g.v);
-    return rc ? codec_err(CODEC_FAILED, "gaussian: codec failed") : CODEC_OK;
+    return rc ? cli_error(CLI_FAILED, PROG, "gaussian: codec failed") : CLI_OK;
 }
 
 int dq_cmd_codec(int argc, char **argv)
 {
+    static const struct {
+        const char *name;
+        int (*run)(const codec_args *);
+    } subcmds[] = {{"roundtrip", cmd_roundtrip}, {"info", cmd_info}, {"demo", cmd_demo}};
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "help") == 0) {
         fputs(g_codec_help, argc < 2 ? stderr : stdout);
-        return argc < 2 ? CODEC_USAGE : CODEC_OK;
+        return argc < 2 ? CLI_USAGE : CLI_OK;
     }
-    if (strcmp(argv[1], "roundtrip") == 0)
-        return cmd_roundtrip(argc - 1, argv + 1);
-    if (strcmp(argv[1], "info") == 0)
-        return cmd_info(argc - 1, argv + 1);
-    if (strcmp(argv[1], "demo") == 0)
-        return cmd_demo(argc - 1, argv + 1);
-    return codec_err(CODEC_USAGE, "unknown subcommand '%s' (roundtrip, info, demo)", argv[1]);
+    for (size_t i = 0; i < sizeof subcmds / sizeof subcmds[0]; i++) {
+        if (strcmp(argv[1], subcmds[i].name) != 0)
+            continue;
+        codec_args a;
+        int status = parse_args(argc - 1, argv + 1, &a);
+        return status != CLI_CONTINUE ? status : subcmds[i].run(&a);
+    }
+    return cli_error(CLI_USAGE, PROG, "unknown subcommand '%s' (roundtrip, info, demo)", argv[1]);
 }

@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "cli_common.h"
+#include "cli_rng.h"
 #include "commands.h"
 #include "dquant/client.h"
 #include "dquant/dquant.h"
@@ -26,53 +27,10 @@
 #define QH 4
 #define HD 128
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
-}
-
-/* Whole file, or NULL. */
-static uint8_t *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    uint8_t *buf = NULL;
-    if (fseek(f, 0, SEEK_END) == 0) {
-        long sz = ftell(f);
-        if (sz > 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)sz))) {
-            if (fread(buf, 1, (size_t)sz, f) != (size_t)sz) {
-                free(buf);
-                buf = NULL;
-            } else {
-                *len = (size_t)sz;
-            }
-        }
-    }
-    fclose(f);
-    return buf;
-}
-
-static uint64_t g_rng = 0x853c49e6748fea9bull;
-static float gauss(void)
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    double u = ((g_rng >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    double w = (g_rng >> 11) * (1.0 / 9007199254740992.0);
-    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * w));
 }
 
 /* Exact attention in double over tokens [0, t] of one layer (f16 K/V [T_, KVH, HD]). */
@@ -150,7 +108,7 @@ int dq_cmd_demo(int argc, char **argv)
         if (cli_conn_option(&cc, opt, optarg, &crc)) {
             if (crc) {
                 cli_conn_free(&cc);
-                return crc;
+                return CLI_USAGE;
             }
             continue;
         }
@@ -184,36 +142,38 @@ int dq_cmd_demo(int argc, char **argv)
         return cli_error(CLI_FAILED, prog, "out of memory");
     }
     char path[4096];
+    void *kvraw = NULL, *qraw = NULL;   /* left NULL when a file cannot be read */
     size_t kvlen = 0, qlen = 0;
     snprintf(path, sizeof path, "%s/bytellama-19m/kv_f16.bin", dir);
-    uint8_t *kvraw = slurp(path, &kvlen);
+    cli_slurp(path, &kvraw, &kvlen);
     snprintf(path, sizeof path, "%s/bytellama-19m/q_f16.bin", dir);
-    uint8_t *qraw = slurp(path, &qlen);
+    cli_slurp(path, &qraw, &qlen);
     const char *source;
     if (kvraw && qraw && kvlen >= 2 * L_ * per_layer * 2 && qlen >= L_ * qper * 2) {
         memcpy(k, kvraw, L_ * per_layer * 2);
-        memcpy(v, kvraw + L_ * per_layer * 2, L_ * per_layer * 2);
+        memcpy(v, (const uint8_t *)kvraw + L_ * per_layer * 2, L_ * per_layer * 2);
         memcpy(q16, qraw, L_ * qper * 2);
         source = "bytellama-19m captured KV and queries";
     } else {
+        uint64_t rng = 0x853c49e6748fea9bull;
         for (size_t i = 0; i < L_ * per_layer; i++) {
-            k[i] = dq_f32_to_f16(gauss() + 0.5f * (float)(i % 3));
-            v[i] = dq_f32_to_f16(gauss());
+            k[i] = dq_f32_to_f16((float)cli_gauss(&rng) + 0.5f * (float)(i % 3));
+            v[i] = dq_f32_to_f16((float)cli_gauss(&rng));
         }
         for (size_t i = 0; i < L_ * qper; i++)
-            q16[i] = dq_f32_to_f16(0.2f * gauss());
+            q16[i] = dq_f32_to_f16(0.2f * (float)cli_gauss(&rng));
         source = "generated Gaussian KV (no real data found)";
     }
     free(kvraw);
     free(qraw);
 
     dqc_client *cl = NULL;
-    if ((rc = cli_connect(&cc, prog, &cl)) != CLI_OK) {
+    if (cli_connect(&cc, prog, &cl) != DQ_OK) {
         free(k);
         free(v);
         free(q16);
         cli_conn_free(&cc);
-        return rc;
+        return CLI_FAILED;
     }
     dqc_server_info info;
     dqc_server(cl, &info);
@@ -251,18 +211,18 @@ int dq_cmd_demo(int argc, char **argv)
     }
     dqc_put_args pa = {seq, model_name, 0, 0, L_, prefill, KVH, HD, DQ_DTYPE_F16, buf_k, buf_v};
     dqc_put_result pr;
-    double t0 = now_s();
+    uint64_t t0 = cli_now_ns();
     if ((rc = dqc_put(cl, &pa, &pr)) != DQ_OK) {
         cli_call_error(prog, "PUT", cl, rc);
         goto done;
     }
-    double put_s = now_s() - t0;
+    double put_s = cli_seconds_since(t0);
     printf("PUT prefill: %u tokens x %d layers in %.1f ms (%.1f MB/s of f16 K/V), %" PRIu64 " streams encoded, "
            "stored %" PRIu64 " bytes\n",
            prefill, L_, put_s * 1e3, 2.0 * L_ * prefill * KVH * HD * 2 / put_s / 1e6, pr.streams_encoded, pr.stored_bytes);
 
     /* Decode steps: one ATTEND per layer per token, appending the token's K/V first. */
-    t0 = now_s();
+    t0 = cli_now_ns();
     for (uint32_t t = prefill; t < T_; t++) {
         for (int l = 0; l < L_; l++) {
             for (int i = 0; i < QH * HD; i++)
@@ -276,12 +236,12 @@ int dq_cmd_demo(int argc, char **argv)
             }
             dqc_attend_item it = {seq, (uint32_t)l, qf, kr, vr};
             dqc_attend_args aa = {&it, 1, QH, KVH, HD, DQ_DTYPE_F32, 0.0f};
-            double ta = now_s();
+            uint64_t ta = cli_now_ns();
             if ((rc = dqc_attend(cl, &aa, out, lse)) != DQ_OK) {
                 cli_call_error(prog, "ATTEND", cl, rc);
                 goto done;
             }
-            lat[nlat++] = now_s() - ta;
+            lat[nlat++] = cli_seconds_since(ta);
             exact_attention(k + l * per_layer, v + l * per_layer, t, qf, ref);
             for (int h = 0; h < QH; h++) {
                 double e = 0, b = 0;
@@ -298,7 +258,7 @@ int dq_cmd_demo(int argc, char **argv)
             }
         }
     }
-    double steps_s = now_s() - t0;
+    double steps_s = cli_seconds_since(t0);
     qsort(lat, nlat, sizeof *lat, cmp_double);
     printf("decode: %u steps x %d layers = %zu ATTEND calls (append + attend) in %.2f s; latency p50 %.3f ms, p99 "
            "%.3f ms\n",

@@ -5,35 +5,20 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "dquant/error.h"
-#include "commands.h"
 #include "eval_ablation.h"
 #include "eval_core.h"
 #include "fixedwidth.h"
 
-#define EVAL_OK 0
-#define EVAL_FAILED 1
-#define EVAL_USAGE 2
+#define PROG "eval"
 #define DEFAULT_CODECS "dq226,dq196,int2,quarot2,kivi2,turbo2,bf16"
 #define MAX_CODECS 64
-
-static int eval_err(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int eval_err(int status, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("dquant eval: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return status;
-}
 
 static const char g_eval_help[] =
     "NAME\n"
@@ -92,31 +77,6 @@ static const char g_eval_help[] =
     "   dquant eval --dataset bytellama-19m --codecs dq226,fixed226,int2,kivi2,quarot2,turbo2\n"
     "   dquant eval --dataset tinystories-656k --ablation budget\n";
 
-enum {
-    OPT_DATASET = 1000, OPT_DATA, OPT_K, OPT_V, OPT_Q, OPT_KV_HEADS, OPT_HEAD_DIM, OPT_Q_HEADS, OPT_DTYPE,
-    OPT_CODECS, OPT_ABLATION, OPT_STRIDE, OPT_RESAMPLES, OPT_SEED, OPT_JSON, OPT_HELP
-};
-
-static const struct option g_opts[] = {
-    {"dataset", required_argument, NULL, OPT_DATASET},
-    {"data", required_argument, NULL, OPT_DATA},
-    {"k", required_argument, NULL, OPT_K},
-    {"v", required_argument, NULL, OPT_V},
-    {"q", required_argument, NULL, OPT_Q},
-    {"kv-heads", required_argument, NULL, OPT_KV_HEADS},
-    {"head-dim", required_argument, NULL, OPT_HEAD_DIM},
-    {"q-heads", required_argument, NULL, OPT_Q_HEADS},
-    {"dtype", required_argument, NULL, OPT_DTYPE},
-    {"codecs", required_argument, NULL, OPT_CODECS},
-    {"ablation", required_argument, NULL, OPT_ABLATION},
-    {"query-stride", required_argument, NULL, OPT_STRIDE},
-    {"resamples", required_argument, NULL, OPT_RESAMPLES},
-    {"seed", required_argument, NULL, OPT_SEED},
-    {"json", no_argument, NULL, OPT_JSON},
-    {"help", no_argument, NULL, OPT_HELP},
-    {NULL, 0, NULL, 0},
-};
-
 typedef struct eval_args {
     const char *dataset, *data, *k, *v, *q, *codecs, *ablation;
     uint32_t kv_heads, head_dim, q_heads;
@@ -125,85 +85,50 @@ typedef struct eval_args {
     eval_opts opts;
 } eval_args;
 
-static int parse_u32(const char *s, uint32_t *out)
+/* --seed N: any base strtoull reads (cli_opt callback). */
+static int seed_arg(void *dst, const char *v)
 {
     char *end;
     errno = 0;
-    unsigned long v = strtoul(s, &end, 10);
-    if (errno || end == s || *end || v > UINT32_MAX || s[0] == '-')
-        return -1;
-    *out = (uint32_t)v;
-    return 0;
+    *(uint64_t *)dst = strtoull(v, &end, 0);
+    return errno || end == v || *end;
 }
 
+/* CLI_CONTINUE, or the exit status to return now. */
 static int parse_args(int argc, char **argv, eval_args *a)
 {
     memset(a, 0, sizeof *a);
     eval_opts_default(&a->opts);
-    optind = 1;
-    opterr = 0;
-    int opt;
-    while ((opt = getopt_long(argc, argv, "", g_opts, NULL)) != -1) {
-        const char *v = optarg;
-        switch (opt) {
-        case OPT_DATASET: a->dataset = v; break;
-        case OPT_DATA: a->data = v; break;
-        case OPT_K: a->k = v; break;
-        case OPT_V: a->v = v; break;
-        case OPT_Q: a->q = v; break;
-        case OPT_CODECS: a->codecs = v; break;
-        case OPT_ABLATION: a->ablation = v; break;
-        case OPT_JSON: a->json = 1; break;
-        case OPT_KV_HEADS:
-            if (parse_u32(v, &a->kv_heads) || !a->kv_heads)
-                return eval_err(EVAL_USAGE, "bad --kv-heads '%s'", v);
-            break;
-        case OPT_HEAD_DIM:
-            if (parse_u32(v, &a->head_dim) || !a->head_dim)
-                return eval_err(EVAL_USAGE, "bad --head-dim '%s'", v);
-            break;
-        case OPT_Q_HEADS:
-            if (parse_u32(v, &a->q_heads) || !a->q_heads)
-                return eval_err(EVAL_USAGE, "bad --q-heads '%s'", v);
-            break;
-        case OPT_DTYPE:
-            if (dq_dtype_parse(v, &a->dtype) != DQ_OK)
-                return eval_err(EVAL_USAGE, "bad --dtype '%s' (f32, f16, bf16)", v);
-            a->have_dtype = 1;
-            break;
-        case OPT_STRIDE:
-            if (parse_u32(v, &a->opts.query_stride) || !a->opts.query_stride)
-                return eval_err(EVAL_USAGE, "bad --query-stride '%s'", v);
-            break;
-        case OPT_RESAMPLES:
-            if (parse_u32(v, &a->opts.resamples) || a->opts.resamples < 10)
-                return eval_err(EVAL_USAGE, "bad --resamples '%s' (at least 10)", v);
-            break;
-        case OPT_SEED: {
-            char *end;
-            errno = 0;
-            a->opts.seed = strtoull(v, &end, 0);
-            if (errno || end == v || *end)
-                return eval_err(EVAL_USAGE, "bad --seed '%s'", v);
-            break;
-        }
-        case OPT_HELP:
-            fputs(g_eval_help, stdout);
-            return -1;
-        default:
-            return eval_err(EVAL_USAGE, "unknown or incomplete option '%s' (see dquant eval --help)",
-                            argv[optind - 1]);
-        }
-    }
+    const cli_opt opts[] = {
+        CLI_STR("dataset", &a->dataset),
+        CLI_STR("data", &a->data),
+        CLI_STR("k", &a->k),
+        CLI_STR("v", &a->v),
+        CLI_STR("q", &a->q),
+        CLI_U32("kv-heads", &a->kv_heads, 1),
+        CLI_U32("head-dim", &a->head_dim, 1),
+        CLI_U32("q-heads", &a->q_heads, 1),
+        CLI_DTYPE_GIVEN("dtype", &a->dtype, &a->have_dtype),
+        CLI_STR("codecs", &a->codecs),
+        CLI_STR("ablation", &a->ablation),
+        CLI_U32("query-stride", &a->opts.query_stride, 1),
+        CLI_U32("resamples", &a->opts.resamples, 10),
+        CLI_FN("seed", seed_arg, &a->opts.seed),
+        CLI_FLAG("json", &a->json),
+        CLI_OPT_END,
+    };
+    int status = cli_parse_local(argc, argv, PROG, g_eval_help, opts);
+    if (status != CLI_CONTINUE)
+        return status;
     if (optind < argc)
-        return eval_err(EVAL_USAGE, "unexpected argument '%s'", argv[optind]);
+        return cli_error(CLI_USAGE, PROG, "unexpected argument '%s'", argv[optind]);
     if (!a->dataset == !a->k)
-        return eval_err(EVAL_USAGE, "give either --dataset NAME or --k/--v files (see dquant eval --help)");
+        return cli_error(CLI_USAGE, PROG, "give either --dataset NAME or --k/--v files (see dquant eval --help)");
     if (a->k && (!a->v || !a->kv_heads || !a->head_dim || !a->have_dtype))
-        return eval_err(EVAL_USAGE, "--k needs --v, --kv-heads, --head-dim and --dtype");
+        return cli_error(CLI_USAGE, PROG, "--k needs --v, --kv-heads, --head-dim and --dtype");
     if (a->q && !a->q_heads)
-        return eval_err(EVAL_USAGE, "--q needs --q-heads");
-    return 0;
+        return cli_error(CLI_USAGE, PROG, "--q needs --q-heads");
+    return CLI_CONTINUE;
 }
 
 /* ---- output ---- */
@@ -305,88 +230,99 @@ static int load_data(const eval_args *a, eval_data *d)
                         : eval_data_load_files(a->k, a->v, a->q, a->kv_heads, a->head_dim, a->q_heads, a->dtype, d,
                                                err, sizeof err);
     if (rc != DQ_OK)
-        return eval_err(EVAL_FAILED, "%s", err);
+        return cli_error(CLI_FAILED, PROG, "%s", err);
     return 0;
 }
 
+/* The codecs of --codecs, resolved for the data's shape. */
+typedef struct codec_list {
+    eval_codec *codecs;   /* [MAX_CODECS] */
+    char (*why)[256];     /* [MAX_CODECS]: why codecs[i] cannot be made at this shape; "" when it can */
+    size_t n;
+} codec_list;
+
 /* Splits the codec list and resolves each name for the data's shape. A codec that exists but cannot
  * be made at this shape (containers too small for its levels) gets its reason in why[i] and a row
- * saying so; an unknown name is a usage error. */
-static int parse_codecs(const char *list, const eval_data *d, eval_codec *out, char (*why)[256], size_t *count)
+ * saying so; an unknown name is a usage error. Returns 0 or the exit status after saying why;
+ * codec_list_free(l) either way. */
+static int codec_list_parse(const char *list, const eval_data *d, codec_list *l)
 {
     char buf[1024], err[256];
+    l->codecs = calloc(MAX_CODECS, sizeof *l->codecs);
+    l->why = calloc(MAX_CODECS, sizeof *l->why);
+    l->n = 0;
+    if (!l->codecs || !l->why)
+        return cli_error(CLI_FAILED, PROG, "out of memory");
     if (strlen(list) >= sizeof buf)
-        return eval_err(EVAL_USAGE, "--codecs list too long");
+        return cli_error(CLI_USAGE, PROG, "--codecs list too long");
     snprintf(buf, sizeof buf, "%s", list);
-    *count = 0;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (*count == MAX_CODECS)
-            return eval_err(EVAL_USAGE, "at most %d codecs", MAX_CODECS);
-        const int rc = eval_codec_parse(tok, d->kv_heads, d->head_dim, &out[*count], err, sizeof err);
-        why[*count][0] = 0;
+        if (l->n == MAX_CODECS)
+            return cli_error(CLI_USAGE, PROG, "at most %d codecs", MAX_CODECS);
+        const int rc = eval_codec_parse(tok, d->kv_heads, d->head_dim, &l->codecs[l->n], err, sizeof err);
+        l->why[l->n][0] = 0;
         if (rc == DQ_CONTAINER_TOO_SMALL)
-            snprintf(why[*count], sizeof why[*count], "%s", err);
+            snprintf(l->why[l->n], sizeof l->why[l->n], "%s", err);
         else if (rc != DQ_OK)
-            return eval_err(EVAL_USAGE, "%s", err);
-        (*count)++;
+            return cli_error(CLI_USAGE, PROG, "%s", err);
+        l->n++;
     }
-    return *count ? 0 : eval_err(EVAL_USAGE, "--codecs is empty");
+    return l->n ? 0 : cli_error(CLI_USAGE, PROG, "--codecs is empty");
+}
+
+static void codec_list_free(codec_list *l)
+{
+    free(l->codecs);
+    free(l->why);
 }
 
 static int run_codecs(const eval_args *a, const eval_data *d)
 {
-    eval_codec *codecs = calloc(MAX_CODECS, sizeof *codecs);
-    char(*why)[256] = calloc(MAX_CODECS, sizeof *why);
-    if (!codecs || !why) {
-        free(codecs);
-        free(why);
-        return eval_err(EVAL_FAILED, "out of memory");
-    }
-    size_t nc = 0;
-    int status = parse_codecs(a->codecs ? a->codecs : DEFAULT_CODECS, d, codecs, why, &nc);
+    codec_list l;
+    int status = codec_list_parse(a->codecs ? a->codecs : DEFAULT_CODECS, d, &l);
     if (status)
         goto out;
     if (!a->json) {
         print_data_header(d, &a->opts, "Codec quality");
         print_table_head();
     }
-    for (size_t i = 0; i < nc; i++) {
-        if (why[i][0]) {
+    for (size_t i = 0; i < l.n; i++) {
+        if (l.why[i][0]) {
             if (a->json)
                 printf("{\"dataset\":\"%s\",\"codec\":\"%s\",\"error\":\"CONTAINER_TOO_SMALL\"}\n", d->name,
-                       codecs[i].label);
+                       l.codecs[i].label);
             else
-                printf("| %s | - | - | - | cannot be made at n = %zu (see below) | | | |\n", codecs[i].label,
+                printf("| %s | - | - | - | cannot be made at n = %zu (see below) | | | |\n", l.codecs[i].label,
                        eval_data_stream_len(d));
             continue;
         }
         eval_result r;
         char err[512];
-        if (eval_run(d, &codecs[i], &a->opts, &r, err, sizeof err) != DQ_OK) {
-            status = eval_err(EVAL_FAILED, "%s", err);
+        if (eval_run(d, &l.codecs[i], &a->opts, &r, err, sizeof err) != DQ_OK) {
+            status = cli_error(CLI_FAILED, PROG, "%s", err);
             goto out;
         }
         if (a->json)
-            print_json(d, &codecs[i], &r, NULL);
+            print_json(d, &l.codecs[i], &r, NULL);
         else
             print_row("", &r);
         fflush(stdout);
     }
     if (!a->json) {
-        for (size_t i = 0; i < nc; i++)
-            if (why[i][0])
-                printf("\n%s", why[i]);
-            else if (codecs[i].type == EVAL_CODEC_FIXED)
+        for (size_t i = 0; i < l.n; i++) {
+            const eval_codec *c = &l.codecs[i];
+            if (l.why[i][0])
+                printf("\n%s", l.why[i]);
+            else if (c->type == EVAL_CODEC_FIXED)
                 printf("\n%s: fixed-width at the storage of D-Quant profile %s (C %u/%u bytes): M %u/%u levels, charged "
                        "log2(M) bits per symbol + the same metadata.",
-                       codecs[i].label, codecs[i].profile.name, codecs[i].profile.container_bytes[0],
-                       codecs[i].profile.container_bytes[1], fixedwidth_levels(&codecs[i].profile, DQ_KIND_K),
-                       fixedwidth_levels(&codecs[i].profile, DQ_KIND_V));
+                       c->label, c->profile.name, c->profile.container_bytes[0], c->profile.container_bytes[1],
+                       fixedwidth_levels(&c->profile, DQ_KIND_K), fixedwidth_levels(&c->profile, DQ_KIND_V));
+        }
         printf("\n");
     }
 out:
-    free(codecs);
-    free(why);
+    codec_list_free(&l);
     return status;
 }
 
@@ -396,9 +332,9 @@ static int run_ablation(const eval_args *a, const eval_data *d)
     size_t nrows = 0;
     int rc = eval_ablation_rows(a->ablation, d->kv_heads, d->head_dim, &rows, &nrows);
     if (rc == DQ_INVALID_ARGUMENT)
-        return eval_err(EVAL_USAGE, "unknown ablation '%s' (levels, budget, split, alpha, drift)", a->ablation);
+        return cli_error(CLI_USAGE, PROG, "unknown ablation '%s' (levels, budget, split, alpha, drift)", a->ablation);
     if (rc != DQ_OK)
-        return eval_err(EVAL_FAILED, "out of memory");
+        return cli_error(CLI_FAILED, PROG, "out of memory");
     if (!a->json) {
         char what[64];
         snprintf(what, sizeof what, "Ablation '%s'", a->ablation);
@@ -407,7 +343,7 @@ static int run_ablation(const eval_args *a, const eval_data *d)
                "V NMSE [95%% CI] | score KL, nats [95%% CI] | attn out rel. err [95%% CI] |\n");
         printf("|---|---|---|---|---|---:|---:|---:|---|---|---|---|\n");
     }
-    int status = EVAL_OK;
+    int status = CLI_OK;
     for (size_t i = 0; i < nrows; i++) {
         const eval_ablation_row *row = &rows[i];
         if (row->rc != DQ_OK) {
@@ -426,7 +362,7 @@ static int run_ablation(const eval_args *a, const eval_data *d)
         eval_result r;
         char err[512];
         if (eval_run(d, &row->codec, &a->opts, &r, err, sizeof err) != DQ_OK) {
-            status = eval_err(EVAL_FAILED, "%s", err);
+            status = cli_error(CLI_FAILED, PROG, "%s", err);
             break;
         }
         if (a->json) {
@@ -451,15 +387,8 @@ static int run_ablation(const eval_args *a, const eval_data *d)
 
 static int run_drift(const eval_args *a, const eval_data *d)
 {
-    eval_codec *codecs = calloc(MAX_CODECS, sizeof *codecs);
-    char(*why)[256] = calloc(MAX_CODECS, sizeof *why);
-    if (!codecs || !why) {
-        free(codecs);
-        free(why);
-        return eval_err(EVAL_FAILED, "out of memory");
-    }
-    size_t nc = 0;
-    int status = parse_codecs(a->codecs ? a->codecs : "dq226,dq196", d, codecs, why, &nc);
+    codec_list l;
+    int status = codec_list_parse(a->codecs ? a->codecs : "dq226,dq196", d, &l);
     if (status)
         goto out;
     eval_opts o = a->opts;
@@ -471,10 +400,10 @@ static int run_drift(const eval_args *a, const eval_data *d)
                "H bits/value | table CE - H | analytic CE - H | log2 M - H |\n");
         printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     }
-    for (size_t i = 0; i < nc; i++) {
-        const eval_codec *c = &codecs[i];
-        if (why[i][0]) {
-            fprintf(stderr, "dquant eval: drift: %s\n", why[i]);
+    for (size_t i = 0; i < l.n; i++) {
+        const eval_codec *c = &l.codecs[i];
+        if (l.why[i][0]) {
+            fprintf(stderr, "dquant eval: drift: %s\n", l.why[i]);
             continue;
         }
         if (c->type != EVAL_CODEC_LIB || c->profile.codec_type != DQ_CODEC_DQUANT) {
@@ -484,13 +413,13 @@ static int run_drift(const eval_args *a, const eval_data *d)
         eval_result r;
         char err[512];
         if (eval_run(d, c, &o, &r, err, sizeof err) != DQ_OK) {
-            status = eval_err(EVAL_FAILED, "%s", err);
+            status = cli_error(CLI_FAILED, PROG, "%s", err);
             goto out;
         }
         for (int k = 0; k < 2; k++) {
             eval_drift dr;
             if (eval_drift_summary(&r, &c->profile, (dq_kind)k, &dr) != DQ_OK) {
-                status = eval_err(EVAL_FAILED, "%s: no symbols collected", c->label);
+                status = cli_error(CLI_FAILED, PROG, "%s: no symbols collected", c->label);
                 goto out;
             }
             if (a->json)
@@ -513,8 +442,7 @@ static int run_drift(const eval_args *a, const eval_data *d)
                "sharpened integer table (what the coder pays per symbol); analytic CE: under the unsharpened "
                "Gaussian order-statistics model. Fill: rANS bytes used / container.\n");
 out:
-    free(codecs);
-    free(why);
+    codec_list_free(&l);
     return status;
 }
 
@@ -522,8 +450,8 @@ int dq_cmd_eval(int argc, char **argv)
 {
     eval_args a;
     int rc = parse_args(argc, argv, &a);
-    if (rc)
-        return rc < 0 ? EVAL_OK : rc;
+    if (rc != CLI_CONTINUE)
+        return rc;
     eval_data d;
     if ((rc = load_data(&a, &d)) != 0)
         return rc;

@@ -13,48 +13,17 @@
     "       0 on success, 1 when the request failed (connection or server error, the\n" \
     "       reason on stderr), 2 on a usage error.\n"
 
+/* The subcommands' checks: when cond holds, say why on stderr, set status to st and leave through
+ * the exit label `out` (every subcommand here has `int status`, `const char *prog` and `out:`). */
+#define EXIT_IF(cond, st, ...)                           \
+    do {                                                 \
+        if (cond) {                                      \
+            status = cli_error((st), prog, __VA_ARGS__); \
+            goto out;                                    \
+        }                                                \
+    } while (0)
+
 /* ---- sequence options shared by several subcommands ---- */
-
-enum {
-    OPT_NS = CLI_OPT_FIRST_OWN,
-    OPT_KEY,
-    OPT_KEY_HEX,
-    OPT_MODEL,
-    OPT_LAYERS,
-    OPT_Q_HEADS,
-    OPT_KV_HEADS,
-    OPT_HEAD_DIM,
-    OPT_PROFILE,
-    OPT_PROFILE_FILE,
-    OPT_SAVE_PROFILE,
-    OPT_START,
-    OPT_LAYER,
-    OPT_TOKENS,
-    OPT_DTYPE,
-    OPT_K,
-    OPT_V,
-    OPT_RANDOM,
-    OPT_RAW,
-    OPT_OUT,
-    OPT_OUT_K,
-    OPT_OUT_V,
-    OPT_Q,
-    OPT_SCALE,
-    OPT_APPEND_K,
-    OPT_APPEND_V,
-    OPT_LSE,
-    OPT_COUNTER,
-    OPT_GAUGE,
-    OPT_COUNT,
-    OPT_SIZE,
-    OPT_INTERVAL,
-    OPT_QUIET,
-};
-
-#define SEQ_LONGOPTS                                    \
-    {"ns", required_argument, NULL, OPT_NS},            \
-    {"key", required_argument, NULL, OPT_KEY},          \
-    {"key-hex", required_argument, NULL, OPT_KEY_HEX}
 
 #define SEQ_HELP                                                                            \
     "   --ns NAMESPACE\n"                                                                   \
@@ -69,58 +38,41 @@ typedef struct seq_arg {
     int set;
 } seq_arg;
 
-/* Handles --ns/--key/--key-hex. Returns 1 if opt was one of them (*bad set on a bad value). */
-static int seq_option(seq_arg *s, int opt, const char *arg, int *bad)
+/* --key TEXT into a seq_arg (cli_opt callback). */
+static int key_text(void *dst, const char *arg)
 {
-    switch (opt) {
-    case OPT_NS:
-        s->ns = arg;
-        return 1;
-    case OPT_KEY:
-        free(s->key);
-        s->key_len = strlen(arg);
-        s->key = malloc(s->key_len + 1);
-        if (!s->key) {
-            *bad = 1;
-            return 1;
-        }
-        memcpy(s->key, arg, s->key_len + 1);
-        s->set = 1;
-        return 1;
-    case OPT_KEY_HEX:
-        free(s->key);
-        s->key = NULL;
-        if (cli_hex_decode(arg, &s->key, &s->key_len)) {
-            fprintf(stderr, "dquant: --key-hex: '%s' is not an even number of hex digits\n", arg);
-            *bad = 1;
-        }
-        s->set = 1;
-        return 1;
-    default:
-        return 0;
-    }
+    seq_arg *s = dst;
+    free(s->key);
+    s->key_len = strlen(arg);
+    s->key = malloc(s->key_len + 1);
+    if (!s->key)
+        return -1;
+    memcpy(s->key, arg, s->key_len + 1);
+    s->set = 1;
+    return 0;
 }
+
+/* --key-hex HEX into a seq_arg (cli_opt callback). */
+static int key_hex(void *dst, const char *arg)
+{
+    seq_arg *s = dst;
+    free(s->key);
+    s->key = NULL;
+    s->set = 1;
+    if (cli_hex_decode(arg, &s->key, &s->key_len)) {
+        fprintf(stderr, "dquant: --key-hex: '%s' is not an even number of hex digits\n", arg);
+        return -1;
+    }
+    return 0;
+}
+
+/* The options of one sequence: --ns, --key, --key-hex. */
+#define SEQ_OPTS(s) CLI_STR("ns", &(s)->ns), CLI_FN("key", key_text, (s)), CLI_FN("key-hex", key_hex, (s))
 
 static dqc_seq seq_of(const seq_arg *s)
 {
     return (dqc_seq){.ns = s->ns, .key = s->key, .key_len = s->key_len};
 }
-
-/* Common tail of every option loop: connection options, --help, unknown options. Returns -1 to
- * continue parsing, or an exit status to return. */
-static int common_option(cli_conn *cc, int opt, const char *arg, const char *help)
-{
-    int rc;
-    if (cli_conn_option(cc, opt, arg, &rc))
-        return rc ? CLI_USAGE : -1;
-    if (opt == CLI_OPT_HELP) {
-        fputs(help, stdout);
-        return CLI_OK;
-    }
-    return CLI_USAGE;   /* getopt already printed the complaint */
-}
-
-#define BAD_VALUE(prog, name, arg) cli_error(CLI_USAGE, prog, "%s: bad value '%s' (see --help)", name, arg)
 
 /* ================================ register ================================ */
 
@@ -153,18 +105,6 @@ static const char register_help[] =
 
 int dq_cmd_register(int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        CLI_CONN_LONGOPTS,
-        {"model", required_argument, NULL, OPT_MODEL},
-        {"layers", required_argument, NULL, OPT_LAYERS},
-        {"q-heads", required_argument, NULL, OPT_Q_HEADS},
-        {"kv-heads", required_argument, NULL, OPT_KV_HEADS},
-        {"head-dim", required_argument, NULL, OPT_HEAD_DIM},
-        {"profile", required_argument, NULL, OPT_PROFILE},
-        {"profile-file", required_argument, NULL, OPT_PROFILE_FILE},
-        {"save-profile", required_argument, NULL, OPT_SAVE_PROFILE},
-        {NULL, 0, NULL, 0},
-    };
     const char *prog = "register";
     cli_conn cc;
     cli_conn_init(&cc);
@@ -172,61 +112,22 @@ int dq_cmd_register(int argc, char **argv)
     const char *profile_file = NULL, *save = NULL;
     void *profile = NULL;
     dqc_client *c = NULL;
-    int status = CLI_USAGE, opt;
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        switch (opt) {
-        case OPT_MODEL:
-            spec.name = optarg;
-            break;
-        case OPT_LAYERS:
-            if (cli_u32(optarg, &spec.layers) || !spec.layers) {
-                status = BAD_VALUE(prog, "--layers", optarg);
-                goto out;
-            }
-            break;
-        case OPT_Q_HEADS:
-            if (cli_u32(optarg, &spec.q_heads) || !spec.q_heads) {
-                status = BAD_VALUE(prog, "--q-heads", optarg);
-                goto out;
-            }
-            break;
-        case OPT_KV_HEADS:
-            if (cli_u32(optarg, &spec.kv_heads) || !spec.kv_heads) {
-                status = BAD_VALUE(prog, "--kv-heads", optarg);
-                goto out;
-            }
-            break;
-        case OPT_HEAD_DIM:
-            if (cli_u32(optarg, &spec.head_dim) || !spec.head_dim) {
-                status = BAD_VALUE(prog, "--head-dim", optarg);
-                goto out;
-            }
-            break;
-        case OPT_PROFILE:
-            spec.profile_name = optarg;
-            break;
-        case OPT_PROFILE_FILE:
-            profile_file = optarg;
-            break;
-        case OPT_SAVE_PROFILE:
-            save = optarg;
-            break;
-        default:
-            status = common_option(&cc, opt, optarg, register_help);
-            if (status >= 0)
-                goto out;
-        }
-    }
-    status = CLI_USAGE;
-    if (optind < argc) {
-        cli_error(status, prog, "unexpected argument '%s'", argv[optind]);
+    const cli_opt opts[] = {
+        CLI_STR("model", &spec.name),
+        CLI_U32("layers", &spec.layers, 1),
+        CLI_U32("q-heads", &spec.q_heads, 1),
+        CLI_U32("kv-heads", &spec.kv_heads, 1),
+        CLI_U32("head-dim", &spec.head_dim, 1),
+        CLI_STR("profile", &spec.profile_name),
+        CLI_STR("profile-file", &profile_file),
+        CLI_STR("save-profile", &save),
+        CLI_OPT_END,
+    };
+    int status = cli_parse(argc, argv, prog, register_help, opts, &cc);
+    if (status != CLI_CONTINUE)
         goto out;
-    }
-    if (!spec.name) {
-        cli_error(status, prog, "--model is required");
-        goto out;
-    }
+    EXIT_IF(!spec.name, CLI_USAGE, "--model is required");
+    status = CLI_USAGE;   /* an unreadable --profile-file is a usage error */
     if (profile_file) {
         size_t len;
         if (cli_read_file(profile_file, SIZE_MAX, &profile, &len))
@@ -296,22 +197,6 @@ static const char put_help[] =
 
 int dq_cmd_put(int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        CLI_CONN_LONGOPTS,
-        SEQ_LONGOPTS,
-        {"model", required_argument, NULL, OPT_MODEL},
-        {"start", required_argument, NULL, OPT_START},
-        {"layer", required_argument, NULL, OPT_LAYER},
-        {"layers", required_argument, NULL, OPT_LAYERS},
-        {"tokens", required_argument, NULL, OPT_TOKENS},
-        {"kv-heads", required_argument, NULL, OPT_KV_HEADS},
-        {"head-dim", required_argument, NULL, OPT_HEAD_DIM},
-        {"dtype", required_argument, NULL, OPT_DTYPE},
-        {"k", required_argument, NULL, OPT_K},
-        {"v", required_argument, NULL, OPT_V},
-        {"random", required_argument, NULL, OPT_RANDOM},
-        {NULL, 0, NULL, 0},
-    };
     const char *prog = "put";
     cli_conn cc;
     cli_conn_init(&cc);
@@ -319,104 +204,37 @@ int dq_cmd_put(int argc, char **argv)
     dqc_put_args a = {.num_layers = 1, .kv_heads = 8, .head_dim = 128, .dtype = DQ_DTYPE_BF16};
     const char *kfile = NULL, *vfile = NULL;
     uint64_t seed = 0;
-    int have_seed = 0, bad = 0, opt, status = CLI_USAGE;
+    int have_seed = 0;
     void *k = NULL, *v = NULL;
     dqc_client *c = NULL;
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        if (seq_option(&seq, opt, optarg, &bad)) {
-            if (bad)
-                goto out;
-            continue;
-        }
-        switch (opt) {
-        case OPT_MODEL:
-            a.model = optarg;
-            break;
-        case OPT_START:
-            if (cli_u64(optarg, &a.start_token)) {
-                status = BAD_VALUE(prog, "--start", optarg);
-                goto out;
-            }
-            break;
-        case OPT_LAYER:
-            if (cli_u32(optarg, &a.first_layer)) {
-                status = BAD_VALUE(prog, "--layer", optarg);
-                goto out;
-            }
-            break;
-        case OPT_LAYERS:
-            if (cli_u32(optarg, &a.num_layers) || !a.num_layers) {
-                status = BAD_VALUE(prog, "--layers", optarg);
-                goto out;
-            }
-            break;
-        case OPT_TOKENS:
-            if (cli_u64(optarg, &a.tokens) || !a.tokens) {
-                status = BAD_VALUE(prog, "--tokens", optarg);
-                goto out;
-            }
-            break;
-        case OPT_KV_HEADS:
-            if (cli_u32(optarg, &a.kv_heads) || !a.kv_heads) {
-                status = BAD_VALUE(prog, "--kv-heads", optarg);
-                goto out;
-            }
-            break;
-        case OPT_HEAD_DIM:
-            if (cli_u32(optarg, &a.head_dim) || !a.head_dim) {
-                status = BAD_VALUE(prog, "--head-dim", optarg);
-                goto out;
-            }
-            break;
-        case OPT_DTYPE:
-            if (cli_dtype(optarg, &a.dtype)) {
-                status = BAD_VALUE(prog, "--dtype", optarg);
-                goto out;
-            }
-            break;
-        case OPT_K:
-            kfile = optarg;
-            break;
-        case OPT_V:
-            vfile = optarg;
-            break;
-        case OPT_RANDOM:
-            if (cli_u64(optarg, &seed)) {
-                status = BAD_VALUE(prog, "--random", optarg);
-                goto out;
-            }
-            have_seed = 1;
-            break;
-        default:
-            status = common_option(&cc, opt, optarg, put_help);
-            if (status >= 0)
-                goto out;
-        }
-    }
-    status = CLI_USAGE;
-    if (optind < argc) {
-        cli_error(status, prog, "unexpected argument '%s'", argv[optind]);
+    const cli_opt opts[] = {
+        SEQ_OPTS(&seq),
+        CLI_STR("model", &a.model),
+        CLI_U64("start", &a.start_token, 0),
+        CLI_U32("layer", &a.first_layer, 0),
+        CLI_U32("layers", &a.num_layers, 1),
+        CLI_U64("tokens", &a.tokens, 1),
+        CLI_U32("kv-heads", &a.kv_heads, 1),
+        CLI_U32("head-dim", &a.head_dim, 1),
+        CLI_DTYPE("dtype", &a.dtype),
+        CLI_STR("k", &kfile),
+        CLI_STR("v", &vfile),
+        CLI_U64_GIVEN("random", &seed, &have_seed),
+        CLI_OPT_END,
+    };
+    int status = cli_parse(argc, argv, prog, put_help, opts, &cc);
+    if (status != CLI_CONTINUE)
         goto out;
-    }
-    if (!a.model || !seq.set || !a.tokens) {
-        cli_error(status, prog, "--model, --key and --tokens are required");
-        goto out;
-    }
-    if (have_seed == !!(kfile || vfile) || (!have_seed && !(kfile && vfile))) {
-        cli_error(status, prog, "give either --k FILE and --v FILE, or --random SEED");
-        goto out;
-    }
+    EXIT_IF(!a.model || !seq.set || !a.tokens, CLI_USAGE, "--model, --key and --tokens are required");
+    EXIT_IF(have_seed == !!(kfile || vfile) || (!have_seed && !(kfile && vfile)), CLI_USAGE,
+            "give either --k FILE and --v FILE, or --random SEED");
     size_t count = (size_t)a.num_layers * a.tokens * a.kv_heads * a.head_dim;
-    size_t bytes = count * cli_dtype_size(a.dtype);
+    size_t bytes = count * dq_dtype_size(a.dtype);
     status = CLI_FAILED;
     if (have_seed) {
         k = malloc(bytes);
         v = malloc(bytes);
-        if (!k || !v) {
-            cli_error(status, prog, "out of memory for %zu bytes", bytes);
-            goto out;
-        }
+        EXIT_IF(!k || !v, CLI_FAILED, "out of memory for %zu bytes", bytes);
         cli_fill_normal(k, a.dtype, count, &seed);
         cli_fill_normal(v, a.dtype, count, &seed);
     } else if (cli_read_file(kfile, bytes, &k, NULL) || cli_read_file(vfile, bytes, &v, NULL)) {
@@ -430,14 +248,14 @@ int dq_cmd_put(int argc, char **argv)
     dqc_put_result r;
     uint64_t t0 = cli_now_ns();
     int rc = dqc_put(c, &a, &r);
-    double ms = (double)(cli_now_ns() - t0) / 1e6;
+    double ms = 1e3 * cli_seconds_since(t0);
     if (rc) {
         cli_call_error(prog, "put", c, rc);
         goto out;
     }
     printf("put %llu tokens x %u layers (%zu bytes of %s K+V) in %.3f ms: sequence now %llu tokens, "
            "%llu bytes stored, %llu streams encoded, %llu retries\n",
-           (unsigned long long)a.tokens, a.num_layers, 2 * bytes, cli_dtype_name(a.dtype), ms,
+           (unsigned long long)a.tokens, a.num_layers, 2 * bytes, dq_dtype_name(a.dtype), ms,
            (unsigned long long)r.tokens, (unsigned long long)r.stored_bytes, (unsigned long long)r.streams_encoded,
            (unsigned long long)r.retries);
     status = CLI_OK;
@@ -493,7 +311,7 @@ static void tensor_summary(const char *name, const void *data, dq_dtype dtype, s
 {
     double ss = 0, mx = 0;
     float buf[1024];
-    size_t es = cli_dtype_size(dtype);
+    size_t es = dq_dtype_size(dtype);
     for (size_t i = 0; i < count; i += 1024) {
         size_t n = count - i < 1024 ? count - i : 1024;
         cli_to_f32((const uint8_t *)data + i * es, dtype, n, buf);
@@ -551,106 +369,35 @@ out:
 
 int dq_cmd_get(int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        CLI_CONN_LONGOPTS,
-        SEQ_LONGOPTS,
-        {"layer", required_argument, NULL, OPT_LAYER},
-        {"layers", required_argument, NULL, OPT_LAYERS},
-        {"start", required_argument, NULL, OPT_START},
-        {"tokens", required_argument, NULL, OPT_TOKENS},
-        {"dtype", required_argument, NULL, OPT_DTYPE},
-        {"out-k", required_argument, NULL, OPT_OUT_K},
-        {"out-v", required_argument, NULL, OPT_OUT_V},
-        {"raw", no_argument, NULL, OPT_RAW},
-        {"out", required_argument, NULL, OPT_OUT},
-        {"quiet", no_argument, NULL, OPT_QUIET},
-        {NULL, 0, NULL, 0},
-    };
     const char *prog = "get";
     cli_conn cc;
     cli_conn_init(&cc);
     seq_arg seq = {0};
     dqc_get_args a = {.dtype = DQ_DTYPE_F32};
     const char *outk = NULL, *outv = NULL, *prefix = NULL;
-    int raw = 0, quiet = 0, bad = 0, opt, status = CLI_USAGE;
+    int raw = 0, quiet = 0;
     dqc_client *c = NULL;
     dqc_get_result r = {0};
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        if (seq_option(&seq, opt, optarg, &bad)) {
-            if (bad)
-                goto out;
-            continue;
-        }
-        switch (opt) {
-        case OPT_LAYER:
-            if (cli_u32(optarg, &a.first_layer)) {
-                status = BAD_VALUE(prog, "--layer", optarg);
-                goto out;
-            }
-            break;
-        case OPT_LAYERS:
-            if (cli_u32(optarg, &a.num_layers)) {
-                status = BAD_VALUE(prog, "--layers", optarg);
-                goto out;
-            }
-            break;
-        case OPT_START:
-            if (cli_u64(optarg, &a.start_token)) {
-                status = BAD_VALUE(prog, "--start", optarg);
-                goto out;
-            }
-            break;
-        case OPT_TOKENS:
-            if (cli_u64(optarg, &a.tokens)) {
-                status = BAD_VALUE(prog, "--tokens", optarg);
-                goto out;
-            }
-            break;
-        case OPT_DTYPE:
-            if (cli_dtype(optarg, &a.dtype)) {
-                status = BAD_VALUE(prog, "--dtype", optarg);
-                goto out;
-            }
-            break;
-        case OPT_OUT_K:
-            outk = optarg;
-            break;
-        case OPT_OUT_V:
-            outv = optarg;
-            break;
-        case OPT_RAW:
-            raw = 1;
-            break;
-        case OPT_OUT:
-            prefix = optarg;
-            break;
-        case OPT_QUIET:
-            quiet = 1;
-            break;
-        default:
-            status = common_option(&cc, opt, optarg, get_help);
-            if (status >= 0)
-                goto out;
-        }
-    }
-    status = CLI_USAGE;
-    if (optind < argc) {
-        cli_error(status, prog, "unexpected argument '%s'", argv[optind]);
+    const cli_opt opts[] = {
+        SEQ_OPTS(&seq),
+        CLI_U32("layer", &a.first_layer, 0),
+        CLI_U32("layers", &a.num_layers, 0),
+        CLI_U64("start", &a.start_token, 0),
+        CLI_U64("tokens", &a.tokens, 0),
+        CLI_DTYPE("dtype", &a.dtype),
+        CLI_STR("out-k", &outk),
+        CLI_STR("out-v", &outv),
+        CLI_FLAG("raw", &raw),
+        CLI_STR("out", &prefix),
+        CLI_FLAG("quiet", &quiet),
+        CLI_OPT_END,
+    };
+    int status = cli_parse(argc, argv, prog, get_help, opts, &cc);
+    if (status != CLI_CONTINUE)
         goto out;
-    }
-    if (!seq.set) {
-        cli_error(status, prog, "--key or --key-hex is required");
-        goto out;
-    }
-    if (raw && (outk || outv)) {
-        cli_error(status, prog, "--raw writes with --out PREFIX, not --out-k/--out-v");
-        goto out;
-    }
-    if (!raw && prefix) {
-        cli_error(status, prog, "--out PREFIX needs --raw (use --out-k/--out-v)");
-        goto out;
-    }
+    EXIT_IF(!seq.set, CLI_USAGE, "--key or --key-hex is required");
+    EXIT_IF(raw && (outk || outv), CLI_USAGE, "--raw writes with --out PREFIX, not --out-k/--out-v");
+    EXIT_IF(!raw && prefix, CLI_USAGE, "--out PREFIX needs --raw (use --out-k/--out-v)");
     status = CLI_FAILED;
     if (cli_connect(&cc, prog, &c))
         goto out;
@@ -661,7 +408,7 @@ int dq_cmd_get(int argc, char **argv)
     a.seq = seq_of(&seq);
     uint64_t t0 = cli_now_ns();
     int rc = dqc_get(c, &a, &r);
-    double ms = (double)(cli_now_ns() - t0) / 1e6;
+    double ms = 1e3 * cli_seconds_since(t0);
     if (rc) {
         cli_call_error(prog, "get", c, rc);
         goto out;
@@ -669,8 +416,8 @@ int dq_cmd_get(int argc, char **argv)
     if (!quiet) {
         printf("tokens [%llu, %llu) of %u layers x %u kv heads x %u, %s, %zu bytes each of K and V, %.3f ms\n",
                (unsigned long long)r.start_token, (unsigned long long)(r.start_token + r.tokens), r.num_layers,
-               r.kv_heads, r.head_dim, cli_dtype_name(r.dtype), r.bytes, ms);
-        size_t count = r.bytes / cli_dtype_size(r.dtype);
+               r.kv_heads, r.head_dim, dq_dtype_name(r.dtype), r.bytes, ms);
+        size_t count = r.bytes / dq_dtype_size(r.dtype);
         tensor_summary("k", r.k, r.dtype, count);
         tensor_summary("v", r.v, r.dtype, count);
     }
@@ -729,172 +476,103 @@ static const char attend_help[] =
 
 #define MAX_ATTEND_KEYS 4096
 
+/* The batch of an attend: one sequence per --key / --key-hex, in order. */
+typedef struct key_list {
+    seq_arg *keys;   /* MAX_ATTEND_KEYS */
+    size_t n;
+} key_list;
+
+static int key_list_add(key_list *l, int (*parse)(void *, const char *), const char *arg)
+{
+    if (l->n == MAX_ATTEND_KEYS) {
+        cli_error(CLI_USAGE, "attend", "more than %d keys", MAX_ATTEND_KEYS);
+        return -1;
+    }
+    return parse(&l->keys[l->n++], arg);
+}
+
+static int batch_key_text(void *dst, const char *arg)
+{
+    return key_list_add(dst, key_text, arg);
+}
+
+static int batch_key_hex(void *dst, const char *arg)
+{
+    return key_list_add(dst, key_hex, arg);
+}
+
+/* --scale: a logit scale, finite and >= 0. */
+static int scale_arg(void *dst, const char *arg)
+{
+    double s;
+    if (cli_double(arg, &s) || s < 0)
+        return 1;
+    *(float *)dst = (float)s;
+    return 0;
+}
+
 int dq_cmd_attend(int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        CLI_CONN_LONGOPTS,
-        SEQ_LONGOPTS,
-        {"layer", required_argument, NULL, OPT_LAYER},
-        {"q-heads", required_argument, NULL, OPT_Q_HEADS},
-        {"kv-heads", required_argument, NULL, OPT_KV_HEADS},
-        {"head-dim", required_argument, NULL, OPT_HEAD_DIM},
-        {"dtype", required_argument, NULL, OPT_DTYPE},
-        {"q", required_argument, NULL, OPT_Q},
-        {"random", required_argument, NULL, OPT_RANDOM},
-        {"scale", required_argument, NULL, OPT_SCALE},
-        {"append-k", required_argument, NULL, OPT_APPEND_K},
-        {"append-v", required_argument, NULL, OPT_APPEND_V},
-        {"out", required_argument, NULL, OPT_OUT},
-        {"lse", required_argument, NULL, OPT_LSE},
-        {"quiet", no_argument, NULL, OPT_QUIET},
-        {NULL, 0, NULL, 0},
-    };
     const char *prog = "attend";
     cli_conn cc;
     cli_conn_init(&cc);
-    seq_arg *keys = calloc(MAX_ATTEND_KEYS, sizeof *keys);
-    size_t nkeys = 0;
+    key_list batch = {.keys = calloc(MAX_ATTEND_KEYS, sizeof(seq_arg))};
     const char *ns = NULL, *qfile = NULL, *akfile = NULL, *avfile = NULL, *outfile = NULL, *lsefile = NULL;
     uint32_t layer = 0;
     dqc_attend_args a = {.q_heads = 32, .kv_heads = 8, .head_dim = 128, .dtype = DQ_DTYPE_F32};
     uint64_t seed = 0;
-    int have_seed = 0, quiet = 0, bad = 0, opt, status = CLI_USAGE;
+    int have_seed = 0, quiet = 0;
     void *q = NULL, *ak = NULL, *av = NULL;
     float *out = NULL, *lse = NULL;
     dqc_attend_item *items = NULL;
     dqc_client *c = NULL;
-    if (!keys)
+    if (!batch.keys)
         return cli_error(CLI_FAILED, prog, "out of memory");
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        if (opt == OPT_NS) {
-            ns = optarg;
-            continue;
-        }
-        if (opt == OPT_KEY || opt == OPT_KEY_HEX) {
-            if (nkeys == MAX_ATTEND_KEYS) {
-                cli_error(status, prog, "more than %d keys", MAX_ATTEND_KEYS);
-                goto out;
-            }
-            seq_option(&keys[nkeys++], opt, optarg, &bad);
-            if (bad)
-                goto out;
-            continue;
-        }
-        switch (opt) {
-        case OPT_LAYER:
-            if (cli_u32(optarg, &layer)) {
-                status = BAD_VALUE(prog, "--layer", optarg);
-                goto out;
-            }
-            break;
-        case OPT_Q_HEADS:
-            if (cli_u32(optarg, &a.q_heads) || !a.q_heads) {
-                status = BAD_VALUE(prog, "--q-heads", optarg);
-                goto out;
-            }
-            break;
-        case OPT_KV_HEADS:
-            if (cli_u32(optarg, &a.kv_heads) || !a.kv_heads) {
-                status = BAD_VALUE(prog, "--kv-heads", optarg);
-                goto out;
-            }
-            break;
-        case OPT_HEAD_DIM:
-            if (cli_u32(optarg, &a.head_dim) || !a.head_dim) {
-                status = BAD_VALUE(prog, "--head-dim", optarg);
-                goto out;
-            }
-            break;
-        case OPT_DTYPE:
-            if (cli_dtype(optarg, &a.dtype)) {
-                status = BAD_VALUE(prog, "--dtype", optarg);
-                goto out;
-            }
-            break;
-        case OPT_Q:
-            qfile = optarg;
-            break;
-        case OPT_RANDOM:
-            if (cli_u64(optarg, &seed)) {
-                status = BAD_VALUE(prog, "--random", optarg);
-                goto out;
-            }
-            have_seed = 1;
-            break;
-        case OPT_SCALE: {
-            double s;
-            if (cli_double(optarg, &s) || s < 0) {
-                status = BAD_VALUE(prog, "--scale", optarg);
-                goto out;
-            }
-            a.scale = (float)s;
-            break;
-        }
-        case OPT_APPEND_K:
-            akfile = optarg;
-            break;
-        case OPT_APPEND_V:
-            avfile = optarg;
-            break;
-        case OPT_OUT:
-            outfile = optarg;
-            break;
-        case OPT_LSE:
-            lsefile = optarg;
-            break;
-        case OPT_QUIET:
-            quiet = 1;
-            break;
-        default:
-            status = common_option(&cc, opt, optarg, attend_help);
-            if (status >= 0)
-                goto out;
-        }
-    }
-    status = CLI_USAGE;
-    if (optind < argc) {
-        cli_error(status, prog, "unexpected argument '%s'", argv[optind]);
+    const cli_opt opts[] = {
+        CLI_STR("ns", &ns),
+        CLI_FN("key", batch_key_text, &batch),
+        CLI_FN("key-hex", batch_key_hex, &batch),
+        CLI_U32("layer", &layer, 0),
+        CLI_U32("q-heads", &a.q_heads, 1),
+        CLI_U32("kv-heads", &a.kv_heads, 1),
+        CLI_U32("head-dim", &a.head_dim, 1),
+        CLI_DTYPE("dtype", &a.dtype),
+        CLI_STR("q", &qfile),
+        CLI_U64_GIVEN("random", &seed, &have_seed),
+        CLI_FN("scale", scale_arg, &a.scale),
+        CLI_STR("append-k", &akfile),
+        CLI_STR("append-v", &avfile),
+        CLI_STR("out", &outfile),
+        CLI_STR("lse", &lsefile),
+        CLI_FLAG("quiet", &quiet),
+        CLI_OPT_END,
+    };
+    int status = cli_parse(argc, argv, prog, attend_help, opts, &cc);
+    if (status != CLI_CONTINUE)
         goto out;
-    }
-    if (!nkeys) {
-        cli_error(status, prog, "at least one --key is required");
-        goto out;
-    }
-    if (have_seed == !!qfile) {
-        cli_error(status, prog, "give either --q FILE or --random SEED");
-        goto out;
-    }
-    if (!akfile != !avfile) {
-        cli_error(status, prog, "--append-k and --append-v go together");
-        goto out;
-    }
+    EXIT_IF(!batch.n, CLI_USAGE, "at least one --key is required");
+    EXIT_IF(have_seed == !!qfile, CLI_USAGE, "give either --q FILE or --random SEED");
+    EXIT_IF(!akfile != !avfile, CLI_USAGE, "--append-k and --append-v go together");
     status = CLI_FAILED;
-    size_t es = cli_dtype_size(a.dtype);
-    size_t qcount = nkeys * a.q_heads * a.head_dim, acount = nkeys * a.kv_heads * a.head_dim;
+    size_t es = dq_dtype_size(a.dtype);
+    size_t qcount = batch.n * a.q_heads * a.head_dim, acount = batch.n * a.kv_heads * a.head_dim;
     if (qfile) {
         if (cli_read_file(qfile, qcount * es, &q, NULL))
             goto out;
     } else {
         q = malloc(qcount * es);
-        if (!q) {
-            cli_error(status, prog, "out of memory");
-            goto out;
-        }
+        EXIT_IF(!q, CLI_FAILED, "out of memory");
         cli_fill_normal(q, a.dtype, qcount, &seed);
     }
     if (akfile && (cli_read_file(akfile, acount * es, &ak, NULL) || cli_read_file(avfile, acount * es, &av, NULL)))
         goto out;
-    items = calloc(nkeys, sizeof *items);
+    items = calloc(batch.n, sizeof *items);
     out = malloc(qcount * sizeof *out);
-    lse = malloc(nkeys * a.q_heads * sizeof *lse);
-    if (!items || !out || !lse) {
-        cli_error(status, prog, "out of memory");
-        goto out;
-    }
-    for (size_t i = 0; i < nkeys; i++) {
-        keys[i].ns = ns;
-        items[i].seq = seq_of(&keys[i]);
+    lse = malloc(batch.n * a.q_heads * sizeof *lse);
+    EXIT_IF(!items || !out || !lse, CLI_FAILED, "out of memory");
+    for (size_t i = 0; i < batch.n; i++) {
+        batch.keys[i].ns = ns;
+        items[i].seq = seq_of(&batch.keys[i]);
         items[i].layer = layer;
         items[i].q = (const uint8_t *)q + i * a.q_heads * a.head_dim * es;
         if (ak) {
@@ -903,19 +581,19 @@ int dq_cmd_attend(int argc, char **argv)
         }
     }
     a.items = items;
-    a.nitems = nkeys;
+    a.nitems = batch.n;
     if (cli_connect(&cc, prog, &c))
         goto out;
     uint64_t t0 = cli_now_ns();
     int rc = dqc_attend(c, &a, out, lse);
-    double ms = (double)(cli_now_ns() - t0) / 1e6;
+    double ms = 1e3 * cli_seconds_since(t0);
     if (rc) {
         cli_call_error(prog, "attend", c, rc);
         goto out;
     }
     if (!quiet) {
-        printf("attend: %zu items x %u heads x %u at layer %u in %.3f ms\n", nkeys, a.q_heads, a.head_dim, layer, ms);
-        for (size_t i = 0; i < nkeys; i++) {
+        printf("attend: %zu items x %u heads x %u at layer %u in %.3f ms\n", batch.n, a.q_heads, a.head_dim, layer, ms);
+        for (size_t i = 0; i < batch.n; i++) {
             double ss = 0;
             const float *o = out + i * a.q_heads * a.head_dim;
             for (size_t j = 0; j < (size_t)a.q_heads * a.head_dim; j++)
@@ -928,14 +606,14 @@ int dq_cmd_attend(int argc, char **argv)
     }
     if (outfile && cli_write_file(outfile, out, qcount * sizeof *out))
         goto out;
-    if (lsefile && cli_write_file(lsefile, lse, nkeys * a.q_heads * sizeof *lse))
+    if (lsefile && cli_write_file(lsefile, lse, batch.n * a.q_heads * sizeof *lse))
         goto out;
     status = CLI_OK;
 out:
     dqc_free(c);
-    for (size_t i = 0; i < nkeys; i++)
-        free(keys[i].key);
-    free(keys);
+    for (size_t i = 0; i < batch.n; i++)
+        free(batch.keys[i].key);
+    free(batch.keys);
     free(items);
     free(q);
     free(ak);
@@ -985,36 +663,15 @@ static const char unpin_help[] =
 static int seq_command(int argc, char **argv, const char *prog, const char *help,
                        int (*fn)(dqc_client *, const dqc_seq *))
 {
-    static const struct option longopts[] = {
-        CLI_CONN_LONGOPTS,
-        SEQ_LONGOPTS,
-        {NULL, 0, NULL, 0},
-    };
     cli_conn cc;
     cli_conn_init(&cc);
     seq_arg seq = {0};
-    int bad = 0, opt, status = CLI_USAGE;
     dqc_client *c = NULL;
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        if (seq_option(&seq, opt, optarg, &bad)) {
-            if (bad)
-                goto out;
-            continue;
-        }
-        status = common_option(&cc, opt, optarg, help);
-        if (status >= 0)
-            goto out;
-    }
-    status = CLI_USAGE;
-    if (optind < argc) {
-        cli_error(status, prog, "unexpected argument '%s'", argv[optind]);
+    const cli_opt opts[] = {SEQ_OPTS(&seq), CLI_OPT_END};
+    int status = cli_parse(argc, argv, prog, help, opts, &cc);
+    if (status != CLI_CONTINUE)
         goto out;
-    }
-    if (!seq.set) {
-        cli_error(status, prog, "--key or --key-hex is required");
-        goto out;
-    }
+    EXIT_IF(!seq.set, CLI_USAGE, "--key or --key-hex is required");
     status = CLI_FAILED;
     if (cli_connect(&cc, prog, &c))
         goto out;
@@ -1070,43 +727,21 @@ static const char stats_help[] =
 
 int dq_cmd_stats(int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        CLI_CONN_LONGOPTS,
-        {"counter", required_argument, NULL, OPT_COUNTER},
-        {"gauge", required_argument, NULL, OPT_GAUGE},
-        {NULL, 0, NULL, 0},
-    };
     const char *prog = "stats";
     cli_conn cc;
     cli_conn_init(&cc);
     const char *counter = NULL, *gauge = NULL;
-    int opt, status = CLI_USAGE;
     dqc_client *c = NULL;
     dqc_stats_result r = {0};
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        switch (opt) {
-        case OPT_COUNTER:
-            counter = optarg;
-            break;
-        case OPT_GAUGE:
-            gauge = optarg;
-            break;
-        default:
-            status = common_option(&cc, opt, optarg, stats_help);
-            if (status >= 0)
-                goto out;
-        }
-    }
-    status = CLI_USAGE;
-    if (optind < argc) {
-        cli_error(status, prog, "unexpected argument '%s'", argv[optind]);
+    const cli_opt opts[] = {
+        CLI_STR("counter", &counter),
+        CLI_STR("gauge", &gauge),
+        CLI_OPT_END,
+    };
+    int status = cli_parse(argc, argv, prog, stats_help, opts, &cc);
+    if (status != CLI_CONTINUE)
         goto out;
-    }
-    if (counter && gauge) {
-        cli_error(status, prog, "give --counter or --gauge, not both");
-        goto out;
-    }
+    EXIT_IF(counter && gauge, CLI_USAGE, "give --counter or --gauge, not both");
     status = CLI_FAILED;
     if (cli_connect(&cc, prog, &c))
         goto out;
@@ -1117,17 +752,11 @@ int dq_cmd_stats(int argc, char **argv)
     }
     if (counter) {
         uint64_t v;
-        if (dqc_stats_counter(&r, counter, &v)) {
-            cli_error(status, prog, "no counter named '%s'", counter);
-            goto out;
-        }
+        EXIT_IF(dqc_stats_counter(&r, counter, &v), CLI_FAILED, "no counter named '%s'", counter);
         printf("%llu\n", (unsigned long long)v);
     } else if (gauge) {
         double v;
-        if (dqc_stats_gauge(&r, gauge, &v)) {
-            cli_error(status, prog, "no gauge named '%s'", gauge);
-            goto out;
-        }
+        EXIT_IF(dqc_stats_gauge(&r, gauge, &v), CLI_FAILED, "no gauge named '%s'", gauge);
         printf("%.17g\n", v);
     } else {
         printf("# counters\n");
@@ -1174,63 +803,27 @@ static const char ping_help[] =
 
 int dq_cmd_ping(int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        CLI_CONN_LONGOPTS,
-        {"count", required_argument, NULL, OPT_COUNT},
-        {"size", required_argument, NULL, OPT_SIZE},
-        {"interval", required_argument, NULL, OPT_INTERVAL},
-        {"quiet", no_argument, NULL, OPT_QUIET},
-        {NULL, 0, NULL, 0},
-    };
     const char *prog = "ping";
     cli_conn cc;
     cli_conn_init(&cc);
     uint64_t count = 1, size = 0;
     uint32_t interval = 0;
-    int quiet = 0, opt, status = CLI_USAGE;
+    int quiet = 0;
     dqc_client *c = NULL;
     uint8_t *data = NULL;
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        switch (opt) {
-        case OPT_COUNT:
-            if (cli_u64(optarg, &count) || !count) {
-                status = BAD_VALUE(prog, "--count", optarg);
-                goto out;
-            }
-            break;
-        case OPT_SIZE:
-            if (cli_size(optarg, &size) || size > (1ull << 30)) {
-                status = BAD_VALUE(prog, "--size", optarg);
-                goto out;
-            }
-            break;
-        case OPT_INTERVAL:
-            if (cli_u32(optarg, &interval)) {
-                status = BAD_VALUE(prog, "--interval", optarg);
-                goto out;
-            }
-            break;
-        case OPT_QUIET:
-            quiet = 1;
-            break;
-        default:
-            status = common_option(&cc, opt, optarg, ping_help);
-            if (status >= 0)
-                goto out;
-        }
-    }
-    status = CLI_USAGE;
-    if (optind < argc) {
-        cli_error(status, prog, "unexpected argument '%s'", argv[optind]);
+    const cli_opt opts[] = {
+        CLI_U64("count", &count, 1),
+        CLI_SIZE("size", &size, 1ull << 30),
+        CLI_U32("interval", &interval, 0),
+        CLI_FLAG("quiet", &quiet),
+        CLI_OPT_END,
+    };
+    int status = cli_parse(argc, argv, prog, ping_help, opts, &cc);
+    if (status != CLI_CONTINUE)
         goto out;
-    }
     status = CLI_FAILED;
     data = malloc(size ? size : 1);
-    if (!data) {
-        cli_error(status, prog, "out of memory");
-        goto out;
-    }
+    EXIT_IF(!data, CLI_FAILED, "out of memory");
     uint64_t st = 42;
     for (uint64_t i = 0; i < size; i++) {
         st = st * 6364136223846793005ull + 1442695040888963407ull;
@@ -1257,7 +850,7 @@ int dq_cmd_ping(int argc, char **argv)
         }
         uint64_t t0 = cli_now_ns();
         int rc = dqc_ping(c, data, size);
-        double ms = (double)(cli_now_ns() - t0) / 1e6;
+        double ms = 1e3 * cli_seconds_since(t0);
         if (rc) {
             cli_call_error(prog, "ping", c, rc);
             continue;

@@ -1,28 +1,16 @@
 /* Codec quality on real KV: reconstruction, attention fidelity, bootstrap intervals (eval_core.h). */
 #include <assert.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "cli_rng.h"
 #include "codec_run.h"
 #include "dquant/error.h"
 #include "eval_core.h"
 #include "fixedwidth.h"
-
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
 
 /* ---- codec specs ---- */
 
@@ -77,12 +65,12 @@ static int dq_matched(const char *base, double bits, uint32_t kv_heads, uint32_t
     if (rc == DQ_OK)
         rc = dq_profile_builtin(base, kv_heads, head_dim, &shape);
     if (rc != DQ_OK)
-        return fail(err, errlen, DQ_PROFILE, "'%s': not a built-in D-Quant profile for %u x %u", base, kv_heads,
-                    head_dim);
+        return eval_fail(err, errlen, DQ_PROFILE, "'%s': not a built-in D-Quant profile for %u x %u", base, kv_heads,
+                         head_dim);
     double lo = 0.0, hi = 16.0;
     if (dq_bits_for(&shape, ref.container_bytes, 1e-9) > bits)
-        return fail(err, errlen, DQ_CONTAINER_TOO_SMALL, "'%s': %.4g bits/value is below the metadata alone",
-                    spec, bits);
+        return eval_fail(err, errlen, DQ_CONTAINER_TOO_SMALL, "'%s': %.4g bits/value is below the metadata alone",
+                         spec, bits);
     for (int i = 0; i < 60; i++) {
         double mid = 0.5 * (lo + hi);
         if (dq_bits_for(&shape, ref.container_bytes, mid) <= bits)
@@ -94,8 +82,8 @@ static int dq_matched(const char *base, double bits, uint32_t kv_heads, uint32_t
     if (rc != DQ_OK) {
         uint32_t c[2];
         eval_dq_containers(kv_heads, head_dim, ref.container_bytes, lo, c);
-        return fail(err, errlen, rc, "'%s': containers %u/%u bytes at n = %u cannot hold %u/%u levels (%s)", spec,
-                    c[0], c[1], kv_heads * head_dim, ref.levels[0], ref.levels[1], dq_err_name(rc));
+        return eval_fail(err, errlen, rc, "'%s': containers %u/%u bytes at n = %u cannot hold %u/%u levels (%s)", spec,
+                         c[0], c[1], kv_heads * head_dim, ref.levels[0], ref.levels[1], dq_err_name(rc));
     }
     return DQ_OK;
 }
@@ -120,7 +108,7 @@ int eval_codec_parse(const char *spec, uint32_t kv_heads, uint32_t head_dim, eva
 {
     memset(out, 0, sizeof *out);
     if (!spec || !*spec || strlen(spec) >= EVAL_LABEL_MAX)
-        return fail(err, errlen, DQ_PROFILE, "bad codec name '%s'", spec ? spec : "");
+        return eval_fail(err, errlen, DQ_PROFILE, "bad codec name '%s'", spec ? spec : "");
     snprintf(out->label, sizeof out->label, "%s", spec);
     char name[EVAL_LABEL_MAX];
     const char *rest = spec;
@@ -138,7 +126,7 @@ int eval_codec_parse(const char *spec, uint32_t kv_heads, uint32_t head_dim, eva
         char *end;
         const double bits = strtod(at + 1, &end);
         if (end == at + 1 || *end || !(bits > 0))
-            return fail(err, errlen, DQ_PROFILE, "'%s': bad bit budget after '@'", spec);
+            return eval_fail(err, errlen, DQ_PROFILE, "'%s': bad bit budget after '@'", spec);
         rc = dq_matched(name, bits, kv_heads, head_dim, rest, spec, &out->profile, err, errlen);
         if (rc != DQ_OK)
             return rc;
@@ -148,21 +136,22 @@ int eval_codec_parse(const char *spec, uint32_t kv_heads, uint32_t head_dim, eva
         const unsigned long g = strtoul(grp + 2, &end, 10);
         if (end == grp + 2 || *end || g > UINT32_MAX ||
             int_grouped(name, (uint32_t)g, kv_heads, head_dim, &out->profile) != DQ_OK)
-            return fail(err, errlen, DQ_PROFILE, "'%s': groups apply to intB/quarotB with G dividing n = %u",
-                        spec, kv_heads * head_dim);
+            return eval_fail(err, errlen, DQ_PROFILE, "'%s': groups apply to intB/quarotB with G dividing n = %u",
+                             spec, kv_heads * head_dim);
         snprintf(out->profile.name, sizeof out->profile.name, "%s", spec);
     } else {
         rc = dq_profile_builtin(name, kv_heads, head_dim, &out->profile);
         if (rc != DQ_OK)
-            return fail(err, errlen, rc, "'%s': %s for %u x %u (dq226, dq196, bf16, intB, quarotB, kiviB, "
-                        "turboB, fixed226, fixed196, NAME@BITS, intB-gG)", spec, dq_strerror(rc), kv_heads, head_dim);
+            return eval_fail(err, errlen, rc, "'%s': %s for %u x %u (dq226, dq196, bf16, intB, quarotB, kiviB, "
+                             "turboB, fixed226, fixed196, NAME@BITS, intB-gG)",
+                             spec, dq_strerror(rc), kv_heads, head_dim);
     }
     if (out->type == EVAL_CODEC_FIXED) {
         if (out->profile.codec_type != DQ_CODEC_DQUANT)
-            return fail(err, errlen, DQ_PROFILE, "'%s': fixed-width is matched to a D-Quant profile", spec);
+            return eval_fail(err, errlen, DQ_PROFILE, "'%s': fixed-width is matched to a D-Quant profile", spec);
         for (int k = 0; k < 2; k++)
             if (fixedwidth_levels(&out->profile, (dq_kind)k) < 2)
-                return fail(err, errlen, DQ_CONTAINER_TOO_SMALL, "'%s': fewer than 2 fixed-width levels", spec);
+                return eval_fail(err, errlen, DQ_CONTAINER_TOO_SMALL, "'%s': fewer than 2 fixed-width levels", spec);
     }
     return DQ_OK;
 }
@@ -197,14 +186,6 @@ uint32_t eval_query_stride(const eval_data *d, const eval_opts *o)
 
 /* ---- bootstrap ---- */
 
-static uint64_t splitmix(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static int cmp_double(const void *a, const void *b)
 {
     const double x = *(const double *)a, y = *(const double *)b;
@@ -224,7 +205,7 @@ static int bootstrap(size_t units, size_t nstat, const double *const *num, const
     for (uint32_t b = 0; b < resamples; b++) {
         double sn[4] = {0}, sd[4] = {0};
         for (size_t i = 0; i < units; i++) {
-            const size_t u = (size_t)(((splitmix(&rng) >> 32) * (uint64_t)units) >> 32);
+            const size_t u = (size_t)(((cli_splitmix64(&rng) >> 32) * (uint64_t)units) >> 32);
             for (size_t s = 0; s < nstat; s++) {
                 sn[s] += num[s][u];
                 sd[s] += den[s] ? den[s][u] : 1.0;
@@ -347,8 +328,8 @@ int eval_run(const eval_data *d, const eval_codec *c, const eval_opts *o, eval_r
     memset(r, 0, sizeof *r);
     snprintf(r->label, sizeof r->label, "%s", c->label);
     if (c->profile.kv_heads != d->kv_heads || c->profile.head_dim != d->head_dim)
-        return fail(err, errlen, DQ_SHAPE, "%s: profile shape %u x %u, data %u x %u", c->label, c->profile.kv_heads,
-                    c->profile.head_dim, d->kv_heads, d->head_dim);
+        return eval_fail(err, errlen, DQ_SHAPE, "%s: profile shape %u x %u, data %u x %u", c->label,
+                         c->profile.kv_heads, c->profile.head_dim, d->kv_heads, d->head_dim);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     const size_t n = eval_data_stream_len(d), T = d->tokens, units = (size_t)d->seqs * T;
@@ -365,7 +346,7 @@ int eval_run(const eval_data *d, const eval_codec *c, const eval_opts *o, eval_r
     double *abuf = malloc((2 * (size_t)T + 2 * d->head_dim + 2 * a.npos + 1) * sizeof *abuf);
     int rc = DQ_NOMEM;
     if (!kh || !vh || (want_levels && !levels) || !sums || !pos || !abuf) {
-        fail(err, errlen, rc, "out of memory");
+        eval_fail(err, errlen, rc, "out of memory");
         goto out;
     }
     a.pos = pos;
@@ -383,8 +364,8 @@ int eval_run(const eval_data *d, const eval_codec *c, const eval_opts *o, eval_r
             const float *K = eval_data_slab(d, DQ_KIND_K, s, l), *V = eval_data_slab(d, DQ_KIND_V, s, l);
             if ((rc = reconstruct(c, DQ_KIND_K, K, T, kh, levels, r)) != DQ_OK ||
                 (rc = reconstruct(c, DQ_KIND_V, V, T, vh, levels, r)) != DQ_OK) {
-                fail(err, errlen, rc, "%s: sequence %u layer %u: %s (%s)", c->label, s, l, dq_strerror(rc),
-                     dq_err_name(rc));
+                eval_fail(err, errlen, rc, "%s: sequence %u layer %u: %s (%s)", c->label, s, l, dq_strerror(rc),
+                          dq_err_name(rc));
                 goto out;
             }
             for (size_t t = 0; t < T; t++) {
@@ -405,7 +386,7 @@ int eval_run(const eval_data *d, const eval_codec *c, const eval_opts *o, eval_r
     /* unit-major columns for the bootstrap */
     double *col = malloc(4 * units * sizeof *col);
     if (!col) {
-        rc = fail(err, errlen, DQ_NOMEM, "out of memory");
+        rc = eval_fail(err, errlen, DQ_NOMEM, "out of memory");
         goto out;
     }
     for (size_t u = 0; u < units; u++)
@@ -429,7 +410,7 @@ int eval_run(const eval_data *d, const eval_codec *c, const eval_opts *o, eval_r
     }
     free(col);
     if (rc != DQ_OK) {
-        fail(err, errlen, rc, "out of memory");
+        eval_fail(err, errlen, rc, "out of memory");
         goto out;
     }
     for (int k = 0; k < 2; k++)

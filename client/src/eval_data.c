@@ -10,8 +10,7 @@
 
 #define DEFAULT_DATA_DIR "../shared/data"
 
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+int eval_fail(char *err, size_t errlen, int rc, const char *fmt, ...)
 {
     if (err && errlen) {
         va_list ap;
@@ -55,17 +54,17 @@ static int load_array(const char *path, dq_dtype dtype, size_t count, float **ou
     size_t len = 0;
     int rc = slurp(path, &raw, &len);
     if (rc != DQ_OK)
-        return fail(err, errlen, rc, "%s: %s", path, rc == DQ_NOT_FOUND ? "not found" : dq_strerror(rc));
+        return eval_fail(err, errlen, rc, "%s: %s", path, rc == DQ_NOT_FOUND ? "not found" : dq_strerror(rc));
     const size_t esz = dq_dtype_size(dtype);
     if (len != count * esz) {
         free(raw);
-        return fail(err, errlen, DQ_SHAPE, "%s: %zu bytes, expected %zu (%zu %s values)", path, len, count * esz,
-                    count, dq_dtype_name(dtype));
+        return eval_fail(err, errlen, DQ_SHAPE, "%s: %zu bytes, expected %zu (%zu %s values)", path, len, count * esz,
+                         count, dq_dtype_name(dtype));
     }
     *out = malloc(count * sizeof **out + 1);
     if (!*out) {
         free(raw);
-        return fail(err, errlen, DQ_NOMEM, "%s: out of memory", path);
+        return eval_fail(err, errlen, DQ_NOMEM, "%s: out of memory", path);
     }
     dq_convert(raw, dtype, *out, DQ_DTYPE_F32, count);
     free(raw);
@@ -126,8 +125,8 @@ int eval_data_load_named(const char *name, const char *dir, eval_data *d, char *
         if (name && strcmp(name, g_layouts[i].name) == 0)
             l = &g_layouts[i];
     if (!l)
-        return fail(err, errlen, DQ_NOT_FOUND, "unknown dataset '%s' (bytellama-19m, tinystories-656k)",
-                    name ? name : "");
+        return eval_fail(err, errlen, DQ_NOT_FOUND, "unknown dataset '%s' (bytellama-19m, tinystories-656k)",
+                         name ? name : "");
     snprintf(d->name, sizeof d->name, "%s", l->name);
     d->seqs = l->seqs;
     d->layers = l->layers;
@@ -145,7 +144,7 @@ int eval_data_load_named(const char *name, const char *dir, eval_data *d, char *
     free(all);
     if (rc != DQ_OK) {
         eval_data_free(d);
-        return fail(err, errlen, rc, "%s: out of memory", path);
+        return eval_fail(err, errlen, rc, "%s: out of memory", path);
     }
     snprintf(path, sizeof path, "%s/%s", dir ? dir : DEFAULT_DATA_DIR, l->q_file);
     rc = load_array(path, DQ_DTYPE_F16, (size_t)l->layers * l->tokens * l->q_heads * l->head_dim, &d->q, err,
@@ -167,18 +166,18 @@ int eval_data_load_files(const char *k, const char *v, const char *q, uint32_t k
     memset(d, 0, sizeof *d);
     const size_t esz = dq_dtype_size(dtype), n = (size_t)kv_heads * head_dim;
     if (!k || !v || !kv_heads || !head_dim || !esz)
-        return fail(err, errlen, DQ_INVALID_ARGUMENT, "need --k, --v, --kv-heads, --head-dim and --dtype");
+        return eval_fail(err, errlen, DQ_INVALID_ARGUMENT, "need --k, --v, --kv-heads, --head-dim and --dtype");
     if (q && (!q_heads || q_heads % kv_heads))
-        return fail(err, errlen, DQ_SHAPE, "--q-heads must be a positive multiple of --kv-heads (%u)", kv_heads);
+        return eval_fail(err, errlen, DQ_SHAPE, "--q-heads must be a positive multiple of --kv-heads (%u)", kv_heads);
     /* the token count comes from the key file's size */
     FILE *f = fopen(k, "rb");
     if (!f)
-        return fail(err, errlen, errno == ENOENT ? DQ_NOT_FOUND : DQ_IO, "%s: %s", k, strerror(errno));
+        return eval_fail(err, errlen, errno == ENOENT ? DQ_NOT_FOUND : DQ_IO, "%s: %s", k, strerror(errno));
     long sz = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
     fclose(f);
     if (sz <= 0 || (size_t)sz % (n * esz))
-        return fail(err, errlen, DQ_SHAPE, "%s: %ld bytes is not a whole number of [%u, %u] %s tokens", k, sz,
-                    kv_heads, head_dim, dq_dtype_name(dtype));
+        return eval_fail(err, errlen, DQ_SHAPE, "%s: %ld bytes is not a whole number of [%u, %u] %s tokens", k, sz,
+                         kv_heads, head_dim, dq_dtype_name(dtype));
     snprintf(d->name, sizeof d->name, "%s", k);
     d->seqs = d->layers = 1;
     d->tokens = (uint32_t)((size_t)sz / (n * esz));

@@ -37,6 +37,10 @@ int eval_data_load_files(const char *k, const char *v, const char *q, uint32_t k
 
 void eval_data_free(eval_data *d);
 
+/* The eval functions' error convention: formats a message into err (errlen bytes; err may be NULL)
+ * and returns rc. */
+int eval_fail(char *err, size_t errlen, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
 /* n = kv_heads · head_dim */
 size_t eval_data_stream_len(const eval_data *d);
 /* [tokens, n] of one sequence, layer and kind. */
