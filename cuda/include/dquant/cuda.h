@@ -1,0 +1,149 @@
+/* dquant — CUDA kernels for the D-Quant codec (libdquant-cuda), bit-exact with libdquant.
+ *
+ * Everything here works on device pointers and runs asynchronously on the caller's CUDA stream.
+ * The containers the encoder writes are byte-identical to libdquant's (dq_window_encode,
+ * dq_stream_encode) and the decompressed tensors are identical to dq_tokens_decode /
+ * dq_layer_decode: the kernels use the same IEEE operations in the same order (DESIGN §2,
+ * lib/src/drift.h). Decode attention is computed on the containers (DESIGN §2.7, seed §4.5): each K
+ * and V stream is decoded once, its levels feed the dot products and the value accumulation with
+ * the affine terms folded in; its result matches dq_attend within float rounding.
+ *
+ * Return codes are dq_error values (0 or negative). A CUDA failure returns DQ_NOMEM (allocation)
+ * or DQ_INTERNAL (anything else); dqcu_last_cuda_error() then gives the cudaError_t of the calling
+ * thread's most recent failing CUDA call. Launch errors are reported at the call; errors of the
+ * kernels themselves show at the caller's next synchronization, as usual in CUDA. Per-item input
+ * errors (non-finite values, values outside the format's range) are written to device status
+ * arrays, since the host does not see the data.
+ *
+ * Limits of this version (DQ_UNSUPPORTED beyond them): the encoders take streams of
+ * n = kv_heads × head_dim <= DQCU_MAX_ENCODE_STREAM values; decompression and attention need
+ * 32 <= head_dim <= 512; attention needs a GQA group q_heads / kv_heads <= 8 and its per-block
+ * state (rotated queries, accumulator, a tile's weights: about 4·q_heads·(2·head_dim + 128) bytes)
+ * in shared memory; dqcu_attend_check() says whether a shape fits (Qwen3-8B, Llama-3-70B do).
+ * Levels and container sizes are those of any valid profile.
+ *
+ * Thread-safety: a dqcu_codec is immutable after creation and may be used from any thread and on
+ * any stream of its device. Calls with distinct output buffers may run concurrently. */
+#ifndef DQUANT_CUDA_H
+#define DQUANT_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "dquant/codec.h"
+#include "dquant/error.h"
+#include "dquant/profile.h"
+#include "dquant/types.h"
+
+#if defined(DQCU_BUILDING_LIB) && defined(__GNUC__)
+#define DQCU_API __attribute__((visibility("default")))
+#else
+#define DQCU_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Largest stream (kv_heads × head_dim) the GPU encoders take. */
+#define DQCU_MAX_ENCODE_STREAM 2048u
+
+/* Number of CUDA devices of compute capability 9.0 or newer (the kernels are built for sm_90);
+ * 0 when there is none or no driver. Never fails. */
+DQCU_API int dqcu_device_count(void);
+
+/* cudaError_t (as int) of the calling thread's most recent failing CUDA call made by this
+ * library; 0 when none failed. */
+DQCU_API int dqcu_last_cuda_error(void);
+
+/* ---- device codec ---- */
+
+typedef struct dqcu_codec dqcu_codec;
+
+/* Uploads what the kernels need from a host codec (frequency, cost and decode tables, the
+ * rotation signs, the exp2 table of the drift) to the current CUDA device, once. The host codec is
+ * only read during the call and may be freed afterwards. Returns 0, DQ_INVALID_ARGUMENT, DQ_NOMEM,
+ * DQ_INTERNAL. */
+DQCU_API int dqcu_codec_create(const dq_codec *codec, dqcu_codec **out);
+/* Frees the device codec (synchronizes with the device first); NULL is allowed. */
+DQCU_API void dqcu_codec_free(dqcu_codec *dc);
+/* The profile the codec was made from (host memory, owned by dc). */
+DQCU_API const dq_profile *dqcu_codec_profile(const dqcu_codec *dc);
+
+/* ---- encode ---- */
+
+/* Encodes count already preprocessed streams (rotated and, for keys, mean-removed: exactly what
+ * dq_stream_encode takes): y is [count, n] f32 (device). Record i (4 + C bytes: fp16 s, fp16 o,
+ * container) goes to records + i·record_stride (device; record_stride >= dq_codec_record_bytes).
+ * status (device, count int32, required) receives per stream 0, DQ_NONFINITE or DQ_RANGE, exactly
+ * what dq_stream_encode returns; a stream with a nonzero status leaves its record unwritten.
+ * stats (device, may be NULL) is added to atomically, with dq_stream_encode's meaning.
+ * Returns 0, DQ_INVALID_ARGUMENT, DQ_UNSUPPORTED (n too large), DQ_INTERNAL (launch failure). */
+DQCU_API int dqcu_encode_streams(const dqcu_codec *dc, dq_kind kind, const float *y, size_t count,
+                                 uint8_t *records, size_t record_stride, int32_t *status,
+                                 dq_encode_stats *stats, cudaStream_t stream);
+
+/* Encodes nwin full windows: k and v are [nwin, W, kv_heads, head_dim] of dtype (device). Window w
+ * is written to windows[w] (windows: device array of nwin device pointers, each to
+ * dq_codec_window_bytes() bytes), byte-identical to dq_window_encode of the same W tokens.
+ * status (device, nwin int32, required) receives per window 0, DQ_NONFINITE or DQ_RANGE, what
+ * dq_window_encode returns; a window with a nonzero status holds unspecified bytes. stats as above.
+ * Returns 0, DQ_INVALID_ARGUMENT, DQ_DTYPE, DQ_UNSUPPORTED, DQ_INTERNAL. */
+DQCU_API int dqcu_encode_windows(const dqcu_codec *dc, const void *k, const void *v, dq_dtype dtype,
+                                 size_t nwin, uint8_t *const *windows, int32_t *status,
+                                 dq_encode_stats *stats, cudaStream_t stream);
+
+/* ---- decompress ---- */
+
+/* Decodes tokens [first, first + count) of one kind of a layer held as nwin sealed windows
+ * (windows: device array of device pointers) followed by a BF16 tail of tail_tokens tokens (tail:
+ * device [tail_tokens, kv_heads, head_dim], may be NULL when tail_tokens is 0) into out
+ * ([count, kv_heads, head_dim] of dtype, device): identical to dq_layer_decode of the same layer.
+ * corrupt (device, may be NULL) is incremented once per invalid container decoded (its values are
+ * still written, as libdquant does). Returns 0, DQ_INVALID_ARGUMENT, DQ_DTYPE, DQ_OUT_OF_BOUNDS,
+ * DQ_UNSUPPORTED (head_dim), DQ_INTERNAL. */
+DQCU_API int dqcu_decompress(const dqcu_codec *dc, dq_kind kind, const uint8_t *const *windows, size_t nwin,
+                             const uint16_t *tail, size_t tail_tokens, size_t first, size_t count,
+                             void *out, dq_dtype dtype, uint32_t *corrupt, cudaStream_t stream);
+
+/* ---- decode attention ---- */
+
+/* One sequence's layer, as the kernels see it (this struct lives in device memory). */
+typedef struct dqcu_attn_seq {
+    const uint8_t *const *windows;   /* device array of nwin device pointers to window records */
+    const uint16_t *tail_k;          /* device BF16 [tail_tokens, kv_heads, head_dim] */
+    const uint16_t *tail_v;
+    uint32_t nwin;                   /* sealed windows */
+    uint32_t tail_tokens;            /* tokens in the BF16 tail */
+} dqcu_attn_seq;
+
+/* 0 when dqcu_attend takes q_heads query heads with this codec on its device, DQ_SHAPE when
+ * q_heads is not a positive multiple of kv_heads, DQ_UNSUPPORTED when the shape is beyond the
+ * kernel's limits (see the top of this file). */
+DQCU_API int dqcu_attend_check(const dqcu_codec *dc, uint32_t q_heads);
+
+/* Bytes of workspace dqcu_attend needs for nseq sequences of at most max_tokens tokens each. */
+DQCU_API size_t dqcu_attend_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq,
+                                           uint32_t max_tokens);
+
+/* Decode attention for a batch of nseq sequences of different lengths in one launch:
+ * out[b] = softmax(scale · q[b]·Kᵀ)·V over every token of sequence b (sealed windows straight from
+ * their containers, the tail exactly from BF16), per query head, GQA (query head h reads KV head
+ * h / (q_heads / kv_heads)), with split-K over long contexts and a log-sum-exp merge.
+ *   seqs: device array of nseq dqcu_attn_seq; every sequence has nwin·W + tail_tokens <= max_tokens.
+ *   q:    device f32 [nseq, q_heads, head_dim] (original domain, finite).
+ *   out:  device f32 [nseq, q_heads, head_dim]; lse: device f32 [nseq, q_heads] or NULL
+ *         (natural log of Σ exp(scaled logit)); an empty sequence gives 0 and -inf.
+ *   workspace: device memory of at least dqcu_attend_workspace_size() bytes.
+ * Returns 0, DQ_INVALID_ARGUMENT, DQ_SHAPE (q_heads not a multiple of kv_heads), DQ_UNSUPPORTED
+ * (see dqcu_attend_check), DQ_INTERNAL. */
+DQCU_API int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, const dqcu_attn_seq *seqs,
+                         uint32_t nseq, uint32_t max_tokens, const float *q, float *out, float *lse,
+                         void *workspace, size_t workspace_bytes, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

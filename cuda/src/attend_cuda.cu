@@ -1,0 +1,587 @@
+/* Fused decode attention on the containers (DESIGN §2.7, seed §4.5 and Appendix A).
+ *
+ * Token-centric: a block owns tiles of up to 128 tokens of one sequence (split-K: the sequence's
+ * tiles are cut into contiguous chunks, one per block, and the BF16 tail is one more block). For a
+ * tile, thread t decodes token t's key stream once (all KV heads, in order) and feeds each level
+ * straight into the dot products of the GQA group's rotated queries:
+ *     q'·k̂_t = s_t·Σ_j q'_j (m_j - c) + (o_t + s_t·c)·Σ_j q'_j + Σ_j q'_j μ_j,   c = (M-1)/2
+ * (centered levels, as lib/src/attention.c, so the offset never cancels against the levels).
+ * Online softmax per query head; then thread t decodes its value stream head by head into shared
+ * memory (levels only, channel-major) and the threads, now one per channel, accumulate
+ *     Σ_t (a_t s_t)(m_t,j - c)  and, on the side,  Σ_t a_t (o_t + s_t·c)
+ * for every query head of the group. No BF16 copy of the cache exists at any point. Each block ends
+ * by un-rotating its accumulator (rotated domain → original) and writes (acc, max, sum); a second
+ * kernel merges a sequence's blocks by their log-sum-exp. */
+#include <math.h>
+
+#include "rans_cuda.cuh"
+
+#define ATT_THREADS 128
+#define ATT_T 128           /* tokens per tile */
+#define ATT_LV_STRIDE (ATT_T + 4)
+#define ATT_MAGIC 0x4a800000u /* 2^22: mantissa units of 1/2, so 2m in the low byte reads as m */
+
+struct att_params {
+    const dqcu_tables *tab;
+    const dqcu_attn_seq *seqs;
+    const float *q;
+    float *part;            /* [nseq][nsplit + 1][QH][d + 2] */
+    uint32_t QH, G;
+    uint32_t chunk;         /* tiles per block */
+    uint32_t nsplit;        /* window splits; split nsplit is the tail */
+    uint32_t tpw;           /* tiles per window */
+    float scale;
+};
+
+struct att_plan {
+    uint32_t tpw, chunk, nsplit;
+    size_t smem;
+    size_t ws_bytes;
+};
+
+static size_t att_smem_bytes(uint32_t QH, uint32_t d)
+{
+    size_t b = 0;
+    b += 2 * 256 * sizeof(uint32_t);            /* decode tables K, V */
+    b += (size_t)QH * d * sizeof(float);        /* rotated queries */
+    b += (size_t)QH * d * sizeof(float);        /* accumulator */
+    b += (size_t)QH * ATT_T * sizeof(float);    /* logits, then weights */
+    b += 5 * (size_t)QH * sizeof(float);        /* qsum, qmu, m, l, off */
+    b += 2 * ATT_T * sizeof(float);             /* value scale, value mid */
+    b += (size_t)d * ATT_LV_STRIDE;             /* value levels, channel-major */
+    return (b + 15) & ~(size_t)15;
+}
+
+static att_plan att_make_plan(const dqcu_codec *dc, uint32_t QH, uint32_t nseq, uint32_t max_tokens)
+{
+    att_plan pl;
+    pl.tpw = (dc->W + ATT_T - 1) / ATT_T;
+    const uint64_t tiles = (uint64_t)(max_tokens / dc->W) * pl.tpw;
+    const uint64_t slots = (uint64_t)(dc->sm_count > 0 ? dc->sm_count : 1) * 3u * 2u;
+    uint64_t chunk = (tiles * nseq + slots - 1) / slots;
+    if (chunk < 1)
+        chunk = 1;
+    if ((tiles + chunk - 1) / chunk > 8191) /* the merge keeps a weight per split in shared memory */
+        chunk = (tiles + 8190) / 8191;
+    pl.chunk = (uint32_t)chunk;
+    pl.nsplit = (uint32_t)((tiles + chunk - 1) / chunk);
+    pl.smem = att_smem_bytes(QH, dc->d);
+    pl.ws_bytes = (size_t)nseq * (pl.nsplit + 1) * QH * (dc->d + 2) * sizeof(float);
+    return pl;
+}
+
+/* Rotation of one head of d values held by a warp (lane l: values l, l + 32, ...; d <= 512). */
+#define ATT_DVMAX 16
+
+/* GMAX: the largest GQA group the kernel takes; EXACT: the group is exactly GMAX (no guards). */
+template <int GMAX, bool EXACT>
+__global__ void __launch_bounds__(ATT_THREADS) attend_kernel(att_params p)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    const dqcu_tables &tb = *p.tab;
+    const uint32_t QH = p.QH, G = EXACT ? (uint32_t)GMAX : p.G, d = tb.d, n = tb.n, W = tb.W;
+    const uint32_t KVH = tb.kv_heads;
+    uint32_t *dtk = (uint32_t *)(void *)smem;
+    uint32_t *dtv = dtk + 256;
+    float *qr = (float *)(void *)(dtv + 256);
+    float *acc = qr + (size_t)QH * d;
+    float *lg = acc + (size_t)QH * d;           /* [QH][ATT_T] */
+    float *qsum = lg + (size_t)QH * ATT_T;
+    float *qmu = qsum + QH;
+    float *m_run = qmu + QH;
+    float *l_run = m_run + QH;
+    float *off_run = l_run + QH;
+    float *sv = off_run + QH;                   /* [ATT_T] */
+    float *midv = sv + ATT_T;
+    uint8_t *lv = (uint8_t *)(void *)(midv + ATT_T); /* [d][ATT_LV_STRIDE] */
+
+    const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+    const uint32_t nwarps = ATT_THREADS / 32;
+    const size_t b = blockIdx.x;
+    const uint32_t split = blockIdx.y;
+    const dqcu_attn_seq sq = p.seqs[b];
+    const bool is_tail = split == p.nsplit;
+    uint32_t tile0 = 0, tile1 = 0;
+    if (is_tail) {
+        tile1 = (sq.tail_tokens + ATT_T - 1) / ATT_T;
+    } else {
+        const uint32_t ntiles = sq.nwin * p.tpw;
+        tile0 = split * p.chunk;
+        tile1 = min(ntiles, tile0 + p.chunk);
+    }
+    float *part = p.part + (((size_t)b * (p.nsplit + 1) + split) * QH) * (d + 2);
+    if (tile0 >= tile1) {
+        for (uint32_t h = tid; h < QH; h += ATT_THREADS) {
+            part[(size_t)h * (d + 2) + d] = -INFINITY;
+            part[(size_t)h * (d + 2) + d + 1] = 0.0f;
+        }
+        return;
+    }
+
+    const dqcu_kind_tab &kk = tb.kind[0], &kv_ = tb.kind[1];
+    for (uint32_t i = tid; i < 256; i += ATT_THREADS) {
+        dtk[i] = kk.dec[i];
+        dtv[i] = kv_.dec[i];
+    }
+    const float ck = 0.5f * (float)(kk.M - 1), cv = 0.5f * (float)(kv_.M - 1);
+    const float ck22 = 4194304.0f + ck, cv22 = 4194304.0f + cv;
+    const uint32_t CK = kk.C, CV = kv_.C;
+    const size_t rk = 4u + CK, rv = 4u + CV;
+    const float rot_scale = tb.rot_scale;
+
+    /* queries: rotated for the containers (per head: signs, butterfly, scale), as given for the tail */
+    const float *qb = p.q + b * (size_t)QH * d;
+    for (uint32_t h = warp; h < QH; h += nwarps) {
+        const uint32_t kvh = h / G;
+        float y[ATT_DVMAX];
+#pragma unroll
+        for (int r = 0; r < ATT_DVMAX; r++) {
+            const uint32_t e = (uint32_t)r * 32u + lane;
+            y[r] = e < d ? qb[(size_t)h * d + e] : 0.0f;
+            if (!is_tail && e < d)
+                y[r] = y[r] * tb.signs[kvh * d + e];
+        }
+        if (!is_tail) {
+            dqcu_fwht(y, d, lane);
+#pragma unroll
+            for (int r = 0; r < ATT_DVMAX; r++)
+                y[r] = y[r] * rot_scale;
+        }
+        float s = 0;
+#pragma unroll
+        for (int r = 0; r < ATT_DVMAX; r++) {
+            const uint32_t e = (uint32_t)r * 32u + lane;
+            if (e < d) {
+                qr[(size_t)h * d + e] = y[r];
+                acc[(size_t)h * d + e] = 0.0f;
+                s += y[r];
+            }
+        }
+#pragma unroll
+        for (int off = 16; off >= 1; off >>= 1)
+            s += __shfl_xor_sync(DQCU_FULL, s, off);
+        if (lane == 0) {
+            qsum[h] = s;
+            m_run[h] = -INFINITY;
+            l_run[h] = 0.0f;
+            off_run[h] = 0.0f;
+        }
+    }
+    __syncthreads();
+
+    for (uint32_t tile = tile0; tile < tile1; tile++) {
+        uint32_t cnt;
+        const uint8_t *win = nullptr;
+        size_t tbase;
+        if (is_tail) {
+            tbase = (size_t)tile * ATT_T;
+            cnt = min((uint32_t)ATT_T, sq.tail_tokens - (uint32_t)tbase);
+        } else {
+            const uint32_t w = tile / p.tpw;
+            tbase = (size_t)(tile % p.tpw) * ATT_T;
+            cnt = min((uint32_t)ATT_T, W - (uint32_t)tbase);
+            win = sq.windows[w];
+            /* Σ_j q'_j μ_j per query head, μ = the window's dequantized key mean */
+            const float sfm = dqcu_f16_to_f32((uint16_t)(win[0] | win[1] << 8));
+            for (uint32_t h = warp; h < QH; h += nwarps) {
+                const uint32_t kvh = h / G;
+                float s = 0;
+                for (uint32_t e = lane; e < d; e += 32)
+                    s = __fmaf_rn(qr[(size_t)h * d + e], (float)(int8_t)win[2u + kvh * d + e] * sfm, s);
+#pragma unroll
+                for (int off = 16; off >= 1; off >>= 1)
+                    s += __shfl_xor_sync(DQCU_FULL, s, off);
+                if (lane == 0)
+                    qmu[h] = s;
+            }
+            __syncthreads();
+        }
+
+        /* ---- keys: one stream per thread, decoded once, levels straight into the dots ---- */
+        const uint32_t t = tid;
+        if (t < cnt) {
+            if (!is_tail) {
+                const uint8_t *rec = win + 2u + n + (tbase + t) * rk;
+                const float s = dqcu_f16_to_f32((uint16_t)(rec[0] | rec[1] << 8));
+                const float o = dqcu_f16_to_f32((uint16_t)(rec[2] | rec[3] << 8));
+                const float mid = o + s * ck;
+                dqcu_rans_in in;
+                uint32_t x = dqcu_rans_open(in, rec + 4, CK);
+                const float4 *q4 = (const float4 *)(const void *)qr; /* head h, j: q4[(h·d + j) / 4] */
+                const uint32_t d4 = d / 4;
+                for (uint32_t kvh = 0; kvh < KVH; kvh++) {
+                    float dot[GMAX];
+#pragma unroll
+                    for (int g = 0; g < GMAX; g++)
+                        dot[g] = 0.0f;
+                    const float4 *qh = q4 + (size_t)kvh * G * d4;
+                    for (uint32_t j4 = 0; j4 < d4; j4++) {
+                        float l[4];
+                        dqcu_rans_refill(in);
+#pragma unroll
+                        for (int u = 0; u < 4; u++) {
+                            const uint32_t e = dqcu_rans_step(x, dtk, in);
+                            l[u] = __uint_as_float(dqcu_prmt(e, ATT_MAGIC, 0x7652u)) - ck22;
+                        }
+#pragma unroll
+                        for (int g = 0; g < GMAX; g++) {
+                            if (EXACT || (uint32_t)g < G) {
+                                const float4 qv = qh[(size_t)g * d4 + j4];
+                                dot[g] = __fmaf_rn(qv.x, l[0], dot[g]);
+                                dot[g] = __fmaf_rn(qv.y, l[1], dot[g]);
+                                dot[g] = __fmaf_rn(qv.z, l[2], dot[g]);
+                                dot[g] = __fmaf_rn(qv.w, l[3], dot[g]);
+                            }
+                        }
+                    }
+#pragma unroll
+                    for (int g = 0; g < GMAX; g++) {
+                        if (EXACT || (uint32_t)g < G) {
+                            const uint32_t h = kvh * G + (uint32_t)g;
+                            lg[(size_t)h * ATT_T + t] = p.scale * (s * dot[g] + mid * qsum[h] + qmu[h]);
+                        }
+                    }
+                }
+                const uint8_t *vrec = win + 2u + n + (size_t)W * rk + (tbase + t) * rv;
+                const float s2 = dqcu_f16_to_f32((uint16_t)(vrec[0] | vrec[1] << 8));
+                const float o2 = dqcu_f16_to_f32((uint16_t)(vrec[2] | vrec[3] << 8));
+                sv[t] = s2;
+                midv[t] = o2 + s2 * cv;
+            } else {
+                const uint16_t *krow = sq.tail_k + (tbase + t) * n;
+                for (uint32_t kvh = 0; kvh < KVH; kvh++) {
+                    float dot[GMAX];
+#pragma unroll
+                    for (int g = 0; g < GMAX; g++)
+                        dot[g] = 0.0f;
+                    const float *qh = qr + (size_t)kvh * G * d;
+                    for (uint32_t j = 0; j < d; j += 4) {
+                        const uint2 kw = *(const uint2 *)(const void *)(krow + (size_t)kvh * d + j);
+                        float kf[4] = {__uint_as_float(kw.x << 16), __uint_as_float(kw.x & 0xffff0000u),
+                                       __uint_as_float(kw.y << 16), __uint_as_float(kw.y & 0xffff0000u)};
+#pragma unroll
+                        for (int g = 0; g < GMAX; g++) {
+                            if (EXACT || (uint32_t)g < G) {
+                                const float4 q4 = *(const float4 *)(const void *)(qh + (size_t)g * d + j);
+                                dot[g] = __fmaf_rn(q4.x, kf[0], dot[g]);
+                                dot[g] = __fmaf_rn(q4.y, kf[1], dot[g]);
+                                dot[g] = __fmaf_rn(q4.z, kf[2], dot[g]);
+                                dot[g] = __fmaf_rn(q4.w, kf[3], dot[g]);
+                            }
+                        }
+                    }
+#pragma unroll
+                    for (int g = 0; g < GMAX; g++)
+                        if (EXACT || (uint32_t)g < G)
+                            lg[(size_t)(kvh * G + (uint32_t)g) * ATT_T + t] = p.scale * dot[g];
+                }
+                sv[t] = 1.0f;
+                midv[t] = 0.0f;
+            }
+        }
+        __syncthreads();
+
+        /* ---- online softmax, one warp per query head ---- */
+        for (uint32_t h = warp; h < QH; h += nwarps) {
+            float *row = lg + (size_t)h * ATT_T;
+            float mb = -INFINITY;
+            for (uint32_t u = lane; u < cnt; u += 32)
+                mb = fmaxf(mb, row[u]);
+#pragma unroll
+            for (int off = 16; off >= 1; off >>= 1)
+                mb = fmaxf(mb, __shfl_xor_sync(DQCU_FULL, mb, off));
+            const float mold = m_run[h];
+            const float mnew = fmaxf(mold, mb);
+            if (mnew > mold) {
+                const float alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
+                for (uint32_t e = lane; e < d; e += 32)
+                    acc[(size_t)h * d + e] *= alpha;
+                __syncwarp();
+                if (lane == 0) {
+                    l_run[h] *= alpha;
+                    off_run[h] *= alpha;
+                    m_run[h] = mnew;
+                }
+            }
+            float ps = 0, os = 0;
+            for (uint32_t u = lane; u < ATT_T; u += 32) {
+                float wgt = 0.0f;
+                if (u < cnt) {
+                    const float pr = __expf(row[u] - mnew);
+                    ps += pr;
+                    os = __fmaf_rn(pr, midv[u], os);
+                    wgt = pr * sv[u];
+                }
+                row[u] = wgt;
+            }
+#pragma unroll
+            for (int off = 16; off >= 1; off >>= 1) {
+                ps += __shfl_xor_sync(DQCU_FULL, ps, off);
+                os += __shfl_xor_sync(DQCU_FULL, os, off);
+            }
+            if (lane == 0) {
+                l_run[h] += ps;
+                off_run[h] += os;
+            }
+        }
+        __syncthreads();
+
+        /* ---- values: decode head by head into shared memory, accumulate per channel ---- */
+        dqcu_rans_in vin;
+        uint32_t vx = 0;
+        if (!is_tail && t < cnt)
+            vx = dqcu_rans_open(vin, win + 2u + n + (size_t)W * rk + (tbase + t) * rv + 4, CV);
+        const uint32_t cnt4 = (cnt + 3u) & ~3u;
+        for (uint32_t kvh = 0; kvh < KVH; kvh++) {
+            if (!is_tail) {
+                if (t < cnt) {
+                    uint8_t *dst = lv + t;
+                    for (uint32_t j = 0; j < d; j += 4) {
+                        dqcu_rans_refill(vin);
+#pragma unroll
+                        for (int u = 0; u < 4; u++) {
+                            const uint32_t e = dqcu_rans_step(vx, dtv, vin);
+                            dst[(size_t)u * ATT_LV_STRIDE] = (uint8_t)(e >> 16);
+                        }
+                        dst += 4 * ATT_LV_STRIDE;
+                    }
+                }
+                __syncthreads();
+            }
+            const float4 *w4 = (const float4 *)(const void *)(lg + (size_t)kvh * G * ATT_T);
+            for (uint32_t j = tid; j < d; j += ATT_THREADS) {
+                float a[GMAX];
+#pragma unroll
+                for (int g = 0; g < GMAX; g++)
+                    a[g] = 0.0f;
+                if (!is_tail) {
+                    const uint32_t *lrow = (const uint32_t *)(const void *)(lv + (size_t)j * ATT_LV_STRIDE);
+                    for (uint32_t u4 = 0; u4 < cnt4 / 4; u4++) {
+                        const uint32_t pk = lrow[u4];
+                        const float l0 = __uint_as_float(dqcu_prmt(pk, ATT_MAGIC, 0x7650u)) - cv22;
+                        const float l1 = __uint_as_float(dqcu_prmt(pk, ATT_MAGIC, 0x7651u)) - cv22;
+                        const float l2 = __uint_as_float(dqcu_prmt(pk, ATT_MAGIC, 0x7652u)) - cv22;
+                        const float l3 = __uint_as_float(dqcu_prmt(pk, ATT_MAGIC, 0x7653u)) - cv22;
+#pragma unroll
+                        for (int g = 0; g < GMAX; g++) {
+                            if (EXACT || (uint32_t)g < G) {
+                                const float4 wv = w4[(size_t)g * (ATT_T / 4) + u4];
+                                a[g] = __fmaf_rn(wv.x, l0, a[g]);
+                                a[g] = __fmaf_rn(wv.y, l1, a[g]);
+                                a[g] = __fmaf_rn(wv.z, l2, a[g]);
+                                a[g] = __fmaf_rn(wv.w, l3, a[g]);
+                            }
+                        }
+                    }
+                } else {
+                    const uint16_t *vcol = sq.tail_v + tbase * n + (size_t)kvh * d + j;
+                    for (uint32_t u = 0; u < cnt; u++) {
+                        const float vf = dqcu_bf16_to_f32(vcol[(size_t)u * n]);
+#pragma unroll
+                        for (int g = 0; g < GMAX; g++)
+                            if (EXACT || (uint32_t)g < G)
+                                a[g] = __fmaf_rn(lg[(size_t)(kvh * G + (uint32_t)g) * ATT_T + u], vf, a[g]);
+                    }
+                }
+#pragma unroll
+                for (int g = 0; g < GMAX; g++)
+                    if (EXACT || (uint32_t)g < G)
+                        acc[(size_t)(kvh * G + (uint32_t)g) * d + j] += a[g];
+            }
+            __syncthreads();
+        }
+    }
+
+    /* ---- un-rotate (acc + Σ a·mid on every channel) and write this block's partial ---- */
+    for (uint32_t h = warp; h < QH; h += nwarps) {
+        const uint32_t kvh = h / G;
+        float y[ATT_DVMAX];
+        const float off = off_run[h];
+#pragma unroll
+        for (int r = 0; r < ATT_DVMAX; r++) {
+            const uint32_t e = (uint32_t)r * 32u + lane;
+            y[r] = e < d ? acc[(size_t)h * d + e] + off : 0.0f;
+        }
+        if (!is_tail) {
+            dqcu_fwht(y, d, lane);
+#pragma unroll
+            for (int r = 0; r < ATT_DVMAX; r++) {
+                const uint32_t e = (uint32_t)r * 32u + lane;
+                if (e < d)
+                    y[r] = y[r] * rot_scale * tb.signs[kvh * d + e];
+            }
+        }
+        float *ph = part + (size_t)h * (d + 2);
+#pragma unroll
+        for (int r = 0; r < ATT_DVMAX; r++) {
+            const uint32_t e = (uint32_t)r * 32u + lane;
+            if (e < d)
+                ph[e] = y[r];
+        }
+        if (lane == 0) {
+            ph[d] = m_run[h];
+            ph[d + 1] = l_run[h];
+        }
+    }
+}
+
+/* Merges a sequence's partials by their log-sum-exp. Block (sequence, query head, 32 channels):
+ * the 1024 threads first take the splits' maxima and weights, then warp w sums the splits
+ * s = w (mod 32) for its lane's channel, and the warps' sums are added. */
+#define MERGE_THREADS 1024
+__global__ void __launch_bounds__(MERGE_THREADS) attend_merge_kernel(const float *part, uint32_t nsplit_total,
+                                                                      uint32_t QH, uint32_t d, float *out, float *lse)
+{
+    extern __shared__ float wts[]; /* [nsplit_total] */
+    __shared__ float red[32][33];
+    __shared__ float s_m, s_l;
+    const size_t b = blockIdx.x;
+    const uint32_t h = blockIdx.y, e = blockIdx.z * 32u + (threadIdx.x & 31u);
+    const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+    const size_t stride = (size_t)QH * (d + 2);
+    const float *ph = part + (size_t)b * nsplit_total * stride + (size_t)h * (d + 2);
+
+    float M = -INFINITY;
+    for (uint32_t s = tid; s < nsplit_total; s += MERGE_THREADS)
+        M = fmaxf(M, ph[s * stride + d]);
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1)
+        M = fmaxf(M, __shfl_xor_sync(DQCU_FULL, M, off));
+    if (lane == 0)
+        red[0][warp] = M;
+    __syncthreads();
+    if (warp == 0) {
+        M = red[0][lane];
+#pragma unroll
+        for (int off = 16; off >= 1; off >>= 1)
+            M = fmaxf(M, __shfl_xor_sync(DQCU_FULL, M, off));
+        if (lane == 0)
+            s_m = M;
+    }
+    __syncthreads();
+    M = s_m;
+    float L = 0.0f;
+    for (uint32_t s = tid; s < nsplit_total; s += MERGE_THREADS) {
+        const float ms = ph[s * stride + d];
+        const float w = ms == -INFINITY ? 0.0f : expf(ms - M);
+        wts[s] = w;
+        if (w != 0.0f)
+            L = __fmaf_rn(w, ph[s * stride + d + 1], L);
+    }
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1)
+        L += __shfl_xor_sync(DQCU_FULL, L, off);
+    __syncthreads();
+    if (lane == 0)
+        red[1][warp] = L;
+    __syncthreads();
+    if (warp == 0) {
+        L = red[1][lane];
+#pragma unroll
+        for (int off = 16; off >= 1; off >>= 1)
+            L += __shfl_xor_sync(DQCU_FULL, L, off);
+        if (lane == 0)
+            s_l = L;
+    }
+    __syncthreads();
+    L = s_l;
+    float v = 0.0f;
+    if (e < d) {
+#pragma unroll 4
+        for (uint32_t s = warp; s < nsplit_total; s += 32) {
+            const float w = wts[s];
+            if (w != 0.0f)
+                v = __fmaf_rn(w, ph[s * stride + e], v);
+        }
+    }
+    __syncthreads();
+    red[warp][lane] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float sum = 0.0f;
+        for (uint32_t w = 0; w < 32; w++)
+            sum += red[w][lane];
+        if (e < d)
+            out[((size_t)b * QH + h) * d + e] = L > 0 ? sum / L : 0.0f;
+        if (lse && blockIdx.z == 0 && lane == 0)
+            lse[(size_t)b * QH + h] = L > 0 ? M + logf(L) : -INFINITY;
+    }
+}
+
+extern "C" int dqcu_attend_check(const dqcu_codec *dc, uint32_t q_heads)
+{
+    if (!dc)
+        return DQ_INVALID_ARGUMENT;
+    if (!q_heads || q_heads % dc->kv_heads)
+        return DQ_SHAPE;
+    if (dc->d < 32 || dc->d > 512 || q_heads / dc->kv_heads > 8)
+        return DQ_UNSUPPORTED;
+    if (att_smem_bytes(q_heads, dc->d) > dc->smem_optin)
+        return DQ_UNSUPPORTED;
+    return DQ_OK;
+}
+
+extern "C" size_t dqcu_attend_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq,
+                                             uint32_t max_tokens)
+{
+    if (!dc || !q_heads)
+        return 0;
+    return att_make_plan(dc, q_heads, nseq, max_tokens).ws_bytes;
+}
+
+template <int GMAX, bool EXACT>
+static int launch_att(const att_params &p, const att_plan &pl, uint32_t nseq, cudaStream_t stream)
+{
+    DQCU_CHECK(cudaFuncSetAttribute(attend_kernel<GMAX, EXACT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)pl.smem));
+    dim3 grid(nseq, pl.nsplit + 1);
+    attend_kernel<GMAX, EXACT><<<grid, ATT_THREADS, pl.smem, stream>>>(p);
+    DQCU_CHECK_LAUNCH();
+    return DQ_OK;
+}
+
+extern "C" int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, const dqcu_attn_seq *seqs,
+                           uint32_t nseq, uint32_t max_tokens, const float *q, float *out, float *lse,
+                           void *workspace, size_t workspace_bytes, cudaStream_t stream)
+{
+    if (!dc || (nseq && (!seqs || !q || !out || !workspace)) || !isfinite(scale))
+        return DQ_INVALID_ARGUMENT;
+    int rc = dqcu_attend_check(dc, q_heads);
+    if (rc)
+        return rc;
+    if (nseq > 0x7fffffffu)
+        return DQ_INVALID_ARGUMENT;
+    rc = dqcu__use_device(dc);
+    if (rc)
+        return rc;
+    if (nseq == 0)
+        return DQ_OK;
+    const att_plan pl = att_make_plan(dc, q_heads, nseq, max_tokens);
+    if (workspace_bytes < pl.ws_bytes)
+        return DQ_INVALID_ARGUMENT;
+    att_params p = {};
+    p.tab = dc->tab;
+    p.seqs = seqs;
+    p.q = q;
+    p.part = (float *)workspace;
+    p.QH = q_heads;
+    p.G = q_heads / dc->kv_heads;
+    p.chunk = pl.chunk;
+    p.nsplit = pl.nsplit;
+    p.tpw = pl.tpw;
+    p.scale = scale;
+    switch (p.G) {
+    case 1: rc = launch_att<1, true>(p, pl, nseq, stream); break;
+    case 2: rc = launch_att<2, true>(p, pl, nseq, stream); break;
+    case 4: rc = launch_att<4, true>(p, pl, nseq, stream); break;
+    case 8: rc = launch_att<8, true>(p, pl, nseq, stream); break;
+    default: rc = p.G < 8 ? launch_att<8, false>(p, pl, nseq, stream) : DQ_UNSUPPORTED; break;
+    }
+    if (rc)
+        return rc;
+    dim3 mgrid(nseq, q_heads, (dc->d + 31) / 32);
+    attend_merge_kernel<<<mgrid, MERGE_THREADS, sizeof(float) * (pl.nsplit + 1), stream>>>(
+        (const float *)workspace, pl.nsplit + 1, q_heads, dc->d, out, lse);
+    DQCU_CHECK_LAUNCH();
+    return DQ_OK;
+}

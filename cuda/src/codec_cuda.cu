@@ -1,0 +1,191 @@
+/* The device codec: tables derived once from a host dq_codec and uploaded. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.cuh"
+
+static thread_local int g_last_cuda_error;
+
+void dqcu__set_cuda_error(cudaError_t e)
+{
+    g_last_cuda_error = (int)e;
+}
+
+extern "C" int dqcu_last_cuda_error(void)
+{
+    return g_last_cuda_error;
+}
+
+extern "C" int dqcu_device_count(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    int usable = 0;
+    for (int i = 0; i < count; i++) {
+        int major = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, i) == cudaSuccess && major >= 9)
+            usable++;
+    }
+    (void)cudaGetLastError();
+    return usable;
+}
+
+int dqcu__use_device(const dqcu_codec *dc)
+{
+    int cur = -1;
+    DQCU_CHECK(cudaGetDevice(&cur));
+    return cur == dc->device ? DQ_OK : DQ_INVALID_ARGUMENT;
+}
+
+/* x / f == (x · magic) >> shift for all x < 2^31 and 1 <= f <= 255: with l = ceil(log2 f),
+ * magic = ceil(2^(31+l) / f) < 2^32 and magic·f - 2^(31+l) < f <= 2^l (Granlund–Montgomery). */
+static void div_magic(uint32_t f, uint32_t *magic, uint32_t *shift)
+{
+    uint32_t l = 0;
+    while ((1u << l) < f)
+        l++;
+    uint64_t num = 1ull << (31 + l);
+    *magic = (uint32_t)((num + f - 1) / f);
+    *shift = 31 + l;
+}
+
+static void kind_tab(const dq_codec *c, int k, dqcu_kind_tab *t)
+{
+    const dq__kind_tables *kt = &c->kt[k];
+    memset(t, 0, sizeof *t);
+    t->M = kt->levels;
+    t->C = kt->container;
+    t->cheapest = kt->cheapest;
+    t->P = dqcu_pow2_ceil(kt->levels);
+    t->npairs = kt->levels * (kt->levels - 1) / 2;
+    t->budget_q16 = (int64_t)kt->budget_q16;
+    for (uint32_t m = 0; m < 32; m++) {
+        t->cost_q16[m] = kt->cost_q16[m];
+        t->cost[m] = kt->cost[m];
+    }
+    for (uint32_t m = 0; m < kt->levels; m++) {
+        uint32_t f = kt->enc.freq[m], magic, shift;
+        div_magic(f, &magic, &shift);
+        t->enc[m] = make_uint4(DQCU_RANS_L * f, magic, 256u - f, (uint32_t)kt->enc.cum[m] | (shift << 16));
+    }
+    for (uint32_t z = 0; z < 256; z++) {
+        uint32_t e = kt->dec.entry[z];
+        uint32_t sym = e & 0xffu, bias = (e >> 8) & 0xffu, f = (e >> 16) & 0x1ffu;
+        t->dec[z] = bias | (f << 8) | ((2u * sym) << 16);
+    }
+    for (uint32_t b = 1; b < kt->levels; b++)
+        for (uint32_t a = 0; a < b; a++) {
+            uint32_t p = b * (b - 1) / 2 + a;
+            t->pair_a[p] = (uint8_t)a;
+            t->pair_b[p] = (uint8_t)b;
+        }
+}
+
+extern "C" int dqcu_codec_create(const dq_codec *codec, dqcu_codec **out)
+{
+    if (!codec || !out)
+        return DQ_INVALID_ARGUMENT;
+    *out = NULL;
+    const dq_profile *p = dq_codec_profile(codec);
+    for (int k = 0; k < 2; k++)
+        if (codec->kt[k].enc.freq[0] == 0 || p->levels[k] < 2)
+            return DQ_INVALID_ARGUMENT;
+
+    dqcu_codec *dc = (dqcu_codec *)calloc(1, sizeof *dc);
+    if (!dc)
+        return DQ_NOMEM;
+    dc->profile = *p;
+    dc->n = codec->n;
+    dc->d = codec->head_dim;
+    dc->kv_heads = p->kv_heads;
+    dc->W = p->window;
+    dc->R = p->residual;
+    for (int k = 0; k < 2; k++)
+        dc->record_bytes[k] = dq_codec_record_bytes(codec, (dq_kind)k);
+    dc->mean_bytes = dq_codec_mean_bytes(codec);
+    dc->window_bytes = dq_codec_window_bytes(codec);
+
+    int rc = DQ_OK;
+    float *signs_host = NULL;
+    float exp2_host[DQCU_EXP2_N];
+    cudaError_t e;
+#define DQCU_TRY(call)                                                                   \
+    do {                                                                                 \
+        e = (call);                                                                      \
+        if (e != cudaSuccess) {                                                          \
+            dqcu__set_cuda_error(e);                                                     \
+            rc = e == cudaErrorMemoryAllocation ? DQ_NOMEM : DQ_INTERNAL;                \
+            goto fail;                                                                   \
+        }                                                                                \
+    } while (0)
+
+    DQCU_TRY(cudaGetDevice(&dc->device));
+    DQCU_TRY(cudaDeviceGetAttribute(&dc->sm_count, cudaDevAttrMultiProcessorCount, dc->device));
+    {
+        int optin = 0;
+        DQCU_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dc->device));
+        dc->smem_optin = (size_t)optin;
+    }
+
+    /* The drift's λ table, computed exactly as lib/src/drift.c does (same libm, same expression). */
+    for (int i = 0; i < DQCU_EXP2_N; i++)
+        exp2_host[i] = (float)exp2(i / 512.0);
+    rc = dqcu__upload_exp2(exp2_host);
+    if (rc)
+        goto fail;
+
+    signs_host = (float *)malloc(sizeof(float) * dc->n);
+    if (!signs_host) {
+        rc = DQ_NOMEM;
+        goto fail;
+    }
+    for (uint32_t i = 0; i < dc->n; i++)
+        signs_host[i] = codec->signs ? codec->signs[i] : 1.0f;
+    DQCU_TRY(cudaMalloc((void **)&dc->signs, sizeof(float) * dc->n));
+    DQCU_TRY(cudaMemcpy(dc->signs, signs_host, sizeof(float) * dc->n, cudaMemcpyHostToDevice));
+
+    kind_tab(codec, 0, &dc->host.kind[0]);
+    kind_tab(codec, 1, &dc->host.kind[1]);
+    dc->host.n = dc->n;
+    dc->host.d = dc->d;
+    dc->host.log2_d = codec->log2_head_dim;
+    dc->host.kv_heads = dc->kv_heads;
+    dc->host.W = dc->W;
+    dc->host.R = dc->R;
+    dc->host.rot_scale = codec->rot_scale;
+    dc->host.signs = dc->signs;
+    DQCU_TRY(cudaMalloc((void **)&dc->tab, sizeof(dqcu_tables)));
+    DQCU_TRY(cudaMemcpy(dc->tab, &dc->host, sizeof(dqcu_tables), cudaMemcpyHostToDevice));
+#undef DQCU_TRY
+    free(signs_host);
+    *out = dc;
+    return DQ_OK;
+
+fail:
+    free(signs_host);
+    if (dc->signs)
+        cudaFree(dc->signs);
+    if (dc->tab)
+        cudaFree(dc->tab);
+    free(dc);
+    return rc;
+}
+
+extern "C" void dqcu_codec_free(dqcu_codec *dc)
+{
+    if (!dc)
+        return;
+    cudaDeviceSynchronize();
+    cudaFree(dc->signs);
+    cudaFree(dc->tab);
+    free(dc);
+}
+
+extern "C" const dq_profile *dqcu_codec_profile(const dqcu_codec *dc)
+{
+    return dc ? &dc->profile : NULL;
+}

@@ -1,0 +1,989 @@
+/* GPU encoder, bit-exact with lib/src/stream.c + drift.c + tokens.c (DESIGN §2.4, §5; seed §4.5).
+ *
+ * One warp per stream, the stream's values in registers (lane l holds values l, l + 32, ...):
+ * min/max, drift (bisection of log2 λ with the cost of each λ counted by the warp, distortion
+ * recomputed on the fly, no n×M matrix), least-squares refit with lib's canonical reduction order,
+ * fp16 rounding, drift again on the fp16 grid. A warp takes a group of G streams in turn, leaving
+ * each one's levels in shared memory; then G lanes run the (sequential) rANS encoder of the G
+ * streams side by side, in place in the level rows. Overflows are redone by the same warp with the
+ * tightened budget of stream.c, then the warp writes the records.
+ *
+ * Where lib searches a sorted copy of the stream (thresholds, nearest values), the warp counts over
+ * all values; both give the same integers and floats because fl(x - o) and fl((x - lv)²) are
+ * monotone in x (see the comments at each place). */
+#include <math.h>
+
+#include "cuda_internal.cuh"
+
+#define ENC_WARPS 4
+#define ENC_MAX_RETRIES 8   /* stream.c DQ_MAX_RETRIES */
+
+/* Stream modes in a warp's group. */
+#define MODE_FRESH 0    /* FitMinMax → Drift → Refit → fp16 → Drift */
+#define MODE_RETRY 1    /* Drift again on the fp16 grid with the tightened budget */
+#define MODE_CHEAP 2    /* the all-cheapest assignment */
+#define STATUS_SKIP 1   /* nothing to write (its window failed its checks) */
+
+/* The drift's exp2 table (see dqcu__upload_exp2). */
+static __constant__ float dqcu_exp2[DQCU_EXP2_N];
+
+int dqcu__upload_exp2(const float *tab)
+{
+    DQCU_CHECK(cudaMemcpyToSymbol(dqcu_exp2, tab, sizeof(float) * DQCU_EXP2_N));
+    return DQ_OK;
+}
+
+/* Per-kind tables the encoder reads, copied to shared memory by each block. */
+struct enc_tab {
+    uint32_t M, C, cheapest, P, npairs;
+    int64_t budget_q16;
+    int32_t cost_q16[32];
+    float cost[32];
+    uint4 enc[32];
+    uint8_t pair_a[DQCU_MAX_PAIRS];
+    uint8_t pair_b[DQCU_MAX_PAIRS];
+};
+
+/* State of one stream of a warp's group (shared memory). */
+struct enc_slot {
+    int64_t budget;
+    float sf, of;
+    uint32_t sh, oh;
+    uint32_t state, p, used;
+    int32_t status;             /* 0, a dq_error, or STATUS_SKIP */
+    int32_t mode;               /* MODE_* */
+    int32_t feasible, fallback, retries;
+    uint32_t moved, max_move;
+};
+
+/* Per-warp scratch, followed by G enc_slots and G level rows. */
+struct enc_warp {
+    float sp[DQCU_MAX_PAIRS];   /* swap points of the current λ, index b(b-1)/2 + a */
+    float T[32];                /* thresholds 1..k at T[0..k-1], then +inf up to P-1 */
+    int32_t CC[32];             /* cost_q16 of envelope level i */
+    uint32_t LV[32];            /* envelope level i */
+    uint32_t K;                 /* thresholds in the envelope */
+};
+
+static_assert(sizeof(enc_slot) % 8 == 0, "enc_slot arrays keep their int64 aligned");
+
+/* Offsets inside a warp's scratch: enc_warp, then the slots (16-byte aligned), then the rows. */
+#define ENC_SLOTS_OFF ((sizeof(enc_warp) + 15) & ~(size_t)15)
+
+struct enc_params {
+    const dqcu_tables *tab;
+    int kind;                   /* -1: blockIdx.y */
+    size_t count;               /* streams per kind */
+    uint32_t G;                 /* streams per warp group */
+    uint32_t row_stride;        /* bytes per level row (multiple of 4, odd number of words) */
+    dq_encode_stats *stats;
+    /* streams source */
+    const float *y;
+    uint8_t *records;
+    size_t record_stride;
+    int32_t *status;
+    /* windows source */
+    const void *k, *v;
+    int dtype;
+    uint8_t *const *windows;
+    const int32_t *win_status;
+};
+
+__host__ __device__ static inline size_t enc_warp_bytes(uint32_t G, uint32_t row_stride)
+{
+    size_t b = ENC_SLOTS_OFF + (size_t)G * sizeof(enc_slot);
+    b = (b + 15) & ~(size_t)15;
+    return (b + (size_t)G * row_stride + 15) & ~(size_t)15;
+}
+
+/* ---- value sources ---- */
+
+/* Loads stream s into x (lane layout); returns 0, DQ_NONFINITE, or STATUS_SKIP. */
+template <int VPL>
+__device__ int load_stream(const enc_params &p, const dqcu_tables &tb, int kind, size_t s, uint32_t lane,
+                           float (&x)[VPL])
+{
+    const uint32_t n = tb.n;
+    bool bad = false;
+    if (p.y) {
+        const float *src = p.y + s * n;
+#pragma unroll
+        for (int r = 0; r < VPL; r++) {
+            uint32_t i = (uint32_t)r * 32u + lane;
+            x[r] = i < n ? src[i] : 0.0f;
+            bad |= i < n && !isfinite(x[r]);
+        }
+        return __any_sync(DQCU_FULL, bad) ? DQ_NONFINITE : 0;
+    }
+    const size_t w = s / tb.W, t = s % tb.W;
+    if (p.win_status[w] != 0)
+        return STATUS_SKIP;
+    const void *src = kind == DQ_KIND_K ? p.k : p.v;
+    const size_t base = (w * tb.W + t) * n;
+#pragma unroll
+    for (int r = 0; r < VPL; r++) {
+        uint32_t i = (uint32_t)r * 32u + lane;
+        x[r] = i < n ? dqcu_load_elem(src, p.dtype, base + i) * tb.signs[i] : 0.0f;
+    }
+    dqcu_fwht(x, tb.d, lane);
+#pragma unroll
+    for (int r = 0; r < VPL; r++)
+        x[r] = x[r] * tb.rot_scale;
+    if (kind == DQ_KIND_K) {
+        const uint8_t *mean = p.windows[w];
+        const float sfm = dqcu_f16_to_f32((uint16_t)(mean[0] | mean[1] << 8));
+#pragma unroll
+        for (int r = 0; r < VPL; r++) {
+            uint32_t i = (uint32_t)r * 32u + lane;
+            if (i < n) {
+                float mu = (float)(int8_t)mean[2 + i] * sfm;
+                x[r] = x[r] - mu;
+            }
+        }
+    }
+    return 0;
+}
+
+__device__ __forceinline__ uint8_t *record_of(const enc_params &p, const dqcu_tables &tb, int kind, size_t s)
+{
+    if (p.y)
+        return p.records + s * p.record_stride;
+    const size_t w = s / tb.W, t = s % tb.W;
+    size_t off = 2u + tb.n;
+    const size_t rk = 4u + tb.kind[0].C, rv = 4u + tb.kind[1].C;
+    if (kind == DQ_KIND_V)
+        off += (size_t)tb.W * rk + t * rv;
+    else
+        off += t * rk;
+    return p.windows[w] + off;
+}
+
+/* ---- drift ---- */
+
+/* λ_j = ldexpf(2^((5j mod 512)/512), hi - 40 + 5j/512), correctly rounded like ldexpf: the product
+ * with the power of two is exact in double, the conversion to float rounds once. */
+__device__ __forceinline__ float drift_lambda(int hi, uint32_t j)
+{
+    uint32_t k = 5u * j;
+    int e = hi - 40 + (int)(k >> 9);
+    double p2 = __longlong_as_double((long long)(e + 1023) << 52);
+    return __double2float_rn((double)dqcu_exp2[k & 511u] * p2);
+}
+
+/* hi = e or e - 1 of frexpf(span) as drift.c: ceil(log2(span)) for span > 0 finite. */
+__device__ __forceinline__ int drift_hi(float span)
+{
+    if (!(span > 0) || !isfinite(span))
+        return 0;
+    uint32_t b = dqcu_fbits(span);
+    uint32_t ef = (b >> 23) & 0xffu, mant = b & 0x7fffffu;
+    if (ef == 0) {
+        int fl = (31 - __clz((int)mant)) - 149;
+        return (mant & (mant - 1)) ? fl + 1 : fl;
+    }
+    int E = (int)ef - 127;
+    return mant ? E + 1 : E;
+}
+
+/* drift.c swap_point, the same operations in the same order. */
+__device__ __forceinline__ float swap_point(const enc_tab &kt, float s, float lam, uint32_t a, uint32_t b)
+{
+    float mid = s * (float)(a + b) * 0.5f;
+    float pen = (lam * (kt.cost[b] - kt.cost[a])) / ((2.0f * s) * (float)(b - a));
+    return mid + pen;
+}
+
+/* Envelope of λ (drift.c build_envelope): swap points of all pairs computed by the lanes, then the
+ * pop rule run uniformly by the warp with the stack held one entry per lane, then the thresholds
+ * made non-decreasing (a running maximum) and published to the warp's T / CC / LV / K. */
+__device__ void build_envelope(const enc_tab &kt, enc_warp &ws, float s, float lam, uint32_t lane)
+{
+    const uint32_t M = kt.M;
+    __syncwarp();
+    /* Fast path: when the swap points of consecutive levels increase strictly, lib's pop rule never
+     * pops: every level is on the envelope and thr[m] = τ(m-1, m), already increasing. */
+    {
+        const bool mine = lane >= 1 && lane < M;
+        const float t = mine ? swap_point(kt, s, lam, lane - 1, lane) : 0.0f;
+        const float prev = __shfl_up_sync(DQCU_FULL, t, 1);
+        const bool ok = !(lane >= 2 && lane < M) || prev < t;
+        const float next = __shfl_down_sync(DQCU_FULL, t, 1);
+        if (__all_sync(DQCU_FULL, ok)) {
+            if (lane + 1 < kt.P)
+                ws.T[lane] = lane + 1 < M ? next : INFINITY;
+            if (lane < M) {
+                ws.CC[lane] = kt.cost_q16[lane];
+                ws.LV[lane] = lane;
+            }
+            if (lane == 0)
+                ws.K = M - 1;
+            __syncwarp();
+            return;
+        }
+    }
+    for (uint32_t q = lane; q < kt.npairs; q += 32)
+        ws.sp[q] = swap_point(kt, s, lam, kt.pair_a[q], kt.pair_b[q]);
+    __syncwarp();
+    uint32_t k = 0;
+    uint32_t my_lv = 0;
+    float my_thr = 0.0f;
+    for (uint32_t m = 1; m < M; m++) {
+        uint32_t a = __shfl_sync(DQCU_FULL, my_lv, (int)k);
+        float t = ws.sp[m * (m - 1) / 2 + a];
+        while (k >= 1 && t <= __shfl_sync(DQCU_FULL, my_thr, (int)k)) {
+            k--;
+            a = __shfl_sync(DQCU_FULL, my_lv, (int)k);
+            t = ws.sp[m * (m - 1) / 2 + a];
+        }
+        k++;
+        if (lane == k) {
+            my_lv = m;
+            my_thr = t;
+        }
+    }
+    /* for i = 2..k: if (thr[i] < thr[i-1]) thr[i] = thr[i-1]  ==  running maximum */
+    float v = (lane >= 1 && lane <= k) ? my_thr : -INFINITY;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        float o = __shfl_up_sync(DQCU_FULL, v, off);
+        if ((int)lane >= off && v < o)
+            v = o;
+    }
+    float tv = __shfl_down_sync(DQCU_FULL, v, 1);
+    if (lane + 1 < kt.P)
+        ws.T[lane] = lane < k ? tv : INFINITY;
+    if (lane <= k) {
+        ws.CC[lane] = kt.cost_q16[my_lv];
+        ws.LV[lane] = my_lv;
+    }
+    if (lane == 0)
+        ws.K = k;
+    __syncwarp();
+}
+
+/* The envelope of at most 7 thresholds in registers (alphabets M <= 8): index of y = number of
+ * thresholds below it, cost by the telescoping sum CC[0] + Σ_{T_i < y} (CC[i+1] - CC[i]). */
+struct env7 {
+    float t[7];
+    int32_t dc[7];
+    int32_t c0;
+};
+
+__device__ __forceinline__ void env7_load(const enc_warp &ws, uint32_t P, env7 &e)
+{
+    const uint32_t K = ws.K;
+#pragma unroll
+    for (int i = 0; i < 7; i++) {
+        e.t[i] = (uint32_t)i + 1 < P ? ws.T[i] : INFINITY;
+        e.dc[i] = (uint32_t)i < K ? ws.CC[i + 1] - ws.CC[i] : 0;
+    }
+    e.c0 = ws.CC[0];
+}
+
+/* Envelope index of y: the number of thresholds below y (drift.c counts y > thr; the thresholds
+ * are sorted and never NaN for s > 0, so a branch-free binary search gives the same count). */
+__device__ __forceinline__ uint32_t env_index(const enc_warp &ws, uint32_t P, float y)
+{
+    uint32_t pos = 0;
+#pragma unroll
+    for (int b = 4; b >= 0; b--) {
+        uint32_t step = 1u << b;
+        if (step < P) {
+            if (ws.T[pos + step - 1] < y)
+                pos += step;
+        }
+    }
+    return pos;
+}
+
+/* dq__drift for grid (s, o) on the warp's values; writes levels to row, returns Σ cost_q16.
+ *
+ * min D: lib takes, per level, the nearest sorted values on each side; fl((x - lv)²) is monotone
+ * in x on each side of lv, so that equals the minimum over all (value, level) computed here.
+ * The cost of an envelope: lib sums counts of fl(x - o) <= thr found by binary search on the
+ * sorted stream (fl(x - o) is monotone in x); the per-value sum of cost_q16[level] telescopes to
+ * the same integer. */
+template <int VPL>
+__device__ int64_t drift_warp(const enc_tab &kt, enc_warp &ws, const float (&x)[VPL], uint32_t n, float xmin,
+                              float xmax, float s, float o, int64_t budget, uint8_t *row, uint32_t lane)
+{
+    const uint32_t M = kt.M;
+    float lv0 = o, lvM = o + s * (float)(M - 1);
+    float d, maxd = 0;
+    d = xmin - lv0; maxd = fmaxf(maxd, d * d);
+    d = xmax - lv0; maxd = fmaxf(maxd, d * d);
+    d = xmin - lvM; maxd = fmaxf(maxd, d * d);
+    d = xmax - lvM; maxd = fmaxf(maxd, d * d);
+
+    float mn = INFINITY;
+    for (uint32_t m = 0; m < M; m++) {
+        float lv = o + s * (float)m;
+#pragma unroll
+        for (int r = 0; r < VPL; r++) {
+            if ((uint32_t)r * 32u + lane < n) {
+                float dd = x[r] - lv;
+                mn = fminf(mn, dd * dd);
+            }
+        }
+    }
+    /* squares are >= +0 (or +inf): their bit patterns order like the values */
+    float mind = dqcu_bitsf(__reduce_min_sync(DQCU_FULL, dqcu_fbits(mn)));
+    const int hi = drift_hi(8.0f * (maxd - mind));
+
+    const bool small = kt.P <= 8;
+    uint32_t jlo = 0, jhi = 4096;
+    for (int t = 0; t < 12; t++) {
+        uint32_t jm = (jlo + jhi) >> 1;
+        build_envelope(kt, ws, s, drift_lambda(hi, jm), lane);
+        uint32_t c = 0;
+        if (small) {
+            env7 e;
+            env7_load(ws, kt.P, e);
+            int32_t ci = 0;
+#pragma unroll
+            for (int r = 0; r < VPL; r++) {
+                if ((uint32_t)r * 32u + lane < n) {
+                    const float y = x[r] - o;
+                    ci += e.c0;
+#pragma unroll
+                    for (int i = 0; i < 7; i++)
+                        ci += e.t[i] < y ? e.dc[i] : 0;
+                }
+            }
+            c = (uint32_t)ci;
+        } else {
+#pragma unroll
+            for (int r = 0; r < VPL; r++) {
+                if ((uint32_t)r * 32u + lane < n) {
+                    float y = x[r] - o;
+                    c += (uint32_t)ws.CC[env_index(ws, kt.P, y)];
+                }
+            }
+        }
+        int64_t cost = (int64_t)__reduce_add_sync(DQCU_FULL, c);
+        if (cost <= budget)
+            jhi = jm;
+        else
+            jlo = jm;
+    }
+    build_envelope(kt, ws, s, drift_lambda(hi, jhi), lane);
+    uint32_t c = 0;
+    env7 e;
+    if (small)
+        env7_load(ws, kt.P, e);
+#pragma unroll
+    for (int r = 0; r < VPL; r++) {
+        uint32_t i = (uint32_t)r * 32u + lane;
+        if (i < n) {
+            float y = x[r] - o;
+            uint32_t pos = 0;
+            if (small) {
+#pragma unroll
+                for (int k = 0; k < 7; k++)
+                    pos += e.t[k] < y ? 1u : 0u;
+            } else {
+                pos = env_index(ws, kt.P, y);
+            }
+            row[i] = (uint8_t)ws.LV[pos];
+            c += (uint32_t)ws.CC[pos];
+        }
+    }
+    __syncwarp();
+    return (int64_t)__reduce_add_sync(DQCU_FULL, c);
+}
+
+/* dq__refit: lane l sums the values i ≡ l (mod 32) in increasing i, then the butterfly
+ * p[l] = p[l] + p[l + off] for off = 16..1 (lane 0 ends with lib's sum). */
+template <int VPL>
+__device__ void refit_warp(const float (&x)[VPL], const uint8_t *row, uint32_t n, double *s, double *o,
+                           uint32_t lane)
+{
+    double px = 0, pxm = 0;
+    uint32_t sm = 0, smm = 0;
+#pragma unroll
+    for (int r = 0; r < VPL; r++) {
+        uint32_t i = (uint32_t)r * 32u + lane;
+        if (i < n) {
+            uint32_t l = row[i];
+            px += (double)x[r];
+            pxm += (double)x[r] * (double)l;
+            sm += l;
+            smm += l * l;
+        }
+    }
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1) {
+        double a = __shfl_down_sync(DQCU_FULL, px, off);
+        double b = __shfl_down_sync(DQCU_FULL, pxm, off);
+        px = px + a;
+        pxm = pxm + b;
+    }
+    const double sx = __shfl_sync(DQCU_FULL, px, 0), sxm = __shfl_sync(DQCU_FULL, pxm, 0);
+    const int64_t ism = (int64_t)__reduce_add_sync(DQCU_FULL, sm);
+    const int64_t ismm = (int64_t)__reduce_add_sync(DQCU_FULL, smm);
+    const double dn = (double)n;
+    const double det = dn * (double)ismm - (double)ism * (double)ism;
+    double ns, no;
+    if (det > 0) {
+        ns = (dn * sxm - (double)ism * sx) / det;
+        no = (sx - ns * (double)ism) / dn;
+    } else {
+        ns = *s;
+        no = (sx - ns * (double)ism) / dn;
+    }
+    if (!(ns >= 0) || !isfinite(ns) || !isfinite(no) || (det > 0 && !(ns > 0)))
+        return;
+    *s = ns;
+    *o = no;
+}
+
+/* Number of values whose level differs from nearest rounding, and the largest move (stats). */
+template <int VPL>
+__device__ void moved_warp(const float (&x)[VPL], const uint8_t *row, uint32_t n, uint32_t M, float sf, float of,
+                           uint32_t lane, uint32_t *moved, uint32_t *max_move)
+{
+    uint32_t cnt = 0, mx = 0;
+#pragma unroll
+    for (int r = 0; r < VPL; r++) {
+        uint32_t i = (uint32_t)r * 32u + lane;
+        if (i < n) {
+            uint32_t nl = 0;
+            if (sf > 0) {
+                float u = rintf((x[r] - of) / sf);
+                if (u < 0)
+                    u = 0;
+                if (u > (float)(M - 1))
+                    u = (float)(M - 1);
+                nl = (uint32_t)u;
+            }
+            uint32_t l = row[i];
+            uint32_t mv = nl > l ? nl - l : l - nl;
+            cnt += mv != 0;
+            mx = mv > mx ? mv : mx;
+        }
+    }
+    *moved = __reduce_add_sync(DQCU_FULL, cnt);
+    *max_move = __reduce_max_sync(DQCU_FULL, mx);
+}
+
+/* One rANS encoder step (rans.c) with the symbol's table entry, emitting down from row[p]. */
+__device__ __forceinline__ void rans_put(uint32_t &x, uint32_t &p, uint8_t *row, const uint4 e)
+{
+    if (x >= e.x) {
+        row[--p] = (uint8_t)x;
+        x >>= 8;
+    }
+    const uint32_t q = (uint32_t)(((unsigned long long)x * e.y) >> (e.w >> 16));
+    x = x + q * e.z + (e.w & 0xffffu);
+}
+
+/* rANS encode of row[0..n) from the last symbol to the first (rans.c), emitting bytes downward
+ * from row[n] in place: before symbol i is encoded at most n-1-i bytes were emitted, so the write
+ * position stays above the symbols not read yet (symbols are read four at a time, ahead of their
+ * steps, so the table loads stay off the state's dependency chain). Returns the final state and
+ * the start of the emitted bytes in *p_out. row is 4-byte aligned. */
+__device__ uint32_t rans_row(const enc_tab &kt, uint8_t *row, uint32_t n, uint32_t *p_out)
+{
+    uint32_t x = DQCU_RANS_L, p = n, i = n;
+    while (i & 3u) {
+        i--;
+        rans_put(x, p, row, kt.enc[row[i]]);
+    }
+    for (; i; i -= 4) {
+        const uint32_t w = *(const uint32_t *)(const void *)(row + i - 4);
+        const uint4 e3 = kt.enc[w >> 24], e2 = kt.enc[(w >> 16) & 0xffu];
+        const uint4 e1 = kt.enc[(w >> 8) & 0xffu], e0 = kt.enc[w & 0xffu];
+        rans_put(x, p, row, e3);
+        rans_put(x, p, row, e2);
+        rans_put(x, p, row, e1);
+        rans_put(x, p, row, e0);
+    }
+    *p_out = p;
+    return x;
+}
+
+template <int VPL>
+__device__ __forceinline__ void minmax_warp(const float (&x)[VPL], uint32_t n, uint32_t lane, float *xmin, float *xmax)
+{
+    uint32_t kmin = 0xffffffffu, kmax = 0;
+#pragma unroll
+    for (int r = 0; r < VPL; r++) {
+        if ((uint32_t)r * 32u + lane < n) {
+            uint32_t key = dqcu_float_key(x[r]);
+            kmin = min(kmin, key);
+            kmax = max(kmax, key);
+        }
+    }
+    *xmin = dqcu_key_float(__reduce_min_sync(DQCU_FULL, kmin));
+    *xmax = dqcu_key_float(__reduce_max_sync(DQCU_FULL, kmax));
+}
+
+/* One warp, a group of G streams, stream.c's encoder for each:
+ *   1. every pending stream: its drift(s) (the only call site), levels left in its row;
+ *   2. the pending streams' rANS passes side by side, one lane each (the only call site);
+ *   3. the length check: streams that overflow become pending again, with the budget tightened as
+ *      stream.c does, or with the all-cheapest assignment; repeat until none is pending;
+ *   4. the records. */
+template <int VPL>
+__global__ void __launch_bounds__(ENC_WARPS * 32, VPL >= 64 ? 2 : VPL >= 32 ? 3 : 4) encode_kernel(enc_params p)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    enc_tab &kt = *(enc_tab *)(void *)smem;
+    const int kind = p.kind >= 0 ? p.kind : (int)blockIdx.y;
+    const dqcu_tables &tb = *p.tab;
+    const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+
+    if (threadIdx.x == 0) {
+        const dqcu_kind_tab &src = tb.kind[kind];
+        kt.M = src.M;
+        kt.C = src.C;
+        kt.cheapest = src.cheapest;
+        kt.P = src.P;
+        kt.npairs = src.npairs;
+        kt.budget_q16 = src.budget_q16;
+    }
+    for (uint32_t i = threadIdx.x; i < 32; i += blockDim.x) {
+        kt.cost_q16[i] = tb.kind[kind].cost_q16[i];
+        kt.cost[i] = tb.kind[kind].cost[i];
+        kt.enc[i] = tb.kind[kind].enc[i];
+    }
+    for (uint32_t i = threadIdx.x; i < DQCU_MAX_PAIRS; i += blockDim.x) {
+        kt.pair_a[i] = tb.kind[kind].pair_a[i];
+        kt.pair_b[i] = tb.kind[kind].pair_b[i];
+    }
+    __syncthreads();
+
+    const uint32_t G = p.G, n = tb.n;
+    const size_t tab_bytes = (sizeof(enc_tab) + 15) & ~(size_t)15;
+    unsigned char *wbase = smem + tab_bytes + (size_t)warp * enc_warp_bytes(G, p.row_stride);
+    enc_warp &ws = *(enc_warp *)(void *)wbase;
+    enc_slot *slots = (enc_slot *)(void *)(wbase + ENC_SLOTS_OFF);
+    uint8_t *rows = wbase + ((ENC_SLOTS_OFF + (size_t)G * sizeof(enc_slot) + 15) & ~(size_t)15);
+
+    const size_t gwarp = (size_t)blockIdx.x * ENC_WARPS + warp;
+    const size_t g0 = gwarp * G;
+    if (g0 >= p.count)
+        return;
+    const uint32_t gcount = (uint32_t)min((size_t)G, p.count - g0);
+    const bool want_stats = p.stats != nullptr;
+    const uint32_t C = kt.C, M = kt.M;
+
+    if (lane < gcount) {
+        enc_slot &sl = slots[lane];
+        sl.mode = MODE_FRESH;
+        sl.retries = 0;
+        sl.fallback = 0;
+        sl.feasible = 0;
+        sl.status = 0;
+        sl.sf = sl.of = 0.0f;
+        sl.sh = sl.oh = 0;
+        sl.budget = 0;
+        sl.used = 0;
+    }
+    __syncwarp();
+
+    float x[VPL];
+    uint32_t pending = gcount == 32 ? DQCU_FULL : (1u << gcount) - 1u;
+    while (pending) {
+        for (uint32_t pm = pending; pm; pm &= pm - 1u) {
+            const uint32_t gi = (uint32_t)__ffs((int)pm) - 1u;
+            enc_slot &sl = slots[gi];
+            uint8_t *row = rows + (size_t)gi * p.row_stride;
+            const int mode = sl.mode;
+            float gs = sl.sf, go = sl.of, xmin = 0, xmax = 0;
+            int64_t budget = sl.budget;
+            uint32_t sh = sl.sh, oh = sl.oh;
+            int pass = mode == MODE_FRESH ? 0 : mode == MODE_RETRY ? 1 : 2;
+            if (mode != MODE_CHEAP || want_stats) {
+                const int st = load_stream<VPL>(p, tb, kind, g0 + gi, lane, x);
+                if (st != 0) {
+                    if (lane == 0)
+                        sl.status = st;
+                    __syncwarp();
+                    continue;
+                }
+            }
+            if (mode != MODE_CHEAP)
+                minmax_warp(x, n, lane, &xmin, &xmax);
+            if (mode == MODE_FRESH) {
+                if (!(fabsf(xmin) <= DQ_STREAM_MAX_ABS) || !(fabsf(xmax) <= DQ_STREAM_MAX_ABS)) {
+                    if (lane == 0)
+                        sl.status = DQ_RANGE;
+                    __syncwarp();
+                    continue;
+                }
+                gs = (xmax - xmin) / (float)(M - 1); /* FitMinMax */
+                go = xmin;
+                budget = kt.budget_q16;
+            }
+            int feasible = 0;
+            for (; pass < 2; pass++) {
+                int64_t cost = 0;
+                if (gs > 0)
+                    cost = drift_warp(kt, ws, x, n, xmin, xmax, gs, go, budget, row, lane);
+                if (pass == 1) {
+                    feasible = gs > 0 && cost <= budget;
+                    break;
+                }
+                /* Refit, then s and o in fp16 (stream.c) */
+                if (gs > 0) {
+                    double ds = gs, dof = go;
+                    refit_warp(x, row, n, &ds, &dof, lane);
+                    sh = dqcu_f64_to_f16(ds);
+                    oh = dqcu_f64_to_f16(dof);
+                    if ((sh & 0x7c00u) == 0x7c00u || (oh & 0x7c00u) == 0x7c00u) {
+                        sh = dqcu_f64_to_f16((double)gs);
+                        oh = dqcu_f64_to_f16((double)go);
+                    }
+                } else {
+                    sh = 0;
+                    oh = dqcu_f64_to_f16((double)xmin);
+                }
+                if ((sh & 0x7c00u) == 0x7c00u || (oh & 0x7c00u) == 0x7c00u)
+                    break;
+                sh &= 0x7fffu;
+                gs = dqcu_f16_to_f32((uint16_t)sh);
+                go = dqcu_f16_to_f32((uint16_t)oh);
+            }
+            if (pass == 0) { /* s or o outside fp16 */
+                if (lane == 0)
+                    sl.status = DQ_RANGE;
+                __syncwarp();
+                continue;
+            }
+            int fallback = sl.fallback;
+            if (!feasible) {
+                for (uint32_t i = lane; i < n; i += 32)
+                    row[i] = (uint8_t)kt.cheapest;
+                /* s = 0: the cheapest level is the exact answer, not a fallback */
+                fallback = mode == MODE_CHEAP ? 1 : gs > 0;
+            }
+            __syncwarp();
+            uint32_t mv = 0, mx = 0;
+            if (want_stats)
+                moved_warp(x, row, n, M, gs, go, lane, &mv, &mx);
+            if (lane == 0) {
+                sl.sf = gs;
+                sl.of = go;
+                sl.sh = sh;
+                sl.oh = oh;
+                sl.budget = budget;
+                sl.feasible = feasible;
+                sl.fallback = fallback;
+                sl.moved = mv;
+                sl.max_move = mx;
+            }
+            __syncwarp();
+        }
+        /* the pending streams' rANS passes side by side */
+        if (((pending >> lane) & 1u) && slots[lane].status == 0) {
+            uint32_t pp;
+            const uint32_t stt = rans_row(kt, rows + (size_t)lane * p.row_stride, n, &pp);
+            slots[lane].state = stt;
+            slots[lane].p = pp;
+            slots[lane].used = 4u + (n - pp);
+        }
+        __syncwarp();
+        /* the length check of stream.c */
+        uint32_t next = 0;
+        if (((pending >> lane) & 1u) && slots[lane].status == 0 && slots[lane].used > C) {
+            enc_slot &sl = slots[lane];
+            if (sl.mode == MODE_CHEAP) {
+                sl.status = DQ_INTERNAL; /* cannot happen: profiles guarantee the cheapest fits */
+            } else if (!sl.feasible || sl.retries >= ENC_MAX_RETRIES) {
+                sl.mode = MODE_CHEAP;
+            } else {
+                sl.retries++;
+                sl.budget -= (((int64_t)sl.used - (int64_t)C) * 8 + 8 * (int64_t)sl.retries) << 16;
+                sl.mode = MODE_RETRY;
+            }
+            next = sl.status == 0 ? 1u << lane : 0u;
+        }
+        pending = __reduce_or_sync(DQCU_FULL, next);
+        __syncwarp();
+    }
+
+    uint64_t agg_streams = 0, agg_retries = 0, agg_fallbacks = 0, agg_payload = 0, agg_moved = 0;
+    uint32_t agg_max_payload = 0, agg_max_move = 0;
+    for (uint32_t gi = 0; gi < gcount; gi++) {
+        const enc_slot &sl = slots[gi];
+        const size_t s = g0 + gi;
+        const int32_t status = sl.status;
+        if (status == STATUS_SKIP)
+            continue;
+        if (p.status && lane == 0)
+            p.status[s] = status;
+        if (status != 0)
+            continue;
+        const uint8_t *row = rows + (size_t)gi * p.row_stride;
+        /* the record: fp16 s, fp16 o, state (LE), emitted bytes, zeros */
+        uint8_t *rec = record_of(p, tb, kind, s);
+        const uint32_t sh = sl.sh, oh = sl.oh, state = sl.state, pp = sl.p, emitted = n - sl.p;
+        for (uint32_t b = lane; b < 4u + C; b += 32) {
+            uint32_t v;
+            if (b < 2)
+                v = sh >> (8 * b);
+            else if (b < 4)
+                v = oh >> (8 * (b - 2));
+            else if (b < 8)
+                v = state >> (8 * (b - 4));
+            else if (b - 8 < emitted)
+                v = row[pp + (b - 8)];
+            else
+                v = 0;
+            rec[b] = (uint8_t)v;
+        }
+        if (want_stats) {
+            agg_streams++;
+            agg_retries += sl.retries > 0;
+            agg_fallbacks += (uint64_t)sl.fallback;
+            agg_payload += sl.used;
+            agg_max_payload = max(agg_max_payload, sl.used);
+            agg_moved += sl.moved;
+            agg_max_move = max(agg_max_move, sl.max_move);
+        }
+    }
+    if (want_stats && lane == 0 && agg_streams) {
+        dq_encode_stats *st = p.stats;
+        atomicAdd((unsigned long long *)&st->streams, (unsigned long long)agg_streams);
+        atomicAdd((unsigned long long *)&st->retries, (unsigned long long)agg_retries);
+        atomicAdd((unsigned long long *)&st->fallbacks, (unsigned long long)agg_fallbacks);
+        atomicAdd((unsigned long long *)&st->payload_bytes, (unsigned long long)agg_payload);
+        atomicAdd((unsigned long long *)&st->symbols_moved, (unsigned long long)agg_moved);
+        atomicMax(&st->max_payload_bytes, agg_max_payload);
+        atomicMax(&st->max_move, agg_max_move);
+    }
+}
+
+/* ---- the key window mean and the window's input checks (tokens.c) ---- */
+
+struct mean_params {
+    const dqcu_tables *tab;
+    const void *k, *v;
+    int dtype;
+    uint8_t *const *windows;
+    int32_t *status;
+};
+
+#define MEAN_WARPS 8
+
+/* One block per window; warp w rotates KV head w (w + 8, ...) of every token in token order,
+ * summing each channel as dq__mean_compute does (float, from +0, tokens in order). Also checks K
+ * and V for non-finite values and rotated values beyond DQ_TOKEN_MAX_ABS. */
+template <int DV>
+__global__ void __launch_bounds__(MEAN_WARPS * 32) mean_kernel(mean_params p)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    float *mean = (float *)(void *)smem; /* n floats */
+    __shared__ uint32_t s_flags, s_amax;
+    __shared__ float s_sf;
+    const dqcu_tables &tb = *p.tab;
+    const uint32_t n = tb.n, d = tb.d, W = tb.W;
+    const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const size_t w = blockIdx.x;
+    if (threadIdx.x == 0) {
+        s_flags = 0;
+        s_amax = 0;
+    }
+    __syncthreads();
+    uint32_t flags = 0; /* 1: non-finite, 2: out of range */
+    float amax = 0;
+    for (uint32_t h = warp; h < tb.kv_heads; h += MEAN_WARPS) {
+        float sum[DV];
+#pragma unroll
+        for (int r = 0; r < DV; r++)
+            sum[r] = 0.0f;
+        for (int kind = 0; kind < 2; kind++) {
+            const void *src = kind == 0 ? p.k : p.v;
+            for (uint32_t t = 0; t < W; t++) {
+                const size_t base = (w * W + t) * n + (size_t)h * d;
+                float y[DV];
+#pragma unroll
+                for (int r = 0; r < DV; r++) {
+                    uint32_t e = (uint32_t)r * 32u + lane;
+                    float v = e < d ? dqcu_load_elem(src, p.dtype, base + e) : 0.0f;
+                    if (!isfinite(v))
+                        flags |= 1;
+                    y[r] = e < d ? v * tb.signs[h * d + e] : 0.0f;
+                }
+                dqcu_fwht(y, d, lane);
+#pragma unroll
+                for (int r = 0; r < DV; r++) {
+                    uint32_t e = (uint32_t)r * 32u + lane;
+                    y[r] = y[r] * tb.rot_scale;
+                    if (e < d) {
+                        if (!(fabsf(y[r]) <= DQ_TOKEN_MAX_ABS))
+                            flags |= 2;
+                        if (kind == 0)
+                            sum[r] += y[r];
+                    }
+                }
+            }
+            if (kind == 0) {
+#pragma unroll
+                for (int r = 0; r < DV; r++) {
+                    uint32_t e = (uint32_t)r * 32u + lane;
+                    if (e < d) {
+                        float m = sum[r] / (float)W;
+                        mean[h * d + e] = m;
+                        float a = fabsf(m);
+                        if (a > amax)
+                            amax = a;
+                    }
+                }
+            }
+        }
+    }
+    if (flags)
+        atomicOr(&s_flags, flags);
+    atomicMax(&s_amax, dqcu_fbits(amax)); /* non-negative floats order like their bits */
+    __syncthreads();
+    uint8_t *win = p.windows[w];
+    if (threadIdx.x == 0) {
+        uint16_t sh = dqcu_f32_to_f16(dqcu_bitsf(s_amax) / 127.0f);
+        win[0] = (uint8_t)sh;
+        win[1] = (uint8_t)(sh >> 8);
+        s_sf = dqcu_f16_to_f32(sh);
+        uint32_t f = s_flags;
+        p.status[w] = (f & 1) ? DQ_NONFINITE : (f & 2) ? DQ_RANGE : DQ_OK;
+    }
+    __syncthreads();
+    const float sf = s_sf;
+    for (uint32_t j = threadIdx.x; j < n; j += blockDim.x) {
+        float r = sf > 0 ? rintf(mean[j] / sf) : 0.0f;
+        if (r > 127.0f)
+            r = 127.0f;
+        if (r < -127.0f)
+            r = -127.0f;
+        win[2 + j] = (uint8_t)(int8_t)r;
+    }
+}
+
+/* ---- launchers ---- */
+
+static uint32_t enc_vpl(uint32_t n)
+{
+    uint32_t v = 1;
+    while (v * 32u < n)
+        v <<= 1;
+    return v;
+}
+
+template <int VPL>
+static int launch_encode_vpl(const dqcu_codec *dc, const enc_params &p, unsigned gy, cudaStream_t stream)
+{
+    const size_t tab_bytes = (sizeof(enc_tab) + 15) & ~(size_t)15;
+    const size_t smem = tab_bytes + ENC_WARPS * enc_warp_bytes(p.G, p.row_stride);
+    if (smem > dc->smem_optin)
+        return DQ_UNSUPPORTED;
+    DQCU_CHECK(cudaFuncSetAttribute(encode_kernel<VPL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const size_t warps = (p.count + p.G - 1) / p.G;
+    const size_t blocks = (warps + ENC_WARPS - 1) / ENC_WARPS;
+    if (blocks > 0x7fffffffu)
+        return DQ_INVALID_ARGUMENT;
+    dim3 grid((unsigned)blocks, gy);
+    encode_kernel<VPL><<<grid, ENC_WARPS * 32, smem, stream>>>(p);
+    DQCU_CHECK_LAUNCH();
+    return DQ_OK;
+}
+
+static int launch_encode(const dqcu_codec *dc, enc_params &p, unsigned gy, cudaStream_t stream)
+{
+    const uint32_t n = dc->n;
+    p.row_stride = ((n + 3u) & ~3u);
+    if (((p.row_stride / 4u) & 1u) == 0)
+        p.row_stride += 4; /* odd number of words: the lanes' rows fall in distinct banks */
+    uint32_t G = 8704u / p.row_stride;
+    p.G = G < 1 ? 1 : G > 32 ? 32 : G;
+    switch (enc_vpl(n)) {
+    case 1: return launch_encode_vpl<1>(dc, p, gy, stream);
+    case 2: return launch_encode_vpl<2>(dc, p, gy, stream);
+    case 4: return launch_encode_vpl<4>(dc, p, gy, stream);
+    case 8: return launch_encode_vpl<8>(dc, p, gy, stream);
+    case 16: return launch_encode_vpl<16>(dc, p, gy, stream);
+    case 32: return launch_encode_vpl<32>(dc, p, gy, stream);
+    case 64: return launch_encode_vpl<64>(dc, p, gy, stream);
+    default: return DQ_UNSUPPORTED;
+    }
+}
+
+extern "C" int dqcu_encode_streams(const dqcu_codec *dc, dq_kind kind, const float *y, size_t count,
+                                   uint8_t *records, size_t record_stride, int32_t *status,
+                                   dq_encode_stats *stats, cudaStream_t stream)
+{
+    if (!dc || (kind != DQ_KIND_K && kind != DQ_KIND_V) || (count && (!y || !records || !status)))
+        return DQ_INVALID_ARGUMENT;
+    if (record_stride < dc->record_bytes[kind])
+        return DQ_INVALID_ARGUMENT;
+    if (dc->n > DQCU_MAX_ENCODE_STREAM)
+        return DQ_UNSUPPORTED;
+    int rc = dqcu__use_device(dc);
+    if (rc)
+        return rc;
+    if (count == 0)
+        return DQ_OK;
+    enc_params p = {};
+    p.tab = dc->tab;
+    p.kind = (int)kind;
+    p.count = count;
+    p.stats = stats;
+    p.y = y;
+    p.records = records;
+    p.record_stride = record_stride;
+    p.status = status;
+    return launch_encode(dc, p, 1, stream);
+}
+
+template <int DV>
+static int launch_mean(const dqcu_codec *dc, const mean_params &p, size_t nwin, cudaStream_t stream)
+{
+    const size_t smem = sizeof(float) * dc->n;
+    if (smem > dc->smem_optin)
+        return DQ_UNSUPPORTED;
+    DQCU_CHECK(cudaFuncSetAttribute(mean_kernel<DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    mean_kernel<DV><<<(unsigned)nwin, MEAN_WARPS * 32, smem, stream>>>(p);
+    DQCU_CHECK_LAUNCH();
+    return DQ_OK;
+}
+
+extern "C" int dqcu_encode_windows(const dqcu_codec *dc, const void *k, const void *v, dq_dtype dtype,
+                                   size_t nwin, uint8_t *const *windows, int32_t *status,
+                                   dq_encode_stats *stats, cudaStream_t stream)
+{
+    if (!dc || (nwin && (!k || !v || !windows || !status)))
+        return DQ_INVALID_ARGUMENT;
+    if (dtype != DQ_DTYPE_F32 && dtype != DQ_DTYPE_F16 && dtype != DQ_DTYPE_BF16)
+        return DQ_DTYPE;
+    if (dc->n > DQCU_MAX_ENCODE_STREAM || dc->d > 512)
+        return DQ_UNSUPPORTED;
+    if (nwin > 0x7fffffffu)
+        return DQ_INVALID_ARGUMENT;
+    int rc = dqcu__use_device(dc);
+    if (rc)
+        return rc;
+    if (nwin == 0)
+        return DQ_OK;
+    mean_params mp = {dc->tab, k, v, (int)dtype, windows, status};
+    const uint32_t dv = dc->d <= 32 ? 1 : dc->d / 32;
+    switch (dv) {
+    case 1: rc = launch_mean<1>(dc, mp, nwin, stream); break;
+    case 2: rc = launch_mean<2>(dc, mp, nwin, stream); break;
+    case 4: rc = launch_mean<4>(dc, mp, nwin, stream); break;
+    case 8: rc = launch_mean<8>(dc, mp, nwin, stream); break;
+    case 16: rc = launch_mean<16>(dc, mp, nwin, stream); break;
+    default: rc = DQ_UNSUPPORTED; break;
+    }
+    if (rc)
+        return rc;
+    enc_params p = {};
+    p.tab = dc->tab;
+    p.kind = -1;
+    p.count = nwin * dc->W;
+    p.stats = stats;
+    p.k = k;
+    p.v = v;
+    p.dtype = (int)dtype;
+    p.windows = windows;
+    p.win_status = status;
+    return launch_encode(dc, p, 2, stream);
+}

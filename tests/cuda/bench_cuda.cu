@@ -1,0 +1,263 @@
+/* bench_cuda — times libdquant-cuda on the Qwen3-8B shape (32 query heads, 8 KV heads, head_dim 128,
+ * dq226) and prints one JSON object per line (read by bench_attn.py, which adds the PyTorch BF16
+ * reference measured in the same run).
+ *
+ *   bench_cuda [--attn B:CTX ...] [--budget-gb G] [--layers L] [--quick]
+ *
+ * Records: {"kind":"copy"}: device-to-device copy bandwidth (bytes read + written per second);
+ * {"kind":"encode_streams"|"encode_windows"}: streams per second; {"kind":"decompress"}: GB/s of BF16
+ * written; {"kind":"attn"}: one decode-attention step of one layer for B sequences of CTX tokens
+ * (ms, container bytes read, GB/s). Containers come from a pool of windows encoded on the GPU from
+ * random data; sequences point into the pool, and repetitions rotate through the pool so that
+ * the timed bytes come from device memory, not from L2. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+
+static const uint32_t QH = 32, KVH = 8, D = 128;
+
+struct Pool {
+    size_t nwin = 0, wb = 0;
+    DevBuf<uint8_t> data;
+    std::vector<const uint8_t *> ptrs;
+};
+
+/* Random BF16 K/V tokens on the device: keys with channel offsets. */
+__global__ void gen_tokens_kernel(uint16_t *x, size_t count, uint32_t n, uint64_t seed, int keys)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t z = seed + i * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        /* sum of 4 uniforms: roughly normal */
+        float u = 0;
+        for (int k = 0; k < 4; k++)
+            u += (float)((z >> (16 * k)) & 0xffffu) * (1.0f / 65536.0f);
+        float v = (u - 2.0f) * 1.7f;
+        if (keys) {
+            uint32_t j = (uint32_t)(i % n);
+            v += 2.0f * sinf((float)j * 0.37f);
+        }
+        uint32_t b = __float_as_uint(v);
+        x[i] = (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+    }
+}
+
+static void build_pool(const dqcu_codec *g, const dq_codec *c, size_t nwin, Pool &pool)
+{
+    const uint32_t n = KVH * D, W = dq_codec_profile(c)->window;
+    pool.nwin = nwin;
+    pool.wb = dq_codec_window_bytes(c);
+    pool.data.alloc(nwin * pool.wb);
+    pool.ptrs.resize(nwin);
+    for (size_t w = 0; w < nwin; w++)
+        pool.ptrs[w] = pool.data.p + w * pool.wb;
+    const size_t chunk = 512;
+    DevBuf<uint16_t> k(chunk * W * n), v(chunk * W * n);
+    DevBuf<uint8_t *> dptr(chunk);
+    DevBuf<int32_t> st(chunk);
+    for (size_t w0 = 0; w0 < nwin; w0 += chunk) {
+        size_t cnt = std::min(chunk, nwin - w0);
+        gen_tokens_kernel<<<1024, 256>>>(k.p, cnt * W * n, n, 0x1234 + w0, 1);
+        gen_tokens_kernel<<<1024, 256>>>(v.p, cnt * W * n, n, 0x9876 + w0, 0);
+        std::vector<uint8_t *> p(cnt);
+        for (size_t i = 0; i < cnt; i++)
+            p[i] = (uint8_t *)pool.ptrs[w0 + i];
+        dptr.upload(p.data(), cnt);
+        DQ(dqcu_encode_windows(g, k.p, v.p, DQ_DTYPE_BF16, cnt, dptr.p, st.p, NULL, 0));
+    }
+    CK(cudaDeviceSynchronize());
+}
+
+/* One attention configuration: B sequences of ctx tokens (ctx a multiple of W: no tail). */
+static void bench_attn(const dqcu_codec *g, const Pool &pool, uint32_t W, uint32_t B, uint32_t ctx, const char *tag,
+                       double copy_bw)
+{
+    const uint32_t nwin = ctx / W, tail = ctx - nwin * W;
+    const size_t per_set = (size_t)B * nwin;
+    /* enough sets that the rotation touches several times the L2 */
+    size_t sets = 1;
+    while (sets < 64 && sets * per_set * pool.wb < ((size_t)400 << 20))
+        sets++;
+    std::vector<DevBuf<const uint8_t *> *> dptrs(sets);
+    std::vector<DevBuf<dqcu_attn_seq> *> dseqs(sets);
+    DevBuf<uint16_t> dtail(std::max<size_t>((size_t)tail * KVH * D, 1));
+    size_t off = 0;
+    for (size_t s = 0; s < sets; s++) {
+        std::vector<const uint8_t *> p(per_set);
+        for (size_t i = 0; i < per_set; i++)
+            p[i] = pool.ptrs[(off + i) % pool.nwin];
+        off += per_set;
+        dptrs[s] = new DevBuf<const uint8_t *>(std::max<size_t>(per_set, 1));
+        dptrs[s]->upload(p.data(), per_set);
+        std::vector<dqcu_attn_seq> sq(B);
+        for (uint32_t b = 0; b < B; b++)
+            sq[b] = {dptrs[s]->p + (size_t)b * nwin, dtail.p, dtail.p, nwin, tail};
+        dseqs[s] = new DevBuf<dqcu_attn_seq>(B);
+        dseqs[s]->upload(sq.data(), B);
+    }
+    std::vector<float> qh((size_t)B * QH * D);
+    Rng r(B * 131u + ctx);
+    for (auto &x : qh)
+        x = (float)r.normal();
+    DevBuf<float> dq(qh.size()), dout(qh.size()), dlse((size_t)B * QH);
+    dq.upload(qh.data(), qh.size());
+    const size_t wsb = dqcu_attend_workspace_size(g, QH, B, ctx);
+    DevBuf<uint8_t> dws(std::max<size_t>(wsb, 1));
+    const float scale = 1.0f / sqrtf((float)D);
+    size_t it = 0;
+    auto run = [&] {
+        size_t s = it++ % sets;
+        DQ(dqcu_attend(g, QH, scale, dseqs[s]->p, B, ctx, dq.p, dout.p, dlse.p, dws.p, wsb, 0));
+    };
+    const int reps = per_set * pool.wb > ((size_t)2 << 30) ? 7 : 21;
+    double ms = time_median_ms(run, 3, reps);
+    const double bytes = (double)per_set * pool.wb + (double)B * QH * D * 4.0 * 2.0;
+    printf("{\"kind\":\"attn\",\"tag\":\"%s\",\"batch\":%u,\"ctx\":%u,\"ms\":%.5f,\"bytes\":%.0f,\"gbps\":%.2f,"
+           "\"copy_frac\":%.4f,\"sets\":%zu,\"workspace\":%zu}\n",
+           tag, B, ctx, ms, bytes, bytes / (ms * 1e6), bytes / (ms * 1e-3) / copy_bw, sets, wsb);
+    fflush(stdout);
+    for (size_t s = 0; s < sets; s++) {
+        delete dptrs[s];
+        delete dseqs[s];
+    }
+}
+
+int main(int argc, char **argv)
+{
+    std::vector<std::pair<uint32_t, uint32_t>> attn = {{1, 8192},  {1, 32768}, {1, 131072},
+                                                         {8, 32768}, {32, 32768}, {128, 8192}};
+    double budget_gb = 100.0;
+    uint32_t layers = 36;
+    bool quick = false, custom = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--attn") && i + 1 < argc) {
+            if (!custom)
+                attn.clear();
+            custom = true;
+            unsigned b, c;
+            if (sscanf(argv[++i], "%u:%u", &b, &c) == 2)
+                attn.push_back({b, c});
+        } else if (!strcmp(argv[i], "--budget-gb") && i + 1 < argc) {
+            budget_gb = atof(argv[++i]);
+        } else if (!strcmp(argv[i], "--layers") && i + 1 < argc) {
+            layers = (uint32_t)atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--quick")) {
+            quick = true;
+        } else {
+            fprintf(stderr, "usage: %s [--attn B:CTX ...] [--budget-gb G] [--layers L] [--quick]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (dqcu_device_count() == 0) {
+        printf("{\"kind\":\"skip\",\"reason\":\"no CUDA device of compute capability 9.0\"}\n");
+        return 77;
+    }
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    dq_profile prof;
+    DQ(dq_profile_builtin("dq226", KVH, D, &prof));
+    dq_codec *c;
+    DQ(dq_codec_create(&prof, NULL, &c));
+    dqcu_codec *g;
+    DQ(dqcu_codec_create(c, &g));
+    const uint32_t n = KVH * D, W = prof.window;
+    printf("{\"kind\":\"device\",\"name\":\"%s\",\"sms\":%d,\"l2_mb\":%.1f,\"profile\":\"dq226\",\"window_bytes\":%zu,"
+           "\"q_heads\":%u,\"kv_heads\":%u,\"head_dim\":%u}\n",
+           prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1048576.0, dq_codec_window_bytes(c), QH, KVH, D);
+    const double copy_bw = measure_copy_bw((size_t)2 << 30);
+    printf("{\"kind\":\"copy\",\"bytes_per_s\":%.4e}\n", copy_bw);
+    fflush(stdout);
+
+    /* encode throughput */
+    {
+        const size_t count = quick ? 65536 : 262144;
+        DevBuf<uint16_t> tok(count * n);
+        gen_tokens_kernel<<<1024, 256>>>(tok.p, count * n, n, 7, 0);
+        /* preprocessed streams: the same values as f32 (already "rotated") */
+        std::vector<uint16_t> hb(count * n);
+        tok.download(hb.data(), hb.size());
+        std::vector<float> hf(hb.size());
+        for (size_t i = 0; i < hb.size(); i++)
+            hf[i] = dq_bf16_to_f32(hb[i]);
+        DevBuf<float> y(hf.size());
+        y.upload(hf.data(), hf.size());
+        for (int kind = 0; kind < 2; kind++) {
+            const size_t rb = dq_codec_record_bytes(c, (dq_kind)kind);
+            DevBuf<uint8_t> rec(count * rb);
+            DevBuf<int32_t> st(count);
+            double ms = time_median_ms(
+                [&] { DQ(dqcu_encode_streams(g, (dq_kind)kind, y.p, count, rec.p, rb, st.p, NULL, 0)); }, 1, 5);
+            printf("{\"kind\":\"encode_streams\",\"stream\":\"%s\",\"streams\":%zu,\"ms\":%.4f,\"streams_per_s\":%.4e}\n",
+                   kind ? "V" : "K", count, ms, count / (ms * 1e-3));
+            fflush(stdout);
+        }
+        const size_t nwin = count / W / 2;
+        Pool tmp;
+        tmp.wb = dq_codec_window_bytes(c);
+        DevBuf<uint8_t> out(nwin * tmp.wb);
+        std::vector<uint8_t *> p(nwin);
+        for (size_t w = 0; w < nwin; w++)
+            p[w] = out.p + w * tmp.wb;
+        DevBuf<uint8_t *> dptr(nwin);
+        dptr.upload(p.data(), nwin);
+        DevBuf<int32_t> st(nwin);
+        DevBuf<uint16_t> vtok(nwin * W * n);
+        gen_tokens_kernel<<<1024, 256>>>(vtok.p, nwin * W * n, n, 99, 0);
+        double ms = time_median_ms(
+            [&] { DQ(dqcu_encode_windows(g, tok.p, vtok.p, DQ_DTYPE_BF16, nwin, dptr.p, st.p, NULL, 0)); }, 1, 5);
+        printf("{\"kind\":\"encode_windows\",\"windows\":%zu,\"streams\":%zu,\"ms\":%.4f,\"streams_per_s\":%.4e}\n", nwin,
+               nwin * W * 2, ms, nwin * W * 2 / (ms * 1e-3));
+        fflush(stdout);
+    }
+
+    Pool pool;
+    build_pool(g, c, 4096, pool);
+
+    /* decompress K and V of the pool's windows to BF16 */
+    {
+        const size_t nwin = std::min<size_t>(pool.nwin, 2048), ntok = nwin * W;
+        DevBuf<const uint8_t *> dptr(nwin);
+        dptr.upload(pool.ptrs.data(), nwin);
+        DevBuf<uint16_t> out(ntok * n);
+        for (int kind = 0; kind < 2; kind++) {
+            double ms = time_median_ms(
+                [&] {
+                    DQ(dqcu_decompress(g, (dq_kind)kind, dptr.p, nwin, NULL, 0, 0, ntok, out.p, DQ_DTYPE_BF16, NULL, 0));
+                },
+                2, 7);
+            const double outb = ntok * n * 2.0, inb = nwin * (double)dq_codec_record_bytes(c, (dq_kind)kind) * W;
+            printf("{\"kind\":\"decompress\",\"stream\":\"%s\",\"tokens\":%zu,\"ms\":%.4f,\"bf16_gbps\":%.2f,"
+                   "\"in_gbps\":%.2f,\"copy_frac\":%.4f}\n",
+                   kind ? "V" : "K", ntok, ms, outb / (ms * 1e6), inb / (ms * 1e6), (outb + inb) / (ms * 1e-3) / copy_bw);
+            fflush(stdout);
+        }
+    }
+
+    for (auto &bc : attn)
+        bench_attn(g, pool, W, bc.first, bc.second, "grid", copy_bw);
+
+    /* a fixed KV memory budget: the largest batch whose cache fits, per context */
+    if (!quick) {
+        for (uint32_t ctx : {8192u, 32768u}) {
+            const double per_seq = (double)layers * (ctx / W) * (double)dq_codec_window_bytes(c);
+            const double per_seq_bf16 = (double)layers * ctx * 2.0 * n * 2.0;
+            uint32_t b_dq = (uint32_t)floor(budget_gb * 1e9 / per_seq);
+            uint32_t b_bf16 = (uint32_t)floor(budget_gb * 1e9 / per_seq_bf16);
+            printf("{\"kind\":\"budget\",\"ctx\":%u,\"budget_gb\":%.1f,\"layers\":%u,\"batch_dq\":%u,\"batch_bf16\":%u}\n",
+                   ctx, budget_gb, layers, b_dq, b_bf16);
+            fflush(stdout);
+            bench_attn(g, pool, W, b_dq, ctx, "budget", copy_bw);
+        }
+    }
+    dqcu_codec_free(g);
+    dq_codec_free(c);
+    return 0;
+}

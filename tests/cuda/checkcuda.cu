@@ -1,0 +1,863 @@
+/* checkcuda — every libdquant-cuda kernel against libdquant on fresh random inputs (checkasm style).
+ *
+ *   encode  (streams and windows): containers byte-identical, same status codes, same statistics
+ *   decompress: output bytes identical to dq_layer_decode / dq_tokens_decode (corrupt ones too)
+ *   attention: within 1e-3 relative of dq_attend and of dq_attend_reference
+ * Output buffers are poisoned first so unwritten elements show. Inputs are drawn from a seed taken
+ * from the clock (printed; --seed N repeats a run). Then it times each kernel (events, warm-up,
+ * median) on the dq226 shape.
+ *
+ *   checkcuda [--seed N] [--small] [--no-timing] [--quiet]
+ *   --small: a few small cases only (for compute-sanitizer memcheck / racecheck runs).
+ * Exit status: 0 all passed, 1 a check failed, 2 a setup error, 77 no suitable GPU (skipped). */
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+
+extern "C" {
+#include "codec_internal.h"
+#include "drift.h"
+}
+
+static int g_checks, g_failures, g_quiet;
+
+static void report(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void report(bool ok, const char *fmt, ...)
+{
+    g_checks++;
+    if (!ok)
+        g_failures++;
+    if (ok && g_quiet)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s ", ok ? "  ok  " : "  FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    fflush(stdout);
+}
+
+/* ---- codecs ---- */
+
+struct Cfg {
+    uint32_t kvh, d, MK, MV, W, R;
+    double rate_k, rate_v;  /* payload bits per value (C derived); <= 0.5 → the smallest C allowed */
+    uint64_t seed;
+    const char *builtin;    /* or NULL */
+};
+
+struct Codecs {
+    dq_codec *c = nullptr;
+    dq_workspace *ws = nullptr;
+    dqcu_codec *g = nullptr;
+    uint32_t n = 0, d = 0, kvh = 0, W = 0, R = 0;
+    std::string name;
+    ~Codecs()
+    {
+        dqcu_codec_free(g);
+        dq_workspace_free(ws);
+        dq_codec_free(c);
+    }
+};
+
+static bool make_codecs(const Cfg &cfg, Codecs &cs)
+{
+    dq_profile prof;
+    if (cfg.builtin) {
+        DQ(dq_profile_builtin(cfg.builtin, cfg.kvh, cfg.d, &prof));
+    } else {
+        dq_profile_params pp;
+        dq_profile_params_default(&pp);
+        pp.kv_heads = cfg.kvh;
+        pp.head_dim = cfg.d;
+        pp.levels[0] = cfg.MK;
+        pp.levels[1] = cfg.MV;
+        pp.window = cfg.W;
+        pp.residual = cfg.R;
+        pp.rotation_seed = cfg.seed;
+        const double n = (double)cfg.kvh * cfg.d;
+        const double rate[2] = {cfg.rate_k, cfg.rate_v};
+        for (int k = 0; k < 2; k++)
+            pp.container_bytes[k] = (uint32_t)fmax(5.0, floor((rate[k] * n + 32.0) / 8.0 + 0.5));
+        int rc;
+        for (int tries = 0;; tries++) {
+            rc = dq_profile_make(&pp, &prof);
+            if (rc != DQ_CONTAINER_TOO_SMALL || tries > 100000)
+                break;
+            /* grow the container that is too small (profile_make does not say which) */
+            for (int k = 0; k < 2; k++)
+                pp.container_bytes[k] += 1 + pp.container_bytes[k] / 256;
+        }
+        DQ(rc);
+    }
+    DQ(dq_codec_create(&prof, NULL, &cs.c));
+    DQ(dq_workspace_create(cs.c, &cs.ws));
+    DQ(dqcu_codec_create(cs.c, &cs.g));
+    cs.n = prof.kv_heads * prof.head_dim;
+    cs.d = prof.head_dim;
+    cs.kvh = prof.kv_heads;
+    cs.W = prof.window;
+    cs.R = prof.residual;
+    char buf[160];
+    snprintf(buf, sizeof buf, "%s n=%u(%ux%u) M=%u/%u C=%u/%u W=%u R=%u seed=%llx", prof.name, cs.n, cs.kvh, cs.d,
+             prof.levels[0], prof.levels[1], prof.container_bytes[0], prof.container_bytes[1], prof.window,
+             prof.residual, (unsigned long long)prof.rotation_seed);
+    cs.name = buf;
+    return true;
+}
+
+/* ---- stream inputs (the rotated, mean-removed domain) ---- */
+
+enum Dist { D_GAUSS, D_HEAVY, D_CONST, D_TINY, D_SUBNORMAL, D_TWO, D_UNIFORM, D_OUTLIER, D_EDGE, D_ZEROS, D_COUNT };
+static const char *dist_name[D_COUNT] = {"gauss", "heavy", "const", "tiny", "subnormal", "two", "uniform",
+                                         "outlier", "edge", "zeros"};
+
+static void gen_stream(Rng &r, int dist, uint32_t n, float *y)
+{
+    const double scale = pow(10.0, -3.0 + 5.0 * r.uniform());
+    const double off = r.normal() * scale * (r.below(2) ? 3.0 : 0.0);
+    switch (dist) {
+    case D_GAUSS:
+        for (uint32_t i = 0; i < n; i++)
+            y[i] = (float)(off + scale * r.normal());
+        break;
+    case D_HEAVY:
+        for (uint32_t i = 0; i < n; i++) {
+            double v = off + scale * r.normal() * exp(1.5 * r.normal());
+            y[i] = (float)fmax(-29000.0, fmin(29000.0, v));
+        }
+        break;
+    case D_CONST: {
+        float c = r.below(4) == 0 ? 0.0f : (float)(off + scale * r.normal());
+        for (uint32_t i = 0; i < n; i++)
+            y[i] = (c == 0.0f && r.below(2)) ? -0.0f : c;
+        break;
+    }
+    case D_TINY: {
+        float c = (float)(off + scale * r.normal());
+        for (uint32_t i = 0; i < n; i++) {
+            float v = c;
+            int steps = (int)r.below(5) - 2;
+            for (int k = 0; k < abs(steps); k++)
+                v = nextafterf(v, steps > 0 ? INFINITY : -INFINITY);
+            y[i] = v;
+        }
+        break;
+    }
+    case D_SUBNORMAL:
+        for (uint32_t i = 0; i < n; i++)
+            y[i] = (float)(r.normal() * 1e-41);
+        break;
+    case D_TWO: {
+        float a = (float)(off + scale * r.normal()), b = (float)(off + scale * r.normal());
+        for (uint32_t i = 0; i < n; i++)
+            y[i] = r.below(2) ? a : b;
+        break;
+    }
+    case D_UNIFORM:
+        for (uint32_t i = 0; i < n; i++)
+            y[i] = (float)(off + scale * (2.0 * r.uniform() - 1.0));
+        break;
+    case D_OUTLIER:
+        for (uint32_t i = 0; i < n; i++)
+            y[i] = (float)(scale * r.normal());
+        y[r.below(n)] = (float)(scale * 3000.0 * (r.below(2) ? 1 : -1));
+        for (uint32_t i = 0; i < n; i++)
+            y[i] = fmaxf(-29000.0f, fminf(29000.0f, y[i]));
+        break;
+    case D_EDGE: /* the format's range limits */
+        for (uint32_t i = 0; i < n; i++)
+            y[i] = (float)(r.uniform() * 59999.0 - 29999.5);
+        y[0] = DQ_STREAM_MAX_ABS;
+        y[n - 1] = -DQ_STREAM_MAX_ABS;
+        break;
+    default:
+        for (uint32_t i = 0; i < n; i++)
+            y[i] = r.below(3) ? 0.0f : -0.0f;
+        break;
+    }
+}
+
+/* First difference between two records, reported with both decoded values. */
+static void explain_record_mismatch(const Codecs &cs, dq_kind kind, size_t idx, const uint8_t *cpu,
+                                    const uint8_t *gpu, size_t len, const char *what)
+{
+    size_t b = 0;
+    while (b < len && cpu[b] == gpu[b])
+        b++;
+    std::vector<float> yc(cs.n), yg(cs.n);
+    dq_stream_decode(cs.c, kind, cpu, yc.data());
+    dq_stream_decode(cs.c, kind, gpu, yg.data());
+    uint32_t i = 0;
+    while (i < cs.n && memcmp(&yc[i], &yg[i], 4) == 0)
+        i++;
+    uint32_t ndiff = 0;
+    for (uint32_t j = 0; j < cs.n; j++)
+        ndiff += memcmp(&yc[j], &yg[j], 4) != 0;
+    printf("        %s %s stream %zu: first byte %zu differs (cpu %02x gpu %02x); s/o cpu %04x/%04x gpu %04x/%04x; ",
+           what, kind == DQ_KIND_K ? "K" : "V", idx, b, b < len ? cpu[b] : 0, b < len ? gpu[b] : 0,
+           cpu[0] | cpu[1] << 8, cpu[2] | cpu[3] << 8, gpu[0] | gpu[1] << 8, gpu[2] | gpu[3] << 8);
+    if (i < cs.n)
+        printf("first decoded value %u: cpu %.9g gpu %.9g (%u values differ)\n", i, yc[i], yg[i], ndiff);
+    else
+        printf("decoded values identical\n");
+}
+
+static void stats_report(const char *what, const dq_encode_stats &a, const dq_encode_stats &b)
+{
+    bool ok = a.streams == b.streams && a.retries == b.retries && a.fallbacks == b.fallbacks &&
+              a.max_payload_bytes == b.max_payload_bytes && a.payload_bytes == b.payload_bytes &&
+              a.symbols_moved == b.symbols_moved && a.max_move == b.max_move;
+    report(ok, "%s stats: streams %llu/%llu retries %llu/%llu fallbacks %llu/%llu payload %llu/%llu max %u/%u "
+               "moved %llu/%llu maxmove %u/%u (cpu/gpu)",
+           what, (unsigned long long)a.streams, (unsigned long long)b.streams, (unsigned long long)a.retries,
+           (unsigned long long)b.retries, (unsigned long long)a.fallbacks, (unsigned long long)b.fallbacks,
+           (unsigned long long)a.payload_bytes, (unsigned long long)b.payload_bytes, a.max_payload_bytes,
+           b.max_payload_bytes, (unsigned long long)a.symbols_moved, (unsigned long long)b.symbols_moved, a.max_move,
+           b.max_move);
+}
+
+/* ---- dqcu_encode_streams ---- */
+
+static void test_streams(Codecs &cs, Rng &r, size_t count, bool encode_supported)
+{
+    const uint32_t n = cs.n;
+    std::vector<float> y(count * n);
+    std::vector<int> dist(count);
+    for (size_t s = 0; s < count; s++) {
+        dist[s] = s < D_COUNT ? (int)s : (int)r.below(D_COUNT + 3) % D_COUNT;
+        gen_stream(r, dist[s], n, &y[s * n]);
+    }
+    /* invalid streams: NaN, infinity, out of range */
+    if (count > 16) {
+        y[(count - 1) * n + r.below(n)] = NAN;
+        y[(count - 2) * n + r.below(n)] = -INFINITY;
+        y[(count - 3) * n + r.below(n)] = 30001.0f;
+    }
+    for (int kind = 0; kind < 2; kind++) {
+        const size_t rb = dq_codec_record_bytes(cs.c, (dq_kind)kind), stride = rb + 3;
+        DevBuf<float> dy(count * n);
+        DevBuf<uint8_t> drec(count * stride);
+        DevBuf<int32_t> dst(count);
+        DevBuf<dq_encode_stats> dstats(1);
+        if (!encode_supported) {
+            int rc = dqcu_encode_streams(cs.g, (dq_kind)kind, dy.p, count, drec.p, stride, dst.p, NULL, 0);
+            report(rc == DQ_UNSUPPORTED, "encode_streams %s: n=%u over the GPU encoder's limit -> %s", cs.name.c_str(),
+                   n, dq_err_name(rc));
+            return;
+        }
+        std::vector<uint8_t> cpu(count * stride, 0xa5), gpu(count * stride);
+        std::vector<int> cst(count);
+        dq_encode_stats cstats = {};
+        for (size_t s = 0; s < count; s++)
+            cst[s] = dq_stream_encode(cs.c, cs.ws, (dq_kind)kind, &y[s * n], &cpu[s * stride], &cstats);
+        dy.upload(y.data(), count * n);
+        drec.fill_bytes(0xa5);
+        dst.fill_bytes(0x7f);
+        CK(cudaMemset(dstats.p, 0, sizeof(dq_encode_stats)));
+        DQ(dqcu_encode_streams(cs.g, (dq_kind)kind, dy.p, count, drec.p, stride, dst.p, dstats.p, 0));
+        CK(cudaDeviceSynchronize());
+        std::vector<int32_t> gst(count);
+        drec.download(gpu.data(), count * stride);
+        dst.download(gst.data(), count);
+        dq_encode_stats gstats;
+        dstats.download(&gstats, 1);
+        size_t bad_status = 0, bad_bytes = 0, shown = 0;
+        for (size_t s = 0; s < count; s++) {
+            if (gst[s] != cst[s]) {
+                if (bad_status++ < 3)
+                    printf("        stream %zu (%s): status cpu %s gpu %d\n", s, dist_name[dist[s]],
+                           dq_err_name(cst[s]), gst[s]);
+                continue;
+            }
+            const uint8_t *a = &cpu[s * stride], *b = &gpu[s * stride];
+            if (memcmp(a, b, stride) != 0) {
+                bad_bytes++;
+                if (shown++ < 4)
+                    explain_record_mismatch(cs, (dq_kind)kind, s, a, b, rb, dist_name[dist[s]]);
+            }
+        }
+        report(bad_status == 0 && bad_bytes == 0, "encode_streams %s %s: %zu streams, %zu status and %zu record mismatches",
+               cs.name.c_str(), kind ? "V" : "K", count, bad_status, bad_bytes);
+        stats_report("  encode_streams", cstats, gstats);
+    }
+}
+
+/* ---- dqcu_encode_windows ---- */
+
+static void to_dtype(const float *x, size_t count, dq_dtype t, std::vector<uint8_t> &out)
+{
+    out.resize(count * dq_dtype_size(t));
+    DQ(dq_convert(x, DQ_DTYPE_F32, out.data(), t, count));
+}
+
+/* K/V tokens in the original domain: channel offsets for keys (so the window mean matters). */
+static void gen_tokens(Rng &r, uint32_t n, size_t ntok, bool keys, std::vector<float> &x)
+{
+    x.resize(ntok * n);
+    const double sigma = pow(10.0, -1.0 + 2.0 * r.uniform());
+    std::vector<double> mu(n);
+    for (uint32_t j = 0; j < n; j++)
+        mu[j] = keys ? r.normal() * sigma * 3.0 : 0.0;
+    for (size_t t = 0; t < ntok; t++)
+        for (uint32_t j = 0; j < n; j++)
+            x[t * n + j] = (float)(mu[j] + sigma * r.normal() * (1.0 + 0.5 * sin((double)t)));
+}
+
+/* Encodes nwin windows on the CPU and GPU and compares them; returns the valid CPU windows. */
+static std::vector<uint8_t> test_windows(Codecs &cs, Rng &r, size_t nwin, dq_dtype dtype, bool specials,
+                                         bool encode_supported)
+{
+    const uint32_t n = cs.n, W = cs.W;
+    const size_t wb = dq_codec_window_bytes(cs.c), esz = dq_dtype_size(dtype);
+    std::vector<float> k, v;
+    gen_tokens(r, n, nwin * W, true, k);
+    gen_tokens(r, n, nwin * W, false, v);
+    size_t nan_w = SIZE_MAX, range_w = SIZE_MAX;
+    if (specials && nwin >= 3) {
+        nan_w = 1;
+        v[(nan_w * W + r.below(W)) * n + r.below(n)] = NAN;
+        if (dtype != DQ_DTYPE_F16) {
+            range_w = 2;
+            k[(range_w * W + r.below(W)) * n + r.below(n)] = 14001.0f * sqrtf((float)cs.d) * 1.01f;
+        }
+    }
+    std::vector<uint8_t> kb, vb;
+    to_dtype(k.data(), k.size(), dtype, kb);
+    to_dtype(v.data(), v.size(), dtype, vb);
+    std::vector<uint8_t> cpu(nwin * wb, 0);
+    std::vector<int> crc(nwin);
+    dq_encode_stats cstats = {};
+    for (size_t w = 0; w < nwin; w++) {
+        dq_encode_stats one = {};
+        crc[w] = dq_window_encode(cs.c, cs.ws, &kb[w * W * n * esz], &vb[w * W * n * esz], dtype, &cpu[w * wb], &one);
+        if (crc[w] == 0) {
+            cstats.streams += one.streams;
+            cstats.retries += one.retries;
+            cstats.fallbacks += one.fallbacks;
+            cstats.payload_bytes += one.payload_bytes;
+            cstats.symbols_moved += one.symbols_moved;
+            cstats.max_payload_bytes = std::max(cstats.max_payload_bytes, one.max_payload_bytes);
+            cstats.max_move = std::max(cstats.max_move, one.max_move);
+        }
+    }
+    std::vector<uint8_t> valid;
+    for (size_t w = 0; w < nwin; w++)
+        if (crc[w] == 0)
+            valid.insert(valid.end(), cpu.begin() + w * wb, cpu.begin() + (w + 1) * wb);
+
+    DevBuf<uint8_t> dk(kb.size()), dv(vb.size()), dwin(nwin * wb);
+    DevBuf<uint8_t *> dptr(nwin);
+    DevBuf<int32_t> dst(nwin);
+    DevBuf<dq_encode_stats> dstats(1);
+    std::vector<uint8_t *> ptrs(nwin);
+    for (size_t w = 0; w < nwin; w++)
+        ptrs[w] = dwin.p + w * wb;
+    dptr.upload(ptrs.data(), nwin);
+    if (!encode_supported) {
+        int rc = dqcu_encode_windows(cs.g, dk.p, dv.p, dtype, nwin, dptr.p, dst.p, NULL, 0);
+        report(rc == DQ_UNSUPPORTED, "encode_windows %s: n=%u over the GPU encoder's limit -> %s", cs.name.c_str(), n,
+               dq_err_name(rc));
+        return valid;
+    }
+    dk.upload(kb.data(), kb.size());
+    dv.upload(vb.data(), vb.size());
+    dwin.fill_bytes(0xa5);
+    dst.fill_bytes(0x7f);
+    CK(cudaMemset(dstats.p, 0, sizeof(dq_encode_stats)));
+    DQ(dqcu_encode_windows(cs.g, dk.p, dv.p, dtype, nwin, dptr.p, dst.p, dstats.p, 0));
+    CK(cudaDeviceSynchronize());
+    std::vector<uint8_t> gpu(nwin * wb);
+    std::vector<int32_t> gst(nwin);
+    dwin.download(gpu.data(), gpu.size());
+    dst.download(gst.data(), nwin);
+    dq_encode_stats gstats;
+    dstats.download(&gstats, 1);
+    size_t bad = 0;
+    for (size_t w = 0; w < nwin; w++) {
+        if (gst[w] != crc[w]) {
+            bad++;
+            printf("        window %zu: status cpu %s gpu %d\n", w, dq_err_name(crc[w]), gst[w]);
+            continue;
+        }
+        if (crc[w] != 0)
+            continue;
+        const uint8_t *a = &cpu[w * wb], *b = &gpu[w * wb];
+        if (memcmp(a, b, wb) == 0)
+            continue;
+        bad++;
+        const size_t mb = dq_codec_mean_bytes(cs.c);
+        if (memcmp(a, b, mb) != 0) {
+            size_t i = 0;
+            while (a[i] == b[i])
+                i++;
+            printf("        window %zu: mean block differs at byte %zu (cpu %02x gpu %02x)\n", w, i, a[i], b[i]);
+            continue;
+        }
+        int shown = 0;
+        for (int kind = 0; kind < 2 && shown < 2; kind++)
+            for (uint32_t t = 0; t < W && shown < 2; t++) {
+                const uint8_t *ra = dq_window_record(cs.c, a, (dq_kind)kind, t);
+                const uint8_t *rg = dq_window_record(cs.c, b, (dq_kind)kind, t);
+                size_t rb = dq_codec_record_bytes(cs.c, (dq_kind)kind);
+                if (memcmp(ra, rg, rb) != 0) {
+                    shown++;
+                    char what[48];
+                    snprintf(what, sizeof what, "window %zu token %u", w, t);
+                    explain_record_mismatch(cs, (dq_kind)kind, t, ra, rg, rb, what);
+                }
+            }
+    }
+    report(bad == 0, "encode_windows %s %s: %zu windows (%s%s), %zu mismatches", cs.name.c_str(), dq_dtype_name(dtype),
+           nwin, nan_w != SIZE_MAX ? "with NaN window" : "all valid", range_w != SIZE_MAX ? " and range window" : "", bad);
+    stats_report("  encode_windows", cstats, gstats);
+    return valid;
+}
+
+/* ---- dqcu_decompress ---- */
+
+static void random_bf16(Rng &r, size_t count, std::vector<uint16_t> &out)
+{
+    out.resize(count);
+    for (size_t i = 0; i < count; i++)
+        out[i] = dq_f32_to_bf16((float)(r.normal() * 2.0));
+}
+
+static void test_decompress(Codecs &cs, Rng &r, const std::vector<uint8_t> &windows, int ranges)
+{
+    const uint32_t n = cs.n, W = cs.W;
+    const size_t wb = dq_codec_window_bytes(cs.c), nwin = windows.size() / wb;
+    const size_t tail = r.below(cs.R);
+    std::vector<uint16_t> tk, tv;
+    random_bf16(r, tail * n, tk);
+    random_bf16(r, tail * n, tv);
+    dq_layer *layer = nullptr;
+    DQ(dq_layer_restore(cs.c, windows.data(), nwin, tk.data(), tv.data(), tail, &layer));
+    DevBuf<uint8_t> dwin(std::max<size_t>(windows.size(), 1));
+    if (nwin)
+        dwin.upload(windows.data(), windows.size());
+    DevBuf<const uint8_t *> dptr(std::max<size_t>(nwin, 1));
+    std::vector<const uint8_t *> ptrs(nwin);
+    for (size_t w = 0; w < nwin; w++)
+        ptrs[w] = dwin.p + w * wb;
+    if (nwin)
+        dptr.upload(ptrs.data(), nwin);
+    DevBuf<uint16_t> dtk(std::max<size_t>(tail * n, 1)), dtv(std::max<size_t>(tail * n, 1));
+    if (tail) {
+        dtk.upload(tk.data(), tail * n);
+        dtv.upload(tv.data(), tail * n);
+    }
+    const size_t total = nwin * W + tail;
+    DevBuf<uint32_t> dcorrupt(1);
+    size_t bad = 0, done = 0;
+    for (int it = 0; it < ranges; it++) {
+        dq_kind kind = (dq_kind)(it & 1);
+        dq_dtype dt = (dq_dtype)((it / 2) % 3);
+        size_t first = 0, count = total;
+        if (it >= 6 && total) {
+            first = r.below((uint32_t)total);
+            count = 1 + r.below((uint32_t)(total - first));
+        }
+        if (!count)
+            continue;
+        const size_t esz = dq_dtype_size(dt), bytes = count * n * esz;
+        std::vector<uint8_t> cpu(bytes), gpu(bytes);
+        int crc = dq_layer_decode(layer, cs.ws, kind, first, count, cpu.data(), dt);
+        DevBuf<uint8_t> dout(bytes);
+        dout.fill_bytes(0xff); /* NaN in every output type */
+        CK(cudaMemset(dcorrupt.p, 0, 4));
+        DQ(dqcu_decompress(cs.g, kind, dptr.p, nwin, kind == DQ_KIND_K ? dtk.p : dtv.p, tail, first, count, dout.p, dt,
+                            dcorrupt.p, 0));
+        CK(cudaDeviceSynchronize());
+        dout.download(gpu.data(), bytes);
+        uint32_t corrupt = 0;
+        dcorrupt.download(&corrupt, 1);
+        done++;
+        if (crc != 0 || corrupt != 0 || memcmp(cpu.data(), gpu.data(), bytes) != 0) {
+            bad++;
+            size_t i = 0;
+            while (i < bytes && cpu[i] == gpu[i])
+                i++;
+            printf("        decompress %s %s [%zu, +%zu): cpu rc %s, gpu corrupt %u, first byte diff %zu (token %zu)\n",
+                   kind ? "V" : "K", dq_dtype_name(dt), first, count, dq_err_name(crc), corrupt, i,
+                   i / (n * esz) + first);
+        }
+    }
+    report(bad == 0, "decompress %s: %zu windows + %zu tail tokens, %zu ranges, %zu mismatches", cs.name.c_str(), nwin,
+           tail, done, bad);
+
+    /* corrupt containers: bad initial state, garbage, nonzero padding, truncated stream */
+    if (nwin) {
+        std::vector<uint8_t> win(windows.begin(), windows.begin() + wb);
+        const size_t C = dq_codec_record_bytes(cs.c, DQ_KIND_K) - 4;
+        uint8_t *r0 = (uint8_t *)dq_window_record(cs.c, win.data(), DQ_KIND_K, 0);
+        memset(r0 + 4, 0, 4);
+        uint8_t *r1 = (uint8_t *)dq_window_record(cs.c, win.data(), DQ_KIND_K, 1 % W);
+        for (size_t i = 8; i < C + 4; i++)
+            r1[i] = (uint8_t)r.next();
+        uint8_t *r2 = (uint8_t *)dq_window_record(cs.c, win.data(), DQ_KIND_K, 2 % W);
+        r2[4 + C - 1] ^= 0x5a;
+        uint8_t *r3 = (uint8_t *)dq_window_record(cs.c, win.data(), DQ_KIND_K, 3 % W);
+        for (size_t i = 4 + 4; i < C + 4; i++)
+            r3[i] = 0;
+        std::vector<uint8_t> lv(n);
+        uint32_t expect = 0;
+        for (uint32_t t = 0; t < W; t++)
+            expect += dq_stream_decode_levels(cs.c, DQ_KIND_K, dq_window_record(cs.c, win.data(), DQ_KIND_K, t),
+                                              lv.data()) != 0;
+        for (int dt = 0; dt < 3; dt++) {
+            const size_t esz = dq_dtype_size((dq_dtype)dt), bytes = (size_t)W * n * esz;
+            std::vector<uint8_t> cpu(bytes), gpu(bytes);
+            int crc = dq_tokens_decode(cs.c, cs.ws, DQ_KIND_K, win.data(),
+                                       dq_window_record(cs.c, win.data(), DQ_KIND_K, 0),
+                                       dq_codec_record_bytes(cs.c, DQ_KIND_K), W, cpu.data(), (dq_dtype)dt);
+            DevBuf<uint8_t> dw(wb), dout(bytes);
+            dw.upload(win.data(), wb);
+            const uint8_t *pw = dw.p;
+            DevBuf<const uint8_t *> dp(1);
+            dp.upload(&pw, 1);
+            dout.fill_bytes(0xff);
+            CK(cudaMemset(dcorrupt.p, 0, 4));
+            DQ(dqcu_decompress(cs.g, DQ_KIND_K, dp.p, 1, NULL, 0, 0, W, dout.p, (dq_dtype)dt, dcorrupt.p, 0));
+            CK(cudaDeviceSynchronize());
+            dout.download(gpu.data(), bytes);
+            uint32_t corrupt = 0;
+            dcorrupt.download(&corrupt, 1);
+            bool ok = crc == DQ_CORRUPT && corrupt == expect && memcmp(cpu.data(), gpu.data(), bytes) == 0;
+            report(ok, "decompress %s corrupt containers %s: cpu %s, %u corrupt expected, gpu counted %u, values %s",
+                   cs.name.c_str(), dq_dtype_name((dq_dtype)dt), dq_err_name(crc), expect, corrupt,
+                   memcmp(cpu.data(), gpu.data(), bytes) == 0 ? "identical" : "DIFFER");
+        }
+    }
+    dq_layer_free(layer);
+}
+
+/* ---- dqcu_attend ---- */
+
+static double rel_err(const float *a, const float *ref, size_t count)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < count; i++) {
+        double d = (double)a[i] - (double)ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    if (den == 0)
+        return num == 0 ? 0 : INFINITY;
+    return sqrt(num / den);
+}
+
+static void test_attention(Codecs &cs, Rng &r, const std::vector<uint32_t> &lens, uint32_t G)
+{
+    const uint32_t n = cs.n, d = cs.d, QH = cs.kvh * G;
+    const size_t nseq = lens.size(), wb = dq_codec_window_bytes(cs.c);
+    std::vector<dq_layer *> layers(nseq);
+    uint32_t max_tokens = 0;
+    for (size_t b = 0; b < nseq; b++) {
+        DQ(dq_layer_create(cs.c, &layers[b]));
+        std::vector<float> k, v;
+        gen_tokens(r, n, lens[b], true, k);
+        gen_tokens(r, n, lens[b], false, v);
+        std::vector<uint8_t> kb, vb;
+        to_dtype(k.data(), k.size(), DQ_DTYPE_BF16, kb);
+        to_dtype(v.data(), v.size(), DQ_DTYPE_BF16, vb);
+        if (lens[b])
+            DQ(dq_layer_append(layers[b], cs.ws, kb.data(), vb.data(), DQ_DTYPE_BF16, lens[b], NULL));
+        max_tokens = std::max(max_tokens, lens[b]);
+    }
+    /* device copies: per sequence its windows, pointer array and tails */
+    std::vector<DevBuf<uint8_t> *> dwins(nseq);
+    std::vector<DevBuf<const uint8_t *> *> dptrs(nseq);
+    std::vector<DevBuf<uint16_t> *> dtk(nseq), dtv(nseq);
+    std::vector<dqcu_attn_seq> seqs(nseq);
+    for (size_t b = 0; b < nseq; b++) {
+        const size_t nw = dq_layer_window_count(layers[b]), tail = dq_layer_tail_tokens(layers[b]);
+        dwins[b] = new DevBuf<uint8_t>(std::max<size_t>(nw * wb, 1));
+        dptrs[b] = new DevBuf<const uint8_t *>(std::max<size_t>(nw, 1));
+        std::vector<const uint8_t *> ptrs(nw);
+        for (size_t w = 0; w < nw; w++) {
+            CK(cudaMemcpy(dwins[b]->p + w * wb, dq_layer_window(layers[b], w), wb, cudaMemcpyHostToDevice));
+            ptrs[w] = dwins[b]->p + w * wb;
+        }
+        if (nw)
+            dptrs[b]->upload(ptrs.data(), nw);
+        dtk[b] = new DevBuf<uint16_t>(std::max<size_t>(tail * n, 1));
+        dtv[b] = new DevBuf<uint16_t>(std::max<size_t>(tail * n, 1));
+        if (tail) {
+            dtk[b]->upload(dq_layer_tail(layers[b], DQ_KIND_K), tail * n);
+            dtv[b]->upload(dq_layer_tail(layers[b], DQ_KIND_V), tail * n);
+        }
+        seqs[b].windows = dptrs[b]->p;
+        seqs[b].tail_k = dtk[b]->p;
+        seqs[b].tail_v = dtv[b]->p;
+        seqs[b].nwin = (uint32_t)nw;
+        seqs[b].tail_tokens = (uint32_t)tail;
+    }
+    const float scale = 1.0f / sqrtf((float)d);
+    std::vector<float> q(nseq * QH * d);
+    const double qs = 0.5 + 2.0 * r.uniform();
+    for (auto &x : q)
+        x = (float)(r.normal() * qs);
+    std::vector<float> oc(nseq * QH * d), lc(nseq * QH), orf(nseq * QH * d), lrf(nseq * QH);
+    std::vector<dq_attn_item> items(nseq), items_ref(nseq);
+    for (size_t b = 0; b < nseq; b++) {
+        items[b] = {layers[b], &q[b * QH * d], &oc[b * QH * d], &lc[b * QH]};
+        items_ref[b] = {layers[b], &q[b * QH * d], &orf[b * QH * d], &lrf[b * QH]};
+    }
+    DQ(dq_attend(cs.c, cs.ws, QH, scale, items.data(), nseq));
+    DQ(dq_attend_reference(cs.c, cs.ws, QH, scale, items_ref.data(), nseq));
+
+    DevBuf<dqcu_attn_seq> dseqs(nseq);
+    dseqs.upload(seqs.data(), nseq);
+    DevBuf<float> dq_(q.size()), dout(q.size()), dlse(nseq * QH);
+    dq_.upload(q.data(), q.size());
+    const size_t wsb = dqcu_attend_workspace_size(cs.g, QH, (uint32_t)nseq, max_tokens);
+    DevBuf<uint8_t> dws(std::max<size_t>(wsb, 1));
+    dout.fill_bytes(0xff);
+    dlse.fill_bytes(0xff);
+    DQ(dqcu_attend(cs.g, QH, scale, dseqs.p, (uint32_t)nseq, max_tokens, dq_.p, dout.p, dlse.p, dws.p, wsb, 0));
+    CK(cudaDeviceSynchronize());
+    std::vector<float> og(q.size()), lg(nseq * QH);
+    dout.download(og.data(), og.size());
+    dlse.download(lg.data(), lg.size());
+    double worst = 0, worst_ref = 0, worst_lse = 0, cpu_vs_ref = 0;
+    bool ok = true;
+    for (size_t b = 0; b < nseq; b++) {
+        const size_t o = b * QH * d;
+        if (lens[b] == 0) {
+            bool z = true;
+            for (size_t i = 0; i < (size_t)QH * d; i++)
+                z &= og[o + i] == 0.0f;
+            for (uint32_t h = 0; h < QH; h++)
+                z &= lg[b * QH + h] == -INFINITY;
+            if (!z) {
+                ok = false;
+                printf("        empty sequence %zu: output not 0 / lse not -inf\n", b);
+            }
+            continue;
+        }
+        double e1 = rel_err(&og[o], &oc[o], (size_t)QH * d), e2 = rel_err(&og[o], &orf[o], (size_t)QH * d);
+        cpu_vs_ref = std::max(cpu_vs_ref, rel_err(&oc[o], &orf[o], (size_t)QH * d));
+        double el = 0;
+        for (uint32_t h = 0; h < QH; h++) {
+            double a = lg[b * QH + h], ref = lrf[b * QH + h];
+            double e = fabs(a - ref) / std::max(1.0, fabs(ref));
+            if (!(e == e))
+                e = INFINITY;
+            el = std::max(el, e);
+        }
+        if (!(e1 <= 1e-3) || !(e2 <= 1e-3) || !(el <= 1e-3)) {
+            ok = false;
+            printf("        sequence %zu (%u tokens): rel err vs dq_attend %.3g, vs reference %.3g, lse %.3g\n", b,
+                   lens[b], e1, e2, el);
+        }
+        worst = std::max(worst, e1);
+        worst_ref = std::max(worst_ref, e2);
+        worst_lse = std::max(worst_lse, el);
+    }
+    std::string ls;
+    for (size_t b = 0; b < nseq; b++)
+        ls += (b ? "," : "") + std::to_string(lens[b]);
+    report(ok, "attend %s QH=%u (G=%u) lens [%s]: rel err vs dq_attend %.2e, vs f64 reference %.2e, lse %.2e "
+               "(cpu vs reference %.2e)",
+           cs.name.c_str(), QH, G, ls.c_str(), worst, worst_ref, worst_lse, cpu_vs_ref);
+    for (size_t b = 0; b < nseq; b++) {
+        delete dwins[b];
+        delete dptrs[b];
+        delete dtk[b];
+        delete dtv[b];
+        dq_layer_free(layers[b]);
+    }
+}
+
+/* ---- timing on the dq226 shape ---- */
+
+static void timing(Rng &r)
+{
+    Codecs cs;
+    Cfg cfg = {8, 128, 0, 0, 128, 128, 0, 0, 0, "dq226"};
+    make_codecs(cfg, cs);
+    const uint32_t n = cs.n, W = cs.W;
+    printf("\ntiming (%s), medians of events after warm-up:\n", cs.name.c_str());
+    {
+        const size_t count = 131072;
+        std::vector<float> y((size_t)count * n);
+        for (size_t s = 0; s < count; s++)
+            gen_stream(r, D_GAUSS, n, &y[s * n]);
+        DevBuf<float> dy(y.size());
+        dy.upload(y.data(), y.size());
+        for (int kind = 0; kind < 2; kind++) {
+            const size_t rb = dq_codec_record_bytes(cs.c, (dq_kind)kind);
+            DevBuf<uint8_t> drec(count * rb);
+            DevBuf<int32_t> dst(count);
+            double ms = time_median_ms(
+                [&] { DQ(dqcu_encode_streams(cs.g, (dq_kind)kind, dy.p, count, drec.p, rb, dst.p, NULL, 0)); }, 2, 5);
+            printf("  encode_streams %s: %zu streams in %.3f ms = %.2f M streams/s\n", kind ? "V" : "K", count, ms,
+                   count / (ms * 1e3));
+        }
+    }
+    {
+        const size_t nwin = 512;
+        std::vector<float> k, v;
+        gen_tokens(r, n, nwin * W, true, k);
+        gen_tokens(r, n, nwin * W, false, v);
+        std::vector<uint8_t> kb, vb;
+        to_dtype(k.data(), k.size(), DQ_DTYPE_BF16, kb);
+        to_dtype(v.data(), v.size(), DQ_DTYPE_BF16, vb);
+        const size_t wb = dq_codec_window_bytes(cs.c);
+        DevBuf<uint8_t> dk(kb.size()), dv(vb.size()), dwin(nwin * wb);
+        dk.upload(kb.data(), kb.size());
+        dv.upload(vb.data(), vb.size());
+        DevBuf<uint8_t *> dptr(nwin);
+        std::vector<uint8_t *> ptrs(nwin);
+        for (size_t w = 0; w < nwin; w++)
+            ptrs[w] = dwin.p + w * wb;
+        dptr.upload(ptrs.data(), nwin);
+        DevBuf<int32_t> dst(nwin);
+        double ms = time_median_ms(
+            [&] { DQ(dqcu_encode_windows(cs.g, dk.p, dv.p, DQ_DTYPE_BF16, nwin, dptr.p, dst.p, NULL, 0)); }, 2, 5);
+        printf("  encode_windows bf16: %zu windows (%zu streams) in %.3f ms = %.2f M streams/s\n", nwin, nwin * W * 2,
+               ms, nwin * W * 2 / (ms * 1e3));
+        const size_t ntok = nwin * W;
+        DevBuf<uint16_t> dout(ntok * n);
+        double ms2 = time_median_ms(
+            [&] {
+                DQ(dqcu_decompress(cs.g, DQ_KIND_K, (const uint8_t *const *)dptr.p, nwin, NULL, 0, 0, ntok, dout.p,
+                                   DQ_DTYPE_BF16, NULL, 0));
+            },
+            2, 7);
+        printf("  decompress K -> bf16: %zu tokens in %.3f ms = %.1f GB/s of bf16 written, %.1f M tokens/s\n", ntok, ms2,
+               ntok * n * 2.0 / (ms2 * 1e6), ntok / (ms2 * 1e3));
+    }
+}
+
+/* ---- the test matrix ---- */
+
+int main(int argc, char **argv)
+{
+    uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+    bool small = false, do_timing = true;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--seed") && i + 1 < argc)
+            seed = strtoull(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--small"))
+            small = true;
+        else if (!strcmp(argv[i], "--no-timing"))
+            do_timing = false;
+        else if (!strcmp(argv[i], "--quiet"))
+            g_quiet = 1;
+        else {
+            fprintf(stderr, "usage: %s [--seed N] [--small] [--no-timing] [--quiet]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (dqcu_device_count() == 0) {
+        printf("checkcuda: no CUDA device of compute capability 9.0 or newer; skipped\n");
+        return 77;
+    }
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("checkcuda: %s (sm_%d%d, %d SMs), seed %llu%s\n", prop.name, prop.major, prop.minor,
+           prop.multiProcessorCount, (unsigned long long)seed, small ? " (small)" : "");
+    Rng r(seed);
+
+    /* the drift's λ table on the device comes from the same expression as lib's */
+    {
+        const float *t = dq__exp2_table();
+        bool same = true;
+        for (int i = 0; i < 512; i++)
+            same &= (float)exp2(i / 512.0) == t[i];
+        report(same, "exp2 table: host recomputation equals dq__exp2_table()");
+    }
+
+    std::vector<Cfg> cfgs;
+    if (small) {
+        cfgs.push_back({2, 128, 8, 6, 32, 32, 2.5, 1.8, 0x5eed, NULL});
+        cfgs.push_back({1, 64, 5, 3, 32, 40, 0.1, 0.1, 0, NULL});
+    } else {
+        cfgs.push_back({8, 128, 0, 0, 128, 128, 0, 0, 0, "dq226"});
+        cfgs.push_back({8, 128, 0, 0, 128, 128, 0, 0, 0, "dq196"});
+        const uint32_t shapes[][2] = {{1, 64}, {2, 32}, {4, 16}, {1, 128}, {3, 128}, {8, 64}, {5, 128},
+                                      {4, 256}, {16, 128}, {2, 512}, {32, 128}};
+        const uint32_t wins[] = {128, 64, 32, 100};
+        for (const auto &sh : shapes) {
+            Cfg c = {};
+            c.kvh = sh[0];
+            c.d = sh[1];
+            c.MK = 2 + r.below(15);
+            c.MV = 2 + r.below(15);
+            c.W = wins[r.below(4)];
+            c.R = c.W + (r.below(2) ? 0 : r.below(64));
+            c.rate_k = r.below(5) == 0 ? 0.1 : 1.0 + 3.0 * r.uniform();
+            c.rate_v = r.below(5) == 0 ? 0.1 : 0.8 + 2.5 * r.uniform();
+            c.seed = r.below(4) ? r.next() : 0;
+            cfgs.push_back(c);
+        }
+        /* the largest alphabets and very tight containers */
+        cfgs.push_back({8, 128, 32, 16, 128, 128, 0.1, 3.0, 0x1234, NULL});
+        cfgs.push_back({2, 128, 16, 32, 64, 64, 4.5, 0.1, 0x77, NULL});
+    }
+
+    for (const Cfg &cfg : cfgs) {
+        Codecs cs;
+        make_codecs(cfg, cs);
+        printf("%s\n", cs.name.c_str());
+        const bool enc_ok = cs.n <= DQCU_MAX_ENCODE_STREAM;
+        const bool dec_ok = cs.d >= 32;
+        test_streams(cs, r, small ? 40 : 1200, enc_ok);
+        const size_t nwin = small ? 3 : 5;
+        std::vector<uint8_t> valid;
+        for (int dt = 0; dt < 3; dt++) {
+            std::vector<uint8_t> v = test_windows(cs, r, small && dt ? 1 : nwin, (dq_dtype)dt, dt != 0 || small,
+                                                  enc_ok);
+            if (valid.empty())
+                valid = v;
+        }
+        if (!dec_ok)
+            continue;
+        test_decompress(cs, r, valid, small ? 4 : 12);
+        /* a GQA group the attention kernel takes for this shape (its state is in shared memory) */
+        const uint32_t Gs[] = {1, 2, 4, 8};
+        uint32_t G = Gs[r.below(4)];
+        while (G > 1 && dqcu_attend_check(cs.g, cs.kvh * G) != 0)
+            G >>= 1;
+        {
+            int bad_shape = cs.kvh > 1 ? dqcu_attend_check(cs.g, cs.kvh * G + 1) : DQ_SHAPE;
+            int big_group = dqcu_attend_check(cs.g, cs.kvh * 16);
+            report(bad_shape == DQ_SHAPE && big_group == DQ_UNSUPPORTED,
+                   "attend_check %s: q_heads not a multiple of kv_heads -> %s, group of 16 -> %s", cs.name.c_str(),
+                   dq_err_name(bad_shape), dq_err_name(big_group));
+        }
+        std::vector<uint32_t> lens;
+        if (small) {
+            lens = {0, 1, cs.W + 3, 2 * cs.W};
+        } else {
+            const uint32_t W = cs.W;
+            lens = {0, 1, W - 1, W, W + 1, 3 * W + r.below(W), r.below(12 * W), 20 * W + r.below(W)};
+            if (cs.n >= 2048)
+                lens.resize(6);
+        }
+        test_attention(cs, r, lens, G);
+    }
+    if (!small) {
+        Codecs cs;
+        Cfg cfg = {8, 128, 0, 0, 128, 128, 0, 0, 0, "dq226"};
+        make_codecs(cfg, cs);
+        std::vector<uint32_t> lens = {64 * 128 + 17, 5 * 128, 130 * 128 + 100};
+        test_attention(cs, r, lens, 4);
+    }
+    printf("\ncheckcuda: %d checks, %d failed (seed %llu)\n", g_checks, g_failures, (unsigned long long)seed);
+    if (do_timing && !small && g_failures == 0)
+        timing(r);
+    return g_failures ? 1 : 0;
+}
