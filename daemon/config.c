@@ -62,6 +62,8 @@ static const dqd_option options[] = {
      "Worker threads for encoding, decoding and attention."},
     {"backend", "server", "backend", OPT_BACKEND, 0, 0, 0, "cpu|cuda", "cpu",
      "Codec backend. cuda falls back to cpu (with a log line) when not built with CUDA or no GPU."},
+    {"gpu-device", "server", "gpu_device", OPT_U32, FIELD(gpu_device), 0, 1023, "N", "0",
+     "CUDA device the cuda backend uses."},
     {"log-level", "server", "log_level", OPT_LOG_LEVEL, 0, 0, 0, "LEVEL", "info",
      "error, warn, info or debug."},
     {"shutdown-timeout", "server", "shutdown_timeout", OPT_U32, FIELD(shutdown_timeout), 1, 3600, "SECONDS", "30",
@@ -69,6 +71,11 @@ static const dqd_option options[] = {
     {"host-memory", "store", "host_memory", OPT_SIZE, FIELD(host_memory), 1 * MiB, 64 * TiB, "SIZE", "4G",
      "Host-memory budget of the store; least recently used unpinned sequences are evicted to stay "
      "within it."},
+    {"gpu-memory", "store", "gpu_memory", OPT_SIZE, FIELD(gpu_memory), 1 * MiB, 64 * TiB, "SIZE",
+     "80% of the free GPU memory at start",
+     "GPU-memory budget of the store on the cuda backend (window records, tails and pointer arrays of "
+     "GPU-resident layers). Least recently used unpinned sequences move to host memory when the host "
+     "budget allows, else they are evicted; they come back to the GPU when next used by PUT or ATTEND."},
     {"max-models", "store", "max_models", OPT_U32, FIELD(max_models), 1, 1u << 20, "N", "256",
      "Registered models at most."},
     {"max-frame", "limits", "max_frame", OPT_SIZE, FIELD(max_frame), 64, 1 * TiB, "SIZE",

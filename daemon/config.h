@@ -35,6 +35,8 @@ typedef struct dqd_config {
     char metrics_host[DQD_HOST_MAX];
     uint16_t metrics_port;
     uint64_t host_memory;         /* store budget, bytes */
+    uint64_t gpu_memory;          /* GPU tier budget (cuda backend), bytes; 0: 80% of the free memory */
+    uint32_t gpu_device;          /* CUDA device ordinal (cuda backend) */
     dqd_backend backend;
     dq_log_level log_level;
     char *secret;                 /* NULL: none; when set, every TCP listener requires it */

@@ -31,8 +31,13 @@ int main(int argc, char **argv)
         return 0;
     }
     if (action == DQD_CLI_VERSION) {
-        printf("dquantd %s (libdquant %s, libuv %s, wire protocol %u)\n", DQD_VERSION, dq_version(),
-               uv_version_string(), 1u);
+#ifdef DQD_HAVE_CUDA
+        const char *backends = "cpu, cuda";
+#else
+        const char *backends = "cpu";
+#endif
+        printf("dquantd %s (libdquant %s, libuv %s, wire protocol %u, backends %s)\n", DQD_VERSION, dq_version(),
+               uv_version_string(), 1u, backends);
         dqd_config_free(&cfg);
         return 0;
     }

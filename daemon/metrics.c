@@ -177,6 +177,22 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
     gauge(&b, "dquant_host_memory_budget_bytes", "Host-memory budget.", (double)g->store.budget);
     gauge(&b, "dquant_host_memory_reserved_bytes", "Budget reserved by writes in progress.",
           (double)g->store.reserved);
+    counter(&b, "dquant_gpu_demotions_total", "Sequences moved from GPU memory to host memory to make room.",
+            g->store.gpu_demotions);
+    counter(&b, "dquant_gpu_promotions_total", "Layers moved from host memory back to GPU memory.",
+            g->store.gpu_promotions);
+    counter(&b, "dquant_gpu_spills_total", "Layers moved to host memory by a write the GPU had no room for.",
+            g->store.gpu_spills);
+    counter(&b, "dquant_gpu_drops_total", "GPU sequences evicted outright (no host room); also in evictions.",
+            g->store.gpu_drops);
+    gauge(&b, "dquant_gpu_memory_used_bytes", "GPU memory held by GPU-resident layers (cuda backend).",
+          (double)g->store.gpu_used);
+    gauge(&b, "dquant_gpu_memory_allocated_bytes", "GPU memory allocated for layers right now, in-flight work included.",
+          (double)g->gpu_allocated);
+    gauge(&b, "dquant_gpu_memory_budget_bytes", "GPU-memory budget (0 on the cpu backend).", (double)g->store.gpu_budget);
+    gauge(&b, "dquant_gpu_memory_reserved_bytes", "GPU budget reserved by writes in progress.",
+          (double)g->store.gpu_reserved);
+    gauge(&b, "dquant_gpu_sequences", "Sequences holding layers in GPU memory.", (double)g->store.gpu_sequences);
     gauge(&b, "dquant_models", "Registered models.", (double)g->models);
     gauge(&b, "dquant_inflight_requests", "Requests in progress.", (double)g->inflight_requests);
     gauge(&b, "dquant_workers", "Worker threads.", (double)g->workers);
@@ -285,6 +301,10 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_counter(&kb, "decompress_tokens", m->decompress_tokens);
     add_counter(&kb, "evictions", g->store.evictions);
     add_counter(&kb, "evicted_bytes", g->store.evicted_bytes);
+    add_counter(&kb, "gpu_demotions", g->store.gpu_demotions);
+    add_counter(&kb, "gpu_promotions", g->store.gpu_promotions);
+    add_counter(&kb, "gpu_drops", g->store.gpu_drops);
+    add_counter(&kb, "gpu_spills", g->store.gpu_spills);
 
     add_gauge(&kb, "sequences", (double)g->store.sequences);
     add_gauge(&kb, "sequences_pinned", (double)g->store.pinned);
@@ -296,6 +316,11 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_gauge(&kb, "host_memory_used", (double)g->store.used);
     add_gauge(&kb, "host_memory_budget", (double)g->store.budget);
     add_gauge(&kb, "host_memory_reserved", (double)g->store.reserved);
+    add_gauge(&kb, "gpu_memory_used", (double)g->store.gpu_used);
+    add_gauge(&kb, "gpu_memory_allocated", (double)g->gpu_allocated);
+    add_gauge(&kb, "gpu_budget", (double)g->store.gpu_budget);
+    add_gauge(&kb, "gpu_memory_reserved", (double)g->store.gpu_reserved);
+    add_gauge(&kb, "gpu_sequences", (double)g->store.gpu_sequences);
     add_gauge(&kb, "connections_open", (double)m->conns_open);
     add_gauge(&kb, "models", (double)g->models);
     add_gauge(&kb, "inflight_requests", (double)g->inflight_requests);

@@ -34,6 +34,7 @@ typedef struct dqd_metrics {
 /* Everything else a report shows, gathered by the server at render time. */
 typedef struct dqd_gauges {
     dqd_store_stats store;
+    uint64_t gpu_allocated;     /* device bytes of GPU layers allocated right now (cuda backend) */
     uint64_t models;
     uint64_t inflight_requests;
     uint64_t workers;

@@ -5,7 +5,17 @@
  * shared otherwise), then check every item against its model. Workers, three phases over chunks
  * of items: (A) queries to f32 and every input checked finite, (B) the appends, rolled back all
  * together if one fails, (C) dq_attend. The reply is out F32 [items, q_heads, head_dim] followed
- * by lse F32 [items, q_heads]. */
+ * by lse F32 [items, q_heads].
+ *
+ * On the cuda backend, items whose layer is in GPU memory run there: between (A) and (B) the loop
+ * places every (sequence, layer) of the batch — on the GPU if it is there already; else, for
+ * models the kernels take, moved there (an existing host layer) or created there (a new layer
+ * with an append) when the GPU budget can make room, possibly moving least recently used
+ * sequences to the host first (gpu_tier.h); else it stays on the host. A sequence with a host
+ * layer to move is acquired exclusively, as for an append. A GPU layer whose append finds no room
+ * at all on the GPU (everything else pinned or in use) moves to the host and is appended there. Phase B and C then run the
+ * host items in chunks as above plus one GPU task: promotions and appends on the worker's stream,
+ * then one dqcu_attend launch per codec for all GPU items of the batch. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -18,6 +28,8 @@
 #include "dquant/attention.h"
 #include "dquant/codec.h"
 #include "dquant/error.h"
+#include "gpu.h"
+#include "gpu_tier.h"
 #include "logging.h"
 #include "ops_internal.h"
 #include "server.h"
@@ -30,7 +42,13 @@ typedef struct att_item {
     uint32_t layer;
     dqd_tensor q, ak, av;
     bool append;
+    bool gpu;        /* its layer is (after phase B) in GPU memory */
+    bool promote;    /* phase B moves its layer to the GPU (one item per layer) */
+    bool promoted;
+    bool spill;      /* phase B moves its (GPU) layer to the host before appending there */
+    bool spilled;
     dqd_append txn;
+    dqd_gappend gtxn;
     int rc;
 } att_item;
 
@@ -49,7 +67,11 @@ typedef struct att_op {
     size_t nchunks;
     size_t *append_idx;   /* items with appends */
     size_t nappend;
+    size_t ncpu_append;   /* of which on the host */
+    bool gpu_b, gpu_c;    /* a GPU task in phase B (promotions, appends) / C (attention) */
     uint64_t reserved;
+    uint64_t gpu_reserved;
+    dqd_gpu_moves mv;
     int fail_rc;
     char msg[256];
 } att_op;
@@ -71,10 +93,16 @@ static void att_free(att_op *op)
 {
     if (op->reserved)
         dqd_store_unreserve(op->srv->store, op->reserved);
+    if (op->gpu_reserved)
+        dqd_store_gpu_unreserve(op->srv->store, op->gpu_reserved);
+    dqd_store_gpu_moves_finish(op->srv->store, &op->mv);
     dqd_access_end(&op->as);
-    if (op->items)
-        for (size_t i = 0; i < op->n; i++)
+    if (op->items) {
+        for (size_t i = 0; i < op->n; i++) {
             dqd_append_clear(&op->items[i].txn);
+            dqd_gappend_clear(&op->items[i].gtxn);
+        }
+    }
     free(op->items);
     free(op->qf);
     free(op->out);
@@ -108,21 +136,75 @@ static size_t qsize(const att_op *op)
 
 /* ---- phase C: attention ---- */
 
+/* Every GPU item, one dqd_gpu_attend per codec. */
+static void attend_gpu(att_op *op)
+{
+    float *out = (float *)op->out;
+    float *lse = out + op->n * qsize(op);
+    dqd_gattn *batch = malloc(op->n * sizeof *batch);
+    size_t *idx = malloc(op->n * sizeof *idx);
+    bool *done = calloc(op->n, sizeof *done);
+    if (!batch || !idx || !done) {
+        for (size_t i = 0; i < op->n; i++)
+            if (op->items[i].gpu)
+                op->items[i].rc = DQ_NOMEM;
+        free(batch);
+        free(idx);
+        free(done);
+        return;
+    }
+    for (size_t i = 0; i < op->n; i++) {
+        if (!op->items[i].gpu || done[i])
+            continue;
+        dqd_codec *codec = op->items[i].codec;
+        size_t nb = 0;
+        for (size_t j = i; j < op->n; j++) {
+            att_item *it = &op->items[j];
+            if (!it->gpu || done[j] || it->codec != codec)
+                continue;
+            done[j] = true;
+            const dqd_glayer *l = dqd_seq_glayer(it->seq, it->layer);
+            if (!l) {
+                memset(out + j * qsize(op), 0, qsize(op) * sizeof(float));
+                for (uint32_t h = 0; h < op->q_heads; h++)
+                    lse[j * op->q_heads + h] = -INFINITY;
+                continue;
+            }
+            batch[nb] = (dqd_gattn){l, op->qf + j * qsize(op), out + j * qsize(op), lse + j * op->q_heads};
+            idx[nb++] = j;
+        }
+        int rc = nb ? dqd_gpu_attend(op->srv->gpu, codec, op->q_heads, op->scale, batch, nb) : DQ_OK;
+        for (size_t b = 0; b < nb; b++)
+            op->items[idx[b]].rc = rc;
+    }
+    free(batch);
+    free(idx);
+    free(done);
+}
+
 static void attend_task(void *ctx, size_t c)
 {
     att_op *op = ctx;
+    if (c == op->nchunks) {
+        attend_gpu(op);
+        return;
+    }
     size_t lo, hi;
     chunk_range(op->n, op->nchunks, c, &lo, &hi);
     float *out = (float *)op->out;
     float *lse = out + op->n * qsize(op);
     size_t i = lo;
     while (i < hi) {
+        if (op->items[i].gpu) {
+            i++;
+            continue;
+        }
         /* A run of items of one codec shares a workspace and one dq_attend call. */
         dqd_codec *codec = op->items[i].codec;
         size_t j = i;
         dq_attn_item batch[64];
         size_t nb = 0;
-        while (j < hi && op->items[j].codec == codec && nb < 64) {
+        while (j < hi && op->items[j].codec == codec && !op->items[j].gpu && nb < 64) {
             att_item *it = &op->items[j];
             const dq_layer *l = it->seq->layers[it->layer];
             if (!l) {
@@ -179,10 +261,14 @@ static void attend_done(void *ctx)
 
 static void start_attend(att_op *op)
 {
-    op->nchunks = dqd_tasks_split(op->srv, op->n);
-    for (size_t i = 0; i < op->n; i++)
+    size_t ngpu = 0;
+    for (size_t i = 0; i < op->n; i++) {
         op->items[i].rc = 0;
-    if (dqd_tasks_run(op->srv, op->nchunks, attend_task, attend_done, op) < 0)
+        ngpu += op->items[i].gpu;
+    }
+    op->gpu_c = ngpu > 0;
+    op->nchunks = ngpu < op->n ? dqd_tasks_split(op->srv, op->n) : 0;
+    if (dqd_tasks_run(op->srv, op->nchunks + op->gpu_c, attend_task, attend_done, op) < 0)
         att_fail(op, DQ_NOMEM, "out of memory");
 }
 
@@ -191,36 +277,111 @@ static void start_attend(att_op *op)
 static void rollback_task(void *ctx, size_t c)
 {
     att_op *op = ctx;
+    if (c == op->nchunks) {
+        for (size_t k = 0; k < op->nappend; k++) {
+            att_item *it = &op->items[op->append_idx[k]];
+            if (it->gpu)
+                it->rc = dqd_gpu_rollback(op->srv->gpu, it->codec, &it->gtxn, &it->seq->glayers[it->layer]);
+        }
+        return;
+    }
     size_t lo, hi;
     chunk_range(op->nappend, op->nchunks, c, &lo, &hi);
     for (size_t k = lo; k < hi; k++) {
         att_item *it = &op->items[op->append_idx[k]];
-        it->rc = dqd_append_rollback(&it->txn, it->codec, &it->seq->layers[it->layer]);
+        if (!it->gpu)
+            it->rc = dqd_append_rollback(&it->txn, it->codec, &it->seq->layers[it->layer]);
     }
 }
 
-static void rollback_done(void *ctx)
+/* After phase B, failed or not: promotions are counted, sequences whose layer could not be put back
+ * are dropped, the others' accounting follows their layers. */
+static void settle_b(att_op *op, bool rolled_back)
 {
-    att_op *op = ctx;
-    for (size_t k = 0; k < op->nappend; k++) {
-        att_item *it = &op->items[op->append_idx[k]];
-        if (it->rc < 0 && it->seq->in_index) {
+    uint64_t promoted = 0, spilled = 0;
+    for (size_t i = 0; i < op->n; i++) {
+        att_item *it = &op->items[i];
+        promoted += it->promoted;
+        spilled += it->spilled;
+        if (!it->append && !it->promoted)
+            continue;
+        bool broken = it->gtxn.broken || (rolled_back && it->append && it->rc < 0);
+        if (broken && it->seq->in_index) {
             DQD_ERROR("ATTEND rollback failed; dropping sequence ns='%s'", it->seq->ns);
             dqd_store_remove(op->srv->store, it->seq);
         } else if (it->seq->in_index) {
             dqd_store_commit(op->srv->store, it->seq);
         }
     }
+    dqd_store_gpu_promoted(op->srv->store, promoted);
+    dqd_store_gpu_spilled(op->srv->store, spilled);
+}
+
+static void rollback_done(void *ctx)
+{
+    att_op *op = ctx;
+    settle_b(op, true);
     att_fail(op, op->fail_rc, "%s", op->msg);
+}
+
+/* Phase B on the GPU: layer moves first, then the appends, all on this worker's stream. */
+static void append_gpu(att_op *op)
+{
+    dqd_gpu *gpu = op->srv->gpu;
+    for (size_t i = 0; i < op->n; i++) {
+        att_item *it = &op->items[i];
+        if (!it->promote)
+            continue;
+        it->rc = dqd_gpu_promote(gpu, it->codec, &it->seq->layers[it->layer], &it->seq->glayers[it->layer]);
+        it->promoted = it->rc == DQ_OK;
+        if (it->rc < 0)
+            return;
+    }
+    for (size_t k = 0; k < op->nappend; k++) {
+        att_item *it = &op->items[op->append_idx[k]];
+        if (!it->gpu)
+            continue;
+        const void *kd, *vd;
+        void *kt, *vt;
+        it->rc = dqd_tensor_aligned(&it->ak, &kd, &kt);
+        if (it->rc == 0) {
+            it->rc = dqd_tensor_aligned(&it->av, &vd, &vt);
+            if (it->rc == 0) {
+                it->rc = dqd_gpu_append(gpu, it->codec, &it->gtxn, &it->seq->glayers[it->layer], kd, vd,
+                                        dqd_tensor_dtype(&it->ak), 1, NULL);
+                free(vt);
+            }
+            free(kt);
+        }
+        if (it->rc < 0)
+            break;
+    }
+    int rc = dqd_gpu_finish(gpu);
+    if (rc < 0)
+        for (size_t k = 0; k < op->nappend; k++)
+            if (op->items[op->append_idx[k]].gpu && op->items[op->append_idx[k]].rc == 0)
+                op->items[op->append_idx[k]].rc = rc;
 }
 
 static void append_task(void *ctx, size_t c)
 {
     att_op *op = ctx;
+    if (c == op->nchunks) {
+        append_gpu(op);
+        return;
+    }
     size_t lo, hi;
     chunk_range(op->nappend, op->nchunks, c, &lo, &hi);
     for (size_t k = lo; k < hi; k++) {
         att_item *it = &op->items[op->append_idx[k]];
+        if (it->gpu)
+            continue;
+        if (it->spill) {
+            it->rc = dqd_gpu_demote(op->srv->gpu, it->codec, &it->seq->glayers[it->layer], &it->seq->layers[it->layer]);
+            if (it->rc < 0)
+                continue;
+            it->spilled = true;
+        }
         const void *kd, *vd;
         void *kt, *vt;
         it->rc = dqd_tensor_aligned(&it->ak, &kd, &kt);
@@ -244,36 +405,162 @@ static void append_done(void *ctx)
     att_op *op = ctx;
     int first = 0;
     size_t bad = 0, applied = 0;
-    for (size_t k = 0; k < op->nappend; k++) {
-        att_item *it = &op->items[op->append_idx[k]];
+    for (size_t i = 0; i < op->n; i++) {
+        att_item *it = &op->items[i];
+        if (!it->append && !it->promote)
+            continue;
         if (it->rc < 0 && !first) {
             first = it->rc;
-            bad = op->append_idx[k];
+            bad = i;
         }
-        applied += it->txn.applied;
+        applied += it->txn.applied + it->gtxn.applied;
     }
     if (first) {
+        snprintf(op->msg, sizeof op->msg, "item %zu: %s failed: %s", bad,
+                 op->items[bad].promote && !op->items[bad].promoted ? "moving its layer to the GPU" : "append",
+                 dq_strerror(first));
         if (applied) {
-            snprintf(op->msg, sizeof op->msg, "item %zu: append failed: %s", bad, dq_strerror(first));
             op->fail_rc = first;
             op->srv->metrics.rollbacks += applied;
-            if (dqd_tasks_run(op->srv, op->nchunks, rollback_task, rollback_done, op) == 0)
+            for (size_t k = 0; k < op->nappend; k++)
+                op->items[op->append_idx[k]].rc = 0;
+            size_t ntasks = op->nchunks + op->gpu_b;
+            if (dqd_tasks_run(op->srv, ntasks, rollback_task, rollback_done, op) == 0)
                 return;
-            for (size_t c = 0; c < op->nchunks; c++)
+            for (size_t c = 0; c < ntasks; c++)
                 rollback_task(op, c);
             rollback_done(op);
             return;
         }
-        att_fail(op, first, "item %zu: append failed: %s", bad, dq_strerror(first));
+        settle_b(op, false);
+        att_fail(op, first, "%s", op->msg);
         return;
     }
-    for (size_t k = 0; k < op->nappend; k++)
-        dqd_store_commit(op->srv->store, op->items[op->append_idx[k]].seq);
+    settle_b(op, false);
     dqd_store_unreserve(op->srv->store, op->reserved);
     op->reserved = 0;
+    dqd_store_gpu_unreserve(op->srv->store, op->gpu_reserved);
+    op->gpu_reserved = 0;
     op->srv->metrics.attend_appends += op->nappend;
     op->srv->metrics.tokens_put += op->nappend;
     start_attend(op);
+}
+
+static void moves_done(void *ctx, int rc)
+{
+    att_op *op = ctx;
+    if (rc < 0) {
+        att_fail(op, rc, "cannot move sequences out of GPU memory: %s", dq_strerror(rc));
+        return;
+    }
+    op->nchunks = op->ncpu_append ? dqd_tasks_split(op->srv, op->nappend) : 0;
+    if (dqd_tasks_run(op->srv, op->nchunks + op->gpu_b, append_task, append_done, op) < 0)
+        att_fail(op, DQ_NOMEM, "out of memory");
+}
+
+/* ---- placement on the cuda backend ---- */
+
+typedef struct layer_key {
+    uintptr_t seq;
+    uint32_t layer;
+    size_t item;
+} layer_key;
+
+static int cmp_layer_key(const void *a, const void *b)
+{
+    const layer_key *x = a, *y = b;
+    if (x->seq != y->seq)
+        return x->seq < y->seq ? -1 : 1;
+    if (x->layer != y->layer)
+        return x->layer < y->layer ? -1 : 1;
+    return x->item < y->item ? -1 : x->item > y->item;
+}
+
+/* Decides, per (sequence, layer) of the batch, whether its items run on the GPU (see the top of this
+ * file), reserves the GPU room and marks the moves. Returns 0 or DQ_NOMEM. */
+static int att_place_gpu(att_op *op)
+{
+    dqd_store *store = op->srv->store;
+    dqd_gpu *gpu = op->srv->gpu;
+    layer_key *keys = malloc(op->n * sizeof *keys);
+    bool *cand = calloc(op->n, sizeof *cand);
+    if (!keys || !cand) {
+        free(keys);
+        free(cand);
+        return DQ_NOMEM;
+    }
+    for (size_t i = 0; i < op->n; i++)
+        keys[i] = (layer_key){(uintptr_t)op->items[i].seq, op->items[i].layer, i};
+    qsort(keys, op->n, sizeof *keys, cmp_layer_key);
+
+    int rc = DQ_OK;
+    uint64_t all = 0, resident = 0;
+    size_t ncand = 0;
+    for (size_t g0 = 0, g1; g0 < op->n; g0 = g1) {
+        bool app = false;
+        for (g1 = g0; g1 < op->n && keys[g1].seq == keys[g0].seq && keys[g1].layer == keys[g0].layer; g1++)
+            app |= op->items[keys[g1].item].append;
+        att_item *it = &op->items[keys[g0].item];
+        dqd_seq *seq = it->seq;
+        if (!dqd_gpu_model_ok(gpu, seq->model))
+            continue;
+        const dqd_glayer *gl = dqd_seq_glayer(seq, it->layer);
+        const dq_layer *hl = seq->layers[it->layer];
+        /* A layer moved to the host while this request waited is held for reading only: it stays. */
+        bool writable = dqd_access_mode(&op->as, seq) == DQD_ACCESS_WRITE;
+        if (gl) {
+            for (size_t k = g0; k < g1; k++)
+                op->items[keys[k].item].gpu = true;
+            if (app)
+                resident += dqd_gpu_need(it->codec, NULL, gl, 1);
+        } else if ((hl || app) && writable) {
+            if (dqd_store_gpu_slots(store, seq) < 0) {
+                rc = DQ_NOMEM;
+                goto out;
+            }
+            cand[keys[g0].item] = true;
+            ncand++;
+            all += dqd_gpu_need(it->codec, hl, NULL, app ? 1 : 0);
+        }
+    }
+    all += resident;
+    if (ncand && dqd_store_gpu_reserve(store, all, &op->mv) == DQ_OK) {
+        op->gpu_reserved = all;
+        for (size_t g0 = 0, g1; g0 < op->n; g0 = g1) {
+            for (g1 = g0; g1 < op->n && keys[g1].seq == keys[g0].seq && keys[g1].layer == keys[g0].layer; g1++)
+                ;
+            att_item *it = &op->items[keys[g0].item];
+            if (!cand[keys[g0].item])
+                continue;
+            it->promote = it->seq->layers[it->layer] != NULL;
+            for (size_t k = g0; k < g1; k++)
+                op->items[keys[k].item].gpu = true;
+        }
+    } else if (resident && dqd_store_gpu_reserve(store, resident, &op->mv) == DQ_OK) {
+        op->gpu_reserved = resident;
+    } else if (resident) {
+        /* no room for the resident layers' appends: those layers go to the host */
+        for (size_t g0 = 0, g1; g0 < op->n; g0 = g1) {
+            bool app = false;
+            for (g1 = g0; g1 < op->n && keys[g1].seq == keys[g0].seq && keys[g1].layer == keys[g0].layer; g1++)
+                app |= op->items[keys[g1].item].append;
+            att_item *it = &op->items[keys[g0].item];
+            if (!app || !dqd_seq_glayer(it->seq, it->layer))
+                continue;
+            for (size_t k = g0; k < g1; k++) {
+                att_item *x = &op->items[keys[k].item];
+                x->gpu = false;
+                x->spill = x->append;
+            }
+        }
+    }
+    op->gpu_b = false;
+    for (size_t i = 0; i < op->n; i++)
+        op->gpu_b |= op->items[i].promote || (op->items[i].gpu && op->items[i].append);
+out:
+    free(keys);
+    free(cand);
+    return rc;
 }
 
 /* ---- phase A: inputs ---- */
@@ -319,14 +606,25 @@ static void input_done(void *ctx)
             return;
         }
     }
-    if (!op->nappend) {
-        start_attend(op);
+    if (op->srv->gpu && att_place_gpu(op) < 0) {
+        att_fail(op, DQ_NOMEM, "out of memory");
         return;
     }
+    op->ncpu_append = 0;
     uint64_t need = 0;
     for (size_t k = 0; k < op->nappend; k++) {
         att_item *it = &op->items[op->append_idx[k]];
-        need += dqd_store_append_need(it->codec, it->seq->layers[it->layer], 1);
+        if (it->gpu)
+            continue;
+        op->ncpu_append++;
+        if (it->spill)
+            need += dqd_store_spill_need(it->codec, dqd_seq_glayer(it->seq, it->layer), 1);
+        else
+            need += dqd_store_append_need(it->codec, it->seq->layers[it->layer], 1);
+    }
+    if (!op->ncpu_append && !op->gpu_b) {
+        start_attend(op);
+        return;
     }
     int rc = dqd_store_reserve(op->srv->store, need, NULL);
     if (rc < 0) {
@@ -335,9 +633,7 @@ static void input_done(void *ctx)
         return;
     }
     op->reserved = need;
-    op->nchunks = dqd_tasks_split(op->srv, op->nappend);
-    if (dqd_tasks_run(op->srv, op->nchunks, append_task, append_done, op) < 0)
-        att_fail(op, DQ_NOMEM, "out of memory");
+    dqd_gpu_moves_run(op->srv, &op->mv, moves_done, op);
 }
 
 static void att_ready(dqd_access_set *as)
@@ -447,7 +743,10 @@ void dqd_op_attend(dqd_req *req)
         it->append = src->append_k != NULL;
         if (it->append)
             op->append_idx[op->nappend++] = i;
-        dqd_access_add(&op->as, seq, it->append ? DQD_ACCESS_WRITE : DQD_ACCESS_READ);
+        /* Moving a host layer to the GPU changes the sequence: that needs exclusive access too.
+         * (Its slots may be changing right now; host_layers is the loop's own count.) */
+        bool move = req->srv->gpu && seq->host_layers && dqd_gpu_model_ok(req->srv->gpu, seq->model);
+        dqd_access_add(&op->as, seq, it->append || move ? DQD_ACCESS_WRITE : DQD_ACCESS_READ);
     }
     dqd_access_start(&op->as, att_ready, op);
 }

@@ -1,10 +1,13 @@
 /* dquantd GET: a token range of a layer range, decoded to f16/bf16/f32 on the workers (one task
- * per layer and kind), or GET_RAW: the profile plus each layer's window records and BF16 tail. */
+ * per layer and kind), or GET_RAW: the profile plus each layer's window records and BF16 tail.
+ * A layer in GPU memory (cuda backend) is decoded there (dqcu_decompress) or its records copied
+ * out; GET never moves layers between tiers. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "access.h"
 #include "dquant/error.h"
+#include "gpu.h"
 #include "logging.h"
 #include "ops_internal.h"
 #include "server.h"
@@ -51,6 +54,12 @@ static void decode_task(void *ctx, size_t i)
     dq_kind kind = (i & 1) ? DQ_KIND_V : DQ_KIND_K;
     size_t per_layer = (size_t)op->tokens * op->codec->n * op->esize;
     uint8_t *dst = op->out + (kind == DQ_KIND_V ? op->out_len / 2 : 0) + layer * per_layer;
+    const dqd_glayer *g = dqd_seq_glayer(op->seq, op->first + (uint32_t)layer);
+    if (g) {
+        op->rc[i] = dqd_gpu_decode(op->srv->gpu, op->codec, g, kind, (size_t)op->start, (size_t)op->tokens, dst,
+                                   op->dtype);
+        return;
+    }
     dq_workspace *ws = dqd_codec_ws_take(op->codec);
     if (!ws) {
         op->rc[i] = DQ_NOMEM;
@@ -108,8 +117,7 @@ static void get_typed(get_op *op)
 
     uint64_t end = UINT64_MAX;
     for (uint32_t i = 0; i < op->num; i++) {
-        const dq_layer *l = op->seq->layers[op->first + i];
-        uint64_t have = l ? dq_layer_tokens(l) : 0;
+        uint64_t have = dqd_seq_layer_tokens(op->seq, op->first + i);
         if (g->tokens) {
             if (g->start_token + g->tokens > have) {
                 char msg[160];
@@ -154,6 +162,11 @@ static void get_typed(get_op *op)
 static void copy_task(void *ctx, size_t i)
 {
     get_op *op = ctx;
+    const dqd_glayer *g = dqd_seq_glayer(op->seq, op->first + (uint32_t)i);
+    if (g) {
+        op->rc[i] = dqd_gpu_copy_raw(op->srv->gpu, op->codec, g, op->out + op->raw_off[i]);
+        return;
+    }
     const dq_layer *l = op->seq->layers[op->first + i];
     if (!l)
         return;
@@ -174,6 +187,12 @@ static void copy_done(void *ctx)
     get_op *op = ctx;
     const dqd_model *m = op->seq->model;
     size_t n = op->num;
+    for (size_t i = 0; op->rc && i < n; i++) {
+        if (op->rc[i] < 0) {
+            get_fail(op, op->rc[i], dq_strerror(op->rc[i]));
+            return;
+        }
+    }
     Dquant__RawLayer *layers = calloc(n, sizeof *layers);
     Dquant__RawLayer **ptrs = calloc(n, sizeof *ptrs);
     Dquant__Tensor *t = calloc(n * 3, sizeof *t);
@@ -188,9 +207,9 @@ static void copy_done(void *ctx)
     }
     size_t wb = op->codec->window_bytes;
     for (size_t i = 0; i < n; i++) {
-        const dq_layer *l = op->seq->layers[op->first + i];
-        uint64_t nwin = l ? dq_layer_window_count(l) : 0;
-        uint64_t tail = l ? dq_layer_tail_tokens(l) : 0;
+        uint32_t layer = op->first + (uint32_t)i;
+        uint64_t nwin = dqd_seq_layer_windows(op->seq, layer);
+        uint64_t tail = dqd_seq_layer_tail(op->seq, layer);
         uint64_t off = op->raw_off[i];
         uint64_t rec_len = nwin * wb;
         uint64_t tail_len = tail * op->codec->n * 2;
@@ -198,7 +217,7 @@ static void copy_done(void *ctx)
         const uint64_t tshape[3] = {tail, m->kv_heads, m->head_dim};
         dquant__raw_layer__init(&layers[i]);
         layers[i].layer = op->first + (uint32_t)i;
-        layers[i].tokens = l ? dq_layer_tokens(l) : 0;
+        layers[i].tokens = dqd_seq_layer_tokens(op->seq, layer);
         layers[i].windows = nwin;
         dqd_reply_tensor(&t[3 * i], &shapes[9 * i], DQUANT__DTYPE__RAW, rshape, 2, off, rec_len);
         dqd_reply_tensor(&t[3 * i + 1], &shapes[9 * i + 3], DQUANT__DTYPE__BF16, tshape, 3, off + rec_len, tail_len);
@@ -238,11 +257,9 @@ static void get_raw(get_op *op)
     }
     uint64_t total = 0;
     for (uint32_t i = 0; i < op->num; i++) {
-        const dq_layer *l = op->seq->layers[op->first + i];
         op->raw_off[i] = (size_t)total;
-        if (l)
-            total += (uint64_t)dq_layer_window_count(l) * op->codec->window_bytes +
-                     (uint64_t)dq_layer_tail_tokens(l) * op->codec->n * 4u;
+        total += dqd_seq_layer_windows(op->seq, op->first + i) * op->codec->window_bytes +
+                 dqd_seq_layer_tail(op->seq, op->first + i) * op->codec->n * 4u;
         if (total > srv->cfg->max_payload) {
             get_fail(op, DQ_TOO_LARGE, "the raw reply would exceed max_payload; ask for fewer layers");
             return;
@@ -254,7 +271,8 @@ static void get_raw(get_op *op)
         return;
     }
     op->out = dqd_out_alloc(op->out_len);
-    if (!op->out || dqd_tasks_run(srv, op->num, copy_task, copy_done, op) < 0)
+    op->rc = calloc(op->num, sizeof *op->rc);
+    if (!op->out || !op->rc || dqd_tasks_run(srv, op->num, copy_task, copy_done, op) < 0)
         get_fail(op, DQ_NOMEM, "out of memory");
 }
 

@@ -5,7 +5,15 @@
  * makes room, else RESOURCE_EXHAUSTED with nothing touched).
  * Worker, one task: align the input if needed and check it is finite (NONFINITE before any layer
  * changes). Workers, one task per layer: dqd_append_apply. Loop: commit, or if any layer failed
- * roll the others back on the workers; a sequence this PUT created is removed again. */
+ * roll the others back on the workers; a sequence this PUT created is removed again.
+ *
+ * On the cuda backend (models the kernels take) the written layers go to the GPU: layers already
+ * there are appended there, host layers move there first (dqd_gpu_promote), new ones are created
+ * there. The GPU budget for all of that is reserved on the loop, possibly moving least recently
+ * used sequences to the host first (gpu_tier.h, before the prepare task). If the GPU cannot make
+ * room, layers not yet on the GPU stay on the host and take the cpu path, and GPU-resident ones
+ * are appended there if their growth fits; if even that does not fit (everything else on the GPU
+ * pinned or in use), they move to the host first (spill) and are appended there. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +23,8 @@
 #include "append.h"
 #include "dquant/codec.h"
 #include "dquant/error.h"
+#include "gpu.h"
+#include "gpu_tier.h"
 #include "logging.h"
 #include "ops_internal.h"
 #include "server.h"
@@ -39,6 +49,14 @@ typedef struct put_op {
     bool created;
     int lookups;
     uint64_t reserved;
+    uint64_t gpu_reserved;
+    dqd_gpu_moves mv;         /* GPU victims to move to the host before the appends */
+    bool *on_gpu;             /* per written layer: appended on the GPU */
+    bool *promote;            /* per written layer: moved from the host to the GPU first */
+    bool *promoted;           /* ... and that move happened */
+    bool *spill;              /* per written layer: moved from the GPU to the host first */
+    bool *spilled;            /* ... and that move happened */
+    dqd_gappend *gtxn;
     int prep_rc;
     dqd_append *txn;
     int *rc;
@@ -53,11 +71,23 @@ static void put_free(put_op *op)
 {
     if (op->reserved)
         dqd_store_unreserve(op->srv->store, op->reserved);
+    if (op->gpu_reserved)
+        dqd_store_gpu_unreserve(op->srv->store, op->gpu_reserved);
+    dqd_store_gpu_moves_finish(op->srv->store, &op->mv);
     if (op->as_live)
         dqd_access_end(&op->as);
     if (op->txn)
         for (uint32_t i = 0; i < op->nlayers; i++)
             dqd_append_clear(&op->txn[i]);
+    if (op->gtxn)
+        for (uint32_t i = 0; i < op->nlayers; i++)
+            dqd_gappend_clear(&op->gtxn[i]);
+    free(op->gtxn);
+    free(op->on_gpu);
+    free(op->promote);
+    free(op->promoted);
+    free(op->spill);
+    free(op->spilled);
     free(op->txn);
     free(op->rc);
     free(op->stats);
@@ -87,21 +117,51 @@ static size_t layer_bytes(const put_op *op)
     return (size_t)op->put->tokens * op->codec->n * dqd_dtype_size(op->k.dtype);
 }
 
+static bool on_gpu(const put_op *op, size_t i)
+{
+    return op->on_gpu && op->on_gpu[i];
+}
+
 static void rollback_task(void *ctx, size_t i)
 {
     put_op *op = ctx;
-    dq_layer **slot = &op->seq->layers[op->put->first_layer + i];
-    op->rc[i] = dqd_append_rollback(&op->txn[i], op->codec, slot);
+    uint32_t layer = op->put->first_layer + (uint32_t)i;
+    if (on_gpu(op, i)) {
+        op->rc[i] = dqd_gpu_rollback(op->srv->gpu, op->codec, &op->gtxn[i], &op->seq->glayers[layer]);
+        return;
+    }
+    op->rc[i] = dqd_append_rollback(&op->txn[i], op->codec, &op->seq->layers[layer]);
+}
+
+/* A layer that could not be put back makes the whole sequence unusable. */
+static bool any_broken(const put_op *op)
+{
+    for (uint32_t i = 0; op->gtxn && i < op->nlayers; i++)
+        if (op->gtxn[i].broken)
+            return true;
+    return false;
+}
+
+static void count_promoted(put_op *op)
+{
+    uint64_t n = 0, m = 0;
+    for (uint32_t i = 0; op->promoted && i < op->nlayers; i++) {
+        n += op->promoted[i];
+        m += op->spilled[i];
+    }
+    dqd_store_gpu_promoted(op->srv->store, n);
+    dqd_store_gpu_spilled(op->srv->store, m);
 }
 
 static void rollback_done(void *ctx)
 {
     put_op *op = ctx;
     dqd_server *srv = op->srv;
-    bool broken = false;
+    bool broken = any_broken(op);
     for (uint32_t i = 0; i < op->put->num_layers; i++)
         if (op->rc[i] < 0)
             broken = true;
+    count_promoted(op);
     if (broken && op->seq->in_index) {
         /* The previous state could not be rebuilt: drop the sequence rather than show it half-written. */
         DQD_ERROR("PUT rollback failed; dropping sequence ns='%s'", op->seq->ns);
@@ -116,12 +176,35 @@ static void append_task(void *ctx, size_t i)
 {
     put_op *op = ctx;
     size_t lb = layer_bytes(op);
+    if (on_gpu(op, i)) {
+        dqd_gpu *gpu = op->srv->gpu;
+        uint32_t layer = op->put->first_layer + (uint32_t)i;
+        int rc = DQ_OK;
+        if (op->promote[i]) {
+            rc = dqd_gpu_promote(gpu, op->codec, &op->seq->layers[layer], &op->seq->glayers[layer]);
+            op->promoted[i] = rc == DQ_OK;
+        }
+        if (rc == DQ_OK)
+            rc = dqd_gpu_append(gpu, op->codec, &op->gtxn[i], &op->seq->glayers[layer],
+                                (const uint8_t *)op->kdata + i * lb, (const uint8_t *)op->vdata + i * lb,
+                                dqd_tensor_dtype(&op->k), (size_t)op->put->tokens, &op->stats[i]);
+        if (rc == DQ_OK)
+            rc = dqd_gpu_finish(gpu);
+        op->rc[i] = rc;
+        return;
+    }
+    dq_layer **slot = &op->seq->layers[op->put->first_layer + i];
+    if (op->spill && op->spill[i]) {
+        op->rc[i] = dqd_gpu_demote(op->srv->gpu, op->codec, &op->seq->glayers[op->put->first_layer + i], slot);
+        if (op->rc[i] < 0)
+            return;
+        op->spilled[i] = true;
+    }
     dq_workspace *ws = dqd_codec_ws_take(op->codec);
     if (!ws) {
         op->rc[i] = DQ_NOMEM;
         return;
     }
-    dq_layer **slot = &op->seq->layers[op->put->first_layer + i];
     op->rc[i] = dqd_append_apply(&op->txn[i], op->codec, ws, slot, (const uint8_t *)op->kdata + i * lb,
                                  (const uint8_t *)op->vdata + i * lb, dqd_tensor_dtype(&op->k),
                                  (size_t)op->put->tokens, &op->stats[i]);
@@ -141,7 +224,7 @@ static void append_done(void *ctx)
             first_err = op->rc[i];
             failed_layer = put->first_layer + i;
         }
-        applied += op->txn[i].applied;
+        applied += op->txn[i].applied + (op->gtxn ? op->gtxn[i].applied : 0);
     }
     if (first_err) {
         op->fail_rc = first_err;
@@ -157,17 +240,30 @@ static void append_done(void *ctx)
             rollback_done(op);
             return;
         }
+        if (op->seq->in_index && !op->created) {
+            if (any_broken(op)) {
+                DQD_ERROR("PUT failed on the GPU and a layer could not be restored; dropping sequence ns='%s'",
+                          op->seq->ns);
+                dqd_store_remove(srv->store, op->seq);
+            } else {
+                count_promoted(op);
+                dqd_store_commit(srv->store, op->seq); /* promotions changed the accounting */
+            }
+        }
         put_fail(op, op->fail_rc, "%s", op->fail_msg);
         return;
     }
 
+    count_promoted(op);
     dqd_store_commit(srv->store, op->seq);
     dqd_store_unreserve(srv->store, op->reserved);
     op->reserved = 0;
+    dqd_store_gpu_unreserve(srv->store, op->gpu_reserved);
+    op->gpu_reserved = 0;
     dqd_store_enforce(srv->store, op->seq);
 
     Dquant__PutReply r = DQUANT__PUT_REPLY__INIT;
-    r.tokens = dq_layer_tokens(op->seq->layers[put->first_layer]);
+    r.tokens = dqd_seq_layer_tokens(op->seq, put->first_layer);
     r.stored_bytes = op->seq->stored_bytes;
     for (uint32_t i = 0; i < put->num_layers; i++) {
         r.streams_encoded += op->stats[i].streams;
@@ -209,6 +305,62 @@ static void prepare_done(void *ctx)
         put_fail(op, DQ_NOMEM, "out of memory");
 }
 
+/* Reserves GPU room for the written layers (see the top of this file) and marks those that go to
+ * the GPU and those that leave it. Returns 0 or DQ_NOMEM. */
+static int put_place_gpu(put_op *op)
+{
+    dqd_store *store = op->srv->store;
+    const Dquant__Put *put = op->put;
+    dqd_seq *seq = op->seq;
+    uint32_t nl = put->num_layers;
+    op->on_gpu = calloc(nl, sizeof *op->on_gpu);
+    op->promote = calloc(nl, sizeof *op->promote);
+    op->promoted = calloc(nl, sizeof *op->promoted);
+    op->spill = calloc(nl, sizeof *op->spill);
+    op->spilled = calloc(nl, sizeof *op->spilled);
+    op->gtxn = calloc(nl, sizeof *op->gtxn);
+    if (!op->on_gpu || !op->promote || !op->promoted || !op->spill || !op->spilled || !op->gtxn ||
+        dqd_store_gpu_slots(store, seq) < 0)
+        return DQ_NOMEM;
+    uint64_t all = 0, resident = 0;
+    for (uint32_t i = 0; i < nl; i++) {
+        uint32_t layer = put->first_layer + i;
+        const dqd_glayer *g = seq->glayers[layer];
+        uint64_t need = dqd_gpu_need(op->codec, g ? NULL : seq->layers[layer], g, put->tokens);
+        all += need;
+        if (g)
+            resident += need;
+    }
+    if (dqd_store_gpu_reserve(store, all, &op->mv) == DQ_OK) {
+        op->gpu_reserved = all;
+        for (uint32_t i = 0; i < nl; i++) {
+            op->on_gpu[i] = true;
+            op->promote[i] = seq->layers[put->first_layer + i] != NULL;
+        }
+        return DQ_OK;
+    }
+    if (dqd_store_gpu_reserve(store, resident, &op->mv) == DQ_OK) {
+        op->gpu_reserved = resident;
+        for (uint32_t i = 0; i < nl; i++)
+            op->on_gpu[i] = seq->glayers[put->first_layer + i] != NULL;
+        return DQ_OK;
+    }
+    for (uint32_t i = 0; i < nl; i++)
+        op->spill[i] = seq->glayers[put->first_layer + i] != NULL;
+    return DQ_OK;
+}
+
+static void moves_done(void *ctx, int rc)
+{
+    put_op *op = ctx;
+    if (rc < 0) {
+        put_fail(op, rc, "cannot move sequences out of GPU memory: %s", dq_strerror(rc));
+        return;
+    }
+    if (dqd_tasks_run(op->srv, 1, prepare_task, prepare_done, op) < 0)
+        put_fail(op, DQ_NOMEM, "out of memory");
+}
+
 static void put_ready(dqd_access_set *as)
 {
     put_op *op = as->ctx;
@@ -229,18 +381,35 @@ static void put_ready(dqd_access_set *as)
                  op->model->name);
         return;
     }
-    uint64_t need = 0;
     for (uint32_t i = 0; i < put->num_layers; i++) {
-        const dq_layer *l = seq->layers[put->first_layer + i];
-        uint64_t have = l ? dq_layer_tokens(l) : 0;
+        uint64_t have = dqd_seq_layer_tokens(seq, put->first_layer + i);
         if (have != put->start_token) {
             put_fail(op, DQ_ORDER, "layer %u holds %llu tokens; start_token is %llu", put->first_layer + i,
                      (unsigned long long)have, (unsigned long long)put->start_token);
             return;
         }
-        need += dqd_store_append_need(op->codec, l, put->tokens);
     }
-    int rc = dqd_store_reserve(srv->store, need, seq);
+    op->txn = calloc(put->num_layers, sizeof *op->txn);
+    op->rc = calloc(put->num_layers, sizeof *op->rc);
+    op->stats = calloc(put->num_layers, sizeof *op->stats);
+    if (!op->txn || !op->rc || !op->stats) {
+        put_fail(op, DQ_NOMEM, "out of memory");
+        return;
+    }
+    int rc = DQ_OK;
+    if (srv->gpu && dqd_gpu_model_ok(srv->gpu, op->model) && put_place_gpu(op) < 0) {
+        put_fail(op, DQ_NOMEM, "out of memory");
+        return;
+    }
+    uint64_t need = 0;
+    for (uint32_t i = 0; i < put->num_layers; i++) {
+        uint32_t layer = put->first_layer + i;
+        if (op->spill && op->spill[i])
+            need += dqd_store_spill_need(op->codec, seq->glayers[layer], put->tokens);
+        else if (!on_gpu(op, i))
+            need += dqd_store_append_need(op->codec, seq->layers[layer], put->tokens);
+    }
+    rc = dqd_store_reserve(srv->store, need, seq);
     if (rc < 0) {
         dqd_store_stats st;
         dqd_store_get_stats(srv->store, &st);
@@ -249,12 +418,7 @@ static void put_ready(dqd_access_set *as)
         return;
     }
     op->reserved = need;
-
-    op->txn = calloc(put->num_layers, sizeof *op->txn);
-    op->rc = calloc(put->num_layers, sizeof *op->rc);
-    op->stats = calloc(put->num_layers, sizeof *op->stats);
-    if (!op->txn || !op->rc || !op->stats || dqd_tasks_run(srv, 1, prepare_task, prepare_done, op) < 0)
-        put_fail(op, DQ_NOMEM, "out of memory");
+    dqd_gpu_moves_run(srv, &op->mv, moves_done, op);
 }
 
 static void put_lookup(put_op *op)

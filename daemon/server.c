@@ -13,6 +13,7 @@
 #include "conn.h"
 #include "dquant/error.h"
 #include "dquant/version.h"
+#include "gpu.h"
 #include "http.h"
 #include "logging.h"
 #include "notify.h"
@@ -40,10 +41,6 @@ int dqd_server_init(dqd_server *srv, uv_loop_t *loop, const dqd_config *cfg)
     dqd_hostmem_init(&srv->mem);
     dqd_metrics_init(&srv->metrics);
 
-    srv->backend_name = "cpu";
-    if (cfg->backend == DQD_BACKEND_CUDA)
-        DQD_WARN("backend cuda requested, but this dquantd was built without CUDA support; using cpu");
-
     int rc = dqd_registry_create(&srv->mem, cfg->max_models, &srv->reg);
     if (rc < 0)
         return rc;
@@ -52,6 +49,20 @@ int dqd_server_init(dqd_server *srv, uv_loop_t *loop, const dqd_config *cfg)
         dqd_registry_destroy(srv->reg);
         srv->reg = NULL;
         return rc;
+    }
+
+    srv->backend_name = "cpu";
+    if (cfg->backend == DQD_BACKEND_CUDA) {
+        char why[256] = "";
+        rc = dqd_gpu_create(cfg, &srv->mem, &srv->gpu, why, sizeof why);
+        if (rc == DQ_OK) {
+            srv->backend_name = "cuda";
+            dqd_store_gpu_enable(srv->store, dqd_gpu_budget(srv->gpu), dqd_gpu_free_seq_layers, srv->gpu);
+            DQD_INFO("backend cuda: %s; GPU budget %llu MiB", dqd_gpu_describe(srv->gpu),
+                     (unsigned long long)(dqd_gpu_budget(srv->gpu) >> 20));
+        } else {
+            DQD_WARN("backend cuda requested, but %s; using cpu", why);
+        }
     }
     return DQ_OK;
 }
@@ -259,15 +270,19 @@ void dqd_server_stop(dqd_server *srv)
 
 void dqd_server_destroy(dqd_server *srv)
 {
+    /* The store frees its GPU layers through the backend, which goes before the codecs. */
     dqd_store_destroy(srv->store);
+    dqd_gpu_destroy(srv->gpu);
     dqd_registry_destroy(srv->reg);
     srv->store = NULL;
+    srv->gpu = NULL;
     srv->reg = NULL;
 }
 
 void dqd_server_gauges(const dqd_server *srv, dqd_gauges *g)
 {
     dqd_store_get_stats(srv->store, &g->store);
+    g->gpu_allocated = srv->gpu ? dqd_gpu_allocated(srv->gpu) : 0;
     g->models = dqd_registry_model_count(srv->reg);
     g->inflight_requests = srv->reqs_inflight;
     g->workers = srv->cfg->workers;

@@ -20,6 +20,7 @@
 typedef struct dqd_server dqd_server;
 typedef struct dqd_conn dqd_conn;
 typedef struct dqd_http dqd_http;
+typedef struct dqd_gpu dqd_gpu;
 
 typedef struct dqd_listener {
     union {
@@ -45,6 +46,7 @@ struct dqd_server {
     dqd_store *store;
     dqd_metrics metrics;
     dqd_http *http;
+    dqd_gpu *gpu;             /* the cuda backend; NULL on the cpu backend */
     const char *backend_name;
     uint64_t start_ns;
 

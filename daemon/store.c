@@ -23,6 +23,14 @@ struct dqd_store {
     bool granting;
     uint64_t pinned, token_layers, stored_bytes, bf16_bytes, seq_bytes;
     uint64_t evictions, evicted_bytes;
+
+    /* GPU tier */
+    bool gpu_on;
+    uint64_t gpu_budget, gpu_used, gpu_reserved;  /* used: Σ gpu_bytes of sequences not yet freed */
+    dqd_seq *glru_head, *glru_tail;
+    uint64_t gpu_seqs, gpu_demotions, gpu_promotions, gpu_drops, gpu_spills;
+    void (*gpu_free)(void *ctx, dqd_seq *seq);
+    void *gpu_ctx;
 };
 
 static uint64_t seq_hash(const char *ns, size_t ns_len, const uint8_t *key, size_t key_len)
@@ -54,6 +62,11 @@ static void seq_free(dqd_store *s, dqd_seq *seq)
         for (uint32_t i = 0; i < seq->model->layers; i++)
             dq_layer_free(seq->layers[i]);
     }
+    if (seq->glayers) {
+        s->gpu_free(s->gpu_ctx, seq);
+        dqd_hostmem_free(s->mem, seq->glayers);
+    }
+    s->gpu_used -= seq->gpu_bytes;
     dqd_hostmem_free(s->mem, seq->layers);
     dqd_hostmem_free(s->mem, seq->ns);
     dqd_hostmem_free(s->mem, seq->key);
@@ -84,6 +97,36 @@ static void lru_push_front(dqd_store *s, dqd_seq *seq)
         s->lru_tail = seq;
 }
 
+static void glru_unlink(dqd_store *s, dqd_seq *seq)
+{
+    if (!seq->in_glru)
+        return;
+    if (seq->glru_prev)
+        seq->glru_prev->glru_next = seq->glru_next;
+    else
+        s->glru_head = seq->glru_next;
+    if (seq->glru_next)
+        seq->glru_next->glru_prev = seq->glru_prev;
+    else
+        s->glru_tail = seq->glru_prev;
+    seq->glru_prev = seq->glru_next = NULL;
+    seq->in_glru = false;
+    s->gpu_seqs--;
+}
+
+static void glru_push_front(dqd_store *s, dqd_seq *seq)
+{
+    seq->glru_prev = NULL;
+    seq->glru_next = s->glru_head;
+    if (s->glru_head)
+        s->glru_head->glru_prev = seq;
+    s->glru_head = seq;
+    if (!s->glru_tail)
+        s->glru_tail = seq;
+    seq->in_glru = true;
+    s->gpu_seqs++;
+}
+
 static void account_sub(dqd_store *s, const dqd_seq *seq)
 {
     s->token_layers -= seq->token_layers;
@@ -111,6 +154,7 @@ static void unindex(dqd_store *s, dqd_seq *seq)
     *pp = seq->hnext;
     seq->hnext = NULL;
     lru_unlink(s, seq);
+    glru_unlink(s, seq);
     account_sub(s, seq);
     if (seq->pinned)
         s->pinned--;
@@ -313,9 +357,11 @@ void dqd_seq_release(dqd_seq *seq, dqd_access mode)
     run_ready(s);
 }
 
+/* Sequences holding GPU layers belong to the GPU tier's eviction (see store.h). */
 static bool evictable(const dqd_seq *seq, const dqd_seq *keep)
 {
-    return seq != keep && seq->refs == 0 && !seq->pinned && seq->visible && seq->in_index;
+    return seq != keep && seq->refs == 0 && !seq->pinned && seq->visible && seq->in_index && !seq->moving &&
+           seq->gpu_bytes == 0;
 }
 
 static uint64_t available(const dqd_store *s)
@@ -378,34 +424,62 @@ void dqd_store_enforce(dqd_store *s, const dqd_seq *keep)
     }
 }
 
-void dqd_store_commit(dqd_store *s, dqd_seq *seq)
+/* Recomputes a sequence's accounting from its layers in both tiers. */
+static void recount(dqd_store *s, dqd_seq *seq)
 {
-    if (!seq->in_index)
-        return;
     account_sub(s, seq);
-    uint64_t bytes = seq->overhead, stored = 0, tl = 0;
+    const dqd_codec *codec = seq->model->codec;
+    uint64_t bytes = seq->overhead, stored = 0, tl = 0, gpu = 0;
+    uint32_t host = 0;
     for (uint32_t i = 0; i < seq->model->layers; i++) {
         const dq_layer *l = seq->layers[i];
-        if (!l)
-            continue;
-        bytes += dq_layer_allocated_bytes(l) + (dq_layer_window_count(l) + 4) * (uint64_t)ALLOC_SLACK;
-        stored += dq_layer_stored_bytes(l);
-        tl += dq_layer_tokens(l);
+        const dqd_glayer *g = dqd_seq_glayer(seq, i);
+        if (l) {
+            bytes += dq_layer_allocated_bytes(l) + (dq_layer_window_count(l) + 4) * (uint64_t)ALLOC_SLACK;
+            stored += dq_layer_stored_bytes(l);
+            tl += dq_layer_tokens(l);
+            host++;
+        } else if (g) {
+            bytes += dqd_glayer_host_bytes(g);
+            stored += dqd_glayer_stored_bytes(g, codec->window_bytes, codec->n);
+            tl += dqd_glayer_tokens(g);
+            gpu += g->dev_bytes;
+        }
     }
     seq->bytes = bytes;
     seq->stored_bytes = stored;
     seq->token_layers = tl;
+    seq->host_layers = host;
+    s->gpu_used = s->gpu_used - seq->gpu_bytes + gpu;
+    seq->gpu_bytes = gpu;
     account_add(s, seq);
+    if (seq->in_index && gpu && !seq->in_glru)
+        glru_push_front(s, seq);
+    else if (!gpu)
+        glru_unlink(s, seq);
+}
+
+void dqd_store_commit(dqd_store *s, dqd_seq *seq)
+{
+    if (!seq->in_index)
+        return;
+    recount(s, seq);
     seq->visible = true;
     dqd_store_touch(s, seq);
 }
 
 void dqd_store_touch(dqd_store *s, dqd_seq *seq)
 {
-    if (!seq->in_index || s->lru_head == seq)
+    if (!seq->in_index)
         return;
-    lru_unlink(s, seq);
-    lru_push_front(s, seq);
+    if (s->lru_head != seq) {
+        lru_unlink(s, seq);
+        lru_push_front(s, seq);
+    }
+    if (seq->in_glru && s->glru_head != seq) {
+        glru_unlink(s, seq);
+        glru_push_front(s, seq);
+    }
 }
 
 void dqd_store_remove(dqd_store *s, dqd_seq *seq)
@@ -437,6 +511,14 @@ void dqd_store_get_stats(const dqd_store *s, dqd_store_stats *out)
     out->reserved = s->reserved;
     out->evictions = s->evictions;
     out->evicted_bytes = s->evicted_bytes;
+    out->gpu_used = s->gpu_used;
+    out->gpu_budget = s->gpu_budget;
+    out->gpu_reserved = s->gpu_reserved;
+    out->gpu_sequences = s->gpu_seqs;
+    out->gpu_demotions = s->gpu_demotions;
+    out->gpu_promotions = s->gpu_promotions;
+    out->gpu_drops = s->gpu_drops;
+    out->gpu_spills = s->gpu_spills;
 }
 
 uint64_t dqd_store_budget(const dqd_store *s)
@@ -444,16 +526,214 @@ uint64_t dqd_store_budget(const dqd_store *s)
     return s->budget;
 }
 
-uint64_t dqd_store_append_need(const dqd_codec *codec, const dq_layer *layer, uint64_t ntok)
+/* Appending ntok tokens to a host layer of t0 tokens (exists: else a new layer). */
+static uint64_t append_need(const dqd_codec *codec, uint64_t t0, bool exists, uint64_t ntok)
 {
     const dq_profile *p = &codec->profile;
-    uint64_t t0 = layer ? dq_layer_tokens(layer) : 0;
     uint64_t w0 = dqd_sealed_windows(t0, p->window, p->residual);
     uint64_t w1 = dqd_sealed_windows(t0 + ntok, p->window, p->residual);
     uint64_t need = (w1 - w0) * (codec->window_bytes + ALLOC_SLACK);
     if (w1 > w0)
         need += 2 * w1 * sizeof(void *) + 2 * ALLOC_SLACK; /* the window pointer array may regrow */
-    if (!layer)
+    if (!exists)
         need += (uint64_t)p->residual * codec->n * 2u * 2u + LAYER_FIXED + 4 * ALLOC_SLACK;
     return need;
+}
+
+uint64_t dqd_store_append_need(const dqd_codec *codec, const dq_layer *layer, uint64_t ntok)
+{
+    return append_need(codec, layer ? dq_layer_tokens(layer) : 0, layer != NULL, ntok);
+}
+
+uint64_t dqd_store_spill_need(const dqd_codec *codec, const dqd_glayer *g, uint64_t ntok)
+{
+    return dqd_store_restore_need(codec, g->nwin) + append_need(codec, dqd_glayer_tokens(g), true, ntok);
+}
+
+uint64_t dqd_store_restore_need(const dqd_codec *codec, uint64_t nwin)
+{
+    const dq_profile *p = &codec->profile;
+    return nwin * (codec->window_bytes + ALLOC_SLACK) + nwin * sizeof(void *) +
+           (uint64_t)p->residual * codec->n * 2u * 2u + LAYER_FIXED + 4 * ALLOC_SLACK;
+}
+
+/* ---- layers in either tier ---- */
+
+uint64_t dqd_seq_layer_tokens(const dqd_seq *seq, uint32_t i)
+{
+    const dqd_glayer *g = dqd_seq_glayer(seq, i);
+    if (g)
+        return dqd_glayer_tokens(g);
+    return seq->layers[i] ? dq_layer_tokens(seq->layers[i]) : 0;
+}
+
+uint64_t dqd_seq_layer_windows(const dqd_seq *seq, uint32_t i)
+{
+    const dqd_glayer *g = dqd_seq_glayer(seq, i);
+    if (g)
+        return g->nwin;
+    return seq->layers[i] ? dq_layer_window_count(seq->layers[i]) : 0;
+}
+
+uint64_t dqd_seq_layer_tail(const dqd_seq *seq, uint32_t i)
+{
+    const dqd_glayer *g = dqd_seq_glayer(seq, i);
+    if (g)
+        return g->tail;
+    return seq->layers[i] ? dq_layer_tail_tokens(seq->layers[i]) : 0;
+}
+
+/* ---- GPU tier ---- */
+
+void dqd_store_gpu_enable(dqd_store *s, uint64_t budget, void (*free_layers)(void *ctx, dqd_seq *seq), void *ctx)
+{
+    s->gpu_on = true;
+    s->gpu_budget = budget;
+    s->gpu_free = free_layers;
+    s->gpu_ctx = ctx;
+}
+
+bool dqd_store_gpu_enabled(const dqd_store *s)
+{
+    return s->gpu_on;
+}
+
+int dqd_store_gpu_slots(dqd_store *s, dqd_seq *seq)
+{
+    if (seq->glayers)
+        return DQ_OK;
+    size_t bytes = (size_t)seq->model->layers * sizeof(dqd_glayer *);
+    seq->glayers = dqd_hostmem_calloc(s->mem, bytes);
+    if (!seq->glayers)
+        return DQ_NOMEM;
+    seq->overhead += dqd_hostmem_cost(bytes);
+    return DQ_OK;
+}
+
+static uint64_t gpu_available(const dqd_store *s)
+{
+    uint64_t used = s->gpu_used + s->gpu_reserved;
+    return used < s->gpu_budget ? s->gpu_budget - used : 0;
+}
+
+static bool gpu_evictable(const dqd_seq *seq)
+{
+    return seq->refs == 0 && !seq->pinned && seq->visible && seq->in_index && !seq->moving && seq->gpu_bytes;
+}
+
+static bool moves_push(dqd_gpu_moves *mv, dqd_seq *seq)
+{
+    if (mv->n == mv->cap) {
+        size_t cap = mv->cap ? mv->cap * 2 : 4;
+        dqd_seq **seqs = realloc(mv->seqs, cap * sizeof *seqs);
+        if (!seqs)
+            return false;
+        mv->seqs = seqs;
+        int *rc = realloc(mv->rc, cap * sizeof *rc);
+        if (!rc)
+            return false;
+        mv->rc = rc;
+        mv->cap = cap;
+    }
+    mv->seqs[mv->n] = seq;
+    mv->rc[mv->n] = 1;
+    mv->n++;
+    return true;
+}
+
+/* A GPU victim goes to the host tier when its layers fit there (taken exclusively for the mover),
+ * else it is dropped now. */
+static void gpu_evict(dqd_store *s, dqd_seq *seq, dqd_gpu_moves *mv)
+{
+    uint64_t host_need = 0;
+    for (uint32_t i = 0; i < seq->model->layers; i++) {
+        const dqd_glayer *g = dqd_seq_glayer(seq, i);
+        if (g)
+            host_need += dqd_store_restore_need(seq->model->codec, g->nwin);
+    }
+    if (dqd_store_reserve(s, host_need, seq) == DQ_OK) {
+        if (moves_push(mv, seq)) {
+            seq->refs++;
+            seq->writer = true;
+            seq->moving = true;
+            seq->move_reserved = host_need;
+            return;
+        }
+        dqd_store_unreserve(s, host_need);
+    }
+    DQD_DEBUG("GPU eviction drops sequence ns='%s' (%llu device bytes): no host room", seq->ns,
+              (unsigned long long)seq->gpu_bytes);
+    s->gpu_drops++;
+    evict(s, seq);
+}
+
+int dqd_store_gpu_reserve(dqd_store *s, uint64_t need, dqd_gpu_moves *mv)
+{
+    uint64_t avail = gpu_available(s);
+    if (need <= avail) {
+        s->gpu_reserved += need;
+        return DQ_OK;
+    }
+    uint64_t could = 0;
+    for (dqd_seq *seq = s->glru_tail; seq && avail + could < need; seq = seq->glru_prev)
+        if (gpu_evictable(seq))
+            could += seq->gpu_bytes;
+    if (avail + could < need)
+        return DQ_RESOURCE_EXHAUSTED;
+    /* A victim moving to the host still holds its device memory until the caller's mover has run,
+     * and the caller allocates only after that: count its bytes as freed for this reservation. */
+    uint64_t freed = 0;
+    for (dqd_seq *seq = s->glru_tail; seq && avail + freed < need;) {
+        dqd_seq *prev = seq->glru_prev;
+        if (gpu_evictable(seq)) {
+            uint64_t gb = seq->gpu_bytes;
+            gpu_evict(s, seq, mv);
+            freed += gb;
+        }
+        seq = prev;
+    }
+    s->gpu_reserved += need;
+    return DQ_OK;
+}
+
+void dqd_store_gpu_unreserve(dqd_store *s, uint64_t need)
+{
+    s->gpu_reserved = need <= s->gpu_reserved ? s->gpu_reserved - need : 0;
+}
+
+void dqd_store_gpu_moves_finish(dqd_store *s, dqd_gpu_moves *mv)
+{
+    for (size_t i = 0; i < mv->n; i++) {
+        dqd_seq *seq = mv->seqs[i];
+        dqd_store_unreserve(s, seq->move_reserved);
+        seq->move_reserved = 0;
+        seq->moving = false;
+        if (mv->rc[i] == 0) {
+            s->gpu_demotions++;
+            if (seq->in_index)
+                recount(s, seq);
+        } else if (mv->rc[i] < 0 && seq->in_index) {
+            DQD_WARN("moving sequence ns='%s' to host memory failed (%s); dropping it", seq->ns,
+                     dq_strerror(mv->rc[i]));
+            s->gpu_drops++;
+            s->evictions++;
+            s->evicted_bytes += seq->bytes;
+            unindex(s, seq);
+        }
+        dqd_seq_release(seq, DQD_ACCESS_WRITE);
+        dqd_seq_unref(seq);
+    }
+    free(mv->seqs);
+    free(mv->rc);
+    memset(mv, 0, sizeof *mv);
+}
+
+void dqd_store_gpu_promoted(dqd_store *s, uint64_t layers)
+{
+    s->gpu_promotions += layers;
+}
+
+void dqd_store_gpu_spilled(dqd_store *s, uint64_t layers)
+{
+    s->gpu_spills += layers;
 }

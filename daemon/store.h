@@ -14,7 +14,17 @@
  * Budget. used = the counting allocator's total (codecs, workspaces, window records, tails, the
  * store's own structures); a PUT reserves its estimated need first (dqd_store_reserve), which
  * evicts least recently used idle unpinned sequences only if that makes enough room, and else fails
- * with DQ_RESOURCE_EXHAUSTED leaving every sequence in place. */
+ * with DQ_RESOURCE_EXHAUSTED leaving every sequence in place.
+ *
+ * GPU tier (cuda backend only; see gpulayer.h). Each layer of a sequence lives either on the host
+ * (layers[i], a dq_layer) or on the GPU (glayers[i]). The GPU tier has its own budget and its own
+ * LRU list of the sequences holding GPU layers, with the same pin and in-use rules. Making room on
+ * the GPU (dqd_store_gpu_reserve) picks victims from the GPU LRU tail: a victim whose layers fit in
+ * the host budget is handed to the caller to move to the host (its host room reserved, the sequence
+ * held exclusively until dqd_store_gpu_moves_finish); one that does not fit is dropped at once (counted
+ * as an eviction). Host eviction never picks a sequence holding GPU layers: its host footprint is
+ * only the shadow, and the GPU tier decides its fate. The store itself never calls CUDA: freeing a
+ * sequence's GPU layers goes through the hook of dqd_store_gpu_enable. */
 #ifndef DQD_STORE_H
 #define DQD_STORE_H
 
@@ -23,6 +33,7 @@
 #include <stdint.h>
 
 #include "dquant/layer.h"
+#include "gpulayer.h"
 #include "hostmem.h"
 #include "registry.h"
 
@@ -45,13 +56,18 @@ typedef struct dqd_seq {
     size_t key_len;
     uint64_t hash;
     dqd_model *model;
-    dq_layer **layers;          /* [model->layers]; NULL for a layer never written */
+    dq_layer **layers;          /* [model->layers]; NULL for a layer never written or on the GPU */
+    dqd_glayer **glayers;       /* [model->layers] once a layer went to the GPU; else NULL */
 
     /* accounting as of the last commit */
     uint64_t bytes;             /* what evicting it frees, allocator headers included */
     uint64_t stored_bytes;      /* Σ dq_layer_stored_bytes */
     uint64_t token_layers;      /* Σ dq_layer_tokens */
-    uint64_t overhead;          /* this struct, ns, key, layer array */
+    uint64_t overhead;          /* this struct, ns, key, layer arrays */
+    uint64_t gpu_bytes;         /* device bytes of its GPU layers */
+    uint32_t host_layers;       /* layers on the host; unlike the slots, safe to read on the loop
+                                   thread while a request's workers change them */
+    uint64_t move_reserved;     /* host budget held for its move to the host tier */
 
     int refs;
     int readers;
@@ -59,8 +75,11 @@ typedef struct dqd_seq {
     bool pinned;
     bool visible;               /* committed at least once */
     bool in_index;              /* false once deleted or evicted */
+    bool moving;                /* held by a move of its GPU layers to the host */
+    bool in_glru;               /* on the GPU LRU list (holds GPU layers, in the index) */
     dqd_waiter *wait_head, *wait_tail;
     struct dqd_seq *hnext, *lru_prev, *lru_next;
+    struct dqd_seq *glru_prev, *glru_next;
 } dqd_seq;
 
 typedef struct dqd_store_stats {
@@ -71,6 +90,13 @@ typedef struct dqd_store_stats {
     uint64_t seq_bytes;         /* Σ sequence bytes (what eviction could free) */
     uint64_t used, budget, reserved;
     uint64_t evictions, evicted_bytes;
+    /* GPU tier (zero on the cpu backend) */
+    uint64_t gpu_used, gpu_budget, gpu_reserved;
+    uint64_t gpu_sequences;     /* sequences holding GPU layers */
+    uint64_t gpu_demotions;     /* sequences moved from the GPU to the host tier */
+    uint64_t gpu_promotions;    /* layers moved from the host to the GPU tier */
+    uint64_t gpu_drops;         /* GPU sequences evicted outright (host budget full); in evictions */
+    uint64_t gpu_spills;        /* layers moved to the host by a write the GPU had no room for */
 } dqd_store_stats;
 
 int dqd_store_create(dqd_hostmem *mem, uint64_t budget, dqd_store **out);
@@ -112,6 +138,51 @@ void dqd_store_set_pinned(dqd_store *s, dqd_seq *seq, bool pinned);
 
 void dqd_store_get_stats(const dqd_store *s, dqd_store_stats *out);
 uint64_t dqd_store_budget(const dqd_store *s);
+
+/* ---- GPU tier ---- */
+
+/* Turns the GPU tier on with a budget (bytes of device memory for layers). free_layers(ctx, seq)
+ * frees every GPU layer of a sequence being freed (loop thread; nothing uses them any more). */
+void dqd_store_gpu_enable(dqd_store *s, uint64_t budget, void (*free_layers)(void *ctx, dqd_seq *seq), void *ctx);
+bool dqd_store_gpu_enabled(const dqd_store *s);
+
+/* Gives seq its glayers array (no-op if it has one). DQ_NOMEM. */
+int dqd_store_gpu_slots(dqd_store *s, dqd_seq *seq);
+
+/* Sequences a GPU reservation moves to the host (gpu_tier.h runs the moves). rc[i] starts at 1
+ * (not moved); the mover sets 0 (moved) or an error (the sequence is then dropped). */
+typedef struct dqd_gpu_moves {
+    dqd_seq **seqs;
+    int *rc;
+    size_t n, cap;
+} dqd_gpu_moves;
+
+/* Reserves need bytes of GPU budget, making room as described at the top when needed; the victims
+ * to move are appended to mv (which the caller zero-initializes and finishes with
+ * dqd_store_gpu_moves_finish, even when nothing was reserved). DQ_RESOURCE_EXHAUSTED when the
+ * evictable GPU sequences cannot make enough room (nothing is touched then), DQ_NOMEM. */
+int dqd_store_gpu_reserve(dqd_store *s, uint64_t need, dqd_gpu_moves *mv);
+void dqd_store_gpu_unreserve(dqd_store *s, uint64_t need);
+/* After the mover ran, or instead of it: accounts every moved sequence (rc 0), drops those whose
+ * move failed (rc < 0), releases them all and frees mv's arrays. Safe on an empty mv. */
+void dqd_store_gpu_moves_finish(dqd_store *s, dqd_gpu_moves *mv);
+/* Counts layers brought from the host to the GPU, and layers a write moved to the host because
+ * nothing on the GPU could make room for it (every other sequence pinned or in use). */
+void dqd_store_gpu_promoted(dqd_store *s, uint64_t layers);
+void dqd_store_gpu_spilled(dqd_store *s, uint64_t layers);
+
+/* Layer i of seq, whichever tier holds it (0 for a layer never written). */
+uint64_t dqd_seq_layer_tokens(const dqd_seq *seq, uint32_t i);
+uint64_t dqd_seq_layer_windows(const dqd_seq *seq, uint32_t i);
+uint64_t dqd_seq_layer_tail(const dqd_seq *seq, uint32_t i);
+static inline dqd_glayer *dqd_seq_glayer(const dqd_seq *seq, uint32_t i)
+{
+    return seq->glayers ? seq->glayers[i] : NULL;
+}
+/* Host bytes dq_layer_restore allocates for a layer of nwin windows (a move to the host), and
+ * for moving GPU layer g to the host, then appending ntok tokens there. */
+uint64_t dqd_store_restore_need(const dqd_codec *codec, uint64_t nwin);
+uint64_t dqd_store_spill_need(const dqd_codec *codec, const dqd_glayer *g, uint64_t ntok);
 
 /* Windows sealed after t tokens of a layer with window W and residual R (R >= W). */
 static inline uint64_t dqd_sealed_windows(uint64_t t, uint64_t W, uint64_t R)

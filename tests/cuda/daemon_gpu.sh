@@ -34,6 +34,7 @@ TIME_BUDGET=${TIME_BUDGET:-570}
 mkdir -p "$OUT"
 LOG="$OUT/daemon_gpu.log"
 : > "$LOG"
+: > "$OUT/results.jsonl"
 
 say() { echo "== $(date +%H:%M:%S) $*" | tee -a "$LOG" >&2; }
 elapsed() { echo $(( $(date +%s) - START )); }

@@ -1,0 +1,118 @@
+/* dquantd cuda backend: the GPU, per-worker CUDA streams and staging buffers, device codecs
+ * (libdquant-cuda), and the operations on GPU-resident layers (gpulayer.h).
+ *
+ * Tiers. A layer lives on the host (dq_layer) or on the GPU (dqd_glayer), with byte-identical
+ * window records and BF16 tail either way: the GPU encoder writes exactly what dq_layer_append
+ * writes, from the same BF16-rounded tokens, sealing the same windows. Moving a layer between
+ * tiers copies its records; dq_layer_restore rebuilds the host form. Who moves what (store.h,
+ * gpu_tier.h, op_put.c, op_attend.c): PUT and ATTEND put the layers they write or attend on the
+ * GPU (creating them there, or bringing host layers back); making room moves least recently used
+ * idle unpinned sequences to the host, or evicts them when the host has no room either; a write to
+ * a GPU layer that finds no room at all (everything else pinned or in use) moves that layer to the
+ * host and writes it there; GET reads either tier in place.
+ *
+ * Threads. dqd_gpu_create, the estimates and dqd_gpu_free_seq_layers run on the loop thread and
+ * never wait for the device (frees are stream-ordered: cudaFreeAsync). Everything else runs on the
+ * worker threads (libuv's pool): each worker gets, on first use, its own CUDA stream, two pinned
+ * host staging halves (so that converting the next piece on the CPU overlaps the copy and the
+ * kernels of the previous one) and device scratch. Device memory comes from the device's
+ * stream-ordered pool (cudaMallocAsync), so allocation is cheap and freeing never synchronizes the
+ * device. Every operation has finished on the device when it returns, except dqd_gpu_append
+ * without sealing, which leaves its copies in flight: the task then calls dqd_gpu_finish.
+ *
+ * Budget. The GPU budget (--gpu-memory, default 80% of the free device memory at start) counts
+ * the device bytes of layers (dqd_glayer.dev_bytes: window segments, pointer arrays, tails); the
+ * per-worker scratch and the device codecs come on top, which is why the default leaves a margin.
+ *
+ * Without CUDA at build time gpu_none.c provides these functions: dqd_gpu_create then fails with
+ * DQ_UNSUPPORTED and nothing else is ever called. */
+#ifndef DQD_GPU_H
+#define DQD_GPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "dquant/codec.h"
+#include "dquant/layer.h"
+#include "gpulayer.h"
+#include "hostmem.h"
+#include "registry.h"
+#include "store.h"
+
+typedef struct dqd_gpu dqd_gpu;
+
+/* ---- loop thread ---- */
+
+/* Opens the configured device. DQ_UNSUPPORTED when this build has no CUDA or no usable device
+ * exists (why says which; the caller then runs the cpu backend), DQ_INTERNAL / DQ_NOMEM for a
+ * device that fails to initialize. */
+int dqd_gpu_create(const dqd_config *cfg, dqd_hostmem *mem, dqd_gpu **out, char *why, size_t whylen);
+/* Frees everything (no layer may remain: the store is destroyed first). NULL is allowed. */
+void dqd_gpu_destroy(dqd_gpu *g);
+uint64_t dqd_gpu_budget(const dqd_gpu *g);
+/* Device bytes allocated for layers right now (what the budget governs, before reservations). */
+uint64_t dqd_gpu_allocated(const dqd_gpu *g);
+/* "NVIDIA H200 (device 0, sm_90)". */
+const char *dqd_gpu_describe(const dqd_gpu *g);
+
+/* Whether a model's sequences can live on the GPU: a D-Quant profile of a shape the kernels take
+ * (n <= DQCU_MAX_ENCODE_STREAM, 32 <= head_dim <= 512, at most 8 query heads per KV head). Others
+ * stay on the host tier and use the cpu code. */
+bool dqd_gpu_model_ok(const dqd_gpu *g, const dqd_model *m);
+
+/* Store hook (dqd_store_gpu_enable): frees every GPU layer of a sequence nothing uses any more. */
+void dqd_gpu_free_seq_layers(void *gpu, dqd_seq *seq);
+
+/* Upper estimate of the device bytes, for dqd_store_gpu_reserve, of appending ntok tokens (may be
+ * 0) to a layer: gpu when it is on the GPU; else host (may be NULL: a new layer) moved there. */
+uint64_t dqd_gpu_need(const dqd_codec *codec, const dq_layer *host, const dqd_glayer *gpu, uint64_t ntok);
+
+/* ---- worker threads (the caller holds the access the operation needs) ---- */
+
+/* An append that can be undone, as dqd_append for host layers (append.h). */
+typedef struct dqd_gappend {
+    bool created;         /* the layer did not exist before */
+    bool applied;
+    bool broken;          /* the layer could not be put back after a failure: drop the sequence */
+    uint32_t nwin0, tail0, nseg0, slots0;
+    uint16_t *snap;       /* the previous tail (K then V), kept when the append sealed windows */
+} dqd_gappend;
+
+/* Appends ntok tokens (k, v: [ntok, kv_heads, head_dim] of dtype, host memory, finite: the
+ * operations check that first) to *slot, creating a GPU layer when *slot is NULL. Same checks,
+ * same all-or-nothing result and same bytes as dq_layer_append (DQ_NONFINITE when a value
+ * overflows BF16, DQ_RANGE, DQ_NOMEM). stats (may be NULL) is added to. If a device failure leaves
+ * the layer unrestorable, txn->broken is set. */
+int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot, const void *k,
+                   const void *v, dq_dtype dtype, size_t ntok, dq_encode_stats *stats);
+/* Undoes an applied append (no-op otherwise); on failure (the device failed) txn->broken is set. */
+int dqd_gpu_rollback(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot);
+void dqd_gappend_clear(dqd_gappend *txn);
+/* Waits until the calling worker's GPU work is done (call at the end of a task that appended). */
+int dqd_gpu_finish(dqd_gpu *g);
+
+/* Moves a host layer to the GPU (*host freed and NULL, *gpu set) or back (dq_layer_restore). On
+ * failure both slots are as before. */
+int dqd_gpu_promote(dqd_gpu *g, dqd_codec *codec, dq_layer **host, dqd_glayer **gpu);
+int dqd_gpu_demote(dqd_gpu *g, dqd_codec *codec, dqd_glayer **gpu, dq_layer **host);
+
+/* Tokens [first, first + count) of K or V to out (host, [count, kv_heads, head_dim] of dtype):
+ * identical to dq_layer_decode; DQ_CORRUPT when a container is invalid. */
+int dqd_gpu_decode(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, dq_kind kind, size_t first, size_t count,
+                   void *out, dq_dtype dtype);
+/* The layer as GET_RAW sends it: window records back to back, then tail K, then tail V. */
+int dqd_gpu_copy_raw(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, uint8_t *dst);
+
+/* Decode attention over GPU layers of one codec, as dq_attend (q, out, lse: host memory; lse may
+ * be NULL): one dqcu_attend launch per batch of items. */
+typedef struct dqd_gattn {
+    const dqd_glayer *layer;
+    const float *q;
+    float *out;
+    float *lse;
+} dqd_gattn;
+int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, const dqd_gattn *items, size_t n);
+
+#endif

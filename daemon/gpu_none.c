@@ -1,0 +1,115 @@
+/* dquantd built without CUDA: the cuda backend is absent. dqd_gpu_create says so, and since no
+ * dqd_gpu ever exists nothing else here is called (see gpu.h). */
+#include <stdio.h>
+
+#include "dquant/error.h"
+#include "gpu.h"
+
+int dqd_gpu_create(const dqd_config *cfg, dqd_hostmem *mem, dqd_gpu **out, char *why, size_t whylen)
+{
+    (void)cfg;
+    (void)mem;
+    *out = NULL;
+    snprintf(why, whylen, "this dquantd was built without CUDA support");
+    return DQ_UNSUPPORTED;
+}
+
+void dqd_gpu_destroy(dqd_gpu *g)
+{
+    (void)g;
+}
+
+uint64_t dqd_gpu_budget(const dqd_gpu *g)
+{
+    (void)g;
+    return 0;
+}
+
+uint64_t dqd_gpu_allocated(const dqd_gpu *g)
+{
+    (void)g;
+    return 0;
+}
+
+const char *dqd_gpu_describe(const dqd_gpu *g)
+{
+    (void)g;
+    return "none";
+}
+
+bool dqd_gpu_model_ok(const dqd_gpu *g, const dqd_model *m)
+{
+    (void)g;
+    (void)m;
+    return false;
+}
+
+void dqd_gpu_free_seq_layers(void *gpu, dqd_seq *seq)
+{
+    (void)gpu;
+    (void)seq;
+}
+
+uint64_t dqd_gpu_need(const dqd_codec *codec, const dq_layer *host, const dqd_glayer *gpu, uint64_t ntok)
+{
+    (void)codec;
+    (void)host;
+    (void)gpu;
+    (void)ntok;
+    return 0;
+}
+
+int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot, const void *k,
+                   const void *v, dq_dtype dtype, size_t ntok, dq_encode_stats *stats)
+{
+    (void)g, (void)codec, (void)txn, (void)slot, (void)k, (void)v, (void)dtype, (void)ntok, (void)stats;
+    return DQ_UNSUPPORTED;
+}
+
+int dqd_gpu_rollback(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot)
+{
+    (void)g, (void)codec, (void)txn, (void)slot;
+    return DQ_OK;
+}
+
+void dqd_gappend_clear(dqd_gappend *txn)
+{
+    (void)txn;
+}
+
+int dqd_gpu_finish(dqd_gpu *g)
+{
+    (void)g;
+    return DQ_OK;
+}
+
+int dqd_gpu_promote(dqd_gpu *g, dqd_codec *codec, dq_layer **host, dqd_glayer **gpu)
+{
+    (void)g, (void)codec, (void)host, (void)gpu;
+    return DQ_UNSUPPORTED;
+}
+
+int dqd_gpu_demote(dqd_gpu *g, dqd_codec *codec, dqd_glayer **gpu, dq_layer **host)
+{
+    (void)g, (void)codec, (void)host, (void)gpu;
+    return DQ_UNSUPPORTED;
+}
+
+int dqd_gpu_decode(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, dq_kind kind, size_t first, size_t count,
+                   void *out, dq_dtype dtype)
+{
+    (void)g, (void)codec, (void)l, (void)kind, (void)first, (void)count, (void)out, (void)dtype;
+    return DQ_UNSUPPORTED;
+}
+
+int dqd_gpu_copy_raw(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, uint8_t *dst)
+{
+    (void)g, (void)codec, (void)l, (void)dst;
+    return DQ_UNSUPPORTED;
+}
+
+int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, const dqd_gattn *items, size_t n)
+{
+    (void)g, (void)codec, (void)q_heads, (void)scale, (void)items, (void)n;
+    return DQ_UNSUPPORTED;
+}

@@ -1,0 +1,71 @@
+/* dquantd GPU-resident layer (cuda backend): one sequence layer held in device memory, the same
+ * sealed window records and BF16 tail a dq_layer holds on the host, plus a host shadow of its small
+ * metadata (counts, the window pointer array) that the loop thread reads for ORDER checks, budget
+ * estimates and accounting without touching the device.
+ *
+ * A layer lives in exactly one tier at a time: dqd_seq.layers[i] (host) or dqd_seq.glayers[i]
+ * (GPU), never both. Moving it copies the records (gpustore.c); the bytes never change.
+ *
+ * Device layout. Window records live in segments: device blocks of consecutive window records
+ * (one block per append that seals windows, at least DQD_GSEG_MIN windows, so a decode stream
+ * allocates once per few windows and a prefill once). d_win is the device array of window
+ * pointers the kernels take (dqcu_attn_seq.windows, dqcu_decompress); h_win is its host copy.
+ * d_tail holds the K tail (R tokens) followed by the V tail (R tokens), BF16.
+ *
+ * This header has no CUDA types: device addresses are plain pointers the host never dereferences.
+ * Fields change only under exclusive access to the sequence (a writer's worker task); the loop
+ * thread reads them between requests. */
+#ifndef DQD_GPULAYER_H
+#define DQD_GPULAYER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hostmem.h"
+
+/* Smallest segment, in windows: bounds both the allocations of a decode stream and the slack. */
+#define DQD_GSEG_MIN 4u
+
+typedef struct dqd_gseg {
+    uint8_t *base;       /* device: count window records back to back */
+    uint32_t first;      /* index in the layer of its first window */
+    uint32_t count;      /* windows it has room for */
+} dqd_gseg;
+
+typedef struct dqd_glayer {
+    uint32_t W, R;       /* the codec's window and residual */
+    uint32_t nwin;       /* sealed windows */
+    uint32_t tail;       /* tokens in the BF16 tail (< R) */
+    uint32_t slots;      /* windows the segments have room for (>= nwin) */
+    uint32_t cap;        /* entries of h_win / d_win (>= slots) */
+    uint32_t nseg, segcap;
+    dqd_gseg *segs;      /* host [segcap] */
+    uint8_t **h_win;     /* host [cap]: device addresses of the window slots */
+    uint8_t **d_win;     /* device [cap]: the same pointers */
+    uint16_t *d_tail;    /* device: K tail [R][n] then V tail [R][n], BF16 */
+    uint64_t dev_bytes;  /* device bytes allocated for this layer (what the GPU budget counts) */
+} dqd_glayer;
+
+static inline uint64_t dqd_glayer_tokens(const dqd_glayer *l)
+{
+    return (uint64_t)l->nwin * l->W + l->tail;
+}
+
+/* Bytes of K/V held: window records plus the tail tokens in use (as dq_layer_stored_bytes). */
+static inline uint64_t dqd_glayer_stored_bytes(const dqd_glayer *l, size_t window_bytes, uint32_t n)
+{
+    return (uint64_t)l->nwin * window_bytes + (uint64_t)l->tail * n * 2u * sizeof(uint16_t);
+}
+
+/* Host bytes of the shadow (struct, segment list, pointer array), as counted by the hostmem. */
+static inline uint64_t dqd_glayer_host_bytes(const dqd_glayer *l)
+{
+    uint64_t b = dqd_hostmem_cost(sizeof *l);
+    if (l->segcap)
+        b += dqd_hostmem_cost((size_t)l->segcap * sizeof(dqd_gseg));
+    if (l->cap)
+        b += dqd_hostmem_cost((size_t)l->cap * sizeof(uint8_t *));
+    return b;
+}
+
+#endif

@@ -1,0 +1,784 @@
+/* dquantd cuda backend: GPU-resident layers (gpulayer.h) — appends encoded on the GPU, rollback,
+ * moves between tiers, decode, raw copies and batched decode attention (see gpu.h).
+ *
+ * Appends follow dq_layer_append exactly: the tokens are validated on the host first (the same
+ * checks, in the same order, with the same codes), rounded to BF16, and windows are sealed from
+ * the concatenation [tail, new tokens] whenever the tail reaches R tokens. A large append is cut
+ * into pieces that fit a pinned staging half; since a layer's bytes depend only on its BF16 token
+ * sequence, the pieces seal exactly the windows one append would. Per piece: the old tail and the
+ * new tokens are gathered in the device stage buffer, dqcu_encode_windows writes the sealed
+ * windows straight into their slots, and the rest of the stage becomes the new tail. While the GPU
+ * works on one piece, the CPU converts the next into the other pinned half. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_internal.h"
+#include "logging.h"
+
+/* Encode statistics, then the per-window status, in the worker's small device buffer. */
+#define STATUS_OFF 64u
+_Static_assert(sizeof(dq_encode_stats) <= STATUS_OFF, "stats fit before the statuses");
+
+static size_t tail_elems(const dqd_codec *c)
+{
+    return (size_t)c->profile.residual * c->n;
+}
+
+static uint64_t tail_dev_bytes(const dqd_codec *c)
+{
+    return 2u * tail_elems(c) * sizeof(uint16_t);
+}
+
+static uint32_t pow2_cap(uint64_t x)
+{
+    uint64_t c = 8;
+    while (c < x)
+        c *= 2;
+    return (uint32_t)c;
+}
+
+static size_t align256(size_t x)
+{
+    return (x + 255u) & ~(size_t)255u;
+}
+
+/* ---- estimates (loop thread) ---- */
+
+/* Windows a new segment gets when an append needs `missing` more slots. */
+static uint64_t segment_windows(uint64_t missing)
+{
+    return missing < DQD_GSEG_MIN ? DQD_GSEG_MIN : missing;
+}
+
+static uint64_t append_need(const dqd_codec *codec, uint64_t nwin, uint64_t tail, uint64_t slots, uint64_t cap,
+                            uint64_t ntok)
+{
+    const uint64_t W = codec->profile.window, R = codec->profile.residual;
+    uint64_t total = tail + ntok;
+    uint64_t nseal = total >= R ? (total - R) / W + 1 : 0;
+    uint64_t need = 0;
+    if (nwin + nseal > slots) {
+        uint64_t cnt = segment_windows(nwin + nseal - slots);
+        need += cnt * codec->window_bytes;
+        if (slots + cnt > cap)
+            need += (uint64_t)pow2_cap(slots + cnt) * sizeof(void *);
+    }
+    return need;
+}
+
+uint64_t dqd_gpu_need(const dqd_codec *codec, const dq_layer *host, const dqd_glayer *gpu, uint64_t ntok)
+{
+    if (gpu)
+        return append_need(codec, gpu->nwin, gpu->tail, gpu->slots, gpu->cap, ntok);
+    uint64_t need = tail_dev_bytes(codec);
+    uint64_t nwin = 0, tail = 0, cap = 0;
+    if (host) {
+        nwin = dq_layer_window_count(host);
+        tail = dq_layer_tail_tokens(host);
+        if (nwin) {
+            cap = pow2_cap(nwin);
+            need += nwin * codec->window_bytes + cap * sizeof(void *);
+        }
+    }
+    return need + append_need(codec, nwin, tail, nwin, cap, ntok);
+}
+
+/* ---- layer memory ---- */
+
+static void layer_free(dqd_gpu *g, cudaStream_t stream, const dqd_codec *codec, dqd_glayer *l)
+{
+    if (!l)
+        return;
+    for (uint32_t i = 0; i < l->nseg; i++)
+        dqd_gfree(g, stream, l->segs[i].base, (size_t)l->segs[i].count * codec->window_bytes);
+    dqd_gfree(g, stream, l->d_win, (size_t)l->cap * sizeof(uint8_t *));
+    dqd_gfree(g, stream, l->d_tail, tail_dev_bytes(codec));
+    dqd_hostmem_free(g->mem, l->segs);
+    dqd_hostmem_free(g->mem, l->h_win);
+    dqd_hostmem_free(g->mem, l);
+}
+
+void dqd_gpu_free_seq_layers(void *gpu, dqd_seq *seq)
+{
+    dqd_gpu *g = gpu;
+    for (uint32_t i = 0; i < seq->model->layers; i++) {
+        if (seq->glayers[i]) {
+            layer_free(g, g->loop_stream, seq->model->codec, seq->glayers[i]);
+            seq->glayers[i] = NULL;
+        }
+    }
+}
+
+static int layer_new(dqd_gwork *w, const dqd_codec *codec, dqd_glayer **out)
+{
+    dqd_glayer *l = dqd_hostmem_calloc(w->g->mem, sizeof *l);
+    if (!l)
+        return DQ_NOMEM;
+    l->W = codec->profile.window;
+    l->R = codec->profile.residual;
+    int rc = dqd_gmalloc(w, tail_dev_bytes(codec), (void **)&l->d_tail);
+    if (rc < 0) {
+        dqd_hostmem_free(w->g->mem, l);
+        return rc;
+    }
+    l->dev_bytes = tail_dev_bytes(codec);
+    *out = l;
+    return DQ_OK;
+}
+
+/* Grows the window pointer arrays to at least want entries (existing entries kept). */
+static int grow_cap(dqd_gwork *w, dqd_glayer *l, uint64_t want)
+{
+    if (l->cap >= want)
+        return DQ_OK;
+    uint32_t cap = pow2_cap(want);
+    uint8_t **h = dqd_hostmem_alloc(w->g->mem, (size_t)cap * sizeof *h);
+    if (!h)
+        return DQ_NOMEM;
+    uint8_t **d;
+    int rc = dqd_gmalloc(w, (size_t)cap * sizeof *d, (void **)&d);
+    if (rc < 0) {
+        dqd_hostmem_free(w->g->mem, h);
+        return rc;
+    }
+    if (l->slots) {
+        memcpy(h, l->h_win, (size_t)l->slots * sizeof *h);
+        rc = dqd_gh2d(w, d, h, (size_t)l->slots * sizeof *h);
+        if (rc < 0) {
+            dqd_gfree(w->g, w->stream, d, (size_t)cap * sizeof *d);
+            dqd_hostmem_free(w->g->mem, h);
+            return rc;
+        }
+    }
+    dqd_gfree(w->g, w->stream, l->d_win, (size_t)l->cap * sizeof *d);
+    dqd_hostmem_free(w->g->mem, l->h_win);
+    l->dev_bytes += (uint64_t)(cap - l->cap) * sizeof *d;
+    l->h_win = h;
+    l->d_win = d;
+    l->cap = cap;
+    return DQ_OK;
+}
+
+/* Adds a segment of count window slots after the existing ones. */
+static int add_segment(dqd_gwork *w, const dqd_codec *codec, dqd_glayer *l, uint32_t count)
+{
+    if (l->nseg == l->segcap) {
+        uint32_t cap = l->segcap ? l->segcap * 2 : 4;
+        dqd_gseg *s = dqd_hostmem_alloc(w->g->mem, cap * sizeof *s);
+        if (!s)
+            return DQ_NOMEM;
+        if (l->nseg)
+            memcpy(s, l->segs, l->nseg * sizeof *s);
+        dqd_hostmem_free(w->g->mem, l->segs);
+        l->segs = s;
+        l->segcap = cap;
+    }
+    int rc = grow_cap(w, l, (uint64_t)l->slots + count);
+    if (rc < 0)
+        return rc;
+    size_t wb = codec->window_bytes;
+    uint8_t *base;
+    rc = dqd_gmalloc(w, count * wb, (void **)&base);
+    if (rc < 0)
+        return rc;
+    for (uint32_t j = 0; j < count; j++)
+        l->h_win[l->slots + j] = base + j * wb;
+    rc = dqd_gh2d(w, l->d_win + l->slots, l->h_win + l->slots, count * sizeof(uint8_t *));
+    if (rc < 0) {
+        dqd_gfree(w->g, w->stream, base, count * wb);
+        return rc;
+    }
+    l->segs[l->nseg++] = (dqd_gseg){base, l->slots, count};
+    l->slots += count;
+    l->dev_bytes += (uint64_t)count * wb;
+    return DQ_OK;
+}
+
+/* Frees the segments from index nseg on. */
+static void trim_segments(dqd_gwork *w, const dqd_codec *codec, dqd_glayer *l, uint32_t nseg)
+{
+    while (l->nseg > nseg) {
+        dqd_gseg *s = &l->segs[--l->nseg];
+        dqd_gfree(w->g, w->stream, s->base, (size_t)s->count * codec->window_bytes);
+        l->dev_bytes -= (uint64_t)s->count * codec->window_bytes;
+        l->slots -= s->count;
+    }
+}
+
+/* ---- appends ---- */
+
+/* Token values as dq_layer_append sees them: rounded to BF16, as f32. */
+static void load_bf16_f32(float *y, const void *x, dq_dtype dtype, size_t first, size_t n)
+{
+    switch (dtype) {
+    case DQ_DTYPE_BF16:
+        for (size_t j = 0; j < n; j++)
+            y[j] = dq_bf16_to_f32(((const uint16_t *)x)[first + j]);
+        break;
+    case DQ_DTYPE_F16:
+        for (size_t j = 0; j < n; j++)
+            y[j] = dq_bf16_to_f32(dq_f32_to_bf16(dq_f16_to_f32(((const uint16_t *)x)[first + j])));
+        break;
+    default:
+        for (size_t j = 0; j < n; j++)
+            y[j] = dq_bf16_to_f32(dq_f32_to_bf16(((const float *)x)[first + j]));
+        break;
+    }
+}
+
+static void to_bf16(uint16_t *dst, const void *x, dq_dtype dtype, size_t first, size_t count)
+{
+    switch (dtype) {
+    case DQ_DTYPE_BF16:
+        memcpy(dst, (const uint16_t *)x + first, count * sizeof(uint16_t));
+        break;
+    case DQ_DTYPE_F16:
+        for (size_t j = 0; j < count; j++)
+            dst[j] = dq_f32_to_bf16(dq_f16_to_f32(((const uint16_t *)x)[first + j]));
+        break;
+    default:
+        for (size_t j = 0; j < count; j++)
+            dst[j] = dq_f32_to_bf16(((const float *)x)[first + j]);
+        break;
+    }
+}
+
+/* Σ y² of one head's d values (4 accumulators: the margin below dwarfs the rounding). */
+static float sum_sq(const float *y, size_t d)
+{
+    float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    size_t j = 0;
+    for (; j + 4 <= d; j += 4) {
+        a0 += y[j] * y[j];
+        a1 += y[j + 1] * y[j + 1];
+        a2 += y[j + 2] * y[j + 2];
+        a3 += y[j + 3] * y[j + 3];
+    }
+    for (; j < d; j++)
+        a0 += y[j] * y[j];
+    return (a0 + a1) + (a2 + a3);
+}
+
+/* lib's validate_tokens without its first step, the finiteness of the raw input (the operations
+ * checked that before): every token, rounded to BF16, finite (DQ_NONFINITE: only f32 values can
+ * overflow BF16) and within DQ_TOKEN_MAX_ABS after the rotation (DQ_RANGE), in token order, a
+ * token's finiteness before its range, K before V (the caller's order). The rotation is
+ * orthonormal per head, so |y_j| <= ||x_head||: a token whose head norms stay below the limit,
+ * with a margin far above the rounding of the norm and of the rotation, needs no rotation. */
+static int validate(dqd_gwork *w, const dqd_codec *codec, const void *x, dq_dtype dtype, size_t ntok)
+{
+    const size_t n = codec->n, d = codec->profile.head_dim, H = codec->profile.kv_heads;
+    const float lim = DQ_TOKEN_MAX_ABS * 0.999f, lim2 = lim * lim;
+    float *y = dqd_gwork_floats(w, n);
+    if (!y)
+        return DQ_NOMEM;
+    for (size_t t = 0; t < ntok; t++) {
+        load_bf16_f32(y, x, dtype, t * n, n);
+        if (dtype == DQ_DTYPE_F32)
+            for (size_t j = 0; j < n; j++)
+                if (!isfinite(y[j]))
+                    return DQ_NONFINITE;
+        bool sure = true;
+        for (size_t h = 0; h < H && sure; h++)
+            sure = sum_sq(y + h * d, d) <= lim2;
+        if (!sure) {
+            dq_rotate(codec->codec, y);
+            for (size_t j = 0; j < n; j++)
+                if (!(fabsf(y[j]) <= DQ_TOKEN_MAX_ABS))
+                    return DQ_RANGE;
+        }
+    }
+    return DQ_OK;
+}
+
+/* Puts the layer back as the transaction found it (see dqd_gpu_rollback). */
+static int undo(dqd_gwork *w, const dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot)
+{
+    dqd_glayer *l = *slot;
+    if (txn->created) {
+        layer_free(w->g, w->stream, codec, l);
+        *slot = NULL;
+        return DQ_OK;
+    }
+    trim_segments(w, codec, l, txn->nseg0);
+    l->nwin = txn->nwin0;
+    int rc = DQ_OK;
+    if (txn->snap) {
+        size_t n = codec->n, tb = (size_t)txn->tail0 * n * sizeof(uint16_t);
+        rc = dqd_gh2d(w, l->d_tail, txn->snap, tb);
+        if (rc == DQ_OK)
+            rc = dqd_gh2d(w, l->d_tail + tail_elems(codec), txn->snap + (size_t)txn->tail0 * n, tb);
+    }
+    l->tail = txn->tail0;
+    if (rc == DQ_OK)
+        rc = dqd_gsync(w);
+    if (rc < 0)
+        DQD_ERROR("cannot restore a GPU layer to %u windows + %u tokens: %s", txn->nwin0, txn->tail0, dq_strerror(rc));
+    return rc;
+}
+
+static void add_stats(dq_encode_stats *to, const dq_encode_stats *st)
+{
+    to->streams += st->streams;
+    to->retries += st->retries;
+    to->fallbacks += st->fallbacks;
+    to->payload_bytes += st->payload_bytes;
+    to->symbols_moved += st->symbols_moved;
+    if (st->max_payload_bytes > to->max_payload_bytes)
+        to->max_payload_bytes = st->max_payload_bytes;
+    if (st->max_move > to->max_move)
+        to->max_move = st->max_move;
+}
+
+int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot, const void *k,
+                   const void *v, dq_dtype dtype, size_t ntok, dq_encode_stats *stats)
+{
+    memset(txn, 0, sizeof *txn);
+    const size_t esz = dq_dtype_size(dtype);
+    if (!esz)
+        return DQ_DTYPE;
+    if (ntok && (!k || !v))
+        return DQ_INVALID_ARGUMENT;
+    const size_t n = codec->n, W = codec->profile.window, R = codec->profile.residual;
+    if (ntok > ((size_t)1 << 40) / n)
+        return DQ_SHAPE;
+    dqd_gwork *w;
+    const dqcu_codec *dc;
+    int rc = dqd_gwork_get(g, &w);
+    if (rc == DQ_OK)
+        rc = dqd_gcodec_get(g, codec, &dc);
+    if (rc == DQ_OK)
+        rc = validate(w, codec, k, dtype, ntok);
+    if (rc == DQ_OK)
+        rc = validate(w, codec, v, dtype, ntok);
+    if (rc < 0)
+        return rc;
+
+    if (!*slot) {
+        rc = layer_new(w, codec, slot);
+        if (rc < 0)
+            return rc;
+        txn->created = true;
+    }
+    dqd_glayer *l = *slot;
+    txn->nwin0 = l->nwin;
+    txn->tail0 = l->tail;
+    txn->nseg0 = l->nseg;
+    txn->slots0 = l->slots;
+
+    const size_t total = l->tail + ntok;
+    const size_t nseal = total >= R ? (total - R) / W + 1 : 0;
+    uint8_t *small = NULL, *hsmall = NULL;
+    uint16_t *sk = NULL, *sv = NULL;
+    const size_t piece = DQD_GPIN_BYTES / (n * 2 * sizeof(uint16_t));
+    if (l->nwin + nseal > l->slots) {
+        rc = add_segment(w, codec, l, (uint32_t)segment_windows(l->nwin + nseal - l->slots));
+        if (rc < 0)
+            goto undo;
+    }
+    if (nseal) {
+        if (l->tail) {
+            /* The tail changes in place: keep the old one for a rollback. */
+            size_t tb = (size_t)l->tail * n * sizeof(uint16_t);
+            txn->snap = malloc(2 * tb);
+            if (!txn->snap) {
+                rc = DQ_NOMEM;
+                goto undo;
+            }
+            rc = dqd_gd2h(w, txn->snap, l->d_tail, tb);
+            if (rc == DQ_OK)
+                rc = dqd_gd2h(w, txn->snap + (size_t)l->tail * n, l->d_tail + tail_elems(codec), tb);
+            if (rc < 0)
+                goto undo;
+        }
+        void *stage;
+        rc = dqd_gwork_buf(w, DQD_GBUF_STAGE, 2 * (R + piece) * n * sizeof(uint16_t), &stage);
+        if (rc == DQ_OK)
+            rc = dqd_gwork_buf(w, DQD_GBUF_SMALL, STATUS_OFF + nseal * sizeof(int32_t), (void **)&small);
+        if (rc < 0)
+            goto undo;
+        sk = stage;
+        sv = sk + (R + piece) * n;
+        DQD_GCK_GOTO(cudaMemsetAsync(small, 0, STATUS_OFF + nseal * sizeof(int32_t), w->stream), rc, undo);
+    }
+
+    uint16_t *dtk = l->d_tail, *dtv = l->d_tail + tail_elems(codec);
+    int32_t *status = small ? (int32_t *)(void *)(small + STATUS_OFF) : NULL;
+    size_t t = l->tail, sealed = 0;
+    for (size_t done = 0; done < ntok;) {
+        const size_t m = ntok - done < piece ? ntok - done : piece;
+        int h;
+        uint8_t *pin = dqd_gpin_take(w, 2 * m * n * sizeof(uint16_t), &h);
+        if (!pin) {
+            rc = DQ_INTERNAL;
+            goto undo;
+        }
+        uint16_t *pk = (uint16_t *)(void *)pin, *pv = pk + m * n;
+        to_bf16(pk, k, dtype, done * n, m * n);
+        to_bf16(pv, v, dtype, done * n, m * n);
+        const size_t tot = t + m, ns = tot >= R ? (tot - R) / W + 1 : 0;
+        const size_t mb = m * n * sizeof(uint16_t);
+        if (!ns) {
+            DQD_GCK_GOTO(cudaMemcpyAsync(dtk + t * n, pk, mb, cudaMemcpyHostToDevice, w->stream), rc, undo);
+            DQD_GCK_GOTO(cudaMemcpyAsync(dtv + t * n, pv, mb, cudaMemcpyHostToDevice, w->stream), rc, undo);
+            t = tot;
+        } else {
+            if (t) {
+                size_t tb = t * n * sizeof(uint16_t);
+                DQD_GCK_GOTO(cudaMemcpyAsync(sk, dtk, tb, cudaMemcpyDeviceToDevice, w->stream), rc, undo);
+                DQD_GCK_GOTO(cudaMemcpyAsync(sv, dtv, tb, cudaMemcpyDeviceToDevice, w->stream), rc, undo);
+            }
+            DQD_GCK_GOTO(cudaMemcpyAsync(sk + t * n, pk, mb, cudaMemcpyHostToDevice, w->stream), rc, undo);
+            DQD_GCK_GOTO(cudaMemcpyAsync(sv + t * n, pv, mb, cudaMemcpyHostToDevice, w->stream), rc, undo);
+            DQD_GCU_GOTO(dqcu_encode_windows(dc, sk, sv, DQ_DTYPE_BF16, ns, l->d_win + l->nwin, status + sealed,
+                                             (dq_encode_stats *)(void *)small, w->stream),
+                         rc, undo);
+            const size_t consumed = ns * W, rest = tot - consumed;
+            if (rest) {
+                size_t rb = rest * n * sizeof(uint16_t);
+                DQD_GCK_GOTO(cudaMemcpyAsync(dtk, sk + consumed * n, rb, cudaMemcpyDeviceToDevice, w->stream), rc,
+                             undo);
+                DQD_GCK_GOTO(cudaMemcpyAsync(dtv, sv + consumed * n, rb, cudaMemcpyDeviceToDevice, w->stream), rc,
+                             undo);
+            }
+            l->nwin += (uint32_t)ns;
+            sealed += ns;
+            t = rest;
+        }
+        rc = dqd_gpin_done(w, h);
+        if (rc < 0)
+            goto undo;
+        done += m;
+    }
+    l->tail = (uint32_t)t;
+    if (sealed != nseal) {
+        DQD_ERROR("GPU append sealed %zu windows, expected %zu", sealed, nseal);
+        rc = DQ_INTERNAL;
+        goto undo;
+    }
+
+    if (nseal) {
+        /* The statuses: the host checks guarantee none, but never keep a window the GPU refused. */
+        size_t sb = STATUS_OFF + nseal * sizeof(int32_t);
+        hsmall = malloc(sb);
+        if (!hsmall) {
+            rc = DQ_NOMEM;
+            goto undo;
+        }
+        rc = dqd_gd2h(w, hsmall, small, sb);
+        if (rc < 0)
+            goto undo;
+        const int32_t *hs = (const int32_t *)(void *)(hsmall + STATUS_OFF);
+        for (size_t i = 0; i < nseal; i++) {
+            if (hs[i] != 0) {
+                rc = hs[i] < 0 ? hs[i] : DQ_INTERNAL;
+                DQD_WARN("GPU encoder refused window %zu of an append: %s", i, dq_err_name(rc));
+                goto undo;
+            }
+        }
+        if (stats) {
+            dq_encode_stats st;
+            memcpy(&st, hsmall, sizeof st);
+            add_stats(stats, &st);
+        }
+        free(hsmall);
+    }
+    txn->applied = true;
+    return DQ_OK;
+
+undo:
+    free(hsmall);
+    if (undo(w, codec, txn, slot) < 0)
+        txn->broken = true;
+    txn->created = false;
+    return rc;
+}
+
+int dqd_gpu_rollback(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot)
+{
+    if (!txn->applied)
+        return DQ_OK;
+    dqd_gwork *w;
+    int rc = dqd_gwork_get(g, &w);
+    if (rc == DQ_OK)
+        rc = undo(w, codec, txn, slot);
+    if (rc < 0) {
+        txn->broken = true;
+        return rc;
+    }
+    txn->applied = false;
+    return DQ_OK;
+}
+
+void dqd_gappend_clear(dqd_gappend *txn)
+{
+    free(txn->snap);
+    txn->snap = NULL;
+}
+
+/* ---- moves between tiers ---- */
+
+int dqd_gpu_promote(dqd_gpu *g, dqd_codec *codec, dq_layer **host, dqd_glayer **gpu)
+{
+    const dq_layer *hl = *host;
+    const size_t nwin = dq_layer_window_count(hl), tail = dq_layer_tail_tokens(hl);
+    const size_t wb = codec->window_bytes, n = codec->n;
+    dqd_gwork *w = NULL;
+    dqd_glayer *l = NULL;
+    int rc = dqd_gwork_get(g, &w);
+    if (rc == DQ_OK)
+        rc = layer_new(w, codec, &l);
+    if (rc == DQ_OK && nwin)
+        rc = add_segment(w, codec, l, (uint32_t)nwin);
+    if (rc < 0)
+        goto fail;
+    /* Window records are separate host blocks: pack as many as fit in a pinned half per copy. */
+    const size_t per = wb <= DQD_GPIN_BYTES ? DQD_GPIN_BYTES / wb : 0;
+    for (size_t i = 0; i < nwin;) {
+        uint8_t *dst = l->segs[0].base + i * wb;
+        if (!per) {
+            rc = dqd_gh2d(w, dst, dq_layer_window(hl, i), wb);
+            if (rc < 0)
+                goto fail;
+            i++;
+            continue;
+        }
+        size_t cnt = nwin - i < per ? nwin - i : per;
+        int h;
+        uint8_t *pin = dqd_gpin_take(w, cnt * wb, &h);
+        if (!pin) {
+            rc = DQ_INTERNAL;
+            goto fail;
+        }
+        for (size_t j = 0; j < cnt; j++)
+            memcpy(pin + j * wb, dq_layer_window(hl, i + j), wb);
+        DQD_GCK_GOTO(cudaMemcpyAsync(dst, pin, cnt * wb, cudaMemcpyHostToDevice, w->stream), rc, fail);
+        rc = dqd_gpin_done(w, h);
+        if (rc < 0)
+            goto fail;
+        i += cnt;
+    }
+    if (tail) {
+        size_t tb = tail * n * sizeof(uint16_t);
+        rc = dqd_gh2d(w, l->d_tail, dq_layer_tail(hl, DQ_KIND_K), tb);
+        if (rc == DQ_OK)
+            rc = dqd_gh2d(w, l->d_tail + tail_elems(codec), dq_layer_tail(hl, DQ_KIND_V), tb);
+        if (rc < 0)
+            goto fail;
+    }
+    l->nwin = (uint32_t)nwin;
+    l->tail = (uint32_t)tail;
+    rc = dqd_gsync(w);
+    if (rc < 0)
+        goto fail;
+    dq_layer_free(*host);
+    *host = NULL;
+    *gpu = l;
+    return DQ_OK;
+
+fail:
+    if (l)
+        layer_free(g, w->stream, codec, l);
+    return rc;
+}
+
+int dqd_gpu_demote(dqd_gpu *g, dqd_codec *codec, dqd_glayer **gpu, dq_layer **host)
+{
+    dqd_glayer *l = *gpu;
+    const size_t wb = codec->window_bytes, n = codec->n;
+    const size_t nwin = l->nwin, tail = l->tail, tb = tail * n * sizeof(uint16_t);
+    dqd_gwork *w;
+    int rc = dqd_gwork_get(g, &w);
+    if (rc < 0)
+        return rc;
+    /* [tail K | tail V | records]: the tails first keep them 2-byte aligned. */
+    uint8_t *buf = malloc(2 * tb + nwin * wb + 1);
+    if (!buf)
+        return DQ_NOMEM;
+    uint8_t *rec = buf + 2 * tb;
+    for (uint32_t s = 0; s < l->nseg && rc == DQ_OK; s++) {
+        const dqd_gseg *sg = &l->segs[s];
+        if (sg->first >= nwin)
+            continue;
+        size_t cnt = nwin - sg->first < sg->count ? nwin - sg->first : sg->count;
+        rc = dqd_gd2h(w, rec + (size_t)sg->first * wb, sg->base, cnt * wb);
+    }
+    if (rc == DQ_OK && tail) {
+        rc = dqd_gd2h(w, buf, l->d_tail, tb);
+        if (rc == DQ_OK)
+            rc = dqd_gd2h(w, buf + tb, l->d_tail + tail_elems(codec), tb);
+    }
+    dq_layer *hl = NULL;
+    if (rc == DQ_OK) {
+        rc = dq_layer_restore(codec->codec, nwin ? rec : NULL, nwin, tail ? (const uint16_t *)(void *)buf : NULL,
+                              tail ? (const uint16_t *)(void *)(buf + tb) : NULL, tail, &hl);
+        if (rc < 0)
+            DQD_ERROR("cannot rebuild a layer from its GPU records: %s", dq_strerror(rc));
+    }
+    free(buf);
+    if (rc < 0)
+        return rc;
+    layer_free(g, w->stream, codec, l);
+    *gpu = NULL;
+    *host = hl;
+    return DQ_OK;
+}
+
+/* ---- reads ---- */
+
+int dqd_gpu_decode(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, dq_kind kind, size_t first, size_t count,
+                   void *out, dq_dtype dtype)
+{
+    const size_t esz = dq_dtype_size(dtype);
+    if (!esz)
+        return DQ_DTYPE;
+    if (kind != DQ_KIND_K && kind != DQ_KIND_V)
+        return DQ_INVALID_ARGUMENT;
+    const uint64_t total = dqd_glayer_tokens(l);
+    if (first > total || count > total - first)
+        return DQ_OUT_OF_BOUNDS;
+    if (!count)
+        return DQ_OK;
+    const size_t n = codec->n, row = n * esz, chunk = DQD_GPIN_BYTES / row;
+    dqd_gwork *w;
+    const dqcu_codec *dc;
+    uint8_t *dout;
+    uint32_t *dcor, cor = 0;
+    int rc = dqd_gwork_get(g, &w);
+    if (rc == DQ_OK)
+        rc = dqd_gcodec_get(g, codec, &dc);
+    if (rc == DQ_OK)
+        rc = dqd_gwork_buf(w, DQD_GBUF_IO, (count < chunk ? count : chunk) * row, (void **)&dout);
+    if (rc == DQ_OK)
+        rc = dqd_gwork_buf(w, DQD_GBUF_SMALL, sizeof *dcor, (void **)&dcor);
+    if (rc < 0)
+        return rc;
+    DQD_GCK(cudaMemsetAsync(dcor, 0, sizeof *dcor, w->stream));
+    const uint16_t *tail = l->tail ? l->d_tail + (kind == DQ_KIND_V ? tail_elems(codec) : 0) : NULL;
+    /* Chunk i is copied out of its pinned half while chunk i + 1 decodes. */
+    size_t prev_off = 0, prev_len = 0;
+    int prev_half = -1;
+    const uint8_t *prev = NULL;
+    for (size_t off = 0; off < count;) {
+        size_t m = count - off < chunk ? count - off : chunk;
+        int r = dqcu_decompress(dc, kind, (const uint8_t *const *)l->d_win, l->nwin, tail, l->tail, first + off, m,
+                                dout, dtype, dcor, w->stream);
+        if (r < 0)
+            return dqd_gcu_fail(r, "dqcu_decompress", __FILE__, __LINE__);
+        int h;
+        uint8_t *pin = dqd_gpin_take(w, m * row, &h);
+        if (!pin)
+            return DQ_INTERNAL;
+        DQD_GCK(cudaMemcpyAsync(pin, dout, m * row, cudaMemcpyDeviceToHost, w->stream));
+        rc = dqd_gpin_done(w, h);
+        if (rc < 0)
+            return rc;
+        if (prev) {
+            DQD_GCK(cudaEventSynchronize(w->ev[prev_half]));
+            memcpy((uint8_t *)out + prev_off * row, prev, prev_len * row);
+        }
+        prev = pin;
+        prev_half = h;
+        prev_off = off;
+        prev_len = m;
+        off += m;
+    }
+    DQD_GCK(cudaEventSynchronize(w->ev[prev_half]));
+    memcpy((uint8_t *)out + prev_off * row, prev, prev_len * row);
+    rc = dqd_gd2h(w, &cor, dcor, sizeof cor);
+    if (rc < 0)
+        return rc;
+    return cor ? DQ_CORRUPT : DQ_OK;
+}
+
+int dqd_gpu_copy_raw(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, uint8_t *dst)
+{
+    const size_t wb = codec->window_bytes, tb = (size_t)l->tail * codec->n * sizeof(uint16_t);
+    dqd_gwork *w;
+    int rc = dqd_gwork_get(g, &w);
+    for (uint32_t s = 0; s < l->nseg && rc == DQ_OK; s++) {
+        const dqd_gseg *sg = &l->segs[s];
+        if (sg->first >= l->nwin)
+            continue;
+        size_t cnt = l->nwin - sg->first < sg->count ? l->nwin - sg->first : sg->count;
+        rc = dqd_gd2h(w, dst + (size_t)sg->first * wb, sg->base, cnt * wb);
+    }
+    dst += (size_t)l->nwin * wb;
+    if (rc == DQ_OK && tb) {
+        rc = dqd_gd2h(w, dst, l->d_tail, tb);
+        if (rc == DQ_OK)
+            rc = dqd_gd2h(w, dst + tb, l->d_tail + tail_elems(codec), tb);
+    }
+    return rc;
+}
+
+int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, const dqd_gattn *items, size_t n)
+{
+    dqd_gwork *w;
+    const dqcu_codec *dc;
+    int rc = dqd_gwork_get(g, &w);
+    if (rc == DQ_OK)
+        rc = dqd_gcodec_get(g, codec, &dc);
+    if (rc < 0)
+        return rc;
+    const size_t qs = (size_t)q_heads * codec->profile.head_dim;
+    const size_t per_item = sizeof(dqcu_attn_seq) + 2 * qs * sizeof(float) + q_heads * sizeof(float);
+    size_t most = (DQD_GPIN_BYTES - 4 * 256) / per_item;
+    if (most == 0)
+        return DQ_UNSUPPORTED;
+    if (most > 65535)
+        most = 65535;
+    for (size_t i0 = 0; i0 < n;) {
+        const size_t nb = n - i0 < most ? n - i0 : most;
+        /* One block, the same layout in pinned and device memory: descriptors | q | out | lse. */
+        const size_t oq = align256(nb * sizeof(dqcu_attn_seq));
+        const size_t oo = oq + align256(nb * qs * sizeof(float));
+        const size_t ol = oo + align256(nb * qs * sizeof(float));
+        const size_t end = ol + nb * q_heads * sizeof(float);
+        int h;
+        uint8_t *pin = dqd_gpin_take(w, end, &h);
+        if (!pin)
+            return DQ_INTERNAL;
+        dqcu_attn_seq *hs = (dqcu_attn_seq *)(void *)pin;
+        uint32_t max_tokens = 0;
+        for (size_t b = 0; b < nb; b++) {
+            const dqd_glayer *l = items[i0 + b].layer;
+            hs[b].windows = (const uint8_t *const *)l->d_win;
+            hs[b].tail_k = l->d_tail;
+            hs[b].tail_v = l->d_tail + tail_elems(codec);
+            hs[b].nwin = l->nwin;
+            hs[b].tail_tokens = l->tail;
+            uint64_t tok = dqd_glayer_tokens(l);
+            if (tok > max_tokens)
+                max_tokens = (uint32_t)tok;
+            memcpy(pin + oq + b * qs * sizeof(float), items[i0 + b].q, qs * sizeof(float));
+        }
+        uint8_t *dev;
+        void *ws;
+        size_t wsb = dqcu_attend_workspace_size(dc, q_heads, (uint32_t)nb, max_tokens);
+        rc = dqd_gwork_buf(w, DQD_GBUF_IO, end, (void **)&dev);
+        if (rc == DQ_OK)
+            rc = dqd_gwork_buf(w, DQD_GBUF_WS, wsb ? wsb : 1, &ws);
+        if (rc < 0)
+            return rc;
+        DQD_GCK(cudaMemcpyAsync(dev, pin, oo, cudaMemcpyHostToDevice, w->stream));
+        int r = dqcu_attend(dc, q_heads, scale, (const dqcu_attn_seq *)(void *)dev, (uint32_t)nb, max_tokens,
+                            (const float *)(void *)(dev + oq), (float *)(void *)(dev + oo),
+                            (float *)(void *)(dev + ol), ws, wsb, w->stream);
+        if (r < 0)
+            return dqd_gcu_fail(r, "dqcu_attend", __FILE__, __LINE__);
+        DQD_GCK(cudaMemcpyAsync(pin + oo, dev + oo, end - oo, cudaMemcpyDeviceToHost, w->stream));
+        rc = dqd_gpin_done(w, h);
+        if (rc < 0)
+            return rc;
+        DQD_GCK(cudaEventSynchronize(w->ev[h]));
+        for (size_t b = 0; b < nb; b++) {
+            memcpy(items[i0 + b].out, pin + oo + b * qs * sizeof(float), qs * sizeof(float));
+            if (items[i0 + b].lse)
+                memcpy(items[i0 + b].lse, pin + ol + b * q_heads * sizeof(float), q_heads * sizeof(float));
+        }
+        i0 += nb;
+    }
+    return DQ_OK;
+}

@@ -1,0 +1,928 @@
+/* A CPU emulation of the CUDA runtime subset in cuda_runtime_api.h (next to this file) and of
+ * libdquant-cuda's API (cuda/include/dquant/cuda.h, computed with libdquant), so that dquantd's
+ * cuda backend and the GPU end-to-end program run, and are tested, on machines without a GPU.
+ *
+ * It is deliberately strict, as a slow GPU would be:
+ *   - Work issued on a stream (copies into or out of pinned memory, device-to-device copies,
+ *     memsets, "kernels", frees) runs only when the host waits for it (cudaStreamSynchronize,
+ *     cudaEventSynchronize on an event recorded after it, cudaDeviceSynchronize), so a missing
+ *     synchronization shows as stale data. Copies from pageable host memory read it at the call
+ *     and copies to pageable host memory complete before returning, as in CUDA.
+ *   - Device memory is host memory filled with 0xA5 when allocated, tracked in a registry: every
+ *     device pointer a copy or kernel touches must lie in a live device allocation when the work
+ *     runs, else the process aborts with a message (use after free, host pointers passed as
+ *     device ones, out-of-bounds ranges).
+ *   - Device memory is limited (DQCU_FAKE_MEM bytes, default 4G: cudaMallocAsync then fails
+ *     with cudaErrorMemoryAllocation) and must all be freed at exit, pinned memory too: a leak
+ *     makes the process exit with status 99 (DQCU_FAKE_NO_LEAKCHECK=1 disables the check).
+ *   - DQCU_FAKE_DEVICES (default 1) is what dqcu_device_count() returns.
+ * The "kernels" produce what libdquant produces (dq_window_encode, dq_tokens_decode, dq_attend on a
+ * layer rebuilt from the records), which is what the real kernels are checked against. */
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cuda_runtime_api.h"
+#include "dquant/attention.h"
+#include "dquant/codec.h"
+#include "dquant/cuda.h"
+#include "dquant/layer.h"
+
+/* ---- registry of device and pinned allocations ---- */
+
+typedef struct block {
+    uint8_t *base;
+    size_t size;
+    bool pinned;
+} block;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static block *blocks;           /* sorted by base */
+static size_t nblocks, capblocks;
+static size_t dev_used, dev_cap;
+static bool leakcheck_armed;
+static __thread cudaError_t last_error;
+static __thread int last_dqcu_error;
+
+typedef struct fop {
+    struct fop *next;
+    uint64_t seq;
+    void (*run)(void *arg);
+    void *arg;
+} fop;
+
+struct CUstream_st {
+    fop *head, *tail;
+    uint64_t enq;
+    struct CUstream_st *next_all;
+};
+
+struct CUevent_st {
+    cudaStream_t stream;
+    uint64_t seq;
+};
+
+static struct CUstream_st default_stream;
+static struct CUstream_st *all_streams = &default_stream;
+
+#define FAIL(...)                                                                                  \
+    do {                                                                                           \
+        fprintf(stderr, "fake CUDA: " __VA_ARGS__);                                                \
+        fputc('\n', stderr);                                                                       \
+        abort();                                                                                   \
+    } while (0)
+
+static cudaError_t err(cudaError_t e)
+{
+    if (e != cudaSuccess)
+        last_error = e;
+    return e;
+}
+
+static void leak_check(void)
+{
+    if (getenv("DQCU_FAKE_NO_LEAKCHECK"))
+        return;
+    pthread_mutex_lock(&mu);
+    size_t n = nblocks, bytes = 0, pinned = 0;
+    for (size_t i = 0; i < nblocks; i++) {
+        bytes += blocks[i].size;
+        pinned += blocks[i].pinned;
+    }
+    pthread_mutex_unlock(&mu);
+    if (n) {
+        fprintf(stderr, "fake CUDA: %zu allocations (%zu pinned, %zu bytes) not freed at exit\n", n, pinned, bytes);
+        _exit(99);
+    }
+}
+
+static size_t find_index(const uint8_t *p)
+{
+    /* first block with base > p */
+    size_t lo = 0, hi = nblocks;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (blocks[mid].base <= p)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The block holding [p, p + n), or NULL. Caller holds mu. */
+static block *lookup(const void *p, size_t n)
+{
+    size_t i = find_index(p);
+    if (i == 0)
+        return NULL;
+    block *b = &blocks[i - 1];
+    const uint8_t *q = p;
+    if (q >= b->base && q - b->base <= (ptrdiff_t)b->size && n <= b->size - (size_t)(q - b->base))
+        return b;
+    return NULL;
+}
+
+static int kind_of(const void *p)
+{
+    pthread_mutex_lock(&mu);
+    block *b = lookup(p, 1);
+    int k = b ? (b->pinned ? 1 : 2) : 0; /* 0 pageable host, 1 pinned host, 2 device */
+    pthread_mutex_unlock(&mu);
+    return k;
+}
+
+static void check_dev(const void *p, size_t n, const char *what)
+{
+    if (n == 0)
+        return;
+    pthread_mutex_lock(&mu);
+    block *b = lookup(p, n);
+    bool ok = b && !b->pinned;
+    pthread_mutex_unlock(&mu);
+    if (!ok)
+        FAIL("%s: [%p, +%zu) is not inside a live device allocation", what, p, n);
+}
+
+static void add_block(void *p, size_t size, bool pinned)
+{
+    pthread_mutex_lock(&mu);
+    if (!leakcheck_armed) {
+        leakcheck_armed = true;
+        atexit(leak_check);
+    }
+    if (nblocks == capblocks) {
+        capblocks = capblocks ? capblocks * 2 : 256;
+        blocks = realloc(blocks, capblocks * sizeof *blocks);
+        if (!blocks)
+            FAIL("out of host memory");
+    }
+    size_t i = find_index(p);
+    memmove(&blocks[i + 1], &blocks[i], (nblocks - i) * sizeof *blocks);
+    blocks[i] = (block){p, size, pinned};
+    nblocks++;
+    if (!pinned)
+        dev_used += size;
+    pthread_mutex_unlock(&mu);
+}
+
+static void remove_block(void *p, bool pinned, const char *what)
+{
+    pthread_mutex_lock(&mu);
+    size_t i = find_index(p);
+    if (i == 0 || blocks[i - 1].base != p || blocks[i - 1].pinned != pinned) {
+        pthread_mutex_unlock(&mu);
+        FAIL("%s(%p): not the start of a live %s allocation", what, p, pinned ? "pinned" : "device");
+    }
+    if (!pinned)
+        dev_used -= blocks[i - 1].size;
+    memmove(&blocks[i - 1], &blocks[i], (nblocks - i) * sizeof *blocks);
+    nblocks--;
+    pthread_mutex_unlock(&mu);
+    free(p);
+}
+
+static size_t capacity(void)
+{
+    if (!dev_cap) {
+        const char *e = getenv("DQCU_FAKE_MEM");
+        dev_cap = e ? (size_t)strtoull(e, NULL, 0) : (size_t)4 << 30;
+    }
+    return dev_cap;
+}
+
+/* ---- streams ---- */
+
+static cudaStream_t S(cudaStream_t s)
+{
+    return s ? s : &default_stream;
+}
+
+static void enqueue(cudaStream_t s, void (*run)(void *), void *arg)
+{
+    s = S(s);
+    fop *op = malloc(sizeof *op);
+    if (!op)
+        FAIL("out of host memory");
+    pthread_mutex_lock(&mu);
+    op->next = NULL;
+    op->seq = ++s->enq;
+    op->run = run;
+    op->arg = arg;
+    if (s->tail)
+        s->tail->next = op;
+    else
+        s->head = op;
+    s->tail = op;
+    pthread_mutex_unlock(&mu);
+}
+
+/* Runs the stream's work issued up to sequence number upto. */
+static void drain(cudaStream_t s, uint64_t upto)
+{
+    s = S(s);
+    for (;;) {
+        pthread_mutex_lock(&mu);
+        fop *op = s->head;
+        if (!op || op->seq > upto) {
+            pthread_mutex_unlock(&mu);
+            return;
+        }
+        s->head = op->next;
+        if (!s->head)
+            s->tail = NULL;
+        pthread_mutex_unlock(&mu);
+        op->run(op->arg);
+        free(op);
+    }
+}
+
+static bool idle(cudaStream_t s)
+{
+    pthread_mutex_lock(&mu);
+    bool r = S(s)->head == NULL;
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags)
+{
+    (void)flags;
+    struct CUstream_st *s = calloc(1, sizeof *s);
+    if (!s)
+        return err(cudaErrorMemoryAllocation);
+    pthread_mutex_lock(&mu);
+    s->next_all = all_streams;
+    all_streams = s;
+    pthread_mutex_unlock(&mu);
+    *stream = s;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream)
+{
+    drain(stream, UINT64_MAX);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream)
+{
+    if (!stream)
+        return err(cudaErrorInvalidValue);
+    drain(stream, UINT64_MAX);
+    pthread_mutex_lock(&mu);
+    for (struct CUstream_st **pp = &all_streams; *pp; pp = &(*pp)->next_all) {
+        if (*pp == stream) {
+            *pp = stream->next_all;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    free(stream);
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void)
+{
+    for (;;) {
+        pthread_mutex_lock(&mu);
+        struct CUstream_st *busy = NULL;
+        for (struct CUstream_st *s = all_streams; s && !busy; s = s->next_all)
+            if (s->head)
+                busy = s;
+        pthread_mutex_unlock(&mu);
+        if (!busy)
+            return cudaSuccess;
+        drain(busy, UINT64_MAX);
+    }
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
+{
+    (void)flags;
+    *event = calloc(1, sizeof **event);
+    return *event ? cudaSuccess : err(cudaErrorMemoryAllocation);
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
+{
+    pthread_mutex_lock(&mu);
+    event->stream = S(stream);
+    event->seq = S(stream)->enq;
+    pthread_mutex_unlock(&mu);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event)
+{
+    if (event->stream)
+        drain(event->stream, event->seq);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event)
+{
+    free(event);
+    return cudaSuccess;
+}
+
+/* ---- device ---- */
+
+cudaError_t cudaGetLastError(void)
+{
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+
+cudaError_t cudaPeekAtLastError(void)
+{
+    return last_error;
+}
+
+const char *cudaGetErrorString(cudaError_t error)
+{
+    switch (error) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    }
+    return "unknown error";
+}
+
+static int fake_devices(void)
+{
+    const char *e = getenv("DQCU_FAKE_DEVICES");
+    return e ? atoi(e) : 1;
+}
+
+cudaError_t cudaGetDeviceCount(int *count)
+{
+    *count = fake_devices();
+    return *count ? cudaSuccess : err(cudaErrorNoDevice);
+}
+
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
+{
+    if (device < 0 || device >= fake_devices())
+        return err(cudaErrorInvalidDevice);
+    memset(prop, 0, sizeof *prop);
+    snprintf(prop->name, sizeof prop->name, "fake GPU (CPU emulation)");
+    prop->totalGlobalMem = capacity();
+    prop->major = 9;
+    prop->minor = 0;
+    prop->multiProcessorCount = 4;
+    return cudaSuccess;
+}
+
+static __thread int current_device;
+
+cudaError_t cudaSetDevice(int device)
+{
+    if (device < 0 || device >= fake_devices())
+        return err(cudaErrorInvalidDevice);
+    current_device = device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *device)
+{
+    *device = current_device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total)
+{
+    pthread_mutex_lock(&mu);
+    size_t cap = capacity();
+    *total = cap;
+    *free_b = dev_used < cap ? cap - dev_used : 0;
+    pthread_mutex_unlock(&mu);
+    return cudaSuccess;
+}
+
+static struct CUmemPoolHandle_st {
+    int unused;
+} the_pool;
+
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int device)
+{
+    (void)device;
+    *pool = &the_pool;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value)
+{
+    (void)pool;
+    (void)value;
+    return attr == cudaMemPoolAttrReleaseThreshold ? cudaSuccess : err(cudaErrorInvalidValue);
+}
+
+/* ---- memory ---- */
+
+cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream)
+{
+    (void)stream;
+    *ptr = NULL;
+    if (size == 0)
+        return cudaSuccess;
+    pthread_mutex_lock(&mu);
+    bool room = dev_used + size <= capacity();
+    pthread_mutex_unlock(&mu);
+    if (!room)
+        return err(cudaErrorMemoryAllocation);
+    void *p = malloc(size);
+    if (!p)
+        return err(cudaErrorMemoryAllocation);
+    memset(p, 0xa5, size);
+    add_block(p, size, false);
+    *ptr = p;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void **ptr, size_t size)
+{
+    return cudaMallocAsync(ptr, size, NULL);
+}
+
+static void run_free(void *p)
+{
+    remove_block(p, false, "cudaFreeAsync");
+}
+
+cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream)
+{
+    if (!ptr)
+        return cudaSuccess;
+    if (kind_of(ptr) != 2)
+        FAIL("cudaFreeAsync(%p): not device memory", ptr);
+    /* An idle stream frees at once, as the GPU would; else after the work before it. */
+    if (idle(stream))
+        run_free(ptr);
+    else
+        enqueue(stream, run_free, ptr);
+    return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *ptr)
+{
+    if (!ptr)
+        return cudaSuccess;
+    cudaDeviceSynchronize();
+    remove_block(ptr, false, "cudaFree");
+    return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void **ptr, size_t size)
+{
+    void *p = malloc(size ? size : 1);
+    if (!p)
+        return err(cudaErrorMemoryAllocation);
+    add_block(p, size ? size : 1, true);
+    *ptr = p;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void *ptr)
+{
+    if (ptr)
+        remove_block(ptr, true, "cudaFreeHost");
+    return cudaSuccess;
+}
+
+typedef struct copy_arg {
+    void *dst;
+    const void *src;
+    size_t n;
+    int dst_dev, src_dev;
+    void *owned;   /* snapshot of a pageable source */
+} copy_arg;
+
+static void run_copy(void *a_)
+{
+    copy_arg *a = a_;
+    if (a->dst_dev)
+        check_dev(a->dst, a->n, "copy destination");
+    if (a->src_dev)
+        check_dev(a->src, a->n, "copy source");
+    memmove(a->dst, a->src, a->n);
+    free(a->owned);
+    free(a);
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream)
+{
+    if (count == 0)
+        return cudaSuccess;
+    int dk = kind_of(dst), sk = kind_of(src);
+    bool ddev = dk == 2, sdev = sk == 2;
+    switch (kind) {
+    case cudaMemcpyHostToDevice:
+        if (!ddev || sdev)
+            FAIL("cudaMemcpyAsync HostToDevice with dst %p (%s), src %p (%s)", dst, ddev ? "device" : "host", src,
+                 sdev ? "device" : "host");
+        break;
+    case cudaMemcpyDeviceToHost:
+        if (ddev || !sdev)
+            FAIL("cudaMemcpyAsync DeviceToHost with dst %p (%s), src %p (%s)", dst, ddev ? "device" : "host", src,
+                 sdev ? "device" : "host");
+        break;
+    case cudaMemcpyDeviceToDevice:
+        if (!ddev || !sdev)
+            FAIL("cudaMemcpyAsync DeviceToDevice with dst %p (%s), src %p (%s)", dst, ddev ? "device" : "host", src,
+                 sdev ? "device" : "host");
+        break;
+    case cudaMemcpyHostToHost:
+        if (ddev || sdev)
+            FAIL("cudaMemcpyAsync HostToHost with device memory");
+        break;
+    case cudaMemcpyDefault:
+        break;
+    }
+    if (ddev)
+        check_dev(dst, count, "cudaMemcpyAsync destination");
+    if (sdev)
+        check_dev(src, count, "cudaMemcpyAsync source");
+    copy_arg *a = calloc(1, sizeof *a);
+    if (!a)
+        return err(cudaErrorMemoryAllocation);
+    *a = (copy_arg){dst, src, count, ddev, sdev, NULL};
+    if (!sdev && sk == 0) {
+        /* pageable source: read now */
+        a->owned = malloc(count);
+        if (!a->owned) {
+            free(a);
+            return err(cudaErrorMemoryAllocation);
+        }
+        memcpy(a->owned, src, count);
+        a->src = a->owned;
+    }
+    enqueue(stream, run_copy, a);
+    if (!ddev && dk == 0) /* pageable destination: complete before returning */
+        drain(stream, UINT64_MAX);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
+{
+    cudaError_t e = cudaMemcpyAsync(dst, src, count, kind, NULL);
+    drain(NULL, UINT64_MAX);
+    return e;
+}
+
+typedef struct set_arg {
+    void *p;
+    int v;
+    size_t n;
+} set_arg;
+
+static void run_set(void *a_)
+{
+    set_arg *a = a_;
+    check_dev(a->p, a->n, "cudaMemsetAsync");
+    memset(a->p, a->v, a->n);
+    free(a);
+}
+
+cudaError_t cudaMemsetAsync(void *ptr, int value, size_t count, cudaStream_t stream)
+{
+    if (!count)
+        return cudaSuccess;
+    check_dev(ptr, count, "cudaMemsetAsync");
+    set_arg *a = malloc(sizeof *a);
+    if (!a)
+        return err(cudaErrorMemoryAllocation);
+    *a = (set_arg){ptr, value, count};
+    enqueue(stream, run_set, a);
+    return cudaSuccess;
+}
+
+/* ---- libdquant-cuda ---- */
+
+struct dqcu_codec {
+    dq_profile profile;
+    dq_codec *codec;
+    uint32_t n, W, R, d;
+    size_t wb;
+};
+
+int dqcu_device_count(void)
+{
+    return fake_devices();
+}
+
+int dqcu_last_cuda_error(void)
+{
+    return last_dqcu_error;
+}
+
+int dqcu_codec_create(const dq_codec *codec, dqcu_codec **out)
+{
+    if (!codec || !out)
+        return DQ_INVALID_ARGUMENT;
+    *out = NULL;
+    const dq_profile *p = dq_codec_profile(codec);
+    if (p->codec_type != DQ_CODEC_DQUANT)
+        return DQ_INVALID_ARGUMENT;
+    dqcu_codec *dc = calloc(1, sizeof *dc);
+    if (!dc)
+        return DQ_NOMEM;
+    dc->profile = *p;
+    int rc = dq_codec_create(p, NULL, &dc->codec);
+    if (rc < 0) {
+        free(dc);
+        return rc;
+    }
+    dc->n = dq_codec_stream_len(dc->codec);
+    dc->W = p->window;
+    dc->R = p->residual;
+    dc->d = p->head_dim;
+    dc->wb = dq_codec_window_bytes(dc->codec);
+    *out = dc;
+    return DQ_OK;
+}
+
+void dqcu_codec_free(dqcu_codec *dc)
+{
+    if (!dc)
+        return;
+    cudaDeviceSynchronize();
+    dq_codec_free(dc->codec);
+    free(dc);
+}
+
+const dq_profile *dqcu_codec_profile(const dqcu_codec *dc)
+{
+    return dc ? &dc->profile : NULL;
+}
+
+static dq_workspace *new_ws(const dqcu_codec *dc)
+{
+    dq_workspace *ws;
+    if (dq_workspace_create(dc->codec, &ws) < 0)
+        FAIL("out of host memory");
+    return ws;
+}
+
+typedef struct stream_enc_arg {
+    const dqcu_codec *dc;
+    dq_kind kind;
+    const float *y;
+    size_t count;
+    uint8_t *records;
+    size_t stride;
+    int32_t *status;
+    dq_encode_stats *stats;
+} stream_enc_arg;
+
+static void run_encode_streams(void *a_)
+{
+    stream_enc_arg *a = a_;
+    const dqcu_codec *dc = a->dc;
+    check_dev(a->y, a->count * dc->n * sizeof(float), "dqcu_encode_streams y");
+    check_dev(a->status, a->count * sizeof(int32_t), "dqcu_encode_streams status");
+    if (a->stats)
+        check_dev(a->stats, sizeof *a->stats, "dqcu_encode_streams stats");
+    dq_workspace *ws = new_ws(dc);
+    for (size_t i = 0; i < a->count; i++) {
+        uint8_t *rec = a->records + i * a->stride;
+        check_dev(rec, dq_codec_record_bytes(dc->codec, a->kind), "dqcu_encode_streams record");
+        a->status[i] = dq_stream_encode(dc->codec, ws, a->kind, a->y + i * dc->n, rec, a->stats);
+    }
+    dq_workspace_free(ws);
+    free(a);
+}
+
+int dqcu_encode_streams(const dqcu_codec *dc, dq_kind kind, const float *y, size_t count, uint8_t *records,
+                        size_t record_stride, int32_t *status, dq_encode_stats *stats, cudaStream_t stream)
+{
+    if (!dc || (kind != DQ_KIND_K && kind != DQ_KIND_V) || (count && (!y || !records || !status)))
+        return DQ_INVALID_ARGUMENT;
+    if (record_stride < dq_codec_record_bytes(dc->codec, kind))
+        return DQ_INVALID_ARGUMENT;
+    if (dc->n > DQCU_MAX_ENCODE_STREAM)
+        return DQ_UNSUPPORTED;
+    if (!count)
+        return DQ_OK;
+    stream_enc_arg *a = malloc(sizeof *a);
+    if (!a)
+        return DQ_NOMEM;
+    *a = (stream_enc_arg){dc, kind, y, count, records, record_stride, status, stats};
+    enqueue(stream, run_encode_streams, a);
+    return DQ_OK;
+}
+
+typedef struct win_enc_arg {
+    const dqcu_codec *dc;
+    const void *k, *v;
+    dq_dtype dtype;
+    size_t nwin;
+    uint8_t *const *windows;
+    int32_t *status;
+    dq_encode_stats *stats;
+} win_enc_arg;
+
+static void run_encode_windows(void *a_)
+{
+    win_enc_arg *a = a_;
+    const dqcu_codec *dc = a->dc;
+    const size_t per = (size_t)dc->W * dc->n * dq_dtype_size(a->dtype);
+    check_dev(a->k, a->nwin * per, "dqcu_encode_windows k");
+    check_dev(a->v, a->nwin * per, "dqcu_encode_windows v");
+    check_dev(a->windows, a->nwin * sizeof(uint8_t *), "dqcu_encode_windows window pointers");
+    check_dev(a->status, a->nwin * sizeof(int32_t), "dqcu_encode_windows status");
+    if (a->stats)
+        check_dev(a->stats, sizeof *a->stats, "dqcu_encode_windows stats");
+    dq_workspace *ws = new_ws(dc);
+    for (size_t w = 0; w < a->nwin; w++) {
+        uint8_t *win = a->windows[w];
+        check_dev(win, dc->wb, "dqcu_encode_windows window");
+        a->status[w] = dq_window_encode(dc->codec, ws, (const uint8_t *)a->k + w * per,
+                                        (const uint8_t *)a->v + w * per, a->dtype, win, a->stats);
+    }
+    dq_workspace_free(ws);
+    free(a);
+}
+
+int dqcu_encode_windows(const dqcu_codec *dc, const void *k, const void *v, dq_dtype dtype, size_t nwin,
+                        uint8_t *const *windows, int32_t *status, dq_encode_stats *stats, cudaStream_t stream)
+{
+    if (!dc || (nwin && (!k || !v || !windows || !status)))
+        return DQ_INVALID_ARGUMENT;
+    if (dtype != DQ_DTYPE_F32 && dtype != DQ_DTYPE_F16 && dtype != DQ_DTYPE_BF16)
+        return DQ_DTYPE;
+    if (dc->n > DQCU_MAX_ENCODE_STREAM || dc->d > 512)
+        return DQ_UNSUPPORTED;
+    if (!nwin)
+        return DQ_OK;
+    win_enc_arg *a = malloc(sizeof *a);
+    if (!a)
+        return DQ_NOMEM;
+    *a = (win_enc_arg){dc, k, v, dtype, nwin, windows, status, stats};
+    enqueue(stream, run_encode_windows, a);
+    return DQ_OK;
+}
+
+typedef struct dec_arg {
+    const dqcu_codec *dc;
+    dq_kind kind;
+    const uint8_t *const *windows;
+    size_t nwin;
+    const uint16_t *tail;
+    size_t tail_tokens, first, count;
+    void *out;
+    dq_dtype dtype;
+    uint32_t *corrupt;
+} dec_arg;
+
+static void run_decompress(void *a_)
+{
+    dec_arg *a = a_;
+    const dqcu_codec *dc = a->dc;
+    const size_t n = dc->n, W = dc->W, esz = dq_dtype_size(a->dtype), sealed = a->nwin * W;
+    check_dev(a->out, a->count * n * esz, "dqcu_decompress out");
+    if (a->nwin)
+        check_dev(a->windows, a->nwin * sizeof(uint8_t *), "dqcu_decompress window pointers");
+    if (a->tail_tokens)
+        check_dev(a->tail, a->tail_tokens * n * sizeof(uint16_t), "dqcu_decompress tail");
+    if (a->corrupt)
+        check_dev(a->corrupt, sizeof *a->corrupt, "dqcu_decompress corrupt");
+    dq_workspace *ws = new_ws(dc);
+    size_t t = a->first, end = a->first + a->count;
+    while (t < end && t < sealed) {
+        size_t w = t / W, off = t % W, cnt = W - off < end - t ? W - off : end - t;
+        const uint8_t *win = a->windows[w];
+        check_dev(win, dc->wb, "dqcu_decompress window");
+        int r = dq_tokens_decode(dc->codec, ws, a->kind, a->kind == DQ_KIND_K ? dq_window_mean(dc->codec, win) : NULL,
+                                 dq_window_record(dc->codec, win, a->kind, off),
+                                 dq_codec_record_bytes(dc->codec, a->kind), cnt,
+                                 (uint8_t *)a->out + (t - a->first) * n * esz, a->dtype);
+        if (r == DQ_CORRUPT && a->corrupt)
+            (*a->corrupt)++;
+        t += cnt;
+    }
+    if (t < end)
+        dq_convert(a->tail + (t - sealed) * n, DQ_DTYPE_BF16, (uint8_t *)a->out + (t - a->first) * n * esz, a->dtype,
+                   (end - t) * n);
+    dq_workspace_free(ws);
+    free(a);
+}
+
+int dqcu_decompress(const dqcu_codec *dc, dq_kind kind, const uint8_t *const *windows, size_t nwin,
+                    const uint16_t *tail, size_t tail_tokens, size_t first, size_t count, void *out, dq_dtype dtype,
+                    uint32_t *corrupt, cudaStream_t stream)
+{
+    if (!dc || (kind != DQ_KIND_K && kind != DQ_KIND_V) || (count && !out) || (nwin && !windows) ||
+        (tail_tokens && !tail))
+        return DQ_INVALID_ARGUMENT;
+    if (dtype != DQ_DTYPE_F32 && dtype != DQ_DTYPE_F16 && dtype != DQ_DTYPE_BF16)
+        return DQ_DTYPE;
+    if (dc->d < 32 || dc->d > 512)
+        return DQ_UNSUPPORTED;
+    const size_t total = nwin * dc->W + tail_tokens;
+    if (first > total || count > total - first)
+        return DQ_OUT_OF_BOUNDS;
+    if (!count)
+        return DQ_OK;
+    dec_arg *a = malloc(sizeof *a);
+    if (!a)
+        return DQ_NOMEM;
+    *a = (dec_arg){dc, kind, windows, nwin, tail, tail_tokens, first, count, out, dtype, corrupt};
+    enqueue(stream, run_decompress, a);
+    return DQ_OK;
+}
+
+size_t dqcu_attend_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq, uint32_t max_tokens)
+{
+    if (!dc || !q_heads)
+        return 0;
+    (void)max_tokens;
+    return 64 + (size_t)nseq * 16;
+}
+
+typedef struct att_arg {
+    const dqcu_codec *dc;
+    uint32_t q_heads;
+    float scale;
+    const dqcu_attn_seq *seqs;
+    uint32_t nseq, max_tokens;
+    const float *q;
+    float *out, *lse;
+} att_arg;
+
+static void run_attend(void *a_)
+{
+    att_arg *a = a_;
+    const dqcu_codec *dc = a->dc;
+    const size_t n = dc->n, qs = (size_t)a->q_heads * dc->d;
+    check_dev(a->seqs, a->nseq * sizeof *a->seqs, "dqcu_attend seqs");
+    check_dev(a->q, a->nseq * qs * sizeof(float), "dqcu_attend q");
+    check_dev(a->out, a->nseq * qs * sizeof(float), "dqcu_attend out");
+    if (a->lse)
+        check_dev(a->lse, (size_t)a->nseq * a->q_heads * sizeof(float), "dqcu_attend lse");
+    dq_workspace *ws = new_ws(dc);
+    for (uint32_t b = 0; b < a->nseq; b++) {
+        const dqcu_attn_seq sq = a->seqs[b];
+        if ((uint64_t)sq.nwin * dc->W + sq.tail_tokens > a->max_tokens)
+            FAIL("dqcu_attend: sequence %u holds %llu tokens, more than max_tokens %u", b,
+                 (unsigned long long)sq.nwin * dc->W + sq.tail_tokens, a->max_tokens);
+        if (sq.tail_tokens >= dc->R)
+            FAIL("dqcu_attend: sequence %u has a tail of %u tokens (R = %u)", b, sq.tail_tokens, dc->R);
+        uint8_t *recs = malloc((size_t)sq.nwin * dc->wb + 1);
+        if (!recs)
+            FAIL("out of host memory");
+        if (sq.nwin)
+            check_dev(sq.windows, sq.nwin * sizeof(uint8_t *), "dqcu_attend window pointers");
+        for (uint32_t w = 0; w < sq.nwin; w++) {
+            check_dev(sq.windows[w], dc->wb, "dqcu_attend window");
+            memcpy(recs + (size_t)w * dc->wb, sq.windows[w], dc->wb);
+        }
+        if (sq.tail_tokens) {
+            check_dev(sq.tail_k, sq.tail_tokens * n * sizeof(uint16_t), "dqcu_attend tail_k");
+            check_dev(sq.tail_v, sq.tail_tokens * n * sizeof(uint16_t), "dqcu_attend tail_v");
+        }
+        dq_layer *l;
+        int rc = dq_layer_restore(dc->codec, recs, sq.nwin, sq.tail_k, sq.tail_v, sq.tail_tokens, &l);
+        if (rc < 0)
+            FAIL("dqcu_attend: sequence %u does not hold valid records: %s", b, dq_strerror(rc));
+        dq_attn_item it = {l, a->q + b * qs, a->out + b * qs, a->lse ? a->lse + (size_t)b * a->q_heads : NULL};
+        rc = dq_attend(dc->codec, ws, a->q_heads, a->scale, &it, 1);
+        if (rc < 0)
+            FAIL("dqcu_attend: dq_attend failed: %s", dq_strerror(rc));
+        dq_layer_free(l);
+        free(recs);
+    }
+    dq_workspace_free(ws);
+    free(a);
+}
+
+int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, const dqcu_attn_seq *seqs, uint32_t nseq,
+                uint32_t max_tokens, const float *q, float *out, float *lse, void *workspace, size_t workspace_bytes,
+                cudaStream_t stream)
+{
+    if (!dc || (nseq && (!seqs || !q || !out || !workspace)) || scale != scale)
+        return DQ_INVALID_ARGUMENT;
+    if (!q_heads || q_heads % dc->profile.kv_heads)
+        return DQ_SHAPE;
+    if (dc->d < 32 || dc->d > 512)
+        return DQ_UNSUPPORTED;
+    if (!nseq)
+        return DQ_OK;
+    if (workspace_bytes < dqcu_attend_workspace_size(dc, q_heads, nseq, max_tokens))
+        return DQ_INVALID_ARGUMENT;
+    check_dev(workspace, workspace_bytes, "dqcu_attend workspace");
+    att_arg *a = malloc(sizeof *a);
+    if (!a)
+        return DQ_NOMEM;
+    *a = (att_arg){dc, q_heads, scale, seqs, nseq, max_tokens, q, out, lse};
+    enqueue(stream, run_attend, a);
+    return DQ_OK;
+}
