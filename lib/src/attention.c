@@ -16,11 +16,6 @@
 
 /* dq_layer is opaque even inside the library; attention reads it through the public accessors. */
 
-static inline uint16_t get_u16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | p[1] << 8);
-}
-
 typedef struct attn_state {
     uint32_t qn, d, W;
     float *qr;     /* [qn][d] rotated queries */
@@ -102,7 +97,7 @@ static void attend_windows(const dq_codec *c, dq_workspace *ws, const dq__dsp *d
         dsp->decode_levels(&ktk->dec, krec, c->record_bytes[0], W, ktk->container, n, ws->levels);
         for (uint32_t t = 0; t < W; t++) {
             const uint8_t *rec = krec + (size_t)t * c->record_bytes[0];
-            const float s = dq_f16_to_f32(get_u16(rec)), o = dq_f16_to_f32(get_u16(rec + 2));
+            const float s = dq_f16_to_f32(dq__get_u16(rec)), o = dq_f16_to_f32(dq__get_u16(rec + 2));
             const float mid = o + s * ck;
             const uint8_t *lev = ws->levels + (size_t)t * n;
             for (uint32_t h = 0; h < st->qn; h++) {
@@ -118,7 +113,7 @@ static void attend_windows(const dq_codec *c, dq_workspace *ws, const dq__dsp *d
         dsp->decode_levels(&ktv->dec, vrec, c->record_bytes[1], W, ktv->container, n, ws->levels);
         for (uint32_t t = 0; t < W; t++) {
             const uint8_t *rec = vrec + (size_t)t * c->record_bytes[1];
-            const float s = dq_f16_to_f32(get_u16(rec)), o = dq_f16_to_f32(get_u16(rec + 2));
+            const float s = dq_f16_to_f32(dq__get_u16(rec)), o = dq_f16_to_f32(dq__get_u16(rec + 2));
             const float mid = o + s * cv;
             const uint8_t *lev = ws->levels + (size_t)t * n;
             for (uint32_t h = 0; h < st->qn; h++) {

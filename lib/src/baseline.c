@@ -179,15 +179,9 @@ static void unpack(const uint8_t *src, uint8_t *sym, size_t n, uint32_t bits)
     }
 }
 
-static inline void put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
 static inline float get16f(const uint8_t *p)
 {
-    return dq_f16_to_f32((uint16_t)(p[0] | p[1] << 8));
+    return dq_f16_to_f32(dq__get_u16(p));
 }
 
 static inline uint8_t quant(float x, float zero, float scale, uint32_t top)
@@ -217,8 +211,8 @@ static int int_encode_token(const float *x, size_t n, uint32_t g, uint32_t bits,
         uint16_t sh = dq_f32_to_f16((mx - mn) / (float)top), zh = dq_f32_to_f16(mn);
         if ((sh & 0x7c00u) == 0x7c00u || (zh & 0x7c00u) == 0x7c00u)
             return DQ_RANGE;
-        put16(rec + 4 * gi, sh);
-        put16(rec + 4 * gi + 2, zh);
+        dq__put_u16(rec + 4 * gi, sh);
+        dq__put_u16(rec + 4 * gi + 2, zh);
         float sf = dq_f16_to_f32(sh), zf = dq_f16_to_f32(zh);
         for (uint32_t j = 0; j < g; j++)
             sym[gi * g + j] = quant(xg[j], zf, sf, top);
@@ -238,15 +232,6 @@ static void int_decode_token(const uint8_t *rec, size_t n, uint32_t g, uint32_t 
     }
 }
 
-static inline float load_elem(const void *src, dq_dtype t, size_t i)
-{
-    switch (t) {
-    case DQ_DTYPE_F16: return dq_f16_to_f32(((const uint16_t *)src)[i]);
-    case DQ_DTYPE_BF16: return dq_bf16_to_f32(((const uint16_t *)src)[i]);
-    default: return ((const float *)src)[i];
-    }
-}
-
 int dq__baseline_encode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const void *x, dq_dtype dtype,
                         size_t ntok, uint8_t *header, uint8_t *records, size_t stride)
 {
@@ -262,21 +247,21 @@ int dq__baseline_encode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const
         if (!header || ntok < 1 || ntok > p->window)
             return DQ_SHAPE;
         for (size_t j = 0; j < n; j++) {
-            float mn = load_elem(x, dtype, j), mx = mn;
+            float mn = dq__load_elem(x, dtype, j), mx = mn;
             for (size_t t = 1; t < ntok; t++) {
-                float v = load_elem(x, dtype, t * n + j);
+                float v = dq__load_elem(x, dtype, t * n + j);
                 mn = fminf(mn, v);
                 mx = fmaxf(mx, v);
             }
             uint16_t sh = dq_f32_to_f16((mx - mn) / (float)top), zh = dq_f32_to_f16(mn);
             if ((sh & 0x7c00u) == 0x7c00u || (zh & 0x7c00u) == 0x7c00u)
                 return DQ_RANGE;
-            put16(header + 2 * j, sh);
-            put16(header + 2 * n + 2 * j, zh);
+            dq__put_u16(header + 2 * j, sh);
+            dq__put_u16(header + 2 * n + 2 * j, zh);
         }
         for (size_t t = 0; t < ntok; t++) {
             for (size_t j = 0; j < n; j++)
-                sym[j] = quant(load_elem(x, dtype, t * n + j), get16f(header + 2 * n + 2 * j), get16f(header + 2 * j), top);
+                sym[j] = quant(dq__load_elem(x, dtype, t * n + j), get16f(header + 2 * n + 2 * j), get16f(header + 2 * j), top);
             pack(records + t * stride, sym, n, bits);
         }
         return DQ_OK;
@@ -284,11 +269,11 @@ int dq__baseline_encode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const
     for (size_t t = 0; t < ntok; t++) {
         uint8_t *rec = records + t * stride;
         for (size_t j = 0; j < n; j++)
-            y[j] = load_elem(x, dtype, t * n + j);
+            y[j] = dq__load_elem(x, dtype, t * n + j);
         switch (p->codec_type) {
         case DQ_CODEC_BF16:
             for (size_t j = 0; j < n; j++)
-                put16(rec + 2 * j, dq_f32_to_bf16(y[j]));
+                dq__put_u16(rec + 2 * j, dq_f32_to_bf16(y[j]));
             break;
         case DQ_CODEC_TURBO:
             if (kind == DQ_KIND_K) {
@@ -302,7 +287,7 @@ int dq__baseline_encode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const
                     uint16_t nh = dq_f64_to_f16(sqrt(ss));
                     if ((nh & 0x7c00u) == 0x7c00u)
                         return DQ_RANGE;
-                    put16(rec + 2 * h, nh);
+                    dq__put_u16(rec + 2 * h, nh);
                     float nf = dq_f16_to_f32(nh), k = nf > 0 ? sqrtf((float)d) / nf : 0.0f;
                     for (size_t j = 0; j < d; j++) {
                         float u = yh[j] * k;

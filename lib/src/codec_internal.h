@@ -52,6 +52,36 @@ struct dq_workspace {
     size_t big_len;
 };
 
+/* Little-endian 16-bit fields of records, and element access by dtype. */
+static inline void dq__put_u16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static inline uint16_t dq__get_u16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+
+static inline float dq__load_elem(const void *src, dq_dtype t, size_t i)
+{
+    switch (t) {
+    case DQ_DTYPE_F16: return dq_f16_to_f32(((const uint16_t *)src)[i]);
+    case DQ_DTYPE_BF16: return dq_bf16_to_f32(((const uint16_t *)src)[i]);
+    default: return ((const float *)src)[i];
+    }
+}
+
+static inline void dq__store_elem(void *dst, dq_dtype t, size_t i, float v)
+{
+    switch (t) {
+    case DQ_DTYPE_F16: ((uint16_t *)dst)[i] = dq_f32_to_f16(v); break;
+    case DQ_DTYPE_BF16: ((uint16_t *)dst)[i] = dq_f32_to_bf16(v); break;
+    default: ((float *)dst)[i] = v; break;
+    }
+}
+
 void *dq__alloc(const dq_allocator *a, size_t size);
 void dq__free(const dq_allocator *a, void *p);
 

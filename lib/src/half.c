@@ -148,15 +148,6 @@ int dq_dtype_parse(const char *name, dq_dtype *out)
     return DQ_DTYPE;
 }
 
-static inline float load_elem(const void *src, dq_dtype t, size_t i)
-{
-    switch (t) {
-    case DQ_DTYPE_F16: return dq_f16_to_f32(((const uint16_t *)src)[i]);
-    case DQ_DTYPE_BF16: return dq_bf16_to_f32(((const uint16_t *)src)[i]);
-    default: return ((const float *)src)[i];
-    }
-}
-
 int dq_convert(const void *src, dq_dtype src_type, void *dst, dq_dtype dst_type, size_t count)
 {
     if ((!src || !dst) && count)
@@ -168,7 +159,7 @@ int dq_convert(const void *src, dq_dtype src_type, void *dst, dq_dtype dst_type,
         return DQ_OK;
     }
     for (size_t i = 0; i < count; i++) {
-        float v = load_elem(src, src_type, i);
+        float v = dq__load_elem(src, src_type, i);
         switch (dst_type) {
         case DQ_DTYPE_F32: ((float *)dst)[i] = v; break;
         case DQ_DTYPE_F16: ((uint16_t *)dst)[i] = dq_f32_to_f16(v); break;

@@ -95,28 +95,25 @@ const uint16_t *dq_layer_tail(const dq_layer *layer, dq_kind kind)
     return layer->tail[kind == DQ_KIND_V];
 }
 
+/* Input token t of x (n values of dtype) rounded to BF16 into dst. */
+static void input_token_bf16(const void *x, dq_dtype dtype, size_t n, size_t t, uint16_t *dst)
+{
+    if (dtype == DQ_DTYPE_BF16) {
+        memcpy(dst, (const uint16_t *)x + t * n, n * sizeof(uint16_t));
+        return;
+    }
+    for (size_t j = 0; j < n; j++)
+        dst[j] = dq_f32_to_bf16(dq__load_elem(x, dtype, t * n + j));
+}
+
 /* Token i of the concatenation [tail, input] as BF16 into dst (n values). */
 static void fetch_token(const dq_layer *l, int kind, const void *x, dq_dtype dtype, size_t i, uint16_t *dst)
 {
     const uint32_t n = l->codec->n;
-    if (i < l->tail_len) {
+    if (i < l->tail_len)
         memcpy(dst, l->tail[kind] + i * n, n * sizeof(uint16_t));
-        return;
-    }
-    size_t t = i - l->tail_len;
-    switch (dtype) {
-    case DQ_DTYPE_BF16:
-        memcpy(dst, (const uint16_t *)x + t * n, n * sizeof(uint16_t));
-        break;
-    case DQ_DTYPE_F16:
-        for (uint32_t j = 0; j < n; j++)
-            dst[j] = dq_f32_to_bf16(dq_f16_to_f32(((const uint16_t *)x)[t * n + j]));
-        break;
-    default:
-        for (uint32_t j = 0; j < n; j++)
-            dst[j] = dq_f32_to_bf16(((const float *)x)[t * n + j]);
-        break;
-    }
+    else
+        input_token_bf16(x, dtype, n, i - l->tail_len, dst);
 }
 
 /* Every new token, rounded to BF16, must be finite and within the codec's range after rotation. */
@@ -129,13 +126,7 @@ static int validate_tokens(const dq_layer *l, dq_workspace *ws, const void *x, d
     for (size_t t = 0; t < ntok; t++) {
         /* fetch_token with the tail skipped */
         for (uint32_t j = 0; j < n; j++) {
-            float v;
-            switch (dtype) {
-            case DQ_DTYPE_BF16: v = dq_bf16_to_f32(((const uint16_t *)x)[t * n + j]); break;
-            case DQ_DTYPE_F16: v = dq_f16_to_f32(((const uint16_t *)x)[t * n + j]); break;
-            default: v = ((const float *)x)[t * n + j]; break;
-            }
-            y[j] = dq_bf16_to_f32(dq_f32_to_bf16(v));
+            y[j] = dq_bf16_to_f32(dq_f32_to_bf16(dq__load_elem(x, dtype, t * n + j)));
             if (!isfinite(y[j]))
                 return DQ_NONFINITE;
         }
@@ -232,22 +223,8 @@ int dq_layer_append(dq_layer *layer, dq_workspace *ws, const void *k, const void
         if (keep_old)
             memmove(tail, tail + consumed * n, keep_old * n * sizeof(uint16_t));
         size_t first_new = consumed > layer->tail_len ? consumed - layer->tail_len : 0;
-        for (size_t t = first_new; t < ntok; t++) {
-            uint16_t *dst = tail + (keep_old + t - first_new) * n;
-            switch (dtype) {
-            case DQ_DTYPE_BF16:
-                memcpy(dst, (const uint16_t *)x + t * n, n * sizeof(uint16_t));
-                break;
-            case DQ_DTYPE_F16:
-                for (size_t j = 0; j < n; j++)
-                    dst[j] = dq_f32_to_bf16(dq_f16_to_f32(((const uint16_t *)x)[t * n + j]));
-                break;
-            default:
-                for (size_t j = 0; j < n; j++)
-                    dst[j] = dq_f32_to_bf16(((const float *)x)[t * n + j]);
-                break;
-            }
-        }
+        for (size_t t = first_new; t < ntok; t++)
+            input_token_bf16(x, dtype, n, t, tail + (keep_old + t - first_new) * n);
     }
     layer->tail_len = new_tail;
     if (stats) {

@@ -7,17 +7,6 @@
 
 #define DQ_MAX_RETRIES 8
 
-static inline void put_u16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static inline uint16_t get_u16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | p[1] << 8);
-}
-
 /* Nearest level on the grid (for drift statistics). */
 static inline uint32_t nearest_level(float x, float s, float o, uint32_t M)
 {
@@ -105,8 +94,8 @@ int dq__stream_encode_ex(const dq_codec *codec, dq_workspace *ws, dq_kind kind, 
         retries++;
         budget -= ((int64_t)(used - C) * 8 + 8 * (int64_t)retries) << 16;
     }
-    put_u16(record, sh);
-    put_u16(record + 2, oh);
+    dq__put_u16(record, sh);
+    dq__put_u16(record + 2, oh);
     if (levels_out)
         memcpy(levels_out, lev, n);
     if (stats) {
@@ -155,7 +144,7 @@ int dq_stream_decode(const dq_codec *codec, dq_kind kind, const uint8_t *record,
     const uint32_t n = codec->n;
     /* Decode levels into the tail of y's own storage would alias; decode symbol by symbol. */
     uint8_t buf[256];
-    const float s = dq_f16_to_f32(get_u16(record)), o = dq_f16_to_f32(get_u16(record + 2));
+    const float s = dq_f16_to_f32(dq__get_u16(record)), o = dq_f16_to_f32(dq__get_u16(record + 2));
     int rc = DQ_OK;
     if (n <= sizeof buf) {
         rc = dq__rans_decode(&kt->dec, record + 4, kt->container, n, buf);

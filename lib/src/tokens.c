@@ -5,41 +5,12 @@
 #include "codec_internal.h"
 #include "dsp.h"
 
-static inline void put_u16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static inline uint16_t get_u16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | p[1] << 8);
-}
-
-static inline float load_elem(const void *src, dq_dtype t, size_t i)
-{
-    switch (t) {
-    case DQ_DTYPE_F16: return dq_f16_to_f32(((const uint16_t *)src)[i]);
-    case DQ_DTYPE_BF16: return dq_bf16_to_f32(((const uint16_t *)src)[i]);
-    default: return ((const float *)src)[i];
-    }
-}
-
-static inline void store_elem(void *dst, dq_dtype t, size_t i, float v)
-{
-    switch (t) {
-    case DQ_DTYPE_F16: ((uint16_t *)dst)[i] = dq_f32_to_f16(v); break;
-    case DQ_DTYPE_BF16: ((uint16_t *)dst)[i] = dq_f32_to_bf16(v); break;
-    default: ((float *)dst)[i] = v; break;
-    }
-}
-
 /* Loads token t of x as floats and rotates it. Returns 0 or DQ_RANGE. */
 static int load_rotated(const dq_codec *codec, const void *x, dq_dtype dtype, size_t t, float *y)
 {
     const uint32_t n = codec->n;
     for (uint32_t j = 0; j < n; j++)
-        y[j] = load_elem(x, dtype, t * n + j);
+        y[j] = dq__load_elem(x, dtype, t * n + j);
     dq_rotate(codec, y);
     for (uint32_t j = 0; j < n; j++)
         if (!(fabsf(y[j]) <= DQ_TOKEN_MAX_ABS))
@@ -66,7 +37,7 @@ int dq__mean_compute(const dq_codec *codec, const float *y, size_t ntok, uint8_t
     amax = maxabs;
     uint16_t sh = dq_f32_to_f16(amax / 127.0f);
     float sf = dq_f16_to_f32(sh);
-    put_u16(mean_block, sh);
+    dq__put_u16(mean_block, sh);
     for (uint32_t j = 0; j < n; j++) {
         float sum = 0;
         for (size_t t = 0; t < ntok; t++)
@@ -84,7 +55,7 @@ int dq__mean_compute(const dq_codec *codec, const float *y, size_t ntok, uint8_t
 
 void dq__mean_dequant(const dq_codec *codec, const uint8_t *mean_block, float *mu)
 {
-    const float sf = dq_f16_to_f32(get_u16(mean_block));
+    const float sf = dq_f16_to_f32(dq__get_u16(mean_block));
     const int8_t *q = (const int8_t *)(mean_block + 2);
     for (uint32_t j = 0; j < codec->n; j++)
         mu[j] = (float)q[j] * sf;
@@ -159,7 +130,7 @@ int dq_tokens_decode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, cons
         corrupt += dsp->decode_levels(&kt->dec, rec0, record_stride, cnt, kt->container, n, ws->levels);
         for (size_t t = 0; t < cnt; t++) {
             const uint8_t *rec = rec0 + t * record_stride;
-            const float s = dq_f16_to_f32(get_u16(rec)), o = dq_f16_to_f32(get_u16(rec + 2));
+            const float s = dq_f16_to_f32(dq__get_u16(rec)), o = dq_f16_to_f32(dq__get_u16(rec + 2));
             const uint8_t *lev = ws->levels + t * n;
             if (kind == DQ_KIND_K) {
                 for (uint32_t j = 0; j < n; j++)
@@ -174,7 +145,7 @@ int dq_tokens_decode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, cons
                 memcpy((float *)out + base, y, n * sizeof(float));
             else
                 for (uint32_t j = 0; j < n; j++)
-                    store_elem(out, dtype, base + j, y[j]);
+                    dq__store_elem(out, dtype, base + j, y[j]);
         }
     }
     return corrupt ? DQ_CORRUPT : DQ_OK;
