@@ -215,21 +215,32 @@ typedef struct kv_builder {
     int failed;
 } kv_builder;
 
+/* A new entry of size bytes and a copy of name for it, when there is room for one more (n of cap)
+ * and memory for both; else NULL, and the builder has failed. */
+static void *new_entry(kv_builder *kb, size_t n, size_t cap, size_t size, const char *name, char **key)
+{
+    if (kb->failed || n == cap) {
+        kb->failed = 1;
+        return NULL;
+    }
+    void *e = malloc(size);
+    *key = strdup(name);
+    if (!e || !*key) {
+        free(e);
+        free(*key);
+        kb->failed = 1;
+        return NULL;
+    }
+    return e;
+}
+
 static void add_counter(kv_builder *kb, const char *name, uint64_t v)
 {
     Dquant__StatsReply *r = kb->r;
-    if (kb->failed || r->n_counters == kb->cap_c) {
-        kb->failed = 1;
+    char *key;
+    Dquant__StatsReply__CountersEntry *e = new_entry(kb, r->n_counters, kb->cap_c, sizeof *e, name, &key);
+    if (!e)
         return;
-    }
-    Dquant__StatsReply__CountersEntry *e = malloc(sizeof *e);
-    char *key = strdup(name);
-    if (!e || !key) {
-        free(e);
-        free(key);
-        kb->failed = 1;
-        return;
-    }
     dquant__stats_reply__counters_entry__init(e);
     e->key = key;
     e->value = v;
@@ -239,18 +250,10 @@ static void add_counter(kv_builder *kb, const char *name, uint64_t v)
 static void add_gauge(kv_builder *kb, const char *name, double v)
 {
     Dquant__StatsReply *r = kb->r;
-    if (kb->failed || r->n_gauges == kb->cap_g) {
-        kb->failed = 1;
+    char *key;
+    Dquant__StatsReply__GaugesEntry *e = new_entry(kb, r->n_gauges, kb->cap_g, sizeof *e, name, &key);
+    if (!e)
         return;
-    }
-    Dquant__StatsReply__GaugesEntry *e = malloc(sizeof *e);
-    char *key = strdup(name);
-    if (!e || !key) {
-        free(e);
-        free(key);
-        kb->failed = 1;
-        return;
-    }
     dquant__stats_reply__gauges_entry__init(e);
     e->key = key;
     e->value = v;

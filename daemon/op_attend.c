@@ -76,17 +76,26 @@ typedef struct att_op {
     char msg[256];
 } att_op;
 
-typedef struct append_key {
+/* An item by its (sequence, layer), to sort the items of one layer together. */
+typedef struct layer_key {
     uintptr_t seq;
     uint32_t layer;
-} append_key;
+    size_t item;
+} layer_key;
 
-static int cmp_append_key(const void *a, const void *b)
+static int cmp_layer_key(const void *a, const void *b)
 {
-    const append_key *x = a, *y = b;
+    const layer_key *x = a, *y = b;
     if (x->seq != y->seq)
         return x->seq < y->seq ? -1 : 1;
-    return x->layer < y->layer ? -1 : x->layer > y->layer;
+    if (x->layer != y->layer)
+        return x->layer < y->layer ? -1 : 1;
+    return x->item < y->item ? -1 : x->item > y->item;
+}
+
+static bool same_layer(const layer_key *a, const layer_key *b)
+{
+    return a->seq == b->seq && a->layer == b->layer;
 }
 
 static void att_free(att_op *op)
@@ -460,22 +469,6 @@ static void moves_done(void *ctx, int rc)
 
 /* ---- placement on the cuda backend ---- */
 
-typedef struct layer_key {
-    uintptr_t seq;
-    uint32_t layer;
-    size_t item;
-} layer_key;
-
-static int cmp_layer_key(const void *a, const void *b)
-{
-    const layer_key *x = a, *y = b;
-    if (x->seq != y->seq)
-        return x->seq < y->seq ? -1 : 1;
-    if (x->layer != y->layer)
-        return x->layer < y->layer ? -1 : 1;
-    return x->item < y->item ? -1 : x->item > y->item;
-}
-
 /* Decides, per (sequence, layer) of the batch, whether its items run on the GPU (see the top of this
  * file), reserves the GPU room and marks the moves. Returns 0 or DQ_NOMEM. */
 static int att_place_gpu(att_op *op)
@@ -498,7 +491,7 @@ static int att_place_gpu(att_op *op)
     size_t ncand = 0;
     for (size_t g0 = 0, g1; g0 < op->n; g0 = g1) {
         bool app = false;
-        for (g1 = g0; g1 < op->n && keys[g1].seq == keys[g0].seq && keys[g1].layer == keys[g0].layer; g1++)
+        for (g1 = g0; g1 < op->n && same_layer(&keys[g1], &keys[g0]); g1++)
             app |= op->items[keys[g1].item].append;
         att_item *it = &op->items[keys[g0].item];
         dqd_seq *seq = it->seq;
@@ -527,7 +520,7 @@ static int att_place_gpu(att_op *op)
     if (ncand && dqd_store_gpu_reserve(store, all, &op->mv) == DQ_OK) {
         op->gpu_reserved = all;
         for (size_t g0 = 0, g1; g0 < op->n; g0 = g1) {
-            for (g1 = g0; g1 < op->n && keys[g1].seq == keys[g0].seq && keys[g1].layer == keys[g0].layer; g1++)
+            for (g1 = g0; g1 < op->n && same_layer(&keys[g1], &keys[g0]); g1++)
                 ;
             att_item *it = &op->items[keys[g0].item];
             if (!cand[keys[g0].item])
@@ -542,7 +535,7 @@ static int att_place_gpu(att_op *op)
         /* no room for the resident layers' appends: those layers go to the host */
         for (size_t g0 = 0, g1; g0 < op->n; g0 = g1) {
             bool app = false;
-            for (g1 = g0; g1 < op->n && keys[g1].seq == keys[g0].seq && keys[g1].layer == keys[g0].layer; g1++)
+            for (g1 = g0; g1 < op->n && same_layer(&keys[g1], &keys[g0]); g1++)
                 app |= op->items[keys[g1].item].append;
             att_item *it = &op->items[keys[g0].item];
             if (!app || !dqd_seq_glayer(it->seq, it->layer))
@@ -672,18 +665,18 @@ static void att_ready(dqd_access_set *as)
 
     /* Two appends to one layer in one batch would make the result depend on item order. */
     if (op->nappend > 1) {
-        append_key *keys = malloc(op->nappend * sizeof *keys);
+        layer_key *keys = malloc(op->nappend * sizeof *keys);
         if (!keys) {
             att_fail(op, DQ_NOMEM, "out of memory");
             return;
         }
         for (size_t k = 0; k < op->nappend; k++) {
             const att_item *it = &op->items[op->append_idx[k]];
-            keys[k] = (append_key){(uintptr_t)it->seq, it->layer};
+            keys[k] = (layer_key){(uintptr_t)it->seq, it->layer, op->append_idx[k]};
         }
-        qsort(keys, op->nappend, sizeof *keys, cmp_append_key);
+        qsort(keys, op->nappend, sizeof *keys, cmp_layer_key);
         for (size_t x = 1; x < op->nappend; x++) {
-            if (keys[x].seq == keys[x - 1].seq && keys[x].layer == keys[x - 1].layer) {
+            if (same_layer(&keys[x], &keys[x - 1])) {
                 uint32_t layer = keys[x].layer;
                 free(keys);
                 att_fail(op, DQ_INVALID_ARGUMENT, "two items append to the same sequence layer %u", layer);

@@ -46,6 +46,37 @@ static void codec_op_fail(codec_op *op, int code, const char *msg)
     codec_op_free(op);
 }
 
+/* The op for req with the codec of profile p; on failure replies to req and returns NULL. */
+static codec_op *codec_op_new(dqd_req *req, const dq_profile *p, dq_kind kind)
+{
+    dqd_codec *codec;
+    int rc = dqd_registry_codec(req->srv->reg, p, &codec);
+    if (rc < 0) {
+        dqd_req_fail(req, rc, "cannot create the codec: %s", dq_strerror(rc));
+        return NULL;
+    }
+    codec_op *op = calloc(1, sizeof *op);
+    if (!op) {
+        dqd_registry_codec_release(req->srv->reg, codec);
+        dqd_req_fail(req, DQ_NOMEM, "out of memory");
+        return NULL;
+    }
+    op->req = req;
+    op->srv = req->srv;
+    op->codec = codec;
+    op->kind = kind;
+    return op;
+}
+
+/* Replies with op->out as the payload and frees op. */
+static void codec_op_reply(codec_op *op, Dquant__Response *resp)
+{
+    uint8_t *out = op->out;
+    op->out = NULL;
+    dqd_req_reply(op->req, resp, out, op->out_len);
+    codec_op_free(op);
+}
+
 static void block_range(const codec_op *op, size_t c, uint64_t *lo, uint64_t *hi)
 {
     *lo = op->blocks * c / op->nchunks;
@@ -119,17 +150,15 @@ static void compress_done(void *ctx)
     Dquant__Response resp = DQUANT__RESPONSE__INIT;
     resp.body_case = DQUANT__RESPONSE__BODY_COMPRESS;
     resp.compress = &r;
-    uint8_t *out = op->out;
-    op->out = NULL;
-    dqd_req_reply(op->req, &resp, out, op->out_len);
-    codec_op_free(op);
+    codec_op_reply(op, &resp);
 }
 
 void dqd_op_compress(dqd_req *req)
 {
     dqd_server *srv = req->srv;
     const Dquant__Compress *c = req->msg->compress;
-    dqd_codec *codec = NULL;
+    const dq_profile *prof;
+    dq_profile builtin;
     int rc;
     if (c->model && *c->model) {
         dqd_model *m = dqd_registry_find(srv->reg, c->model);
@@ -137,31 +166,20 @@ void dqd_op_compress(dqd_req *req)
             dqd_req_fail(req, DQ_NOT_FOUND, "no model named '%s'", c->model);
             return;
         }
-        rc = dqd_registry_codec(srv->reg, &m->codec->profile, &codec);
+        prof = &m->codec->profile;
     } else {
-        dq_profile p;
-        rc = dq_profile_builtin(c->profile_name, c->kv_heads, c->head_dim, &p);
+        rc = dq_profile_builtin(c->profile_name, c->kv_heads, c->head_dim, &builtin);
         if (rc < 0) {
             dqd_req_fail(req, rc, "built-in profile '%s' unavailable for %u x %u: %s", c->profile_name, c->kv_heads,
                          c->head_dim, dq_strerror(rc));
             return;
         }
-        rc = dqd_registry_codec(srv->reg, &p, &codec);
+        prof = &builtin;
     }
-    if (rc < 0) {
-        dqd_req_fail(req, rc, "cannot create the codec: %s", dq_strerror(rc));
+    codec_op *op = codec_op_new(req, prof, c->kind ? DQ_KIND_V : DQ_KIND_K);
+    if (!op)
         return;
-    }
-    codec_op *op = calloc(1, sizeof *op);
-    if (!op) {
-        dqd_registry_codec_release(srv->reg, codec);
-        dqd_req_fail(req, DQ_NOMEM, "out of memory");
-        return;
-    }
-    op->req = req;
-    op->srv = srv;
-    op->codec = codec;
-    op->kind = c->kind ? DQ_KIND_V : DQ_KIND_K;
+    const dqd_codec *codec = op->codec;
 
     dqd_profile_info info;
     dqd_profile_info_of(codec, &info);
@@ -235,10 +253,7 @@ static void decompress_done(void *ctx)
     Dquant__Response resp = DQUANT__RESPONSE__INIT;
     resp.body_case = DQUANT__RESPONSE__BODY_DECOMPRESS;
     resp.decompress = &r;
-    uint8_t *out = op->out;
-    op->out = NULL;
-    dqd_req_reply(op->req, &resp, out, op->out_len);
-    codec_op_free(op);
+    codec_op_reply(op, &resp);
 }
 
 void dqd_op_decompress(dqd_req *req)
@@ -251,22 +266,10 @@ void dqd_op_decompress(dqd_req *req)
         dqd_req_fail(req, rc, "profile rejected: %s", dq_strerror(rc));
         return;
     }
-    dqd_codec *codec;
-    rc = dqd_registry_codec(srv->reg, &p, &codec);
-    if (rc < 0) {
-        dqd_req_fail(req, rc, "cannot create the codec: %s", dq_strerror(rc));
+    codec_op *op = codec_op_new(req, &p, d->kind ? DQ_KIND_V : DQ_KIND_K);
+    if (!op)
         return;
-    }
-    codec_op *op = calloc(1, sizeof *op);
-    if (!op) {
-        dqd_registry_codec_release(srv->reg, codec);
-        dqd_req_fail(req, DQ_NOMEM, "out of memory");
-        return;
-    }
-    op->req = req;
-    op->srv = srv;
-    op->codec = codec;
-    op->kind = d->kind ? DQ_KIND_V : DQ_KIND_K;
+    const dqd_codec *codec = op->codec;
     op->out_dtype = (dq_dtype)d->out_dtype;
     op->tokens = d->tokens;
 

@@ -70,6 +70,18 @@ static void decode_task(void *ctx, size_t i)
     dqd_codec_ws_give(op->codec, ws);
 }
 
+/* Replies with r and op->out as the payload; the caller frees op. */
+static void get_reply(get_op *op, Dquant__GetReply *r)
+{
+    dqd_store_touch(op->srv->store, op->seq);
+    Dquant__Response resp = DQUANT__RESPONSE__INIT;
+    resp.body_case = DQUANT__RESPONSE__BODY_GET;
+    resp.get = r;
+    uint8_t *out = op->out;
+    op->out = NULL;
+    dqd_req_reply(op->req, &resp, out, op->out_len);
+}
+
 static void reply_typed(get_op *op)
 {
     const dqd_model *m = op->seq->model;
@@ -85,13 +97,7 @@ static void reply_typed(get_op *op)
     r.k = &tk;
     r.v = &tv;
     op->srv->metrics.tokens_get += op->tokens * op->num;
-    dqd_store_touch(op->srv->store, op->seq);
-    Dquant__Response resp = DQUANT__RESPONSE__INIT;
-    resp.body_case = DQUANT__RESPONSE__BODY_GET;
-    resp.get = &r;
-    uint8_t *out = op->out;
-    op->out = NULL;
-    dqd_req_reply(op->req, &resp, out, op->out_len);
+    get_reply(op, &r);
     get_free(op);
 }
 
@@ -233,13 +239,7 @@ static void copy_done(void *ctx)
     r.profile.len = op->codec->plen;
     r.n_raw = n;
     r.raw = ptrs;
-    dqd_store_touch(op->srv->store, op->seq);
-    Dquant__Response resp = DQUANT__RESPONSE__INIT;
-    resp.body_case = DQUANT__RESPONSE__BODY_GET;
-    resp.get = &r;
-    uint8_t *out = op->out;
-    op->out = NULL;
-    dqd_req_reply(op->req, &resp, out, op->out_len);
+    get_reply(op, &r);
     free(layers);
     free(ptrs);
     free(t);
