@@ -46,8 +46,10 @@ say "dquant cuda backend e2e: root $ROOT, build $BUILD, output $OUT"
 # 1. environment
 if [ -f "$ROOT/.debs/gpu-host-env.sh" ]; then
     set +u
+    repo_root=$ROOT   # gpu-host-env.sh uses ROOT for its own folder
     # shellcheck disable=SC1091
     source "$ROOT/.debs/gpu-host-env.sh"
+    ROOT=$repo_root
     set -u
     say "sourced .debs/gpu-host-env.sh"
 else
