@@ -43,7 +43,7 @@ typedef struct dqd_option {
     opt_type type;
     size_t offset;        /* of the field for OPT_SIZE / OPT_U32 */
     uint64_t min, max;
-    const char *arg;      /* placeholder in --help */
+    const char *arg;      /* name of the option's value in --help, e.g. "SIZE" */
     const char *def;      /* default, as shown in --help */
     const char *help;
 } dqd_option;
