@@ -64,6 +64,9 @@ static const dqd_option options[] = {
      "Codec backend. cuda falls back to cpu (with a log line) when not built with CUDA or no GPU."},
     {"gpu-device", "server", "gpu_device", OPT_U32, FIELD(gpu_device), 0, 1023, "N", "0",
      "CUDA device the cuda backend uses."},
+    {"nccl-timeout", "server", "nccl_timeout_ms", OPT_U32, FIELD(nccl_timeout_ms), 100, 3600000, "MS", "10000",
+     "NCCL data path: longest wait for a communicator to form or a transfer to finish (plus 1 s per GB); "
+     "past it the connection's communicator is aborted and the request fails."},
     {"log-level", "server", "log_level", OPT_LOG_LEVEL, 0, 0, 0, "LEVEL", "info",
      "error, warn, info or debug."},
     {"shutdown-timeout", "server", "shutdown_timeout", OPT_U32, FIELD(shutdown_timeout), 1, 3600, "SECONDS", "30",
@@ -143,6 +146,7 @@ void dqd_config_default(dqd_config *cfg)
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     cfg->workers = ncpu < 1 ? 1 : ncpu > 256 ? 256 : (uint32_t)ncpu;
     cfg->shutdown_timeout = 30;
+    cfg->nccl_timeout_ms = 10000;
 }
 
 void dqd_config_free(dqd_config *cfg)

@@ -51,6 +51,7 @@ typedef struct dqd_config {
     uint32_t max_models;
     uint32_t workers;
     uint32_t shutdown_timeout;    /* seconds to finish in-flight work on SIGTERM */
+    uint32_t nccl_timeout_ms;     /* NCCL communicator setup / transfer deadline (plus 1 s per GB) */
 
     /* bookkeeping for "first listen replaces the defaults" */
     bool listen_from_file, listen_from_flags;

@@ -6,6 +6,7 @@
 
 #include "dquant/error.h"
 #include "logging.h"
+#include "ncclpath.h"
 #include "ops.h"
 #include "server.h"
 
@@ -37,6 +38,7 @@ void dqd_conn_close(dqd_conn *c)
     if (c->state >= DQD_CONN_CLOSING)
         return;
     c->state = DQD_CONN_CLOSING;
+    dqd_nccl_conn_closed(c);
     if (c->reading)
         uv_read_stop(&c->h.stream);
     c->reading = false;

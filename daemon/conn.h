@@ -46,6 +46,7 @@ struct dqd_conn {
     bool paused;              /* backpressure */
     bool in_process;          /* inside process_input (no re-entry) */
     bool authed;
+    struct dqd_nchan *nchan;  /* NCCL data path (ncclpath.h), NULL until NCCL_SETUP */
     bool reap_queued;
 
     uint8_t *rbuf;            /* staging buffer */

@@ -80,13 +80,24 @@ typedef struct dqd_gappend {
     uint16_t *snap;       /* the previous tail (K then V), kept when the append sealed windows */
 } dqd_gappend;
 
-/* Appends ntok tokens (k, v: [ntok, kv_heads, head_dim] of dtype, host memory, finite: the
- * operations check that first) to *slot, creating a GPU layer when *slot is NULL. Same checks,
- * same all-or-nothing result and same bytes as dq_layer_append (DQ_NONFINITE when a value
- * overflows BF16, DQ_RANGE, DQ_NOMEM). stats (may be NULL) is added to. If a device failure leaves
- * the layer unrestorable, txn->broken is set. */
+/* dqd_gpu_append flags. */
+#define DQD_GAPPEND_DEVICE 1u   /* k and v are in device memory (else host memory) */
+#define DQD_GAPPEND_CHECKED 2u  /* dqd_gpu_check_tokens already passed them */
+
+/* Appends ntok tokens (k, v: [ntok, kv_heads, head_dim] of dtype, in host or device memory, see
+ * flags) to *slot, creating a GPU layer when *slot is NULL. Host input is copied to the device
+ * first; the tokens are checked there (dqcu_tokens_check) unless flags has DQD_GAPPEND_CHECKED.
+ * Same checks, same all-or-nothing result and same bytes as dq_layer_append (DQ_NONFINITE,
+ * DQ_RANGE, DQ_NOMEM). stats (may be NULL) is added to. If a device failure leaves the layer
+ * unrestorable, txn->broken is set. */
 int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot, const void *k,
-                   const void *v, dq_dtype dtype, size_t ntok, dq_encode_stats *stats);
+                   const void *v, dq_dtype dtype, size_t ntok, unsigned flags, dq_encode_stats *stats);
+/* The checks dq_layer_append makes, for a PUT of `layers` layers of ntok tokens each whose k and v
+ * ([layers, ntok, kv_heads, head_dim] of dtype) are in device memory, in the order the host path
+ * makes them: DQ_NONFINITE when any raw value is NaN/Inf (*bad_layer = UINT32_MAX), else the code
+ * of the first failing layer (*bad_layer, relative to the first), K before V. */
+int dqd_gpu_check_tokens(dqd_gpu *g, dqd_codec *codec, const void *k, const void *v, dq_dtype dtype,
+                         size_t layers, size_t ntok, uint32_t *bad_layer);
 /* Undoes an applied append (no-op otherwise); on failure (the device failed) txn->broken is set. */
 int dqd_gpu_rollback(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot);
 void dqd_gappend_clear(dqd_gappend *txn);
@@ -102,17 +113,29 @@ int dqd_gpu_demote(dqd_gpu *g, dqd_codec *codec, dqd_glayer **gpu, dq_layer **ho
  * identical to dq_layer_decode; DQ_CORRUPT when a container is invalid. */
 int dqd_gpu_decode(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, dq_kind kind, size_t first, size_t count,
                    void *out, dq_dtype dtype);
+/* The same into device memory dout. */
+int dqd_gpu_decode_dev(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, dq_kind kind, size_t first, size_t count,
+                       void *dout, dq_dtype dtype);
+/* Device memory outside the budget for one request's transient data (a decoded GET reply for
+ * NCCL), from the device's stream-ordered pool: alloc on a worker, free on the loop thread
+ * (stream-ordered, never waits), once every use has completed. */
+int dqd_gpu_alloc_transient(dqd_gpu *g, size_t bytes, void **out);
+void dqd_gpu_free_transient(dqd_gpu *g, void *p);
+/* Copies between host memory and device memory (done when they return). */
+int dqd_gpu_h2d(dqd_gpu *g, void *dst, const void *src, size_t bytes);
+int dqd_gpu_d2h(dqd_gpu *g, void *dst, const void *src, size_t bytes);
 /* The layer as GET_RAW sends it: window records back to back, then tail K, then tail V. */
 int dqd_gpu_copy_raw(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, uint8_t *dst);
 
-/* Decode attention over GPU layers of one codec, as dq_attend (q, out, lse: host memory; lse may
- * be NULL): one dqcu_attend launch per batch of items. */
+/* Decode attention over GPU layers of one codec, as dq_attend (q, out, lse: host memory, or device
+ * memory when dev; lse may be NULL): one dqcu_attend launch per batch of items. */
 typedef struct dqd_gattn {
     const dqd_glayer *layer;
     const float *q;
     float *out;
     float *lse;
 } dqd_gattn;
-int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, const dqd_gattn *items, size_t n);
+int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, const dqd_gattn *items, size_t n,
+                   bool dev);
 
 #endif

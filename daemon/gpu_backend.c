@@ -109,7 +109,6 @@ static void gwork_free(dqd_gwork *w)
     }
     cudaStreamDestroy(w->stream);
     (void)cudaGetLastError();
-    free(w->hf);
     free(w);
 }
 
@@ -246,18 +245,6 @@ int dqd_gwork_buf(dqd_gwork *w, int slot, size_t bytes, void **out)
     return DQ_OK;
 }
 
-float *dqd_gwork_floats(dqd_gwork *w, size_t n)
-{
-    if (w->hf_n < n) {
-        float *f = realloc(w->hf, n * sizeof *f);
-        if (!f)
-            return NULL;
-        w->hf = f;
-        w->hf_n = n;
-    }
-    return w->hf;
-}
-
 /* ---- device memory for layers ---- */
 
 int dqd_gmalloc(dqd_gwork *w, size_t bytes, void **out)
@@ -276,6 +263,26 @@ void dqd_gfree(dqd_gpu *g, cudaStream_t stream, void *p, size_t bytes)
     if (e != cudaSuccess)
         dqd_gcuda_fail(e, "cudaFreeAsync", __FILE__, __LINE__);
     atomic_fetch_sub_explicit(&g->allocated, bytes, memory_order_relaxed);
+}
+
+int dqd_gpu_alloc_transient(dqd_gpu *g, size_t bytes, void **out)
+{
+    dqd_gwork *w;
+    int rc = dqd_gwork_get(g, &w);
+    if (rc < 0)
+        return rc;
+    *out = NULL;
+    DQD_GCK(cudaMallocAsync(out, bytes ? bytes : 1, w->stream));
+    return dqd_gsync(w);
+}
+
+void dqd_gpu_free_transient(dqd_gpu *g, void *p)
+{
+    if (!p)
+        return;
+    cudaError_t e = cudaFreeAsync(p, g->loop_stream);
+    if (e != cudaSuccess)
+        dqd_gcuda_fail(e, "cudaFreeAsync", __FILE__, __LINE__);
 }
 
 /* ---- staging ---- */

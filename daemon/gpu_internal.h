@@ -29,6 +29,8 @@ enum {
     DQD_GBUF_SMALL,   /* encode status and stats, corrupt counters */
     DQD_GBUF_IO,      /* decode output, attention descriptors / queries / outputs */
     DQD_GBUF_WS,      /* attention workspace */
+    DQD_GBUF_RAW,     /* an append's host input copied up, K then V */
+    DQD_GBUF_CHECK,   /* token check words */
     DQD_GBUF_COUNT
 };
 
@@ -48,8 +50,6 @@ typedef struct dqd_gwork {
     size_t used;               /* bytes of the current half handed out since it became current */
     void *buf[DQD_GBUF_COUNT];
     size_t buf_bytes[DQD_GBUF_COUNT];
-    float *hf;                 /* host scratch: one token's n floats (validation) */
-    size_t hf_n;
     struct dqd_gwork *next;
 } dqd_gwork;
 
@@ -100,8 +100,6 @@ int dqd_gwork_get(dqd_gpu *g, dqd_gwork **out);
 int dqd_gcodec_get(dqd_gpu *g, const dqd_codec *codec, const dqcu_codec **out);
 /* Device scratch slot of at least bytes (contents not kept when it grows). */
 int dqd_gwork_buf(dqd_gwork *w, int slot, size_t bytes, void **out);
-/* Host float scratch of at least n floats. */
-float *dqd_gwork_floats(dqd_gwork *w, size_t n);
 
 /* Device memory for layers, counted in g->allocated; stream-ordered on the given stream. */
 int dqd_gmalloc(dqd_gwork *w, size_t bytes, void **out);

@@ -60,9 +60,16 @@ uint64_t dqd_gpu_need(const dqd_codec *codec, const dq_layer *host, const dqd_gl
 }
 
 int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot, const void *k,
-                   const void *v, dq_dtype dtype, size_t ntok, dq_encode_stats *stats)
+                   const void *v, dq_dtype dtype, size_t ntok, unsigned flags, dq_encode_stats *stats)
 {
-    (void)g, (void)codec, (void)txn, (void)slot, (void)k, (void)v, (void)dtype, (void)ntok, (void)stats;
+    (void)g, (void)codec, (void)txn, (void)slot, (void)k, (void)v, (void)dtype, (void)ntok, (void)flags, (void)stats;
+    return DQ_UNSUPPORTED;
+}
+
+int dqd_gpu_check_tokens(dqd_gpu *g, dqd_codec *codec, const void *k, const void *v, dq_dtype dtype,
+                         size_t layers, size_t ntok, uint32_t *bad_layer)
+{
+    (void)g, (void)codec, (void)k, (void)v, (void)dtype, (void)layers, (void)ntok, (void)bad_layer;
     return DQ_UNSUPPORTED;
 }
 
@@ -102,14 +109,46 @@ int dqd_gpu_decode(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, dq_kind ki
     return DQ_UNSUPPORTED;
 }
 
+int dqd_gpu_decode_dev(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, dq_kind kind, size_t first, size_t count,
+                       void *dout, dq_dtype dtype)
+{
+    (void)g, (void)codec, (void)l, (void)kind, (void)first, (void)count, (void)dout, (void)dtype;
+    return DQ_UNSUPPORTED;
+}
+
+int dqd_gpu_alloc_transient(dqd_gpu *g, size_t bytes, void **out)
+{
+    (void)g, (void)bytes;
+    *out = NULL;
+    return DQ_UNSUPPORTED;
+}
+
+void dqd_gpu_free_transient(dqd_gpu *g, void *p)
+{
+    (void)g, (void)p;
+}
+
+int dqd_gpu_h2d(dqd_gpu *g, void *dst, const void *src, size_t bytes)
+{
+    (void)g, (void)dst, (void)src, (void)bytes;
+    return DQ_UNSUPPORTED;
+}
+
+int dqd_gpu_d2h(dqd_gpu *g, void *dst, const void *src, size_t bytes)
+{
+    (void)g, (void)dst, (void)src, (void)bytes;
+    return DQ_UNSUPPORTED;
+}
+
 int dqd_gpu_copy_raw(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, uint8_t *dst)
 {
     (void)g, (void)codec, (void)l, (void)dst;
     return DQ_UNSUPPORTED;
 }
 
-int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, const dqd_gattn *items, size_t n)
+int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, const dqd_gattn *items, size_t n,
+                   bool dev)
 {
-    (void)g, (void)codec, (void)q_heads, (void)scale, (void)items, (void)n;
+    (void)g, (void)codec, (void)q_heads, (void)scale, (void)items, (void)n, (void)dev;
     return DQ_UNSUPPORTED;
 }

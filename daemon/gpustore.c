@@ -208,88 +208,48 @@ static void trim_segments(dqd_gwork *w, const dqd_codec *codec, dqd_glayer *l, u
 
 /* ---- appends ---- */
 
-/* Token values as dq_layer_append sees them: rounded to BF16, as f32. */
-static void load_bf16_f32(float *y, const void *x, dq_dtype dtype, size_t first, size_t n)
+/* dqcu_tokens_check of K and V (device, ntok tokens each) into got: {K raw, K first, V raw, V first}. */
+static int check_run(dqd_gwork *w, const dqcu_codec *dc, const void *k, const void *v, dq_dtype dtype, size_t ntok,
+                     unsigned long long got[4])
 {
-    switch (dtype) {
-    case DQ_DTYPE_BF16:
-        for (size_t j = 0; j < n; j++)
-            y[j] = dq_bf16_to_f32(((const uint16_t *)x)[first + j]);
-        break;
-    case DQ_DTYPE_F16:
-        for (size_t j = 0; j < n; j++)
-            y[j] = dq_bf16_to_f32(dq_f32_to_bf16(dq_f16_to_f32(((const uint16_t *)x)[first + j])));
-        break;
-    default:
-        for (size_t j = 0; j < n; j++)
-            y[j] = dq_bf16_to_f32(dq_f32_to_bf16(((const float *)x)[first + j]));
-        break;
-    }
+    static const unsigned long long init[4] = {0, ~0ull, 0, ~0ull};
+    unsigned long long *check;
+    int rc = dqd_gwork_buf(w, DQD_GBUF_CHECK, sizeof init, (void **)&check);
+    if (rc < 0)
+        return rc;
+    DQD_GCK(cudaMemcpyAsync(check, init, sizeof init, cudaMemcpyHostToDevice, w->stream));
+    rc = dqcu_tokens_check(dc, k, dtype, ntok, check, w->stream);
+    if (rc == DQ_OK)
+        rc = dqcu_tokens_check(dc, v, dtype, ntok, check + 2, w->stream);
+    if (rc < 0)
+        return dqd_gcu_fail(rc, "dqcu_tokens_check", __FILE__, __LINE__);
+    return dqd_gd2h(w, got, check, 4 * sizeof *got);
 }
 
-static void to_bf16(uint16_t *dst, const void *x, dq_dtype dtype, size_t first, size_t count)
+int dqd_gpu_check_tokens(dqd_gpu *g, dqd_codec *codec, const void *k, const void *v, dq_dtype dtype,
+                         size_t layers, size_t ntok, uint32_t *bad_layer)
 {
-    switch (dtype) {
-    case DQ_DTYPE_BF16:
-        memcpy(dst, (const uint16_t *)x + first, count * sizeof(uint16_t));
-        break;
-    case DQ_DTYPE_F16:
-        for (size_t j = 0; j < count; j++)
-            dst[j] = dq_f32_to_bf16(dq_f16_to_f32(((const uint16_t *)x)[first + j]));
-        break;
-    default:
-        for (size_t j = 0; j < count; j++)
-            dst[j] = dq_f32_to_bf16(((const float *)x)[first + j]);
-        break;
-    }
-}
-
-/* Σ y² of one head's d values (4 accumulators: the margin below dwarfs the rounding). */
-static float sum_sq(const float *y, size_t d)
-{
-    float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-    size_t j = 0;
-    for (; j + 4 <= d; j += 4) {
-        a0 += y[j] * y[j];
-        a1 += y[j + 1] * y[j + 1];
-        a2 += y[j + 2] * y[j + 2];
-        a3 += y[j + 3] * y[j + 3];
-    }
-    for (; j < d; j++)
-        a0 += y[j] * y[j];
-    return (a0 + a1) + (a2 + a3);
-}
-
-/* lib's validate_tokens without its first step, the finiteness of the raw input (the operations
- * checked that before): every token, rounded to BF16, finite (DQ_NONFINITE: only f32 values can
- * overflow BF16) and within DQ_TOKEN_MAX_ABS after the rotation (DQ_RANGE), in token order, a
- * token's finiteness before its range, K before V (the caller's order). The rotation is
- * orthonormal per head, so |y_j| <= ||x_head||: a token whose head norms stay below the limit,
- * with a margin far above the rounding of the norm and of the rotation, needs no rotation. */
-static int validate(dqd_gwork *w, const dqd_codec *codec, const void *x, dq_dtype dtype, size_t ntok)
-{
-    const size_t n = codec->n, d = codec->profile.head_dim, H = codec->profile.kv_heads;
-    const float lim = DQ_TOKEN_MAX_ABS * 0.999f, lim2 = lim * lim;
-    float *y = dqd_gwork_floats(w, n);
-    if (!y)
-        return DQ_NOMEM;
-    for (size_t t = 0; t < ntok; t++) {
-        load_bf16_f32(y, x, dtype, t * n, n);
-        if (dtype == DQ_DTYPE_F32)
-            for (size_t j = 0; j < n; j++)
-                if (!isfinite(y[j]))
-                    return DQ_NONFINITE;
-        bool sure = true;
-        for (size_t h = 0; h < H && sure; h++)
-            sure = sum_sq(y + h * d, d) <= lim2;
-        if (!sure) {
-            dq_rotate(codec->codec, y);
-            for (size_t j = 0; j < n; j++)
-                if (!(fabsf(y[j]) <= DQ_TOKEN_MAX_ABS))
-                    return DQ_RANGE;
-        }
-    }
-    return DQ_OK;
+    dqd_gwork *w;
+    const dqcu_codec *dc;
+    unsigned long long got[4];
+    int rc = dqd_gwork_get(g, &w);
+    if (rc == DQ_OK)
+        rc = dqd_gcodec_get(g, codec, &dc);
+    if (rc == DQ_OK)
+        rc = check_run(w, dc, k, v, dtype, layers * ntok, got);
+    if (rc < 0)
+        return rc;
+    *bad_layer = UINT32_MAX;
+    if (got[0] || got[2])
+        return DQ_NONFINITE;
+    /* Layer by layer, K before V: the earlier layer's first bad token decides, K's on a tie. */
+    const uint64_t lk = got[1] == ~0ull ? UINT64_MAX : (got[1] >> 1) / ntok;
+    const uint64_t lv = got[3] == ~0ull ? UINT64_MAX : (got[3] >> 1) / ntok;
+    if (lk == UINT64_MAX && lv == UINT64_MAX)
+        return DQ_OK;
+    const unsigned long long key = lk <= lv ? got[1] : got[3];
+    *bad_layer = (uint32_t)(lk <= lv ? lk : lv);
+    return (key & 1ull) ? DQ_RANGE : DQ_NONFINITE;
 }
 
 /* Puts the layer back as the transaction found it (see dqd_gpu_rollback). */
@@ -332,7 +292,7 @@ static void add_stats(dq_encode_stats *to, const dq_encode_stats *st)
 }
 
 int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot, const void *k,
-                   const void *v, dq_dtype dtype, size_t ntok, dq_encode_stats *stats)
+                   const void *v, dq_dtype dtype, size_t ntok, unsigned flags, dq_encode_stats *stats)
 {
     memset(txn, 0, sizeof *txn);
     const size_t esz = dq_dtype_size(dtype);
@@ -348,12 +308,33 @@ int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **
     int rc = dqd_gwork_get(g, &w);
     if (rc == DQ_OK)
         rc = dqd_gcodec_get(g, codec, &dc);
-    if (rc == DQ_OK)
-        rc = validate(w, codec, k, dtype, ntok);
-    if (rc == DQ_OK)
-        rc = validate(w, codec, v, dtype, ntok);
     if (rc < 0)
         return rc;
+    const uint8_t *dk = k, *dv = v;
+    const size_t xb = ntok * n * esz;
+    if (!(flags & DQD_GAPPEND_DEVICE) && ntok) {
+        /* Host input: up to the device once, then checked and rounded there like device input. */
+        uint8_t *raw;
+        rc = dqd_gwork_buf(w, DQD_GBUF_RAW, 2 * xb, (void **)&raw);
+        if (rc == DQ_OK)
+            rc = dqd_gh2d(w, raw, k, xb);
+        if (rc == DQ_OK)
+            rc = dqd_gh2d(w, raw + xb, v, xb);
+        if (rc < 0)
+            return rc;
+        dk = raw;
+        dv = raw + xb;
+    }
+    if (!(flags & DQD_GAPPEND_CHECKED) && ntok) {
+        unsigned long long got[4];
+        rc = check_run(w, dc, dk, dv, dtype, ntok, got);
+        if (rc == DQ_OK)
+            rc = dqcu_tokens_verdict(got);
+        if (rc == DQ_OK)
+            rc = dqcu_tokens_verdict(got + 2);
+        if (rc < 0)
+            return rc;
+    }
 
     if (!*slot) {
         rc = layer_new(w, codec, slot);
@@ -406,22 +387,15 @@ int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **
     uint16_t *dtk = l->d_tail, *dtv = l->d_tail + tail_elems(codec);
     int32_t *status = small ? (int32_t *)(void *)(small + STATUS_OFF) : NULL;
     size_t t = l->tail, sealed = 0;
+    /* Pieces of [tail, new tokens] are rounded to BF16 into the stage, sealed windows are encoded
+     * straight into their slots, and the rest becomes the new tail. */
     for (size_t done = 0; done < ntok;) {
         const size_t m = ntok - done < piece ? ntok - done : piece;
-        int h;
-        uint8_t *pin = dqd_gpin_take(w, 2 * m * n * sizeof(uint16_t), &h);
-        if (!pin) {
-            rc = DQ_INTERNAL;
-            goto undo;
-        }
-        uint16_t *pk = (uint16_t *)(void *)pin, *pv = pk + m * n;
-        to_bf16(pk, k, dtype, done * n, m * n);
-        to_bf16(pv, v, dtype, done * n, m * n);
+        const uint8_t *xk = dk + done * n * esz, *xv = dv + done * n * esz;
         const size_t tot = t + m, ns = tot >= R ? (tot - R) / W + 1 : 0;
-        const size_t mb = m * n * sizeof(uint16_t);
         if (!ns) {
-            DQD_GCK_GOTO(cudaMemcpyAsync(dtk + t * n, pk, mb, cudaMemcpyHostToDevice, w->stream), rc, undo);
-            DQD_GCK_GOTO(cudaMemcpyAsync(dtv + t * n, pv, mb, cudaMemcpyHostToDevice, w->stream), rc, undo);
+            DQD_GCU_GOTO(dqcu_to_bf16(xk, dtype, m * n, dtk + t * n, w->stream), rc, undo);
+            DQD_GCU_GOTO(dqcu_to_bf16(xv, dtype, m * n, dtv + t * n, w->stream), rc, undo);
             t = tot;
         } else {
             if (t) {
@@ -429,8 +403,8 @@ int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **
                 DQD_GCK_GOTO(cudaMemcpyAsync(sk, dtk, tb, cudaMemcpyDeviceToDevice, w->stream), rc, undo);
                 DQD_GCK_GOTO(cudaMemcpyAsync(sv, dtv, tb, cudaMemcpyDeviceToDevice, w->stream), rc, undo);
             }
-            DQD_GCK_GOTO(cudaMemcpyAsync(sk + t * n, pk, mb, cudaMemcpyHostToDevice, w->stream), rc, undo);
-            DQD_GCK_GOTO(cudaMemcpyAsync(sv + t * n, pv, mb, cudaMemcpyHostToDevice, w->stream), rc, undo);
+            DQD_GCU_GOTO(dqcu_to_bf16(xk, dtype, m * n, sk + t * n, w->stream), rc, undo);
+            DQD_GCU_GOTO(dqcu_to_bf16(xv, dtype, m * n, sv + t * n, w->stream), rc, undo);
             DQD_GCU_GOTO(dqcu_encode_windows(dc, sk, sv, DQ_DTYPE_BF16, ns, l->d_win + l->nwin, status + sealed,
                                              (dq_encode_stats *)(void *)small, w->stream),
                          rc, undo);
@@ -446,9 +420,6 @@ int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **
             sealed += ns;
             t = rest;
         }
-        rc = dqd_gpin_done(w, h);
-        if (rc < 0)
-            goto undo;
         done += m;
     }
     l->tail = (uint32_t)t;
@@ -459,7 +430,7 @@ int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **
     }
 
     if (nseal) {
-        /* The statuses: the host checks guarantee none, but never keep a window the GPU refused. */
+        /* The statuses: the token checks guarantee none, but never keep a window the GPU refused. */
         size_t sb = STATUS_OFF + nseal * sizeof(int32_t);
         hsmall = malloc(sb);
         if (!hsmall) {
@@ -627,35 +598,53 @@ int dqd_gpu_demote(dqd_gpu *g, dqd_codec *codec, dqd_glayer **gpu, dq_layer **ho
 
 /* ---- reads ---- */
 
-int dqd_gpu_decode(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, dq_kind kind, size_t first, size_t count,
-                   void *out, dq_dtype dtype)
+/* Checks a decode's arguments and gets the worker, device codec, corrupt counter and tail. */
+static int decode_setup(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, dq_kind kind, size_t first, size_t count,
+                        dq_dtype dtype, dqd_gwork **w, const dqcu_codec **dc, uint32_t **dcor, const uint16_t **tail)
 {
-    const size_t esz = dq_dtype_size(dtype);
-    if (!esz)
+    if (!dq_dtype_size(dtype))
         return DQ_DTYPE;
     if (kind != DQ_KIND_K && kind != DQ_KIND_V)
         return DQ_INVALID_ARGUMENT;
     const uint64_t total = dqd_glayer_tokens(l);
     if (first > total || count > total - first)
         return DQ_OUT_OF_BOUNDS;
-    if (!count)
-        return DQ_OK;
-    const size_t n = codec->n, row = n * esz, chunk = DQD_GPIN_BYTES / row;
-    dqd_gwork *w;
-    const dqcu_codec *dc;
-    uint8_t *dout;
-    uint32_t *dcor, cor = 0;
-    int rc = dqd_gwork_get(g, &w);
+    int rc = dqd_gwork_get(g, w);
     if (rc == DQ_OK)
-        rc = dqd_gcodec_get(g, codec, &dc);
+        rc = dqd_gcodec_get(g, codec, dc);
     if (rc == DQ_OK)
-        rc = dqd_gwork_buf(w, DQD_GBUF_IO, (count < chunk ? count : chunk) * row, (void **)&dout);
-    if (rc == DQ_OK)
-        rc = dqd_gwork_buf(w, DQD_GBUF_SMALL, sizeof *dcor, (void **)&dcor);
+        rc = dqd_gwork_buf(*w, DQD_GBUF_SMALL, sizeof **dcor, (void **)dcor);
     if (rc < 0)
         return rc;
-    DQD_GCK(cudaMemsetAsync(dcor, 0, sizeof *dcor, w->stream));
-    const uint16_t *tail = l->tail ? l->d_tail + (kind == DQ_KIND_V ? tail_elems(codec) : 0) : NULL;
+    DQD_GCK(cudaMemsetAsync(*dcor, 0, sizeof **dcor, (*w)->stream));
+    *tail = l->tail ? l->d_tail + (kind == DQ_KIND_V ? tail_elems(codec) : 0) : NULL;
+    return DQ_OK;
+}
+
+static int decode_verdict(dqd_gwork *w, const uint32_t *dcor)
+{
+    uint32_t cor = 0;
+    int rc = dqd_gd2h(w, &cor, dcor, sizeof cor);
+    if (rc < 0)
+        return rc;
+    return cor ? DQ_CORRUPT : DQ_OK;
+}
+
+int dqd_gpu_decode(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, dq_kind kind, size_t first, size_t count,
+                   void *out, dq_dtype dtype)
+{
+    dqd_gwork *w;
+    const dqcu_codec *dc;
+    uint32_t *dcor;
+    const uint16_t *tail = NULL;
+    int rc = decode_setup(g, codec, l, kind, first, count, dtype, &w, &dc, &dcor, &tail);
+    if (rc < 0 || !count)
+        return rc;
+    const size_t n = codec->n, row = n * dq_dtype_size(dtype), chunk = DQD_GPIN_BYTES / row;
+    uint8_t *dout;
+    rc = dqd_gwork_buf(w, DQD_GBUF_IO, (count < chunk ? count : chunk) * row, (void **)&dout);
+    if (rc < 0)
+        return rc;
     /* Chunk i is copied out of its pinned half while chunk i + 1 decodes. */
     size_t prev_off = 0, prev_len = 0;
     int prev_half = -1;
@@ -686,10 +675,40 @@ int dqd_gpu_decode(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, dq_kind ki
     }
     DQD_GCK(cudaEventSynchronize(w->ev[prev_half]));
     memcpy((uint8_t *)out + prev_off * row, prev, prev_len * row);
-    rc = dqd_gd2h(w, &cor, dcor, sizeof cor);
-    if (rc < 0)
+    return decode_verdict(w, dcor);
+}
+
+int dqd_gpu_decode_dev(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, dq_kind kind, size_t first, size_t count,
+                       void *dout, dq_dtype dtype)
+{
+    dqd_gwork *w;
+    const dqcu_codec *dc;
+    uint32_t *dcor;
+    const uint16_t *tail = NULL;
+    int rc = decode_setup(g, codec, l, kind, first, count, dtype, &w, &dc, &dcor, &tail);
+    if (rc < 0 || !count)
         return rc;
-    return cor ? DQ_CORRUPT : DQ_OK;
+    rc = dqcu_decompress(dc, kind, (const uint8_t *const *)l->d_win, l->nwin, tail, l->tail, first, count, dout,
+                         dtype, dcor, w->stream);
+    if (rc < 0)
+        return dqd_gcu_fail(rc, "dqcu_decompress", __FILE__, __LINE__);
+    return decode_verdict(w, dcor);
+}
+
+int dqd_gpu_h2d(dqd_gpu *g, void *dst, const void *src, size_t bytes)
+{
+    dqd_gwork *w;
+    int rc = dqd_gwork_get(g, &w);
+    if (rc == DQ_OK)
+        rc = dqd_gh2d(w, dst, src, bytes);
+    return rc == DQ_OK ? dqd_gsync(w) : rc;
+}
+
+int dqd_gpu_d2h(dqd_gpu *g, void *dst, const void *src, size_t bytes)
+{
+    dqd_gwork *w;
+    int rc = dqd_gwork_get(g, &w);
+    return rc == DQ_OK ? dqd_gd2h(w, dst, src, bytes) : rc;
 }
 
 int dqd_gpu_copy_raw(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, uint8_t *dst)
@@ -713,7 +732,8 @@ int dqd_gpu_copy_raw(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, uint8_t 
     return rc;
 }
 
-int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, const dqd_gattn *items, size_t n)
+int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, const dqd_gattn *items, size_t n,
+                   bool dev)
 {
     dqd_gwork *w;
     const dqcu_codec *dc;
@@ -752,23 +772,43 @@ int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, 
             uint64_t tok = dqd_glayer_tokens(l);
             if (tok > max_tokens)
                 max_tokens = (uint32_t)tok;
-            memcpy(pin + oq + b * qs * sizeof(float), items[i0 + b].q, qs * sizeof(float));
+            if (!dev)
+                memcpy(pin + oq + b * qs * sizeof(float), items[i0 + b].q, qs * sizeof(float));
         }
-        uint8_t *dev;
+        uint8_t *io;
         void *ws;
         size_t wsb = dqcu_attend_workspace_size(dc, q_heads, (uint32_t)nb, max_tokens);
-        rc = dqd_gwork_buf(w, DQD_GBUF_IO, end, (void **)&dev);
+        rc = dqd_gwork_buf(w, DQD_GBUF_IO, end, (void **)&io);
         if (rc == DQ_OK)
             rc = dqd_gwork_buf(w, DQD_GBUF_WS, wsb ? wsb : 1, &ws);
         if (rc < 0)
             return rc;
-        DQD_GCK(cudaMemcpyAsync(dev, pin, oo, cudaMemcpyHostToDevice, w->stream));
-        int r = dqcu_attend(dc, q_heads, scale, (const dqcu_attn_seq *)(void *)dev, (uint32_t)nb, max_tokens,
-                            (const float *)(void *)(dev + oq), (float *)(void *)(dev + oo),
-                            (float *)(void *)(dev + ol), ws, wsb, w->stream);
+        /* Queries from the host come with the descriptors; device ones are gathered on the device. */
+        DQD_GCK(cudaMemcpyAsync(io, pin, dev ? oq : oo, cudaMemcpyHostToDevice, w->stream));
+        for (size_t b = 0; dev && b < nb; b++)
+            DQD_GCK(cudaMemcpyAsync(io + oq + b * qs * sizeof(float), items[i0 + b].q, qs * sizeof(float),
+                                    cudaMemcpyDeviceToDevice, w->stream));
+        int r = dqcu_attend(dc, q_heads, scale, (const dqcu_attn_seq *)(void *)io, (uint32_t)nb, max_tokens,
+                            (const float *)(void *)(io + oq), (float *)(void *)(io + oo),
+                            (float *)(void *)(io + ol), ws, wsb, w->stream);
         if (r < 0)
             return dqd_gcu_fail(r, "dqcu_attend", __FILE__, __LINE__);
-        DQD_GCK(cudaMemcpyAsync(pin + oo, dev + oo, end - oo, cudaMemcpyDeviceToHost, w->stream));
+        if (dev) {
+            for (size_t b = 0; b < nb; b++) {
+                DQD_GCK(cudaMemcpyAsync(items[i0 + b].out, io + oo + b * qs * sizeof(float), qs * sizeof(float),
+                                        cudaMemcpyDeviceToDevice, w->stream));
+                if (items[i0 + b].lse)
+                    DQD_GCK(cudaMemcpyAsync(items[i0 + b].lse, io + ol + b * q_heads * sizeof(float),
+                                            q_heads * sizeof(float), cudaMemcpyDeviceToDevice, w->stream));
+            }
+            rc = dqd_gpin_done(w, h);
+            if (rc < 0)
+                return rc;
+            DQD_GCK(cudaEventSynchronize(w->ev[h]));
+            i0 += nb;
+            continue;
+        }
+        DQD_GCK(cudaMemcpyAsync(pin + oo, io + oo, end - oo, cudaMemcpyDeviceToHost, w->stream));
         rc = dqd_gpin_done(w, h);
         if (rc < 0)
             return rc;

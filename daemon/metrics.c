@@ -157,6 +157,10 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
     counter(&b, "dquant_streams_encoded_total", "K/V streams encoded into containers.", m->streams_encoded);
     counter(&b, "dquant_encode_retries_total", "Streams whose first rANS pass overflowed.", m->encode_retries);
     counter(&b, "dquant_rollbacks_total", "Layers rolled back after a failed multi-layer write.", m->rollbacks);
+    counter(&b, "dquant_nccl_setups_total", "NCCL communicators set up with clients.", m->nccl_setups);
+    counter(&b, "dquant_nccl_failures_total", "NCCL transfers that failed (communicator aborted).", m->nccl_failures);
+    counter(&b, "dquant_nccl_received_bytes_total", "Bytes received from clients over NCCL.", m->nccl_bytes_in);
+    counter(&b, "dquant_nccl_sent_bytes_total", "Bytes sent to clients over NCCL.", m->nccl_bytes_out);
     counter(&b, "dquant_tokens_get_total", "Token-layers returned by GET.", m->tokens_get);
     counter(&b, "dquant_attend_items_total", "ATTEND items computed.", m->attend_items);
     counter(&b, "dquant_compress_tokens_total", "Tokens compressed by COMPRESS.", m->compress_tokens);
@@ -297,6 +301,10 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_counter(&kb, "streams_encoded", m->streams_encoded);
     add_counter(&kb, "encode_retries", m->encode_retries);
     add_counter(&kb, "rollbacks", m->rollbacks);
+    add_counter(&kb, "nccl_setups", m->nccl_setups);
+    add_counter(&kb, "nccl_failures", m->nccl_failures);
+    add_counter(&kb, "nccl_bytes_in", m->nccl_bytes_in);
+    add_counter(&kb, "nccl_bytes_out", m->nccl_bytes_out);
     add_counter(&kb, "tokens_get", m->tokens_get);
     add_counter(&kb, "attend_items", m->attend_items);
     add_counter(&kb, "attend_appends", m->attend_appends);

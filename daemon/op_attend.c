@@ -182,7 +182,7 @@ static void attend_gpu(att_op *op)
             batch[nb] = (dqd_gattn){l, op->qf + j * qsize(op), out + j * qsize(op), lse + j * op->q_heads};
             idx[nb++] = j;
         }
-        int rc = nb ? dqd_gpu_attend(op->srv->gpu, codec, op->q_heads, op->scale, batch, nb) : DQ_OK;
+        int rc = nb ? dqd_gpu_attend(op->srv->gpu, codec, op->q_heads, op->scale, batch, nb, false) : DQ_OK;
         for (size_t b = 0; b < nb; b++)
             op->items[idx[b]].rc = rc;
     }
@@ -357,7 +357,7 @@ static void append_gpu(att_op *op)
             it->rc = dqd_tensor_aligned(&it->av, &vd, &vt);
             if (it->rc == 0) {
                 it->rc = dqd_gpu_append(gpu, it->codec, &it->gtxn, &it->seq->glayers[it->layer], kd, vd,
-                                        dqd_tensor_dtype(&it->ak), 1, NULL);
+                                        dqd_tensor_dtype(&it->ak), 1, 0, NULL);
                 free(vt);
             }
             free(kt);
@@ -645,8 +645,9 @@ static void att_ready(dqd_access_set *as)
         dqd_model_info info;
         dqd_model_info_of(m, &info);
         char msg[200];
-        int rc = dqd_validate_attend_item(src, op->req->payload, op->req->payload_len, &info, &it->q, &it->ak,
-                                          &it->av, msg, sizeof msg);
+        dqd_payload pl;
+        dqd_req_payload(op->req, &pl);
+        int rc = dqd_validate_attend_item(src, &pl, &info, &it->q, &it->ak, &it->av, msg, sizeof msg);
         if (rc < 0) {
             att_fail(op, rc, "item %zu: %s", i, msg);
             return;

@@ -184,7 +184,9 @@ void dqd_op_compress(dqd_req *req)
     dqd_profile_info info;
     dqd_profile_info_of(codec, &info);
     char msg[256];
-    rc = dqd_validate_compress(c, req->payload, req->payload_len, &info, &op->x, msg, sizeof msg);
+    dqd_payload pl;
+    dqd_req_payload(req, &pl);
+    rc = dqd_validate_compress(c, &pl, &info, &op->x, msg, sizeof msg);
     if (rc < 0) {
         codec_op_fail(op, rc, msg);
         return;
@@ -276,7 +278,9 @@ void dqd_op_decompress(dqd_req *req)
     dqd_profile_info info;
     dqd_profile_info_of(codec, &info);
     char msg[256];
-    rc = dqd_validate_decompress(d, req->payload, req->payload_len, &info, &op->means, &op->records, msg, sizeof msg);
+    dqd_payload pl;
+    dqd_req_payload(req, &pl);
+    rc = dqd_validate_decompress(d, &pl, &info, &op->means, &op->records, msg, sizeof msg);
     if (rc < 0) {
         codec_op_fail(op, rc, msg);
         return;

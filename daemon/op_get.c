@@ -26,6 +26,8 @@ typedef struct get_op {
     size_t esize;
     uint8_t *out;
     size_t out_len;
+    uint8_t *dout;     /* nccl_reply: the reply in device memory (out stays NULL) */
+    int alloc_rc;
     size_t *raw_off;   /* GET_RAW: per layer offset of its records */
     int *rc;
 } get_op;
@@ -33,6 +35,8 @@ typedef struct get_op {
 static void get_free(get_op *op)
 {
     dqd_access_end(&op->as);
+    if (op->dout)
+        dqd_gpu_free_transient(op->srv->gpu, op->dout);
     free(op->out);
     free(op->raw_off);
     free(op->rc);
@@ -53,8 +57,30 @@ static void decode_task(void *ctx, size_t i)
     size_t layer = i / 2;
     dq_kind kind = (i & 1) ? DQ_KIND_V : DQ_KIND_K;
     size_t per_layer = (size_t)op->tokens * op->codec->n * op->esize;
-    uint8_t *dst = op->out + (kind == DQ_KIND_V ? op->out_len / 2 : 0) + layer * per_layer;
+    size_t off = (kind == DQ_KIND_V ? op->out_len / 2 : 0) + layer * per_layer;
     const dqd_glayer *g = dqd_seq_glayer(op->seq, op->first + (uint32_t)layer);
+    if (op->dout) {
+        /* NCCL reply: decoded into device memory, from GPU layers directly, host layers via a copy. */
+        if (g) {
+            op->rc[i] = dqd_gpu_decode_dev(op->srv->gpu, op->codec, g, kind, (size_t)op->start, (size_t)op->tokens,
+                                           op->dout + off, op->dtype);
+            return;
+        }
+        uint8_t *tmp = malloc(per_layer ? per_layer : 1);
+        dq_workspace *ws = dqd_codec_ws_take(op->codec);
+        int rc = tmp && ws ? DQ_OK : DQ_NOMEM;
+        if (rc == DQ_OK)
+            rc = dq_layer_decode(op->seq->layers[op->first + layer], ws, kind, (size_t)op->start, (size_t)op->tokens,
+                                 tmp, op->dtype);
+        if (ws)
+            dqd_codec_ws_give(op->codec, ws);
+        if (rc == DQ_OK)
+            rc = dqd_gpu_h2d(op->srv->gpu, op->dout + off, tmp, per_layer);
+        free(tmp);
+        op->rc[i] = rc;
+        return;
+    }
+    uint8_t *dst = op->out + off;
     if (g) {
         op->rc[i] = dqd_gpu_decode(op->srv->gpu, op->codec, g, kind, (size_t)op->start, (size_t)op->tokens, dst,
                                    op->dtype);
@@ -77,6 +103,12 @@ static void get_reply(get_op *op, Dquant__GetReply *r)
     Dquant__Response resp = DQUANT__RESPONSE__INIT;
     resp.body_case = DQUANT__RESPONSE__BODY_GET;
     resp.get = r;
+    if (op->dout) {
+        uint8_t *dout = op->dout;
+        op->dout = NULL;
+        dqd_req_reply_nccl(op->req, &resp, dout, true, op->out_len);
+        return;
+    }
     uint8_t *out = op->out;
     op->out = NULL;
     dqd_req_reply(op->req, &resp, out, op->out_len);
@@ -111,6 +143,27 @@ static void decode_done(void *ctx)
         }
     }
     reply_typed(op);
+}
+
+/* NCCL reply: the device buffer the decodes write (on a worker: the allocation is stream-ordered). */
+static void alloc_task(void *ctx, size_t i)
+{
+    get_op *op = ctx;
+    (void)i;
+    void *p = NULL;
+    op->alloc_rc = dqd_gpu_alloc_transient(op->srv->gpu, op->out_len, &p);
+    op->dout = p;
+}
+
+static void alloc_done(void *ctx)
+{
+    get_op *op = ctx;
+    if (op->alloc_rc < 0) {
+        get_fail(op, op->alloc_rc, "cannot allocate the reply in GPU memory");
+        return;
+    }
+    if (dqd_tasks_run(op->srv, (size_t)op->num * 2, decode_task, decode_done, op) < 0)
+        get_fail(op, DQ_NOMEM, "out of memory");
 }
 
 static void get_typed(get_op *op)
@@ -157,9 +210,18 @@ static void get_typed(get_op *op)
         reply_typed(op);
         return;
     }
-    op->out = dqd_out_alloc(op->out_len);
     op->rc = calloc((size_t)op->num * 2, sizeof *op->rc);
-    if (!op->out || !op->rc || dqd_tasks_run(srv, (size_t)op->num * 2, decode_task, decode_done, op) < 0)
+    if (!op->rc) {
+        get_fail(op, DQ_NOMEM, "out of memory");
+        return;
+    }
+    if (op->req->msg->nccl_reply) {
+        if (dqd_tasks_run(srv, 1, alloc_task, alloc_done, op) < 0)
+            get_fail(op, DQ_NOMEM, "out of memory");
+        return;
+    }
+    op->out = dqd_out_alloc(op->out_len);
+    if (!op->out || dqd_tasks_run(srv, (size_t)op->num * 2, decode_task, decode_done, op) < 0)
         get_fail(op, DQ_NOMEM, "out of memory");
 }
 

@@ -57,7 +57,9 @@ typedef struct put_op {
     bool *spill;              /* per written layer: moved from the GPU to the host first */
     bool *spilled;            /* ... and that move happened */
     dqd_gappend *gtxn;
+    bool dev;                 /* kdata/vdata are in device memory (NCCL payload), already checked */
     int prep_rc;
+    uint32_t prep_layer;      /* the layer prep_rc is about; UINT32_MAX: the input as a whole */
     dqd_append *txn;
     int *rc;
     dq_encode_stats *stats;
@@ -187,7 +189,8 @@ static void append_task(void *ctx, size_t i)
         if (rc == DQ_OK)
             rc = dqd_gpu_append(gpu, op->codec, &op->gtxn[i], &op->seq->glayers[layer],
                                 (const uint8_t *)op->kdata + i * lb, (const uint8_t *)op->vdata + i * lb,
-                                dqd_tensor_dtype(&op->k), (size_t)op->put->tokens, &op->stats[i]);
+                                dqd_tensor_dtype(&op->k), (size_t)op->put->tokens,
+                                op->dev ? DQD_GAPPEND_DEVICE | DQD_GAPPEND_CHECKED : 0, &op->stats[i]);
         if (rc == DQ_OK)
             rc = dqd_gpu_finish(gpu);
         op->rc[i] = rc;
@@ -279,10 +282,51 @@ static void append_done(void *ctx)
     put_free(op);
 }
 
+static bool all_on_gpu(const put_op *op)
+{
+    for (uint32_t i = 0; i < op->nlayers; i++)
+        if (!on_gpu(op, i))
+            return false;
+    return true;
+}
+
+/* K/V that arrived on NCCL: checked on the GPU when every layer is appended there, else copied to
+ * the host for the cpu path. */
+static int prepare_device(put_op *op)
+{
+    dqd_gpu *gpu = op->srv->gpu;
+    if (all_on_gpu(op)) {
+        op->kdata = op->k.data;
+        op->vdata = op->v.data;
+        op->dev = true;
+        return dqd_gpu_check_tokens(gpu, op->codec, op->kdata, op->vdata, dqd_tensor_dtype(&op->k), op->nlayers,
+                                    (size_t)op->put->tokens, &op->prep_layer);
+    }
+    op->ktmp = malloc(op->k.len ? op->k.len : 1);
+    op->vtmp = malloc(op->v.len ? op->v.len : 1);
+    if (!op->ktmp || !op->vtmp)
+        return DQ_NOMEM;
+    int rc = dqd_gpu_d2h(gpu, op->ktmp, op->k.data, op->k.len);
+    if (rc == DQ_OK)
+        rc = dqd_gpu_d2h(gpu, op->vtmp, op->v.data, op->v.len);
+    op->kdata = op->ktmp;
+    op->vdata = op->vtmp;
+    if (rc == DQ_OK)
+        rc = dq_check_finite(op->kdata, dqd_tensor_dtype(&op->k), (size_t)op->k.count);
+    if (rc == DQ_OK)
+        rc = dq_check_finite(op->vdata, dqd_tensor_dtype(&op->v), (size_t)op->v.count);
+    return rc;
+}
+
 static void prepare_task(void *ctx, size_t i)
 {
     put_op *op = ctx;
     (void)i;
+    op->prep_layer = UINT32_MAX;
+    if (op->k.device) {
+        op->prep_rc = prepare_device(op);
+        return;
+    }
     int rc = dqd_tensor_aligned(&op->k, &op->kdata, &op->ktmp);
     if (rc == 0)
         rc = dqd_tensor_aligned(&op->v, &op->vdata, &op->vtmp);
@@ -297,8 +341,12 @@ static void prepare_done(void *ctx)
 {
     put_op *op = ctx;
     if (op->prep_rc < 0) {
-        put_fail(op, op->prep_rc, "%s",
-                 op->prep_rc == DQ_NONFINITE ? "k or v holds NaN or infinity" : dq_strerror(op->prep_rc));
+        if (op->prep_layer != UINT32_MAX)
+            put_fail(op, op->prep_rc, "layer %u: %s", op->put->first_layer + op->prep_layer,
+                     dq_strerror(op->prep_rc));
+        else
+            put_fail(op, op->prep_rc, "%s",
+                     op->prep_rc == DQ_NONFINITE ? "k or v holds NaN or infinity" : dq_strerror(op->prep_rc));
         return;
     }
     if (dqd_tasks_run(op->srv, op->put->num_layers, append_task, append_done, op) < 0)
@@ -477,7 +525,9 @@ void dqd_op_put(dqd_req *req)
     dqd_model_info info;
     dqd_model_info_of(model, &info);
     char msg[256];
-    int rc = dqd_validate_put(put, req->payload, req->payload_len, &info, &op->k, &op->v, msg, sizeof msg);
+    dqd_payload pl;
+    dqd_req_payload(req, &pl);
+    int rc = dqd_validate_put(put, &pl, &info, &op->k, &op->v, msg, sizeof msg);
     if (rc < 0) {
         dqd_req_fail(req, rc, "%s", msg);
         free(op);

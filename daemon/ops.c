@@ -11,6 +11,7 @@
 #include "dquant/profile.h"
 #include "frame.h"
 #include "logging.h"
+#include "ncclpath.h"
 #include "ops_internal.h"
 #include "server.h"
 
@@ -88,6 +89,11 @@ static void op_hello(dqd_req *req)
         n++;
     r.n_profiles = n;
     r.profiles = (char **)names;
+    char *features[] = {(char *)"nccl"};
+    if (dqd_nccl_offered(srv)) {
+        r.n_features = 1;
+        r.features = features;
+    }
     Dquant__Response resp = DQUANT__RESPONSE__INIT;
     resp.body_case = DQUANT__RESPONSE__BODY_HELLO;
     resp.hello = &r;
@@ -215,6 +221,8 @@ static void op_ping(dqd_req *req)
     dqd_req_reply(req, &resp, NULL, 0);
 }
 
+static void run_op(dqd_req *req);
+
 void dqd_ops_dispatch(dqd_req *req)
 {
     dqd_server *srv = req->srv;
@@ -231,13 +239,27 @@ void dqd_ops_dispatch(dqd_req *req)
     }
     char msgbuf[256];
     dqd_op op;
-    int rc = dqd_request_validate(msg, req->payload, req->payload_len, &srv->limits, &op, msgbuf, sizeof msgbuf);
+    dqd_payload pl;
+    dqd_req_payload(req, &pl);
+    int rc = dqd_request_validate(msg, &pl, &srv->limits, &op, msgbuf, sizeof msgbuf);
     req->op = op;
     if (rc < 0) {
+        if (msg->nccl_payload)
+            dqd_nccl_break(req->conn);
         dqd_req_fail(req, rc, "%s", msgbuf);
         return;
     }
-    switch (op) {
+    if (msg->nccl_payload || msg->nccl_reply) {
+        dqd_nccl_admit(req, run_op);
+        return;
+    }
+    run_op(req);
+}
+
+static void run_op(dqd_req *req)
+{
+    const Dquant__Request *msg = req->msg;
+    switch (req->op) {
     case DQD_OP_HELLO: op_hello(req); return;
     case DQD_OP_REGISTER_MODEL: op_register(req); return;
     case DQD_OP_PUT: dqd_op_put(req); return;
@@ -250,6 +272,7 @@ void dqd_ops_dispatch(dqd_req *req)
     case DQD_OP_UNPIN: op_seq(req, msg->unpin->seq, DQD_ACCESS_READ); return;
     case DQD_OP_STATS: op_stats(req); return;
     case DQD_OP_PING: op_ping(req); return;
+    case DQD_OP_NCCL_SETUP: dqd_op_nccl_setup(req); return;
     default: break;
     }
     dqd_req_fail(req, DQ_UNSUPPORTED, "unsupported request");

@@ -10,6 +10,7 @@
 #include "dquant/error.h"
 #include "frame.h"
 #include "logging.h"
+#include "ncclpath.h"
 #include "server.h"
 
 #define PB_HDR 16u
@@ -105,6 +106,26 @@ static void release_input(dqd_req *req)
     free(req->frame);
     req->frame = NULL;
     req->payload = NULL;
+    dqd_nccl_free_payload(req->srv, req->dpayload);
+    req->dpayload = NULL;
+    free(req->hpayload);
+    req->hpayload = NULL;
+}
+
+void dqd_req_payload(const dqd_req *req, dqd_payload *pl)
+{
+    pl->data = req->payload;
+    pl->len = req->payload_len;
+    pl->nccl = req->hpayload ? req->hpayload : (const uint8_t *)req->dpayload;
+    pl->nccl_len = req->msg ? req->msg->nccl_payload : 0;
+    pl->nccl_on_host = req->hpayload != NULL;
+}
+
+/* Lets the connection's NCCL channel go on to its next request (nothing to send). */
+static void nccl_done(dqd_req *req)
+{
+    if (req->nccl_admitted)
+        dqd_nccl_release(req, NULL, false, 0, NULL, 0);
 }
 
 void dqd_req_free(dqd_req *req)
@@ -129,9 +150,59 @@ static void finish(dqd_req *req, int err)
     dqd_server_check_idle(srv);
 }
 
+static int seg_order(const void *a, const void *b)
+{
+    const dqd_seg *x = a, *y = b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+void dqd_req_reply_nccl(dqd_req *req, Dquant__Response *resp, void *buf, bool on_device, size_t len)
+{
+    dqd_server *srv = req->srv;
+    Dquant__Tensor *ts[2] = {NULL, NULL};
+    if (resp->body_case == DQUANT__RESPONSE__BODY_GET) {
+        ts[0] = resp->get->k;
+        ts[1] = resp->get->v;
+    } else if (resp->body_case == DQUANT__RESPONSE__BODY_ATTEND) {
+        ts[0] = resp->attend->out;
+        ts[1] = resp->attend->lse;
+    }
+    dqd_seg *segs = calloc(2, sizeof *segs);
+    size_t nseg = 0;
+    for (int i = 0; i < 2; i++) {
+        if (ts[i] && ts[i]->length) {
+            ts[i]->nccl = true;
+            if (segs)
+                segs[nseg++] = (dqd_seg){ts[i]->offset, ts[i]->length};
+        }
+    }
+    int rc = segs ? DQ_OK : DQ_NOMEM;
+    if (rc == DQ_OK) {
+        qsort(segs, nseg, sizeof *segs, seg_order);
+        resp->nccl_payload = len;
+        rc = pack_frame(req->id, resp, 0, (size_t)srv->cfg->max_header, &req->head, &req->head_len);
+    }
+    if (rc < 0) {
+        if (on_device)
+            dqd_nccl_free_payload(srv, buf);
+        else
+            free(buf);
+        free(segs);
+        dqd_req_fail(req, rc, "cannot build the reply: %s", dq_strerror(rc));
+        return;
+    }
+    release_input(req);
+    dqd_nccl_release(req, buf, on_device, len, segs, nseg);
+    finish(req, 0);
+}
+
 void dqd_req_reply(dqd_req *req, Dquant__Response *resp, uint8_t *out, size_t out_len)
 {
     dqd_server *srv = req->srv;
+    if (req->nccl_admitted && req->msg && req->msg->nccl_reply && out_len) {
+        dqd_req_reply_nccl(req, resp, out, false, out_len);
+        return;
+    }
     int rc = DQ_OK;
     if (out_len > srv->cfg->max_payload)
         rc = DQ_TOO_LARGE;
@@ -145,6 +216,7 @@ void dqd_req_reply(dqd_req *req, Dquant__Response *resp, uint8_t *out, size_t ou
     }
     /* Packed: the input (which resp may point into) can go now. */
     release_input(req);
+    nccl_done(req);
     req->out = out;
     req->out_len = out ? out_len : 0;
     finish(req, 0);
@@ -162,6 +234,7 @@ void dqd_req_fail(dqd_req *req, int code, const char *fmt, ...)
     DQD_DEBUG("request %llu (%s) failed: %s: %s", (unsigned long long)req->id, dqd_op_name(req->op), dq_err_name(code),
               msg);
     release_input(req);
+    nccl_done(req);
     free(req->head);
     free(req->out);
     req->head = req->out = NULL;

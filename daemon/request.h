@@ -7,11 +7,13 @@
 #ifndef DQD_REQUEST_H
 #define DQD_REQUEST_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "dquant.pb-c.h"
 #include "opcode.h"
+#include "validate.h"
 
 typedef struct dqd_conn dqd_conn;
 typedef struct dqd_server dqd_server;
@@ -44,6 +46,13 @@ typedef struct dqd_req {
     size_t head_len;
     uint8_t *out;              /* reply payload (owned, may be NULL) */
     size_t out_len;
+
+    /* NCCL data path (ncclpath.h) */
+    bool nccl_admitted;        /* holds its connection's NCCL channel until its reply */
+    void (*nccl_run)(struct dqd_req *req);
+    struct dqd_req *nccl_next; /* the channel's waiting list */
+    void *dpayload;            /* the NCCL payload received into device memory (owned) */
+    uint8_t *hpayload;         /* or a host copy of it (owned) */
 } dqd_req;
 
 void dqd_pbmem_init(dqd_pbmem *m, size_t cap);
@@ -51,6 +60,12 @@ void dqd_pbmem_init(dqd_pbmem *m, size_t cap);
 /* Replies with resp and the payload out (ownership taken, freed with free(); may be NULL).
  * If the reply frame cannot be built (too large, no memory) an error reply is sent instead. */
 void dqd_req_reply(dqd_req *req, Dquant__Response *resp, uint8_t *out, size_t out_len);
+/* A reply whose payload buf (len bytes, device memory when on_device, else malloc'd host memory;
+ * ownership taken) goes on the connection's NCCL channel instead of the socket (the request asked
+ * for nccl_reply): its tensors are marked `nccl`, Response.nccl_payload = len. */
+void dqd_req_reply_nccl(dqd_req *req, Dquant__Response *resp, void *buf, bool on_device, size_t len);
+/* Where the request's tensors are (the frame's payload, the NCCL payload once received). */
+void dqd_req_payload(const dqd_req *req, dqd_payload *pl);
 /* Replies Error{code, dq_err_name(code), message}. */
 void dqd_req_fail(dqd_req *req, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Frees a request with whatever it still owns. */

@@ -2,6 +2,7 @@
 #include "validate.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -58,7 +59,7 @@ static const char *dtype_name(uint32_t dtype)
 }
 
 int dqd_tensor_check(const Dquant__Tensor *t, const char *what, uint32_t allowed, uint32_t ndim,
-                     bool allow_missing, const uint8_t *payload, uint64_t payload_len, dqd_tensor *out,
+                     bool allow_missing, const dqd_payload *pl, dqd_tensor *out,
                      char *msg, size_t msglen)
 {
     memset(out, 0, sizeof *out);
@@ -97,13 +98,26 @@ int dqd_tensor_check(const Dquant__Tensor *t, const char *what, uint32_t allowed
     if (bytes != t->length)
         FAIL(DQ_SHAPE, "tensor %s: length %llu != %llu (shape x %zu-byte %s)", what, (ull)t->length, (ull)bytes,
              esize, dtype_name(dt));
-    if (t->offset > payload_len || t->length > payload_len - t->offset)
-        FAIL(DQ_OUT_OF_BOUNDS, "tensor %s: bytes [%llu, +%llu) lie outside the %llu-byte payload", what,
-             (ull)t->offset, (ull)t->length, (ull)payload_len);
+    if (t->nccl) {
+        if (!(allowed & DQD_DT_NCCL))
+            FAIL(DQ_INVALID_ARGUMENT, "tensor %s cannot travel on NCCL", what);
+        if (t->offset > pl->nccl_len || t->length > pl->nccl_len - t->offset)
+            FAIL(DQ_OUT_OF_BOUNDS, "tensor %s: bytes [%llu, +%llu) lie outside the %llu-byte NCCL payload", what,
+                 (ull)t->offset, (ull)t->length, (ull)pl->nccl_len);
+        if (t->offset % esize)
+            FAIL(DQ_INVALID_ARGUMENT, "tensor %s: NCCL offset %llu is not a multiple of its element size", what,
+                 (ull)t->offset);
+        out->device = !pl->nccl_on_host;
+        out->data = t->length && pl->nccl ? pl->nccl + t->offset : NULL;
+    } else {
+        if (t->offset > pl->len || t->length > pl->len - t->offset)
+            FAIL(DQ_OUT_OF_BOUNDS, "tensor %s: bytes [%llu, +%llu) lie outside the %llu-byte payload", what,
+                 (ull)t->offset, (ull)t->length, (ull)pl->len);
+        out->data = t->length ? pl->data + t->offset : NULL;
+    }
     out->count = count;
     out->offset = t->offset;
     out->len = t->length;
-    out->data = t->length ? payload + t->offset : NULL;
     return DQ_OK;
 }
 
@@ -153,7 +167,7 @@ static int check_name(const char *s, const char *what, bool required, const dqd_
     return DQ_OK;
 }
 
-static int validate_put(const Dquant__Put *p, const uint8_t *payload, uint64_t payload_len, const dqd_limits *lim,
+static int validate_put(const Dquant__Put *p, const dqd_payload *pl, const dqd_limits *lim,
                         char *msg, size_t msglen)
 {
     FORWARD(check_seq(p->seq, lim, msg, msglen));
@@ -165,8 +179,8 @@ static int validate_put(const Dquant__Put *p, const uint8_t *payload, uint64_t p
     if (p->start_token > UINT64_MAX - p->tokens)
         FAIL(DQ_OUT_OF_BOUNDS, "start_token + tokens overflows");
     dqd_tensor k, v;
-    FORWARD(dqd_tensor_check(p->k, "k", DQD_DT_TYPED, 4, false, payload, payload_len, &k, msg, msglen));
-    FORWARD(dqd_tensor_check(p->v, "v", DQD_DT_TYPED, 4, false, payload, payload_len, &v, msg, msglen));
+    FORWARD(dqd_tensor_check(p->k, "k", DQD_DT_TYPED | DQD_DT_NCCL, 4, false, pl, &k, msg, msglen));
+    FORWARD(dqd_tensor_check(p->v, "v", DQD_DT_TYPED | DQD_DT_NCCL, 4, false, pl, &v, msg, msglen));
     if (k.dtype != v.dtype)
         FAIL(DQ_DTYPE, "k and v must have the same dtype");
     const uint64_t want[4] = {p->num_layers, p->tokens, UINT64_MAX, UINT64_MAX};
@@ -177,7 +191,7 @@ static int validate_put(const Dquant__Put *p, const uint8_t *payload, uint64_t p
     return DQ_OK;
 }
 
-static int validate_attend(const Dquant__Attend *a, const uint8_t *payload, uint64_t payload_len,
+static int validate_attend(const Dquant__Attend *a, const dqd_payload *pl,
                            const dqd_limits *lim, char *msg, size_t msglen)
 {
     if (a->n_items == 0)
@@ -196,11 +210,11 @@ static int validate_attend(const Dquant__Attend *a, const uint8_t *payload, uint
             return rc;
         dqd_tensor q, ak, av;
         snprintf(what, sizeof what, "items[%zu].q", i);
-        FORWARD(dqd_tensor_check(it->q, what, DQD_DT_TYPED, 2, false, payload, payload_len, &q, msg, msglen));
+        FORWARD(dqd_tensor_check(it->q, what, DQD_DT_TYPED | DQD_DT_NCCL, 2, false, pl, &q, msg, msglen));
         snprintf(what, sizeof what, "items[%zu].append_k", i);
-        FORWARD(dqd_tensor_check(it->append_k, what, DQD_DT_TYPED, 3, true, payload, payload_len, &ak, msg, msglen));
+        FORWARD(dqd_tensor_check(it->append_k, what, DQD_DT_TYPED | DQD_DT_NCCL, 3, true, pl, &ak, msg, msglen));
         snprintf(what, sizeof what, "items[%zu].append_v", i);
-        FORWARD(dqd_tensor_check(it->append_v, what, DQD_DT_TYPED, 3, true, payload, payload_len, &av, msg, msglen));
+        FORWARD(dqd_tensor_check(it->append_v, what, DQD_DT_TYPED | DQD_DT_NCCL, 3, true, pl, &av, msg, msglen));
         if (!it->append_k != !it->append_v)
             FAIL(DQ_INVALID_ARGUMENT, "item %zu: append_k and append_v go together", i);
         if (it->append_k) {
@@ -213,7 +227,7 @@ static int validate_attend(const Dquant__Attend *a, const uint8_t *payload, uint
     return DQ_OK;
 }
 
-static int validate_compress(const Dquant__Compress *c, const uint8_t *payload, uint64_t payload_len,
+static int validate_compress(const Dquant__Compress *c, const dqd_payload *pl,
                              const dqd_limits *lim, char *msg, size_t msglen)
 {
     FORWARD(check_name(c->model, "model", false, lim, msg, msglen));
@@ -227,13 +241,13 @@ static int validate_compress(const Dquant__Compress *c, const uint8_t *payload, 
     if (c->kind > 1)
         FAIL(DQ_INVALID_ARGUMENT, "kind must be 0 (keys) or 1 (values)");
     dqd_tensor x;
-    FORWARD(dqd_tensor_check(c->x, "x", DQD_DT_TYPED, 3, false, payload, payload_len, &x, msg, msglen));
+    FORWARD(dqd_tensor_check(c->x, "x", DQD_DT_TYPED, 3, false, pl, &x, msg, msglen));
     if (x.shape[0] == 0)
         FAIL(DQ_SHAPE, "x holds no tokens");
     return DQ_OK;
 }
 
-static int validate_decompress(const Dquant__Decompress *d, const uint8_t *payload, uint64_t payload_len,
+static int validate_decompress(const Dquant__Decompress *d, const dqd_payload *pl,
                                char *msg, size_t msglen)
 {
     if (d->profile.len == 0)
@@ -247,22 +261,122 @@ static int validate_decompress(const Dquant__Decompress *d, const uint8_t *paylo
     if (!dqd_dtype_size((uint32_t)d->out_dtype) || d->out_dtype == DQUANT__DTYPE__RAW)
         FAIL(DQ_DTYPE, "out_dtype must be F32, F16 or BF16");
     dqd_tensor t;
-    FORWARD(dqd_tensor_check(d->records, "records", DQD_DT_RAW, 1, false, payload, payload_len, &t, msg, msglen));
-    FORWARD(dqd_tensor_check(d->means, "means", DQD_DT_RAW, 1, d->kind == 1, payload, payload_len, &t, msg, msglen));
+    FORWARD(dqd_tensor_check(d->records, "records", DQD_DT_RAW, 1, false, pl, &t, msg, msglen));
+    FORWARD(dqd_tensor_check(d->means, "means", DQD_DT_RAW, 1, d->kind == 1, pl, &t, msg, msglen));
     return DQ_OK;
 }
 
-int dqd_request_validate(const Dquant__Request *req, const uint8_t *payload, uint64_t payload_len,
+/* The NCCL tensors of a PUT or ATTEND, in message order. */
+static size_t nccl_tensors(const Dquant__Request *req, const Dquant__Tensor **out, size_t cap)
+{
+    size_t n = 0;
+#define ADD(t)                                            \
+    do {                                                  \
+        if ((t) && (t)->nccl && (t)->length && n < cap)   \
+            out[n++] = (t);                               \
+        else if ((t) && (t)->nccl && (t)->length)         \
+            n++;                                          \
+    } while (0)
+    if (req->body_case == DQUANT__REQUEST__BODY_PUT) {
+        ADD(req->put->k);
+        ADD(req->put->v);
+    } else if (req->body_case == DQUANT__REQUEST__BODY_ATTEND) {
+        for (size_t i = 0; i < req->attend->n_items; i++) {
+            const Dquant__AttendItem *it = req->attend->items[i];
+            if (!it)
+                continue;
+            ADD(it->q);
+            ADD(it->append_k);
+            ADD(it->append_v);
+        }
+    }
+#undef ADD
+    return n;
+}
+
+static int seg_cmp(const void *a, const void *b)
+{
+    const dqd_seg *x = a, *y = b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+int dqd_nccl_segments(const Dquant__Request *req, dqd_seg **out, size_t *nseg)
+{
+    *out = NULL;
+    *nseg = 0;
+    size_t n = nccl_tensors(req, NULL, 0);
+    if (!n)
+        return DQ_OK;
+    const Dquant__Tensor **ts = malloc(n * sizeof *ts);
+    dqd_seg *segs = malloc(n * sizeof *segs);
+    if (!ts || !segs) {
+        free(ts);
+        free(segs);
+        return DQ_NOMEM;
+    }
+    nccl_tensors(req, ts, n);
+    for (size_t i = 0; i < n; i++)
+        segs[i] = (dqd_seg){ts[i]->offset, ts[i]->length};
+    free(ts);
+    qsort(segs, n, sizeof *segs, seg_cmp);
+    *out = segs;
+    *nseg = n;
+    return DQ_OK;
+}
+
+/* The NCCL tensors must tile [0, nccl_payload): the bytes arrive as one ncclRecv per tensor, in
+ * offset order, so a gap or an overlap would leave the two sides out of step. */
+static int check_segments(const Dquant__Request *req, char *msg, size_t msglen)
+{
+    if (req->body_case == DQUANT__REQUEST__BODY_ATTEND && nccl_tensors(req, NULL, 0) > 3 * (size_t)UINT16_MAX)
+        FAIL(DQ_TOO_LARGE, "too many NCCL tensors");
+    dqd_seg *segs;
+    size_t n;
+    if (dqd_nccl_segments(req, &segs, &n) < 0)
+        FAIL(DQ_NOMEM, "out of memory");
+    uint64_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (segs[i].offset != at) {
+            free(segs);
+            FAIL(DQ_INVALID_ARGUMENT, "the NCCL tensors must cover the NCCL payload back to back (a %s at byte %llu)",
+                 segs[i].offset > at ? "gap" : "overlap", (ull)at);
+        }
+        at += segs[i].length;
+    }
+    free(segs);
+    if (at != req->nccl_payload)
+        FAIL(DQ_INVALID_ARGUMENT, "the NCCL tensors cover %llu of the %llu bytes of the NCCL payload", (ull)at,
+             (ull)req->nccl_payload);
+    return DQ_OK;
+}
+
+int dqd_request_validate(const Dquant__Request *req, const dqd_payload *pl,
                          const dqd_limits *lim, dqd_op *op, char *msg, size_t msglen)
 {
     *op = DQD_OP_UNKNOWN;
     if (!req)
         FAIL(DQ_PROTOCOL, "no request");
-    if (payload_len > lim->max_payload)
-        FAIL(DQ_TOO_LARGE, "payload of %llu bytes exceeds the limit of %llu", (ull)payload_len,
-             (ull)lim->max_payload);
-    if (payload_len && !payload)
+    if (pl->len > lim->max_payload)
+        FAIL(DQ_TOO_LARGE, "payload of %llu bytes exceeds the limit of %llu", (ull)pl->len, (ull)lim->max_payload);
+    if (pl->len && !pl->data)
         FAIL(DQ_PROTOCOL, "payload missing");
+    if (req->nccl_payload > lim->max_payload)
+        FAIL(DQ_TOO_LARGE, "NCCL payload of %llu bytes exceeds the limit of %llu", (ull)req->nccl_payload,
+             (ull)lim->max_payload);
+    if (req->nccl_payload != pl->nccl_len)
+        FAIL(DQ_PROTOCOL, "NCCL payload of %llu bytes announced, %llu given", (ull)req->nccl_payload,
+             (ull)pl->nccl_len);
+    if (req->nccl_payload && req->body_case != DQUANT__REQUEST__BODY_PUT &&
+        req->body_case != DQUANT__REQUEST__BODY_ATTEND)
+        FAIL(DQ_INVALID_ARGUMENT, "only PUT and ATTEND take an NCCL payload");
+    if (req->nccl_reply && req->body_case != DQUANT__REQUEST__BODY_ATTEND &&
+        !(req->body_case == DQUANT__REQUEST__BODY_GET && req->get->format != DQUANT__GET_FORMAT__GET_RAW))
+        FAIL(DQ_INVALID_ARGUMENT, "only typed GET and ATTEND replies can travel on NCCL");
+    if (req->nccl_payload) {
+        int rc = check_segments(req, msg, msglen);
+        if (rc < 0)
+            return rc;
+    }
 
     switch (req->body_case) {
     case DQUANT__REQUEST__BODY_HELLO: {
@@ -288,7 +402,7 @@ int dqd_request_validate(const Dquant__Request *req, const uint8_t *payload, uin
     }
     case DQUANT__REQUEST__BODY_PUT:
         *op = DQD_OP_PUT;
-        return validate_put(req->put, payload, payload_len, lim, msg, msglen);
+        return validate_put(req->put, pl, lim, msg, msglen);
     case DQUANT__REQUEST__BODY_GET: {
         *op = DQD_OP_GET;
         const Dquant__Get *g = req->get;
@@ -303,13 +417,13 @@ int dqd_request_validate(const Dquant__Request *req, const uint8_t *payload, uin
     }
     case DQUANT__REQUEST__BODY_ATTEND:
         *op = DQD_OP_ATTEND;
-        return validate_attend(req->attend, payload, payload_len, lim, msg, msglen);
+        return validate_attend(req->attend, pl, lim, msg, msglen);
     case DQUANT__REQUEST__BODY_COMPRESS:
         *op = DQD_OP_COMPRESS;
-        return validate_compress(req->compress, payload, payload_len, lim, msg, msglen);
+        return validate_compress(req->compress, pl, lim, msg, msglen);
     case DQUANT__REQUEST__BODY_DECOMPRESS:
         *op = DQD_OP_DECOMPRESS;
-        return validate_decompress(req->decompress, payload, payload_len, msg, msglen);
+        return validate_decompress(req->decompress, pl, msg, msglen);
     case DQUANT__REQUEST__BODY_DELETE:
         *op = DQD_OP_DELETE;
         return check_seq(req->delete_->seq, lim, msg, msglen);
@@ -325,20 +439,23 @@ int dqd_request_validate(const Dquant__Request *req, const uint8_t *payload, uin
     case DQUANT__REQUEST__BODY_PING:
         *op = DQD_OP_PING;
         return DQ_OK;
+    case DQUANT__REQUEST__BODY_NCCL_SETUP:
+        *op = DQD_OP_NCCL_SETUP;
+        return DQ_OK;
     default:
         break;
     }
     FAIL(DQ_UNSUPPORTED, "unknown or missing request body (case %d)", (int)req->body_case);
 }
 
-int dqd_validate_put(const Dquant__Put *put, const uint8_t *payload, uint64_t payload_len,
+int dqd_validate_put(const Dquant__Put *put, const dqd_payload *pl,
                      const dqd_model_info *m, dqd_tensor *k, dqd_tensor *v, char *msg, size_t msglen)
 {
     if ((uint64_t)put->first_layer + put->num_layers > m->layers)
         FAIL(DQ_OUT_OF_BOUNDS, "layers [%u, %llu) outside the model's %u layers", put->first_layer,
              (ull)put->first_layer + put->num_layers, m->layers);
-    FORWARD(dqd_tensor_check(put->k, "k", DQD_DT_TYPED, 4, false, payload, payload_len, k, msg, msglen));
-    FORWARD(dqd_tensor_check(put->v, "v", DQD_DT_TYPED, 4, false, payload, payload_len, v, msg, msglen));
+    FORWARD(dqd_tensor_check(put->k, "k", DQD_DT_TYPED | DQD_DT_NCCL, 4, false, pl, k, msg, msglen));
+    FORWARD(dqd_tensor_check(put->v, "v", DQD_DT_TYPED | DQD_DT_NCCL, 4, false, pl, v, msg, msglen));
     const uint64_t want[4] = {put->num_layers, put->tokens, m->kv_heads, m->head_dim};
     FORWARD(dqd_tensor_expect(k, "k", want, msg, msglen));
     FORWARD(dqd_tensor_expect(v, "v", want, msg, msglen));
@@ -361,17 +478,17 @@ int dqd_validate_get(const Dquant__Get *get, const dqd_model_info *m, uint32_t *
     return DQ_OK;
 }
 
-int dqd_validate_attend_item(const Dquant__AttendItem *it, const uint8_t *payload, uint64_t payload_len,
+int dqd_validate_attend_item(const Dquant__AttendItem *it, const dqd_payload *pl,
                              const dqd_model_info *m, dqd_tensor *q, dqd_tensor *ak, dqd_tensor *av,
                              char *msg, size_t msglen)
 {
     if (it->layer >= m->layers)
         FAIL(DQ_OUT_OF_BOUNDS, "layer %u outside the model's %u layers", it->layer, m->layers);
-    FORWARD(dqd_tensor_check(it->q, "q", DQD_DT_TYPED, 2, false, payload, payload_len, q, msg, msglen));
+    FORWARD(dqd_tensor_check(it->q, "q", DQD_DT_TYPED | DQD_DT_NCCL, 2, false, pl, q, msg, msglen));
     const uint64_t wq[2] = {m->q_heads, m->head_dim};
     FORWARD(dqd_tensor_expect(q, "q", wq, msg, msglen));
-    FORWARD(dqd_tensor_check(it->append_k, "append_k", DQD_DT_TYPED, 3, true, payload, payload_len, ak, msg, msglen));
-    FORWARD(dqd_tensor_check(it->append_v, "append_v", DQD_DT_TYPED, 3, true, payload, payload_len, av, msg, msglen));
+    FORWARD(dqd_tensor_check(it->append_k, "append_k", DQD_DT_TYPED | DQD_DT_NCCL, 3, true, pl, ak, msg, msglen));
+    FORWARD(dqd_tensor_check(it->append_v, "append_v", DQD_DT_TYPED | DQD_DT_NCCL, 3, true, pl, av, msg, msglen));
     if (!it->append_k != !it->append_v)
         FAIL(DQ_INVALID_ARGUMENT, "append_k and append_v go together");
     if (it->append_k) {
@@ -384,12 +501,12 @@ int dqd_validate_attend_item(const Dquant__AttendItem *it, const uint8_t *payloa
     return DQ_OK;
 }
 
-int dqd_validate_compress(const Dquant__Compress *c, const uint8_t *payload, uint64_t payload_len,
+int dqd_validate_compress(const Dquant__Compress *c, const dqd_payload *pl,
                           const dqd_profile_info *p, dqd_tensor *x, char *msg, size_t msglen)
 {
     if (c->kind > 1)
         FAIL(DQ_INVALID_ARGUMENT, "kind must be 0 (keys) or 1 (values)");
-    FORWARD(dqd_tensor_check(c->x, "x", DQD_DT_TYPED, 3, false, payload, payload_len, x, msg, msglen));
+    FORWARD(dqd_tensor_check(c->x, "x", DQD_DT_TYPED, 3, false, pl, x, msg, msglen));
     const uint64_t want[3] = {UINT64_MAX, p->kv_heads, p->head_dim};
     FORWARD(dqd_tensor_expect(x, "x", want, msg, msglen));
     if (x->shape[0] == 0)
@@ -397,7 +514,7 @@ int dqd_validate_compress(const Dquant__Compress *c, const uint8_t *payload, uin
     return DQ_OK;
 }
 
-int dqd_validate_decompress(const Dquant__Decompress *d, const uint8_t *payload, uint64_t payload_len,
+int dqd_validate_decompress(const Dquant__Decompress *d, const dqd_payload *pl,
                             const dqd_profile_info *p, dqd_tensor *means, dqd_tensor *records, char *msg,
                             size_t msglen)
 {
@@ -405,8 +522,8 @@ int dqd_validate_decompress(const Dquant__Decompress *d, const uint8_t *payload,
         FAIL(DQ_INVALID_ARGUMENT, "kind must be 0 (keys) or 1 (values)");
     if (d->tokens == 0)
         FAIL(DQ_INVALID_ARGUMENT, "tokens must be at least 1");
-    FORWARD(dqd_tensor_check(d->records, "records", DQD_DT_RAW, 1, false, payload, payload_len, records, msg, msglen));
-    FORWARD(dqd_tensor_check(d->means, "means", DQD_DT_RAW, 1, d->kind == 1, payload, payload_len, means, msg, msglen));
+    FORWARD(dqd_tensor_check(d->records, "records", DQD_DT_RAW, 1, false, pl, records, msg, msglen));
+    FORWARD(dqd_tensor_check(d->means, "means", DQD_DT_RAW, 1, d->kind == 1, pl, means, msg, msglen));
     uint64_t rb = p->record_bytes[d->kind];
     if (rb == 0 || d->tokens > UINT64_MAX / rb || records->len != d->tokens * rb)
         FAIL(DQ_SHAPE, "records: %llu bytes, expected tokens (%llu) x record bytes (%llu)", (ull)records->len,

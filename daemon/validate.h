@@ -39,6 +39,23 @@ void dqd_limits_default(dqd_limits *lim);
 #define DQD_DT_BF16 (1u << DQUANT__DTYPE__BF16)
 #define DQD_DT_RAW (1u << DQUANT__DTYPE__RAW)
 #define DQD_DT_TYPED (DQD_DT_F32 | DQD_DT_F16 | DQD_DT_BF16)
+/* Also in the mask: the tensor may travel on NCCL (Tensor.nccl). */
+#define DQD_DT_NCCL (1u << 8)
+
+/* Where a request's tensors are: the frame's payload, and the NCCL payload (Request.nccl_payload
+ * bytes received into GPU memory, NULL until they have arrived, or a host copy of them). */
+typedef struct dqd_payload {
+    const uint8_t *data;
+    uint64_t len;
+    const uint8_t *nccl;
+    uint64_t nccl_len;
+    bool nccl_on_host;
+} dqd_payload;
+
+/* A byte range of the NCCL payload. */
+typedef struct dqd_seg {
+    uint64_t offset, length;
+} dqd_seg;
 
 /* A tensor checked against its payload. */
 typedef struct dqd_tensor {
@@ -48,6 +65,7 @@ typedef struct dqd_tensor {
     uint64_t count;                  /* elements (bytes for RAW) */
     uint64_t offset, len;            /* bytes in the payload */
     const uint8_t *data;             /* payload + offset; NULL when len == 0 */
+    bool device;                     /* data is in GPU memory (an NCCL tensor) */
 } dqd_tensor;
 
 /* What validation needs to know about a model / a codec profile. */
@@ -67,31 +85,35 @@ size_t dqd_dtype_size(uint32_t dtype);
  * allowed, rank == ndim (RAW: any rank, an empty shape meaning [length]), length == product ·
  * size, inside [0, payload_len). */
 int dqd_tensor_check(const Dquant__Tensor *t, const char *what, uint32_t allowed, uint32_t ndim,
-                     bool allow_missing, const uint8_t *payload, uint64_t payload_len, dqd_tensor *out,
+                     bool allow_missing, const dqd_payload *pl, dqd_tensor *out,
                      char *msg, size_t msglen);
 /* shape[i] == UINT64_MAX matches anything. */
 int dqd_tensor_expect(const dqd_tensor *t, const char *what, const uint64_t *shape, char *msg, size_t msglen);
 
+/* The NCCL tensors of a request as byte ranges sorted by offset (*out malloc'd, NULL when none):
+ * after dqd_request_validate they tile [0, nccl_payload). Returns 0 or DQ_NOMEM. */
+int dqd_nccl_segments(const Dquant__Request *req, dqd_seg **out, size_t *nseg);
+
 /* Self-consistency of a whole request. *op gets the request kind (DQD_OP_UNKNOWN for none). */
-int dqd_request_validate(const Dquant__Request *req, const uint8_t *payload, uint64_t payload_len,
+int dqd_request_validate(const Dquant__Request *req, const dqd_payload *pl,
                          const dqd_limits *lim, dqd_op *op, char *msg, size_t msglen);
 
 /* PUT against its model: layer range, k/v shape [num_layers, tokens, kv_heads, head_dim]. */
-int dqd_validate_put(const Dquant__Put *put, const uint8_t *payload, uint64_t payload_len,
+int dqd_validate_put(const Dquant__Put *put, const dqd_payload *pl,
                      const dqd_model_info *m, dqd_tensor *k, dqd_tensor *v, char *msg, size_t msglen);
 /* GET's layer range against its sequence's model; *first / *num resolve num_layers = 0. */
 int dqd_validate_get(const Dquant__Get *get, const dqd_model_info *m, uint32_t *first, uint32_t *num,
                      char *msg, size_t msglen);
 /* One ATTEND item against its sequence's model: layer, q [q_heads, head_dim], optional
  * append_k/append_v [1, kv_heads, head_dim] (both or neither, same dtype). */
-int dqd_validate_attend_item(const Dquant__AttendItem *it, const uint8_t *payload, uint64_t payload_len,
+int dqd_validate_attend_item(const Dquant__AttendItem *it, const dqd_payload *pl,
                              const dqd_model_info *m, dqd_tensor *q, dqd_tensor *ak, dqd_tensor *av,
                              char *msg, size_t msglen);
 /* COMPRESS: x [tokens >= 1, kv_heads, head_dim] of the profile's shape. */
-int dqd_validate_compress(const Dquant__Compress *c, const uint8_t *payload, uint64_t payload_len,
+int dqd_validate_compress(const Dquant__Compress *c, const dqd_payload *pl,
                           const dqd_profile_info *p, dqd_tensor *x, char *msg, size_t msglen);
 /* DECOMPRESS: records = tokens · record_bytes(kind); keys need ceil(tokens / W) mean blocks. */
-int dqd_validate_decompress(const Dquant__Decompress *d, const uint8_t *payload, uint64_t payload_len,
+int dqd_validate_decompress(const Dquant__Decompress *d, const dqd_payload *pl,
                             const dqd_profile_info *p, dqd_tensor *means, dqd_tensor *records, char *msg,
                             size_t msglen);
 

@@ -60,7 +60,9 @@ static void check_request(const uint8_t *header, size_t header_len, const uint8_
     lim.max_batch_items = 64;
     char msg[256];
     dqd_op op;
-    int rc = dqd_request_validate(req, payload, payload_len, &lim, &op, msg, sizeof msg);
+    /* An NCCL payload is checked by its announced length alone; its bytes never reach a parser. */
+    const dqd_payload pl = {payload, payload_len, NULL, req->nccl_payload, false};
+    int rc = dqd_request_validate(req, &pl, &lim, &op, msg, sizeof msg);
 
     /* What the daemon checks next, against a model and a profile it found. */
     const dqd_model_info model = {.layers = 4, .q_heads = 8, .kv_heads = 2, .head_dim = 64};
@@ -71,21 +73,21 @@ static void check_request(const uint8_t *header, size_t header_len, const uint8_
         uint32_t first, num;
         switch (op) {
         case DQD_OP_PUT:
-            (void)dqd_validate_put(req->put, payload, payload_len, &model, &a, &b2, msg, sizeof msg);
+            (void)dqd_validate_put(req->put, &pl, &model, &a, &b2, msg, sizeof msg);
             break;
         case DQD_OP_GET:
             (void)dqd_validate_get(req->get, &model, &first, &num, msg, sizeof msg);
             break;
         case DQD_OP_ATTEND:
             for (size_t i = 0; i < req->attend->n_items; i++)
-                (void)dqd_validate_attend_item(req->attend->items[i], payload, payload_len, &model, &a, &b2, &c, msg,
+                (void)dqd_validate_attend_item(req->attend->items[i], &pl, &model, &a, &b2, &c, msg,
                                                sizeof msg);
             break;
         case DQD_OP_COMPRESS:
-            (void)dqd_validate_compress(req->compress, payload, payload_len, &prof, &a, msg, sizeof msg);
+            (void)dqd_validate_compress(req->compress, &pl, &prof, &a, msg, sizeof msg);
             break;
         case DQD_OP_DECOMPRESS:
-            (void)dqd_validate_decompress(req->decompress, payload, payload_len, &prof, &a, &b2, msg, sizeof msg);
+            (void)dqd_validate_decompress(req->decompress, &pl, &prof, &a, &b2, msg, sizeof msg);
             break;
         default:
             break;

@@ -7,6 +7,9 @@
 #include "dquant/error.h"
 #include "validate.h"
 
+/* A request payload of n bytes at p, no NCCL payload. */
+#define PL(p, n) (&(dqd_payload){(p), (n), NULL, 0, false})
+
 static dqd_limits lim;
 static uint8_t payload[65536] __attribute__((aligned(64)));
 static char msg[256];
@@ -79,12 +82,12 @@ static void make_put(put_fixture *f)
 static int validate_put(put_fixture *f, uint64_t plen)
 {
     dqd_op op;
-    int rc = dqd_request_validate(&f->req, payload, plen, &lim, &op, msg, sizeof msg);
+    int rc = dqd_request_validate(&f->req, PL(payload, plen), &lim, &op, msg, sizeof msg);
     if (rc < 0)
         return rc;
     cr_assert_eq(op, DQD_OP_PUT);
     dqd_tensor k, v;
-    return dqd_validate_put(&f->put, payload, plen, &model, &k, &v, msg, sizeof msg);
+    return dqd_validate_put(&f->put, PL(payload, plen), &model, &k, &v, msg, sizeof msg);
 }
 
 Test(validate, good_put)
@@ -93,7 +96,7 @@ Test(validate, good_put)
     make_put(&f);
     cr_assert_eq(validate_put(&f, 1024), 0, "%s", msg);
     dqd_tensor k, v;
-    cr_assert_eq(dqd_validate_put(&f.put, payload, 1024, &model, &k, &v, msg, sizeof msg), 0);
+    cr_assert_eq(dqd_validate_put(&f.put, PL(payload, 1024), &model, &k, &v, msg, sizeof msg), 0);
     cr_assert_eq(k.data, payload);
     cr_assert_eq(v.data, payload + 512);
     cr_assert_eq(k.count, 256);
@@ -212,7 +215,7 @@ Test(validate, unknown_body)
 {
     Dquant__Request req = DQUANT__REQUEST__INIT;
     dqd_op op;
-    cr_assert_eq(dqd_request_validate(&req, NULL, 0, &lim, &op, msg, sizeof msg), DQ_UNSUPPORTED);
+    cr_assert_eq(dqd_request_validate(&req, PL(NULL, 0), &lim, &op, msg, sizeof msg), DQ_UNSUPPORTED);
     cr_assert_eq(op, DQD_OP_UNKNOWN);
 }
 
@@ -237,34 +240,34 @@ Test(validate, attend_items)
     req.body_case = DQUANT__REQUEST__BODY_ATTEND;
     req.attend = &a;
     dqd_op op;
-    cr_assert_eq(dqd_request_validate(&req, payload, 4096, &lim, &op, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 4096), &lim, &op, msg, sizeof msg), 0, "%s", msg);
     dqd_tensor tq, tk, tv;
-    cr_assert_eq(dqd_validate_attend_item(&it, payload, 4096, &model, &tq, &tk, &tv, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(dqd_validate_attend_item(&it, PL(payload, 4096), &model, &tq, &tk, &tv, msg, sizeof msg), 0, "%s", msg);
 
     a.n_items = 9;
-    cr_assert_eq(dqd_request_validate(&req, payload, 4096, &lim, &op, msg, sizeof msg), DQ_TOO_LARGE);
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 4096), &lim, &op, msg, sizeof msg), DQ_TOO_LARGE);
     a.n_items = 0;
-    cr_assert_eq(dqd_request_validate(&req, payload, 4096, &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 4096), &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
     a.n_items = 1;
     a.scale = -1;
-    cr_assert_eq(dqd_request_validate(&req, payload, 4096, &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 4096), &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
     a.scale = 0;
 
     it.append_v = NULL;
-    cr_assert_eq(dqd_request_validate(&req, payload, 4096, &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 4096), &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
     it.append_v = &av;
 
     uint64_t qbad[2] = {4, 128}; /* 512 elements, wrong split */
     q.shape = qbad;
-    cr_assert_eq(dqd_validate_attend_item(&it, payload, 4096, &model, &tq, &tk, &tv, msg, sizeof msg), DQ_SHAPE);
+    cr_assert_eq(dqd_validate_attend_item(&it, PL(payload, 4096), &model, &tq, &tk, &tv, msg, sizeof msg), DQ_SHAPE);
     q.shape = qs;
     it.layer = 4;
-    cr_assert_eq(dqd_validate_attend_item(&it, payload, 4096, &model, &tq, &tk, &tv, msg, sizeof msg),
+    cr_assert_eq(dqd_validate_attend_item(&it, PL(payload, 4096), &model, &tq, &tk, &tv, msg, sizeof msg),
                  DQ_OUT_OF_BOUNDS);
     it.layer = 0;
     uint64_t two[3] = {2, 2, 32};
     ak.shape = two;
-    cr_assert_eq(dqd_request_validate(&req, payload, 4096, &lim, &op, msg, sizeof msg), DQ_SHAPE,
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 4096), &lim, &op, msg, sizeof msg), DQ_SHAPE,
                  "append_k must hold exactly one token");
 }
 
@@ -285,17 +288,17 @@ Test(validate, decompress_sizes)
     d.records = &recs;
     d.out_dtype = DQUANT__DTYPE__F32;
     dqd_tensor tm, tr;
-    cr_assert_eq(dqd_validate_decompress(&d, payload, 65536, &p, &tm, &tr, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(dqd_validate_decompress(&d, PL(payload, 65536), &p, &tm, &tr, msg, sizeof msg), 0, "%s", msg);
     d.tokens = 128;
-    cr_assert_eq(dqd_validate_decompress(&d, payload, 65536, &p, &tm, &tr, msg, sizeof msg), DQ_SHAPE);
+    cr_assert_eq(dqd_validate_decompress(&d, PL(payload, 65536), &p, &tm, &tr, msg, sizeof msg), DQ_SHAPE);
     d.tokens = 129;
     ms[0] = 130;
     means.length = 130;
-    cr_assert_eq(dqd_validate_decompress(&d, payload, 65536, &p, &tm, &tr, msg, sizeof msg), DQ_SHAPE,
+    cr_assert_eq(dqd_validate_decompress(&d, PL(payload, 65536), &p, &tm, &tr, msg, sizeof msg), DQ_SHAPE,
                  "129 key tokens need two mean blocks");
     d.kind = 1;
     d.means = NULL;
     rs[0] = 129 * 36;
     recs.length = 129 * 36;
-    cr_assert_eq(dqd_validate_decompress(&d, payload, 65536, &p, &tm, &tr, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(dqd_validate_decompress(&d, PL(payload, 65536), &p, &tm, &tr, msg, sizeof msg), 0, "%s", msg);
 }

@@ -95,6 +95,23 @@ DQCU_API int dqcu_encode_windows(const dqcu_codec *dc, const void *k, const void
                                  size_t nwin, uint8_t *const *windows, int32_t *status,
                                  dq_encode_stats *stats, cudaStream_t stream);
 
+/* ---- token checks (appends from device memory) ---- */
+
+/* Checks ntok tokens x ([ntok, kv_heads, head_dim] of dtype, device) as dq_layer_append does before
+ * it changes anything: check (device, two u64) must hold {0, UINT64_MAX} before the call; the
+ * kernel ORs 1 into check[0] when a raw value is NaN or infinite, and lowers check[1] to 2t for a
+ * token t whose BF16 rounding overflows, 2t + 1 for one whose rotated values exceed
+ * DQ_TOKEN_MAX_ABS. dqcu_tokens_verdict turns the two words (copied to the host) into the code
+ * dq_layer_append returns for the same tokens: 0, DQ_NONFINITE or DQ_RANGE.
+ * Returns 0, DQ_INVALID_ARGUMENT, DQ_DTYPE, DQ_UNSUPPORTED (n too large), DQ_INTERNAL. */
+DQCU_API int dqcu_tokens_check(const dqcu_codec *dc, const void *x, dq_dtype dtype, size_t ntok,
+                               unsigned long long *check, cudaStream_t stream);
+DQCU_API int dqcu_tokens_verdict(const unsigned long long check[2]);
+
+/* BF16 of count values of dtype (device to device), each exactly dq_f32_to_bf16 of the value.
+ * Returns 0, DQ_INVALID_ARGUMENT, DQ_DTYPE, DQ_INTERNAL. */
+DQCU_API int dqcu_to_bf16(const void *x, dq_dtype dtype, size_t count, uint16_t *out, cudaStream_t stream);
+
 /* ---- decompress ---- */
 
 /* Decodes tokens [first, first + count) of one kind of a layer held as nwin sealed windows

@@ -18,6 +18,7 @@
  *   - DQCU_FAKE_DEVICES (default 1) is what dqcu_device_count() returns.
  * The "kernels" produce what libdquant produces (dq_window_encode, dq_tokens_decode, dq_attend on a
  * layer rebuilt from the records), which is what the real kernels are checked against. */
+#include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -924,5 +925,108 @@ int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, const dqcu_
         return DQ_NOMEM;
     *a = (att_arg){dc, q_heads, scale, seqs, nseq, max_tokens, q, out, lse};
     enqueue(stream, run_attend, a);
+    return DQ_OK;
+}
+
+/* ---- token checks ---- */
+
+typedef struct tok_arg {
+    const dqcu_codec *dc;
+    const void *x;
+    dq_dtype dtype;
+    size_t ntok;
+    unsigned long long *check;
+} tok_arg;
+
+static void run_tokens_check(void *a_)
+{
+    tok_arg *a = a_;
+    const size_t n = a->dc->n, esz = dq_dtype_size(a->dtype);
+    check_dev(a->x, a->ntok * n * esz, "dqcu_tokens_check x");
+    check_dev(a->check, 2 * sizeof(unsigned long long), "dqcu_tokens_check check");
+    float *y = malloc(n * sizeof *y);
+    if (!y)
+        FAIL("out of host memory");
+    if (dq_check_finite(a->x, a->dtype, a->ntok * n) < 0)
+        a->check[0] |= 1;
+    for (size_t t = 0; t < a->ntok && !a->check[0]; t++) {
+        dq_convert((const uint8_t *)a->x + t * n * esz, a->dtype, y, DQ_DTYPE_F32, n);
+        unsigned long long key = ~0ull;
+        for (size_t j = 0; j < n && key == ~0ull; j++) {
+            y[j] = dq_bf16_to_f32(dq_f32_to_bf16(y[j]));
+            if (!isfinite(y[j]))
+                key = 2ull * t;
+        }
+        if (key == ~0ull) {
+            dq_rotate(a->dc->codec, y);
+            for (size_t j = 0; j < n && key == ~0ull; j++)
+                if (!(fabsf(y[j]) <= DQ_TOKEN_MAX_ABS))
+                    key = 2ull * t + 1;
+        }
+        if (key < a->check[1])
+            a->check[1] = key;
+    }
+    free(y);
+    free(a);
+}
+
+int dqcu_tokens_check(const dqcu_codec *dc, const void *x, dq_dtype dtype, size_t ntok, unsigned long long *check,
+                      cudaStream_t stream)
+{
+    if (!dc || !check || (ntok && !x))
+        return DQ_INVALID_ARGUMENT;
+    if (dtype != DQ_DTYPE_F32 && dtype != DQ_DTYPE_F16 && dtype != DQ_DTYPE_BF16)
+        return DQ_DTYPE;
+    if (dc->n > DQCU_MAX_ENCODE_STREAM)
+        return DQ_UNSUPPORTED;
+    if (!ntok)
+        return DQ_OK;
+    tok_arg *a = malloc(sizeof *a);
+    if (!a)
+        return DQ_NOMEM;
+    *a = (tok_arg){dc, x, dtype, ntok, check};
+    enqueue(stream, run_tokens_check, a);
+    return DQ_OK;
+}
+
+int dqcu_tokens_verdict(const unsigned long long check[2])
+{
+    if (check[0])
+        return DQ_NONFINITE;
+    if (check[1] == ~0ull)
+        return DQ_OK;
+    return (check[1] & 1ull) ? DQ_RANGE : DQ_NONFINITE;
+}
+
+typedef struct bf16_arg {
+    const void *x;
+    dq_dtype dtype;
+    size_t count;
+    uint16_t *out;
+} bf16_arg;
+
+static void run_to_bf16(void *a_)
+{
+    bf16_arg *a = a_;
+    check_dev(a->x, a->count * dq_dtype_size(a->dtype), "dqcu_to_bf16 x");
+    check_dev(a->out, a->count * sizeof(uint16_t), "dqcu_to_bf16 out");
+    if (dq_convert(a->x, a->dtype, a->out, DQ_DTYPE_BF16, a->count) < 0)
+        FAIL("dqcu_to_bf16: conversion failed");
+    free(a);
+}
+
+int dqcu_to_bf16(const void *x, dq_dtype dtype, size_t count, uint16_t *out, cudaStream_t stream)
+{
+    if (count && (!x || !out))
+        return DQ_INVALID_ARGUMENT;
+    if (dtype != DQ_DTYPE_F32 && dtype != DQ_DTYPE_F16 && dtype != DQ_DTYPE_BF16)
+        return DQ_DTYPE;
+    if (!count)
+        return DQ_OK;
+    bf16_arg *a = malloc(sizeof *a);
+    if (!a)
+        return DQ_NOMEM;
+    *a = (bf16_arg){x, dtype, count, out};
+    enqueue(stream, run_to_bf16, a);
     return DQ_OK;
 }
