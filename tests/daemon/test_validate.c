@@ -2,6 +2,7 @@
  * not match the model, products that overflow, limits. Pure functions: no daemon needed. */
 #include <criterion/criterion.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dquant/error.h"
@@ -301,4 +302,100 @@ Test(validate, decompress_sizes)
     rs[0] = 129 * 36;
     recs.length = 129 * 36;
     cr_assert_eq(dqd_validate_decompress(&d, PL(payload, 65536), &p, &tm, &tr, msg, sizeof msg), 0, "%s", msg);
+}
+
+/* NCCL payloads: the flagged tensors index the NCCL payload, must tile it back to back (one ncclRecv
+ * each, in offset order), be element-aligned, and only PUT and ATTEND carry them; only typed GET
+ * and ATTEND replies travel on NCCL. */
+Test(validate, nccl_payload)
+{
+    put_fixture f;
+    make_put(&f);
+    f.k.nccl = f.v.nccl = true;
+    f.req.nccl_payload = 1024;
+    dqd_op op;
+    const dqd_payload nccl = {NULL, 0, NULL, 1024, false};
+    cr_assert_eq(dqd_request_validate(&f.req, &nccl, &lim, &op, msg, sizeof msg), 0, "%s", msg);
+    dqd_seg *segs;
+    size_t nseg;
+    cr_assert_eq(dqd_nccl_segments(&f.req, &segs, &nseg), 0);
+    cr_assert_eq(nseg, 2);
+    cr_assert(segs[0].offset == 0 && segs[0].length == 512 && segs[1].offset == 512 && segs[1].length == 512);
+    free(segs);
+
+    /* Once received, the tensors point into the device buffer and say so. */
+    static uint8_t dev[1024];
+    const dqd_payload got = {NULL, 0, dev, 1024, false};
+    dqd_tensor k, v;
+    cr_assert_eq(dqd_validate_put(&f.put, &got, &model, &k, &v, msg, sizeof msg), 0, "%s", msg);
+    cr_assert(k.device && v.device);
+    cr_assert_eq(k.data, dev);
+    cr_assert_eq(v.data, dev + 512);
+
+    /* A gap, an overlap, a short cover, a lying announced length. */
+    f.v.offset = 520;
+    const dqd_payload wide = {NULL, 0, NULL, 1032, false};
+    f.req.nccl_payload = 1032;
+    cr_assert_eq(dqd_request_validate(&f.req, &wide, &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    cr_assert(strstr(msg, "gap"), "%s", msg);
+    f.v.offset = 256;
+    f.req.nccl_payload = 1024;
+    cr_assert_eq(dqd_request_validate(&f.req, &nccl, &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    cr_assert(strstr(msg, "overlap"), "%s", msg);
+    f.v.offset = 512;
+    f.v.nccl = false;
+    cr_assert_eq(dqd_request_validate(&f.req, PL(payload, 1024), &lim, &op, msg, sizeof msg), DQ_PROTOCOL,
+                 "announced NCCL bytes must match the payload description");
+    const dqd_payload both = {payload, 1024, NULL, 1024, false};
+    cr_assert_eq(dqd_request_validate(&f.req, &both, &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT,
+                 "only k on NCCL leaves bytes [512, 1024) uncovered");
+    f.v.nccl = true;
+    f.v.offset = 513;
+    f.k.length = 513; /* lies about its size too: shape says 512 */
+    cr_assert_neq(dqd_request_validate(&f.req, &nccl, &lim, &op, msg, sizeof msg), 0);
+    f.k.length = 512;
+    f.v.offset = 512;
+
+    /* Over the payload limit. */
+    lim.max_payload = 1000;
+    cr_assert_eq(dqd_request_validate(&f.req, &nccl, &lim, &op, msg, sizeof msg), DQ_TOO_LARGE);
+    dqd_limits_default(&lim);
+
+    /* Only PUT and ATTEND carry NCCL tensors; COMPRESS refuses them outright. */
+    Dquant__Request ping = DQUANT__REQUEST__INIT;
+    Dquant__Ping p = DQUANT__PING__INIT;
+    ping.body_case = DQUANT__REQUEST__BODY_PING;
+    ping.ping = &p;
+    ping.nccl_payload = 1024;
+    cr_assert_eq(dqd_request_validate(&ping, &nccl, &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    ping.nccl_payload = 0;
+    ping.nccl_reply = true;
+    cr_assert_eq(dqd_request_validate(&ping, PL(payload, 0), &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+
+    uint64_t xs[3] = {2, 2, 64};
+    Dquant__Tensor x = tensor(DQUANT__DTYPE__F16, xs, 3, 0, 512);
+    x.nccl = true;
+    Dquant__Compress c = DQUANT__COMPRESS__INIT;
+    c.profile_name = "dq226";
+    c.kv_heads = 2;
+    c.head_dim = 64;
+    c.x = &x;
+    const dqd_profile_info prof = {.kv_heads = 2, .head_dim = 64, .window = 128, .mean_bytes = 130,
+                                   .record_bytes = {49, 36}};
+    dqd_tensor tx;
+    cr_assert_eq(dqd_validate_compress(&c, &nccl, &prof, &tx, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    cr_assert(strstr(msg, "NCCL"), "%s", msg);
+
+    /* GET_RAW replies never travel on NCCL; typed GETs may. */
+    Dquant__SeqRef s = seqref();
+    Dquant__Get g = DQUANT__GET__INIT;
+    g.seq = &s;
+    g.format = DQUANT__GET_FORMAT__GET_RAW;
+    Dquant__Request get = DQUANT__REQUEST__INIT;
+    get.body_case = DQUANT__REQUEST__BODY_GET;
+    get.get = &g;
+    get.nccl_reply = true;
+    cr_assert_eq(dqd_request_validate(&get, PL(payload, 0), &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    g.format = DQUANT__GET_FORMAT__GET_BF16;
+    cr_assert_eq(dqd_request_validate(&get, PL(payload, 0), &lim, &op, msg, sizeof msg), 0, "%s", msg);
 }
