@@ -76,6 +76,7 @@ typedef struct dqd_gappend {
     bool created;         /* the layer did not exist before */
     bool applied;
     bool broken;          /* the layer could not be put back after a failure: drop the sequence */
+    bool raw_nonfinite;   /* refused because a raw input value is NaN/Inf (DQ_NONFINITE) */
     uint32_t nwin0, tail0, nseg0, slots0;
     uint16_t *snap;       /* the previous tail (K then V), kept when the append sealed windows */
 } dqd_gappend;

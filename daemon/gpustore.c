@@ -1,14 +1,13 @@
 /* dquantd cuda backend: GPU-resident layers (gpulayer.h) — appends encoded on the GPU, rollback,
  * moves between tiers, decode, raw copies and batched decode attention (see gpu.h).
  *
- * Appends follow dq_layer_append exactly: the tokens are validated on the host first (the same
- * checks, in the same order, with the same codes), rounded to BF16, and windows are sealed from
- * the concatenation [tail, new tokens] whenever the tail reaches R tokens. A large append is cut
- * into pieces that fit a pinned staging half; since a layer's bytes depend only on its BF16 token
- * sequence, the pieces seal exactly the windows one append would. Per piece: the old tail and the
- * new tokens are gathered in the device stage buffer, dqcu_encode_windows writes the sealed
- * windows straight into their slots, and the rest of the stage becomes the new tail. While the GPU
- * works on one piece, the CPU converts the next into the other pinned half. */
+ * Appends follow dq_layer_append exactly: the tokens (host input is copied up first) are checked
+ * on the GPU with the same checks and codes (dqcu_tokens_check), rounded to BF16 there, and windows
+ * are sealed from the concatenation [tail, new tokens] whenever the tail reaches R tokens. The
+ * input is taken in pieces: since a layer's bytes depend only on its BF16 token sequence, the
+ * pieces seal exactly the windows one append would. Per piece: the old tail and the new tokens are
+ * gathered in the device stage buffer, dqcu_encode_windows writes the sealed windows straight into
+ * their slots, and the rest of the stage becomes the new tail. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -328,6 +327,7 @@ int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **
     if (!(flags & DQD_GAPPEND_CHECKED) && ntok) {
         unsigned long long got[4];
         rc = check_run(w, dc, dk, dv, dtype, ntok, got);
+        txn->raw_nonfinite = rc == DQ_OK && (got[0] || got[2]);
         if (rc == DQ_OK)
             rc = dqcu_tokens_verdict(got);
         if (rc == DQ_OK)

@@ -4,7 +4,9 @@
  * check start_token against every layer (ORDER) and reserve the estimated bytes (evicting if that
  * makes room, else RESOURCE_EXHAUSTED with nothing touched).
  * Worker, one task: align the input if needed and check it is finite (NONFINITE before any layer
- * changes). Workers, one task per layer: dqd_append_apply. Loop: commit, or if any layer failed
+ * changes; when every layer is appended on the GPU that check happens there, per layer, and a NaN
+ * anywhere still decides the error). K/V that came on NCCL are in GPU memory: checked there as a
+ * whole, or copied to the host when some layer takes the cpu path. Workers, one task per layer: dqd_append_apply. Loop: commit, or if any layer failed
  * roll the others back on the workers; a sequence this PUT created is removed again.
  *
  * On the cuda backend (models the kernels take) the written layers go to the GPU: layers already
@@ -232,6 +234,14 @@ static void append_done(void *ctx)
     if (first_err) {
         op->fail_rc = first_err;
         snprintf(op->fail_msg, sizeof op->fail_msg, "layer %u: %s", failed_layer, dq_strerror(first_err));
+        /* GPU appends check the raw input themselves (prepare skipped it): a NaN anywhere wins, as
+         * the host path's check of the whole input before any layer does. */
+        for (uint32_t i = 0; op->gtxn && i < put->num_layers; i++) {
+            if (op->gtxn[i].raw_nonfinite) {
+                op->fail_rc = DQ_NONFINITE;
+                snprintf(op->fail_msg, sizeof op->fail_msg, "k or v holds NaN or infinity");
+            }
+        }
         if (applied) {
             srv->metrics.rollbacks += applied;
             memset(op->rc, 0, put->num_layers * sizeof *op->rc);
@@ -330,9 +340,10 @@ static void prepare_task(void *ctx, size_t i)
     int rc = dqd_tensor_aligned(&op->k, &op->kdata, &op->ktmp);
     if (rc == 0)
         rc = dqd_tensor_aligned(&op->v, &op->vdata, &op->vtmp);
-    if (rc == 0)
+    /* Layers appended on the GPU check the raw input there (append_done gives NaN precedence). */
+    if (rc == 0 && !all_on_gpu(op))
         rc = dq_check_finite(op->kdata, dqd_tensor_dtype(&op->k), (size_t)op->k.count);
-    if (rc == 0)
+    if (rc == 0 && !all_on_gpu(op))
         rc = dq_check_finite(op->vdata, dqd_tensor_dtype(&op->v), (size_t)op->v.count);
     op->prep_rc = rc;
 }
