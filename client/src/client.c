@@ -1,5 +1,6 @@
 /* libdquant-client: handle lifecycle, addresses, connecting with timeouts, HELLO, framing of
- * requests and replies, and the retry policy. The operations themselves are in client_ops.c. */
+ * requests and replies, and the retry policy. The operations themselves are in client_ops.c, the
+ * NCCL data path in client_nccl.c. */
 #include "client_internal.h"
 
 #include <errno.h>
@@ -321,7 +322,7 @@ static void copy_str(char *dst, size_t cap, const char *src)
 
 static int exchange(dqc_client *c, const Dquant__Request *req, const struct iovec *iov, size_t niov,
                     uint64_t payload_len, Dquant__Response__BodyCase want, void **blk, size_t *blk_cap,
-                    dqc__reply *rep, int *sent);
+                    dqc__reply *rep, int *sent, const dqc__xfer *x);
 
 static int do_hello(dqc_client *c)
 {
@@ -331,6 +332,11 @@ static int do_hello(dqc_client *c)
     h.client_name = c->client_name;
     h.secret.data = c->secret;
     h.secret.len = c->secret ? c->opts.secret_len : 0;
+#ifdef DQC_HAVE_NCCL
+    static char *features[] = {"nccl"};
+    h.features = features;
+    h.n_features = 1;
+#endif
     Dquant__Request req = DQUANT__REQUEST__INIT;
     req.body_case = DQUANT__REQUEST__BODY_HELLO;
     req.hello = &h;
@@ -340,7 +346,7 @@ static int do_hello(dqc_client *c)
     int saved = c->opts.io_timeout_ms;
     if (saved <= 0 || saved > DQC_HELLO_TIMEOUT_MS)
         c->opts.io_timeout_ms = DQC_HELLO_TIMEOUT_MS;
-    int rc = exchange(c, &req, NULL, 0, 0, DQUANT__RESPONSE__BODY_HELLO, NULL, NULL, &rep, &sent);
+    int rc = exchange(c, &req, NULL, 0, 0, DQUANT__RESPONSE__BODY_HELLO, NULL, NULL, &rep, &sent, NULL);
     c->opts.io_timeout_ms = saved;
     if (rc)
         return rc;
@@ -376,6 +382,8 @@ static int connect_once(dqc_client *c)
     int rc = do_hello(c);
     if (rc)
         close_conn(c);
+    else
+        c->conn_gen++;
     return rc;
 }
 
@@ -439,6 +447,7 @@ void dqc_free(dqc_client *client)
     if (!client)
         return;
     close_conn(client);
+    dqc__nccl_free(client);
     free(client->addr);
     free(client->path);
     free(client->host);
@@ -657,7 +666,7 @@ static int recv_reply(dqc_client *c, uint64_t id, int timeout_ms, void **blk, si
  * failure closes the connection. */
 static int exchange(dqc_client *c, const Dquant__Request *req, const struct iovec *iov, size_t niov,
                     uint64_t payload_len, Dquant__Response__BodyCase want, void **blk, size_t *blk_cap,
-                    dqc__reply *rep, int *sent)
+                    dqc__reply *rep, int *sent, const dqc__xfer *x)
 {
     memset(rep, 0, sizeof *rep);
     *sent = 0;
@@ -703,7 +712,10 @@ static int exchange(dqc_client *c, const Dquant__Request *req, const struct iove
             memcpy(c->err, saved, sizeof saved);
         }
     } else if (rc == 0) {
-        rc = recv_reply(c, id, c->opts.io_timeout_ms, blk, blk_cap, rep);
+        if (x && x->after_send)
+            rc = x->after_send(c, x->ctx);
+        if (rc == 0)
+            rc = recv_reply(c, id, c->opts.io_timeout_ms, blk, blk_cap, rep);
     }
     if (rc) {
         dqc__reply_free(rep);
@@ -744,8 +756,8 @@ void dqc__reply_free(dqc__reply *rep)
     }
 }
 
-int dqc__call(dqc_client *c, const Dquant__Request *req, const struct iovec *iov, size_t niov, int idempotent,
-              Dquant__Response__BodyCase want, void **blk, size_t *blk_cap, dqc__reply *rep)
+static int call(dqc_client *c, const Dquant__Request *req, const struct iovec *iov, size_t niov, int idempotent,
+                Dquant__Response__BodyCase want, void **blk, size_t *blk_cap, dqc__reply *rep, const dqc__xfer *x)
 {
     c->err[0] = 0;
     uint64_t payload_len = 0;
@@ -766,15 +778,32 @@ int dqc__call(dqc_client *c, const Dquant__Request *req, const struct iovec *iov
             return dqc__fail(c, DQ_TOO_LARGE, "frame of %llu bytes exceeds the server's limit of %llu",
                              (unsigned long long)(DQ_FRAME_HEADER_BYTES + hlen + payload_len),
                              (unsigned long long)c->info.max_frame_bytes);
+        if (x && x->conn_gen != c->conn_gen)
+            return dqc__fail(c, DQ_IO,
+                             "NCCL not set up: the connection to %s was re-established since dqc_nccl_setup "
+                             "(call dqc_nccl_setup again)", c->addr);
         int sent = 0;
-        int rc = exchange(c, req, iov, niov, payload_len, want, blk, blk_cap, rep, &sent);
+        int rc = exchange(c, req, iov, niov, payload_len, want, blk, blk_cap, rep, &sent, x);
         if (rc != DQ_CONNECTION)
             return rc;
         /* Broken connection: repeat only what cannot be applied twice with a different effect,
-         * or what never reached the kernel. */
-        if (!c->opts.auto_reconnect || attempt >= 1 || (sent && !idempotent))
+         * or what never reached the kernel. A call bound to a connection dies with it. */
+        if (x || !c->opts.auto_reconnect || attempt >= 1 || (sent && !idempotent))
             return rc;
     }
+}
+
+int dqc__call(dqc_client *c, const Dquant__Request *req, const struct iovec *iov, size_t niov, int idempotent,
+              Dquant__Response__BodyCase want, void **blk, size_t *blk_cap, dqc__reply *rep)
+{
+    return call(c, req, iov, niov, idempotent, want, blk, blk_cap, rep, NULL);
+}
+
+int dqc__call_xfer(dqc_client *c, const Dquant__Request *req, const struct iovec *iov, size_t niov,
+                   Dquant__Response__BodyCase want, void **blk, size_t *blk_cap, dqc__reply *rep,
+                   const dqc__xfer *x)
+{
+    return call(c, req, iov, niov, 0, want, blk, blk_cap, rep, x);
 }
 
 /* ---- tensors ---- */

@@ -1,5 +1,5 @@
-/* libdquant-client internals shared by client.c (connection, framing, calls) and client_ops.c
- * (one function per operation). */
+/* libdquant-client internals shared by client.c (connection, framing, calls), client_ops.c (one
+ * function per operation) and client_nccl.c (the NCCL data path). */
 #ifndef DQUANT_CLIENT_INTERNAL_H
 #define DQUANT_CLIENT_INTERNAL_H
 
@@ -14,6 +14,8 @@
 
 typedef enum dqc__addr_kind { DQC_ADDR_UNIX = 1, DQC_ADDR_TCP = 2 } dqc__addr_kind;
 
+struct dqc__nccl;   /* client_nccl.c */
+
 struct dqc_client {
     dqc__addr_kind kind;
     char *addr;                 /* as given, for messages */
@@ -27,6 +29,9 @@ struct dqc_client {
     int fd;                     /* -1: not connected */
     uint64_t next_id;
     uint64_t reconnects;
+    uint64_t conn_gen;          /* counts established connections: state tied to one connection (the
+                                   NCCL communicator) remembers it and is void once it changes */
+    struct dqc__nccl *nccl;     /* NULL until dqc_nccl_setup */
     dqc_server_info info;
 
     uint8_t *sbuf;              /* packed request header message */
@@ -73,6 +78,25 @@ int dqc__call(dqc_client *c, const Dquant__Request *req, const struct iovec *iov
               Dquant__Response__BodyCase want, void **blk, size_t *blk_cap, dqc__reply *rep);
 void dqc__reply_free(dqc__reply *rep);
 
+/* A call bound to one connection, with work between writing the frame and reading the reply (the
+ * NCCL sends must be issued then: the daemon receives them before it answers). */
+typedef struct dqc__xfer {
+    uint64_t conn_gen;      /* the call fails with DQ_IO, sending nothing, unless c->conn_gen still
+                               equals it after connecting (a reconnect voids the communicator) */
+    int (*after_send)(dqc_client *c, void *ctx);   /* NULL, or run once the whole frame is written;
+                                                      a failure closes the connection */
+    void *ctx;
+} dqc__xfer;
+
+/* dqc__call bound to x->conn_gen, never repeated on another connection. */
+int dqc__call_xfer(dqc_client *c, const Dquant__Request *req, const struct iovec *iov, size_t niov,
+                   Dquant__Response__BodyCase want, void **blk, size_t *blk_cap, dqc__reply *rep,
+                   const dqc__xfer *x);
+
+/* Tears the NCCL state down (client_nccl.c; nothing without NCCL). dqc_free, after the socket is
+ * closed, so that the daemon lets go of its side. */
+void dqc__nccl_free(dqc_client *c);
+
 /* Element size of a wire dtype (RAW: 1), 0 when invalid. */
 size_t dqc__wire_dtype_size(int dtype);
 
@@ -84,5 +108,53 @@ int dqc__tensor_check(dqc_client *c, const Dquant__Tensor *t, const char *what, 
 
 /* Copies a protobuf bytes field into a fixed profile buffer (DQ_PROTOCOL when too long). */
 int dqc__copy_profile(dqc_client *c, const ProtobufCBinaryData *src, uint8_t *dst, size_t *len);
+
+/* ---- requests shared by the socket and the NCCL variants (client_ops.c) ---- */
+
+/* A PUT request around the caller's k and v: k at offset 0, v at `bytes`. Points into itself:
+ * build it in place and do not copy it. */
+typedef struct dqc__put_req {
+    Dquant__Request req;
+    Dquant__Put put;
+    Dquant__SeqRef seq;
+    Dquant__Tensor k, v;
+    uint64_t shape[4];
+    size_t bytes;           /* of k, and of v */
+} dqc__put_req;
+
+/* Validates a (op names the call in messages) and builds r; nccl flags both tensors. */
+int dqc__put_build(dqc_client *c, const char *op, const dqc_put_args *a, int nccl, dqc__put_req *r);
+/* Copies the PutReply into res (may be NULL). */
+void dqc__put_result(const dqc__reply *rep, dqc_put_result *res);
+
+/* A GET request for a typed format. Points into itself, like dqc__put_req. */
+typedef struct dqc__get_req {
+    Dquant__Request req;
+    Dquant__Get get;
+    Dquant__SeqRef seq;
+} dqc__get_req;
+
+int dqc__get_build(dqc_client *c, const char *op, const dqc_get_args *a, dqc__get_req *r);
+/* Checks the k and v tensors of a typed GET reply, located within payload_len bytes (the frame's
+ * payload, or the NCCL payload); *bytes = the size of each. */
+int dqc__get_check(dqc_client *c, const char *op, const dqc_get_args *a, const Dquant__GetReply *r,
+                   uint64_t payload_len, size_t *bytes);
+
+/* An ATTEND request around the caller's items: per item q, then append_k and append_v, back to back
+ * in iov order from offset 0. */
+typedef struct dqc__attend_req {
+    Dquant__Request req;
+    Dquant__Attend at;
+    struct iovec *iov;      /* niov pieces in offset order (points into blk_) */
+    size_t niov;
+    uint64_t payload;       /* bytes of all pieces */
+    size_t nappend;         /* items that append */
+    uint64_t oshape[3];     /* out [nitems, q_heads, head_dim]; lse is [nitems, q_heads] */
+    size_t obytes, lbytes;
+    void *blk_;             /* owned: dqc__attend_free */
+} dqc__attend_req;
+
+int dqc__attend_build(dqc_client *c, const char *op, const dqc_attend_args *a, int nccl, dqc__attend_req *r);
+void dqc__attend_free(dqc__attend_req *r);
 
 #endif

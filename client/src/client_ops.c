@@ -119,51 +119,64 @@ int dqc_register_model(dqc_client *c, const dqc_model_spec *spec, dqc_model_info
 
 /* ---- PUT ---- */
 
-int dqc_put(dqc_client *c, const dqc_put_args *a, dqc_put_result *res)
+int dqc__put_build(dqc_client *c, const char *op, const dqc_put_args *a, int nccl, dqc__put_req *r)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
-    DQC_CHECK_ARG(c, a, "put: args is NULL");
-    if (res)
-        memset(res, 0, sizeof *res);
-    DQC_CHECK_ARG(c, a->model && a->model[0], "put: model name required");
+    DQC_CHECK_ARG(c, a, "%s: args is NULL", op);
+    DQC_CHECK_ARG(c, a->model && a->model[0], "%s: model name required", op);
     DQC_CHECK_ARG(c, a->num_layers && a->tokens && a->kv_heads && a->head_dim,
-                  "put: num_layers, tokens, kv_heads and head_dim must be positive");
-    DQC_CHECK_ARG(c, dtype_ok(a->dtype), "put: unsupported dtype %d", (int)a->dtype);
-    DQC_CHECK_ARG(c, a->k && a->v, "put: k and v are required");
-    uint64_t shape[4] = {a->num_layers, a->tokens, a->kv_heads, a->head_dim};
-    size_t bytes;
-    if (!mul_size(&bytes, dtype_size(a->dtype), shape, 4) || bytes > SIZE_MAX / 2)
-        return dqc__fail(c, DQ_TOO_LARGE, "put: tensor size overflows");
+                  "%s: num_layers, tokens, kv_heads and head_dim must be positive", op);
+    DQC_CHECK_ARG(c, dtype_ok(a->dtype), "%s: unsupported dtype %d", op, (int)a->dtype);
+    DQC_CHECK_ARG(c, a->k && a->v, "%s: k and v are required", op);
+    r->shape[0] = a->num_layers;
+    r->shape[1] = a->tokens;
+    r->shape[2] = a->kv_heads;
+    r->shape[3] = a->head_dim;
+    if (!mul_size(&r->bytes, dtype_size(a->dtype), r->shape, 4) || r->bytes > SIZE_MAX / 2)
+        return dqc__fail(c, DQ_TOO_LARGE, "%s: tensor size overflows", op);
 
-    Dquant__SeqRef seq;
-    DQC_FORWARD(seq_fill(c, "put", &a->seq, &seq));
-    Dquant__Tensor tk, tv;
-    tensor_set(&tk, (int)a->dtype, shape, 4, 0, bytes);
-    tensor_set(&tv, (int)a->dtype, shape, 4, bytes, bytes);
-    Dquant__Put p = DQUANT__PUT__INIT;
-    p.seq = &seq;
-    p.model = (char *)a->model;
-    p.start_token = a->start_token;
-    p.first_layer = a->first_layer;
-    p.num_layers = a->num_layers;
-    p.tokens = a->tokens;
-    p.k = &tk;
-    p.v = &tv;
-    Dquant__Request req = DQUANT__REQUEST__INIT;
-    req.body_case = DQUANT__REQUEST__BODY_PUT;
-    req.put = &p;
-    struct iovec iov[2] = {{(void *)a->k, bytes}, {(void *)a->v, bytes}};
+    DQC_FORWARD(seq_fill(c, op, &a->seq, &r->seq));
+    tensor_set(&r->k, (int)a->dtype, r->shape, 4, 0, r->bytes);
+    tensor_set(&r->v, (int)a->dtype, r->shape, 4, r->bytes, r->bytes);
+    r->k.nccl = r->v.nccl = nccl != 0;
+    dquant__put__init(&r->put);
+    r->put.seq = &r->seq;
+    r->put.model = (char *)a->model;
+    r->put.start_token = a->start_token;
+    r->put.first_layer = a->first_layer;
+    r->put.num_layers = a->num_layers;
+    r->put.tokens = a->tokens;
+    r->put.k = &r->k;
+    r->put.v = &r->v;
+    dquant__request__init(&r->req);
+    r->req.body_case = DQUANT__REQUEST__BODY_PUT;
+    r->req.put = &r->put;
+    return 0;
+}
 
-    dqc__reply rep;
-    DQC_FORWARD(dqc__call(c, &req, iov, 2, 0, DQUANT__RESPONSE__BODY_PUT, NULL, NULL, &rep));
+void dqc__put_result(const dqc__reply *rep, dqc_put_result *res)
+{
     if (res) {
-        const Dquant__PutReply *r = rep.resp->put;
+        const Dquant__PutReply *r = rep->resp->put;
         res->tokens = r->tokens;
         res->stored_bytes = r->stored_bytes;
         res->streams_encoded = r->streams_encoded;
         res->retries = r->retries;
     }
+}
+
+int dqc_put(dqc_client *c, const dqc_put_args *a, dqc_put_result *res)
+{
+    if (!c)
+        return DQ_INVALID_ARGUMENT;
+    if (res)
+        memset(res, 0, sizeof *res);
+    dqc__put_req r;
+    DQC_FORWARD(dqc__put_build(c, "put", a, 0, &r));
+    struct iovec iov[2] = {{(void *)a->k, r.bytes}, {(void *)a->v, r.bytes}};
+
+    dqc__reply rep;
+    DQC_FORWARD(dqc__call(c, &r.req, iov, 2, 0, DQUANT__RESPONSE__BODY_PUT, NULL, NULL, &rep));
+    dqc__put_result(&rep, res);
     dqc__reply_free(&rep);
     return 0;
 }
@@ -198,34 +211,52 @@ static Dquant__GetFormat get_format(dq_dtype d)
     }
 }
 
+int dqc__get_build(dqc_client *c, const char *op, const dqc_get_args *a, dqc__get_req *r)
+{
+    DQC_CHECK_ARG(c, dtype_ok(a->dtype), "%s: unsupported dtype %d", op, (int)a->dtype);
+    DQC_FORWARD(seq_fill(c, op, &a->seq, &r->seq));
+    dquant__get__init(&r->get);
+    r->get.seq = &r->seq;
+    r->get.first_layer = a->first_layer;
+    r->get.num_layers = a->num_layers;
+    r->get.start_token = a->start_token;
+    r->get.tokens = a->tokens;
+    r->get.format = get_format(a->dtype);
+    dquant__request__init(&r->req);
+    r->req.body_case = DQUANT__REQUEST__BODY_GET;
+    r->req.get = &r->get;
+    return 0;
+}
+
+int dqc__get_check(dqc_client *c, const char *op, const dqc_get_args *a, const Dquant__GetReply *r,
+                   uint64_t payload_len, size_t *bytes)
+{
+    uint64_t want[4] = {a->num_layers ? a->num_layers : UINT64_MAX, r->tokens, UINT64_MAX, UINT64_MAX};
+    size_t kb = 0, vb = 0;
+    DQC_FORWARD(dqc__tensor_check(c, r->k, "k", payload_len, (int)a->dtype, 4, want, &kb));
+    const uint64_t *ks = r->k->shape;
+    uint64_t same[4] = {ks[0], ks[1], ks[2], ks[3]};
+    DQC_FORWARD(dqc__tensor_check(c, r->v, "v", payload_len, (int)a->dtype, 4, same, &vb));
+    if (a->tokens && r->tokens != a->tokens)
+        return dqc__fail(c, DQ_PROTOCOL, "%s: asked for %llu tokens, reply has %llu", op,
+                         (unsigned long long)a->tokens, (unsigned long long)r->tokens);
+    *bytes = kb;
+    return 0;
+}
+
 int dqc_get(dqc_client *c, const dqc_get_args *a, dqc_get_result *res)
 {
     if (!c)
         return DQ_INVALID_ARGUMENT;
     DQC_CHECK_ARG(c, a && res, "get: args and res are required");
     RESULT_RESET(res);
-    DQC_CHECK_ARG(c, dtype_ok(a->dtype), "get: unsupported dtype %d", (int)a->dtype);
-
-    Dquant__Get g = DQUANT__GET__INIT;
-    g.first_layer = a->first_layer;
-    g.num_layers = a->num_layers;
-    g.start_token = a->start_token;
-    g.tokens = a->tokens;
-    g.format = get_format(a->dtype);
+    dqc__get_req g;
+    DQC_FORWARD(dqc__get_build(c, "get", a, &g));
     dqc__reply rep;
-    DQC_FORWARD(get_call(c, "get", &a->seq, &g, &res->mem_, &res->mem_cap_, &rep));
+    DQC_FORWARD(dqc__call(c, &g.req, NULL, 0, 1, DQUANT__RESPONSE__BODY_GET, &res->mem_, &res->mem_cap_, &rep));
     const Dquant__GetReply *r = rep.resp->get;
-    uint64_t want[4] = {a->num_layers ? a->num_layers : UINT64_MAX, r->tokens, UINT64_MAX, UINT64_MAX};
-    size_t kb = 0, vb = 0;
-    int rc = dqc__tensor_check(c, r->k, "k", rep.payload_len, (int)a->dtype, 4, want, &kb);
-    if (!rc) {
-        const uint64_t *ks = r->k->shape;
-        uint64_t same[4] = {ks[0], ks[1], ks[2], ks[3]};
-        rc = dqc__tensor_check(c, r->v, "v", rep.payload_len, (int)a->dtype, 4, same, &vb);
-    }
-    if (!rc && (a->tokens && r->tokens != a->tokens))
-        rc = dqc__fail(c, DQ_PROTOCOL, "get: asked for %llu tokens, reply has %llu",
-                       (unsigned long long)a->tokens, (unsigned long long)r->tokens);
+    size_t kb = 0;
+    int rc = dqc__get_check(c, "get", a, r, rep.payload_len, &kb);
     if (!rc) {
         res->start_token = r->start_token;
         res->tokens = r->tokens;
@@ -235,7 +266,7 @@ int dqc_get(dqc_client *c, const dqc_get_args *a, dqc_get_result *res)
         res->dtype = a->dtype;
         res->bytes = kb;
         res->k = kb ? rep.payload + r->k->offset : NULL;
-        res->v = vb ? rep.payload + r->v->offset : NULL;
+        res->v = kb ? rep.payload + r->v->offset : NULL;
     }
     dqc__reply_free(&rep);
     return rc;
@@ -335,60 +366,69 @@ void dqc_raw_result_free(dqc_raw_result *res)
 
 /* ---- ATTEND ---- */
 
-int dqc_attend(dqc_client *c, const dqc_attend_args *a, float *out, float *lse)
+int dqc__attend_build(dqc_client *c, const char *op, const dqc_attend_args *a, int nccl, dqc__attend_req *r)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
-    DQC_CHECK_ARG(c, a && out, "attend: args and out are required");
-    DQC_CHECK_ARG(c, a->items && a->nitems, "attend: at least one item is required");
-    DQC_CHECK_ARG(c, a->q_heads && a->head_dim, "attend: q_heads and head_dim must be positive");
-    DQC_CHECK_ARG(c, dtype_ok(a->dtype), "attend: unsupported dtype %d", (int)a->dtype);
-    DQC_CHECK_ARG(c, isfinite(a->scale) && a->scale >= 0, "attend: scale must be finite and >= 0");
+    memset(r, 0, sizeof *r);
+    DQC_CHECK_ARG(c, a, "%s: args is NULL", op);
+    DQC_CHECK_ARG(c, a->items && a->nitems, "%s: at least one item is required", op);
+    DQC_CHECK_ARG(c, a->q_heads && a->head_dim, "%s: q_heads and head_dim must be positive", op);
+    DQC_CHECK_ARG(c, dtype_ok(a->dtype), "%s: unsupported dtype %d", op, (int)a->dtype);
+    DQC_CHECK_ARG(c, isfinite(a->scale) && a->scale >= 0, "%s: scale must be finite and >= 0", op);
     if (c->info.max_batch_items && a->nitems > c->info.max_batch_items)
-        return dqc__fail(c, DQ_TOO_LARGE, "attend: %zu items exceed the server's batch limit of %u", a->nitems,
+        return dqc__fail(c, DQ_TOO_LARGE, "%s: %zu items exceed the server's batch limit of %u", op, a->nitems,
                          c->info.max_batch_items);
     size_t nappend = 0;
     for (size_t i = 0; i < a->nitems; i++) {
         const dqc_attend_item *it = &a->items[i];
-        DQC_CHECK_ARG(c, it->q, "attend: item %zu has no q", i);
-        DQC_CHECK_ARG(c, !it->append_k == !it->append_v, "attend: item %zu: append_k and append_v go together", i);
-        DQC_CHECK_ARG(c, it->seq.key || !it->seq.key_len, "attend: item %zu: seq.key is NULL", i);
+        DQC_CHECK_ARG(c, it->q, "%s: item %zu has no q", op, i);
+        DQC_CHECK_ARG(c, !it->append_k == !it->append_v, "%s: item %zu: append_k and append_v go together", op, i);
+        DQC_CHECK_ARG(c, it->seq.key || !it->seq.key_len, "%s: item %zu: seq.key is NULL", op, i);
         nappend += it->append_k != NULL;
     }
-    DQC_CHECK_ARG(c, !nappend || a->kv_heads, "attend: kv_heads is required with appends");
+    DQC_CHECK_ARG(c, !nappend || a->kv_heads, "%s: kv_heads is required with appends", op);
 
-    uint64_t qshape[2] = {a->q_heads, a->head_dim};
-    uint64_t ashape[3] = {1, a->kv_heads, a->head_dim};
-    size_t es = dtype_size(a->dtype), qbytes, abytes = 0, obytes, lbytes;
-    uint64_t oshape[3] = {a->nitems, a->q_heads, a->head_dim};
-    if (!mul_size(&qbytes, es, qshape, 2) || (nappend && !mul_size(&abytes, es, ashape, 3)) ||
-        !mul_size(&obytes, 4, oshape, 3) || !mul_size(&lbytes, 4, oshape, 2))
-        return dqc__fail(c, DQ_TOO_LARGE, "attend: tensor size overflows");
-
-    /* One block for the request structures: items, item pointers, seq refs, tensors, iovecs. */
+    /* One block for the request structures: items, item pointers, seq refs, tensors, iovecs, and the
+     * shapes the tensors point to. */
     size_t n = a->nitems;
     size_t niov = n + 2 * nappend;
     size_t need = n * (sizeof(Dquant__AttendItem) + sizeof(Dquant__AttendItem *) + sizeof(Dquant__SeqRef) +
                        3 * sizeof(Dquant__Tensor)) +
-                  niov * sizeof(struct iovec);
+                  niov * sizeof(struct iovec) + 5 * sizeof(uint64_t);
     uint8_t *blk = malloc(need);
     if (!blk)
-        return dqc__fail(c, DQ_NOMEM, "attend: no memory for %zu items", n);
+        return dqc__fail(c, DQ_NOMEM, "%s: no memory for %zu items", op, n);
     Dquant__AttendItem *items = (Dquant__AttendItem *)blk;
     Dquant__AttendItem **ptrs = (Dquant__AttendItem **)(items + n);
     Dquant__SeqRef *seqs = (Dquant__SeqRef *)(ptrs + n);
     Dquant__Tensor *tens = (Dquant__Tensor *)(seqs + n);
     struct iovec *iov = (struct iovec *)(tens + 3 * n);
+    uint64_t *qshape = (uint64_t *)(iov + niov);
+    uint64_t *ashape = qshape + 2;
+    qshape[0] = a->q_heads;
+    qshape[1] = a->head_dim;
+    ashape[0] = 1;
+    ashape[1] = a->kv_heads;
+    ashape[2] = a->head_dim;
+    r->oshape[0] = a->nitems;
+    r->oshape[1] = a->q_heads;
+    r->oshape[2] = a->head_dim;
+    size_t es = dtype_size(a->dtype), qbytes, abytes = 0;
+    if (!mul_size(&qbytes, es, qshape, 2) || (nappend && !mul_size(&abytes, es, ashape, 3)) ||
+        !mul_size(&r->obytes, 4, r->oshape, 3) || !mul_size(&r->lbytes, 4, r->oshape, 2)) {
+        free(blk);
+        return dqc__fail(c, DQ_TOO_LARGE, "%s: tensor size overflows", op);
+    }
 
     uint64_t off = 0;
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         const dqc_attend_item *it = &a->items[i];
         dquant__attend_item__init(&items[i]);
-        seq_fill(c, "attend", &it->seq, &seqs[i]);
+        seq_fill(c, op, &it->seq, &seqs[i]);
         items[i].seq = &seqs[i];
         items[i].layer = it->layer;
         tensor_set(&tens[3 * i], (int)a->dtype, qshape, 2, off, qbytes);
+        tens[3 * i].nccl = nccl != 0;
         items[i].q = &tens[3 * i];
         iov[k++] = (struct iovec){(void *)it->q, qbytes};
         off += qbytes;
@@ -399,33 +439,54 @@ int dqc_attend(dqc_client *c, const dqc_attend_args *a, float *out, float *lse)
             tensor_set(&tens[3 * i + 2], (int)a->dtype, ashape, 3, off, abytes);
             iov[k++] = (struct iovec){(void *)it->append_v, abytes};
             off += abytes;
+            tens[3 * i + 1].nccl = tens[3 * i + 2].nccl = nccl != 0;
             items[i].append_k = &tens[3 * i + 1];
             items[i].append_v = &tens[3 * i + 2];
         }
         ptrs[i] = &items[i];
     }
-    Dquant__Attend at = DQUANT__ATTEND__INIT;
-    at.n_items = n;
-    at.items = ptrs;
-    at.scale = a->scale;
-    Dquant__Request req = DQUANT__REQUEST__INIT;
-    req.body_case = DQUANT__REQUEST__BODY_ATTEND;
-    req.attend = &at;
+    dquant__attend__init(&r->at);
+    r->at.n_items = n;
+    r->at.items = ptrs;
+    r->at.scale = a->scale;
+    dquant__request__init(&r->req);
+    r->req.body_case = DQUANT__REQUEST__BODY_ATTEND;
+    r->req.attend = &r->at;
+    r->iov = iov;
+    r->niov = niov;
+    r->payload = off;
+    r->nappend = nappend;
+    r->blk_ = blk;
+    return 0;
+}
 
+void dqc__attend_free(dqc__attend_req *r)
+{
+    free(r->blk_);
+    r->blk_ = NULL;
+}
+
+int dqc_attend(dqc_client *c, const dqc_attend_args *a, float *out, float *lse)
+{
+    if (!c)
+        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_ARG(c, a && out, "attend: args and out are required");
+    dqc__attend_req ar;
+    DQC_FORWARD(dqc__attend_build(c, "attend", a, 0, &ar));
     dqc__reply rep;
-    int rc = dqc__call(c, &req, iov, niov, nappend == 0, DQUANT__RESPONSE__BODY_ATTEND, NULL, NULL, &rep);
-    free(blk);
+    int rc = dqc__call(c, &ar.req, ar.iov, ar.niov, ar.nappend == 0, DQUANT__RESPONSE__BODY_ATTEND, NULL, NULL, &rep);
+    dqc__attend_free(&ar);
     if (rc)
         return rc;
     const Dquant__AttendReply *r = rep.resp->attend;
     size_t ob = 0, lb = 0;
-    rc = dqc__tensor_check(c, r->out, "out", rep.payload_len, DQUANT__DTYPE__F32, 3, oshape, &ob);
+    rc = dqc__tensor_check(c, r->out, "out", rep.payload_len, DQUANT__DTYPE__F32, 3, ar.oshape, &ob);
     if (!rc)
-        rc = dqc__tensor_check(c, r->lse, "lse", rep.payload_len, DQUANT__DTYPE__F32, 2, oshape, &lb);
+        rc = dqc__tensor_check(c, r->lse, "lse", rep.payload_len, DQUANT__DTYPE__F32, 2, ar.oshape, &lb);
     if (!rc) {
-        memcpy(out, rep.payload + r->out->offset, obytes);
+        memcpy(out, rep.payload + r->out->offset, ar.obytes);
         if (lse)
-            memcpy(lse, rep.payload + r->lse->offset, lbytes);
+            memcpy(lse, rep.payload + r->lse->offset, ar.lbytes);
     }
     dqc__reply_free(&rep);
     return rc;

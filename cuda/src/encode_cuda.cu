@@ -8,10 +8,18 @@
  * streams side by side, in place in the level rows. Overflows are redone by the same warp with the
  * tightened budget of stream.c, then the warp writes the records.
  *
- * Where lib searches a sorted copy of the stream (thresholds, nearest values), the warp counts over
- * all values; both give the same integers and floats because fl(x - o) and fl((x - lv)²) are
- * monotone in x (see the comments at each place). */
+ * Two versions of the drift's searches, chosen at run time (DQCU_ENCODE_KERNEL, enc_kernel()):
+ *   4 (default): like lib, the warp sorts the stream once (bitonic network on order-preserving
+ *     integer keys, in registers) into shared memory, and each count of values below a threshold
+ *     is a two-level ballot over the sorted stream: O(M) per bisection step instead of O(n·M);
+ *   3: the warp counts over all values (per value, per threshold) in every step.
+ * Both give lib's integers and floats because fl(x - o) and fl((x - lv)²) are monotone in x (see
+ * the comments at each place). */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
 
 #include "cuda_internal.cuh"
 
@@ -56,7 +64,7 @@ struct enc_slot {
     uint32_t moved, max_move;
 };
 
-/* Per-warp scratch, followed by G enc_slots and G level rows. */
+/* Per-warp scratch, followed by G enc_slots, G level rows and (version 4) the sorted stream. */
 struct enc_warp {
     float sp[DQCU_MAX_PAIRS];   /* swap points of the current λ, index b(b-1)/2 + a */
     float T[32];                /* thresholds 1..k at T[0..k-1], then +inf up to P-1 */
@@ -89,11 +97,20 @@ struct enc_params {
     const int32_t *win_status;
 };
 
-__host__ __device__ static inline size_t enc_warp_bytes(uint32_t G, uint32_t row_stride)
+__host__ __device__ static inline size_t enc_rows_off(uint32_t G)
 {
-    size_t b = ENC_SLOTS_OFF + (size_t)G * sizeof(enc_slot);
-    b = (b + 15) & ~(size_t)15;
-    return (b + (size_t)G * row_stride + 15) & ~(size_t)15;
+    return (ENC_SLOTS_OFF + (size_t)G * sizeof(enc_slot) + 15) & ~(size_t)15;
+}
+
+__host__ __device__ static inline size_t enc_sorted_off(uint32_t G, uint32_t row_stride)
+{
+    return (enc_rows_off(G) + (size_t)G * row_stride + 15) & ~(size_t)15;
+}
+
+/* sorted_bytes: 4·VPL·32 for version 4, 0 for version 3 */
+__host__ __device__ static inline size_t enc_warp_bytes(uint32_t G, uint32_t row_stride, size_t sorted_bytes)
+{
+    return enc_sorted_off(G, row_stride) + sorted_bytes;
 }
 
 /* ---- value sources ---- */
@@ -296,16 +313,147 @@ __device__ __forceinline__ uint32_t env_index(const enc_warp &ws, uint32_t P, fl
     return pos;
 }
 
+/* ---- the sorted stream (version 4) ----
+ *
+ * Sorted position p = lane·VPL + r: lane l holds the sorted run ("chunk") l in its registers r.
+ * In shared memory chunk c's element i sits at word c·VPL + (i ^ sort_swz(c)): the swizzle keeps
+ * both the lanes' writes of one register (one element of every chunk) and the reads of one chunk
+ * by consecutive lanes free of bank conflicts. Positions >= n hold NaN (key 0xffffffff), which no
+ * comparison counts. */
+
+template <int VPL>
+__device__ __forceinline__ uint32_t sort_swz(uint32_t c)
+{
+    constexpr int LV = __builtin_ctz(VPL);
+    return VPL >= 32 ? (c & 31u) : c >> (5 - LV);
+}
+
+template <int VPL>
+__device__ __forceinline__ float sorted_at(const float *srt, uint32_t p)
+{
+    const uint32_t c = p / VPL, i = p % VPL;
+    return srt[c * VPL + (i ^ sort_swz<VPL>(c))];
+}
+
+/* Sorts the stream's values into srt (see above); returns the largest value of this lane's chunk.
+ * Bitonic network on dqcu_float_key (order-preserving unsigned keys: exact min/max, each value
+ * kept bit for bit), in the variant with ascending comparators only: merging runs of 2^kk starts
+ * with partners p ^ (2^kk - 1), then p ^ 2^jj. Partners closer than VPL positions sit in the same
+ * lane; the others are exchanged by shuffles (lane ^ mask; the first step also reverses the
+ * registers). -0 sorts before +0, which no count can tell apart. */
+template <int VPL>
+__device__ float sort_warp(const float (&x)[VPL], uint32_t n, float *srt, uint32_t lane)
+{
+    constexpr int LV = __builtin_ctz(VPL), LT = LV + 5;
+    uint32_t k[VPL];
+#pragma unroll
+    for (int r = 0; r < VPL; r++)
+        k[r] = (uint32_t)r * 32u + lane < n ? dqcu_float_key(x[r]) : 0xffffffffu;
+#pragma unroll
+    for (int kk = 1; kk <= LT; kk++) {
+#pragma unroll
+        for (int jj = kk - 1; jj >= 0; jj--) {
+            const bool first = jj == kk - 1;
+            if (jj < LV) {
+#pragma unroll
+                for (int r = 0; r < VPL; r++) {
+                    const int q = first ? r ^ ((2 << jj) - 1) : r ^ (1 << jj);
+                    if (q > r) {
+                        const uint32_t lo = min(k[r], k[q]), hi = max(k[r], k[q]);
+                        k[r] = lo;
+                        k[q] = hi;
+                    }
+                }
+            } else if (first) {
+                const uint32_t m = (2u << (jj - LV)) - 1u;
+                const bool upper = ((lane >> (jj - LV)) & 1u) != 0;
+#pragma unroll
+                for (int r = 0; r < (VPL + 1) / 2; r++) {
+                    const int q = VPL - 1 - r;
+                    const uint32_t a = __shfl_xor_sync(DQCU_FULL, k[q], (int)m);
+                    const uint32_t b = q != r ? __shfl_xor_sync(DQCU_FULL, k[r], (int)m) : a;
+                    k[r] = upper ? max(k[r], a) : min(k[r], a);
+                    if (q != r)
+                        k[q] = upper ? max(k[q], b) : min(k[q], b);
+                }
+            } else {
+                const uint32_t m = 1u << (jj - LV);
+                const bool upper = (lane & m) != 0;
+#pragma unroll
+                for (int r = 0; r < VPL; r++) {
+                    const uint32_t o = __shfl_xor_sync(DQCU_FULL, k[r], (int)m);
+                    k[r] = upper ? max(k[r], o) : min(k[r], o);
+                }
+            }
+        }
+    }
+    const uint32_t sw = sort_swz<VPL>(lane);
+#pragma unroll
+    for (int r = 0; r < VPL; r++)
+        srt[lane * VPL + ((uint32_t)r ^ sw)] = dqcu_key_float(k[r]);
+    __syncwarp();
+    return dqcu_key_float(k[VPL - 1]);
+}
+
+/* drift.c count_le: the number of sorted values with fl(x - o) <= t, for the whole warp. cy is
+ * fl(c - o) for this lane's chunk maximum c. fl(x - o) <= t holds on a prefix of the sorted
+ * stream (fl(x - o) is monotone in x; NaN padding never holds), so the chunks entirely below t
+ * are lanes 0..b-1 and the count is b·VPL plus the prefix of chunk b; when every chunk is below
+ * (b = 32), chunk 31 counted again gives its VPL. */
+template <int VPL>
+__device__ __forceinline__ uint32_t count_le_sorted(const float *srt, float cy, float o, float t, uint32_t lane)
+{
+    const uint32_t b = (uint32_t)__popc(__ballot_sync(DQCU_FULL, cy <= t));
+    const uint32_t c = b < 32u ? b : 31u;
+    const float *chunk = srt + c * VPL;
+    const uint32_t sw = sort_swz<VPL>(c);
+    uint32_t cnt = c * VPL;
+#pragma unroll
+    for (int h = 0; h < (VPL + 31) / 32; h++) {
+        const uint32_t i = (uint32_t)h * 32u + lane;
+        bool le = false;
+        if (i < (uint32_t)VPL)
+            le = chunk[i ^ sw] - o <= t;
+        cnt += (uint32_t)__popc(__ballot_sync(DQCU_FULL, le));
+    }
+    return cnt;
+}
+
+/* drift.c envelope_cost on the sorted stream: n·c(lv_0) + Σ_i above_i·(c(lv_i) - c(lv_{i-1})),
+ * the thresholds of the published envelope searched eight at a time (independent ballots). */
+template <int VPL>
+__device__ int64_t envelope_cost_sorted(const enc_warp &ws, const float *srt, uint32_t n, float cy, float o,
+                                        uint32_t lane)
+{
+    const uint32_t K = ws.K;
+    int64_t cost = (int64_t)n * ws.CC[0];
+    for (uint32_t i0 = 0; i0 < K; i0 += 8) {
+#pragma unroll
+        for (uint32_t j = 0; j < 8; j++) {
+            const uint32_t i = i0 + j;
+            if (i < K) {
+                const uint32_t above = n - count_le_sorted<VPL>(srt, cy, o, ws.T[i], lane);
+                cost += (int64_t)above * (ws.CC[i + 1] - ws.CC[i]);
+            }
+        }
+    }
+    return cost;
+}
+
 /* dq__drift for grid (s, o) on the warp's values; writes levels to row, returns Σ cost_q16.
  *
  * min D: lib takes, per level, the nearest sorted values on each side; fl((x - lv)²) is monotone
  * in x on each side of lv, so that equals the minimum over all (value, level) computed here.
  * The cost of an envelope: lib sums counts of fl(x - o) <= thr found by binary search on the
  * sorted stream (fl(x - o) is monotone in x); the per-value sum of cost_q16[level] telescopes to
- * the same integer. */
-template <int VPL>
-__device__ int64_t drift_warp(const enc_tab &kt, enc_warp &ws, const float (&x)[VPL], uint32_t n, float xmin,
-                              float xmax, float s, float o, int64_t budget, uint8_t *row, uint32_t lane)
+ * the same integer. Version 4 (SORT) searches the sorted stream srt as lib does (cmax: this lane's
+ * chunk maximum, see sort_warp), with lib's formulas for min D and the envelope's cost.
+ * (min D is a minimum of non-negative floats and the costs are integers: the order of the
+ * operations cannot change either.) */
+template <int VPL, bool SORT>
+__device__ int64_t drift_warp(const enc_tab &kt, enc_warp &ws, const float (&x)[VPL], const float *srt, float cmax,
+                              uint32_t n, float xmin, float xmax, float s, float o, int64_t budget, uint8_t *row,
+                              uint32_t lane)
 {
     const uint32_t M = kt.M;
     float lv0 = o, lvM = o + s * (float)(M - 1);
@@ -315,26 +463,52 @@ __device__ int64_t drift_warp(const enc_tab &kt, enc_warp &ws, const float (&x)[
     d = xmin - lvM; maxd = fmaxf(maxd, d * d);
     d = xmax - lvM; maxd = fmaxf(maxd, d * d);
 
-    float mn = INFINITY;
-    for (uint32_t m = 0; m < M; m++) {
-        float lv = o + s * (float)m;
-#pragma unroll
-        for (int r = 0; r < VPL; r++) {
-            if ((uint32_t)r * 32u + lane < n) {
-                float dd = x[r] - lv;
-                mn = fminf(mn, dd * dd);
+    float mind;
+    if (SORT) {
+        /* drift.c: p = count_le(xs, n, 0, lv), then the values on each side of lv; fl(x - 0) = x */
+        mind = INFINITY;
+        for (uint32_t m = 0; m < M; m++) {
+            const float lv = o + s * (float)m;
+            const uint32_t q = count_le_sorted<VPL>(srt, cmax, 0.0f, lv, lane);
+            if (q > 0) {
+                d = sorted_at<VPL>(srt, q - 1) - lv;
+                mind = fminf(mind, d * d);
+            }
+            if (q < n) {
+                d = sorted_at<VPL>(srt, q) - lv;
+                mind = fminf(mind, d * d);
             }
         }
+    } else {
+        float mn = INFINITY;
+        for (uint32_t m = 0; m < M; m++) {
+            float lv = o + s * (float)m;
+#pragma unroll
+            for (int r = 0; r < VPL; r++) {
+                if ((uint32_t)r * 32u + lane < n) {
+                    float dd = x[r] - lv;
+                    mn = fminf(mn, dd * dd);
+                }
+            }
+        }
+        /* squares are >= +0 (or +inf): their bit patterns order like the values */
+        mind = dqcu_bitsf(__reduce_min_sync(DQCU_FULL, dqcu_fbits(mn)));
     }
-    /* squares are >= +0 (or +inf): their bit patterns order like the values */
-    float mind = dqcu_bitsf(__reduce_min_sync(DQCU_FULL, dqcu_fbits(mn)));
     const int hi = drift_hi(8.0f * (maxd - mind));
 
     const bool small = kt.P <= 8;
+    const float cy = cmax - o;
     uint32_t jlo = 0, jhi = 4096;
     for (int t = 0; t < 12; t++) {
         uint32_t jm = (jlo + jhi) >> 1;
         build_envelope(kt, ws, s, drift_lambda(hi, jm), lane);
+        if (SORT) {
+            if (envelope_cost_sorted<VPL>(ws, srt, n, cy, o, lane) <= budget)
+                jhi = jm;
+            else
+                jlo = jm;
+            continue;
+        }
         uint32_t c = 0;
         if (small) {
             env7 e;
@@ -524,7 +698,7 @@ __device__ __forceinline__ void minmax_warp(const float (&x)[VPL], uint32_t n, u
  *   3. the length check: streams that overflow become pending again, with the budget tightened as
  *      stream.c does, or with the all-cheapest assignment; repeat until none is pending;
  *   4. the records. */
-template <int VPL>
+template <int VPL, bool SORT>
 __global__ void __launch_bounds__(ENC_WARPS * 32, VPL >= 64 ? 2 : VPL >= 32 ? 3 : 4) encode_kernel(enc_params p)
 {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -555,10 +729,11 @@ __global__ void __launch_bounds__(ENC_WARPS * 32, VPL >= 64 ? 2 : VPL >= 32 ? 3 
 
     const uint32_t G = p.G, n = tb.n;
     const size_t tab_bytes = (sizeof(enc_tab) + 15) & ~(size_t)15;
-    unsigned char *wbase = smem + tab_bytes + (size_t)warp * enc_warp_bytes(G, p.row_stride);
+    unsigned char *wbase = smem + tab_bytes + (size_t)warp * enc_warp_bytes(G, p.row_stride, SORT ? 128u * VPL : 0u);
     enc_warp &ws = *(enc_warp *)(void *)wbase;
     enc_slot *slots = (enc_slot *)(void *)(wbase + ENC_SLOTS_OFF);
-    uint8_t *rows = wbase + ((ENC_SLOTS_OFF + (size_t)G * sizeof(enc_slot) + 15) & ~(size_t)15);
+    uint8_t *rows = wbase + enc_rows_off(G);
+    float *srt = (float *)(void *)(wbase + enc_sorted_off(G, p.row_stride));
 
     const size_t gwarp = (size_t)blockIdx.x * ENC_WARPS + warp;
     const size_t g0 = gwarp * G;
@@ -603,8 +778,16 @@ __global__ void __launch_bounds__(ENC_WARPS * 32, VPL >= 64 ? 2 : VPL >= 32 ? 3 
                     continue;
                 }
             }
-            if (mode != MODE_CHEAP)
-                minmax_warp(x, n, lane, &xmin, &xmax);
+            float cmax = 0;
+            if (mode != MODE_CHEAP) {
+                if (SORT) {
+                    cmax = sort_warp(x, n, srt, lane);
+                    xmin = sorted_at<VPL>(srt, 0);
+                    xmax = sorted_at<VPL>(srt, n - 1);
+                } else {
+                    minmax_warp(x, n, lane, &xmin, &xmax);
+                }
+            }
             if (mode == MODE_FRESH) {
                 if (!(fabsf(xmin) <= DQ_STREAM_MAX_ABS) || !(fabsf(xmax) <= DQ_STREAM_MAX_ABS)) {
                     if (lane == 0)
@@ -620,7 +803,7 @@ __global__ void __launch_bounds__(ENC_WARPS * 32, VPL >= 64 ? 2 : VPL >= 32 ? 3 
             for (; pass < 2; pass++) {
                 int64_t cost = 0;
                 if (gs > 0)
-                    cost = drift_warp(kt, ws, x, n, xmin, xmax, gs, go, budget, row, lane);
+                    cost = drift_warp<VPL, SORT>(kt, ws, x, srt, cmax, n, xmin, xmax, gs, go, budget, row, lane);
                 if (pass == 1) {
                     feasible = gs > 0 && cost <= budget;
                     break;
@@ -869,22 +1052,56 @@ static uint32_t enc_vpl(uint32_t n)
     return v;
 }
 
-template <int VPL>
-static int launch_encode_vpl(const dqcu_codec *dc, const enc_params &p, unsigned gy, cudaStream_t stream)
+/* The encoder version (see the top of this file): DQCU_ENCODE_KERNEL=3 selects version 3, anything
+ * else (or nothing) version 4. Read once; dqcu__encode_kernel lets the test programs compare both in
+ * one process. */
+static std::atomic<int> g_enc_kernel{0};
+
+static int enc_kernel(void)
+{
+    int v = g_enc_kernel.load(std::memory_order_relaxed);
+    if (v == 0) {
+        const char *e = getenv("DQCU_ENCODE_KERNEL");
+        v = e && strcmp(e, "3") == 0 ? 3 : 4;
+        g_enc_kernel.store(v, std::memory_order_relaxed);
+    }
+    return v;
+}
+
+/* Test hook, not in dquant/cuda.h: selects version 3 or 4 (other values keep the current one) and
+ * returns the version in use before the call. */
+extern "C" DQCU_API int dqcu__encode_kernel(int version)
+{
+    const int prev = enc_kernel();
+    if (version == 3 || version == 4)
+        g_enc_kernel.store(version, std::memory_order_relaxed);
+    return prev;
+}
+
+template <int VPL, bool SORT>
+static int launch_encode_kernel(const dqcu_codec *dc, const enc_params &p, unsigned gy, cudaStream_t stream)
 {
     const size_t tab_bytes = (sizeof(enc_tab) + 15) & ~(size_t)15;
-    const size_t smem = tab_bytes + ENC_WARPS * enc_warp_bytes(p.G, p.row_stride);
+    const size_t smem = tab_bytes + ENC_WARPS * enc_warp_bytes(p.G, p.row_stride, SORT ? 128u * VPL : 0u);
     if (smem > dc->smem_optin)
         return DQ_UNSUPPORTED;
-    DQCU_CHECK(cudaFuncSetAttribute(encode_kernel<VPL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    DQCU_CHECK(cudaFuncSetAttribute(encode_kernel<VPL, SORT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const size_t warps = (p.count + p.G - 1) / p.G;
     const size_t blocks = (warps + ENC_WARPS - 1) / ENC_WARPS;
     if (blocks > 0x7fffffffu)
         return DQ_INVALID_ARGUMENT;
     dim3 grid((unsigned)blocks, gy);
-    encode_kernel<VPL><<<grid, ENC_WARPS * 32, smem, stream>>>(p);
+    encode_kernel<VPL, SORT><<<grid, ENC_WARPS * 32, smem, stream>>>(p);
     DQCU_CHECK_LAUNCH();
     return DQ_OK;
+}
+
+template <int VPL>
+static int launch_encode_vpl(const dqcu_codec *dc, const enc_params &p, unsigned gy, cudaStream_t stream)
+{
+    if (enc_kernel() == 3)
+        return launch_encode_kernel<VPL, false>(dc, p, gy, stream);
+    return launch_encode_kernel<VPL, true>(dc, p, gy, stream);
 }
 
 static int launch_encode(const dqcu_codec *dc, enc_params &p, unsigned gy, cudaStream_t stream)
@@ -893,7 +1110,10 @@ static int launch_encode(const dqcu_codec *dc, enc_params &p, unsigned gy, cudaS
     p.row_stride = ((n + 3u) & ~3u);
     if (((p.row_stride / 4u) & 1u) == 0)
         p.row_stride += 4; /* odd number of words: the lanes' rows fall in distinct banks */
-    uint32_t G = 8704u / p.row_stride;
+    /* Level rows of about 8.5 KB per warp; version 4 takes 12 KB: more streams per group keep more
+     * lanes busy in the rANS pass, and with the sorted stream the blocks that the registers allow
+     * per SM still fit in shared memory. */
+    uint32_t G = (enc_kernel() == 3 ? 8704u : 12288u) / p.row_stride;
     p.G = G < 1 ? 1 : G > 32 ? 32 : G;
     switch (enc_vpl(n)) {
     case 1: return launch_encode_vpl<1>(dc, p, gy, stream);
