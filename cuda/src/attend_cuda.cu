@@ -11,8 +11,14 @@
  *     Σ_t (a_t s_t)(m_t,j - c)  and, on the side,  Σ_t a_t (o_t + s_t·c)
  * for every query head of the group. No BF16 copy of the cache exists at any point. Each block ends
  * by un-rotating its accumulator (rotated domain → original) and writes (acc, max, sum); a second
- * kernel merges a sequence's blocks by their log-sum-exp. */
+ * kernel merges a sequence's blocks by their log-sum-exp.
+ *
+ * That is kernel v3. v4 (attend_v4.cuh: keys and values decoded concurrently, values contracted on
+ * tensor cores) is the default for the shapes it takes; v3 runs the BF16 tail, the other shapes,
+ * and everything when DQCU_ATTEND_KERNEL=3. */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "rans_cuda.cuh"
 
@@ -29,6 +35,7 @@ struct att_params {
     uint32_t QH, G;
     uint32_t chunk;         /* tiles per block */
     uint32_t nsplit;        /* window splits; split nsplit is the tail */
+    uint32_t split0;        /* split of blockIdx.y 0 (v4 launches v3 for the tail alone) */
     uint32_t tpw;           /* tiles per window */
     float scale;
 };
@@ -50,24 +57,6 @@ static size_t att_smem_bytes(uint32_t QH, uint32_t d)
     b += 2 * ATT_T * sizeof(float);             /* value scale, value mid */
     b += (size_t)d * ATT_LV_STRIDE;             /* value levels, channel-major */
     return (b + 15) & ~(size_t)15;
-}
-
-static att_plan att_make_plan(const dqcu_codec *dc, uint32_t QH, uint32_t nseq, uint32_t max_tokens)
-{
-    att_plan pl;
-    pl.tpw = (dc->W + ATT_T - 1) / ATT_T;
-    const uint64_t tiles = (uint64_t)(max_tokens / dc->W) * pl.tpw;
-    const uint64_t slots = (uint64_t)(dc->sm_count > 0 ? dc->sm_count : 1) * 3u * 2u;
-    uint64_t chunk = (tiles * nseq + slots - 1) / slots;
-    if (chunk < 1)
-        chunk = 1;
-    if ((tiles + chunk - 1) / chunk > 8191) /* the merge keeps a weight per split in shared memory */
-        chunk = (tiles + 8190) / 8191;
-    pl.chunk = (uint32_t)chunk;
-    pl.nsplit = (uint32_t)((tiles + chunk - 1) / chunk);
-    pl.smem = att_smem_bytes(QH, dc->d);
-    pl.ws_bytes = (size_t)nseq * (pl.nsplit + 1) * QH * (dc->d + 2) * sizeof(float);
-    return pl;
 }
 
 /* Rotation of one head of d values held by a warp (lane l: values l, l + 32, ...; d <= 512). */
@@ -98,7 +87,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attend_kernel(att_params p)
     const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
     const uint32_t nwarps = ATT_THREADS / 32;
     const size_t b = blockIdx.x;
-    const uint32_t split = blockIdx.y;
+    const uint32_t split = blockIdx.y + p.split0;
     const dqcu_attn_seq sq = p.seqs[b];
     const bool is_tail = split == p.nsplit;
     uint32_t tile0 = 0, tile1 = 0;
@@ -425,6 +414,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attend_kernel(att_params p)
     }
 }
 
+#include "attend_v4.cuh"
+
 /* Merges a sequence's partials by their log-sum-exp. Block (sequence, query head, 32 channels):
  * the 1024 threads first take the splits' maxima and weights, then warp w sums the splits
  * s = w (mod 32) for its lane's channel, and the warps' sums are added. */
@@ -508,6 +499,51 @@ __global__ void __launch_bounds__(MERGE_THREADS) attend_merge_kernel(const float
     }
 }
 
+/* Which kernel dqcu_attend runs: DQCU_ATTEND_KERNEL=3 selects v3 for every shape; otherwise v4
+ * wherever it takes the shape (attend_v4.cuh), v3 elsewhere and for the BF16 tail. Read once. */
+static int att_variant()
+{
+    static const int v = [] {
+        const char *e = getenv("DQCU_ATTEND_KERNEL");
+        return e && !strcmp(e, "3") ? 3 : 4;
+    }();
+    return v;
+}
+
+static att_plan att_make_plan(const dqcu_codec *dc, uint32_t QH, uint32_t nseq, uint32_t max_tokens, bool v4)
+{
+    att_plan pl;
+    pl.tpw = (dc->W + ATT_T - 1) / ATT_T;
+    const uint64_t tiles = (uint64_t)(max_tokens / dc->W) * pl.tpw;
+    pl.smem = v4 ? a4_smem_bytes(QH, dc->d, dc->kv_heads, QH / dc->kv_heads) : att_smem_bytes(QH, dc->d);
+    /* v3: 3 blocks per SM, two rounds of them; v4: one round of the blocks that fit (a block of c
+     * tiles pipelines them in c + 1 stages, so fewer, longer blocks lose little) */
+    uint64_t per_sm = 6;
+    if (v4) {
+        int sm_smem = 0;
+        if (cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dc->device) != cudaSuccess)
+            sm_smem = 0;
+        per_sm = (uint64_t)sm_smem / (pl.smem + 1024);
+        per_sm = per_sm < 1 ? 1 : per_sm > 2 ? 2 : per_sm;
+    }
+    const uint64_t slots = (uint64_t)(dc->sm_count > 0 ? dc->sm_count : 1) * per_sm;
+    uint64_t chunk = (tiles * nseq + slots - 1) / slots;
+    if (chunk < 1)
+        chunk = 1;
+    if ((tiles + chunk - 1) / chunk > 8191) /* the merge keeps a weight per split in shared memory */
+        chunk = (tiles + 8190) / 8191;
+    pl.chunk = (uint32_t)chunk;
+    pl.nsplit = (uint32_t)((tiles + chunk - 1) / chunk);
+    pl.ws_bytes = (size_t)nseq * (pl.nsplit + 1) * QH * (dc->d + 2) * sizeof(float);
+    return pl;
+}
+
+static bool att_use_v4(const dqcu_codec *dc, uint32_t QH)
+{
+    const uint32_t G = QH / dc->kv_heads;
+    return att_variant() == 4 && a4_shape_ok(G, dc->d) && a4_smem_bytes(QH, dc->d, dc->kv_heads, G) <= dc->smem_optin;
+}
+
 extern "C" int dqcu_attend_check(const dqcu_codec *dc, uint32_t q_heads)
 {
     if (!dc)
@@ -526,16 +562,38 @@ extern "C" size_t dqcu_attend_workspace_size(const dqcu_codec *dc, uint32_t q_he
 {
     if (!dc || !q_heads)
         return 0;
-    return att_make_plan(dc, q_heads, nseq, max_tokens).ws_bytes;
+    return att_make_plan(dc, q_heads, nseq, max_tokens, att_use_v4(dc, q_heads)).ws_bytes;
 }
 
 template <int GMAX, bool EXACT>
-static int launch_att(const att_params &p, const att_plan &pl, uint32_t nseq, cudaStream_t stream)
+static int launch_att(const att_params &p, size_t smem, uint32_t nseq, uint32_t nblk_y, cudaStream_t stream)
 {
     DQCU_CHECK(cudaFuncSetAttribute(attend_kernel<GMAX, EXACT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)pl.smem));
-    dim3 grid(nseq, pl.nsplit + 1);
-    attend_kernel<GMAX, EXACT><<<grid, ATT_THREADS, pl.smem, stream>>>(p);
+                                    (int)smem));
+    dim3 grid(nseq, nblk_y);
+    attend_kernel<GMAX, EXACT><<<grid, ATT_THREADS, smem, stream>>>(p);
+    DQCU_CHECK_LAUNCH();
+    return DQ_OK;
+}
+
+/* v3 over the splits [p.split0, p.split0 + nblk_y) */
+static int launch_v3(const att_params &p, size_t smem, uint32_t nseq, uint32_t nblk_y, cudaStream_t stream)
+{
+    switch (p.G) {
+    case 1: return launch_att<1, true>(p, smem, nseq, nblk_y, stream);
+    case 2: return launch_att<2, true>(p, smem, nseq, nblk_y, stream);
+    case 4: return launch_att<4, true>(p, smem, nseq, nblk_y, stream);
+    case 8: return launch_att<8, true>(p, smem, nseq, nblk_y, stream);
+    default: return p.G < 8 ? launch_att<8, false>(p, smem, nseq, nblk_y, stream) : DQ_UNSUPPORTED;
+    }
+}
+
+template <int G>
+static int launch_v4(const att_params &p, const att_plan &pl, uint32_t nseq, cudaStream_t stream)
+{
+    DQCU_CHECK(cudaFuncSetAttribute(attend4_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem));
+    dim3 grid(nseq, pl.nsplit);
+    attend4_kernel<G><<<grid, A4_THREADS, pl.smem, stream>>>(p);
     DQCU_CHECK_LAUNCH();
     return DQ_OK;
 }
@@ -556,7 +614,8 @@ extern "C" int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, 
         return rc;
     if (nseq == 0)
         return DQ_OK;
-    const att_plan pl = att_make_plan(dc, q_heads, nseq, max_tokens);
+    const bool v4 = att_use_v4(dc, q_heads);
+    const att_plan pl = att_make_plan(dc, q_heads, nseq, max_tokens, v4);
     if (workspace_bytes < pl.ws_bytes)
         return DQ_INVALID_ARGUMENT;
     att_params p = {};
@@ -570,12 +629,21 @@ extern "C" int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, 
     p.nsplit = pl.nsplit;
     p.tpw = pl.tpw;
     p.scale = scale;
-    switch (p.G) {
-    case 1: rc = launch_att<1, true>(p, pl, nseq, stream); break;
-    case 2: rc = launch_att<2, true>(p, pl, nseq, stream); break;
-    case 4: rc = launch_att<4, true>(p, pl, nseq, stream); break;
-    case 8: rc = launch_att<8, true>(p, pl, nseq, stream); break;
-    default: rc = p.G < 8 ? launch_att<8, false>(p, pl, nseq, stream) : DQ_UNSUPPORTED; break;
+    if (!v4) {
+        rc = launch_v3(p, pl.smem, nseq, pl.nsplit + 1, stream);
+    } else {
+        /* the BF16 tail (split nsplit) is v3's; windows are v4's */
+        att_params pt = p;
+        pt.split0 = pl.nsplit;
+        rc = launch_v3(pt, att_smem_bytes(q_heads, dc->d), nseq, 1, stream);
+        if (!rc) {
+            switch (p.G) {
+            case 1: rc = launch_v4<1>(p, pl, nseq, stream); break;
+            case 2: rc = launch_v4<2>(p, pl, nseq, stream); break;
+            case 4: rc = launch_v4<4>(p, pl, nseq, stream); break;
+            default: rc = launch_v4<8>(p, pl, nseq, stream); break;
+            }
+        }
     }
     if (rc)
         return rc;

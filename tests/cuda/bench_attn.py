@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Decode attention on D-Quant containers (libdquant-cuda) against PyTorch BF16 attention, same GPU,
 same run. Runs bench_cuda (which prints JSON lines), times torch's scaled_dot_product_attention
-(enable_gqa=True) on BF16 K/V of the same shapes, and prints the table of ratios.
+(enable_gqa=True) on BF16 K/V of the same shapes, and prints the table of ratios, once per attention
+kernel of libdquant-cuda (bench_cuda runs once per DQCU_ATTEND_KERNEL value; encode and decompress
+are reported from the first run).
 
   python3 tests/cuda/bench_attn.py --bin build-gpu/tests/cuda/bench_cuda [--json out.json] [--quick]
 
@@ -10,6 +12,7 @@ Timings are CUDA-event medians after warm-up; both sides rotate through several 
 one set would fit in L2, so the bytes come from device memory."""
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -18,6 +21,8 @@ import torch
 import torch.nn.functional as F
 
 QH, KVH, D = 32, 8, 128
+# attention kernels compared (DQCU_ATTEND_KERNEL): the default first, then v3
+VARIANTS = ["4", "3"]
 
 
 def time_ms(fn, warm=3, reps=21):
@@ -76,22 +81,27 @@ def main():
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
 
+    # every kernel variant in its own bench_cuda process (libdquant-cuda reads DQCU_ATTEND_KERNEL once)
     cmd = [args.bin] + (["--quick"] if args.quick else [])
-    print("running", " ".join(cmd), flush=True)
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
-    recs = []
-    for line in proc.stdout.splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            recs.append(json.loads(line))
-            print("  ", line, flush=True)
-        elif line:
-            print("  ", line, flush=True)
-    if proc.returncode != 0:
-        print(f"bench_cuda exited {proc.returncode}", flush=True)
-        if proc.returncode == 77:
-            return 77
-        return 1
+    runs = {}
+    for var in VARIANTS:
+        print(f"running DQCU_ATTEND_KERNEL={var}", " ".join(cmd), flush=True)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ, DQCU_ATTEND_KERNEL=var))
+        recs = []
+        for line in proc.stdout.splitlines():
+            line = line.strip()
+            if line.startswith("{"):
+                recs.append(json.loads(line))
+                print("  ", line, flush=True)
+            elif line:
+                print("  ", line, flush=True)
+        if proc.returncode != 0:
+            print(f"bench_cuda exited {proc.returncode}", flush=True)
+            if proc.returncode == 77:
+                return 77
+            return 1
+        runs[var] = recs
+    recs = runs[VARIANTS[0]]
 
     dev = next(r for r in recs if r["kind"] == "device")
     cbw = next(r for r in recs if r["kind"] == "copy")["bytes_per_s"]
@@ -101,43 +111,56 @@ def main():
 
     out = {"device": dev, "copy_bw": cbw, "copy_bw_torch": tbw, "attn": [], "budget": [], "encode": [],
            "decompress": []}
-    print("\nDecode attention, one layer (Qwen3-8B: 32 q heads, 8 kv heads, d 128), dq226 vs BF16 SDPA")
-    print(f"{'batch':>6} {'ctx':>7} | {'dq ms':>9} {'bf16 ms':>9} {'bf16/dq':>8} | {'dq GB/s':>8} {'of copy':>7} | "
-          f"{'bf16 GB/s':>9} {'of copy':>7}")
-    for r in recs:
-        if r["kind"] != "attn" or r["tag"] != "grid":
-            continue
-        bms, bbytes = sdpa_bf16(r["batch"], r["ctx"])
-        row = dict(r, bf16_ms=bms, bf16_bytes=bbytes, speedup=bms / r["ms"])
-        out["attn"].append(row)
-        print(f"{r['batch']:>6} {r['ctx']:>7} | {r['ms']:>9.4f} {bms:>9.4f} {bms / r['ms']:>8.3f} | "
-              f"{r['gbps']:>8.1f} {r['copy_frac']:>7.3f} | {bbytes / (bms * 1e6):>9.1f} "
-              f"{bbytes / (bms * 1e-3) / cbw:>7.3f}", flush=True)
+    bf16 = {}
 
-    budgets = [r for r in recs if r["kind"] == "budget"]
-    dq_budget = {r["ctx"]: r for r in recs if r["kind"] == "attn" and r["tag"] == "budget"}
-    if budgets:
-        print(f"\nTokens/s at a fixed KV budget ({budgets[0]['budget_gb']:.0f} GB, "
-              f"{budgets[0]['layers']} layers, one decode step = one attention per layer)")
-        print(f"{'ctx':>7} | {'B bf16':>6} {'bf16 tok/s':>11} | {'B dq':>6} {'dq tok/s':>11} | {'dq/bf16':>7}")
-    for b in budgets:
-        ctx = b["ctx"]
-        bms, _ = sdpa_bf16(b["batch_bf16"], ctx)
-        tok_bf16 = b["batch_bf16"] / (b["layers"] * bms * 1e-3)
-        d = dq_budget.get(ctx)
-        tok_dq = b["batch_dq"] / (b["layers"] * d["ms"] * 1e-3) if d else float("nan")
-        out["budget"].append(dict(b, bf16_ms=bms, dq_ms=d["ms"] if d else None, tok_bf16=tok_bf16, tok_dq=tok_dq))
-        print(f"{ctx:>7} | {b['batch_bf16']:>6} {tok_bf16:>11.0f} | {b['batch_dq']:>6} {tok_dq:>11.0f} | "
-              f"{tok_dq / tok_bf16:>7.2f}", flush=True)
+    def sdpa_cached(batch, ctx):
+        if (batch, ctx) not in bf16:
+            bf16[(batch, ctx)] = sdpa_bf16(batch, ctx)
+        return bf16[(batch, ctx)]
+
+    for var in VARIANTS:
+        vrecs = runs[var]
+        print(f"\nDecode attention, one layer (Qwen3-8B: 32 q heads, 8 kv heads, d 128), dq226 vs BF16 SDPA, "
+              f"kernel v{var}")
+        print(f"{'batch':>6} {'ctx':>7} | {'dq ms':>9} {'bf16 ms':>9} {'bf16/dq':>8} | {'dq GB/s':>8} {'of copy':>7} | "
+              f"{'bf16 GB/s':>9} {'of copy':>7}")
+        for r in vrecs:
+            if r["kind"] != "attn" or r["tag"] != "grid":
+                continue
+            bms, bbytes = sdpa_cached(r["batch"], r["ctx"])
+            row = dict(r, kernel=var, bf16_ms=bms, bf16_bytes=bbytes, speedup=bms / r["ms"])
+            out["attn"].append(row)
+            print(f"{r['batch']:>6} {r['ctx']:>7} | {r['ms']:>9.4f} {bms:>9.4f} {bms / r['ms']:>8.3f} | "
+                  f"{r['gbps']:>8.1f} {r['copy_frac']:>7.3f} | {bbytes / (bms * 1e6):>9.1f} "
+                  f"{bbytes / (bms * 1e-3) / cbw:>7.3f}", flush=True)
+
+        budgets = [r for r in vrecs if r["kind"] == "budget"]
+        dq_budget = {r["ctx"]: r for r in vrecs if r["kind"] == "attn" and r["tag"] == "budget"}
+        if budgets:
+            print(f"\nTokens/s at a fixed KV budget ({budgets[0]['budget_gb']:.0f} GB, "
+                  f"{budgets[0]['layers']} layers, one decode step = one attention per layer), kernel v{var}")
+            print(f"{'ctx':>7} | {'B bf16':>6} {'bf16 tok/s':>11} | {'B dq':>6} {'dq tok/s':>11} | {'dq/bf16':>7}")
+        for b in budgets:
+            ctx = b["ctx"]
+            bms, _ = sdpa_cached(b["batch_bf16"], ctx)
+            tok_bf16 = b["batch_bf16"] / (b["layers"] * bms * 1e-3)
+            d = dq_budget.get(ctx)
+            tok_dq = b["batch_dq"] / (b["layers"] * d["ms"] * 1e-3) if d else float("nan")
+            out["budget"].append(dict(b, kernel=var, bf16_ms=bms, dq_ms=d["ms"] if d else None, tok_bf16=tok_bf16,
+                                      tok_dq=tok_dq))
+            print(f"{ctx:>7} | {b['batch_bf16']:>6} {tok_bf16:>11.0f} | {b['batch_dq']:>6} {tok_dq:>11.0f} | "
+                  f"{tok_dq / tok_bf16:>7.2f}", flush=True)
 
     print("\nEncode (target >= 50 M streams/s) and decompress")
     for r in recs:
         if r["kind"] == "encode_streams":
             out["encode"].append(r)
-            print(f"  encode_streams {r['stream']}: {r['streams_per_s'] / 1e6:.2f} M streams/s ({r['streams']} streams)")
+            print(f"  encode_streams v{r.get('version', '?')} {r['stream']}: {r['streams_per_s'] / 1e6:.2f} M streams/s "
+                  f"({r['streams']} streams)")
         elif r["kind"] == "encode_windows":
             out["encode"].append(r)
-            print(f"  encode_windows (bf16, rotation + key mean): {r['streams_per_s'] / 1e6:.2f} M streams/s")
+            print(f"  encode_windows v{r.get('version', '?')} (bf16, rotation + key mean): "
+                  f"{r['streams_per_s'] / 1e6:.2f} M streams/s")
         elif r["kind"] == "decompress":
             out["decompress"].append(r)
             print(f"  decompress {r['stream']} -> bf16: {r['bf16_gbps']:.1f} GB/s of BF16 written "

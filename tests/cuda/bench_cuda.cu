@@ -22,6 +22,9 @@
 
 static const uint32_t QH = 32, KVH = 8, D = 128;
 
+/* libdquant-cuda's test hook: encoder version 3 or 4 (0 keeps it); returns the version before. */
+extern "C" int dqcu__encode_kernel(int version);
+
 struct Pool {
     size_t nwin = 0, wb = 0;
     DevBuf<uint8_t> data;
@@ -189,16 +192,22 @@ int main(int argc, char **argv)
             hf[i] = dq_bf16_to_f32(hb[i]);
         DevBuf<float> y(hf.size());
         y.upload(hf.data(), hf.size());
-        for (int kind = 0; kind < 2; kind++) {
-            const size_t rb = dq_codec_record_bytes(c, (dq_kind)kind);
-            DevBuf<uint8_t> rec(count * rb);
-            DevBuf<int32_t> st(count);
-            double ms = time_median_ms(
-                [&] { DQ(dqcu_encode_streams(g, (dq_kind)kind, y.p, count, rec.p, rb, st.p, NULL, 0)); }, 1, 5);
-            printf("{\"kind\":\"encode_streams\",\"stream\":\"%s\",\"streams\":%zu,\"ms\":%.4f,\"streams_per_s\":%.4e}\n",
-                   kind ? "V" : "K", count, ms, count / (ms * 1e-3));
-            fflush(stdout);
-        }
+        /* every encoder version (see encode_cuda.cu), the default one first */
+        const int ver0 = dqcu__encode_kernel(0);
+        const int vers[2] = {ver0, 7 - ver0};
+        for (int ver : vers)
+            for (int kind = 0; kind < 2; kind++) {
+                const size_t rb = dq_codec_record_bytes(c, (dq_kind)kind);
+                DevBuf<uint8_t> rec(count * rb);
+                DevBuf<int32_t> st(count);
+                dqcu__encode_kernel(ver);
+                double ms = time_median_ms(
+                    [&] { DQ(dqcu_encode_streams(g, (dq_kind)kind, y.p, count, rec.p, rb, st.p, NULL, 0)); }, 1, 5);
+                printf("{\"kind\":\"encode_streams\",\"version\":%d,\"stream\":\"%s\",\"streams\":%zu,\"ms\":%.4f,"
+                       "\"streams_per_s\":%.4e}\n",
+                       ver, kind ? "V" : "K", count, ms, count / (ms * 1e-3));
+                fflush(stdout);
+            }
         const size_t nwin = count / W / 2;
         Pool tmp;
         tmp.wb = dq_codec_window_bytes(c);
@@ -211,11 +220,16 @@ int main(int argc, char **argv)
         DevBuf<int32_t> st(nwin);
         DevBuf<uint16_t> vtok(nwin * W * n);
         gen_tokens_kernel<<<1024, 256>>>(vtok.p, nwin * W * n, n, 99, 0);
-        double ms = time_median_ms(
-            [&] { DQ(dqcu_encode_windows(g, tok.p, vtok.p, DQ_DTYPE_BF16, nwin, dptr.p, st.p, NULL, 0)); }, 1, 5);
-        printf("{\"kind\":\"encode_windows\",\"windows\":%zu,\"streams\":%zu,\"ms\":%.4f,\"streams_per_s\":%.4e}\n", nwin,
-               nwin * W * 2, ms, nwin * W * 2 / (ms * 1e-3));
-        fflush(stdout);
+        for (int ver : vers) {
+            dqcu__encode_kernel(ver);
+            double ms = time_median_ms(
+                [&] { DQ(dqcu_encode_windows(g, tok.p, vtok.p, DQ_DTYPE_BF16, nwin, dptr.p, st.p, NULL, 0)); }, 1, 5);
+            printf("{\"kind\":\"encode_windows\",\"version\":%d,\"windows\":%zu,\"streams\":%zu,\"ms\":%.4f,"
+                   "\"streams_per_s\":%.4e}\n",
+                   ver, nwin, nwin * W * 2, ms, nwin * W * 2 / (ms * 1e-3));
+            fflush(stdout);
+        }
+        dqcu__encode_kernel(ver0);
     }
 
     Pool pool;

@@ -30,6 +30,10 @@ extern "C" {
 
 static int g_checks, g_failures, g_quiet;
 
+/* libdquant-cuda's test hook: encoder version 3 or 4 (0 keeps it); returns the version before. */
+extern "C" int dqcu__encode_kernel(int version);
+static int g_enc_version;
+
 static void report(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void report(bool ok, const char *fmt, ...)
 {
@@ -287,7 +291,8 @@ static void test_streams(Codecs &cs, Rng &r, size_t count, bool encode_supported
                     explain_record_mismatch(cs, (dq_kind)kind, s, a, b, rb, dist_name[dist[s]]);
             }
         }
-        report(bad_status == 0 && bad_bytes == 0, "encode_streams %s %s: %zu streams, %zu status and %zu record mismatches",
+        report(bad_status == 0 && bad_bytes == 0,
+               "encode_streams v%d %s %s: %zu streams, %zu status and %zu record mismatches", g_enc_version,
                cs.name.c_str(), kind ? "V" : "K", count, bad_status, bad_bytes);
         stats_report("  encode_streams", cstats, gstats);
     }
@@ -418,8 +423,8 @@ static std::vector<uint8_t> test_windows(Codecs &cs, Rng &r, size_t nwin, dq_dty
                 }
             }
     }
-    report(bad == 0, "encode_windows %s %s: %zu windows (%s%s), %zu mismatches", cs.name.c_str(), dq_dtype_name(dtype),
-           nwin, nan_w != SIZE_MAX ? "with NaN window" : "all valid", range_w != SIZE_MAX ? " and range window" : "", bad);
+    report(bad == 0, "encode_windows v%d %s %s: %zu windows (%s%s), %zu mismatches", g_enc_version, cs.name.c_str(),
+           dq_dtype_name(dtype), nwin, nan_w != SIZE_MAX ? "with NaN window" : "all valid", range_w != SIZE_MAX ? " and range window" : "", bad);
     stats_report("  encode_windows", cstats, gstats);
     return valid;
 }
@@ -668,9 +673,10 @@ static void test_attention(Codecs &cs, Rng &r, const std::vector<uint32_t> &lens
     std::string ls;
     for (size_t b = 0; b < nseq; b++)
         ls += (b ? "," : "") + std::to_string(lens[b]);
-    report(ok, "attend %s QH=%u (G=%u) lens [%s]: rel err vs dq_attend %.2e, vs f64 reference %.2e, lse %.2e "
-               "(cpu vs reference %.2e)",
-           cs.name.c_str(), QH, G, ls.c_str(), worst, worst_ref, worst_lse, cpu_vs_ref);
+    const char *kern = getenv("DQCU_ATTEND_KERNEL");
+    report(ok, "attend %s QH=%u (G=%u) lens [%s] (DQCU_ATTEND_KERNEL=%s): rel err vs dq_attend %.2e, vs f64 "
+               "reference %.2e, lse %.2e (cpu vs reference %.2e)",
+           cs.name.c_str(), QH, G, ls.c_str(), kern ? kern : "default", worst, worst_ref, worst_lse, cpu_vs_ref);
     for (size_t b = 0; b < nseq; b++) {
         delete dwins[b];
         delete dptrs[b];
@@ -696,15 +702,19 @@ static void timing(Rng &r)
             gen_stream(r, D_GAUSS, n, &y[s * n]);
         DevBuf<float> dy(y.size());
         dy.upload(y.data(), y.size());
-        for (int kind = 0; kind < 2; kind++) {
-            const size_t rb = dq_codec_record_bytes(cs.c, (dq_kind)kind);
-            DevBuf<uint8_t> drec(count * rb);
-            DevBuf<int32_t> dst(count);
-            double ms = time_median_ms(
-                [&] { DQ(dqcu_encode_streams(cs.g, (dq_kind)kind, dy.p, count, drec.p, rb, dst.p, NULL, 0)); }, 2, 5);
-            printf("  encode_streams %s: %zu streams in %.3f ms = %.2f M streams/s\n", kind ? "V" : "K", count, ms,
-                   count / (ms * 1e3));
-        }
+        for (int ver : {4, 3})
+            for (int kind = 0; kind < 2; kind++) {
+                const size_t rb = dq_codec_record_bytes(cs.c, (dq_kind)kind);
+                DevBuf<uint8_t> drec(count * rb);
+                DevBuf<int32_t> dst(count);
+                const int prev = dqcu__encode_kernel(ver);
+                double ms = time_median_ms(
+                    [&] { DQ(dqcu_encode_streams(cs.g, (dq_kind)kind, dy.p, count, drec.p, rb, dst.p, NULL, 0)); }, 2,
+                    5);
+                dqcu__encode_kernel(prev);
+                printf("  encode_streams v%d %s: %zu streams in %.3f ms = %.2f M streams/s\n", ver, kind ? "V" : "K",
+                       count, ms, count / (ms * 1e3));
+            }
     }
     {
         const size_t nwin = 512;
@@ -724,10 +734,14 @@ static void timing(Rng &r)
             ptrs[w] = dwin.p + w * wb;
         dptr.upload(ptrs.data(), nwin);
         DevBuf<int32_t> dst(nwin);
-        double ms = time_median_ms(
-            [&] { DQ(dqcu_encode_windows(cs.g, dk.p, dv.p, DQ_DTYPE_BF16, nwin, dptr.p, dst.p, NULL, 0)); }, 2, 5);
-        printf("  encode_windows bf16: %zu windows (%zu streams) in %.3f ms = %.2f M streams/s\n", nwin, nwin * W * 2,
-               ms, nwin * W * 2 / (ms * 1e3));
+        for (int ver : {4, 3}) {
+            const int prev = dqcu__encode_kernel(ver);
+            double ms = time_median_ms(
+                [&] { DQ(dqcu_encode_windows(cs.g, dk.p, dv.p, DQ_DTYPE_BF16, nwin, dptr.p, dst.p, NULL, 0)); }, 2, 5);
+            dqcu__encode_kernel(prev);
+            printf("  encode_windows v%d bf16: %zu windows (%zu streams) in %.3f ms = %.2f M streams/s\n", ver, nwin,
+                   nwin * W * 2, ms, nwin * W * 2 / (ms * 1e3));
+        }
         const size_t ntok = nwin * W;
         DevBuf<uint16_t> dout(ntok * n);
         double ms2 = time_median_ms(
@@ -780,6 +794,7 @@ int main(int argc, char **argv)
         report(same, "exp2 table: host recomputation equals dq__exp2_table()");
     }
 
+    const int enc_default = dqcu__encode_kernel(0);
     std::vector<Cfg> cfgs;
     if (small) {
         cfgs.push_back({2, 128, 8, 6, 32, 32, 2.5, 1.8, 0x5eed, NULL});
@@ -814,15 +829,22 @@ int main(int argc, char **argv)
         printf("%s\n", cs.name.c_str());
         const bool enc_ok = cs.n <= DQCU_MAX_ENCODE_STREAM;
         const bool dec_ok = cs.d >= 32;
-        test_streams(cs, r, small ? 40 : 1200, enc_ok);
         const size_t nwin = small ? 3 : 5;
         std::vector<uint8_t> valid;
-        for (int dt = 0; dt < 3; dt++) {
-            std::vector<uint8_t> v = test_windows(cs, r, small && dt ? 1 : nwin, (dq_dtype)dt, dt != 0 || small,
-                                                  enc_ok);
-            if (valid.empty())
-                valid = v;
+        /* both encoder versions, the library's default (the windows decompressed below) first */
+        for (int ver : {enc_default, 7 - enc_default}) {
+            g_enc_version = ver;
+            dqcu__encode_kernel(ver);
+            test_streams(cs, r, small ? 40 : 1200, enc_ok);
+            for (int dt = 0; dt < 3; dt++) {
+                std::vector<uint8_t> v = test_windows(cs, r, small && dt ? 1 : nwin, (dq_dtype)dt, dt != 0 || small,
+                                                      enc_ok);
+                if (valid.empty())
+                    valid = v;
+            }
         }
+        dqcu__encode_kernel(enc_default);
+        g_enc_version = enc_default;
         if (!dec_ok)
             continue;
         test_decompress(cs, r, valid, small ? 4 : 12);

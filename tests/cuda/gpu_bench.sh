@@ -25,11 +25,18 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
   ninja -C "$BUILD_DIR" tests/cuda/checkcuda tests/cuda/bench_cuda 2>&1 | tee "$OUTDIR/build.log" | tail -5 || exit 1
 fi
 
-echo "== checkcuda"
-timeout 900 "$BUILD_DIR/tests/cuda/checkcuda" ${CHECK_ARGS:-} 2>&1 | tee "$OUTDIR/checkcuda.log"
-rc=${PIPESTATUS[0]}
-echo "checkcuda exit $rc"
-[ "$rc" = 0 ] || status=1
+# checkcuda once per attention kernel (DQCU_ATTEND_KERNEL, read once by the library): the default
+# (v4) with the timing section, then v3
+for kern in 4 3; do
+  echo "== checkcuda, attention kernel v$kern"
+  targs=""
+  [ "$kern" = 4 ] || targs=--no-timing
+  DQCU_ATTEND_KERNEL=$kern timeout 900 "$BUILD_DIR/tests/cuda/checkcuda" ${CHECK_ARGS:-} $targs 2>&1 \
+    | tee "$OUTDIR/checkcuda-v$kern.log"
+  rc=${PIPESTATUS[0]}
+  echo "checkcuda (v$kern) exit $rc"
+  [ "$rc" = 0 ] || status=1
+done
 
 if [ "${SANITIZE:-1}" = 1 ] && command -v compute-sanitizer > /dev/null; then
   for tool in memcheck racecheck; do
