@@ -23,6 +23,17 @@
 #define DQD_GPIN_BYTES (16u << 20)
 #endif
 
+/* Bytes of BF16 K and V an append gathers per piece in the device stage buffer: large, so that
+ * one dqcu_encode_windows launch fills the GPU (the input is on the device already). The tests'
+ * small pinned halves make it small too, so that appends run in many pieces. */
+#ifndef DQD_STAGE_BYTES
+#if DQD_GPIN_BYTES < (1u << 20)
+#define DQD_STAGE_BYTES DQD_GPIN_BYTES
+#else
+#define DQD_STAGE_BYTES (256u << 20)
+#endif
+#endif
+
 /* Device scratch buffers of a worker, grown on demand (not counted in the GPU budget). */
 enum {
     DQD_GBUF_STAGE,   /* encode input: [tail, piece] of K, then of V */

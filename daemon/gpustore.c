@@ -352,7 +352,8 @@ int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **
     const size_t nseal = total >= R ? (total - R) / W + 1 : 0;
     uint8_t *small = NULL, *hsmall = NULL;
     uint16_t *sk = NULL, *sv = NULL;
-    const size_t piece = DQD_GPIN_BYTES / (n * 2 * sizeof(uint16_t));
+    const size_t most = DQD_STAGE_BYTES / (n * 2 * sizeof(uint16_t));
+    const size_t piece = ntok < most ? (ntok ? ntok : 1) : most;
     if (l->nwin + nseal > l->slots) {
         rc = add_segment(w, codec, l, (uint32_t)segment_windows(l->nwin + nseal - l->slots));
         if (rc < 0)
