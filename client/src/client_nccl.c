@@ -369,8 +369,14 @@ static int recv_payload(dqc_client *c, const char *op, const struct iovec *ops, 
     int rc = post_ops(c, op, sorted, nops, 1);
     if (!rc)
         rc = wait_ops(c, op, "receives", xfer_deadline(c, total), DQ_TIMEOUT);
-    if (scratch && n->stream)
-        cudaFreeAsync(scratch, n->stream);
+    if (scratch) {
+        /* After a failure the communicator was aborted and its stream destroyed: nothing uses
+         * the buffer any more. */
+        if (n->stream)
+            cudaFreeAsync(scratch, n->stream);
+        else
+            cudaFree(scratch);
+    }
     return rc;
 }
 

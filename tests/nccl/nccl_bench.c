@@ -631,6 +631,10 @@ static int raw_peer_main(const opts *o)
         }
     raw_barrier(comm, st, one);
     ncclCommDestroy(comm);
+    cudaFree(k);
+    cudaFree(v);
+    cudaFree(one);
+    cudaStreamDestroy(st);
     return failures ? 1 : 0;
 }
 
@@ -1225,6 +1229,10 @@ static int die_main(const opts *o)
         dquant__response__free_unpacked(resp, NULL);
     ncclCommAbort(comm);
     close(fd);
+    cudaStreamDestroy(stream);
+    cudaFree(k);
+    cudaFree(v);
+    free(host);
     return ok ? 0 : 1;
 }
 

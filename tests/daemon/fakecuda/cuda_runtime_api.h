@@ -1,5 +1,6 @@
-/* A CPU emulation of the subset of the CUDA runtime API that dquantd's cuda backend and the GPU
- * end-to-end program use, for testing them on machines without a GPU (see fake_cuda.c). The
+/* A CPU emulation of the subset of the CUDA runtime API that dquantd's cuda backend and NCCL data
+ * path, the GPU end-to-end program, libdquant-client's NCCL data path and nccl_bench use, for
+ * testing them on machines without a GPU (see fake_cuda.c; NCCL: nccl.h next to this file). The
  * names, types and signatures are those of the real cuda_runtime_api.h, so the same sources
  * compile against either; only what this header declares may be used by code tested with it. */
 #ifndef DQ_FAKE_CUDA_RUNTIME_API_H
@@ -19,6 +20,7 @@ typedef enum cudaError {
     cudaErrorMemoryAllocation = 2,
     cudaErrorInvalidDevice = 101,
     cudaErrorNoDevice = 100,
+    cudaErrorNotReady = 600,
     cudaErrorIllegalAddress = 700,
 } cudaError_t;
 
@@ -32,6 +34,20 @@ enum cudaMemcpyKind {
 
 enum cudaMemPoolAttr {
     cudaMemPoolAttrReleaseThreshold = 4,
+};
+
+enum cudaMemoryType {
+    cudaMemoryTypeUnregistered = 0,
+    cudaMemoryTypeHost = 1,
+    cudaMemoryTypeDevice = 2,
+    cudaMemoryTypeManaged = 3,
+};
+
+struct cudaPointerAttributes {
+    enum cudaMemoryType type;
+    int device;
+    void *devicePointer;
+    void *hostPointer;
 };
 
 typedef struct CUstream_st *cudaStream_t;
@@ -64,10 +80,12 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr att
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamQuery(cudaStream_t stream);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags);
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventDestroy(cudaEvent_t event);
 
 cudaError_t cudaMalloc(void **ptr, size_t size);
@@ -80,6 +98,8 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpy
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                             cudaStream_t stream);
 cudaError_t cudaMemsetAsync(void *ptr, int value, size_t count, cudaStream_t stream);
+cudaError_t cudaMemset(void *ptr, int value, size_t count);
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, const void *ptr);
 
 #ifdef __cplusplus
 }

@@ -5,8 +5,10 @@
  * It is deliberately strict, as a slow GPU would be:
  *   - Work issued on a stream (copies into or out of pinned memory, device-to-device copies,
  *     memsets, "kernels", frees) runs only when the host waits for it (cudaStreamSynchronize,
- *     cudaEventSynchronize on an event recorded after it, cudaDeviceSynchronize), so a missing
- *     synchronization shows as stale data. Copies from pageable host memory read it at the call
+ *     cudaEventSynchronize on an event recorded after it, cudaDeviceSynchronize) or asks whether
+ *     it is done (cudaStreamQuery, cudaEventQuery), so a missing synchronization shows as stale
+ *     data. The fake NCCL (fake_nccl.c) puts items on streams that wait for its transfers: the
+ *     queries answer cudaErrorNotReady while one of those is pending, the waits block on it. Copies from pageable host memory read it at the call
  *     and copies to pageable host memory complete before returning, as in CUDA.
  *   - Device memory is host memory filled with 0xA5 when allocated, tracked in a registry: every
  *     device pointer a copy or kernel touches must lie in a live device allocation when the work
@@ -28,6 +30,7 @@
 #include <unistd.h>
 
 #include "cuda_runtime_api.h"
+#include "fake_internal.h"
 #include "dquant/attention.h"
 #include "dquant/codec.h"
 #include "dquant/cuda.h"
@@ -39,6 +42,7 @@ typedef struct block {
     uint8_t *base;
     size_t size;
     bool pinned;
+    int device;     /* the allocating thread's current device (cudaPointerGetAttributes) */
 } block;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -48,12 +52,14 @@ static size_t dev_used, dev_cap;
 static bool leakcheck_armed;
 static __thread cudaError_t last_error;
 static __thread int last_dqcu_error;
+static __thread int current_device;
 
 typedef struct fop {
     struct fop *next;
     uint64_t seq;
     void (*run)(void *arg);
     void *arg;
+    bool (*ready)(void *arg);   /* NULL: can run at any time; else run blocks until ready says so */
 } fop;
 
 struct CUstream_st {
@@ -164,7 +170,7 @@ static void add_block(void *p, size_t size, bool pinned)
     }
     size_t i = find_index(p);
     memmove(&blocks[i + 1], &blocks[i], (nblocks - i) * sizeof *blocks);
-    blocks[i] = (block){p, size, pinned};
+    blocks[i] = (block){p, size, pinned, current_device};
     nblocks++;
     if (!pinned)
         dev_used += size;
@@ -203,7 +209,7 @@ static cudaStream_t S(cudaStream_t s)
     return s ? s : &default_stream;
 }
 
-static void enqueue(cudaStream_t s, void (*run)(void *), void *arg)
+static void enqueue_wait(cudaStream_t s, void (*run)(void *), void *arg, bool (*ready)(void *))
 {
     s = S(s);
     fop *op = malloc(sizeof *op);
@@ -214,12 +220,18 @@ static void enqueue(cudaStream_t s, void (*run)(void *), void *arg)
     op->seq = ++s->enq;
     op->run = run;
     op->arg = arg;
+    op->ready = ready;
     if (s->tail)
         s->tail->next = op;
     else
         s->head = op;
     s->tail = op;
     pthread_mutex_unlock(&mu);
+}
+
+static void enqueue(cudaStream_t s, void (*run)(void *), void *arg)
+{
+    enqueue_wait(s, run, arg, NULL);
 }
 
 /* Runs the stream's work issued up to sequence number upto. */
@@ -232,6 +244,32 @@ static void drain(cudaStream_t s, uint64_t upto)
         if (!op || op->seq > upto) {
             pthread_mutex_unlock(&mu);
             return;
+        }
+        s->head = op->next;
+        if (!s->head)
+            s->tail = NULL;
+        pthread_mutex_unlock(&mu);
+        op->run(op->arg);
+        free(op);
+    }
+}
+
+/* What a query sees: runs the stream's work issued up to upto as far as it can without blocking.
+ * False when an item waits for something not done yet (an NCCL transfer). ready() is called with
+ * mu held: it may only take locks of its own. */
+static bool advance(cudaStream_t s, uint64_t upto)
+{
+    s = S(s);
+    for (;;) {
+        pthread_mutex_lock(&mu);
+        fop *op = s->head;
+        if (!op || op->seq > upto) {
+            pthread_mutex_unlock(&mu);
+            return true;
+        }
+        if (op->ready && !op->ready(op->arg)) {
+            pthread_mutex_unlock(&mu);
+            return false;
         }
         s->head = op->next;
         if (!s->head)
@@ -268,6 +306,12 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
     drain(stream, UINT64_MAX);
     return cudaSuccess;
+}
+
+/* cudaErrorNotReady is an answer, not an error: it does not become the last error. */
+cudaError_t cudaStreamQuery(cudaStream_t stream)
+{
+    return advance(stream, UINT64_MAX) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream)
@@ -325,6 +369,13 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event)
     return cudaSuccess;
 }
 
+cudaError_t cudaEventQuery(cudaEvent_t event)
+{
+    if (!event->stream)
+        return cudaSuccess;
+    return advance(event->stream, event->seq) ? cudaSuccess : cudaErrorNotReady;
+}
+
 cudaError_t cudaEventDestroy(cudaEvent_t event)
 {
     free(event);
@@ -354,6 +405,7 @@ const char *cudaGetErrorString(cudaError_t error)
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorNotReady: return "device not ready";
     }
     return "unknown error";
 }
@@ -382,8 +434,6 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
     prop->multiProcessorCount = 4;
     return cudaSuccess;
 }
-
-static __thread int current_device;
 
 cudaError_t cudaSetDevice(int device)
 {
@@ -604,6 +654,48 @@ cudaError_t cudaMemsetAsync(void *ptr, int value, size_t count, cudaStream_t str
     *a = (set_arg){ptr, value, count};
     enqueue(stream, run_set, a);
     return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void *ptr, int value, size_t count)
+{
+    cudaError_t e = cudaMemsetAsync(ptr, value, count, NULL);
+    drain(NULL, UINT64_MAX);
+    return e;
+}
+
+/* As CUDA 11+: memory the runtime does not know is cudaMemoryTypeUnregistered, not an error. */
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, const void *ptr)
+{
+    if (!attributes)
+        return err(cudaErrorInvalidValue);
+    pthread_mutex_lock(&mu);
+    block *b = ptr ? lookup(ptr, 1) : NULL;
+    *attributes = (struct cudaPointerAttributes){cudaMemoryTypeUnregistered, -2, NULL, (void *)ptr};
+    if (b) {
+        attributes->type = b->pinned ? cudaMemoryTypeHost : cudaMemoryTypeDevice;
+        attributes->device = b->device;
+        attributes->devicePointer = (void *)ptr;
+        attributes->hostPointer = b->pinned ? (void *)ptr : NULL;
+    }
+    pthread_mutex_unlock(&mu);
+    return cudaSuccess;
+}
+
+/* ---- for fake_nccl.c (fake_internal.h) ---- */
+
+void dq_fake_stream_flush(cudaStream_t stream)
+{
+    drain(stream, UINT64_MAX);
+}
+
+void dq_fake_stream_wait(cudaStream_t stream, bool (*ready)(void *arg), void (*run)(void *arg), void *arg)
+{
+    enqueue_wait(stream, run, arg, ready);
+}
+
+void dq_fake_check_dev(const void *p, size_t n, const char *what)
+{
+    check_dev(p, n, what);
 }
 
 /* ---- libdquant-cuda ---- */
