@@ -13,12 +13,16 @@
  * by un-rotating its accumulator (rotated domain → original) and writes (acc, max, sum); a second
  * kernel merges a sequence's blocks by their log-sum-exp.
  *
- * That is kernel v3. v4 (attend_v4.cuh: keys and values decoded concurrently, values contracted on
- * tensor cores) is the default for the shapes it takes; v3 runs the BF16 tail, the other shapes,
- * and everything when DQCU_ATTEND_KERNEL=3. */
+ * That is kernel v3. v4 (attend_v4.cuh: keys and values decoded concurrently by two thread roles,
+ * values contracted on tensor cores) and v5 (attend_v5.cuh: each thread decodes its token's key and
+ * value streams interleaved, a tile done head by head in one pass) take the shapes they can; v5 is
+ * the default, DQCU_ATTEND_KERNEL=4 selects v4 and =3 v3 for every shape; v3 runs the BF16 tail
+ * and the shapes the others do not take. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <array>
 
 #include "rans_cuda.cuh"
 
@@ -415,6 +419,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attend_kernel(att_params p)
 }
 
 #include "attend_v4.cuh"
+#include "attend_v5.cuh"
 
 /* Merges a sequence's partials by their log-sum-exp. Block (sequence, query head, 32 channels):
  * the 1024 threads first take the splits' maxima and weights, then warp w sums the splits
@@ -499,32 +504,86 @@ __global__ void __launch_bounds__(MERGE_THREADS) attend_merge_kernel(const float
     }
 }
 
-/* Which kernel dqcu_attend runs: DQCU_ATTEND_KERNEL=3 selects v3 for every shape; otherwise v4
- * wherever it takes the shape (attend_v4.cuh), v3 elsewhere and for the BF16 tail. Read once. */
+/* Which kernel family dqcu_attend asks for: DQCU_ATTEND_KERNEL=3 selects v3 for every shape, =4
+ * v4 wherever it takes the shape, anything else v5 wherever it takes the shape (else v4, else v3).
+ * The BF16 tail is always v3's. Read once. */
 static int att_variant()
 {
     static const int v = [] {
         const char *e = getenv("DQCU_ATTEND_KERNEL");
-        return e && !strcmp(e, "3") ? 3 : 4;
+        return e && !strcmp(e, "3") ? 3 : e && !strcmp(e, "4") ? 4 : 5;
     }();
     return v;
 }
 
-static att_plan att_make_plan(const dqcu_codec *dc, uint32_t QH, uint32_t nseq, uint32_t max_tokens, bool v4)
+/* Blocks of v5 (group G) one SM holds with dyn bytes of dynamic shared memory, from the compiled
+ * kernel's registers and static shared memory; 0 when it cannot run at all (then v4 runs). The
+ * attributes come from the binary, not from a launch, so the choice (and the workspace size that
+ * depends on it) is the same in dqcu_attend_workspace_size and dqcu_attend. */
+static uint32_t a5_blocks_per_sm(const dqcu_codec *dc, uint32_t G, size_t dyn)
+{
+    /* one query per group for the process (one sm_90 binary serves every device); ok = false when
+     * the query failed */
+    struct a5_attr {
+        cudaFuncAttributes fa;
+        bool ok;
+    };
+    static const std::array<a5_attr, 4> attrs = [] {
+        std::array<a5_attr, 4> a{};
+        a[0].ok = cudaFuncGetAttributes(&a[0].fa, attend5_kernel<1>) == cudaSuccess;
+        a[1].ok = cudaFuncGetAttributes(&a[1].fa, attend5_kernel<2>) == cudaSuccess;
+        a[2].ok = cudaFuncGetAttributes(&a[2].fa, attend5_kernel<4>) == cudaSuccess;
+        a[3].ok = cudaFuncGetAttributes(&a[3].fa, attend5_kernel<8>) == cudaSuccess;
+        (void)cudaGetLastError();
+        return a;
+    }();
+    const int gi = G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : G == 8 ? 3 : -1;
+    if (gi < 0 || !attrs[gi].ok)
+        return 0;
+    const cudaFuncAttributes &fa = attrs[gi].fa;
+    if (fa.maxThreadsPerBlock < A5_THREADS || fa.localSizeBytes > 0)
+        return 0;
+    const size_t need = dyn + fa.sharedSizeBytes;
+    if (need > dc->smem_optin)
+        return 0;
+    int sm_smem = 0, sm_regs = 0;
+    if (cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dc->device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sm_regs, cudaDevAttrMaxRegistersPerMultiprocessor, dc->device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    /* registers are allocated per warp in units of 256 */
+    const uint64_t warp_regs = ((uint64_t)fa.numRegs * 32 + 255) / 256 * 256;
+    const uint64_t by_regs = warp_regs ? (uint64_t)sm_regs / (warp_regs * (A5_THREADS / 32)) : 0;
+    const uint64_t by_smem = (uint64_t)sm_smem / (need + 1024);
+    uint64_t nb = by_regs < by_smem ? by_regs : by_smem;
+    if (nb > 2048 / A5_THREADS)
+        nb = 2048 / A5_THREADS;
+    return (uint32_t)nb;
+}
+
+static att_plan att_make_plan(const dqcu_codec *dc, uint32_t QH, uint32_t nseq, uint32_t max_tokens, int ver)
 {
     att_plan pl;
+    const uint32_t G = QH / dc->kv_heads;
     pl.tpw = (dc->W + ATT_T - 1) / ATT_T;
     const uint64_t tiles = (uint64_t)(max_tokens / dc->W) * pl.tpw;
-    pl.smem = v4 ? a4_smem_bytes(QH, dc->d, dc->kv_heads, QH / dc->kv_heads) : att_smem_bytes(QH, dc->d);
+    pl.smem = ver == 5   ? a5_smem_bytes(QH, dc->d, G)
+              : ver == 4 ? a4_smem_bytes(QH, dc->d, dc->kv_heads, G)
+                         : att_smem_bytes(QH, dc->d);
     /* v3: 3 blocks per SM, two rounds of them; v4: one round of the blocks that fit (a block of c
-     * tiles pipelines them in c + 1 stages, so fewer, longer blocks lose little) */
+     * tiles pipelines them in c + 1 stages, so fewer, longer blocks lose little); v5: one round of
+     * the blocks that fit (no pipeline to fill: any split is fine, one round avoids a tail) */
     uint64_t per_sm = 6;
-    if (v4) {
+    if (ver == 4) {
         int sm_smem = 0;
         if (cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dc->device) != cudaSuccess)
             sm_smem = 0;
         per_sm = (uint64_t)sm_smem / (pl.smem + 1024);
         per_sm = per_sm < 1 ? 1 : per_sm > 2 ? 2 : per_sm;
+    } else if (ver == 5) {
+        per_sm = a5_blocks_per_sm(dc, G, pl.smem);
+        per_sm = per_sm < 1 ? 1 : per_sm;
     }
     const uint64_t slots = (uint64_t)(dc->sm_count > 0 ? dc->sm_count : 1) * per_sm;
     uint64_t chunk = (tiles * nseq + slots - 1) / slots;
@@ -538,10 +597,16 @@ static att_plan att_make_plan(const dqcu_codec *dc, uint32_t QH, uint32_t nseq, 
     return pl;
 }
 
-static bool att_use_v4(const dqcu_codec *dc, uint32_t QH)
+/* The kernel that runs the windows: 5, 4 or 3 (see att_variant) */
+static int att_pick(const dqcu_codec *dc, uint32_t QH)
 {
     const uint32_t G = QH / dc->kv_heads;
-    return att_variant() == 4 && a4_shape_ok(G, dc->d) && a4_smem_bytes(QH, dc->d, dc->kv_heads, G) <= dc->smem_optin;
+    const int want = att_variant();
+    if (want == 5 && a5_shape_ok(G, dc->d) && a5_blocks_per_sm(dc, G, a5_smem_bytes(QH, dc->d, G)) >= 1)
+        return 5;
+    if (want >= 4 && a4_shape_ok(G, dc->d) && a4_smem_bytes(QH, dc->d, dc->kv_heads, G) <= dc->smem_optin)
+        return 4;
+    return 3;
 }
 
 extern "C" int dqcu_attend_check(const dqcu_codec *dc, uint32_t q_heads)
@@ -562,7 +627,7 @@ extern "C" size_t dqcu_attend_workspace_size(const dqcu_codec *dc, uint32_t q_he
 {
     if (!dc || !q_heads)
         return 0;
-    return att_make_plan(dc, q_heads, nseq, max_tokens, att_use_v4(dc, q_heads)).ws_bytes;
+    return att_make_plan(dc, q_heads, nseq, max_tokens, att_pick(dc, q_heads)).ws_bytes;
 }
 
 template <int GMAX, bool EXACT>
@@ -598,6 +663,16 @@ static int launch_v4(const att_params &p, const att_plan &pl, uint32_t nseq, cud
     return DQ_OK;
 }
 
+template <int G>
+static int launch_v5(const att_params &p, const att_plan &pl, uint32_t nseq, cudaStream_t stream)
+{
+    DQCU_CHECK(cudaFuncSetAttribute(attend5_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem));
+    dim3 grid(nseq, pl.nsplit);
+    attend5_kernel<G><<<grid, A5_THREADS, pl.smem, stream>>>(p);
+    DQCU_CHECK_LAUNCH();
+    return DQ_OK;
+}
+
 extern "C" int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, const dqcu_attn_seq *seqs,
                            uint32_t nseq, uint32_t max_tokens, const float *q, float *out, float *lse,
                            void *workspace, size_t workspace_bytes, cudaStream_t stream)
@@ -614,8 +689,8 @@ extern "C" int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, 
         return rc;
     if (nseq == 0)
         return DQ_OK;
-    const bool v4 = att_use_v4(dc, q_heads);
-    const att_plan pl = att_make_plan(dc, q_heads, nseq, max_tokens, v4);
+    const int ver = att_pick(dc, q_heads);
+    const att_plan pl = att_make_plan(dc, q_heads, nseq, max_tokens, ver);
     if (workspace_bytes < pl.ws_bytes)
         return DQ_INVALID_ARGUMENT;
     att_params p = {};
@@ -629,14 +704,21 @@ extern "C" int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, 
     p.nsplit = pl.nsplit;
     p.tpw = pl.tpw;
     p.scale = scale;
-    if (!v4) {
+    if (ver == 3) {
         rc = launch_v3(p, pl.smem, nseq, pl.nsplit + 1, stream);
     } else {
-        /* the BF16 tail (split nsplit) is v3's; windows are v4's */
+        /* the BF16 tail (split nsplit) is v3's; windows are v4's or v5's */
         att_params pt = p;
         pt.split0 = pl.nsplit;
         rc = launch_v3(pt, att_smem_bytes(q_heads, dc->d), nseq, 1, stream);
-        if (!rc) {
+        if (!rc && ver == 5) {
+            switch (p.G) {
+            case 1: rc = launch_v5<1>(p, pl, nseq, stream); break;
+            case 2: rc = launch_v5<2>(p, pl, nseq, stream); break;
+            case 4: rc = launch_v5<4>(p, pl, nseq, stream); break;
+            default: rc = launch_v5<8>(p, pl, nseq, stream); break;
+            }
+        } else if (!rc) {
             switch (p.G) {
             case 1: rc = launch_v4<1>(p, pl, nseq, stream); break;
             case 2: rc = launch_v4<2>(p, pl, nseq, stream); break;

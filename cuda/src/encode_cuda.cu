@@ -8,8 +8,14 @@
  * streams side by side, in place in the level rows. Overflows are redone by the same warp with the
  * tightened budget of stream.c, then the warp writes the records.
  *
- * Two versions of the drift's searches, chosen at run time (DQCU_ENCODE_KERNEL, enc_kernel()):
- *   4 (default): like lib, the warp sorts the stream once (bitonic network on order-preserving
+ * Three versions of the drift's searches, chosen at run time (DQCU_ENCODE_KERNEL, enc_kernel()):
+ *   5 (default): version 4's sorted stream, and for alphabets M <= 8 (others run version 4's
+ *     drift) lib's 12 bisection steps taken two at a time (three λ evaluated at once, eight lanes
+ *     each, every count a per-lane binary search of the sorted stream, costs summed in uint32),
+ *     min D by one per-lane search per level, the final assignment from registers (levels as
+ *     nibbles, no cost pass: feasibility is known from the bisection), and drift 1's levels summed
+ *     straight into the refit instead of being stored (drift5_warp);
+ *   4: like lib, the warp sorts the stream once (bitonic network on order-preserving
  *     integer keys, in registers) into shared memory, and each count of values below a threshold
  *     is a two-level ballot over the sorted stream: O(M) per bisection step instead of O(n·M);
  *   3: the warp counts over all values (per value, per threshold) in every step.
@@ -566,6 +572,227 @@ __device__ int64_t drift_warp(const enc_tab &kt, enc_warp &ws, const float (&x)[
     return (int64_t)__reduce_add_sync(DQCU_FULL, c);
 }
 
+/* ---- version 5: the bisection two steps at a time, counts by per-lane searches ----
+ *
+ * count_le_lane: drift.c count_le(xs, n, o, t) for this lane's own t, by a branch-free binary
+ * search of the sorted stream srt (see sort_warp): first over the 32 chunk maxima, then inside the
+ * chunk. fl(x - o) <= t holds on a prefix of srt (fl(x - o) is monotone in x; the NaN padding
+ * beyond n never holds; -0 and +0 give the same answer), so with T the length of that prefix the
+ * first search ends at c = min(T / VPL, 31), the second at i = min(T - c·VPL, VPL - 1), and
+ * T = c·VPL + i + [i = VPL - 1 and c = 31 and the last element holds] (last: the caller's
+ * fl(srt[32·VPL - 1] - o) <= t, NaN padding included). The result is lib's count for any t. */
+template <int VPL>
+__device__ __forceinline__ uint32_t count_le_lane(const float *srt, float o, float t, bool last)
+{
+    constexpr int LV = __builtin_ctz(VPL);
+    uint32_t c = 0;
+#pragma unroll
+    for (int b = 4; b >= 0; b--) {
+        const uint32_t q = c + (1u << b) - 1u;
+        if (srt[q * VPL + ((uint32_t)(VPL - 1) ^ sort_swz<VPL>(q))] - o <= t)
+            c += 1u << b;
+    }
+    const uint32_t sw = sort_swz<VPL>(c);
+    const float *chunk = srt + c * VPL;
+    uint32_t i = 0;
+#pragma unroll
+    for (int b = LV - 1; b >= 0; b--) {
+        const uint32_t q = i + (1u << b) - 1u;
+        if (chunk[q ^ sw] - o <= t)
+            i += 1u << b;
+    }
+    const uint32_t pos = c * VPL + i;
+    return pos + (pos == 32u * VPL - 1u && last ? 1u : 0u);
+}
+
+/* min D of drift.c by the lanes: lane m < M takes level m's nearest sorted values on each side
+ * (count_le with o = 0: fl(x - 0) = x), the warp the minimum of the squares (a minimum of
+ * non-negative floats, so the order does not matter; their bit patterns order like the values). */
+template <int VPL>
+__device__ __forceinline__ float mind_lanes(const float *srt, uint32_t n, uint32_t M, float s, float o, uint32_t lane)
+{
+    float mn = INFINITY;
+    if (lane < M) {
+        const float lv = o + s * (float)lane;
+        const bool last = sorted_at<VPL>(srt, 32u * VPL - 1u) - 0.0f <= lv;
+        const uint32_t q = count_le_lane<VPL>(srt, 0.0f, lv, last);
+        float d;
+        if (q > 0) {
+            d = sorted_at<VPL>(srt, q - 1) - lv;
+            mn = fminf(mn, d * d);
+        }
+        if (q < n) {
+            d = sorted_at<VPL>(srt, q) - lv;
+            mn = fminf(mn, d * d);
+        }
+    }
+    return dqcu_bitsf(__reduce_min_sync(DQCU_FULL, dqcu_fbits(mn)));
+}
+
+/* dq__refit's sums (see refit_warp) reduced and solved; px, pxm, sm, smm: this lane's partials. */
+__device__ __forceinline__ void refit_finish(double px, double pxm, uint32_t sm, uint32_t smm, uint32_t n, double *s,
+                                             double *o)
+{
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1) {
+        double a = __shfl_down_sync(DQCU_FULL, px, off);
+        double b = __shfl_down_sync(DQCU_FULL, pxm, off);
+        px = px + a;
+        pxm = pxm + b;
+    }
+    const double sx = __shfl_sync(DQCU_FULL, px, 0), sxm = __shfl_sync(DQCU_FULL, pxm, 0);
+    const int64_t ism = (int64_t)__reduce_add_sync(DQCU_FULL, sm);
+    const int64_t ismm = (int64_t)__reduce_add_sync(DQCU_FULL, smm);
+    const double dn = (double)n;
+    const double det = dn * (double)ismm - (double)ism * (double)ism;
+    double ns, no;
+    if (det > 0) {
+        ns = (dn * sxm - (double)ism * sx) / det;
+        no = (sx - ns * (double)ism) / dn;
+    } else {
+        ns = *s;
+        no = (sx - ns * (double)ism) / dn;
+    }
+    if (!(ns >= 0) || !isfinite(ns) || !isfinite(no) || (det > 0 && !(ns > 0)))
+        return;
+    *s = ns;
+    *o = no;
+}
+
+/* Version 5 drift for alphabets M <= 8 (any other M takes drift_warp<VPL, true>), s > 0.
+ *
+ * Bisection: lib's 12 steps taken two at a time. With jlo, jhi, lib's first step tests
+ * j1 = (jlo + jhi) >> 1 and its second j0 = (jlo + j1) >> 1 when j1 was feasible, else
+ * j2 = (j1 + jhi) >> 1; the warp evaluates j0, j1 and j2 at once (lanes 8g + i, g = 0, 1, 2: the
+ * threshold i of j_g) and then takes lib's two decisions. Each evaluation is lib's: when the swap
+ * points τ(i, i+1) of every group increase strictly, lib's pop rule pops nothing (the envelope is
+ * every level, thresholds τ(i, i+1)), and its cost n·c_0 + Σ_i above_i·(c_{i+1} - c_i) is summed
+ * in uint32: every c is in [0, 2^19] (f >= 1) and n <= 2048, so the true total is in [0, 2^30]
+ * and sums and products mod 2^32 give it exactly, whatever the order. Otherwise the round runs
+ * lib's two steps one after the other with the general envelope (build_envelope) and
+ * envelope_cost_sorted.
+ *
+ * Final assignment (drift.c's last loop): the envelope of jhi in registers (thresholds, levels as
+ * nibbles), the level of y = x - o is lv[#{thr < y}]. row == nullptr (drift 1): the levels are not
+ * stored but summed into the refit straight away (refit_warp's order, same operations), and *s, *o
+ * receive the refit. Otherwise the levels go to row and the return value says whether lib's final
+ * cost is within the budget: the cost of the jhi envelope, which a step found feasible unless jhi
+ * is still 4096 (then it is counted here). */
+template <int VPL>
+__device__ bool drift5_warp(const enc_tab &kt, enc_warp &ws, const float (&x)[VPL], const float *srt, float cmax,
+                            uint32_t n, float xmin, float xmax, float s, float o, int64_t budget, uint8_t *row,
+                            double *rs, double *ro, uint32_t lane)
+{
+    const uint32_t M = kt.M;
+    float lv0 = o, lvM = o + s * (float)(M - 1);
+    float d, maxd = 0;
+    d = xmin - lv0; maxd = fmaxf(maxd, d * d);
+    d = xmax - lv0; maxd = fmaxf(maxd, d * d);
+    d = xmin - lvM; maxd = fmaxf(maxd, d * d);
+    d = xmax - lvM; maxd = fmaxf(maxd, d * d);
+    const float mind = mind_lanes<VPL>(srt, n, M, s, o, lane);
+    const int hi = drift_hi(8.0f * (maxd - mind));
+
+    const uint32_t g = lane >> 3, ti = lane & 7u;
+    const bool act = g < 3 && ti + 1u < M;
+    const uint32_t dcc = act ? (uint32_t)(kt.cost_q16[ti + 1] - kt.cost_q16[ti]) : 0u;
+    const uint32_t base = n * (uint32_t)kt.cost_q16[0];
+    const float xlast = sorted_at<VPL>(srt, 32u * VPL - 1u) - o;
+    const float cy = cmax - o;
+    uint32_t jlo = 0, jhi = 4096;
+    for (int t = 0; t < 6; t++) {
+        const uint32_t j1 = (jlo + jhi) >> 1, j0 = (jlo + j1) >> 1, j2 = (j1 + jhi) >> 1;
+        const uint32_t jg = g == 0 ? j0 : g == 1 ? j1 : j2;
+        const float lam = drift_lambda(hi, jg);
+        const float tt = act ? swap_point(kt, s, lam, ti, ti + 1) : 0.0f;
+        const float prev = __shfl_up_sync(DQCU_FULL, tt, 1);
+        const bool ok = !(act && ti >= 1) || prev < tt;
+        if (__all_sync(DQCU_FULL, ok)) {
+            uint32_t cv = 0;
+            if (act)
+                cv = (n - count_le_lane<VPL>(srt, o, tt, xlast <= tt)) * dcc;
+            cv += __shfl_xor_sync(DQCU_FULL, cv, 1);
+            cv += __shfl_xor_sync(DQCU_FULL, cv, 2);
+            cv += __shfl_xor_sync(DQCU_FULL, cv, 4);
+            const uint32_t c0 = base + __shfl_sync(DQCU_FULL, cv, 0);
+            const uint32_t c1 = base + __shfl_sync(DQCU_FULL, cv, 8);
+            const uint32_t c2 = base + __shfl_sync(DQCU_FULL, cv, 16);
+            if ((int64_t)c1 <= budget) {
+                jhi = j1;
+                if ((int64_t)c0 <= budget)
+                    jhi = j0;
+                else
+                    jlo = j0;
+            } else {
+                jlo = j1;
+                if ((int64_t)c2 <= budget)
+                    jhi = j2;
+                else
+                    jlo = j2;
+            }
+        } else {
+            for (int u = 0; u < 2; u++) {
+                const uint32_t jm = (jlo + jhi) >> 1;
+                build_envelope(kt, ws, s, drift_lambda(hi, jm), lane);
+                if (envelope_cost_sorted<VPL>(ws, srt, n, cy, o, lane) <= budget)
+                    jhi = jm;
+                else
+                    jlo = jm;
+            }
+        }
+    }
+    build_envelope(kt, ws, s, drift_lambda(hi, jhi), lane);
+    bool feasible = true;
+    if (row && jhi == 4096u)
+        feasible = envelope_cost_sorted<VPL>(ws, srt, n, cy, o, lane) <= budget;
+    env7 e;
+    env7_load(ws, kt.P, e);
+    uint32_t lvpack = 0;
+    {
+        const uint32_t K = ws.K;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if ((uint32_t)i <= K)
+                lvpack |= ws.LV[i] << (4 * i);
+    }
+    if (row) {
+#pragma unroll
+        for (int r = 0; r < VPL; r++) {
+            const uint32_t i = (uint32_t)r * 32u + lane;
+            if (i < n) {
+                const float y = x[r] - o;
+                uint32_t pos = 0;
+#pragma unroll
+                for (int k = 0; k < 7; k++)
+                    pos += e.t[k] < y ? 1u : 0u;
+                row[i] = (uint8_t)((lvpack >> (4u * pos)) & 15u);
+            }
+        }
+        __syncwarp();
+        return feasible;
+    }
+    double px = 0, pxm = 0;
+    uint32_t sm = 0, smm = 0;
+#pragma unroll
+    for (int r = 0; r < VPL; r++) {
+        const uint32_t i = (uint32_t)r * 32u + lane;
+        if (i < n) {
+            const float y = x[r] - o;
+            uint32_t pos = 0;
+#pragma unroll
+            for (int k = 0; k < 7; k++)
+                pos += e.t[k] < y ? 1u : 0u;
+            const uint32_t l = (lvpack >> (4u * pos)) & 15u;
+            px += (double)x[r];
+            pxm += (double)x[r] * (double)l;
+            sm += l;
+            smm += l * l;
+        }
+    }
+    refit_finish(px, pxm, sm, smm, n, rs, ro);
+    return true;
+}
+
 /* dq__refit: lane l sums the values i ≡ l (mod 32) in increasing i, then the butterfly
  * p[l] = p[l] + p[l + off] for off = 16..1 (lane 0 ends with lib's sum). */
 template <int VPL>
@@ -698,9 +925,10 @@ __device__ __forceinline__ void minmax_warp(const float (&x)[VPL], uint32_t n, u
  *   3. the length check: streams that overflow become pending again, with the budget tightened as
  *      stream.c does, or with the all-cheapest assignment; repeat until none is pending;
  *   4. the records. */
-template <int VPL, bool SORT>
+template <int VPL, int VER>
 __global__ void __launch_bounds__(ENC_WARPS * 32, VPL >= 64 ? 2 : VPL >= 32 ? 3 : 4) encode_kernel(enc_params p)
 {
+    constexpr bool SORT = VER >= 4;
     extern __shared__ __align__(16) unsigned char smem[];
     enc_tab &kt = *(enc_tab *)(void *)smem;
     const int kind = p.kind >= 0 ? p.kind : (int)blockIdx.y;
@@ -800,18 +1028,27 @@ __global__ void __launch_bounds__(ENC_WARPS * 32, VPL >= 64 ? 2 : VPL >= 32 ? 3 
                 budget = kt.budget_q16;
             }
             int feasible = 0;
+            /* version 5: the drift of drift5_warp, drift 1 fused with the refit */
+            const bool v5 = VER == 5 && M <= 8;
             for (; pass < 2; pass++) {
                 int64_t cost = 0;
-                if (gs > 0)
-                    cost = drift_warp<VPL, SORT>(kt, ws, x, srt, cmax, n, xmin, xmax, gs, go, budget, row, lane);
+                bool ok5 = false;
+                double ds = gs, dof = go;
+                if (gs > 0) {
+                    if (v5)
+                        ok5 = drift5_warp<VPL>(kt, ws, x, srt, cmax, n, xmin, xmax, gs, go, budget,
+                                               pass == 1 ? row : nullptr, &ds, &dof, lane);
+                    else
+                        cost = drift_warp<VPL, SORT>(kt, ws, x, srt, cmax, n, xmin, xmax, gs, go, budget, row, lane);
+                }
                 if (pass == 1) {
-                    feasible = gs > 0 && cost <= budget;
+                    feasible = gs > 0 && (v5 ? ok5 : cost <= budget);
                     break;
                 }
                 /* Refit, then s and o in fp16 (stream.c) */
                 if (gs > 0) {
-                    double ds = gs, dof = go;
-                    refit_warp(x, row, n, &ds, &dof, lane);
+                    if (!v5)
+                        refit_warp(x, row, n, &ds, &dof, lane);
                     sh = dqcu_f64_to_f16(ds);
                     oh = dqcu_f64_to_f16(dof);
                     if ((sh & 0x7c00u) == 0x7c00u || (oh & 0x7c00u) == 0x7c00u) {
@@ -1052,9 +1289,9 @@ static uint32_t enc_vpl(uint32_t n)
     return v;
 }
 
-/* The encoder version (see the top of this file): DQCU_ENCODE_KERNEL=3 selects version 3, anything
- * else (or nothing) version 4. Read once; dqcu__encode_kernel lets the test programs compare both in
- * one process. */
+/* The encoder version (see the top of this file): DQCU_ENCODE_KERNEL=3 or 4 selects version 3 or 4,
+ * anything else (or nothing) version 5. Read once; dqcu__encode_kernel lets the test programs compare
+ * them in one process. */
 static std::atomic<int> g_enc_kernel{0};
 
 static int enc_kernel(void)
@@ -1062,36 +1299,36 @@ static int enc_kernel(void)
     int v = g_enc_kernel.load(std::memory_order_relaxed);
     if (v == 0) {
         const char *e = getenv("DQCU_ENCODE_KERNEL");
-        v = e && strcmp(e, "3") == 0 ? 3 : 4;
+        v = e && strcmp(e, "3") == 0 ? 3 : e && strcmp(e, "4") == 0 ? 4 : 5;
         g_enc_kernel.store(v, std::memory_order_relaxed);
     }
     return v;
 }
 
-/* Test hook, not in dquant/cuda.h: selects version 3 or 4 (other values keep the current one) and
+/* Test hook, not in dquant/cuda.h: selects version 3, 4 or 5 (other values keep the current one) and
  * returns the version in use before the call. */
 extern "C" DQCU_API int dqcu__encode_kernel(int version)
 {
     const int prev = enc_kernel();
-    if (version == 3 || version == 4)
+    if (version >= 3 && version <= 5)
         g_enc_kernel.store(version, std::memory_order_relaxed);
     return prev;
 }
 
-template <int VPL, bool SORT>
+template <int VPL, int VER>
 static int launch_encode_kernel(const dqcu_codec *dc, const enc_params &p, unsigned gy, cudaStream_t stream)
 {
     const size_t tab_bytes = (sizeof(enc_tab) + 15) & ~(size_t)15;
-    const size_t smem = tab_bytes + ENC_WARPS * enc_warp_bytes(p.G, p.row_stride, SORT ? 128u * VPL : 0u);
+    const size_t smem = tab_bytes + ENC_WARPS * enc_warp_bytes(p.G, p.row_stride, VER >= 4 ? 128u * VPL : 0u);
     if (smem > dc->smem_optin)
         return DQ_UNSUPPORTED;
-    DQCU_CHECK(cudaFuncSetAttribute(encode_kernel<VPL, SORT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    DQCU_CHECK(cudaFuncSetAttribute(encode_kernel<VPL, VER>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const size_t warps = (p.count + p.G - 1) / p.G;
     const size_t blocks = (warps + ENC_WARPS - 1) / ENC_WARPS;
     if (blocks > 0x7fffffffu)
         return DQ_INVALID_ARGUMENT;
     dim3 grid((unsigned)blocks, gy);
-    encode_kernel<VPL, SORT><<<grid, ENC_WARPS * 32, smem, stream>>>(p);
+    encode_kernel<VPL, VER><<<grid, ENC_WARPS * 32, smem, stream>>>(p);
     DQCU_CHECK_LAUNCH();
     return DQ_OK;
 }
@@ -1099,9 +1336,11 @@ static int launch_encode_kernel(const dqcu_codec *dc, const enc_params &p, unsig
 template <int VPL>
 static int launch_encode_vpl(const dqcu_codec *dc, const enc_params &p, unsigned gy, cudaStream_t stream)
 {
-    if (enc_kernel() == 3)
-        return launch_encode_kernel<VPL, false>(dc, p, gy, stream);
-    return launch_encode_kernel<VPL, true>(dc, p, gy, stream);
+    switch (enc_kernel()) {
+    case 3: return launch_encode_kernel<VPL, 3>(dc, p, gy, stream);
+    case 4: return launch_encode_kernel<VPL, 4>(dc, p, gy, stream);
+    default: return launch_encode_kernel<VPL, 5>(dc, p, gy, stream);
+    }
 }
 
 static int launch_encode(const dqcu_codec *dc, enc_params &p, unsigned gy, cudaStream_t stream)

@@ -22,7 +22,7 @@
 
 static const uint32_t QH = 32, KVH = 8, D = 128;
 
-/* libdquant-cuda's test hook: encoder version 3 or 4 (0 keeps it); returns the version before. */
+/* libdquant-cuda's test hook: encoder version 3, 4 or 5 (0 keeps it); returns the version before. */
 extern "C" int dqcu__encode_kernel(int version);
 
 struct Pool {
@@ -194,7 +194,10 @@ int main(int argc, char **argv)
         y.upload(hf.data(), hf.size());
         /* every encoder version (see encode_cuda.cu), the default one first */
         const int ver0 = dqcu__encode_kernel(0);
-        const int vers[2] = {ver0, 7 - ver0};
+        std::vector<int> vers = {ver0};
+        for (int v : {5, 4, 3})
+            if (v != ver0)
+                vers.push_back(v);
         for (int ver : vers)
             for (int kind = 0; kind < 2; kind++) {
                 const size_t rb = dq_codec_record_bytes(c, (dq_kind)kind);

@@ -30,7 +30,7 @@ extern "C" {
 
 static int g_checks, g_failures, g_quiet;
 
-/* libdquant-cuda's test hook: encoder version 3 or 4 (0 keeps it); returns the version before. */
+/* libdquant-cuda's test hook: encoder version 3, 4 or 5 (0 keeps it); returns the version before. */
 extern "C" int dqcu__encode_kernel(int version);
 static int g_enc_version;
 
@@ -702,7 +702,7 @@ static void timing(Rng &r)
             gen_stream(r, D_GAUSS, n, &y[s * n]);
         DevBuf<float> dy(y.size());
         dy.upload(y.data(), y.size());
-        for (int ver : {4, 3})
+        for (int ver : {5, 4, 3})
             for (int kind = 0; kind < 2; kind++) {
                 const size_t rb = dq_codec_record_bytes(cs.c, (dq_kind)kind);
                 DevBuf<uint8_t> drec(count * rb);
@@ -734,7 +734,7 @@ static void timing(Rng &r)
             ptrs[w] = dwin.p + w * wb;
         dptr.upload(ptrs.data(), nwin);
         DevBuf<int32_t> dst(nwin);
-        for (int ver : {4, 3}) {
+        for (int ver : {5, 4, 3}) {
             const int prev = dqcu__encode_kernel(ver);
             double ms = time_median_ms(
                 [&] { DQ(dqcu_encode_windows(cs.g, dk.p, dv.p, DQ_DTYPE_BF16, nwin, dptr.p, dst.p, NULL, 0)); }, 2, 5);
@@ -831,8 +831,12 @@ int main(int argc, char **argv)
         const bool dec_ok = cs.d >= 32;
         const size_t nwin = small ? 3 : 5;
         std::vector<uint8_t> valid;
-        /* both encoder versions, the library's default (the windows decompressed below) first */
-        for (int ver : {enc_default, 7 - enc_default}) {
+        /* every encoder version, the library's default (the windows decompressed below) first */
+        const int vers[4] = {enc_default, 5, 4, 3};
+        for (int vi = 0; vi < 4; vi++) {
+            const int ver = vers[vi];
+            if (vi > 0 && ver == enc_default)
+                continue;
             g_enc_version = ver;
             dqcu__encode_kernel(ver);
             test_streams(cs, r, small ? 40 : 1200, enc_ok);

@@ -1,0 +1,341 @@
+/* Fused decode attention, version 5: each thread decodes the key AND the value stream of its token,
+ * interleaved, and a tile is finished head by head in one pass. Included by attend_cuda.cu after
+ * attend_v4.cuh (shares att_params, the v4 reader, the MMA helpers and the merge).
+ *
+ * Why: v4 gives each thread one stream, so a warp has one serial dependency chain (table lookup →
+ * multiply → renormalize → next lookup) and issues ~0.24 instructions per cycle per scheduler; and
+ * its key and value passes of a tile are two pipeline stages, so a block of one tile (batch 1)
+ * pays two full serial passes. Here a block has 128 threads, thread t = token t of the tile:
+ *   for each KV head kvh (both streams are in head order, d symbols per head):
+ *     decode d key symbols and d value symbols, interleaved: two independent chains per thread;
+ *       key levels go into the G dot products (CUDA cores, as v4), value levels into a
+ *       channel-major byte buffer;                                                   barrier A
+ *     softmax of the G query heads of kvh over the tile (a query head's scores only need its KV
+ *       head's keys), weights as MMA B fragments;                                     barrier B
+ *     value contraction of kvh on tensor cores (as v4), accumulator rescaled;        barrier C
+ * So a tile is one serial pass of n symbol pairs instead of two passes of n, and the per-head
+ * buffers (logits G × 128, weights, one value head) are small: ~58 KB of shared memory at the
+ * Qwen3-8B shape, so 3 blocks per SM: 12 warps × 2 chains = 24 chains per SM against v4's 16.
+ *
+ * Numerics are v4's: the same decode step, the same FMA order in the dots, the same softmax per
+ * (tile, query head), the same fp16 hi/lo weight split and MMA order; only the order in which
+ * heads and tiles are visited changes, and each (tile, head) update is independent of the others
+ * except through the online-softmax state, which is updated in the same tile order as v4.
+ *
+ * The reader: the decode tables live in static shared memory (the lookup's address is
+ * (x & 255) · 4 plus an immediate, one add fewer per symbol than a table pointer), and the
+ * refill is v4's deferred queue written without a branch (predicated load, selects), so the two
+ * chains' refills can be scheduled into each other. */
+
+#define A5_THREADS 128
+#define A5_T 128 /* tokens per tile, = threads; the MMA's K */
+
+static inline bool a5_shape_ok(uint32_t G, uint32_t d) { return a4_shape_ok(G, d); }
+
+/* dynamic shared memory (the decode tables are static: A5_STATIC more) */
+#define A5_STATIC (2 * 256 * sizeof(uint32_t))
+static size_t a5_smem_bytes(uint32_t QH, uint32_t d, uint32_t G)
+{
+    size_t b = 0;
+    b += 2 * (size_t)QH * d * sizeof(float);               /* rotated queries, accumulator */
+    b += (size_t)G * A5_T * sizeof(float);                 /* logits of one KV head's query heads */
+    b += (size_t)(A5_T / 16) * a4_ntiles(G) * 32 * 8;      /* their weights as B fragments */
+    b += 6 * (size_t)QH * sizeof(float);                   /* qsum, m, l, off, alpha, weight scale */
+    b += 2 * A5_T * sizeof(float);                         /* value scale, value mid */
+    b += (size_t)d * A4_VSTR;                              /* value levels of one head */
+    return (b + 15) & ~(size_t)15;
+}
+
+/* v4's refill without a branch: the window shifts by a word where idx >= 4; the raw word loaded at
+ * the previous advance is fixed up into n1; the next raw word is loaded under a predicate. */
+__device__ __forceinline__ void a5_rans_refill(a4_rans_in &in)
+{
+    const bool adv = in.idx >= 4u;
+    const uint32_t k = in.m + 3u;
+    const uint32_t past = k == in.last + 1u ? in.tailw : 0u;
+    const uint32_t fixed = k <= in.last ? in.n2 : past;
+    in.lo = adv ? in.hi : in.lo;
+    in.hi = adv ? in.n1 : in.hi;
+    in.n1 = adv ? fixed : in.n1;
+    const uint32_t *a = in.w + min(in.m + 4u, in.last);
+    asm("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %2, 0;\n\t@p ld.global.nc.u32 %0, [%1];\n\t}"
+        : "+r"(in.n2)
+        : "l"(a), "r"((uint32_t)adv));
+    in.m += adv ? 1u : 0u;
+    in.idx -= adv ? 4u : 0u;
+}
+
+template <int G>
+__global__ void __launch_bounds__(A5_THREADS, 3) attend5_kernel(att_params p)
+{
+    constexpr uint32_t NT = (2 * G + 7) / 8;
+    constexpr uint32_t KS = A5_T / 16;
+    __shared__ uint32_t dtk[256], dtv[256];
+    extern __shared__ __align__(16) unsigned char smem[];
+    const dqcu_tables &tb = *p.tab;
+    const uint32_t QH = p.QH, d = tb.d, n = tb.n, W = tb.W, KVH = tb.kv_heads;
+    float *qr = (float *)(void *)smem;
+    float *acc = qr + (size_t)QH * d;
+    float *lg = acc + (size_t)QH * d;                        /* [G][A5_T] */
+    uint2 *wfr = (uint2 *)(void *)(lg + (size_t)G * A5_T);   /* [KS][NT][32 lanes] */
+    float *qsum = (float *)(void *)(wfr + (size_t)KS * NT * 32);
+    float *m_run = qsum + QH, *l_run = m_run + QH, *off_run = l_run + QH;
+    float *alpha_s = off_run + QH, *wsc = alpha_s + QH;
+    float *sv = wsc + QH, *midv = sv + A5_T;
+    uint8_t *lv = (uint8_t *)(void *)(midv + A5_T);          /* [d][A4_VSTR] */
+
+    const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+    const uint32_t nwarps = A5_THREADS / 32;
+    const size_t b = blockIdx.x;
+    const uint32_t split = blockIdx.y;
+    const dqcu_attn_seq sq = p.seqs[b];
+    const uint32_t ntiles = sq.nwin * p.tpw;
+    const uint32_t tile0 = split * p.chunk, tile1 = min(ntiles, tile0 + p.chunk);
+    float *part = p.part + (((size_t)b * (p.nsplit + 1) + split) * QH) * (d + 2);
+    if (tile0 >= tile1) {
+        for (uint32_t h = tid; h < QH; h += A5_THREADS) {
+            part[(size_t)h * (d + 2) + d] = -INFINITY;
+            part[(size_t)h * (d + 2) + d + 1] = 0.0f;
+        }
+        return;
+    }
+
+    const dqcu_kind_tab &kk = tb.kind[0], &kv_ = tb.kind[1];
+    for (uint32_t i = tid; i < 256; i += A5_THREADS) {
+        dtk[i] = kk.dec[i];
+        dtv[i] = kv_.dec[i];
+    }
+    /* columns of groups smaller than 4 are never written: keep them zero */
+    for (uint32_t i = tid; i < KS * NT * 32; i += A5_THREADS)
+        wfr[i] = make_uint2(0u, 0u);
+    const float ck = 0.5f * (float)(kk.M - 1), cv = 0.5f * (float)(kv_.M - 1);
+    const float ck22 = 4194304.0f + ck;
+    const uint32_t CK = kk.C, CV = kv_.C;
+    const size_t rk = 4u + CK, rv = 4u + CV;
+    const float rot_scale = tb.rot_scale;
+
+    /* queries, rotated for the containers (per head: signs, butterfly, scale) */
+    const float *qb = p.q + b * (size_t)QH * d;
+    for (uint32_t h = warp; h < QH; h += nwarps) {
+        const uint32_t kvh = h / G;
+        float y[ATT_DVMAX];
+#pragma unroll
+        for (int r = 0; r < ATT_DVMAX; r++) {
+            const uint32_t e = (uint32_t)r * 32u + lane;
+            y[r] = e < d ? qb[(size_t)h * d + e] * tb.signs[kvh * d + e] : 0.0f;
+        }
+        dqcu_fwht(y, d, lane);
+        float s = 0;
+#pragma unroll
+        for (int r = 0; r < ATT_DVMAX; r++) {
+            const uint32_t e = (uint32_t)r * 32u + lane;
+            if (e < d) {
+                y[r] = y[r] * rot_scale;
+                qr[(size_t)h * d + e] = y[r];
+                acc[(size_t)h * d + e] = 0.0f;
+                s += y[r];
+            }
+        }
+#pragma unroll
+        for (int off = 16; off >= 1; off >>= 1)
+            s += __shfl_xor_sync(DQCU_FULL, s, off);
+        if (lane == 0) {
+            qsum[h] = s;
+            m_run[h] = -INFINITY;
+            l_run[h] = 0.0f;
+            off_run[h] = 0.0f;
+        }
+    }
+    __syncthreads();
+
+    const __half2 c2h = __floats2half2_rn(512.0f + cv, 512.0f + cv);
+    const uint32_t c2 = *(const uint32_t *)(const void *)&c2h;
+    const uint32_t t = tid, r = lane >> 2, c = lane & 3u;
+    for (uint32_t tile = tile0; tile < tile1; tile++) {
+        const uint32_t tbase = (tile % p.tpw) * A5_T, cnt = min((uint32_t)A5_T, W - tbase);
+        const uint8_t *win = sq.windows[tile / p.tpw];
+        const float sfm = dqcu_f16_to_f32((uint16_t)(win[0] | win[1] << 8));
+        /* open both streams of token t; sv/midv of the previous tile were last read before its
+         * final barrier B, which every thread has passed */
+        float s = 0.0f, mid = 0.0f;
+        a4_rans_in kin, vin;
+        uint32_t xk = 0, xv = 0;
+        if (t < cnt) {
+            const uint8_t *rec = win + 2u + n + (size_t)(tbase + t) * rk;
+            s = dqcu_f16_to_f32((uint16_t)(rec[0] | rec[1] << 8));
+            const float o = dqcu_f16_to_f32((uint16_t)(rec[2] | rec[3] << 8));
+            mid = __fmaf_rn(s, ck, o);
+            xk = a4_rans_open(kin, rec + 4, CK);
+            const uint8_t *vrec = win + 2u + n + (size_t)W * rk + (size_t)(tbase + t) * rv;
+            const float s2 = dqcu_f16_to_f32((uint16_t)(vrec[0] | vrec[1] << 8));
+            const float o2 = dqcu_f16_to_f32((uint16_t)(vrec[2] | vrec[3] << 8));
+            sv[t] = s2;
+            midv[t] = __fmaf_rn(s2, cv, o2);
+            xv = a4_rans_open(vin, vrec + 4, CV);
+        }
+        const float4 *q4 = (const float4 *)(const void *)qr;
+        const uint32_t d4 = d / 4;
+        for (uint32_t kvh = 0; kvh < KVH; kvh++) {
+            /* ---- key and value streams of token t, head kvh, interleaved ---- */
+            if (t < cnt) {
+                float dot[G];
+#pragma unroll
+                for (int g = 0; g < G; g++)
+                    dot[g] = 0.0f;
+                const float4 *qh = q4 + (size_t)kvh * G * d4;
+                /* tokens >= cnt keep stale (finite) bytes: their weights are 0 */
+                uint8_t *dst = lv + t;
+                for (uint32_t j4 = 0; j4 < d4; j4++) {
+                    float l[4];
+                    a5_rans_refill(kin);
+                    a5_rans_refill(vin);
+#pragma unroll
+                    for (int u = 0; u < 4; u++) {
+                        const uint32_t e = a4_rans_step(xk, dtk, kin);
+                        l[u] = __uint_as_float(dqcu_prmt(e, ATT_MAGIC, 0x7652u)) - ck22;
+                        const uint32_t ev = a4_rans_step(xv, dtv, vin);
+                        dst[(size_t)u * A4_VSTR] = (uint8_t)(ev >> 16);
+                    }
+                    dst += 4 * A4_VSTR;
+#pragma unroll
+                    for (int g = 0; g < G; g++) {
+                        const float4 qv = qh[(size_t)g * d4 + j4];
+                        dot[g] = __fmaf_rn(qv.x, l[0], dot[g]);
+                        dot[g] = __fmaf_rn(qv.y, l[1], dot[g]);
+                        dot[g] = __fmaf_rn(qv.z, l[2], dot[g]);
+                        dot[g] = __fmaf_rn(qv.w, l[3], dot[g]);
+                    }
+                }
+#pragma unroll
+                for (int g = 0; g < G; g++)
+                    lg[(size_t)g * A5_T + t] = p.scale * __fmaf_rn(s, dot[g], mid * qsum[kvh * G + (uint32_t)g]);
+            }
+            __syncthreads(); /* A: logits and value levels of head kvh are in place */
+
+            /* ---- softmax of the group's query heads over this tile, one warp per head ---- */
+            for (uint32_t g = warp; g < (uint32_t)G; g += nwarps) {
+                const uint32_t h = kvh * G + g;
+                /* Σ_j q'_j μ_j, μ = the window's dequantized key mean */
+                float qm = 0;
+                for (uint32_t e = lane; e < d; e += 32)
+                    qm = __fmaf_rn(qr[(size_t)h * d + e], (float)(int8_t)win[2u + kvh * d + e], qm);
+#pragma unroll
+                for (int off = 16; off >= 1; off >>= 1)
+                    qm += __shfl_xor_sync(DQCU_FULL, qm, off);
+                const float sh = p.scale * (qm * sfm);
+                const float *row = lg + (size_t)g * A5_T;
+                float xs[A5_T / 32];
+                float mb = -INFINITY;
+#pragma unroll
+                for (int k = 0; k < A5_T / 32; k++) {
+                    const uint32_t u = lane + 32u * k;
+                    xs[k] = u < cnt ? row[u] + sh : -INFINITY;
+                    mb = fmaxf(mb, xs[k]);
+                }
+#pragma unroll
+                for (int off = 16; off >= 1; off >>= 1)
+                    mb = fmaxf(mb, __shfl_xor_sync(DQCU_FULL, mb, off));
+                const float mold = m_run[h];
+                const float mnew = fmaxf(mold, mb);
+                const float alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
+                float ps = 0, os = 0, mw = 0;
+                float wv[A5_T / 32];
+#pragma unroll
+                for (int k = 0; k < A5_T / 32; k++) {
+                    const uint32_t u = lane + 32u * k;
+                    wv[k] = 0.0f;
+                    if (u < cnt) {
+                        const float pr = __expf(xs[k] - mnew);
+                        ps += pr;
+                        os = __fmaf_rn(pr, midv[u], os);
+                        wv[k] = pr * sv[u];
+                        mw = fmaxf(mw, fabsf(wv[k]));
+                    }
+                }
+#pragma unroll
+                for (int off = 16; off >= 1; off >>= 1) {
+                    ps += __shfl_xor_sync(DQCU_FULL, ps, off);
+                    os += __shfl_xor_sync(DQCU_FULL, os, off);
+                    mw = fmaxf(mw, __shfl_xor_sync(DQCU_FULL, mw, off));
+                }
+                /* power-of-two scale: the largest weight in [0.5, 1) for the fp16 split */
+                int ex;
+                frexpf(mw, &ex);
+                ex = max(-120, min(120, ex));
+                const float inv = __int_as_float((127 - ex) << 23), sc = __int_as_float((127 + ex) << 23);
+                if (lane == 0) {
+                    m_run[h] = mnew;
+                    l_run[h] = __fmaf_rn(l_run[h], alpha, ps);
+                    off_run[h] = __fmaf_rn(off_run[h], alpha, os);
+                    alpha_s[h] = alpha;
+                    wsc[h] = sc;
+                }
+                /* B fragment of k-step u/16, n-tile g/4: as v4 */
+                __half *fb = (__half *)(void *)(wfr + (size_t)(g / 4u) * 32);
+                const uint32_t col = 2u * (g & 3u);
+#pragma unroll
+                for (int k = 0; k < A5_T / 32; k++) {
+                    const uint32_t u = lane + 32u * k;
+                    const float w = wv[k] * inv;
+                    const __half hi = __float2half_rn(w);
+                    const __half lo = __float2half_rn(w - __half2float(hi));
+                    const size_t base = (size_t)(u >> 4) * NT * 32 * 4 + ((u >> 2) & 3u) * 4 + (u & 3u);
+                    fb[base + (size_t)col * 16] = hi;
+                    fb[base + (size_t)(col + 1) * 16] = lo;
+                }
+            }
+            __syncthreads(); /* B: weights, alpha and scale of the group are in place */
+
+            /* ---- value contraction of head kvh on tensor cores (as v4) ---- */
+            for (uint32_t mt = warp; mt < d / 16; mt += nwarps) {
+                const uint8_t *r0 = lv + (size_t)(16u * mt + r) * A4_VSTR + 4u * c;
+#pragma unroll
+                for (uint32_t nt = 0; nt < NT; nt++) {
+                    float dc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    const uint2 *bf = wfr + (size_t)nt * 32 + lane;
+#pragma unroll
+                    for (uint32_t ks = 0; ks < KS; ks++) {
+                        const uint32_t w0 = *(const uint32_t *)(const void *)(r0 + 16u * ks);
+                        const uint32_t w1 = *(const uint32_t *)(const void *)(r0 + 8u * A4_VSTR + 16u * ks);
+                        a4_mma(dc, a4_lv2(w0, 0x4140u, c2), a4_lv2(w1, 0x4140u, c2), a4_lv2(w0, 0x4342u, c2),
+                               a4_lv2(w1, 0x4342u, c2), bf[(size_t)ks * NT * 32]);
+                    }
+                    /* columns 2c, 2c + 1 = query head g = 4nt + c, hi and lo */
+                    const uint32_t g = 4u * nt + c;
+                    if (g < (uint32_t)G) {
+                        const uint32_t h = kvh * G + g, ch = 16u * mt + r;
+                        const float al = alpha_s[h], sc = wsc[h];
+                        float *ah = acc + (size_t)h * d + ch;
+                        ah[0] = __fmaf_rn(ah[0], al, (dc[0] + dc[1]) * sc);
+                        ah[8] = __fmaf_rn(ah[8], al, (dc[2] + dc[3]) * sc);
+                    }
+                }
+            }
+            __syncthreads(); /* C: the value buffer and the weights are free for the next head */
+        }
+    }
+
+    /* ---- un-rotate (acc + Σ a·mid on every channel) and write this block's partial ---- */
+    for (uint32_t h = warp; h < QH; h += nwarps) {
+        const uint32_t kvh = h / G;
+        float y[ATT_DVMAX];
+        const float off = off_run[h];
+#pragma unroll
+        for (int r2 = 0; r2 < ATT_DVMAX; r2++) {
+            const uint32_t e = (uint32_t)r2 * 32u + lane;
+            y[r2] = e < d ? acc[(size_t)h * d + e] + off : 0.0f;
+        }
+        dqcu_fwht(y, d, lane);
+        float *ph = part + (size_t)h * (d + 2);
+#pragma unroll
+        for (int r2 = 0; r2 < ATT_DVMAX; r2++) {
+            const uint32_t e = (uint32_t)r2 * 32u + lane;
+            if (e < d)
+                ph[e] = y[r2] * rot_scale * tb.signs[kvh * d + e];
+        }
+        if (lane == 0) {
+            ph[d] = m_run[h];
+            ph[d + 1] = l_run[h];
+        }
+    }
+}
