@@ -263,6 +263,9 @@ __global__ void __launch_bounds__(A5_THREADS, 3) attend5_kernel(att_params p)
                 frexpf(mw, &ex);
                 ex = max(-120, min(120, ex));
                 const float inv = __int_as_float((127 - ex) << 23), sc = __int_as_float((127 + ex) << 23);
+                /* every lane read m_run[h] (mold) above; lane 0 overwrites it below: the shuffles in between
+                 * order execution but not shared memory, so close the intra-warp write-after-read */
+                __syncwarp();
                 if (lane == 0) {
                     m_run[h] = mnew;
                     l_run[h] = __fmaf_rn(l_run[h], alpha, ps);
