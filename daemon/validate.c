@@ -337,9 +337,10 @@ static int check_segments(const Dquant__Request *req, char *msg, size_t msglen)
     uint64_t at = 0;
     for (size_t i = 0; i < n; i++) {
         if (segs[i].offset != at) {
+            const bool gap = segs[i].offset > at;
             free(segs);
             FAIL(DQ_INVALID_ARGUMENT, "the NCCL tensors must cover the NCCL payload back to back (a %s at byte %llu)",
-                 segs[i].offset > at ? "gap" : "overlap", (ull)at);
+                 gap ? "gap" : "overlap", (ull)at);
         }
         at += segs[i].length;
     }
