@@ -15,14 +15,17 @@
  *
  * That is kernel v3. v4 (attend_v4.cuh: keys and values decoded concurrently by two thread roles,
  * values contracted on tensor cores) and v5 (attend_v5.cuh: each thread decodes its token's key and
- * value streams interleaved, a tile done head by head in one pass) take the shapes they can; v5 is
- * the default, DQCU_ATTEND_KERNEL=4 selects v4 and =3 v3 for every shape; v3 runs the BF16 tail
- * and the shapes the others do not take. */
+ * value streams interleaved, a tile done head by head in one pass) and v6 (attend_v6.cuh: v5 with
+ * the container words staged into per-thread shared-memory rings by cp.async far ahead of use) take
+ * the shapes they can; v6 is the default (falling back to v5 where it cannot launch),
+ * DQCU_ATTEND_KERNEL=5 selects v5, =4 v4 and =3 v3 for every shape; v3 runs the BF16 tail and the
+ * shapes the others do not take. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <array>
+#include <type_traits>
 
 #include "rans_cuda.cuh"
 
@@ -505,38 +508,45 @@ __global__ void __launch_bounds__(MERGE_THREADS) attend_merge_kernel(const float
 }
 
 /* Which kernel family dqcu_attend asks for: DQCU_ATTEND_KERNEL=3 selects v3 for every shape, =4
- * v4 wherever it takes the shape, anything else v5 wherever it takes the shape (else v4, else v3).
- * The BF16 tail is always v3's. Read once. */
+ * v4 wherever it takes the shape, =5 v5 wherever it takes the shape (else v4, else v3), anything
+ * else v6 wherever it takes the shape and can launch (else v5, else v4, else v3). The BF16 tail is
+ * always v3's. Read once. */
 static int att_variant()
 {
     static const int v = [] {
         const char *e = getenv("DQCU_ATTEND_KERNEL");
-        return e && !strcmp(e, "3") ? 3 : e && !strcmp(e, "4") ? 4 : 5;
+        return e && !strcmp(e, "3") ? 3 : e && !strcmp(e, "4") ? 4 : e && !strcmp(e, "5") ? 5 : 6;
     }();
     return v;
 }
 
-/* Blocks of v5 (group G) one SM holds with dyn bytes of dynamic shared memory, from the compiled
- * kernel's registers and static shared memory; 0 when it cannot run at all (then v4 runs). The
- * attributes come from the binary, not from a launch, so the choice (and the workspace size that
- * depends on it) is the same in dqcu_attend_workspace_size and dqcu_attend. */
-static uint32_t a5_blocks_per_sm(const dqcu_codec *dc, uint32_t G, size_t dyn)
+/* Blocks of v5 (PF = false) or v6 (PF = true), group G, one SM holds with dyn bytes of dynamic
+ * shared memory, from the compiled kernel's registers and static shared memory; 0 when it cannot
+ * run at all (then v5, or v4, runs). The attributes come from the binary, not from a launch, so the
+ * choice (and the workspace size that depends on it) is the same in dqcu_attend_workspace_size and
+ * dqcu_attend. */
+struct a5_attr {
+    cudaFuncAttributes fa;
+    bool ok;
+};
+template <bool PF> static std::array<a5_attr, 4> a5_query_attrs()
 {
-    /* one query per group for the process (one sm_90 binary serves every device); ok = false when
+    std::array<a5_attr, 4> a{};
+    a[0].ok = cudaFuncGetAttributes(&a[0].fa, attend5_kernel<1, PF>) == cudaSuccess;
+    a[1].ok = cudaFuncGetAttributes(&a[1].fa, attend5_kernel<2, PF>) == cudaSuccess;
+    a[2].ok = cudaFuncGetAttributes(&a[2].fa, attend5_kernel<4, PF>) == cudaSuccess;
+    a[3].ok = cudaFuncGetAttributes(&a[3].fa, attend5_kernel<8, PF>) == cudaSuccess;
+    (void)cudaGetLastError();
+    return a;
+}
+
+static uint32_t a5_blocks_per_sm(const dqcu_codec *dc, uint32_t G, size_t dyn, bool pf)
+{
+    /* one query per kernel for the process (one sm_90 binary serves every device); ok = false when
      * the query failed */
-    struct a5_attr {
-        cudaFuncAttributes fa;
-        bool ok;
-    };
-    static const std::array<a5_attr, 4> attrs = [] {
-        std::array<a5_attr, 4> a{};
-        a[0].ok = cudaFuncGetAttributes(&a[0].fa, attend5_kernel<1>) == cudaSuccess;
-        a[1].ok = cudaFuncGetAttributes(&a[1].fa, attend5_kernel<2>) == cudaSuccess;
-        a[2].ok = cudaFuncGetAttributes(&a[2].fa, attend5_kernel<4>) == cudaSuccess;
-        a[3].ok = cudaFuncGetAttributes(&a[3].fa, attend5_kernel<8>) == cudaSuccess;
-        (void)cudaGetLastError();
-        return a;
-    }();
+    static const std::array<a5_attr, 4> attrs5 = a5_query_attrs<false>();
+    static const std::array<a5_attr, 4> attrs6 = a5_query_attrs<true>();
+    const std::array<a5_attr, 4> &attrs = pf ? attrs6 : attrs5;
     const int gi = G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : G == 8 ? 3 : -1;
     if (gi < 0 || !attrs[gi].ok)
         return 0;
@@ -568,7 +578,8 @@ static att_plan att_make_plan(const dqcu_codec *dc, uint32_t QH, uint32_t nseq, 
     const uint32_t G = QH / dc->kv_heads;
     pl.tpw = (dc->W + ATT_T - 1) / ATT_T;
     const uint64_t tiles = (uint64_t)(max_tokens / dc->W) * pl.tpw;
-    pl.smem = ver == 5   ? a5_smem_bytes(QH, dc->d, G)
+    pl.smem = ver == 6   ? a6_smem_bytes(QH, dc->d, G)
+              : ver == 5 ? a5_smem_bytes(QH, dc->d, G)
               : ver == 4 ? a4_smem_bytes(QH, dc->d, dc->kv_heads, G)
                          : att_smem_bytes(QH, dc->d);
     /* v3: 3 blocks per SM, two rounds of them; v4: one round of the blocks that fit (a block of c
@@ -581,8 +592,8 @@ static att_plan att_make_plan(const dqcu_codec *dc, uint32_t QH, uint32_t nseq, 
             sm_smem = 0;
         per_sm = (uint64_t)sm_smem / (pl.smem + 1024);
         per_sm = per_sm < 1 ? 1 : per_sm > 2 ? 2 : per_sm;
-    } else if (ver == 5) {
-        per_sm = a5_blocks_per_sm(dc, G, pl.smem);
+    } else if (ver == 5 || ver == 6) {
+        per_sm = a5_blocks_per_sm(dc, G, pl.smem, ver == 6);
         per_sm = per_sm < 1 ? 1 : per_sm;
     }
     const uint64_t slots = (uint64_t)(dc->sm_count > 0 ? dc->sm_count : 1) * per_sm;
@@ -597,12 +608,14 @@ static att_plan att_make_plan(const dqcu_codec *dc, uint32_t QH, uint32_t nseq, 
     return pl;
 }
 
-/* The kernel that runs the windows: 5, 4 or 3 (see att_variant) */
+/* The kernel that runs the windows: 6, 5, 4 or 3 (see att_variant) */
 static int att_pick(const dqcu_codec *dc, uint32_t QH)
 {
     const uint32_t G = QH / dc->kv_heads;
     const int want = att_variant();
-    if (want == 5 && a5_shape_ok(G, dc->d) && a5_blocks_per_sm(dc, G, a5_smem_bytes(QH, dc->d, G)) >= 1)
+    if (want == 6 && a5_shape_ok(G, dc->d) && a5_blocks_per_sm(dc, G, a6_smem_bytes(QH, dc->d, G), true) >= 1)
+        return 6;
+    if (want >= 5 && a5_shape_ok(G, dc->d) && a5_blocks_per_sm(dc, G, a5_smem_bytes(QH, dc->d, G), false) >= 1)
         return 5;
     if (want >= 4 && a4_shape_ok(G, dc->d) && a4_smem_bytes(QH, dc->d, dc->kv_heads, G) <= dc->smem_optin)
         return 4;
@@ -663,12 +676,14 @@ static int launch_v4(const att_params &p, const att_plan &pl, uint32_t nseq, cud
     return DQ_OK;
 }
 
-template <int G>
+/* v5 (PF = false) or v6 (PF = true) */
+template <int G, bool PF>
 static int launch_v5(const att_params &p, const att_plan &pl, uint32_t nseq, cudaStream_t stream)
 {
-    DQCU_CHECK(cudaFuncSetAttribute(attend5_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem));
+    DQCU_CHECK(
+        cudaFuncSetAttribute(attend5_kernel<G, PF>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem));
     dim3 grid(nseq, pl.nsplit);
-    attend5_kernel<G><<<grid, A5_THREADS, pl.smem, stream>>>(p);
+    attend5_kernel<G, PF><<<grid, A5_THREADS, pl.smem, stream>>>(p);
     DQCU_CHECK_LAUNCH();
     return DQ_OK;
 }
@@ -707,16 +722,23 @@ extern "C" int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, 
     if (ver == 3) {
         rc = launch_v3(p, pl.smem, nseq, pl.nsplit + 1, stream);
     } else {
-        /* the BF16 tail (split nsplit) is v3's; windows are v4's or v5's */
+        /* the BF16 tail (split nsplit) is v3's; windows are v4's, v5's or v6's */
         att_params pt = p;
         pt.split0 = pl.nsplit;
         rc = launch_v3(pt, att_smem_bytes(q_heads, dc->d), nseq, 1, stream);
-        if (!rc && ver == 5) {
+        if (!rc && ver == 6) {
             switch (p.G) {
-            case 1: rc = launch_v5<1>(p, pl, nseq, stream); break;
-            case 2: rc = launch_v5<2>(p, pl, nseq, stream); break;
-            case 4: rc = launch_v5<4>(p, pl, nseq, stream); break;
-            default: rc = launch_v5<8>(p, pl, nseq, stream); break;
+            case 1: rc = launch_v5<1, true>(p, pl, nseq, stream); break;
+            case 2: rc = launch_v5<2, true>(p, pl, nseq, stream); break;
+            case 4: rc = launch_v5<4, true>(p, pl, nseq, stream); break;
+            default: rc = launch_v5<8, true>(p, pl, nseq, stream); break;
+            }
+        } else if (!rc && ver == 5) {
+            switch (p.G) {
+            case 1: rc = launch_v5<1, false>(p, pl, nseq, stream); break;
+            case 2: rc = launch_v5<2, false>(p, pl, nseq, stream); break;
+            case 4: rc = launch_v5<4, false>(p, pl, nseq, stream); break;
+            default: rc = launch_v5<8, false>(p, pl, nseq, stream); break;
             }
         } else if (!rc) {
             switch (p.G) {

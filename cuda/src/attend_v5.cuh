@@ -65,9 +65,14 @@ __device__ __forceinline__ void a5_rans_refill(a4_rans_in &in)
     in.idx -= adv ? 4u : 0u;
 }
 
-template <int G>
+#include "attend_v6.cuh"
+
+/* PF = false: v5; PF = true: v6 (the container words staged through per-thread shared-memory rings
+ * by cp.async, attend_v6.cuh); everything else is the same code. */
+template <int G, bool PF>
 __global__ void __launch_bounds__(A5_THREADS, 3) attend5_kernel(att_params p)
 {
+    using rans_in = typename std::conditional<PF, a6_rans_in, a4_rans_in>::type;
     constexpr uint32_t NT = (2 * G + 7) / 8;
     constexpr uint32_t KS = A5_T / 16;
     __shared__ uint32_t dtk[256], dtv[256];
@@ -83,6 +88,8 @@ __global__ void __launch_bounds__(A5_THREADS, 3) attend5_kernel(att_params p)
     float *alpha_s = off_run + QH, *wsc = alpha_s + QH;
     float *sv = wsc + QH, *midv = sv + A5_T;
     uint8_t *lv = (uint8_t *)(void *)(midv + A5_T);          /* [d][A4_VSTR] */
+    /* v6 only: rings [A6_R][A5_T] words, keys then values (a6_smem_bytes) */
+    uint32_t *ring = (uint32_t *)(void *)(lv + (size_t)d * A4_VSTR);
 
     const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
     const uint32_t nwarps = A5_THREADS / 32;
@@ -158,20 +165,32 @@ __global__ void __launch_bounds__(A5_THREADS, 3) attend5_kernel(att_params p)
         /* open both streams of token t; sv/midv of the previous tile were last read before its
          * final barrier B, which every thread has passed */
         float s = 0.0f, mid = 0.0f;
-        a4_rans_in kin, vin;
+        rans_in kin, vin;
         uint32_t xk = 0, xv = 0;
+        if (PF) /* no cp.async of the previous tile may land after this tile's prime */
+            a6_wait_all();
         if (t < cnt) {
             const uint8_t *rec = win + 2u + n + (size_t)(tbase + t) * rk;
             s = dqcu_f16_to_f32((uint16_t)(rec[0] | rec[1] << 8));
             const float o = dqcu_f16_to_f32((uint16_t)(rec[2] | rec[3] << 8));
             mid = __fmaf_rn(s, ck, o);
-            xk = a4_rans_open(kin, rec + 4, CK);
+            if constexpr (PF)
+                xk = a6_rans_open(kin, rec + 4, CK, (uint32_t)__cvta_generic_to_shared(ring + t));
+            else
+                xk = a4_rans_open(kin, rec + 4, CK);
             const uint8_t *vrec = win + 2u + n + (size_t)W * rk + (size_t)(tbase + t) * rv;
             const float s2 = dqcu_f16_to_f32((uint16_t)(vrec[0] | vrec[1] << 8));
             const float o2 = dqcu_f16_to_f32((uint16_t)(vrec[2] | vrec[3] << 8));
             sv[t] = s2;
             midv[t] = __fmaf_rn(s2, cv, o2);
-            xv = a4_rans_open(vin, vrec + 4, CV);
+            if constexpr (PF) {
+                xv = a6_rans_open(vin, vrec + 4, CV, (uint32_t)__cvta_generic_to_shared(ring + A6_R * A5_T + t));
+                a6_wait_all(); /* the primes have landed */
+                a6_rans_open_ring(kin);
+                a6_rans_open_ring(vin);
+            } else {
+                xv = a4_rans_open(vin, vrec + 4, CV);
+            }
         }
         const float4 *q4 = (const float4 *)(const void *)qr;
         const uint32_t d4 = d / 4;
@@ -187,8 +206,17 @@ __global__ void __launch_bounds__(A5_THREADS, 3) attend5_kernel(att_params p)
                 uint8_t *dst = lv + t;
                 for (uint32_t j4 = 0; j4 < d4; j4++) {
                     float l[4];
-                    a5_rans_refill(kin);
-                    a5_rans_refill(vin);
+                    if constexpr (PF) {
+                        a6_wait<A6_D>();
+                        a6_rans_refill(kin);
+                        a6_rans_refill(vin);
+                        a6_rans_fetch(kin);
+                        a6_rans_fetch(vin);
+                        a6_commit();
+                    } else {
+                        a5_rans_refill(kin);
+                        a5_rans_refill(vin);
+                    }
 #pragma unroll
                     for (int u = 0; u < 4; u++) {
                         const uint32_t e = a4_rans_step(xk, dtk, kin);
@@ -317,6 +345,8 @@ __global__ void __launch_bounds__(A5_THREADS, 3) attend5_kernel(att_params p)
             __syncthreads(); /* C: the value buffer and the weights are free for the next head */
         }
     }
+    if (PF) /* nothing in flight into the rings when the block ends */
+        a6_wait_all();
 
     /* ---- un-rotate (acc + Σ a·mid on every channel) and write this block's partial ---- */
     for (uint32_t h = warp; h < QH; h += nwarps) {
