@@ -17,9 +17,10 @@
  * values contracted on tensor cores) and v5 (attend_v5.cuh: each thread decodes its token's key and
  * value streams interleaved, a tile done head by head in one pass) and v6 (attend_v6.cuh: v5 with
  * the container words staged into per-thread shared-memory rings by cp.async far ahead of use) take
- * the shapes they can; v6 is the default (falling back to v5 where it cannot launch),
- * DQCU_ATTEND_KERNEL=5 selects v5, =4 v4 and =3 v3 for every shape; v3 runs the BF16 tail and the
- * shapes the others do not take. */
+ * the shapes they can; v5 is the default (falling back to v4 where it cannot launch),
+ * DQCU_ATTEND_KERNEL=6 selects v6, =4 v4 and =3 v3 for every shape; v3 runs the BF16 tail and the
+ * shapes the others do not take. v6 measured slower than v5 except at batch 1 / short contexts
+ * (tests/bench/GPU_NOTES.md, run 12), so it is not the default. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -508,14 +509,14 @@ __global__ void __launch_bounds__(MERGE_THREADS) attend_merge_kernel(const float
 }
 
 /* Which kernel family dqcu_attend asks for: DQCU_ATTEND_KERNEL=3 selects v3 for every shape, =4
- * v4 wherever it takes the shape, =5 v5 wherever it takes the shape (else v4, else v3), anything
- * else v6 wherever it takes the shape and can launch (else v5, else v4, else v3). The BF16 tail is
+ * v4 wherever it takes the shape, =6 v6 wherever it takes the shape and can launch (else v5, else
+ * v4, else v3), anything else v5 wherever it takes the shape (else v4, else v3). The BF16 tail is
  * always v3's. Read once. */
 static int att_variant()
 {
     static const int v = [] {
         const char *e = getenv("DQCU_ATTEND_KERNEL");
-        return e && !strcmp(e, "3") ? 3 : e && !strcmp(e, "4") ? 4 : e && !strcmp(e, "5") ? 5 : 6;
+        return e && !strcmp(e, "3") ? 3 : e && !strcmp(e, "4") ? 4 : e && !strcmp(e, "6") ? 6 : 5;
     }();
     return v;
 }
