@@ -22,6 +22,11 @@
  * in shared memory; dqcu_attend_check() says whether a shape fits (Qwen3-8B, Llama-3-70B do).
  * Levels and container sizes are those of any valid profile.
  *
+ * Kernel versions (for comparisons; read once per process from the environment):
+ * DQCU_ENCODE_KERNEL=3|4 runs an earlier encoder (default 5; every version writes the same bytes),
+ * DQCU_ATTEND_KERNEL=3|4|6 an earlier or experimental attention kernel (default 5).
+ * tests/bench/GPU_NOTES.md has each version's design and measurements.
+ *
  * Thread-safety: a dqcu_codec is immutable after creation and may be used from any thread and on
  * any stream of its device. Calls with distinct output buffers may run concurrently. */
 #ifndef DQUANT_CUDA_H
