@@ -45,7 +45,6 @@ struct dqd_nchan {
     dqd_conn *conn;        /* NULL once the connection has gone */
     uv_async_t async;
     pthread_t thread;
-    bool thread_started;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     ncclUniqueId id;
@@ -54,7 +53,7 @@ struct dqd_nchan {
     _Atomic int state;     /* ch_state, written by the thread */
     _Atomic bool stop;     /* the connection went: abort and end */
     bool comm_aborted;     /* (thread) */
-    nc_job *todo_head, *todo_tail;  /* loop → thread (mu) */
+    nc_job *queue_head, *queue_tail;  /* loop → thread (mu) */
     nc_job *done_head, *done_tail;  /* thread → loop (mu) */
     bool thread_done;               /* (mu) */
     /* loop thread only */
@@ -213,15 +212,21 @@ static void run_job(dqd_nchan *ch, ncclComm_t comm, cudaStream_t stream, cudaEve
     }
 }
 
+/* Appends j to the list (head, tail); the caller holds ch->mu. */
+static void job_append(nc_job **head, nc_job **tail, nc_job *j)
+{
+    j->next = NULL;
+    if (*tail)
+        (*tail)->next = j;
+    else
+        *head = j;
+    *tail = j;
+}
+
 static void post_done(dqd_nchan *ch, nc_job *j)
 {
     pthread_mutex_lock(&ch->mu);
-    j->next = NULL;
-    if (ch->done_tail)
-        ch->done_tail->next = j;
-    else
-        ch->done_head = j;
-    ch->done_tail = j;
+    job_append(&ch->done_head, &ch->done_tail, j);
     pthread_mutex_unlock(&ch->mu);
     uv_async_send(&ch->async);
 }
@@ -257,13 +262,13 @@ static void *chan_main(void *arg)
 
     for (;;) {
         pthread_mutex_lock(&ch->mu);
-        while (!ch->todo_head && !atomic_load(&ch->stop))
+        while (!ch->queue_head && !atomic_load(&ch->stop))
             pthread_cond_wait(&ch->cv, &ch->mu);
-        nc_job *j = ch->todo_head;
+        nc_job *j = ch->queue_head;
         if (j) {
-            ch->todo_head = j->next;
-            if (!ch->todo_head)
-                ch->todo_tail = NULL;
+            ch->queue_head = j->next;
+            if (!ch->queue_head)
+                ch->queue_tail = NULL;
         }
         pthread_mutex_unlock(&ch->mu);
         if (!j)
@@ -358,7 +363,6 @@ static void on_async(uv_async_t *a)
     }
     if (ended) {
         pthread_join(ch->thread, NULL);
-        ch->thread_started = false;
         uv_close((uv_handle_t *)&ch->async, chan_closed);
     }
 }
@@ -366,12 +370,7 @@ static void on_async(uv_async_t *a)
 static void push_job(dqd_nchan *ch, nc_job *j)
 {
     pthread_mutex_lock(&ch->mu);
-    j->next = NULL;
-    if (ch->todo_tail)
-        ch->todo_tail->next = j;
-    else
-        ch->todo_head = j;
-    ch->todo_tail = j;
+    job_append(&ch->queue_head, &ch->queue_tail, j);
     pthread_cond_signal(&ch->cv);
     pthread_mutex_unlock(&ch->mu);
 }
@@ -559,7 +558,6 @@ void dqd_op_nccl_setup(dqd_req *req)
         dqd_req_fail(req, DQ_INTERNAL, "cannot start the channel's thread");
         return;
     }
-    ch->thread_started = true;
     if (c->nchan)
         chan_shutdown(c->nchan);
     c->nchan = ch;

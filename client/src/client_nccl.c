@@ -516,6 +516,17 @@ int dqc_put_dev(dqc_client *c, const dqc_put_args *a, dqc_put_result *res)
     return rc;
 }
 
+/* A reply whose NCCL bytes this side cannot place: the daemon sends them anyway, so the channel is
+ * out of step and is torn down, keeping the reason already recorded. */
+static int out_of_step(dqc_client *c, dqc__reply *rep, int rc)
+{
+    char msg[DQC_ERR_MAX];
+    snprintf(msg, sizeof msg, "%s", c->err);
+    dqc__reply_free(rep);
+    nccl_broken(c, rc, "%s", msg);
+    return rc;
+}
+
 int dqc_get_dev(dqc_client *c, const dqc_get_args *a, void *k_dev, void *v_dev, size_t capacity,
                 dqc_get_result *res)
 {
@@ -544,14 +555,8 @@ int dqc_get_dev(dqc_client *c, const dqc_get_args *a, void *k_dev, void *v_dev, 
         const char *names[2] = {"k", "v"};
         rc = tiling_check(c, "get_dev", t, names, 2, total, order);
     }
-    if (rc) {
-        /* The daemon sends bytes this side cannot place: the channel is out of step. */
-        char msg[DQC_ERR_MAX];
-        snprintf(msg, sizeof msg, "%s", c->err);
-        dqc__reply_free(&rep);
-        nccl_broken(c, rc, "%s", msg);
-        return rc;
-    }
+    if (rc)
+        return out_of_step(c, &rep, rc);
     int sink = kb > capacity;
     struct iovec ops[2] = {{k_dev, kb}, {v_dev, kb}};
     rc = recv_payload(c, "get_dev", ops, order, 2, total, sink);
@@ -613,13 +618,8 @@ int dqc_attend_dev(dqc_client *c, const dqc_attend_args *a, float *out_dev, floa
         const char *names[2] = {"out", "lse"};
         rc = tiling_check(c, "attend_dev", t, names, 2, total, order);
     }
-    if (rc) {
-        char msg[DQC_ERR_MAX];
-        snprintf(msg, sizeof msg, "%s", c->err);
-        dqc__reply_free(&rep);
-        nccl_broken(c, rc, "%s", msg);
-        return rc;
-    }
+    if (rc)
+        return out_of_step(c, &rep, rc);
     struct iovec rops[2] = {{out_dev, ob}, {lse_dev, lb}};
     rc = recv_payload(c, "attend_dev", rops, order, 2, total, 0);
     dqc__reply_free(&rep);
