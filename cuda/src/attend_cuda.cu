@@ -40,6 +40,7 @@ struct att_params {
     const dqcu_attn_seq *seqs;
     const float *q;
     float *part;            /* [nseq][nsplit + 1][QH][d + 2] */
+    void *qprep;            /* v7: [nseq] prepared queries (a7_prep_bytes each), after part */
     uint32_t QH, G;
     uint32_t chunk;         /* tiles per block */
     uint32_t nsplit;        /* window splits; split nsplit is the tail */
@@ -52,6 +53,7 @@ struct att_plan {
     uint32_t tpw, chunk, nsplit;
     size_t smem;
     size_t ws_bytes;
+    size_t prep_off; /* v7: offset of the prepared queries in the workspace */
 };
 
 static size_t att_smem_bytes(uint32_t QH, uint32_t d)
@@ -424,6 +426,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attend_kernel(att_params p)
 
 #include "attend_v4.cuh"
 #include "attend_v5.cuh"
+#include "attend_v7.cuh"
 
 /* Merges a sequence's partials by their log-sum-exp. Block (sequence, query head, 32 channels):
  * the 1024 threads first take the splits' maxima and weights, then warp w sums the splits
@@ -509,45 +512,54 @@ __global__ void __launch_bounds__(MERGE_THREADS) attend_merge_kernel(const float
 }
 
 /* Which kernel family dqcu_attend asks for: DQCU_ATTEND_KERNEL=3 selects v3 for every shape, =4
- * v4 wherever it takes the shape, =6 v6 wherever it takes the shape and can launch (else v5, else
- * v4, else v3), anything else v5 wherever it takes the shape (else v4, else v3). The BF16 tail is
- * always v3's. Read once. */
+ * v4 wherever it takes the shape, =6 v6 and =7 v7 wherever they take the shape and can launch
+ * (else v5, else v4, else v3), anything else v5 wherever it takes the shape (else v4, else v3). The
+ * BF16 tail is always v3's. Read once. */
 static int att_variant()
 {
     static const int v = [] {
         const char *e = getenv("DQCU_ATTEND_KERNEL");
-        return e && !strcmp(e, "3") ? 3 : e && !strcmp(e, "4") ? 4 : e && !strcmp(e, "6") ? 6 : 5;
+        if (!e || !e[0] || e[1])
+            return 5;
+        return e[0] == '3' ? 3 : e[0] == '4' ? 4 : e[0] == '6' ? 6 : e[0] == '7' ? 7 : 5;
     }();
     return v;
 }
 
-/* Blocks of v5 (PF = false) or v6 (PF = true), group G, one SM holds with dyn bytes of dynamic
- * shared memory, from the compiled kernel's registers and static shared memory; 0 when it cannot
- * run at all (then v5, or v4, runs). The attributes come from the binary, not from a launch, so the
- * choice (and the workspace size that depends on it) is the same in dqcu_attend_workspace_size and
+/* Blocks of v5, v6 or v7 (ver), group G, one SM holds with dyn bytes of dynamic shared memory, from
+ * the compiled kernel's registers and static shared memory; 0 when it cannot run at all (then an
+ * older version runs). The attributes come from the binary, not from a launch, so the choice (and
+ * the workspace size that depends on it) is the same in dqcu_attend_workspace_size and
  * dqcu_attend. */
 struct a5_attr {
     cudaFuncAttributes fa;
     bool ok;
 };
-template <bool PF> static std::array<a5_attr, 4> a5_query_attrs()
+template <typename K> static a5_attr a5_query_attr(K kernel)
 {
-    std::array<a5_attr, 4> a{};
-    a[0].ok = cudaFuncGetAttributes(&a[0].fa, attend5_kernel<1, PF>) == cudaSuccess;
-    a[1].ok = cudaFuncGetAttributes(&a[1].fa, attend5_kernel<2, PF>) == cudaSuccess;
-    a[2].ok = cudaFuncGetAttributes(&a[2].fa, attend5_kernel<4, PF>) == cudaSuccess;
-    a[3].ok = cudaFuncGetAttributes(&a[3].fa, attend5_kernel<8, PF>) == cudaSuccess;
+    a5_attr a{};
+    a.ok = cudaFuncGetAttributes(&a.fa, kernel) == cudaSuccess;
     (void)cudaGetLastError();
     return a;
 }
+template <int V> static std::array<a5_attr, 4> a5_query_attrs()
+{
+    if constexpr (V == 7)
+        return {a5_query_attr(attend7_kernel<1>), a5_query_attr(attend7_kernel<2>),
+                a5_query_attr(attend7_kernel<4>), a5_query_attr(attend7_kernel<8>)};
+    else
+        return {a5_query_attr(attend5_kernel<1, V == 6>), a5_query_attr(attend5_kernel<2, V == 6>),
+                a5_query_attr(attend5_kernel<4, V == 6>), a5_query_attr(attend5_kernel<8, V == 6>)};
+}
 
-static uint32_t a5_blocks_per_sm(const dqcu_codec *dc, uint32_t G, size_t dyn, bool pf)
+static uint32_t a5_blocks_per_sm(const dqcu_codec *dc, uint32_t G, size_t dyn, int ver)
 {
     /* one query per kernel for the process (one sm_90 binary serves every device); ok = false when
      * the query failed */
-    static const std::array<a5_attr, 4> attrs5 = a5_query_attrs<false>();
-    static const std::array<a5_attr, 4> attrs6 = a5_query_attrs<true>();
-    const std::array<a5_attr, 4> &attrs = pf ? attrs6 : attrs5;
+    static const std::array<a5_attr, 4> attrs5 = a5_query_attrs<5>();
+    static const std::array<a5_attr, 4> attrs6 = a5_query_attrs<6>();
+    static const std::array<a5_attr, 4> attrs7 = a5_query_attrs<7>();
+    const std::array<a5_attr, 4> &attrs = ver == 7 ? attrs7 : ver == 6 ? attrs6 : attrs5;
     const int gi = G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : G == 8 ? 3 : -1;
     if (gi < 0 || !attrs[gi].ok)
         return 0;
@@ -579,7 +591,8 @@ static att_plan att_make_plan(const dqcu_codec *dc, uint32_t QH, uint32_t nseq, 
     const uint32_t G = QH / dc->kv_heads;
     pl.tpw = (dc->W + ATT_T - 1) / ATT_T;
     const uint64_t tiles = (uint64_t)(max_tokens / dc->W) * pl.tpw;
-    pl.smem = ver == 6   ? a6_smem_bytes(QH, dc->d, G)
+    pl.smem = ver == 7   ? a7_smem_bytes(QH, dc->d, G)
+              : ver == 6 ? a6_smem_bytes(QH, dc->d, G)
               : ver == 5 ? a5_smem_bytes(QH, dc->d, G)
               : ver == 4 ? a4_smem_bytes(QH, dc->d, dc->kv_heads, G)
                          : att_smem_bytes(QH, dc->d);
@@ -593,8 +606,8 @@ static att_plan att_make_plan(const dqcu_codec *dc, uint32_t QH, uint32_t nseq, 
             sm_smem = 0;
         per_sm = (uint64_t)sm_smem / (pl.smem + 1024);
         per_sm = per_sm < 1 ? 1 : per_sm > 2 ? 2 : per_sm;
-    } else if (ver == 5 || ver == 6) {
-        per_sm = a5_blocks_per_sm(dc, G, pl.smem, ver == 6);
+    } else if (ver >= 5) {
+        per_sm = a5_blocks_per_sm(dc, G, pl.smem, ver);
         per_sm = per_sm < 1 ? 1 : per_sm;
     }
     const uint64_t slots = (uint64_t)(dc->sm_count > 0 ? dc->sm_count : 1) * per_sm;
@@ -606,17 +619,24 @@ static att_plan att_make_plan(const dqcu_codec *dc, uint32_t QH, uint32_t nseq, 
     pl.chunk = (uint32_t)chunk;
     pl.nsplit = (uint32_t)((tiles + chunk - 1) / chunk);
     pl.ws_bytes = (size_t)nseq * (pl.nsplit + 1) * QH * (dc->d + 2) * sizeof(float);
+    pl.prep_off = 0;
+    if (ver == 7) {
+        pl.prep_off = (pl.ws_bytes + 255) & ~(size_t)255;
+        pl.ws_bytes = pl.prep_off + (size_t)nseq * a7_prep_bytes(QH, dc->d, G);
+    }
     return pl;
 }
 
-/* The kernel that runs the windows: 6, 5, 4 or 3 (see att_variant) */
+/* The kernel that runs the windows: 7, 6, 5, 4 or 3 (see att_variant) */
 static int att_pick(const dqcu_codec *dc, uint32_t QH)
 {
     const uint32_t G = QH / dc->kv_heads;
     const int want = att_variant();
-    if (want == 6 && a5_shape_ok(G, dc->d) && a5_blocks_per_sm(dc, G, a6_smem_bytes(QH, dc->d, G), true) >= 1)
+    if (want == 7 && a7_shape_ok(G, dc->d) && a5_blocks_per_sm(dc, G, a7_smem_bytes(QH, dc->d, G), 7) >= 1)
+        return 7;
+    if (want == 6 && a5_shape_ok(G, dc->d) && a5_blocks_per_sm(dc, G, a6_smem_bytes(QH, dc->d, G), 6) >= 1)
         return 6;
-    if (want >= 5 && a5_shape_ok(G, dc->d) && a5_blocks_per_sm(dc, G, a5_smem_bytes(QH, dc->d, G), false) >= 1)
+    if (want >= 5 && a5_shape_ok(G, dc->d) && a5_blocks_per_sm(dc, G, a5_smem_bytes(QH, dc->d, G), 5) >= 1)
         return 5;
     if (want >= 4 && a4_shape_ok(G, dc->d) && a4_smem_bytes(QH, dc->d, dc->kv_heads, G) <= dc->smem_optin)
         return 4;
@@ -689,6 +709,18 @@ static int launch_v5(const att_params &p, const att_plan &pl, uint32_t nseq, cud
     return DQ_OK;
 }
 
+template <int G>
+static int launch_v7(const att_params &p, const att_plan &pl, uint32_t nseq, cudaStream_t stream)
+{
+    attend7_prep_kernel<G><<<nseq, A5_THREADS, 0, stream>>>(p);
+    DQCU_CHECK_LAUNCH();
+    DQCU_CHECK(cudaFuncSetAttribute(attend7_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem));
+    dim3 grid(nseq, pl.nsplit);
+    attend7_kernel<G><<<grid, A5_THREADS, pl.smem, stream>>>(p);
+    DQCU_CHECK_LAUNCH();
+    return DQ_OK;
+}
+
 extern "C" int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, const dqcu_attn_seq *seqs,
                            uint32_t nseq, uint32_t max_tokens, const float *q, float *out, float *lse,
                            void *workspace, size_t workspace_bytes, cudaStream_t stream)
@@ -707,13 +739,14 @@ extern "C" int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, 
         return DQ_OK;
     const int ver = att_pick(dc, q_heads);
     const att_plan pl = att_make_plan(dc, q_heads, nseq, max_tokens, ver);
-    if (workspace_bytes < pl.ws_bytes)
+    if (workspace_bytes < pl.ws_bytes || ((uintptr_t)workspace & 15))
         return DQ_INVALID_ARGUMENT;
     att_params p = {};
     p.tab = dc->tab;
     p.seqs = seqs;
     p.q = q;
     p.part = (float *)workspace;
+    p.qprep = (unsigned char *)workspace + pl.prep_off;
     p.QH = q_heads;
     p.G = q_heads / dc->kv_heads;
     p.chunk = pl.chunk;
@@ -723,11 +756,18 @@ extern "C" int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, 
     if (ver == 3) {
         rc = launch_v3(p, pl.smem, nseq, pl.nsplit + 1, stream);
     } else {
-        /* the BF16 tail (split nsplit) is v3's; windows are v4's, v5's or v6's */
+        /* the BF16 tail (split nsplit) is v3's; windows are v4's .. v7's */
         att_params pt = p;
         pt.split0 = pl.nsplit;
         rc = launch_v3(pt, att_smem_bytes(q_heads, dc->d), nseq, 1, stream);
-        if (!rc && ver == 6) {
+        if (!rc && ver == 7) {
+            switch (p.G) {
+            case 1: rc = launch_v7<1>(p, pl, nseq, stream); break;
+            case 2: rc = launch_v7<2>(p, pl, nseq, stream); break;
+            case 4: rc = launch_v7<4>(p, pl, nseq, stream); break;
+            default: rc = launch_v7<8>(p, pl, nseq, stream); break;
+            }
+        } else if (!rc && ver == 6) {
             switch (p.G) {
             case 1: rc = launch_v5<1, true>(p, pl, nseq, stream); break;
             case 2: rc = launch_v5<2, true>(p, pl, nseq, stream); break;

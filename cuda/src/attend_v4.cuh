@@ -32,7 +32,7 @@
                                  fragment load fall in 32 distinct banks */
 #define A4_F16_512 0x60606060u /* fp16 high byte 0x60: 512 + (low byte)/2 */
 
-static inline uint32_t a4_ntiles(uint32_t G) { return (2 * G + 7) / 8; }
+__host__ __device__ inline uint32_t a4_ntiles(uint32_t G) { return (2 * G + 7) / 8; }
 
 /* True when v4 takes this shape: GQA group 1, 2, 4 or 8, head_dim a multiple of 64 (the value
  * stage splits d/16 MMA row tiles over 4 warps) and at most 256. */

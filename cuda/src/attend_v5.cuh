@@ -65,6 +65,182 @@ __device__ __forceinline__ void a5_rans_refill(a4_rans_in &in)
     in.idx -= adv ? 4u : 0u;
 }
 
+/* ---- phases shared by v5/v6 and v7 ---- */
+
+/* Head h of the block's query, rotated for the containers (signs, butterfly, scale): lane l holds
+ * channels l, l + 32, ... in y (zero past d). */
+__device__ __forceinline__ void a5_rotate_query(const float *qh, const float *signs, float rot_scale, uint32_t d,
+                                                uint32_t lane, float (&y)[ATT_DVMAX])
+{
+#pragma unroll
+    for (int r = 0; r < ATT_DVMAX; r++) {
+        const uint32_t e = (uint32_t)r * 32u + lane;
+        y[r] = e < d ? qh[e] * signs[e] : 0.0f;
+    }
+    dqcu_fwht(y, d, lane);
+#pragma unroll
+    for (int r = 0; r < ATT_DVMAX; r++)
+        y[r] = y[r] * rot_scale;
+}
+
+__device__ __forceinline__ float a5_warp_sum(float v)
+{
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1)
+        v += __shfl_xor_sync(DQCU_FULL, v, off);
+    return v;
+}
+
+/* Online softmax of query head h (group column g) over one tile, one warp: row = its logits
+ * (A5_T), sh = the window's key-mean term (added to every logit), cnt = tokens in the tile, sv/midv
+ * = the value streams' scale and mid level. Updates m/l/off of h, leaves the rescale factor in
+ * alpha_s[h] and the weights a_t·s_t (scaled by a power of two, wsc[h] undoes it) as fp16 hi/lo
+ * B fragments in wfr (column pair 2(g % 4), n-tile g / 4). */
+template <int NT>
+__device__ __forceinline__ void a5_softmax(const float *row, float sh, uint32_t cnt, uint32_t h, uint32_t g,
+                                           float *m_run, float *l_run, float *off_run, float *alpha_s, float *wsc,
+                                           const float *sv, const float *midv, uint2 *wfr, uint32_t lane)
+{
+    float xs[A5_T / 32];
+    float mb = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < A5_T / 32; k++) {
+        const uint32_t u = lane + 32u * k;
+        xs[k] = u < cnt ? row[u] + sh : -INFINITY;
+        mb = fmaxf(mb, xs[k]);
+    }
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1)
+        mb = fmaxf(mb, __shfl_xor_sync(DQCU_FULL, mb, off));
+    const float mold = m_run[h];
+    const float mnew = fmaxf(mold, mb);
+    const float alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
+    float ps = 0, os = 0, mw = 0;
+    float wv[A5_T / 32];
+#pragma unroll
+    for (int k = 0; k < A5_T / 32; k++) {
+        const uint32_t u = lane + 32u * k;
+        wv[k] = 0.0f;
+        if (u < cnt) {
+            const float pr = __expf(xs[k] - mnew);
+            ps += pr;
+            os = __fmaf_rn(pr, midv[u], os);
+            wv[k] = pr * sv[u];
+            mw = fmaxf(mw, fabsf(wv[k]));
+        }
+    }
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1) {
+        ps += __shfl_xor_sync(DQCU_FULL, ps, off);
+        os += __shfl_xor_sync(DQCU_FULL, os, off);
+        mw = fmaxf(mw, __shfl_xor_sync(DQCU_FULL, mw, off));
+    }
+    /* power-of-two scale: the largest weight in [0.5, 1) for the fp16 split */
+    int ex;
+    frexpf(mw, &ex);
+    ex = max(-120, min(120, ex));
+    const float inv = __int_as_float((127 - ex) << 23), sc = __int_as_float((127 + ex) << 23);
+    /* every lane read m_run[h] (mold) above; lane 0 overwrites it below: the shuffles in between
+     * order execution but not shared memory, so close the intra-warp write-after-read */
+    __syncwarp();
+    if (lane == 0) {
+        m_run[h] = mnew;
+        l_run[h] = __fmaf_rn(l_run[h], alpha, ps);
+        off_run[h] = __fmaf_rn(off_run[h], alpha, os);
+        alpha_s[h] = alpha;
+        wsc[h] = sc;
+    }
+    /* B fragment of k-step u/16, n-tile g/4: as v4 */
+    __half *fb = (__half *)(void *)(wfr + (size_t)(g / 4u) * 32);
+    const uint32_t col = 2u * (g & 3u);
+#pragma unroll
+    for (int k = 0; k < A5_T / 32; k++) {
+        const uint32_t u = lane + 32u * k;
+        const float w = wv[k] * inv;
+        const __half hi = __float2half_rn(w);
+        const __half lo = __float2half_rn(w - __half2float(hi));
+        const size_t base = (size_t)(u >> 4) * NT * 32 * 4 + ((u >> 2) & 3u) * 4 + (u & 3u);
+        fb[base + (size_t)col * 16] = hi;
+        fb[base + (size_t)(col + 1) * 16] = lo;
+    }
+}
+
+/* Value contraction of KV head kvh on tensor cores (as v4): lv = its levels, channel-major
+ * (A4_VSTR bytes per channel), wfr = the weights; acc of the group's query heads rescaled by
+ * alpha_s and increased by the contraction times wsc. c2 = (512 + c) in both fp16 halves. */
+template <int G>
+__device__ __forceinline__ void a5_value_mma(const uint8_t *lv, const uint2 *wfr, uint32_t kvh, uint32_t d, float *acc,
+                                             const float *alpha_s, const float *wsc, uint32_t c2, uint32_t warp,
+                                             uint32_t lane)
+{
+    constexpr uint32_t NT = (2 * G + 7) / 8;
+    constexpr uint32_t KS = A5_T / 16;
+    const uint32_t nwarps = A5_THREADS / 32, r = lane >> 2, c = lane & 3u;
+    for (uint32_t mt = warp; mt < d / 16; mt += nwarps) {
+        const uint8_t *r0 = lv + (size_t)(16u * mt + r) * A4_VSTR + 4u * c;
+#pragma unroll
+        for (uint32_t nt = 0; nt < NT; nt++) {
+            float dc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const uint2 *bf = wfr + (size_t)nt * 32 + lane;
+#pragma unroll
+            for (uint32_t ks = 0; ks < KS; ks++) {
+                const uint32_t w0 = *(const uint32_t *)(const void *)(r0 + 16u * ks);
+                const uint32_t w1 = *(const uint32_t *)(const void *)(r0 + 8u * A4_VSTR + 16u * ks);
+                a4_mma(dc, a4_lv2(w0, 0x4140u, c2), a4_lv2(w1, 0x4140u, c2), a4_lv2(w0, 0x4342u, c2),
+                       a4_lv2(w1, 0x4342u, c2), bf[(size_t)ks * NT * 32]);
+            }
+            /* columns 2c, 2c + 1 = query head g = 4nt + c, hi and lo */
+            const uint32_t g = 4u * nt + c;
+            if (g < (uint32_t)G) {
+                const uint32_t h = kvh * G + g, ch = 16u * mt + r;
+                const float al = alpha_s[h], sc = wsc[h];
+                float *ah = acc + (size_t)h * d + ch;
+                ah[0] = __fmaf_rn(ah[0], al, (dc[0] + dc[1]) * sc);
+                ah[8] = __fmaf_rn(ah[8], al, (dc[2] + dc[3]) * sc);
+            }
+        }
+    }
+}
+
+/* The block's partial result: acc + Σ a·mid on every channel, un-rotated, then (max, sum). */
+__device__ __forceinline__ void a5_finish(const float *acc, const float *off_run, const float *m_run,
+                                          const float *l_run, float *part, const dqcu_tables &tb, uint32_t QH,
+                                          uint32_t G, uint32_t warp, uint32_t lane)
+{
+    const uint32_t d = tb.d, nwarps = A5_THREADS / 32;
+    for (uint32_t h = warp; h < QH; h += nwarps) {
+        const uint32_t kvh = h / G;
+        float y[ATT_DVMAX];
+        const float off = off_run[h];
+#pragma unroll
+        for (int r2 = 0; r2 < ATT_DVMAX; r2++) {
+            const uint32_t e = (uint32_t)r2 * 32u + lane;
+            y[r2] = e < d ? acc[(size_t)h * d + e] + off : 0.0f;
+        }
+        dqcu_fwht(y, d, lane);
+        float *ph = part + (size_t)h * (d + 2);
+#pragma unroll
+        for (int r2 = 0; r2 < ATT_DVMAX; r2++) {
+            const uint32_t e = (uint32_t)r2 * 32u + lane;
+            if (e < d)
+                ph[e] = y[r2] * tb.rot_scale * tb.signs[kvh * d + e];
+        }
+        if (lane == 0) {
+            ph[d] = m_run[h];
+            ph[d + 1] = l_run[h];
+        }
+    }
+}
+
+/* A split with no tiles (the sequence is shorter): an empty partial. */
+__device__ __forceinline__ void a5_empty(float *part, uint32_t QH, uint32_t d, uint32_t tid)
+{
+    for (uint32_t h = tid; h < QH; h += A5_THREADS) {
+        part[(size_t)h * (d + 2) + d] = -INFINITY;
+        part[(size_t)h * (d + 2) + d + 1] = 0.0f;
+    }
+}
+
 #include "attend_v6.cuh"
 
 /* PF = false: v5; PF = true: v6 (the container words staged through per-thread shared-memory rings
@@ -100,10 +276,7 @@ __global__ void __launch_bounds__(A5_THREADS, 3) attend5_kernel(att_params p)
     const uint32_t tile0 = split * p.chunk, tile1 = min(ntiles, tile0 + p.chunk);
     float *part = p.part + (((size_t)b * (p.nsplit + 1) + split) * QH) * (d + 2);
     if (tile0 >= tile1) {
-        for (uint32_t h = tid; h < QH; h += A5_THREADS) {
-            part[(size_t)h * (d + 2) + d] = -INFINITY;
-            part[(size_t)h * (d + 2) + d + 1] = 0.0f;
-        }
+        a5_empty(part, QH, d, tid);
         return;
     }
 
@@ -124,28 +297,19 @@ __global__ void __launch_bounds__(A5_THREADS, 3) attend5_kernel(att_params p)
     /* queries, rotated for the containers (per head: signs, butterfly, scale) */
     const float *qb = p.q + b * (size_t)QH * d;
     for (uint32_t h = warp; h < QH; h += nwarps) {
-        const uint32_t kvh = h / G;
         float y[ATT_DVMAX];
-#pragma unroll
-        for (int r = 0; r < ATT_DVMAX; r++) {
-            const uint32_t e = (uint32_t)r * 32u + lane;
-            y[r] = e < d ? qb[(size_t)h * d + e] * tb.signs[kvh * d + e] : 0.0f;
-        }
-        dqcu_fwht(y, d, lane);
+        a5_rotate_query(qb + (size_t)h * d, tb.signs + (h / G) * d, rot_scale, d, lane, y);
         float s = 0;
 #pragma unroll
         for (int r = 0; r < ATT_DVMAX; r++) {
             const uint32_t e = (uint32_t)r * 32u + lane;
             if (e < d) {
-                y[r] = y[r] * rot_scale;
                 qr[(size_t)h * d + e] = y[r];
                 acc[(size_t)h * d + e] = 0.0f;
                 s += y[r];
             }
         }
-#pragma unroll
-        for (int off = 16; off >= 1; off >>= 1)
-            s += __shfl_xor_sync(DQCU_FULL, s, off);
+        s = a5_warp_sum(s);
         if (lane == 0) {
             qsum[h] = s;
             m_run[h] = -INFINITY;
@@ -157,7 +321,7 @@ __global__ void __launch_bounds__(A5_THREADS, 3) attend5_kernel(att_params p)
 
     const __half2 c2h = __floats2half2_rn(512.0f + cv, 512.0f + cv);
     const uint32_t c2 = *(const uint32_t *)(const void *)&c2h;
-    const uint32_t t = tid, r = lane >> 2, c = lane & 3u;
+    const uint32_t t = tid;
     for (uint32_t tile = tile0; tile < tile1; tile++) {
         const uint32_t tbase = (tile % p.tpw) * A5_T, cnt = min((uint32_t)A5_T, W - tbase);
         const uint8_t *win = sq.windows[tile / p.tpw];
@@ -247,101 +411,15 @@ __global__ void __launch_bounds__(A5_THREADS, 3) attend5_kernel(att_params p)
                 float qm = 0;
                 for (uint32_t e = lane; e < d; e += 32)
                     qm = __fmaf_rn(qr[(size_t)h * d + e], (float)(int8_t)win[2u + kvh * d + e], qm);
-#pragma unroll
-                for (int off = 16; off >= 1; off >>= 1)
-                    qm += __shfl_xor_sync(DQCU_FULL, qm, off);
+                qm = a5_warp_sum(qm);
                 const float sh = p.scale * (qm * sfm);
-                const float *row = lg + (size_t)g * A5_T;
-                float xs[A5_T / 32];
-                float mb = -INFINITY;
-#pragma unroll
-                for (int k = 0; k < A5_T / 32; k++) {
-                    const uint32_t u = lane + 32u * k;
-                    xs[k] = u < cnt ? row[u] + sh : -INFINITY;
-                    mb = fmaxf(mb, xs[k]);
-                }
-#pragma unroll
-                for (int off = 16; off >= 1; off >>= 1)
-                    mb = fmaxf(mb, __shfl_xor_sync(DQCU_FULL, mb, off));
-                const float mold = m_run[h];
-                const float mnew = fmaxf(mold, mb);
-                const float alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
-                float ps = 0, os = 0, mw = 0;
-                float wv[A5_T / 32];
-#pragma unroll
-                for (int k = 0; k < A5_T / 32; k++) {
-                    const uint32_t u = lane + 32u * k;
-                    wv[k] = 0.0f;
-                    if (u < cnt) {
-                        const float pr = __expf(xs[k] - mnew);
-                        ps += pr;
-                        os = __fmaf_rn(pr, midv[u], os);
-                        wv[k] = pr * sv[u];
-                        mw = fmaxf(mw, fabsf(wv[k]));
-                    }
-                }
-#pragma unroll
-                for (int off = 16; off >= 1; off >>= 1) {
-                    ps += __shfl_xor_sync(DQCU_FULL, ps, off);
-                    os += __shfl_xor_sync(DQCU_FULL, os, off);
-                    mw = fmaxf(mw, __shfl_xor_sync(DQCU_FULL, mw, off));
-                }
-                /* power-of-two scale: the largest weight in [0.5, 1) for the fp16 split */
-                int ex;
-                frexpf(mw, &ex);
-                ex = max(-120, min(120, ex));
-                const float inv = __int_as_float((127 - ex) << 23), sc = __int_as_float((127 + ex) << 23);
-                /* every lane read m_run[h] (mold) above; lane 0 overwrites it below: the shuffles in between
-                 * order execution but not shared memory, so close the intra-warp write-after-read */
-                __syncwarp();
-                if (lane == 0) {
-                    m_run[h] = mnew;
-                    l_run[h] = __fmaf_rn(l_run[h], alpha, ps);
-                    off_run[h] = __fmaf_rn(off_run[h], alpha, os);
-                    alpha_s[h] = alpha;
-                    wsc[h] = sc;
-                }
-                /* B fragment of k-step u/16, n-tile g/4: as v4 */
-                __half *fb = (__half *)(void *)(wfr + (size_t)(g / 4u) * 32);
-                const uint32_t col = 2u * (g & 3u);
-#pragma unroll
-                for (int k = 0; k < A5_T / 32; k++) {
-                    const uint32_t u = lane + 32u * k;
-                    const float w = wv[k] * inv;
-                    const __half hi = __float2half_rn(w);
-                    const __half lo = __float2half_rn(w - __half2float(hi));
-                    const size_t base = (size_t)(u >> 4) * NT * 32 * 4 + ((u >> 2) & 3u) * 4 + (u & 3u);
-                    fb[base + (size_t)col * 16] = hi;
-                    fb[base + (size_t)(col + 1) * 16] = lo;
-                }
+                a5_softmax<NT>(lg + (size_t)g * A5_T, sh, cnt, h, g, m_run, l_run, off_run, alpha_s, wsc, sv, midv, wfr,
+                               lane);
             }
             __syncthreads(); /* B: weights, alpha and scale of the group are in place */
 
             /* ---- value contraction of head kvh on tensor cores (as v4) ---- */
-            for (uint32_t mt = warp; mt < d / 16; mt += nwarps) {
-                const uint8_t *r0 = lv + (size_t)(16u * mt + r) * A4_VSTR + 4u * c;
-#pragma unroll
-                for (uint32_t nt = 0; nt < NT; nt++) {
-                    float dc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    const uint2 *bf = wfr + (size_t)nt * 32 + lane;
-#pragma unroll
-                    for (uint32_t ks = 0; ks < KS; ks++) {
-                        const uint32_t w0 = *(const uint32_t *)(const void *)(r0 + 16u * ks);
-                        const uint32_t w1 = *(const uint32_t *)(const void *)(r0 + 8u * A4_VSTR + 16u * ks);
-                        a4_mma(dc, a4_lv2(w0, 0x4140u, c2), a4_lv2(w1, 0x4140u, c2), a4_lv2(w0, 0x4342u, c2),
-                               a4_lv2(w1, 0x4342u, c2), bf[(size_t)ks * NT * 32]);
-                    }
-                    /* columns 2c, 2c + 1 = query head g = 4nt + c, hi and lo */
-                    const uint32_t g = 4u * nt + c;
-                    if (g < (uint32_t)G) {
-                        const uint32_t h = kvh * G + g, ch = 16u * mt + r;
-                        const float al = alpha_s[h], sc = wsc[h];
-                        float *ah = acc + (size_t)h * d + ch;
-                        ah[0] = __fmaf_rn(ah[0], al, (dc[0] + dc[1]) * sc);
-                        ah[8] = __fmaf_rn(ah[8], al, (dc[2] + dc[3]) * sc);
-                    }
-                }
-            }
+            a5_value_mma<G>(lv, wfr, kvh, d, acc, alpha_s, wsc, c2, warp, lane);
             __syncthreads(); /* C: the value buffer and the weights are free for the next head */
         }
     }
@@ -349,26 +427,5 @@ __global__ void __launch_bounds__(A5_THREADS, 3) attend5_kernel(att_params p)
         a6_wait_all();
 
     /* ---- un-rotate (acc + Σ a·mid on every channel) and write this block's partial ---- */
-    for (uint32_t h = warp; h < QH; h += nwarps) {
-        const uint32_t kvh = h / G;
-        float y[ATT_DVMAX];
-        const float off = off_run[h];
-#pragma unroll
-        for (int r2 = 0; r2 < ATT_DVMAX; r2++) {
-            const uint32_t e = (uint32_t)r2 * 32u + lane;
-            y[r2] = e < d ? acc[(size_t)h * d + e] + off : 0.0f;
-        }
-        dqcu_fwht(y, d, lane);
-        float *ph = part + (size_t)h * (d + 2);
-#pragma unroll
-        for (int r2 = 0; r2 < ATT_DVMAX; r2++) {
-            const uint32_t e = (uint32_t)r2 * 32u + lane;
-            if (e < d)
-                ph[e] = y[r2] * rot_scale * tb.signs[kvh * d + e];
-        }
-        if (lane == 0) {
-            ph[d] = m_run[h];
-            ph[d + 1] = l_run[h];
-        }
-    }
+    a5_finish(acc, off_run, m_run, l_run, part, tb, QH, G, warp, lane);
 }

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 QH, KVH, D = 32, 8, 128
-# attention kernels compared (DQCU_ATTEND_KERNEL): the default (v5) first, then v6, v4 and v3
-VARIANTS = ["5", "6", "4", "3"]
+# attention kernels compared (DQCU_ATTEND_KERNEL), the default first; --variants picks others
+VARIANTS = ["5", "7", "6", "4", "3"]
 
 
 def time_ms(fn, warm=3, reps=21):
@@ -79,12 +79,14 @@ def main():
     ap.add_argument("--bin", default="build-gpu/tests/cuda/bench_cuda")
     ap.add_argument("--json", default=None, help="write all records here")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="DQCU_ATTEND_KERNEL values, comma-separated")
     args = ap.parse_args()
 
     # every kernel variant in its own bench_cuda process (libdquant-cuda reads DQCU_ATTEND_KERNEL once)
     cmd = [args.bin] + (["--quick"] if args.quick else [])
+    variants = args.variants.split(",")
     runs = {}
-    for var in VARIANTS:
+    for var in variants:
         print(f"running DQCU_ATTEND_KERNEL={var}", " ".join(cmd), flush=True)
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ, DQCU_ATTEND_KERNEL=var))
         recs = []
@@ -101,7 +103,7 @@ def main():
                 return 77
             return 1
         runs[var] = recs
-    recs = runs[VARIANTS[0]]
+    recs = runs[variants[0]]
 
     dev = next(r for r in recs if r["kind"] == "device")
     cbw = next(r for r in recs if r["kind"] == "copy")["bytes_per_s"]
@@ -118,7 +120,7 @@ def main():
             bf16[(batch, ctx)] = sdpa_bf16(batch, ctx)
         return bf16[(batch, ctx)]
 
-    for var in VARIANTS:
+    for var in variants:
         vrecs = runs[var]
         print(f"\nDecode attention, one layer (Qwen3-8B: 32 q heads, 8 kv heads, d 128), dq226 vs BF16 SDPA, "
               f"kernel v{var}")

@@ -7,8 +7,9 @@
  * from the clock (printed; --seed N repeats a run). Then it times each kernel (events, warm-up,
  * median) on the dq226 shape.
  *
- *   checkcuda [--seed N] [--small] [--no-timing] [--quiet]
+ *   checkcuda [--seed N] [--small] [--no-timing] [--quiet] [--encoders V,V,...]
  *   --small: a few small cases only (for compute-sanitizer memcheck / racecheck runs).
+ *   --encoders: the encoder versions checked (default: the library's default, then every other).
  * Exit status: 0 all passed, 1 a check failed, 2 a setup error, 77 no suitable GPU (skipped). */
 #include <math.h>
 #include <stdarg.h>
@@ -761,6 +762,7 @@ int main(int argc, char **argv)
 {
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
     bool small = false, do_timing = true;
+    std::vector<int> enc_list;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seed") && i + 1 < argc)
             seed = strtoull(argv[++i], NULL, 0);
@@ -770,8 +772,19 @@ int main(int argc, char **argv)
             do_timing = false;
         else if (!strcmp(argv[i], "--quiet"))
             g_quiet = 1;
-        else {
-            fprintf(stderr, "usage: %s [--seed N] [--small] [--no-timing] [--quiet]\n", argv[0]);
+        else if (!strcmp(argv[i], "--encoders") && i + 1 < argc) {
+            for (const char *q = argv[++i]; *q;) {
+                char *end;
+                const long v = strtol(q, &end, 10);
+                if (end == q || v < 3 || v > 9) {
+                    fprintf(stderr, "--encoders: a comma-separated list of versions\n");
+                    return 2;
+                }
+                enc_list.push_back((int)v);
+                q = *end == ',' ? end + 1 : end;
+            }
+        } else {
+            fprintf(stderr, "usage: %s [--seed N] [--small] [--no-timing] [--quiet] [--encoders V,V,...]\n", argv[0]);
             return 2;
         }
     }
@@ -831,12 +844,16 @@ int main(int argc, char **argv)
         const bool dec_ok = cs.d >= 32;
         const size_t nwin = small ? 3 : 5;
         std::vector<uint8_t> valid;
-        /* every encoder version, the library's default (the windows decompressed below) first */
-        const int vers[4] = {enc_default, 5, 4, 3};
-        for (int vi = 0; vi < 4; vi++) {
+        /* every encoder version (or those asked for), the first one's windows decompressed below */
+        std::vector<int> vers = enc_list;
+        if (vers.empty()) {
+            vers.push_back(enc_default);
+            for (int v : {5, 4, 3})
+                if (v != enc_default)
+                    vers.push_back(v);
+        }
+        for (size_t vi = 0; vi < vers.size(); vi++) {
             const int ver = vers[vi];
-            if (vi > 0 && ver == enc_default)
-                continue;
             g_enc_version = ver;
             dqcu__encode_kernel(ver);
             test_streams(cs, r, small ? 40 : 1200, enc_ok);

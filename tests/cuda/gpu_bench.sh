@@ -26,8 +26,8 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
 fi
 
 # checkcuda once per attention kernel (DQCU_ATTEND_KERNEL, read once by the library): the default
-# (v5) with the timing section, then v6, v4 and v3
-for kern in 5 6 4 3; do
+# (v5) with the timing section, then v7, v6, v4 and v3
+for kern in 5 7 6 4 3; do
   echo "== checkcuda, attention kernel v$kern"
   targs=""
   [ "$kern" = 5 ] || targs=--no-timing

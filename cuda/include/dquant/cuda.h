@@ -158,7 +158,8 @@ DQCU_API size_t dqcu_attend_workspace_size(const dqcu_codec *dc, uint32_t q_head
  *   q:    device f32 [nseq, q_heads, head_dim] (original domain, finite).
  *   out:  device f32 [nseq, q_heads, head_dim]; lse: device f32 [nseq, q_heads] or NULL
  *         (natural log of Σ exp(scaled logit)); an empty sequence gives 0 and -inf.
- *   workspace: device memory of at least dqcu_attend_workspace_size() bytes.
+ *   workspace: device memory of at least dqcu_attend_workspace_size() bytes, 16-byte aligned (as
+ *              cudaMalloc gives it).
  * Returns 0, DQ_INVALID_ARGUMENT, DQ_SHAPE (q_heads not a multiple of kv_heads), DQ_UNSUPPORTED
  * (see dqcu_attend_check), DQ_INTERNAL. */
 DQCU_API int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, const dqcu_attn_seq *seqs,
