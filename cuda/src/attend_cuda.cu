@@ -16,11 +16,12 @@
  * That is kernel v3. v4 (attend_v4.cuh: keys and values decoded concurrently by two thread roles,
  * values contracted on tensor cores) and v5 (attend_v5.cuh: each thread decodes its token's key and
  * value streams interleaved, a tile done head by head in one pass) and v6 (attend_v6.cuh: v5 with
- * the container words staged into per-thread shared-memory rings by cp.async far ahead of use) take
- * the shapes they can; v5 is the default (falling back to v4 where it cannot launch),
- * DQCU_ATTEND_KERNEL=6 selects v6, =4 v4 and =3 v3 for every shape; v3 runs the BF16 tail and the
- * shapes the others do not take. v6 measured slower than v5 except at batch 1 / short contexts
- * (tests/bench/GPU_NOTES.md, run 12), so it is not the default. */
+ * the container words staged into per-thread shared-memory rings by cp.async far ahead of use) and
+ * v7 (attend_v7.cuh: v5 with the key scores on tensor cores too, a levels-only decode loop, the
+ * queries prepared once per call and 5 blocks per SM) take the shapes they can; v7 is the default
+ * (falling back to v5, then v4, where it cannot launch), DQCU_ATTEND_KERNEL=5, 6, 4 or 3 selects
+ * another; v3 runs the BF16 tail and the shapes the others do not take. v6 measured slower than v5
+ * except at batch 1 / short contexts (tests/bench/GPU_NOTES.md, run 12). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -512,16 +513,16 @@ __global__ void __launch_bounds__(MERGE_THREADS) attend_merge_kernel(const float
 }
 
 /* Which kernel family dqcu_attend asks for: DQCU_ATTEND_KERNEL=3 selects v3 for every shape, =4
- * v4 wherever it takes the shape, =6 v6 and =7 v7 wherever they take the shape and can launch
- * (else v5, else v4, else v3), anything else v5 wherever it takes the shape (else v4, else v3). The
- * BF16 tail is always v3's. Read once. */
+ * v4 wherever it takes the shape, =5 v5 and =6 v6 wherever they take the shape and can launch
+ * (else v4, else v3), anything else v7 wherever it takes the shape and can launch (else v5, else
+ * v4, else v3). The BF16 tail is always v3's. Read once. */
 static int att_variant()
 {
     static const int v = [] {
         const char *e = getenv("DQCU_ATTEND_KERNEL");
         if (!e || !e[0] || e[1])
-            return 5;
-        return e[0] == '3' ? 3 : e[0] == '4' ? 4 : e[0] == '6' ? 6 : e[0] == '7' ? 7 : 5;
+            return 7;
+        return e[0] == '3' ? 3 : e[0] == '4' ? 4 : e[0] == '5' ? 5 : e[0] == '6' ? 6 : 7;
     }();
     return v;
 }
@@ -631,9 +632,11 @@ static att_plan att_make_plan(const dqcu_codec *dc, uint32_t QH, uint32_t nseq, 
 static int att_pick(const dqcu_codec *dc, uint32_t QH)
 {
     const uint32_t G = QH / dc->kv_heads;
-    const int want = att_variant();
+    int want = att_variant();
     if (want == 7 && a7_shape_ok(G, dc->d) && a5_blocks_per_sm(dc, G, a7_smem_bytes(QH, dc->d, G), 7) >= 1)
         return 7;
+    if (want == 7)
+        want = 5;
     if (want == 6 && a5_shape_ok(G, dc->d) && a5_blocks_per_sm(dc, G, a6_smem_bytes(QH, dc->d, G), 6) >= 1)
         return 6;
     if (want >= 5 && a5_shape_ok(G, dc->d) && a5_blocks_per_sm(dc, G, a5_smem_bytes(QH, dc->d, G), 5) >= 1)

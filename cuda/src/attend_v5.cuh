@@ -166,12 +166,13 @@ __device__ __forceinline__ void a5_softmax(const float *row, float sh, uint32_t 
 }
 
 /* Value contraction of KV head kvh on tensor cores (as v4): lv = its levels, channel-major
- * (A4_VSTR bytes per channel), wfr = the weights; acc of the group's query heads rescaled by
- * alpha_s and increased by the contraction times wsc. c2 = (512 + c) in both fp16 halves. */
+ * (A4_VSTR bytes per channel), wfr = the weights; acc (a row of accs floats per query head) of the
+ * group's query heads rescaled by alpha_s and increased by the contraction times wsc. c2 = (512 + c)
+ * in both fp16 halves. */
 template <int G>
 __device__ __forceinline__ void a5_value_mma(const uint8_t *lv, const uint2 *wfr, uint32_t kvh, uint32_t d, float *acc,
-                                             const float *alpha_s, const float *wsc, uint32_t c2, uint32_t warp,
-                                             uint32_t lane)
+                                             uint32_t accs, const float *alpha_s, const float *wsc, uint32_t c2,
+                                             uint32_t warp, uint32_t lane)
 {
     constexpr uint32_t NT = (2 * G + 7) / 8;
     constexpr uint32_t KS = A5_T / 16;
@@ -194,7 +195,7 @@ __device__ __forceinline__ void a5_value_mma(const uint8_t *lv, const uint2 *wfr
             if (g < (uint32_t)G) {
                 const uint32_t h = kvh * G + g, ch = 16u * mt + r;
                 const float al = alpha_s[h], sc = wsc[h];
-                float *ah = acc + (size_t)h * d + ch;
+                float *ah = acc + (size_t)h * accs + ch;
                 ah[0] = __fmaf_rn(ah[0], al, (dc[0] + dc[1]) * sc);
                 ah[8] = __fmaf_rn(ah[8], al, (dc[2] + dc[3]) * sc);
             }
@@ -202,8 +203,9 @@ __device__ __forceinline__ void a5_value_mma(const uint8_t *lv, const uint2 *wfr
     }
 }
 
-/* The block's partial result: acc + Σ a·mid on every channel, un-rotated, then (max, sum). */
-__device__ __forceinline__ void a5_finish(const float *acc, const float *off_run, const float *m_run,
+/* The block's partial result: acc (rows of accs floats) + Σ a·mid on every channel, un-rotated,
+ * then (max, sum). acc may be part itself. */
+__device__ __forceinline__ void a5_finish(const float *acc, uint32_t accs, const float *off_run, const float *m_run,
                                           const float *l_run, float *part, const dqcu_tables &tb, uint32_t QH,
                                           uint32_t G, uint32_t warp, uint32_t lane)
 {
@@ -215,8 +217,9 @@ __device__ __forceinline__ void a5_finish(const float *acc, const float *off_run
 #pragma unroll
         for (int r2 = 0; r2 < ATT_DVMAX; r2++) {
             const uint32_t e = (uint32_t)r2 * 32u + lane;
-            y[r2] = e < d ? acc[(size_t)h * d + e] + off : 0.0f;
+            y[r2] = e < d ? acc[(size_t)h * accs + e] + off : 0.0f;
         }
+        __syncwarp(); /* acc may be this head's row of part (v7): every lane has read it */
         dqcu_fwht(y, d, lane);
         float *ph = part + (size_t)h * (d + 2);
 #pragma unroll
@@ -419,7 +422,7 @@ __global__ void __launch_bounds__(A5_THREADS, 3) attend5_kernel(att_params p)
             __syncthreads(); /* B: weights, alpha and scale of the group are in place */
 
             /* ---- value contraction of head kvh on tensor cores (as v4) ---- */
-            a5_value_mma<G>(lv, wfr, kvh, d, acc, alpha_s, wsc, c2, warp, lane);
+            a5_value_mma<G>(lv, wfr, kvh, d, acc, d, alpha_s, wsc, c2, warp, lane);
             __syncthreads(); /* C: the value buffer and the weights are free for the next head */
         }
     }
@@ -427,5 +430,5 @@ __global__ void __launch_bounds__(A5_THREADS, 3) attend5_kernel(att_params p)
         a6_wait_all();
 
     /* ---- un-rotate (acc + Σ a·mid on every channel) and write this block's partial ---- */
-    a5_finish(acc, off_run, m_run, l_run, part, tb, QH, G, warp, lane);
+    a5_finish(acc, d, off_run, m_run, l_run, part, tb, QH, G, warp, lane);
 }

@@ -19,10 +19,14 @@
  *     never read past their end; on a corrupt container the bytes past the end differ from lib's
  *     zeros, so the result is garbage either way, and it stays finite: levels come from the table);
  *   - the renormalization is one predicated PRMT and one predicated add.
- * Shared memory: the queries as B fragments (replacing v5's fp32 queries), the key level buffer
- * (token-major, d/4 + 1 words per token so the decode's column stores and the MMA's fragment loads
- * are both conflict-free; the weights' B fragments reuse it once the scores are done), the key scale
- * and mid per token; ~73 KB at the Qwen3-8B shape, 3 blocks per SM as v5.
+ * Shared memory holds only what a tile needs: the key level buffer (token-major, d/4 + 1 words per
+ * token so the decode's column stores and the MMA's fragment loads are both conflict-free; the
+ * weights' B fragments reuse it once the scores are done), the value level buffer, the logits and
+ * per-token scales. The queries' B fragments are prepared once per call (attend7_prep_kernel) and
+ * read from L2 by the key MMA; the accumulator lives in the block's partial-result rows in global
+ * memory (read and written once per head and tile by the value MMA). So ~40 KB per block at the
+ * Qwen3-8B shape and 96 registers: 5 blocks (20 warps) per SM instead of v5's 3 (12 warps), more
+ * independent rANS chains to hide the table-lookup and byte-load latencies that bound v5.
  *
  * The key MMA's K index (channels) is permuted: in k-step ks, thread (group r, quad c) holds
  * channels 4w .. 4w + 3, w = (d/16)·c + ks, in its a0/a2 (b0/b1) slots, so one 32-bit load of the
@@ -35,17 +39,13 @@ __host__ __device__ inline size_t a7_align(size_t b) { return (b + 15) & ~(size_
 
 /* dynamic shared memory, in layout order (the decode tables are static) */
 struct a7_layout {
-    size_t qf, acc, lg, small, tok, lv, klv, total;
+    size_t lg, small, tok, lv, klv, total;
 };
 __host__ __device__ inline a7_layout a7_plan(uint32_t QH, uint32_t d, uint32_t G)
 {
-    const size_t KVH = QH / G, NT = a4_ntiles(G), KS = d / 16;
+    const size_t NT = a4_ntiles(G);
     a7_layout L;
     size_t b = 0;
-    L.qf = b;
-    b = a7_align(b + KVH * NT * KS * 32 * sizeof(uint2)); /* queries as B fragments */
-    L.acc = b;
-    b = a7_align(b + (size_t)QH * d * sizeof(float));     /* accumulator */
     L.lg = b;
     b = a7_align(b + (size_t)G * A5_T * sizeof(float));   /* logits of one KV head's query heads */
     L.small = b;
@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(A5_THREADS) attend7_prep_kernel(att_params p)
 }
 
 template <int G>
-__global__ void __launch_bounds__(A5_THREADS, 3) attend7_kernel(att_params p)
+__global__ void __launch_bounds__(A5_THREADS, G >= 8 ? 4 : 5) attend7_kernel(att_params p)
 {
     constexpr uint32_t NT = (2 * G + 7) / 8;
     __shared__ uint32_t dtk[256], dtv[256];
@@ -194,8 +194,6 @@ __global__ void __launch_bounds__(A5_THREADS, 3) attend7_kernel(att_params p)
     const uint32_t QH = p.QH, d = tb.d, n = tb.n, W = tb.W, KVH = tb.kv_heads;
     const uint32_t KS = d / 16, KW = d / 4 + 1;
     const a7_layout L = a7_plan(QH, d, G);
-    uint2 *qf = (uint2 *)(void *)(smem + L.qf);          /* [KVH][NT][KS][32 lanes] */
-    float *acc = (float *)(void *)(smem + L.acc);
     float *lg = (float *)(void *)(smem + L.lg);          /* [G][A5_T] */
     float *qsum = (float *)(void *)(smem + L.small);
     float *m_run = qsum + QH, *l_run = m_run + QH, *off_run = l_run + QH;
@@ -228,13 +226,14 @@ __global__ void __launch_bounds__(A5_THREADS, 3) attend7_kernel(att_params p)
     const uint32_t CK = kk.C, CV = kv_.C;
     const size_t rk = 4u + CK, rv = 4u + CV;
 
-    /* the queries' B fragments, sums and scales (attend7_prep_kernel), into shared memory */
+    /* the queries' B fragments (read from the prepared copy, L2-resident: shared by the sequence's
+     * blocks), sums and scales (attend7_prep_kernel); the accumulator is this block's part itself */
+    const unsigned char *prep = (const unsigned char *)p.qprep + b * a7_prep_bytes(QH, d, G);
+    const uint2 *qf = (const uint2 *)(const void *)prep; /* [KVH][NT][KS][32 lanes] */
+    const uint32_t accs = d + 2;
+    float *acc = part;
     {
-        const size_t qfb = (size_t)KVH * NT * KS * 32 * sizeof(uint2);
-        const unsigned char *src = (const unsigned char *)p.qprep + b * a7_prep_bytes(QH, d, G);
-        for (size_t i = (size_t)tid * 16; i < qfb; i += (size_t)A5_THREADS * 16)
-            *(uint4 *)(void *)((unsigned char *)qf + i) = __ldg((const uint4 *)(const void *)(src + i));
-        const float *ps = (const float *)(const void *)(src + qfb);
+        const float *ps = (const float *)(const void *)(prep + (size_t)KVH * NT * KS * 32 * sizeof(uint2));
         for (uint32_t h = tid; h < QH; h += A5_THREADS) {
             qsum[h] = ps[h];
             qex[h] = ps[QH + h];
@@ -243,7 +242,7 @@ __global__ void __launch_bounds__(A5_THREADS, 3) attend7_kernel(att_params p)
             off_run[h] = 0.0f;
         }
         for (uint32_t i = tid; i < QH * d; i += A5_THREADS)
-            acc[i] = 0.0f;
+            acc[(size_t)(i / d) * accs + i % d] = 0.0f;
     }
     __syncthreads();
 
@@ -305,7 +304,7 @@ __global__ void __launch_bounds__(A5_THREADS, 3) attend7_kernel(att_params p)
                     for (uint32_t ks = 0; ks < KS; ks++) {
                         const uint32_t w0 = k0[ks], w1 = k1[ks];
                         a4_mma(dc, a4_lv2(w0, 0x4140u, c2k), a4_lv2(w1, 0x4140u, c2k), a4_lv2(w0, 0x4342u, c2k),
-                               a4_lv2(w1, 0x4342u, c2k), bf[(size_t)ks * 32]);
+                               a4_lv2(w1, 0x4342u, c2k), __ldg(bf + (size_t)ks * 32));
                     }
                     /* columns 2c, 2c + 1 = query head g = 4nt + c, hi and lo */
                     const uint32_t g = 4u * nt + c;
@@ -333,7 +332,7 @@ __global__ void __launch_bounds__(A5_THREADS, 3) attend7_kernel(att_params p)
                     const size_t at = ((size_t)ks * 32 + 4u * col + c) * 4;
 #pragma unroll
                     for (uint32_t i = 0; i < 4; i++) {
-                        const float q = __half2float(fh[at + i]) + __half2float(fh[at + 16 + i]);
+                        const float q = __half2float(__ldg(fh + at + i)) + __half2float(__ldg(fh + at + 16 + i));
                         qm = __fmaf_rn(q, (float)(int8_t)mu[4u * w + i], qm);
                     }
                 }
@@ -345,10 +344,10 @@ __global__ void __launch_bounds__(A5_THREADS, 3) attend7_kernel(att_params p)
             __syncthreads(); /* B: weights, alpha and scale of the group are in place */
 
             /* ---- value contraction of head kvh on tensor cores ---- */
-            a5_value_mma<G>(lv, wfr, kvh, d, acc, alpha_s, wsc, c2v, warp, lane);
+            a5_value_mma<G>(lv, wfr, kvh, d, acc, accs, alpha_s, wsc, c2v, warp, lane);
             __syncthreads(); /* C: the level buffers and the weights are free for the next head */
         }
     }
 
-    a5_finish(acc, off_run, m_run, l_run, part, tb, QH, G, warp, lane);
+    a5_finish(acc, accs, off_run, m_run, l_run, part, tb, QH, G, warp, lane);
 }
