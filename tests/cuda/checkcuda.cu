@@ -776,7 +776,7 @@ int main(int argc, char **argv)
             for (const char *q = argv[++i]; *q;) {
                 char *end;
                 const long v = strtol(q, &end, 10);
-                if (end == q || v < 3 || v > 9) {
+                if (end == q || v < 3 || v > 5) {
                     fprintf(stderr, "--encoders: a comma-separated list of versions\n");
                     return 2;
                 }
