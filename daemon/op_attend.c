@@ -36,6 +36,9 @@
 #include "tensor.h"
 #include "work.h"
 
+/* Requests up to this many payload bytes have their inputs converted and checked on the loop. */
+#define ATT_INLINE_INPUT (256u << 10)
+
 typedef struct att_item {
     dqd_seq *seq;
     dqd_codec *codec;
@@ -697,6 +700,14 @@ static void att_ready(dqd_access_set *as)
     op->out = dqd_out_alloc(op->out_len);
     if (!op->qf || !op->out) {
         att_fail(op, DQ_NOMEM, "out of memory");
+        return;
+    }
+    /* A small request (a decode step's queries, a token or two appended) is converted and checked
+     * right here: a thread-pool round trip costs more than the work (tens of microseconds). */
+    if (op->req->payload_len <= ATT_INLINE_INPUT) {
+        op->nchunks = 1;
+        input_task(op, 0);
+        input_done(op);
         return;
     }
     op->nchunks = dqd_tasks_split(srv, op->n);
