@@ -161,41 +161,38 @@ static void unrotate_acc(const dq_codec *c, attn_state *st, uint32_t qh0, uint32
     }
 }
 
-static void attend_tail(const dq_codec *c, dq_workspace *ws, const dq_layer *layer, attn_state *st,
-                        const float *q, uint32_t qh0, uint32_t G, float scale)
+/* The BF16 tail, exactly, in blocks of W tokens (each block's weighted values summed in float, then
+ * into the double accumulator, as attend_windows does per window). */
+static void attend_tail(const dq_codec *c, const dq__dsp *dsp, const dq_layer *layer, attn_state *st, const float *q,
+                        uint32_t qh0, uint32_t G, float scale)
 {
     const uint32_t n = c->n, d = c->head_dim, W = st->W;
     const size_t T = dq_layer_tail_tokens(layer);
     const uint16_t *tk = dq_layer_tail(layer, DQ_KIND_K), *tv = dq_layer_tail(layer, DQ_KIND_V);
-    float *row = ws->f0;
     for (size_t t0 = 0; t0 < T; t0 += W) {
         uint32_t cnt = (uint32_t)(T - t0 < W ? T - t0 : W);
         for (uint32_t t = 0; t < cnt; t++) {
             const uint16_t *k = tk + (t0 + t) * n;
-            for (uint32_t j = 0; j < n; j++)
-                row[j] = dq_bf16_to_f32(k[j]);
             for (uint32_t h = 0; h < st->qn; h++) {
                 uint32_t kv = (qh0 + h) / G;
-                const float *qq = q + (size_t)(qh0 + h) * d, *kk = row + (size_t)kv * d;
-                float s = 0;
-                for (uint32_t j = 0; j < d; j++)
-                    s += qq[j] * kk[j];
-                st->logit[(size_t)h * W + t] = scale * s;
+                st->logit[(size_t)h * W + t] =
+                    scale * dsp->dot_bf16(q + (size_t)(qh0 + h) * d, k + (size_t)kv * d, d);
             }
         }
         softmax_block(st, cnt);
+        memset(st->accw, 0, sizeof(float) * st->qn * d);
         for (uint32_t t = 0; t < cnt; t++) {
             const uint16_t *v = tv + (t0 + t) * n;
-            for (uint32_t j = 0; j < n; j++)
-                row[j] = dq_bf16_to_f32(v[j]);
             for (uint32_t h = 0; h < st->qn; h++) {
                 uint32_t kv = (qh0 + h) / G;
-                double p = st->logit[(size_t)h * W + t];
-                double *acc = st->acc + (size_t)h * d;
-                const float *vv = row + (size_t)kv * d;
-                for (uint32_t j = 0; j < d; j++)
-                    acc[j] += p * vv[j];
+                dsp->axpy_bf16(st->accw + (size_t)h * d, st->logit[(size_t)h * W + t], v + (size_t)kv * d, d);
             }
+        }
+        for (uint32_t h = 0; h < st->qn; h++) {
+            double *acc = st->acc + (size_t)h * d;
+            const float *aw = st->accw + (size_t)h * d;
+            for (uint32_t j = 0; j < d; j++)
+                acc[j] += aw[j];
         }
     }
 }
@@ -302,7 +299,7 @@ int dq_attend(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale
                     return rc;
                 }
             }
-            attend_tail(c, ws, it->layer, &st, it->q, qh0, G, scale);
+            attend_tail(c, dsp, it->layer, &st, it->q, qh0, G, scale);
             for (uint32_t h = 0; h < qn; h++) {
                 float *out = it->out + (size_t)(qh0 + h) * d;
                 const double *acc = st.acc + (size_t)h * d;

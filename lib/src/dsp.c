@@ -27,11 +27,27 @@ static float dot_u8_c(const float *q, const uint8_t *lev, size_t len, float cent
     return s;
 }
 
+static float dot_bf16_c(const float *q, const uint16_t *k, size_t len)
+{
+    float s = 0;
+    for (size_t j = 0; j < len; j++)
+        s += q[j] * dq__bf16_f32(k[j]);
+    return s;
+}
+
+static void axpy_bf16_c(float *acc, float w, const uint16_t *v, size_t len)
+{
+    for (size_t j = 0; j < len; j++)
+        acc[j] += w * dq__bf16_f32(v[j]);
+}
+
 void dq__dsp_init_c(dq__dsp *dsp)
 {
     dsp->decode_levels = decode_levels_c;
     dsp->axpy_u8 = axpy_u8_c;
     dsp->dot_u8 = dot_u8_c;
+    dsp->dot_bf16 = dot_bf16_c;
+    dsp->axpy_bf16 = axpy_bf16_c;
 }
 
 static dq__dsp g_dsp;

@@ -19,7 +19,21 @@ typedef struct dq__dsp {
     void (*axpy_u8)(float *acc, float w, const uint8_t *lev, size_t len, float center);
     /* Returns Σ_j q[j] · (lev[j] - center), j < len. */
     float (*dot_u8)(const float *q, const uint8_t *lev, size_t len, float center);
+    /* Returns Σ_j q[j] · k[j], j < len, k in BF16 (the BF16 tail of a layer). */
+    float (*dot_bf16)(const float *q, const uint16_t *k, size_t len);
+    /* acc[j] += w · v[j], j < len, v in BF16. */
+    void (*axpy_bf16)(float *acc, float w, const uint16_t *v, size_t len);
 } dq__dsp;
+
+/* A BF16 bit pattern as float (exact; every pattern, as dq_bf16_to_f32). */
+static inline float dq__bf16_f32(uint16_t b)
+{
+    union {
+        uint32_t u;
+        float f;
+    } x = {.u = (uint32_t)b << 16};
+    return x.f;
+}
 
 void dq__dsp_init_c(dq__dsp *dsp);
 /* Overrides entries with versions for the running CPU (no-op where none apply). */

@@ -119,6 +119,41 @@ __attribute__((target("avx2,fma"))) static void axpy_u8_avx2(float *acc, float w
     for (; j < len; j++)
         acc[j] += w * ((float)lev[j] - center);
 }
+
+/* Eight BF16 patterns widened to floats: the 16 bits become the high half of each 32-bit lane. */
+__attribute__((target("avx2,fma"))) static inline __m256 bf16x8(const uint16_t *p)
+{
+    __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+__attribute__((target("avx2,fma"))) static float dot_bf16_avx2(const float *q, const uint16_t *k, size_t len)
+{
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    size_t j = 0;
+    for (; j + 16 <= len; j += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), bf16x8(k + j), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 8), bf16x8(k + j + 8), acc1);
+    }
+    acc0 = _mm256_add_ps(acc0, acc1);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc0), _mm256_extractf128_ps(acc0, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    float r = _mm_cvtss_f32(s);
+    for (; j < len; j++)
+        r += q[j] * dq__bf16_f32(k[j]);
+    return r;
+}
+
+__attribute__((target("avx2,fma"))) static void axpy_bf16_avx2(float *acc, float w, const uint16_t *v, size_t len)
+{
+    __m256 vw = _mm256_set1_ps(w);
+    size_t j = 0;
+    for (; j + 8 <= len; j += 8)
+        _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(vw, bf16x8(v + j), _mm256_loadu_ps(acc + j)));
+    for (; j < len; j++)
+        acc[j] += w * dq__bf16_f32(v[j]);
+}
 #endif
 
 static const char *g_name = "c";
@@ -132,6 +167,8 @@ void dq__dsp_init_x86(dq__dsp *dsp)
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         dsp->dot_u8 = dot_u8_avx2;
         dsp->axpy_u8 = axpy_u8_avx2;
+        dsp->dot_bf16 = dot_bf16_avx2;
+        dsp->axpy_bf16 = axpy_bf16_avx2;
         g_name = "interleaved+avx2";
     }
 #endif

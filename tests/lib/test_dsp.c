@@ -1,7 +1,8 @@
 /* checkasm-style comparison of the dsp table (lib/src/dsp.h): every entry the CPU-specific init
  * installs must match the portable C reference on random inputs — bit-identical levels and corrupt
  * counts for decode_levels (valid and damaged streams, 1..37 streams, odd strides, unaligned
- * records), and dot_u8 / axpy_u8 (centred levels) within 1e-6 relative. The C reference itself is checked against
+ * records), dot_u8 / axpy_u8 (centred levels) and dot_bf16 / axpy_bf16 (the BF16 tail) within 1e-6
+ * relative. The C reference itself is checked against
  * the spec decoder and against double-precision sums, so the two cannot agree on a wrong answer. */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
@@ -41,11 +42,14 @@ Test(dsp, table)
     cr_assert_not_null(c_dsp.decode_levels);
     cr_assert_not_null(c_dsp.axpy_u8);
     cr_assert_not_null(c_dsp.dot_u8);
+    cr_assert_not_null(c_dsp.dot_bf16);
+    cr_assert_not_null(c_dsp.axpy_bf16);
     const dq__dsp *g = dq__dsp_get();
     cr_assert_not_null(g);
     cr_assert_eq(g, dq__dsp_get(), "dq__dsp_get returns different tables");
     cr_assert(g->decode_levels == fast_dsp.decode_levels && g->axpy_u8 == fast_dsp.axpy_u8 &&
-                  g->dot_u8 == fast_dsp.dot_u8,
+                  g->dot_u8 == fast_dsp.dot_u8 && g->dot_bf16 == fast_dsp.dot_bf16 &&
+                  g->axpy_bf16 == fast_dsp.axpy_bf16,
               "the process table is not init_c + init_x86");
 }
 
@@ -254,4 +258,87 @@ Test(dsp, axpy_u8)
     free(cb);
     free(fb);
     free(lb);
+}
+
+/* The BF16 pattern nearest v (finite inputs only: the tail never holds anything else). */
+static uint16_t bf16_of(double v)
+{
+    return dq_f32_to_bf16((float)v);
+}
+
+Test(dsp, dot_bf16)
+{
+    const size_t maxlen = 4099 + 8;
+    float *qb = dqt_xmalloc(maxlen * sizeof *qb);
+    uint16_t *kb = dqt_xmalloc(maxlen * sizeof *kb);
+    for (size_t li = 0; li < sizeof vec_lens / sizeof vec_lens[0]; li++) {
+        const size_t len = vec_lens[li];
+        for (int trial = 0; trial < 24; trial++) {
+            const size_t qoff = trial % 4, koff = (trial / 4) % 6;
+            float *q = qb + qoff;
+            uint16_t *k = kb + koff;
+            const double qs = pow(10.0, -3.0 + 6.0 * dqt_uniform(&rng)), ks = pow(10.0, -3.0 + 6.0 * dqt_uniform(&rng));
+            for (size_t j = 0; j < len; j++) {
+                q[j] = (float)(qs * dqt_normal(&rng));
+                k[j] = bf16_of(ks * dqt_normal(&rng));
+            }
+            double exact = 0, mag = 0;
+            for (size_t j = 0; j < len; j++) {
+                const double t = (double)q[j] * (double)dq_bf16_to_f32(k[j]);
+                exact += t;
+                mag += fabs(t);
+            }
+            float c = c_dsp.dot_bf16(q, k, len);
+            float f = fast_dsp.dot_bf16(q, k, len);
+            cr_assert(fabs((double)c - exact) <= (len + 1) * 0x1p-24 * mag + 1e-38, "C dot_bf16 len %zu: %.9g vs %.9g",
+                      len, (double)c, exact);
+            cr_assert(fabs((double)f - (double)c) <= 1e-6 * mag + 1e-38,
+                      "fast dot_bf16 len %zu (q+%zu, k+%zu): %.9g, C %.9g", len, qoff, koff, (double)f, (double)c);
+        }
+    }
+    free(qb);
+    free(kb);
+}
+
+Test(dsp, axpy_bf16)
+{
+    const size_t maxlen = 4099 + 8;
+    float *ab = dqt_xmalloc(maxlen * sizeof *ab), *cb = dqt_xmalloc(maxlen * sizeof *cb),
+          *fb = dqt_xmalloc(maxlen * sizeof *fb);
+    uint16_t *vb = dqt_xmalloc(maxlen * sizeof *vb);
+    for (size_t li = 0; li < sizeof vec_lens / sizeof vec_lens[0]; li++) {
+        const size_t len = vec_lens[li];
+        for (int trial = 0; trial < 24; trial++) {
+            const size_t aoff = trial % 4, voff = (trial / 4) % 6;
+            uint16_t *v = vb + voff;
+            const float w = (float)(pow(10.0, -3.0 + 6.0 * dqt_uniform(&rng)) * dqt_normal(&rng));
+            for (size_t j = 0; j < maxlen - 8; j++)
+                ab[j] = (float)dqt_normal(&rng);
+            memcpy(cb, ab, maxlen * sizeof *ab);
+            memcpy(fb, ab, maxlen * sizeof *ab);
+            for (size_t j = 0; j < len; j++)
+                v[j] = bf16_of(dqt_normal(&rng) * 4.0);
+            c_dsp.axpy_bf16(cb + aoff, w, v, len);
+            fast_dsp.axpy_bf16(fb + aoff, w, v, len);
+            for (size_t j = 0; j < maxlen; j++) {
+                if (j < aoff || j >= aoff + len) {
+                    cr_assert(memcmp(&cb[j], &ab[j], sizeof(float)) == 0, "C axpy_bf16 len %zu wrote element %zu",
+                              len, j);
+                    cr_assert(memcmp(&fb[j], &ab[j], sizeof(float)) == 0, "fast axpy_bf16 len %zu wrote outside (%zu)",
+                              len, j);
+                    continue;
+                }
+                const double a0 = ab[j], t = (double)w * (double)dq_bf16_to_f32(v[j - aoff]);
+                const double mag = fabs(a0) + fabs(t);
+                cr_assert(fabs((double)cb[j] - (a0 + t)) <= 0x1p-23 * mag, "C axpy_bf16 [%zu]: %.9g vs %.9g", j,
+                          (double)cb[j], a0 + t);
+                cr_assert(fabs((double)fb[j] - (double)cb[j]) <= 1e-6 * mag,
+                          "fast axpy_bf16 len %zu [%zu]: %.9g, C %.9g", len, j, (double)fb[j], (double)cb[j]);
+            }
+        }
+    }
+    free(ab);
+    free(cb);
+    free(fb);
+    free(vb);
 }
