@@ -271,17 +271,21 @@ int dq_attend(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale
             attn_state st;
             uint32_t qn = q_heads - qh0 < qc ? q_heads - qh0 : qc;
             state_layout(&st, ws->big, qn, d, W);
+            /* the rotated queries serve the containers only: a layer that is all BF16 tail skips them */
+            const int windows = dq_layer_window_count(it->layer) > 0;
             for (uint32_t h = 0; h < qn; h++) {
                 uint32_t kv = (qh0 + h) / G;
                 float *qr = st.qr + (size_t)h * d;
                 const float *q = it->q + (size_t)(qh0 + h) * d;
-                for (uint32_t j = 0; j < d; j++)
-                    qr[j] = c->signs ? q[j] * c->signs[kv * d + j] : q[j];
-                dq__fwht(qr, d);
                 float s = 0;
-                for (uint32_t j = 0; j < d; j++) {
-                    qr[j] *= c->rot_scale;
-                    s += qr[j];
+                if (windows) {
+                    for (uint32_t j = 0; j < d; j++)
+                        qr[j] = c->signs ? q[j] * c->signs[kv * d + j] : q[j];
+                    dq__fwht(qr, d);
+                    for (uint32_t j = 0; j < d; j++) {
+                        qr[j] *= c->rot_scale;
+                        s += qr[j];
+                    }
                 }
                 st.qsum[h] = s;
                 st.m[h] = -INFINITY;
@@ -290,8 +294,10 @@ int dq_attend(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale
                 memset(st.acc + (size_t)h * d, 0, sizeof(double) * d);
             }
             if (dquant) {
-                attend_windows(c, ws, dsp, it->layer, &st, qh0, G, scale);
-                unrotate_acc(c, &st, qh0, G);
+                if (windows) {
+                    attend_windows(c, ws, dsp, it->layer, &st, qh0, G, scale);
+                    unrotate_acc(c, &st, qh0, G);
+                }
             } else {
                 int rc = attend_decoded_windows(c, ws, it->layer, &st, it->q, qh0, G, scale, blk);
                 if (rc < 0) {

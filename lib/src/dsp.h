@@ -25,15 +25,6 @@ typedef struct dq__dsp {
     void (*axpy_bf16)(float *acc, float w, const uint16_t *v, size_t len);
 } dq__dsp;
 
-/* A BF16 bit pattern as float (exact; every pattern, as dq_bf16_to_f32). */
-static inline float dq__bf16_f32(uint16_t b)
-{
-    union {
-        uint32_t u;
-        float f;
-    } x = {.u = (uint32_t)b << 16};
-    return x.f;
-}
 
 void dq__dsp_init_c(dq__dsp *dsp);
 /* Overrides entries with versions for the running CPU (no-op where none apply). */

@@ -158,6 +158,13 @@ int dq_convert(const void *src, dq_dtype src_type, void *dst, dq_dtype dst_type,
         memmove(dst, src, count * dq_dtype_size(src_type));
         return DQ_OK;
     }
+    if (src_type == DQ_DTYPE_BF16 && dst_type == DQ_DTYPE_F32) { /* the common case: a plain widening */
+        const uint16_t *s = src;
+        float *d = dst;
+        for (size_t i = 0; i < count; i++)
+            d[i] = dq__bf16_f32(s[i]);
+        return DQ_OK;
+    }
     for (size_t i = 0; i < count; i++) {
         float v = dq__load_elem(src, src_type, i);
         switch (dst_type) {
