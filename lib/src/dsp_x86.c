@@ -86,6 +86,16 @@ static size_t decode_levels_multi(const dq__rans_dec *dec, const uint8_t *record
 }
 
 #ifdef DQ_X86
+/* The sum of the 16 lanes of two accumulators. */
+__attribute__((target("avx2,fma"))) static inline float hsum2_avx(__m256 a, __m256 b)
+{
+    a = _mm256_add_ps(a, b);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
 __attribute__((target("avx2,fma"))) static float dot_u8_avx2(const float *q, const uint8_t *lev, size_t len, float center)
 {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), vc = _mm256_set1_ps(center);
@@ -97,11 +107,7 @@ __attribute__((target("avx2,fma"))) static float dot_u8_avx2(const float *q, con
         acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), l0, acc0);
         acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 8), l1, acc1);
     }
-    acc0 = _mm256_add_ps(acc0, acc1);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc0), _mm256_extractf128_ps(acc0, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    float r = _mm_cvtss_f32(s);
+    float r = hsum2_avx(acc0, acc1);
     for (; j < len; j++)
         r += q[j] * ((float)lev[j] - center);
     return r;
@@ -135,11 +141,7 @@ __attribute__((target("avx2,fma"))) static float dot_bf16_avx2(const float *q, c
         acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), bf16x8(k + j), acc0);
         acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 8), bf16x8(k + j + 8), acc1);
     }
-    acc0 = _mm256_add_ps(acc0, acc1);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc0), _mm256_extractf128_ps(acc0, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    float r = _mm_cvtss_f32(s);
+    float r = hsum2_avx(acc0, acc1);
     for (; j < len; j++)
         r += q[j] * dq__bf16_f32(k[j]);
     return r;
