@@ -13,9 +13,12 @@
  * with an append) when the GPU budget can make room, possibly moving least recently used
  * sequences to the host first (gpu_tier.h); else it stays on the host. A sequence with a host
  * layer to move is acquired exclusively, as for an append. A GPU layer whose append finds no room
- * at all on the GPU (everything else pinned or in use) moves to the host and is appended there. Phase B and C then run the
- * host items in chunks as above plus one GPU task: promotions and appends on the worker's stream,
- * then one dqcu_attend launch per codec for all GPU items of the batch. */
+ * at all on the GPU (everything else pinned or in use) moves to the host and is appended there.
+ * Phase B and C then run the host items in chunks as above plus one GPU task: promotions and
+ * appends on the worker's stream, then one dqcu_attend launch per codec for all GPU items of the
+ * batch. When every item is on the GPU (a decode step's usual case), B and C are one task with no
+ * synchronization in between, and the appended tokens were already checked in phase A
+ * (dq_check_tokens) so the GPU append launches no check of its own. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -39,6 +42,9 @@
 /* Requests up to this many payload bytes have their inputs converted and checked on the loop. */
 #define ATT_INLINE_INPUT (256u << 10)
 
+/* Stages of an ATTEND, timed for the debug-level trace line each reply logs. */
+enum { ATT_T_ACCESS, ATT_T_INPUT, ATT_T_B0, ATT_T_B1, ATT_T_C0, ATT_T_C1, ATT_T_COUNT };
+
 typedef struct att_item {
     dqd_seq *seq;
     dqd_codec *codec;
@@ -50,6 +56,7 @@ typedef struct att_item {
     bool promoted;
     bool spill;      /* phase B moves its (GPU) layer to the host before appending there */
     bool spilled;
+    bool checked;    /* its k and v passed dq_check_tokens in phase A */
     dqd_append txn;
     dqd_gappend gtxn;
     int rc;
@@ -72,9 +79,12 @@ typedef struct att_op {
     size_t nappend;
     size_t ncpu_append;   /* of which on the host */
     bool gpu_b, gpu_c;    /* a GPU task in phase B (promotions, appends) / C (attention) */
+    bool fused;           /* everything on the GPU: B and C in one task (see moves_done) */
+    bool c_ran;           /* the fused task got to phase C (the appends all succeeded) */
     uint64_t reserved;
     uint64_t gpu_reserved;
     dqd_gpu_moves mv;
+    uint64_t t_ns[ATT_T_COUNT];  /* when each stage ended, for the debug trace */
     int fail_rc;
     char msg[256];
 } att_op;
@@ -198,7 +208,9 @@ static void attend_task(void *ctx, size_t c)
 {
     att_op *op = ctx;
     if (c == op->nchunks) {
+        op->t_ns[ATT_T_C0] = dqd_now_ns();
         attend_gpu(op);
+        op->t_ns[ATT_T_C1] = dqd_now_ns();
         return;
     }
     size_t lo, hi;
@@ -239,6 +251,25 @@ static void attend_task(void *ctx, size_t c)
     }
 }
 
+/* Where a successful ATTEND's time went, in microseconds from the request's arrival (debug level;
+ * the GPU stages as the GPU task saw them, 0 when there was none). */
+static void att_trace(const att_op *op)
+{
+    if (dqd_log_max < DQ_LOG_DEBUG)
+        return;
+    const uint64_t t0 = op->req->t0_ns, now = dqd_now_ns();
+    double us[ATT_T_COUNT];
+    for (int i = 0; i < ATT_T_COUNT; i++)
+        us[i] = op->t_ns[i] ? (double)(op->t_ns[i] - t0) * 1e-3 : 0.0;
+    size_t ngpu = 0;
+    for (size_t i = 0; i < op->n; i++)
+        ngpu += op->items[i].gpu;
+    DQD_DEBUG("ATTEND trace: %zu items (%zu GPU, %zu appends%s): access %.1f us, inputs %.1f, GPU B %.1f-%.1f, "
+              "GPU C %.1f-%.1f, reply %.1f",
+              op->n, ngpu, op->nappend, op->fused ? ", fused" : "", us[ATT_T_ACCESS], us[ATT_T_INPUT], us[ATT_T_B0],
+              us[ATT_T_B1], us[ATT_T_C0], us[ATT_T_C1], (double)(now - t0) * 1e-3);
+}
+
 static void attend_done(void *ctx)
 {
     att_op *op = ctx;
@@ -265,6 +296,7 @@ static void attend_done(void *ctx)
     Dquant__Response resp = DQUANT__RESPONSE__INIT;
     resp.body_case = DQUANT__RESPONSE__BODY_ATTEND;
     resp.attend = &r;
+    att_trace(op);
     uint8_t *out = op->out;
     op->out = NULL;
     dqd_req_reply(op->req, &resp, out, op->out_len);
@@ -349,7 +381,8 @@ static void append_gpu(att_op *op)
         if (it->rc < 0)
             return;
     }
-    for (size_t k = 0; k < op->nappend; k++) {
+    bool failed = false;
+    for (size_t k = 0; k < op->nappend && !failed; k++) {
         att_item *it = &op->items[op->append_idx[k]];
         if (!it->gpu)
             continue;
@@ -360,14 +393,17 @@ static void append_gpu(att_op *op)
             it->rc = dqd_tensor_aligned(&it->av, &vd, &vt);
             if (it->rc == 0) {
                 it->rc = dqd_gpu_append(gpu, it->codec, &it->gtxn, &it->seq->glayers[it->layer], kd, vd,
-                                        dqd_tensor_dtype(&it->ak), 1, 0, NULL);
+                                        dqd_tensor_dtype(&it->ak), 1, it->checked ? DQD_GAPPEND_CHECKED : 0,
+                                        NULL);
                 free(vt);
             }
             free(kt);
         }
-        if (it->rc < 0)
-            break;
+        failed = it->rc < 0;
     }
+    /* Fused and applied: the attention's own synchronization comes next on the same stream. */
+    if (op->fused && !failed)
+        return;
     int rc = dqd_gpu_finish(gpu);
     if (rc < 0)
         for (size_t k = 0; k < op->nappend; k++)
@@ -379,7 +415,9 @@ static void append_task(void *ctx, size_t c)
 {
     att_op *op = ctx;
     if (c == op->nchunks) {
+        op->t_ns[ATT_T_B0] = dqd_now_ns();
         append_gpu(op);
+        op->t_ns[ATT_T_B1] = dqd_now_ns();
         return;
     }
     size_t lo, hi;
@@ -410,6 +448,18 @@ static void append_task(void *ctx, size_t c)
             free(kt);
         }
     }
+}
+
+/* Phase B went through: the appends are committed and counted, the reservations released. */
+static void b_applied(att_op *op)
+{
+    settle_b(op, false);
+    dqd_store_unreserve(op->srv->store, op->reserved);
+    op->reserved = 0;
+    dqd_store_gpu_unreserve(op->srv->store, op->gpu_reserved);
+    op->gpu_reserved = 0;
+    op->srv->metrics.attend_appends += op->nappend;
+    op->srv->metrics.tokens_put += op->nappend;
 }
 
 static void append_done(void *ctx)
@@ -448,14 +498,35 @@ static void append_done(void *ctx)
         att_fail(op, first, "%s", op->msg);
         return;
     }
-    settle_b(op, false);
-    dqd_store_unreserve(op->srv->store, op->reserved);
-    op->reserved = 0;
-    dqd_store_gpu_unreserve(op->srv->store, op->gpu_reserved);
-    op->gpu_reserved = 0;
-    op->srv->metrics.attend_appends += op->nappend;
-    op->srv->metrics.tokens_put += op->nappend;
+    b_applied(op);
     start_attend(op);
+}
+
+/* Fused: B and C in one task on the worker's stream. */
+static void fused_task(void *ctx, size_t c)
+{
+    (void)c;
+    att_op *op = ctx;
+    op->t_ns[ATT_T_B0] = dqd_now_ns();
+    append_gpu(op);
+    op->t_ns[ATT_T_B1] = op->t_ns[ATT_T_C0] = dqd_now_ns();
+    for (size_t i = 0; i < op->n; i++)
+        if (op->items[i].rc < 0)
+            return;
+    op->c_ran = true;
+    attend_gpu(op);
+    op->t_ns[ATT_T_C1] = dqd_now_ns();
+}
+
+static void fused_done(void *ctx)
+{
+    att_op *op = ctx;
+    if (!op->c_ran) {
+        append_done(op); /* a failed append: rolled back as in the two-task path */
+        return;
+    }
+    b_applied(op);
+    attend_done(op);
 }
 
 static void moves_done(void *ctx, int rc)
@@ -466,7 +537,16 @@ static void moves_done(void *ctx, int rc)
         return;
     }
     op->nchunks = op->ncpu_append ? dqd_tasks_split(op->srv, op->nappend) : 0;
-    if (dqd_tasks_run(op->srv, op->nchunks + op->gpu_b, append_task, append_done, op) < 0)
+    /* Every item on the GPU: the attention follows the appends on the same stream, in one task,
+     * without a synchronization and a trip through the loop in between. */
+    op->fused = op->gpu_b && !op->ncpu_append;
+    for (size_t i = 0; i < op->n && op->fused; i++)
+        op->fused = op->items[i].gpu;
+    if (op->fused)
+        rc = dqd_tasks_run(op->srv, 1, fused_task, fused_done, op);
+    else
+        rc = dqd_tasks_run(op->srv, op->nchunks + op->gpu_b, append_task, append_done, op);
+    if (rc < 0)
         att_fail(op, DQ_NOMEM, "out of memory");
 }
 
@@ -561,6 +641,34 @@ out:
 
 /* ---- phase A: inputs ---- */
 
+/* The appended token, checked finite; on the cuda backend checked as dq_layer_append would check
+ * it (dq_check_tokens), which spares the GPU append its check kernel and round trip. */
+static int check_append(const att_op *op, att_item *it)
+{
+    const void *kd, *vd;
+    void *kt = NULL, *vt = NULL;
+    const dq_dtype dt = dqd_tensor_dtype(&it->ak);
+    int rc = dqd_tensor_aligned(&it->ak, &kd, &kt);
+    if (rc == 0)
+        rc = dqd_tensor_aligned(&it->av, &vd, &vt);
+    if (rc == 0)
+        rc = dq_check_finite(kd, dt, (size_t)it->ak.count);
+    if (rc == 0)
+        rc = dq_check_finite(vd, dt, (size_t)it->av.count);
+    if (rc == 0 && op->srv->gpu) {
+        const size_t ntok = (size_t)it->ak.count / it->codec->n;
+        dq_workspace *ws = dqd_codec_ws_take(it->codec);
+        rc = ws ? dq_check_tokens(ws, kd, dt, ntok) : DQ_NOMEM;
+        if (rc == 0)
+            rc = dq_check_tokens(ws, vd, dt, ntok);
+        dqd_codec_ws_give(it->codec, ws);
+        it->checked = rc == 0;
+    }
+    free(kt);
+    free(vt);
+    return rc;
+}
+
 static void input_task(void *ctx, size_t c)
 {
     att_op *op = ctx;
@@ -572,28 +680,15 @@ static void input_task(void *ctx, size_t c)
         it->rc = dqd_tensor_to_f32(&it->q, q);
         if (it->rc == 0)
             it->rc = dq_check_finite(q, DQ_DTYPE_F32, qsize(op));
-        if (it->rc == 0 && it->append) {
-            const void *kd, *vd;
-            void *kt, *vt;
-            it->rc = dqd_tensor_aligned(&it->ak, &kd, &kt);
-            if (it->rc == 0) {
-                it->rc = dq_check_finite(kd, dqd_tensor_dtype(&it->ak), (size_t)it->ak.count);
-                free(kt);
-            }
-            if (it->rc == 0) {
-                it->rc = dqd_tensor_aligned(&it->av, &vd, &vt);
-                if (it->rc == 0) {
-                    it->rc = dq_check_finite(vd, dqd_tensor_dtype(&it->av), (size_t)it->av.count);
-                    free(vt);
-                }
-            }
-        }
+        if (it->rc == 0 && it->append)
+            it->rc = check_append(op, it);
     }
 }
 
 static void input_done(void *ctx)
 {
     att_op *op = ctx;
+    op->t_ns[ATT_T_INPUT] = dqd_now_ns();
     for (size_t i = 0; i < op->n; i++) {
         if (op->items[i].rc < 0) {
             att_fail(op, op->items[i].rc, "item %zu: %s", i,
@@ -636,6 +731,7 @@ static void att_ready(dqd_access_set *as)
 {
     att_op *op = as->ctx;
     dqd_server *srv = op->srv;
+    op->t_ns[ATT_T_ACCESS] = dqd_now_ns();
     const Dquant__Attend *a = op->a;
     for (size_t i = 0; i < op->n; i++) {
         att_item *it = &op->items[i];

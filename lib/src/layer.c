@@ -117,9 +117,13 @@ static void fetch_token(const dq_layer *l, int kind, const void *x, dq_dtype dty
 }
 
 /* Every new token, rounded to BF16, must be finite and within the codec's range after rotation. */
-static int validate_tokens(const dq_layer *l, dq_workspace *ws, const void *x, dq_dtype dtype, size_t ntok)
+int dq_check_tokens(dq_workspace *ws, const void *x, dq_dtype dtype, size_t ntok)
 {
-    const dq_codec *c = l->codec;
+    if (!ws || (ntok && !x))
+        return DQ_INVALID_ARGUMENT;
+    if (!dq_dtype_size(dtype))
+        return DQ_DTYPE;
+    const dq_codec *c = ws->codec;
     const uint32_t n = c->n;
     DQ_FORWARD_IF_ERROR(dq_check_finite(x, dtype, ntok * n));
     float *y = ws->f0;
@@ -152,8 +156,8 @@ int dq_layer_append(dq_layer *layer, dq_workspace *ws, const void *k, const void
     const size_t n = c->n, W = c->profile.window, R = c->profile.residual;
     if (ntok > ((size_t)1 << 40) / n)
         return DQ_SHAPE;
-    DQ_FORWARD_IF_ERROR(validate_tokens(layer, ws, k, dtype, ntok));
-    DQ_FORWARD_IF_ERROR(validate_tokens(layer, ws, v, dtype, ntok));
+    DQ_FORWARD_IF_ERROR(dq_check_tokens(ws, k, dtype, ntok));
+    DQ_FORWARD_IF_ERROR(dq_check_tokens(ws, v, dtype, ntok));
 
     const size_t total = layer->tail_len + ntok;
     const size_t nseal = total >= R ? (total - R) / W + 1 : 0;

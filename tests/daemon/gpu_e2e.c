@@ -10,11 +10,13 @@
  *       with small host memory too, sequences are evicted and counted.
  *
  *   gpu_e2e bench --dquantd PATH --workdir DIR [--tokens 32768] [--layers 36] [--batches 1,32]
- *                 [--steps 10] [--put-conns 4] [--time-budget 420] [--workers N]
+ *                 [--steps 10] [--put-conns 4] [--time-budget 420] [--workers N] [--trace 0|1]
  *       (built with libdquant-cuda, or its CPU emulation) PUT of a prefill of --tokens tokens x
  *       --layers layers in Qwen3-8B shape (8 KV heads x 128, 32 query heads), then decode steps of
  *       --layers sequential ATTEND calls (one per layer, each appending the new token) at each
  *       batch size, through the daemon and in-process with libdquant-cuda on the same data.
+ *       --trace 1 runs the daemon at debug level and ends with the medians of its ATTEND trace
+ *       lines: where a call's time went inside the daemon.
  *
  * Every result is one JSON line on stdout; progress and failures go to stderr. Exit status 0 when
  * every check passed (bench: when everything ran), 1 otherwise. The daemon's log is
@@ -552,6 +554,36 @@ static double attend_both(dqc_client *c, const att_case *cases, size_t n, uint64
     return worst;
 }
 
+/* An ATTEND whose items all append, with value `bad` planted in item `which`'s k or v at `at`:
+ * the daemon's code, and libdquant's for that token (dq_layer_append on a copy of its layer). */
+static void attend_bad_append(dqc_client *c, const att_case *cases, size_t n, size_t which, bool in_v, size_t at,
+                              float bad, uint64_t seed, int *rc_daemon, int *rc_lib)
+{
+    model *m = cases[0].seq->m;
+    size_t qs = (size_t)m->q_heads * m->head_dim;
+    float *q = random_tensor(n * qs, m->head_dim, DQ_DTYPE_F32, false, seed);
+    float *ak = random_tensor(n * m->n, m->n, DQ_DTYPE_F32, true, seed + 1);
+    float *av = random_tensor(n * m->n, m->n, DQ_DTYPE_F32, false, seed + 2);
+    (in_v ? av : ak)[which * m->n + at] = bad;
+    dqc_attend_item *items = calloc(n, sizeof *items);
+    for (size_t i = 0; i < n; i++)
+        items[i] = (dqc_attend_item){seqref(cases[i].seq), cases[i].layer, q + i * qs, ak + i * m->n, av + i * m->n};
+    dqc_attend_args a = {items, n, m->q_heads, m->kv_heads, m->head_dim, DQ_DTYPE_F32, 0.0f};
+    float *out = xmalloc(n * qs * sizeof(float)), *lse = xmalloc(n * m->q_heads * sizeof(float));
+    *rc_daemon = dqc_attend(c, &a, out, lse);
+    dq_layer *probe;
+    if (dq_layer_create(m->codec, &probe))
+        die("probe");
+    *rc_lib = dq_layer_append(probe, WS(m), ak + which * m->n, av + which * m->n, DQ_DTYPE_F32, 1, NULL);
+    dq_layer_free(probe);
+    free(q);
+    free(ak);
+    free(av);
+    free(items);
+    free(out);
+    free(lse);
+}
+
 /* PUTs tokens random tokens to every layer of a sequence (bf16, one PUT). */
 static int put_seq(dqc_client *c, refseq *s, uint64_t tokens, uint64_t seed)
 {
@@ -672,6 +704,36 @@ static void check_model(dqc_client *c, model *m, const scale *sc, const char *ta
         why[0] = 0;
         ok = same_raw(c, &s1, why, sizeof why) && same_raw(c, &s2, why, sizeof why);
         report(name, ok, "%s", ok ? "records sealed by ATTEND appends byte-identical" : why);
+
+        /* a bad appended token in the last item: libdquant's code, no item appended, nothing changed */
+        struct {
+            const char *what;
+            bool in_v;
+            size_t at;
+            float value;
+            int want;
+        } bad_tok[] = {
+            {"nan in k", false, 5, NAN, DQ_NONFINITE},
+            {"beyond bf16 in v", true, 9, 3.4e38f, DQ_NONFINITE},
+            {"out of range in k", false, 2, 1.0e6f, DQ_RANGE},
+            {"out of range in v", true, m->n - 1, 1.0e6f, DQ_RANGE},
+        };
+        bool all = true;
+        why[0] = 0;
+        for (size_t b = 0; b < sizeof bad_tok / sizeof bad_tok[0]; b++) {
+            att_case dc[3] = {{&s1, 0, true}, {&s2, 0, true}, {&s1, m->layers - 1, true}};
+            int rd, rl;
+            attend_bad_append(c, dc, 3, 2, bad_tok[b].in_v, bad_tok[b].at, bad_tok[b].value, 700 + b, &rd, &rl);
+            if (rd != rl || rl != bad_tok[b].want) {
+                all = false;
+                snprintf(why, sizeof why, "%s: daemon %s, libdquant %s", bad_tok[b].what, dq_err_name(rd),
+                         dq_err_name(rl));
+            }
+        }
+        if (all && !(same_raw(c, &s1, why, sizeof why) && same_raw(c, &s2, why, sizeof why)))
+            all = false;
+        snprintf(name, sizeof name, "%s_attend_bad_append", tag);
+        report(name, all, "%s", all ? "NONFINITE and RANGE as libdquant, no layer changed" : why);
     }
 
     /* bad input: the codes libdquant gives, nothing changed, also across layers (a fresh sequence,
@@ -1145,6 +1207,7 @@ typedef struct bench_cfg {
     int put_conns;
     double budget;      /* seconds for the whole bench */
     double t0;
+    bool trace;         /* daemon at debug level; its ATTEND trace summarized at the end */
 } bench_cfg;
 
 /* Random BF16 K and V pools; (sequence, layer) reads tokens [off, off + ctx) with off from a hash. */
@@ -1471,6 +1534,68 @@ static void ip_step(ip_state *ip, ip_layer **L, uint32_t batch, ip_batch *B, flo
     }
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* With --trace: the daemon's "ATTEND trace" lines (debug level) per batch size, as medians of
+ * where a call's time went on the daemon's side (microseconds). */
+static void trace_summary(const char *log)
+{
+    enum { NF = 7, MAXL = 1 << 16 };
+    FILE *f = fopen(log, "r");
+    if (!f)
+        return;
+    static double v[NF][MAXL];
+    size_t sizes[8] = {0}, nsizes = 0;
+    char line[512];
+    /* first pass: the batch sizes seen */
+    while (fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "ATTEND trace: ");
+        size_t items;
+        if (!p || sscanf(p, "ATTEND trace: %zu items", &items) != 1)
+            continue;
+        size_t k = 0;
+        while (k < nsizes && sizes[k] != items)
+            k++;
+        if (k == nsizes && nsizes < 8)
+            sizes[nsizes++] = items;
+    }
+    for (size_t k = 0; k < nsizes; k++) {
+        rewind(f);
+        size_t n = 0;
+        while (fgets(line, sizeof line, f) && n < MAXL) {
+            const char *p = strstr(line, "ATTEND trace: ");
+            size_t items;
+            if (!p || sscanf(p, "ATTEND trace: %zu items", &items) != 1 || items != sizes[k])
+                continue;
+            const char *q = strstr(p, "access ");
+            double a, in, b0, b1, c0, c1, r;
+            if (!q || sscanf(q, "access %lf us, inputs %lf, GPU B %lf-%lf, GPU C %lf-%lf, reply %lf", &a, &in, &b0, &b1,
+                             &c0, &c1, &r) != NF)
+                continue;
+            const double x[NF] = {a, in - a, b0 ? b0 - in : 0, b1 - b0, c1 - c0, r - (c1 ? c1 : in), r};
+            for (int j = 0; j < NF; j++)
+                v[j][n] = x[j];
+            n++;
+        }
+        if (!n)
+            continue;
+        double med[NF];
+        for (int j = 0; j < NF; j++) {
+            qsort(v[j], n, sizeof(double), cmp_double);
+            med[j] = v[j][n / 2];
+        }
+        printf("{\"bench\":\"attend_trace\",\"items\":%zu,\"calls\":%zu,\"median_us\":{\"to_access\":%.1f,"
+               "\"inputs\":%.1f,\"to_gpu_task\":%.1f,\"gpu_appends\":%.1f,\"gpu_attend\":%.1f,\"to_reply\":%.1f,"
+               "\"total\":%.1f}}\n",
+               sizes[k], n, med[0], med[1], med[2], med[3], med[4], med[5], med[6]);
+    }
+    fclose(f);
+}
+
 static int run_bench(bench_cfg *cfg, const char *workers)
 {
     model m;
@@ -1489,13 +1614,18 @@ static int run_bench(bench_cfg *cfg, const char *workers)
     p.v = random_tensor(pool_vals, m.n, DQ_DTYPE_BF16, false, 2);
     double bf16_bytes = (double)cfg->tokens * m.n * 2 * 2 * m.layers;
 
-    const char *args[] = {"--backend", "cuda", "--host-memory", "16G", "--max-payload", "512M", "--workers", workers,
-                          NULL};
-    const char **a = args;
-    if (!workers)
-        args[6] = NULL;
+    const char *args[12] = {"--backend", "cuda", "--host-memory", "16G", "--max-payload", "512M"};
+    int na = 6;
+    if (workers) {
+        args[na++] = "--workers";
+        args[na++] = workers;
+    }
+    if (cfg->trace) {
+        args[na++] = "--log-level";
+        args[na++] = "debug";
+    }
     daemon_proc d;
-    daemon_start(&d, "bench", a);
+    daemon_start(&d, "bench", args);
     dqc_client *c = client_open(&d);
     dqc_server_info info;
     dqc_server(c, &info);
@@ -1651,6 +1781,8 @@ static int run_bench(bench_cfg *cfg, const char *workers)
     dqc_free(c);
     int st = daemon_stop(&d);
     report("bench_daemon_exit", st == 0, "exit status %d", st);
+    if (cfg->trace)
+        trace_summary(d.log);
     free(q);
     free(k);
     free(v);
@@ -1673,7 +1805,7 @@ static void usage(void)
     fprintf(stderr,
             "usage: gpu_e2e check --dquantd PATH --workdir DIR [--scale small|full] [--expect-backend cuda|cpu|any]\n"
             "       gpu_e2e bench --dquantd PATH --workdir DIR [--tokens N] [--layers N] [--batches 1,32]\n"
-            "                     [--steps N] [--put-conns N] [--time-budget SECONDS] [--workers N]\n");
+            "                     [--steps N] [--put-conns N] [--time-budget SECONDS] [--workers N] [--trace 0|1]\n");
     exit(2);
 }
 
@@ -1683,7 +1815,7 @@ int main(int argc, char **argv)
         usage();
     const char *mode = argv[1], *scale_name = "full", *workers = NULL;
 #ifdef DQD_E2E_HAVE_CUDA
-    bench_cfg cfg = {32768, 36, {1, 32}, 2, 10, 4, 420, 0};
+    bench_cfg cfg = {32768, 36, {1, 32}, 2, 10, 4, 420, 0, false};
 #endif
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1711,6 +1843,8 @@ int main(int argc, char **argv)
             cfg.put_conns = atoi(v);
         else if (!strcmp(a, "--time-budget"))
             cfg.budget = atof(v);
+        else if (!strcmp(a, "--trace"))
+            cfg.trace = atoi(v) != 0;
         else if (!strcmp(a, "--batches")) {
             cfg.nbatches = 0;
             char buf[64];

@@ -263,3 +263,37 @@ Test(nonfinite, attend_query)
     free(v);
     dq_layer_free(layer);
 }
+
+/* dq_check_tokens gives the verdict dq_layer_append gives, without a layer: NaN/Inf of every dtype,
+ * a finite f32 that overflows BF16, a rotated value beyond the range, and clean tokens. */
+Test(nonfinite, check_tokens_matches_append)
+{
+    const size_t ntok = 3;
+    dq_layer *layer = NULL;
+    cr_assert_eq(dq_layer_create(codec, &layer), DQ_OK);
+    for (int dt = 0; dt < 3; dt++) {
+        for (int b = -1; b < NBAD; b++) {
+            size_t pos = dqt_below(&rng, (uint32_t)(ntok * n));
+            void *x = make_input((dq_dtype)dt, ntok * n, pos, b);
+            void *clean = make_input((dq_dtype)dt, ntok * n, 0, -1);
+            int want = b < 0 ? DQ_OK : DQ_NONFINITE;
+            cr_assert_eq(dq_check_tokens(ws, x, (dq_dtype)dt, ntok), want, "dtype %d bad %d", dt, b);
+            cr_assert_eq(dq_layer_append(layer, ws, x, clean, (dq_dtype)dt, ntok, NULL), want);
+            free(x);
+            free(clean);
+        }
+    }
+    float *x = make_input(DQ_DTYPE_F32, ntok * n, 0, -1);
+    x[n + 9] = 3.4e38f; /* finite in f32, Inf once rounded to BF16 */
+    cr_assert_eq(dq_check_tokens(ws, x, DQ_DTYPE_F32, ntok), DQ_NONFINITE);
+    x[n + 9] = 1.05f * DQ_TOKEN_MAX_ABS * sqrtf(128.0f);
+    cr_assert_eq(dq_check_tokens(ws, x, DQ_DTYPE_F32, ntok), DQ_RANGE);
+    x[n + 9] = 0.95f * DQ_TOKEN_MAX_ABS * sqrtf(128.0f);
+    cr_assert_eq(dq_check_tokens(ws, x, DQ_DTYPE_F32, ntok), DQ_OK);
+    cr_assert_eq(dq_check_tokens(ws, x, (dq_dtype)99, ntok), DQ_DTYPE);
+    cr_assert_eq(dq_check_tokens(ws, NULL, DQ_DTYPE_F32, ntok), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_check_tokens(NULL, x, DQ_DTYPE_F32, ntok), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_check_tokens(ws, NULL, DQ_DTYPE_F32, 0), DQ_OK);
+    free(x);
+    dq_layer_free(layer);
+}

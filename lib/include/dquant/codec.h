@@ -117,6 +117,10 @@ DQ_API const uint8_t *dq_window_record(const dq_codec *codec, const uint8_t *win
 
 /* Checks that every value is finite. Returns 0 or DQ_NONFINITE. */
 DQ_API int dq_check_finite(const void *x, dq_dtype dtype, size_t count);
+/* The checks dq_layer_append makes on ntok tokens x ([ntok, kv_heads, head_dim] of dtype) of
+ * ws's codec: DQ_NONFINITE if a value is NaN/Inf (raw or once rounded to BF16), DQ_RANGE if a
+ * rotated value exceeds the codec's range. Returns 0 when dq_layer_append would take them. */
+DQ_API int dq_check_tokens(dq_workspace *ws, const void *x, dq_dtype dtype, size_t ntok);
 
 #ifdef __cplusplus
 }
