@@ -157,9 +157,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attend_kernel(att_params p)
                 s += y[r];
             }
         }
-#pragma unroll
-        for (int off = 16; off >= 1; off >>= 1)
-            s += __shfl_xor_sync(DQCU_FULL, s, off);
+        s = dqcu_warp_sum(s);
         if (lane == 0) {
             qsum[h] = s;
             m_run[h] = -INFINITY;
@@ -182,15 +180,13 @@ __global__ void __launch_bounds__(ATT_THREADS) attend_kernel(att_params p)
             cnt = min((uint32_t)ATT_T, W - (uint32_t)tbase);
             win = sq.windows[w];
             /* Σ_j q'_j μ_j per query head, μ = the window's dequantized key mean */
-            const float sfm = dqcu_f16_to_f32((uint16_t)(win[0] | win[1] << 8));
+            const float sfm = dqcu_f16_le(win);
             for (uint32_t h = warp; h < QH; h += nwarps) {
                 const uint32_t kvh = h / G;
                 float s = 0;
                 for (uint32_t e = lane; e < d; e += 32)
                     s = __fmaf_rn(qr[(size_t)h * d + e], (float)(int8_t)win[2u + kvh * d + e] * sfm, s);
-#pragma unroll
-                for (int off = 16; off >= 1; off >>= 1)
-                    s += __shfl_xor_sync(DQCU_FULL, s, off);
+                s = dqcu_warp_sum(s);
                 if (lane == 0)
                     qmu[h] = s;
             }
@@ -201,9 +197,9 @@ __global__ void __launch_bounds__(ATT_THREADS) attend_kernel(att_params p)
         const uint32_t t = tid;
         if (t < cnt) {
             if (!is_tail) {
-                const uint8_t *rec = win + 2u + n + (tbase + t) * rk;
-                const float s = dqcu_f16_to_f32((uint16_t)(rec[0] | rec[1] << 8));
-                const float o = dqcu_f16_to_f32((uint16_t)(rec[2] | rec[3] << 8));
+                const uint8_t *rec = dqcu_krec(win, n, rk, tbase + t);
+                const float s = dqcu_f16_le(rec);
+                const float o = dqcu_f16_le(rec + 2);
                 const float mid = o + s * ck;
                 dqcu_rans_in in;
                 uint32_t x = dqcu_rans_open(in, rec + 4, CK);
@@ -242,9 +238,9 @@ __global__ void __launch_bounds__(ATT_THREADS) attend_kernel(att_params p)
                         }
                     }
                 }
-                const uint8_t *vrec = win + 2u + n + (size_t)W * rk + (tbase + t) * rv;
-                const float s2 = dqcu_f16_to_f32((uint16_t)(vrec[0] | vrec[1] << 8));
-                const float o2 = dqcu_f16_to_f32((uint16_t)(vrec[2] | vrec[3] << 8));
+                const uint8_t *vrec = dqcu_vrec(win, n, W, rk, rv, tbase + t);
+                const float s2 = dqcu_f16_le(vrec);
+                const float o2 = dqcu_f16_le(vrec + 2);
                 sv[t] = s2;
                 midv[t] = o2 + s2 * cv;
             } else {
@@ -287,9 +283,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attend_kernel(att_params p)
             float mb = -INFINITY;
             for (uint32_t u = lane; u < cnt; u += 32)
                 mb = fmaxf(mb, row[u]);
-#pragma unroll
-            for (int off = 16; off >= 1; off >>= 1)
-                mb = fmaxf(mb, __shfl_xor_sync(DQCU_FULL, mb, off));
+            mb = dqcu_warp_max(mb);
             const float mold = m_run[h];
             const float mnew = fmaxf(mold, mb);
             if (mnew > mold) {
@@ -330,7 +324,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attend_kernel(att_params p)
         dqcu_rans_in vin;
         uint32_t vx = 0;
         if (!is_tail && t < cnt)
-            vx = dqcu_rans_open(vin, win + 2u + n + (size_t)W * rk + (tbase + t) * rv + 4, CV);
+            vx = dqcu_rans_open(vin, dqcu_vrec(win, n, W, rk, rv, tbase + t) + 4, CV);
         const uint32_t cnt4 = (cnt + 3u) & ~3u;
         for (uint32_t kvh = 0; kvh < KVH; kvh++) {
             if (!is_tail) {
@@ -448,17 +442,13 @@ __global__ void __launch_bounds__(MERGE_THREADS) attend_merge_kernel(const float
     float M = -INFINITY;
     for (uint32_t s = tid; s < nsplit_total; s += MERGE_THREADS)
         M = fmaxf(M, ph[s * stride + d]);
-#pragma unroll
-    for (int off = 16; off >= 1; off >>= 1)
-        M = fmaxf(M, __shfl_xor_sync(DQCU_FULL, M, off));
+    M = dqcu_warp_max(M);
     if (lane == 0)
         red[0][warp] = M;
     __syncthreads();
     if (warp == 0) {
         M = red[0][lane];
-#pragma unroll
-        for (int off = 16; off >= 1; off >>= 1)
-            M = fmaxf(M, __shfl_xor_sync(DQCU_FULL, M, off));
+        M = dqcu_warp_max(M);
         if (lane == 0)
             s_m = M;
     }
@@ -472,18 +462,14 @@ __global__ void __launch_bounds__(MERGE_THREADS) attend_merge_kernel(const float
         if (w != 0.0f)
             L = __fmaf_rn(w, ph[s * stride + d + 1], L);
     }
-#pragma unroll
-    for (int off = 16; off >= 1; off >>= 1)
-        L += __shfl_xor_sync(DQCU_FULL, L, off);
+    L = dqcu_warp_sum(L);
     __syncthreads();
     if (lane == 0)
         red[1][warp] = L;
     __syncthreads();
     if (warp == 0) {
         L = red[1][lane];
-#pragma unroll
-        for (int off = 16; off >= 1; off >>= 1)
-            L += __shfl_xor_sync(DQCU_FULL, L, off);
+        L = dqcu_warp_sum(L);
         if (lane == 0)
             s_l = L;
     }

@@ -118,6 +118,80 @@ __device__ __forceinline__ void a4_rans_refill(a4_rans_in &in)
     }
 }
 
+/* Online softmax of query head h (group column g) over one tile, one warp (v4, v5/v6 and v7):
+ * row = its logits (A4_T), sh = the window's key-mean term (added to every logit), cnt = tokens in
+ * the tile, sv/midv = the value streams' scale and mid level. Updates m/l/off of h, leaves the
+ * rescale factor in alpha_s[h] and the weights a_t·s_t (scaled by a power of two, wsc[h] undoes
+ * it) as fp16 hi/lo B fragments in wfr, its KV head's [k-step][n-tile][32 lanes] (column pair
+ * 2(g % 4), n-tile g / 4). */
+template <int NT>
+__device__ __forceinline__ void a4_softmax(const float *row, float sh, uint32_t cnt, uint32_t h, uint32_t g,
+                                           float *m_run, float *l_run, float *off_run, float *alpha_s, float *wsc,
+                                           const float *sv, const float *midv, uint2 *wfr, uint32_t lane)
+{
+    float xs[A4_T / 32];
+    float mb = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < A4_T / 32; k++) {
+        const uint32_t u = lane + 32u * k;
+        xs[k] = u < cnt ? row[u] + sh : -INFINITY;
+        mb = fmaxf(mb, xs[k]);
+    }
+    mb = dqcu_warp_max(mb);
+    const float mold = m_run[h];
+    const float mnew = fmaxf(mold, mb);
+    const float alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
+    float ps = 0, os = 0, mw = 0;
+    float wv[A4_T / 32];
+#pragma unroll
+    for (int k = 0; k < A4_T / 32; k++) {
+        const uint32_t u = lane + 32u * k;
+        wv[k] = 0.0f;
+        if (u < cnt) {
+            const float pr = __expf(xs[k] - mnew);
+            ps += pr;
+            os = __fmaf_rn(pr, midv[u], os);
+            wv[k] = pr * sv[u];
+            mw = fmaxf(mw, fabsf(wv[k]));
+        }
+    }
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1) {
+        ps += __shfl_xor_sync(DQCU_FULL, ps, off);
+        os += __shfl_xor_sync(DQCU_FULL, os, off);
+        mw = fmaxf(mw, __shfl_xor_sync(DQCU_FULL, mw, off));
+    }
+    /* power-of-two scale: the largest weight in [0.5, 1) for the fp16 split */
+    int ex;
+    frexpf(mw, &ex);
+    ex = max(-120, min(120, ex));
+    const float inv = __int_as_float((127 - ex) << 23), sc = __int_as_float((127 + ex) << 23);
+    /* every lane read m_run[h] (mold) above; lane 0 overwrites it below: the shuffles in between
+     * order execution but not shared memory, so close the intra-warp write-after-read */
+    __syncwarp();
+    if (lane == 0) {
+        m_run[h] = mnew;
+        l_run[h] = __fmaf_rn(l_run[h], alpha, ps);
+        off_run[h] = __fmaf_rn(off_run[h], alpha, os);
+        alpha_s[h] = alpha;
+        wsc[h] = sc;
+    }
+    /* B fragment of k-step u/16, n-tile g/4: lane (column·4 + quad), half u % 4, where
+     * column = 2(g % 4) (+1 for lo) and quad = (u / 4) % 4 */
+    __half *fb = (__half *)(void *)(wfr + (size_t)(g / 4u) * 32);
+    const uint32_t col = 2u * (g & 3u);
+#pragma unroll
+    for (int k = 0; k < A4_T / 32; k++) {
+        const uint32_t u = lane + 32u * k;
+        const float w = wv[k] * inv;
+        const __half hi = __float2half_rn(w);
+        const __half lo = __float2half_rn(w - __half2float(hi));
+        const size_t base = (size_t)(u >> 4) * NT * 32 * 4 + ((u >> 2) & 3u) * 4 + (u & 3u);
+        fb[base + (size_t)col * 16] = hi;
+        fb[base + (size_t)(col + 1) * 16] = lo;
+    }
+}
+
 /* dqcu_rans_step on the deeper reader */
 __device__ __forceinline__ uint32_t a4_rans_step(uint32_t &x, const uint32_t *tab, a4_rans_in &in)
 {
@@ -206,9 +280,7 @@ __global__ void __launch_bounds__(A4_THREADS, 2) attend4_kernel(att_params p)
                 s += y[r];
             }
         }
-#pragma unroll
-        for (int off = 16; off >= 1; off >>= 1)
-            s += __shfl_xor_sync(DQCU_FULL, s, off);
+        s = dqcu_warp_sum(s);
         if (lane == 0) {
             qsum[h] = s;
             m_run[h] = -INFINITY;
@@ -226,9 +298,9 @@ __global__ void __launch_bounds__(A4_THREADS, 2) attend4_kernel(att_params p)
             const uint32_t tbase = (tile % p.tpw) * A4_T, cnt = min((uint32_t)A4_T, W - tbase);
             if (it < ntile && t < cnt) {
                 const uint8_t *win = sq.windows[tile / p.tpw];
-                const uint8_t *rec = win + 2u + n + (size_t)(tbase + t) * rk;
-                const float s = dqcu_f16_to_f32((uint16_t)(rec[0] | rec[1] << 8));
-                const float o = dqcu_f16_to_f32((uint16_t)(rec[2] | rec[3] << 8));
+                const uint8_t *rec = dqcu_krec(win, n, rk, tbase + t);
+                const float s = dqcu_f16_le(rec);
+                const float o = dqcu_f16_le(rec + 2);
                 const float mid = __fmaf_rn(s, ck, o);
                 a4_rans_in in;
                 uint32_t x = a4_rans_open(in, rec + 4, CK);
@@ -263,9 +335,9 @@ __global__ void __launch_bounds__(A4_THREADS, 2) attend4_kernel(att_params p)
                         lg[(size_t)h * A4_T + t] = p.scale * __fmaf_rn(s, dot[g], mid * qsum[h]);
                     }
                 }
-                const uint8_t *vrec = win + 2u + n + (size_t)W * rk + (size_t)(tbase + t) * rv;
-                const float s2 = dqcu_f16_to_f32((uint16_t)(vrec[0] | vrec[1] << 8));
-                const float o2 = dqcu_f16_to_f32((uint16_t)(vrec[2] | vrec[3] << 8));
+                const uint8_t *vrec = dqcu_vrec(win, n, W, rk, rv, tbase + t);
+                const float s2 = dqcu_f16_le(vrec);
+                const float o2 = dqcu_f16_le(vrec + 2);
                 sv[t] = s2;
                 midv[t] = __fmaf_rn(s2, cv, o2);
             }
@@ -277,7 +349,7 @@ __global__ void __launch_bounds__(A4_THREADS, 2) attend4_kernel(att_params p)
             a4_rans_in vin;
             uint32_t vx = 0;
             if (vt < cnt)
-                vx = a4_rans_open(vin, win + 2u + n + (size_t)W * rk + (size_t)(tbase + vt) * rv + 4, CV);
+                vx = a4_rans_open(vin, dqcu_vrec(win, n, W, rk, rv, tbase + vt) + 4, CV);
             const __half2 c2h = __floats2half2_rn(512.0f + cv, 512.0f + cv);
             const uint32_t c2 = *(const uint32_t *)(const void *)&c2h;
             const uint32_t r = lane >> 2, c = lane & 3u;
@@ -331,81 +403,17 @@ __global__ void __launch_bounds__(A4_THREADS, 2) attend4_kernel(att_params p)
             const uint32_t tile = tile0 + it;
             const uint32_t tbase = (tile % p.tpw) * A4_T, cnt = min((uint32_t)A4_T, W - tbase);
             const uint8_t *win = sq.windows[tile / p.tpw];
-            const float sfm = dqcu_f16_to_f32((uint16_t)(win[0] | win[1] << 8));
+            const float sfm = dqcu_f16_le(win);
             for (uint32_t h = warp; h < QH; h += nwarps) {
                 const uint32_t kvh = h / G, g = h - kvh * G;
                 /* Σ_j q'_j μ_j, μ = the window's dequantized key mean */
                 float qm = 0;
                 for (uint32_t e = lane; e < d; e += 32)
                     qm = __fmaf_rn(qr[(size_t)h * d + e], (float)(int8_t)win[2u + kvh * d + e], qm);
-#pragma unroll
-                for (int off = 16; off >= 1; off >>= 1)
-                    qm += __shfl_xor_sync(DQCU_FULL, qm, off);
+                qm = dqcu_warp_sum(qm);
                 const float sh = p.scale * (qm * sfm);
-                const float *row = lg + (size_t)h * A4_T;
-                float xv[A4_T / 32];
-                float mb = -INFINITY;
-#pragma unroll
-                for (int k = 0; k < A4_T / 32; k++) {
-                    const uint32_t u = lane + 32u * k;
-                    xv[k] = u < cnt ? row[u] + sh : -INFINITY;
-                    mb = fmaxf(mb, xv[k]);
-                }
-#pragma unroll
-                for (int off = 16; off >= 1; off >>= 1)
-                    mb = fmaxf(mb, __shfl_xor_sync(DQCU_FULL, mb, off));
-                const float mold = m_run[h];
-                const float mnew = fmaxf(mold, mb);
-                const float alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
-                float ps = 0, os = 0, mw = 0;
-                float wv[A4_T / 32];
-#pragma unroll
-                for (int k = 0; k < A4_T / 32; k++) {
-                    const uint32_t u = lane + 32u * k;
-                    wv[k] = 0.0f;
-                    if (u < cnt) {
-                        const float pr = __expf(xv[k] - mnew);
-                        ps += pr;
-                        os = __fmaf_rn(pr, midv[u], os);
-                        wv[k] = pr * sv[u];
-                        mw = fmaxf(mw, fabsf(wv[k]));
-                    }
-                }
-#pragma unroll
-                for (int off = 16; off >= 1; off >>= 1) {
-                    ps += __shfl_xor_sync(DQCU_FULL, ps, off);
-                    os += __shfl_xor_sync(DQCU_FULL, os, off);
-                    mw = fmaxf(mw, __shfl_xor_sync(DQCU_FULL, mw, off));
-                }
-                /* power-of-two scale: the largest weight in [0.5, 1) for the fp16 split */
-                int ex;
-                frexpf(mw, &ex);
-                ex = max(-120, min(120, ex));
-                const float inv = __int_as_float((127 - ex) << 23), sc = __int_as_float((127 + ex) << 23);
-                /* every lane read m_run[h] (mold) above; lane 0 overwrites it below: the shuffles in between
-                 * order execution but not shared memory, so close the intra-warp write-after-read */
-                __syncwarp();
-                if (lane == 0) {
-                    m_run[h] = mnew;
-                    l_run[h] = __fmaf_rn(l_run[h], alpha, ps);
-                    off_run[h] = __fmaf_rn(off_run[h], alpha, os);
-                    alpha_s[h] = alpha;
-                    wsc[h] = sc;
-                }
-                /* B fragment of k-step u/16, n-tile g/4: lane (column·4 + quad), half u % 4, where
-                 * column = 2(g % 4) (+1 for lo) and quad = (u / 4) % 4 */
-                __half *fb = (__half *)(void *)(wfr + ((size_t)kvh * KS * NT + g / 4u) * 32);
-                const uint32_t col = 2u * (g & 3u);
-#pragma unroll
-                for (int k = 0; k < A4_T / 32; k++) {
-                    const uint32_t u = lane + 32u * k;
-                    const float w = wv[k] * inv;
-                    const __half hi = __float2half_rn(w);
-                    const __half lo = __float2half_rn(w - __half2float(hi));
-                    const size_t base = (size_t)(u >> 4) * NT * 32 * 4 + ((u >> 2) & 3u) * 4 + (u & 3u);
-                    fb[base + (size_t)col * 16] = hi;
-                    fb[base + (size_t)(col + 1) * 16] = lo;
-                }
+                a4_softmax<NT>(lg + (size_t)h * A4_T, sh, cnt, h, g, m_run, l_run, off_run, alpha_s, wsc, sv, midv,
+                               wfr + (size_t)kvh * KS * NT * 32, lane);
             }
         }
         __syncthreads();

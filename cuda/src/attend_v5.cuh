@@ -29,6 +29,7 @@
 
 #define A5_THREADS 128
 #define A5_T 128 /* tokens per tile, = threads; the MMA's K */
+static_assert(A5_T == A4_T, "a4_softmax works on v4's tiles");
 
 static inline bool a5_shape_ok(uint32_t G, uint32_t d) { return a4_shape_ok(G, d); }
 
@@ -81,88 +82,6 @@ __device__ __forceinline__ void a5_rotate_query(const float *qh, const float *si
 #pragma unroll
     for (int r = 0; r < ATT_DVMAX; r++)
         y[r] = y[r] * rot_scale;
-}
-
-__device__ __forceinline__ float a5_warp_sum(float v)
-{
-#pragma unroll
-    for (int off = 16; off >= 1; off >>= 1)
-        v += __shfl_xor_sync(DQCU_FULL, v, off);
-    return v;
-}
-
-/* Online softmax of query head h (group column g) over one tile, one warp: row = its logits
- * (A5_T), sh = the window's key-mean term (added to every logit), cnt = tokens in the tile, sv/midv
- * = the value streams' scale and mid level. Updates m/l/off of h, leaves the rescale factor in
- * alpha_s[h] and the weights a_t·s_t (scaled by a power of two, wsc[h] undoes it) as fp16 hi/lo
- * B fragments in wfr (column pair 2(g % 4), n-tile g / 4). */
-template <int NT>
-__device__ __forceinline__ void a5_softmax(const float *row, float sh, uint32_t cnt, uint32_t h, uint32_t g,
-                                           float *m_run, float *l_run, float *off_run, float *alpha_s, float *wsc,
-                                           const float *sv, const float *midv, uint2 *wfr, uint32_t lane)
-{
-    float xs[A5_T / 32];
-    float mb = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < A5_T / 32; k++) {
-        const uint32_t u = lane + 32u * k;
-        xs[k] = u < cnt ? row[u] + sh : -INFINITY;
-        mb = fmaxf(mb, xs[k]);
-    }
-#pragma unroll
-    for (int off = 16; off >= 1; off >>= 1)
-        mb = fmaxf(mb, __shfl_xor_sync(DQCU_FULL, mb, off));
-    const float mold = m_run[h];
-    const float mnew = fmaxf(mold, mb);
-    const float alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
-    float ps = 0, os = 0, mw = 0;
-    float wv[A5_T / 32];
-#pragma unroll
-    for (int k = 0; k < A5_T / 32; k++) {
-        const uint32_t u = lane + 32u * k;
-        wv[k] = 0.0f;
-        if (u < cnt) {
-            const float pr = __expf(xs[k] - mnew);
-            ps += pr;
-            os = __fmaf_rn(pr, midv[u], os);
-            wv[k] = pr * sv[u];
-            mw = fmaxf(mw, fabsf(wv[k]));
-        }
-    }
-#pragma unroll
-    for (int off = 16; off >= 1; off >>= 1) {
-        ps += __shfl_xor_sync(DQCU_FULL, ps, off);
-        os += __shfl_xor_sync(DQCU_FULL, os, off);
-        mw = fmaxf(mw, __shfl_xor_sync(DQCU_FULL, mw, off));
-    }
-    /* power-of-two scale: the largest weight in [0.5, 1) for the fp16 split */
-    int ex;
-    frexpf(mw, &ex);
-    ex = max(-120, min(120, ex));
-    const float inv = __int_as_float((127 - ex) << 23), sc = __int_as_float((127 + ex) << 23);
-    /* every lane read m_run[h] (mold) above; lane 0 overwrites it below: the shuffles in between
-     * order execution but not shared memory, so close the intra-warp write-after-read */
-    __syncwarp();
-    if (lane == 0) {
-        m_run[h] = mnew;
-        l_run[h] = __fmaf_rn(l_run[h], alpha, ps);
-        off_run[h] = __fmaf_rn(off_run[h], alpha, os);
-        alpha_s[h] = alpha;
-        wsc[h] = sc;
-    }
-    /* B fragment of k-step u/16, n-tile g/4: as v4 */
-    __half *fb = (__half *)(void *)(wfr + (size_t)(g / 4u) * 32);
-    const uint32_t col = 2u * (g & 3u);
-#pragma unroll
-    for (int k = 0; k < A5_T / 32; k++) {
-        const uint32_t u = lane + 32u * k;
-        const float w = wv[k] * inv;
-        const __half hi = __float2half_rn(w);
-        const __half lo = __float2half_rn(w - __half2float(hi));
-        const size_t base = (size_t)(u >> 4) * NT * 32 * 4 + ((u >> 2) & 3u) * 4 + (u & 3u);
-        fb[base + (size_t)col * 16] = hi;
-        fb[base + (size_t)(col + 1) * 16] = lo;
-    }
 }
 
 /* Value contraction of KV head kvh on tensor cores (as v4): lv = its levels, channel-major
@@ -312,7 +231,7 @@ __global__ void __launch_bounds__(A5_THREADS, 3) attend5_kernel(att_params p)
                 s += y[r];
             }
         }
-        s = a5_warp_sum(s);
+        s = dqcu_warp_sum(s);
         if (lane == 0) {
             qsum[h] = s;
             m_run[h] = -INFINITY;
@@ -328,7 +247,7 @@ __global__ void __launch_bounds__(A5_THREADS, 3) attend5_kernel(att_params p)
     for (uint32_t tile = tile0; tile < tile1; tile++) {
         const uint32_t tbase = (tile % p.tpw) * A5_T, cnt = min((uint32_t)A5_T, W - tbase);
         const uint8_t *win = sq.windows[tile / p.tpw];
-        const float sfm = dqcu_f16_to_f32((uint16_t)(win[0] | win[1] << 8));
+        const float sfm = dqcu_f16_le(win);
         /* open both streams of token t; sv/midv of the previous tile were last read before its
          * final barrier B, which every thread has passed */
         float s = 0.0f, mid = 0.0f;
@@ -337,17 +256,17 @@ __global__ void __launch_bounds__(A5_THREADS, 3) attend5_kernel(att_params p)
         if (PF) /* no cp.async of the previous tile may land after this tile's prime */
             a6_wait_all();
         if (t < cnt) {
-            const uint8_t *rec = win + 2u + n + (size_t)(tbase + t) * rk;
-            s = dqcu_f16_to_f32((uint16_t)(rec[0] | rec[1] << 8));
-            const float o = dqcu_f16_to_f32((uint16_t)(rec[2] | rec[3] << 8));
+            const uint8_t *rec = dqcu_krec(win, n, rk, tbase + t);
+            s = dqcu_f16_le(rec);
+            const float o = dqcu_f16_le(rec + 2);
             mid = __fmaf_rn(s, ck, o);
             if constexpr (PF)
                 xk = a6_rans_open(kin, rec + 4, CK, (uint32_t)__cvta_generic_to_shared(ring + t));
             else
                 xk = a4_rans_open(kin, rec + 4, CK);
-            const uint8_t *vrec = win + 2u + n + (size_t)W * rk + (size_t)(tbase + t) * rv;
-            const float s2 = dqcu_f16_to_f32((uint16_t)(vrec[0] | vrec[1] << 8));
-            const float o2 = dqcu_f16_to_f32((uint16_t)(vrec[2] | vrec[3] << 8));
+            const uint8_t *vrec = dqcu_vrec(win, n, W, rk, rv, tbase + t);
+            const float s2 = dqcu_f16_le(vrec);
+            const float o2 = dqcu_f16_le(vrec + 2);
             sv[t] = s2;
             midv[t] = __fmaf_rn(s2, cv, o2);
             if constexpr (PF) {
@@ -414,9 +333,9 @@ __global__ void __launch_bounds__(A5_THREADS, 3) attend5_kernel(att_params p)
                 float qm = 0;
                 for (uint32_t e = lane; e < d; e += 32)
                     qm = __fmaf_rn(qr[(size_t)h * d + e], (float)(int8_t)win[2u + kvh * d + e], qm);
-                qm = a5_warp_sum(qm);
+                qm = dqcu_warp_sum(qm);
                 const float sh = p.scale * (qm * sfm);
-                a5_softmax<NT>(lg + (size_t)g * A5_T, sh, cnt, h, g, m_run, l_run, off_run, alpha_s, wsc, sv, midv, wfr,
+                a4_softmax<NT>(lg + (size_t)g * A5_T, sh, cnt, h, g, m_run, l_run, off_run, alpha_s, wsc, sv, midv, wfr,
                                lane);
             }
             __syncthreads(); /* B: weights, alpha and scale of the group are in place */

@@ -154,10 +154,8 @@ __global__ void __launch_bounds__(A5_THREADS) attend7_prep_kernel(att_params p)
             s += y[k];
             mx = fmaxf(mx, fabsf(y[k]));
         }
-        s = a5_warp_sum(s);
-#pragma unroll
-        for (int off = 16; off >= 1; off >>= 1)
-            mx = fmaxf(mx, __shfl_xor_sync(DQCU_FULL, mx, off));
+        s = dqcu_warp_sum(s);
+        mx = dqcu_warp_max(mx);
         int ex;
         frexpf(mx, &ex);
         ex = max(-120, min(120, ex));
@@ -253,21 +251,21 @@ __global__ void __launch_bounds__(A5_THREADS, G >= 8 ? 4 : 5) attend7_kernel(att
     for (uint32_t tile = tile0; tile < tile1; tile++) {
         const uint32_t tbase = (tile % p.tpw) * A5_T, cnt = min((uint32_t)A5_T, W - tbase);
         const uint8_t *win = sq.windows[tile / p.tpw];
-        const float sfm = dqcu_f16_to_f32((uint16_t)(win[0] | win[1] << 8));
+        const float sfm = dqcu_f16_le(win);
         /* open both streams of token t; sk/midk/sv/midv of the previous tile were last read before
          * its final barrier B, which every thread has passed */
         a7_in kin, vin;
         uint32_t xk = 0, xv = 0;
         if (t < cnt) {
-            const uint8_t *rec = win + 2u + n + (size_t)(tbase + t) * rk;
-            const float s = dqcu_f16_to_f32((uint16_t)(rec[0] | rec[1] << 8));
-            const float o = dqcu_f16_to_f32((uint16_t)(rec[2] | rec[3] << 8));
+            const uint8_t *rec = dqcu_krec(win, n, rk, tbase + t);
+            const float s = dqcu_f16_le(rec);
+            const float o = dqcu_f16_le(rec + 2);
             sk[t] = s;
             midk[t] = __fmaf_rn(s, ck, o);
             xk = a7_open(kin, rec + 4, CK);
-            const uint8_t *vrec = win + 2u + n + (size_t)W * rk + (size_t)(tbase + t) * rv;
-            const float s2 = dqcu_f16_to_f32((uint16_t)(vrec[0] | vrec[1] << 8));
-            const float o2 = dqcu_f16_to_f32((uint16_t)(vrec[2] | vrec[3] << 8));
+            const uint8_t *vrec = dqcu_vrec(win, n, W, rk, rv, tbase + t);
+            const float s2 = dqcu_f16_le(vrec);
+            const float o2 = dqcu_f16_le(vrec + 2);
             sv[t] = s2;
             midv[t] = __fmaf_rn(s2, cv, o2);
             xv = a7_open(vin, vrec + 4, CV);
@@ -336,9 +334,9 @@ __global__ void __launch_bounds__(A5_THREADS, G >= 8 ? 4 : 5) attend7_kernel(att
                         qm = __fmaf_rn(q, (float)(int8_t)mu[4u * w + i], qm);
                     }
                 }
-                qm = a5_warp_sum(qm) * qex[h];
+                qm = dqcu_warp_sum(qm) * qex[h];
                 const float sh = p.scale * (qm * sfm);
-                a5_softmax<NT>(lg + (size_t)g * A5_T, sh, cnt, h, g, m_run, l_run, off_run, alpha_s, wsc, sv, midv, wfr,
+                a4_softmax<NT>(lg + (size_t)g * A5_T, sh, cnt, h, g, m_run, l_run, off_run, alpha_s, wsc, sv, midv, wfr,
                                lane);
             }
             __syncthreads(); /* B: weights, alpha and scale of the group are in place */

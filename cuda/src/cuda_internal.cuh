@@ -140,6 +140,42 @@ __device__ __forceinline__ float dqcu_f16_to_f32(uint16_t h)
     return dqcu_bitsf(sign | ((e + 112) << 23) | (m << 13));
 }
 
+/* Sum and maximum of v over the warp, every lane getting the result (xor butterfly). */
+__device__ __forceinline__ float dqcu_warp_sum(float v)
+{
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1)
+        v += __shfl_xor_sync(DQCU_FULL, v, off);
+    return v;
+}
+
+__device__ __forceinline__ float dqcu_warp_max(float v)
+{
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(DQCU_FULL, v, off));
+    return v;
+}
+
+/* The fp16 at p (two little-endian bytes: a record's scale or offset, a mean block's scale). */
+__device__ __forceinline__ float dqcu_f16_le(const uint8_t *p)
+{
+    return dqcu_f16_to_f32((uint16_t)(p[0] | p[1] << 8));
+}
+
+/* Record t of a window (DESIGN §3: the key-mean block of 2 + n bytes, W key records of rk bytes,
+ * then W value records of rv bytes). */
+__device__ __forceinline__ const uint8_t *dqcu_krec(const uint8_t *win, uint32_t n, size_t rk, size_t t)
+{
+    return win + 2u + n + t * rk;
+}
+
+__device__ __forceinline__ const uint8_t *dqcu_vrec(const uint8_t *win, uint32_t n, uint32_t W, size_t rk, size_t rv,
+                                                    size_t t)
+{
+    return win + 2u + n + (size_t)W * rk + t * rv;
+}
+
 __device__ __forceinline__ uint16_t dqcu_f64_to_f16(double x)
 {
     if (isnan(x))

@@ -52,18 +52,18 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) decompress_kernel(dec_params p
     const uint32_t l0 = __ffs(amask) - 1, l1 = 32u - __clz(amask);
 
     const size_t rk = 4u + tb.kind[0].C, rv = 4u + tb.kind[1].C;
-    const uint8_t *rec = win + 2u + n + (p.kind == DQ_KIND_V ? (size_t)W * rk + tw * rv : tw * rk);
+    const uint8_t *rec = p.kind == DQ_KIND_V ? dqcu_vrec(win, n, W, rk, rv, tw) : dqcu_krec(win, n, rk, tw);
     float s = 0, o = 0;
     uint32_t x = DQCU_RANS_L;
     bool valid_state = false;
     dqcu_rans_in in;
     if (active) {
-        s = dqcu_f16_to_f32((uint16_t)(rec[0] | rec[1] << 8));
-        o = dqcu_f16_to_f32((uint16_t)(rec[2] | rec[3] << 8));
+        s = dqcu_f16_le(rec);
+        o = dqcu_f16_le(rec + 2);
         x = dqcu_rans_open(in, rec + 4, C);
         valid_state = x >= DQCU_RANS_L && x < (DQCU_RANS_L << 8);
     }
-    const float sfm = p.kind == DQ_KIND_K ? dqcu_f16_to_f32((uint16_t)(win[0] | win[1] << 8)) : 0.0f;
+    const float sfm = p.kind == DQ_KIND_K ? dqcu_f16_le(win) : 0.0f;
     uint8_t *myrow = lv + (size_t)lane * p.row_stride;
     for (uint32_t h = 0; h < tb.kv_heads; h++) {
         if (active) {

@@ -154,7 +154,7 @@ __device__ int load_stream(const enc_params &p, const dqcu_tables &tb, int kind,
         x[r] = x[r] * tb.rot_scale;
     if (kind == DQ_KIND_K) {
         const uint8_t *mean = p.windows[w];
-        const float sfm = dqcu_f16_to_f32((uint16_t)(mean[0] | mean[1] << 8));
+        const float sfm = dqcu_f16_le(mean);
 #pragma unroll
         for (int r = 0; r < VPL; r++) {
             uint32_t i = (uint32_t)r * 32u + lane;
