@@ -16,7 +16,8 @@
  *       --layers sequential ATTEND calls (one per layer, each appending the new token) at each
  *       batch size, through the daemon and in-process with libdquant-cuda on the same data.
  *       --trace 1 runs the daemon at debug level and ends with the medians of its ATTEND trace
- *       lines: where a call's time went inside the daemon.
+ *       lines: where a call's time went inside the daemon. --daemon-arg ARG (up to 8) passes ARG
+ *       on to the daemon (e.g. --daemon-arg --frame-cache --daemon-arg 0).
  *
  * Every result is one JSON line on stdout; progress and failures go to stderr. Exit status 0 when
  * every check passed (bench: when everything ran), 1 otherwise. The daemon's log is
@@ -1208,6 +1209,8 @@ typedef struct bench_cfg {
     double budget;      /* seconds for the whole bench */
     double t0;
     bool trace;         /* daemon at debug level; its ATTEND trace summarized at the end */
+    const char *dargs[8]; /* more daemon arguments (--daemon-arg) */
+    int ndargs;
 } bench_cfg;
 
 /* Random BF16 K and V pools; (sequence, layer) reads tokens [off, off + ctx) with off from a hash. */
@@ -1614,8 +1617,10 @@ static int run_bench(bench_cfg *cfg, const char *workers)
     p.v = random_tensor(pool_vals, m.n, DQ_DTYPE_BF16, false, 2);
     double bf16_bytes = (double)cfg->tokens * m.n * 2 * 2 * m.layers;
 
-    const char *args[12] = {"--backend", "cuda", "--host-memory", "16G", "--max-payload", "512M"};
+    const char *args[12 + 8] = {"--backend", "cuda", "--host-memory", "16G", "--max-payload", "512M"};
     int na = 6;
+    for (int i = 0; i < cfg->ndargs; i++)
+        args[na++] = cfg->dargs[i];
     if (workers) {
         args[na++] = "--workers";
         args[na++] = workers;
@@ -1805,7 +1810,8 @@ static void usage(void)
     fprintf(stderr,
             "usage: gpu_e2e check --dquantd PATH --workdir DIR [--scale small|full] [--expect-backend cuda|cpu|any]\n"
             "       gpu_e2e bench --dquantd PATH --workdir DIR [--tokens N] [--layers N] [--batches 1,32]\n"
-            "                     [--steps N] [--put-conns N] [--time-budget SECONDS] [--workers N] [--trace 0|1]\n");
+            "                     [--steps N] [--put-conns N] [--time-budget SECONDS] [--workers N] [--trace 0|1]\n"
+            "                     [--daemon-arg ARG]...\n");
     exit(2);
 }
 
@@ -1815,7 +1821,7 @@ int main(int argc, char **argv)
         usage();
     const char *mode = argv[1], *scale_name = "full", *workers = NULL;
 #ifdef DQD_E2E_HAVE_CUDA
-    bench_cfg cfg = {32768, 36, {1, 32}, 2, 10, 4, 420, 0, false};
+    bench_cfg cfg = {32768, 36, {1, 32}, 2, 10, 4, 420, 0, false, {NULL}, 0};
 #endif
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1845,6 +1851,8 @@ int main(int argc, char **argv)
             cfg.budget = atof(v);
         else if (!strcmp(a, "--trace"))
             cfg.trace = atoi(v) != 0;
+        else if (!strcmp(a, "--daemon-arg") && cfg.ndargs < 8)
+            cfg.dargs[cfg.ndargs++] = v;
         else if (!strcmp(a, "--batches")) {
             cfg.nbatches = 0;
             char buf[64];
