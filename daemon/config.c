@@ -91,9 +91,6 @@ static const dqd_option options[] = {
      "Client connections at most; further ones are closed at once."},
     {"max-output-queue", "limits", "max_output_queue", OPT_SIZE, FIELD(max_output_queue), 1 * KiB, 1 * TiB,
      "SIZE", "64M", "Reply bytes queued on one connection before the daemon stops reading from it."},
-    {"frame-cache", "limits", "frame_cache", OPT_SIZE, FIELD(frame_cache), 0, 1 * TiB, "SIZE", "1G",
-     "Buffers of large request frames kept for the next ones instead of being unmapped (their pages "
-     "fault in again otherwise); given back after 10 s unused. 0 keeps none."},
     {"max-inflight", "limits", "max_inflight", OPT_U32, FIELD(max_inflight), 1, 1u << 16, "N", "64",
      "Requests of one connection in progress before the daemon stops reading from it."},
     {"max-batch-items", "limits", "max_batch_items", OPT_U32, FIELD(max_batch_items), 1, 1u << 20, "N", "4096",
@@ -142,7 +139,6 @@ void dqd_config_default(dqd_config *cfg)
     cfg->max_header = 1 * MiB;
     cfg->max_payload = 256 * MiB;
     cfg->max_output_queue = 64 * MiB;
-    cfg->frame_cache = 1 * GiB;
     cfg->max_connections = 1024;
     cfg->max_inflight = 64;
     cfg->max_batch_items = 4096;

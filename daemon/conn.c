@@ -74,7 +74,7 @@ bool dqd_conn_reapable(const dqd_conn *c)
 void dqd_conn_free(dqd_conn *c)
 {
     free(c->rbuf);
-    dqd_frame_free(c->srv, c->fbuf, c->fcap);
+    free(c->fbuf);
     free(c);
 }
 
@@ -218,25 +218,14 @@ static size_t payload_pad(uint32_t header_len)
     return (64u - ((DQ_FRAME_HEADER_BYTES + header_len) & 63u)) & 63u;
 }
 
-uint8_t *dqd_frame_alloc(dqd_server *srv, size_t pad, size_t total, size_t *cap)
+static uint8_t *frame_alloc(size_t pad, size_t total)
 {
     size_t bytes = (pad + total + 63u) & ~(size_t)63u;
-    *cap = 0;
-    if (total > RBUF_SIZE)
-        return dqd_framecache_get(&srv->frames, bytes, cap);
     return aligned_alloc(64, bytes ? bytes : 64);
 }
 
-void dqd_frame_free(dqd_server *srv, uint8_t *buf, size_t cap)
-{
-    if (cap)
-        dqd_framecache_put(&srv->frames, buf, cap, dqd_now_ns());
-    else
-        free(buf);
-}
-
 /* A whole frame at buf + pad: check it, make the request and dispatch it. Takes buf. */
-static void frame_ready(dqd_conn *c, uint8_t *buf, size_t cap, size_t pad, size_t total)
+static void frame_ready(dqd_conn *c, uint8_t *buf, size_t pad, size_t total)
 {
     dqd_server *srv = c->srv;
     dq_frame f;
@@ -245,14 +234,14 @@ static void frame_ready(dqd_conn *c, uint8_t *buf, size_t cap, size_t pad, size_
     dq_frame_status st = dq_frame_parse(buf + pad, total, &srv->frame_limits, &f, &consumed, &err);
     if (st != DQ_FRAME_OK || consumed != total) {
         uint64_t id = peek_request_id(buf + pad, total);
-        dqd_frame_free(srv, buf, cap);
+        free(buf);
         protocol_error(c, err < 0 ? err : DQ_PROTOCOL, id,
                        err == DQ_CORRUPT ? "header checksum mismatch" : "malformed frame");
         return;
     }
     dqd_req *req = calloc(1, sizeof *req);
     if (!req) {
-        dqd_frame_free(srv, buf, cap);
+        free(buf);
         protocol_error(c, DQ_NOMEM, f.hdr.request_id, "out of memory");
         return;
     }
@@ -262,7 +251,6 @@ static void frame_ready(dqd_conn *c, uint8_t *buf, size_t cap, size_t pad, size_
     req->id = f.hdr.request_id;
     req->t0_ns = dqd_now_ns();
     req->frame = buf;
-    req->frame_cap = cap;
     req->frame_bytes = total;
     req->payload = f.payload;
     req->payload_len = f.hdr.payload_len;
@@ -291,11 +279,10 @@ static void process_input(dqd_conn *c)
             if (c->fhave < c->ftotal)
                 break;
             uint8_t *buf = c->fbuf;
-            size_t pad = c->fpad, total = c->ftotal, cap = c->fcap;
+            size_t pad = c->fpad, total = c->ftotal;
             c->fbuf = NULL;
-            c->fcap = 0;
             c->held -= total; /* frame_ready accounts it again as a request */
-            frame_ready(c, buf, cap, pad, total);
+            frame_ready(c, buf, pad, total);
         } else {
             const uint8_t *p = c->rbuf + off;
             size_t avail = c->rlen - off;
@@ -322,15 +309,13 @@ static void process_input(dqd_conn *c)
             size_t pad = payload_pad(hdr.header_len);
             if (total > RBUF_SIZE) {
                 /* Large frame: give it its own buffer and let the socket fill it in place. */
-                size_t cap;
-                uint8_t *buf = dqd_frame_alloc(srv, pad, total, &cap);
+                uint8_t *buf = frame_alloc(pad, total);
                 if (!buf) {
                     protocol_error(c, DQ_NOMEM, hdr.request_id, "out of memory for a frame");
                     break;
                 }
                 memcpy(buf + pad, p, avail);
                 c->fbuf = buf;
-                c->fcap = cap;
                 c->fpad = pad;
                 c->ftotal = total;
                 c->fhave = avail;
@@ -340,15 +325,14 @@ static void process_input(dqd_conn *c)
             }
             if (avail < total)
                 break;
-            size_t cap;
-            uint8_t *buf = dqd_frame_alloc(srv, pad, total, &cap);
+            uint8_t *buf = frame_alloc(pad, total);
             if (!buf) {
                 protocol_error(c, DQ_NOMEM, hdr.request_id, "out of memory for a frame");
                 break;
             }
             memcpy(buf + pad, p, total);
             off += total;
-            frame_ready(c, buf, cap, pad, total);
+            frame_ready(c, buf, pad, total);
         }
         if (c->state == DQD_CONN_OPEN && over_limits(c))
             pause_reading(c);

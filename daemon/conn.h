@@ -52,7 +52,7 @@ struct dqd_conn {
     uint8_t *rbuf;            /* staging buffer */
     size_t rlen;
     uint8_t *fbuf;            /* a large frame received in place */
-    size_t fpad, ftotal, fhave, fcap;
+    size_t fpad, ftotal, fhave;
 
     dqd_req *q_head, *q_tail; /* requests in arrival order, until their reply is written out */
     uint32_t nreqs;
@@ -73,11 +73,5 @@ void dqd_conn_drain(dqd_conn *c, uint64_t deadline_ms);
 void dqd_conn_close(dqd_conn *c);
 bool dqd_conn_reapable(const dqd_conn *c);
 void dqd_conn_free(dqd_conn *c);
-
-/* Frame buffers: large ones (over the read buffer) from the server's frame cache, *cap set to
- * their capacity; the others from malloc, *cap = 0. NULL when out of memory. */
-uint8_t *dqd_frame_alloc(dqd_server *srv, size_t pad, size_t total, size_t *cap);
-/* Gives a frame buffer back (buf may be NULL). */
-void dqd_frame_free(dqd_server *srv, uint8_t *buf, size_t cap);
 
 #endif

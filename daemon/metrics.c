@@ -199,9 +199,6 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
     gauge(&b, "dquant_gpu_sequences", "Sequences holding layers in GPU memory.", (double)g->store.gpu_sequences);
     gauge(&b, "dquant_models", "Registered models.", (double)g->models);
     gauge(&b, "dquant_inflight_requests", "Requests in progress.", (double)g->inflight_requests);
-    gauge(&b, "dquant_frame_cache_bytes", "Buffers of large frames kept for reuse.", (double)g->frame_cache_bytes);
-    counter(&b, "dquant_frame_cache_hits_total", "Large frames received into a reused buffer.", g->frame_cache_hits);
-    counter(&b, "dquant_frame_cache_misses_total", "Large frames that needed a new buffer.", g->frame_cache_misses);
     gauge(&b, "dquant_workers", "Worker threads.", (double)g->workers);
     gauge(&b, "dquant_uptime_seconds", "Seconds since start.", g->uptime_seconds);
 
@@ -338,9 +335,6 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_gauge(&kb, "connections_open", (double)m->conns_open);
     add_gauge(&kb, "models", (double)g->models);
     add_gauge(&kb, "inflight_requests", (double)g->inflight_requests);
-    add_gauge(&kb, "frame_cache_bytes", (double)g->frame_cache_bytes);
-    add_gauge(&kb, "frame_cache_hits", (double)g->frame_cache_hits);
-    add_gauge(&kb, "frame_cache_misses", (double)g->frame_cache_misses);
     add_gauge(&kb, "workers", (double)g->workers);
     add_gauge(&kb, "uptime_seconds", g->uptime_seconds);
     for (int op = 1; op < DQD_OP_COUNT; op++) {

@@ -38,8 +38,6 @@ typedef struct dqd_gauges {
     uint64_t gpu_allocated;     /* device bytes of GPU layers allocated right now (cuda backend) */
     uint64_t models;
     uint64_t inflight_requests;
-    uint64_t frame_cache_bytes;              /* large-frame buffers kept for reuse */
-    uint64_t frame_cache_hits, frame_cache_misses;
     uint64_t workers;
     double uptime_seconds;
     const char *backend;

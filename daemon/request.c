@@ -103,7 +103,7 @@ static void release_input(dqd_req *req)
     if (req->msg)
         dquant__request__free_unpacked(req->msg, &req->pbmem.a);
     req->msg = NULL;
-    dqd_frame_free(req->srv, req->frame, req->frame_cap);
+    free(req->frame);
     req->frame = NULL;
     req->payload = NULL;
     dqd_nccl_free_payload(req->srv, req->dpayload);

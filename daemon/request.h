@@ -33,7 +33,6 @@ typedef struct dqd_req {
     uint64_t t0_ns;
 
     uint8_t *frame;            /* owned; 64-byte aligned payload inside */
-    size_t frame_cap;          /* from srv->frames (its capacity), or 0: from malloc */
     size_t frame_bytes;        /* accounted against the connection's queue */
     const uint8_t *payload;
     uint64_t payload_len;

@@ -40,7 +40,6 @@ int dqd_server_init(dqd_server *srv, uv_loop_t *loop, const dqd_config *cfg)
     srv->frame_limits.max_payload = cfg->max_payload;
     dqd_hostmem_init(&srv->mem);
     dqd_metrics_init(&srv->metrics);
-    dqd_framecache_init(&srv->frames, cfg->frame_cache);
 
     int rc = dqd_registry_create(&srv->mem, cfg->max_models, &srv->reg);
     if (rc < 0)
@@ -184,15 +183,6 @@ void dqd_server_conn_closed(dqd_server *srv, dqd_conn *c)
         uv_idle_start(&srv->reaper, on_reap);
 }
 
-/* Frame buffers unused this long are given back to the system. */
-#define FRAMES_IDLE_MS 10000u
-
-static void on_frames_timer(uv_timer_t *t)
-{
-    dqd_server *srv = t->data;
-    dqd_framecache_trim(&srv->frames, dqd_now_ns(), (uint64_t)FRAMES_IDLE_MS * 1000000u);
-}
-
 int dqd_server_start(dqd_server *srv)
 {
     const dqd_config *cfg = srv->cfg;
@@ -200,12 +190,8 @@ int dqd_server_start(dqd_server *srv)
     uv_signal_init(srv->loop, &srv->sig_int);
     uv_idle_init(srv->loop, &srv->reaper);
     uv_timer_init(srv->loop, &srv->shutdown_timer);
-    uv_timer_init(srv->loop, &srv->frames_timer);
     srv->sig_term.data = srv->sig_int.data = srv->reaper.data = srv->shutdown_timer.data = srv;
-    srv->frames_timer.data = srv;
     srv->handles_ready = true;
-    uv_timer_start(&srv->frames_timer, on_frames_timer, FRAMES_IDLE_MS / 2, FRAMES_IDLE_MS / 2);
-    uv_unref((uv_handle_t *)&srv->frames_timer);
     uv_signal_start(&srv->sig_term, on_signal, SIGTERM);
     uv_signal_start(&srv->sig_int, on_signal, SIGINT);
 
@@ -248,7 +234,6 @@ static void finish(dqd_server *srv)
     uv_close((uv_handle_t *)&srv->sig_int, NULL);
     uv_close((uv_handle_t *)&srv->reaper, NULL);
     uv_close((uv_handle_t *)&srv->shutdown_timer, NULL);
-    uv_close((uv_handle_t *)&srv->frames_timer, NULL);
     DQD_INFO("stopped");
 }
 
@@ -289,7 +274,6 @@ void dqd_server_destroy(dqd_server *srv)
     dqd_store_destroy(srv->store);
     dqd_gpu_destroy(srv->gpu);
     dqd_registry_destroy(srv->reg);
-    dqd_framecache_trim(&srv->frames, 0, 0);
     srv->store = NULL;
     srv->gpu = NULL;
     srv->reg = NULL;
@@ -301,9 +285,6 @@ void dqd_server_gauges(const dqd_server *srv, dqd_gauges *g)
     g->gpu_allocated = srv->gpu ? dqd_gpu_allocated(srv->gpu) : 0;
     g->models = dqd_registry_model_count(srv->reg);
     g->inflight_requests = srv->reqs_inflight;
-    g->frame_cache_bytes = srv->frames.bytes;
-    g->frame_cache_hits = srv->frames.hits;
-    g->frame_cache_misses = srv->frames.misses;
     g->workers = srv->cfg->workers;
     g->uptime_seconds = (double)(dqd_now_ns() - srv->start_ns) * 1e-9;
     g->backend = srv->backend_name;

@@ -11,7 +11,6 @@
 
 #include "config.h"
 #include "frame.h"
-#include "framecache.h"
 #include "hostmem.h"
 #include "metrics.h"
 #include "registry.h"
@@ -42,7 +41,6 @@ struct dqd_server {
     const dqd_config *cfg;
     dqd_limits limits;
     dq_frame_limits frame_limits;
-    dqd_framecache frames;    /* buffers of large frames (loop thread) */
     dqd_hostmem mem;
     dqd_registry *reg;
     dqd_store *store;
@@ -58,7 +56,6 @@ struct dqd_server {
     uv_signal_t sig_term, sig_int;
     uv_idle_t reaper;
     uv_timer_t shutdown_timer;
-    uv_timer_t frames_timer;  /* gives back frame buffers unused for a while */
     bool handles_ready;
 
     dqd_conn *conns;          /* open or closing connections */

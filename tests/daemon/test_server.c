@@ -1066,30 +1066,6 @@ Test(server, metrics_endpoint)
     close(fd);
 }
 
-/* Large frames (over the 64 KB read buffer) are received into buffers the daemon keeps for the
- * next ones; --frame-cache 0 keeps none. */
-Test(server, large_frames_reuse_buffers)
-{
-    for (int keep = 1; keep >= 0; keep--) {
-        const char *none[] = {"--frame-cache", "0", NULL};
-        start(keep ? NULL : none);
-        int fd = session();
-        const size_t T = 300; /* 300 tokens x 128 x 4 bytes x (K, V) = 300 KB a PUT */
-        float *k = random_kv(T * N, 1), *v = random_kv(T * N, 2);
-        uint64_t tokens;
-        for (uint64_t i = 0; i < 3; i++)
-            cr_assert_eq(put(fd, "big", 0, 1, i * T, T, k, v, &tokens), 0);
-        cr_assert_eq(tokens, 3 * T);
-        cr_assert_eq(stat_counter(fd, "frame_cache_misses"), keep ? 1 : 3);
-        cr_assert_eq(stat_counter(fd, "frame_cache_hits"), keep ? 2 : 0);
-        cr_assert_eq(stat_counter(fd, "frame_cache_bytes"), keep ? 2u << 20 : 0);
-        free(k);
-        free(v);
-        close(fd);
-        stop();
-    }
-}
-
 Test(server, sigterm_finishes_inflight_work)
 {
     start(NULL);
