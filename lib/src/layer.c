@@ -3,6 +3,7 @@
  * Inputs are rounded to BF16 first (the tail's precision), so a layer's bytes depend only on the
  * BF16 token sequence, never on how it was split into appends. */
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "codec_internal.h"
@@ -124,16 +125,41 @@ int dq_check_tokens(dq_workspace *ws, const void *x, dq_dtype dtype, size_t ntok
     if (!dq_dtype_size(dtype))
         return DQ_DTYPE;
     const dq_codec *c = ws->codec;
-    const uint32_t n = c->n;
+    const uint32_t n = c->n, d = c->head_dim;
     DQ_FORWARD_IF_ERROR(dq_check_finite(x, dtype, ntok * n));
+    /* The rotation is orthonormal per head, so no rotated value of a head exceeds the head's 2-norm:
+     * a token whose heads all have norms below the limit (with a margin far above the rounding of
+     * the rotation and of this sum) passes without being rotated; the others are rotated and
+     * checked value by value, as the encoder sees them. */
+    const float lim = 0.999f * DQ_TOKEN_MAX_ABS, lim2 = lim * lim;
     float *y = ws->f0;
     for (size_t t = 0; t < ntok; t++) {
-        /* fetch_token with the tail skipped */
-        for (uint32_t j = 0; j < n; j++) {
-            y[j] = dq_bf16_to_f32(dq_f32_to_bf16(dq__load_elem(x, dtype, t * n + j)));
-            if (!isfinite(y[j]))
-                return DQ_NONFINITE;
+        /* fetch_token with the tail skipped: the values rounded to BF16 */
+        if (dtype == DQ_DTYPE_BF16) {
+            const uint16_t *xb = (const uint16_t *)x + t * n;
+            for (uint32_t j = 0; j < n; j++)
+                y[j] = dq__bf16_f32(xb[j]); /* finite: checked above */
+        } else {
+            for (uint32_t j = 0; j < n; j++) {
+                y[j] = dq__bf16_f32(dq_f32_to_bf16(dq__load_elem(x, dtype, t * n + j)));
+                if (!isfinite(y[j]))
+                    return DQ_NONFINITE;
+            }
         }
+        bool small = true;
+        for (uint32_t h0 = 0; h0 < n && small; h0 += d) {
+            float part[8] = {0};
+            uint32_t j = 0;
+            for (; j + 8 <= d; j += 8)
+                for (int u = 0; u < 8; u++)
+                    part[u] += y[h0 + j + u] * y[h0 + j + u];
+            for (; j < d; j++)
+                part[0] += y[h0 + j] * y[h0 + j];
+            const float ss = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+            small = ss <= lim2; /* an overflow to +inf goes the exact way */
+        }
+        if (small)
+            continue;
         dq_rotate(c, y);
         for (uint32_t j = 0; j < n; j++)
             if (!(fabsf(y[j]) <= DQ_TOKEN_MAX_ABS))

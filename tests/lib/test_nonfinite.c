@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec_internal.h"
 #include "dqtest_util.h"
 
 static dqt_rng rng;
@@ -296,4 +297,48 @@ Test(nonfinite, check_tokens_matches_append)
     cr_assert_eq(dq_check_tokens(ws, NULL, DQ_DTYPE_F32, 0), DQ_OK);
     free(x);
     dq_layer_free(layer);
+}
+
+/* Near the range limit dq_check_tokens (which skips the rotation for heads whose norm is below the
+ * limit) agrees with the encoder's own check of the rotated token (dq_tokens_encode): spikes and
+ * whole-head scalings on both sides of the limit, in f32 and bf16. */
+Test(nonfinite, check_tokens_agrees_with_the_encoder_near_the_limit)
+{
+    const size_t rb = dq_codec_record_bytes(codec, DQ_KIND_V);
+    uint8_t *rec = dqt_xmalloc(rb);
+    uint16_t *xb = dqt_xmalloc(n * sizeof *xb);
+    int seen[2] = {0, 0};
+    for (int trial = 0; trial < 400; trial++) {
+        float *x = make_input(DQ_DTYPE_F32, n, 0, -1);
+        const uint32_t h0 = dqt_below(&rng, n / 128) * 128;
+        const float f = 0.5f + 1.5f * (float)dqt_uniform(&rng);
+        if (trial % 3 == 1) {
+            /* one spike: rotates to ±a/sqrt(d) over its head */
+            x[h0 + dqt_below(&rng, 128)] = f * DQ_TOKEN_MAX_ABS * sqrtf(128.0f);
+        } else if (trial % 3 == 2) {
+            /* a token that rotates into a spike of f times the limit: its head's norm is the spike's */
+            memset(x, 0, n * sizeof *x);
+            x[h0 + dqt_below(&rng, 128)] = f * DQ_TOKEN_MAX_ABS;
+            dq_unrotate(codec, x);
+        } else {
+            /* a whole head scaled to a norm near the limit */
+            double ss = 0;
+            for (uint32_t j = 0; j < 128; j++)
+                ss += (double)x[h0 + j] * x[h0 + j];
+            for (uint32_t j = 0; j < 128; j++)
+                x[h0 + j] = (float)(x[h0 + j] * f * DQ_TOKEN_MAX_ABS / sqrt(ss));
+        }
+        int want = dq_tokens_encode(codec, ws, DQ_KIND_V, x, DQ_DTYPE_F32, 1, NULL, rec, rb, NULL);
+        cr_assert(want == DQ_OK || want == DQ_RANGE, "encoder: %s", dq_err_name(want));
+        cr_assert_eq(dq_check_tokens(ws, x, DQ_DTYPE_F32, 1), want, "trial %d (f %.3f)", trial, (double)f);
+        for (uint32_t j = 0; j < n; j++)
+            xb[j] = dq_f32_to_bf16(x[j]);
+        want = dq_tokens_encode(codec, ws, DQ_KIND_V, xb, DQ_DTYPE_BF16, 1, NULL, rec, rb, NULL);
+        cr_assert_eq(dq_check_tokens(ws, xb, DQ_DTYPE_BF16, 1), want, "trial %d bf16", trial);
+        seen[want == DQ_RANGE]++;
+        free(x);
+    }
+    cr_assert(seen[0] > 50 && seen[1] > 50, "both verdicts exercised (%d ok, %d range)", seen[0], seen[1]);
+    free(rec);
+    free(xb);
 }
