@@ -18,7 +18,8 @@
  * kernels of the previous one) and device scratch. Device memory comes from the device's
  * stream-ordered pool (cudaMallocAsync), so allocation is cheap and freeing never synchronizes the
  * device. Every operation has finished on the device when it returns, except dqd_gpu_append
- * without sealing, which leaves its copies in flight: the task then calls dqd_gpu_finish.
+ * without sealing and dqd_gpu_append_tokens, which leave their copies in flight: the task then
+ * calls dqd_gpu_finish (or issues more work on the same stream that synchronizes).
  *
  * Budget. The GPU budget (--gpu-memory, default 80% of the free device memory at start) counts
  * the device bytes of layers (dqd_glayer.dev_bytes: window segments, pointer arrays, tails); the
@@ -93,6 +94,22 @@ typedef struct dqd_gappend {
  * unrestorable, txn->broken is set. */
 int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot, const void *k,
                    const void *v, dq_dtype dtype, size_t ntok, unsigned flags, dq_encode_stats *stats);
+/* Whether one more token fits in layer l's tail without sealing a window (dqd_gpu_append_tokens
+ * takes it). */
+bool dqd_gpu_append_fits(const dqd_codec *codec, const dqd_glayer *l);
+/* One token appended to each of count existing GPU layers of codec: tok[i].k and .v ([1, kv_heads,
+ * head_dim] of .dtype in host memory) passed dq_check_tokens, the layers are distinct and each
+ * dqd_gpu_append_fits. Rounded to BF16 on the host into one pinned block with the tail addresses,
+ * then one copy and one dqcu_scatter_rows (per DQD_GPIN_BYTES of input), where dqd_gpu_append
+ * takes two copies and two conversions per layer. *tok[i].txn as dqd_gpu_append's
+ * (dqd_gpu_rollback undoes it); on failure those applied before stay applied. */
+typedef struct dqd_gtoken {
+    dqd_glayer *layer;
+    dqd_gappend *txn;
+    const void *k, *v;
+    dq_dtype dtype;
+} dqd_gtoken;
+int dqd_gpu_append_tokens(dqd_gpu *g, dqd_codec *codec, const dqd_gtoken *tok, size_t count);
 /* The checks dq_layer_append makes, for a PUT of `layers` layers of ntok tokens each whose k and v
  * ([layers, ntok, kv_heads, head_dim] of dtype) are in device memory, in the order the host path
  * makes them: DQ_NONFINITE when any raw value is NaN/Inf (*bad_layer = UINT32_MAX), else the code

@@ -467,6 +467,73 @@ undo:
     return rc;
 }
 
+bool dqd_gpu_append_fits(const dqd_codec *codec, const dqd_glayer *l)
+{
+    return l && (size_t)l->tail + 1 < codec->profile.residual;
+}
+
+int dqd_gpu_append_tokens(dqd_gpu *g, dqd_codec *codec, const dqd_gtoken *tok, size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        memset(tok[i].txn, 0, sizeof *tok[i].txn);
+    dqd_gwork *w;
+    int rc = dqd_gwork_get(g, &w);
+    if (rc < 0)
+        return rc;
+    const size_t n = codec->n, row = n * sizeof(uint16_t);
+    /* a block: the 2c row addresses (K, V of each layer), then the 2c rows */
+    const size_t most = (DQD_GPIN_BYTES - 256) / (2 * sizeof(uint16_t *) + 2 * row);
+    if (most == 0)
+        return DQ_UNSUPPORTED;
+    for (size_t i0 = 0; i0 < count;) {
+        const size_t c = count - i0 < most ? count - i0 : most;
+        const size_t off = align256(2 * c * sizeof(uint16_t *)), bytes = off + 2 * c * row;
+        uint8_t *dev;
+        rc = dqd_gwork_buf(w, DQD_GBUF_RAW, bytes, (void **)&dev);
+        if (rc < 0)
+            return rc;
+        int h;
+        uint8_t *pin = dqd_gpin_take(w, bytes, &h);
+        if (!pin)
+            return DQ_INTERNAL;
+        uint16_t **to = (uint16_t **)(void *)pin;
+        uint16_t *rows = (uint16_t *)(void *)(pin + off);
+        for (size_t j = 0; j < c; j++) {
+            const dqd_gtoken *t = &tok[i0 + j];
+            const dqd_glayer *l = t->layer;
+            to[2 * j] = l->d_tail + (size_t)l->tail * n;
+            to[2 * j + 1] = l->d_tail + tail_elems(codec) + (size_t)l->tail * n;
+            rc = dq_convert(t->k, t->dtype, rows + 2 * j * n, DQ_DTYPE_BF16, n);
+            if (rc == DQ_OK)
+                rc = dq_convert(t->v, t->dtype, rows + (2 * j + 1) * n, DQ_DTYPE_BF16, n);
+            if (rc < 0) {
+                (void)dqd_gpin_done(w, h);
+                return rc;
+            }
+        }
+        DQD_GCK(cudaMemcpyAsync(dev, pin, bytes, cudaMemcpyHostToDevice, w->stream));
+        rc = dqd_gpin_done(w, h);
+        if (rc < 0)
+            return rc;
+        rc = dqcu_scatter_rows((const uint16_t *)(const void *)(dev + off), (uint32_t)n,
+                               (uint16_t *const *)(void *)dev, (uint32_t)(2 * c), w->stream);
+        if (rc < 0)
+            return dqd_gcu_fail(rc, "dqcu_scatter_rows", __FILE__, __LINE__);
+        for (size_t j = 0; j < c; j++) {
+            dqd_glayer *l = tok[i0 + j].layer;
+            dqd_gappend *txn = tok[i0 + j].txn;
+            txn->nwin0 = l->nwin;
+            txn->tail0 = l->tail;
+            txn->nseg0 = l->nseg;
+            txn->slots0 = l->slots;
+            txn->applied = true;
+            l->tail++;
+        }
+        i0 += c;
+    }
+    return DQ_OK;
+}
+
 int dqd_gpu_rollback(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot)
 {
     if (!txn->applied)

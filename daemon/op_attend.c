@@ -57,6 +57,7 @@ typedef struct att_item {
     bool spill;      /* phase B moves its (GPU) layer to the host before appending there */
     bool spilled;
     bool checked;    /* its k and v passed dq_check_tokens in phase A */
+    bool batched;    /* its GPU append went with others' (append_gpu_tokens) */
     dqd_append txn;
     dqd_gappend gtxn;
     int rc;
@@ -368,6 +369,51 @@ static void rollback_done(void *ctx)
     att_fail(op, op->fail_rc, "%s", op->msg);
 }
 
+/* Whether item it's append can go with others' in one dqd_gpu_append_tokens. */
+static bool batchable(const att_item *it)
+{
+    return it->gpu && it->checked && !it->batched && dqd_gpu_append_fits(it->codec, dqd_seq_glayer(it->seq, it->layer));
+}
+
+/* The GPU appends of single tokens that fit their layer's tail: one dqd_gpu_append_tokens (one copy,
+ * one launch) per codec instead of two copies and two conversions per item. Marks them batched;
+ * false when one failed (its rc set). Without memory for the lists every item goes alone. */
+static bool append_gpu_tokens(att_op *op)
+{
+    dqd_gtoken *tok = malloc(op->nappend * sizeof *tok);
+    size_t *who = malloc(op->nappend * sizeof *who);
+    void **tmp = calloc(2 * op->nappend, sizeof *tmp);
+    bool ok = true;
+    for (size_t k0 = 0; tok && who && tmp && ok && k0 < op->nappend; k0++) {
+        const att_item *first = &op->items[op->append_idx[k0]];
+        if (!batchable(first))
+            continue;
+        size_t cnt = 0;
+        for (size_t k = k0; k < op->nappend; k++) {
+            att_item *it = &op->items[op->append_idx[k]];
+            if (it->codec != first->codec || !batchable(it))
+                continue;
+            const void *kd, *vd;
+            if (dqd_tensor_aligned(&it->ak, &kd, &tmp[2 * k]) < 0 ||
+                dqd_tensor_aligned(&it->av, &vd, &tmp[2 * k + 1]) < 0)
+                continue; /* the item goes alone and reports it */
+            it->batched = true;
+            who[cnt] = op->append_idx[k];
+            tok[cnt++] = (dqd_gtoken){it->seq->glayers[it->layer], &it->gtxn, kd, vd, dqd_tensor_dtype(&it->ak)};
+        }
+        int rc = dqd_gpu_append_tokens(op->srv->gpu, first->codec, tok, cnt);
+        for (size_t j = 0; rc < 0 && j < cnt; j++)
+            op->items[who[j]].rc = rc;
+        ok = rc == DQ_OK;
+    }
+    for (size_t i = 0; tmp && i < 2 * op->nappend; i++)
+        free(tmp[i]);
+    free(tok);
+    free(who);
+    free(tmp);
+    return ok;
+}
+
 /* Phase B on the GPU: layer moves first, then the appends, all on this worker's stream. */
 static void append_gpu(att_op *op)
 {
@@ -381,10 +427,10 @@ static void append_gpu(att_op *op)
         if (it->rc < 0)
             return;
     }
-    bool failed = false;
+    bool failed = !append_gpu_tokens(op);
     for (size_t k = 0; k < op->nappend && !failed; k++) {
         att_item *it = &op->items[op->append_idx[k]];
-        if (!it->gpu)
+        if (!it->gpu || it->batched)
             continue;
         const void *kd, *vd;
         void *kt, *vt;

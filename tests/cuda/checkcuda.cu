@@ -430,6 +430,51 @@ static std::vector<uint8_t> test_windows(Codecs &cs, Rng &r, size_t nwin, dq_dty
     return valid;
 }
 
+/* ---- dqcu_scatter_rows ---- */
+
+/* Rows of n BF16 values to scattered row slots of a poisoned device buffer, some at odd element
+ * offsets (the 16-bit path); every target row exact, every other element untouched. */
+static void test_scatter(Rng &r, uint32_t n, uint32_t nrows)
+{
+    const uint32_t slots = 3 * nrows + 5;
+    const size_t stride = (size_t)n + 1; /* slot s starts at element s * stride: odd offsets when n is even */
+    std::vector<uint16_t> src((size_t)nrows * n), host(slots * stride + n, 0xfbadu), want;
+    for (auto &v : src)
+        v = (uint16_t)r.next();
+    std::vector<uint32_t> order(slots);
+    for (uint32_t i = 0; i < slots; i++)
+        order[i] = i;
+    for (uint32_t i = slots; i > 1; i--)
+        std::swap(order[i - 1], order[r.below(i)]);
+    uint16_t *d_buf, *d_src, **d_ptr;
+    CK(cudaMalloc(&d_buf, host.size() * sizeof(uint16_t)));
+    CK(cudaMalloc(&d_src, src.size() * sizeof(uint16_t)));
+    CK(cudaMalloc(&d_ptr, nrows * sizeof(uint16_t *)));
+    std::vector<uint16_t *> ptr(nrows);
+    want = host;
+    for (uint32_t i = 0; i < nrows; i++) {
+        ptr[i] = d_buf + order[i] * stride;
+        memcpy(&want[order[i] * stride], &src[(size_t)i * n], n * sizeof(uint16_t));
+    }
+    CK(cudaMemcpy(d_buf, host.data(), host.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_src, src.data(), src.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_ptr, ptr.data(), nrows * sizeof(uint16_t *), cudaMemcpyHostToDevice));
+    int rc = dqcu_scatter_rows(d_src, n, d_ptr, nrows, 0);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(host.data(), d_buf, host.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    size_t bad = 0;
+    for (size_t i = 0; i < host.size(); i++)
+        bad += host[i] != want[i];
+    const int bad_args = dqcu_scatter_rows(NULL, n, d_ptr, nrows, 0);
+    const int none = dqcu_scatter_rows(NULL, n, NULL, 0, 0);
+    report(rc == DQ_OK && bad == 0 && bad_args == DQ_INVALID_ARGUMENT && none == DQ_OK,
+           "scatter_rows n=%u rows=%u: %s, %zu elements differ; NULL src -> %s, no rows -> %s", n, nrows,
+           dq_err_name(rc), bad, dq_err_name(bad_args), dq_err_name(none));
+    CK(cudaFree(d_buf));
+    CK(cudaFree(d_src));
+    CK(cudaFree(d_ptr));
+}
+
 /* ---- dqcu_decompress ---- */
 
 static void random_bf16(Rng &r, size_t count, std::vector<uint16_t> &out)
@@ -806,6 +851,10 @@ int main(int argc, char **argv)
             same &= (float)exp2(i / 512.0) == t[i];
         report(same, "exp2 table: host recomputation equals dq__exp2_table()");
     }
+
+    test_scatter(r, 1024, 64);
+    test_scatter(r, 128, 3);
+    test_scatter(r, 77, 1);
 
     const int enc_default = dqcu__encode_kernel(0);
     std::vector<Cfg> cfgs;

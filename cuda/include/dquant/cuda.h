@@ -117,6 +117,13 @@ DQCU_API int dqcu_tokens_verdict(const unsigned long long check[2]);
  * Returns 0, DQ_INVALID_ARGUMENT, DQ_DTYPE, DQ_INTERNAL. */
 DQCU_API int dqcu_to_bf16(const void *x, dq_dtype dtype, size_t count, uint16_t *out, cudaStream_t stream);
 
+/* Copies nrows rows of n BF16 values, row i from src + i·n to dst[i] (src, the pointer array dst
+ * and every dst[i] in device memory; rows must not overlap): one launch for many small copies,
+ * such as single tokens appended to the tails of many layers. Returns 0, DQ_INVALID_ARGUMENT,
+ * DQ_INTERNAL. */
+DQCU_API int dqcu_scatter_rows(const uint16_t *src, uint32_t n, uint16_t *const *dst, uint32_t nrows,
+                               cudaStream_t stream);
+
 /* ---- decompress ---- */
 
 /* Decodes tokens [first, first + count) of one kind of a layer held as nwin sealed windows

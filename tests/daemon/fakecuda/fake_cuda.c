@@ -1107,6 +1107,38 @@ static void run_to_bf16(void *a_)
     free(a);
 }
 
+typedef struct scatter_arg {
+    const uint16_t *src;
+    uint32_t n, nrows;
+    uint16_t *const *dst;
+} scatter_arg;
+
+static void run_scatter_rows(void *p)
+{
+    scatter_arg *a = p;
+    check_dev(a->src, (size_t)a->nrows * a->n * sizeof(uint16_t), "dqcu_scatter_rows src");
+    check_dev(a->dst, (size_t)a->nrows * sizeof(uint16_t *), "dqcu_scatter_rows dst");
+    for (uint32_t i = 0; i < a->nrows; i++) {
+        check_dev(a->dst[i], (size_t)a->n * sizeof(uint16_t), "dqcu_scatter_rows row");
+        memcpy(a->dst[i], a->src + (size_t)i * a->n, (size_t)a->n * sizeof(uint16_t));
+    }
+    free(a);
+}
+
+int dqcu_scatter_rows(const uint16_t *src, uint32_t n, uint16_t *const *dst, uint32_t nrows, cudaStream_t stream)
+{
+    if (nrows && (!src || !dst || !n))
+        return DQ_INVALID_ARGUMENT;
+    if (!nrows)
+        return DQ_OK;
+    scatter_arg *a = malloc(sizeof *a);
+    if (!a)
+        return DQ_NOMEM;
+    *a = (scatter_arg){src, n, nrows, dst};
+    enqueue(stream, run_scatter_rows, a);
+    return DQ_OK;
+}
+
 int dqcu_to_bf16(const void *x, dq_dtype dtype, size_t count, uint16_t *out, cudaStream_t stream)
 {
     if (count && (!x || !out))
