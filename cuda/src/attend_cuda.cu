@@ -500,16 +500,15 @@ __global__ void __launch_bounds__(MERGE_THREADS) attend_merge_kernel(const float
 
 /* Which kernel family dqcu_attend asks for: DQCU_ATTEND_KERNEL=3 selects v3 for every shape, =4
  * v4 wherever it takes the shape, =5 v5 and =6 v6 wherever they take the shape and can launch
- * (else v4, else v3), =8 v7 with the deep byte reader (a7_refill<true>) and anything else v7
- * wherever it takes the shape and can launch (else v5, else v4, else v3). The BF16 tail is always
- * v3's. Read once. */
+ * (else v4, else v3), anything else v7 wherever it takes the shape and can launch (else v5, else
+ * v4, else v3). The BF16 tail is always v3's. Read once. */
 static int att_variant()
 {
     static const int v = [] {
         const char *e = getenv("DQCU_ATTEND_KERNEL");
         if (!e || !e[0] || e[1])
             return 7;
-        return e[0] == '3' ? 3 : e[0] == '4' ? 4 : e[0] == '5' ? 5 : e[0] == '6' ? 6 : e[0] == '8' ? 8 : 7;
+        return e[0] == '3' ? 3 : e[0] == '4' ? 4 : e[0] == '5' ? 5 : e[0] == '6' ? 6 : 7;
     }();
     return v;
 }
@@ -532,9 +531,9 @@ template <typename K> static a5_attr a5_query_attr(K kernel)
 }
 template <int V> static std::array<a5_attr, 4> a5_query_attrs()
 {
-    if constexpr (V == 7 || V == 8)
-        return {a5_query_attr(attend7_kernel<1, V == 8>), a5_query_attr(attend7_kernel<2, V == 8>),
-                a5_query_attr(attend7_kernel<4, V == 8>), a5_query_attr(attend7_kernel<8, V == 8>)};
+    if constexpr (V == 7)
+        return {a5_query_attr(attend7_kernel<1>), a5_query_attr(attend7_kernel<2>),
+                a5_query_attr(attend7_kernel<4>), a5_query_attr(attend7_kernel<8>)};
     else
         return {a5_query_attr(attend5_kernel<1, V == 6>), a5_query_attr(attend5_kernel<2, V == 6>),
                 a5_query_attr(attend5_kernel<4, V == 6>), a5_query_attr(attend5_kernel<8, V == 6>)};
@@ -547,8 +546,7 @@ static uint32_t a5_blocks_per_sm(const dqcu_codec *dc, uint32_t G, size_t dyn, i
     static const std::array<a5_attr, 4> attrs5 = a5_query_attrs<5>();
     static const std::array<a5_attr, 4> attrs6 = a5_query_attrs<6>();
     static const std::array<a5_attr, 4> attrs7 = a5_query_attrs<7>();
-    static const std::array<a5_attr, 4> attrs8 = a5_query_attrs<8>();
-    const std::array<a5_attr, 4> &attrs = ver == 8 ? attrs8 : ver == 7 ? attrs7 : ver == 6 ? attrs6 : attrs5;
+    const std::array<a5_attr, 4> &attrs = ver == 7 ? attrs7 : ver == 6 ? attrs6 : attrs5;
     const int gi = G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : G == 8 ? 3 : -1;
     if (gi < 0 || !attrs[gi].ok)
         return 0;
@@ -580,7 +578,7 @@ static att_plan att_make_plan(const dqcu_codec *dc, uint32_t QH, uint32_t nseq, 
     const uint32_t G = QH / dc->kv_heads;
     pl.tpw = (dc->W + ATT_T - 1) / ATT_T;
     const uint64_t tiles = (uint64_t)(max_tokens / dc->W) * pl.tpw;
-    pl.smem = ver >= 7   ? a7_smem_bytes(QH, dc->d, G)
+    pl.smem = ver == 7   ? a7_smem_bytes(QH, dc->d, G)
               : ver == 6 ? a6_smem_bytes(QH, dc->d, G)
               : ver == 5 ? a5_smem_bytes(QH, dc->d, G)
               : ver == 4 ? a4_smem_bytes(QH, dc->d, dc->kv_heads, G)
@@ -609,7 +607,7 @@ static att_plan att_make_plan(const dqcu_codec *dc, uint32_t QH, uint32_t nseq, 
     pl.nsplit = (uint32_t)((tiles + chunk - 1) / chunk);
     pl.ws_bytes = (size_t)nseq * (pl.nsplit + 1) * QH * (dc->d + 2) * sizeof(float);
     pl.prep_off = 0;
-    if (ver >= 7) {
+    if (ver == 7) {
         pl.prep_off = (pl.ws_bytes + 255) & ~(size_t)255;
         pl.ws_bytes = pl.prep_off + (size_t)nseq * a7_prep_bytes(QH, dc->d, G);
     }
@@ -621,9 +619,9 @@ static int att_pick(const dqcu_codec *dc, uint32_t QH)
 {
     const uint32_t G = QH / dc->kv_heads;
     int want = att_variant();
-    if (want >= 7 && a7_shape_ok(G, dc->d) && a5_blocks_per_sm(dc, G, a7_smem_bytes(QH, dc->d, G), want) >= 1)
-        return want;
-    if (want >= 7)
+    if (want == 7 && a7_shape_ok(G, dc->d) && a5_blocks_per_sm(dc, G, a7_smem_bytes(QH, dc->d, G), 7) >= 1)
+        return 7;
+    if (want == 7)
         want = 5;
     if (want == 6 && a5_shape_ok(G, dc->d) && a5_blocks_per_sm(dc, G, a6_smem_bytes(QH, dc->d, G), 6) >= 1)
         return 6;
@@ -700,15 +698,14 @@ static int launch_v5(const att_params &p, const att_plan &pl, uint32_t nseq, cud
     return DQ_OK;
 }
 
-template <int G, bool DEEP>
+template <int G>
 static int launch_v7(const att_params &p, const att_plan &pl, uint32_t nseq, cudaStream_t stream)
 {
     attend7_prep_kernel<G><<<nseq, A5_THREADS, 0, stream>>>(p);
     DQCU_CHECK_LAUNCH();
-    DQCU_CHECK(
-        cudaFuncSetAttribute(attend7_kernel<G, DEEP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem));
+    DQCU_CHECK(cudaFuncSetAttribute(attend7_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem));
     dim3 grid(nseq, pl.nsplit);
-    attend7_kernel<G, DEEP><<<grid, A5_THREADS, pl.smem, stream>>>(p);
+    attend7_kernel<G><<<grid, A5_THREADS, pl.smem, stream>>>(p);
     DQCU_CHECK_LAUNCH();
     return DQ_OK;
 }
@@ -752,19 +749,12 @@ extern "C" int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, 
         att_params pt = p;
         pt.split0 = pl.nsplit;
         rc = launch_v3(pt, att_smem_bytes(q_heads, dc->d), nseq, 1, stream);
-        if (!rc && ver == 8) {
+        if (!rc && ver == 7) {
             switch (p.G) {
-            case 1: rc = launch_v7<1, true>(p, pl, nseq, stream); break;
-            case 2: rc = launch_v7<2, true>(p, pl, nseq, stream); break;
-            case 4: rc = launch_v7<4, true>(p, pl, nseq, stream); break;
-            default: rc = launch_v7<8, true>(p, pl, nseq, stream); break;
-            }
-        } else if (!rc && ver == 7) {
-            switch (p.G) {
-            case 1: rc = launch_v7<1, false>(p, pl, nseq, stream); break;
-            case 2: rc = launch_v7<2, false>(p, pl, nseq, stream); break;
-            case 4: rc = launch_v7<4, false>(p, pl, nseq, stream); break;
-            default: rc = launch_v7<8, false>(p, pl, nseq, stream); break;
+            case 1: rc = launch_v7<1>(p, pl, nseq, stream); break;
+            case 2: rc = launch_v7<2>(p, pl, nseq, stream); break;
+            case 4: rc = launch_v7<4>(p, pl, nseq, stream); break;
+            default: rc = launch_v7<8>(p, pl, nseq, stream); break;
             }
         } else if (!rc && ver == 6) {
             switch (p.G) {

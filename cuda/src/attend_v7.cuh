@@ -63,12 +63,11 @@ __host__ __device__ inline a7_layout a7_plan(uint32_t QH, uint32_t d, uint32_t G
 static size_t a7_smem_bytes(uint32_t QH, uint32_t d, uint32_t G) { return a7_plan(QH, d, G).total; }
 
 /* The byte reader: window (lo, hi) = words m, m + 1, n1 = word m + 2 (fixed up), n2 = the raw load
- * of word min(k, last), k = m + 3; deep (DQCU_ATTEND_KERNEL=8): n3 = the raw load of word
- * min(k + 1, last) too, so a word loaded at one advance is first used two advances later. */
+ * of word min(k, last), k = m + 3. */
 struct a7_in {
     const uint32_t *w;
     uint32_t last, tailw, k, idx;
-    uint32_t lo, hi, n1, n2, n3;
+    uint32_t lo, hi, n1, n2;
 };
 
 __device__ __forceinline__ uint32_t a7_open(a7_in &in, const uint8_t *container, uint32_t C)
@@ -84,12 +83,10 @@ __device__ __forceinline__ uint32_t a7_open(a7_in &in, const uint8_t *container,
     in.n1 = r.nxt;
     in.k = 3;
     in.n2 = __ldg(in.w + min(3u, in.last));
-    in.n3 = __ldg(in.w + min(4u, in.last));
     return x;
 }
 
 /* Before each group of 4 symbols (idx < 8 here, < 4 after) */
-template <bool DEEP>
 __device__ __forceinline__ void a7_refill(a7_in &in)
 {
     const bool adv = (in.idx & 4u) != 0;
@@ -98,13 +95,10 @@ __device__ __forceinline__ void a7_refill(a7_in &in)
     in.hi = adv ? in.n1 : in.hi;
     in.n1 = adv ? fixed : in.n1;
     in.k += in.idx >> 2;
-    if (DEEP)
-        in.n2 = adv ? in.n3 : in.n2;
-    const uint32_t *a = in.w + min(DEEP ? in.k + 1u : in.k, in.last);
+    const uint32_t *a = in.w + min(in.k, in.last);
     /* a miss brings the whole 128-byte line into L2: the stream reads on through it */
-    uint32_t &dst = DEEP ? in.n3 : in.n2;
     asm("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %2, 0;\n\t@p ld.global.nc.L2::128B.u32 %0, [%1];\n\t}"
-        : "+r"(dst)
+        : "+r"(in.n2)
         : "l"(a), "r"((uint32_t)adv));
     in.idx &= 3u;
 }
@@ -188,7 +182,7 @@ __global__ void __launch_bounds__(A5_THREADS) attend7_prep_kernel(att_params p)
     }
 }
 
-template <int G, bool DEEP>
+template <int G>
 __global__ void __launch_bounds__(A5_THREADS, G >= 8 ? 4 : 5) attend7_kernel(att_params p)
 {
     constexpr uint32_t NT = (2 * G + 7) / 8;
@@ -283,8 +277,8 @@ __global__ void __launch_bounds__(A5_THREADS, G >= 8 ? 4 : 5) attend7_kernel(att
                 uint8_t *vdst = lv + t;
                 uint32_t *kdst = klv + (size_t)t * KW;
                 for (uint32_t j4 = 0; j4 < d / 4; j4++) {
-                    a7_refill<DEEP>(kin);
-                    a7_refill<DEEP>(vin);
+                    a7_refill(kin);
+                    a7_refill(vin);
                     uint32_t ek[4];
 #pragma unroll
                     for (int u = 0; u < 4; u++) {

@@ -24,8 +24,7 @@
  *
  * Kernel versions (for comparisons; read once per process from the environment):
  * DQCU_ENCODE_KERNEL=3|4 runs an earlier encoder (default 5; every version writes the same bytes),
- * DQCU_ATTEND_KERNEL=3|4|5|6|8 an earlier or experimental attention kernel (default 7; 8 is v7 whose
- * byte reader loads each container word two advances ahead).
+ * DQCU_ATTEND_KERNEL=3|4|5|6 an earlier or experimental attention kernel (default 7).
  * tests/bench/GPU_NOTES.md has each version's design and measurements.
  *
  * Thread-safety: a dqcu_codec is immutable after creation and may be used from any thread and on
