@@ -121,13 +121,14 @@ __global__ void to_bf16_kernel(const void *x, int dtype, size_t count, uint16_t 
         out[i] = dqcu_f32_to_bf16(dqcu_load_elem(x, dtype, i));
 }
 
-/* A block per row (grid-stride over rows), 32-bit copies where row and destination allow. */
+/* A block per row (grid-stride over rows), 32-bit copies where the row length and both addresses
+ * allow them (even n, 4-byte aligned rows). */
 __global__ void scatter_rows_kernel(const uint16_t *src, uint32_t n, uint16_t *const *dst, uint32_t nrows)
 {
     for (uint32_t row = blockIdx.x; row < nrows; row += gridDim.x) {
         const uint16_t *s = src + (size_t)row * n;
         uint16_t *d = dst[row];
-        if (((n | (uint32_t)(uintptr_t)s | (uint32_t)(uintptr_t)d) & 1u) == 0) {
+        if ((n & 1u) == 0 && (((uintptr_t)s | (uintptr_t)d) & 3u) == 0) {
             const uint32_t *s2 = (const uint32_t *)(const void *)s;
             uint32_t *d2 = (uint32_t *)(void *)d;
             for (uint32_t i = threadIdx.x; i < n / 2; i += blockDim.x)
