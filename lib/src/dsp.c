@@ -41,6 +41,19 @@ static void axpy_bf16_c(float *acc, float w, const uint16_t *v, size_t len)
         acc[j] += w * dq__bf16_f32(v[j]);
 }
 
+void dq__fwht_c(float *x, uint32_t len)
+{
+    for (uint32_t h = 1; h < len; h <<= 1) {
+        for (uint32_t i = 0; i < len; i += h << 1) {
+            for (uint32_t j = i; j < i + h; j++) {
+                float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+        }
+    }
+}
+
 void dq__dsp_init_c(dq__dsp *dsp)
 {
     dsp->decode_levels = decode_levels_c;
@@ -48,6 +61,7 @@ void dq__dsp_init_c(dq__dsp *dsp)
     dsp->dot_u8 = dot_u8_c;
     dsp->dot_bf16 = dot_bf16_c;
     dsp->axpy_bf16 = axpy_bf16_c;
+    dsp->fwht = dq__fwht_c;
 }
 
 static dq__dsp g_dsp;

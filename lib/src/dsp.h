@@ -23,10 +23,16 @@ typedef struct dq__dsp {
     float (*dot_bf16)(const float *q, const uint16_t *k, size_t len);
     /* acc[j] += w · v[j], j < len, v in BF16. */
     void (*axpy_bf16)(float *acc, float w, const uint16_t *v, size_t len);
+    /* The unnormalized Walsh–Hadamard transform of x in place, len a power of two, in the canonical
+     * butterfly order (stage h = 1, 2, 4, ...: x[j], x[j + h] = x[j] + x[j + h], x[j] - x[j + h]);
+     * every version gives the same bits (each output is one addition or subtraction). */
+    void (*fwht)(float *x, uint32_t len);
 } dq__dsp;
 
 
 void dq__dsp_init_c(dq__dsp *dsp);
+/* The C transform (the table's fwht before CPU-specific versions; they use it for short lengths). */
+void dq__fwht_c(float *x, uint32_t len);
 /* Overrides entries with versions for the running CPU (no-op where none apply). */
 void dq__dsp_init_x86(dq__dsp *dsp);
 /* The process-wide table for this CPU, initialized once (thread-safe). */

@@ -156,6 +156,34 @@ __attribute__((target("avx2,fma"))) static void axpy_bf16_avx2(float *acc, float
     for (; j < len; j++)
         acc[j] += w * dq__bf16_f32(v[j]);
 }
+
+/* fwht_c's stages in registers: h = 1, 2, 4 inside each vector of 8 (lanes whose partner is above
+ * them add it, the others subtract themselves from it), then h >= 8 between vectors. Same
+ * additions and subtractions of the same operands: the same bits. */
+__attribute__((target("avx"))) static void fwht_avx(float *x, uint32_t len)
+{
+    if (len < 8) {
+        dq__fwht_c(x, len);
+        return;
+    }
+    for (uint32_t i = 0; i < len; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256 p = _mm256_permute_ps(v, 0xb1); /* partners at distance 1 */
+        v = _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xaa);
+        p = _mm256_permute_ps(v, 0x4e); /* distance 2 */
+        v = _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xcc);
+        p = _mm256_permute2f128_ps(v, v, 0x01); /* distance 4 */
+        v = _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xf0);
+        _mm256_storeu_ps(x + i, v);
+    }
+    for (uint32_t h = 8; h < len; h <<= 1)
+        for (uint32_t i = 0; i < len; i += h << 1)
+            for (uint32_t j = i; j < i + h; j += 8) {
+                const __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + h);
+                _mm256_storeu_ps(x + j, _mm256_add_ps(a, b));
+                _mm256_storeu_ps(x + j + h, _mm256_sub_ps(a, b));
+            }
+}
 #endif
 
 static const char *g_name = "c";
@@ -166,6 +194,8 @@ void dq__dsp_init_x86(dq__dsp *dsp)
     g_name = "interleaved";
 #ifdef DQ_X86
     __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx"))
+        dsp->fwht = fwht_avx;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         dsp->dot_u8 = dot_u8_avx2;
         dsp->axpy_u8 = axpy_u8_avx2;

@@ -2,18 +2,11 @@
  * q·k = (Rq)·(Rk). The butterfly order below is the canonical one (CUDA uses the same pairs per
  * stage), which makes rotations bit-identical on CPU and GPU. */
 #include "codec_internal.h"
+#include "dsp.h"
 
 void dq__fwht(float *x, uint32_t len)
 {
-    for (uint32_t h = 1; h < len; h <<= 1) {
-        for (uint32_t i = 0; i < len; i += h << 1) {
-            for (uint32_t j = i; j < i + h; j++) {
-                float a = x[j], b = x[j + h];
-                x[j] = a + b;
-                x[j + h] = a - b;
-            }
-        }
-    }
+    dq__dsp_get()->fwht(x, len);
 }
 
 void dq_rotate(const dq_codec *codec, float *x)

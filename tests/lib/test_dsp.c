@@ -44,12 +44,13 @@ Test(dsp, table)
     cr_assert_not_null(c_dsp.dot_u8);
     cr_assert_not_null(c_dsp.dot_bf16);
     cr_assert_not_null(c_dsp.axpy_bf16);
+    cr_assert_not_null(c_dsp.fwht);
     const dq__dsp *g = dq__dsp_get();
     cr_assert_not_null(g);
     cr_assert_eq(g, dq__dsp_get(), "dq__dsp_get returns different tables");
     cr_assert(g->decode_levels == fast_dsp.decode_levels && g->axpy_u8 == fast_dsp.axpy_u8 &&
                   g->dot_u8 == fast_dsp.dot_u8 && g->dot_bf16 == fast_dsp.dot_bf16 &&
-                  g->axpy_bf16 == fast_dsp.axpy_bf16,
+                  g->axpy_bf16 == fast_dsp.axpy_bf16 && g->fwht == fast_dsp.fwht,
               "the process table is not init_c + init_x86");
 }
 
@@ -341,4 +342,38 @@ Test(dsp, axpy_bf16)
     free(cb);
     free(fb);
     free(vb);
+}
+
+/* The transform: the fast version gives the C version's bits for every power-of-two length, at any
+ * alignment, with values of very different magnitudes (where any reordering would show); and the C
+ * version is the transform (checked against the Hadamard matrix in double on small lengths). */
+Test(dsp, fwht)
+{
+    float *buf = dqt_xmalloc((2048 + 8) * sizeof *buf), *ref = dqt_xmalloc(2048 * sizeof *ref);
+    for (uint32_t len = 1; len <= 2048; len <<= 1) {
+        for (int trial = 0; trial < 12; trial++) {
+            float *x = buf + trial % 5;
+            for (uint32_t j = 0; j < len; j++)
+                x[j] = (float)(dqt_normal(&rng) * pow(10.0, -6.0 + 12.0 * dqt_uniform(&rng)));
+            memcpy(ref, x, len * sizeof *ref);
+            double want[64];
+            if (len <= 64)
+                for (uint32_t i = 0; i < len; i++) {
+                    want[i] = 0;
+                    for (uint32_t j = 0; j < len; j++)
+                        want[i] += (__builtin_popcount(i & j) & 1 ? -1.0 : 1.0) * ref[j];
+                }
+            c_dsp.fwht(ref, len);
+            fast_dsp.fwht(x, len);
+            cr_assert(memcmp(x, ref, len * sizeof *x) == 0, "fast fwht len %u (offset %d) differs from C", len, trial % 5);
+            double mag = 0;
+            for (uint32_t j = 0; j < len; j++)
+                mag = fmax(mag, fabs((double)x[j]));
+            for (uint32_t i = 0; len <= 64 && i < len; i++)
+                cr_assert(fabs(want[i] - ref[i]) <= len * 0x1p-22 * mag * len, "C fwht len %u [%u]: %.9g vs %.9g", len, i,
+                          (double)ref[i], want[i]);
+        }
+    }
+    free(buf);
+    free(ref);
 }
