@@ -497,27 +497,55 @@ typedef struct att_case {
     bool append;
 } att_case;
 
+/* An ATTEND request's inputs: random queries and appended tokens (where cases[i].append), the
+ * items pointing at them, room for the outputs. */
+typedef struct att_inputs {
+    float *q, *ak, *av, *out, *lse;
+    dqc_attend_item *items;
+    dqc_attend_args args;
+} att_inputs;
+
+static void att_inputs_make(att_inputs *in, const att_case *cases, size_t n, uint64_t seed)
+{
+    model *m = cases[0].seq->m;
+    size_t qs = (size_t)m->q_heads * m->head_dim;
+    in->q = random_tensor(n * qs, m->head_dim, DQ_DTYPE_F32, false, seed);
+    in->ak = random_tensor(n * m->n, m->n, DQ_DTYPE_F32, true, seed + 1);
+    in->av = random_tensor(n * m->n, m->n, DQ_DTYPE_F32, false, seed + 2);
+    in->items = calloc(n, sizeof *in->items);
+    for (size_t i = 0; i < n; i++) {
+        in->items[i].seq = seqref(cases[i].seq);
+        in->items[i].layer = cases[i].layer;
+        in->items[i].q = in->q + i * qs;
+        if (cases[i].append) {
+            in->items[i].append_k = in->ak + i * m->n;
+            in->items[i].append_v = in->av + i * m->n;
+        }
+    }
+    in->args = (dqc_attend_args){in->items, n, m->q_heads, m->kv_heads, m->head_dim, DQ_DTYPE_F32, 0.0f};
+    in->out = xmalloc(n * qs * sizeof(float));
+    in->lse = xmalloc(n * m->q_heads * sizeof(float));
+}
+
+static void att_inputs_free(att_inputs *in)
+{
+    free(in->q);
+    free(in->ak);
+    free(in->av);
+    free(in->items);
+    free(in->out);
+    free(in->lse);
+}
+
 static double attend_both(dqc_client *c, const att_case *cases, size_t n, uint64_t seed, int *rc_out)
 {
     model *m = cases[0].seq->m;
     size_t qs = (size_t)m->q_heads * m->head_dim;
-    float *q = random_tensor(n * qs, m->head_dim, DQ_DTYPE_F32, false, seed);
-    float *ak = random_tensor(n * m->n, m->n, DQ_DTYPE_F32, true, seed + 1);
-    float *av = random_tensor(n * m->n, m->n, DQ_DTYPE_F32, false, seed + 2);
-    dqc_attend_item *items = calloc(n, sizeof *items);
-    for (size_t i = 0; i < n; i++) {
-        items[i].seq = seqref(cases[i].seq);
-        items[i].layer = cases[i].layer;
-        items[i].q = q + i * qs;
-        if (cases[i].append) {
-            items[i].append_k = ak + i * m->n;
-            items[i].append_v = av + i * m->n;
-        }
-    }
-    dqc_attend_args a = {items, n, m->q_heads, m->kv_heads, m->head_dim, DQ_DTYPE_F32, 0.0f};
-    float *out = xmalloc(n * qs * sizeof(float)), *lse = xmalloc(n * m->q_heads * sizeof(float));
+    att_inputs in;
+    att_inputs_make(&in, cases, n, seed);
+    const float *q = in.q, *ak = in.ak, *av = in.av, *out = in.out, *lse = in.lse;
     float *rout = xmalloc(n * qs * sizeof(float)), *rlse = xmalloc(n * m->q_heads * sizeof(float));
-    *rc_out = dqc_attend(c, &a, out, lse);
+    *rc_out = dqc_attend(c, &in.args, in.out, in.lse);
     double worst = 0;
     if (*rc_out == 0) {
         for (size_t i = 0; i < n; i++)
@@ -544,45 +572,28 @@ static double attend_both(dqc_client *c, const att_case *cases, size_t n, uint64
             }
         }
     }
-    free(q);
-    free(ak);
-    free(av);
-    free(items);
-    free(out);
-    free(lse);
+    att_inputs_free(&in);
     free(rout);
     free(rlse);
     return worst;
 }
 
-/* An ATTEND whose items all append, with value `bad` planted in item `which`'s k or v at `at`:
- * the daemon's code, and libdquant's for that token (dq_layer_append on a copy of its layer). */
+/* An ATTEND of cases (all appending), with value `bad` planted in item `which`'s k or v at `at`:
+ * the daemon's code, and libdquant's for that token (dq_layer_append on a fresh layer). */
 static void attend_bad_append(dqc_client *c, const att_case *cases, size_t n, size_t which, bool in_v, size_t at,
                               float bad, uint64_t seed, int *rc_daemon, int *rc_lib)
 {
     model *m = cases[0].seq->m;
-    size_t qs = (size_t)m->q_heads * m->head_dim;
-    float *q = random_tensor(n * qs, m->head_dim, DQ_DTYPE_F32, false, seed);
-    float *ak = random_tensor(n * m->n, m->n, DQ_DTYPE_F32, true, seed + 1);
-    float *av = random_tensor(n * m->n, m->n, DQ_DTYPE_F32, false, seed + 2);
-    (in_v ? av : ak)[which * m->n + at] = bad;
-    dqc_attend_item *items = calloc(n, sizeof *items);
-    for (size_t i = 0; i < n; i++)
-        items[i] = (dqc_attend_item){seqref(cases[i].seq), cases[i].layer, q + i * qs, ak + i * m->n, av + i * m->n};
-    dqc_attend_args a = {items, n, m->q_heads, m->kv_heads, m->head_dim, DQ_DTYPE_F32, 0.0f};
-    float *out = xmalloc(n * qs * sizeof(float)), *lse = xmalloc(n * m->q_heads * sizeof(float));
-    *rc_daemon = dqc_attend(c, &a, out, lse);
+    att_inputs in;
+    att_inputs_make(&in, cases, n, seed);
+    (in_v ? in.av : in.ak)[which * m->n + at] = bad;
+    *rc_daemon = dqc_attend(c, &in.args, in.out, in.lse);
     dq_layer *probe;
     if (dq_layer_create(m->codec, &probe))
         die("probe");
-    *rc_lib = dq_layer_append(probe, WS(m), ak + which * m->n, av + which * m->n, DQ_DTYPE_F32, 1, NULL);
+    *rc_lib = dq_layer_append(probe, WS(m), in.ak + which * m->n, in.av + which * m->n, DQ_DTYPE_F32, 1, NULL);
     dq_layer_free(probe);
-    free(q);
-    free(ak);
-    free(av);
-    free(items);
-    free(out);
-    free(lse);
+    att_inputs_free(&in);
 }
 
 /* PUTs tokens random tokens to every layer of a sequence (bf16, one PUT). */
