@@ -252,6 +252,15 @@ int dqd_gpu_check_tokens(dqd_gpu *g, dqd_codec *codec, const void *k, const void
 }
 
 /* Puts the layer back as the transaction found it (see dqd_gpu_rollback). */
+/* What undo() restores: the layer as it is before an append. */
+static void txn_mark(dqd_gappend *txn, const dqd_glayer *l)
+{
+    txn->nwin0 = l->nwin;
+    txn->tail0 = l->tail;
+    txn->nseg0 = l->nseg;
+    txn->slots0 = l->slots;
+}
+
 static int undo(dqd_gwork *w, const dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot)
 {
     dqd_glayer *l = *slot;
@@ -343,10 +352,7 @@ int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **
         txn->created = true;
     }
     dqd_glayer *l = *slot;
-    txn->nwin0 = l->nwin;
-    txn->tail0 = l->tail;
-    txn->nseg0 = l->nseg;
-    txn->slots0 = l->slots;
+    txn_mark(txn, l);
 
     const size_t total = l->tail + ntok;
     const size_t nseal = total >= R ? (total - R) / W + 1 : 0;
@@ -521,12 +527,8 @@ int dqd_gpu_append_tokens(dqd_gpu *g, dqd_codec *codec, const dqd_gtoken *tok, s
             return dqd_gcu_fail(rc, "dqcu_scatter_rows", __FILE__, __LINE__);
         for (size_t j = 0; j < c; j++) {
             dqd_glayer *l = tok[i0 + j].layer;
-            dqd_gappend *txn = tok[i0 + j].txn;
-            txn->nwin0 = l->nwin;
-            txn->tail0 = l->tail;
-            txn->nseg0 = l->nseg;
-            txn->slots0 = l->slots;
-            txn->applied = true;
+            txn_mark(tok[i0 + j].txn, l);
+            tok[i0 + j].txn->applied = true;
             l->tail++;
         }
         i0 += c;
