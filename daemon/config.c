@@ -64,6 +64,12 @@ static const dqd_option options[] = {
      "Codec backend. cuda falls back to cpu (with a log line) when not built with CUDA or no GPU."},
     {"gpu-device", "server", "gpu_device", OPT_U32, FIELD(gpu_device), 0, 1023, "N", "0",
      "CUDA device the cuda backend uses."},
+    {"gpu-threads", "server", "gpu_threads", OPT_U32, FIELD(gpu_threads), 0, 64, "N", "2",
+     "Threads of their own for ATTEND requests whose items are all in GPU memory (cuda backend); 0 runs "
+     "them on the workers."},
+    {"gpu-spin-us", "server", "gpu_spin_us", OPT_U32, FIELD(gpu_spin_us), 0, 100000, "US", "200",
+     "After a GPU task, how long its thread keeps polling for the next one before it sleeps (a decode "
+     "step's ATTEND calls come ~150 us apart; waking a sleeping thread costs ~45 us). 0: it sleeps at once."},
     {"nccl-timeout", "server", "nccl_timeout_ms", OPT_U32, FIELD(nccl_timeout_ms), 100, 3600000, "MS", "10000",
      "NCCL data path: longest wait for a communicator to form or a transfer to finish (plus 1 s per GB); "
      "past it the connection's communicator is aborted and the request fails."},
@@ -147,6 +153,8 @@ void dqd_config_default(dqd_config *cfg)
     cfg->workers = ncpu < 1 ? 1 : ncpu > 256 ? 256 : (uint32_t)ncpu;
     cfg->shutdown_timeout = 30;
     cfg->nccl_timeout_ms = 10000;
+    cfg->gpu_threads = 2;
+    cfg->gpu_spin_us = 200;
 }
 
 void dqd_config_free(dqd_config *cfg)

@@ -33,6 +33,7 @@
 #include "dquant/error.h"
 #include "gpu.h"
 #include "gpu_tier.h"
+#include "lane.h"
 #include "logging.h"
 #include "ops_internal.h"
 #include "server.h"
@@ -313,7 +314,13 @@ static void start_attend(att_op *op)
     }
     op->gpu_c = ngpu > 0;
     op->nchunks = ngpu < op->n ? dqd_tasks_split(op->srv, op->n) : 0;
-    if (dqd_tasks_run(op->srv, op->nchunks + op->gpu_c, attend_task, attend_done, op) < 0)
+    /* all on the GPU: the one task goes to the GPU threads (lane.h) */
+    int rc;
+    if (!op->nchunks && op->srv->lane)
+        rc = dqd_lane_run(op->srv->lane, attend_task, attend_done, op);
+    else
+        rc = dqd_tasks_run(op->srv, op->nchunks + op->gpu_c, attend_task, attend_done, op);
+    if (rc < 0)
         att_fail(op, DQ_NOMEM, "out of memory");
 }
 
@@ -588,7 +595,9 @@ static void moves_done(void *ctx, int rc)
     op->fused = op->gpu_b && !op->ncpu_append;
     for (size_t i = 0; i < op->n && op->fused; i++)
         op->fused = op->items[i].gpu;
-    if (op->fused)
+    if (op->fused && op->srv->lane)
+        rc = dqd_lane_run(op->srv->lane, fused_task, fused_done, op);
+    else if (op->fused)
         rc = dqd_tasks_run(op->srv, 1, fused_task, fused_done, op);
     else
         rc = dqd_tasks_run(op->srv, op->nchunks + op->gpu_b, append_task, append_done, op);

@@ -15,6 +15,7 @@
 #include "dquant/version.h"
 #include "gpu.h"
 #include "http.h"
+#include "lane.h"
 #include "logging.h"
 #include "notify.h"
 
@@ -204,6 +205,8 @@ int dqd_server_start(dqd_server *srv)
     }
     if (cfg->metrics_enabled && dqd_http_start(srv, cfg->metrics_host, cfg->metrics_port, &srv->http) < 0)
         return DQ_IO;
+    if (srv->gpu && cfg->gpu_threads && dqd_lane_start(srv, cfg->gpu_threads, cfg->gpu_spin_us, &srv->lane) < 0)
+        DQD_WARN("cannot start the GPU threads; the workers run GPU tasks");
     return DQ_OK;
 }
 
@@ -234,6 +237,8 @@ static void finish(dqd_server *srv)
     uv_close((uv_handle_t *)&srv->sig_int, NULL);
     uv_close((uv_handle_t *)&srv->reaper, NULL);
     uv_close((uv_handle_t *)&srv->shutdown_timer, NULL);
+    dqd_lane_stop(srv->lane);
+    srv->lane = NULL;
     DQD_INFO("stopped");
 }
 

@@ -20,6 +20,7 @@
 typedef struct dqd_server dqd_server;
 typedef struct dqd_conn dqd_conn;
 typedef struct dqd_http dqd_http;
+typedef struct dqd_lane dqd_lane;
 typedef struct dqd_gpu dqd_gpu;
 
 typedef struct dqd_listener {
@@ -47,6 +48,7 @@ struct dqd_server {
     dqd_metrics metrics;
     dqd_http *http;
     dqd_gpu *gpu;             /* the cuda backend; NULL on the cpu backend */
+    dqd_lane *lane;           /* GPU threads (lane.h); NULL without the cuda backend or with gpu_threads 0 */
     const char *backend_name;
     uint64_t start_ns;
 
