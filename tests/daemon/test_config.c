@@ -61,6 +61,8 @@ Test(config, defaults)
     cr_assert_eq(cfg.max_frame, 32 + cfg.max_header + cfg.max_payload, "max_frame is derived when unset");
     cr_assert_null(cfg.secret);
     cr_assert_geq(cfg.workers, 1);
+    cr_assert_eq(cfg.gpu_threads, 2);
+    cr_assert_eq(cfg.gpu_spin_us, 200);
 }
 
 Test(config, file_then_flags_override)
@@ -70,6 +72,8 @@ Test(config, file_then_flags_override)
                                  "listen = unix:/tmp/a.sock\n"
                                  "listen = tcp://127.0.0.1:9000\n"
                                  "workers = 3\n"
+                                 "gpu_threads = 0\n"
+                                 "gpu_spin_us = 50\n"
                                  "log_level = debug\n"
                                  "[store]\n"
                                  "host_memory = 512M\n"
@@ -86,6 +90,8 @@ Test(config, file_then_flags_override)
     cr_assert_str_eq(cfg.listen[0].path, "/tmp/a.sock");
     cr_assert_eq(cfg.listen[1].port, 9000);
     cr_assert_eq(cfg.workers, 5, "flag beats file");
+    cr_assert_eq(cfg.gpu_threads, 0);
+    cr_assert_eq(cfg.gpu_spin_us, 50);
     cr_assert_eq(cfg.host_memory, 1ull << 30, "flag beats file");
     cr_assert_eq(cfg.max_payload, 64 * 1024);
     cr_assert_eq(cfg.max_connections, 7);
@@ -178,6 +184,8 @@ ParameterizedTestParameters(config, bad_flags)
         {{"--host-memory", "10"}, "--host-memory: 10 is out of range"},
         {{"--workers", "0"}, "--workers: 0 is out of range"},
         {{"--workers", "2x"}, "--workers: invalid number"},
+        {{"--gpu-threads", "65"}, "--gpu-threads: 65 is out of range"},
+        {{"--gpu-spin-us", "-1"}, "--gpu-spin-us"},
         {{"--backend", "tpu"}, "unknown backend 'tpu'"},
         {{"--log-level", "loud"}, "unknown level 'loud'"},
         {{"--listen", "http://x"}, "expected unix:/path or tcp://host:port"},
