@@ -11,10 +11,11 @@
  * Three versions of the drift's searches, chosen at run time (DQCU_ENCODE_KERNEL, enc_kernel()):
  *   5 (default): version 4's sorted stream, and for alphabets M <= 8 (others run version 4's
  *     drift) lib's 12 bisection steps taken two at a time (three λ evaluated at once, eight lanes
- *     each, every count a per-lane binary search of the sorted stream, costs summed in uint32),
- *     min D by one per-lane search per level, the final assignment from registers (levels as
- *     nibbles, no cost pass: feasibility is known from the bisection), and drift 1's levels summed
- *     straight into the refit instead of being stored (drift5_warp);
+ *     each, every count a per-lane search of the sorted stream, two bits per step, costs summed in
+ *     uint32), min D by one per-lane search per level, the final assignment from registers (a
+ *     binary search of the thresholds, the level picked from bytes by a PRMT; no cost pass:
+ *     feasibility is known from the bisection), and drift 1's levels summed straight into the
+ *     refit instead of being stored (drift5_warp);
  *   4: like lib, the warp sorts the stream once (bitonic network on order-preserving
  *     integer keys, in registers) into shared memory, and each count of values below a threshold
  *     is a two-level ballot over the sorted stream: O(M) per bisection step instead of O(n·M);
@@ -208,12 +209,18 @@ __device__ __forceinline__ int drift_hi(float span)
     return mant ? E + 1 : E;
 }
 
-/* drift.c swap_point, the same operations in the same order. */
+/* drift.c swap_point, the same operations in the same order. Levels of equal cost give a zero
+ * dividend, whose quotient is that zero (the divisor is positive and finite for s > 0); it is
+ * kept out of the division, where it takes the slow path (for the whole warp). The division is
+ * written in PTX so that the compiler cannot hand the zero back to it (it would: the quotient is
+ * only used when the dividend is not zero). */
 __device__ __forceinline__ float swap_point(const enc_tab &kt, float s, float lam, uint32_t a, uint32_t b)
 {
     float mid = s * (float)(a + b) * 0.5f;
-    float pen = (lam * (kt.cost[b] - kt.cost[a])) / ((2.0f * s) * (float)(b - a));
-    return mid + pen;
+    const float num = lam * (kt.cost[b] - kt.cost[a]);
+    float q;
+    asm("div.rn.f32 %0, %1, %2;" : "=f"(q) : "f"(num == 0.0f ? 1.0f : num), "f"((2.0f * s) * (float)(b - a)));
+    return mid + (num == 0.0f ? num : q);
 }
 
 /* Envelope of λ (drift.c build_envelope): swap points of all pairs computed by the lanes, then the
@@ -303,6 +310,16 @@ __device__ __forceinline__ void env7_load(const enc_warp &ws, uint32_t P, env7 &
     e.c0 = ws.CC[0];
 }
 
+/* The envelope position of y: the number of e's thresholds below y, by a binary search (the
+ * thresholds are non-decreasing, +inf past the envelope, never NaN for s > 0: see env_index). */
+__device__ __forceinline__ uint32_t env7_pos(const env7 &e, float y)
+{
+    const bool b2 = e.t[3] < y;
+    const bool b1 = (b2 ? e.t[5] : e.t[1]) < y;
+    const bool b0 = (b2 ? (b1 ? e.t[6] : e.t[4]) : (b1 ? e.t[2] : e.t[0])) < y;
+    return (b2 ? 4u : 0u) + (b1 ? 2u : 0u) + (b0 ? 1u : 0u);
+}
+
 /* Envelope index of y: the number of thresholds below y (drift.c counts y > thr; the thresholds
  * are sorted and never NaN for s > 0, so a branch-free binary search gives the same count). */
 __device__ __forceinline__ uint32_t env_index(const enc_warp &ws, uint32_t P, float y)
@@ -321,25 +338,10 @@ __device__ __forceinline__ uint32_t env_index(const enc_warp &ws, uint32_t P, fl
 
 /* ---- the sorted stream (version 4) ----
  *
- * Sorted position p = lane·VPL + r: lane l holds the sorted run ("chunk") l in its registers r.
- * In shared memory chunk c's element i sits at word c·VPL + (i ^ sort_swz(c)): the swizzle keeps
- * both the lanes' writes of one register (one element of every chunk) and the reads of one chunk
- * by consecutive lanes free of bank conflicts. Positions >= n hold NaN (key 0xffffffff), which no
- * comparison counts. */
-
-template <int VPL>
-__device__ __forceinline__ uint32_t sort_swz(uint32_t c)
-{
-    constexpr int LV = __builtin_ctz(VPL);
-    return VPL >= 32 ? (c & 31u) : c >> (5 - LV);
-}
-
-template <int VPL>
-__device__ __forceinline__ float sorted_at(const float *srt, uint32_t p)
-{
-    const uint32_t c = p / VPL, i = p % VPL;
-    return srt[c * VPL + (i ^ sort_swz<VPL>(c))];
-}
+ * Sorted position p = lane·VPL + r: lane l holds the sorted run ("chunk") l in its registers r,
+ * and srt[p] in shared memory (written 16 bytes at a time: 8-way bank conflicts on the stores,
+ * none on the reads of a chunk by consecutive lanes, and plain addresses for the searches).
+ * Positions >= n hold NaN (key 0xffffffff), which no comparison counts. */
 
 /* Sorts the stream's values into srt (see above); returns the largest value of this lane's chunk.
  * Bitonic network on dqcu_float_key (order-preserving unsigned keys: exact min/max, each value
@@ -393,10 +395,17 @@ __device__ float sort_warp(const float (&x)[VPL], uint32_t n, float *srt, uint32
             }
         }
     }
-    const uint32_t sw = sort_swz<VPL>(lane);
+    if (VPL >= 4) {
+        float4 *dst = (float4 *)(void *)(srt + lane * VPL);
 #pragma unroll
-    for (int r = 0; r < VPL; r++)
-        srt[lane * VPL + ((uint32_t)r ^ sw)] = dqcu_key_float(k[r]);
+        for (int r = 0; r + 3 < VPL; r += 4)
+            dst[r / 4] = make_float4(dqcu_key_float(k[r]), dqcu_key_float(k[r + 1]), dqcu_key_float(k[r + 2]),
+                                     dqcu_key_float(k[r + 3]));
+    } else {
+#pragma unroll
+        for (int r = 0; r < VPL; r++)
+            srt[lane * VPL + r] = dqcu_key_float(k[r]);
+    }
     __syncwarp();
     return dqcu_key_float(k[VPL - 1]);
 }
@@ -412,14 +421,13 @@ __device__ __forceinline__ uint32_t count_le_sorted(const float *srt, float cy, 
     const uint32_t b = (uint32_t)__popc(__ballot_sync(DQCU_FULL, cy <= t));
     const uint32_t c = b < 32u ? b : 31u;
     const float *chunk = srt + c * VPL;
-    const uint32_t sw = sort_swz<VPL>(c);
     uint32_t cnt = c * VPL;
 #pragma unroll
     for (int h = 0; h < (VPL + 31) / 32; h++) {
         const uint32_t i = (uint32_t)h * 32u + lane;
         bool le = false;
         if (i < (uint32_t)VPL)
-            le = chunk[i ^ sw] - o <= t;
+            le = chunk[i] - o <= t;
         cnt += (uint32_t)__popc(__ballot_sync(DQCU_FULL, le));
     }
     return cnt;
@@ -477,11 +485,11 @@ __device__ int64_t drift_warp(const enc_tab &kt, enc_warp &ws, const float (&x)[
             const float lv = o + s * (float)m;
             const uint32_t q = count_le_sorted<VPL>(srt, cmax, 0.0f, lv, lane);
             if (q > 0) {
-                d = sorted_at<VPL>(srt, q - 1) - lv;
+                d = srt[q - 1] - lv;
                 mind = fminf(mind, d * d);
             }
             if (q < n) {
-                d = sorted_at<VPL>(srt, q) - lv;
+                d = srt[q] - lv;
                 mind = fminf(mind, d * d);
             }
         }
@@ -558,9 +566,7 @@ __device__ int64_t drift_warp(const enc_tab &kt, enc_warp &ws, const float (&x)[
             float y = x[r] - o;
             uint32_t pos = 0;
             if (small) {
-#pragma unroll
-                for (int k = 0; k < 7; k++)
-                    pos += e.t[k] < y ? 1u : 0u;
+                pos = env7_pos(e, y);
             } else {
                 pos = env_index(ws, kt.P, y);
             }
@@ -574,33 +580,50 @@ __device__ int64_t drift_warp(const enc_tab &kt, enc_warp &ws, const float (&x)[
 
 /* ---- version 5: the bisection two steps at a time, counts by per-lane searches ----
  *
- * count_le_lane: drift.c count_le(xs, n, o, t) for this lane's own t, by a branch-free binary
- * search of the sorted stream srt (see sort_warp): first over the 32 chunk maxima, then inside the
- * chunk. fl(x - o) <= t holds on a prefix of srt (fl(x - o) is monotone in x; the NaN padding
- * beyond n never holds; -0 and +0 give the same answer), so with T the length of that prefix the
- * first search ends at c = min(T / VPL, 31), the second at i = min(T - c·VPL, VPL - 1), and
+ * count_le_lane: drift.c count_le(xs, n, o, t) for this lane's own t, by a branch-free search of
+ * the sorted stream srt (see sort_warp): first over the 32 chunk maxima, then inside the chunk.
+ * fl(x - o) <= t holds on a prefix of srt (fl(x - o) is monotone in x; the NaN padding beyond n
+ * never holds; -0 and +0 give the same answer), so with T the length of that prefix the first
+ * search ends at c = min(T / VPL, 31), the second at i = min(T - c·VPL, VPL - 1), and
  * T = c·VPL + i + [i = VPL - 1 and c = 31 and the last element holds] (last: the caller's
  * fl(srt[32·VPL - 1] - o) <= t, NaN padding included). The result is lib's count for any t. */
+
+/* All ones where fl(v - o) <= t (false for NaN, like the comparison). */
+__device__ __forceinline__ uint32_t le_mask(float v, float o, float t)
+{
+    uint32_t m;
+    asm("set.le.u32.f32 %0, %1, %2;" : "=r"(m) : "f"(v - o), "f"(t));
+    return m;
+}
+
+/* The number of leading a[j·S], j < 2^BITS - 1, with fl(a - o) <= t (they form a prefix), two
+ * bits per step: three independent loads and tests, so the search is BITS/2 loads deep. A step
+ * at c (a multiple of 4u) tests c + u - 1, c + 2u - 1, c + 3u - 1, never index 2^BITS - 1. */
+template <int BITS, int S>
+__device__ __forceinline__ uint32_t search_le(const float *a, float o, float t)
+{
+    uint32_t c = 0;
+#pragma unroll
+    for (int b = BITS - 1; b >= 0; b -= 2) {
+        const float *q = a + c * S;
+        if (b >= 1) {
+            const uint32_t u = 1u << (b - 1);
+            const uint32_t m = le_mask(q[(u - 1) * S], o, t) + le_mask(q[(2 * u - 1) * S], o, t) +
+                               le_mask(q[(3 * u - 1) * S], o, t);
+            c -= u * m;
+        } else {
+            c -= le_mask(q[0], o, t);
+        }
+    }
+    return c;
+}
+
 template <int VPL>
 __device__ __forceinline__ uint32_t count_le_lane(const float *srt, float o, float t, bool last)
 {
     constexpr int LV = __builtin_ctz(VPL);
-    uint32_t c = 0;
-#pragma unroll
-    for (int b = 4; b >= 0; b--) {
-        const uint32_t q = c + (1u << b) - 1u;
-        if (srt[q * VPL + ((uint32_t)(VPL - 1) ^ sort_swz<VPL>(q))] - o <= t)
-            c += 1u << b;
-    }
-    const uint32_t sw = sort_swz<VPL>(c);
-    const float *chunk = srt + c * VPL;
-    uint32_t i = 0;
-#pragma unroll
-    for (int b = LV - 1; b >= 0; b--) {
-        const uint32_t q = i + (1u << b) - 1u;
-        if (chunk[q ^ sw] - o <= t)
-            i += 1u << b;
-    }
+    const uint32_t c = search_le<5, VPL>(srt + VPL - 1, o, t);
+    const uint32_t i = search_le<LV, 1>(srt + c * VPL, o, t);
     const uint32_t pos = c * VPL + i;
     return pos + (pos == 32u * VPL - 1u && last ? 1u : 0u);
 }
@@ -614,15 +637,15 @@ __device__ __forceinline__ float mind_lanes(const float *srt, uint32_t n, uint32
     float mn = INFINITY;
     if (lane < M) {
         const float lv = o + s * (float)lane;
-        const bool last = sorted_at<VPL>(srt, 32u * VPL - 1u) - 0.0f <= lv;
+        const bool last = srt[32u * VPL - 1u] - 0.0f <= lv;
         const uint32_t q = count_le_lane<VPL>(srt, 0.0f, lv, last);
         float d;
         if (q > 0) {
-            d = sorted_at<VPL>(srt, q - 1) - lv;
+            d = srt[q - 1] - lv;
             mn = fminf(mn, d * d);
         }
         if (q < n) {
-            d = sorted_at<VPL>(srt, q) - lv;
+            d = srt[q] - lv;
             mn = fminf(mn, d * d);
         }
     }
@@ -697,7 +720,7 @@ __device__ bool drift5_warp(const enc_tab &kt, enc_warp &ws, const float (&x)[VP
     const bool act = g < 3 && ti + 1u < M;
     const uint32_t dcc = act ? (uint32_t)(kt.cost_q16[ti + 1] - kt.cost_q16[ti]) : 0u;
     const uint32_t base = n * (uint32_t)kt.cost_q16[0];
-    const float xlast = sorted_at<VPL>(srt, 32u * VPL - 1u) - o;
+    const float xlast = srt[32u * VPL - 1u] - o;
     const float cy = cmax - o;
     uint32_t jlo = 0, jhi = 4096;
     for (int t = 0; t < 6; t++) {
@@ -747,47 +770,42 @@ __device__ bool drift5_warp(const enc_tab &kt, enc_warp &ws, const float (&x)[VP
         feasible = envelope_cost_sorted<VPL>(ws, srt, n, cy, o, lane) <= budget;
     env7 e;
     env7_load(ws, kt.P, e);
-    uint32_t lvpack = 0;
+    /* levels as bytes (at most 8 of them, level 0 first: its byte is 0, so a PRMT with selector
+     * pos gives level pos with zero upper bytes) */
+    uint32_t lv_lo = 0, lv_hi = 0;
     {
         const uint32_t K = ws.K;
 #pragma unroll
         for (int i = 0; i < 8; i++)
             if ((uint32_t)i <= K)
-                lvpack |= ws.LV[i] << (4 * i);
+                (i < 4 ? lv_lo : lv_hi) |= ws.LV[i] << (8 * (i & 3));
     }
+    /* The levels are computed for every slot and only the store is predicated on i < n (in PTX:
+     * with a plain `if` the compiler moves the whole computation under a branch). */
     if (row) {
 #pragma unroll
         for (int r = 0; r < VPL; r++) {
             const uint32_t i = (uint32_t)r * 32u + lane;
-            if (i < n) {
-                const float y = x[r] - o;
-                uint32_t pos = 0;
-#pragma unroll
-                for (int k = 0; k < 7; k++)
-                    pos += e.t[k] < y ? 1u : 0u;
-                row[i] = (uint8_t)((lvpack >> (4u * pos)) & 15u);
-            }
+            const uint32_t l = __byte_perm(lv_lo, lv_hi, env7_pos(e, x[r] - o));
+            asm volatile("{\n\t.reg .pred q;\n\tsetp.lt.u32 q, %0, %1;\n\t@q st.shared.u8 [%2], %3;\n\t}"
+                         ::"r"(i), "r"(n), "r"((uint32_t)__cvta_generic_to_shared(row + i)), "r"(l)
+                         : "memory");
         }
         __syncwarp();
         return feasible;
     }
+    /* values beyond n add -0, the identity of IEEE addition (lib never adds them) */
     double px = 0, pxm = 0;
     uint32_t sm = 0, smm = 0;
 #pragma unroll
     for (int r = 0; r < VPL; r++) {
-        const uint32_t i = (uint32_t)r * 32u + lane;
-        if (i < n) {
-            const float y = x[r] - o;
-            uint32_t pos = 0;
-#pragma unroll
-            for (int k = 0; k < 7; k++)
-                pos += e.t[k] < y ? 1u : 0u;
-            const uint32_t l = (lvpack >> (4u * pos)) & 15u;
-            px += (double)x[r];
-            pxm += (double)x[r] * (double)l;
-            sm += l;
-            smm += l * l;
-        }
+        const bool in = (uint32_t)r * 32u + lane < n;
+        const uint32_t l = in ? __byte_perm(lv_lo, lv_hi, env7_pos(e, x[r] - o)) : 0u;
+        const double xv = (double)(in ? x[r] : -0.0f);
+        px += xv;
+        pxm += xv * (double)l;
+        sm += l;
+        smm += l * l;
     }
     refit_finish(px, pxm, sm, smm, n, rs, ro);
     return true;
@@ -1010,8 +1028,8 @@ __global__ void __launch_bounds__(ENC_WARPS * 32, VPL >= 64 ? 2 : VPL >= 32 ? 3 
             if (mode != MODE_CHEAP) {
                 if (SORT) {
                     cmax = sort_warp(x, n, srt, lane);
-                    xmin = sorted_at<VPL>(srt, 0);
-                    xmax = sorted_at<VPL>(srt, n - 1);
+                    xmin = srt[0];
+                    xmax = srt[n - 1];
                 } else {
                     minmax_warp(x, n, lane, &xmin, &xmax);
                 }
@@ -1185,11 +1203,14 @@ struct mean_params {
     int32_t *status;
 };
 
-#define MEAN_WARPS 8
+#define MEAN_WARPS 16 /* half for the keys, half for the values */
 
-/* One block per window; warp w rotates KV head w (w + 8, ...) of every token in token order,
- * summing each channel as dq__mean_compute does (float, from +0, tokens in order). Also checks K
- * and V for non-finite values and rotated values beyond DQ_TOKEN_MAX_ABS. */
+/* One block per window; warp w < 8 rotates key head w (w + 8, ...) of every token in token order,
+ * summing each channel as dq__mean_compute does (float, from +0, tokens in order); warp 8 + w does
+ * the same for the value head, for the checks only. Also checks K
+ * and V for non-finite values and rotated values beyond DQ_TOKEN_MAX_ABS. A V head whose 2-norm is
+ * below the limit (0.1% margin, as dq_check_tokens) is not rotated: the rotation is orthonormal,
+ * so none of its rotated values can exceed the norm. */
 template <int DV>
 __global__ void __launch_bounds__(MEAN_WARPS * 32) mean_kernel(mean_params p)
 {
@@ -1208,34 +1229,64 @@ __global__ void __launch_bounds__(MEAN_WARPS * 32) mean_kernel(mean_params p)
     __syncthreads();
     uint32_t flags = 0; /* 1: non-finite, 2: out of range */
     float amax = 0;
-    for (uint32_t h = warp; h < tb.kv_heads; h += MEAN_WARPS) {
+    const float lim = 0.999f * DQ_TOKEN_MAX_ABS, lim2 = lim * lim;
+    constexpr int U = DV <= 4 ? 4 : DV <= 8 ? 2 : 1;
+    const int kind = warp >= MEAN_WARPS / 2 ? 1 : 0;
+    for (uint32_t h = warp % (MEAN_WARPS / 2); h < tb.kv_heads; h += MEAN_WARPS / 2) {
         float sum[DV];
 #pragma unroll
         for (int r = 0; r < DV; r++)
             sum[r] = 0.0f;
-        for (int kind = 0; kind < 2; kind++) {
+        float sg[DV];
+#pragma unroll
+        for (int r = 0; r < DV; r++) {
+            const uint32_t e = (uint32_t)r * 32u + lane;
+            sg[r] = e < d ? tb.signs[h * d + e] : 0.0f;
+        }
+        {
             const void *src = kind == 0 ? p.k : p.v;
-            for (uint32_t t = 0; t < W; t++) {
-                const size_t base = (w * W + t) * n + (size_t)h * d;
-                float y[DV];
+            /* U tokens' loads issued together, the tokens then taken in order */
+            for (uint32_t t0 = 0; t0 < W; t0 += U) {
+                float raw[U][DV];
 #pragma unroll
-                for (int r = 0; r < DV; r++) {
-                    uint32_t e = (uint32_t)r * 32u + lane;
-                    float v = e < d ? dqcu_load_elem(src, p.dtype, base + e) : 0.0f;
-                    if (!isfinite(v))
-                        flags |= 1;
-                    y[r] = e < d ? v * tb.signs[h * d + e] : 0.0f;
+                for (int u = 0; u < U; u++) {
+                    const size_t base = (w * W + t0 + u) * n + (size_t)h * d;
+#pragma unroll
+                    for (int r = 0; r < DV; r++) {
+                        const uint32_t e = (uint32_t)r * 32u + lane;
+                        raw[u][r] = t0 + u < W && e < d ? dqcu_load_elem(src, p.dtype, base + e) : 0.0f;
+                    }
                 }
-                dqcu_fwht(y, d, lane);
 #pragma unroll
-                for (int r = 0; r < DV; r++) {
-                    uint32_t e = (uint32_t)r * 32u + lane;
-                    y[r] = y[r] * tb.rot_scale;
-                    if (e < d) {
-                        if (!(fabsf(y[r]) <= DQ_TOKEN_MAX_ABS))
-                            flags |= 2;
-                        if (kind == 0)
-                            sum[r] += y[r];
+                for (int u = 0; u < U; u++) {
+                    if (t0 + u >= W)
+                        break;
+                    float y[DV];
+#pragma unroll
+                    for (int r = 0; r < DV; r++) {
+                        if (!isfinite(raw[u][r]))
+                            flags |= 1;
+                        y[r] = raw[u][r] * sg[r];
+                    }
+                    if (kind == 1) {
+                        float ss = 0;
+#pragma unroll
+                        for (int r = 0; r < DV; r++)
+                            ss += y[r] * y[r];
+                        if (dqcu_warp_sum(ss) <= lim2) /* +inf or NaN: rotated and checked */
+                            continue;
+                    }
+                    dqcu_fwht(y, d, lane);
+#pragma unroll
+                    for (int r = 0; r < DV; r++) {
+                        uint32_t e = (uint32_t)r * 32u + lane;
+                        y[r] = y[r] * tb.rot_scale;
+                        if (e < d) {
+                            if (!(fabsf(y[r]) <= DQ_TOKEN_MAX_ABS))
+                                flags |= 2;
+                            if (kind == 0)
+                                sum[r] += y[r];
+                        }
                     }
                 }
             }

@@ -123,9 +123,11 @@ static bool make_codecs(const Cfg &cfg, Codecs &cs)
 
 /* ---- stream inputs (the rotated, mean-removed domain) ---- */
 
-enum Dist { D_GAUSS, D_HEAVY, D_CONST, D_TINY, D_SUBNORMAL, D_TWO, D_UNIFORM, D_OUTLIER, D_EDGE, D_ZEROS, D_COUNT };
+enum Dist {
+    D_GAUSS, D_HEAVY, D_CONST, D_TINY, D_SUBNORMAL, D_TWO, D_UNIFORM, D_OUTLIER, D_EDGE, D_ZERO_END, D_ZEROS, D_COUNT
+};
 static const char *dist_name[D_COUNT] = {"gauss", "heavy", "const", "tiny", "subnormal", "two", "uniform",
-                                         "outlier", "edge", "zeros"};
+                                         "outlier", "edge", "zero_end", "zeros"};
 
 static void gen_stream(Rng &r, int dist, uint32_t n, float *y)
 {
@@ -186,6 +188,12 @@ static void gen_stream(Rng &r, int dist, uint32_t n, float *y)
         y[0] = DQ_STREAM_MAX_ABS;
         y[n - 1] = -DQ_STREAM_MAX_ABS;
         break;
+    case D_ZERO_END: { /* one side of zero, signed zeros at that end: lib's key order picks the extreme */
+        const float sgn = r.below(2) ? 1.0f : -1.0f;
+        for (uint32_t i = 0; i < n; i++)
+            y[i] = r.below(4) ? sgn * (float)fabs(scale * r.normal()) : r.below(2) ? 0.0f : -0.0f;
+        break;
+    }
     default:
         for (uint32_t i = 0; i < n; i++)
             y[i] = r.below(3) ? 0.0f : -0.0f;
