@@ -1207,10 +1207,9 @@ struct mean_params {
 
 /* One block per window; warp w < 8 rotates key head w (w + 8, ...) of every token in token order,
  * summing each channel as dq__mean_compute does (float, from +0, tokens in order); warp 8 + w does
- * the same for the value head, for the checks only. Also checks K
- * and V for non-finite values and rotated values beyond DQ_TOKEN_MAX_ABS. A V head whose 2-norm is
- * below the limit (0.1% margin, as dq_check_tokens) is not rotated: the rotation is orthonormal,
- * so none of its rotated values can exceed the norm. */
+ * the same for the value head, for the checks only. Both check for non-finite values and rotated
+ * values beyond DQ_TOKEN_MAX_ABS; a value head whose 2-norm is below DQ__TOKEN_NORM_LIMIT is not
+ * rotated (none of its rotated values can exceed the norm). */
 template <int DV>
 __global__ void __launch_bounds__(MEAN_WARPS * 32) mean_kernel(mean_params p)
 {
@@ -1229,7 +1228,7 @@ __global__ void __launch_bounds__(MEAN_WARPS * 32) mean_kernel(mean_params p)
     __syncthreads();
     uint32_t flags = 0; /* 1: non-finite, 2: out of range */
     float amax = 0;
-    const float lim = 0.999f * DQ_TOKEN_MAX_ABS, lim2 = lim * lim;
+    const float lim2 = DQ__TOKEN_NORM_LIMIT * DQ__TOKEN_NORM_LIMIT;
     constexpr int U = DV <= 4 ? 4 : DV <= 8 ? 2 : 1;
     const int kind = warp >= MEAN_WARPS / 2 ? 1 : 0;
     for (uint32_t h = warp % (MEAN_WARPS / 2); h < tb.kv_heads; h += MEAN_WARPS / 2) {
@@ -1243,64 +1242,62 @@ __global__ void __launch_bounds__(MEAN_WARPS * 32) mean_kernel(mean_params p)
             const uint32_t e = (uint32_t)r * 32u + lane;
             sg[r] = e < d ? tb.signs[h * d + e] : 0.0f;
         }
-        {
-            const void *src = kind == 0 ? p.k : p.v;
-            /* U tokens' loads issued together, the tokens then taken in order */
-            for (uint32_t t0 = 0; t0 < W; t0 += U) {
-                float raw[U][DV];
+        const void *src = kind == 0 ? p.k : p.v;
+        /* U tokens' loads issued together, the tokens then taken in order */
+        for (uint32_t t0 = 0; t0 < W; t0 += U) {
+            float raw[U][DV];
 #pragma unroll
-                for (int u = 0; u < U; u++) {
-                    const size_t base = (w * W + t0 + u) * n + (size_t)h * d;
+            for (int u = 0; u < U; u++) {
+                const size_t base = (w * W + t0 + u) * n + (size_t)h * d;
 #pragma unroll
-                    for (int r = 0; r < DV; r++) {
-                        const uint32_t e = (uint32_t)r * 32u + lane;
-                        raw[u][r] = t0 + u < W && e < d ? dqcu_load_elem(src, p.dtype, base + e) : 0.0f;
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < U; u++) {
-                    if (t0 + u >= W)
-                        break;
-                    float y[DV];
-#pragma unroll
-                    for (int r = 0; r < DV; r++) {
-                        if (!isfinite(raw[u][r]))
-                            flags |= 1;
-                        y[r] = raw[u][r] * sg[r];
-                    }
-                    if (kind == 1) {
-                        float ss = 0;
-#pragma unroll
-                        for (int r = 0; r < DV; r++)
-                            ss += y[r] * y[r];
-                        if (dqcu_warp_sum(ss) <= lim2) /* +inf or NaN: rotated and checked */
-                            continue;
-                    }
-                    dqcu_fwht(y, d, lane);
-#pragma unroll
-                    for (int r = 0; r < DV; r++) {
-                        uint32_t e = (uint32_t)r * 32u + lane;
-                        y[r] = y[r] * tb.rot_scale;
-                        if (e < d) {
-                            if (!(fabsf(y[r]) <= DQ_TOKEN_MAX_ABS))
-                                flags |= 2;
-                            if (kind == 0)
-                                sum[r] += y[r];
-                        }
-                    }
+                for (int r = 0; r < DV; r++) {
+                    const uint32_t e = (uint32_t)r * 32u + lane;
+                    raw[u][r] = t0 + u < W && e < d ? dqcu_load_elem(src, p.dtype, base + e) : 0.0f;
                 }
             }
-            if (kind == 0) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (t0 + u >= W)
+                    break;
+                float y[DV];
+#pragma unroll
+                for (int r = 0; r < DV; r++) {
+                    if (!isfinite(raw[u][r]))
+                        flags |= 1;
+                    y[r] = raw[u][r] * sg[r];
+                }
+                if (kind == 1) {
+                    float ss = 0;
+#pragma unroll
+                    for (int r = 0; r < DV; r++)
+                        ss += y[r] * y[r];
+                    if (dqcu_warp_sum(ss) <= lim2) /* +inf or NaN: rotated and checked */
+                        continue;
+                }
+                dqcu_fwht(y, d, lane);
 #pragma unroll
                 for (int r = 0; r < DV; r++) {
                     uint32_t e = (uint32_t)r * 32u + lane;
+                    y[r] = y[r] * tb.rot_scale;
                     if (e < d) {
-                        float m = sum[r] / (float)W;
-                        mean[h * d + e] = m;
-                        float a = fabsf(m);
-                        if (a > amax)
-                            amax = a;
+                        if (!(fabsf(y[r]) <= DQ_TOKEN_MAX_ABS))
+                            flags |= 2;
+                        if (kind == 0)
+                            sum[r] += y[r];
                     }
+                }
+            }
+        }
+        if (kind == 0) {
+#pragma unroll
+            for (int r = 0; r < DV; r++) {
+                uint32_t e = (uint32_t)r * 32u + lane;
+                if (e < d) {
+                    float m = sum[r] / (float)W;
+                    mean[h * d + e] = m;
+                    float a = fabsf(m);
+                    if (a > amax)
+                        amax = a;
                 }
             }
         }

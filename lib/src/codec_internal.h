@@ -10,6 +10,12 @@
 #include "dquant/log.h"
 #include "rans.h"
 
+/* The rotation is orthonormal per head, so no rotated value of a head exceeds the head's 2-norm: a
+ * head whose norm (computed in float, in any order) is at most this passes the range check without
+ * being rotated; the 0.1% margin is far above the rounding of the rotation and of the norm. Used by
+ * dq_check_tokens and by the GPU's window checks. */
+#define DQ__TOKEN_NORM_LIMIT (0.999f * DQ_TOKEN_MAX_ABS)
+
 /* Per-kind tables derived from the profile. */
 typedef struct dq__kind_tables {
     uint32_t container;     /* C */

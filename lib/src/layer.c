@@ -127,11 +127,9 @@ int dq_check_tokens(dq_workspace *ws, const void *x, dq_dtype dtype, size_t ntok
     const dq_codec *c = ws->codec;
     const uint32_t n = c->n, d = c->head_dim;
     DQ_FORWARD_IF_ERROR(dq_check_finite(x, dtype, ntok * n));
-    /* The rotation is orthonormal per head, so no rotated value of a head exceeds the head's 2-norm:
-     * a token whose heads all have norms below the limit (with a margin far above the rounding of
-     * the rotation and of this sum) passes without being rotated; the others are rotated and
-     * checked value by value, as the encoder sees them. */
-    const float lim = 0.999f * DQ_TOKEN_MAX_ABS, lim2 = lim * lim;
+    /* A token whose heads all have norms below DQ__TOKEN_NORM_LIMIT passes without being rotated;
+     * the others are rotated and checked value by value, as the encoder sees them. */
+    const float lim2 = DQ__TOKEN_NORM_LIMIT * DQ__TOKEN_NORM_LIMIT;
     float *y = ws->f0;
     for (size_t t = 0; t < ntok; t++) {
         /* fetch_token with the tail skipped: the values rounded to BF16 */
