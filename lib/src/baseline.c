@@ -266,6 +266,14 @@ int dq__baseline_encode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const
         }
         return DQ_OK;
     }
+    if (p->codec_type == DQ_CODEC_BF16 && dtype == DQ_DTYPE_BF16) {
+        /* the values are already what the records hold (finite: checked above) */
+        const uint16_t *xb = x;
+        for (size_t t = 0; t < ntok; t++)
+            for (size_t j = 0; j < n; j++)
+                dq__put_u16(records + t * stride + 2 * j, xb[t * n + j]);
+        return DQ_OK;
+    }
     for (size_t t = 0; t < ntok; t++) {
         uint8_t *rec = records + t * stride;
         for (size_t j = 0; j < n; j++)

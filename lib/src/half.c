@@ -1,5 +1,6 @@
 /* fp16 / bf16 conversions by bit manipulation: exact, round to nearest even, identical everywhere. */
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 #include <strings.h>
 
@@ -176,33 +177,34 @@ int dq_convert(const void *src, dq_dtype src_type, void *dst, dq_dtype dst_type,
     return DQ_OK;
 }
 
+/* Whether any of u[0..count) has all the exponent bits of mask set (Inf or NaN). The values are
+ * tested in blocks without an early exit inside a block, so the compiler vectorizes the test. */
+#define DQ__FINITE_BLOCK 256
+#define DQ__DEFINE_ANY_EXP_ALL(name, type)                                 \
+    static bool name(const type *u, size_t count, type mask)               \
+    {                                                                      \
+        for (size_t i0 = 0; i0 < count; i0 += DQ__FINITE_BLOCK) {          \
+            const size_t m = count - i0 < DQ__FINITE_BLOCK ? count - i0     \
+                                                           : DQ__FINITE_BLOCK; \
+            type hit = 0;                                                  \
+            for (size_t i = 0; i < m; i++)                                 \
+                hit |= (type)((u[i0 + i] & mask) == mask);                 \
+            if (hit)                                                       \
+                return true;                                               \
+        }                                                                  \
+        return false;                                                      \
+    }
+DQ__DEFINE_ANY_EXP_ALL(any_exp_all16, uint16_t)
+DQ__DEFINE_ANY_EXP_ALL(any_exp_all32, uint32_t)
+
 int dq_check_finite(const void *x, dq_dtype dtype, size_t count)
 {
     if (!x && count)
         return DQ_INVALID_ARGUMENT;
     switch (dtype) {
-    case DQ_DTYPE_F32: {
-        const uint32_t *u = x;
-        for (size_t i = 0; i < count; i++)
-            if ((u[i] & 0x7f800000u) == 0x7f800000u)
-                return DQ_NONFINITE;
-        return DQ_OK;
-    }
-    case DQ_DTYPE_F16: {
-        const uint16_t *u = x;
-        for (size_t i = 0; i < count; i++)
-            if ((u[i] & 0x7c00u) == 0x7c00u)
-                return DQ_NONFINITE;
-        return DQ_OK;
-    }
-    case DQ_DTYPE_BF16: {
-        const uint16_t *u = x;
-        for (size_t i = 0; i < count; i++)
-            if ((u[i] & 0x7f80u) == 0x7f80u)
-                return DQ_NONFINITE;
-        return DQ_OK;
-    }
-    default:
-        return DQ_DTYPE;
+    case DQ_DTYPE_F32: return any_exp_all32(x, count, 0x7f800000u) ? DQ_NONFINITE : DQ_OK;
+    case DQ_DTYPE_F16: return any_exp_all16(x, count, 0x7c00u) ? DQ_NONFINITE : DQ_OK;
+    case DQ_DTYPE_BF16: return any_exp_all16(x, count, 0x7f80u) ? DQ_NONFINITE : DQ_OK;
+    default: return DQ_DTYPE;
     }
 }

@@ -74,6 +74,16 @@ Test(nonfinite, check_finite)
         void *x = make_input((dq_dtype)dt, 1000, 0, -1);
         cr_assert_eq(dq_check_finite(x, (dq_dtype)dt, 1000), DQ_OK);
         free(x);
+        /* across the blocks the test runs in (256 values), and in a last partial block */
+        const size_t far[] = {255, 256, 257, 511, 512, 767, 999};
+        for (size_t f = 0; f < sizeof far / sizeof far[0]; f++) {
+            const size_t pos = far[f];
+            x = make_input((dq_dtype)dt, 1000, pos, (int)(f % NBAD));
+            cr_assert_eq(dq_check_finite(x, (dq_dtype)dt, 1000), DQ_NONFINITE, "dtype %d at %zu", dt, pos);
+            cr_assert_eq(dq_check_finite(x, (dq_dtype)dt, pos + 1), DQ_NONFINITE, "dtype %d ending at %zu", dt, pos);
+            cr_assert_eq(dq_check_finite(x, (dq_dtype)dt, pos), DQ_OK, "dtype %d: prefix before %zu", dt, pos);
+            free(x);
+        }
     }
     /* Largest finite values are finite. */
     float big[2] = {3.4028235e38f, -3.4028235e38f};

@@ -157,6 +157,55 @@ Test(tokens, values)
     dq_codec_free(codec);
 }
 
+/* The "bf16" baseline stores the values as they are: BF16 input gives the same records as the same
+ * values in F32 (each record the input's bits, little-endian), decodes back exactly, and a non-finite
+ * value is refused. */
+Test(tokens, bf16_baseline_from_bf16)
+{
+    dq_profile p;
+    cr_assert_eq(dq_profile_baseline("bf16", 2, 64, &p), DQ_OK);
+    dq_codec *codec = NULL;
+    cr_assert_eq(dq_codec_create(&p, NULL, &codec), DQ_OK);
+    dq_workspace *ws = NULL;
+    cr_assert_eq(dq_workspace_create(codec, &ws), DQ_OK);
+    const uint32_t n = dq_codec_stream_len(codec), T = 70;
+    const size_t rb = dq_codec_record_bytes(codec, DQ_KIND_V), stride = rb + 3;
+    cr_assert_geq(rb, 2u * n);
+    uint16_t *xb = dqt_xmalloc((size_t)T * n * 2), *back = dqt_xmalloc((size_t)T * n * 2);
+    float *xf = dqt_xmalloc((size_t)T * n * sizeof *xf);
+    for (size_t i = 0; i < (size_t)T * n; i++) {
+        xb[i] = dq_f32_to_bf16((float)dqt_normal(&rng) * 3.0f);
+        xf[i] = dq_bf16_to_f32(xb[i]);
+    }
+    uint8_t *rec_b = dqt_xmalloc((size_t)T * stride), *rec_f = dqt_xmalloc((size_t)T * stride);
+    memset(rec_b, 0xa5, (size_t)T * stride);
+    memset(rec_f, 0xa5, (size_t)T * stride);
+    for (int kind = 0; kind < 2; kind++) {
+        cr_assert_eq(dq_tokens_encode(codec, ws, (dq_kind)kind, xb, DQ_DTYPE_BF16, T, NULL, rec_b, stride, NULL),
+                     DQ_OK);
+        cr_assert_eq(dq_tokens_encode(codec, ws, (dq_kind)kind, xf, DQ_DTYPE_F32, T, NULL, rec_f, stride, NULL),
+                     DQ_OK);
+        cr_assert_eq(memcmp(rec_b, rec_f, (size_t)T * stride), 0, "kind %d: BF16 and F32 input differ", kind);
+        for (uint32_t t = 0; t < T; t++)
+            for (uint32_t j = 0; j < n; j++) {
+                const uint8_t *r = rec_b + (size_t)t * stride + 2 * j;
+                cr_assert_eq((uint16_t)(r[0] | r[1] << 8), xb[(size_t)t * n + j], "token %u value %u", t, j);
+            }
+        cr_assert_eq(dq_tokens_decode(codec, ws, (dq_kind)kind, NULL, rec_b, stride, T, back, DQ_DTYPE_BF16), DQ_OK);
+        cr_assert_eq(memcmp(back, xb, (size_t)T * n * 2), 0, "kind %d: decoded values differ", kind);
+    }
+    xb[(size_t)(T - 1) * n + 5] = 0x7fc0; /* NaN */
+    cr_assert_eq(dq_tokens_encode(codec, ws, DQ_KIND_K, xb, DQ_DTYPE_BF16, T, NULL, rec_b, stride, NULL),
+                 DQ_NONFINITE);
+    free(xb);
+    free(back);
+    free(xf);
+    free(rec_b);
+    free(rec_f);
+    dq_workspace_free(ws);
+    dq_codec_free(codec);
+}
+
 Test(tokens, argument_checks)
 {
     dq_codec *codec = dqt_codec_builtin("dq226", 2, 128);
