@@ -1,5 +1,6 @@
 /* bench_codec: libdquant speed on this CPU, against references measured in the same run.
  *
+ *   checks  values/s of the PUT input checks (dq_check_finite, dq_check_tokens), beside memcpy
  *   encode  streams/s per core (n = 1024, dq226, Gaussian), 1 thread and all cores
  *   decode  values/s per core (fast multi-stream decoder, and the scalar reference), 1 and all cores,
  *           beside memcpy and ZSTD_decompress (level 3, the BF16 bytes of the same tokens)
@@ -253,6 +254,30 @@ int main(int argc, char **argv)
     double zstd_vps = (double)(nstreams * n) / median(tm, REPS);
     printf("reference  memcpy %.0f M values/s (BF16 bytes), ZSTD_decompress %.0f M values/s (level 3, ratio %.3f)\n",
            memcpy_vps / 1e6, zstd_vps / 1e6, (double)bfbytes / (double)zlen);
+
+    /* the input checks every PUT runs first: non-finite values (dq_check_finite) and the whole
+     * token check (dq_check_tokens: finite, then per-head norms, rotation only above the limit) */
+    {
+        dq_workspace *cws;
+        if (dq_workspace_create(c, &cws) != DQ_OK)
+            return 1;
+        double tf[REPS], tt[REPS];
+        for (int r = 0; r < REPS; r++) {
+            double t0 = now();
+            if (dq_check_finite(bf, DQ_DTYPE_BF16, nstreams * n) != DQ_OK)
+                return 1;
+            double t1 = now();
+            if (dq_check_tokens(cws, bf, DQ_DTYPE_BF16, nstreams) != DQ_OK)
+                return 1;
+            tf[r] = t1 - t0;
+            tt[r] = now() - t1;
+        }
+        const double fv = (double)(nstreams * n) / median(tf, REPS), tv = (double)(nstreams * n) / median(tt, REPS);
+        printf("checks     dq_check_finite (BF16) %.0f M values/s, vs memcpy %.2f | dq_check_tokens (BF16) %.0f M "
+               "values/s, vs memcpy %.2f\n",
+               fv / 1e6, fv / memcpy_vps, tv / 1e6, tv / memcpy_vps);
+        dq_workspace_free(cws);
+    }
 
     for (int kind = 0; kind < 2; kind++) {
         const size_t stride = dq_codec_record_bytes(c, (dq_kind)kind);
