@@ -86,6 +86,107 @@ static size_t decode_levels_multi(const dq__rans_dec *dec, const uint8_t *record
 }
 
 #ifdef DQ_X86
+/* decode_group's steps for VG vectors of 8 streams at once (AVX2): the table lookups and the
+ * renormalization bytes are gathers, the symbols of a chunk of steps go to a buffer and are then
+ * written out per stream. Vectors of independent streams interleave their dependency chains. The
+ * same operations as decode_group on every lane, so the same levels and verdicts for every input.
+ * Streams must start at in0 + l·stride (l < 8·VG, offsets below 2^31) with C >= 4. */
+#define VG 2
+#define CHUNK 64
+
+__attribute__((target("avx2"))) static size_t decode_vec_avx2(const dq__rans_dec *dec, const uint8_t *in0,
+                                                             size_t stride, uint32_t C, uint32_t n, uint8_t *out0)
+{
+    const __m256i ff = _mm256_set1_epi32(0xff), eight = _mm256_set1_epi32(8), zero = _mm256_setzero_si256();
+    const __m256i vc = _mm256_set1_epi32((int)C), vcm4 = _mm256_set1_epi32((int)(C - 4));
+    /* byte 0 of each 32-bit lane to the low 4 bytes of each 128-bit half, then the halves together */
+    const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12,
+                                          -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i join = _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1);
+    const int *T = (const int *)dec->entry;
+    __m256i x[VG], p[VG], ov[VG], off[VG];
+    for (int g = 0; g < VG; g++) {
+        int o[8];
+        for (int l = 0; l < 8; l++)
+            o[l] = (int)((size_t)(8 * g + l) * stride);
+        off[g] = _mm256_loadu_si256((const __m256i *)(const void *)o);
+        uint32_t s0[8];
+        for (int l = 0; l < 8; l++)
+            s0[l] = load_state(in0 + (size_t)(8 * g + l) * stride);
+        x[g] = _mm256_loadu_si256((const __m256i *)(const void *)s0);
+        p[g] = _mm256_set1_epi32(DQ_RANS_STATE_BYTES);
+        ov[g] = zero;
+    }
+    uint8_t buf[VG][CHUNK][8];
+    for (uint32_t i0 = 0; i0 < n; i0 += CHUNK) {
+        const uint32_t m = n - i0 < CHUNK ? n - i0 : CHUNK;
+        for (uint32_t s = 0; s < m; s++) {
+            for (int g = 0; g < VG; g++) {
+                const __m256i e = _mm256_i32gather_epi32(T, _mm256_and_si256(x[g], ff), 4);
+                const __m256i lv = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(e, pick), join);
+                _mm_storel_epi64((__m128i *)(void *)buf[g][s], _mm256_castsi256_si128(lv));
+                const __m256i xn = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_srli_epi32(e, 16), _mm256_srli_epi32(x[g], 8)),
+                                                    _mm256_and_si256(_mm256_srli_epi32(e, 8), ff));
+                const __m256i need = _mm256_cmpeq_epi32(_mm256_srli_epi32(xn, 23), zero); /* xn < DQ_RANS_L */
+                const __m256i have = _mm256_cmpgt_epi32(vc, p[g]);
+                const __m256i take = _mm256_and_si256(need, have);
+                ov[g] = _mm256_or_si256(ov[g], _mm256_andnot_si256(have, need));
+                /* the byte at p as the low byte of the word at min(p, C - 4): never past the container */
+                const __m256i at = _mm256_min_epu32(p[g], vcm4);
+                const __m256i w = _mm256_mask_i32gather_epi32(zero, (const int *)(const void *)in0,
+                                                              _mm256_add_epi32(off[g], at), take, 1);
+                const __m256i b =
+                    _mm256_and_si256(_mm256_srlv_epi32(w, _mm256_slli_epi32(_mm256_sub_epi32(p[g], at), 3)), ff);
+                p[g] = _mm256_sub_epi32(p[g], take);
+                x[g] = _mm256_or_si256(_mm256_sllv_epi32(xn, _mm256_and_si256(need, eight)), b);
+            }
+        }
+        for (int g = 0; g < VG; g++)
+            for (int l = 0; l < 8; l++) {
+                uint8_t *o = out0 + (size_t)(8 * g + l) * n + i0;
+                for (uint32_t s = 0; s < m; s++)
+                    o[s] = buf[g][s][l];
+            }
+    }
+    size_t corrupt = 0;
+    for (int g = 0; g < VG; g++) {
+        uint32_t xs[8], ps[8], os[8];
+        _mm256_storeu_si256((__m256i *)(void *)xs, x[g]);
+        _mm256_storeu_si256((__m256i *)(void *)ps, p[g]);
+        _mm256_storeu_si256((__m256i *)(void *)os, ov[g]);
+        for (int l = 0; l < 8; l++) {
+            const uint8_t *in = in0 + (size_t)(8 * g + l) * stride;
+            int bad = os[l] != 0 || xs[l] != DQ_RANS_L;
+            for (uint32_t i = ps[l]; !bad && i < C; i++)
+                bad = in[i] != 0;
+            corrupt += (size_t)bad;
+        }
+    }
+    return corrupt;
+}
+
+/* decode_levels_multi with decode_vec_avx2 for every 8·VG streams whose states all start in range. */
+__attribute__((target("avx2"))) static size_t decode_levels_avx2(const dq__rans_dec *dec, const uint8_t *records,
+                                                                size_t stride, size_t count, uint32_t C, uint32_t n,
+                                                                uint8_t *levels)
+{
+    size_t corrupt = 0, i = 0;
+    if (C >= DQ_RANS_STATE_BYTES && stride * (8 * VG) < ((size_t)1 << 31)) {
+        for (; i + 8 * VG <= count; i += 8 * VG) {
+            int ok = 1;
+            for (int l = 0; l < 8 * VG; l++) {
+                const uint32_t x0 = load_state(records + (i + (size_t)l) * stride + 4);
+                ok &= x0 >= DQ_RANS_L && x0 < (DQ_RANS_L << 8);
+            }
+            if (ok)
+                corrupt += decode_vec_avx2(dec, records + i * stride + 4, stride, C, n, levels + i * n);
+            else
+                corrupt += decode_levels_multi(dec, records + i * stride, stride, 8 * VG, C, n, levels + i * n);
+        }
+    }
+    return corrupt + decode_levels_multi(dec, records + i * stride, stride, count - i, C, n, levels + i * n);
+}
+
 /* The sum of the 16 lanes of two accumulators. */
 __attribute__((target("avx2,fma"))) static inline float hsum2_avx(__m256 a, __m256 b)
 {
@@ -201,6 +302,7 @@ void dq__dsp_init_x86(dq__dsp *dsp)
         dsp->axpy_u8 = axpy_u8_avx2;
         dsp->dot_bf16 = dot_bf16_avx2;
         dsp->axpy_bf16 = axpy_bf16_avx2;
+        dsp->decode_levels = decode_levels_avx2;
         g_name = "interleaved+avx2";
     }
 #endif
