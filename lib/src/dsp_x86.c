@@ -1,6 +1,7 @@
 /* Fast kernels: a multi-stream rANS decoder (8 interleaved states: the per-symbol dependency chain
- * of one stream is the bottleneck, independent streams fill the pipeline), and AVX2+FMA dot/axpy on
- * x86-64 when the CPU has them. The decoder is portable C and is installed on every CPU. */
+ * of one stream is the bottleneck, independent streams fill the pipeline), portable C installed on
+ * every CPU; on x86-64 with AVX2, the same decoder on 16 streams in vectors (gathers), and AVX2+FMA
+ * dot/axpy. */
 #include <string.h>
 
 #include "codec_internal.h"
