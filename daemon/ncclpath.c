@@ -117,8 +117,16 @@ static int wait_comm(dqd_nchan *ch, ncclComm_t comm, cudaEvent_t ev, uint64_t de
             if (!ev)
                 return DQ_OK;
             cudaError_t q = cudaEventQuery(ev);
-            if (q == cudaSuccess)
-                return DQ_OK;
+            if (q == cudaSuccess) {
+                /* The stream also moves past a transfer that failed (the peer went): the
+                 * communicator's error, read again now that the event has completed, decides.
+                 * Read only before the event, a failure in between passed for a completed
+                 * transfer (with whatever the buffers held). */
+                as = ncclSuccess;
+                if (ncclCommGetAsyncError(comm, &as) == ncclSuccess && as == ncclSuccess)
+                    return DQ_OK;
+                continue;
+            }
             if (q != cudaErrorNotReady) {
                 (void)cudaGetLastError();
                 job_fail(j, DQ_INTERNAL, what, cudaGetErrorString(q));
