@@ -129,11 +129,7 @@ int dqd_lane_start(dqd_server *srv, uint32_t threads, uint32_t spin_us, dqd_lane
     L->spin_ns = (uint64_t)spin_us * 1000u;
     atomic_init(&L->queued, 0);
     atomic_init(&L->stop, false);
-    pthread_mutex_init(&L->mu, NULL);
-    pthread_cond_init(&L->cv, NULL);
-    if (uv_async_init(srv->loop, &L->async, on_finished) < 0) {
-        pthread_mutex_destroy(&L->mu);
-        pthread_cond_destroy(&L->cv);
+    if (dqd_handoff_init(srv->loop, &L->mu, &L->cv, &L->async, on_finished) < 0) {
         free(th);
         free(L);
         return DQ_INTERNAL;

@@ -551,11 +551,7 @@ void dqd_op_nccl_setup(dqd_req *req)
     ch->timeout_ms = srv->cfg->nccl_timeout_ms;
     atomic_init(&ch->state, CH_JOINING);
     atomic_init(&ch->stop, false);
-    pthread_mutex_init(&ch->mu, NULL);
-    pthread_cond_init(&ch->cv, NULL);
-    if (uv_async_init(srv->loop, &ch->async, on_async) < 0) {
-        pthread_mutex_destroy(&ch->mu);
-        pthread_cond_destroy(&ch->cv);
+    if (dqd_handoff_init(srv->loop, &ch->mu, &ch->cv, &ch->async, on_async) < 0) {
         free(ch);
         dqd_req_fail(req, DQ_INTERNAL, "cannot create the channel's wake-up handle");
         return;

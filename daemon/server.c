@@ -28,6 +28,18 @@ uint64_t dqd_now_ns(void)
     return uv_hrtime();
 }
 
+int dqd_handoff_init(uv_loop_t *loop, pthread_mutex_t *mu, pthread_cond_t *cv, uv_async_t *async, uv_async_cb cb)
+{
+    pthread_mutex_init(mu, NULL);
+    pthread_cond_init(cv, NULL);
+    if (uv_async_init(loop, async, cb) < 0) {
+        pthread_mutex_destroy(mu);
+        pthread_cond_destroy(cv);
+        return -1;
+    }
+    return 0;
+}
+
 int dqd_server_init(dqd_server *srv, uv_loop_t *loop, const dqd_config *cfg)
 {
     memset(srv, 0, sizeof *srv);

@@ -5,6 +5,7 @@
 #ifndef DQD_SERVER_H
 #define DQD_SERVER_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <uv.h>
@@ -87,5 +88,9 @@ void dqd_server_check_idle(dqd_server *srv);
 void dqd_server_gauges(const dqd_server *srv, dqd_gauges *g);
 
 uint64_t dqd_now_ns(void);
+
+/* The lock, condition variable and loop wake-up of a thread that hands finished work back to the
+ * loop (cb runs on the loop). Returns 0, or -1 with nothing left initialized. */
+int dqd_handoff_init(uv_loop_t *loop, pthread_mutex_t *mu, pthread_cond_t *cv, uv_async_t *async, uv_async_cb cb);
 
 #endif
