@@ -19,6 +19,16 @@ static inline uint32_t load_state(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+/* dq__rans_decode's verdict on a stream decoded to state x with the next byte at ptr: corrupt (1)
+ * when it ran past the container, did not end in the initial state, or left nonzero bytes. */
+static int stream_bad(const uint8_t *in, uint32_t C, uint32_t x, uint32_t ptr, uint32_t overrun)
+{
+    int bad = overrun || x != DQ_RANS_L;
+    for (uint32_t i = ptr; !bad && i < C; i++)
+        bad = in[i] != 0;
+    return bad;
+}
+
 /* Same semantics as dq__rans_decode for every input, valid or not. */
 static size_t decode_group(const dq__rans_dec *dec, const uint8_t *const *in, uint32_t C, uint32_t n,
                            uint8_t *const *out)
@@ -49,12 +59,8 @@ static size_t decode_group(const dq__rans_dec *dec, const uint8_t *const *in, ui
         }
     }
     size_t corrupt = 0;
-    for (int l = 0; l < LANES; l++) {
-        int bad = overrun[l] || x[l] != DQ_RANS_L;
-        for (uint32_t i = ptr[l]; !bad && i < C; i++)
-            bad = in[l][i] != 0;
-        corrupt += (size_t)bad;
-    }
+    for (int l = 0; l < LANES; l++)
+        corrupt += (size_t)stream_bad(in[l], C, x[l], ptr[l], overrun[l]);
     return corrupt;
 }
 
@@ -155,13 +161,8 @@ __attribute__((target("avx2"))) static size_t decode_vec_avx2(const dq__rans_dec
         _mm256_storeu_si256((__m256i *)(void *)xs, x[g]);
         _mm256_storeu_si256((__m256i *)(void *)ps, p[g]);
         _mm256_storeu_si256((__m256i *)(void *)os, ov[g]);
-        for (int l = 0; l < 8; l++) {
-            const uint8_t *in = in0 + (size_t)(8 * g + l) * stride;
-            int bad = os[l] != 0 || xs[l] != DQ_RANS_L;
-            for (uint32_t i = ps[l]; !bad && i < C; i++)
-                bad = in[i] != 0;
-            corrupt += (size_t)bad;
-        }
+        for (int l = 0; l < 8; l++)
+            corrupt += (size_t)stream_bad(in0 + (size_t)(8 * g + l) * stride, C, xs[l], ps[l], os[l]);
     }
     return corrupt;
 }
