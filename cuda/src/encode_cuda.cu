@@ -82,8 +82,13 @@ struct enc_warp {
 
 static_assert(sizeof(enc_slot) % 8 == 0, "enc_slot arrays keep their int64 aligned");
 
-/* Offsets inside a warp's scratch: enc_warp, then the slots (16-byte aligned), then the rows. */
-#define ENC_SLOTS_OFF ((sizeof(enc_warp) + 15) & ~(size_t)15)
+/* A warp's scratch: the slots, the level rows, enc_warp, then (versions 4 and 5) the sorted
+ * stream, each 16-byte aligned. The sort of a VPL = 32 stream also runs its transposes over the
+ * last ENC_SORT_EXTRA bytes of enc_warp (see sort_level_transposed): enc_warp is dead while a
+ * stream is sorted, since every drift builds its envelope anew. */
+#define ENC_WS_BYTES ((sizeof(enc_warp) + 15) & ~(size_t)15)
+#define ENC_SORT_EXTRA 512u
+static_assert(ENC_WS_BYTES >= ENC_SORT_EXTRA, "the sort's transposes need 512 bytes before the sorted stream");
 
 struct enc_params {
     const dqcu_tables *tab;
@@ -106,12 +111,17 @@ struct enc_params {
 
 __host__ __device__ static inline size_t enc_rows_off(uint32_t G)
 {
-    return (ENC_SLOTS_OFF + (size_t)G * sizeof(enc_slot) + 15) & ~(size_t)15;
+    return ((size_t)G * sizeof(enc_slot) + 15) & ~(size_t)15;
+}
+
+__host__ __device__ static inline size_t enc_ws_off(uint32_t G, uint32_t row_stride)
+{
+    return (enc_rows_off(G) + (size_t)G * row_stride + 15) & ~(size_t)15;
 }
 
 __host__ __device__ static inline size_t enc_sorted_off(uint32_t G, uint32_t row_stride)
 {
-    return (enc_rows_off(G) + (size_t)G * row_stride + 15) & ~(size_t)15;
+    return enc_ws_off(G, row_stride) + ENC_WS_BYTES;
 }
 
 /* sorted_bytes: 4·VPL·32 for version 4, 0 for version 3 */
@@ -343,12 +353,108 @@ __device__ __forceinline__ uint32_t env_index(const enc_warp &ws, uint32_t P, fl
  * none on the reads of a chunk by consecutive lanes, and plain addresses for the searches).
  * Positions >= n hold NaN (key 0xffffffff), which no comparison counts. */
 
+/* Ascending compare-exchange of registers r and r ^ 2^j for every r with bit j clear. */
+template <int VPL>
+__device__ __forceinline__ void sort_stage_regs(uint32_t (&k)[VPL], int j)
+{
+#pragma unroll
+    for (int r = 0; r < VPL; r++) {
+        const int q = r ^ (1 << j);
+        if (q > r) {
+            const uint32_t lo = min(k[r], k[q]), hi = max(k[r], k[q]);
+            k[r] = lo;
+            k[q] = hi;
+        }
+    }
+}
+
+/* Sorts a lane's keys: Batcher's odd-even merge sort (for 32 keys 191 compare-exchanges, the
+ * bitonic network takes 240). Step (p = 2^lp, kq = 2^lk) compares positions a and a + kq of the
+ * same run of 2p for a - kq % p in [0, kq) modulo 2kq. Every loop has a constant trip count, so
+ * it unrolls fully and the keys stay in registers. */
+template <int VPL>
+__device__ __forceinline__ void sort_regs(uint32_t (&k)[VPL])
+{
+    constexpr int LV = __builtin_ctz(VPL);
+#pragma unroll
+    for (int lp = 0; lp < LV; lp++) {
+#pragma unroll
+        for (int lk = LV - 1; lk >= 0; lk--) {
+            const int p = 1 << lp, kq = 1 << lk, j0 = kq % p;
+#pragma unroll
+            for (int a = 0; a < VPL; a++) {
+                const int b = a + kq;
+                if (lk <= lp && a >= j0 && (a - j0) % (2 * kq) < kq && b < VPL && a / (2 * p) == b / (2 * p)) {
+                    const uint32_t lo = min(k[a], k[b]), hi = max(k[a], k[b]);
+                    k[a] = lo;
+                    k[b] = hi;
+                }
+            }
+        }
+    }
+}
+
+/* One merge level of sort_warp for VPL = 32 (runs of 2^(kk-1) into runs of 2^kk, kk >= 7) through
+ * shared memory instead of kk - 5 stages of shuffles (3 instructions per key each).
+ *
+ * Layout A (the sort's): lane l, register r holds position p = 32·l + r. Layout B, its transpose:
+ * lane l, register r holds position q = 32·r + l, so bits 5..9 of a position are register bits and
+ * every stage on them is a compare-exchange inside the lane. The key at position p sits in the
+ * buffer at word 36·(p >> 5) + (p & 31): A's rows (16-byte stores and loads) and B's columns (32
+ * consecutive words) are both free of bank conflicts, and every address is a lane's base plus a
+ * constant. The buffer's 32 · 36 words are the sorted stream's 32 · 32 and ENC_SORT_EXTRA bytes
+ * before it.
+ *
+ * Going to B, the second run of every pair is read reversed (q = p ^ (2^(kk-1) - 1) where bit
+ * kk - 1 is set: all of B's lane bits flip, and the register bits below kk - 1, fixed per register).
+ * An ascending run followed by a descending one is bitonic, so the merge is the plain bitonic
+ * merger with every compare-exchange ascending: the stages on bits kk-1..5 in B, then back in A
+ * those on bits 4..0. The merged run is ascending in q, which is its new position. */
+__device__ __forceinline__ void sort_level_transposed(uint32_t (&k)[32], uint32_t *buf, uint32_t lane, int kk)
+{
+    uint4 *arow = (uint4 *)(void *)(buf + 36u * lane);
+    __syncwarp();
+#pragma unroll
+    for (int r = 0; r < 32; r += 4)
+        arow[r / 4] = make_uint4(k[r], k[r + 1], k[r + 2], k[r + 3]);
+    __syncwarp();
+    const uint32_t *fwd = buf + lane, *rev = buf + (31u - lane);
+    const int hb = kk - 6; /* the register bit of B that holds position bit kk - 1 */
+#pragma unroll
+    for (int r = 0; r < 32; r++) {
+        const bool h = ((r >> hb) & 1) != 0;
+        const int rr = h ? r ^ ((1 << hb) - 1) : r;
+        k[r] = h ? rev[36 * rr] : fwd[36 * rr];
+    }
+#pragma unroll
+    for (int j = kk - 1; j >= 5; j--)
+        sort_stage_regs<32>(k, j - 5);
+    __syncwarp();
+#pragma unroll
+    for (int r = 0; r < 32; r++)
+        buf[lane + 36u * (uint32_t)r] = k[r];
+    __syncwarp();
+#pragma unroll
+    for (int r = 0; r < 32; r += 4) {
+        const uint4 v = arow[r / 4];
+        k[r] = v.x;
+        k[r + 1] = v.y;
+        k[r + 2] = v.z;
+        k[r + 3] = v.w;
+    }
+#pragma unroll
+    for (int j = 4; j >= 0; j--)
+        sort_stage_regs<32>(k, j);
+}
+
 /* Sorts the stream's values into srt (see above); returns the largest value of this lane's chunk.
- * Bitonic network on dqcu_float_key (order-preserving unsigned keys: exact min/max, each value
- * kept bit for bit), in the variant with ascending comparators only: merging runs of 2^kk starts
- * with partners p ^ (2^kk - 1), then p ^ 2^jj. Partners closer than VPL positions sit in the same
+ * Sorting network on dqcu_float_key (order-preserving unsigned keys: exact min/max, each value
+ * kept bit for bit): each lane sorts its registers (sort_regs), then bitonic merges of the lanes'
+ * runs, in the variant with ascending comparators only: merging runs of 2^kk starts with
+ * partners p ^ (2^kk - 1), then p ^ 2^jj. Partners closer than VPL positions sit in the same
  * lane; the others are exchanged by shuffles (lane ^ mask; the first step also reverses the
- * registers). -0 sorts before +0, which no count can tell apart. */
+ * registers), or, for VPL = 32 and merges with two or more such steps, the level goes through
+ * shared memory (sort_level_transposed; for VPL = 64 that put the keys in local memory). -0 sorts before +0, which no count can tell apart. */
 template <int VPL>
 __device__ float sort_warp(const float (&x)[VPL], uint32_t n, float *srt, uint32_t lane)
 {
@@ -357,21 +463,20 @@ __device__ float sort_warp(const float (&x)[VPL], uint32_t n, float *srt, uint32
 #pragma unroll
     for (int r = 0; r < VPL; r++)
         k[r] = (uint32_t)r * 32u + lane < n ? dqcu_float_key(x[r]) : 0xffffffffu;
+    sort_regs<VPL>(k);
 #pragma unroll
-    for (int kk = 1; kk <= LT; kk++) {
+    for (int kk = LV + 1; kk <= LT; kk++) {
+        if constexpr (VPL == 32) {
+            if (kk >= 7) {
+                sort_level_transposed(k, (uint32_t *)(void *)srt - ENC_SORT_EXTRA / 4u, lane, kk);
+                continue;
+            }
+        }
 #pragma unroll
         for (int jj = kk - 1; jj >= 0; jj--) {
             const bool first = jj == kk - 1;
             if (jj < LV) {
-#pragma unroll
-                for (int r = 0; r < VPL; r++) {
-                    const int q = first ? r ^ ((2 << jj) - 1) : r ^ (1 << jj);
-                    if (q > r) {
-                        const uint32_t lo = min(k[r], k[q]), hi = max(k[r], k[q]);
-                        k[r] = lo;
-                        k[q] = hi;
-                    }
-                }
+                sort_stage_regs<VPL>(k, jj);
             } else if (first) {
                 const uint32_t m = (2u << (jj - LV)) - 1u;
                 const bool upper = ((lane >> (jj - LV)) & 1u) != 0;
@@ -395,6 +500,8 @@ __device__ float sort_warp(const float (&x)[VPL], uint32_t n, float *srt, uint32
             }
         }
     }
+    if (VPL == 32)
+        __syncwarp(); /* every lane's last transpose loads are done */
     if (VPL >= 4) {
         float4 *dst = (float4 *)(void *)(srt + lane * VPL);
 #pragma unroll
@@ -976,8 +1083,8 @@ __global__ void __launch_bounds__(ENC_WARPS * 32, VPL >= 64 ? 2 : VPL >= 32 ? 3 
     const uint32_t G = p.G, n = tb.n;
     const size_t tab_bytes = (sizeof(enc_tab) + 15) & ~(size_t)15;
     unsigned char *wbase = smem + tab_bytes + (size_t)warp * enc_warp_bytes(G, p.row_stride, SORT ? 128u * VPL : 0u);
-    enc_warp &ws = *(enc_warp *)(void *)wbase;
-    enc_slot *slots = (enc_slot *)(void *)(wbase + ENC_SLOTS_OFF);
+    enc_warp &ws = *(enc_warp *)(void *)(wbase + enc_ws_off(G, p.row_stride));
+    enc_slot *slots = (enc_slot *)(void *)wbase;
     uint8_t *rows = wbase + enc_rows_off(G);
     float *srt = (float *)(void *)(wbase + enc_sorted_off(G, p.row_stride));
 
