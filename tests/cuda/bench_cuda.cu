@@ -2,10 +2,12 @@
  * dq226) and prints one JSON object per line (read by bench_attn.py, which adds the PyTorch BF16
  * reference measured in the same run).
  *
- *   bench_cuda [--attn B:CTX ...] [--budget-gb G] [--layers L] [--quick]
+ *   bench_cuda [--attn B:CTX ...] [--budget-gb G] [--layers L] [--prefill TOKENS:LAYERS] [--quick]
  *
  * Records: {"kind":"copy"}: device-to-device copy bandwidth (bytes read + written per second);
- * {"kind":"encode_streams"|"encode_windows"}: streams per second; {"kind":"decompress"}: GB/s of BF16
+ * {"kind":"encode_streams"|"encode_windows"}: streams per second; {"kind":"prefill"}: a whole prefill
+ * (TOKENS tokens of each of LAYERS layers, BF16, one dqcu_encode_windows call per layer) on 1 and
+ * on 2 CUDA streams; {"kind":"decompress"}: GB/s of BF16
  * written; {"kind":"attn"}: one decode-attention step of one layer for B sequences of CTX tokens
  * (ms, container bytes read, GB/s). Containers come from a pool of windows encoded on the GPU from
  * random data; sequences point into the pool, and repetitions rotate through the pool so that
@@ -140,6 +142,7 @@ int main(int argc, char **argv)
     double budget_gb = 100.0;
     uint32_t layers = 36;
     bool quick = false, custom = false;
+    uint32_t pf_tokens = 65536, pf_layers = 36;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--attn") && i + 1 < argc) {
             if (!custom)
@@ -152,10 +155,15 @@ int main(int argc, char **argv)
             budget_gb = atof(argv[++i]);
         } else if (!strcmp(argv[i], "--layers") && i + 1 < argc) {
             layers = (uint32_t)atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) {
+            if (sscanf(argv[++i], "%u:%u", &pf_tokens, &pf_layers) != 2) {
+                fprintf(stderr, "--prefill wants TOKENS:LAYERS\n");
+                return 2;
+            }
         } else if (!strcmp(argv[i], "--quick")) {
             quick = true;
         } else {
-            fprintf(stderr, "usage: %s [--attn B:CTX ...] [--budget-gb G] [--layers L] [--quick]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--attn B:CTX ...] [--budget-gb G] [--layers L] [--prefill TOKENS:LAYERS] [--quick]\n", argv[0]);
             return 2;
         }
     }
@@ -233,6 +241,52 @@ int main(int argc, char **argv)
             fflush(stdout);
         }
         dqcu__encode_kernel(ver0);
+    }
+
+    /* a prefill: every layer's windows in one call per layer, inputs rotating through 4 sets of
+     * 2·TOKENS tokens (more than L2 holds), every layer's windows kept; the layers' calls go to 1 or
+     * 2 CUDA streams (blocking ones, so the events on the legacy stream bound all of the work) */
+    if (pf_layers > 0 && pf_tokens >= W) {
+        const uint32_t layers = quick ? std::min<uint32_t>(pf_layers, 4) : pf_layers;
+        const size_t nwin = pf_tokens / W, wb = dq_codec_window_bytes(c), sets = std::min<uint32_t>(layers, 4);
+        const size_t set_vals = nwin * W * n;
+        DevBuf<uint16_t> kin(sets * set_vals), vin(sets * set_vals);
+        gen_tokens_kernel<<<1024, 256>>>(kin.p, kin.n, n, 1234, 1);
+        gen_tokens_kernel<<<1024, 256>>>(vin.p, vin.n, n, 5678, 0);
+        DevBuf<uint8_t> out(layers * nwin * wb);
+        std::vector<uint8_t *> p(layers * nwin);
+        for (size_t i = 0; i < p.size(); i++)
+            p[i] = out.p + i * wb;
+        DevBuf<uint8_t *> dptr(p.size());
+        dptr.upload(p.data(), p.size());
+        DevBuf<int32_t> st(layers * nwin);
+        cudaStream_t cs[2];
+        for (auto &x : cs)
+            CK(cudaStreamCreate(&x));
+        for (int ns = 1; ns <= 2; ns++) {
+            double ms = time_median_ms(
+                [&] {
+                    for (uint32_t l = 0; l < layers; l++)
+                        DQ(dqcu_encode_windows(g, kin.p + (l % sets) * set_vals, vin.p + (l % sets) * set_vals,
+                                               DQ_DTYPE_BF16, nwin, dptr.p + l * nwin, st.p + l * nwin, NULL,
+                                               cs[l % ns]));
+                },
+                1, 5);
+            std::vector<int32_t> hs(st.n);
+            st.download(hs.data(), hs.size());
+            for (int32_t v : hs)
+                if (v != 0) {
+                    fprintf(stderr, "prefill: a window's status is %d\n", v);
+                    return 1;
+                }
+            const double streams = (double)layers * nwin * W * 2;
+            printf("{\"kind\":\"prefill\",\"tokens\":%zu,\"layers\":%u,\"cuda_streams\":%d,\"streams\":%.0f,"
+                   "\"ms\":%.3f,\"streams_per_s\":%.4e}\n",
+                   nwin * W, layers, ns, streams, ms, streams / (ms * 1e-3));
+            fflush(stdout);
+        }
+        for (auto &x : cs)
+            CK(cudaStreamDestroy(x));
     }
 
     Pool pool;
