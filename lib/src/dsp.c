@@ -35,6 +35,23 @@ static float dot_bf16_c(const float *q, const uint16_t *k, size_t len)
     return s;
 }
 
+/* Eight partial sums, so that the loop vectorizes without reassociation. */
+static float sumsq_bf16_c(const uint16_t *x, size_t len)
+{
+    float part[8] = {0};
+    size_t j = 0;
+    for (; j + 8 <= len; j += 8)
+        for (int u = 0; u < 8; u++) {
+            const float v = dq__bf16_f32(x[j + u]);
+            part[u] += v * v;
+        }
+    for (; j < len; j++) {
+        const float v = dq__bf16_f32(x[j]);
+        part[0] += v * v;
+    }
+    return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+}
+
 static void axpy_bf16_c(float *acc, float w, const uint16_t *v, size_t len)
 {
     for (size_t j = 0; j < len; j++)
@@ -61,6 +78,7 @@ void dq__dsp_init_c(dq__dsp *dsp)
     dsp->dot_u8 = dot_u8_c;
     dsp->dot_bf16 = dot_bf16_c;
     dsp->axpy_bf16 = axpy_bf16_c;
+    dsp->sumsq_bf16 = sumsq_bf16_c;
     dsp->fwht = dq__fwht_c;
 }
 

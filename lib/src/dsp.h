@@ -23,6 +23,9 @@ typedef struct dq__dsp {
     float (*dot_bf16)(const float *q, const uint16_t *k, size_t len);
     /* acc[j] += w · v[j], j < len, v in BF16. */
     void (*axpy_bf16)(float *acc, float w, const uint16_t *v, size_t len);
+    /* Returns Σ_j x[j]², j < len, x in BF16, summed in any order (+inf or NaN when a value is not
+     * finite). */
+    float (*sumsq_bf16)(const uint16_t *x, size_t len);
     /* The unnormalized Walsh–Hadamard transform of x in place, len a power of two, in the canonical
      * butterfly order (stage h = 1, 2, 4, ...: x[j], x[j + h] = x[j] + x[j + h], x[j] - x[j + h]);
      * every version gives the same bits (each output is one addition or subtraction). */

@@ -260,6 +260,30 @@ __attribute__((target("avx2,fma"))) static void axpy_bf16_avx2(float *acc, float
         acc[j] += w * dq__bf16_f32(v[j]);
 }
 
+/* Four accumulators: the FMAs' latency, not their throughput, bounds a single chain. */
+__attribute__((target("avx2,fma"))) static float sumsq_bf16_avx2(const uint16_t *x, size_t len)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    size_t j = 0;
+    for (; j + 32 <= len; j += 32) {
+        const __m256 v0 = bf16x8(x + j), v1 = bf16x8(x + j + 8), v2 = bf16x8(x + j + 16), v3 = bf16x8(x + j + 24);
+        a0 = _mm256_fmadd_ps(v0, v0, a0);
+        a1 = _mm256_fmadd_ps(v1, v1, a1);
+        a2 = _mm256_fmadd_ps(v2, v2, a2);
+        a3 = _mm256_fmadd_ps(v3, v3, a3);
+    }
+    for (; j + 8 <= len; j += 8) {
+        const __m256 v = bf16x8(x + j);
+        a0 = _mm256_fmadd_ps(v, v, a0);
+    }
+    float r = hsum2_avx(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
+    for (; j < len; j++) {
+        const float v = dq__bf16_f32(x[j]);
+        r += v * v;
+    }
+    return r;
+}
+
 /* fwht_c's stages in registers: h = 1, 2, 4 inside each vector of 8 (lanes whose partner is above
  * them add it, the others subtract themselves from it), then h >= 8 between vectors. Same
  * additions and subtractions of the same operands: the same bits. */
@@ -304,6 +328,7 @@ void dq__dsp_init_x86(dq__dsp *dsp)
         dsp->axpy_u8 = axpy_u8_avx2;
         dsp->dot_bf16 = dot_bf16_avx2;
         dsp->axpy_bf16 = axpy_bf16_avx2;
+        dsp->sumsq_bf16 = sumsq_bf16_avx2;
         dsp->decode_levels = decode_levels_avx2;
         g_name = "interleaved+avx2";
     }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "codec_internal.h"
+#include "dsp.h"
 #include "dquant/layer.h"
 
 struct dq_layer {
@@ -117,6 +118,19 @@ static void fetch_token(const dq_layer *l, int kind, const void *x, dq_dtype dty
         input_token_bf16(x, dtype, n, i - l->tail_len, dst);
 }
 
+/* Whether every head of the BF16 token xb has a 2-norm of at most DQ__TOKEN_NORM_LIMIT. Such a
+ * head cannot leave the range after rotation (an orthonormal map; the 0.1% margin covers the
+ * rounding of the sums and of the transform), whatever order the squares are summed in. A
+ * non-finite value makes its head's sum +inf or NaN, which fails. */
+static bool token_small(const dq__dsp *dsp, const uint16_t *xb, uint32_t n, uint32_t d)
+{
+    const float lim2 = DQ__TOKEN_NORM_LIMIT * DQ__TOKEN_NORM_LIMIT;
+    for (uint32_t h0 = 0; h0 < n; h0 += d)
+        if (!(dsp->sumsq_bf16(xb + h0, d) <= lim2))
+            return false;
+    return true;
+}
+
 /* Every new token, rounded to BF16, must be finite and within the codec's range after rotation. */
 int dq_check_tokens(dq_workspace *ws, const void *x, dq_dtype dtype, size_t ntok)
 {
@@ -125,39 +139,36 @@ int dq_check_tokens(dq_workspace *ws, const void *x, dq_dtype dtype, size_t ntok
     if (!dq_dtype_size(dtype))
         return DQ_DTYPE;
     const dq_codec *c = ws->codec;
+    const dq__dsp *dsp = dq__dsp_get();
     const uint32_t n = c->n, d = c->head_dim;
+    /* The usual case in one pass: BF16 tokens whose heads are all small (finite sums, so finite
+     * values). Anything else goes through the checks below, in their order of precedence. */
+    if (dtype == DQ_DTYPE_BF16) {
+        size_t t = 0;
+        while (t < ntok && token_small(dsp, (const uint16_t *)x + t * n, n, d))
+            t++;
+        if (t == ntok)
+            return DQ_OK;
+    }
     DQ_FORWARD_IF_ERROR(dq_check_finite(x, dtype, ntok * n));
-    /* A token whose heads all have norms below DQ__TOKEN_NORM_LIMIT passes without being rotated;
-     * the others are rotated and checked value by value, as the encoder sees them. */
-    const float lim2 = DQ__TOKEN_NORM_LIMIT * DQ__TOKEN_NORM_LIMIT;
+    /* Tokens with a head above the limit are rotated and checked value by value, as the encoder
+     * sees them. */
+    uint16_t *xb16 = (uint16_t *)(void *)ws->f1; /* n BF16 values fit in n floats */
     float *y = ws->f0;
     for (size_t t = 0; t < ntok; t++) {
-        /* fetch_token with the tail skipped: the values rounded to BF16 */
-        if (dtype == DQ_DTYPE_BF16) {
-            const uint16_t *xb = (const uint16_t *)x + t * n;
-            for (uint32_t j = 0; j < n; j++)
-                y[j] = dq__bf16_f32(xb[j]); /* finite: checked above */
-        } else {
+        const uint16_t *xb = (const uint16_t *)x + t * n;
+        if (dtype != DQ_DTYPE_BF16) {
             for (uint32_t j = 0; j < n; j++) {
-                y[j] = dq__bf16_f32(dq_f32_to_bf16(dq__load_elem(x, dtype, t * n + j)));
-                if (!isfinite(y[j]))
+                xb16[j] = dq_f32_to_bf16(dq__load_elem(x, dtype, t * n + j));
+                if (!isfinite(dq__bf16_f32(xb16[j]))) /* finite, but rounds to an infinity */
                     return DQ_NONFINITE;
             }
+            xb = xb16;
         }
-        bool small = true;
-        for (uint32_t h0 = 0; h0 < n && small; h0 += d) {
-            float part[8] = {0};
-            uint32_t j = 0;
-            for (; j + 8 <= d; j += 8)
-                for (int u = 0; u < 8; u++)
-                    part[u] += y[h0 + j + u] * y[h0 + j + u];
-            for (; j < d; j++)
-                part[0] += y[h0 + j] * y[h0 + j];
-            const float ss = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-            small = ss <= lim2; /* an overflow to +inf goes the exact way */
-        }
-        if (small)
+        if (token_small(dsp, xb, n, d))
             continue;
+        for (uint32_t j = 0; j < n; j++)
+            y[j] = dq__bf16_f32(xb[j]);
         dq_rotate(c, y);
         for (uint32_t j = 0; j < n; j++)
             if (!(fabsf(y[j]) <= DQ_TOKEN_MAX_ABS))

@@ -1,8 +1,8 @@
 /* checkasm-style comparison of the dsp table (lib/src/dsp.h): every entry the CPU-specific init
  * installs must match the portable C reference on random inputs — bit-identical levels and corrupt
  * counts for decode_levels (valid and damaged streams, 1..37 streams, odd strides, unaligned
- * records), dot_u8 / axpy_u8 (centred levels) and dot_bf16 / axpy_bf16 (the BF16 tail) within 1e-6
- * relative. The C reference itself is checked against
+ * records), dot_u8 / axpy_u8 (centred levels), dot_bf16 / axpy_bf16 (the BF16 tail) and sumsq_bf16
+ * (the token checks) within 1e-6 relative. The C reference itself is checked against
  * the spec decoder and against double-precision sums, so the two cannot agree on a wrong answer. */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
@@ -44,13 +44,15 @@ Test(dsp, table)
     cr_assert_not_null(c_dsp.dot_u8);
     cr_assert_not_null(c_dsp.dot_bf16);
     cr_assert_not_null(c_dsp.axpy_bf16);
+    cr_assert_not_null(c_dsp.sumsq_bf16);
     cr_assert_not_null(c_dsp.fwht);
     const dq__dsp *g = dq__dsp_get();
     cr_assert_not_null(g);
     cr_assert_eq(g, dq__dsp_get(), "dq__dsp_get returns different tables");
     cr_assert(g->decode_levels == fast_dsp.decode_levels && g->axpy_u8 == fast_dsp.axpy_u8 &&
                   g->dot_u8 == fast_dsp.dot_u8 && g->dot_bf16 == fast_dsp.dot_bf16 &&
-                  g->axpy_bf16 == fast_dsp.axpy_bf16 && g->fwht == fast_dsp.fwht,
+                  g->axpy_bf16 == fast_dsp.axpy_bf16 && g->sumsq_bf16 == fast_dsp.sumsq_bf16 &&
+                  g->fwht == fast_dsp.fwht,
               "the process table is not init_c + init_x86");
 }
 
@@ -299,6 +301,42 @@ Test(dsp, dot_bf16)
     }
     free(qb);
     free(kb);
+}
+
+Test(dsp, sumsq_bf16)
+{
+    const size_t maxlen = 4099 + 8;
+    uint16_t *xb = dqt_xmalloc(maxlen * sizeof *xb);
+    for (size_t li = 0; li < sizeof vec_lens / sizeof vec_lens[0]; li++) {
+        const size_t len = vec_lens[li];
+        for (int trial = 0; trial < 24; trial++) {
+            uint16_t *x = xb + trial % 6;
+            const double xs = pow(10.0, -3.0 + 6.0 * dqt_uniform(&rng));
+            for (size_t j = 0; j < len; j++)
+                x[j] = bf16_of(xs * dqt_normal(&rng));
+            double exact = 0;
+            for (size_t j = 0; j < len; j++)
+                exact += (double)dq_bf16_to_f32(x[j]) * (double)dq_bf16_to_f32(x[j]);
+            float c = c_dsp.sumsq_bf16(x, len);
+            float f = fast_dsp.sumsq_bf16(x, len);
+            cr_assert(fabs((double)c - exact) <= (len + 1) * 0x1p-24 * exact, "C sumsq_bf16 len %zu: %.9g vs %.9g", len,
+                      (double)c, exact);
+            cr_assert(fabs((double)f - (double)c) <= 1e-6 * exact, "fast sumsq_bf16 len %zu (x+%d): %.9g, C %.9g", len,
+                      trial % 6, (double)f, (double)c);
+            if (len > 0) {
+                /* a non-finite value anywhere: the sum is +inf or NaN, never a finite number */
+                const size_t at = (size_t)trial * 7919 % len;
+                const uint16_t saved = x[at];
+                x[at] = trial % 3 == 0 ? 0x7f80 : trial % 3 == 1 ? 0xff80 : 0x7fc1;
+                cr_assert(!isfinite(c_dsp.sumsq_bf16(x, len)), "C sumsq_bf16 len %zu: finite with %#x at %zu", len,
+                          x[at], at);
+                cr_assert(!isfinite(fast_dsp.sumsq_bf16(x, len)), "fast sumsq_bf16 len %zu: finite with %#x at %zu",
+                          len, x[at], at);
+                x[at] = saved;
+            }
+        }
+    }
+    free(xb);
 }
 
 Test(dsp, axpy_bf16)

@@ -305,6 +305,19 @@ Test(nonfinite, check_tokens_matches_append)
     cr_assert_eq(dq_check_tokens(ws, NULL, DQ_DTYPE_F32, ntok), DQ_INVALID_ARGUMENT);
     cr_assert_eq(dq_check_tokens(NULL, x, DQ_DTYPE_F32, ntok), DQ_INVALID_ARGUMENT);
     cr_assert_eq(dq_check_tokens(ws, NULL, DQ_DTYPE_F32, 0), DQ_OK);
+    /* BF16 (the one-pass path): a token out of range before a non-finite one gives DQ_NONFINITE,
+     * out of range alone DQ_RANGE, both in any token */
+    uint16_t *xb = dqt_xmalloc(ntok * n * sizeof *xb);
+    for (size_t t = 0; t < ntok; t++) {
+        for (size_t j = 0; j < ntok * n; j++)
+            xb[j] = dq_f32_to_bf16(0.01f * (float)((j * 7) % 13) - 0.06f);
+        cr_assert_eq(dq_check_tokens(ws, xb, DQ_DTYPE_BF16, ntok), DQ_OK);
+        xb[t * n + 3] = dq_f32_to_bf16(1.05f * DQ_TOKEN_MAX_ABS * sqrtf(128.0f));
+        cr_assert_eq(dq_check_tokens(ws, xb, DQ_DTYPE_BF16, ntok), DQ_RANGE, "token %zu", t);
+        xb[(ntok - 1) * n + n - 1] = 0x7fc0;
+        cr_assert_eq(dq_check_tokens(ws, xb, DQ_DTYPE_BF16, ntok), DQ_NONFINITE, "token %zu", t);
+    }
+    free(xb);
     free(x);
     dq_layer_free(layer);
 }
