@@ -74,7 +74,7 @@ bool dqd_conn_reapable(const dqd_conn *c)
 void dqd_conn_free(dqd_conn *c)
 {
     free(c->rbuf);
-    free(c->fbuf);
+    dqd_framebuf_put(&c->srv->frames, c->fbuf);
     free(c);
 }
 
@@ -218,10 +218,9 @@ static size_t payload_pad(uint32_t header_len)
     return (64u - ((DQ_FRAME_HEADER_BYTES + header_len) & 63u)) & 63u;
 }
 
-static uint8_t *frame_alloc(size_t pad, size_t total)
+static uint8_t *frame_alloc(dqd_conn *c, size_t pad, size_t total)
 {
-    size_t bytes = (pad + total + 63u) & ~(size_t)63u;
-    return aligned_alloc(64, bytes ? bytes : 64);
+    return dqd_framebuf_get(&c->srv->frames, pad + total > 0 ? pad + total : 1);
 }
 
 /* A whole frame at buf + pad: check it, make the request and dispatch it. Takes buf. */
@@ -234,14 +233,14 @@ static void frame_ready(dqd_conn *c, uint8_t *buf, size_t pad, size_t total)
     dq_frame_status st = dq_frame_parse(buf + pad, total, &srv->frame_limits, &f, &consumed, &err);
     if (st != DQ_FRAME_OK || consumed != total) {
         uint64_t id = peek_request_id(buf + pad, total);
-        free(buf);
+        dqd_framebuf_put(&srv->frames, buf);
         protocol_error(c, err < 0 ? err : DQ_PROTOCOL, id,
                        err == DQ_CORRUPT ? "header checksum mismatch" : "malformed frame");
         return;
     }
     dqd_req *req = calloc(1, sizeof *req);
     if (!req) {
-        free(buf);
+        dqd_framebuf_put(&srv->frames, buf);
         protocol_error(c, DQ_NOMEM, f.hdr.request_id, "out of memory");
         return;
     }
@@ -309,7 +308,7 @@ static void process_input(dqd_conn *c)
             size_t pad = payload_pad(hdr.header_len);
             if (total > RBUF_SIZE) {
                 /* Large frame: give it its own buffer and let the socket fill it in place. */
-                uint8_t *buf = frame_alloc(pad, total);
+                uint8_t *buf = frame_alloc(c, pad, total);
                 if (!buf) {
                     protocol_error(c, DQ_NOMEM, hdr.request_id, "out of memory for a frame");
                     break;
@@ -325,7 +324,7 @@ static void process_input(dqd_conn *c)
             }
             if (avail < total)
                 break;
-            uint8_t *buf = frame_alloc(pad, total);
+            uint8_t *buf = frame_alloc(c, pad, total);
             if (!buf) {
                 protocol_error(c, DQ_NOMEM, hdr.request_id, "out of memory for a frame");
                 break;

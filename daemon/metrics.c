@@ -199,6 +199,10 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
     gauge(&b, "dquant_gpu_sequences", "Sequences holding layers in GPU memory.", (double)g->store.gpu_sequences);
     gauge(&b, "dquant_models", "Registered models.", (double)g->models);
     gauge(&b, "dquant_inflight_requests", "Requests in progress.", (double)g->inflight_requests);
+    gauge(&b, "dquant_frame_cache_bytes", "Freed large frame buffers kept for the next frames.",
+          (double)g->frame_cache_bytes);
+    counter(&b, "dquant_frame_buffers_reused_total", "Large frames read into a kept buffer.", g->frame_buffers_reused);
+    counter(&b, "dquant_frame_buffers_fresh_total", "Large frames that needed a new buffer.", g->frame_buffers_fresh);
     gauge(&b, "dquant_workers", "Worker threads.", (double)g->workers);
     gauge(&b, "dquant_uptime_seconds", "Seconds since start.", g->uptime_seconds);
 
@@ -316,6 +320,8 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_counter(&kb, "gpu_promotions", g->store.gpu_promotions);
     add_counter(&kb, "gpu_drops", g->store.gpu_drops);
     add_counter(&kb, "gpu_spills", g->store.gpu_spills);
+    add_counter(&kb, "frame_buffers_reused", g->frame_buffers_reused);
+    add_counter(&kb, "frame_buffers_fresh", g->frame_buffers_fresh);
 
     add_gauge(&kb, "sequences", (double)g->store.sequences);
     add_gauge(&kb, "sequences_pinned", (double)g->store.pinned);
@@ -335,6 +341,7 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_gauge(&kb, "connections_open", (double)m->conns_open);
     add_gauge(&kb, "models", (double)g->models);
     add_gauge(&kb, "inflight_requests", (double)g->inflight_requests);
+    add_gauge(&kb, "frame_cache_bytes", (double)g->frame_cache_bytes);
     add_gauge(&kb, "workers", (double)g->workers);
     add_gauge(&kb, "uptime_seconds", g->uptime_seconds);
     for (int op = 1; op < DQD_OP_COUNT; op++) {

@@ -38,6 +38,8 @@ typedef struct dqd_gauges {
     uint64_t gpu_allocated;     /* device bytes of GPU layers allocated right now (cuda backend) */
     uint64_t models;
     uint64_t inflight_requests;
+    uint64_t frame_cache_bytes;   /* freed frame buffers kept (framebuf.h) */
+    uint64_t frame_buffers_reused, frame_buffers_fresh;
     uint64_t workers;
     double uptime_seconds;
     const char *backend;

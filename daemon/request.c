@@ -103,7 +103,7 @@ static void release_input(dqd_req *req)
     if (req->msg)
         dquant__request__free_unpacked(req->msg, &req->pbmem.a);
     req->msg = NULL;
-    free(req->frame);
+    dqd_framebuf_put(&req->srv->frames, req->frame);
     req->frame = NULL;
     req->payload = NULL;
     dqd_nccl_free_payload(req->srv, req->dpayload);

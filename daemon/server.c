@@ -53,6 +53,7 @@ int dqd_server_init(dqd_server *srv, uv_loop_t *loop, const dqd_config *cfg)
     srv->frame_limits.max_payload = cfg->max_payload;
     dqd_hostmem_init(&srv->mem);
     dqd_metrics_init(&srv->metrics);
+    dqd_framebufs_init(&srv->frames, cfg->frame_cache);
 
     int rc = dqd_registry_create(&srv->mem, cfg->max_models, &srv->reg);
     if (rc < 0)
@@ -294,6 +295,7 @@ void dqd_server_destroy(dqd_server *srv)
     srv->store = NULL;
     srv->gpu = NULL;
     srv->reg = NULL;
+    dqd_framebufs_destroy(&srv->frames);
 }
 
 void dqd_server_gauges(const dqd_server *srv, dqd_gauges *g)
@@ -302,6 +304,8 @@ void dqd_server_gauges(const dqd_server *srv, dqd_gauges *g)
     g->gpu_allocated = srv->gpu ? dqd_gpu_allocated(srv->gpu) : 0;
     g->models = dqd_registry_model_count(srv->reg);
     g->inflight_requests = srv->reqs_inflight;
+    dqd_framebufs_stats((dqd_framebufs *)&srv->frames, &g->frame_cache_bytes, &g->frame_buffers_reused,
+                        &g->frame_buffers_fresh);
     g->workers = srv->cfg->workers;
     g->uptime_seconds = (double)(dqd_now_ns() - srv->start_ns) * 1e-9;
     g->backend = srv->backend_name;

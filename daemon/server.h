@@ -12,6 +12,7 @@
 
 #include "config.h"
 #include "frame.h"
+#include "framebuf.h"
 #include "hostmem.h"
 #include "metrics.h"
 #include "registry.h"
@@ -47,6 +48,7 @@ struct dqd_server {
     dqd_registry *reg;
     dqd_store *store;
     dqd_metrics metrics;
+    dqd_framebufs frames;     /* every frame's buffer (framebuf.h) */
     dqd_http *http;
     dqd_gpu *gpu;             /* the cuda backend; NULL on the cpu backend */
     dqd_lane *lane;           /* GPU threads (lane.h); NULL without the cuda backend or with gpu_threads 0 */

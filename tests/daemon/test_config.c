@@ -283,5 +283,6 @@ Test(config, shipped_example_parses)
     cr_assert_str_eq(cfg.listen[0].path, "/run/dquantd/dquantd.sock");
     cr_assert_eq(cfg.host_memory, 4ull << 30);
     cr_assert_eq(cfg.max_inflight, 64);
+    cr_assert_eq(cfg.frame_cache, 512ull << 20);
     cr_assert(cfg.metrics_enabled);
 }

@@ -417,6 +417,35 @@ Test(server, put_get_roundtrip)
     close(fd);
 }
 
+/* Frames of 1 MiB and up land in buffers kept from earlier frames (framebuf.h): the second large
+ * PUT reuses the first one's buffer, and its data is its own. */
+Test(server, large_frames_reuse_buffers)
+{
+    start(NULL);
+    int fd = session();
+    const size_t T = 1200; /* 1200 tokens x 128 values x 4 bytes x 2: a 1.2 MB payload */
+    float *k = random_kv(2 * T * N, 11), *v = random_kv(2 * T * N, 12);
+    uint64_t tokens;
+    cr_assert_eq(put(fd, "big1", 0, 1, 0, T, k, v, &tokens), 0);
+    cr_assert_eq(stat_counter(fd, "frame_buffers_reused"), 0);
+    cr_assert_eq(stat_counter(fd, "frame_buffers_fresh"), 1);
+    cr_assert_geq(stat_counter(fd, "frame_cache_bytes"), T * N * 8);
+    cr_assert_eq(put(fd, "big2", 0, 1, 0, T, k + T * N, v + T * N, &tokens), 0);
+    cr_assert_eq(stat_counter(fd, "frame_buffers_reused"), 1);
+    cr_assert_eq(stat_counter(fd, "frame_buffers_fresh"), 1);
+    float *gk, *gv;
+    cr_assert_eq(get_f32(fd, "big2", 0, 1, &tokens, &gk, &gv), 0);
+    cr_assert_eq(tokens, T);
+    double ek = rel_rmse(gk, k + T * N, T * N), ev = rel_rmse(gv, v + T * N, T * N);
+    cr_assert_lt(ek, 0.35, "key error %f", ek);
+    cr_assert_lt(ev, 0.45, "value error %f", ev);
+    free(gk);
+    free(gv);
+    free(k);
+    free(v);
+    close(fd);
+}
+
 Test(server, bad_puts_are_refused_and_counted)
 {
     start(NULL);
