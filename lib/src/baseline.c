@@ -281,7 +281,7 @@ int dq__baseline_encode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const
         switch (p->codec_type) {
         case DQ_CODEC_BF16:
             for (size_t j = 0; j < n; j++)
-                dq__put_u16(rec + 2 * j, dq_f32_to_bf16(y[j]));
+                dq__put_u16(rec + 2 * j, dq__f32_bf16(y[j]));
             break;
         case DQ_CODEC_TURBO:
             if (kind == DQ_KIND_K) {

@@ -81,6 +81,20 @@ static inline float dq__bf16_f32(uint16_t b)
     return x.f;
 }
 
+/* A float as BF16, round to nearest even, a NaN kept a quiet NaN: dq_f32_to_bf16, inline and
+ * without branches so that loops storing BF16 vectorize. */
+static inline uint16_t dq__f32_bf16(float f)
+{
+    union {
+        float f;
+        uint32_t u;
+    } x = {.f = f};
+    const uint32_t u = x.u;
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t quiet = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+}
+
 static inline float dq__load_elem(const void *src, dq_dtype t, size_t i)
 {
     switch (t) {
@@ -94,7 +108,7 @@ static inline void dq__store_elem(void *dst, dq_dtype t, size_t i, float v)
 {
     switch (t) {
     case DQ_DTYPE_F16: ((uint16_t *)dst)[i] = dq_f32_to_f16(v); break;
-    case DQ_DTYPE_BF16: ((uint16_t *)dst)[i] = dq_f32_to_bf16(v); break;
+    case DQ_DTYPE_BF16: ((uint16_t *)dst)[i] = dq__f32_bf16(v); break;
     default: ((float *)dst)[i] = v; break;
     }
 }

@@ -23,16 +23,22 @@ void dq_rotate(const dq_codec *codec, float *x)
     }
 }
 
+/* The scale and the signs in one product per value: a sign is ±1, so scale·sign is exact and
+ * (y·scale)·sign = y·(scale·sign) bit for bit. */
 void dq_unrotate(const dq_codec *codec, float *y)
 {
     const uint32_t n = codec->n, d = codec->head_dim;
     const float scale = codec->rot_scale;
     for (uint32_t h0 = 0; h0 < n; h0 += d) {
-        dq__fwht(y + h0, d);
-        for (uint32_t j = 0; j < d; j++)
-            y[h0 + j] *= scale;
+        float *restrict yh = y + h0;
+        dq__fwht(yh, d);
+        if (codec->signs) {
+            const float *restrict sh = codec->signs + h0;
+            for (uint32_t j = 0; j < d; j++)
+                yh[j] *= scale * sh[j];
+        } else {
+            for (uint32_t j = 0; j < d; j++)
+                yh[j] *= scale;
+        }
     }
-    if (codec->signs)
-        for (uint32_t i = 0; i < n; i++)
-            y[i] *= codec->signs[i];
 }

@@ -98,12 +98,7 @@ uint16_t dq_f64_to_f16(double x)
 
 uint16_t dq_f32_to_bf16(float x)
 {
-    uint32_t u = f32_bits(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
-    uint32_t lsb = (u >> 16) & 1u;
-    u += 0x7fffu + lsb;
-    return (uint16_t)(u >> 16);
+    return dq__f32_bf16(x);
 }
 
 float dq_bf16_to_f32(uint16_t b)

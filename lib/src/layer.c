@@ -105,7 +105,7 @@ static void input_token_bf16(const void *x, dq_dtype dtype, size_t n, size_t t, 
         return;
     }
     for (size_t j = 0; j < n; j++)
-        dst[j] = dq_f32_to_bf16(dq__load_elem(x, dtype, t * n + j));
+        dst[j] = dq__f32_bf16(dq__load_elem(x, dtype, t * n + j));
 }
 
 /* Token i of the concatenation [tail, input] as BF16 into dst (n values). */
@@ -159,7 +159,7 @@ int dq_check_tokens(dq_workspace *ws, const void *x, dq_dtype dtype, size_t ntok
         const uint16_t *xb = (const uint16_t *)x + t * n;
         if (dtype != DQ_DTYPE_BF16) {
             for (uint32_t j = 0; j < n; j++) {
-                xb16[j] = dq_f32_to_bf16(dq__load_elem(x, dtype, t * n + j));
+                xb16[j] = dq__f32_bf16(dq__load_elem(x, dtype, t * n + j));
                 if (!isfinite(dq__bf16_f32(xb16[j]))) /* finite, but rounds to an infinity */
                     return DQ_NONFINITE;
             }

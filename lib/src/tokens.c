@@ -131,21 +131,29 @@ int dq_tokens_decode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, cons
         for (size_t t = 0; t < cnt; t++) {
             const uint8_t *rec = rec0 + t * record_stride;
             const float s = dq_f16_to_f32(dq__get_u16(rec)), o = dq_f16_to_f32(dq__get_u16(rec + 2));
-            const uint8_t *lev = ws->levels + t * n;
+            /* restrict: the levels are bytes, which the compiler would otherwise assume y aliases */
+            const uint8_t *restrict lev = ws->levels + t * n;
+            float *restrict yt = y;
             if (kind == DQ_KIND_K) {
+                const float *restrict mt = mu;
                 for (uint32_t j = 0; j < n; j++)
-                    y[j] = (o + s * (float)lev[j]) + mu[j];
+                    yt[j] = (o + s * (float)lev[j]) + mt[j];
             } else {
                 for (uint32_t j = 0; j < n; j++)
-                    y[j] = o + s * (float)lev[j];
+                    yt[j] = o + s * (float)lev[j];
             }
             dq_unrotate(codec, y);
             size_t base = (t0 + t) * n;
-            if (dtype == DQ_DTYPE_F32)
+            if (dtype == DQ_DTYPE_F32) {
                 memcpy((float *)out + base, y, n * sizeof(float));
-            else
+            } else if (dtype == DQ_DTYPE_BF16) {
+                uint16_t *restrict ob = (uint16_t *)out + base;
+                for (uint32_t j = 0; j < n; j++)
+                    ob[j] = dq__f32_bf16(yt[j]);
+            } else {
                 for (uint32_t j = 0; j < n; j++)
                     dq__store_elem(out, dtype, base + j, y[j]);
+            }
         }
     }
     return corrupt ? DQ_CORRUPT : DQ_OK;
