@@ -154,8 +154,9 @@ int dq__baseline_encode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const
 int dq__baseline_decode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const uint8_t *header,
                         const uint8_t *records, size_t stride, size_t ntok, void *out, dq_dtype dtype);
 
-/* Key-mean block helpers (window of ntok rotated tokens, token-major [ntok][n]). */
-int dq__mean_compute(const dq_codec *codec, const float *y, size_t ntok, uint8_t *mean_block);
+/* Key-mean block helpers (window of ntok rotated tokens, token-major [ntok][n]; sum: n floats of
+ * scratch). */
+int dq__mean_compute(const dq_codec *codec, const float *y, size_t ntok, uint8_t *mean_block, float *sum);
 void dq__mean_dequant(const dq_codec *codec, const uint8_t *mean_block, float *mu);
 
 /* Fast Walsh–Hadamard transform of len (power of two) floats, unnormalized, in place. */

@@ -44,16 +44,22 @@ static inline float key_float(uint32_t k)
 void dq__sort_floats(const float *x, uint32_t n, float *out, uint32_t *tmp)
 {
     uint32_t *a = tmp, *b = (uint32_t *)(void *)out;
-    for (uint32_t i = 0; i < n; i++)
-        a[i] = float_key(x[i]);
-    /* LSD radix, 4 × 8 bits; a pass whose byte is constant is skipped. The data ends in `out`
-     * after an even number of executed passes, otherwise it is copied there. */
+    /* LSD radix, 4 × 8 bits, the four histograms counted in one pass over the keys; a pass whose
+     * byte is constant is skipped. The data ends in `out` after an even number of executed
+     * passes, otherwise it is copied there. */
+    uint32_t counts[4][256] = {{0}};
+    for (uint32_t i = 0; i < n; i++) {
+        const uint32_t k = float_key(x[i]);
+        a[i] = k;
+        counts[0][k & 0xffu]++;
+        counts[1][(k >> 8) & 0xffu]++;
+        counts[2][(k >> 16) & 0xffu]++;
+        counts[3][k >> 24]++;
+    }
     int in_tmp = 1;
     for (int pass = 0; pass < 4; pass++) {
         uint32_t shift = 8u * (uint32_t)pass;
-        uint32_t count[256] = {0};
-        for (uint32_t i = 0; i < n; i++)
-            count[(a[i] >> shift) & 0xffu]++;
+        uint32_t *count = counts[pass];
         if (count[(a[0] >> shift) & 0xffu] == n)
             continue;
         uint32_t sum = 0;

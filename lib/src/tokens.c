@@ -1,5 +1,6 @@
 /* Token blocks and windows: rotation, the INT8 key window mean, and record layout. */
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "codec_internal.h"
@@ -18,31 +19,32 @@ static int load_rotated(const dq_codec *codec, const void *x, dq_dtype dtype, si
     return DQ_OK;
 }
 
-int dq__mean_compute(const dq_codec *codec, const float *y, size_t ntok, uint8_t *mean_block)
+int dq__mean_compute(const dq_codec *codec, const float *y, size_t ntok, uint8_t *mean_block, float *sum)
 {
     const uint32_t n = codec->n;
-    float amax = 0;
     int8_t *q = (int8_t *)(mean_block + 2);
-    /* two passes over the window: mean per channel (tokens summed in order), then quantize */
+    /* The sum per channel with the tokens added in order (as the GPU's window-mean kernel adds
+     * them), accumulated token by token so that the loop runs over contiguous channels. */
+    for (uint32_t j = 0; j < n; j++)
+        sum[j] = 0.0f;
+    for (size_t t = 0; t < ntok; t++) {
+        const float *restrict yt = y + t * n;
+        float *restrict st = sum;
+        for (uint32_t j = 0; j < n; j++)
+            st[j] += yt[j];
+    }
+    /* the mean's largest magnitude sets the scale, then each mean is quantized */
     float maxabs = 0;
     for (uint32_t j = 0; j < n; j++) {
-        float sum = 0;
-        for (size_t t = 0; t < ntok; t++)
-            sum += y[t * n + j];
-        float m = sum / (float)ntok;
-        float a = fabsf(m);
+        float a = fabsf(sum[j] / (float)ntok);
         if (a > maxabs)
             maxabs = a;
     }
-    amax = maxabs;
-    uint16_t sh = dq_f32_to_f16(amax / 127.0f);
+    uint16_t sh = dq_f32_to_f16(maxabs / 127.0f);
     float sf = dq_f16_to_f32(sh);
     dq__put_u16(mean_block, sh);
     for (uint32_t j = 0; j < n; j++) {
-        float sum = 0;
-        for (size_t t = 0; t < ntok; t++)
-            sum += y[t * n + j];
-        float m = sum / (float)ntok;
+        float m = sum[j] / (float)ntok;
         float r = sf > 0 ? rintf(m / sf) : 0.0f;
         if (r > 127.0f)
             r = 127.0f;
@@ -83,7 +85,7 @@ int dq_tokens_encode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, cons
     if (kind == DQ_KIND_K) {
         for (size_t t = 0; t < ntok; t++)
             DQ_FORWARD_IF_ERROR(load_rotated(codec, x, dtype, t, y + t * n));
-        dq__mean_compute(codec, y, ntok, mean);
+        dq__mean_compute(codec, y, ntok, mean, ws->f1);
         float *mu = ws->f1;
         dq__mean_dequant(codec, mean, mu);
         for (size_t t = 0; t < ntok; t++) {
@@ -94,12 +96,16 @@ int dq_tokens_encode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, cons
         }
         return DQ_OK;
     }
-    /* values: validate the whole range first, then encode chunk by chunk */
+    /* values: validate the whole range first, then encode. Up to a window of tokens stays rotated
+     * in the window scratch; longer ranges are rotated again token by token. */
+    const bool keep = ntok <= ws->big_len / n;
     for (size_t t = 0; t < ntok; t++)
-        DQ_FORWARD_IF_ERROR(load_rotated(codec, x, dtype, t, ws->f1));
+        DQ_FORWARD_IF_ERROR(load_rotated(codec, x, dtype, t, keep ? y + t * n : ws->f1));
     for (size_t t = 0; t < ntok; t++) {
-        load_rotated(codec, x, dtype, t, ws->f1);
-        DQ_FORWARD_IF_ERROR(dq__stream_encode_ex(codec, ws, kind, ws->f1, records + t * record_stride, stats, NULL));
+        float *yt = keep ? y + t * n : ws->f1;
+        if (!keep)
+            load_rotated(codec, x, dtype, t, yt);
+        DQ_FORWARD_IF_ERROR(dq__stream_encode_ex(codec, ws, kind, yt, records + t * record_stride, stats, NULL));
     }
     return DQ_OK;
 }
