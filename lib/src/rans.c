@@ -11,6 +11,7 @@ void dq__rans_tables(const uint16_t *freq, uint32_t levels, dq__rans_enc *enc, d
     for (uint32_t m = 0; m < levels; m++) {
         enc->freq[m] = freq[m];
         enc->cum[m] = (uint16_t)c;
+        enc->rcp[m] = freq[m] >= 2 ? UINT64_MAX / freq[m] + 1 : 0;
         for (uint32_t z = c; z < c + freq[m] && z < 256; z++)
             dec->entry[z] = m | ((z - c) << 8) | ((uint32_t)freq[m] << 16);
         c += freq[m];
@@ -31,7 +32,10 @@ uint32_t dq__rans_encode(const dq__rans_enc *enc, const uint8_t *syms, uint32_t 
             *--p = (uint8_t)x;
             x >>= 8;
         }
-        x = ((x / f) << DQ_RANS_PREC) + (x % f) + enc->cum[s];
+        /* x·rcp / 2^64 = x/f + (less than 2^-32), and x/f is at least 1/f <= 2^-8 below the next
+         * integer: the floor is the quotient */
+        const uint32_t q = f >= 2 ? (uint32_t)(((unsigned __int128)x * enc->rcp[s]) >> 64) : x;
+        x = (q << DQ_RANS_PREC) + (x - q * f) + enc->cum[s];
     }
     uint32_t emitted = (uint32_t)(end - p);
     uint32_t used = DQ_RANS_STATE_BYTES + emitted;

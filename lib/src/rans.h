@@ -15,6 +15,9 @@ typedef struct dq__rans_enc {
     uint32_t levels;
     uint16_t freq[32];
     uint16_t cum[32];
+    /* x / f as a multiply-high: rcp = ceil(2^64 / f) for f >= 2 (exact for every 32-bit x, since
+     * f <= 256), 0 for f = 1 (the quotient is x) */
+    uint64_t rcp[32];
 } dq__rans_enc;
 
 /* Decode table: entry z (the state's low byte) packs symbol (bits 0-7), bias z - c (bits 8-15)

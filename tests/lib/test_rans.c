@@ -257,3 +257,38 @@ Test(rans, rate_matches_entropy)
         free(syms);
     }
 }
+
+/* The encoder divides by a multiply-high with rcp = ceil(2^64 / f): the quotient for every
+ * frequency 2..256 and states at the edges of every multiple of f and across the 32-bit range. */
+Test(rans, reciprocal_division_is_exact)
+{
+    uint16_t freq[2];
+    dq__rans_enc enc;
+    static dq__rans_dec dec;
+    dqt_rng r;
+    dqt_rng_seed(&r, 77);
+    for (uint32_t f = 1; f <= 255; f++) {
+        freq[0] = (uint16_t)f;
+        freq[1] = (uint16_t)(256 - f);
+        dq__rans_tables(freq, 2, &enc, &dec);
+        for (int s = 0; s < 2; s++) {
+            const uint32_t fs = freq[s];
+            cr_assert_eq(enc.rcp[s], fs >= 2 ? UINT64_MAX / fs + 1 : 0);
+            if (fs < 2)
+                continue;
+            for (int i = 0; i < 4000; i++) {
+                uint32_t x;
+                if (i < 1000) {
+                    const uint32_t base = (uint32_t)(dqt_next(&r) % (UINT32_MAX / fs)) * fs;
+                    x = base + (uint32_t)(i % 3) - 1u; /* just below, at and just after a multiple */
+                } else if (i < 1010) {
+                    x = UINT32_MAX - (uint32_t)(i - 1000);
+                } else {
+                    x = (uint32_t)dqt_next(&r);
+                }
+                const uint32_t q = (uint32_t)(((unsigned __int128)x * enc.rcp[s]) >> 64);
+                cr_assert_eq(q, x / fs, "f %u x %u: %u, want %u", fs, x, q, x / fs);
+            }
+        }
+    }
+}
