@@ -116,18 +116,21 @@ static void build_envelope(const dq__kind_tables *kt, float s, float lam, envelo
     env->k = k;
 }
 
-/* Number of sorted values with fl(x - o) <= t. */
+/* Number of sorted values with fl(x - o) <= t. The condition holds on a prefix (fl(x - o) is
+ * monotone in x), whose length P is kept in [b - xs, b - xs + len] while len halves; without
+ * branches, since the outcome of each step is unpredictable. */
 static inline uint32_t count_le(const float *xs, uint32_t n, float o, float t)
 {
-    uint32_t lo = 0, hi = n;
-    while (lo < hi) {
-        uint32_t mid = (lo + hi) >> 1;
-        if (xs[mid] - o <= t)
-            lo = mid + 1;
-        else
-            hi = mid;
+    if (n == 0)
+        return 0;
+    const float *b = xs;
+    uint32_t len = n;
+    while (len > 1) {
+        const uint32_t half = len >> 1;
+        b = b[half - 1] - o <= t ? b + half : b;
+        len -= half;
     }
-    return lo;
+    return (uint32_t)(b - xs) + (b[0] - o <= t);
 }
 
 static int64_t envelope_cost(const dq__kind_tables *kt, const envelope *env, const float *xs, uint32_t n,
@@ -186,14 +189,29 @@ dq__drift_result dq__drift(const dq__kind_tables *kt, const float *x, const floa
             jlo = jm;
     }
     build_envelope(kt, s, dq__drift_lambda(hi, jhi), &env);
+    /* A value's envelope index is the number of thresholds below it, counted threshold by
+     * threshold over blocks of values so that the compares vectorize. */
+    int32_t cost_of[32];
+    for (uint32_t c = 0; c <= env.k; c++)
+        cost_of[c] = kt->cost_q16[env.lv[c]];
     int64_t cost = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        float y = x[i] - o;
-        uint32_t c = 0;
-        for (uint32_t j = 1; j <= env.k; j++)
-            c += y > env.thr[j];
-        levels[i] = env.lv[c];
-        cost += kt->cost_q16[env.lv[c]];
+    for (uint32_t i0 = 0; i0 < n; i0 += 64) {
+        const uint32_t m = n - i0 < 64 ? n - i0 : 64;
+        float y[64];
+        uint8_t c[64];
+        for (uint32_t i = 0; i < m; i++) {
+            y[i] = x[i0 + i] - o;
+            c[i] = 0;
+        }
+        for (uint32_t j = 1; j <= env.k; j++) {
+            const float t = env.thr[j];
+            for (uint32_t i = 0; i < m; i++)
+                c[i] += y[i] > t;
+        }
+        for (uint32_t i = 0; i < m; i++) {
+            levels[i0 + i] = env.lv[c[i]];
+            cost += cost_of[c[i]];
+        }
     }
     dq__drift_result r = {cost, cost <= budget_q16, jhi};
     return r;

@@ -7,17 +7,29 @@
 
 #define DQ_MAX_RETRIES 8
 
-/* Nearest level on the grid (for drift statistics). */
-static inline uint32_t nearest_level(float x, float s, float o, uint32_t M)
+/* Drift statistics: how many values sit off their nearest grid level rintf((x - o) / s) clamped
+ * to [0, M - 1], and by how many levels at most. Without branches or a call per value, so that the
+ * loop vectorizes: the quotient is clamped to [-1, M] first (each end rounds and clamps as
+ * before), then rounded to nearest even by adding and subtracting 1.5 · 2^23. */
+static void count_moves(const float *x, const uint8_t *lev, uint32_t n, float s, float o, uint32_t M,
+                        uint64_t *moved, uint32_t *max_move)
 {
-    if (!(s > 0))
-        return 0;
-    float u = rintf((x - o) / s);
-    if (u < 0)
-        u = 0;
-    if (u > (float)(M - 1))
-        u = (float)(M - 1);
-    return (uint32_t)u;
+    uint32_t cnt = 0, mx = 0;
+    const float top = (float)(M - 1), hi = (float)M;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t nl = 0;
+        if (s > 0) {
+            float v = fminf(fmaxf((x[i] - o) / s, -1.0f), hi);
+            float u = (v + 0x1.8p23f) - 0x1.8p23f;
+            nl = (uint32_t)fminf(fmaxf(u, 0.0f), top);
+        }
+        const uint32_t mv = nl > lev[i] ? nl - lev[i] : lev[i] - nl;
+        cnt += mv != 0;
+        mx = mv > mx ? mv : mx;
+    }
+    *moved += cnt;
+    if (mx > *max_move)
+        *max_move = mx;
 }
 
 int dq__stream_encode_ex(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const float *x,
@@ -105,15 +117,7 @@ int dq__stream_encode_ex(const dq_codec *codec, dq_workspace *ws, dq_kind kind, 
         stats->payload_bytes += used;
         if (used > stats->max_payload_bytes)
             stats->max_payload_bytes = used;
-        for (uint32_t i = 0; i < n; i++) {
-            uint32_t nl = nearest_level(x[i], sf, of, M);
-            uint32_t mv = nl > lev[i] ? nl - lev[i] : lev[i] - nl;
-            if (mv) {
-                stats->symbols_moved++;
-                if (mv > stats->max_move)
-                    stats->max_move = mv;
-            }
-        }
+        count_moves(x, lev, n, sf, of, M, &stats->symbols_moved, &stats->max_move);
     }
     return DQ_OK;
 }
