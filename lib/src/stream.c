@@ -19,9 +19,12 @@ static void count_moves(const float *x, const uint8_t *lev, uint32_t n, float s,
     for (uint32_t i = 0; i < n; i++) {
         uint32_t nl = 0;
         if (s > 0) {
-            float v = fminf(fmaxf((x[i] - o) / s, -1.0f), hi);
+            /* comparisons, not fminf/fmaxf: those are calls without -ffinite-math-only */
+            float v = (x[i] - o) / s;
+            v = v < -1.0f ? -1.0f : v > hi ? hi : v;
             float u = (v + 0x1.8p23f) - 0x1.8p23f;
-            nl = (uint32_t)fminf(fmaxf(u, 0.0f), top);
+            u = u < 0.0f ? 0.0f : u > top ? top : u;
+            nl = (uint32_t)u;
         }
         const uint32_t mv = nl > lev[i] ? nl - lev[i] : lev[i] - nl;
         cnt += mv != 0;
