@@ -220,7 +220,7 @@ static size_t payload_pad(uint32_t header_len)
 
 static uint8_t *frame_alloc(dqd_conn *c, size_t pad, size_t total)
 {
-    return dqd_framebuf_get(&c->srv->frames, pad + total > 0 ? pad + total : 1);
+    return dqd_framebuf_get(&c->srv->frames, pad + total);
 }
 
 /* A whole frame at buf + pad: check it, make the request and dispatch it. Takes buf. */
