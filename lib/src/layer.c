@@ -158,11 +158,9 @@ int dq_check_tokens(dq_workspace *ws, const void *x, dq_dtype dtype, size_t ntok
     for (size_t t = 0; t < ntok; t++) {
         const uint16_t *xb = (const uint16_t *)x + t * n;
         if (dtype != DQ_DTYPE_BF16) {
-            for (uint32_t j = 0; j < n; j++) {
-                xb16[j] = dq__f32_bf16(dq__load_elem(x, dtype, t * n + j));
-                if (!isfinite(dq__bf16_f32(xb16[j]))) /* finite, but rounds to an infinity */
-                    return DQ_NONFINITE;
-            }
+            input_token_bf16(x, dtype, n, t, xb16);
+            if (dq_check_finite(xb16, DQ_DTYPE_BF16, n) != DQ_OK) /* finite, but rounds to an infinity */
+                return DQ_NONFINITE;
             xb = xb16;
         }
         if (token_small(dsp, xb, n, d))

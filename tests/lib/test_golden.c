@@ -14,6 +14,7 @@
 #include "dquant/error.h"
 #include "dquant/layer.h"
 #include "dquant/profile.h"
+#include "dquant/types.h"
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
 {
@@ -23,13 +24,6 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
         h *= 1099511628211ull;
     }
     return h;
-}
-
-static uint16_t bf16_bits(float a)
-{
-    uint32_t u;
-    memcpy(&u, &a, 4);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 static uint64_t layer_hash(const char *profile, uint32_t kv_heads, uint32_t head_dim, uint64_t seed)
@@ -48,9 +42,9 @@ static uint64_t layer_hash(const char *profile, uint32_t kv_heads, uint32_t head
     uint64_t z = seed;
     for (size_t i = 0; i < ntok * n; i++) {
         z = z * 6364136223846793005ull + 1442695040888963407ull;
-        k[i] = bf16_bits(((int32_t)(z >> 33) / 2147483648.0f) * 3.0f + (float)((i % n) % 7) * 0.5f);
+        k[i] = dq_f32_to_bf16(((int32_t)(z >> 33) / 2147483648.0f) * 3.0f + (float)((i % n) % 7) * 0.5f);
         z = z * 6364136223846793005ull + 1442695040888963407ull;
-        v[i] = bf16_bits(((int32_t)(z >> 33) / 2147483648.0f) * 2.0f);
+        v[i] = dq_f32_to_bf16(((int32_t)(z >> 33) / 2147483648.0f) * 2.0f);
         /* f32 inputs: the same high halves, noise below (rounded to BF16 inside) */
         uint32_t u = (uint32_t)k[i] << 16 | (uint32_t)((i * 2654435761u >> 16) & 0xffffu);
         memcpy(&kf[i], &u, 4);
