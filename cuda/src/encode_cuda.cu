@@ -353,6 +353,14 @@ __device__ __forceinline__ uint32_t env_index(const enc_warp &ws, uint32_t P, fl
  * none on the reads of a chunk by consecutive lanes, and plain addresses for the searches).
  * Positions >= n hold NaN (key 0xffffffff), which no comparison counts. */
 
+/* Ascending compare-exchange: a gets the smaller key, b the larger. */
+__device__ __forceinline__ void sort_cx(uint32_t &a, uint32_t &b)
+{
+    const uint32_t lo = min(a, b), hi = max(a, b);
+    a = lo;
+    b = hi;
+}
+
 /* Ascending compare-exchange of registers r and r ^ 2^j for every r with bit j clear. */
 template <int VPL>
 __device__ __forceinline__ void sort_stage_regs(uint32_t (&k)[VPL], int j)
@@ -360,11 +368,8 @@ __device__ __forceinline__ void sort_stage_regs(uint32_t (&k)[VPL], int j)
 #pragma unroll
     for (int r = 0; r < VPL; r++) {
         const int q = r ^ (1 << j);
-        if (q > r) {
-            const uint32_t lo = min(k[r], k[q]), hi = max(k[r], k[q]);
-            k[r] = lo;
-            k[q] = hi;
-        }
+        if (q > r)
+            sort_cx(k[r], k[q]);
     }
 }
 
@@ -384,11 +389,8 @@ __device__ __forceinline__ void sort_regs(uint32_t (&k)[VPL])
 #pragma unroll
             for (int a = 0; a < VPL; a++) {
                 const int b = a + kq;
-                if (lk <= lp && a >= j0 && (a - j0) % (2 * kq) < kq && b < VPL && a / (2 * p) == b / (2 * p)) {
-                    const uint32_t lo = min(k[a], k[b]), hi = max(k[a], k[b]);
-                    k[a] = lo;
-                    k[b] = hi;
-                }
+                if (lk <= lp && a >= j0 && (a - j0) % (2 * kq) < kq && b < VPL && a / (2 * p) == b / (2 * p))
+                    sort_cx(k[a], k[b]);
             }
         }
     }
