@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "cuda_internal.cuh"
@@ -94,7 +95,10 @@ struct enc_params {
     const dqcu_tables *tab;
     int kind;                   /* -1: blockIdx.y */
     size_t count;               /* streams per kind */
-    uint32_t G;                 /* streams per warp group */
+    uint32_t G;                 /* streams per warp group (the level rows in shared memory) */
+    size_t bulk_warps;          /* warps with G streams; after them (enc_plan): */
+    uint32_t Gt;                /* streams per group of the later warps, */
+    uint32_t Gt_more;           /* the first Gt_more of them one more (Gt + 1 <= G) */
     uint32_t row_stride;        /* bytes per level row (multiple of 4, odd number of words) */
     dq_encode_stats *stats;
     /* streams source */
@@ -154,10 +158,40 @@ __device__ int load_stream(const enc_params &p, const dqcu_tables &tb, int kind,
         return STATUS_SKIP;
     const void *src = kind == DQ_KIND_K ? p.k : p.v;
     const size_t base = (w * tb.W + t) * n;
+    const float *signs = tb.signs;
+    /* The element type is picked once and every load of the stream is issued before one is used:
+     * with a conversion per element (dqcu_load_elem) ptxas may serialize the loads, each one after
+     * the previous one's use (run 51: the windows path 40% slower). F16 bits are converted after. */
+    switch (p.dtype) {
+    case DQ_DTYPE_F32:
+#pragma unroll
+        for (int r = 0; r < VPL; r++) {
+            uint32_t i = (uint32_t)r * 32u + lane;
+            x[r] = i < n ? ((const float *)src)[base + i] : 0.0f;
+        }
+        break;
+    case DQ_DTYPE_BF16:
+#pragma unroll
+        for (int r = 0; r < VPL; r++) {
+            uint32_t i = (uint32_t)r * 32u + lane;
+            x[r] = dqcu_bf16_to_f32(i < n ? ((const uint16_t *)src)[base + i] : 0);
+        }
+        break;
+    default: /* F16 */
+#pragma unroll
+        for (int r = 0; r < VPL; r++) {
+            uint32_t i = (uint32_t)r * 32u + lane;
+            x[r] = dqcu_bitsf(i < n ? ((const uint16_t *)src)[base + i] : 0u);
+        }
+#pragma unroll
+        for (int r = 0; r < VPL; r++)
+            x[r] = dqcu_f16_to_f32((uint16_t)dqcu_fbits(x[r]));
+        break;
+    }
 #pragma unroll
     for (int r = 0; r < VPL; r++) {
         uint32_t i = (uint32_t)r * 32u + lane;
-        x[r] = i < n ? dqcu_load_elem(src, p.dtype, base + i) * tb.signs[i] : 0.0f;
+        x[r] = i < n ? x[r] * signs[i] : 0.0f;
     }
     dqcu_fwht(x, tb.d, lane);
 #pragma unroll
@@ -1091,10 +1125,19 @@ __global__ void __launch_bounds__(ENC_WARPS * 32, VPL >= 64 ? 2 : VPL >= 32 ? 3 
     float *srt = (float *)(void *)(wbase + enc_sorted_off(G, p.row_stride));
 
     const size_t gwarp = (size_t)blockIdx.x * ENC_WARPS + warp;
-    const size_t g0 = gwarp * G;
+    size_t g0;
+    uint32_t gmax;
+    if (gwarp < p.bulk_warps) {
+        g0 = gwarp * G;
+        gmax = G;
+    } else {
+        const size_t t = gwarp - p.bulk_warps;
+        g0 = p.bulk_warps * G + t * p.Gt + min(t, (size_t)p.Gt_more);
+        gmax = p.Gt + (t < p.Gt_more);
+    }
     if (g0 >= p.count)
         return;
-    const uint32_t gcount = (uint32_t)min((size_t)G, p.count - g0);
+    const uint32_t gcount = (uint32_t)min((size_t)gmax, p.count - g0);
     const bool want_stats = p.stats != nullptr;
     const uint32_t C = kt.C, M = kt.M;
 
@@ -1573,15 +1616,67 @@ extern "C" DQCU_API int dqcu__encode_kernel(int version)
     return prev;
 }
 
+/* How the streams of one kind are spread over warps. A warp takes G streams (as many as its level
+ * rows hold) and a block of ENC_WARPS warps runs for about G stream times, so a plain grid of
+ * count / G warps ends with a partial wave of blocks that runs alone: 262,144 streams at G = 11 are
+ * 15.05 waves of the H200's 1,584 resident warps, and the last 0.05 of a wave costs a whole block
+ * time. enc_plan keeps G for the bulk and shares the rest out evenly over whole waves: what lies
+ * past the last full wave but one goes to two waves of warps with Gt or Gt + 1 (<= G) streams each,
+ * a call of less than one wave to one wave of every resident warp. Blocks start in index order, so
+ * the smaller groups run last. resident = warps the GPU runs at once (0: unknown, plain grid).
+ * Returns the warps per kind. */
+static std::atomic<int> g_enc_plain{-1};
+
+static bool enc_plain(void)
+{
+    int v = g_enc_plain.load(std::memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("DQCU_ENCODE_SCHEDULE");
+        v = e && strcmp(e, "plain") == 0;
+        g_enc_plain.store(v, std::memory_order_relaxed);
+    }
+    return v != 0;
+}
+
+/* Test hook, not in dquant/cuda.h: 1 = the plain grid (count / G warps), 0 = enc_plan's; another
+ * value keeps the current one. Returns the setting before the call. */
+extern "C" DQCU_API int dqcu__encode_plain(int plain)
+{
+    const int prev = enc_plain();
+    if (plain == 0 || plain == 1)
+        g_enc_plain.store(plain, std::memory_order_relaxed);
+    return prev;
+}
+
+static size_t enc_plan(enc_params &p, size_t resident)
+{
+    const size_t G = p.G, S = p.count, wave = resident * G;
+    p.bulk_warps = (S + G - 1) / G;
+    p.Gt = p.G;
+    p.Gt_more = 0;
+    if (resident == 0 || enc_plain() || S % wave == 0)
+        return p.bulk_warps;
+    const size_t full = S / wave;
+    p.bulk_warps = full == 0 ? 0 : (full - 1) * resident;
+    const size_t rest = S - p.bulk_warps * G; /* < 2 waves, or < 1 wave when full == 0 */
+    const size_t warps = std::min(rest, full == 0 ? resident : 2 * resident);
+    p.Gt = (uint32_t)(rest / warps); /* Gt + 1 <= G */
+    p.Gt_more = (uint32_t)(rest % warps);
+    return p.bulk_warps + warps;
+}
+
 template <int VPL, int VER>
-static int launch_encode_kernel(const dqcu_codec *dc, const enc_params &p, unsigned gy, cudaStream_t stream)
+static int launch_encode_kernel(const dqcu_codec *dc, const enc_params &p0, unsigned gy, cudaStream_t stream)
 {
     const size_t tab_bytes = (sizeof(enc_tab) + 15) & ~(size_t)15;
-    const size_t smem = tab_bytes + ENC_WARPS * enc_warp_bytes(p.G, p.row_stride, VER >= 4 ? 128u * VPL : 0u);
+    const size_t smem = tab_bytes + ENC_WARPS * enc_warp_bytes(p0.G, p0.row_stride, VER >= 4 ? 128u * VPL : 0u);
     if (smem > dc->smem_optin)
         return DQ_UNSUPPORTED;
     DQCU_CHECK(cudaFuncSetAttribute(encode_kernel<VPL, VER>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    const size_t warps = (p.count + p.G - 1) / p.G;
+    int per_sm = 0;
+    DQCU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, encode_kernel<VPL, VER>, ENC_WARPS * 32, smem));
+    enc_params p = p0;
+    const size_t warps = enc_plan(p, (size_t)per_sm * (size_t)dc->sm_count * ENC_WARPS);
     const size_t blocks = (warps + ENC_WARPS - 1) / ENC_WARPS;
     if (blocks > 0x7fffffffu)
         return DQ_INVALID_ARGUMENT;

@@ -157,12 +157,16 @@ def main():
     for r in recs:
         if r["kind"] == "encode_streams":
             out["encode"].append(r)
-            print(f"  encode_streams v{r.get('version', '?')} {r['stream']}: {r['streams_per_s'] / 1e6:.2f} M streams/s "
-                  f"({r['streams']} streams)")
+            print(f"  encode_streams v{r.get('version', '?')} {r['stream']} ({r.get('grid', 'plain')} grid): "
+                  f"{r['streams_per_s'] / 1e6:.2f} M streams/s ({r['streams']} streams)")
         elif r["kind"] == "encode_windows":
             out["encode"].append(r)
-            print(f"  encode_windows v{r.get('version', '?')} (bf16, rotation + key mean): "
+            print(f"  encode_windows v{r.get('version', '?')} (bf16, rotation + key mean, {r.get('grid', 'plain')} grid): "
                   f"{r['streams_per_s'] / 1e6:.2f} M streams/s")
+        elif r["kind"] == "prefill":
+            out["encode"].append(r)
+            print(f"  prefill {r['tokens']} tokens x {r['layers']} layers on {r['cuda_streams']} CUDA stream(s) "
+                  f"({r.get('grid', 'plain')} grid): {r['ms']:.2f} ms, {r['streams_per_s'] / 1e6:.2f} M streams/s")
         elif r["kind"] == "decompress":
             out["decompress"].append(r)
             print(f"  decompress {r['stream']} -> bf16: {r['bf16_gbps']:.1f} GB/s of BF16 written "

@@ -24,8 +24,10 @@
 
 static const uint32_t QH = 32, KVH = 8, D = 128;
 
-/* libdquant-cuda's test hook: encoder version 3, 4 or 5 (0 keeps it); returns the version before. */
+/* libdquant-cuda's test hooks: encoder version 3, 4 or 5 (0 keeps it); the plain grid (1) or the
+ * encoder's planned waves (0). Both return the setting before the call. */
 extern "C" int dqcu__encode_kernel(int version);
+extern "C" int dqcu__encode_plain(int plain);
 
 struct Pool {
     size_t nwin = 0, wb = 0;
@@ -206,19 +208,36 @@ int main(int argc, char **argv)
         for (int v : {5, 4, 3})
             if (v != ver0)
                 vers.push_back(v);
+        /* the default version with the planned waves and with the plain grid, alternately, at the
+         * bench's size and at one layer of a 64K-token prefill; the other versions planned */
+        const int plain0 = dqcu__encode_plain(-1);
+        struct Case {
+            int ver, plain;
+            size_t count;
+        };
+        std::vector<Case> cases;
+        for (int rep = 0; rep < 2; rep++)
+            for (size_t cnt : {count, count / 4})
+                for (int plain : {0, 1})
+                    cases.push_back({ver0, plain, cnt});
         for (int ver : vers)
+            if (ver != ver0)
+                cases.push_back({ver, 0, count});
+        for (const Case &cs : cases)
             for (int kind = 0; kind < 2; kind++) {
                 const size_t rb = dq_codec_record_bytes(c, (dq_kind)kind);
-                DevBuf<uint8_t> rec(count * rb);
-                DevBuf<int32_t> st(count);
-                dqcu__encode_kernel(ver);
+                DevBuf<uint8_t> rec(cs.count * rb);
+                DevBuf<int32_t> st(cs.count);
+                dqcu__encode_kernel(cs.ver);
+                dqcu__encode_plain(cs.plain);
                 double ms = time_median_ms(
-                    [&] { DQ(dqcu_encode_streams(g, (dq_kind)kind, y.p, count, rec.p, rb, st.p, NULL, 0)); }, 1, 5);
-                printf("{\"kind\":\"encode_streams\",\"version\":%d,\"stream\":\"%s\",\"streams\":%zu,\"ms\":%.4f,"
-                       "\"streams_per_s\":%.4e}\n",
-                       ver, kind ? "V" : "K", count, ms, count / (ms * 1e-3));
+                    [&] { DQ(dqcu_encode_streams(g, (dq_kind)kind, y.p, cs.count, rec.p, rb, st.p, NULL, 0)); }, 1, 5);
+                printf("{\"kind\":\"encode_streams\",\"version\":%d,\"grid\":\"%s\",\"stream\":\"%s\",\"streams\":%zu,"
+                       "\"ms\":%.4f,\"streams_per_s\":%.4e}\n",
+                       cs.ver, cs.plain ? "plain" : "planned", kind ? "V" : "K", cs.count, ms, cs.count / (ms * 1e-3));
                 fflush(stdout);
             }
+        dqcu__encode_plain(plain0);
         const size_t nwin = count / W / 2;
         Pool tmp;
         tmp.wb = dq_codec_window_bytes(c);
@@ -231,16 +250,20 @@ int main(int argc, char **argv)
         DevBuf<int32_t> st(nwin);
         DevBuf<uint16_t> vtok(nwin * W * n);
         gen_tokens_kernel<<<1024, 256>>>(vtok.p, nwin * W * n, n, 99, 0);
-        for (int ver : vers) {
-            dqcu__encode_kernel(ver);
+        for (const Case &cs : cases) {
+            if (cs.count != count)
+                continue;
+            dqcu__encode_kernel(cs.ver);
+            dqcu__encode_plain(cs.plain);
             double ms = time_median_ms(
                 [&] { DQ(dqcu_encode_windows(g, tok.p, vtok.p, DQ_DTYPE_BF16, nwin, dptr.p, st.p, NULL, 0)); }, 1, 5);
-            printf("{\"kind\":\"encode_windows\",\"version\":%d,\"windows\":%zu,\"streams\":%zu,\"ms\":%.4f,"
-                   "\"streams_per_s\":%.4e}\n",
-                   ver, nwin, nwin * W * 2, ms, nwin * W * 2 / (ms * 1e-3));
+            printf("{\"kind\":\"encode_windows\",\"version\":%d,\"grid\":\"%s\",\"windows\":%zu,\"streams\":%zu,"
+                   "\"ms\":%.4f,\"streams_per_s\":%.4e}\n",
+                   cs.ver, cs.plain ? "plain" : "planned", nwin, nwin * W * 2, ms, nwin * W * 2 / (ms * 1e-3));
             fflush(stdout);
         }
         dqcu__encode_kernel(ver0);
+        dqcu__encode_plain(plain0);
     }
 
     /* a prefill: every layer's windows in one call per layer, inputs rotating through 4 sets of
@@ -263,7 +286,10 @@ int main(int argc, char **argv)
         cudaStream_t cs[2];
         for (auto &x : cs)
             CK(cudaStreamCreate(&x));
-        for (int ns = 1; ns <= 2; ns++) {
+        const int plain0 = dqcu__encode_plain(-1);
+        for (int rep = 0; rep < 4; rep++) {
+            const int ns = 1 + (rep & 1), plain = rep >> 1;
+            dqcu__encode_plain(plain);
             double ms = time_median_ms(
                 [&] {
                     for (uint32_t l = 0; l < layers; l++)
@@ -280,11 +306,12 @@ int main(int argc, char **argv)
                     return 1;
                 }
             const double streams = (double)layers * nwin * W * 2;
-            printf("{\"kind\":\"prefill\",\"tokens\":%zu,\"layers\":%u,\"cuda_streams\":%d,\"streams\":%.0f,"
-                   "\"ms\":%.3f,\"streams_per_s\":%.4e}\n",
-                   nwin * W, layers, ns, streams, ms, streams / (ms * 1e-3));
+            printf("{\"kind\":\"prefill\",\"grid\":\"%s\",\"tokens\":%zu,\"layers\":%u,\"cuda_streams\":%d,"
+                   "\"streams\":%.0f,\"ms\":%.3f,\"streams_per_s\":%.4e}\n",
+                   plain ? "plain" : "planned", nwin * W, layers, ns, streams, ms, streams / (ms * 1e-3));
             fflush(stdout);
         }
+        dqcu__encode_plain(plain0);
         for (auto &x : cs)
             CK(cudaStreamDestroy(x));
     }
