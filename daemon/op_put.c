@@ -3,11 +3,13 @@
  * Loop: look up or create the sequence (a new one stays invisible), queue for exclusive access,
  * check start_token against every layer (ORDER) and reserve the estimated bytes (evicting if that
  * makes room, else RESOURCE_EXHAUSTED with nothing touched).
- * Worker, one task: align the input if needed and check it is finite (NONFINITE before any layer
- * changes; when every layer is appended on the GPU that check happens there, per layer, and a NaN
- * anywhere still decides the error). K/V that came on NCCL are in GPU memory: checked there as a
- * whole, or copied to the host when some layer takes the cpu path. Workers, one task per layer: dqd_append_apply. Loop: commit, or if any layer failed
- * roll the others back on the workers; a sequence this PUT created is removed again.
+ * Worker, one task, only when needed: align the input, or bring K/V that came on NCCL (in GPU
+ * memory) to the host when some layer takes the cpu path and check them there. Workers, one task
+ * per layer: dqd_append_apply (or the GPU append), whose token checks see every value of the layer.
+ * Loop: commit, or if any layer failed roll the others back on the workers; a sequence this PUT
+ * created is removed again. NONFINITE wins over every other error, as if the whole input were
+ * checked first: a layer that fails for another reason checks its own input for NaN/Inf (GPU
+ * layers report it as raw_nonfinite), and a layer that succeeded held none.
  *
  * On the cuda backend (models the kernels take) the written layers go to the GPU: layers already
  * there are appended there, host layers move there first (dqd_gpu_promote), new ones are created
@@ -176,28 +178,31 @@ static void rollback_done(void *ctx)
     put_fail(op, op->fail_rc, "%s", op->fail_msg);
 }
 
-static void append_task(void *ctx, size_t i)
+/* Workers: layer i on the GPU (promoted there first if needed). */
+static void gpu_append(put_op *op, size_t i)
 {
-    put_op *op = ctx;
-    size_t lb = layer_bytes(op);
-    if (on_gpu(op, i)) {
-        dqd_gpu *gpu = op->srv->gpu;
-        uint32_t layer = op->put->first_layer + (uint32_t)i;
-        int rc = DQ_OK;
-        if (op->promote[i]) {
-            rc = dqd_gpu_promote(gpu, op->codec, &op->seq->layers[layer], &op->seq->glayers[layer]);
-            op->promoted[i] = rc == DQ_OK;
-        }
-        if (rc == DQ_OK)
-            rc = dqd_gpu_append(gpu, op->codec, &op->gtxn[i], &op->seq->glayers[layer],
-                                (const uint8_t *)op->kdata + i * lb, (const uint8_t *)op->vdata + i * lb,
-                                dqd_tensor_dtype(&op->k), (size_t)op->put->tokens,
-                                op->dev ? DQD_GAPPEND_DEVICE | DQD_GAPPEND_CHECKED : 0, &op->stats[i]);
-        if (rc == DQ_OK)
-            rc = dqd_gpu_finish(gpu);
-        op->rc[i] = rc;
-        return;
+    const size_t lb = layer_bytes(op);
+    dqd_gpu *gpu = op->srv->gpu;
+    uint32_t layer = op->put->first_layer + (uint32_t)i;
+    int rc = DQ_OK;
+    if (op->promote[i]) {
+        rc = dqd_gpu_promote(gpu, op->codec, &op->seq->layers[layer], &op->seq->glayers[layer]);
+        op->promoted[i] = rc == DQ_OK;
     }
+    if (rc == DQ_OK)
+        rc = dqd_gpu_append(gpu, op->codec, &op->gtxn[i], &op->seq->glayers[layer],
+                            (const uint8_t *)op->kdata + i * lb, (const uint8_t *)op->vdata + i * lb,
+                            dqd_tensor_dtype(&op->k), (size_t)op->put->tokens,
+                            op->dev ? DQD_GAPPEND_DEVICE | DQD_GAPPEND_CHECKED : 0, &op->stats[i]);
+    if (rc == DQ_OK)
+        rc = dqd_gpu_finish(gpu);
+    op->rc[i] = rc;
+}
+
+/* Workers: layer i on the host (moved there first if it spills). */
+static void host_append(put_op *op, size_t i)
+{
+    const size_t lb = layer_bytes(op);
     dq_layer **slot = &op->seq->layers[op->put->first_layer + i];
     if (op->spill && op->spill[i]) {
         op->rc[i] = dqd_gpu_demote(op->srv->gpu, op->codec, &op->seq->glayers[op->put->first_layer + i], slot);
@@ -214,6 +219,26 @@ static void append_task(void *ctx, size_t i)
                                  (const uint8_t *)op->vdata + i * lb, dqd_tensor_dtype(&op->k),
                                  (size_t)op->put->tokens, &op->stats[i]);
     dqd_codec_ws_give(op->codec, ws);
+}
+
+/* Workers: layer i; on the host, if it failed for another reason, whether the layer's input holds
+ * NaN/Inf, which then decides the error (see the top of this file; the input of a host layer is
+ * on the host: prepare_device copied NCCL input there). */
+static void append_task(void *ctx, size_t i)
+{
+    put_op *op = ctx;
+    if (on_gpu(op, i)) {
+        gpu_append(op, i);
+        return;
+    }
+    host_append(op, i);
+    if (op->rc[i] >= 0 || op->rc[i] == DQ_NONFINITE)
+        return;
+    const size_t lb = layer_bytes(op), count = lb / dqd_dtype_size(op->k.dtype);
+    const dq_dtype dt = dqd_tensor_dtype(&op->k);
+    if (dq_check_finite((const uint8_t *)op->kdata + i * lb, dt, count) == DQ_NONFINITE ||
+        dq_check_finite((const uint8_t *)op->vdata + i * lb, dt, count) == DQ_NONFINITE)
+        op->rc[i] = DQ_NONFINITE;
 }
 
 static void append_done(void *ctx)
@@ -234,10 +259,10 @@ static void append_done(void *ctx)
     if (first_err) {
         op->fail_rc = first_err;
         snprintf(op->fail_msg, sizeof op->fail_msg, "layer %u: %s", failed_layer, dq_strerror(first_err));
-        /* GPU appends check the raw input themselves (prepare skipped it): a NaN anywhere wins, as
-         * the host path's check of the whole input before any layer does. */
-        for (uint32_t i = 0; op->gtxn && i < put->num_layers; i++) {
-            if (op->gtxn[i].raw_nonfinite) {
+        /* A NaN anywhere wins (see the top of this file): host layers say DQ_NONFINITE, GPU ones
+         * raw_nonfinite (their rc may be the range check of the rounded values). */
+        for (uint32_t i = 0; i < put->num_layers; i++) {
+            if (op->rc[i] == DQ_NONFINITE || (op->gtxn && op->gtxn[i].raw_nonfinite)) {
                 op->fail_rc = DQ_NONFINITE;
                 snprintf(op->fail_msg, sizeof op->fail_msg, "k or v holds NaN or infinity");
             }
@@ -340,11 +365,6 @@ static void prepare_task(void *ctx, size_t i)
     int rc = dqd_tensor_aligned(&op->k, &op->kdata, &op->ktmp);
     if (rc == 0)
         rc = dqd_tensor_aligned(&op->v, &op->vdata, &op->vtmp);
-    /* Layers appended on the GPU check the raw input there (append_done gives NaN precedence). */
-    if (rc == 0 && !all_on_gpu(op))
-        rc = dq_check_finite(op->kdata, dqd_tensor_dtype(&op->k), (size_t)op->k.count);
-    if (rc == 0 && !all_on_gpu(op))
-        rc = dq_check_finite(op->vdata, dqd_tensor_dtype(&op->v), (size_t)op->v.count);
     op->prep_rc = rc;
 }
 
@@ -414,6 +434,16 @@ static void moves_done(void *ctx, int rc)
     put_op *op = ctx;
     if (rc < 0) {
         put_fail(op, rc, "cannot move sequences out of GPU memory: %s", dq_strerror(rc));
+        return;
+    }
+    /* Host input already aligned for its element type: nothing for the prepare task to do. */
+    const size_t es = dqd_dtype_size(op->k.dtype);
+    if (!op->k.device && es && (uintptr_t)op->k.data % es == 0 && (uintptr_t)op->v.data % es == 0) {
+        op->kdata = op->k.data;
+        op->vdata = op->v.data;
+        op->prep_layer = UINT32_MAX;
+        op->prep_rc = DQ_OK;
+        prepare_done(op);
         return;
     }
     if (dqd_tasks_run(op->srv, 1, prepare_task, prepare_done, op) < 0)

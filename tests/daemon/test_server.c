@@ -460,6 +460,18 @@ Test(server, bad_puts_are_refused_and_counted)
     k[2 * 16 * N - 1] = NAN;
     cr_assert_eq(put(fd, "t", 0, 2, 0, 16, k, v, &tokens), DQ_NONFINITE);
     k[2 * 16 * N - 1] = 0;
+    /* NONFINITE wins, as if the whole input were checked before any layer: over an earlier layer's
+     * RANGE, and over a RANGE in K of the same layer (lib's dq_layer_append checks K first) */
+    const float v_last = v[2 * 16 * N - 1];
+    k[5] = 1e30f;
+    cr_assert_eq(put(fd, "s", 0, 2, 16, 16, k, v, &tokens), DQ_RANGE);
+    v[2 * 16 * N - 1] = NAN;
+    cr_assert_eq(put(fd, "s", 0, 2, 16, 16, k, v, &tokens), DQ_NONFINITE, "NaN in v of layer 1, RANGE in layer 0");
+    k[5] = 0;
+    k[16 * N + 3] = -1e30f;
+    cr_assert_eq(put(fd, "s", 0, 2, 16, 16, k, v, &tokens), DQ_NONFINITE, "NaN in v and RANGE in k of layer 1");
+    k[16 * N + 3] = 0;
+    v[2 * 16 * N - 1] = v_last;
     cr_assert_eq(put(fd, "s", 2, 2, 16, 16, k, v, &tokens), DQ_OUT_OF_BOUNDS, "layers 2..3 of 3");
 
     float *gk, *gv;
@@ -504,9 +516,10 @@ Test(server, bad_puts_are_refused_and_counted)
     wire_payload_free(&pl);
 
     cr_assert_eq(stat_counter(fd, "errors.ORDER"), 2);
-    cr_assert_eq(stat_counter(fd, "errors.NONFINITE"), 2);
+    cr_assert_eq(stat_counter(fd, "errors.NONFINITE"), 4);
+    cr_assert_eq(stat_counter(fd, "errors.RANGE"), 1);
     cr_assert_eq(stat_counter(fd, "errors.SHAPE"), 1);
-    cr_assert_eq(stat_counter(fd, "errors.put"), 8);
+    cr_assert_eq(stat_counter(fd, "errors.put"), 11);
     free(k);
     free(v);
     close(fd);
