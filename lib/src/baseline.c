@@ -334,8 +334,14 @@ int dq__baseline_decode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const
         const uint8_t *rec = records + t * stride;
         switch (p->codec_type) {
         case DQ_CODEC_BF16:
+            if (dtype == DQ_DTYPE_BF16) { /* the stored values themselves (LE in the record) */
+                uint16_t *o = (uint16_t *)out + t * n;
+                for (size_t j = 0; j < n; j++)
+                    o[j] = (uint16_t)(rec[2 * j] | rec[2 * j + 1] << 8);
+                continue;
+            }
             for (size_t j = 0; j < n; j++)
-                y[j] = dq_bf16_to_f32((uint16_t)(rec[2 * j] | rec[2 * j + 1] << 8));
+                y[j] = dq__bf16_f32((uint16_t)(rec[2 * j] | rec[2 * j + 1] << 8));
             break;
         case DQ_CODEC_KIVI:
             if (kind == DQ_KIND_K) {

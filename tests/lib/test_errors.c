@@ -81,12 +81,22 @@ Test(errors, dtypes)
     }
 }
 
+static bool same_bits(float a, float b)
+{
+    return memcmp(&a, &b, sizeof a) == 0;
+}
+
 Test(errors, convert)
 {
     float src[64], back[64];
     uint16_t h[64], b[64];
     for (int i = 0; i < 64; i++)
         src[i] = (float)(i - 32) * 0.37f;
+    /* NaN, infinities, -0, the largest float (rounds to infinity in BF16), ties to even, a subnormal */
+    const uint32_t special[] = {0x7fc00001u, 0x7f800001u, 0xff800000u, 0x80000000u,
+                                0x7f7fffffu, 0x3f808000u, 0x3f818000u, 0x00000123u};
+    for (int i = 0; i < 8; i++)
+        memcpy(&src[56 + i], &special[i], 4);
     cr_assert_eq(dq_convert(src, DQ_DTYPE_F32, h, DQ_DTYPE_F16, 64), DQ_OK);
     cr_assert_eq(dq_convert(src, DQ_DTYPE_F32, b, DQ_DTYPE_BF16, 64), DQ_OK);
     for (int i = 0; i < 64; i++) {
@@ -95,10 +105,18 @@ Test(errors, convert)
     }
     cr_assert_eq(dq_convert(h, DQ_DTYPE_F16, back, DQ_DTYPE_F32, 64), DQ_OK);
     for (int i = 0; i < 64; i++)
-        cr_assert_eq(back[i], dq_f16_to_f32(h[i]));
+        cr_assert(same_bits(back[i], dq_f16_to_f32(h[i])), "f16 -> f32 at %d", i);
     cr_assert_eq(dq_convert(b, DQ_DTYPE_BF16, back, DQ_DTYPE_F32, 64), DQ_OK);
     for (int i = 0; i < 64; i++)
-        cr_assert_eq(back[i], dq_bf16_to_f32(b[i]));
+        cr_assert(same_bits(back[i], dq_bf16_to_f32(b[i])), "bf16 -> f32 at %d", i);
+    /* between the 16-bit types: through float */
+    uint16_t hb[64], bh[64];
+    cr_assert_eq(dq_convert(h, DQ_DTYPE_F16, hb, DQ_DTYPE_BF16, 64), DQ_OK);
+    cr_assert_eq(dq_convert(b, DQ_DTYPE_BF16, bh, DQ_DTYPE_F16, 64), DQ_OK);
+    for (int i = 0; i < 64; i++) {
+        cr_assert_eq(hb[i], dq_f32_to_bf16(dq_f16_to_f32(h[i])));
+        cr_assert_eq(bh[i], dq_f32_to_f16(dq_bf16_to_f32(b[i])));
+    }
     cr_assert_eq(dq_convert(src, DQ_DTYPE_F32, back, DQ_DTYPE_F32, 64), DQ_OK);
     cr_assert(memcmp(src, back, sizeof src) == 0);
     cr_assert_lt(dq_convert(src, (dq_dtype)5, back, DQ_DTYPE_F32, 64), 0, "invalid dtype accepted");

@@ -193,6 +193,10 @@ Test(tokens, bf16_baseline_from_bf16)
             }
         cr_assert_eq(dq_tokens_decode(codec, ws, (dq_kind)kind, NULL, rec_b, stride, T, back, DQ_DTYPE_BF16), DQ_OK);
         cr_assert_eq(memcmp(back, xb, (size_t)T * n * 2), 0, "kind %d: decoded values differ", kind);
+        float *backf = dqt_xmalloc((size_t)T * n * sizeof *backf);
+        cr_assert_eq(dq_tokens_decode(codec, ws, (dq_kind)kind, NULL, rec_b, stride, T, backf, DQ_DTYPE_F32), DQ_OK);
+        cr_assert_eq(memcmp(backf, xf, (size_t)T * n * sizeof *xf), 0, "kind %d: values decoded to F32 differ", kind);
+        free(backf);
     }
     xb[(size_t)(T - 1) * n + 5] = 0x7fc0; /* NaN */
     cr_assert_eq(dq_tokens_encode(codec, ws, DQ_KIND_K, xb, DQ_DTYPE_BF16, T, NULL, rec_b, stride, NULL),
