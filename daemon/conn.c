@@ -12,6 +12,7 @@
 
 #define RBUF_SIZE (64u * 1024u)
 #define DRAIN_MS 10000u
+#define UNIX_SNDBUF (4 << 20) /* bytes asked for a Unix connection's send buffer */
 
 typedef struct dqd_write {
     uv_write_t w;
@@ -470,8 +471,15 @@ void dqd_conn_accept(dqd_listener *l)
         dqd_conn_close(c);
         return;
     }
-    if (l->addr.kind == DQD_LISTEN_TCP)
+    if (l->addr.kind == DQD_LISTEN_TCP) {
         uv_tcp_nodelay(&c->h.tcp, 1);
+    } else {
+        /* A Unix stream holds at most the sender's send buffer in flight (212,992 bytes by
+         * default): a larger one lets a large reply go out in fewer writes and wake-ups (the kernel
+         * caps it at net.core.wmem_max; TCP keeps its autotuning). */
+        int sndbuf = UNIX_SNDBUF;
+        (void)uv_send_buffer_size(&c->h.handle, &sndbuf);
+    }
 
     if (srv->stopping || srv->metrics.conns_open > srv->cfg->max_connections) {
         srv->metrics.conns_rejected++;
