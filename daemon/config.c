@@ -62,6 +62,10 @@ static const dqd_option options[] = {
      "Worker threads for encoding, decoding and attention."},
     {"backend", "server", "backend", OPT_BACKEND, 0, 0, 0, "cpu|cuda", "cpu",
      "Codec backend. cuda falls back to cpu (with a log line) when not built with CUDA or no GPU."},
+    {"io-threads", "server", "io_threads", OPT_U32, FIELD(io_threads), 0, 64, "N", "4",
+     "Threads that read the rest of a large frame (1 MiB or more still to come) straight from its socket "
+     "while the data flows, so that several connections' large PUTs are read at once; a connection whose "
+     "data stalls goes back to the event loop. 0: the event loop reads every socket."},
     {"gpu-device", "server", "gpu_device", OPT_U32, FIELD(gpu_device), 0, 1023, "N", "0",
      "CUDA device the cuda backend uses."},
     {"gpu-threads", "server", "gpu_threads", OPT_U32, FIELD(gpu_threads), 0, 64, "N", "2",
@@ -158,6 +162,7 @@ void dqd_config_default(dqd_config *cfg)
     cfg->shutdown_timeout = 30;
     cfg->nccl_timeout_ms = 10000;
     cfg->gpu_threads = 2;
+    cfg->io_threads = 4;
     cfg->gpu_spin_us = 200;
 }
 

@@ -38,6 +38,7 @@ typedef struct dqd_config {
     uint64_t gpu_memory;          /* GPU tier budget (cuda backend), bytes; 0: 80% of the free memory */
     uint32_t gpu_device;          /* CUDA device ordinal (cuda backend) */
     uint32_t gpu_threads;         /* threads for short GPU tasks (lane.h); 0: the workers run them */
+    uint32_t io_threads;          /* threads that read large frames' payloads (conn.c); 0: the loop */
     uint32_t gpu_spin_us;         /* how long a GPU thread polls for the next task before sleeping */
     dqd_backend backend;
     dq_log_level log_level;

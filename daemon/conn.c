@@ -1,16 +1,22 @@
 /* dquantd client connections (see conn.h). */
 #include "conn.h"
 
+#include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dquant/error.h"
+#include "lane.h"
 #include "logging.h"
 #include "ncclpath.h"
 #include "ops.h"
 #include "server.h"
 
 #define RBUF_SIZE (64u * 1024u)
+#define OFFLOAD_MIN (1u << 20) /* bytes of a frame still to come worth an I/O thread */
+#define RD_STALL_MS 5          /* an I/O thread gives the connection back after this long without data */
 #define DRAIN_MS 10000u
 #define UNIX_SNDBUF (4 << 20) /* bytes asked for a Unix connection's send buffer */
 
@@ -34,6 +40,13 @@ static void on_handle_closed(uv_handle_t *h)
     dqd_server_conn_closed(c->srv, c);
 }
 
+static void close_handles(dqd_conn *c)
+{
+    c->handles_open = 2;
+    uv_close(&c->h.handle, on_handle_closed);
+    uv_close((uv_handle_t *)&c->timer, on_handle_closed);
+}
+
 void dqd_conn_close(dqd_conn *c)
 {
     if (c->state >= DQD_CONN_CLOSING)
@@ -43,9 +56,13 @@ void dqd_conn_close(dqd_conn *c)
     if (c->reading)
         uv_read_stop(&c->h.stream);
     c->reading = false;
-    c->handles_open = 2;
-    uv_close(&c->h.handle, on_handle_closed);
-    uv_close((uv_handle_t *)&c->timer, on_handle_closed);
+    if (c->offloaded) {
+        /* The socket stays open until the I/O thread has given it back (rd_done). */
+        atomic_store_explicit(&c->rd_cancel, true, memory_order_relaxed);
+        c->close_deferred = true;
+        return;
+    }
+    close_handles(c);
 }
 
 static void on_drain_timeout(uv_timer_t *t)
@@ -63,6 +80,8 @@ void dqd_conn_drain(dqd_conn *c, uint64_t deadline_ms)
     if (c->reading)
         uv_read_stop(&c->h.stream);
     c->reading = false;
+    if (c->offloaded)
+        atomic_store_explicit(&c->rd_cancel, true, memory_order_relaxed);
     uv_timer_start(&c->timer, on_drain_timeout, deadline_ms, 0);
     flush(c);
 }
@@ -124,6 +143,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     if (nread == 0)
         return;
+    c->rd_stalled = false;
     c->srv->metrics.bytes_in += (uint64_t)nread;
     if (c->fbuf)
         c->fhave += (size_t)nread;
@@ -132,9 +152,120 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     process_input(c);
 }
 
+/* ---- I/O threads: the rest of a large frame ---- */
+
+enum { RD_DONE, RD_STALLED, RD_EOF, RD_ERROR };
+
+/* I/O thread: reads fbuf's missing bytes until the frame is complete, the peer closes or fails, no
+ * byte comes for RD_STALL_MS, or the loop cancels. */
+static void rd_task(void *ctx, size_t i)
+{
+    dqd_conn *c = ctx;
+    (void)i;
+    uint8_t *p = c->fbuf + c->fpad + c->fhave;
+    size_t left = c->ftotal - c->fhave, got = 0;
+    int st = RD_DONE;
+    while (left) {
+        if (atomic_load_explicit(&c->rd_cancel, memory_order_relaxed)) {
+            st = RD_STALLED;
+            break;
+        }
+        ssize_t n = read(c->rd_fd, p + got, left);
+        if (n > 0) {
+            got += (size_t)n;
+            left -= (size_t)n;
+            continue;
+        }
+        if (n == 0) {
+            st = RD_EOF;
+            break;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            struct pollfd pf = {.fd = c->rd_fd, .events = POLLIN};
+            int r = poll(&pf, 1, RD_STALL_MS);
+            if (r == 0) {
+                st = RD_STALLED;
+                break;
+            }
+            if (r < 0 && errno != EINTR) {
+                st = RD_ERROR;
+                break;
+            }
+            continue;
+        }
+        st = RD_ERROR;
+        break;
+    }
+    c->rd_got = got;
+    c->rd_status = st;
+}
+
+/* Loop: the I/O thread gave the connection back. */
+static void rd_done(void *ctx)
+{
+    dqd_conn *c = ctx;
+    dqd_server *srv = c->srv;
+    c->offloaded = false;
+    srv->io_busy--;
+    c->fhave += c->rd_got;
+    srv->metrics.bytes_in += c->rd_got;
+    if (c->close_deferred) {
+        c->close_deferred = false;
+        close_handles(c);
+        return;
+    }
+    if (c->state != DQD_CONN_OPEN)
+        return; /* draining: the frame in progress is dropped with the connection */
+    if (c->rd_status == RD_EOF) {
+        DQD_DEBUG("conn %llu: end of input inside a frame", (unsigned long long)c->id);
+        dqd_conn_drain(c, DRAIN_MS);
+        return;
+    }
+    if (c->rd_status == RD_ERROR) {
+        DQD_DEBUG("conn %llu: read error inside a frame", (unsigned long long)c->id);
+        dqd_conn_close(c);
+        return;
+    }
+    c->rd_stalled = c->rd_status == RD_STALLED;
+    process_input(c);
+}
+
+/* Hands the rest of the frame in progress to an idle I/O thread; false: the loop reads it. */
+static bool offload(dqd_conn *c)
+{
+    dqd_server *srv = c->srv;
+    if (!c->fbuf || c->ftotal - c->fhave < OFFLOAD_MIN || c->rd_stalled || !srv->io_lane ||
+        srv->io_busy >= srv->cfg->io_threads || c->state != DQD_CONN_OPEN || c->paused)
+        return false;
+    uv_os_fd_t fd;
+    if (uv_fileno(&c->h.handle, &fd) < 0)
+        return false;
+    if (c->reading)
+        uv_read_stop(&c->h.stream);
+    c->reading = false;
+    c->rd_fd = fd;
+    c->rd_got = 0;
+    c->rd_status = RD_DONE;
+    atomic_store_explicit(&c->rd_cancel, false, memory_order_relaxed);
+    c->offloaded = true;
+    srv->io_busy++;
+    if (dqd_lane_run(srv->io_lane, rd_task, rd_done, c) < 0) {
+        c->offloaded = false;
+        srv->io_busy--;
+        return false;
+    }
+    srv->metrics.frame_reads_offloaded++;
+    return true;
+}
+
+/* Reading goes on: by an I/O thread if offload() hands it one, else by the loop. */
 static void start_reading(dqd_conn *c)
 {
-    if (c->state != DQD_CONN_OPEN || c->reading || c->paused)
+    if (c->state != DQD_CONN_OPEN || c->paused || c->offloaded)
+        return;
+    if (offload(c) || c->reading)
         return;
     int rc = uv_read_start(&c->h.stream, on_alloc, on_read);
     if (rc < 0) {
@@ -272,6 +403,8 @@ static void frame_ready(dqd_conn *c, uint8_t *buf, size_t pad, size_t total)
 static void process_input(dqd_conn *c)
 {
     dqd_server *srv = c->srv;
+    if (c->offloaded)
+        return; /* rd_done goes on with the frame */
     c->in_process = true;
     size_t off = 0;
     while (c->state == DQD_CONN_OPEN && !c->paused) {

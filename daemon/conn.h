@@ -7,10 +7,14 @@
  * Backpressure: reading stops while the connection holds max_inflight unanswered requests or
  * max_output_queue bytes (frames in progress + replies not yet written), and resumes when it
  * drains. Frames are assembled in a 64 KiB staging buffer, or directly in their own buffer when
- * larger, sized only from a fixed header that dq_frame_parse_header has checked against the limits. */
+ * larger, sized only from a fixed header that dq_frame_parse_header has checked against the limits.
+ * While 1 MiB or more of such a frame is still to come and an I/O thread is idle (io_threads), that
+ * thread reads it straight from the socket, so one event loop does not copy every connection's
+ * large PUT; when the data stalls (no byte for RD_STALL_MS) the loop takes the connection back. */
 #ifndef DQD_CONN_H
 #define DQD_CONN_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -53,6 +57,16 @@ struct dqd_conn {
     size_t rlen;
     uint8_t *fbuf;            /* a large frame received in place */
     size_t fpad, ftotal, fhave;
+
+    /* An I/O thread reading the rest of fbuf (conn.c): set and cleared on the loop; the thread
+     * touches only the socket, fbuf's missing bytes and rd_got/rd_status. */
+    bool offloaded;
+    bool rd_stalled;          /* its data stalled: the loop reads until the next chunk arrives */
+    bool close_deferred;      /* dqd_conn_close waits for the thread */
+    _Atomic bool rd_cancel;   /* the loop asks the thread to give the connection back */
+    int rd_fd;
+    size_t rd_got;
+    int rd_status;
 
     dqd_req *q_head, *q_tail; /* requests in arrival order, until their reply is written out */
     uint32_t nreqs;

@@ -153,6 +153,9 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
     counter(&b, "dquant_auth_failures_total", "HELLOs refused for a wrong or missing secret.", m->auth_failures);
     counter(&b, "dquant_backpressure_pauses_total", "Times reading from a client paused for its queue.",
             m->backpressure_pauses);
+    counter(&b, "dquant_frame_reads_offloaded_total",
+            "Times an I/O thread took over reading the rest of a large frame from its socket.",
+            m->frame_reads_offloaded);
     counter(&b, "dquant_tokens_put_total", "Token-layers appended by PUT and ATTEND.", m->tokens_put);
     counter(&b, "dquant_streams_encoded_total", "K/V streams encoded into containers.", m->streams_encoded);
     counter(&b, "dquant_encode_retries_total", "Streams whose first rANS pass overflowed.", m->encode_retries);
@@ -301,6 +304,7 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_counter(&kb, "protocol_closes", m->protocol_closes);
     add_counter(&kb, "auth_failures", m->auth_failures);
     add_counter(&kb, "backpressure_pauses", m->backpressure_pauses);
+    add_counter(&kb, "frame_reads_offloaded", m->frame_reads_offloaded);
     add_counter(&kb, "tokens_put", m->tokens_put);
     add_counter(&kb, "streams_encoded", m->streams_encoded);
     add_counter(&kb, "encode_retries", m->encode_retries);

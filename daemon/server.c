@@ -220,6 +220,8 @@ int dqd_server_start(dqd_server *srv)
         return DQ_IO;
     if (srv->gpu && cfg->gpu_threads && dqd_lane_start(srv, cfg->gpu_threads, cfg->gpu_spin_us, &srv->lane) < 0)
         DQD_WARN("cannot start the GPU threads; the workers run GPU tasks");
+    if (cfg->io_threads && dqd_lane_start(srv, cfg->io_threads, 0, &srv->io_lane) < 0)
+        DQD_WARN("cannot start the I/O threads; the event loop reads every socket");
     return DQ_OK;
 }
 
@@ -252,6 +254,8 @@ static void finish(dqd_server *srv)
     uv_close((uv_handle_t *)&srv->shutdown_timer, NULL);
     dqd_lane_stop(srv->lane);
     srv->lane = NULL;
+    dqd_lane_stop(srv->io_lane);
+    srv->io_lane = NULL;
     DQD_INFO("stopped");
 }
 

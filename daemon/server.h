@@ -52,6 +52,8 @@ struct dqd_server {
     dqd_http *http;
     dqd_gpu *gpu;             /* the cuda backend; NULL on the cpu backend */
     dqd_lane *lane;           /* GPU threads (lane.h); NULL without the cuda backend or with gpu_threads 0 */
+    dqd_lane *io_lane;        /* I/O threads reading large frames (conn.c); NULL with io_threads 0 */
+    uint32_t io_busy;         /* connections an I/O thread is reading for */
     const char *backend_name;
     uint64_t start_ns;
 
