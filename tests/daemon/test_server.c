@@ -144,31 +144,50 @@ static Dquant__SeqRef seqref(const char *ns, const char *key)
     return s;
 }
 
+/* A PUT request of k/v (f32 [nl, t, KV, HD]); req and its parts point into the struct. */
+typedef struct put_msg {
+    Dquant__SeqRef seq;
+    wire_payload pl;
+    Dquant__Tensor tk, tv;
+    uint64_t shape[4];
+    Dquant__Put p;
+    Dquant__Request req;
+} put_msg;
+
+static void put_msg_init(put_msg *m, const char *key, uint32_t first, uint32_t nl, uint64_t start, uint64_t t,
+                         const float *k, const float *v)
+{
+    memset(m, 0, sizeof *m);
+    m->seq = seqref("ns", key);
+    m->shape[0] = nl;
+    m->shape[1] = t;
+    m->shape[2] = KV;
+    m->shape[3] = HD;
+    size_t bytes = (size_t)(nl * t * N * sizeof(float));
+    wire_tensor(&m->pl, &m->tk, DQUANT__DTYPE__F32, m->shape, 4, k, bytes);
+    wire_tensor(&m->pl, &m->tv, DQUANT__DTYPE__F32, m->shape, 4, v, bytes);
+    m->p = (Dquant__Put)DQUANT__PUT__INIT;
+    m->p.seq = &m->seq;
+    m->p.model = "tiny";
+    m->p.start_token = start;
+    m->p.first_layer = first;
+    m->p.num_layers = nl;
+    m->p.tokens = t;
+    m->p.k = &m->tk;
+    m->p.v = &m->tv;
+    m->req = (Dquant__Request)DQUANT__REQUEST__INIT;
+    m->req.body_case = DQUANT__REQUEST__BODY_PUT;
+    m->req.put = &m->p;
+}
+
 /* PUT k/v (f32 [nl, t, KV, HD]); returns the reply's error code (0 on success) and *tokens. */
 static int put(int fd, const char *key, uint32_t first, uint32_t nl, uint64_t start, uint64_t t, const float *k,
                const float *v, uint64_t *tokens)
 {
-    Dquant__SeqRef seq = seqref("ns", key);
-    wire_payload pl = {0};
-    Dquant__Tensor tk, tv;
-    uint64_t shape[4] = {nl, t, KV, HD};
-    size_t bytes = (size_t)(nl * t * N * sizeof(float));
-    wire_tensor(&pl, &tk, DQUANT__DTYPE__F32, shape, 4, k, bytes);
-    wire_tensor(&pl, &tv, DQUANT__DTYPE__F32, shape, 4, v, bytes);
-    Dquant__Put p = DQUANT__PUT__INIT;
-    p.seq = &seq;
-    p.model = "tiny";
-    p.start_token = start;
-    p.first_layer = first;
-    p.num_layers = nl;
-    p.tokens = t;
-    p.k = &tk;
-    p.v = &tv;
-    Dquant__Request req = DQUANT__REQUEST__INIT;
-    req.body_case = DQUANT__REQUEST__BODY_PUT;
-    req.put = &p;
-    Dquant__Response *r = call(fd, &req, &pl, NULL, NULL);
-    wire_payload_free(&pl);
+    put_msg m;
+    put_msg_init(&m, key, first, nl, start, t, k, v);
+    Dquant__Response *r = call(fd, &m.req, &m.pl, NULL, NULL);
+    wire_payload_free(&m.pl);
     int err = wire_error(r);
     if (!err) {
         cr_assert_eq(r->body_case, DQUANT__RESPONSE__BODY_PUT);
@@ -449,24 +468,10 @@ Test(server, large_frames_reuse_buffers)
 /* The frame of a PUT of t tokens of layer 0 (f32), ready to send in pieces. */
 static uint8_t *put_frame(const char *key, uint64_t t, const float *k, const float *v, uint64_t id, size_t *len)
 {
-    Dquant__SeqRef seq = seqref("ns", key);
-    wire_payload pl = {0};
-    Dquant__Tensor tk, tv;
-    uint64_t shape[4] = {1, t, KV, HD};
-    wire_tensor(&pl, &tk, DQUANT__DTYPE__F32, shape, 4, k, (size_t)t * N * sizeof(float));
-    wire_tensor(&pl, &tv, DQUANT__DTYPE__F32, shape, 4, v, (size_t)t * N * sizeof(float));
-    Dquant__Put p = DQUANT__PUT__INIT;
-    p.seq = &seq;
-    p.model = "tiny";
-    p.num_layers = 1;
-    p.tokens = t;
-    p.k = &tk;
-    p.v = &tv;
-    Dquant__Request req = DQUANT__REQUEST__INIT;
-    req.body_case = DQUANT__REQUEST__BODY_PUT;
-    req.put = &p;
-    uint8_t *fr = wire_frame(&req, pl.p, pl.len, id, len);
-    wire_payload_free(&pl);
+    put_msg m;
+    put_msg_init(&m, key, 0, 1, 0, t, k, v);
+    uint8_t *fr = wire_frame(&m.req, m.pl.p, m.pl.len, id, len);
+    wire_payload_free(&m.pl);
     cr_assert_not_null(fr);
     return fr;
 }
@@ -494,6 +499,32 @@ static void expect_same_layer(int fd, const char *key, uint64_t t, const float *
     free(gv);
 }
 
+#define FRAME3M_T 3000 /* tokens: 3000 x 128 values x 4 bytes x 2, a 3 MB payload */
+
+/* Random k/v of FRAME3M_T tokens PUT as layer 0 of "ref", and what the daemon decodes of it. */
+typedef struct ref_layer {
+    float *k, *v, *rk, *rv;
+} ref_layer;
+
+static ref_layer ref_put(int fd, unsigned seed)
+{
+    ref_layer r = {random_kv(FRAME3M_T * N, seed), random_kv(FRAME3M_T * N, seed + 1), NULL, NULL};
+    uint64_t tokens;
+    cr_assert_eq(put(fd, "ref", 0, 1, 0, FRAME3M_T, r.k, r.v, &tokens), 0);
+    cr_assert_eq(get_f32(fd, "ref", 0, 1, &tokens, &r.rk, &r.rv), 0);
+    cr_assert_eq(tokens, FRAME3M_T);
+    cr_assert_lt(rel_rmse(r.rk, r.k, FRAME3M_T * N), 0.35);
+    return r;
+}
+
+static void ref_free(ref_layer *r)
+{
+    free(r->k);
+    free(r->v);
+    free(r->rk);
+    free(r->rv);
+}
+
 /* Large frames are read by the I/O threads (io_threads, default 4): four connections' 3 MB PUTs
  * sent side by side in 256 KiB pieces, and one sent with pauses longer than a thread waits for
  * data (the loop takes the connection back, then a thread again), all decode exactly as the same
@@ -502,13 +533,10 @@ Test(server, large_frames_read_by_io_threads)
 {
     start(NULL);
     int fd = session();
-    const size_t T = 3000; /* 3000 tokens x 128 values x 4 bytes x 2: a 3 MB payload */
-    float *k = random_kv(T * N, 21), *v = random_kv(T * N, 22);
+    const size_t T = FRAME3M_T;
+    ref_layer r = ref_put(fd, 21);
+    const float *k = r.k, *v = r.v, *rk = r.rk, *rv = r.rv;
     uint64_t tokens;
-    cr_assert_eq(put(fd, "ref", 0, 1, 0, T, k, v, &tokens), 0);
-    float *rk, *rv;
-    cr_assert_eq(get_f32(fd, "ref", 0, 1, &tokens, &rk, &rv), 0);
-    cr_assert_lt(rel_rmse(rk, k, T * N), 0.35);
     const uint64_t offloaded0 = stat_counter(fd, "frame_reads_offloaded");
     cr_assert_geq(offloaded0, 1, "the reference PUT's frame was read by an I/O thread");
 
@@ -566,10 +594,7 @@ Test(server, large_frames_read_by_io_threads)
     cr_assert_eq(put(fd, "after", 0, 1, 0, T, k, v, &tokens), 0);
     expect_same_layer(fd, "after", T, rk, rv);
     free(slow);
-    free(rk);
-    free(rv);
-    free(k);
-    free(v);
+    ref_free(&r);
     close(fd);
 }
 
@@ -579,12 +604,9 @@ Test(server, large_frames_without_io_threads)
     const char *const extra[] = {"--io-threads", "0", NULL};
     start(extra);
     int fd = session();
-    const size_t T = 3000;
-    float *k = random_kv(T * N, 23), *v = random_kv(T * N, 24);
-    uint64_t tokens;
-    cr_assert_eq(put(fd, "ref", 0, 1, 0, T, k, v, &tokens), 0);
-    float *rk, *rv;
-    cr_assert_eq(get_f32(fd, "ref", 0, 1, &tokens, &rk, &rv), 0);
+    const size_t T = FRAME3M_T;
+    ref_layer r = ref_put(fd, 23);
+    const float *k = r.k, *v = r.v, *rk = r.rk, *rv = r.rv;
     size_t n;
     uint8_t *slow = put_frame("slow", T, k, v, 9, &n);
     cr_assert_eq(wire_send_all(fd, slow, n / 3), 0);
@@ -594,10 +616,7 @@ Test(server, large_frames_without_io_threads)
     expect_same_layer(fd, "slow", T, rk, rv);
     cr_assert_eq(stat_counter(fd, "frame_reads_offloaded"), 0);
     free(slow);
-    free(rk);
-    free(rv);
-    free(k);
-    free(v);
+    ref_free(&r);
     close(fd);
 }
 
