@@ -221,18 +221,17 @@ static void host_append(put_op *op, size_t i)
     dqd_codec_ws_give(op->codec, ws);
 }
 
-/* Workers: layer i; on the host, if it failed for another reason, whether the layer's input holds
- * NaN/Inf, which then decides the error (see the top of this file; the input of a host layer is
- * on the host: prepare_device copied NCCL input there). */
+/* Workers: layer i; if it failed for another reason, whether the layer's input holds NaN/Inf,
+ * which then decides the error (see the top of this file). Input in GPU memory (NCCL, every layer
+ * on the GPU) was checked there as a whole before. */
 static void append_task(void *ctx, size_t i)
 {
     put_op *op = ctx;
-    if (on_gpu(op, i)) {
+    if (on_gpu(op, i))
         gpu_append(op, i);
-        return;
-    }
-    host_append(op, i);
-    if (op->rc[i] >= 0 || op->rc[i] == DQ_NONFINITE)
+    else
+        host_append(op, i);
+    if (op->rc[i] >= 0 || op->rc[i] == DQ_NONFINITE || op->dev)
         return;
     const size_t lb = layer_bytes(op), count = lb / dqd_dtype_size(op->k.dtype);
     const dq_dtype dt = dqd_tensor_dtype(&op->k);
@@ -259,8 +258,8 @@ static void append_done(void *ctx)
     if (first_err) {
         op->fail_rc = first_err;
         snprintf(op->fail_msg, sizeof op->fail_msg, "layer %u: %s", failed_layer, dq_strerror(first_err));
-        /* A NaN anywhere wins (see the top of this file): host layers say DQ_NONFINITE, GPU ones
-         * raw_nonfinite (their rc may be the range check of the rounded values). */
+        /* A NaN anywhere wins (see the top of this file): a layer says DQ_NONFINITE, or a GPU one
+         * raw_nonfinite (its rc may be the range check of the rounded values). */
         for (uint32_t i = 0; i < put->num_layers; i++) {
             if (op->rc[i] == DQ_NONFINITE || (op->gtxn && op->gtxn[i].raw_nonfinite)) {
                 op->fail_rc = DQ_NONFINITE;
