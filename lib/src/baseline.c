@@ -337,11 +337,11 @@ int dq__baseline_decode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const
             if (dtype == DQ_DTYPE_BF16) { /* the stored values themselves (LE in the record) */
                 uint16_t *o = (uint16_t *)out + t * n;
                 for (size_t j = 0; j < n; j++)
-                    o[j] = (uint16_t)(rec[2 * j] | rec[2 * j + 1] << 8);
+                    o[j] = dq__get_u16(rec + 2 * j);
                 continue;
             }
             for (size_t j = 0; j < n; j++)
-                y[j] = dq__bf16_f32((uint16_t)(rec[2 * j] | rec[2 * j + 1] << 8));
+                y[j] = dq__bf16_f32(dq__get_u16(rec + 2 * j));
             break;
         case DQ_CODEC_KIVI:
             if (kind == DQ_KIND_K) {
