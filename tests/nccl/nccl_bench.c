@@ -35,6 +35,7 @@
 
 #include "dquant.pb-c.h"
 #include "dquant/client.h"
+#include "dquant/client_nccl.h"
 #include "e2e_daemon.h"
 
 extern char **environ;
@@ -752,8 +753,8 @@ static int bench_main(const opts *o)
     dqc_client *c = connect_or_die(o);
     dqc_server_info si;
     dqc_server(c, &si);
-    say("server %s, backend %s, max payload %llu; client NCCL build: %d", si.server_version, si.backend,
-        (unsigned long long)si.max_payload_bytes, dqc_nccl_available());
+    say("server %s, backend %s, max payload %llu", si.server_version, si.backend,
+        (unsigned long long)si.max_payload_bytes);
     setup_or_die(c, o->device);
     register_or_die(c, o->layers);
 

@@ -1,6 +1,6 @@
 /* libdquant-client: handle lifecycle, addresses, connecting with timeouts, HELLO, framing of
  * requests and replies, and the retry policy. The operations themselves are in client_ops.c, the
- * NCCL data path in client_nccl.c. */
+ * NCCL data path in client_nccl.c (libdquant-client-nccl). */
 #include "client_internal.h"
 
 #include <errno.h>
@@ -339,6 +339,7 @@ static int do_hello(dqc_client *c)
     h.secret.data = c->secret;
     h.secret.len = c->secret ? c->opts.secret_len : 0;
 #ifdef DQC_HAVE_NCCL
+    /* Built together with libdquant-client-nccl. */
     static char *features[] = {"nccl"};
     h.features = features;
     h.n_features = 1;
@@ -453,7 +454,8 @@ void dqc_free(dqc_client *client)
     if (!client)
         return;
     close_conn(client);
-    dqc__nccl_free(client);
+    if (client->nccl_free)
+        client->nccl_free(client);
     free(client->addr);
     free(client->path);
     free(client->host);

@@ -754,6 +754,18 @@ int dqc_stats_gauge(const dqc_stats_result *res, const char *name, double *value
     return 0;
 }
 
+/* ---- NCCL_SETUP (for libdquant-client-nccl) ---- */
+
+int dqc__nccl_setup_call(dqc_client *c, int cuda_device, dqc__reply *rep)
+{
+    Dquant__NcclSetup ns = DQUANT__NCCL_SETUP__INIT;
+    ns.client_device = cuda_device;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_NCCL_SETUP;
+    req.nccl_setup = &ns;
+    return dqc__call(c, &req, NULL, 0, 1, DQUANT__RESPONSE__BODY_NCCL_SETUP, NULL, NULL, rep);
+}
+
 /* ---- PING ---- */
 
 int dqc_ping(dqc_client *c, const void *data, size_t len)
