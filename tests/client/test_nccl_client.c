@@ -9,9 +9,9 @@
 
 #include "dquant/client.h"
 #include "dquant/client_nccl.h"
-#include "e2e_daemon.h"
+#include "dqd_child.h"
 
-static e2e_daemon D;
+static dqd_daemon D;
 static dqc_client *C;
 
 static void stop_all(void)
@@ -19,22 +19,23 @@ static void stop_all(void)
     dqc_free(C);
     C = NULL;
     if (D.pid)
-        e2e_daemon_stop(&D);
+        dqd_stop(&D);
 }
 
 static void start_all(void)
 {
-    const char *bin = e2e_daemon_path();
+    const char *bin = dqd_path();
     if (!bin)
         cr_skip_test("$DQUANTD is not set (build the dquantd target to run this test)");
     const char *extra[] = {"--backend", "cpu", NULL};
-    cr_assert_eq(e2e_daemon_start(&D, bin, extra), 0, "could not start %s", bin);
+    const dqd_opts dopts = {.extra = extra};
+    cr_assert_eq(dqd_start(&D, &dopts), 0, "could not start %s", bin);
     dqc_options o;
     dqc_options_default(&o);
     o.io_timeout_ms = 10000;
     char err[256];
-    int rc = dqc_connect_ex(D.unix_addr, &o, &C, err, sizeof err);
-    cr_assert_eq(rc, 0, "connect %s: %s: %s", D.unix_addr, dqc_err_name(rc), err);
+    int rc = dqc_connect_ex(D.addr, &o, &C, err, sizeof err);
+    cr_assert_eq(rc, 0, "connect %s: %s: %s", D.addr, dqc_err_name(rc), err);
 }
 
 TestSuite(nccl_client, .init = start_all, .fini = stop_all, .timeout = 60);

@@ -21,8 +21,8 @@
 #define HD 64
 #define N (KV * HD)
 
-static pid_t daemon_pid;
-static char dir[64], sock[128];
+static dqd_daemon D;
+static const char *const sock = D.sock;
 static uint16_t tcp_port, http_port;
 
 static uint16_t pick_port(int salt)
@@ -34,27 +34,15 @@ static uint16_t pick_port(int salt)
 /* Starts a daemon on a private Unix socket with extra flags (NULL-terminated). */
 static void start(const char *const extra[])
 {
-    snprintf(dir, sizeof dir, "%s", dqd_tmpdir());
-    snprintf(sock, sizeof sock, "%s/d.sock", dir);
-    static char listen[160];
-    snprintf(listen, sizeof listen, "unix:%s", sock);
-    const char *args[32] = {"--listen", listen, "--metrics", "off", "--log-level", "warn"};
-    int n = 6;
-    for (int i = 0; extra && extra[i]; i++)
-        args[n++] = extra[i];
-    args[n] = NULL;
-    daemon_pid = dqd_spawn(args, NULL, NULL);
-    cr_assert_eq(dqd_wait_socket(sock, 10000), 0, "dquantd did not come up");
+    const dqd_opts o = {.stop_timeout_ms = 30000, .extra = extra};
+    cr_assert_eq(dqd_start(&D, &o), 0, "dquantd did not come up");
 }
 
 static void stop(void)
 {
-    if (!daemon_pid)
+    if (!D.pid)
         return;
-    kill(daemon_pid, SIGTERM);
-    int st = dqd_wait(daemon_pid, 30000);
-    daemon_pid = 0;
-    rmdir(dir);
+    int st = dqd_stop(&D);
     cr_assert_eq(st, 0, "dquantd must exit 0 on SIGTERM (no leaks, no crash), got %d", st);
 }
 
@@ -1311,7 +1299,7 @@ Test(server, sigterm_finishes_inflight_work)
     rp.ping = &ping;
     cr_assert_eq(wire_send(fd, &rp, NULL, 2), 0);
     usleep(100000); /* both frames are in; the PUT is (most likely) still encoding */
-    kill(daemon_pid, SIGTERM);
+    kill(D.pid, SIGTERM);
 
     uint64_t id;
     Dquant__Response *r;
@@ -1325,9 +1313,9 @@ Test(server, sigterm_finishes_inflight_work)
     dquant__response__free_unpacked(r, NULL);
     cr_assert(peer_closed(fd), "then the connection closes");
     close(fd);
-    int st = dqd_wait(daemon_pid, 30000);
-    daemon_pid = 0;
-    rmdir(dir);
+    int st = dqd_wait(D.pid, 30000);
+    D.pid = 0;
+    dqd_stop(&D);   /* removes its directory */
     cr_assert_eq(st, 0);
     wire_payload_free(&pl);
     free(k);
