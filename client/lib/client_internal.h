@@ -61,6 +61,13 @@ struct dqc_client {
 /* Sets the handle's last error message and returns code. */
 DQC_PRIVATE int dqc__fail(dqc_client *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* A public call's handle: NULL leaves no message to record, only the code. */
+#define DQC_CHECK_HANDLE(c)                 \
+    do {                                    \
+        if (!(c))                           \
+            return DQ_INVALID_ARGUMENT;     \
+    } while (0)
+
 /* Validates a public argument at the boundary: on failure records the message and returns. */
 #define DQC_CHECK_ARG(c, cond, ...)                                   \
     do {                                                              \

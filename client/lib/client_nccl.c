@@ -190,12 +190,11 @@ static int dev_ptr_check(dqc_client *c, const char *op, const char *what, const 
         cudaGetLastError();   /* not sticky; keep it from surfacing in the caller's next call */
         return dqc__fail(c, DQ_INVALID_ARGUMENT, "%s: %s: %s", op, what, cudaGetErrorString(e));
     }
-    if (at.type != cudaMemoryTypeDevice && at.type != cudaMemoryTypeManaged)
-        return dqc__fail(c, DQ_INVALID_ARGUMENT, "%s: %s is not device memory (the *_dev calls take pointers on "
-                         "CUDA device %d)", op, what, c->nccl->device);
-    if (at.type == cudaMemoryTypeDevice && at.device != c->nccl->device)
-        return dqc__fail(c, DQ_INVALID_ARGUMENT, "%s: %s is on CUDA device %d; NCCL was set up on device %d", op, what,
-                         at.device, c->nccl->device);
+    DQC_CHECK_ARG(c, at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged,
+                  "%s: %s is not device memory (the *_dev calls take pointers on CUDA device %d)", op, what,
+                  c->nccl->device);
+    DQC_CHECK_ARG(c, at.type != cudaMemoryTypeDevice || at.device == c->nccl->device,
+                  "%s: %s is on CUDA device %d; NCCL was set up on device %d", op, what, at.device, c->nccl->device);
     return 0;
 }
 
@@ -400,8 +399,7 @@ static void nccl_free(dqc_client *c)
 
 int dqc_nccl_setup(dqc_client *c, int cuda_device)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     c->err[0] = 0;
     DQC_CHECK_ARG(c, cuda_device >= 0, "nccl_setup: CUDA device %d", cuda_device);
     if (!server_offers_nccl(c))
@@ -487,8 +485,7 @@ int dqc_nccl_setup(dqc_client *c, int cuda_device)
 
 int dqc_put_dev(dqc_client *c, const dqc_put_args *a, dqc_put_result *res)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     c->err[0] = 0;
     if (res)
         memset(res, 0, sizeof *res);
@@ -524,8 +521,7 @@ static int out_of_step(dqc_client *c, dqc__reply *rep, int rc)
 int dqc_get_dev(dqc_client *c, const dqc_get_args *a, void *k_dev, void *v_dev, size_t capacity,
                 dqc_get_result *res)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     c->err[0] = 0;
     DQC_CHECK_ARG(c, a && res && k_dev && v_dev, "get_dev: args, k_dev, v_dev and res are required");
     res->start_token = res->tokens = 0;
@@ -571,8 +567,7 @@ int dqc_get_dev(dqc_client *c, const dqc_get_args *a, void *k_dev, void *v_dev, 
 
 int dqc_attend_dev(dqc_client *c, const dqc_attend_args *a, float *out_dev, float *lse_dev)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     c->err[0] = 0;
     DQC_CHECK_ARG(c, a && out_dev && lse_dev, "attend_dev: args, out_dev and lse_dev are required");
     dqc__attend_req ar;

@@ -79,8 +79,7 @@ static void tensor_set(Dquant__Tensor *t, int dtype, uint64_t *shape, size_t ndi
 
 int dqc_register_model(dqc_client *c, const dqc_model_spec *spec, dqc_model_info *info)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     DQC_CHECK_ARG(c, spec && spec->name && spec->name[0], "register_model: spec and its name are required");
     DQC_CHECK_ARG(c, spec->layers && spec->q_heads && spec->kv_heads && spec->head_dim,
                   "register_model: layers, q_heads, kv_heads and head_dim must be positive");
@@ -166,8 +165,7 @@ void dqc__put_result(const dqc__reply *rep, dqc_put_result *res)
 
 int dqc_put(dqc_client *c, const dqc_put_args *a, dqc_put_result *res)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     if (res)
         memset(res, 0, sizeof *res);
     dqc__put_req r;
@@ -246,8 +244,7 @@ int dqc__get_check(dqc_client *c, const char *op, const dqc_get_args *a, const D
 
 int dqc_get(dqc_client *c, const dqc_get_args *a, dqc_get_result *res)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     DQC_CHECK_ARG(c, a && res, "get: args and res are required");
     RESULT_RESET(res);
     dqc__get_req g;
@@ -281,8 +278,7 @@ void dqc_get_result_free(dqc_get_result *res)
 
 int dqc_get_raw(dqc_client *c, const dqc_seq *s, uint32_t first_layer, uint32_t num_layers, dqc_raw_result *res)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     DQC_CHECK_ARG(c, res, "get_raw: res is required");
     dqc_raw_layer *layers = res->layers;
     size_t layers_cap = res->layers_cap_;
@@ -468,8 +464,7 @@ void dqc__attend_free(dqc__attend_req *r)
 
 int dqc_attend(dqc_client *c, const dqc_attend_args *a, float *out, float *lse)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     DQC_CHECK_ARG(c, a && out, "attend: args and out are required");
     dqc__attend_req ar;
     DQC_FORWARD(dqc__attend_build(c, "attend", a, 0, &ar));
@@ -496,8 +491,7 @@ int dqc_attend(dqc_client *c, const dqc_attend_args *a, float *out, float *lse)
 
 int dqc_compress(dqc_client *c, const dqc_compress_args *a, dqc_compress_result *res)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     DQC_CHECK_ARG(c, a && res, "compress: args and res are required");
     RESULT_RESET(res);
     DQC_CHECK_ARG(c, (a->model && a->model[0]) || (a->profile_name && a->profile_name[0]),
@@ -560,8 +554,7 @@ void dqc_compress_result_free(dqc_compress_result *res)
 
 int dqc_decompress(dqc_client *c, const dqc_decompress_args *a, dqc_decompress_result *res)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     DQC_CHECK_ARG(c, a && res, "decompress: args and res are required");
     RESULT_RESET(res);
     DQC_CHECK_ARG(c, a->profile && a->profile_len, "decompress: a serialized profile is required");
@@ -616,8 +609,7 @@ void dqc_decompress_result_free(dqc_decompress_result *res)
 
 static int seq_op(dqc_client *c, const char *op, Dquant__Request__BodyCase which, const dqc_seq *s)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     Dquant__SeqRef seq;
     DQC_FORWARD(seq_fill(c, op, s, &seq));
     Dquant__Delete del = DQUANT__DELETE__INIT;
@@ -674,8 +666,7 @@ static int cmp_gauge(const void *a, const void *b)
 
 int dqc_stats(dqc_client *c, dqc_stats_result *res)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     DQC_CHECK_ARG(c, res, "stats: res is required");
     free(res->mem_);
     memset(res, 0, sizeof *res);
@@ -770,8 +761,7 @@ int dqc__nccl_setup_call(dqc_client *c, int cuda_device, dqc__reply *rep)
 
 int dqc_ping(dqc_client *c, const void *data, size_t len)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     DQC_CHECK_ARG(c, data || !len, "ping: data is NULL with len %zu", len);
     Dquant__Ping p = DQUANT__PING__INIT;
     p.data.data = (uint8_t *)data;
