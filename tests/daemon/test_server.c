@@ -65,20 +65,8 @@ static Dquant__Response *call(int fd, const Dquant__Request *req, const wire_pay
 
 static void hello(int fd, const char *secret)
 {
-    Dquant__Hello h = DQUANT__HELLO__INIT;
-    h.min_version = 1;
-    h.max_version = 1;
-    h.client_name = "test_server";
-    if (secret) {
-        h.secret.data = (uint8_t *)secret;
-        h.secret.len = strlen(secret);
-    }
-    Dquant__Request req = DQUANT__REQUEST__INIT;
-    req.body_case = DQUANT__REQUEST__BODY_HELLO;
-    req.hello = &h;
-    Dquant__Response *r = call(fd, &req, NULL, NULL, NULL);
-    cr_assert_eq(r->body_case, DQUANT__RESPONSE__BODY_HELLO, "HELLO failed: %d", wire_error(r));
-    dquant__response__free_unpacked(r, NULL);
+    int rc = wire_hello(fd, 1, secret);
+    cr_assert_eq(rc, 0, "HELLO failed: %d", rc);
 }
 
 static void register_model(int fd)
