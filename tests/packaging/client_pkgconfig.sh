@@ -1,13 +1,15 @@
 #!/bin/sh
 # Installs the build into a temporary DESTDIR, then checks what a CPU-only engine process sees of
 # libdquant-client there: the installed library needs no CUDA and no NCCL (readelf -d), its .pc
-# names nothing of CUDA, and a small program built with `pkgconf --define-prefix --cflags --libs
-# libdquant-client` against that tree links and runs (cpu_only_client.c).
+# names nothing of CUDA, and a small program built with `pkgconf --cflags --libs libdquant-client`
+# against that tree links and runs (cpu_only_client.c). The tree is addressed the way a package
+# build does it, PKG_CONFIG_SYSROOT_DIR=DESTDIR (--define-prefix cannot: it takes the prefix two
+# folders above the .pc, and a multiarch libdir such as lib/x86_64-linux-gnu is three deep).
 #
-#   client_pkgconfig.sh MESON BUILD_ROOT CC PREFIX LIBDIR SOURCE [EXTRA_CFLAGS...]
+#   client_pkgconfig.sh MESON PKGCONF BUILD_ROOT CC PREFIX LIBDIR SOURCE [EXTRA_CFLAGS...]
 set -eu
-MESON=$1 BUILD=$2 CC=$3 PREFIX=$4 LIBDIR=$5 SRC=$6
-shift 6
+MESON=$1 PKGCONF=$2 BUILD=$3 CC=$4 PREFIX=$5 LIBDIR=$6 SRC=$7
+shift 7
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
@@ -45,9 +47,9 @@ if [ -f "$PCDIR/libdquant-client-nccl.pc" ]; then
 fi
 
 # Only the installed tree and the system's own .pc files (libprotobuf-c, libxxhash).
-SYSPC=$(pkgconf --variable pc_path pkg-config 2>/dev/null || true)
+SYSPC=$("$PKGCONF" --variable pc_path pkg-config 2>/dev/null || true)
 FLAGS=$(PKG_CONFIG_PATH= PKG_CONFIG_LIBDIR="$PCDIR${SYSPC:+:$SYSPC}" PKG_CONFIG_SYSROOT_DIR="$DEST" \
-        pkgconf --cflags --libs libdquant-client) || fail "pkgconf libdquant-client"
+        "$PKGCONF" --cflags --libs libdquant-client) || fail "pkgconf libdquant-client"
 echo "pkgconf --cflags --libs libdquant-client: $FLAGS"
 case $FLAGS in *"$DEST"*) ;; *) fail "pkgconf flags do not point into $DEST" ;; esac
 if echo "$FLAGS" | grep -Eqi 'cuda|nccl'; then
