@@ -156,6 +156,9 @@ DQC_PRIVATE int dqc__get_build(dqc_client *c, const char *op, const dqc_get_args
  * payload, or the NCCL payload); *bytes = the size of each. */
 DQC_PRIVATE int dqc__get_check(dqc_client *c, const char *op, const dqc_get_args *a, const Dquant__GetReply *r,
                                uint64_t payload_len, size_t *bytes);
+/* Fills res's metadata (start_token, tokens, num_layers, kv_heads, head_dim, dtype, bytes) from a
+ * reply dqc__get_check accepted; k, v and the result's memory are left alone. */
+DQC_PRIVATE void dqc__get_meta(const Dquant__GetReply *r, dq_dtype dtype, size_t bytes, dqc_get_result *res);
 
 /* An ATTEND request around the caller's items: per item q, then append_k and append_v, back to back
  * in iov order from offset 0. */

@@ -552,15 +552,8 @@ int dqc_get_dev(dqc_client *c, const dqc_get_args *a, void *k_dev, void *v_dev, 
     rc = recv_payload(c, "get_dev", ops, order, 2, total, sink);
     if (!rc && sink)
         rc = dqc__fail(c, DQ_TOO_LARGE, "get_dev: k and v are %zu bytes each; the buffers hold %zu", kb, capacity);
-    if (!rc) {
-        res->start_token = r->start_token;
-        res->tokens = r->tokens;
-        res->num_layers = (uint32_t)r->k->shape[0];
-        res->kv_heads = (uint32_t)r->k->shape[2];
-        res->head_dim = (uint32_t)r->k->shape[3];
-        res->dtype = a->dtype;
-        res->bytes = kb;
-    }
+    if (!rc)
+        dqc__get_meta(r, a->dtype, kb, res);
     dqc__reply_free(&rep);
     return rc;
 }

@@ -242,6 +242,17 @@ int dqc__get_check(dqc_client *c, const char *op, const dqc_get_args *a, const D
     return 0;
 }
 
+void dqc__get_meta(const Dquant__GetReply *r, dq_dtype dtype, size_t bytes, dqc_get_result *res)
+{
+    res->start_token = r->start_token;
+    res->tokens = r->tokens;
+    res->num_layers = (uint32_t)r->k->shape[0];
+    res->kv_heads = (uint32_t)r->k->shape[2];
+    res->head_dim = (uint32_t)r->k->shape[3];
+    res->dtype = dtype;
+    res->bytes = bytes;
+}
+
 int dqc_get(dqc_client *c, const dqc_get_args *a, dqc_get_result *res)
 {
     DQC_CHECK_HANDLE(c);
@@ -255,13 +266,7 @@ int dqc_get(dqc_client *c, const dqc_get_args *a, dqc_get_result *res)
     size_t kb = 0;
     int rc = dqc__get_check(c, "get", a, r, rep.payload_len, &kb);
     if (!rc) {
-        res->start_token = r->start_token;
-        res->tokens = r->tokens;
-        res->num_layers = (uint32_t)r->k->shape[0];
-        res->kv_heads = (uint32_t)r->k->shape[2];
-        res->head_dim = (uint32_t)r->k->shape[3];
-        res->dtype = a->dtype;
-        res->bytes = kb;
+        dqc__get_meta(r, a->dtype, kb, res);
         res->k = kb ? rep.payload + r->k->offset : NULL;
         res->v = kb ? rep.payload + r->v->offset : NULL;
     }
