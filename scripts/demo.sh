@@ -18,10 +18,10 @@ trap cleanup EXIT
 for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.05; done
 
 echo "== codec on the real KV (libdquant, in process)"
-build/client/dquant codec demo --data "$DATA"
+build/client/tool/dquant codec demo --data "$DATA"
 echo
 echo "== dquantd (cpu backend) on $SOCK: prefill, decode steps, GET, STATS"
-build/client/dquant demo --connect "unix:$SOCK" --data "$DATA"
+build/client/tool/dquant demo --connect "unix:$SOCK" --data "$DATA"
 echo
 echo "== metrics (http://127.0.0.1:$METRICS_PORT/metrics, excerpt)"
 if command -v curl >/dev/null; then

@@ -31,7 +31,8 @@
 
 #include "dquant/client.h"
 #include "dquant/dquant.h"
-#include "e2e_daemon.h"
+#include "dqd_child.h"
+#include "wire.h"
 
 #define KVH 8
 #define HD 128
@@ -53,7 +54,7 @@ typedef struct bench_opts {
 static bench_opts O = {.seconds = 3, .clients = 2, .attend_tokens = 32768, .attend_seqs = 32, .attend_reps = 20,
                        .attend_seconds = 60, .redis = 1};
 static const char *ADDR;   /* the daemon's address used by the benchmark */
-static e2e_daemon DAEMON;
+static dqd_daemon DAEMON;
 
 static double now_s(void)
 {
@@ -66,7 +67,7 @@ static void die(const char *what, dqc_client *c, int rc)
 {
     fprintf(stderr, "bench_daemon: %s failed: %s: %s\n", what, dqc_err_name(rc), c ? dqc_last_error(c) : "");
     if (DAEMON.pid)
-        e2e_daemon_stop(&DAEMON);
+        dqd_stop(&DAEMON);
     exit(1);
 }
 
@@ -81,7 +82,7 @@ static dqc_client *connect_or_die(void)
     if (rc) {
         fprintf(stderr, "bench_daemon: connect %s: %s\n", ADDR, err);
         if (DAEMON.pid)
-            e2e_daemon_stop(&DAEMON);
+            dqd_stop(&DAEMON);
         exit(1);
     }
     return c;
@@ -257,7 +258,7 @@ static int redis_start(redis *r)
     r->fd = -1;
     if (!O.redis || system("command -v redis-server >/dev/null 2>&1") != 0)
         return -1;
-    r->port = e2e_free_port();
+    r->port = dqd_free_port();
     char port[16];
     snprintf(port, sizeof port, "%u", r->port);
     pid_t pid = fork();
@@ -272,7 +273,7 @@ static int redis_start(redis *r)
     }
     r->pid = pid;
     for (int i = 0; i < 500; i++) {
-        r->fd = e2e_raw_tcp(r->port);
+        r->fd = wire_connect_tcp(r->port);
         if (r->fd >= 0)
             return 0;
         struct timespec ts = {0, 10 * 1000000L};
@@ -333,7 +334,7 @@ static int redis_set(redis *r, const char *key, const void *val, size_t len)
 {
     char head[128];
     int hn = snprintf(head, sizeof head, "*3\r\n$3\r\nSET\r\n$%zu\r\n%s\r\n$%zu\r\n", strlen(key), key, len);
-    if (e2e_raw_write(r->fd, head, (size_t)hn) || e2e_raw_write(r->fd, val, len) || e2e_raw_write(r->fd, "\r\n", 2))
+    if (wire_send_all(r->fd, head, (size_t)hn) || wire_send_all(r->fd, val, len) || wire_send_all(r->fd, "\r\n", 2))
         return -1;
     char line[256];
     return read_line(r->fd, line, sizeof line) || strcmp(line, "+OK") ? -1 : 0;
@@ -344,7 +345,7 @@ static long redis_get(redis *r, const char *key, uint8_t *buf, size_t cap)
 {
     char req[128];
     int n = snprintf(req, sizeof req, "*2\r\n$3\r\nGET\r\n$%zu\r\n%s\r\n", strlen(key), key);
-    if (e2e_raw_write(r->fd, req, (size_t)n))
+    if (wire_send_all(r->fd, req, (size_t)n))
         return -1;
     char line[64];
     if (read_line(r->fd, line, sizeof line) || line[0] != '$')
@@ -773,9 +774,10 @@ int main(int argc, char **argv)
         char workers[16];
         snprintf(workers, sizeof workers, "%d", O.clients);
         const char *extra[] = {"--workers", workers, "--host-memory", "8G", NULL};
-        if (e2e_daemon_start(&DAEMON, O.dquantd, extra))
+        const dqd_opts o = {.bin = O.dquantd, .tcp = 1, .extra = extra};
+        if (dqd_start(&DAEMON, &o))
             return 1;
-        ADDR = DAEMON.unix_addr;
+        ADDR = DAEMON.addr;
     }
     dqc_client *c = connect_or_die();
     dqc_server_info info;
@@ -796,7 +798,7 @@ int main(int argc, char **argv)
     dqc_delete(c, &s);
     dqc_free(c);
     redis_stop(&rd);
-    if (DAEMON.pid && e2e_daemon_stop(&DAEMON) != 0)
+    if (DAEMON.pid && dqd_stop(&DAEMON) != 0)
         fprintf(stderr, "bench_daemon: dquantd did not exit cleanly\n");
     return 0;
 }

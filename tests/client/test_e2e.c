@@ -19,23 +19,25 @@
 
 #include "dquant/client.h"
 #include "dquant/dquant.h"
-#include "e2e_daemon.h"
+#include "dqd_child.h"
 #include "frame.h"
+#include "wire.h"
 
-static e2e_daemon D;
+static dqd_daemon D;
 
 static void stop_daemon(void)
 {
     if (D.pid)
-        e2e_daemon_stop(&D);
+        dqd_stop(&D);
 }
 
 static void start_daemon(const char *const *extra)
 {
-    const char *bin = e2e_daemon_path();
+    const char *bin = dqd_path();
     if (!bin)
         cr_skip_test("$DQUANTD is not set (build the dquantd target to run the end-to-end tests)");
-    cr_assert_eq(e2e_daemon_start(&D, bin, extra), 0, "could not start %s", bin);
+    const dqd_opts o = {.tcp = 1, .extra = extra};
+    cr_assert_eq(dqd_start(&D, &o), 0, "could not start %s", bin);
 }
 
 TestSuite(e2e, .fini = stop_daemon, .timeout = 240);
@@ -205,7 +207,7 @@ ParameterizedTestParameters(e2e, every_operation_round_trips)
 ParameterizedTest(int *tcp, e2e, every_operation_round_trips)
 {
     start_daemon(NULL);
-    dqc_client *c = cli(*tcp ? D.tcp_addr : D.unix_addr);
+    dqc_client *c = cli(*tcp ? D.tcp_addr : D.addr);
 
     dqc_server_info in;
     OK(c, dqc_server(c, &in));
@@ -399,7 +401,7 @@ ParameterizedTest(int *tcp, e2e, every_operation_round_trips)
     free(v);
     free(q);
     free(x);
-    cr_assert_eq(e2e_daemon_stop(&D), 0, "dquantd must exit 0 on SIGTERM");
+    cr_assert_eq(dqd_stop(&D), 0, "dquantd must exit 0 on SIGTERM");
 }
 
 /* ================= GET is bit-exact with libdquant on the same data ================= */
@@ -456,7 +458,7 @@ ParameterizedTestParameters(e2e, get_is_bit_exact_with_libdquant)
 ParameterizedTest(dq_dtype *in_dt, e2e, get_is_bit_exact_with_libdquant)
 {
     start_daemon(NULL);
-    dqc_client *c = cli(D.unix_addr);
+    dqc_client *c = cli(D.addr);
     const size_t chunks[] = {100, 77, 123, 300, 1};
     twin tw;
     dqc_seq s = seq("", "exact");
@@ -550,7 +552,7 @@ static void assert_close(const float *got, const float *want, size_t n, const ch
 ParameterizedTest(attend_case *ac, e2e, attend_matches_dq_attend)
 {
     start_daemon(NULL);
-    dqc_client *c = cli(D.unix_addr);
+    dqc_client *c = cli(D.addr);
     const size_t chunks[] = {300, 301};
     twin tw;
     dqc_seq s = seq("att", "s");
@@ -684,7 +686,7 @@ Test(e2e, eviction_is_lru_and_spares_pinned_sequences)
 {
     const char *extra[] = {"--host-memory", "3M", "--workers", "1", NULL};
     start_daemon(extra);
-    dqc_client *c = cli(D.unix_addr);
+    dqc_client *c = cli(D.addr);
     register_small(c, "m1", 1, NULL);
     const size_t T = 256;
     float *k = random_tensor(DQ_DTYPE_F32, T * NV, 21, 1), *v = random_tensor(DQ_DTYPE_F32, T * NV, 22, 0);
@@ -783,7 +785,7 @@ Test(e2e, resource_exhausted_leaves_the_store_unchanged)
 {
     const char *extra[] = {"--host-memory", "3M", "--workers", "1", NULL};
     start_daemon(extra);
-    dqc_client *c = cli(D.unix_addr);
+    dqc_client *c = cli(D.addr);
     register_small(c, "m", L, NULL);
     const size_t T = 200, BIG = 30000;
     float *k = random_tensor(DQ_DTYPE_F32, (size_t)L * BIG * NV, 31, 1);
@@ -841,7 +843,7 @@ static uint8_t *hello_frame(size_t *len, uint64_t id)
     Dquant__Request req = DQUANT__REQUEST__INIT;
     req.body_case = DQUANT__REQUEST__BODY_HELLO;
     req.hello = &h;
-    return e2e_frame(&req, NULL, 0, id, len);
+    return wire_frame(&req, NULL, 0, id, len);
 }
 
 /* *head_len: bytes before the payload (fixed header + message). */
@@ -873,7 +875,7 @@ static uint8_t *put_frame(size_t *len, size_t *head_len, const char *key, size_t
     uint8_t *payload = malloc(2 * bytes);
     memcpy(payload, k, bytes);
     memcpy(payload + bytes, v, bytes);
-    uint8_t *f = e2e_frame(&req, payload, 2 * bytes, 2, len);
+    uint8_t *f = wire_frame(&req, payload, 2 * bytes, 2, len);
     free(payload);
     *head_len = *len - 2 * bytes;
     return f;
@@ -882,7 +884,7 @@ static uint8_t *put_frame(size_t *len, size_t *head_len, const char *key, size_t
 Test(e2e, a_thousand_clients_vanishing_mid_frame_leave_no_state)
 {
     start_daemon(NULL);
-    dqc_client *c = cli(D.unix_addr);
+    dqc_client *c = cli(D.addr);
     register_small(c, "m", L, NULL);
     float *k = random_tensor(DQ_DTYPE_F32, 300 * NV, 41, 1), *v = random_tensor(DQ_DTYPE_F32, 300 * NV, 42, 0);
     OK(c, put_chunk(c, seq("vanish", "kept"), "m", 0, 0, 1, 300, DQ_DTYPE_F32, k, v));
@@ -899,7 +901,7 @@ Test(e2e, a_thousand_clients_vanishing_mid_frame_leave_no_state)
         int fds[BATCH];
         for (int i = 0; i < BATCH; i++) {
             int id = base + i;
-            fds[i] = id % 2 ? e2e_raw_tcp(D.port) : e2e_raw_unix(D.sock);
+            fds[i] = id % 2 ? wire_connect_tcp(D.port) : wire_connect_unix(D.sock);
             cr_assert_geq(fds[i], 0, "client %d could not connect", id);
             int mode = (int)(xorshift(&st) % 5);
             modes[mode]++;
@@ -907,16 +909,16 @@ Test(e2e, a_thousand_clients_vanishing_mid_frame_leave_no_state)
             case 0:   /* nothing at all */
                 break;
             case 1:   /* part of the HELLO frame */
-                e2e_raw_write(fds[i], hello, 1 + xorshift(&st) % (hlen - 1));
+                wire_send_all(fds[i], hello, 1 + xorshift(&st) % (hlen - 1));
                 break;
             case 2:   /* HELLO, then the PUT cut in its fixed header or message (or right after) */
             case 3:   /* HELLO, then the PUT cut inside its payload */
             case 4: { /* HELLO, then the whole PUT but one byte */
-                cr_assert_eq(e2e_raw_write(fds[i], hello, hlen), 0);
+                cr_assert_eq(wire_send_all(fds[i], hello, hlen), 0);
                 size_t cut = mode == 2   ? 1 + xorshift(&st) % phead
                              : mode == 3 ? phead + 1 + xorshift(&st) % (plen - phead - 2)
                                          : plen - 1;
-                e2e_raw_write(fds[i], put, cut);
+                wire_send_all(fds[i], put, cut);
                 break;
             }
             }
@@ -967,7 +969,7 @@ typedef struct lie {
 Test(e2e, lying_lengths_are_refused_without_allocation)
 {
     start_daemon(NULL);
-    dqc_client *c = cli(D.unix_addr);
+    dqc_client *c = cli(D.addr);
     dqc_server_info in;
     OK(c, dqc_server(c, &in));
     uint64_t maxp = in.max_payload_bytes;
@@ -986,57 +988,57 @@ Test(e2e, lying_lengths_are_refused_without_allocation)
         {0xFFFFFFFFu, 0xFFFFFFFFFFFFFFFFull},
     };
     uint64_t closes_before = counter(c, "protocol_closes");
-    long rss0 = e2e_daemon_rss_kb(&D);
+    long rss0 = dqd_rss_kb(&D);
     for (int round = 0; round < 3; round++) {
         for (size_t i = 0; i < sizeof lies / sizeof lies[0]; i++) {
-            int fd = e2e_raw_unix(D.sock);
+            int fd = wire_connect_unix(D.sock);
             cr_assert_geq(fd, 0);
-            cr_assert_eq(e2e_raw_hello(fd, 1, NULL), 0);
+            cr_assert_eq(wire_hello(fd, 1, NULL), 0);
             uint8_t h[32];
             dq_frame_write_header(h, (const uint8_t *)"\x5a\x00", 2, 0, 77);
             for (int b = 0; b < 4; b++)
                 h[8 + b] = (uint8_t)(lies[i].header_len >> (8 * b));
             for (int b = 0; b < 8; b++)
                 h[16 + b] = (uint8_t)(lies[i].payload_len >> (8 * b));
-            cr_assert_eq(e2e_raw_write(fd, h, sizeof h), 0);
+            cr_assert_eq(wire_send_all(fd, h, sizeof h), 0);
             /* An error reply may come first; then the daemon must close. */
             Dquant__Response *resp = NULL;
             uint64_t id = 0;
-            int rc = e2e_raw_recv(fd, 5000, &resp, &id, NULL, NULL);
+            int rc = wire_recv_within(fd, 5000, &id, &resp, NULL, NULL);
             if (rc == 0) {
                 cr_assert_eq(resp->body_case, DQUANT__RESPONSE__BODY_ERROR, "lie %zu: not an error reply", i);
                 int code = resp->error->code;
                 cr_assert(code == DQ_TOO_LARGE || code == DQ_PROTOCOL, "lie %zu: error %d", i, code);
                 dquant__response__free_unpacked(resp, NULL);
             }
-            cr_assert_eq(e2e_raw_wait_eof(fd, 5000), 0, "lie %zu: the connection stays open", i);
+            cr_assert_eq(wire_wait_eof(fd, 5000), 0, "lie %zu: the connection stays open", i);
             close(fd);
         }
     }
-    long rss1 = e2e_daemon_rss_kb(&D);
+    long rss1 = dqd_rss_kb(&D);
     cr_assert_lt(rss1 - rss0, 32 * 1024, "dquantd grew by %ld KiB answering lying frames", rss1 - rss0);
     cr_assert_geq(counter(c, "protocol_closes"), closes_before + 3 * (sizeof lies / sizeof lies[0]));
 
     /* Garbage framing: bad magic, version, flags, CRC — closed as well. */
     for (int kind = 0; kind < 4; kind++) {
-        int fd = e2e_raw_unix(D.sock);
-        cr_assert_eq(e2e_raw_hello(fd, 1, NULL), 0);
+        int fd = wire_connect_unix(D.sock);
+        cr_assert_eq(wire_hello(fd, 1, NULL), 0);
         Dquant__Ping p = DQUANT__PING__INIT;
         Dquant__Request req = DQUANT__REQUEST__INIT;
         req.body_case = DQUANT__REQUEST__BODY_PING;
         req.ping = &p;
         size_t len;
-        uint8_t *f = e2e_frame(&req, NULL, 0, 2, &len);
+        uint8_t *f = wire_frame(&req, NULL, 0, 2, &len);
         f[kind == 0 ? 0 : kind == 1 ? 4 : kind == 2 ? 6 : 12] ^= 0x40;
-        cr_assert_eq(e2e_raw_write(fd, f, len), 0);
+        cr_assert_eq(wire_send_all(fd, f, len), 0);
         free(f);
-        cr_assert_eq(e2e_raw_wait_eof(fd, 5000), 0, "garbage kind %d: the connection stays open", kind);
+        cr_assert_eq(wire_wait_eof(fd, 5000), 0, "garbage kind %d: the connection stays open", kind);
         close(fd);
     }
 
     /* Lying tensor lengths inside a well-formed frame: an error reply, and the connection lives. */
-    int fd = e2e_raw_unix(D.sock);
-    cr_assert_eq(e2e_raw_hello(fd, 1, NULL), 0);
+    int fd = wire_connect_unix(D.sock);
+    cr_assert_eq(wire_hello(fd, 1, NULL), 0);
     register_small(c, "m", L, NULL);
     float kv[2 * NV] = {0};
     Dquant__SeqRef sr = DQUANT__SEQ_REF__INIT;
@@ -1060,26 +1062,26 @@ Test(e2e, lying_lengths_are_refused_without_allocation)
     Dquant__Request req = DQUANT__REQUEST__INIT;
     req.body_case = DQUANT__REQUEST__BODY_PUT;
     req.put = &p;
-    cr_assert_eq(e2e_raw_send(fd, &req, kv, sizeof kv, 5), 0);
+    cr_assert_eq(wire_send_bytes(fd, &req, kv, sizeof kv, 5), 0);
     Dquant__Response *resp = NULL;
     uint64_t id = 0;
-    cr_assert_eq(e2e_raw_recv(fd, 5000, &resp, &id, NULL, NULL), 0);
+    cr_assert_eq(wire_recv_within(fd, 5000, &id, &resp, NULL, NULL), 0);
     cr_assert_eq(id, 5);
     cr_assert_eq(resp->body_case, DQUANT__RESPONSE__BODY_ERROR);
     cr_assert_eq(resp->error->code, DQ_OUT_OF_BOUNDS, "got %s", resp->error->name);
     dquant__response__free_unpacked(resp, NULL);
     tv.offset = NV * 4;
     tv.length = 0xFFFFFFFFFFFFFFF0ull;   /* a length no payload has */
-    cr_assert_eq(e2e_raw_send(fd, &req, kv, sizeof kv, 6), 0);
-    cr_assert_eq(e2e_raw_recv(fd, 5000, &resp, &id, NULL, NULL), 0);
+    cr_assert_eq(wire_send_bytes(fd, &req, kv, sizeof kv, 6), 0);
+    cr_assert_eq(wire_recv_within(fd, 5000, &id, &resp, NULL, NULL), 0);
     cr_assert_eq(resp->body_case, DQUANT__RESPONSE__BODY_ERROR);
     dquant__response__free_unpacked(resp, NULL);
     Dquant__Ping ping = DQUANT__PING__INIT;
     Dquant__Request pr = DQUANT__REQUEST__INIT;
     pr.body_case = DQUANT__REQUEST__BODY_PING;
     pr.ping = &ping;
-    cr_assert_eq(e2e_raw_send(fd, &pr, NULL, 0, 7), 0);
-    cr_assert_eq(e2e_raw_recv(fd, 5000, &resp, &id, NULL, NULL), 0);
+    cr_assert_eq(wire_send_bytes(fd, &pr, NULL, 0, 7), 0);
+    cr_assert_eq(wire_recv_within(fd, 5000, &id, &resp, NULL, NULL), 0);
     cr_assert_eq(resp->body_case, DQUANT__RESPONSE__BODY_PONG);
     dquant__response__free_unpacked(resp, NULL);
     close(fd);
@@ -1092,7 +1094,7 @@ Test(e2e, lying_lengths_are_refused_without_allocation)
 Test(e2e, hello_first_unknown_bodies_and_pipelining)
 {
     start_daemon(NULL);
-    int fd = e2e_raw_unix(D.sock);
+    int fd = wire_connect_unix(D.sock);
     cr_assert_geq(fd, 0);
     Dquant__Ping ping = DQUANT__PING__INIT;
     Dquant__Request pr = DQUANT__REQUEST__INIT;
@@ -1102,8 +1104,8 @@ Test(e2e, hello_first_unknown_bodies_and_pipelining)
     uint64_t id = 0;
 
     /* Before HELLO. */
-    cr_assert_eq(e2e_raw_send(fd, &pr, NULL, 0, 1), 0);
-    cr_assert_eq(e2e_raw_recv(fd, 5000, &resp, &id, NULL, NULL), 0);
+    cr_assert_eq(wire_send_bytes(fd, &pr, NULL, 0, 1), 0);
+    cr_assert_eq(wire_recv_within(fd, 5000, &id, &resp, NULL, NULL), 0);
     cr_assert_eq(id, 1);
     cr_assert_eq(resp->body_case, DQUANT__RESPONSE__BODY_ERROR);
     cr_assert_eq(resp->error->code, DQ_UNAUTHENTICATED);
@@ -1111,15 +1113,15 @@ Test(e2e, hello_first_unknown_bodies_and_pipelining)
     dquant__response__free_unpacked(resp, NULL);
     close(fd);
 
-    fd = e2e_raw_unix(D.sock);
-    cr_assert_eq(e2e_raw_hello(fd, 1, NULL), 0);
+    fd = wire_connect_unix(D.sock);
+    cr_assert_eq(wire_hello(fd, 1, NULL), 0);
     /* An unknown body: field 99 (varint 1) and nothing else. */
     const uint8_t unknown[] = {0x98, 0x06, 0x01};
     uint8_t f[32 + sizeof unknown];
     dq_frame_write_header(f, unknown, sizeof unknown, 0, 2);
     memcpy(f + 32, unknown, sizeof unknown);
-    cr_assert_eq(e2e_raw_write(fd, f, sizeof f), 0);
-    cr_assert_eq(e2e_raw_recv(fd, 5000, &resp, &id, NULL, NULL), 0);
+    cr_assert_eq(wire_send_all(fd, f, sizeof f), 0);
+    cr_assert_eq(wire_recv_within(fd, 5000, &id, &resp, NULL, NULL), 0);
     cr_assert_eq(id, 2);
     cr_assert_eq(resp->body_case, DQUANT__RESPONSE__BODY_ERROR);
     cr_assert_eq(resp->error->code, DQ_UNSUPPORTED, "got %d", resp->error->code);
@@ -1138,16 +1140,16 @@ Test(e2e, hello_first_unknown_bodies_and_pipelining)
         sq.body_case = DQUANT__REQUEST__BODY_STATS;
         sq.stats = &stq;
         size_t len;
-        uint8_t *one = e2e_frame(i == 3 ? &sq : &pr, NULL, 0, 100 + (uint64_t)i, &len);
+        uint8_t *one = wire_frame(i == 3 ? &sq : &pr, NULL, 0, 100 + (uint64_t)i, &len);
         all = realloc(all, total + len);
         memcpy(all + total, one, len);
         total += len;
         free(one);
     }
-    cr_assert_eq(e2e_raw_write(fd, all, total), 0);
+    cr_assert_eq(wire_send_all(fd, all, total), 0);
     free(all);
     for (int i = 0; i < 5; i++) {
-        cr_assert_eq(e2e_raw_recv(fd, 5000, &resp, &id, NULL, NULL), 0);
+        cr_assert_eq(wire_recv_within(fd, 5000, &id, &resp, NULL, NULL), 0);
         cr_assert_eq(id, 100 + (uint64_t)i);
         if (i == 3) {
             cr_assert_eq(resp->body_case, DQUANT__RESPONSE__BODY_STATS);
@@ -1163,15 +1165,15 @@ Test(e2e, hello_first_unknown_bodies_and_pipelining)
     close(fd);
 
     /* A HELLO offering only an unsupported version range. */
-    fd = e2e_raw_unix(D.sock);
+    fd = wire_connect_unix(D.sock);
     Dquant__Hello h = DQUANT__HELLO__INIT;
     h.min_version = 7;
     h.max_version = 9;
     Dquant__Request hr = DQUANT__REQUEST__INIT;
     hr.body_case = DQUANT__REQUEST__BODY_HELLO;
     hr.hello = &h;
-    cr_assert_eq(e2e_raw_send(fd, &hr, NULL, 0, 1), 0);
-    cr_assert_eq(e2e_raw_recv(fd, 5000, &resp, &id, NULL, NULL), 0);
+    cr_assert_eq(wire_send_bytes(fd, &hr, NULL, 0, 1), 0);
+    cr_assert_eq(wire_recv_within(fd, 5000, &id, &resp, NULL, NULL), 0);
     cr_assert_eq(resp->body_case, DQUANT__RESPONSE__BODY_ERROR);
     cr_assert_eq(resp->error->code, DQ_VERSION);
     dquant__response__free_unpacked(resp, NULL);
@@ -1199,9 +1201,9 @@ Test(e2e, tcp_listeners_require_the_secret)
     FAILS(c, DQ_UNAUTHENTICATED, dqc_connect_ex(D.tcp_addr, &o, &c, err, sizeof err));
 
     /* Raw: a wrong secret gets an error and a closed connection; requests before HELLO are refused. */
-    int fd = e2e_raw_tcp(D.port);
-    cr_assert_eq(e2e_raw_hello(fd, 1, "nope"), DQ_UNAUTHENTICATED);
-    cr_assert_eq(e2e_raw_wait_eof(fd, 5000), 0, "the connection stays open after a wrong secret");
+    int fd = wire_connect_tcp(D.port);
+    cr_assert_eq(wire_hello(fd, 1, "nope"), DQ_UNAUTHENTICATED);
+    cr_assert_eq(wire_wait_eof(fd, 5000), 0, "the connection stays open after a wrong secret");
     close(fd);
 
     c = cli_opts(D.tcp_addr, "s3cret-e2e");
@@ -1209,7 +1211,7 @@ Test(e2e, tcp_listeners_require_the_secret)
     cr_assert_geq(counter(c, "auth_failures"), 4);
     dqc_free(c);
     /* The Unix socket does not ask for it. */
-    c = cli(D.unix_addr);
+    c = cli(D.addr);
     OK(c, dqc_ping(c, "ok", 2));
     dqc_free(c);
 }
@@ -1219,13 +1221,13 @@ Test(e2e, tcp_listeners_require_the_secret)
 Test(e2e, client_reconnects_across_a_daemon_restart)
 {
     start_daemon(NULL);
-    const char *bin = e2e_daemon_path();
-    dqc_client *c = cli(D.unix_addr);
+    const char *bin = dqd_path();
+    dqc_client *c = cli(D.addr);
     register_small(c, "m", L, NULL);
     OK(c, dqc_ping(c, "a", 1));
 
     /* Restart on the same socket path. */
-    e2e_daemon old = D;
+    dqd_daemon old = D;
     kill(old.pid, SIGTERM);
     int st = 0;
     waitpid(old.pid, &st, 0);
@@ -1233,23 +1235,10 @@ Test(e2e, client_reconnects_across_a_daemon_restart)
     D.pid = 0;
     FAILS(c, DQ_CONNECTION, dqc_ping(c, "b", 1));   /* nobody listens: reconnect attempts fail */
 
-    char listen_unix[200];
-    snprintf(listen_unix, sizeof listen_unix, "unix:%s", old.sock);
-    pid_t pid = fork();
-    if (pid == 0) {
-        execl(bin, bin, "--listen", listen_unix, "--metrics", "off", "--log-level", "error", (char *)NULL);
-        _exit(127);
-    }
-    D.pid = pid;
-    for (int i = 0; i < 500; i++) {
-        int fd = e2e_raw_unix(old.sock);
-        if (fd >= 0) {
-            close(fd);
-            break;
-        }
-        struct timespec ts = {0, 10 * 1000000L};
-        nanosleep(&ts, NULL);
-    }
+    const dqd_opts again = {.dir = old.dir, .log_level = "error"};
+    cr_assert_eq(dqd_start(&D, &again), 0, "could not restart %s", bin);
+    cr_assert_str_eq(D.sock, old.sock);
+    D.own_dir = old.own_dir;   /* the new daemon took over the first one's directory */
     uint64_t before = dqc_reconnect_count(c);
     OK(c, dqc_ping(c, "c", 1));
     cr_assert_eq(dqc_reconnect_count(c), before + 1);
@@ -1259,86 +1248,4 @@ Test(e2e, client_reconnects_across_a_daemon_restart)
     OK(c, put_chunk(c, seq("", "after-restart"), "m", 0, 0, 1, 4, DQ_DTYPE_F32, k, k));
     free(k);
     dqc_free(c);
-}
-
-/* ================= the dquant tool ================= */
-
-static int run_cli(const char *cmd, char *out, size_t cap)
-{
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-Test(e2e, dquant_tool_subcommands)
-{
-    const char *tool = getenv("DQUANT_CLI");
-    if (!tool || access(tool, X_OK) != 0)
-        cr_skip_test("$DQUANT_CLI is not set");
-    start_daemon(NULL);
-    char cmd[2048], out[16384];
-    snprintf(cmd, sizeof cmd, "%s ping --connect %s --count 3 --size 1K 2>&1", tool, D.unix_addr);
-    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
-    cr_assert(strstr(out, "3 sent, 3 ok") != NULL, "%s", out);
-
-    snprintf(cmd, sizeof cmd,
-             "%s register --connect %s --model cli --layers 2 --q-heads 4 --kv-heads 2 --head-dim 64 2>&1", tool,
-             D.tcp_addr);
-    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
-    cr_assert(strstr(out, "registered") != NULL, "%s", out);
-
-    snprintf(cmd, sizeof cmd,
-             "%s put --connect %s --model cli --key k1 --layers 2 --tokens 300 --kv-heads 2 --head-dim 64 "
-             "--random 5 2>&1",
-             tool, D.unix_addr);
-    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
-    cr_assert(strstr(out, "sequence now 300 tokens") != NULL, "%s", out);
-
-    char kf[200];
-    snprintf(kf, sizeof kf, "%s/k.bin", D.dir);
-    snprintf(cmd, sizeof cmd, "%s get --connect %s --key k1 --layer 1 --layers 1 --dtype bf16 --out-k %s 2>&1",
-             tool, D.unix_addr, kf);
-    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
-    FILE *f = fopen(kf, "rb");
-    cr_assert_not_null(f);
-    fseek(f, 0, SEEK_END);
-    cr_assert_eq(ftell(f), 300 * NV * 2);
-    fclose(f);
-
-    snprintf(cmd, sizeof cmd, "%s get --connect %s --key k1 --raw 2>&1", tool, D.unix_addr);
-    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
-    cr_assert(strstr(out, "2 windows") != NULL, "%s", out);
-
-    snprintf(cmd, sizeof cmd,
-             "%s attend --connect %s --key k1 --key k1 --layer 0 --q-heads 4 --head-dim 64 --random 3 2>&1", tool,
-             D.unix_addr);
-    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
-    cr_assert(strstr(out, "item 1") != NULL, "%s", out);
-
-    snprintf(cmd, sizeof cmd, "%s stats --connect %s --gauge sequences 2>&1", tool, D.unix_addr);
-    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
-    cr_assert_str_eq(out, "1\n");
-
-    snprintf(cmd, sizeof cmd, "%s delete --connect %s --key k1 2>&1", tool, D.unix_addr);
-    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
-    cr_assert_eq(run_cli(cmd, out, sizeof out), 1, "%s", out);   /* gone */
-    cr_assert(strstr(out, "NOT_FOUND") != NULL, "%s", out);
-
-    snprintf(cmd, sizeof cmd,
-             "%s bench --connect %s -c 2 -n 60 --mix put=30,get=30,attend=30,ping=5,stats=5 --layers 2 "
-             "--kv-heads 2 --head-dim 64 --q-heads 4 --tokens 64 --prefill 256 --batch 2 --quiet 2>&1",
-             tool, D.unix_addr);
-    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
-    cr_assert(strstr(out, "total") != NULL && strstr(out, "p999") != NULL, "%s", out);
-
-    snprintf(cmd, sizeof cmd, "%s put --help", tool);
-    cr_assert_eq(run_cli(cmd, out, sizeof out), 0);
-    cr_assert(strstr(out, "SYNOPSIS") != NULL);
-    snprintf(cmd, sizeof cmd, "%s put --tokens nope 2>&1", tool);
-    cr_assert_eq(run_cli(cmd, out, sizeof out), 2, "%s", out);
-    snprintf(cmd, sizeof cmd, "%s frobnicate 2>&1", tool);
-    cr_assert_eq(run_cli(cmd, out, sizeof out), 2, "%s", out);
 }

@@ -1,16 +1,17 @@
-/* The NCCL data path of libdquant-client where no GPU is needed: what dqc_nccl_setup says to a
- * daemon that does not offer NCCL (the CPU backend), what the *_dev calls say without a
- * communicator, their argument checks, and that none of it disturbs the socket calls. Holds for
- * both builds: with NCCL (the calls reach the daemon) and without (DQ_UNSUPPORTED, saying so). The
+/* libdquant-client-nccl where no GPU is needed: what dqc_nccl_setup says to a daemon that does not
+ * offer NCCL (the CPU backend), what the *_dev calls say without a communicator, their argument
+ * checks, and that none of it disturbs the socket calls. Built against the real library where NCCL
+ * is found, against the emulation of CUDA and NCCL (tests/daemon/fakecuda) everywhere else. The
  * GPU-to-GPU path itself is exercised by tests/nccl/nccl_gpu.sh on a two-GPU host. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "dquant/client.h"
-#include "e2e_daemon.h"
+#include "dquant/client_nccl.h"
+#include "dqd_child.h"
 
-static e2e_daemon D;
+static dqd_daemon D;
 static dqc_client *C;
 
 static void stop_all(void)
@@ -18,22 +19,23 @@ static void stop_all(void)
     dqc_free(C);
     C = NULL;
     if (D.pid)
-        e2e_daemon_stop(&D);
+        dqd_stop(&D);
 }
 
 static void start_all(void)
 {
-    const char *bin = e2e_daemon_path();
+    const char *bin = dqd_path();
     if (!bin)
         cr_skip_test("$DQUANTD is not set (build the dquantd target to run this test)");
     const char *extra[] = {"--backend", "cpu", NULL};
-    cr_assert_eq(e2e_daemon_start(&D, bin, extra), 0, "could not start %s", bin);
+    const dqd_opts dopts = {.extra = extra};
+    cr_assert_eq(dqd_start(&D, &dopts), 0, "could not start %s", bin);
     dqc_options o;
     dqc_options_default(&o);
     o.io_timeout_ms = 10000;
     char err[256];
-    int rc = dqc_connect_ex(D.unix_addr, &o, &C, err, sizeof err);
-    cr_assert_eq(rc, 0, "connect %s: %s: %s", D.unix_addr, dqc_err_name(rc), err);
+    int rc = dqc_connect_ex(D.addr, &o, &C, err, sizeof err);
+    cr_assert_eq(rc, 0, "connect %s: %s: %s", D.addr, dqc_err_name(rc), err);
 }
 
 TestSuite(nccl_client, .init = start_all, .fini = stop_all, .timeout = 60);
@@ -73,18 +75,17 @@ Test(nccl_client, setup_refused_by_a_daemon_without_nccl)
 
     int rc = dqc_nccl_setup(C, 0);
     cr_assert_eq(rc, DQ_UNSUPPORTED, "nccl_setup: %s (%s)", dqc_err_name(rc), dqc_last_error(C));
-    const char *why = dqc_nccl_available() ? "does not offer NCCL" : "built without NCCL";
+    const char *why = "does not offer NCCL";
     cr_assert(strstr(dqc_last_error(C), why), "message \"%s\" should say \"%s\"", dqc_last_error(C), why);
-    if (dqc_nccl_available())
-        cr_assert(strstr(dqc_last_error(C), "cpu"), "message \"%s\" should name the backend", dqc_last_error(C));
+    cr_assert(strstr(dqc_last_error(C), "cpu"), "message \"%s\" should name the backend", dqc_last_error(C));
     /* Refused before asking: nothing about the handle changed. */
     socket_still_works();
 }
 
 Test(nccl_client, dev_calls_without_setup)
 {
-    int expect = dqc_nccl_available() ? DQ_IO : DQ_UNSUPPORTED;
-    const char *why = dqc_nccl_available() ? "NCCL not set up" : "built without NCCL";
+    int expect = DQ_IO;
+    const char *why = "NCCL not set up";
     char buf[64];
 
     dqc_put_args pa = put_args();
@@ -136,14 +137,6 @@ Test(nccl_client, argument_checks)
     cr_assert_eq(dqc_put_dev(NULL, &pa, NULL), DQ_INVALID_ARGUMENT);
     cr_assert_eq(dqc_get_dev(NULL, &ga, buf, buf, 8, &gr), DQ_INVALID_ARGUMENT);
     cr_assert_eq(dqc_attend_dev(NULL, &aa, out, lse), DQ_INVALID_ARGUMENT);
-
-    if (!dqc_nccl_available()) {
-        /* Without NCCL every call says so, whatever its arguments. */
-        cr_assert_eq(dqc_put_dev(C, NULL, NULL), DQ_UNSUPPORTED);
-        cr_assert_eq(dqc_nccl_setup(C, -1), DQ_UNSUPPORTED);
-        socket_still_works();
-        return;
-    }
 
     /* Each bad call is refused with its own message, before the missing communicator is noticed. */
 #define EXPECT_ARG(call, text)                                                                           \

@@ -23,7 +23,6 @@
  * every check passed (bench: when everything ran), 1 otherwise. The daemon's log is
  * WORKDIR/<name>.log. */
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -34,9 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,6 +44,7 @@
 #include "dquant/layer.h"
 #include "dquant/profile.h"
 #include "dquant/types.h"
+#include "dqd_child.h"
 
 #ifdef DQD_E2E_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -159,15 +157,9 @@ static void *random_tensor(size_t count, uint32_t n, dq_dtype dtype, bool keys, 
     return p;
 }
 
-/* ---- the daemon as a child process ---- */
+/* ---- the daemon as a child process (tests/support/dqd_child.h) ---- */
 
-typedef struct daemon_proc {
-    pid_t pid;
-    char name[64];
-    char sock[256];
-    char addr[300];
-    char log[300];
-} daemon_proc;
+typedef dqd_daemon daemon_proc;
 
 static const char *g_dquantd, *g_workdir;
 static volatile pid_t g_child;
@@ -181,90 +173,29 @@ static void on_term(int sig)
     raise(sig);
 }
 
+/* Starts the daemon as NAME (WORKDIR/NAME.sock, its log WORKDIR/NAME.log). */
 static void daemon_start(daemon_proc *d, const char *name, const char *const *extra)
 {
-    memset(d, 0, sizeof *d);
-    snprintf(d->name, sizeof d->name, "%s", name);
-    snprintf(d->sock, sizeof d->sock, "%s/%s.sock", g_workdir, name);
-    snprintf(d->addr, sizeof d->addr, "unix:%s", d->sock);
-    snprintf(d->log, sizeof d->log, "%s/%s.log", g_workdir, name);
-    unlink(d->sock);
-    char listen[300];
-    snprintf(listen, sizeof listen, "unix:%s", d->sock);
-    const char *argv[48] = {g_dquantd, "--listen", listen, "--metrics", "off", "--log-level", "info"};
-    int argc = 7;
-    for (int i = 0; extra && extra[i] && argc < 46; i++)
-        argv[argc++] = extra[i];
-    argv[argc] = NULL;
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0)
-        die("fork: %s", strerror(errno));
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        execv(g_dquantd, (char *const *)argv);
-        _exit(127);
-    }
-    d->pid = pid;
-    g_child = pid;
-    for (int i = 0; i < 600; i++) {
-        dqc_client *c;
-        dqc_options o;
-        dqc_options_default(&o);
-        o.connect_timeout_ms = 1000;
-        o.auto_reconnect = 0;
-        if (dqc_connect_ex(d->addr, &o, &c, NULL, 0) == 0) {
-            dqc_free(c);
-            say("%s up (log %s)", name, d->log);
-            return;
-        }
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid)
-            die("dquantd '%s' exited at start-up (status %d); see %s", name, st, d->log);
-        usleep(50 * 1000);
-    }
-    die("dquantd '%s' did not come up in 30 s; see %s", name, d->log);
+    const dqd_opts o = {.bin = g_dquantd, .dir = g_workdir, .name = name, .log_level = "info",
+                        .start_timeout_ms = 30000, .stop_timeout_ms = 60000, .extra = extra};
+    if (dqd_start(d, &o) != 0)
+        die("dquantd '%s' did not start; see %s/%s.log", name, g_workdir, name);
+    g_child = d->pid;
+    say("%s up (log %s)", name, d->log);
 }
 
 /* SIGTERM and wait; a clean exit (0) is part of the checks (the CPU emulation of CUDA exits 99
  * when device or pinned memory leaked). */
 static int daemon_stop(daemon_proc *d)
 {
-    if (!d->pid)
-        return -1;
-    kill(d->pid, SIGTERM);
-    int st = 0;
-    for (int i = 0; i < 1200; i++) {
-        if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
-            d->pid = 0;
-            g_child = 0;
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        }
-        usleep(50 * 1000);
-    }
-    kill(d->pid, SIGKILL);
-    waitpid(d->pid, &st, 0);
-    d->pid = 0;
-    return -1;
+    int st = dqd_stop(d);
+    g_child = 0;
+    return st;
 }
 
 static bool log_contains(const daemon_proc *d, const char *needle)
 {
-    FILE *f = fopen(d->log, "r");
-    if (!f)
-        return false;
-    char line[4096];
-    bool found = false;
-    while (!found && fgets(line, sizeof line, f))
-        found = strstr(line, needle) != NULL;
-    fclose(f);
-    return found;
+    return dqd_log_contains(d, needle);
 }
 
 static dqc_client *client_open(const daemon_proc *d)

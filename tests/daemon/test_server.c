@@ -21,8 +21,8 @@
 #define HD 64
 #define N (KV * HD)
 
-static pid_t daemon_pid;
-static char dir[64], sock[128];
+static dqd_daemon D;
+static const char *const sock = D.sock;
 static uint16_t tcp_port, http_port;
 
 static uint16_t pick_port(int salt)
@@ -34,27 +34,15 @@ static uint16_t pick_port(int salt)
 /* Starts a daemon on a private Unix socket with extra flags (NULL-terminated). */
 static void start(const char *const extra[])
 {
-    snprintf(dir, sizeof dir, "%s", dqd_tmpdir());
-    snprintf(sock, sizeof sock, "%s/d.sock", dir);
-    static char listen[160];
-    snprintf(listen, sizeof listen, "unix:%s", sock);
-    const char *args[32] = {"--listen", listen, "--metrics", "off", "--log-level", "warn"};
-    int n = 6;
-    for (int i = 0; extra && extra[i]; i++)
-        args[n++] = extra[i];
-    args[n] = NULL;
-    daemon_pid = dqd_spawn(args, NULL, NULL);
-    cr_assert_eq(dqd_wait_socket(sock, 10000), 0, "dquantd did not come up");
+    const dqd_opts o = {.stop_timeout_ms = 30000, .extra = extra};
+    cr_assert_eq(dqd_start(&D, &o), 0, "dquantd did not come up");
 }
 
 static void stop(void)
 {
-    if (!daemon_pid)
+    if (!D.pid)
         return;
-    kill(daemon_pid, SIGTERM);
-    int st = dqd_wait(daemon_pid, 30000);
-    daemon_pid = 0;
-    rmdir(dir);
+    int st = dqd_stop(&D);
     cr_assert_eq(st, 0, "dquantd must exit 0 on SIGTERM (no leaks, no crash), got %d", st);
 }
 
@@ -77,20 +65,8 @@ static Dquant__Response *call(int fd, const Dquant__Request *req, const wire_pay
 
 static void hello(int fd, const char *secret)
 {
-    Dquant__Hello h = DQUANT__HELLO__INIT;
-    h.min_version = 1;
-    h.max_version = 1;
-    h.client_name = "test_server";
-    if (secret) {
-        h.secret.data = (uint8_t *)secret;
-        h.secret.len = strlen(secret);
-    }
-    Dquant__Request req = DQUANT__REQUEST__INIT;
-    req.body_case = DQUANT__REQUEST__BODY_HELLO;
-    req.hello = &h;
-    Dquant__Response *r = call(fd, &req, NULL, NULL, NULL);
-    cr_assert_eq(r->body_case, DQUANT__RESPONSE__BODY_HELLO, "HELLO failed: %d", wire_error(r));
-    dquant__response__free_unpacked(r, NULL);
+    int rc = wire_hello(fd, 1, secret);
+    cr_assert_eq(rc, 0, "HELLO failed: %d", rc);
 }
 
 static void register_model(int fd)
@@ -1311,7 +1287,7 @@ Test(server, sigterm_finishes_inflight_work)
     rp.ping = &ping;
     cr_assert_eq(wire_send(fd, &rp, NULL, 2), 0);
     usleep(100000); /* both frames are in; the PUT is (most likely) still encoding */
-    kill(daemon_pid, SIGTERM);
+    kill(D.pid, SIGTERM);
 
     uint64_t id;
     Dquant__Response *r;
@@ -1325,9 +1301,9 @@ Test(server, sigterm_finishes_inflight_work)
     dquant__response__free_unpacked(r, NULL);
     cr_assert(peer_closed(fd), "then the connection closes");
     close(fd);
-    int st = dqd_wait(daemon_pid, 30000);
-    daemon_pid = 0;
-    rmdir(dir);
+    int st = dqd_wait(D.pid, 30000);
+    D.pid = 0;
+    dqd_stop(&D);   /* removes its directory */
     cr_assert_eq(st, 0);
     wire_payload_free(&pl);
     free(k);

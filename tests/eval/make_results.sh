@@ -1,9 +1,9 @@
 #!/bin/sh
 # Regenerates the tables of tests/eval/RESULTS.md: `dquant eval` on both real KV sets.
 #   tests/eval/make_results.sh [DQUANT [DATA_DIR]]  > tables.md
-# DQUANT defaults to build/client/dquant, DATA_DIR to ../shared/data.
+# DQUANT defaults to build/client/tool/dquant, DATA_DIR to ../shared/data.
 set -e
-DQ=${1:-build/client/dquant}
+DQ=${1:-build/client/tool/dquant}
 DATA=${2:-../shared/data}
 run() {
     echo

@@ -1,4 +1,4 @@
-/* The quality evaluation (client/src/eval_*.c, fixedwidth.c): the matched-storage fixed-width
+/* The quality evaluation (client/eval/: eval_*.c, fixedwidth.c): the matched-storage fixed-width
  * pseudo-codec against the library's preprocessing, the bootstrap machinery on synthetic KV, and
  * the orderings the real KV caches of $DQ_DATA_DIR support (skipped when the data is absent).
  *

@@ -35,7 +35,8 @@
 
 #include "dquant.pb-c.h"
 #include "dquant/client.h"
-#include "e2e_daemon.h"
+#include "dquant/client_nccl.h"
+#include "wire.h"
 
 extern char **environ;
 
@@ -752,8 +753,8 @@ static int bench_main(const opts *o)
     dqc_client *c = connect_or_die(o);
     dqc_server_info si;
     dqc_server(c, &si);
-    say("server %s, backend %s, max payload %llu; client NCCL build: %d", si.server_version, si.backend,
-        (unsigned long long)si.max_payload_bytes, dqc_nccl_available());
+    say("server %s, backend %s, max payload %llu", si.server_version, si.backend,
+        (unsigned long long)si.max_payload_bytes);
     setup_or_die(c, o->device);
     register_or_die(c, o->layers);
 
@@ -1086,10 +1087,10 @@ static int bench_main(const opts *o)
 /* The dying client speaks raw frames, since the library never leaves a request half done. */
 static int raw_call(int fd, const Dquant__Request *req, uint64_t id, Dquant__Response **resp, int timeout_ms)
 {
-    if (e2e_raw_send(fd, req, NULL, 0, id))
+    if (wire_send(fd, req, NULL, id))
         return -1;
     uint64_t rid = 0;
-    if (e2e_raw_recv(fd, timeout_ms, resp, &rid, NULL, NULL))
+    if (wire_recv_within(fd, timeout_ms, &rid, resp, NULL, NULL))
         return -1;
     return rid == id ? 0 : -1;
 }
@@ -1102,7 +1103,7 @@ static int die_main(const opts *o)
 {
     CUDA_OR_DIE(cudaSetDevice(o->device));
     const char *path = strncmp(o->addr, "unix:", 5) == 0 ? o->addr + 5 : o->addr;
-    int fd = e2e_raw_unix(path);
+    int fd = wire_connect_unix(path);
     if (fd < 0) {
         fail_json("die", "cannot connect to %s", path);
         return 2;
@@ -1187,7 +1188,7 @@ static int die_main(const opts *o)
     req.body_case = DQUANT__REQUEST__BODY_PUT;
     req.put = &put;
     req.nccl_payload = 2 * (uint64_t)bytes;
-    if (e2e_raw_send(fd, &req, NULL, 0, 3)) {
+    if (wire_send(fd, &req, NULL, 3)) {
         fail_json("die", "sending the PUT frame failed");
         return 2;
     }
@@ -1214,7 +1215,7 @@ static int die_main(const opts *o)
     /* stall: alive, socket open; the daemon must give up on v by its deadline and say so. */
     say("die-mid-put stall: k %s, v withheld; waiting for the daemon's reply", k_done ? "sent" : "pending");
     uint64_t rid = 0;
-    int rc = e2e_raw_recv(fd, 60000, &resp, &rid, NULL, NULL);
+    int rc = wire_recv_within(fd, 60000, &rid, &resp, NULL, NULL);
     double waited = now_s() - t0;
     int ok = rc == 0 && rid == 3 && resp->body_case == DQUANT__RESPONSE__BODY_ERROR;
     printf("{\"step\":\"stall_reply\",\"ok\":%s,\"k_sent\":%s,\"waited_s\":%.2f,\"reply\":\"%s\",\"code\":\"%s\"}\n",

@@ -16,23 +16,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "e2e_daemon.h"
+#include "dqd_child.h"
 
 extern char **environ;
-
-static void show_log(const e2e_daemon *d)
-{
-    FILE *f = fopen(d->log, "r");
-    if (!f)
-        return;
-    fprintf(stderr, "---- dquantd log (%s) ----\n", d->log);
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
-        fwrite(buf, 1, n, stderr);
-    fprintf(stderr, "---- end of the dquantd log ----\n");
-    fclose(f);
-}
 
 static void usage(void)
 {
@@ -67,8 +53,9 @@ int main(int argc, char **argv)
     i++;   /* past "--" */
     dargs[nd] = NULL;
 
-    e2e_daemon d;
-    if (e2e_daemon_start(&d, dquantd, dargs) != 0)
+    dqd_daemon d;
+    const dqd_opts o = {.bin = dquantd, .extra = dargs};
+    if (dqd_start(&d, &o) != 0)
         return 1;
     char **bargv = calloc((size_t)(argc - i) + 4, sizeof *bargv);
     if (!bargv)
@@ -76,7 +63,7 @@ int main(int argc, char **argv)
     int nb = 0;
     bargv[nb++] = (char *)bench;
     bargv[nb++] = "--addr";
-    bargv[nb++] = d.unix_addr;
+    bargv[nb++] = d.addr;
     for (; i < argc; i++)
         bargv[nb++] = argv[i];
     bargv[nb] = NULL;
@@ -108,9 +95,9 @@ int main(int argc, char **argv)
         }
     }
     if (rc)
-        show_log(&d);
+        dqd_dump_log(&d);
     /* A daemon that died meanwhile ends with its own status; the log is shown when it is not 0. */
-    int ds = e2e_daemon_stop(&d);
+    int ds = dqd_stop(&d);
     if (ds != 0) {
         fprintf(stderr, "nccl_fake_run: dquantd exit status %d on SIGTERM (99: device memory not freed)\n", ds);
         rc = 1;

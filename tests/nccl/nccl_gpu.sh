@@ -129,7 +129,7 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
         meson configure "$BUILD" -Dcuda=enabled -Dnccl=enabled ${nccl_args[@]+"${nccl_args[@]}"} >> "$LOG" 2>&1 || true
     fi
     say "ninja: dquantd, nccl_bench, dquant, the client tests"
-    if ! ninja -C "$BUILD" -j "$(nproc)" daemon/dquantd tests/nccl/nccl_bench client/dquant \
+    if ! ninja -C "$BUILD" -j "$(nproc)" daemon/dquantd tests/nccl/nccl_bench client/tool/dquant \
             tests/client/test_nccl_client tests/client/test_client_faults >> "$LOG" 2>&1; then
         say "build failed; errors:"; grep -E "error|FAILED" "$LOG" | tail -30 >&2
         json "{\"step\":\"build\",\"ok\":false,\"stage\":\"ninja\"}"; exit 1
@@ -138,7 +138,7 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
 fi
 DQUANTD=${DQUANTD_BIN:-$BUILD/daemon/dquantd}
 BENCH=${NCCL_BENCH_BIN:-$BUILD/tests/nccl/nccl_bench}
-CLI=${DQUANT_CLI_BIN:-$BUILD/client/dquant}
+CLI=${DQUANT_CLI_BIN:-$BUILD/client/tool/dquant}
 for f in "$DQUANTD" "$BENCH" "$CLI"; do
     [ -x "$f" ] || { say "missing $f (was NCCL found? see $LOG)"; json "{\"step\":\"build\",\"ok\":false,\"missing\":\"$f\"}"; exit 1; }
 done

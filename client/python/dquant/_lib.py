@@ -1,7 +1,7 @@
 """Finding and loading libdquant.so and libdquant-client.so.
 
 Order: $DQUANT_LIB_DIR; this package's folder and its parent; the build folders of the source
-tree this package sits in (``build/lib``, ``build/client``, then any other ``build*``); finally the
+tree this package sits in (``build/lib``, ``build/client/lib``, then any other ``build*``); finally the
 system's library path (``ctypes.util.find_library``)."""
 
 import ctypes
@@ -37,7 +37,7 @@ _cache = {}
 
 
 def load(stem, subdir):
-    """Loads lib<stem> (``dquant`` from lib/, ``dquant-client`` from client/); raises OSError
+    """Loads lib<stem> (``dquant`` from lib/, ``dquant-client`` from client/lib/); raises OSError
     naming every place tried."""
     if stem in _cache:
         return _cache[stem]

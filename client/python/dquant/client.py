@@ -133,7 +133,7 @@ def library():
     global _L
     if _L is not None:
         return _L
-    lib = _lib.load("dquant-client", "client")
+    lib = _lib.load("dquant-client", "client/lib")
     P, VP, I, SZ = ctypes.POINTER, ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
     protos = {
         "dqc_options_default": (None, [P(dqc_options)]),

@@ -10,7 +10,7 @@ at the storage of that D-Quant profile (seed Appendix B) — the same rotation a
 mean as D-Quant, a per-token min–max grid of M = floor(2^(8·C/n)) levels, nearest rounding, a
 least-squares refit of (s, o), fp16 s and o, nearest rounding again on the fp16 grid; charged
 log2(M) bits per symbol plus the same metadata. It produces reconstructions only (eval-only, like
-client/src/fixedwidth.c, which it follows operation for operation)."""
+client/eval/fixedwidth.c, which it follows operation for operation)."""
 
 import math
 

@@ -16,7 +16,7 @@
 #include <time.h>
 
 #include "cli_common.h"
-#include "cli_rng.h"
+#include "eval_rng.h"
 #include "commands.h"
 #include "dquant/client.h"
 #include "dquant/dquant.h"
@@ -157,11 +157,11 @@ int dq_cmd_demo(int argc, char **argv)
     } else {
         uint64_t rng = 0x853c49e6748fea9bull;
         for (size_t i = 0; i < L_ * per_layer; i++) {
-            k[i] = dq_f32_to_f16((float)cli_gauss(&rng) + 0.5f * (float)(i % 3));
-            v[i] = dq_f32_to_f16((float)cli_gauss(&rng));
+            k[i] = dq_f32_to_f16((float)rng_gauss(&rng) + 0.5f * (float)(i % 3));
+            v[i] = dq_f32_to_f16((float)rng_gauss(&rng));
         }
         for (size_t i = 0; i < L_ * qper; i++)
-            q16[i] = dq_f32_to_f16(0.2f * (float)cli_gauss(&rng));
+            q16[i] = dq_f32_to_f16(0.2f * (float)rng_gauss(&rng));
         source = "generated Gaussian KV (no real data found)";
     }
     free(kvraw);

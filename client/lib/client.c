@@ -1,6 +1,6 @@
 /* libdquant-client: handle lifecycle, addresses, connecting with timeouts, HELLO, framing of
  * requests and replies, and the retry policy. The operations themselves are in client_ops.c, the
- * NCCL data path in client_nccl.c. */
+ * NCCL data path in client_nccl.c (libdquant-client-nccl). */
 #include "client_internal.h"
 
 #include <errno.h>
@@ -181,8 +181,8 @@ static int parse_addr(dqc_client *c, const char *addr)
         if (strncmp(p, "//", 2) == 0)
             p += 2;
         size_t n = strlen(p);
-        if (n == 0 || n >= sizeof(((struct sockaddr_un *)0)->sun_path))
-            return dqc__fail(c, DQ_INVALID_ARGUMENT, "bad unix socket path in \"%s\"", addr);
+        DQC_CHECK_ARG(c, n > 0 && n < sizeof(((struct sockaddr_un *)0)->sun_path), "bad unix socket path in \"%s\"",
+                      addr);
         c->kind = DQC_ADDR_UNIX;
         c->path = dup_n(p, n);
         return c->path ? 0 : DQ_NOMEM;
@@ -191,20 +191,17 @@ static int parse_addr(dqc_client *c, const char *addr)
         const char *h = addr + 6, *hend, *port;
         if (*h == '[') {
             hend = strchr(h, ']');
-            if (!hend || hend[1] != ':')
-                return dqc__fail(c, DQ_INVALID_ARGUMENT, "bad IPv6 address in \"%s\"", addr);
+            DQC_CHECK_ARG(c, hend && hend[1] == ':', "bad IPv6 address in \"%s\"", addr);
             port = hend + 2;
             h++;
         } else {
             hend = strrchr(h, ':');
-            if (!hend)
-                return dqc__fail(c, DQ_INVALID_ARGUMENT, "missing port in \"%s\"", addr);
+            DQC_CHECK_ARG(c, hend, "missing port in \"%s\"", addr);
             port = hend + 1;
         }
         char *end = NULL;
         long pn = strtol(port, &end, 10);
-        if (hend == h || !*port || *end || pn <= 0 || pn > 65535)
-            return dqc__fail(c, DQ_INVALID_ARGUMENT, "bad host or port in \"%s\"", addr);
+        DQC_CHECK_ARG(c, hend != h && *port && !*end && pn > 0 && pn <= 65535, "bad host or port in \"%s\"", addr);
         c->kind = DQC_ADDR_TCP;
         c->host = dup_n(h, (size_t)(hend - h));
         c->port = dup_n(port, strlen(port));
@@ -339,6 +336,7 @@ static int do_hello(dqc_client *c)
     h.secret.data = c->secret;
     h.secret.len = c->secret ? c->opts.secret_len : 0;
 #ifdef DQC_HAVE_NCCL
+    /* Built together with libdquant-client-nccl. */
     static char *features[] = {"nccl"};
     h.features = features;
     h.n_features = 1;
@@ -418,8 +416,7 @@ static int reconnect(dqc_client *c)
 
 int dqc_reconnect(dqc_client *client)
 {
-    if (!client)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(client);
     client->err[0] = 0;
     return reconnect(client);
 }
@@ -453,7 +450,8 @@ void dqc_free(dqc_client *client)
     if (!client)
         return;
     close_conn(client);
-    dqc__nccl_free(client);
+    if (client->nccl_free)
+        client->nccl_free(client);
     free(client->addr);
     free(client->path);
     free(client->host);
@@ -677,8 +675,7 @@ static int exchange(dqc_client *c, const Dquant__Request *req, const struct iove
     memset(rep, 0, sizeof *rep);
     *sent = 0;
     size_t hlen = dquant__request__get_packed_size(req);
-    if (hlen == 0 || hlen > UINT32_MAX)
-        return dqc__fail(c, DQ_INVALID_ARGUMENT, "request header of %zu bytes", hlen);
+    DQC_CHECK_ARG(c, hlen > 0 && hlen <= UINT32_MAX, "request header of %zu bytes", hlen);
     if (grow((void **)&c->sbuf, &c->sbuf_cap, hlen))
         return dqc__fail(c, DQ_NOMEM, "no memory for a %zu-byte request header", hlen);
     dquant__request__pack(req, c->sbuf);
@@ -768,8 +765,7 @@ static int call(dqc_client *c, const Dquant__Request *req, const struct iovec *i
     c->err[0] = 0;
     uint64_t payload_len = 0;
     for (size_t i = 0; i < niov; i++) {
-        if (iov[i].iov_len && !iov[i].iov_base)
-            return dqc__fail(c, DQ_INVALID_ARGUMENT, "payload piece %zu is NULL", i);
+        DQC_CHECK_ARG(c, !iov[i].iov_len || iov[i].iov_base, "payload piece %zu is NULL", i);
         payload_len += iov[i].iov_len;
     }
     for (int attempt = 0;; attempt++) {

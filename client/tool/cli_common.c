@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli_rng.h"
+#include "eval_rng.h"
 #include "dquant/types.h"
 
 void cli_conn_init(cli_conn *cc)
@@ -440,8 +440,8 @@ void cli_fill_normal(void *dst, dq_dtype dtype, size_t count, uint64_t *state)
 {
     for (size_t i = 0; i < count; i += 2) {
         /* Box–Muller: two draws per pair of uniforms. */
-        double r = sqrt(-2.0 * log(cli_unit_open(cli_splitmix64(state))));
-        double t = 6.283185307179586 * cli_unit_open(cli_splitmix64(state));
+        double r = sqrt(-2.0 * log(rng_unit_open(rng_splitmix64(state))));
+        double t = 6.283185307179586 * rng_unit_open(rng_splitmix64(state));
         float v[2] = {(float)(r * cos(t)), (float)(r * sin(t))};
         for (size_t j = 0; j < 2 && i + j < count; j++) {
             switch (dtype) {

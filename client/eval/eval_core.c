@@ -6,7 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli_rng.h"
+#include "eval_rng.h"
 #include "codec_run.h"
 #include "dquant/error.h"
 #include "eval_core.h"
@@ -205,7 +205,7 @@ static int bootstrap(size_t units, size_t nstat, const double *const *num, const
     for (uint32_t b = 0; b < resamples; b++) {
         double sn[4] = {0}, sd[4] = {0};
         for (size_t i = 0; i < units; i++) {
-            const size_t u = (size_t)(((cli_splitmix64(&rng) >> 32) * (uint64_t)units) >> 32);
+            const size_t u = (size_t)(((rng_splitmix64(&rng) >> 32) * (uint64_t)units) >> 32);
             for (size_t s = 0; s < nstat; s++) {
                 sn[s] += num[s][u];
                 sd[s] += den[s] ? den[s][u] : 1.0;

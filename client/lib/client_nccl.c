@@ -1,4 +1,6 @@
-/* libdquant-client: the NCCL data path (dqc_nccl_setup, dqc_put_dev, dqc_get_dev, dqc_attend_dev).
+/* libdquant-client-nccl: the NCCL data path (dqc_nccl_setup, dqc_put_dev, dqc_get_dev, dqc_attend_dev;
+ * dquant/client_nccl.h). A library of its own, on top of libdquant-client's private ABI
+ * (client_internal.h), so that libdquant-client itself needs neither CUDA nor NCCL.
  *
  * Requests and replies still travel on the socket; only the tensors flagged `nccl` move on a
  * two-rank communicator shared with the daemon (daemon rank 0, client rank 1), one ncclSend or
@@ -9,17 +11,16 @@
  * connection; a reconnect voids it the same way. */
 #include "client_internal.h"
 
-#include <string.h>
-
-#ifdef DQC_HAVE_NCCL
-
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
+
+#include "dquant/client_nccl.h"
 
 /* How long an error reply waits for sends already issued: the daemon receives a request's NCCL
  * payload before it looks at the request, so after any reply the sends are done or never will be. */
@@ -38,11 +39,6 @@ struct dqc__nccl {
     uint64_t conn_gen;          /* the connection the communicator belongs to */
     char why[256];              /* why there is no communicator (after a failure) */
 };
-
-int dqc_nccl_available(void)
-{
-    return 1;
-}
 
 static int64_t now_ms(void)
 {
@@ -194,12 +190,11 @@ static int dev_ptr_check(dqc_client *c, const char *op, const char *what, const 
         cudaGetLastError();   /* not sticky; keep it from surfacing in the caller's next call */
         return dqc__fail(c, DQ_INVALID_ARGUMENT, "%s: %s: %s", op, what, cudaGetErrorString(e));
     }
-    if (at.type != cudaMemoryTypeDevice && at.type != cudaMemoryTypeManaged)
-        return dqc__fail(c, DQ_INVALID_ARGUMENT, "%s: %s is not device memory (the *_dev calls take pointers on "
-                         "CUDA device %d)", op, what, c->nccl->device);
-    if (at.type == cudaMemoryTypeDevice && at.device != c->nccl->device)
-        return dqc__fail(c, DQ_INVALID_ARGUMENT, "%s: %s is on CUDA device %d; NCCL was set up on device %d", op, what,
-                         at.device, c->nccl->device);
+    DQC_CHECK_ARG(c, at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged,
+                  "%s: %s is not device memory (the *_dev calls take pointers on CUDA device %d)", op, what,
+                  c->nccl->device);
+    DQC_CHECK_ARG(c, at.type != cudaMemoryTypeDevice || at.device == c->nccl->device,
+                  "%s: %s is on CUDA device %d; NCCL was set up on device %d", op, what, at.device, c->nccl->device);
     return 0;
 }
 
@@ -390,10 +385,21 @@ static int server_offers_nccl(const dqc_client *c)
     return 0;
 }
 
+/* dqc_free's hook (c->nccl_free). */
+static void nccl_free(dqc_client *c)
+{
+    if (!c->nccl)
+        return;
+    /* The socket is closed by now: the daemon finalizes or aborts its side as it sees the close. */
+    comm_release(c->nccl, c->nccl->comm != NULL);
+    free(c->nccl);
+    c->nccl = NULL;
+    c->nccl_free = NULL;
+}
+
 int dqc_nccl_setup(dqc_client *c, int cuda_device)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     c->err[0] = 0;
     DQC_CHECK_ARG(c, cuda_device >= 0, "nccl_setup: CUDA device %d", cuda_device);
     if (!server_offers_nccl(c))
@@ -404,6 +410,7 @@ int dqc_nccl_setup(dqc_client *c, int cuda_device)
         c->nccl = calloc(1, sizeof *c->nccl);
         if (!c->nccl)
             return dqc__fail(c, DQ_NOMEM, "nccl_setup: no memory");
+        c->nccl_free = nccl_free;
     }
     struct dqc__nccl *n = c->nccl;
     /* A communicator the daemon still holds is finalized on both sides; one it dropped is aborted. */
@@ -424,13 +431,8 @@ int dqc_nccl_setup(dqc_client *c, int cuda_device)
                          "nccl_setup: CUDA device %d: %s", cuda_device, cudaGetErrorString(ce));
     }
 
-    Dquant__NcclSetup ns = DQUANT__NCCL_SETUP__INIT;
-    ns.client_device = cuda_device;
-    Dquant__Request req = DQUANT__REQUEST__INIT;
-    req.body_case = DQUANT__REQUEST__BODY_NCCL_SETUP;
-    req.nccl_setup = &ns;
     dqc__reply rep;
-    int rc = dqc__call(c, &req, NULL, 0, 1, DQUANT__RESPONSE__BODY_NCCL_SETUP, NULL, NULL, &rep);
+    int rc = dqc__nccl_setup_call(c, cuda_device, &rep);
     if (rc) {
         dev_leave(&g);
         comm_release(n, 0);
@@ -479,22 +481,11 @@ int dqc_nccl_setup(dqc_client *c, int cuda_device)
     return 0;
 }
 
-void dqc__nccl_free(dqc_client *c)
-{
-    if (!c->nccl)
-        return;
-    /* The socket is closed by now: the daemon finalizes or aborts its side as it sees the close. */
-    comm_release(c->nccl, c->nccl->comm != NULL);
-    free(c->nccl);
-    c->nccl = NULL;
-}
-
 /* ---- operations ---- */
 
 int dqc_put_dev(dqc_client *c, const dqc_put_args *a, dqc_put_result *res)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     c->err[0] = 0;
     if (res)
         memset(res, 0, sizeof *res);
@@ -530,8 +521,7 @@ static int out_of_step(dqc_client *c, dqc__reply *rep, int rc)
 int dqc_get_dev(dqc_client *c, const dqc_get_args *a, void *k_dev, void *v_dev, size_t capacity,
                 dqc_get_result *res)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     c->err[0] = 0;
     DQC_CHECK_ARG(c, a && res && k_dev && v_dev, "get_dev: args, k_dev, v_dev and res are required");
     res->start_token = res->tokens = 0;
@@ -562,23 +552,15 @@ int dqc_get_dev(dqc_client *c, const dqc_get_args *a, void *k_dev, void *v_dev, 
     rc = recv_payload(c, "get_dev", ops, order, 2, total, sink);
     if (!rc && sink)
         rc = dqc__fail(c, DQ_TOO_LARGE, "get_dev: k and v are %zu bytes each; the buffers hold %zu", kb, capacity);
-    if (!rc) {
-        res->start_token = r->start_token;
-        res->tokens = r->tokens;
-        res->num_layers = (uint32_t)r->k->shape[0];
-        res->kv_heads = (uint32_t)r->k->shape[2];
-        res->head_dim = (uint32_t)r->k->shape[3];
-        res->dtype = a->dtype;
-        res->bytes = kb;
-    }
+    if (!rc)
+        dqc__get_meta(r, a->dtype, kb, res);
     dqc__reply_free(&rep);
     return rc;
 }
 
 int dqc_attend_dev(dqc_client *c, const dqc_attend_args *a, float *out_dev, float *lse_dev)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     c->err[0] = 0;
     DQC_CHECK_ARG(c, a && out_dev && lse_dev, "attend_dev: args, out_dev and lse_dev are required");
     dqc__attend_req ar;
@@ -625,51 +607,3 @@ int dqc_attend_dev(dqc_client *c, const dqc_attend_args *a, float *out_dev, floa
     dqc__reply_free(&rep);
     return rc;
 }
-
-#else /* !DQC_HAVE_NCCL: the API exists and says why it cannot work. */
-
-int dqc_nccl_available(void)
-{
-    return 0;
-}
-
-static int no_nccl(dqc_client *c, const char *op)
-{
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
-    return dqc__fail(c, DQ_UNSUPPORTED, "%s: this libdquant-client was built without NCCL", op);
-}
-
-int dqc_nccl_setup(dqc_client *c, int cuda_device)
-{
-    (void)cuda_device;
-    return no_nccl(c, "nccl_setup");
-}
-
-int dqc_put_dev(dqc_client *c, const dqc_put_args *a, dqc_put_result *res)
-{
-    (void)a;
-    if (res)
-        memset(res, 0, sizeof *res);
-    return no_nccl(c, "put_dev");
-}
-
-int dqc_get_dev(dqc_client *c, const dqc_get_args *a, void *k_dev, void *v_dev, size_t capacity,
-                dqc_get_result *res)
-{
-    (void)a, (void)k_dev, (void)v_dev, (void)capacity, (void)res;
-    return no_nccl(c, "get_dev");
-}
-
-int dqc_attend_dev(dqc_client *c, const dqc_attend_args *a, float *out_dev, float *lse_dev)
-{
-    (void)a, (void)out_dev, (void)lse_dev;
-    return no_nccl(c, "attend_dev");
-}
-
-void dqc__nccl_free(dqc_client *c)
-{
-    (void)c;
-}
-
-#endif

@@ -1,5 +1,10 @@
 /* libdquant-client internals shared by client.c (connection, framing, calls), client_ops.c (one
- * function per operation) and client_nccl.c (the NCCL data path). */
+ * function per operation) and client_nccl.c (the NCCL data path, built as libdquant-client-nccl).
+ *
+ * libdquant-client-nccl is a separate shared library so that libdquant-client needs neither CUDA nor
+ * NCCL. It calls the functions marked DQC_PRIVATE below, which libdquant-client exports under the
+ * version node DQUANT_CLIENT_PRIVATE_<version> (libdquant-client.map.in): a libdquant-client-nccl of
+ * another version fails to load instead of misreading struct dqc_client. Nothing else may use them. */
 #ifndef DQUANT_CLIENT_INTERNAL_H
 #define DQUANT_CLIENT_INTERNAL_H
 
@@ -11,6 +16,13 @@
 #include "dquant/client.h"
 
 #define DQC_ERR_MAX 512
+
+/* The private ABI between libdquant-client and libdquant-client-nccl (see the top of this file). */
+#if defined(DQC_BUILDING_CLIENT) && defined(__GNUC__)
+#define DQC_PRIVATE __attribute__((visibility("default")))
+#else
+#define DQC_PRIVATE
+#endif
 
 typedef enum dqc__addr_kind { DQC_ADDR_UNIX = 1, DQC_ADDR_TCP = 2 } dqc__addr_kind;
 
@@ -31,7 +43,9 @@ struct dqc_client {
     uint64_t reconnects;
     uint64_t conn_gen;          /* counts established connections: state tied to one connection (the
                                    NCCL communicator) remembers it and is void once it changes */
-    struct dqc__nccl *nccl;     /* NULL until dqc_nccl_setup */
+    struct dqc__nccl *nccl;     /* NULL until dqc_nccl_setup (libdquant-client-nccl) */
+    void (*nccl_free)(dqc_client *c);   /* set with nccl; dqc_free calls it once the socket is
+                                           closed, so that the daemon lets go of its side first */
     dqc_server_info info;
 
     uint8_t *sbuf;              /* packed request header message */
@@ -45,7 +59,14 @@ struct dqc_client {
 };
 
 /* Sets the handle's last error message and returns code. */
-int dqc__fail(dqc_client *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+DQC_PRIVATE int dqc__fail(dqc_client *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* A public call's handle: NULL leaves no message to record, only the code. */
+#define DQC_CHECK_HANDLE(c)                 \
+    do {                                    \
+        if (!(c))                           \
+            return DQ_INVALID_ARGUMENT;     \
+    } while (0)
 
 /* Validates a public argument at the boundary: on failure records the message and returns. */
 #define DQC_CHECK_ARG(c, cond, ...)                                   \
@@ -76,7 +97,7 @@ typedef struct dqc__reply {
  * On success rep->resp must be released with dqc__reply_free. */
 int dqc__call(dqc_client *c, const Dquant__Request *req, const struct iovec *iov, size_t niov, int idempotent,
               Dquant__Response__BodyCase want, void **blk, size_t *blk_cap, dqc__reply *rep);
-void dqc__reply_free(dqc__reply *rep);
+DQC_PRIVATE void dqc__reply_free(dqc__reply *rep);
 
 /* A call bound to one connection, with work between writing the frame and reading the reply (the
  * NCCL sends must be issued then: the daemon receives them before it answers). */
@@ -89,13 +110,9 @@ typedef struct dqc__xfer {
 } dqc__xfer;
 
 /* dqc__call bound to x->conn_gen, never repeated on another connection. */
-int dqc__call_xfer(dqc_client *c, const Dquant__Request *req, const struct iovec *iov, size_t niov,
-                   Dquant__Response__BodyCase want, void **blk, size_t *blk_cap, dqc__reply *rep,
-                   const dqc__xfer *x);
-
-/* Tears the NCCL state down (client_nccl.c; nothing without NCCL). dqc_free, after the socket is
- * closed, so that the daemon lets go of its side. */
-void dqc__nccl_free(dqc_client *c);
+DQC_PRIVATE int dqc__call_xfer(dqc_client *c, const Dquant__Request *req, const struct iovec *iov, size_t niov,
+                               Dquant__Response__BodyCase want, void **blk, size_t *blk_cap, dqc__reply *rep,
+                               const dqc__xfer *x);
 
 /* Element size of a wire dtype (RAW: 1), 0 when invalid. */
 size_t dqc__wire_dtype_size(int dtype);
@@ -103,8 +120,8 @@ size_t dqc__wire_dtype_size(int dtype);
 /* Checks a reply tensor: present, in the payload, of dtype `dtype`, and when ndim > 0 with that
  * many dimensions; each shape[i] that is not UINT64_MAX must match; length must equal
  * product(shape) · element size. *bytes = its length. */
-int dqc__tensor_check(dqc_client *c, const Dquant__Tensor *t, const char *what, uint64_t payload_len, int dtype,
-                      size_t ndim, const uint64_t *shape, size_t *bytes);
+DQC_PRIVATE int dqc__tensor_check(dqc_client *c, const Dquant__Tensor *t, const char *what, uint64_t payload_len,
+                                  int dtype, size_t ndim, const uint64_t *shape, size_t *bytes);
 
 /* Copies a protobuf bytes field into a fixed profile buffer (DQ_PROTOCOL when too long). */
 int dqc__copy_profile(dqc_client *c, const ProtobufCBinaryData *src, uint8_t *dst, size_t *len);
@@ -123,9 +140,9 @@ typedef struct dqc__put_req {
 } dqc__put_req;
 
 /* Validates a (op names the call in messages) and builds r; nccl flags both tensors. */
-int dqc__put_build(dqc_client *c, const char *op, const dqc_put_args *a, int nccl, dqc__put_req *r);
+DQC_PRIVATE int dqc__put_build(dqc_client *c, const char *op, const dqc_put_args *a, int nccl, dqc__put_req *r);
 /* Copies the PutReply into res (may be NULL). */
-void dqc__put_result(const dqc__reply *rep, dqc_put_result *res);
+DQC_PRIVATE void dqc__put_result(const dqc__reply *rep, dqc_put_result *res);
 
 /* A GET request for a typed format. Points into itself, like dqc__put_req. */
 typedef struct dqc__get_req {
@@ -134,11 +151,14 @@ typedef struct dqc__get_req {
     Dquant__SeqRef seq;
 } dqc__get_req;
 
-int dqc__get_build(dqc_client *c, const char *op, const dqc_get_args *a, dqc__get_req *r);
+DQC_PRIVATE int dqc__get_build(dqc_client *c, const char *op, const dqc_get_args *a, dqc__get_req *r);
 /* Checks the k and v tensors of a typed GET reply, located within payload_len bytes (the frame's
  * payload, or the NCCL payload); *bytes = the size of each. */
-int dqc__get_check(dqc_client *c, const char *op, const dqc_get_args *a, const Dquant__GetReply *r,
-                   uint64_t payload_len, size_t *bytes);
+DQC_PRIVATE int dqc__get_check(dqc_client *c, const char *op, const dqc_get_args *a, const Dquant__GetReply *r,
+                               uint64_t payload_len, size_t *bytes);
+/* Fills res's metadata (start_token, tokens, num_layers, kv_heads, head_dim, dtype, bytes) from a
+ * reply dqc__get_check accepted; k, v and the result's memory are left alone. */
+DQC_PRIVATE void dqc__get_meta(const Dquant__GetReply *r, dq_dtype dtype, size_t bytes, dqc_get_result *res);
 
 /* An ATTEND request around the caller's items: per item q, then append_k and append_v, back to back
  * in iov order from offset 0. */
@@ -154,7 +174,12 @@ typedef struct dqc__attend_req {
     void *blk_;             /* owned: dqc__attend_free */
 } dqc__attend_req;
 
-int dqc__attend_build(dqc_client *c, const char *op, const dqc_attend_args *a, int nccl, dqc__attend_req *r);
-void dqc__attend_free(dqc__attend_req *r);
+DQC_PRIVATE int dqc__attend_build(dqc_client *c, const char *op, const dqc_attend_args *a, int nccl,
+                                  dqc__attend_req *r);
+DQC_PRIVATE void dqc__attend_free(dqc__attend_req *r);
+
+/* Sends NCCL_SETUP for the client's CUDA device and waits for its reply (idempotent). Built here
+ * because a request message refers to the protobuf-c descriptors, which only this library holds. */
+DQC_PRIVATE int dqc__nccl_setup_call(dqc_client *c, int cuda_device, dqc__reply *rep);
 
 #endif

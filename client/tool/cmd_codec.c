@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "cli_common.h"
-#include "cli_rng.h"
+#include "eval_rng.h"
 #include "codec_run.h"
 #include "commands.h"
 #include "dquant/dquant.h"
@@ -360,8 +360,8 @@ static int cmd_demo(const codec_args *a)
         return cli_error(CLI_FAILED, PROG, "out of memory");
     uint64_t rng = 0x9e3779b97f4a7c15ull;
     for (size_t j = 0; j < cnt; j++) {
-        g.k[j] = (float)cli_gauss(&rng) + 0.5f * (float)((j % 128) % 5);
-        g.v[j] = (float)cli_gauss(&rng);
+        g.k[j] = (float)rng_gauss(&rng) + 0.5f * (float)((j % 128) % 5);
+        g.v[j] = (float)rng_gauss(&rng);
     }
     rc = demo_run(&g);
     free(g.k);

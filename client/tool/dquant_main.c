@@ -11,9 +11,6 @@ typedef struct subcmd {
     const char *summary;
 } subcmd;
 
-static int cmd_codec_entry(int argc, char **argv);
-static int cmd_eval_entry(int argc, char **argv);
-
 static const subcmd subcmds[] = {
     {"register", dq_cmd_register, "register a model (shape and codec profile)"},
     {"put", dq_cmd_put, "append K/V tokens to a sequence"},
@@ -26,31 +23,9 @@ static const subcmd subcmds[] = {
     {"ping", dq_cmd_ping, "check that the daemon answers; round-trip times"},
     {"bench", dq_cmd_bench, "load generator: N connections x M requests, latency percentiles"},
     {"demo", dq_cmd_demo, "the main job: a real prefill and decode steps through the daemon"},
-    {"codec", cmd_codec_entry, "run the codec locally (libdquant) on given data"},
-    {"eval", cmd_eval_entry, "codec quality on given data"},
+    {"codec", dq_cmd_codec, "run the codec locally (libdquant) on given data"},
+    {"eval", dq_cmd_eval, "codec quality on given data"},
 };
-
-static int cmd_codec_entry(int argc, char **argv)
-{
-#ifdef DQ_HAVE_CMD_CODEC
-    return dq_cmd_codec(argc, argv);
-#else
-    (void)argc;
-    fprintf(stderr, "dquant %s: this build does not include the codec subcommands\n", argv[0]);
-    return 2;
-#endif
-}
-
-static int cmd_eval_entry(int argc, char **argv)
-{
-#ifdef DQ_HAVE_CMD_CODEC
-    return dq_cmd_eval(argc, argv);
-#else
-    (void)argc;
-    fprintf(stderr, "dquant %s: this build does not include the eval subcommand\n", argv[0]);
-    return 2;
-#endif
-}
 
 static void usage(FILE *out)
 {

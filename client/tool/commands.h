@@ -6,7 +6,7 @@
 #ifndef DQUANT_COMMANDS_H
 #define DQUANT_COMMANDS_H
 
-/* client/src/cmd_ops.c */
+/* client/tool/cmd_ops.c */
 int dq_cmd_register(int argc, char **argv);
 int dq_cmd_put(int argc, char **argv);
 int dq_cmd_get(int argc, char **argv);
@@ -17,15 +17,15 @@ int dq_cmd_unpin(int argc, char **argv);
 int dq_cmd_stats(int argc, char **argv);
 int dq_cmd_ping(int argc, char **argv);
 
-/* client/src/cmd_demo.c: the main job (prefill + decode steps through a running daemon) */
+/* client/tool/cmd_demo.c: the main job (prefill + decode steps through a running daemon) */
 int dq_cmd_demo(int argc, char **argv);
 
-/* client/src/cmd_bench.c */
+/* client/tool/cmd_bench.c */
 int dq_cmd_bench(int argc, char **argv);
 
-/* client/src/cmd_codec.c: `dquant codec` */
+/* client/tool/cmd_codec.c: `dquant codec` */
 int dq_cmd_codec(int argc, char **argv);
-/* client/src/cmd_eval.c: `dquant eval` */
+/* client/tool/cmd_eval.c: `dquant eval` */
 int dq_cmd_eval(int argc, char **argv);
 
 #endif

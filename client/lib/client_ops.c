@@ -79,8 +79,7 @@ static void tensor_set(Dquant__Tensor *t, int dtype, uint64_t *shape, size_t ndi
 
 int dqc_register_model(dqc_client *c, const dqc_model_spec *spec, dqc_model_info *info)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     DQC_CHECK_ARG(c, spec && spec->name && spec->name[0], "register_model: spec and its name are required");
     DQC_CHECK_ARG(c, spec->layers && spec->q_heads && spec->kv_heads && spec->head_dim,
                   "register_model: layers, q_heads, kv_heads and head_dim must be positive");
@@ -166,8 +165,7 @@ void dqc__put_result(const dqc__reply *rep, dqc_put_result *res)
 
 int dqc_put(dqc_client *c, const dqc_put_args *a, dqc_put_result *res)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     if (res)
         memset(res, 0, sizeof *res);
     dqc__put_req r;
@@ -244,10 +242,20 @@ int dqc__get_check(dqc_client *c, const char *op, const dqc_get_args *a, const D
     return 0;
 }
 
+void dqc__get_meta(const Dquant__GetReply *r, dq_dtype dtype, size_t bytes, dqc_get_result *res)
+{
+    res->start_token = r->start_token;
+    res->tokens = r->tokens;
+    res->num_layers = (uint32_t)r->k->shape[0];
+    res->kv_heads = (uint32_t)r->k->shape[2];
+    res->head_dim = (uint32_t)r->k->shape[3];
+    res->dtype = dtype;
+    res->bytes = bytes;
+}
+
 int dqc_get(dqc_client *c, const dqc_get_args *a, dqc_get_result *res)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     DQC_CHECK_ARG(c, a && res, "get: args and res are required");
     RESULT_RESET(res);
     dqc__get_req g;
@@ -258,13 +266,7 @@ int dqc_get(dqc_client *c, const dqc_get_args *a, dqc_get_result *res)
     size_t kb = 0;
     int rc = dqc__get_check(c, "get", a, r, rep.payload_len, &kb);
     if (!rc) {
-        res->start_token = r->start_token;
-        res->tokens = r->tokens;
-        res->num_layers = (uint32_t)r->k->shape[0];
-        res->kv_heads = (uint32_t)r->k->shape[2];
-        res->head_dim = (uint32_t)r->k->shape[3];
-        res->dtype = a->dtype;
-        res->bytes = kb;
+        dqc__get_meta(r, a->dtype, kb, res);
         res->k = kb ? rep.payload + r->k->offset : NULL;
         res->v = kb ? rep.payload + r->v->offset : NULL;
     }
@@ -281,8 +283,7 @@ void dqc_get_result_free(dqc_get_result *res)
 
 int dqc_get_raw(dqc_client *c, const dqc_seq *s, uint32_t first_layer, uint32_t num_layers, dqc_raw_result *res)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     DQC_CHECK_ARG(c, res, "get_raw: res is required");
     dqc_raw_layer *layers = res->layers;
     size_t layers_cap = res->layers_cap_;
@@ -468,8 +469,7 @@ void dqc__attend_free(dqc__attend_req *r)
 
 int dqc_attend(dqc_client *c, const dqc_attend_args *a, float *out, float *lse)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     DQC_CHECK_ARG(c, a && out, "attend: args and out are required");
     dqc__attend_req ar;
     DQC_FORWARD(dqc__attend_build(c, "attend", a, 0, &ar));
@@ -496,8 +496,7 @@ int dqc_attend(dqc_client *c, const dqc_attend_args *a, float *out, float *lse)
 
 int dqc_compress(dqc_client *c, const dqc_compress_args *a, dqc_compress_result *res)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     DQC_CHECK_ARG(c, a && res, "compress: args and res are required");
     RESULT_RESET(res);
     DQC_CHECK_ARG(c, (a->model && a->model[0]) || (a->profile_name && a->profile_name[0]),
@@ -560,8 +559,7 @@ void dqc_compress_result_free(dqc_compress_result *res)
 
 int dqc_decompress(dqc_client *c, const dqc_decompress_args *a, dqc_decompress_result *res)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     DQC_CHECK_ARG(c, a && res, "decompress: args and res are required");
     RESULT_RESET(res);
     DQC_CHECK_ARG(c, a->profile && a->profile_len, "decompress: a serialized profile is required");
@@ -616,8 +614,7 @@ void dqc_decompress_result_free(dqc_decompress_result *res)
 
 static int seq_op(dqc_client *c, const char *op, Dquant__Request__BodyCase which, const dqc_seq *s)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     Dquant__SeqRef seq;
     DQC_FORWARD(seq_fill(c, op, s, &seq));
     Dquant__Delete del = DQUANT__DELETE__INIT;
@@ -674,8 +671,7 @@ static int cmp_gauge(const void *a, const void *b)
 
 int dqc_stats(dqc_client *c, dqc_stats_result *res)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     DQC_CHECK_ARG(c, res, "stats: res is required");
     free(res->mem_);
     memset(res, 0, sizeof *res);
@@ -754,12 +750,23 @@ int dqc_stats_gauge(const dqc_stats_result *res, const char *name, double *value
     return 0;
 }
 
+/* ---- NCCL_SETUP (for libdquant-client-nccl) ---- */
+
+int dqc__nccl_setup_call(dqc_client *c, int cuda_device, dqc__reply *rep)
+{
+    Dquant__NcclSetup ns = DQUANT__NCCL_SETUP__INIT;
+    ns.client_device = cuda_device;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_NCCL_SETUP;
+    req.nccl_setup = &ns;
+    return dqc__call(c, &req, NULL, 0, 1, DQUANT__RESPONSE__BODY_NCCL_SETUP, NULL, NULL, rep);
+}
+
 /* ---- PING ---- */
 
 int dqc_ping(dqc_client *c, const void *data, size_t len)
 {
-    if (!c)
-        return DQ_INVALID_ARGUMENT;
+    DQC_CHECK_HANDLE(c);
     DQC_CHECK_ARG(c, data || !len, "ping: data is NULL with len %zu", len);
     Dquant__Ping p = DQUANT__PING__INIT;
     p.data.data = (uint8_t *)data;

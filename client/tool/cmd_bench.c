@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "cli_common.h"
-#include "cli_rng.h"
+#include "eval_rng.h"
 #include "commands.h"
 
 enum { OP_PUT, OP_GET, OP_ATTEND, OP_PING, OP_STATS, NOPS };
@@ -156,7 +156,7 @@ static int do_attend(worker *w, uint64_t r)
 
 static int pick_op(worker *w)
 {
-    uint32_t x = (uint32_t)(cli_xorshift64(&w->rng) % w->cfg->mix_total);
+    uint32_t x = (uint32_t)(rng_xorshift64(&w->rng) % w->cfg->mix_total);
     for (int op = 0; op < NOPS; op++) {
         if (x < w->cfg->mix[op])
             return op;
@@ -169,7 +169,7 @@ static void run_one(worker *w, uint64_t r, int measure)
 {
     const bench_cfg *cfg = w->cfg;
     int op = pick_op(w);
-    uint32_t si = (uint32_t)(cli_xorshift64(&w->rng) % cfg->seqs);
+    uint32_t si = (uint32_t)(rng_xorshift64(&w->rng) % cfg->seqs);
     uint64_t bytes = 0;
     uint64_t t0 = cli_now_ns();
     int rc;

@@ -1,0 +1,110 @@
+/* The `dquant` tool ($DQUANT_CLI) against a real dquantd ($DQUANTD, on a private Unix socket and a
+ * loopback TCP port): every operator subcommand, the load generator, the manual pages and the
+ * exit status of usage errors. Skipped when either is unset. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "dqd_child.h"
+
+static dqd_daemon D;
+
+static void stop_daemon(void)
+{
+    if (D.pid)
+        cr_expect_eq(dqd_stop(&D), 0, "dquantd must exit 0 on SIGTERM");
+}
+
+static void start_daemon(void)
+{
+    const char *bin = dqd_path();
+    if (!bin)
+        cr_skip_test("$DQUANTD is not set (build the dquantd target to run this test)");
+    const dqd_opts o = {.tcp = 1};
+    cr_assert_eq(dqd_start(&D, &o), 0, "could not start %s", bin);
+}
+
+TestSuite(tool, .fini = stop_daemon, .timeout = 240);
+
+static int run_cli(const char *cmd, char *out, size_t cap)
+{
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(tool, subcommands_against_a_daemon)
+{
+    const char *tool = getenv("DQUANT_CLI");
+    if (!tool || access(tool, X_OK) != 0)
+        cr_skip_test("$DQUANT_CLI is not set");
+    start_daemon();
+    char cmd[2048], out[16384];
+    snprintf(cmd, sizeof cmd, "%s ping --connect %s --count 3 --size 1K 2>&1", tool, D.addr);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "3 sent, 3 ok") != NULL, "%s", out);
+
+    snprintf(cmd, sizeof cmd,
+             "%s register --connect %s --model cli --layers 2 --q-heads 4 --kv-heads 2 --head-dim 64 2>&1", tool,
+             D.tcp_addr);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "registered") != NULL, "%s", out);
+
+    snprintf(cmd, sizeof cmd,
+             "%s put --connect %s --model cli --key k1 --layers 2 --tokens 300 --kv-heads 2 --head-dim 64 "
+             "--random 5 2>&1",
+             tool, D.addr);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "sequence now 300 tokens") != NULL, "%s", out);
+
+    char kf[sizeof D.dir + 16];
+    snprintf(kf, sizeof kf, "%s/k.bin", D.dir);
+    snprintf(cmd, sizeof cmd, "%s get --connect %s --key k1 --layer 1 --layers 1 --dtype bf16 --out-k %s 2>&1",
+             tool, D.addr, kf);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
+    FILE *f = fopen(kf, "rb");
+    cr_assert_not_null(f);
+    fseek(f, 0, SEEK_END);
+    cr_assert_eq(ftell(f), 300 * 2 * 64 * 2);
+    fclose(f);
+
+    snprintf(cmd, sizeof cmd, "%s get --connect %s --key k1 --raw 2>&1", tool, D.addr);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "2 windows") != NULL, "%s", out);
+
+    snprintf(cmd, sizeof cmd,
+             "%s attend --connect %s --key k1 --key k1 --layer 0 --q-heads 4 --head-dim 64 --random 3 2>&1", tool,
+             D.addr);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "item 1") != NULL, "%s", out);
+
+    snprintf(cmd, sizeof cmd, "%s stats --connect %s --gauge sequences 2>&1", tool, D.addr);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_str_eq(out, "1\n");
+
+    snprintf(cmd, sizeof cmd, "%s delete --connect %s --key k1 2>&1", tool, D.addr);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 1, "%s", out);   /* gone */
+    cr_assert(strstr(out, "NOT_FOUND") != NULL, "%s", out);
+
+    snprintf(cmd, sizeof cmd,
+             "%s bench --connect %s -c 2 -n 60 --mix put=30,get=30,attend=30,ping=5,stats=5 --layers 2 "
+             "--kv-heads 2 --head-dim 64 --q-heads 4 --tokens 64 --prefill 256 --batch 2 --quiet 2>&1",
+             tool, D.addr);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "total") != NULL && strstr(out, "p999") != NULL, "%s", out);
+
+    snprintf(cmd, sizeof cmd, "%s put --help", tool);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 0);
+    cr_assert(strstr(out, "SYNOPSIS") != NULL);
+    snprintf(cmd, sizeof cmd, "%s put --tokens nope 2>&1", tool);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 2, "%s", out);
+    snprintf(cmd, sizeof cmd, "%s frobnicate 2>&1", tool);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 2, "%s", out);
+}
