@@ -113,6 +113,10 @@ static inline void dq__store_elem(void *dst, dq_dtype t, size_t i, float v)
     }
 }
 
+/* Fills the tables of one kind (0: K, 1: V) of a DQ_CODEC_DQUANT profile whose levels and
+ * frequencies are in range (profile.c; used by validation and by dq_codec_create). */
+void dq__kind_tables_init(const dq_profile *p, int kind, dq__kind_tables *kt);
+
 void *dq__alloc(const dq_allocator *a, size_t size);
 void dq__free(const dq_allocator *a, void *p);
 
