@@ -35,16 +35,14 @@ void dq__free(const dq_allocator *a, void *p)
 
 int dq_codec_create(const dq_profile *profile, const dq_allocator *alloc, dq_codec **out)
 {
-    if (!profile || !out)
-        return DQ_INVALID_ARGUMENT;
+    DQ_RETURN_IF(!profile || !out, DQ_INVALID_ARGUMENT);
     *out = NULL;
     DQ_FORWARD_IF_ERROR(dq_profile_validate(profile));
     dq_allocator a = {default_alloc, default_free, NULL};
     if (alloc && alloc->alloc && alloc->free)
         a = *alloc;
     dq_codec *c = dq__alloc(&a, sizeof *c);
-    if (!c)
-        return DQ_NOMEM;
+    DQ_RETURN_IF(!c, DQ_NOMEM);
     memset(c, 0, sizeof *c);
     c->profile = *profile;
     c->alloc = a;
@@ -118,8 +116,7 @@ size_t dq_codec_mean_bytes(const dq_codec *codec)
 
 int dq_workspace_create(const dq_codec *codec, dq_workspace **out)
 {
-    if (!codec || !out)
-        return DQ_INVALID_ARGUMENT;
+    DQ_RETURN_IF(!codec || !out, DQ_INVALID_ARGUMENT);
     *out = NULL;
     const dq_allocator *a = &codec->alloc;
     const size_t n = codec->n, W = codec->profile.window, d = codec->head_dim;
@@ -131,8 +128,7 @@ int dq_workspace_create(const dq_codec *codec, dq_workspace **out)
     size_t bytes = sizeof(dq_workspace) + 64 + 3 * n * sizeof(float) + 2 * n * sizeof(uint32_t) +
                    big * sizeof(float) + big + 2 * n + 2 * big * sizeof(uint16_t) + 16 * 64;
     uint8_t *blk = dq__alloc(a, bytes);
-    if (!blk)
-        return DQ_NOMEM;
+    DQ_RETURN_IF(!blk, DQ_NOMEM);
     memset(blk, 0, sizeof(dq_workspace));
     dq_workspace *ws = (dq_workspace *)(void *)blk;
     uint8_t *p = blk + ((sizeof(dq_workspace) + 63) & ~(size_t)63);

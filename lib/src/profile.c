@@ -74,59 +74,45 @@ void dq__kind_tables_init(const dq_profile *p, int kind, dq__kind_tables *kt)
 
 static int validate_shape(uint32_t kv_heads, uint32_t head_dim)
 {
-    if (!kv_heads || !is_pow2(head_dim))
-        return DQ_PROFILE;
-    if ((uint64_t)kv_heads * head_dim > DQ_MAX_STREAM)
-        return DQ_PROFILE;
+    DQ_RETURN_IF(!kv_heads || !is_pow2(head_dim), DQ_PROFILE);
+    DQ_RETURN_IF((uint64_t)kv_heads * head_dim > DQ_MAX_STREAM, DQ_PROFILE);
     return DQ_OK;
 }
 
 int dq_profile_validate(const dq_profile *p)
 {
-    if (!p)
-        return DQ_INVALID_ARGUMENT;
-    if (p->format_version != DQ_FORMAT_VERSION)
-        return DQ_VERSION;
+    DQ_RETURN_IF(!p, DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(p->format_version != DQ_FORMAT_VERSION, DQ_VERSION);
     DQ_FORWARD_IF_ERROR(validate_shape(p->kv_heads, p->head_dim));
-    if (memchr(p->name, 0, sizeof p->name) == NULL)
-        return DQ_PROFILE;
-    if (p->window < 1 || p->residual < p->window || p->window > 65536 || p->residual > 65536)
-        return DQ_PROFILE;
+    DQ_RETURN_IF(memchr(p->name, 0, sizeof p->name) == NULL, DQ_PROFILE);
+    DQ_RETURN_IF(p->window < 1 || p->residual < p->window || p->window > 65536 || p->residual > 65536, DQ_PROFILE);
     if (p->codec_type != DQ_CODEC_DQUANT)
         return dq__baseline_validate(p);
-    if (p->bits[0] || p->bits[1] || p->group || p->rotate)
-        return DQ_PROFILE;
-    if (!(p->alpha > 0) || !(p->alpha < 16))
-        return DQ_PROFILE;
+    DQ_RETURN_IF(p->bits[0] || p->bits[1] || p->group || p->rotate, DQ_PROFILE);
+    DQ_RETURN_IF(!(p->alpha > 0) || !(p->alpha < 16), DQ_PROFILE);
     const uint32_t n = p->kv_heads * p->head_dim;
     for (int k = 0; k < 2; k++) {
         uint32_t M = p->levels[k];
-        if (M < DQ_MIN_LEVELS || M > DQ_MAX_LEVELS)
-            return DQ_PROFILE;
-        if (p->container_bytes[k] < DQ_RANS_STATE_BYTES + 1 || p->container_bytes[k] > DQ_MAX_CONTAINER)
-            return DQ_CONTAINER_TOO_SMALL;
+        DQ_RETURN_IF(M < DQ_MIN_LEVELS || M > DQ_MAX_LEVELS, DQ_PROFILE);
+        DQ_RETURN_IF(p->container_bytes[k] < DQ_RANS_STATE_BYTES + 1 || p->container_bytes[k] > DQ_MAX_CONTAINER,
+                     DQ_CONTAINER_TOO_SMALL);
         uint32_t sum = 0;
         for (uint32_t m = 0; m < DQ_MAX_LEVELS; m++) {
-            if (m < M && p->freq[k][m] < 1)
-                return DQ_PROFILE;
-            if (m >= M && p->freq[k][m] != 0)
-                return DQ_PROFILE;
+            DQ_RETURN_IF(m < M && p->freq[k][m] < 1, DQ_PROFILE);
+            DQ_RETURN_IF(m >= M && p->freq[k][m] != 0, DQ_PROFILE);
             sum += p->freq[k][m];
         }
-        if (sum != 256)
-            return DQ_PROFILE;
+        DQ_RETURN_IF(sum != 256, DQ_PROFILE);
         dq__kind_tables kt;
         dq__kind_tables_init(p, k, &kt);
-        if (cheapest_bytes(&kt.enc, kt.cheapest, n) > p->container_bytes[k])
-            return DQ_CONTAINER_TOO_SMALL;
+        DQ_RETURN_IF(cheapest_bytes(&kt.enc, kt.cheapest, n) > p->container_bytes[k], DQ_CONTAINER_TOO_SMALL);
     }
     return DQ_OK;
 }
 
 int dq_profile_make(const dq_profile_params *params, dq_profile *out)
 {
-    if (!params || !out)
-        return DQ_INVALID_ARGUMENT;
+    DQ_RETURN_IF(!params || !out, DQ_INVALID_ARGUMENT);
     DQ_FORWARD_IF_ERROR(validate_shape(params->kv_heads, params->head_dim));
     dq_profile p;
     memset(&p, 0, sizeof p);
@@ -142,8 +128,7 @@ int dq_profile_make(const dq_profile_params *params, dq_profile *out)
     for (int k = 0; k < 2; k++) {
         p.container_bytes[k] = params->container_bytes[k];
         p.levels[k] = params->levels[k];
-        if (p.levels[k] < DQ_MIN_LEVELS || p.levels[k] > DQ_MAX_LEVELS)
-            return DQ_PROFILE;
+        DQ_RETURN_IF(p.levels[k] < DQ_MIN_LEVELS || p.levels[k] > DQ_MAX_LEVELS, DQ_PROFILE);
         int rc = dq_model_freq_table(n, p.levels[k], p.alpha, p.freq[k]);
         if (rc < 0)
             return rc == DQ_INVALID_ARGUMENT ? DQ_PROFILE : rc;
@@ -160,8 +145,7 @@ const char *const *dq_profile_builtin_names(void)
 
 int dq_profile_builtin(const char *name, uint32_t kv_heads, uint32_t head_dim, dq_profile *out)
 {
-    if (!name || !out)
-        return DQ_INVALID_ARGUMENT;
+    DQ_RETURN_IF(!name || !out, DQ_INVALID_ARGUMENT);
     DQ_FORWARD_IF_ERROR(validate_shape(kv_heads, head_dim));
     for (size_t i = 0; i < sizeof g_builtins / sizeof g_builtins[0]; i++) {
         const builtin_def *b = &g_builtins[i];
@@ -186,8 +170,7 @@ int dq_profile_builtin(const char *name, uint32_t kv_heads, uint32_t head_dim, d
 
 int dq_profile_baseline(const char *name, uint32_t kv_heads, uint32_t head_dim, dq_profile *out)
 {
-    if (!name || !out)
-        return DQ_INVALID_ARGUMENT;
+    DQ_RETURN_IF(!name || !out, DQ_INVALID_ARGUMENT);
     DQ_FORWARD_IF_ERROR(validate_shape(kv_heads, head_dim));
     return dq__baseline_profile(name, kv_heads, head_dim, out);
 }
@@ -246,12 +229,10 @@ static uint32_t r32(const uint8_t *p)
 
 int dq_profile_serialize(const dq_profile *p, uint8_t *buf, size_t cap, size_t *len)
 {
-    if (!p || !buf || !len)
-        return DQ_INVALID_ARGUMENT;
+    DQ_RETURN_IF(!p || !buf || !len, DQ_INVALID_ARGUMENT);
     DQ_FORWARD_IF_ERROR(dq_profile_validate(p));
     size_t need = DQ_PROFILE_FIXED_BYTES + (p->codec_type == DQ_CODEC_DQUANT ? 2u * (p->levels[0] + p->levels[1]) : 0);
-    if (cap < need)
-        return DQ_INVALID_ARGUMENT;
+    DQ_RETURN_IF(cap < need, DQ_INVALID_ARGUMENT);
     uint8_t *q = buf;
     memcpy(q, "DQPF", 4);
     q = w32(q + 4, p->format_version);
@@ -289,19 +270,15 @@ int dq_profile_serialize(const dq_profile *p, uint8_t *buf, size_t cap, size_t *
 
 int dq_profile_deserialize(const uint8_t *buf, size_t len, dq_profile *out)
 {
-    if (!buf || !out)
-        return DQ_INVALID_ARGUMENT;
-    if (len < DQ_PROFILE_FIXED_BYTES)
-        return DQ_TRUNCATED;
-    if (memcmp(buf, "DQPF", 4) != 0)
-        return DQ_CORRUPT;
+    DQ_RETURN_IF(!buf || !out, DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(len < DQ_PROFILE_FIXED_BYTES, DQ_TRUNCATED);
+    DQ_RETURN_IF(memcmp(buf, "DQPF", 4) != 0, DQ_CORRUPT);
     dq_profile p;
     memset(&p, 0, sizeof p);
     const uint8_t *q = buf + 4;
     p.format_version = r32(q);
     q += 4;
-    if (p.format_version != DQ_FORMAT_VERSION)
-        return DQ_VERSION;
+    DQ_RETURN_IF(p.format_version != DQ_FORMAT_VERSION, DQ_VERSION);
     memcpy(p.name, q, DQ_PROFILE_NAME_MAX);
     p.name[DQ_PROFILE_NAME_MAX - 1] = 0;
     q += DQ_PROFILE_NAME_MAX;
@@ -328,15 +305,13 @@ int dq_profile_deserialize(const uint8_t *buf, size_t len, dq_profile *out)
                    p.levels[1] > DQ_MAX_LEVELS))
         return DQ_CORRUPT;
     size_t need = DQ_PROFILE_FIXED_BYTES + (dquant ? 2u * (p.levels[0] + p.levels[1]) : 0);
-    if (len < need)
-        return DQ_TRUNCATED;
+    DQ_RETURN_IF(len < need, DQ_TRUNCATED);
     for (int k = 0; k < 2; k++)
         for (uint32_t m = 0; m < p.levels[k] && dquant; m++) {
             p.freq[k][m] = (uint16_t)(q[0] | q[1] << 8);
             q += 2;
         }
-    if (r32(q) != fnv1a32(buf, (size_t)(q - buf)))
-        return DQ_CORRUPT;
+    DQ_RETURN_IF(r32(q) != fnv1a32(buf, (size_t)(q - buf)), DQ_CORRUPT);
     DQ_FORWARD_IF_ERROR(dq_profile_validate(&p));
     *out = p;
     return DQ_OK;
