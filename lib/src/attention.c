@@ -234,13 +234,10 @@ static int attend_decoded_windows(const dq_codec *c, dq_workspace *ws, const dq_
 static int check_items(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, const dq_attn_item *items,
                        size_t nitems)
 {
-    if (!c || !ws || ws->codec != c || (nitems && !items))
-        return DQ_INVALID_ARGUMENT;
-    if (!q_heads || q_heads % c->profile.kv_heads)
-        return DQ_SHAPE;
+    DQ_RETURN_IF(!c || !ws || ws->codec != c || (nitems && !items), DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(!q_heads || q_heads % c->profile.kv_heads, DQ_SHAPE);
     for (size_t i = 0; i < nitems; i++) {
-        if (!items[i].layer || !items[i].q || !items[i].out)
-            return DQ_INVALID_ARGUMENT;
+        DQ_RETURN_IF(!items[i].layer || !items[i].q || !items[i].out, DQ_INVALID_ARGUMENT);
         DQ_FORWARD_IF_ERROR(dq_check_finite(items[i].q, DQ_DTYPE_F32, (size_t)q_heads * c->head_dim));
     }
     return DQ_OK;
@@ -250,8 +247,7 @@ int dq_attend(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale
               size_t nitems)
 {
     DQ_FORWARD_IF_ERROR(check_items(c, ws, q_heads, items, nitems));
-    if (!isfinite(scale))
-        return DQ_INVALID_ARGUMENT;
+    DQ_RETURN_IF(!isfinite(scale), DQ_INVALID_ARGUMENT);
     const dq__dsp *dsp = dq__dsp_get();
     const uint32_t d = c->head_dim, W = c->profile.window, G = q_heads / c->profile.kv_heads;
     const uint32_t per_head = 4 * d + W + 16; /* floats of attention state per query head */
@@ -262,8 +258,7 @@ int dq_attend(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale
     float *blk = NULL;
     if (!dquant) {
         blk = dq__alloc(&c->alloc, sizeof(float) * (size_t)W * c->n);
-        if (!blk)
-            return DQ_NOMEM;
+        DQ_RETURN_IF(!blk, DQ_NOMEM);
     }
     for (size_t i = 0; i < nitems; i++) {
         const dq_attn_item *it = &items[i];

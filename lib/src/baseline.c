@@ -45,8 +45,7 @@ int dq__baseline_profile(const char *name, uint32_t kv_heads, uint32_t head_dim,
                 break;
             }
         }
-        if (i == sizeof kinds / sizeof kinds[0])
-            return DQ_PROFILE;
+        DQ_RETURN_IF(i == sizeof kinds / sizeof kinds[0], DQ_PROFILE);
     }
     p.format_version = DQ_FORMAT_VERSION;
     snprintf(p.name, sizeof p.name, "%s", name);
@@ -97,21 +96,17 @@ size_t dq__baseline_header_bytes(const dq_profile *p)
 
 int dq__baseline_validate(const dq_profile *p)
 {
-    if (p->codec_type > DQ_CODEC_TURBO || p->codec_type == DQ_CODEC_DQUANT)
-        return DQ_PROFILE;
+    DQ_RETURN_IF(p->codec_type > DQ_CODEC_TURBO || p->codec_type == DQ_CODEC_DQUANT, DQ_PROFILE);
     const uint32_t n = p->kv_heads * p->head_dim;
     if (p->codec_type != DQ_CODEC_BF16) {
         for (int k = 0; k < 2; k++)
             if (p->bits[k] < 1 || p->bits[k] > 8 || p->levels[k] != 1u << p->bits[k])
                 return DQ_PROFILE;
-        if (!p->group || p->group > n || n % p->group)
-            return DQ_PROFILE;
+        DQ_RETURN_IF(!p->group || p->group > n || n % p->group, DQ_PROFILE);
     }
-    if (p->rotate > 1 || p->alpha != 0)
-        return DQ_PROFILE;
+    DQ_RETURN_IF(p->rotate > 1 || p->alpha != 0, DQ_PROFILE);
     for (int k = 0; k < 2; k++) {
-        if (p->container_bytes[k] != dq__baseline_record_bytes(p, k))
-            return DQ_PROFILE;
+        DQ_RETURN_IF(p->container_bytes[k] != dq__baseline_record_bytes(p, k), DQ_PROFILE);
         for (uint32_t m = 0; m < DQ_MAX_LEVELS; m++)
             if (p->freq[k][m])
                 return DQ_PROFILE;
@@ -209,8 +204,7 @@ static int int_encode_token(const float *x, size_t n, uint32_t g, uint32_t bits,
             mx = fmaxf(mx, xg[j]);
         }
         uint16_t sh = dq_f32_to_f16((mx - mn) / (float)top), zh = dq_f32_to_f16(mn);
-        if ((sh & 0x7c00u) == 0x7c00u || (zh & 0x7c00u) == 0x7c00u)
-            return DQ_RANGE;
+        DQ_RETURN_IF((sh & 0x7c00u) == 0x7c00u || (zh & 0x7c00u) == 0x7c00u, DQ_RANGE);
         dq__put_u16(rec + 4 * gi, sh);
         dq__put_u16(rec + 4 * gi + 2, zh);
         float sf = dq_f16_to_f32(sh), zf = dq_f16_to_f32(zh);
@@ -244,8 +238,7 @@ int dq__baseline_encode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const
     if (p->codec_type == DQ_CODEC_KIVI && kind == DQ_KIND_K) {
         /* per channel over the window's tokens */
         const uint32_t top = (1u << bits) - 1;
-        if (!header || ntok < 1 || ntok > p->window)
-            return DQ_SHAPE;
+        DQ_RETURN_IF(!header || ntok < 1 || ntok > p->window, DQ_SHAPE);
         for (size_t j = 0; j < n; j++) {
             float mn = dq__load_elem(x, dtype, j), mx = mn;
             for (size_t t = 1; t < ntok; t++) {
@@ -254,8 +247,7 @@ int dq__baseline_encode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const
                 mx = fmaxf(mx, v);
             }
             uint16_t sh = dq_f32_to_f16((mx - mn) / (float)top), zh = dq_f32_to_f16(mn);
-            if ((sh & 0x7c00u) == 0x7c00u || (zh & 0x7c00u) == 0x7c00u)
-                return DQ_RANGE;
+            DQ_RETURN_IF((sh & 0x7c00u) == 0x7c00u || (zh & 0x7c00u) == 0x7c00u, DQ_RANGE);
             dq__put_u16(header + 2 * j, sh);
             dq__put_u16(header + 2 * n + 2 * j, zh);
         }
@@ -293,8 +285,7 @@ int dq__baseline_encode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const
                     for (size_t j = 0; j < d; j++)
                         ss += (double)yh[j] * yh[j];
                     uint16_t nh = dq_f64_to_f16(sqrt(ss));
-                    if ((nh & 0x7c00u) == 0x7c00u)
-                        return DQ_RANGE;
+                    DQ_RETURN_IF((nh & 0x7c00u) == 0x7c00u, DQ_RANGE);
                     dq__put_u16(rec + 2 * h, nh);
                     float nf = dq_f16_to_f32(nh), k = nf > 0 ? sqrtf((float)d) / nf : 0.0f;
                     for (size_t j = 0; j < d; j++) {
@@ -328,8 +319,7 @@ int dq__baseline_decode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const
     const uint32_t bits = p->bits[kind];
     float *y = ws->f0;
     uint8_t *sym = ws->b0;
-    if (p->codec_type == DQ_CODEC_KIVI && kind == DQ_KIND_K && !header)
-        return DQ_INVALID_ARGUMENT;
+    DQ_RETURN_IF(p->codec_type == DQ_CODEC_KIVI && kind == DQ_KIND_K && !header, DQ_INVALID_ARGUMENT);
     for (size_t t = 0; t < ntok; t++) {
         const uint8_t *rec = records + t * stride;
         switch (p->codec_type) {

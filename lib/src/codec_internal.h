@@ -113,6 +113,10 @@ static inline void dq__store_elem(void *dst, dq_dtype t, size_t i, float v)
     }
 }
 
+/* Fills the tables of one kind (0: K, 1: V) of a DQ_CODEC_DQUANT profile whose levels and
+ * frequencies are in range (profile.c; used by validation and by dq_codec_create). */
+void dq__kind_tables_init(const dq_profile *p, int kind, dq__kind_tables *kt);
+
 void *dq__alloc(const dq_allocator *a, size_t size);
 void dq__free(const dq_allocator *a, void *p);
 
@@ -121,21 +125,24 @@ void dq__log(dq_log_level level, const char *file, int line, const char *fmt, ..
     __attribute__((format(printf, 4, 5)));
 #define DQ_LOG(level, ...) dq__log(level, __FILE__, __LINE__, __VA_ARGS__)
 
-/* zstd-style checks: log file:line, then return. */
-#define DQ_RETURN_IF(cond, err, ...)                                  \
-    do {                                                              \
-        if (cond) {                                                   \
-            DQ_LOG(DQ_LOG_DEBUG, __VA_ARGS__);                        \
-            return (err);                                             \
-        }                                                             \
+/* Checks (zstd RETURN_ERROR_IF / FORWARD_IF_ERROR): on failure, log the failed condition or call
+ * with file:line at DEBUG level through the user's callback (nothing when none is set), then return
+ * the negative code. For argument validation at public boundaries and error forwarding; lib has no
+ * cleanup paths that need a goto. Invariants that no input can break are asserts instead. */
+#define DQ_RETURN_IF(cond, err)                                      \
+    do {                                                             \
+        if (cond) {                                                  \
+            DQ_LOG(DQ_LOG_DEBUG, "%s: %s", dq_err_name(err), #cond); \
+            return (err);                                            \
+        }                                                            \
     } while (0)
-#define DQ_FORWARD_IF_ERROR(expr)                                     \
-    do {                                                              \
-        int dq__e = (expr);                                           \
-        if (dq__e < 0) {                                              \
+#define DQ_FORWARD_IF_ERROR(expr)                                             \
+    do {                                                                      \
+        int dq__e = (expr);                                                   \
+        if (dq__e < 0) {                                                      \
             DQ_LOG(DQ_LOG_DEBUG, "%s failed: %s", #expr, dq_err_name(dq__e)); \
-            return dq__e;                                             \
-        }                                                             \
+            return dq__e;                                                     \
+        }                                                                     \
     } while (0)
 
 /* Stream encoder with its diagnostics: levels (may be NULL) receives the final assignment. */

@@ -128,8 +128,7 @@ const char *dq_dtype_name(dq_dtype dtype)
 
 int dq_dtype_parse(const char *name, dq_dtype *out)
 {
-    if (!name || !out)
-        return DQ_INVALID_ARGUMENT;
+    DQ_RETURN_IF(!name || !out, DQ_INVALID_ARGUMENT);
     static const struct { const char *s; dq_dtype t; } names[] = {
         {"f32", DQ_DTYPE_F32}, {"float32", DQ_DTYPE_F32}, {"fp32", DQ_DTYPE_F32},
         {"f16", DQ_DTYPE_F16}, {"float16", DQ_DTYPE_F16}, {"fp16", DQ_DTYPE_F16},
@@ -146,10 +145,8 @@ int dq_dtype_parse(const char *name, dq_dtype *out)
 
 int dq_convert(const void *src, dq_dtype src_type, void *dst, dq_dtype dst_type, size_t count)
 {
-    if ((!src || !dst) && count)
-        return DQ_INVALID_ARGUMENT;
-    if (!dq_dtype_size(src_type) || !dq_dtype_size(dst_type))
-        return DQ_DTYPE;
+    DQ_RETURN_IF((!src || !dst) && count, DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(!dq_dtype_size(src_type) || !dq_dtype_size(dst_type), DQ_DTYPE);
     if (src_type == dst_type) {
         memmove(dst, src, count * dq_dtype_size(src_type));
         return DQ_OK;
@@ -196,8 +193,7 @@ DQ__DEFINE_ANY_EXP_ALL(any_exp_all32, uint32_t)
 
 int dq_check_finite(const void *x, dq_dtype dtype, size_t count)
 {
-    if (!x && count)
-        return DQ_INVALID_ARGUMENT;
+    DQ_RETURN_IF(!x && count, DQ_INVALID_ARGUMENT);
     switch (dtype) {
     case DQ_DTYPE_F32: return any_exp_all32(x, count, 0x7f800000u) ? DQ_NONFINITE : DQ_OK;
     case DQ_DTYPE_F16: return any_exp_all16(x, count, 0x7c00u) ? DQ_NONFINITE : DQ_OK;

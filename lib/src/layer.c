@@ -2,6 +2,7 @@
  * everything that can fail (validation, allocation, encoding) happens before the layer changes.
  * Inputs are rounded to BF16 first (the tail's precision), so a layer's bytes depend only on the
  * BF16 token sequence, never on how it was split into appends. */
+#include <assert.h>
 #include <math.h>
 #include <stdbool.h>
 #include <string.h>
@@ -20,13 +21,11 @@ struct dq_layer {
 
 int dq_layer_create(const dq_codec *codec, dq_layer **out)
 {
-    if (!codec || !out)
-        return DQ_INVALID_ARGUMENT;
+    DQ_RETURN_IF(!codec || !out, DQ_INVALID_ARGUMENT);
     *out = NULL;
     const dq_allocator *a = &codec->alloc;
     dq_layer *l = dq__alloc(a, sizeof *l);
-    if (!l)
-        return DQ_NOMEM;
+    DQ_RETURN_IF(!l, DQ_NOMEM);
     memset(l, 0, sizeof *l);
     l->codec = codec;
     size_t tail_bytes = (size_t)codec->profile.residual * codec->n * sizeof(uint16_t);
@@ -134,10 +133,8 @@ static bool token_small(const dq__dsp *dsp, const uint16_t *xb, uint32_t n, uint
 /* Every new token, rounded to BF16, must be finite and within the codec's range after rotation. */
 int dq_check_tokens(dq_workspace *ws, const void *x, dq_dtype dtype, size_t ntok)
 {
-    if (!ws || (ntok && !x))
-        return DQ_INVALID_ARGUMENT;
-    if (!dq_dtype_size(dtype))
-        return DQ_DTYPE;
+    DQ_RETURN_IF(!ws || (ntok && !x), DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(!dq_dtype_size(dtype), DQ_DTYPE);
     const dq_codec *c = ws->codec;
     const dq__dsp *dsp = dq__dsp_get();
     const uint32_t n = c->n, d = c->head_dim;
@@ -178,19 +175,17 @@ int dq_check_tokens(dq_workspace *ws, const void *x, dq_dtype dtype, size_t ntok
 int dq_layer_append(dq_layer *layer, dq_workspace *ws, const void *k, const void *v, dq_dtype dtype, size_t ntok,
                     dq_encode_stats *stats)
 {
-    if (!layer || !ws || ws->codec != layer->codec || (ntok && (!k || !v)))
-        return DQ_INVALID_ARGUMENT;
-    if (!dq_dtype_size(dtype))
-        return DQ_DTYPE;
+    DQ_RETURN_IF(!layer || !ws || ws->codec != layer->codec || (ntok && (!k || !v)), DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(!dq_dtype_size(dtype), DQ_DTYPE);
     if (ntok == 0)
         return DQ_OK;
     const dq_codec *c = layer->codec;
     const dq_allocator *a = &c->alloc;
     const size_t n = c->n, W = c->profile.window, R = c->profile.residual;
-    if (ntok > ((size_t)1 << 40) / n)
-        return DQ_SHAPE;
+    DQ_RETURN_IF(ntok > ((size_t)1 << 40) / n, DQ_SHAPE);
     DQ_FORWARD_IF_ERROR(dq_check_tokens(ws, k, dtype, ntok));
     DQ_FORWARD_IF_ERROR(dq_check_tokens(ws, v, dtype, ntok));
+    assert(layer->tail_len < R && layer->nwin <= layer->cap);
 
     const size_t total = layer->tail_len + ntok;
     const size_t nseal = total >= R ? (total - R) / W + 1 : 0;
@@ -203,8 +198,7 @@ int dq_layer_append(dq_layer *layer, dq_workspace *ws, const void *k, const void
         while (newcap < layer->nwin + nseal)
             newcap *= 2;
         grown = dq__alloc(a, newcap * sizeof(uint8_t *));
-        if (!grown)
-            return DQ_NOMEM;
+        DQ_RETURN_IF(!grown, DQ_NOMEM);
     }
     uint8_t **fresh = NULL;
     int rc = DQ_OK;
@@ -252,6 +246,8 @@ int dq_layer_append(dq_layer *layer, dq_workspace *ws, const void *k, const void
     dq__free(a, fresh);
     const size_t consumed = nseal * W;
     const size_t new_tail = total - consumed;
+    /* the tail buffers hold R tokens; R >= W, so at least R - W of the total stay in the tail */
+    assert(consumed <= total && new_tail < R && layer->nwin <= layer->cap);
     /* Tail tokens are concatenation[consumed, total). Old tail tokens that survive move down first. */
     for (int kind = 0; kind < 2; kind++) {
         const void *x = kind == 0 ? k : v;
@@ -260,6 +256,7 @@ int dq_layer_append(dq_layer *layer, dq_workspace *ws, const void *k, const void
         if (keep_old)
             memmove(tail, tail + consumed * n, keep_old * n * sizeof(uint16_t));
         size_t first_new = consumed > layer->tail_len ? consumed - layer->tail_len : 0;
+        assert(first_new <= ntok && keep_old + (ntok - first_new) == new_tail);
         for (size_t t = first_new; t < ntok; t++)
             input_token_bf16(x, dtype, n, t, tail + (keep_old + t - first_new) * n);
     }
@@ -281,15 +278,13 @@ int dq_layer_append(dq_layer *layer, dq_workspace *ws, const void *k, const void
 int dq_layer_decode(const dq_layer *layer, dq_workspace *ws, dq_kind kind, size_t first, size_t count, void *out,
                     dq_dtype dtype)
 {
-    if (!layer || !ws || ws->codec != layer->codec || (count && !out) || (kind != DQ_KIND_K && kind != DQ_KIND_V))
-        return DQ_INVALID_ARGUMENT;
-    if (!dq_dtype_size(dtype))
-        return DQ_DTYPE;
+    DQ_RETURN_IF(!layer || !ws || ws->codec != layer->codec || (count && !out) || (kind != DQ_KIND_K && kind != DQ_KIND_V),
+                 DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(!dq_dtype_size(dtype), DQ_DTYPE);
     const dq_codec *c = layer->codec;
     const size_t n = c->n, W = c->profile.window, esz = dq_dtype_size(dtype);
     const size_t total = dq_layer_tokens(layer), sealed = dq_layer_sealed_tokens(layer);
-    if (first > total || count > total - first)
-        return DQ_OUT_OF_BOUNDS;
+    DQ_RETURN_IF(first > total || count > total - first, DQ_OUT_OF_BOUNDS);
     int rc = DQ_OK;
     size_t t = first, end = first + count;
     while (t < end && t < sealed) {
@@ -315,12 +310,10 @@ int dq_layer_decode(const dq_layer *layer, dq_workspace *ws, dq_kind kind, size_
 int dq_layer_restore(const dq_codec *codec, const uint8_t *windows, size_t nwin, const uint16_t *tail_k,
                      const uint16_t *tail_v, size_t tail_tokens, dq_layer **out)
 {
-    if (!codec || !out || (nwin && !windows) || (tail_tokens && (!tail_k || !tail_v)))
-        return DQ_INVALID_ARGUMENT;
+    DQ_RETURN_IF(!codec || !out || (nwin && !windows) || (tail_tokens && (!tail_k || !tail_v)), DQ_INVALID_ARGUMENT);
     *out = NULL;
     const size_t n = codec->n, W = codec->profile.window;
-    if (tail_tokens >= codec->profile.residual)
-        return DQ_SHAPE;
+    DQ_RETURN_IF(tail_tokens >= codec->profile.residual, DQ_SHAPE);
     /* Verify every container before taking anything (baselines have no redundancy to check). */
     for (size_t w = 0; w < nwin && codec->profile.codec_type == DQ_CODEC_DQUANT; w++) {
         const uint8_t *win = windows + w * codec->window_bytes;
@@ -329,8 +322,7 @@ int dq_layer_restore(const dq_codec *codec, const uint8_t *windows, size_t nwin,
             for (size_t t = 0; t < W; t++) {
                 const uint8_t *rec = dq_window_record(codec, win, (dq_kind)kind, t);
                 uint16_t sh = (uint16_t)(rec[0] | rec[1] << 8), oh = (uint16_t)(rec[2] | rec[3] << 8);
-                if ((sh & 0x7c00u) == 0x7c00u || (oh & 0x7c00u) == 0x7c00u || (sh & 0x8000u))
-                    return DQ_CORRUPT;
+                DQ_RETURN_IF((sh & 0x7c00u) == 0x7c00u || (oh & 0x7c00u) == 0x7c00u || (sh & 0x8000u), DQ_CORRUPT);
                 /* Decoding checks state, length and padding; levels are discarded. */
                 uint8_t lev[256];
                 int rc;
@@ -338,18 +330,16 @@ int dq_layer_restore(const dq_codec *codec, const uint8_t *windows, size_t nwin,
                     rc = dq__rans_decode(&kt->dec, rec + 4, kt->container, (uint32_t)n, lev);
                 } else {
                     uint8_t *buf = dq__alloc(&codec->alloc, n);
-                    if (!buf)
-                        return DQ_NOMEM;
+                    DQ_RETURN_IF(!buf, DQ_NOMEM);
                     rc = dq__rans_decode(&kt->dec, rec + 4, kt->container, (uint32_t)n, buf);
                     dq__free(&codec->alloc, buf);
                 }
-                if (rc != DQ_OK)
-                    return DQ_CORRUPT;
+                DQ_RETURN_IF(rc != DQ_OK, DQ_CORRUPT);
             }
         }
     }
-    if (dq_check_finite(tail_k, DQ_DTYPE_BF16, tail_tokens * n) || dq_check_finite(tail_v, DQ_DTYPE_BF16, tail_tokens * n))
-        return DQ_CORRUPT;
+    DQ_RETURN_IF(dq_check_finite(tail_k, DQ_DTYPE_BF16, tail_tokens * n) || dq_check_finite(tail_v, DQ_DTYPE_BF16, tail_tokens * n),
+                 DQ_CORRUPT);
     dq_layer *l;
     DQ_FORWARD_IF_ERROR(dq_layer_create(codec, &l));
     if (nwin) {

@@ -19,6 +19,7 @@
  * their peak. Affine invariance of the normalized positions makes the table shared by every token
  * and layer: no calibration data. The table is then sharpened, p'_m ∝ p_m^alpha (drift moves values
  * toward cheap central symbols), and quantized to integers f_m >= 1 summing to 256. */
+#include <assert.h>
 #include <math.h>
 #include <string.h>
 
@@ -54,8 +55,8 @@ static double log_cdf(double x)
 
 int dq_model_probabilities(uint32_t n, uint32_t levels, double *p)
 {
-    if (!p || levels < DQ_MIN_LEVELS || levels > DQ_MAX_LEVELS || n < 1 || n > DQ_MAX_STREAM)
-        return DQ_INVALID_ARGUMENT;
+    DQ_RETURN_IF(!p || levels < DQ_MIN_LEVELS || levels > DQ_MAX_LEVELS || n < 1 || n > DQ_MAX_STREAM,
+                 DQ_INVALID_ARGUMENT);
     const uint32_t M = levels;
     if (n == 1) {
         for (uint32_t m = 0; m < M; m++)
@@ -87,8 +88,7 @@ int dq_model_probabilities(uint32_t n, uint32_t levels, double *p)
     }
     const int steps = 240;
     double h = (hi_b - lo_b) / steps;
-    if (h <= 0)
-        return DQ_INTERNAL;
+    DQ_RETURN_IF(h <= 0, DQ_INTERNAL);
 
     double acc[DQ_MAX_LEVELS] = {0};
     double wsum = 0;
@@ -116,8 +116,7 @@ int dq_model_probabilities(uint32_t n, uint32_t levels, double *p)
             }
         }
     }
-    if (!(wsum > 0))
-        return DQ_INTERNAL;
+    DQ_RETURN_IF(!(wsum > 0), DQ_INTERNAL);
     const double interior = (n - 2.0) / n;
     for (uint32_t m = 0; m < M; m++)
         p[m] = interior * acc[m] / wsum;
@@ -138,8 +137,7 @@ int dq_model_probabilities(uint32_t n, uint32_t levels, double *p)
 
 int dq_model_freq_table(uint32_t n, uint32_t levels, float alpha, uint16_t *freq)
 {
-    if (!freq || !(alpha > 0) || !(alpha < 16))
-        return DQ_INVALID_ARGUMENT;
+    DQ_RETURN_IF(!freq || !(alpha > 0) || !(alpha < 16), DQ_INVALID_ARGUMENT);
     double p[DQ_MAX_LEVELS];
     DQ_FORWARD_IF_ERROR(dq_model_probabilities(n, levels, p));
     const uint32_t M = levels;
@@ -170,6 +168,7 @@ int dq_model_freq_table(uint32_t n, uint32_t levels, float alpha, uint16_t *freq
                 best = (int)m;
             }
         }
+        assert(best >= 0); /* were every f[m] <= 1, sum would be <= M <= 32 */
         f[best]--;
         sum--;
     }

@@ -1,3 +1,4 @@
+#include <assert.h>
 #include <string.h>
 
 #include "codec_internal.h"
@@ -37,7 +38,9 @@ uint32_t dq__rans_encode(const dq__rans_enc *enc, const uint8_t *syms, uint32_t 
         const uint32_t q = f >= 2 ? (uint32_t)(((unsigned __int128)x * enc->rcp[s]) >> 64) : x;
         x = (q << DQ_RANS_PREC) + (x - q * f) + enc->cum[s];
     }
+    assert(x >= DQ_RANS_L && x < (DQ_RANS_L << 8)); /* the state range the decoder starts from */
     uint32_t emitted = (uint32_t)(end - p);
+    assert(emitted <= n);
     uint32_t used = DQ_RANS_STATE_BYTES + emitted;
     if (used > cap)
         return used;
@@ -78,8 +81,7 @@ int dq__rans_decode(const dq__rans_dec *dec, const uint8_t *in, uint32_t C, uint
             x = (x << 8) | b;
         }
     }
-    if (overrun || x != DQ_RANS_L)
-        return DQ_CORRUPT;
+    DQ_RETURN_IF(overrun || x != DQ_RANS_L, DQ_CORRUPT);
     for (uint32_t i = ptr; i < C; i++)
         if (in[i])
             return DQ_CORRUPT;

@@ -1,5 +1,6 @@
 /* One stream: FitMinMax → Drift → Refit → fp16 s, o → Drift → rANS, with the length check that
  * makes every stream fit its container (seed Algorithm 1, DESIGN §2.4). */
+#include <assert.h>
 #include <math.h>
 #include <string.h>
 
@@ -38,10 +39,9 @@ static void count_moves(const float *x, const uint8_t *lev, uint32_t n, float s,
 int dq__stream_encode_ex(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const float *x,
                          uint8_t *record, dq_encode_stats *stats, uint8_t *levels_out)
 {
-    if (!codec || !ws || !x || !record || (kind != DQ_KIND_K && kind != DQ_KIND_V) || ws->codec != codec)
-        return DQ_INVALID_ARGUMENT;
-    if (codec->profile.codec_type != DQ_CODEC_DQUANT)
-        return DQ_UNSUPPORTED;
+    DQ_RETURN_IF(!codec || !ws || !x || !record || (kind != DQ_KIND_K && kind != DQ_KIND_V) || ws->codec != codec,
+                 DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(codec->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
     const dq__kind_tables *kt = &codec->kt[kind];
     const uint32_t n = codec->n, M = kt->levels, C = kt->container;
     for (uint32_t i = 0; i < n; i++)
@@ -52,8 +52,7 @@ int dq__stream_encode_ex(const dq_codec *codec, dq_workspace *ws, dq_kind kind, 
     uint8_t *lev = ws->b0;
     dq__sort_floats(x, n, xs, ws->u0);
     const float xmin = xs[0], xmax = xs[n - 1];
-    if (!(fabsf(xmin) <= DQ_STREAM_MAX_ABS) || !(fabsf(xmax) <= DQ_STREAM_MAX_ABS))
-        return DQ_RANGE;
+    DQ_RETURN_IF(!(fabsf(xmin) <= DQ_STREAM_MAX_ABS) || !(fabsf(xmax) <= DQ_STREAM_MAX_ABS), DQ_RANGE);
 
     /* FitMinMax */
     float s = (xmax - xmin) / (float)(M - 1);
@@ -75,8 +74,7 @@ int dq__stream_encode_ex(const dq_codec *codec, dq_workspace *ws, dq_kind kind, 
         sh = 0;
         oh = dq_f64_to_f16((double)xmin);
     }
-    if ((sh & 0x7c00u) == 0x7c00u || (oh & 0x7c00u) == 0x7c00u)
-        return DQ_RANGE;
+    DQ_RETURN_IF((sh & 0x7c00u) == 0x7c00u || (oh & 0x7c00u) == 0x7c00u, DQ_RANGE);
     sh &= 0x7fffu; /* s >= 0; never store -0 */
     const float sf = dq_f16_to_f32(sh), of = dq_f16_to_f32(oh);
 
@@ -102,13 +100,13 @@ int dq__stream_encode_ex(const dq_codec *codec, dq_workspace *ws, dq_kind kind, 
             memset(lev, (int)kt->cheapest, n);
             used = dq__rans_encode(&kt->enc, lev, n, ws->b1, record + 4, C);
             fallback = 1;
-            if (used > C)
-                return DQ_INTERNAL;
+            DQ_RETURN_IF(used > C, DQ_INTERNAL);
             break;
         }
         retries++;
         budget -= ((int64_t)(used - C) * 8 + 8 * (int64_t)retries) << 16;
     }
+    assert(used >= DQ_RANS_STATE_BYTES && used <= C); /* every stream fits its container */
     dq__put_u16(record, sh);
     dq__put_u16(record + 2, oh);
     if (levels_out)
@@ -133,20 +131,16 @@ int dq_stream_encode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, cons
 
 int dq_stream_decode_levels(const dq_codec *codec, dq_kind kind, const uint8_t *record, uint8_t *levels)
 {
-    if (!codec || !record || !levels || (kind != DQ_KIND_K && kind != DQ_KIND_V))
-        return DQ_INVALID_ARGUMENT;
-    if (codec->profile.codec_type != DQ_CODEC_DQUANT)
-        return DQ_UNSUPPORTED;
+    DQ_RETURN_IF(!codec || !record || !levels || (kind != DQ_KIND_K && kind != DQ_KIND_V), DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(codec->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
     const dq__kind_tables *kt = &codec->kt[kind];
     return dq__rans_decode(&kt->dec, record + 4, kt->container, codec->n, levels);
 }
 
 int dq_stream_decode(const dq_codec *codec, dq_kind kind, const uint8_t *record, float *y)
 {
-    if (!codec || !record || !y || (kind != DQ_KIND_K && kind != DQ_KIND_V))
-        return DQ_INVALID_ARGUMENT;
-    if (codec->profile.codec_type != DQ_CODEC_DQUANT)
-        return DQ_UNSUPPORTED;
+    DQ_RETURN_IF(!codec || !record || !y || (kind != DQ_KIND_K && kind != DQ_KIND_V), DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(codec->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
     const dq__kind_tables *kt = &codec->kt[kind];
     const uint32_t n = codec->n;
     /* Decode levels into the tail of y's own storage would alias; decode symbol by symbol. */

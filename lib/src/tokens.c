@@ -66,17 +66,13 @@ void dq__mean_dequant(const dq_codec *codec, const uint8_t *mean_block, float *m
 int dq_tokens_encode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const void *x, dq_dtype dtype,
                      size_t ntok, uint8_t *mean, uint8_t *records, size_t record_stride, dq_encode_stats *stats)
 {
-    if (!codec || !ws || ws->codec != codec || !x || !records || (kind != DQ_KIND_K && kind != DQ_KIND_V))
-        return DQ_INVALID_ARGUMENT;
-    if (!dq_dtype_size(dtype))
-        return DQ_DTYPE;
+    DQ_RETURN_IF(!codec || !ws || ws->codec != codec || !x || !records || (kind != DQ_KIND_K && kind != DQ_KIND_V),
+                 DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(!dq_dtype_size(dtype), DQ_DTYPE);
     const uint32_t n = codec->n, W = codec->profile.window;
-    if (record_stride < codec->record_bytes[kind])
-        return DQ_INVALID_ARGUMENT;
-    if (kind == DQ_KIND_K && (!mean || ntok < 1 || ntok > W) && codec->mean_bytes)
-        return DQ_SHAPE;
-    if (kind == DQ_KIND_V && mean)
-        return DQ_INVALID_ARGUMENT;
+    DQ_RETURN_IF(record_stride < codec->record_bytes[kind], DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(kind == DQ_KIND_K && (!mean || ntok < 1 || ntok > W) && codec->mean_bytes, DQ_SHAPE);
+    DQ_RETURN_IF(kind == DQ_KIND_V && mean, DQ_INVALID_ARGUMENT);
     if (codec->profile.codec_type != DQ_CODEC_DQUANT)
         return dq__baseline_encode(codec, ws, kind, x, dtype, ntok, mean, records, record_stride);
     DQ_FORWARD_IF_ERROR(dq_check_finite(x, dtype, ntok * n));
@@ -113,14 +109,11 @@ int dq_tokens_encode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, cons
 int dq_tokens_decode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const uint8_t *mean,
                      const uint8_t *records, size_t record_stride, size_t ntok, void *out, dq_dtype dtype)
 {
-    if (!codec || !ws || ws->codec != codec || !records || !out || (kind != DQ_KIND_K && kind != DQ_KIND_V))
-        return DQ_INVALID_ARGUMENT;
-    if (!dq_dtype_size(dtype))
-        return DQ_DTYPE;
-    if (kind == DQ_KIND_K && !mean && codec->mean_bytes)
-        return DQ_INVALID_ARGUMENT;
-    if (record_stride < codec->record_bytes[kind])
-        return DQ_INVALID_ARGUMENT;
+    DQ_RETURN_IF(!codec || !ws || ws->codec != codec || !records || !out || (kind != DQ_KIND_K && kind != DQ_KIND_V),
+                 DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(!dq_dtype_size(dtype), DQ_DTYPE);
+    DQ_RETURN_IF(kind == DQ_KIND_K && !mean && codec->mean_bytes, DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(record_stride < codec->record_bytes[kind], DQ_INVALID_ARGUMENT);
     if (codec->profile.codec_type != DQ_CODEC_DQUANT)
         return dq__baseline_decode(codec, ws, kind, mean, records, record_stride, ntok, out, dtype);
     const dq__kind_tables *kt = &codec->kt[kind];
@@ -183,8 +176,7 @@ const uint8_t *dq_window_record(const dq_codec *codec, const uint8_t *window, dq
 int dq_window_encode(const dq_codec *codec, dq_workspace *ws, const void *k, const void *v, dq_dtype dtype,
                      uint8_t *window, dq_encode_stats *stats)
 {
-    if (!codec || !ws || !k || !v || !window)
-        return DQ_INVALID_ARGUMENT;
+    DQ_RETURN_IF(!codec || !ws || !k || !v || !window, DQ_INVALID_ARGUMENT);
     const size_t W = codec->profile.window;
     DQ_FORWARD_IF_ERROR(dq_check_finite(v, dtype, W * codec->n));
     uint8_t *krec = (uint8_t *)dq_window_record(codec, window, DQ_KIND_K, 0);
