@@ -849,11 +849,13 @@ static void timing(Rng &r, const std::vector<int> &enc_list, const std::vector<i
             2, 7);
         printf("  decompress K -> bf16: %zu tokens in %.3f ms = %.1f GB/s of bf16 written, %.1f M tokens/s\n", ntok, ms2,
                ntok * n * 2.0 / (ms2 * 1e6), ntok / (ms2 * 1e3));
-        /* attention on those windows: 8 sequences of 64 windows (8K tokens) each, GQA group 4 */
+        /* attention on those windows (38 MB: they may sit in L2; a comparison of the versions, not a
+         * bandwidth figure): 8 sequences of 64 windows (8K tokens) each, GQA group 4 */
         const uint32_t nseq = 8, per = (uint32_t)(nwin / nseq), QH = cs.kvh * 4, maxt = per * W;
+        DevBuf<uint16_t> dtail(1); /* no tail tokens */
         std::vector<dqcu_attn_seq> seqs(nseq);
         for (uint32_t b = 0; b < nseq; b++)
-            seqs[b] = {(const uint8_t *const *)(dptr.p + (size_t)b * per), NULL, NULL, per, 0};
+            seqs[b] = {(const uint8_t *const *)(dptr.p + (size_t)b * per), dtail.p, dtail.p, per, 0};
         DevBuf<dqcu_attn_seq> dseqs(nseq);
         dseqs.upload(seqs.data(), nseq);
         std::vector<float> q((size_t)nseq * QH * cs.d);
