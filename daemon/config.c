@@ -34,6 +34,8 @@ typedef enum opt_type {
     OPT_LOG_LEVEL,
     OPT_SECRET,
     OPT_SECRET_FILE,
+    OPT_KERNEL,
+    OPT_SCHEDULE,
 } opt_type;
 
 typedef struct dqd_option {
@@ -74,6 +76,17 @@ static const dqd_option options[] = {
     {"gpu-spin-us", "server", "gpu_spin_us", OPT_U32, FIELD(gpu_spin_us), 0, 100000, "US", "200",
      "After a GPU task, how long its thread keeps polling for the next one before it sleeps (a decode "
      "step's ATTEND calls come ~150 us apart; waking a sleeping thread costs ~45 us). 0: it sleeps at once."},
+    /* OPT_KERNEL: "auto" (0) or one of the versions in arg, libdquant-cuda's (dqcu_settings) */
+    {"attend-kernel", "server", "attend_kernel", OPT_KERNEL, FIELD(attend_kernel), 0, 0, "auto|7|5|3", "auto",
+     "Decode-attention kernel of the cuda backend: auto runs the fastest one that takes the model's shape "
+     "(7, else 5, else 3); a version runs it, or the newest older one, where it takes the shape. For "
+     "comparisons; every version gives the same result within float rounding."},
+    {"encode-kernel", "server", "encode_kernel", OPT_KERNEL, FIELD(encode_kernel), 0, 0, "auto|5|4", "auto",
+     "Encoder kernel of the cuda backend (auto = 5). For comparisons; every version writes the same bytes."},
+    {"encode-schedule", "server", "encode_schedule", OPT_SCHEDULE, FIELD(encode_schedule), 0, 0, "planned|plain",
+     "planned",
+     "How the cuda backend's encoder spreads an encode call's streams over warps: planned shares the last "
+     "waves out evenly; plain gives every warp the same number (for comparisons)."},
     {"nccl-timeout", "server", "nccl_timeout_ms", OPT_U32, FIELD(nccl_timeout_ms), 100, 3600000, "MS", "10000",
      "NCCL data path: longest wait for a communicator to form or a transfer to finish (plus 1 s per GB); "
      "past it the connection's communicator is aborted and the request fails."},
@@ -355,6 +368,24 @@ static int read_secret_file(dqd_config *cfg, const char *path, char *err, size_t
     return rc;
 }
 
+/* Whether version v is one of the '|'-separated numbers of list ("auto|7|5|3"). */
+static bool version_listed(const char *list, uint32_t v)
+{
+    for (const char *p = list; *p;) {
+        uint32_t x = 0;
+        bool digits = false;
+        for (; *p >= '0' && *p <= '9'; p++, digits = true)
+            x = x * 10 + (uint32_t)(*p - '0');
+        if (digits && x == v && (*p == '|' || *p == 0))
+            return true;
+        while (*p && *p != '|')
+            p++;
+        if (*p == '|')
+            p++;
+    }
+    return false;
+}
+
 static int apply(dqd_config *cfg, const dqd_option *o, const char *value, bool from_flag, char *err,
                  size_t errlen)
 {
@@ -422,6 +453,24 @@ static int apply(dqd_config *cfg, const dqd_option *o, const char *value, bool f
         else
             return fail(err, errlen, "%s: unknown backend '%s' (cpu or cuda)", name, value);
         return DQ_OK;
+    case OPT_KERNEL: {
+        uint32_t v = 0;
+        if (strcasecmp(value, "auto") != 0 && (parse_u32(value, &v) < 0 || v == 0 || !version_listed(o->arg, v)))
+            return fail(err, errlen, "%s: unknown value '%s' (%s)", name, value, o->arg);
+        memcpy((char *)cfg + o->offset, &v, sizeof v);
+        return DQ_OK;
+    }
+    case OPT_SCHEDULE: {
+        uint32_t v;
+        if (strcasecmp(value, "planned") == 0)
+            v = DQD_ENCODE_PLANNED;
+        else if (strcasecmp(value, "plain") == 0)
+            v = DQD_ENCODE_PLAIN;
+        else
+            return fail(err, errlen, "%s: unknown value '%s' (%s)", name, value, o->arg);
+        memcpy((char *)cfg + o->offset, &v, sizeof v);
+        return DQ_OK;
+    }
     case OPT_LOG_LEVEL:
         if (dqd_log_level_parse(value, &cfg->log_level) < 0)
             return fail(err, errlen, "%s: unknown level '%s' (error, warn, info or debug)", name, value);

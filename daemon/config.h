@@ -28,6 +28,10 @@ typedef struct dqd_listen_addr {
 
 typedef enum dqd_backend { DQD_BACKEND_CPU = 0, DQD_BACKEND_CUDA = 1 } dqd_backend;
 
+/* encode_schedule values (dquant/cuda.h DQCU_SCHEDULE_PLANNED / _PLAIN) */
+#define DQD_ENCODE_PLANNED 0u
+#define DQD_ENCODE_PLAIN 1u
+
 typedef struct dqd_config {
     dqd_listen_addr listen[DQD_MAX_LISTENERS];
     uint32_t nlisten;
@@ -40,6 +44,9 @@ typedef struct dqd_config {
     uint32_t gpu_threads;         /* threads for short GPU tasks (lane.h); 0: the workers run them */
     uint32_t io_threads;          /* threads that read large frames' payloads (conn.c); 0: the loop */
     uint32_t gpu_spin_us;         /* how long a GPU thread polls for the next task before sleeping */
+    uint32_t attend_kernel;       /* cuda backend's kernel versions (dqcu_settings): 0 = auto */
+    uint32_t encode_kernel;
+    uint32_t encode_schedule;     /* DQD_ENCODE_PLANNED or DQD_ENCODE_PLAIN */
     dqd_backend backend;
     dq_log_level log_level;
     char *secret;                 /* NULL: none; when set, every TCP listener requires it */

@@ -66,6 +66,11 @@ int dqd_gpu_create(const dqd_config *cfg, dqd_hostmem *mem, dqd_gpu **out, char 
     int rc = DQ_OK;
     g->device = dev;
     g->mem = mem;
+    dqcu_settings_default(&g->settings);
+    g->settings.attend_kernel = (int)cfg->attend_kernel;
+    g->settings.encode_kernel = (int)cfg->encode_kernel;
+    g->settings.encode_schedule =
+        cfg->encode_schedule == DQD_ENCODE_PLAIN ? DQCU_SCHEDULE_PLAIN : DQCU_SCHEDULE_PLANNED;
     pthread_mutex_init(&g->mu, NULL);
     atomic_init(&g->allocated, 0);
     DQD_GCK_GOTO(cudaSetDevice(dev), rc, fail);
@@ -212,9 +217,9 @@ int dqd_gcodec_get(dqd_gpu *g, const dqd_codec *codec, const dqcu_codec **out)
             rc = DQ_NOMEM;
         } else {
             /* Synchronous uploads, once per model profile. */
-            rc = dqcu_codec_create(codec->codec, &c->dc);
+            rc = dqcu_codec_create_with(codec->codec, &g->settings, &c->dc);
             if (rc < 0) {
-                rc = dqd_gcu_fail(rc, "dqcu_codec_create", __FILE__, __LINE__);
+                rc = dqd_gcu_fail(rc, "dqcu_codec_create_with", __FILE__, __LINE__);
                 free(c);
                 c = NULL;
             } else {

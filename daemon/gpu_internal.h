@@ -74,6 +74,7 @@ struct dqd_gpu {
     pthread_mutex_t mu;        /* guards workers and codecs */
     dqd_gwork *workers;
     dqd_gcodec *codecs;
+    dqcu_settings settings;    /* kernel versions from the config, for every codec */
 };
 
 /* Logs a failed CUDA call, clears the thread's last error (so a later library call does not

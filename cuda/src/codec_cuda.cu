@@ -85,11 +85,57 @@ static void kind_tab(const dq_codec *c, int k, dqcu_kind_tab *t)
         }
 }
 
+extern "C" void dqcu_settings_default(dqcu_settings *s)
+{
+    if (!s)
+        return;
+    memset(s, 0, sizeof *s);
+    s->size = sizeof *s;
+    s->attend_kernel = DQCU_KERNEL_AUTO;
+    s->encode_kernel = DQCU_KERNEL_AUTO;
+    s->encode_schedule = DQCU_SCHEDULE_PLANNED;
+}
+
+static bool version_in(int v, const int *list, size_t count)
+{
+    if (v == DQCU_KERNEL_AUTO)
+        return true;
+    for (size_t i = 0; i < count; i++)
+        if (list[i] == v)
+            return true;
+    return false;
+}
+
+static bool settings_ok(const dqcu_settings *s)
+{
+    if (s->size != sizeof *s)
+        return false;
+    for (size_t i = 0; i < sizeof s->reserved / sizeof s->reserved[0]; i++)
+        if (s->reserved[i])
+            return false;
+    size_t na = 0, ne = 0;
+    const int *att = dqcu_attend_kernels(&na), *enc = dqcu_encode_kernels(&ne);
+    return version_in(s->attend_kernel, att, na) && version_in(s->encode_kernel, enc, ne) &&
+           (s->encode_schedule == DQCU_SCHEDULE_PLANNED || s->encode_schedule == DQCU_SCHEDULE_PLAIN);
+}
+
 extern "C" int dqcu_codec_create(const dq_codec *codec, dqcu_codec **out)
+{
+    return dqcu_codec_create_with(codec, NULL, out);
+}
+
+extern "C" int dqcu_codec_create_with(const dq_codec *codec, const dqcu_settings *settings, dqcu_codec **out)
 {
     if (!codec || !out)
         return DQ_INVALID_ARGUMENT;
     *out = NULL;
+    dqcu_settings st;
+    dqcu_settings_default(&st);
+    if (settings) {
+        if (!settings_ok(settings))
+            return DQ_INVALID_ARGUMENT;
+        st = *settings;
+    }
     const dq_profile *p = dq_codec_profile(codec);
     for (int k = 0; k < 2; k++)
         if (codec->kt[k].enc.freq[0] == 0 || p->levels[k] < 2)
@@ -99,6 +145,7 @@ extern "C" int dqcu_codec_create(const dq_codec *codec, dqcu_codec **out)
     if (!dc)
         return DQ_NOMEM;
     dc->profile = *p;
+    dc->settings = st;
     dc->n = codec->n;
     dc->d = codec->head_dim;
     dc->kv_heads = p->kv_heads;
@@ -112,22 +159,12 @@ extern "C" int dqcu_codec_create(const dq_codec *codec, dqcu_codec **out)
     int rc = DQ_OK;
     float *signs_host = NULL;
     float exp2_host[DQCU_EXP2_N];
-    cudaError_t e;
-#define DQCU_TRY(call)                                                                   \
-    do {                                                                                 \
-        e = (call);                                                                      \
-        if (e != cudaSuccess) {                                                          \
-            dqcu__set_cuda_error(e);                                                     \
-            rc = e == cudaErrorMemoryAllocation ? DQ_NOMEM : DQ_INTERNAL;                \
-            goto fail;                                                                   \
-        }                                                                                \
-    } while (0)
 
-    DQCU_TRY(cudaGetDevice(&dc->device));
-    DQCU_TRY(cudaDeviceGetAttribute(&dc->sm_count, cudaDevAttrMultiProcessorCount, dc->device));
+    DQCU_CHECK_GOTO(cudaGetDevice(&dc->device), rc, fail);
+    DQCU_CHECK_GOTO(cudaDeviceGetAttribute(&dc->sm_count, cudaDevAttrMultiProcessorCount, dc->device), rc, fail);
     {
         int optin = 0;
-        DQCU_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dc->device));
+        DQCU_CHECK_GOTO(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dc->device), rc, fail);
         dc->smem_optin = (size_t)optin;
     }
 
@@ -145,8 +182,8 @@ extern "C" int dqcu_codec_create(const dq_codec *codec, dqcu_codec **out)
     }
     for (uint32_t i = 0; i < dc->n; i++)
         signs_host[i] = codec->signs ? codec->signs[i] : 1.0f;
-    DQCU_TRY(cudaMalloc((void **)&dc->signs, sizeof(float) * dc->n));
-    DQCU_TRY(cudaMemcpy(dc->signs, signs_host, sizeof(float) * dc->n, cudaMemcpyHostToDevice));
+    DQCU_CHECK_GOTO(cudaMalloc((void **)&dc->signs, sizeof(float) * dc->n), rc, fail);
+    DQCU_CHECK_GOTO(cudaMemcpy(dc->signs, signs_host, sizeof(float) * dc->n, cudaMemcpyHostToDevice), rc, fail);
 
     kind_tab(codec, 0, &dc->host.kind[0]);
     kind_tab(codec, 1, &dc->host.kind[1]);
@@ -158,9 +195,8 @@ extern "C" int dqcu_codec_create(const dq_codec *codec, dqcu_codec **out)
     dc->host.R = dc->R;
     dc->host.rot_scale = codec->rot_scale;
     dc->host.signs = dc->signs;
-    DQCU_TRY(cudaMalloc((void **)&dc->tab, sizeof(dqcu_tables)));
-    DQCU_TRY(cudaMemcpy(dc->tab, &dc->host, sizeof(dqcu_tables), cudaMemcpyHostToDevice));
-#undef DQCU_TRY
+    DQCU_CHECK_GOTO(cudaMalloc((void **)&dc->tab, sizeof(dqcu_tables)), rc, fail);
+    DQCU_CHECK_GOTO(cudaMemcpy(dc->tab, &dc->host, sizeof(dqcu_tables), cudaMemcpyHostToDevice), rc, fail);
     free(signs_host);
     *out = dc;
     return DQ_OK;

@@ -29,13 +29,27 @@ extern "C" {
 
 void dqcu__set_cuda_error(cudaError_t e);
 
-/* NCCL-style check: remember the CUDA error, then return the dq code. */
+/* Remembers a failed CUDA call's error (dqcu_last_cuda_error) and gives its dq code. */
+static inline int dqcu__cuda_fail(cudaError_t e)
+{
+    dqcu__set_cuda_error(e);
+    return e == cudaErrorMemoryAllocation ? DQ_NOMEM : DQ_INTERNAL;
+}
+
+/* NCCL-style checks (CUDACHECK, CUDACHECKGOTO): on a failed CUDA call, remember its error, then
+ * return the dq code, or store it in rc and jump to label. */
 #define DQCU_CHECK(call)                                                        \
     do {                                                                        \
         cudaError_t dqcu__e = (call);                                           \
+        if (dqcu__e != cudaSuccess)                                             \
+            return dqcu__cuda_fail(dqcu__e);                                    \
+    } while (0)
+#define DQCU_CHECK_GOTO(call, rc, label)                                        \
+    do {                                                                        \
+        cudaError_t dqcu__e = (call);                                           \
         if (dqcu__e != cudaSuccess) {                                           \
-            dqcu__set_cuda_error(dqcu__e);                                      \
-            return dqcu__e == cudaErrorMemoryAllocation ? DQ_NOMEM : DQ_INTERNAL; \
+            (rc) = dqcu__cuda_fail(dqcu__e);                                    \
+            goto label;                                                         \
         }                                                                       \
     } while (0)
 /* The same after a launch. */
@@ -74,6 +88,7 @@ struct dqcu_tables {
 
 struct dqcu_codec {
     dq_profile profile;
+    dqcu_settings settings; /* validated; attend_kernel 0 = the newest that runs a shape */
     uint32_t n, d, kv_heads, W, R;
     int device;
     int sm_count;

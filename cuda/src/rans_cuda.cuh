@@ -76,8 +76,10 @@ __device__ __forceinline__ uint32_t dqcu_prmt(uint32_t a, uint32_t b, uint32_t s
 }
 
 /* One decode step with the GPU table entry e = (z - c) | f << 8 | (2m) << 16 of z = x & 255;
- * renormalizes with at most one byte. Returns e (the caller takes the level from it). */
-__device__ __forceinline__ uint32_t dqcu_rans_step(uint32_t &x, const uint32_t *tab, dqcu_rans_in &in)
+ * renormalizes with at most one byte. Returns e (the caller takes the level from it). The one step
+ * of every reader (dqcu_rans_in, dqcu_rans_q): it reads only the window (lo, hi) and idx. */
+template <typename In>
+__device__ __forceinline__ uint32_t dqcu_rans_step(uint32_t &x, const uint32_t *tab, In &in)
 {
     const uint32_t e = tab[x & 0xffu];
     const uint32_t f = dqcu_prmt(e, 0u, 0x4441u);            /* byte 1 of e, zero-extended */
@@ -88,6 +90,55 @@ __device__ __forceinline__ uint32_t dqcu_rans_step(uint32_t &x, const uint32_t *
     x = need ? xs : xn;
     in.idx += need ? 1u : 0u;
     return e;
+}
+
+/* The same bytes through a deeper queue (attention v5). Above, the word loaded at an advance is
+ * selected into the window at once (the select waits for the load: an L2 round trip at every
+ * advance, since the records of a block's streams do not stay in L1 next to its shared memory).
+ * Here the raw load of word m + 3 (address clamped to the container, so it needs no condition) is
+ * only fixed up (tail word, zeros past the end) and moved into the window at the next advance,
+ * about 12 symbols later. Same bytes, same symbols. */
+struct dqcu_rans_q {
+    const uint32_t *w;
+    uint32_t last, tailw, m, idx;
+    uint32_t lo, hi, n1;  /* words m, m + 1, m + 2 */
+    uint32_t n2;          /* raw load of word min(m + 3, last) */
+};
+
+__device__ __forceinline__ uint32_t dqcu_rans_q_open(dqcu_rans_q &in, const uint8_t *container, uint32_t C)
+{
+    dqcu_rans_in r;
+    const uint32_t x = dqcu_rans_open(r, container, C);
+    in.w = r.w;
+    in.last = r.last;
+    in.tailw = r.tailw;
+    in.m = 0;
+    in.idx = r.idx;
+    in.lo = r.lo;
+    in.hi = r.hi;
+    in.n1 = r.nxt;
+    in.n2 = __ldg(in.w + min(3u, in.last));
+    return x;
+}
+
+/* Before each group of 4 symbols, without a branch: the window shifts by a word where idx >= 4; the
+ * raw word loaded at the previous advance is fixed up into n1; the next raw word is loaded under a
+ * predicate. */
+__device__ __forceinline__ void dqcu_rans_q_refill(dqcu_rans_q &in)
+{
+    const bool adv = in.idx >= 4u;
+    const uint32_t k = in.m + 3u;
+    const uint32_t past = k == in.last + 1u ? in.tailw : 0u;
+    const uint32_t fixed = k <= in.last ? in.n2 : past;
+    in.lo = adv ? in.hi : in.lo;
+    in.hi = adv ? in.n1 : in.hi;
+    in.n1 = adv ? fixed : in.n1;
+    const uint32_t *a = in.w + min(in.m + 4u, in.last);
+    asm("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %2, 0;\n\t@p ld.global.nc.u32 %0, [%1];\n\t}"
+        : "+r"(in.n2)
+        : "l"(a), "r"((uint32_t)adv));
+    in.m += adv ? 1u : 0u;
+    in.idx -= adv ? 4u : 0u;
 }
 
 /* Byte position (relative to the container start) of the next byte the decoder would read. */

@@ -2,7 +2,7 @@
 """Decode attention on D-Quant containers (libdquant-cuda) against PyTorch BF16 attention, same GPU,
 same run. Runs bench_cuda (which prints JSON lines), times torch's scaled_dot_product_attention
 (enable_gqa=True) on BF16 K/V of the same shapes, and prints the table of ratios, once per attention
-kernel of libdquant-cuda (bench_cuda runs once per DQCU_ATTEND_KERNEL value; encode and decompress
+kernel of libdquant-cuda (bench_cuda runs once per --attend-kernel value; encode and decompress
 are reported from the first run).
 
   python3 tests/cuda/bench_attn.py --bin build-gpu/tests/cuda/bench_cuda [--json out.json] [--quick]
@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 QH, KVH, D = 32, 8, 128
-# attention kernels compared (DQCU_ATTEND_KERNEL), the default first; --variants picks others
-VARIANTS = ["7", "5", "6", "4", "3"]
+# attention kernels compared (bench_cuda --attend-kernel), the default first; --variants picks others
+VARIANTS = ["7", "5", "3"]
 
 
 def time_ms(fn, warm=3, reps=21):
@@ -79,16 +79,17 @@ def main():
     ap.add_argument("--bin", default="build-gpu/tests/cuda/bench_cuda")
     ap.add_argument("--json", default=None, help="write all records here")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="DQCU_ATTEND_KERNEL values, comma-separated")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="bench_cuda --attend-kernel values, comma-separated")
     args = ap.parse_args()
 
-    # every kernel variant in its own bench_cuda process (libdquant-cuda reads DQCU_ATTEND_KERNEL once)
-    cmd = [args.bin] + (["--quick"] if args.quick else [])
+    # every kernel variant in its own bench_cuda process (each run also times the encoders)
+    base = [args.bin] + (["--quick"] if args.quick else [])
     variants = args.variants.split(",")
     runs = {}
     for var in variants:
-        print(f"running DQCU_ATTEND_KERNEL={var}", " ".join(cmd), flush=True)
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ, DQCU_ATTEND_KERNEL=var))
+        cmd = base + ["--attend-kernel", var]
+        print("running", " ".join(cmd), flush=True)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         recs = []
         for line in proc.stdout.splitlines():
             line = line.strip()

@@ -3,6 +3,10 @@
  * reference measured in the same run).
  *
  *   bench_cuda [--attn B:CTX ...] [--budget-gb G] [--layers L] [--prefill TOKENS:LAYERS] [--quick]
+ *              [--attend-kernel auto|V]
+ *
+ * --attend-kernel: the attention version asked for (dqcu_settings.attend_kernel; default auto); the
+ * "attn" records name the version that ran. The encoders: every registered version in one run.
  *
  * Records: {"kind":"copy"}: device-to-device copy bandwidth (bytes read + written per second);
  * {"kind":"encode_streams"|"encode_windows"}: streams per second; {"kind":"prefill"}: a whole prefill
@@ -24,10 +28,18 @@
 
 static const uint32_t QH = 32, KVH = 8, D = 128;
 
-/* libdquant-cuda's test hooks: encoder version 3, 4 or 5 (0 keeps it); the plain grid (1) or the
- * encoder's planned waves (0). Both return the setting before the call. */
-extern "C" int dqcu__encode_kernel(int version);
-extern "C" int dqcu__encode_plain(int plain);
+/* A device codec of c with these versions (dqcu_settings); exits on failure. */
+static dqcu_codec *make_gpu(const dq_codec *c, int encode_kernel, int encode_schedule, int attend_kernel)
+{
+    dqcu_settings st;
+    dqcu_settings_default(&st);
+    st.encode_kernel = encode_kernel;
+    st.encode_schedule = encode_schedule;
+    st.attend_kernel = attend_kernel;
+    dqcu_codec *g = nullptr;
+    DQ(dqcu_codec_create_with(c, &st, &g));
+    return g;
+}
 
 struct Pool {
     size_t nwin = 0, wb = 0;
@@ -127,9 +139,9 @@ static void bench_attn(const dqcu_codec *g, const Pool &pool, uint32_t W, uint32
     const int reps = per_set * pool.wb > ((size_t)2 << 30) ? 7 : 21;
     double ms = time_median_ms(run, 3, reps);
     const double bytes = (double)per_set * pool.wb + (double)B * QH * D * 4.0 * 2.0;
-    printf("{\"kind\":\"attn\",\"tag\":\"%s\",\"batch\":%u,\"ctx\":%u,\"ms\":%.5f,\"bytes\":%.0f,\"gbps\":%.2f,"
-           "\"copy_frac\":%.4f,\"sets\":%zu,\"workspace\":%zu}\n",
-           tag, B, ctx, ms, bytes, bytes / (ms * 1e6), bytes / (ms * 1e-3) / copy_bw, sets, wsb);
+    printf("{\"kind\":\"attn\",\"version\":%d,\"tag\":\"%s\",\"batch\":%u,\"ctx\":%u,\"ms\":%.5f,\"bytes\":%.0f,"
+           "\"gbps\":%.2f,\"copy_frac\":%.4f,\"sets\":%zu,\"workspace\":%zu}\n",
+           dqcu_attend_kernel(g, QH), tag, B, ctx, ms, bytes, bytes / (ms * 1e6), bytes / (ms * 1e-3) / copy_bw, sets, wsb);
     fflush(stdout);
     for (size_t s = 0; s < sets; s++) {
         delete dptrs[s];
@@ -145,6 +157,7 @@ int main(int argc, char **argv)
     uint32_t layers = 36;
     bool quick = false, custom = false;
     uint32_t pf_tokens = 65536, pf_layers = 36;
+    int att_kernel = DQCU_KERNEL_AUTO;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--attn") && i + 1 < argc) {
             if (!custom)
@@ -164,8 +177,14 @@ int main(int argc, char **argv)
             }
         } else if (!strcmp(argv[i], "--quick")) {
             quick = true;
+        } else if (!strcmp(argv[i], "--attend-kernel") && i + 1 < argc) {
+            const char *v = argv[++i];
+            att_kernel = !strcmp(v, "auto") ? DQCU_KERNEL_AUTO : atoi(v);
         } else {
-            fprintf(stderr, "usage: %s [--attn B:CTX ...] [--budget-gb G] [--layers L] [--prefill TOKENS:LAYERS] [--quick]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--attn B:CTX ...] [--budget-gb G] [--layers L] [--prefill TOKENS:LAYERS] [--quick] "
+                    "[--attend-kernel auto|V]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -179,8 +198,7 @@ int main(int argc, char **argv)
     DQ(dq_profile_builtin("dq226", KVH, D, &prof));
     dq_codec *c;
     DQ(dq_codec_create(&prof, NULL, &c));
-    dqcu_codec *g;
-    DQ(dqcu_codec_create(c, &g));
+    dqcu_codec *g = make_gpu(c, DQCU_KERNEL_AUTO, DQCU_SCHEDULE_PLANNED, att_kernel);
     const uint32_t n = KVH * D, W = prof.window;
     printf("{\"kind\":\"device\",\"name\":\"%s\",\"sms\":%d,\"l2_mb\":%.1f,\"profile\":\"dq226\",\"window_bytes\":%zu,"
            "\"q_heads\":%u,\"kv_heads\":%u,\"head_dim\":%u}\n",
@@ -202,15 +220,12 @@ int main(int argc, char **argv)
             hf[i] = dq_bf16_to_f32(hb[i]);
         DevBuf<float> y(hf.size());
         y.upload(hf.data(), hf.size());
-        /* every encoder version (see encode_cuda.cu), the default one first */
-        const int ver0 = dqcu__encode_kernel(0);
-        std::vector<int> vers = {ver0};
-        for (int v : {5, 4, 3})
-            if (v != ver0)
-                vers.push_back(v);
+        /* every encoder version (dqcu_encode_kernels), the default one first */
+        size_t nvers = 0;
+        const int *vers = dqcu_encode_kernels(&nvers);
+        const int ver0 = vers[0];
         /* the default version with the planned waves and with the plain grid, alternately, at the
          * bench's size and at one layer of a 64K-token prefill; the other versions planned */
-        const int plain0 = dqcu__encode_plain(-1);
         struct Case {
             int ver, plain;
             size_t count;
@@ -218,26 +233,24 @@ int main(int argc, char **argv)
         std::vector<Case> cases;
         for (int rep = 0; rep < 2; rep++)
             for (size_t cnt : {count, count / 4})
-                for (int plain : {0, 1})
+                for (int plain : {DQCU_SCHEDULE_PLANNED, DQCU_SCHEDULE_PLAIN})
                     cases.push_back({ver0, plain, cnt});
-        for (int ver : vers)
-            if (ver != ver0)
-                cases.push_back({ver, 0, count});
+        for (size_t i = 1; i < nvers; i++)
+            cases.push_back({vers[i], DQCU_SCHEDULE_PLANNED, count});
         for (const Case &cs : cases)
             for (int kind = 0; kind < 2; kind++) {
                 const size_t rb = dq_codec_record_bytes(c, (dq_kind)kind);
                 DevBuf<uint8_t> rec(cs.count * rb);
                 DevBuf<int32_t> st(cs.count);
-                dqcu__encode_kernel(cs.ver);
-                dqcu__encode_plain(cs.plain);
+                dqcu_codec *ge = make_gpu(c, cs.ver, cs.plain, att_kernel);
                 double ms = time_median_ms(
-                    [&] { DQ(dqcu_encode_streams(g, (dq_kind)kind, y.p, cs.count, rec.p, rb, st.p, NULL, 0)); }, 1, 5);
+                    [&] { DQ(dqcu_encode_streams(ge, (dq_kind)kind, y.p, cs.count, rec.p, rb, st.p, NULL, 0)); }, 1, 5);
+                dqcu_codec_free(ge);
                 printf("{\"kind\":\"encode_streams\",\"version\":%d,\"grid\":\"%s\",\"stream\":\"%s\",\"streams\":%zu,"
                        "\"ms\":%.4f,\"streams_per_s\":%.4e}\n",
                        cs.ver, cs.plain ? "plain" : "planned", kind ? "V" : "K", cs.count, ms, cs.count / (ms * 1e-3));
                 fflush(stdout);
             }
-        dqcu__encode_plain(plain0);
         const size_t nwin = count / W / 2;
         Pool tmp;
         tmp.wb = dq_codec_window_bytes(c);
@@ -253,17 +266,15 @@ int main(int argc, char **argv)
         for (const Case &cs : cases) {
             if (cs.count != count)
                 continue;
-            dqcu__encode_kernel(cs.ver);
-            dqcu__encode_plain(cs.plain);
+            dqcu_codec *ge = make_gpu(c, cs.ver, cs.plain, att_kernel);
             double ms = time_median_ms(
-                [&] { DQ(dqcu_encode_windows(g, tok.p, vtok.p, DQ_DTYPE_BF16, nwin, dptr.p, st.p, NULL, 0)); }, 1, 5);
+                [&] { DQ(dqcu_encode_windows(ge, tok.p, vtok.p, DQ_DTYPE_BF16, nwin, dptr.p, st.p, NULL, 0)); }, 1, 5);
+            dqcu_codec_free(ge);
             printf("{\"kind\":\"encode_windows\",\"version\":%d,\"grid\":\"%s\",\"windows\":%zu,\"streams\":%zu,"
                    "\"ms\":%.4f,\"streams_per_s\":%.4e}\n",
                    cs.ver, cs.plain ? "plain" : "planned", nwin, nwin * W * 2, ms, nwin * W * 2 / (ms * 1e-3));
             fflush(stdout);
         }
-        dqcu__encode_kernel(ver0);
-        dqcu__encode_plain(plain0);
     }
 
     /* a prefill: every layer's windows in one call per layer, inputs rotating through 4 sets of
@@ -286,18 +297,19 @@ int main(int argc, char **argv)
         cudaStream_t cs[2];
         for (auto &x : cs)
             CK(cudaStreamCreate(&x));
-        const int plain0 = dqcu__encode_plain(-1);
         for (int rep = 0; rep < 4; rep++) {
             const int ns = 1 + (rep & 1), plain = rep >> 1;
-            dqcu__encode_plain(plain);
+            dqcu_codec *ge = make_gpu(c, DQCU_KERNEL_AUTO, plain ? DQCU_SCHEDULE_PLAIN : DQCU_SCHEDULE_PLANNED,
+                                      att_kernel);
             double ms = time_median_ms(
                 [&] {
                     for (uint32_t l = 0; l < layers; l++)
-                        DQ(dqcu_encode_windows(g, kin.p + (l % sets) * set_vals, vin.p + (l % sets) * set_vals,
+                        DQ(dqcu_encode_windows(ge, kin.p + (l % sets) * set_vals, vin.p + (l % sets) * set_vals,
                                                DQ_DTYPE_BF16, nwin, dptr.p + l * nwin, st.p + l * nwin, NULL,
                                                cs[l % ns]));
                 },
                 1, 5);
+            dqcu_codec_free(ge);
             std::vector<int32_t> hs(st.n);
             st.download(hs.data(), hs.size());
             for (int32_t v : hs)
@@ -311,7 +323,6 @@ int main(int argc, char **argv)
                    plain ? "plain" : "planned", nwin * W, layers, ns, streams, ms, streams / (ms * 1e-3));
             fflush(stdout);
         }
-        dqcu__encode_plain(plain0);
         for (auto &x : cs)
             CK(cudaStreamDestroy(x));
     }

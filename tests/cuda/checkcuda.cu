@@ -5,11 +5,14 @@
  *   attention: within 1e-3 relative of dq_attend and of dq_attend_reference
  * Output buffers are poisoned first so unwritten elements show. Inputs are drawn from a seed taken
  * from the clock (printed; --seed N repeats a run). Then it times each kernel (events, warm-up,
- * median) on the dq226 shape.
+ * median) on the dq226 shape. Every kernel version the library registers (dqcu_encode_kernels,
+ * dqcu_attend_kernels) is checked and timed in the same process: each through a device codec whose
+ * dqcu_settings name it.
  *
- *   checkcuda [--seed N] [--small] [--no-timing] [--quiet] [--encoders V,V,...]
+ *   checkcuda [--seed N] [--small] [--no-timing] [--quiet] [--encode-kernel V,...] [--attend-kernel V,...]
  *   --small: a few small cases only (for compute-sanitizer memcheck / racecheck runs).
- *   --encoders: the encoder versions checked (default: the library's default, then every other).
+ *   --encode-kernel, --attend-kernel: only these versions (default: every registered one, the
+ *   default first).
  * Exit status: 0 all passed, 1 a check failed, 2 a setup error, 77 no suitable GPU (skipped). */
 #include <math.h>
 #include <stdarg.h>
@@ -31,10 +34,8 @@ extern "C" {
 
 static int g_checks, g_failures, g_quiet;
 
-/* libdquant-cuda's test hook: encoder version 3, 4 or 5 (0 keeps it); returns the version before. */
-extern "C" int dqcu__encode_kernel(int version);
-extern "C" int dqcu__encode_plain(int plain);
-static int g_enc_version;
+/* the settings of the device codecs make_codecs and set_gpu create */
+static int g_enc_version, g_att_version, g_schedule;
 
 static void report(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void report(bool ok, const char *fmt, ...)
@@ -76,6 +77,26 @@ struct Codecs {
     }
 };
 
+/* The encoder version g_enc_version names (the library's default for DQCU_KERNEL_AUTO). */
+static int enc_ver(void)
+{
+    return g_enc_version != DQCU_KERNEL_AUTO ? g_enc_version : dqcu_encode_kernels(NULL)[0];
+}
+
+/* (Re)creates cs.g with the versions in g_enc_version, g_att_version, g_schedule. */
+static bool set_gpu(Codecs &cs)
+{
+    dqcu_codec_free(cs.g);
+    cs.g = nullptr;
+    dqcu_settings st;
+    dqcu_settings_default(&st);
+    st.encode_kernel = g_enc_version;
+    st.attend_kernel = g_att_version;
+    st.encode_schedule = g_schedule;
+    DQ(dqcu_codec_create_with(cs.c, &st, &cs.g));
+    return true;
+}
+
 static bool make_codecs(const Cfg &cfg, Codecs &cs)
 {
     dq_profile prof;
@@ -108,7 +129,6 @@ static bool make_codecs(const Cfg &cfg, Codecs &cs)
     }
     DQ(dq_codec_create(&prof, NULL, &cs.c));
     DQ(dq_workspace_create(cs.c, &cs.ws));
-    DQ(dqcu_codec_create(cs.c, &cs.g));
     cs.n = prof.kv_heads * prof.head_dim;
     cs.d = prof.head_dim;
     cs.kvh = prof.kv_heads;
@@ -119,7 +139,7 @@ static bool make_codecs(const Cfg &cfg, Codecs &cs)
              prof.levels[0], prof.levels[1], prof.container_bytes[0], prof.container_bytes[1], prof.window,
              prof.residual, (unsigned long long)prof.rotation_seed);
     cs.name = buf;
-    return true;
+    return set_gpu(cs);
 }
 
 /* ---- stream inputs (the rotated, mean-removed domain) ---- */
@@ -278,14 +298,16 @@ static void test_streams(Codecs &cs, Rng &r, size_t count, bool encode_supported
         dy.upload(y.data(), count * n);
         /* the encoder's planned waves (a call of less than a wave: every warp a few streams) and the
          * plain grid (every warp a group of G streams) */
-        for (int plain : {0, 1}) {
-            const int plain_prev = dqcu__encode_plain(plain);
+        for (int plain : {DQCU_SCHEDULE_PLANNED, DQCU_SCHEDULE_PLAIN}) {
+            g_schedule = plain;
+            set_gpu(cs);
             drec.fill_bytes(0xa5);
             dst.fill_bytes(0x7f);
             CK(cudaMemset(dstats.p, 0, sizeof(dq_encode_stats)));
             DQ(dqcu_encode_streams(cs.g, (dq_kind)kind, dy.p, count, drec.p, stride, dst.p, dstats.p, 0));
             CK(cudaDeviceSynchronize());
-            dqcu__encode_plain(plain_prev);
+            g_schedule = DQCU_SCHEDULE_PLANNED;
+            set_gpu(cs);
             std::vector<int32_t> gst(count);
             drec.download(gpu.data(), count * stride);
             dst.download(gst.data(), count);
@@ -308,7 +330,7 @@ static void test_streams(Codecs &cs, Rng &r, size_t count, bool encode_supported
             }
             report(bad_status == 0 && bad_bytes == 0,
                    "encode_streams v%d %s %s (%s grid): %zu streams, %zu status and %zu record mismatches",
-                   g_enc_version, cs.name.c_str(), kind ? "V" : "K", plain ? "plain" : "planned", count, bad_status,
+                   enc_ver(), cs.name.c_str(), kind ? "V" : "K", plain ? "plain" : "planned", count, bad_status,
                    bad_bytes);
             stats_report("  encode_streams", cstats, gstats);
         }
@@ -440,7 +462,7 @@ static std::vector<uint8_t> test_windows(Codecs &cs, Rng &r, size_t nwin, dq_dty
                 }
             }
     }
-    report(bad == 0, "encode_windows v%d %s %s: %zu windows (%s%s), %zu mismatches", g_enc_version, cs.name.c_str(),
+    report(bad == 0, "encode_windows v%d %s %s: %zu windows (%s%s), %zu mismatches", enc_ver(), cs.name.c_str(),
            dq_dtype_name(dtype), nwin, nan_w != SIZE_MAX ? "with NaN window" : "all valid", range_w != SIZE_MAX ? " and range window" : "", bad);
     stats_report("  encode_windows", cstats, gstats);
     return valid;
@@ -624,7 +646,10 @@ static double rel_err(const float *a, const float *ref, size_t count)
     return sqrt(num / den);
 }
 
-static void test_attention(Codecs &cs, Rng &r, const std::vector<uint32_t> &lens, uint32_t G)
+/* The same inputs through every attention version in att_list (one check per version that runs
+ * on this shape: a version that does not take it falls back to one already checked). */
+static void test_attention(Codecs &cs, Rng &r, const std::vector<uint32_t> &lens, uint32_t G,
+                           const std::vector<int> &att_list)
 {
     const uint32_t n = cs.n, d = cs.d, QH = cs.kvh * G;
     const size_t nseq = lens.size(), wb = dq_codec_window_bytes(cs.c);
@@ -688,57 +713,67 @@ static void test_attention(Codecs &cs, Rng &r, const std::vector<uint32_t> &lens
     dseqs.upload(seqs.data(), nseq);
     DevBuf<float> dq_(q.size()), dout(q.size()), dlse(nseq * QH);
     dq_.upload(q.data(), q.size());
-    const size_t wsb = dqcu_attend_workspace_size(cs.g, QH, (uint32_t)nseq, max_tokens);
-    DevBuf<uint8_t> dws(std::max<size_t>(wsb, 1));
-    dout.fill_bytes(0xff);
-    dlse.fill_bytes(0xff);
-    DQ(dqcu_attend(cs.g, QH, scale, dseqs.p, (uint32_t)nseq, max_tokens, dq_.p, dout.p, dlse.p, dws.p, wsb, 0));
-    CK(cudaDeviceSynchronize());
-    std::vector<float> og(q.size()), lg(nseq * QH);
-    dout.download(og.data(), og.size());
-    dlse.download(lg.data(), lg.size());
-    double worst = 0, worst_ref = 0, worst_lse = 0, cpu_vs_ref = 0;
-    bool ok = true;
-    for (size_t b = 0; b < nseq; b++) {
-        const size_t o = b * QH * d;
-        if (lens[b] == 0) {
-            bool z = true;
-            for (size_t i = 0; i < (size_t)QH * d; i++)
-                z &= og[o + i] == 0.0f;
-            for (uint32_t h = 0; h < QH; h++)
-                z &= lg[b * QH + h] == -INFINITY;
-            if (!z) {
-                ok = false;
-                printf("        empty sequence %zu: output not 0 / lse not -inf\n", b);
-            }
+    std::vector<int> done;
+    for (int want : att_list) {
+        g_att_version = want;
+        set_gpu(cs);
+        const int ran = dqcu_attend_kernel(cs.g, QH);
+        if (std::find(done.begin(), done.end(), ran) != done.end())
             continue;
+        done.push_back(ran);
+        const size_t wsb = dqcu_attend_workspace_size(cs.g, QH, (uint32_t)nseq, max_tokens);
+        DevBuf<uint8_t> dws(std::max<size_t>(wsb, 1));
+        dout.fill_bytes(0xff);
+        dlse.fill_bytes(0xff);
+        DQ(dqcu_attend(cs.g, QH, scale, dseqs.p, (uint32_t)nseq, max_tokens, dq_.p, dout.p, dlse.p, dws.p, wsb, 0));
+        CK(cudaDeviceSynchronize());
+        std::vector<float> og(q.size()), lg(nseq * QH);
+        dout.download(og.data(), og.size());
+        dlse.download(lg.data(), lg.size());
+        double worst = 0, worst_ref = 0, worst_lse = 0, cpu_vs_ref = 0;
+        bool ok = true;
+        for (size_t b = 0; b < nseq; b++) {
+            const size_t o = b * QH * d;
+            if (lens[b] == 0) {
+                bool z = true;
+                for (size_t i = 0; i < (size_t)QH * d; i++)
+                    z &= og[o + i] == 0.0f;
+                for (uint32_t h = 0; h < QH; h++)
+                    z &= lg[b * QH + h] == -INFINITY;
+                if (!z) {
+                    ok = false;
+                    printf("        empty sequence %zu: output not 0 / lse not -inf\n", b);
+                }
+                continue;
+            }
+            double e1 = rel_err(&og[o], &oc[o], (size_t)QH * d), e2 = rel_err(&og[o], &orf[o], (size_t)QH * d);
+            cpu_vs_ref = std::max(cpu_vs_ref, rel_err(&oc[o], &orf[o], (size_t)QH * d));
+            double el = 0;
+            for (uint32_t h = 0; h < QH; h++) {
+                double a = lg[b * QH + h], ref = lrf[b * QH + h];
+                double e = fabs(a - ref) / std::max(1.0, fabs(ref));
+                if (!(e == e))
+                    e = INFINITY;
+                el = std::max(el, e);
+            }
+            if (!(e1 <= 1e-3) || !(e2 <= 1e-3) || !(el <= 1e-3)) {
+                ok = false;
+                printf("        sequence %zu (%u tokens): rel err vs dq_attend %.3g, vs reference %.3g, lse %.3g\n", b,
+                       lens[b], e1, e2, el);
+            }
+            worst = std::max(worst, e1);
+            worst_ref = std::max(worst_ref, e2);
+            worst_lse = std::max(worst_lse, el);
         }
-        double e1 = rel_err(&og[o], &oc[o], (size_t)QH * d), e2 = rel_err(&og[o], &orf[o], (size_t)QH * d);
-        cpu_vs_ref = std::max(cpu_vs_ref, rel_err(&oc[o], &orf[o], (size_t)QH * d));
-        double el = 0;
-        for (uint32_t h = 0; h < QH; h++) {
-            double a = lg[b * QH + h], ref = lrf[b * QH + h];
-            double e = fabs(a - ref) / std::max(1.0, fabs(ref));
-            if (!(e == e))
-                e = INFINITY;
-            el = std::max(el, e);
-        }
-        if (!(e1 <= 1e-3) || !(e2 <= 1e-3) || !(el <= 1e-3)) {
-            ok = false;
-            printf("        sequence %zu (%u tokens): rel err vs dq_attend %.3g, vs reference %.3g, lse %.3g\n", b,
-                   lens[b], e1, e2, el);
-        }
-        worst = std::max(worst, e1);
-        worst_ref = std::max(worst_ref, e2);
-        worst_lse = std::max(worst_lse, el);
+        std::string ls;
+        for (size_t b = 0; b < nseq; b++)
+            ls += (b ? "," : "") + std::to_string(lens[b]);
+        report(ok, "attend v%d %s QH=%u (G=%u) lens [%s]: rel err vs dq_attend %.2e, vs f64 reference %.2e, lse %.2e "
+                   "(cpu vs reference %.2e)",
+               ran, cs.name.c_str(), QH, G, ls.c_str(), worst, worst_ref, worst_lse, cpu_vs_ref);
     }
-    std::string ls;
-    for (size_t b = 0; b < nseq; b++)
-        ls += (b ? "," : "") + std::to_string(lens[b]);
-    const char *kern = getenv("DQCU_ATTEND_KERNEL");
-    report(ok, "attend %s QH=%u (G=%u) lens [%s] (DQCU_ATTEND_KERNEL=%s): rel err vs dq_attend %.2e, vs f64 "
-               "reference %.2e, lse %.2e (cpu vs reference %.2e)",
-           cs.name.c_str(), QH, G, ls.c_str(), kern ? kern : "default", worst, worst_ref, worst_lse, cpu_vs_ref);
+    g_att_version = DQCU_KERNEL_AUTO;
+    set_gpu(cs);
     for (size_t b = 0; b < nseq; b++) {
         delete dwins[b];
         delete dptrs[b];
@@ -750,7 +785,7 @@ static void test_attention(Codecs &cs, Rng &r, const std::vector<uint32_t> &lens
 
 /* ---- timing on the dq226 shape ---- */
 
-static void timing(Rng &r)
+static void timing(Rng &r, const std::vector<int> &enc_list, const std::vector<int> &att_list)
 {
     Codecs cs;
     Cfg cfg = {8, 128, 0, 0, 128, 128, 0, 0, 0, "dq226"};
@@ -764,16 +799,16 @@ static void timing(Rng &r)
             gen_stream(r, D_GAUSS, n, &y[s * n]);
         DevBuf<float> dy(y.size());
         dy.upload(y.data(), y.size());
-        for (int ver : {5, 4, 3})
+        for (int ver : enc_list)
             for (int kind = 0; kind < 2; kind++) {
                 const size_t rb = dq_codec_record_bytes(cs.c, (dq_kind)kind);
                 DevBuf<uint8_t> drec(count * rb);
                 DevBuf<int32_t> dst(count);
-                const int prev = dqcu__encode_kernel(ver);
+                g_enc_version = ver;
+                set_gpu(cs);
                 double ms = time_median_ms(
                     [&] { DQ(dqcu_encode_streams(cs.g, (dq_kind)kind, dy.p, count, drec.p, rb, dst.p, NULL, 0)); }, 2,
                     5);
-                dqcu__encode_kernel(prev);
                 printf("  encode_streams v%d %s: %zu streams in %.3f ms = %.2f M streams/s\n", ver, kind ? "V" : "K",
                        count, ms, count / (ms * 1e3));
             }
@@ -796,11 +831,11 @@ static void timing(Rng &r)
             ptrs[w] = dwin.p + w * wb;
         dptr.upload(ptrs.data(), nwin);
         DevBuf<int32_t> dst(nwin);
-        for (int ver : {5, 4, 3}) {
-            const int prev = dqcu__encode_kernel(ver);
+        for (int ver : enc_list) {
+            g_enc_version = ver;
+            set_gpu(cs);
             double ms = time_median_ms(
                 [&] { DQ(dqcu_encode_windows(cs.g, dk.p, dv.p, DQ_DTYPE_BF16, nwin, dptr.p, dst.p, NULL, 0)); }, 2, 5);
-            dqcu__encode_kernel(prev);
             printf("  encode_windows v%d bf16: %zu windows (%zu streams) in %.3f ms = %.2f M streams/s\n", ver, nwin,
                    nwin * W * 2, ms, nwin * W * 2 / (ms * 1e3));
         }
@@ -814,16 +849,74 @@ static void timing(Rng &r)
             2, 7);
         printf("  decompress K -> bf16: %zu tokens in %.3f ms = %.1f GB/s of bf16 written, %.1f M tokens/s\n", ntok, ms2,
                ntok * n * 2.0 / (ms2 * 1e6), ntok / (ms2 * 1e3));
+        /* attention on those windows (38 MB: they may sit in L2; a comparison of the versions, not a
+         * bandwidth figure): 8 sequences of 64 windows (8K tokens) each, GQA group 4 */
+        const uint32_t nseq = 8, per = (uint32_t)(nwin / nseq), QH = cs.kvh * 4, maxt = per * W;
+        DevBuf<uint16_t> dtail(1); /* no tail tokens */
+        std::vector<dqcu_attn_seq> seqs(nseq);
+        for (uint32_t b = 0; b < nseq; b++)
+            seqs[b] = {(const uint8_t *const *)(dptr.p + (size_t)b * per), dtail.p, dtail.p, per, 0};
+        DevBuf<dqcu_attn_seq> dseqs(nseq);
+        dseqs.upload(seqs.data(), nseq);
+        std::vector<float> q((size_t)nseq * QH * cs.d);
+        for (auto &x : q)
+            x = (float)r.normal();
+        DevBuf<float> dq_(q.size()), dao(q.size());
+        dq_.upload(q.data(), q.size());
+        g_enc_version = DQCU_KERNEL_AUTO;
+        for (int ver : att_list) {
+            g_att_version = ver;
+            set_gpu(cs);
+            const size_t wsb = dqcu_attend_workspace_size(cs.g, QH, nseq, maxt);
+            DevBuf<uint8_t> dws(std::max<size_t>(wsb, 1));
+            const float scale = 1.0f / sqrtf((float)cs.d);
+            double ms = time_median_ms(
+                [&] { DQ(dqcu_attend(cs.g, QH, scale, dseqs.p, nseq, maxt, dq_.p, dao.p, NULL, dws.p, wsb, 0)); }, 3,
+                11);
+            printf("  attend v%d (asked %d): %u sequences x %u tokens, QH=%u, in %.3f ms = %.1f M tokens/s\n",
+                   dqcu_attend_kernel(cs.g, QH), ver, nseq, maxt, QH, ms, nseq * (double)maxt / (ms * 1e3));
+        }
+        g_att_version = DQCU_KERNEL_AUTO;
     }
 }
 
 /* ---- the test matrix ---- */
 
+/* A comma-separated list of versions, each one the library registers (list()); false after a
+ * message when not. */
+static bool parse_versions(const char *arg, const int *(*list)(size_t *), std::vector<int> &out, const char *flag)
+{
+    size_t nv = 0;
+    const int *v = list(&nv);
+    for (const char *q = arg; *q;) {
+        char *end;
+        const long x = strtol(q, &end, 10);
+        if (end == q || std::find(v, v + nv, (int)x) == v + nv) {
+            fprintf(stderr, "%s: a comma-separated list of the versions this library has:", flag);
+            for (size_t i = 0; i < nv; i++)
+                fprintf(stderr, " %d", v[i]);
+            fprintf(stderr, "\n");
+            return false;
+        }
+        out.push_back((int)x);
+        q = *end == ',' ? end + 1 : end;
+    }
+    return true;
+}
+
+/* Every registered version, the library's default (the first) first. */
+static void all_versions(const int *(*list)(size_t *), std::vector<int> &out)
+{
+    size_t nv = 0;
+    const int *v = list(&nv);
+    out.assign(v, v + nv);
+}
+
 int main(int argc, char **argv)
 {
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
     bool small = false, do_timing = true;
-    std::vector<int> enc_list;
+    std::vector<int> enc_list, att_list;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seed") && i + 1 < argc)
             seed = strtoull(argv[++i], NULL, 0);
@@ -833,19 +926,17 @@ int main(int argc, char **argv)
             do_timing = false;
         else if (!strcmp(argv[i], "--quiet"))
             g_quiet = 1;
-        else if (!strcmp(argv[i], "--encoders") && i + 1 < argc) {
-            for (const char *q = argv[++i]; *q;) {
-                char *end;
-                const long v = strtol(q, &end, 10);
-                if (end == q || v < 3 || v > 5) {
-                    fprintf(stderr, "--encoders: a comma-separated list of versions\n");
-                    return 2;
-                }
-                enc_list.push_back((int)v);
-                q = *end == ',' ? end + 1 : end;
-            }
+        else if (!strcmp(argv[i], "--encode-kernel") && i + 1 < argc) {
+            if (!parse_versions(argv[++i], dqcu_encode_kernels, enc_list, "--encode-kernel"))
+                return 2;
+        } else if (!strcmp(argv[i], "--attend-kernel") && i + 1 < argc) {
+            if (!parse_versions(argv[++i], dqcu_attend_kernels, att_list, "--attend-kernel"))
+                return 2;
         } else {
-            fprintf(stderr, "usage: %s [--seed N] [--small] [--no-timing] [--quiet] [--encoders V,V,...]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--seed N] [--small] [--no-timing] [--quiet] [--encode-kernel V,...] "
+                    "[--attend-kernel V,...]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -872,7 +963,17 @@ int main(int argc, char **argv)
     test_scatter(r, 128, 3);
     test_scatter(r, 77, 1);
 
-    const int enc_default = dqcu__encode_kernel(0);
+    if (enc_list.empty())
+        all_versions(dqcu_encode_kernels, enc_list);
+    if (att_list.empty())
+        all_versions(dqcu_attend_kernels, att_list);
+    printf("versions: encode");
+    for (int v : enc_list)
+        printf(" %d", v);
+    printf(", attend");
+    for (int v : att_list)
+        printf(" %d", v);
+    printf("\n");
     std::vector<Cfg> cfgs;
     if (small) {
         cfgs.push_back({2, 128, 8, 6, 32, 32, 2.5, 1.8, 0x5eed, NULL});
@@ -910,17 +1011,9 @@ int main(int argc, char **argv)
         const size_t nwin = small ? 3 : 5;
         std::vector<uint8_t> valid;
         /* every encoder version (or those asked for), the first one's windows decompressed below */
-        std::vector<int> vers = enc_list;
-        if (vers.empty()) {
-            vers.push_back(enc_default);
-            for (int v : {5, 4, 3})
-                if (v != enc_default)
-                    vers.push_back(v);
-        }
-        for (size_t vi = 0; vi < vers.size(); vi++) {
-            const int ver = vers[vi];
+        for (int ver : enc_list) {
             g_enc_version = ver;
-            dqcu__encode_kernel(ver);
+            set_gpu(cs);
             test_streams(cs, r, small ? 40 : 1200, enc_ok);
             for (int dt = 0; dt < 3; dt++) {
                 std::vector<uint8_t> v = test_windows(cs, r, small && dt ? 1 : nwin, (dq_dtype)dt, dt != 0 || small,
@@ -929,8 +1022,8 @@ int main(int argc, char **argv)
                     valid = v;
             }
         }
-        dqcu__encode_kernel(enc_default);
-        g_enc_version = enc_default;
+        g_enc_version = DQCU_KERNEL_AUTO;
+        set_gpu(cs);
         if (!dec_ok)
             continue;
         test_decompress(cs, r, valid, small ? 4 : 12);
@@ -955,7 +1048,7 @@ int main(int argc, char **argv)
             if (cs.n >= 2048)
                 lens.resize(6);
         }
-        test_attention(cs, r, lens, G);
+        test_attention(cs, r, lens, G, att_list);
     }
     if (!small) {
         Codecs cs;
@@ -963,13 +1056,12 @@ int main(int argc, char **argv)
         make_codecs(cfg, cs);
         /* more streams than one wave of the encoder's warps holds at G per warp (17,424 on an H200):
          * the planned grid's full groups, then its smaller ones */
-        g_enc_version = enc_default;
         test_streams(cs, r, 30000, true);
         std::vector<uint32_t> lens = {64 * 128 + 17, 5 * 128, 130 * 128 + 100};
-        test_attention(cs, r, lens, 4);
+        test_attention(cs, r, lens, 4, att_list);
     }
     printf("\ncheckcuda: %d checks, %d failed (seed %llu)\n", g_checks, g_failures, (unsigned long long)seed);
     if (do_timing && !small && g_failures == 0)
-        timing(r);
+        timing(r, enc_list, att_list);
     return g_failures ? 1 : 0;
 }

@@ -22,7 +22,10 @@
 # Knobs (environment): BUILD (build dir), OUT, TIME_BUDGET (seconds for the whole script, default
 # 570), BENCH_TOKENS (32768), BENCH_LAYERS (36), BENCH_BATCHES (1,32), BENCH_STEPS (10),
 # PUT_CONNS (8), BENCH_TRACE (0; 1: the daemon's per-stage ATTEND medians, at debug level),
-# CHECK_SCALE (full), SKIP_BUILD=1, SKIP_SUITE=1, SKIP_CHECK=1; DQUANTD_BIN and GPU_E2E_BIN run other
+# CHECK_SCALE (full), SKIP_BUILD=1, SKIP_SUITE=1, SKIP_CHECK=1; ATTEND_KERNEL (auto|7|5|3),
+# ENCODE_KERNEL (auto|5|4), ENCODE_SCHEDULE (planned|plain): the daemon's --attend-kernel,
+# --encode-kernel, --encode-schedule in the check and the bench (default auto, auto, planned);
+# DQUANTD_BIN and GPU_E2E_BIN run other
 # binaries (e.g. a dry run without a GPU: SKIP_BUILD=1 BUILD=build-h6
 # DQUANTD_BIN=build-h6/tests/daemon/dquantd-fakecuda GPU_E2E_BIN=build-h6/tests/daemon/gpu_e2e_fake).
 set -euo pipefail
@@ -88,6 +91,9 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
     json "{\"step\":\"build\",\"ok\":true,\"seconds\":$(( $(date +%s) - t0 ))}"
 fi
 DQUANTD=${DQUANTD_BIN:-$BUILD/daemon/dquantd}
+# the kernel versions of the daemon's cuda backend, passed to every dquantd the steps start
+KERNEL_ARGS=(--daemon-arg "--attend-kernel=${ATTEND_KERNEL:-auto}" --daemon-arg "--encode-kernel=${ENCODE_KERNEL:-auto}"
+    --daemon-arg "--encode-schedule=${ENCODE_SCHEDULE:-planned}")
 E2E=${GPU_E2E_BIN:-$BUILD/tests/daemon/gpu_e2e}
 for f in "$DQUANTD" "$E2E"; do
     [ -x "$f" ] || { say "missing $f (was CUDA found? see $LOG)"; json "{\"step\":\"build\",\"ok\":false,\"missing\":\"$f\"}"; exit 1; }
@@ -100,6 +106,7 @@ if [ "${SKIP_CHECK:-0}" != 1 ]; then
     t0=$(date +%s)
     set +e
     "$E2E" check --dquantd "$DQUANTD" --workdir "$OUT/check" --scale "${CHECK_SCALE:-full}" --expect-backend cuda \
+        "${KERNEL_ARGS[@]}" \
         2> >(tee -a "$LOG" >&2) | tee "$OUT/check.jsonl"
     rc=${PIPESTATUS[0]}
     set -e
@@ -121,6 +128,7 @@ else
     timeout --signal=TERM $(( left + 30 )) "$E2E" bench --dquantd "$DQUANTD" --workdir "$OUT/bench" \
         --tokens "${BENCH_TOKENS:-32768}" --layers "${BENCH_LAYERS:-36}" --batches "${BENCH_BATCHES:-1,32}" \
         --steps "${BENCH_STEPS:-10}" --put-conns "${PUT_CONNS:-8}" --time-budget "$left" --trace "${BENCH_TRACE:-0}" \
+        "${KERNEL_ARGS[@]}" \
         2> >(tee -a "$LOG" >&2) | tee "$OUT/bench.jsonl"
     rc=${PIPESTATUS[0]}
     set -e

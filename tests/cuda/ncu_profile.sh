@@ -3,7 +3,8 @@
 # their SASS, for the notes in tests/bench/GPU_NOTES.md. Run from the repository root:
 #   tests/cuda/ncu_profile.sh [OUTDIR]     (OUTDIR defaults to $OUT, else /tmp/dquant-ncu)
 # Environment: BUILD_DIR (default build-gpu); SKIP_BUILD=1; ATTN="B:CTX ..." (default "1:131072
-# 32:32768"); KERNEL_RE (default attend5_kernel); SET (ncu section set, default full).
+# 32:32768"); ATTEND_KERNEL (bench_cuda --attend-kernel: auto, 7, 5 or 3; default auto);
+# KERNEL_RE (default attend7_kernel, the kernel auto runs); SET (ncu section set, default full).
 # Text pages, raw metrics as CSV and SASS land in OUTDIR/ncu.tar.gz, the reports in reps.tar.gz.
 set -o pipefail
 OUTDIR=${1:-${OUT:-/tmp/dquant-ncu}}
@@ -32,12 +33,13 @@ LIB=$(find "$BUILD_DIR/cuda" -name 'libdquant-cuda.so*' -type f | head -1)
 cuobjdump -res-usage "$LIB" >"$WORK/res-usage.txt" 2>&1
 cuobjdump -sass "$LIB" >"$WORK/all.sass" 2>&1
 SET=${SET:-full}
-KRE=${KERNEL_RE:-attend5_kernel}
+KRE=${KERNEL_RE:-attend7_kernel}
+AKERN=${ATTEND_KERNEL:-auto}
 for cfg in ${ATTN:-1:131072 32:32768}; do
   tag=attn_${cfg/:/_}
   echo "== ncu $KRE at $cfg"
   ncu --set "$SET" --import-source yes -k "regex:$KRE" --launch-skip 2 --launch-count 1 -f -o "$WORK/$tag" \
-    "$BENCH" --quick --attn "$cfg" >"$WORK/$tag.run.log" 2>&1 || tail -20 "$WORK/$tag.run.log"
+    "$BENCH" --quick --attend-kernel "$AKERN" --attn "$cfg" >"$WORK/$tag.run.log" 2>&1 || tail -20 "$WORK/$tag.run.log"
   ncu -i "$WORK/$tag.ncu-rep" --page details >"$WORK/$tag.details.txt" 2>&1
   ncu -i "$WORK/$tag.ncu-rep" --page raw --csv >"$WORK/$tag.raw.csv" 2>&1
   ncu -i "$WORK/$tag.ncu-rep" --page source --csv --print-source sass >"$WORK/$tag.source.csv" 2>&1

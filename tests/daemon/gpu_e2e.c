@@ -162,6 +162,8 @@ static void *random_tensor(size_t count, uint32_t n, dq_dtype dtype, bool keys, 
 typedef dqd_daemon daemon_proc;
 
 static const char *g_dquantd, *g_workdir;
+static const char *g_dargs[8]; /* more arguments for every daemon started (--daemon-arg) */
+static int g_ndargs;
 static volatile pid_t g_child;
 
 /* Killed (a time limit): take the daemon along. */
@@ -176,8 +178,15 @@ static void on_term(int sig)
 /* Starts the daemon as NAME (WORKDIR/NAME.sock, its log WORKDIR/NAME.log). */
 static void daemon_start(daemon_proc *d, const char *name, const char *const *extra)
 {
+    const char *args[48];
+    int n = 0;
+    for (int i = 0; extra && extra[i] && n < 38; i++)
+        args[n++] = extra[i];
+    for (int i = 0; i < g_ndargs && n < 46; i++)
+        args[n++] = g_dargs[i];
+    args[n] = NULL;
     const dqd_opts o = {.bin = g_dquantd, .dir = g_workdir, .name = name, .log_level = "info",
-                        .start_timeout_ms = 30000, .stop_timeout_ms = 60000, .extra = extra};
+                        .start_timeout_ms = 30000, .stop_timeout_ms = 60000, .extra = args};
     if (dqd_start(d, &o) != 0)
         die("dquantd '%s' did not start; see %s/%s.log", name, g_workdir, name);
     g_child = d->pid;
@@ -1151,8 +1160,6 @@ typedef struct bench_cfg {
     double budget;      /* seconds for the whole bench */
     double t0;
     bool trace;         /* daemon at debug level; its ATTEND trace summarized at the end */
-    const char *dargs[8]; /* more daemon arguments (--daemon-arg) */
-    int ndargs;
 } bench_cfg;
 
 /* Random BF16 K and V pools; (sequence, layer) reads tokens [off, off + ctx) with off from a hash. */
@@ -1561,8 +1568,6 @@ static int run_bench(bench_cfg *cfg, const char *workers)
 
     const char *args[12 + 8] = {"--backend", "cuda", "--host-memory", "16G", "--max-payload", "512M"};
     int na = 6;
-    for (int i = 0; i < cfg->ndargs; i++)
-        args[na++] = cfg->dargs[i];
     if (workers) {
         args[na++] = "--workers";
         args[na++] = workers;
@@ -1751,6 +1756,7 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: gpu_e2e check --dquantd PATH --workdir DIR [--scale small|full] [--expect-backend cuda|cpu|any]\n"
+            "                     [--daemon-arg ARG]...\n"
             "       gpu_e2e bench --dquantd PATH --workdir DIR [--tokens N] [--layers N] [--batches 1,32]\n"
             "                     [--steps N] [--put-conns N] [--time-budget SECONDS] [--workers N] [--trace 0|1]\n"
             "                     [--daemon-arg ARG]...\n");
@@ -1763,7 +1769,7 @@ int main(int argc, char **argv)
         usage();
     const char *mode = argv[1], *scale_name = "full", *workers = NULL;
 #ifdef DQD_E2E_HAVE_CUDA
-    bench_cfg cfg = {32768, 36, {1, 32}, 2, 10, 4, 420, 0, false, {NULL}, 0};
+    bench_cfg cfg = {32768, 36, {1, 32}, 2, 10, 4, 420, 0, false};
 #endif
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1780,6 +1786,8 @@ int main(int argc, char **argv)
             g_expect = v;
         else if (!strcmp(a, "--workers"))
             workers = v;
+        else if (!strcmp(a, "--daemon-arg") && g_ndargs < 8)
+            g_dargs[g_ndargs++] = v;
 #ifdef DQD_E2E_HAVE_CUDA
         else if (!strcmp(a, "--tokens"))
             cfg.tokens = (uint32_t)atoi(v);
@@ -1793,8 +1801,6 @@ int main(int argc, char **argv)
             cfg.budget = atof(v);
         else if (!strcmp(a, "--trace"))
             cfg.trace = atoi(v) != 0;
-        else if (!strcmp(a, "--daemon-arg") && cfg.ndargs < 8)
-            cfg.dargs[cfg.ndargs++] = v;
         else if (!strcmp(a, "--batches")) {
             cfg.nbatches = 0;
             char buf[64];

@@ -63,6 +63,32 @@ Test(config, defaults)
     cr_assert_geq(cfg.workers, 1);
     cr_assert_eq(cfg.gpu_threads, 2);
     cr_assert_eq(cfg.gpu_spin_us, 200);
+    cr_assert_eq(cfg.attend_kernel, 0, "auto");
+    cr_assert_eq(cfg.encode_kernel, 0, "auto");
+    cr_assert_eq(cfg.encode_schedule, DQD_ENCODE_PLANNED);
+}
+
+Test(config, kernel_versions)
+{
+    const char *path = write_ini("[server]\n"
+                                 "attend_kernel = 5\n"
+                                 "encode_kernel = 4\n"
+                                 "encode_schedule = plain\n");
+    char cfgflag[] = "--config", enc[] = "--encode-kernel", auto_[] = "auto", att[] = "--attend-kernel=3";
+    char *argv[] = {"dquantd", cfgflag, (char *)path, enc, auto_, att, NULL};
+    dqd_cli_action a;
+    cr_assert_eq(from_args(6, argv, &a), 0, "%s", err);
+    unlink(path);
+    cr_assert_eq(cfg.attend_kernel, 3, "the flag overrides the file");
+    cr_assert_eq(cfg.encode_kernel, 0, "auto from the flag");
+    cr_assert_eq(cfg.encode_schedule, DQD_ENCODE_PLAIN, "from the file");
+    cr_assert_eq(dqd_config_set(&cfg, "server", "attend_kernel", "7", false, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(cfg.attend_kernel, 7);
+    cr_assert_eq(dqd_config_set(&cfg, "server", "encode_schedule", "PLANNED", false, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(cfg.encode_schedule, DQD_ENCODE_PLANNED);
+    cr_assert_lt(dqd_config_set(&cfg, "server", "encode_kernel", "3", false, err, sizeof err), 0);
+    cr_assert(strstr(err, "encode_kernel: unknown value '3' (auto|5|4)"), "%s", err);
+    cr_assert_eq(cfg.encode_kernel, 0, "a refused value changes nothing");
 }
 
 Test(config, file_then_flags_override)
@@ -188,6 +214,11 @@ ParameterizedTestParameters(config, bad_flags)
         {{"--gpu-spin-us", "-1"}, "--gpu-spin-us"},
         {{"--backend", "tpu"}, "unknown backend 'tpu'"},
         {{"--log-level", "loud"}, "unknown level 'loud'"},
+        {{"--attend-kernel", "6"}, "--attend-kernel: unknown value '6' (auto|7|5|3)"},
+        {{"--attend-kernel", "4"}, "--attend-kernel: unknown value '4'"},
+        {{"--attend-kernel="}, "--attend-kernel"},
+        {{"--encode-kernel", "3"}, "--encode-kernel: unknown value '3' (auto|5|4)"},
+        {{"--encode-schedule", "fast"}, "--encode-schedule: unknown value 'fast' (planned|plain)"},
         {{"--listen", "http://x"}, "expected unix:/path or tcp://host:port"},
         {{"--listen", "tcp://example.com:80"}, "numeric IPv4/IPv6 address"},
         {{"--listen", "tcp://127.0.0.1:99999"}, "port must be 1..65535"},

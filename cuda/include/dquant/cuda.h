@@ -22,9 +22,8 @@
  * in shared memory; dqcu_attend_check() says whether a shape fits (Qwen3-8B, Llama-3-70B do).
  * Levels and container sizes are those of any valid profile.
  *
- * Kernel versions (for comparisons; read once per process from the environment):
- * DQCU_ENCODE_KERNEL=3|4 runs an earlier encoder (default 5; every version writes the same bytes),
- * DQCU_ATTEND_KERNEL=3|4|5|6 an earlier or experimental attention kernel (default 7).
+ * Kernel versions: a device codec runs the versions its dqcu_settings name (by default the fastest;
+ * earlier versions stay for shapes the fastest cannot take and for comparisons).
  * tests/bench/GPU_NOTES.md has each version's design and measurements.
  *
  * Thread-safety: a dqcu_codec is immutable after creation and may be used from any thread and on
@@ -63,14 +62,49 @@ DQCU_API int dqcu_device_count(void);
  * library; 0 when none failed. */
 DQCU_API int dqcu_last_cuda_error(void);
 
+/* ---- settings ---- */
+
+#define DQCU_KERNEL_AUTO 0
+#define DQCU_SCHEDULE_PLANNED 0
+#define DQCU_SCHEDULE_PLAIN 1
+
+/* Which kernel versions a device codec runs, chosen by the caller when the codec is created
+ * (dav1d's Dav1dSettings): fill with dqcu_settings_default(), change fields, pass to
+ * dqcu_codec_create_with(). Every encoder version writes the same bytes; every attention version
+ * gives dq_attend's result within float rounding. */
+typedef struct dqcu_settings {
+    uint32_t size;          /* sizeof(dqcu_settings), set by dqcu_settings_default */
+    /* Attention on the sealed windows: DQCU_KERNEL_AUTO (default) runs the newest version that takes
+     * the shape and launches on the device (7, else 5, else 3); a version number (one of
+     * dqcu_attend_kernels) the newest not newer than it that does. The BF16 tail is always v3's. */
+    int attend_kernel;
+    /* Encoder: DQCU_KERNEL_AUTO (default) = 5; 5 or 4 (one of dqcu_encode_kernels). */
+    int encode_kernel;
+    /* How an encode call's streams are spread over warps: DQCU_SCHEDULE_PLANNED (default; the last
+     * waves shared out evenly) or DQCU_SCHEDULE_PLAIN (count / G warps, for comparisons). */
+    int encode_schedule;
+    int reserved[12];       /* zero: room for settings to come */
+} dqcu_settings;
+
+/* The defaults: size set, every choice automatic (what dqcu_codec_create uses). */
+DQCU_API void dqcu_settings_default(dqcu_settings *s);
+
+/* The kernel versions this build has, newest first, *count of them (count may be NULL); the array
+ * is static. checkcuda and bench_cuda iterate them. */
+DQCU_API const int *dqcu_attend_kernels(size_t *count);
+DQCU_API const int *dqcu_encode_kernels(size_t *count);
+
 /* ---- device codec ---- */
 
 typedef struct dqcu_codec dqcu_codec;
 
 /* Uploads what the kernels need from a host codec (frequency, cost and decode tables, the
  * rotation signs, the exp2 table of the drift) to the current CUDA device, once. The host codec is
- * only read during the call and may be freed afterwards. Returns 0, DQ_INVALID_ARGUMENT, DQ_NOMEM,
- * DQ_INTERNAL. */
+ * only read during the call and may be freed afterwards; settings (NULL: the defaults) are copied.
+ * Returns 0, DQ_INVALID_ARGUMENT (also for settings with another size, a version this build does
+ * not have, an unknown schedule or nonzero reserved fields), DQ_NOMEM, DQ_INTERNAL. */
+DQCU_API int dqcu_codec_create_with(const dq_codec *codec, const dqcu_settings *settings, dqcu_codec **out);
+/* dqcu_codec_create_with(codec, NULL, out). */
 DQCU_API int dqcu_codec_create(const dq_codec *codec, dqcu_codec **out);
 /* Frees the device codec (synchronizes with the device first); NULL is allowed. */
 DQCU_API void dqcu_codec_free(dqcu_codec *dc);
@@ -152,6 +186,10 @@ typedef struct dqcu_attn_seq {
  * q_heads is not a positive multiple of kv_heads, DQ_UNSUPPORTED when the shape is beyond the
  * kernel's limits (see the top of this file). */
 DQCU_API int dqcu_attend_check(const dqcu_codec *dc, uint32_t q_heads);
+
+/* The attention version dqcu_attend runs on the sealed windows of q_heads query heads with this
+ * codec (its settings and device), or dqcu_attend_check's error. */
+DQCU_API int dqcu_attend_kernel(const dqcu_codec *dc, uint32_t q_heads);
 
 /* Bytes of workspace dqcu_attend needs for nseq sequences of at most max_tokens tokens each. */
 DQCU_API size_t dqcu_attend_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq,

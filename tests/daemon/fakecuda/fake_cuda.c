@@ -702,6 +702,7 @@ void dq_fake_check_dev(const void *p, size_t n, const char *what)
 
 struct dqcu_codec {
     dq_profile profile;
+    dqcu_settings settings;
     dq_codec *codec;
     uint32_t n, W, R, d;
     size_t wb;
@@ -717,11 +718,68 @@ int dqcu_last_cuda_error(void)
     return last_dqcu_error;
 }
 
+/* the versions libdquant-cuda registers (attend_cuda.cu, encode_cuda.cu) */
+static const int fake_attend_versions[] = {7, 5, 3};
+static const int fake_encode_versions[] = {5, 4};
+
+void dqcu_settings_default(dqcu_settings *s)
+{
+    if (!s)
+        return;
+    memset(s, 0, sizeof *s);
+    s->size = sizeof *s;
+}
+
+const int *dqcu_attend_kernels(size_t *count)
+{
+    if (count)
+        *count = sizeof fake_attend_versions / sizeof fake_attend_versions[0];
+    return fake_attend_versions;
+}
+
+const int *dqcu_encode_kernels(size_t *count)
+{
+    if (count)
+        *count = sizeof fake_encode_versions / sizeof fake_encode_versions[0];
+    return fake_encode_versions;
+}
+
+static bool fake_version_ok(int v, const int *list, size_t count)
+{
+    if (v == DQCU_KERNEL_AUTO)
+        return true;
+    for (size_t i = 0; i < count; i++)
+        if (list[i] == v)
+            return true;
+    return false;
+}
+
+/* what the library checks (codec_cuda.cu settings_ok) */
+static bool fake_settings_ok(const dqcu_settings *s)
+{
+    if (s->size != sizeof *s)
+        return false;
+    for (size_t i = 0; i < sizeof s->reserved / sizeof s->reserved[0]; i++)
+        if (s->reserved[i])
+            return false;
+    size_t na = 0, ne = 0;
+    const int *att = dqcu_attend_kernels(&na), *enc = dqcu_encode_kernels(&ne);
+    return fake_version_ok(s->attend_kernel, att, na) && fake_version_ok(s->encode_kernel, enc, ne) &&
+           (s->encode_schedule == DQCU_SCHEDULE_PLANNED || s->encode_schedule == DQCU_SCHEDULE_PLAIN);
+}
+
 int dqcu_codec_create(const dq_codec *codec, dqcu_codec **out)
+{
+    return dqcu_codec_create_with(codec, NULL, out);
+}
+
+int dqcu_codec_create_with(const dq_codec *codec, const dqcu_settings *settings, dqcu_codec **out)
 {
     if (!codec || !out)
         return DQ_INVALID_ARGUMENT;
     *out = NULL;
+    if (settings && !fake_settings_ok(settings))
+        return DQ_INVALID_ARGUMENT;
     const dq_profile *p = dq_codec_profile(codec);
     if (p->codec_type != DQ_CODEC_DQUANT)
         return DQ_INVALID_ARGUMENT;
@@ -729,6 +787,10 @@ int dqcu_codec_create(const dq_codec *codec, dqcu_codec **out)
     if (!dc)
         return DQ_NOMEM;
     dc->profile = *p;
+    if (settings)
+        dc->settings = *settings;
+    else
+        dqcu_settings_default(&dc->settings);
     int rc = dq_codec_create(p, NULL, &dc->codec);
     if (rc < 0) {
         free(dc);
@@ -755,6 +817,16 @@ void dqcu_codec_free(dqcu_codec *dc)
 const dq_profile *dqcu_codec_profile(const dqcu_codec *dc)
 {
     return dc ? &dc->profile : NULL;
+}
+
+/* one emulation for every version: the one asked for, 7 for auto */
+int dqcu_attend_kernel(const dqcu_codec *dc, uint32_t q_heads)
+{
+    if (!dc)
+        return DQ_INVALID_ARGUMENT;
+    if (!q_heads || q_heads % dc->profile.kv_heads)
+        return DQ_SHAPE;
+    return dc->settings.attend_kernel ? dc->settings.attend_kernel : 7;
 }
 
 static dq_workspace *new_ws(const dqcu_codec *dc)

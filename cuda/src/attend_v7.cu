@@ -1,7 +1,7 @@
 /* Fused decode attention, version 7: v5's single pass (thread t decodes the key and the value stream
- * of token t, a tile finished head by head), with the key scores on tensor cores too. Included by
- * attend_cuda.cu after attend_v5.cuh (shares its phases: query rotation, softmax, value contraction,
- * partial write).
+ * of token t, a tile finished head by head), with the key scores on tensor cores too. The default
+ * (dqcu_settings.attend_kernel 0 or 7); shares v5's phases (query rotation, softmax, value
+ * contraction, partial write: attend_internal.cuh).
  *
  * Why (ncu of v5 at (1, 128K), tests/bench/GPU_NOTES.md run 13): the kernel issues 2.5 instructions
  * per cycle per SM of the 4 possible, i.e. it is bound by its instruction count: 27 warp-instructions
@@ -13,7 +13,7 @@
  *     of a token-major buffer (the layout the key MMA reads);
  *   - after the head's decode, the four warps compute the 128 × G scores with mma.m16n8k16: A = the
  *     key levels m - c (exact in fp16), B = the rotated queries scaled by a power of two per head
- *     and split into fp16 hi + lo (as v4 does with the weights), so ~22 significant bits;
+ *     and split into fp16 hi + lo (as att_softmax does with the weights), so ~22 significant bits;
  *   - the byte reader is shorter: idx ∈ [0, 8) at a refill, so the advance is idx & 4 and the new
  *     idx is idx & 3; the tail word replaces every word past the last whole one (valid streams
  *     never read past their end; on a corrupt container the bytes past the end differ from lib's
@@ -33,7 +33,7 @@
  * token-major buffer gives them, and the 32 lanes' words fall in 32 banks. The queries' fragments
  * use the same permutation, so the dot product is unchanged. */
 
-static inline bool a7_shape_ok(uint32_t G, uint32_t d) { return a5_shape_ok(G, d); }
+#include "attend_internal.cuh"
 
 __host__ __device__ inline size_t a7_align(size_t b) { return (b + 15) & ~(size_t)15; }
 
@@ -43,19 +43,19 @@ struct a7_layout {
 };
 __host__ __device__ inline a7_layout a7_plan(uint32_t QH, uint32_t d, uint32_t G)
 {
-    const size_t NT = a4_ntiles(G);
+    const size_t NT = att_ntiles(G);
     a7_layout L;
     size_t b = 0;
     L.lg = b;
-    b = a7_align(b + (size_t)G * A5_T * sizeof(float));   /* logits of one KV head's query heads */
+    b = a7_align(b + (size_t)G * ATT_T * sizeof(float));   /* logits of one KV head's query heads */
     L.small = b;
     b = a7_align(b + 7 * (size_t)QH * sizeof(float));     /* qsum, m, l, off, alpha, weight scale, query scale */
     L.tok = b;
-    b = a7_align(b + 4 * A5_T * sizeof(float));           /* key scale, key mid, value scale, value mid */
+    b = a7_align(b + 4 * ATT_T * sizeof(float));           /* key scale, key mid, value scale, value mid */
     L.lv = b;
-    b = a7_align(b + (size_t)d * A4_VSTR);                /* value levels of one head, channel-major */
+    b = a7_align(b + (size_t)d * ATT_VSTR);                /* value levels of one head, channel-major */
     L.klv = b;
-    const size_t kb = (size_t)A5_T * (d / 4 + 1) * sizeof(uint32_t), wb = (A5_T / 16) * NT * 32 * sizeof(uint2);
+    const size_t kb = (size_t)ATT_T * (d / 4 + 1) * sizeof(uint32_t), wb = (ATT_T / 16) * NT * 32 * sizeof(uint2);
     b = a7_align(b + (kb > wb ? kb : wb));                /* key levels, token-major; then the weights */
     L.total = b;
     return L;
@@ -120,7 +120,7 @@ __device__ __forceinline__ uint32_t a7_step(uint32_t &x, const uint32_t *tab, a7
  * the per-head scale 2^e, 16-byte aligned. */
 __host__ __device__ inline size_t a7_prep_bytes(uint32_t QH, uint32_t d, uint32_t G)
 {
-    return a7_align((size_t)(QH / G) * a4_ntiles(G) * (d / 16) * 32 * sizeof(uint2) + 2 * (size_t)QH * sizeof(float));
+    return a7_align((size_t)(QH / G) * att_ntiles(G) * (d / 16) * 32 * sizeof(uint2) + 2 * (size_t)QH * sizeof(float));
 }
 
 /* One block per sequence: its queries rotated, each head scaled by 2^-e (the largest |q'| of the
@@ -128,18 +128,18 @@ __host__ __device__ inline size_t a7_prep_bytes(uint32_t QH, uint32_t d, uint32_
  * of n-tile g / 4; columns of groups smaller than 4 zero), plus Σ_j q'_j and 2^e per head. Done
  * once per call instead of once per block of attend7_kernel. */
 template <int G>
-__global__ void __launch_bounds__(A5_THREADS) attend7_prep_kernel(att_params p)
+__global__ void __launch_bounds__(ATT_THREADS) attend7_prep_kernel(att_params p)
 {
     constexpr uint32_t NT = (2 * G + 7) / 8;
     const dqcu_tables &tb = *p.tab;
     const uint32_t QH = p.QH, d = tb.d, KVH = tb.kv_heads, KS = d / 16;
-    const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5, nwarps = A5_THREADS / 32;
+    const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5, nwarps = ATT_THREADS / 32;
     const size_t b = blockIdx.x;
     unsigned char *dst = (unsigned char *)p.qprep + b * a7_prep_bytes(QH, d, G);
     uint2 *qf = (uint2 *)(void *)dst;
     float *qsum = (float *)(void *)(dst + (size_t)KVH * NT * KS * 32 * sizeof(uint2)), *qex = qsum + QH;
     if (G < 4) {
-        for (uint32_t i = tid; i < KVH * NT * KS * 32; i += A5_THREADS)
+        for (uint32_t i = tid; i < KVH * NT * KS * 32; i += ATT_THREADS)
             qf[i] = make_uint2(0u, 0u);
         __syncthreads();
     }
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(A5_THREADS) attend7_prep_kernel(att_params p)
     for (uint32_t h = warp; h < QH; h += nwarps) {
         const uint32_t kvh = h / G, g = h % G;
         float y[ATT_DVMAX];
-        a5_rotate_query(qb + (size_t)h * d, tb.signs + kvh * d, tb.rot_scale, d, lane, y);
+        att_rotate_query(qb + (size_t)h * d, tb.signs + kvh * d, tb.rot_scale, d, lane, y);
         float s = 0, mx = 0;
 #pragma unroll
         for (int k = 0; k < ATT_DVMAX; k++) {
@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(A5_THREADS) attend7_prep_kernel(att_params p)
 }
 
 template <int G>
-__global__ void __launch_bounds__(A5_THREADS, G >= 8 ? 4 : 5) attend7_kernel(att_params p)
+__global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 5) attend7_kernel(att_params p)
 {
     constexpr uint32_t NT = (2 * G + 7) / 8;
     __shared__ uint32_t dtk[256], dtv[256];
@@ -192,17 +192,17 @@ __global__ void __launch_bounds__(A5_THREADS, G >= 8 ? 4 : 5) attend7_kernel(att
     const uint32_t QH = p.QH, d = tb.d, n = tb.n, W = tb.W, KVH = tb.kv_heads;
     const uint32_t KS = d / 16, KW = d / 4 + 1;
     const a7_layout L = a7_plan(QH, d, G);
-    float *lg = (float *)(void *)(smem + L.lg);          /* [G][A5_T] */
+    float *lg = (float *)(void *)(smem + L.lg);          /* [G][ATT_T] */
     float *qsum = (float *)(void *)(smem + L.small);
     float *m_run = qsum + QH, *l_run = m_run + QH, *off_run = l_run + QH;
     float *alpha_s = off_run + QH, *wsc = alpha_s + QH, *qex = wsc + QH;
-    float *sk = (float *)(void *)(smem + L.tok), *midk = sk + A5_T, *sv = midk + A5_T, *midv = sv + A5_T;
-    uint8_t *lv = smem + L.lv;                            /* [d][A4_VSTR] */
-    uint32_t *klv = (uint32_t *)(void *)(smem + L.klv);   /* [A5_T][KW] */
-    uint2 *wfr = (uint2 *)(void *)(smem + L.klv);         /* [A5_T / 16][NT][32], after the scores */
+    float *sk = (float *)(void *)(smem + L.tok), *midk = sk + ATT_T, *sv = midk + ATT_T, *midv = sv + ATT_T;
+    uint8_t *lv = smem + L.lv;                            /* [d][ATT_VSTR] */
+    uint32_t *klv = (uint32_t *)(void *)(smem + L.klv);   /* [ATT_T][KW] */
+    uint2 *wfr = (uint2 *)(void *)(smem + L.klv);         /* [ATT_T / 16][NT][32], after the scores */
 
     const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
-    const uint32_t nwarps = A5_THREADS / 32, r = lane >> 2, c = lane & 3u;
+    const uint32_t nwarps = ATT_THREADS / 32, r = lane >> 2, c = lane & 3u;
     const size_t b = blockIdx.x;
     const uint32_t split = blockIdx.y;
     const dqcu_attn_seq sq = p.seqs[b];
@@ -210,13 +210,13 @@ __global__ void __launch_bounds__(A5_THREADS, G >= 8 ? 4 : 5) attend7_kernel(att
     const uint32_t tile0 = split * p.chunk, tile1 = min(ntiles, tile0 + p.chunk);
     float *part = p.part + (((size_t)b * (p.nsplit + 1) + split) * QH) * (d + 2);
     if (tile0 >= tile1) {
-        a5_empty(part, QH, d, tid);
+        att_empty(part, QH, d, tid);
         return;
     }
 
     const dqcu_kind_tab &kk = tb.kind[0], &kv_ = tb.kind[1];
     /* entries re-packed: level byte 2m first, then z - c, then f */
-    for (uint32_t i = tid; i < 256; i += A5_THREADS) {
+    for (uint32_t i = tid; i < 256; i += ATT_THREADS) {
         dtk[i] = dqcu_prmt(kk.dec[i], 0u, 0x4102u);
         dtv[i] = dqcu_prmt(kv_.dec[i], 0u, 0x4102u);
     }
@@ -232,14 +232,14 @@ __global__ void __launch_bounds__(A5_THREADS, G >= 8 ? 4 : 5) attend7_kernel(att
     float *acc = part;
     {
         const float *ps = (const float *)(const void *)(prep + (size_t)KVH * NT * KS * 32 * sizeof(uint2));
-        for (uint32_t h = tid; h < QH; h += A5_THREADS) {
+        for (uint32_t h = tid; h < QH; h += ATT_THREADS) {
             qsum[h] = ps[h];
             qex[h] = ps[QH + h];
             m_run[h] = -INFINITY;
             l_run[h] = 0.0f;
             off_run[h] = 0.0f;
         }
-        for (uint32_t i = tid; i < QH * d; i += A5_THREADS)
+        for (uint32_t i = tid; i < QH * d; i += ATT_THREADS)
             acc[(size_t)(i / d) * accs + i % d] = 0.0f;
     }
     __syncthreads();
@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(A5_THREADS, G >= 8 ? 4 : 5) attend7_kernel(att
     const uint32_t c2k = *(const uint32_t *)(const void *)&c2kh, c2v = *(const uint32_t *)(const void *)&c2vh;
     const uint32_t t = tid;
     for (uint32_t tile = tile0; tile < tile1; tile++) {
-        const uint32_t tbase = (tile % p.tpw) * A5_T, cnt = min((uint32_t)A5_T, W - tbase);
+        const uint32_t tbase = (tile % p.tpw) * ATT_T, cnt = min((uint32_t)ATT_T, W - tbase);
         const uint8_t *win = sq.windows[tile / p.tpw];
         const float sfm = dqcu_f16_le(win);
         /* open both streams of token t; sk/midk/sv/midv of the previous tile were last read before
@@ -283,16 +283,16 @@ __global__ void __launch_bounds__(A5_THREADS, G >= 8 ? 4 : 5) attend7_kernel(att
 #pragma unroll
                     for (int u = 0; u < 4; u++) {
                         ek[u] = a7_step(xk, dtk, kin);
-                        vdst[(size_t)u * A4_VSTR] = (uint8_t)a7_step(xv, dtv, vin);
+                        vdst[(size_t)u * ATT_VSTR] = (uint8_t)a7_step(xv, dtv, vin);
                     }
                     kdst[j4] = dqcu_prmt(dqcu_prmt(ek[0], ek[1], 0x0040u), dqcu_prmt(ek[2], ek[3], 0x0040u), 0x5410u);
-                    vdst += 4 * A4_VSTR;
+                    vdst += 4 * ATT_VSTR;
                 }
             }
             __syncthreads(); /* A: key and value levels of head kvh are in place */
 
             /* ---- scores of the group's query heads on tensor cores, two row tiles per warp ---- */
-            for (uint32_t mt = warp; mt < A5_T / 16; mt += nwarps) {
+            for (uint32_t mt = warp; mt < ATT_T / 16; mt += nwarps) {
                 const uint32_t t0 = 16u * mt + r, t1 = t0 + 8u;
                 const uint32_t *k0 = klv + (size_t)t0 * KW + KS * c, *k1 = klv + (size_t)t1 * KW + KS * c;
 #pragma unroll
@@ -301,16 +301,16 @@ __global__ void __launch_bounds__(A5_THREADS, G >= 8 ? 4 : 5) attend7_kernel(att
                     const uint2 *bf = qf + ((size_t)kvh * NT + nt) * KS * 32 + lane;
                     for (uint32_t ks = 0; ks < KS; ks++) {
                         const uint32_t w0 = k0[ks], w1 = k1[ks];
-                        a4_mma(dc, a4_lv2(w0, 0x4140u, c2k), a4_lv2(w1, 0x4140u, c2k), a4_lv2(w0, 0x4342u, c2k),
-                               a4_lv2(w1, 0x4342u, c2k), __ldg(bf + (size_t)ks * 32));
+                        att_mma(dc, att_lv2(w0, 0x4140u, c2k), att_lv2(w1, 0x4140u, c2k), att_lv2(w0, 0x4342u, c2k),
+                               att_lv2(w1, 0x4342u, c2k), __ldg(bf + (size_t)ks * 32));
                     }
                     /* columns 2c, 2c + 1 = query head g = 4nt + c, hi and lo */
                     const uint32_t g = 4u * nt + c;
                     if (g < (uint32_t)G) {
                         const uint32_t h = kvh * G + g;
                         const float xs = qex[h], qs = qsum[h];
-                        lg[(size_t)g * A5_T + t0] = p.scale * __fmaf_rn(sk[t0], (dc[0] + dc[1]) * xs, midk[t0] * qs);
-                        lg[(size_t)g * A5_T + t1] = p.scale * __fmaf_rn(sk[t1], (dc[2] + dc[3]) * xs, midk[t1] * qs);
+                        lg[(size_t)g * ATT_T + t0] = p.scale * __fmaf_rn(sk[t0], (dc[0] + dc[1]) * xs, midk[t0] * qs);
+                        lg[(size_t)g * ATT_T + t1] = p.scale * __fmaf_rn(sk[t1], (dc[2] + dc[3]) * xs, midk[t1] * qs);
                     }
                 }
             }
@@ -336,16 +336,54 @@ __global__ void __launch_bounds__(A5_THREADS, G >= 8 ? 4 : 5) attend7_kernel(att
                 }
                 qm = dqcu_warp_sum(qm) * qex[h];
                 const float sh = p.scale * (qm * sfm);
-                a4_softmax<NT>(lg + (size_t)g * A5_T, sh, cnt, h, g, m_run, l_run, off_run, alpha_s, wsc, sv, midv, wfr,
-                               lane);
+                att_softmax<NT>(lg + (size_t)g * ATT_T, sh, cnt, h, g, m_run, l_run, off_run, alpha_s, wsc, sv, midv,
+                                wfr, lane);
             }
             __syncthreads(); /* B: weights, alpha and scale of the group are in place */
 
             /* ---- value contraction of head kvh on tensor cores ---- */
-            a5_value_mma<G>(lv, wfr, kvh, d, acc, accs, alpha_s, wsc, c2v, warp, lane);
+            att_value_mma<G>(lv, wfr, kvh, d, acc, accs, alpha_s, wsc, c2v, warp, lane);
             __syncthreads(); /* C: the level buffers and the weights are free for the next head */
         }
     }
 
-    a5_finish(acc, accs, off_run, m_run, l_run, part, tb, QH, G, warp, lane);
+    att_finish(acc, accs, off_run, m_run, l_run, part, tb, QH, G, warp, lane);
+}
+
+bool dqcu__attend7_fit(const dqcu_codec *dc, uint32_t QH, att_fit *f)
+{
+    /* one query per kernel for the process (one sm_90 binary serves every device) */
+    static const std::array<att_attr, 4> attrs = {att_query_attr(attend7_kernel<1>), att_query_attr(attend7_kernel<2>),
+                                                  att_query_attr(attend7_kernel<4>), att_query_attr(attend7_kernel<8>)};
+    const uint32_t G = QH / dc->kv_heads;
+    if (!att_mma_shape_ok(G, dc->d))
+        return false;
+    f->smem = a7_smem_bytes(QH, dc->d, G);
+    f->per_sm = dqcu__attend_blocks_per_sm(dc, attrs[att_group_index(G)], f->smem);
+    f->prep_bytes = a7_prep_bytes(QH, dc->d, G);
+    return f->per_sm >= 1;
+}
+
+template <int G>
+static int launch_v7(const att_params &p, const att_plan &pl, uint32_t nseq, cudaStream_t stream)
+{
+    attend7_prep_kernel<G><<<nseq, ATT_THREADS, 0, stream>>>(p);
+    DQCU_CHECK_LAUNCH();
+    int rc = att_allow_smem<attend7_kernel<G>>();
+    if (rc)
+        return rc;
+    dim3 grid(nseq, pl.nsplit);
+    attend7_kernel<G><<<grid, ATT_THREADS, pl.smem, stream>>>(p);
+    DQCU_CHECK_LAUNCH();
+    return DQ_OK;
+}
+
+int dqcu__attend7_launch(const att_params &p, const att_plan &pl, uint32_t nseq, cudaStream_t stream)
+{
+    switch (p.G) {
+    case 1: return launch_v7<1>(p, pl, nseq, stream);
+    case 2: return launch_v7<2>(p, pl, nseq, stream);
+    case 4: return launch_v7<4>(p, pl, nseq, stream);
+    default: return launch_v7<8>(p, pl, nseq, stream);
+    }
 }
