@@ -28,6 +28,7 @@
 
 #include "access.h"
 #include "append.h"
+#include "ctx.h"
 #include "dquant/attention.h"
 #include "dquant/codec.h"
 #include "dquant/error.h"
@@ -36,7 +37,6 @@
 #include "lane.h"
 #include "logging.h"
 #include "ops_internal.h"
-#include "server.h"
 #include "tensor.h"
 #include "work.h"
 
@@ -66,7 +66,7 @@ typedef struct att_item {
 
 typedef struct att_op {
     dqd_req *req;
-    dqd_server *srv;
+    dqd_ctx *ctx;
     const Dquant__Attend *a;
     size_t n;
     att_item *items;
@@ -116,10 +116,10 @@ static bool same_layer(const layer_key *a, const layer_key *b)
 static void att_free(att_op *op)
 {
     if (op->reserved)
-        dqd_store_unreserve(op->srv->store, op->reserved);
+        dqd_store_unreserve(op->ctx->store, op->reserved);
     if (op->gpu_reserved)
-        dqd_store_gpu_unreserve(op->srv->store, op->gpu_reserved);
-    dqd_store_gpu_moves_finish(op->srv->store, &op->mv);
+        dqd_store_gpu_unreserve(op->ctx->store, op->gpu_reserved);
+    dqd_store_gpu_moves_finish(op->ctx->store, &op->mv);
     dqd_access_end(&op->as);
     if (op->items) {
         for (size_t i = 0; i < op->n; i++) {
@@ -197,7 +197,7 @@ static void attend_gpu(att_op *op)
             batch[nb] = (dqd_gattn){l, op->qf + j * qsize(op), out + j * qsize(op), lse + j * op->q_heads};
             idx[nb++] = j;
         }
-        int rc = nb ? dqd_gpu_attend(op->srv->gpu, codec, op->q_heads, op->scale, batch, nb, false) : DQ_OK;
+        int rc = nb ? dqd_gpu_attend(op->ctx->gpu, codec, op->q_heads, op->scale, batch, nb, false) : DQ_OK;
         for (size_t b = 0; b < nb; b++)
             op->items[idx[b]].rc = rc;
     }
@@ -206,9 +206,9 @@ static void attend_gpu(att_op *op)
     free(done);
 }
 
-static void attend_task(void *ctx, size_t c)
+static void attend_task(void *arg, size_t c)
 {
-    att_op *op = ctx;
+    att_op *op = arg;
     if (c == op->nchunks) {
         op->t_ns[ATT_T_C0] = dqd_now_ns();
         attend_gpu(op);
@@ -272,9 +272,9 @@ static void att_trace(const att_op *op)
               us[ATT_T_B1], us[ATT_T_C0], us[ATT_T_C1], (double)(now - t0) * 1e-3);
 }
 
-static void attend_done(void *ctx)
+static void attend_done(void *arg)
 {
-    att_op *op = ctx;
+    att_op *op = arg;
     for (size_t i = 0; i < op->n; i++) {
         if (op->items[i].rc < 0) {
             att_fail(op, op->items[i].rc, "item %zu: %s", i, dq_strerror(op->items[i].rc));
@@ -282,8 +282,8 @@ static void attend_done(void *ctx)
         }
     }
     for (size_t i = 0; i < op->n; i++)
-        dqd_store_touch(op->srv->store, op->items[i].seq);
-    op->srv->metrics.attend_items += op->n;
+        dqd_store_touch(op->ctx->store, op->items[i].seq);
+    op->ctx->metrics.attend_items += op->n;
 
     Dquant__AttendReply r = DQUANT__ATTEND_REPLY__INIT;
     Dquant__Tensor to, tl;
@@ -313,27 +313,27 @@ static void start_attend(att_op *op)
         ngpu += op->items[i].gpu;
     }
     op->gpu_c = ngpu > 0;
-    op->nchunks = ngpu < op->n ? dqd_tasks_split(op->srv, op->n) : 0;
+    op->nchunks = ngpu < op->n ? dqd_tasks_split(op->ctx, op->n) : 0;
     /* all on the GPU: the one task goes to the GPU threads (lane.h) */
     int rc;
-    if (!op->nchunks && op->srv->lane)
-        rc = dqd_lane_run(op->srv->lane, attend_task, attend_done, op);
+    if (!op->nchunks && op->ctx->lane)
+        rc = dqd_lane_run(op->ctx->lane, attend_task, attend_done, op);
     else
-        rc = dqd_tasks_run(op->srv, op->nchunks + op->gpu_c, attend_task, attend_done, op);
+        rc = dqd_tasks_run(op->ctx, op->nchunks + op->gpu_c, attend_task, attend_done, op);
     if (rc < 0)
         att_fail(op, DQ_NOMEM, "out of memory");
 }
 
 /* ---- phase B: appends ---- */
 
-static void rollback_task(void *ctx, size_t c)
+static void rollback_task(void *arg, size_t c)
 {
-    att_op *op = ctx;
+    att_op *op = arg;
     if (c == op->nchunks) {
         for (size_t k = 0; k < op->nappend; k++) {
             att_item *it = &op->items[op->append_idx[k]];
             if (it->gpu)
-                it->rc = dqd_gpu_rollback(op->srv->gpu, it->codec, &it->gtxn, &it->seq->glayers[it->layer]);
+                it->rc = dqd_gpu_rollback(op->ctx->gpu, it->codec, &it->gtxn, &it->seq->glayers[it->layer]);
         }
         return;
     }
@@ -360,18 +360,18 @@ static void settle_b(att_op *op, bool rolled_back)
         bool broken = it->gtxn.broken || (rolled_back && it->append && it->rc < 0);
         if (broken && it->seq->in_index) {
             DQD_ERROR("ATTEND rollback failed; dropping sequence ns='%s'", it->seq->ns);
-            dqd_store_remove(op->srv->store, it->seq);
+            dqd_store_remove(op->ctx->store, it->seq);
         } else if (it->seq->in_index) {
-            dqd_store_commit(op->srv->store, it->seq);
+            dqd_store_commit(op->ctx->store, it->seq);
         }
     }
-    dqd_store_gpu_promoted(op->srv->store, promoted);
-    dqd_store_gpu_spilled(op->srv->store, spilled);
+    dqd_store_gpu_promoted(op->ctx->store, promoted);
+    dqd_store_gpu_spilled(op->ctx->store, spilled);
 }
 
-static void rollback_done(void *ctx)
+static void rollback_done(void *arg)
 {
-    att_op *op = ctx;
+    att_op *op = arg;
     settle_b(op, true);
     att_fail(op, op->fail_rc, "%s", op->msg);
 }
@@ -408,7 +408,7 @@ static bool append_gpu_tokens(att_op *op)
             who[cnt] = op->append_idx[k];
             tok[cnt++] = (dqd_gtoken){it->seq->glayers[it->layer], &it->gtxn, kd, vd, dqd_tensor_dtype(&it->ak)};
         }
-        int rc = dqd_gpu_append_tokens(op->srv->gpu, first->codec, tok, cnt);
+        int rc = dqd_gpu_append_tokens(op->ctx->gpu, first->codec, tok, cnt);
         for (size_t j = 0; rc < 0 && j < cnt; j++)
             op->items[who[j]].rc = rc;
         ok = rc == DQ_OK;
@@ -424,7 +424,7 @@ static bool append_gpu_tokens(att_op *op)
 /* Phase B on the GPU: layer moves first, then the appends, all on this worker's stream. */
 static void append_gpu(att_op *op)
 {
-    dqd_gpu *gpu = op->srv->gpu;
+    dqd_gpu *gpu = op->ctx->gpu;
     for (size_t i = 0; i < op->n; i++) {
         att_item *it = &op->items[i];
         if (!it->promote)
@@ -464,9 +464,9 @@ static void append_gpu(att_op *op)
                 op->items[op->append_idx[k]].rc = rc;
 }
 
-static void append_task(void *ctx, size_t c)
+static void append_task(void *arg, size_t c)
 {
-    att_op *op = ctx;
+    att_op *op = arg;
     if (c == op->nchunks) {
         op->t_ns[ATT_T_B0] = dqd_now_ns();
         append_gpu(op);
@@ -480,7 +480,7 @@ static void append_task(void *ctx, size_t c)
         if (it->gpu)
             continue;
         if (it->spill) {
-            it->rc = dqd_gpu_demote(op->srv->gpu, it->codec, &it->seq->glayers[it->layer], &it->seq->layers[it->layer]);
+            it->rc = dqd_gpu_demote(op->ctx->gpu, it->codec, &it->seq->glayers[it->layer], &it->seq->layers[it->layer]);
             if (it->rc < 0)
                 continue;
             it->spilled = true;
@@ -507,17 +507,17 @@ static void append_task(void *ctx, size_t c)
 static void b_applied(att_op *op)
 {
     settle_b(op, false);
-    dqd_store_unreserve(op->srv->store, op->reserved);
+    dqd_store_unreserve(op->ctx->store, op->reserved);
     op->reserved = 0;
-    dqd_store_gpu_unreserve(op->srv->store, op->gpu_reserved);
+    dqd_store_gpu_unreserve(op->ctx->store, op->gpu_reserved);
     op->gpu_reserved = 0;
-    op->srv->metrics.attend_appends += op->nappend;
-    op->srv->metrics.tokens_put += op->nappend;
+    op->ctx->metrics.attend_appends += op->nappend;
+    op->ctx->metrics.tokens_put += op->nappend;
 }
 
-static void append_done(void *ctx)
+static void append_done(void *arg)
 {
-    att_op *op = ctx;
+    att_op *op = arg;
     int first = 0;
     size_t bad = 0, applied = 0;
     for (size_t i = 0; i < op->n; i++) {
@@ -536,11 +536,11 @@ static void append_done(void *ctx)
                  dq_strerror(first));
         if (applied) {
             op->fail_rc = first;
-            op->srv->metrics.rollbacks += applied;
+            op->ctx->metrics.rollbacks += applied;
             for (size_t k = 0; k < op->nappend; k++)
                 op->items[op->append_idx[k]].rc = 0;
             size_t ntasks = op->nchunks + op->gpu_b;
-            if (dqd_tasks_run(op->srv, ntasks, rollback_task, rollback_done, op) == 0)
+            if (dqd_tasks_run(op->ctx, ntasks, rollback_task, rollback_done, op) == 0)
                 return;
             for (size_t c = 0; c < ntasks; c++)
                 rollback_task(op, c);
@@ -556,10 +556,10 @@ static void append_done(void *ctx)
 }
 
 /* Fused: B and C in one task on the worker's stream. */
-static void fused_task(void *ctx, size_t c)
+static void fused_task(void *arg, size_t c)
 {
     (void)c;
-    att_op *op = ctx;
+    att_op *op = arg;
     op->t_ns[ATT_T_B0] = dqd_now_ns();
     append_gpu(op);
     op->t_ns[ATT_T_B1] = op->t_ns[ATT_T_C0] = dqd_now_ns();
@@ -571,9 +571,9 @@ static void fused_task(void *ctx, size_t c)
     op->t_ns[ATT_T_C1] = dqd_now_ns();
 }
 
-static void fused_done(void *ctx)
+static void fused_done(void *arg)
 {
-    att_op *op = ctx;
+    att_op *op = arg;
     if (!op->c_ran) {
         append_done(op); /* a failed append: rolled back as in the two-task path */
         return;
@@ -582,25 +582,25 @@ static void fused_done(void *ctx)
     attend_done(op);
 }
 
-static void moves_done(void *ctx, int rc)
+static void moves_done(void *arg, int rc)
 {
-    att_op *op = ctx;
+    att_op *op = arg;
     if (rc < 0) {
         att_fail(op, rc, "cannot move sequences out of GPU memory: %s", dq_strerror(rc));
         return;
     }
-    op->nchunks = op->ncpu_append ? dqd_tasks_split(op->srv, op->nappend) : 0;
+    op->nchunks = op->ncpu_append ? dqd_tasks_split(op->ctx, op->nappend) : 0;
     /* Every item on the GPU: the attention follows the appends on the same stream, in one task,
      * without a synchronization and a trip through the loop in between. */
     op->fused = op->gpu_b && !op->ncpu_append;
     for (size_t i = 0; i < op->n && op->fused; i++)
         op->fused = op->items[i].gpu;
-    if (op->fused && op->srv->lane)
-        rc = dqd_lane_run(op->srv->lane, fused_task, fused_done, op);
+    if (op->fused && op->ctx->lane)
+        rc = dqd_lane_run(op->ctx->lane, fused_task, fused_done, op);
     else if (op->fused)
-        rc = dqd_tasks_run(op->srv, 1, fused_task, fused_done, op);
+        rc = dqd_tasks_run(op->ctx, 1, fused_task, fused_done, op);
     else
-        rc = dqd_tasks_run(op->srv, op->nchunks + op->gpu_b, append_task, append_done, op);
+        rc = dqd_tasks_run(op->ctx, op->nchunks + op->gpu_b, append_task, append_done, op);
     if (rc < 0)
         att_fail(op, DQ_NOMEM, "out of memory");
 }
@@ -611,8 +611,8 @@ static void moves_done(void *ctx, int rc)
  * file), reserves the GPU room and marks the moves. Returns 0 or DQ_NOMEM. */
 static int att_place_gpu(att_op *op)
 {
-    dqd_store *store = op->srv->store;
-    dqd_gpu *gpu = op->srv->gpu;
+    dqd_store *store = op->ctx->store;
+    dqd_gpu *gpu = op->ctx->gpu;
     layer_key *keys = malloc(op->n * sizeof *keys);
     bool *cand = calloc(op->n, sizeof *cand);
     if (!keys || !cand) {
@@ -710,7 +710,7 @@ static int check_append(const att_op *op, att_item *it)
         rc = dq_check_finite(kd, dt, (size_t)it->ak.count);
     if (rc == 0)
         rc = dq_check_finite(vd, dt, (size_t)it->av.count);
-    if (rc == 0 && op->srv->gpu) {
+    if (rc == 0 && op->ctx->gpu) {
         const size_t ntok = (size_t)it->ak.count / it->codec->n;
         dq_workspace *ws = dqd_codec_ws_take(it->codec);
         rc = ws ? dq_check_tokens(ws, kd, dt, ntok) : DQ_NOMEM;
@@ -724,9 +724,9 @@ static int check_append(const att_op *op, att_item *it)
     return rc;
 }
 
-static void input_task(void *ctx, size_t c)
+static void input_task(void *arg, size_t c)
 {
-    att_op *op = ctx;
+    att_op *op = arg;
     size_t lo, hi;
     chunk_range(op->n, op->nchunks, c, &lo, &hi);
     for (size_t i = lo; i < hi; i++) {
@@ -740,9 +740,9 @@ static void input_task(void *ctx, size_t c)
     }
 }
 
-static void input_done(void *ctx)
+static void input_done(void *arg)
 {
-    att_op *op = ctx;
+    att_op *op = arg;
     op->t_ns[ATT_T_INPUT] = dqd_now_ns();
     for (size_t i = 0; i < op->n; i++) {
         if (op->items[i].rc < 0) {
@@ -752,7 +752,7 @@ static void input_done(void *ctx)
             return;
         }
     }
-    if (op->srv->gpu && att_place_gpu(op) < 0) {
+    if (op->ctx->gpu && att_place_gpu(op) < 0) {
         att_fail(op, DQ_NOMEM, "out of memory");
         return;
     }
@@ -772,20 +772,20 @@ static void input_done(void *ctx)
         start_attend(op);
         return;
     }
-    int rc = dqd_store_reserve(op->srv->store, need, NULL);
+    int rc = dqd_store_reserve(op->ctx->store, need, NULL);
     if (rc < 0) {
         att_fail(op, rc, "appending needs about %llu bytes and nothing evictable frees enough",
                  (unsigned long long)need);
         return;
     }
     op->reserved = need;
-    dqd_gpu_moves_run(op->srv, &op->mv, moves_done, op);
+    dqd_gpu_moves_run(op->ctx, &op->mv, moves_done, op);
 }
 
 static void att_ready(dqd_access_set *as)
 {
-    att_op *op = as->ctx;
-    dqd_server *srv = op->srv;
+    att_op *op = as->arg;
+    dqd_ctx *ctx = op->ctx;
     op->t_ns[ATT_T_ACCESS] = dqd_now_ns();
     const Dquant__Attend *a = op->a;
     for (size_t i = 0; i < op->n; i++) {
@@ -843,7 +843,7 @@ static void att_ready(dqd_access_set *as)
 
     size_t qbytes = op->n * qsize(op) * sizeof(float);
     op->out_len = qbytes + op->n * op->q_heads * sizeof(float);
-    if (op->out_len > srv->cfg->max_payload) {
+    if (op->out_len > ctx->cfg->max_payload) {
         att_fail(op, DQ_TOO_LARGE, "the reply would exceed max_payload; split the batch");
         return;
     }
@@ -861,8 +861,8 @@ static void att_ready(dqd_access_set *as)
         input_done(op);
         return;
     }
-    op->nchunks = dqd_tasks_split(srv, op->n);
-    if (dqd_tasks_run(srv, op->nchunks, input_task, input_done, op) < 0)
+    op->nchunks = dqd_tasks_split(ctx, op->n);
+    if (dqd_tasks_run(ctx, op->nchunks, input_task, input_done, op) < 0)
         att_fail(op, DQ_NOMEM, "out of memory");
 }
 
@@ -875,7 +875,7 @@ void dqd_op_attend(dqd_req *req)
         return;
     }
     op->req = req;
-    op->srv = req->srv;
+    op->ctx = req->ctx;
     op->a = a;
     op->n = a->n_items;
     op->items = calloc(op->n, sizeof *op->items);
@@ -901,7 +901,7 @@ void dqd_op_attend(dqd_req *req)
             op->append_idx[op->nappend++] = i;
         /* Moving a host layer to the GPU changes the sequence: that needs exclusive access too.
          * (Its slots may be changing right now; host_layers is the loop's own count.) */
-        bool move = req->srv->gpu && seq->host_layers && dqd_gpu_model_ok(req->srv->gpu, seq->model);
+        bool move = req->ctx->gpu && seq->host_layers && dqd_gpu_model_ok(req->ctx->gpu, seq->model);
         dqd_access_add(&op->as, seq, it->append || move ? DQD_ACCESS_WRITE : DQD_ACCESS_READ);
     }
     dqd_access_start(&op->as, att_ready, op);

@@ -6,16 +6,16 @@
 #include <string.h>
 
 #include "access.h"
+#include "ctx.h"
 #include "dquant/error.h"
 #include "gpu.h"
 #include "logging.h"
 #include "ops_internal.h"
-#include "server.h"
 #include "work.h"
 
 typedef struct get_op {
     dqd_req *req;
-    dqd_server *srv;
+    dqd_ctx *ctx;
     const Dquant__Get *get;
     dqd_access_set as;
     dqd_seq *seq;
@@ -36,7 +36,7 @@ static void get_free(get_op *op)
 {
     dqd_access_end(&op->as);
     if (op->dout)
-        dqd_gpu_free_transient(op->srv->gpu, op->dout);
+        dqd_gpu_free_transient(op->ctx->gpu, op->dout);
     free(op->out);
     free(op->raw_off);
     free(op->rc);
@@ -51,9 +51,9 @@ static void get_fail(get_op *op, int code, const char *msg)
 
 /* ---- typed ---- */
 
-static void decode_task(void *ctx, size_t i)
+static void decode_task(void *arg, size_t i)
 {
-    get_op *op = ctx;
+    get_op *op = arg;
     size_t layer = i / 2;
     dq_kind kind = (i & 1) ? DQ_KIND_V : DQ_KIND_K;
     size_t per_layer = (size_t)op->tokens * op->codec->n * op->esize;
@@ -62,7 +62,7 @@ static void decode_task(void *ctx, size_t i)
     if (op->dout) {
         /* NCCL reply: decoded into device memory, from GPU layers directly, host layers via a copy. */
         if (g) {
-            op->rc[i] = dqd_gpu_decode_dev(op->srv->gpu, op->codec, g, kind, (size_t)op->start, (size_t)op->tokens,
+            op->rc[i] = dqd_gpu_decode_dev(op->ctx->gpu, op->codec, g, kind, (size_t)op->start, (size_t)op->tokens,
                                            op->dout + off, op->dtype);
             return;
         }
@@ -75,14 +75,14 @@ static void decode_task(void *ctx, size_t i)
         if (ws)
             dqd_codec_ws_give(op->codec, ws);
         if (rc == DQ_OK)
-            rc = dqd_gpu_h2d(op->srv->gpu, op->dout + off, tmp, per_layer);
+            rc = dqd_gpu_h2d(op->ctx->gpu, op->dout + off, tmp, per_layer);
         free(tmp);
         op->rc[i] = rc;
         return;
     }
     uint8_t *dst = op->out + off;
     if (g) {
-        op->rc[i] = dqd_gpu_decode(op->srv->gpu, op->codec, g, kind, (size_t)op->start, (size_t)op->tokens, dst,
+        op->rc[i] = dqd_gpu_decode(op->ctx->gpu, op->codec, g, kind, (size_t)op->start, (size_t)op->tokens, dst,
                                    op->dtype);
         return;
     }
@@ -99,7 +99,7 @@ static void decode_task(void *ctx, size_t i)
 /* Replies with r and op->out as the payload; the caller frees op. */
 static void get_reply(get_op *op, Dquant__GetReply *r)
 {
-    dqd_store_touch(op->srv->store, op->seq);
+    dqd_store_touch(op->ctx->store, op->seq);
     Dquant__Response resp = DQUANT__RESPONSE__INIT;
     resp.body_case = DQUANT__RESPONSE__BODY_GET;
     resp.get = r;
@@ -128,14 +128,14 @@ static void reply_typed(get_op *op)
     r.tokens = op->tokens;
     r.k = &tk;
     r.v = &tv;
-    op->srv->metrics.tokens_get += op->tokens * op->num;
+    op->ctx->metrics.tokens_get += op->tokens * op->num;
     get_reply(op, &r);
     get_free(op);
 }
 
-static void decode_done(void *ctx)
+static void decode_done(void *arg)
 {
-    get_op *op = ctx;
+    get_op *op = arg;
     for (size_t i = 0; i < (size_t)op->num * 2; i++) {
         if (op->rc[i] < 0) {
             get_fail(op, op->rc[i], dq_strerror(op->rc[i]));
@@ -146,29 +146,29 @@ static void decode_done(void *ctx)
 }
 
 /* NCCL reply: the device buffer the decodes write (on a worker: the allocation is stream-ordered). */
-static void alloc_task(void *ctx, size_t i)
+static void alloc_task(void *arg, size_t i)
 {
-    get_op *op = ctx;
+    get_op *op = arg;
     (void)i;
     void *p = NULL;
-    op->alloc_rc = dqd_gpu_alloc_transient(op->srv->gpu, op->out_len, &p);
+    op->alloc_rc = dqd_gpu_alloc_transient(op->ctx->gpu, op->out_len, &p);
     op->dout = p;
 }
 
-static void alloc_done(void *ctx)
+static void alloc_done(void *arg)
 {
-    get_op *op = ctx;
+    get_op *op = arg;
     if (op->alloc_rc < 0) {
         get_fail(op, op->alloc_rc, "cannot allocate the reply in GPU memory");
         return;
     }
-    if (dqd_tasks_run(op->srv, (size_t)op->num * 2, decode_task, decode_done, op) < 0)
+    if (dqd_tasks_run(op->ctx, (size_t)op->num * 2, decode_task, decode_done, op) < 0)
         get_fail(op, DQ_NOMEM, "out of memory");
 }
 
 static void get_typed(get_op *op)
 {
-    dqd_server *srv = op->srv;
+    dqd_ctx *ctx = op->ctx;
     const Dquant__Get *g = op->get;
     static const dq_dtype fmt_dtype[3] = {DQ_DTYPE_F16, DQ_DTYPE_BF16, DQ_DTYPE_F32};
     op->dtype = fmt_dtype[g->format];
@@ -201,7 +201,7 @@ static void get_typed(get_op *op)
 
     uint64_t n = op->codec->n;
     uint64_t per = n * op->esize * 2;
-    if (op->tokens && (uint64_t)op->num * op->tokens > srv->cfg->max_payload / per) {
+    if (op->tokens && (uint64_t)op->num * op->tokens > ctx->cfg->max_payload / per) {
         get_fail(op, DQ_TOO_LARGE, "the reply would exceed max_payload; ask for fewer tokens or layers");
         return;
     }
@@ -216,23 +216,23 @@ static void get_typed(get_op *op)
         return;
     }
     if (op->req->msg->nccl_reply) {
-        if (dqd_tasks_run(srv, 1, alloc_task, alloc_done, op) < 0)
+        if (dqd_tasks_run(ctx, 1, alloc_task, alloc_done, op) < 0)
             get_fail(op, DQ_NOMEM, "out of memory");
         return;
     }
     op->out = dqd_out_alloc(op->out_len);
-    if (!op->out || dqd_tasks_run(srv, (size_t)op->num * 2, decode_task, decode_done, op) < 0)
+    if (!op->out || dqd_tasks_run(ctx, (size_t)op->num * 2, decode_task, decode_done, op) < 0)
         get_fail(op, DQ_NOMEM, "out of memory");
 }
 
 /* ---- raw ---- */
 
-static void copy_task(void *ctx, size_t i)
+static void copy_task(void *arg, size_t i)
 {
-    get_op *op = ctx;
+    get_op *op = arg;
     const dqd_glayer *g = dqd_seq_glayer(op->seq, op->first + (uint32_t)i);
     if (g) {
-        op->rc[i] = dqd_gpu_copy_raw(op->srv->gpu, op->codec, g, op->out + op->raw_off[i]);
+        op->rc[i] = dqd_gpu_copy_raw(op->ctx->gpu, op->codec, g, op->out + op->raw_off[i]);
         return;
     }
     const dq_layer *l = op->seq->layers[op->first + i];
@@ -250,9 +250,9 @@ static void copy_task(void *ctx, size_t i)
     }
 }
 
-static void copy_done(void *ctx)
+static void copy_done(void *arg)
 {
-    get_op *op = ctx;
+    get_op *op = arg;
     const dqd_model *m = op->seq->model;
     size_t n = op->num;
     for (size_t i = 0; op->rc && i < n; i++) {
@@ -311,7 +311,7 @@ static void copy_done(void *ctx)
 
 static void get_raw(get_op *op)
 {
-    dqd_server *srv = op->srv;
+    dqd_ctx *ctx = op->ctx;
     op->raw_off = calloc(op->num, sizeof *op->raw_off);
     if (!op->raw_off) {
         get_fail(op, DQ_NOMEM, "out of memory");
@@ -322,7 +322,7 @@ static void get_raw(get_op *op)
         op->raw_off[i] = (size_t)total;
         total += dqd_seq_layer_windows(op->seq, op->first + i) * op->codec->window_bytes +
                  dqd_seq_layer_tail(op->seq, op->first + i) * op->codec->n * 4u;
-        if (total > srv->cfg->max_payload) {
+        if (total > ctx->cfg->max_payload) {
             get_fail(op, DQ_TOO_LARGE, "the raw reply would exceed max_payload; ask for fewer layers");
             return;
         }
@@ -334,13 +334,13 @@ static void get_raw(get_op *op)
     }
     op->out = dqd_out_alloc(op->out_len);
     op->rc = calloc(op->num, sizeof *op->rc);
-    if (!op->out || !op->rc || dqd_tasks_run(srv, op->num, copy_task, copy_done, op) < 0)
+    if (!op->out || !op->rc || dqd_tasks_run(ctx, op->num, copy_task, copy_done, op) < 0)
         get_fail(op, DQ_NOMEM, "out of memory");
 }
 
 static void get_ready(dqd_access_set *as)
 {
-    get_op *op = as->ctx;
+    get_op *op = as->arg;
     op->seq = as->items[0].seq;
     if (!dqd_seq_alive(op->seq)) {
         get_fail(op, DQ_NOT_FOUND, "no such sequence");
@@ -376,7 +376,7 @@ void dqd_op_get(dqd_req *req)
         return;
     }
     op->req = req;
-    op->srv = req->srv;
+    op->ctx = req->ctx;
     op->get = req->msg->get;
     dqd_access_add(&op->as, seq, DQD_ACCESS_READ);
     dqd_access_start(&op->as, get_ready, op);

@@ -25,13 +25,13 @@
 
 #include "access.h"
 #include "append.h"
+#include "ctx.h"
 #include "dquant/codec.h"
 #include "dquant/error.h"
 #include "gpu.h"
 #include "gpu_tier.h"
 #include "logging.h"
 #include "ops_internal.h"
-#include "server.h"
 #include "tensor.h"
 #include "work.h"
 
@@ -39,7 +39,7 @@
 
 typedef struct put_op {
     dqd_req *req;
-    dqd_server *srv;
+    dqd_ctx *ctx;
     const Dquant__Put *put;   /* freed with the request once it is answered */
     uint32_t nlayers;
     dqd_model *model;
@@ -76,10 +76,10 @@ static void put_lookup(put_op *op);
 static void put_free(put_op *op)
 {
     if (op->reserved)
-        dqd_store_unreserve(op->srv->store, op->reserved);
+        dqd_store_unreserve(op->ctx->store, op->reserved);
     if (op->gpu_reserved)
-        dqd_store_gpu_unreserve(op->srv->store, op->gpu_reserved);
-    dqd_store_gpu_moves_finish(op->srv->store, &op->mv);
+        dqd_store_gpu_unreserve(op->ctx->store, op->gpu_reserved);
+    dqd_store_gpu_moves_finish(op->ctx->store, &op->mv);
     if (op->as_live)
         dqd_access_end(&op->as);
     if (op->txn)
@@ -113,7 +113,7 @@ static void put_fail(put_op *op, int code, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     if (op->created && op->seq && op->seq->in_index)
-        dqd_store_remove(op->srv->store, op->seq);
+        dqd_store_remove(op->ctx->store, op->seq);
     dqd_req_fail(op->req, code, "%s", msg);
     put_free(op);
 }
@@ -128,12 +128,12 @@ static bool on_gpu(const put_op *op, size_t i)
     return op->on_gpu && op->on_gpu[i];
 }
 
-static void rollback_task(void *ctx, size_t i)
+static void rollback_task(void *arg, size_t i)
 {
-    put_op *op = ctx;
+    put_op *op = arg;
     uint32_t layer = op->put->first_layer + (uint32_t)i;
     if (on_gpu(op, i)) {
-        op->rc[i] = dqd_gpu_rollback(op->srv->gpu, op->codec, &op->gtxn[i], &op->seq->glayers[layer]);
+        op->rc[i] = dqd_gpu_rollback(op->ctx->gpu, op->codec, &op->gtxn[i], &op->seq->glayers[layer]);
         return;
     }
     op->rc[i] = dqd_append_rollback(&op->txn[i], op->codec, &op->seq->layers[layer]);
@@ -155,14 +155,14 @@ static void count_promoted(put_op *op)
         n += op->promoted[i];
         m += op->spilled[i];
     }
-    dqd_store_gpu_promoted(op->srv->store, n);
-    dqd_store_gpu_spilled(op->srv->store, m);
+    dqd_store_gpu_promoted(op->ctx->store, n);
+    dqd_store_gpu_spilled(op->ctx->store, m);
 }
 
-static void rollback_done(void *ctx)
+static void rollback_done(void *arg)
 {
-    put_op *op = ctx;
-    dqd_server *srv = op->srv;
+    put_op *op = arg;
+    dqd_ctx *ctx = op->ctx;
     bool broken = any_broken(op);
     for (uint32_t i = 0; i < op->put->num_layers; i++)
         if (op->rc[i] < 0)
@@ -171,9 +171,9 @@ static void rollback_done(void *ctx)
     if (broken && op->seq->in_index) {
         /* The previous state could not be rebuilt: drop the sequence rather than show it half-written. */
         DQD_ERROR("PUT rollback failed; dropping sequence ns='%s'", op->seq->ns);
-        dqd_store_remove(srv->store, op->seq);
+        dqd_store_remove(ctx->store, op->seq);
     } else if (op->seq->in_index && !op->created) {
-        dqd_store_commit(srv->store, op->seq); /* accounting back to the previous state */
+        dqd_store_commit(ctx->store, op->seq); /* accounting back to the previous state */
     }
     put_fail(op, op->fail_rc, "%s", op->fail_msg);
 }
@@ -182,7 +182,7 @@ static void rollback_done(void *ctx)
 static void gpu_append(put_op *op, size_t i)
 {
     const size_t lb = layer_bytes(op);
-    dqd_gpu *gpu = op->srv->gpu;
+    dqd_gpu *gpu = op->ctx->gpu;
     uint32_t layer = op->put->first_layer + (uint32_t)i;
     int rc = DQ_OK;
     if (op->promote[i]) {
@@ -205,7 +205,7 @@ static void host_append(put_op *op, size_t i)
     const size_t lb = layer_bytes(op);
     dq_layer **slot = &op->seq->layers[op->put->first_layer + i];
     if (op->spill && op->spill[i]) {
-        op->rc[i] = dqd_gpu_demote(op->srv->gpu, op->codec, &op->seq->glayers[op->put->first_layer + i], slot);
+        op->rc[i] = dqd_gpu_demote(op->ctx->gpu, op->codec, &op->seq->glayers[op->put->first_layer + i], slot);
         if (op->rc[i] < 0)
             return;
         op->spilled[i] = true;
@@ -224,9 +224,9 @@ static void host_append(put_op *op, size_t i)
 /* Workers: layer i; if it failed for another reason, whether the layer's input holds NaN/Inf,
  * which then decides the error (see the top of this file). Input in GPU memory (NCCL, every layer
  * on the GPU) was checked there as a whole before. */
-static void append_task(void *ctx, size_t i)
+static void append_task(void *arg, size_t i)
 {
-    put_op *op = ctx;
+    put_op *op = arg;
     if (on_gpu(op, i))
         gpu_append(op, i);
     else
@@ -240,10 +240,10 @@ static void append_task(void *ctx, size_t i)
         op->rc[i] = DQ_NONFINITE;
 }
 
-static void append_done(void *ctx)
+static void append_done(void *arg)
 {
-    put_op *op = ctx;
-    dqd_server *srv = op->srv;
+    put_op *op = arg;
+    dqd_ctx *ctx = op->ctx;
     const Dquant__Put *put = op->put;
     int first_err = 0;
     uint32_t failed_layer = 0;
@@ -267,9 +267,9 @@ static void append_done(void *ctx)
             }
         }
         if (applied) {
-            srv->metrics.rollbacks += applied;
+            ctx->metrics.rollbacks += applied;
             memset(op->rc, 0, put->num_layers * sizeof *op->rc);
-            if (dqd_tasks_run(srv, put->num_layers, rollback_task, rollback_done, op) == 0)
+            if (dqd_tasks_run(ctx, put->num_layers, rollback_task, rollback_done, op) == 0)
                 return;
             /* Could not even queue the rollback: run it here rather than leave a half-written sequence. */
             for (uint32_t i = 0; i < put->num_layers; i++)
@@ -281,10 +281,10 @@ static void append_done(void *ctx)
             if (any_broken(op)) {
                 DQD_ERROR("PUT failed on the GPU and a layer could not be restored; dropping sequence ns='%s'",
                           op->seq->ns);
-                dqd_store_remove(srv->store, op->seq);
+                dqd_store_remove(ctx->store, op->seq);
             } else {
                 count_promoted(op);
-                dqd_store_commit(srv->store, op->seq); /* promotions changed the accounting */
+                dqd_store_commit(ctx->store, op->seq); /* promotions changed the accounting */
             }
         }
         put_fail(op, op->fail_rc, "%s", op->fail_msg);
@@ -292,12 +292,12 @@ static void append_done(void *ctx)
     }
 
     count_promoted(op);
-    dqd_store_commit(srv->store, op->seq);
-    dqd_store_unreserve(srv->store, op->reserved);
+    dqd_store_commit(ctx->store, op->seq);
+    dqd_store_unreserve(ctx->store, op->reserved);
     op->reserved = 0;
-    dqd_store_gpu_unreserve(srv->store, op->gpu_reserved);
+    dqd_store_gpu_unreserve(ctx->store, op->gpu_reserved);
     op->gpu_reserved = 0;
-    dqd_store_enforce(srv->store, op->seq);
+    dqd_store_enforce(ctx->store, op->seq);
 
     Dquant__PutReply r = DQUANT__PUT_REPLY__INIT;
     r.tokens = dqd_seq_layer_tokens(op->seq, put->first_layer);
@@ -306,9 +306,9 @@ static void append_done(void *ctx)
         r.streams_encoded += op->stats[i].streams;
         r.retries += op->stats[i].retries;
     }
-    srv->metrics.tokens_put += put->tokens * put->num_layers;
-    srv->metrics.streams_encoded += r.streams_encoded;
-    srv->metrics.encode_retries += r.retries;
+    ctx->metrics.tokens_put += put->tokens * put->num_layers;
+    ctx->metrics.streams_encoded += r.streams_encoded;
+    ctx->metrics.encode_retries += r.retries;
     Dquant__Response resp = DQUANT__RESPONSE__INIT;
     resp.body_case = DQUANT__RESPONSE__BODY_PUT;
     resp.put = &r;
@@ -328,7 +328,7 @@ static bool all_on_gpu(const put_op *op)
  * the host for the cpu path. */
 static int prepare_device(put_op *op)
 {
-    dqd_gpu *gpu = op->srv->gpu;
+    dqd_gpu *gpu = op->ctx->gpu;
     if (all_on_gpu(op)) {
         op->kdata = op->k.data;
         op->vdata = op->v.data;
@@ -352,9 +352,9 @@ static int prepare_device(put_op *op)
     return rc;
 }
 
-static void prepare_task(void *ctx, size_t i)
+static void prepare_task(void *arg, size_t i)
 {
-    put_op *op = ctx;
+    put_op *op = arg;
     (void)i;
     op->prep_layer = UINT32_MAX;
     if (op->k.device) {
@@ -367,9 +367,9 @@ static void prepare_task(void *ctx, size_t i)
     op->prep_rc = rc;
 }
 
-static void prepare_done(void *ctx)
+static void prepare_done(void *arg)
 {
-    put_op *op = ctx;
+    put_op *op = arg;
     if (op->prep_rc < 0) {
         if (op->prep_layer != UINT32_MAX)
             put_fail(op, op->prep_rc, "layer %u: %s", op->put->first_layer + op->prep_layer,
@@ -379,7 +379,7 @@ static void prepare_done(void *ctx)
                      op->prep_rc == DQ_NONFINITE ? "k or v holds NaN or infinity" : dq_strerror(op->prep_rc));
         return;
     }
-    if (dqd_tasks_run(op->srv, op->put->num_layers, append_task, append_done, op) < 0)
+    if (dqd_tasks_run(op->ctx, op->put->num_layers, append_task, append_done, op) < 0)
         put_fail(op, DQ_NOMEM, "out of memory");
 }
 
@@ -387,7 +387,7 @@ static void prepare_done(void *ctx)
  * the GPU and those that leave it. Returns 0 or DQ_NOMEM. */
 static int put_place_gpu(put_op *op)
 {
-    dqd_store *store = op->srv->store;
+    dqd_store *store = op->ctx->store;
     const Dquant__Put *put = op->put;
     dqd_seq *seq = op->seq;
     uint32_t nl = put->num_layers;
@@ -428,9 +428,9 @@ static int put_place_gpu(put_op *op)
     return DQ_OK;
 }
 
-static void moves_done(void *ctx, int rc)
+static void moves_done(void *arg, int rc)
 {
-    put_op *op = ctx;
+    put_op *op = arg;
     if (rc < 0) {
         put_fail(op, rc, "cannot move sequences out of GPU memory: %s", dq_strerror(rc));
         return;
@@ -445,14 +445,14 @@ static void moves_done(void *ctx, int rc)
         prepare_done(op);
         return;
     }
-    if (dqd_tasks_run(op->srv, 1, prepare_task, prepare_done, op) < 0)
+    if (dqd_tasks_run(op->ctx, 1, prepare_task, prepare_done, op) < 0)
         put_fail(op, DQ_NOMEM, "out of memory");
 }
 
 static void put_ready(dqd_access_set *as)
 {
-    put_op *op = as->ctx;
-    dqd_server *srv = op->srv;
+    put_op *op = as->arg;
+    dqd_ctx *ctx = op->ctx;
     const Dquant__Put *put = op->put;
     dqd_seq *seq = op->seq;
 
@@ -485,7 +485,7 @@ static void put_ready(dqd_access_set *as)
         return;
     }
     int rc = DQ_OK;
-    if (srv->gpu && dqd_gpu_model_ok(srv->gpu, op->model) && put_place_gpu(op) < 0) {
+    if (ctx->gpu && dqd_gpu_model_ok(ctx->gpu, op->model) && put_place_gpu(op) < 0) {
         put_fail(op, DQ_NOMEM, "out of memory");
         return;
     }
@@ -497,16 +497,16 @@ static void put_ready(dqd_access_set *as)
         else if (!on_gpu(op, i))
             need += dqd_store_append_need(op->codec, seq->layers[layer], put->tokens);
     }
-    rc = dqd_store_reserve(srv->store, need, seq);
+    rc = dqd_store_reserve(ctx->store, need, seq);
     if (rc < 0) {
         dqd_store_stats st;
-        dqd_store_get_stats(srv->store, &st);
+        dqd_store_get_stats(ctx->store, &st);
         put_fail(op, rc, "needs about %llu bytes; budget %llu, used %llu, nothing evictable frees enough",
                  (unsigned long long)need, (unsigned long long)st.budget, (unsigned long long)st.used);
         return;
     }
     op->reserved = need;
-    dqd_gpu_moves_run(srv, &op->mv, moves_done, op);
+    dqd_gpu_moves_run(ctx, &op->mv, moves_done, op);
 }
 
 static void put_lookup(put_op *op)
@@ -520,7 +520,7 @@ static void put_lookup(put_op *op)
     op->seq = dqd_ops_lookup(op->req, put->seq);
     if (!op->seq) {
         const char *ns = put->seq->ns ? put->seq->ns : "";
-        int rc = dqd_store_insert(op->srv->store, ns, strlen(ns), put->seq->key.data, put->seq->key.len, op->model,
+        int rc = dqd_store_insert(op->ctx->store, ns, strlen(ns), put->seq->key.data, put->seq->key.len, op->model,
                                   &op->seq);
         if (rc < 0) {
             op->seq = NULL;
@@ -532,7 +532,7 @@ static void put_lookup(put_op *op)
     if (dqd_access_init(&op->as, 1) < 0) {
         dqd_seq *seq = op->seq;
         if (op->created)
-            dqd_store_remove(op->srv->store, seq);
+            dqd_store_remove(op->ctx->store, seq);
         dqd_seq_unref(seq);
         op->seq = NULL;
         put_fail(op, DQ_NOMEM, "out of memory");
@@ -546,7 +546,7 @@ static void put_lookup(put_op *op)
 void dqd_op_put(dqd_req *req)
 {
     const Dquant__Put *put = req->msg->put;
-    dqd_model *model = dqd_registry_find(req->srv->reg, put->model);
+    dqd_model *model = dqd_registry_find(req->ctx->reg, put->model);
     if (!model) {
         dqd_req_fail(req, DQ_NOT_FOUND, "no model named '%s' (REGISTER_MODEL first)", put->model);
         return;
@@ -557,7 +557,7 @@ void dqd_op_put(dqd_req *req)
         return;
     }
     op->req = req;
-    op->srv = req->srv;
+    op->ctx = req->ctx;
     op->put = put;
     op->nlayers = put->num_layers;
     op->model = model;

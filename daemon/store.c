@@ -29,7 +29,7 @@ struct dqd_store {
     uint64_t gpu_budget, gpu_used, gpu_reserved;  /* used: Σ gpu_bytes of sequences not yet freed */
     dqd_seq *glru_head, *glru_tail;
     uint64_t gpu_seqs, gpu_demotions, gpu_promotions, gpu_drops, gpu_spills;
-    void (*gpu_free)(void *ctx, dqd_seq *seq);
+    void (*gpu_free)(void *arg, dqd_seq *seq);
     void *gpu_ctx;
 };
 
@@ -585,12 +585,12 @@ uint64_t dqd_seq_layer_tail(const dqd_seq *seq, uint32_t i)
 
 /* ---- GPU tier ---- */
 
-void dqd_store_gpu_enable(dqd_store *s, uint64_t budget, void (*free_layers)(void *ctx, dqd_seq *seq), void *ctx)
+void dqd_store_gpu_enable(dqd_store *s, uint64_t budget, void (*free_layers)(void *arg, dqd_seq *seq), void *arg)
 {
     s->gpu_on = true;
     s->gpu_budget = budget;
     s->gpu_free = free_layers;
-    s->gpu_ctx = ctx;
+    s->gpu_ctx = arg;
 }
 
 bool dqd_store_gpu_enabled(const dqd_store *s)

@@ -7,14 +7,14 @@
 
 #include "store.h"
 
-typedef struct dqd_server dqd_server;
+typedef struct dqd_ctx dqd_ctx;
 
 /* rc: 0, or DQ_NOMEM when the moves could not be queued (the victims are then released as they
  * were, so the room was not made). */
-typedef void (*dqd_moves_done_fn)(void *ctx, int rc);
+typedef void (*dqd_moves_done_fn)(void *arg, int rc);
 
 /* Moves every victim in mv to the host, finishes mv (dqd_store_gpu_moves_finish) and calls
- * done(ctx, rc) on the loop thread, possibly before returning (at once when mv is empty). */
-void dqd_gpu_moves_run(dqd_server *srv, dqd_gpu_moves *mv, dqd_moves_done_fn done, void *ctx);
+ * done(arg, rc) on the loop thread, possibly before returning (at once when mv is empty). */
+void dqd_gpu_moves_run(dqd_ctx *ctx, dqd_gpu_moves *mv, dqd_moves_done_fn done, void *arg);
 
 #endif
