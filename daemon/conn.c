@@ -1,6 +1,7 @@
 /* dquantd client connections (see conn.h). */
 #include "conn.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <poll.h>
 #include <stdlib.h>
@@ -32,12 +33,23 @@ static void process_input(dqd_conn *c);
 static void flush(dqd_conn *c);
 static void req_done(dqd_req *req);
 
+/* The only way a connection changes state: forward, one of OPEN → DRAINING → CLOSING → CLOSED or
+ * OPEN → CLOSING (see conn.h). */
+static void set_state(dqd_conn *c, dqd_conn_state to)
+{
+    assert((c->state == DQD_CONN_OPEN && (to == DQD_CONN_DRAINING || to == DQD_CONN_CLOSING)) ||
+           (c->state == DQD_CONN_DRAINING && to == DQD_CONN_CLOSING) ||
+           (c->state == DQD_CONN_CLOSING && to == DQD_CONN_CLOSED));
+    c->state = to;
+}
+
 static void on_handle_closed(uv_handle_t *h)
 {
     dqd_conn *c = h->data;
+    assert(c->handles_open > 0);
     if (--c->handles_open > 0)
         return;
-    c->state = DQD_CONN_CLOSED;
+    set_state(c, DQD_CONN_CLOSED);
     c->on_closed(c, c->owner);
 }
 
@@ -52,7 +64,7 @@ void dqd_conn_close(dqd_conn *c)
 {
     if (c->state >= DQD_CONN_CLOSING)
         return;
-    c->state = DQD_CONN_CLOSING;
+    set_state(c, DQD_CONN_CLOSING);
     dqd_nccl_conn_closed(&c->sess);
     if (c->reading)
         uv_read_stop(&c->h.stream);
@@ -77,7 +89,7 @@ void dqd_conn_drain(dqd_conn *c, uint64_t deadline_ms)
 {
     if (c->state != DQD_CONN_OPEN)
         return;
-    c->state = DQD_CONN_DRAINING;
+    set_state(c, DQD_CONN_DRAINING);
     if (c->reading)
         uv_read_stop(&c->h.stream);
     c->reading = false;
@@ -395,7 +407,7 @@ static void frame_ready(dqd_conn *c, uint8_t *buf, size_t pad, size_t total)
 
     /* A real request unpacks into at most ~15x its encoded size (many tiny items); beyond this
      * bound the message is built to amplify memory, and unpacking fails instead. */
-    dqd_pbmem_init(&req->pbmem, (size_t)f.hdr.header_len * 32u + (1u << 20));
+    dqd_pbmem_init(&req->pbmem, dqd_pbmem_cap(f.hdr.header_len));
     req->msg = dquant__request__unpack(&req->pbmem.a, f.hdr.header_len, f.header);
     if (!req->msg) {
         dqd_req_fail(req, DQ_PROTOCOL, "the header message is not a valid dquant.Request");
@@ -572,6 +584,7 @@ static void flush(dqd_conn *c)
 static void req_done(dqd_req *req)
 {
     dqd_conn *c = req->owner;
+    assert(!req->done && c->held >= req->frame_bytes);
     if (req->nccl_admitted)
         dqd_nccl_release(req, req->nccl_reply.buf, req->nccl_reply.on_device, req->nccl_reply.len,
                          req->nccl_reply.segs, req->nccl_reply.nseg);

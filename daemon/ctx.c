@@ -1,6 +1,7 @@
 /* dquantd context (see ctx.h). */
 #include "ctx.h"
 
+#include <assert.h>
 #include <string.h>
 
 #include "dquant/error.h"
@@ -80,6 +81,8 @@ void dqd_ctx_destroy(dqd_ctx *ctx)
     ctx->gpu = NULL;
     ctx->reg = NULL;
     dqd_framebufs_destroy(&ctx->frames);
+    /* Every counted host byte (codecs, layers, sequences) has come back. */
+    assert(dqd_hostmem_used(&ctx->mem) == 0);
 }
 
 void dqd_ctx_check_idle(dqd_ctx *ctx)

@@ -13,43 +13,6 @@
 #include "gpu.h"
 #include "logging.h"
 
-#define PB_HDR 16u
-
-static void *pb_alloc(void *data, size_t size)
-{
-    dqd_pbmem *m = data;
-    if (size > m->cap || m->used + size + PB_HDR > m->cap)
-        return NULL;
-    size_t need = size + PB_HDR;
-    uint8_t *p = malloc(need);
-    if (!p)
-        return NULL;
-    memcpy(p, &need, sizeof need);
-    m->used += need;
-    return p + PB_HDR;
-}
-
-static void pb_free(void *data, void *ptr)
-{
-    dqd_pbmem *m = data;
-    if (!ptr)
-        return;
-    uint8_t *p = (uint8_t *)ptr - PB_HDR;
-    size_t need;
-    memcpy(&need, p, sizeof need);
-    m->used -= need;
-    free(p);
-}
-
-void dqd_pbmem_init(dqd_pbmem *m, size_t cap)
-{
-    m->a.alloc = pb_alloc;
-    m->a.free = pb_free;
-    m->a.allocator_data = m;
-    m->used = 0;
-    m->cap = cap;
-}
-
 uint8_t *dqd_out_alloc(size_t len)
 {
     if (len == 0 || len > SIZE_MAX - 64)
@@ -107,8 +70,10 @@ static void free_device(dqd_ctx *ctx, void *dev)
 
 static void release_input(dqd_req *req)
 {
-    if (req->msg)
+    if (req->msg) {
         dquant__request__free_unpacked(req->msg, &req->pbmem.a);
+        assert(req->pbmem.used == 0 && "every byte protobuf-c allocated comes back");
+    }
     req->msg = NULL;
     dqd_framebuf_put(&req->ctx->frames, req->frame);
     req->frame = NULL;

@@ -14,6 +14,7 @@
 
 #include "dquant.pb-c.h"
 #include "opcode.h"
+#include "pbmem.h"
 #include "validate.h"
 
 typedef struct dqd_ctx dqd_ctx;
@@ -27,12 +28,6 @@ typedef struct dqd_session {
     bool authed;               /* HELLO succeeded */
     struct dqd_nchan *nchan;   /* NCCL data path (ncclpath.h), NULL until NCCL_SETUP */
 } dqd_session;
-
-/* Bounded allocator for protobuf-c unpacking of one header. */
-typedef struct dqd_pbmem {
-    ProtobufCAllocator a;
-    size_t used, cap;
-} dqd_pbmem;
 
 struct dqd_req {
     dqd_ctx *ctx;
@@ -51,7 +46,7 @@ struct dqd_req {
     const uint8_t *payload;
     uint64_t payload_len;
     Dquant__Request *msg;
-    dqd_pbmem pbmem;
+    dqd_pbmem pbmem;           /* msg's allocator (pbmem.h) */
 
     int done;
     int err;                   /* 0, or the error code replied */
@@ -77,8 +72,6 @@ struct dqd_req {
         size_t nseg;
     } nccl_reply;
 };
-
-void dqd_pbmem_init(dqd_pbmem *m, size_t cap);
 
 /* Replies with resp and the payload out (ownership taken, freed with free(); may be NULL).
  * If the reply frame cannot be built (too large, no memory) an error reply is sent instead. */
