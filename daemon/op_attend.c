@@ -11,7 +11,7 @@
  * places every (sequence, layer) of the batch — on the GPU if it is there already; else, for
  * models the kernels take, moved there (an existing host layer) or created there (a new layer
  * with an append) when the GPU budget can make room, possibly moving least recently used
- * sequences to the host first (gpu_tier.h); else it stays on the host. A sequence with a host
+ * sequences to the host first (tier.h); else it stays on the host. A sequence with a host
  * layer to move is acquired exclusively, as for an append. A GPU layer whose append finds no room
  * at all on the GPU (everything else pinned or in use) moves to the host and is appended there.
  * Phase B and C then run the host items in chunks as above plus one GPU task: promotions and
@@ -33,11 +33,11 @@
 #include "dquant/codec.h"
 #include "dquant/error.h"
 #include "gpu.h"
-#include "gpu_tier.h"
 #include "lane.h"
 #include "logging.h"
 #include "ops_internal.h"
 #include "tensor.h"
+#include "tier.h"
 #include "work.h"
 
 /* Requests up to this many payload bytes have their inputs converted and checked on the loop. */
@@ -612,7 +612,6 @@ static void moves_done(void *arg, int rc)
 static int att_place_gpu(att_op *op)
 {
     dqd_store *store = op->ctx->store;
-    dqd_gpu *gpu = op->ctx->gpu;
     layer_key *keys = malloc(op->n * sizeof *keys);
     bool *cand = calloc(op->n, sizeof *cand);
     if (!keys || !cand) {
@@ -633,7 +632,7 @@ static int att_place_gpu(att_op *op)
             app |= op->items[keys[g1].item].append;
         att_item *it = &op->items[keys[g0].item];
         dqd_seq *seq = it->seq;
-        if (!dqd_gpu_model_ok(gpu, seq->model))
+        if (!dqd_tier_gpu_ok(op->ctx, seq->model))
             continue;
         const dqd_glayer *gl = dqd_seq_glayer(seq, it->layer);
         const dq_layer *hl = seq->layers[it->layer];
@@ -710,7 +709,7 @@ static int check_append(const att_op *op, att_item *it)
         rc = dq_check_finite(kd, dt, (size_t)it->ak.count);
     if (rc == 0)
         rc = dq_check_finite(vd, dt, (size_t)it->av.count);
-    if (rc == 0 && op->ctx->gpu) {
+    if (rc == 0 && dqd_tier_precheck(op->ctx)) {
         const size_t ntok = (size_t)it->ak.count / it->codec->n;
         dq_workspace *ws = dqd_codec_ws_take(it->codec);
         rc = ws ? dq_check_tokens(ws, kd, dt, ntok) : DQ_NOMEM;
@@ -752,7 +751,7 @@ static void input_done(void *arg)
             return;
         }
     }
-    if (op->ctx->gpu && att_place_gpu(op) < 0) {
+    if (att_place_gpu(op) < 0) {
         att_fail(op, DQ_NOMEM, "out of memory");
         return;
     }
@@ -779,7 +778,7 @@ static void input_done(void *arg)
         return;
     }
     op->reserved = need;
-    dqd_gpu_moves_run(op->ctx, &op->mv, moves_done, op);
+    dqd_tier_moves_run(op->ctx, &op->mv, moves_done, op);
 }
 
 static void att_ready(dqd_access_set *as)
@@ -901,7 +900,7 @@ void dqd_op_attend(dqd_req *req)
             op->append_idx[op->nappend++] = i;
         /* Moving a host layer to the GPU changes the sequence: that needs exclusive access too.
          * (Its slots may be changing right now; host_layers is the loop's own count.) */
-        bool move = req->ctx->gpu && seq->host_layers && dqd_gpu_model_ok(req->ctx->gpu, seq->model);
+        bool move = seq->host_layers && dqd_tier_gpu_ok(req->ctx, seq->model);
         dqd_access_add(&op->as, seq, it->append || move ? DQD_ACCESS_WRITE : DQD_ACCESS_READ);
     }
     dqd_access_start(&op->as, att_ready, op);

@@ -14,7 +14,7 @@
  * On the cuda backend (models the kernels take) the written layers go to the GPU: layers already
  * there are appended there, host layers move there first (dqd_gpu_promote), new ones are created
  * there. The GPU budget for all of that is reserved on the loop, possibly moving least recently
- * used sequences to the host first (gpu_tier.h, before the prepare task). If the GPU cannot make
+ * used sequences to the host first (tier.h, before the prepare task). If the GPU cannot make
  * room, layers not yet on the GPU stay on the host and take the cpu path, and GPU-resident ones
  * are appended there if their growth fits; if even that does not fit (everything else on the GPU
  * pinned or in use), they move to the host first (spill) and are appended there. */
@@ -29,10 +29,10 @@
 #include "dquant/codec.h"
 #include "dquant/error.h"
 #include "gpu.h"
-#include "gpu_tier.h"
 #include "logging.h"
 #include "ops_internal.h"
 #include "tensor.h"
+#include "tier.h"
 #include "work.h"
 
 #define MAX_LOOKUP_RETRIES 64
@@ -485,7 +485,7 @@ static void put_ready(dqd_access_set *as)
         return;
     }
     int rc = DQ_OK;
-    if (ctx->gpu && dqd_gpu_model_ok(ctx->gpu, op->model) && put_place_gpu(op) < 0) {
+    if (dqd_tier_gpu_ok(ctx, op->model) && put_place_gpu(op) < 0) {
         put_fail(op, DQ_NOMEM, "out of memory");
         return;
     }
@@ -506,7 +506,7 @@ static void put_ready(dqd_access_set *as)
         return;
     }
     op->reserved = need;
-    dqd_gpu_moves_run(ctx, &op->mv, moves_done, op);
+    dqd_tier_moves_run(ctx, &op->mv, moves_done, op);
 }
 
 static void put_lookup(put_op *op)

@@ -10,8 +10,8 @@
 #include "ctx.h"
 #include "dquant/error.h"
 #include "frame.h"
-#include "gpu.h"
 #include "logging.h"
+#include "tier.h"
 
 uint8_t *dqd_out_alloc(size_t len)
 {
@@ -61,13 +61,6 @@ int dqd_error_frame(uint64_t request_id, int code, const char *message, uint8_t 
     return pack_frame(request_id, &resp, 0, 1u << 20, head, head_len);
 }
 
-/* Device memory of an NCCL payload or reply (only the cuda backend makes any). */
-static void free_device(dqd_ctx *ctx, void *dev)
-{
-    if (dev)
-        dqd_gpu_free_transient(ctx->gpu, dev);
-}
-
 static void release_input(dqd_req *req)
 {
     if (req->msg) {
@@ -78,7 +71,7 @@ static void release_input(dqd_req *req)
     dqd_framebuf_put(&req->ctx->frames, req->frame);
     req->frame = NULL;
     req->payload = NULL;
-    free_device(req->ctx, req->dpayload);
+    dqd_tier_free_device(req->ctx, req->dpayload);
     req->dpayload = NULL;
     free(req->hpayload);
     req->hpayload = NULL;
@@ -150,7 +143,7 @@ void dqd_req_reply_nccl(dqd_req *req, Dquant__Response *resp, void *buf, bool on
     }
     if (rc < 0) {
         if (on_device)
-            free_device(ctx, buf);
+            dqd_tier_free_device(ctx, buf);
         else
             free(buf);
         free(segs);

@@ -149,7 +149,7 @@ bool dqd_store_gpu_enabled(const dqd_store *s);
 /* Gives seq its glayers array (no-op if it has one). DQ_NOMEM. */
 int dqd_store_gpu_slots(dqd_store *s, dqd_seq *seq);
 
-/* Sequences a GPU reservation moves to the host (gpu_tier.h runs the moves). rc[i] starts at 1
+/* Sequences a GPU reservation moves to the host (tier.h runs the moves). rc[i] starts at 1
  * (not moved); the mover sets 0 (moved) or an error (the sequence is then dropped). */
 typedef struct dqd_gpu_moves {
     dqd_seq **seqs;

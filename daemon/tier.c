@@ -1,0 +1,176 @@
+/* dquantd tiers (see tier.h). */
+#include "tier.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctx.h"
+#include "dquant/error.h"
+#include "gpu.h"
+#include "work.h"
+
+bool dqd_tier_gpu_ok(const dqd_ctx *ctx, const dqd_model *m)
+{
+    return ctx->gpu && dqd_gpu_model_ok(ctx->gpu, m);
+}
+
+bool dqd_tier_precheck(const dqd_ctx *ctx)
+{
+    return ctx->gpu != NULL;
+}
+
+static int host_decode(const dqd_seq *seq, uint32_t layer, dq_kind kind, size_t first, size_t count, void *out,
+                       dq_dtype dtype)
+{
+    dqd_codec *codec = seq->model->codec;
+    dq_workspace *ws = dqd_codec_ws_take(codec);
+    if (!ws)
+        return DQ_NOMEM;
+    int rc = dq_layer_decode(seq->layers[layer], ws, kind, first, count, out, dtype);
+    dqd_codec_ws_give(codec, ws);
+    return rc;
+}
+
+int dqd_tier_decode(dqd_ctx *ctx, const dqd_seq *seq, uint32_t layer, dq_kind kind, size_t first, size_t count,
+                    void *out, dq_dtype dtype)
+{
+    const dqd_glayer *g = dqd_seq_glayer(seq, layer);
+    if (g)
+        return dqd_gpu_decode(ctx->gpu, seq->model->codec, g, kind, first, count, out, dtype);
+    return host_decode(seq, layer, kind, first, count, out, dtype);
+}
+
+int dqd_tier_decode_dev(dqd_ctx *ctx, const dqd_seq *seq, uint32_t layer, dq_kind kind, size_t first, size_t count,
+                        void *dout, dq_dtype dtype)
+{
+    dqd_codec *codec = seq->model->codec;
+    const dqd_glayer *g = dqd_seq_glayer(seq, layer);
+    if (g)
+        return dqd_gpu_decode_dev(ctx->gpu, codec, g, kind, first, count, dout, dtype);
+    /* A host layer: decoded on the host, then copied. */
+    size_t bytes = count * codec->n * dq_dtype_size(dtype);
+    uint8_t *tmp = malloc(bytes ? bytes : 1);
+    dq_workspace *ws = dqd_codec_ws_take(codec);
+    int rc = tmp && ws ? DQ_OK : DQ_NOMEM;
+    if (rc == DQ_OK)
+        rc = dq_layer_decode(seq->layers[layer], ws, kind, first, count, tmp, dtype);
+    if (ws)
+        dqd_codec_ws_give(codec, ws);
+    if (rc == DQ_OK)
+        rc = dqd_gpu_h2d(ctx->gpu, dout, tmp, bytes);
+    free(tmp);
+    return rc;
+}
+
+int dqd_tier_copy_raw(dqd_ctx *ctx, const dqd_seq *seq, uint32_t layer, uint8_t *dst)
+{
+    dqd_codec *codec = seq->model->codec;
+    const dqd_glayer *g = dqd_seq_glayer(seq, layer);
+    if (g)
+        return dqd_gpu_copy_raw(ctx->gpu, codec, g, dst);
+    const dq_layer *l = seq->layers[layer];
+    if (!l)
+        return DQ_OK;
+    size_t nwin = dq_layer_window_count(l), wb = codec->window_bytes;
+    for (size_t w = 0; w < nwin; w++)
+        memcpy(dst + w * wb, dq_layer_window(l, w), wb);
+    dst += nwin * wb;
+    size_t tail = dq_layer_tail_tokens(l) * codec->n * sizeof(uint16_t);
+    if (tail) {
+        memcpy(dst, dq_layer_tail(l, DQ_KIND_K), tail);
+        memcpy(dst + tail, dq_layer_tail(l, DQ_KIND_V), tail);
+    }
+    return DQ_OK;
+}
+
+int dqd_tier_alloc_device(dqd_ctx *ctx, size_t bytes, void **out)
+{
+    *out = NULL;
+    return ctx->gpu ? dqd_gpu_alloc_transient(ctx->gpu, bytes, out) : DQ_UNSUPPORTED;
+}
+
+void dqd_tier_free_device(dqd_ctx *ctx, void *p)
+{
+    if (p)
+        dqd_gpu_free_transient(ctx->gpu, p);
+}
+
+/* ---- moves to the host (a GPU reservation's victims) ---- */
+
+typedef struct move_job {
+    size_t victim;
+    uint32_t layer;
+    int rc;
+} move_job;
+
+typedef struct moves_run {
+    dqd_ctx *ctx;
+    dqd_gpu_moves *mv;
+    move_job *jobs;
+    size_t njobs;
+    dqd_moves_done_fn done;
+    void *arg;
+} moves_run;
+
+static void move_task(void *arg, size_t i)
+{
+    moves_run *r = arg;
+    move_job *j = &r->jobs[i];
+    dqd_seq *seq = r->mv->seqs[j->victim];
+    /* The victim is held exclusively, so its layers are this task's alone. */
+    j->rc = dqd_gpu_demote(r->ctx->gpu, seq->model->codec, &seq->glayers[j->layer], &seq->layers[j->layer]);
+}
+
+static void moves_done(void *arg)
+{
+    moves_run *r = arg;
+    dqd_gpu_moves *mv = r->mv;
+    for (size_t v = 0; v < mv->n; v++)
+        mv->rc[v] = 0;
+    for (size_t i = 0; i < r->njobs; i++)
+        if (r->jobs[i].rc < 0 && mv->rc[r->jobs[i].victim] == 0)
+            mv->rc[r->jobs[i].victim] = r->jobs[i].rc;
+    dqd_store_gpu_moves_finish(r->ctx->store, mv);
+    dqd_moves_done_fn done = r->done;
+    void *dctx = r->arg;
+    free(r->jobs);
+    free(r);
+    done(dctx, DQ_OK);
+}
+
+void dqd_tier_moves_run(dqd_ctx *ctx, dqd_gpu_moves *mv, dqd_moves_done_fn done, void *arg)
+{
+    if (!mv->n) {
+        done(arg, DQ_OK);
+        return;
+    }
+    size_t njobs = 0;
+    for (size_t v = 0; v < mv->n; v++)
+        for (uint32_t l = 0; l < mv->seqs[v]->model->layers; l++)
+            njobs += dqd_seq_glayer(mv->seqs[v], l) != NULL;
+    moves_run *r = calloc(1, sizeof *r);
+    move_job *jobs = calloc(njobs ? njobs : 1, sizeof *jobs);
+    if (!r || !jobs) {
+        free(r);
+        free(jobs);
+        dqd_store_gpu_moves_finish(ctx->store, mv);
+        done(arg, DQ_NOMEM);
+        return;
+    }
+    size_t k = 0;
+    for (size_t v = 0; v < mv->n; v++)
+        for (uint32_t l = 0; l < mv->seqs[v]->model->layers; l++)
+            if (dqd_seq_glayer(mv->seqs[v], l))
+                jobs[k++] = (move_job){v, l, 0};
+    *r = (moves_run){ctx, mv, jobs, njobs, done, arg};
+    if (!njobs) {
+        moves_done(r);
+        return;
+    }
+    if (dqd_tasks_run(ctx, njobs, move_task, moves_done, r) < 0) {
+        free(jobs);
+        free(r);
+        dqd_store_gpu_moves_finish(ctx->store, mv);
+        done(arg, DQ_NOMEM);
+    }
+}
