@@ -50,8 +50,6 @@ typedef struct get_op {
     int *rc;
 } get_op;
 
-static void get_step(get_op *op);
-
 static void get_free(get_op *op)
 {
     dqd_access_end(&op->as);
@@ -95,246 +93,19 @@ static void get_reply(get_op *op, Dquant__GetReply *r)
     dqd_req_reply(op->req, &resp, out, op->out_len);
 }
 
-/* ---- waits: their callbacks move the state machine on ---- */
-
-static void access_ready(dqd_access_set *as)
-{
-    get_op *op = as->arg;
-    op->seq = as->items[0].seq;
-    op->state = GET_VALIDATE;
-    get_step(op);
-}
-
-/* NCCL reply: the device buffer the decodes write (on a worker: the allocation is stream-ordered). */
-static void alloc_task(void *arg, size_t i)
-{
-    get_op *op = arg;
-    (void)i;
-    void *p = NULL;
-    op->alloc_rc = dqd_tier_alloc_device(op->ctx, op->out_len, &p);
-    op->dout = p;
-}
-
-static void alloc_done(void *arg)
-{
-    get_op *op = arg;
-    if (op->alloc_rc < 0) {
-        get_fail(op, op->alloc_rc, "cannot allocate the reply in GPU memory");
-        return;
-    }
-    op->state = GET_DECODE;
-    get_step(op);
-}
-
-static void decode_task(void *arg, size_t i)
-{
-    get_op *op = arg;
-    size_t layer = i / 2;
-    dq_kind kind = (i & 1) ? DQ_KIND_V : DQ_KIND_K;
-    size_t per_layer = (size_t)op->tokens * op->codec->n * op->esize;
-    size_t off = (kind == DQ_KIND_V ? op->out_len / 2 : 0) + layer * per_layer;
-    uint32_t l = op->first + (uint32_t)layer;
-    if (op->dout)
-        op->rc[i] = dqd_tier_decode_dev(op->ctx, op->seq, l, kind, (size_t)op->start, (size_t)op->tokens,
-                                        op->dout + off, op->dtype);
-    else
-        op->rc[i] = dqd_tier_decode(op->ctx, op->seq, l, kind, (size_t)op->start, (size_t)op->tokens,
-                                    op->out + off, op->dtype);
-}
-
-static void decode_done(void *arg)
-{
-    get_op *op = arg;
-    int rc = first_error(op, (size_t)op->num * 2);
-    if (rc < 0) {
-        get_fail(op, rc, dq_strerror(rc));
-        return;
-    }
-    op->state = GET_REPLY;
-    get_step(op);
-}
-
-static void copy_task(void *arg, size_t i)
-{
-    get_op *op = arg;
-    op->rc[i] = dqd_tier_copy_raw(op->ctx, op->seq, op->first + (uint32_t)i, op->out + op->raw_off[i]);
-}
-
-static void copy_done(void *arg)
-{
-    get_op *op = arg;
-    int rc = first_error(op, op->num);
-    if (rc < 0) {
-        get_fail(op, rc, dq_strerror(rc));
-        return;
-    }
-    op->state = GET_REPLY;
-    get_step(op);
-}
-
-/* ---- the states that do not wait ---- */
-
-static int get_validate(get_op *op)
-{
-    if (!dqd_seq_alive(op->seq)) {
-        get_fail(op, DQ_NOT_FOUND, "no such sequence");
-        return -1;
-    }
-    op->codec = op->seq->model->codec;
-    dqd_model_info info;
-    dqd_model_info_of(op->seq->model, &info);
-    char msg[256];
-    int rc = dqd_validate_get(op->get, &info, &op->first, &op->num, msg, sizeof msg);
-    if (rc < 0) {
-        get_fail(op, rc, msg);
-        return -1;
-    }
-    op->raw = op->get->format == DQUANT__GET_FORMAT__GET_RAW;
-    return 0;
-}
-
-/* Typed: the token range (every layer must hold it; without a count, up to the shortest layer)
- * and the reply's size. */
-static int get_range(get_op *op)
-{
-    const Dquant__Get *g = op->get;
-    static const dq_dtype fmt_dtype[3] = {DQ_DTYPE_F16, DQ_DTYPE_BF16, DQ_DTYPE_F32};
-    op->dtype = fmt_dtype[g->format];
-    op->esize = dq_dtype_size(op->dtype);
-
-    uint64_t end = UINT64_MAX;
-    for (uint32_t i = 0; i < op->num; i++) {
-        uint64_t have = dqd_seq_layer_tokens(op->seq, op->first + i);
-        if (g->tokens) {
-            if (g->start_token + g->tokens > have) {
-                char msg[160];
-                snprintf(msg, sizeof msg, "layer %u holds %llu tokens; asked for [%llu, %llu)", op->first + i,
-                         (unsigned long long)have, (unsigned long long)g->start_token,
-                         (unsigned long long)(g->start_token + g->tokens));
-                get_fail(op, DQ_OUT_OF_BOUNDS, msg);
-                return -1;
-            }
-        } else if (have < end) {
-            end = have;
-        }
-    }
-    if (g->tokens)
-        end = g->start_token + g->tokens;
-    if (g->start_token > end) {
-        get_fail(op, DQ_OUT_OF_BOUNDS, "start_token lies past the end of the requested layers");
-        return -1;
-    }
-    op->start = g->start_token;
-    op->tokens = end - g->start_token;
-
-    uint64_t per = op->codec->n * op->esize * 2;
-    if (op->tokens && (uint64_t)op->num * op->tokens > op->ctx->cfg->max_payload / per) {
-        get_fail(op, DQ_TOO_LARGE, "the reply would exceed max_payload; ask for fewer tokens or layers");
-        return -1;
-    }
-    op->out_len = (size_t)(op->num * op->tokens * per);
-    if (op->out_len) {
-        op->rc = calloc((size_t)op->num * 2, sizeof *op->rc);
-        if (!op->rc) {
-            get_fail(op, DQ_NOMEM, "out of memory");
-            return -1;
-        }
-    }
-    return 0;
-}
-
-/* Raw: each layer's offset in the reply (records, tail K, tail V). */
-static int get_raw_size(get_op *op)
-{
-    op->raw_off = calloc(op->num, sizeof *op->raw_off);
-    if (!op->raw_off) {
-        get_fail(op, DQ_NOMEM, "out of memory");
-        return -1;
-    }
-    uint64_t total = 0;
-    for (uint32_t i = 0; i < op->num; i++) {
-        op->raw_off[i] = (size_t)total;
-        total += dqd_seq_layer_windows(op->seq, op->first + i) * op->codec->window_bytes +
-                 dqd_seq_layer_tail(op->seq, op->first + i) * op->codec->n * 4u;
-        if (total > op->ctx->cfg->max_payload) {
-            get_fail(op, DQ_TOO_LARGE, "the raw reply would exceed max_payload; ask for fewer layers");
-            return -1;
-        }
-    }
-    op->out_len = (size_t)total;
-    return 0;
-}
-
-static void reply_typed(get_op *op)
-{
-    const dqd_model *m = op->seq->model;
-    Dquant__GetReply r = DQUANT__GET_REPLY__INIT;
-    Dquant__Tensor tk, tv;
-    uint64_t sk[4], sv[4];
-    const uint64_t shape[4] = {op->num, op->tokens, m->kv_heads, m->head_dim};
-    Dquant__DType dt = (Dquant__DType)op->dtype;
-    dqd_reply_tensor(&tk, sk, dt, shape, 4, 0, op->out_len / 2);
-    dqd_reply_tensor(&tv, sv, dt, shape, 4, op->out_len / 2, op->out_len / 2);
-    r.start_token = op->start;
-    r.tokens = op->tokens;
-    r.k = &tk;
-    r.v = &tv;
-    op->ctx->metrics.tokens_get += op->tokens * op->num;
-    get_reply(op, &r);
-    get_free(op);
-}
-
-static void reply_raw(get_op *op)
-{
-    const dqd_model *m = op->seq->model;
-    size_t n = op->num;
-    Dquant__RawLayer *layers = calloc(n, sizeof *layers);
-    Dquant__RawLayer **ptrs = calloc(n, sizeof *ptrs);
-    Dquant__Tensor *t = calloc(n * 3, sizeof *t);
-    uint64_t *shapes = calloc(n * 3 * 3, sizeof *shapes);
-    if (!layers || !ptrs || !t || !shapes) {
-        free(layers);
-        free(ptrs);
-        free(t);
-        free(shapes);
-        get_fail(op, DQ_NOMEM, "out of memory");
-        return;
-    }
-    size_t wb = op->codec->window_bytes;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t layer = op->first + (uint32_t)i;
-        uint64_t nwin = dqd_seq_layer_windows(op->seq, layer);
-        uint64_t tail = dqd_seq_layer_tail(op->seq, layer);
-        uint64_t off = op->raw_off[i];
-        uint64_t rec_len = nwin * wb;
-        uint64_t tail_len = tail * op->codec->n * 2;
-        const uint64_t rshape[2] = {nwin, wb};
-        const uint64_t tshape[3] = {tail, m->kv_heads, m->head_dim};
-        dquant__raw_layer__init(&layers[i]);
-        layers[i].layer = op->first + (uint32_t)i;
-        layers[i].tokens = dqd_seq_layer_tokens(op->seq, layer);
-        layers[i].windows = nwin;
-        dqd_reply_tensor(&t[3 * i], &shapes[9 * i], DQUANT__DTYPE__RAW, rshape, 2, off, rec_len);
-        dqd_reply_tensor(&t[3 * i + 1], &shapes[9 * i + 3], DQUANT__DTYPE__BF16, tshape, 3, off + rec_len, tail_len);
-        dqd_reply_tensor(&t[3 * i + 2], &shapes[9 * i + 6], DQUANT__DTYPE__BF16, tshape, 3, off + rec_len + tail_len,
-                         tail_len);
-        layers[i].records = &t[3 * i];
-        layers[i].tail_k = &t[3 * i + 1];
-        layers[i].tail_v = &t[3 * i + 2];
-        ptrs[i] = &layers[i];
-    }
-    Dquant__GetReply r = DQUANT__GET_REPLY__INIT;
-    r.profile.data = op->codec->pbytes;
-    r.profile.len = op->codec->plen;
-    r.n_raw = n;
-    r.raw = ptrs;
-    get_reply(op, &r);
-    free(layers);
-    free(ptrs);
-    free(t);
-    free(shapes);
-    get_free(op);
-}
+/* The states' work, defined below in the order the states run. */
+static void access_ready(dqd_access_set *as);
+static int get_validate(get_op *op);
+static int get_range(get_op *op);
+static void alloc_task(void *arg, size_t i);
+static void alloc_done(void *arg);
+static void decode_task(void *arg, size_t i);
+static void decode_done(void *arg);
+static int get_raw_size(get_op *op);
+static void copy_task(void *arg, size_t i);
+static void copy_done(void *arg);
+static void reply_typed(get_op *op);
+static void reply_raw(get_op *op);
 
 /* Runs the operation from op->state until it waits (access, tasks) or has finished. */
 static void get_step(get_op *op)
@@ -407,4 +178,241 @@ void dqd_op_get(dqd_req *req)
     op->state = GET_ACCESS;
     dqd_access_add(&op->as, seq, DQD_ACCESS_READ);
     get_step(op);
+}
+
+static void access_ready(dqd_access_set *as)
+{
+    get_op *op = as->arg;
+    op->seq = as->items[0].seq;
+    op->state = GET_VALIDATE;
+    get_step(op);
+}
+
+static int get_validate(get_op *op)
+{
+    if (!dqd_seq_alive(op->seq)) {
+        get_fail(op, DQ_NOT_FOUND, "no such sequence");
+        return -1;
+    }
+    op->codec = op->seq->model->codec;
+    dqd_model_info info;
+    dqd_model_info_of(op->seq->model, &info);
+    char msg[256];
+    int rc = dqd_validate_get(op->get, &info, &op->first, &op->num, msg, sizeof msg);
+    if (rc < 0) {
+        get_fail(op, rc, msg);
+        return -1;
+    }
+    op->raw = op->get->format == DQUANT__GET_FORMAT__GET_RAW;
+    return 0;
+}
+
+/* Typed: the token range (every layer must hold it; without a count, up to the shortest layer)
+ * and the reply's size. */
+static int get_range(get_op *op)
+{
+    const Dquant__Get *g = op->get;
+    static const dq_dtype fmt_dtype[3] = {DQ_DTYPE_F16, DQ_DTYPE_BF16, DQ_DTYPE_F32};
+    op->dtype = fmt_dtype[g->format];
+    op->esize = dq_dtype_size(op->dtype);
+
+    uint64_t end = UINT64_MAX;
+    for (uint32_t i = 0; i < op->num; i++) {
+        uint64_t have = dqd_seq_layer_tokens(op->seq, op->first + i);
+        if (g->tokens) {
+            if (g->start_token + g->tokens > have) {
+                char msg[160];
+                snprintf(msg, sizeof msg, "layer %u holds %llu tokens; asked for [%llu, %llu)", op->first + i,
+                         (unsigned long long)have, (unsigned long long)g->start_token,
+                         (unsigned long long)(g->start_token + g->tokens));
+                get_fail(op, DQ_OUT_OF_BOUNDS, msg);
+                return -1;
+            }
+        } else if (have < end) {
+            end = have;
+        }
+    }
+    if (g->tokens)
+        end = g->start_token + g->tokens;
+    if (g->start_token > end) {
+        get_fail(op, DQ_OUT_OF_BOUNDS, "start_token lies past the end of the requested layers");
+        return -1;
+    }
+    op->start = g->start_token;
+    op->tokens = end - g->start_token;
+
+    uint64_t per = op->codec->n * op->esize * 2;
+    if (op->tokens && (uint64_t)op->num * op->tokens > op->ctx->cfg->max_payload / per) {
+        get_fail(op, DQ_TOO_LARGE, "the reply would exceed max_payload; ask for fewer tokens or layers");
+        return -1;
+    }
+    op->out_len = (size_t)(op->num * op->tokens * per);
+    if (op->out_len) {
+        op->rc = calloc((size_t)op->num * 2, sizeof *op->rc);
+        if (!op->rc) {
+            get_fail(op, DQ_NOMEM, "out of memory");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* NCCL reply: the device buffer the decodes write (on a worker: the allocation is stream-ordered). */
+static void alloc_task(void *arg, size_t i)
+{
+    get_op *op = arg;
+    (void)i;
+    void *p = NULL;
+    op->alloc_rc = dqd_tier_alloc_device(op->ctx, op->out_len, &p);
+    op->dout = p;
+}
+
+static void alloc_done(void *arg)
+{
+    get_op *op = arg;
+    if (op->alloc_rc < 0) {
+        get_fail(op, op->alloc_rc, "cannot allocate the reply in GPU memory");
+        return;
+    }
+    op->state = GET_DECODE;
+    get_step(op);
+}
+
+static void decode_task(void *arg, size_t i)
+{
+    get_op *op = arg;
+    size_t layer = i / 2;
+    dq_kind kind = (i & 1) ? DQ_KIND_V : DQ_KIND_K;
+    size_t per_layer = (size_t)op->tokens * op->codec->n * op->esize;
+    size_t off = (kind == DQ_KIND_V ? op->out_len / 2 : 0) + layer * per_layer;
+    uint32_t l = op->first + (uint32_t)layer;
+    if (op->dout)
+        op->rc[i] = dqd_tier_decode_dev(op->ctx, op->seq, l, kind, (size_t)op->start, (size_t)op->tokens,
+                                        op->dout + off, op->dtype);
+    else
+        op->rc[i] = dqd_tier_decode(op->ctx, op->seq, l, kind, (size_t)op->start, (size_t)op->tokens,
+                                    op->out + off, op->dtype);
+}
+
+static void decode_done(void *arg)
+{
+    get_op *op = arg;
+    int rc = first_error(op, (size_t)op->num * 2);
+    if (rc < 0) {
+        get_fail(op, rc, dq_strerror(rc));
+        return;
+    }
+    op->state = GET_REPLY;
+    get_step(op);
+}
+
+/* Raw: each layer's offset in the reply (records, tail K, tail V). */
+static int get_raw_size(get_op *op)
+{
+    op->raw_off = calloc(op->num, sizeof *op->raw_off);
+    if (!op->raw_off) {
+        get_fail(op, DQ_NOMEM, "out of memory");
+        return -1;
+    }
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < op->num; i++) {
+        op->raw_off[i] = (size_t)total;
+        total += dqd_seq_layer_windows(op->seq, op->first + i) * op->codec->window_bytes +
+                 dqd_seq_layer_tail(op->seq, op->first + i) * op->codec->n * 4u;
+        if (total > op->ctx->cfg->max_payload) {
+            get_fail(op, DQ_TOO_LARGE, "the raw reply would exceed max_payload; ask for fewer layers");
+            return -1;
+        }
+    }
+    op->out_len = (size_t)total;
+    return 0;
+}
+
+static void copy_task(void *arg, size_t i)
+{
+    get_op *op = arg;
+    op->rc[i] = dqd_tier_copy_raw(op->ctx, op->seq, op->first + (uint32_t)i, op->out + op->raw_off[i]);
+}
+
+static void copy_done(void *arg)
+{
+    get_op *op = arg;
+    int rc = first_error(op, op->num);
+    if (rc < 0) {
+        get_fail(op, rc, dq_strerror(rc));
+        return;
+    }
+    op->state = GET_REPLY;
+    get_step(op);
+}
+
+static void reply_typed(get_op *op)
+{
+    const dqd_model *m = op->seq->model;
+    Dquant__GetReply r = DQUANT__GET_REPLY__INIT;
+    Dquant__Tensor tk, tv;
+    uint64_t sk[4], sv[4];
+    const uint64_t shape[4] = {op->num, op->tokens, m->kv_heads, m->head_dim};
+    Dquant__DType dt = (Dquant__DType)op->dtype;
+    dqd_reply_tensor(&tk, sk, dt, shape, 4, 0, op->out_len / 2);
+    dqd_reply_tensor(&tv, sv, dt, shape, 4, op->out_len / 2, op->out_len / 2);
+    r.start_token = op->start;
+    r.tokens = op->tokens;
+    r.k = &tk;
+    r.v = &tv;
+    op->ctx->metrics.tokens_get += op->tokens * op->num;
+    get_reply(op, &r);
+    get_free(op);
+}
+
+static void reply_raw(get_op *op)
+{
+    const dqd_model *m = op->seq->model;
+    size_t n = op->num;
+    Dquant__RawLayer *layers = calloc(n, sizeof *layers);
+    Dquant__RawLayer **ptrs = calloc(n, sizeof *ptrs);
+    Dquant__Tensor *t = calloc(n * 3, sizeof *t);
+    uint64_t *shapes = calloc(n * 3 * 3, sizeof *shapes);
+    if (!layers || !ptrs || !t || !shapes) {
+        free(layers);
+        free(ptrs);
+        free(t);
+        free(shapes);
+        get_fail(op, DQ_NOMEM, "out of memory");
+        return;
+    }
+    size_t wb = op->codec->window_bytes;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t layer = op->first + (uint32_t)i;
+        uint64_t nwin = dqd_seq_layer_windows(op->seq, layer);
+        uint64_t tail = dqd_seq_layer_tail(op->seq, layer);
+        uint64_t off = op->raw_off[i];
+        uint64_t rec_len = nwin * wb;
+        uint64_t tail_len = tail * op->codec->n * 2;
+        const uint64_t rshape[2] = {nwin, wb};
+        const uint64_t tshape[3] = {tail, m->kv_heads, m->head_dim};
+        dquant__raw_layer__init(&layers[i]);
+        layers[i].layer = op->first + (uint32_t)i;
+        layers[i].tokens = dqd_seq_layer_tokens(op->seq, layer);
+        layers[i].windows = nwin;
+        dqd_reply_tensor(&t[3 * i], &shapes[9 * i], DQUANT__DTYPE__RAW, rshape, 2, off, rec_len);
+        dqd_reply_tensor(&t[3 * i + 1], &shapes[9 * i + 3], DQUANT__DTYPE__BF16, tshape, 3, off + rec_len, tail_len);
+        dqd_reply_tensor(&t[3 * i + 2], &shapes[9 * i + 6], DQUANT__DTYPE__BF16, tshape, 3, off + rec_len + tail_len,
+                         tail_len);
+        layers[i].records = &t[3 * i];
+        layers[i].tail_k = &t[3 * i + 1];
+        layers[i].tail_v = &t[3 * i + 2];
+        ptrs[i] = &layers[i];
+    }
+    Dquant__GetReply r = DQUANT__GET_REPLY__INIT;
+    r.profile.data = op->codec->pbytes;
+    r.profile.len = op->codec->plen;
+    r.n_raw = n;
+    r.raw = ptrs;
+    get_reply(op, &r);
+    free(layers);
+    free(ptrs);
+    free(t);
+    free(shapes);
+    get_free(op);
 }
