@@ -18,7 +18,10 @@
  * appends on the worker's stream, then one dqcu_attend launch per codec for all GPU items of the
  * batch. When every item is on the GPU (a decode step's usual case), B and C are one task with no
  * synchronization in between, and the appended tokens were already checked in phase A
- * (dq_check_tokens) so the GPU append launches no check of its own. */
+ * (dq_check_tokens) so the GPU append launches no check of its own.
+ *
+ * The operation is a state machine (att_state, att_step), its states in the order they run; a
+ * state that waits (access, moves, tasks) returns and its callback moves the state on. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -64,9 +67,23 @@ typedef struct att_item {
     int rc;
 } att_item;
 
+typedef enum att_state {
+    ATT_ACCESS,    /* every sequence looked up: wait for access to them all */
+    ATT_CHECK,     /* every item against its model, one shape, one append per layer; buffers */
+    ATT_INPUT,     /* phase A: queries to f32, inputs checked (here for small requests, else tasks) */
+    ATT_PLACE,     /* the tier of every (sequence, layer), GPU and host room reserved */
+    ATT_MOVES,     /* GPU victims moved to the host (tier.h) */
+    ATT_APPEND,    /* phase B; with phase C in one task when every item is on the GPU */
+    ATT_ROLLBACK,  /* an append failed after others were applied: undo them, then fail */
+    ATT_FAILED,    /* an append failed, none applied: settle the sequences, fail */
+    ATT_ATTEND,    /* phase C */
+    ATT_REPLY,     /* the attention's result, or its first error */
+} att_state;
+
 typedef struct att_op {
     dqd_req *req;
     dqd_ctx *ctx;
+    att_state state;
     const Dquant__Attend *a;
     size_t n;
     att_item *items;
@@ -158,223 +175,396 @@ static size_t qsize(const att_op *op)
     return (size_t)op->q_heads * op->head_dim;
 }
 
-/* ---- phase C: attention ---- */
+/* The states' work, defined below in the order the states run. */
+static void access_ready(dqd_access_set *as);
+static int att_check(att_op *op);
+static void start_input(att_op *op);
+static int att_place(att_op *op);
+static void moves_done(void *arg, int rc);
+static void start_append(att_op *op);
+static void att_rollback(att_op *op);
+static void settle_b(att_op *op, bool rolled_back);
+static void start_attend(att_op *op);
+static void att_reply(att_op *op);
+static void attend_gpu(att_op *op);
 
-/* Every GPU item, one dqd_gpu_attend per codec. */
-static void attend_gpu(att_op *op)
+/* Runs the operation from op->state until it waits or has finished. */
+static void att_step(att_op *op)
 {
-    float *out = (float *)op->out;
-    float *lse = out + op->n * qsize(op);
-    dqd_gattn *batch = malloc(op->n * sizeof *batch);
-    size_t *idx = malloc(op->n * sizeof *idx);
-    bool *done = calloc(op->n, sizeof *done);
-    if (!batch || !idx || !done) {
-        for (size_t i = 0; i < op->n; i++)
-            if (op->items[i].gpu)
-                op->items[i].rc = DQ_NOMEM;
-        free(batch);
-        free(idx);
-        free(done);
-        return;
-    }
-    for (size_t i = 0; i < op->n; i++) {
-        if (!op->items[i].gpu || done[i])
-            continue;
-        dqd_codec *codec = op->items[i].codec;
-        size_t nb = 0;
-        for (size_t j = i; j < op->n; j++) {
-            att_item *it = &op->items[j];
-            if (!it->gpu || done[j] || it->codec != codec)
-                continue;
-            done[j] = true;
-            const dqd_glayer *l = dqd_seq_glayer(it->seq, it->layer);
-            if (!l) {
-                memset(out + j * qsize(op), 0, qsize(op) * sizeof(float));
-                for (uint32_t h = 0; h < op->q_heads; h++)
-                    lse[j * op->q_heads + h] = -INFINITY;
-                continue;
-            }
-            batch[nb] = (dqd_gattn){l, op->qf + j * qsize(op), out + j * qsize(op), lse + j * op->q_heads};
-            idx[nb++] = j;
+    for (;;) {
+        switch (op->state) {
+        case ATT_ACCESS:
+            dqd_access_start(&op->as, access_ready, op);
+            return;
+        case ATT_CHECK:
+            if (att_check(op) < 0)
+                return;
+            op->state = ATT_INPUT;
+            break;
+        case ATT_INPUT:
+            start_input(op);
+            return;
+        case ATT_PLACE: {
+            int rc = att_place(op);
+            if (rc < 0)
+                return;
+            op->state = rc ? ATT_MOVES : ATT_ATTEND;
+            break;
         }
-        int rc = nb ? dqd_gpu_attend(op->ctx->gpu, codec, op->q_heads, op->scale, batch, nb, false) : DQ_OK;
-        for (size_t b = 0; b < nb; b++)
-            op->items[idx[b]].rc = rc;
-    }
-    free(batch);
-    free(idx);
-    free(done);
-}
-
-static void attend_task(void *arg, size_t c)
-{
-    att_op *op = arg;
-    if (c == op->nchunks) {
-        op->t_ns[ATT_T_C0] = dqd_now_ns();
-        attend_gpu(op);
-        op->t_ns[ATT_T_C1] = dqd_now_ns();
-        return;
-    }
-    size_t lo, hi;
-    chunk_range(op->n, op->nchunks, c, &lo, &hi);
-    float *out = (float *)op->out;
-    float *lse = out + op->n * qsize(op);
-    size_t i = lo;
-    while (i < hi) {
-        if (op->items[i].gpu) {
-            i++;
-            continue;
-        }
-        /* A run of items of one codec shares a workspace and one dq_attend call. */
-        dqd_codec *codec = op->items[i].codec;
-        size_t j = i;
-        dq_attn_item batch[64];
-        size_t nb = 0;
-        while (j < hi && op->items[j].codec == codec && !op->items[j].gpu && nb < 64) {
-            att_item *it = &op->items[j];
-            const dq_layer *l = it->seq->layers[it->layer];
-            if (!l) {
-                memset(out + j * qsize(op), 0, qsize(op) * sizeof(float));
-                for (uint32_t h = 0; h < op->q_heads; h++)
-                    lse[j * op->q_heads + h] = -INFINITY;
-            } else {
-                batch[nb++] = (dq_attn_item){l, op->qf + j * qsize(op), out + j * qsize(op), lse + j * op->q_heads};
-            }
-            j++;
-        }
-        if (nb) {
-            dq_workspace *ws = dqd_codec_ws_take(codec);
-            int rc = ws ? dq_attend(codec->codec, ws, op->q_heads, op->scale, batch, nb) : DQ_NOMEM;
-            dqd_codec_ws_give(codec, ws);
-            for (size_t k = i; k < j; k++)
-                op->items[k].rc = rc;
-        }
-        i = j;
-    }
-}
-
-/* Where a successful ATTEND's time went, in microseconds from the request's arrival (debug level;
- * the GPU stages as the GPU task saw them, 0 when there was none). */
-static void att_trace(const att_op *op)
-{
-    if (dqd_log_max < DQ_LOG_DEBUG)
-        return;
-    const uint64_t t0 = op->req->t0_ns, now = dqd_now_ns();
-    double us[ATT_T_COUNT];
-    for (int i = 0; i < ATT_T_COUNT; i++)
-        us[i] = op->t_ns[i] ? (double)(op->t_ns[i] - t0) * 1e-3 : 0.0;
-    size_t ngpu = 0;
-    for (size_t i = 0; i < op->n; i++)
-        ngpu += op->items[i].gpu;
-    DQD_DEBUG("ATTEND trace: %zu items (%zu GPU, %zu appends%s): access %.1f us, inputs %.1f, GPU B %.1f-%.1f, "
-              "GPU C %.1f-%.1f, reply %.1f",
-              op->n, ngpu, op->nappend, op->fused ? ", fused" : "", us[ATT_T_ACCESS], us[ATT_T_INPUT], us[ATT_T_B0],
-              us[ATT_T_B1], us[ATT_T_C0], us[ATT_T_C1], (double)(now - t0) * 1e-3);
-}
-
-static void attend_done(void *arg)
-{
-    att_op *op = arg;
-    for (size_t i = 0; i < op->n; i++) {
-        if (op->items[i].rc < 0) {
-            att_fail(op, op->items[i].rc, "item %zu: %s", i, dq_strerror(op->items[i].rc));
+        case ATT_MOVES:
+            dqd_tier_moves_run(op->ctx, &op->mv, moves_done, op);
+            return;
+        case ATT_APPEND:
+            start_append(op);
+            return;
+        case ATT_ROLLBACK:
+            att_rollback(op);
+            return;
+        case ATT_FAILED:
+            settle_b(op, false);
+            att_fail(op, op->fail_rc, "%s", op->msg);
+            return;
+        case ATT_ATTEND:
+            start_attend(op);
+            return;
+        case ATT_REPLY:
+            att_reply(op);
             return;
         }
     }
-    for (size_t i = 0; i < op->n; i++)
-        dqd_store_touch(op->ctx->store, op->items[i].seq);
-    op->ctx->metrics.attend_items += op->n;
-
-    Dquant__AttendReply r = DQUANT__ATTEND_REPLY__INIT;
-    Dquant__Tensor to, tl;
-    uint64_t so[3], sl[2];
-    const uint64_t oshape[3] = {op->n, op->q_heads, op->head_dim};
-    const uint64_t lshape[2] = {op->n, op->q_heads};
-    size_t olen = op->n * qsize(op) * sizeof(float);
-    dqd_reply_tensor(&to, so, DQUANT__DTYPE__F32, oshape, 3, 0, olen);
-    dqd_reply_tensor(&tl, sl, DQUANT__DTYPE__F32, lshape, 2, olen, op->n * op->q_heads * sizeof(float));
-    r.out = &to;
-    r.lse = &tl;
-    Dquant__Response resp = DQUANT__RESPONSE__INIT;
-    resp.body_case = DQUANT__RESPONSE__BODY_ATTEND;
-    resp.attend = &r;
-    att_trace(op);
-    uint8_t *out = op->out;
-    op->out = NULL;
-    dqd_req_reply(op->req, &resp, out, op->out_len);
-    att_free(op);
 }
 
-static void start_attend(att_op *op)
+void dqd_op_attend(dqd_req *req)
 {
-    size_t ngpu = 0;
-    for (size_t i = 0; i < op->n; i++) {
-        op->items[i].rc = 0;
-        ngpu += op->items[i].gpu;
+    const Dquant__Attend *a = req->msg->attend;
+    att_op *op = calloc(1, sizeof *op);
+    if (!op) {
+        dqd_req_fail(req, DQ_NOMEM, "out of memory");
+        return;
     }
-    op->gpu_c = ngpu > 0;
-    op->nchunks = ngpu < op->n ? dqd_tasks_split(op->ctx, op->n) : 0;
-    /* all on the GPU: the one task goes to the GPU threads (lane.h) */
-    int rc;
-    if (!op->nchunks && op->ctx->lane)
-        rc = dqd_lane_run(op->ctx->lane, attend_task, attend_done, op);
-    else
-        rc = dqd_tasks_run(op->ctx, op->nchunks + op->gpu_c, attend_task, attend_done, op);
-    if (rc < 0)
+    op->req = req;
+    op->ctx = req->ctx;
+    op->a = a;
+    op->n = a->n_items;
+    op->items = calloc(op->n, sizeof *op->items);
+    op->append_idx = malloc(op->n * sizeof *op->append_idx);
+    if (!op->items || !op->append_idx || dqd_access_init(&op->as, op->n) < 0) {
+        free(op->items);
+        free(op->append_idx);
+        free(op);
+        dqd_req_fail(req, DQ_NOMEM, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < op->n; i++) {
+        const Dquant__AttendItem *src = a->items[i];
+        dqd_seq *seq = dqd_ops_lookup(req, src->seq);
+        if (!seq) {
+            att_fail(op, DQ_NOT_FOUND, "item %zu: no such sequence", i);
+            return;
+        }
+        att_item *it = &op->items[i];
+        it->seq = seq;
+        it->append = src->append_k != NULL;
+        if (it->append)
+            op->append_idx[op->nappend++] = i;
+        /* Moving a host layer to the GPU changes the sequence: that needs exclusive access too.
+         * (Its slots may be changing right now; host_layers is the loop's own count.) */
+        bool move = seq->host_layers && dqd_tier_gpu_ok(req->ctx, seq->model);
+        dqd_access_add(&op->as, seq, it->append || move ? DQD_ACCESS_WRITE : DQD_ACCESS_READ);
+    }
+    op->state = ATT_ACCESS;
+    att_step(op);
+}
+
+static void access_ready(dqd_access_set *as)
+{
+    att_op *op = as->arg;
+    op->t_ns[ATT_T_ACCESS] = dqd_now_ns();
+    op->state = ATT_CHECK;
+    att_step(op);
+}
+
+/* Every item against its model; the output and query buffers. */
+static int att_check(att_op *op)
+{
+    dqd_ctx *ctx = op->ctx;
+    const Dquant__Attend *a = op->a;
+    for (size_t i = 0; i < op->n; i++) {
+        att_item *it = &op->items[i];
+        const Dquant__AttendItem *src = a->items[i];
+        if (!dqd_seq_alive(it->seq)) {
+            att_fail(op, DQ_NOT_FOUND, "item %zu: no such sequence", i);
+            return -1;
+        }
+        const dqd_model *m = it->seq->model;
+        dqd_model_info info;
+        dqd_model_info_of(m, &info);
+        char msg[200];
+        dqd_payload pl;
+        dqd_req_payload(op->req, &pl);
+        int rc = dqd_validate_attend_item(src, &pl, &info, &it->q, &it->ak, &it->av, msg, sizeof msg);
+        if (rc < 0) {
+            att_fail(op, rc, "item %zu: %s", i, msg);
+            return -1;
+        }
+        if (i == 0) {
+            op->q_heads = m->q_heads;
+            op->head_dim = m->head_dim;
+        } else if (m->q_heads != op->q_heads || m->head_dim != op->head_dim) {
+            att_fail(op, DQ_SHAPE, "item %zu: q_heads/head_dim differ from item 0's; batch items of one shape", i);
+            return -1;
+        }
+        it->codec = m->codec;
+        it->layer = src->layer;
+    }
+    op->scale = a->scale > 0 ? a->scale : 1.0f / sqrtf((float)op->head_dim);
+
+    /* Two appends to one layer in one batch would make the result depend on item order. */
+    if (op->nappend > 1) {
+        layer_key *keys = malloc(op->nappend * sizeof *keys);
+        if (!keys) {
+            att_fail(op, DQ_NOMEM, "out of memory");
+            return -1;
+        }
+        for (size_t k = 0; k < op->nappend; k++) {
+            const att_item *it = &op->items[op->append_idx[k]];
+            keys[k] = (layer_key){(uintptr_t)it->seq, it->layer, op->append_idx[k]};
+        }
+        qsort(keys, op->nappend, sizeof *keys, cmp_layer_key);
+        for (size_t x = 1; x < op->nappend; x++) {
+            if (same_layer(&keys[x], &keys[x - 1])) {
+                uint32_t layer = keys[x].layer;
+                free(keys);
+                att_fail(op, DQ_INVALID_ARGUMENT, "two items append to the same sequence layer %u", layer);
+                return -1;
+            }
+        }
+        free(keys);
+    }
+
+    size_t qbytes = op->n * qsize(op) * sizeof(float);
+    op->out_len = qbytes + op->n * op->q_heads * sizeof(float);
+    if (op->out_len > ctx->cfg->max_payload) {
+        att_fail(op, DQ_TOO_LARGE, "the reply would exceed max_payload; split the batch");
+        return -1;
+    }
+    op->qf = malloc(qbytes);
+    op->out = dqd_out_alloc(op->out_len);
+    if (!op->qf || !op->out) {
+        att_fail(op, DQ_NOMEM, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- phase A: inputs ---- */
+
+/* The appended token, checked finite; on the cuda backend checked as dq_layer_append would check
+ * it (dq_check_tokens), which spares the GPU append its check kernel and round trip. */
+static int check_append(const att_op *op, att_item *it)
+{
+    const void *kd, *vd;
+    void *kt = NULL, *vt = NULL;
+    const dq_dtype dt = dqd_tensor_dtype(&it->ak);
+    int rc = dqd_tensor_aligned(&it->ak, &kd, &kt);
+    if (rc == 0)
+        rc = dqd_tensor_aligned(&it->av, &vd, &vt);
+    if (rc == 0)
+        rc = dq_check_finite(kd, dt, (size_t)it->ak.count);
+    if (rc == 0)
+        rc = dq_check_finite(vd, dt, (size_t)it->av.count);
+    if (rc == 0 && dqd_tier_precheck(op->ctx)) {
+        const size_t ntok = (size_t)it->ak.count / it->codec->n;
+        dq_workspace *ws = dqd_codec_ws_take(it->codec);
+        rc = ws ? dq_check_tokens(ws, kd, dt, ntok) : DQ_NOMEM;
+        if (rc == 0)
+            rc = dq_check_tokens(ws, vd, dt, ntok);
+        dqd_codec_ws_give(it->codec, ws);
+        it->checked = rc == 0;
+    }
+    free(kt);
+    free(vt);
+    return rc;
+}
+
+static void input_task(void *arg, size_t c)
+{
+    att_op *op = arg;
+    size_t lo, hi;
+    chunk_range(op->n, op->nchunks, c, &lo, &hi);
+    for (size_t i = lo; i < hi; i++) {
+        att_item *it = &op->items[i];
+        float *q = op->qf + i * qsize(op);
+        it->rc = dqd_tensor_to_f32(&it->q, q);
+        if (it->rc == 0)
+            it->rc = dq_check_finite(q, DQ_DTYPE_F32, qsize(op));
+        if (it->rc == 0 && it->append)
+            it->rc = check_append(op, it);
+    }
+}
+
+static void input_done(void *arg)
+{
+    att_op *op = arg;
+    op->t_ns[ATT_T_INPUT] = dqd_now_ns();
+    for (size_t i = 0; i < op->n; i++) {
+        if (op->items[i].rc < 0) {
+            att_fail(op, op->items[i].rc, "item %zu: %s", i,
+                     op->items[i].rc == DQ_NONFINITE ? "q or the appended k/v holds NaN or infinity"
+                                                     : dq_strerror(op->items[i].rc));
+            return;
+        }
+    }
+    op->state = ATT_PLACE;
+    att_step(op);
+}
+
+/* Phase A. A small request (a decode step's queries, a token or two appended) is converted and
+ * checked right here: a thread-pool round trip costs more than the work (tens of microseconds). */
+static void start_input(att_op *op)
+{
+    if (op->req->payload_len <= ATT_INLINE_INPUT) {
+        op->nchunks = 1;
+        input_task(op, 0);
+        input_done(op);
+        return;
+    }
+    op->nchunks = dqd_tasks_split(op->ctx, op->n);
+    if (dqd_tasks_run(op->ctx, op->nchunks, input_task, input_done, op) < 0)
         att_fail(op, DQ_NOMEM, "out of memory");
 }
 
-/* ---- phase B: appends ---- */
+/* ---- placement ---- */
 
-static void rollback_task(void *arg, size_t c)
+/* Decides, per (sequence, layer) of the batch, whether its items run on the GPU (see the top of this
+ * file), reserves the GPU room and marks the moves. Returns 0 or DQ_NOMEM. */
+static int att_place_gpu(att_op *op)
+{
+    dqd_store *store = op->ctx->store;
+    layer_key *keys = malloc(op->n * sizeof *keys);
+    bool *cand = calloc(op->n, sizeof *cand);
+    if (!keys || !cand) {
+        free(keys);
+        free(cand);
+        return DQ_NOMEM;
+    }
+    for (size_t i = 0; i < op->n; i++)
+        keys[i] = (layer_key){(uintptr_t)op->items[i].seq, op->items[i].layer, i};
+    qsort(keys, op->n, sizeof *keys, cmp_layer_key);
+
+    int rc = DQ_OK;
+    uint64_t all = 0, resident = 0;
+    size_t ncand = 0;
+    for (size_t g0 = 0, g1; g0 < op->n; g0 = g1) {
+        bool app = false;
+        for (g1 = g0; g1 < op->n && same_layer(&keys[g1], &keys[g0]); g1++)
+            app |= op->items[keys[g1].item].append;
+        att_item *it = &op->items[keys[g0].item];
+        dqd_seq *seq = it->seq;
+        if (!dqd_tier_gpu_ok(op->ctx, seq->model))
+            continue;
+        const dqd_glayer *gl = dqd_seq_glayer(seq, it->layer);
+        const dq_layer *hl = seq->layers[it->layer];
+        /* A layer moved to the host while this request waited is held for reading only: it stays. */
+        bool writable = dqd_access_mode(&op->as, seq) == DQD_ACCESS_WRITE;
+        if (gl) {
+            for (size_t k = g0; k < g1; k++)
+                op->items[keys[k].item].gpu = true;
+            if (app)
+                resident += dqd_gpu_need(it->codec, NULL, gl, 1);
+        } else if ((hl || app) && writable) {
+            if (dqd_store_gpu_slots(store, seq) < 0) {
+                rc = DQ_NOMEM;
+                goto out;
+            }
+            cand[keys[g0].item] = true;
+            ncand++;
+            all += dqd_gpu_need(it->codec, hl, NULL, app ? 1 : 0);
+        }
+    }
+    all += resident;
+    if (ncand && dqd_store_gpu_reserve(store, all, &op->mv) == DQ_OK) {
+        op->gpu_reserved = all;
+        for (size_t g0 = 0, g1; g0 < op->n; g0 = g1) {
+            for (g1 = g0; g1 < op->n && same_layer(&keys[g1], &keys[g0]); g1++)
+                ;
+            att_item *it = &op->items[keys[g0].item];
+            if (!cand[keys[g0].item])
+                continue;
+            it->promote = it->seq->layers[it->layer] != NULL;
+            for (size_t k = g0; k < g1; k++)
+                op->items[keys[k].item].gpu = true;
+        }
+    } else if (resident && dqd_store_gpu_reserve(store, resident, &op->mv) == DQ_OK) {
+        op->gpu_reserved = resident;
+    } else if (resident) {
+        /* no room for the resident layers' appends: those layers go to the host */
+        for (size_t g0 = 0, g1; g0 < op->n; g0 = g1) {
+            bool app = false;
+            for (g1 = g0; g1 < op->n && same_layer(&keys[g1], &keys[g0]); g1++)
+                app |= op->items[keys[g1].item].append;
+            att_item *it = &op->items[keys[g0].item];
+            if (!app || !dqd_seq_glayer(it->seq, it->layer))
+                continue;
+            for (size_t k = g0; k < g1; k++) {
+                att_item *x = &op->items[keys[k].item];
+                x->gpu = false;
+                x->spill = x->append;
+            }
+        }
+    }
+    op->gpu_b = false;
+    for (size_t i = 0; i < op->n; i++)
+        op->gpu_b |= op->items[i].promote || (op->items[i].gpu && op->items[i].append);
+out:
+    free(keys);
+    free(cand);
+    return rc;
+}
+
+/* 1: there are appends or promotions (MOVES next), 0: none (straight to ATTEND), -1: failed. */
+static int att_place(att_op *op)
+{
+    if (att_place_gpu(op) < 0) {
+        att_fail(op, DQ_NOMEM, "out of memory");
+        return -1;
+    }
+    op->ncpu_append = 0;
+    uint64_t need = 0;
+    for (size_t k = 0; k < op->nappend; k++) {
+        att_item *it = &op->items[op->append_idx[k]];
+        if (it->gpu)
+            continue;
+        op->ncpu_append++;
+        if (it->spill)
+            need += dqd_store_spill_need(it->codec, dqd_seq_glayer(it->seq, it->layer), 1);
+        else
+            need += dqd_store_append_need(it->codec, it->seq->layers[it->layer], 1);
+    }
+    if (!op->ncpu_append && !op->gpu_b)
+        return 0;
+    int rc = dqd_store_reserve(op->ctx->store, need, NULL);
+    if (rc < 0) {
+        att_fail(op, rc, "appending needs about %llu bytes and nothing evictable frees enough",
+                 (unsigned long long)need);
+        return -1;
+    }
+    op->reserved = need;
+    return 1;
+}
+
+static void moves_done(void *arg, int rc)
 {
     att_op *op = arg;
-    if (c == op->nchunks) {
-        for (size_t k = 0; k < op->nappend; k++) {
-            att_item *it = &op->items[op->append_idx[k]];
-            if (it->gpu)
-                it->rc = dqd_gpu_rollback(op->ctx->gpu, it->codec, &it->gtxn, &it->seq->glayers[it->layer]);
-        }
+    if (rc < 0) {
+        att_fail(op, rc, "cannot move sequences out of GPU memory: %s", dq_strerror(rc));
         return;
     }
-    size_t lo, hi;
-    chunk_range(op->nappend, op->nchunks, c, &lo, &hi);
-    for (size_t k = lo; k < hi; k++) {
-        att_item *it = &op->items[op->append_idx[k]];
-        if (!it->gpu)
-            it->rc = dqd_append_rollback(&it->txn, it->codec, &it->seq->layers[it->layer]);
-    }
+    op->state = ATT_APPEND;
+    att_step(op);
 }
 
-/* After phase B, failed or not: promotions are counted, sequences whose layer could not be put back
- * are dropped, the others' accounting follows their layers. */
-static void settle_b(att_op *op, bool rolled_back)
-{
-    uint64_t promoted = 0, spilled = 0;
-    for (size_t i = 0; i < op->n; i++) {
-        att_item *it = &op->items[i];
-        promoted += it->promoted;
-        spilled += it->spilled;
-        if (!it->append && !it->promoted)
-            continue;
-        bool broken = it->gtxn.broken || (rolled_back && it->append && it->rc < 0);
-        if (broken && it->seq->in_index) {
-            DQD_ERROR("ATTEND rollback failed; dropping sequence ns='%s'", it->seq->ns);
-            dqd_store_remove(op->ctx->store, it->seq);
-        } else if (it->seq->in_index) {
-            dqd_store_commit(op->ctx->store, it->seq);
-        }
-    }
-    dqd_store_gpu_promoted(op->ctx->store, promoted);
-    dqd_store_gpu_spilled(op->ctx->store, spilled);
-}
-
-static void rollback_done(void *arg)
-{
-    att_op *op = arg;
-    settle_b(op, true);
-    att_fail(op, op->fail_rc, "%s", op->msg);
-}
+/* ---- phase B: appends ---- */
 
 /* Whether item it's append can go with others' in one dqd_gpu_append_tokens. */
 static bool batchable(const att_item *it)
@@ -503,6 +693,29 @@ static void append_task(void *arg, size_t c)
     }
 }
 
+/* After phase B, failed or not: promotions are counted, sequences whose layer could not be put back
+ * are dropped, the others' accounting follows their layers. */
+static void settle_b(att_op *op, bool rolled_back)
+{
+    uint64_t promoted = 0, spilled = 0;
+    for (size_t i = 0; i < op->n; i++) {
+        att_item *it = &op->items[i];
+        promoted += it->promoted;
+        spilled += it->spilled;
+        if (!it->append && !it->promoted)
+            continue;
+        bool broken = it->gtxn.broken || (rolled_back && it->append && it->rc < 0);
+        if (broken && it->seq->in_index) {
+            DQD_ERROR("ATTEND rollback failed; dropping sequence ns='%s'", it->seq->ns);
+            dqd_store_remove(op->ctx->store, it->seq);
+        } else if (it->seq->in_index) {
+            dqd_store_commit(op->ctx->store, it->seq);
+        }
+    }
+    dqd_store_gpu_promoted(op->ctx->store, promoted);
+    dqd_store_gpu_spilled(op->ctx->store, spilled);
+}
+
 /* Phase B went through: the appends are committed and counted, the reservations released. */
 static void b_applied(att_op *op)
 {
@@ -534,25 +747,14 @@ static void append_done(void *arg)
         snprintf(op->msg, sizeof op->msg, "item %zu: %s failed: %s", bad,
                  op->items[bad].promote && !op->items[bad].promoted ? "moving its layer to the GPU" : "append",
                  dq_strerror(first));
-        if (applied) {
-            op->fail_rc = first;
-            op->ctx->metrics.rollbacks += applied;
-            for (size_t k = 0; k < op->nappend; k++)
-                op->items[op->append_idx[k]].rc = 0;
-            size_t ntasks = op->nchunks + op->gpu_b;
-            if (dqd_tasks_run(op->ctx, ntasks, rollback_task, rollback_done, op) == 0)
-                return;
-            for (size_t c = 0; c < ntasks; c++)
-                rollback_task(op, c);
-            rollback_done(op);
-            return;
-        }
-        settle_b(op, false);
-        att_fail(op, first, "%s", op->msg);
-        return;
+        op->fail_rc = first;
+        op->ctx->metrics.rollbacks += applied;
+        op->state = applied ? ATT_ROLLBACK : ATT_FAILED;
+    } else {
+        b_applied(op);
+        op->state = ATT_ATTEND;
     }
-    b_applied(op);
-    start_attend(op);
+    att_step(op);
 }
 
 /* Fused: B and C in one task on the worker's stream. */
@@ -579,16 +781,14 @@ static void fused_done(void *arg)
         return;
     }
     b_applied(op);
-    attend_done(op);
+    op->state = ATT_REPLY;
+    att_step(op);
 }
 
-static void moves_done(void *arg, int rc)
+/* Phase B: the appends (and promotions) on the workers, or B and C fused in one GPU task. */
+static void start_append(att_op *op)
 {
-    att_op *op = arg;
-    if (rc < 0) {
-        att_fail(op, rc, "cannot move sequences out of GPU memory: %s", dq_strerror(rc));
-        return;
-    }
+    int rc;
     op->nchunks = op->ncpu_append ? dqd_tasks_split(op->ctx, op->nappend) : 0;
     /* Every item on the GPU: the attention follows the appends on the same stream, in one task,
      * without a synchronization and a trip through the loop in between. */
@@ -605,303 +805,214 @@ static void moves_done(void *arg, int rc)
         att_fail(op, DQ_NOMEM, "out of memory");
 }
 
-/* ---- placement on the cuda backend ---- */
-
-/* Decides, per (sequence, layer) of the batch, whether its items run on the GPU (see the top of this
- * file), reserves the GPU room and marks the moves. Returns 0 or DQ_NOMEM. */
-static int att_place_gpu(att_op *op)
-{
-    dqd_store *store = op->ctx->store;
-    layer_key *keys = malloc(op->n * sizeof *keys);
-    bool *cand = calloc(op->n, sizeof *cand);
-    if (!keys || !cand) {
-        free(keys);
-        free(cand);
-        return DQ_NOMEM;
-    }
-    for (size_t i = 0; i < op->n; i++)
-        keys[i] = (layer_key){(uintptr_t)op->items[i].seq, op->items[i].layer, i};
-    qsort(keys, op->n, sizeof *keys, cmp_layer_key);
-
-    int rc = DQ_OK;
-    uint64_t all = 0, resident = 0;
-    size_t ncand = 0;
-    for (size_t g0 = 0, g1; g0 < op->n; g0 = g1) {
-        bool app = false;
-        for (g1 = g0; g1 < op->n && same_layer(&keys[g1], &keys[g0]); g1++)
-            app |= op->items[keys[g1].item].append;
-        att_item *it = &op->items[keys[g0].item];
-        dqd_seq *seq = it->seq;
-        if (!dqd_tier_gpu_ok(op->ctx, seq->model))
-            continue;
-        const dqd_glayer *gl = dqd_seq_glayer(seq, it->layer);
-        const dq_layer *hl = seq->layers[it->layer];
-        /* A layer moved to the host while this request waited is held for reading only: it stays. */
-        bool writable = dqd_access_mode(&op->as, seq) == DQD_ACCESS_WRITE;
-        if (gl) {
-            for (size_t k = g0; k < g1; k++)
-                op->items[keys[k].item].gpu = true;
-            if (app)
-                resident += dqd_gpu_need(it->codec, NULL, gl, 1);
-        } else if ((hl || app) && writable) {
-            if (dqd_store_gpu_slots(store, seq) < 0) {
-                rc = DQ_NOMEM;
-                goto out;
-            }
-            cand[keys[g0].item] = true;
-            ncand++;
-            all += dqd_gpu_need(it->codec, hl, NULL, app ? 1 : 0);
-        }
-    }
-    all += resident;
-    if (ncand && dqd_store_gpu_reserve(store, all, &op->mv) == DQ_OK) {
-        op->gpu_reserved = all;
-        for (size_t g0 = 0, g1; g0 < op->n; g0 = g1) {
-            for (g1 = g0; g1 < op->n && same_layer(&keys[g1], &keys[g0]); g1++)
-                ;
-            att_item *it = &op->items[keys[g0].item];
-            if (!cand[keys[g0].item])
-                continue;
-            it->promote = it->seq->layers[it->layer] != NULL;
-            for (size_t k = g0; k < g1; k++)
-                op->items[keys[k].item].gpu = true;
-        }
-    } else if (resident && dqd_store_gpu_reserve(store, resident, &op->mv) == DQ_OK) {
-        op->gpu_reserved = resident;
-    } else if (resident) {
-        /* no room for the resident layers' appends: those layers go to the host */
-        for (size_t g0 = 0, g1; g0 < op->n; g0 = g1) {
-            bool app = false;
-            for (g1 = g0; g1 < op->n && same_layer(&keys[g1], &keys[g0]); g1++)
-                app |= op->items[keys[g1].item].append;
-            att_item *it = &op->items[keys[g0].item];
-            if (!app || !dqd_seq_glayer(it->seq, it->layer))
-                continue;
-            for (size_t k = g0; k < g1; k++) {
-                att_item *x = &op->items[keys[k].item];
-                x->gpu = false;
-                x->spill = x->append;
-            }
-        }
-    }
-    op->gpu_b = false;
-    for (size_t i = 0; i < op->n; i++)
-        op->gpu_b |= op->items[i].promote || (op->items[i].gpu && op->items[i].append);
-out:
-    free(keys);
-    free(cand);
-    return rc;
-}
-
-/* ---- phase A: inputs ---- */
-
-/* The appended token, checked finite; on the cuda backend checked as dq_layer_append would check
- * it (dq_check_tokens), which spares the GPU append its check kernel and round trip. */
-static int check_append(const att_op *op, att_item *it)
-{
-    const void *kd, *vd;
-    void *kt = NULL, *vt = NULL;
-    const dq_dtype dt = dqd_tensor_dtype(&it->ak);
-    int rc = dqd_tensor_aligned(&it->ak, &kd, &kt);
-    if (rc == 0)
-        rc = dqd_tensor_aligned(&it->av, &vd, &vt);
-    if (rc == 0)
-        rc = dq_check_finite(kd, dt, (size_t)it->ak.count);
-    if (rc == 0)
-        rc = dq_check_finite(vd, dt, (size_t)it->av.count);
-    if (rc == 0 && dqd_tier_precheck(op->ctx)) {
-        const size_t ntok = (size_t)it->ak.count / it->codec->n;
-        dq_workspace *ws = dqd_codec_ws_take(it->codec);
-        rc = ws ? dq_check_tokens(ws, kd, dt, ntok) : DQ_NOMEM;
-        if (rc == 0)
-            rc = dq_check_tokens(ws, vd, dt, ntok);
-        dqd_codec_ws_give(it->codec, ws);
-        it->checked = rc == 0;
-    }
-    free(kt);
-    free(vt);
-    return rc;
-}
-
-static void input_task(void *arg, size_t c)
+static void rollback_task(void *arg, size_t c)
 {
     att_op *op = arg;
+    if (c == op->nchunks) {
+        for (size_t k = 0; k < op->nappend; k++) {
+            att_item *it = &op->items[op->append_idx[k]];
+            if (it->gpu)
+                it->rc = dqd_gpu_rollback(op->ctx->gpu, it->codec, &it->gtxn, &it->seq->glayers[it->layer]);
+        }
+        return;
+    }
+    size_t lo, hi;
+    chunk_range(op->nappend, op->nchunks, c, &lo, &hi);
+    for (size_t k = lo; k < hi; k++) {
+        att_item *it = &op->items[op->append_idx[k]];
+        if (!it->gpu)
+            it->rc = dqd_append_rollback(&it->txn, it->codec, &it->seq->layers[it->layer]);
+    }
+}
+
+static void rollback_done(void *arg)
+{
+    att_op *op = arg;
+    settle_b(op, true);
+    att_fail(op, op->fail_rc, "%s", op->msg);
+}
+
+/* Undoes the applied appends on the workers, or here when that cannot even be queued. */
+static void att_rollback(att_op *op)
+{
+    for (size_t k = 0; k < op->nappend; k++)
+        op->items[op->append_idx[k]].rc = 0;
+    size_t ntasks = op->nchunks + op->gpu_b;
+    if (dqd_tasks_run(op->ctx, ntasks, rollback_task, rollback_done, op) == 0)
+        return;
+    for (size_t c = 0; c < ntasks; c++)
+        rollback_task(op, c);
+    rollback_done(op);
+}
+
+/* ---- phase C: attention ---- */
+
+/* Every GPU item, one dqd_gpu_attend per codec. */
+static void attend_gpu(att_op *op)
+{
+    float *out = (float *)op->out;
+    float *lse = out + op->n * qsize(op);
+    dqd_gattn *batch = malloc(op->n * sizeof *batch);
+    size_t *idx = malloc(op->n * sizeof *idx);
+    bool *done = calloc(op->n, sizeof *done);
+    if (!batch || !idx || !done) {
+        for (size_t i = 0; i < op->n; i++)
+            if (op->items[i].gpu)
+                op->items[i].rc = DQ_NOMEM;
+        free(batch);
+        free(idx);
+        free(done);
+        return;
+    }
+    for (size_t i = 0; i < op->n; i++) {
+        if (!op->items[i].gpu || done[i])
+            continue;
+        dqd_codec *codec = op->items[i].codec;
+        size_t nb = 0;
+        for (size_t j = i; j < op->n; j++) {
+            att_item *it = &op->items[j];
+            if (!it->gpu || done[j] || it->codec != codec)
+                continue;
+            done[j] = true;
+            const dqd_glayer *l = dqd_seq_glayer(it->seq, it->layer);
+            if (!l) {
+                memset(out + j * qsize(op), 0, qsize(op) * sizeof(float));
+                for (uint32_t h = 0; h < op->q_heads; h++)
+                    lse[j * op->q_heads + h] = -INFINITY;
+                continue;
+            }
+            batch[nb] = (dqd_gattn){l, op->qf + j * qsize(op), out + j * qsize(op), lse + j * op->q_heads};
+            idx[nb++] = j;
+        }
+        int rc = nb ? dqd_gpu_attend(op->ctx->gpu, codec, op->q_heads, op->scale, batch, nb, false) : DQ_OK;
+        for (size_t b = 0; b < nb; b++)
+            op->items[idx[b]].rc = rc;
+    }
+    free(batch);
+    free(idx);
+    free(done);
+}
+
+static void attend_task(void *arg, size_t c)
+{
+    att_op *op = arg;
+    if (c == op->nchunks) {
+        op->t_ns[ATT_T_C0] = dqd_now_ns();
+        attend_gpu(op);
+        op->t_ns[ATT_T_C1] = dqd_now_ns();
+        return;
+    }
     size_t lo, hi;
     chunk_range(op->n, op->nchunks, c, &lo, &hi);
-    for (size_t i = lo; i < hi; i++) {
-        att_item *it = &op->items[i];
-        float *q = op->qf + i * qsize(op);
-        it->rc = dqd_tensor_to_f32(&it->q, q);
-        if (it->rc == 0)
-            it->rc = dq_check_finite(q, DQ_DTYPE_F32, qsize(op));
-        if (it->rc == 0 && it->append)
-            it->rc = check_append(op, it);
+    float *out = (float *)op->out;
+    float *lse = out + op->n * qsize(op);
+    size_t i = lo;
+    while (i < hi) {
+        if (op->items[i].gpu) {
+            i++;
+            continue;
+        }
+        /* A run of items of one codec shares a workspace and one dq_attend call. */
+        dqd_codec *codec = op->items[i].codec;
+        size_t j = i;
+        dq_attn_item batch[64];
+        size_t nb = 0;
+        while (j < hi && op->items[j].codec == codec && !op->items[j].gpu && nb < 64) {
+            att_item *it = &op->items[j];
+            const dq_layer *l = it->seq->layers[it->layer];
+            if (!l) {
+                memset(out + j * qsize(op), 0, qsize(op) * sizeof(float));
+                for (uint32_t h = 0; h < op->q_heads; h++)
+                    lse[j * op->q_heads + h] = -INFINITY;
+            } else {
+                batch[nb++] = (dq_attn_item){l, op->qf + j * qsize(op), out + j * qsize(op), lse + j * op->q_heads};
+            }
+            j++;
+        }
+        if (nb) {
+            dq_workspace *ws = dqd_codec_ws_take(codec);
+            int rc = ws ? dq_attend(codec->codec, ws, op->q_heads, op->scale, batch, nb) : DQ_NOMEM;
+            dqd_codec_ws_give(codec, ws);
+            for (size_t k = i; k < j; k++)
+                op->items[k].rc = rc;
+        }
+        i = j;
     }
 }
 
-static void input_done(void *arg)
+static void attend_done(void *arg)
 {
     att_op *op = arg;
-    op->t_ns[ATT_T_INPUT] = dqd_now_ns();
+    op->state = ATT_REPLY;
+    att_step(op);
+}
+
+static void start_attend(att_op *op)
+{
+    size_t ngpu = 0;
+    for (size_t i = 0; i < op->n; i++) {
+        op->items[i].rc = 0;
+        ngpu += op->items[i].gpu;
+    }
+    op->gpu_c = ngpu > 0;
+    op->nchunks = ngpu < op->n ? dqd_tasks_split(op->ctx, op->n) : 0;
+    /* all on the GPU: the one task goes to the GPU threads (lane.h) */
+    int rc;
+    if (!op->nchunks && op->ctx->lane)
+        rc = dqd_lane_run(op->ctx->lane, attend_task, attend_done, op);
+    else
+        rc = dqd_tasks_run(op->ctx, op->nchunks + op->gpu_c, attend_task, attend_done, op);
+    if (rc < 0)
+        att_fail(op, DQ_NOMEM, "out of memory");
+}
+
+/* Where a successful ATTEND's time went, in microseconds from the request's arrival (debug level;
+ * the GPU stages as the GPU task saw them, 0 when there was none). */
+static void att_trace(const att_op *op)
+{
+    if (dqd_log_max < DQ_LOG_DEBUG)
+        return;
+    const uint64_t t0 = op->req->t0_ns, now = dqd_now_ns();
+    double us[ATT_T_COUNT];
+    for (int i = 0; i < ATT_T_COUNT; i++)
+        us[i] = op->t_ns[i] ? (double)(op->t_ns[i] - t0) * 1e-3 : 0.0;
+    size_t ngpu = 0;
+    for (size_t i = 0; i < op->n; i++)
+        ngpu += op->items[i].gpu;
+    DQD_DEBUG("ATTEND trace: %zu items (%zu GPU, %zu appends%s): access %.1f us, inputs %.1f, GPU B %.1f-%.1f, "
+              "GPU C %.1f-%.1f, reply %.1f",
+              op->n, ngpu, op->nappend, op->fused ? ", fused" : "", us[ATT_T_ACCESS], us[ATT_T_INPUT], us[ATT_T_B0],
+              us[ATT_T_B1], us[ATT_T_C0], us[ATT_T_C1], (double)(now - t0) * 1e-3);
+}
+
+static void att_reply(att_op *op)
+{
     for (size_t i = 0; i < op->n; i++) {
         if (op->items[i].rc < 0) {
-            att_fail(op, op->items[i].rc, "item %zu: %s", i,
-                     op->items[i].rc == DQ_NONFINITE ? "q or the appended k/v holds NaN or infinity"
-                                                     : dq_strerror(op->items[i].rc));
+            att_fail(op, op->items[i].rc, "item %zu: %s", i, dq_strerror(op->items[i].rc));
             return;
         }
     }
-    if (att_place_gpu(op) < 0) {
-        att_fail(op, DQ_NOMEM, "out of memory");
-        return;
-    }
-    op->ncpu_append = 0;
-    uint64_t need = 0;
-    for (size_t k = 0; k < op->nappend; k++) {
-        att_item *it = &op->items[op->append_idx[k]];
-        if (it->gpu)
-            continue;
-        op->ncpu_append++;
-        if (it->spill)
-            need += dqd_store_spill_need(it->codec, dqd_seq_glayer(it->seq, it->layer), 1);
-        else
-            need += dqd_store_append_need(it->codec, it->seq->layers[it->layer], 1);
-    }
-    if (!op->ncpu_append && !op->gpu_b) {
-        start_attend(op);
-        return;
-    }
-    int rc = dqd_store_reserve(op->ctx->store, need, NULL);
-    if (rc < 0) {
-        att_fail(op, rc, "appending needs about %llu bytes and nothing evictable frees enough",
-                 (unsigned long long)need);
-        return;
-    }
-    op->reserved = need;
-    dqd_tier_moves_run(op->ctx, &op->mv, moves_done, op);
-}
+    for (size_t i = 0; i < op->n; i++)
+        dqd_store_touch(op->ctx->store, op->items[i].seq);
+    op->ctx->metrics.attend_items += op->n;
 
-static void att_ready(dqd_access_set *as)
-{
-    att_op *op = as->arg;
-    dqd_ctx *ctx = op->ctx;
-    op->t_ns[ATT_T_ACCESS] = dqd_now_ns();
-    const Dquant__Attend *a = op->a;
-    for (size_t i = 0; i < op->n; i++) {
-        att_item *it = &op->items[i];
-        const Dquant__AttendItem *src = a->items[i];
-        if (!dqd_seq_alive(it->seq)) {
-            att_fail(op, DQ_NOT_FOUND, "item %zu: no such sequence", i);
-            return;
-        }
-        const dqd_model *m = it->seq->model;
-        dqd_model_info info;
-        dqd_model_info_of(m, &info);
-        char msg[200];
-        dqd_payload pl;
-        dqd_req_payload(op->req, &pl);
-        int rc = dqd_validate_attend_item(src, &pl, &info, &it->q, &it->ak, &it->av, msg, sizeof msg);
-        if (rc < 0) {
-            att_fail(op, rc, "item %zu: %s", i, msg);
-            return;
-        }
-        if (i == 0) {
-            op->q_heads = m->q_heads;
-            op->head_dim = m->head_dim;
-        } else if (m->q_heads != op->q_heads || m->head_dim != op->head_dim) {
-            att_fail(op, DQ_SHAPE, "item %zu: q_heads/head_dim differ from item 0's; batch items of one shape", i);
-            return;
-        }
-        it->codec = m->codec;
-        it->layer = src->layer;
-    }
-    op->scale = a->scale > 0 ? a->scale : 1.0f / sqrtf((float)op->head_dim);
-
-    /* Two appends to one layer in one batch would make the result depend on item order. */
-    if (op->nappend > 1) {
-        layer_key *keys = malloc(op->nappend * sizeof *keys);
-        if (!keys) {
-            att_fail(op, DQ_NOMEM, "out of memory");
-            return;
-        }
-        for (size_t k = 0; k < op->nappend; k++) {
-            const att_item *it = &op->items[op->append_idx[k]];
-            keys[k] = (layer_key){(uintptr_t)it->seq, it->layer, op->append_idx[k]};
-        }
-        qsort(keys, op->nappend, sizeof *keys, cmp_layer_key);
-        for (size_t x = 1; x < op->nappend; x++) {
-            if (same_layer(&keys[x], &keys[x - 1])) {
-                uint32_t layer = keys[x].layer;
-                free(keys);
-                att_fail(op, DQ_INVALID_ARGUMENT, "two items append to the same sequence layer %u", layer);
-                return;
-            }
-        }
-        free(keys);
-    }
-
-    size_t qbytes = op->n * qsize(op) * sizeof(float);
-    op->out_len = qbytes + op->n * op->q_heads * sizeof(float);
-    if (op->out_len > ctx->cfg->max_payload) {
-        att_fail(op, DQ_TOO_LARGE, "the reply would exceed max_payload; split the batch");
-        return;
-    }
-    op->qf = malloc(qbytes);
-    op->out = dqd_out_alloc(op->out_len);
-    if (!op->qf || !op->out) {
-        att_fail(op, DQ_NOMEM, "out of memory");
-        return;
-    }
-    /* A small request (a decode step's queries, a token or two appended) is converted and checked
-     * right here: a thread-pool round trip costs more than the work (tens of microseconds). */
-    if (op->req->payload_len <= ATT_INLINE_INPUT) {
-        op->nchunks = 1;
-        input_task(op, 0);
-        input_done(op);
-        return;
-    }
-    op->nchunks = dqd_tasks_split(ctx, op->n);
-    if (dqd_tasks_run(ctx, op->nchunks, input_task, input_done, op) < 0)
-        att_fail(op, DQ_NOMEM, "out of memory");
-}
-
-void dqd_op_attend(dqd_req *req)
-{
-    const Dquant__Attend *a = req->msg->attend;
-    att_op *op = calloc(1, sizeof *op);
-    if (!op) {
-        dqd_req_fail(req, DQ_NOMEM, "out of memory");
-        return;
-    }
-    op->req = req;
-    op->ctx = req->ctx;
-    op->a = a;
-    op->n = a->n_items;
-    op->items = calloc(op->n, sizeof *op->items);
-    op->append_idx = malloc(op->n * sizeof *op->append_idx);
-    if (!op->items || !op->append_idx || dqd_access_init(&op->as, op->n) < 0) {
-        free(op->items);
-        free(op->append_idx);
-        free(op);
-        dqd_req_fail(req, DQ_NOMEM, "out of memory");
-        return;
-    }
-    for (size_t i = 0; i < op->n; i++) {
-        const Dquant__AttendItem *src = a->items[i];
-        dqd_seq *seq = dqd_ops_lookup(req, src->seq);
-        if (!seq) {
-            att_fail(op, DQ_NOT_FOUND, "item %zu: no such sequence", i);
-            return;
-        }
-        att_item *it = &op->items[i];
-        it->seq = seq;
-        it->append = src->append_k != NULL;
-        if (it->append)
-            op->append_idx[op->nappend++] = i;
-        /* Moving a host layer to the GPU changes the sequence: that needs exclusive access too.
-         * (Its slots may be changing right now; host_layers is the loop's own count.) */
-        bool move = seq->host_layers && dqd_tier_gpu_ok(req->ctx, seq->model);
-        dqd_access_add(&op->as, seq, it->append || move ? DQD_ACCESS_WRITE : DQD_ACCESS_READ);
-    }
-    dqd_access_start(&op->as, att_ready, op);
+    Dquant__AttendReply r = DQUANT__ATTEND_REPLY__INIT;
+    Dquant__Tensor to, tl;
+    uint64_t so[3], sl[2];
+    const uint64_t oshape[3] = {op->n, op->q_heads, op->head_dim};
+    const uint64_t lshape[2] = {op->n, op->q_heads};
+    size_t olen = op->n * qsize(op) * sizeof(float);
+    dqd_reply_tensor(&to, so, DQUANT__DTYPE__F32, oshape, 3, 0, olen);
+    dqd_reply_tensor(&tl, sl, DQUANT__DTYPE__F32, lshape, 2, olen, op->n * op->q_heads * sizeof(float));
+    r.out = &to;
+    r.lse = &tl;
+    Dquant__Response resp = DQUANT__RESPONSE__INIT;
+    resp.body_case = DQUANT__RESPONSE__BODY_ATTEND;
+    resp.attend = &r;
+    att_trace(op);
+    uint8_t *out = op->out;
+    op->out = NULL;
+    dqd_req_reply(op->req, &resp, out, op->out_len);
+    att_free(op);
 }
