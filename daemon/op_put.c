@@ -12,7 +12,7 @@
  * layers report it as raw_nonfinite), and a layer that succeeded held none.
  *
  * On the cuda backend (models the kernels take) the written layers go to the GPU: layers already
- * there are appended there, host layers move there first (dqd_gpu_promote), new ones are created
+ * there are appended there, host layers move there first (promoted), new ones are created
  * there. The GPU budget for all of that is reserved on the loop, possibly moving least recently
  * used sequences to the host first (tier.h, before the prepare task). If the GPU cannot make
  * room, layers not yet on the GPU stay on the host and take the cpu path, and GPU-resident ones
@@ -32,7 +32,6 @@
 #include "ctx.h"
 #include "dquant/codec.h"
 #include "dquant/error.h"
-#include "gpu.h"
 #include "logging.h"
 #include "ops_internal.h"
 #include "tensor.h"
@@ -72,16 +71,10 @@ typedef struct put_op {
     uint64_t reserved;
     uint64_t gpu_reserved;
     dqd_gpu_moves mv;         /* GPU victims to move to the host before the appends */
-    bool *on_gpu;             /* per written layer: appended on the GPU */
-    bool *promote;            /* per written layer: moved from the host to the GPU first */
-    bool *promoted;           /* ... and that move happened */
-    bool *spill;              /* per written layer: moved from the GPU to the host first */
-    bool *spilled;            /* ... and that move happened */
-    dqd_gappend *gtxn;
+    dqd_tier_append *ta;      /* per written layer: its tier and its undoable append (tier.h) */
     bool dev;                 /* kdata/vdata are in device memory (NCCL payload), already checked */
     int prep_rc;
     uint32_t prep_layer;      /* the layer prep_rc is about; UINT32_MAX: the input as a whole */
-    dqd_append *txn;
     int *rc;
     dq_encode_stats *stats;
     int fail_rc;
@@ -97,19 +90,10 @@ static void put_free(put_op *op)
     dqd_store_gpu_moves_finish(op->ctx->store, &op->mv);
     if (op->as_live)
         dqd_access_end(&op->as);
-    if (op->txn)
+    if (op->ta)
         for (uint32_t i = 0; i < op->nlayers; i++)
-            dqd_append_clear(&op->txn[i]);
-    if (op->gtxn)
-        for (uint32_t i = 0; i < op->nlayers; i++)
-            dqd_gappend_clear(&op->gtxn[i]);
-    free(op->gtxn);
-    free(op->on_gpu);
-    free(op->promote);
-    free(op->promoted);
-    free(op->spill);
-    free(op->spilled);
-    free(op->txn);
+            dqd_tier_append_clear(&op->ta[i]);
+    free(op->ta);
     free(op->rc);
     free(op->stats);
     free(op->ktmp);
@@ -140,7 +124,7 @@ static size_t layer_bytes(const put_op *op)
 
 static bool on_gpu(const put_op *op, size_t i)
 {
-    return op->on_gpu && op->on_gpu[i];
+    return op->ta && op->ta[i].gpu;
 }
 
 /* The states' work, defined below in the order the states run. */
@@ -313,76 +297,29 @@ static int put_check(put_op *op)
     return 0;
 }
 
-/* Reserves GPU room for the written layers (see the top of this file) and marks those that go to
- * the GPU and those that leave it. Returns 0 or DQ_NOMEM. */
-static int put_place_gpu(put_op *op)
-{
-    dqd_store *store = op->ctx->store;
-    const Dquant__Put *put = op->put;
-    dqd_seq *seq = op->seq;
-    uint32_t nl = put->num_layers;
-    op->on_gpu = calloc(nl, sizeof *op->on_gpu);
-    op->promote = calloc(nl, sizeof *op->promote);
-    op->promoted = calloc(nl, sizeof *op->promoted);
-    op->spill = calloc(nl, sizeof *op->spill);
-    op->spilled = calloc(nl, sizeof *op->spilled);
-    op->gtxn = calloc(nl, sizeof *op->gtxn);
-    if (!op->on_gpu || !op->promote || !op->promoted || !op->spill || !op->spilled || !op->gtxn ||
-        dqd_store_gpu_slots(store, seq) < 0)
-        return DQ_NOMEM;
-    uint64_t all = 0, resident = 0;
-    for (uint32_t i = 0; i < nl; i++) {
-        uint32_t layer = put->first_layer + i;
-        const dqd_glayer *g = seq->glayers[layer];
-        uint64_t need = dqd_gpu_need(op->codec, g ? NULL : seq->layers[layer], g, put->tokens);
-        all += need;
-        if (g)
-            resident += need;
-    }
-    if (dqd_store_gpu_reserve(store, all, &op->mv) == DQ_OK) {
-        op->gpu_reserved = all;
-        for (uint32_t i = 0; i < nl; i++) {
-            op->on_gpu[i] = true;
-            op->promote[i] = seq->layers[put->first_layer + i] != NULL;
-        }
-        return DQ_OK;
-    }
-    if (dqd_store_gpu_reserve(store, resident, &op->mv) == DQ_OK) {
-        op->gpu_reserved = resident;
-        for (uint32_t i = 0; i < nl; i++)
-            op->on_gpu[i] = seq->glayers[put->first_layer + i] != NULL;
-        return DQ_OK;
-    }
-    for (uint32_t i = 0; i < nl; i++)
-        op->spill[i] = seq->glayers[put->first_layer + i] != NULL;
-    return DQ_OK;
-}
-
 /* The written layers' tiers (see the top of this file) and the room they need. */
 static int put_reserve(put_op *op)
 {
     dqd_ctx *ctx = op->ctx;
     const Dquant__Put *put = op->put;
     dqd_seq *seq = op->seq;
-    op->txn = calloc(put->num_layers, sizeof *op->txn);
+    op->ta = calloc(put->num_layers, sizeof *op->ta);
     op->rc = calloc(put->num_layers, sizeof *op->rc);
     op->stats = calloc(put->num_layers, sizeof *op->stats);
-    if (!op->txn || !op->rc || !op->stats) {
+    if (!op->ta || !op->rc || !op->stats) {
         put_fail(op, DQ_NOMEM, "out of memory");
         return -1;
     }
     int rc = DQ_OK;
-    if (dqd_tier_gpu_ok(ctx, op->model) && put_place_gpu(op) < 0) {
+    if (dqd_tier_place_layers(ctx, seq, put->first_layer, put->num_layers, put->tokens, op->ta, &op->gpu_reserved,
+                              &op->mv) < 0) {
         put_fail(op, DQ_NOMEM, "out of memory");
         return -1;
     }
     uint64_t need = 0;
     for (uint32_t i = 0; i < put->num_layers; i++) {
         uint32_t layer = put->first_layer + i;
-        if (op->spill && op->spill[i])
-            need += dqd_store_spill_need(op->codec, seq->glayers[layer], put->tokens);
-        else if (!on_gpu(op, i))
-            need += dqd_store_append_need(op->codec, seq->layers[layer], put->tokens);
+        need += dqd_tier_host_need(seq, layer, &op->ta[i], put->tokens);
     }
     rc = dqd_store_reserve(ctx->store, need, seq);
     if (rc < 0) {
@@ -426,21 +363,20 @@ static bool all_on_gpu(const put_op *op)
  * the host for the cpu path. */
 static int prepare_device(put_op *op)
 {
-    dqd_gpu *gpu = op->ctx->gpu;
     if (all_on_gpu(op)) {
         op->kdata = op->k.data;
         op->vdata = op->v.data;
         op->dev = true;
-        return dqd_gpu_check_tokens(gpu, op->codec, op->kdata, op->vdata, dqd_tensor_dtype(&op->k), op->nlayers,
-                                    (size_t)op->put->tokens, &op->prep_layer);
+        return dqd_tier_check_device(op->ctx, op->codec, op->kdata, op->vdata, dqd_tensor_dtype(&op->k), op->nlayers,
+                                     (size_t)op->put->tokens, &op->prep_layer);
     }
     op->ktmp = malloc(op->k.len ? op->k.len : 1);
     op->vtmp = malloc(op->v.len ? op->v.len : 1);
     if (!op->ktmp || !op->vtmp)
         return DQ_NOMEM;
-    int rc = dqd_gpu_d2h(gpu, op->ktmp, op->k.data, op->k.len);
+    int rc = dqd_tier_to_host(op->ctx, op->ktmp, op->k.data, op->k.len);
     if (rc == DQ_OK)
-        rc = dqd_gpu_d2h(gpu, op->vtmp, op->v.data, op->v.len);
+        rc = dqd_tier_to_host(op->ctx, op->vtmp, op->v.data, op->v.len);
     op->kdata = op->ktmp;
     op->vdata = op->vtmp;
     if (rc == DQ_OK)
@@ -481,62 +417,19 @@ static void prepare_done(void *arg)
     put_step(op);
 }
 
-/* Workers: layer i on the GPU (promoted there first if needed). */
-static void gpu_append(put_op *op, size_t i)
-{
-    const size_t lb = layer_bytes(op);
-    dqd_gpu *gpu = op->ctx->gpu;
-    uint32_t layer = op->put->first_layer + (uint32_t)i;
-    int rc = DQ_OK;
-    if (op->promote[i]) {
-        rc = dqd_gpu_promote(gpu, op->codec, &op->seq->layers[layer], &op->seq->glayers[layer]);
-        op->promoted[i] = rc == DQ_OK;
-    }
-    if (rc == DQ_OK)
-        rc = dqd_gpu_append(gpu, op->codec, &op->gtxn[i], &op->seq->glayers[layer],
-                            (const uint8_t *)op->kdata + i * lb, (const uint8_t *)op->vdata + i * lb,
-                            dqd_tensor_dtype(&op->k), (size_t)op->put->tokens,
-                            op->dev ? DQD_GAPPEND_DEVICE | DQD_GAPPEND_CHECKED : 0, &op->stats[i]);
-    if (rc == DQ_OK)
-        rc = dqd_gpu_finish(gpu);
-    op->rc[i] = rc;
-}
-
-/* Workers: layer i on the host (moved there first if it spills). */
-static void host_append(put_op *op, size_t i)
-{
-    const size_t lb = layer_bytes(op);
-    dq_layer **slot = &op->seq->layers[op->put->first_layer + i];
-    if (op->spill && op->spill[i]) {
-        op->rc[i] = dqd_gpu_demote(op->ctx->gpu, op->codec, &op->seq->glayers[op->put->first_layer + i], slot);
-        if (op->rc[i] < 0)
-            return;
-        op->spilled[i] = true;
-    }
-    dq_workspace *ws = dqd_codec_ws_take(op->codec);
-    if (!ws) {
-        op->rc[i] = DQ_NOMEM;
-        return;
-    }
-    op->rc[i] = dqd_append_apply(&op->txn[i], op->codec, ws, slot, (const uint8_t *)op->kdata + i * lb,
-                                 (const uint8_t *)op->vdata + i * lb, dqd_tensor_dtype(&op->k),
-                                 (size_t)op->put->tokens, &op->stats[i]);
-    dqd_codec_ws_give(op->codec, ws);
-}
-
 /* Workers: layer i; if it failed for another reason, whether the layer's input holds NaN/Inf,
  * which then decides the error (see the top of this file). Input in GPU memory (NCCL, every layer
  * on the GPU) was checked there as a whole before. */
 static void append_task(void *arg, size_t i)
 {
     put_op *op = arg;
-    if (on_gpu(op, i))
-        gpu_append(op, i);
-    else
-        host_append(op, i);
+    const size_t lb = layer_bytes(op);
+    op->rc[i] = dqd_tier_append_apply(op->ctx, op->seq, op->put->first_layer + (uint32_t)i, &op->ta[i],
+                                      (const uint8_t *)op->kdata + i * lb, (const uint8_t *)op->vdata + i * lb,
+                                      dqd_tensor_dtype(&op->k), (size_t)op->put->tokens, op->dev, &op->stats[i]);
     if (op->rc[i] >= 0 || op->rc[i] == DQ_NONFINITE || op->dev)
         return;
-    const size_t lb = layer_bytes(op), count = lb / dqd_dtype_size(op->k.dtype);
+    const size_t count = lb / dqd_dtype_size(op->k.dtype);
     const dq_dtype dt = dqd_tensor_dtype(&op->k);
     if (dq_check_finite((const uint8_t *)op->kdata + i * lb, dt, count) == DQ_NONFINITE ||
         dq_check_finite((const uint8_t *)op->vdata + i * lb, dt, count) == DQ_NONFINITE)
@@ -556,7 +449,7 @@ static void append_done(void *arg)
             first_err = op->rc[i];
             failed_layer = put->first_layer + i;
         }
-        applied += op->txn[i].applied + (op->gtxn ? op->gtxn[i].applied : 0);
+        applied += dqd_tier_append_applied(&op->ta[i]);
     }
     if (first_err) {
         op->fail_rc = first_err;
@@ -564,7 +457,7 @@ static void append_done(void *arg)
         /* A NaN anywhere wins (see the top of this file): a layer says DQ_NONFINITE, or a GPU one
          * raw_nonfinite (its rc may be the range check of the rounded values). */
         for (uint32_t i = 0; i < put->num_layers; i++) {
-            if (op->rc[i] == DQ_NONFINITE || (op->gtxn && op->gtxn[i].raw_nonfinite)) {
+            if (op->rc[i] == DQ_NONFINITE || op->ta[i].dev.raw_nonfinite) {
                 op->fail_rc = DQ_NONFINITE;
                 snprintf(op->fail_msg, sizeof op->fail_msg, "k or v holds NaN or infinity");
             }
@@ -580,19 +473,14 @@ static void append_done(void *arg)
 static void rollback_task(void *arg, size_t i)
 {
     put_op *op = arg;
-    uint32_t layer = op->put->first_layer + (uint32_t)i;
-    if (on_gpu(op, i)) {
-        op->rc[i] = dqd_gpu_rollback(op->ctx->gpu, op->codec, &op->gtxn[i], &op->seq->glayers[layer]);
-        return;
-    }
-    op->rc[i] = dqd_append_rollback(&op->txn[i], op->codec, &op->seq->layers[layer]);
+    op->rc[i] = dqd_tier_append_rollback(op->ctx, op->seq, op->put->first_layer + (uint32_t)i, &op->ta[i]);
 }
 
 /* A layer that could not be put back makes the whole sequence unusable. */
 static bool any_broken(const put_op *op)
 {
-    for (uint32_t i = 0; op->gtxn && i < op->nlayers; i++)
-        if (op->gtxn[i].broken)
+    for (uint32_t i = 0; op->ta && i < op->nlayers; i++)
+        if (op->ta[i].dev.broken)
             return true;
     return false;
 }
@@ -600,9 +488,9 @@ static bool any_broken(const put_op *op)
 static void count_promoted(put_op *op)
 {
     uint64_t n = 0, m = 0;
-    for (uint32_t i = 0; op->promoted && i < op->nlayers; i++) {
-        n += op->promoted[i];
-        m += op->spilled[i];
+    for (uint32_t i = 0; op->ta && i < op->nlayers; i++) {
+        n += op->ta[i].promoted;
+        m += op->ta[i].spilled;
     }
     dqd_store_gpu_promoted(op->ctx->store, n);
     dqd_store_gpu_spilled(op->ctx->store, m);

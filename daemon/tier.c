@@ -50,12 +50,7 @@ int dqd_tier_decode_dev(dqd_ctx *ctx, const dqd_seq *seq, uint32_t layer, dq_kin
     /* A host layer: decoded on the host, then copied. */
     size_t bytes = count * codec->n * dq_dtype_size(dtype);
     uint8_t *tmp = malloc(bytes ? bytes : 1);
-    dq_workspace *ws = dqd_codec_ws_take(codec);
-    int rc = tmp && ws ? DQ_OK : DQ_NOMEM;
-    if (rc == DQ_OK)
-        rc = dq_layer_decode(seq->layers[layer], ws, kind, first, count, tmp, dtype);
-    if (ws)
-        dqd_codec_ws_give(codec, ws);
+    int rc = tmp ? host_decode(seq, layer, kind, first, count, tmp, dtype) : DQ_NOMEM;
     if (rc == DQ_OK)
         rc = dqd_gpu_h2d(ctx->gpu, dout, tmp, bytes);
     free(tmp);
@@ -93,6 +88,112 @@ void dqd_tier_free_device(dqd_ctx *ctx, void *p)
 {
     if (p)
         dqd_gpu_free_transient(ctx->gpu, p);
+}
+
+/* ---- appends ---- */
+
+int dqd_tier_place_layers(dqd_ctx *ctx, dqd_seq *seq, uint32_t first, uint32_t n, uint64_t ntok, dqd_tier_append *t,
+                          uint64_t *gpu_reserved, dqd_gpu_moves *mv)
+{
+    dqd_store *store = ctx->store;
+    *gpu_reserved = 0;
+    if (!dqd_tier_gpu_ok(ctx, seq->model))
+        return DQ_OK;
+    if (dqd_store_gpu_slots(store, seq) < 0)
+        return DQ_NOMEM;
+    const dqd_codec *codec = seq->model->codec;
+    uint64_t all = 0, resident = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const dqd_glayer *g = seq->glayers[first + i];
+        uint64_t need = dqd_gpu_need(codec, g ? NULL : seq->layers[first + i], g, ntok);
+        all += need;
+        if (g)
+            resident += need;
+    }
+    if (dqd_store_gpu_reserve(store, all, mv) == DQ_OK) {
+        *gpu_reserved = all;
+        for (uint32_t i = 0; i < n; i++) {
+            t[i].gpu = true;
+            t[i].promote = seq->layers[first + i] != NULL;
+        }
+        return DQ_OK;
+    }
+    if (dqd_store_gpu_reserve(store, resident, mv) == DQ_OK) {
+        *gpu_reserved = resident;
+        for (uint32_t i = 0; i < n; i++)
+            t[i].gpu = seq->glayers[first + i] != NULL;
+        return DQ_OK;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        t[i].spill = seq->glayers[first + i] != NULL;
+    return DQ_OK;
+}
+
+uint64_t dqd_tier_host_need(const dqd_seq *seq, uint32_t layer, const dqd_tier_append *t, uint64_t ntok)
+{
+    const dqd_codec *codec = seq->model->codec;
+    if (t->spill)
+        return dqd_store_spill_need(codec, seq->glayers[layer], ntok);
+    if (!t->gpu)
+        return dqd_store_append_need(codec, seq->layers[layer], ntok);
+    return 0;
+}
+
+int dqd_tier_append_apply(dqd_ctx *ctx, dqd_seq *seq, uint32_t layer, dqd_tier_append *t, const void *k,
+                          const void *v, dq_dtype dtype, size_t ntok, bool dev, dq_encode_stats *stats)
+{
+    dqd_codec *codec = seq->model->codec;
+    int rc = DQ_OK;
+    if (t->gpu) {
+        if (t->promote) {
+            rc = dqd_gpu_promote(ctx->gpu, codec, &seq->layers[layer], &seq->glayers[layer]);
+            t->promoted = rc == DQ_OK;
+        }
+        if (rc == DQ_OK)
+            rc = dqd_gpu_append(ctx->gpu, codec, &t->dev, &seq->glayers[layer], k, v, dtype, ntok,
+                                dev ? DQD_GAPPEND_DEVICE | DQD_GAPPEND_CHECKED : 0, stats);
+        if (rc == DQ_OK)
+            rc = dqd_gpu_finish(ctx->gpu);
+        return rc;
+    }
+    dq_layer **slot = &seq->layers[layer];
+    if (t->spill) {
+        rc = dqd_gpu_demote(ctx->gpu, codec, &seq->glayers[layer], slot);
+        if (rc < 0)
+            return rc;
+        t->spilled = true;
+    }
+    dq_workspace *ws = dqd_codec_ws_take(codec);
+    if (!ws)
+        return DQ_NOMEM;
+    rc = dqd_append_apply(&t->host, codec, ws, slot, k, v, dtype, ntok, stats);
+    dqd_codec_ws_give(codec, ws);
+    return rc;
+}
+
+int dqd_tier_append_rollback(dqd_ctx *ctx, dqd_seq *seq, uint32_t layer, dqd_tier_append *t)
+{
+    dqd_codec *codec = seq->model->codec;
+    if (t->gpu)
+        return dqd_gpu_rollback(ctx->gpu, codec, &t->dev, &seq->glayers[layer]);
+    return dqd_append_rollback(&t->host, codec, &seq->layers[layer]);
+}
+
+void dqd_tier_append_clear(dqd_tier_append *t)
+{
+    dqd_append_clear(&t->host);
+    dqd_gappend_clear(&t->dev);
+}
+
+int dqd_tier_check_device(dqd_ctx *ctx, dqd_codec *codec, const void *k, const void *v, dq_dtype dtype,
+                          size_t layers, size_t ntok, uint32_t *bad_layer)
+{
+    return dqd_gpu_check_tokens(ctx->gpu, codec, k, v, dtype, layers, ntok, bad_layer);
+}
+
+int dqd_tier_to_host(dqd_ctx *ctx, void *dst, const void *src, size_t bytes)
+{
+    return dqd_gpu_d2h(ctx->gpu, dst, src, bytes);
 }
 
 /* ---- moves to the host (a GPU reservation's victims) ---- */

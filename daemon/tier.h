@@ -3,8 +3,9 @@
  * depends on it. Operations call these on a (sequence, layer) and never look at the backend
  * themselves: on the cpu backend every layer is on the host and the GPU paths are never taken.
  *
- * Loop thread: dqd_tier_gpu_ok, dqd_tier_moves_run, dqd_tier_free_device. Worker threads (the
- * caller holds the access the operation needs): the rest. */
+ * Loop thread: dqd_tier_gpu_ok, dqd_tier_precheck, dqd_tier_place_layers, dqd_tier_host_need,
+ * dqd_tier_moves_run, dqd_tier_free_device. Worker threads (the caller holds the access the
+ * operation needs): the rest. */
 #ifndef DQD_TIER_H
 #define DQD_TIER_H
 
@@ -12,7 +13,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "append.h"
 #include "dquant/types.h"
+#include "gpu.h"
 #include "store.h"
 
 typedef struct dqd_ctx dqd_ctx;
@@ -38,6 +41,48 @@ int dqd_tier_copy_raw(dqd_ctx *ctx, const dqd_seq *seq, uint32_t layer, uint8_t 
  * the loop thread (stream-ordered, never waits). DQ_UNSUPPORTED on the cpu backend. */
 int dqd_tier_alloc_device(dqd_ctx *ctx, size_t bytes, void **out);
 void dqd_tier_free_device(dqd_ctx *ctx, void *p);
+
+/* One layer's append that can be undone, in the tier dqd_tier_place_layers chose for it. */
+typedef struct dqd_tier_append {
+    bool gpu;            /* appended on the GPU */
+    bool promote;        /* its host layer moves to the GPU first ... */
+    bool promoted;       /* ... and did */
+    bool spill;          /* its GPU layer moves to the host first (no GPU room for the append) ... */
+    bool spilled;        /* ... and did */
+    dqd_append host;     /* the append on the host (append.h) */
+    dqd_gappend dev;     /* the append on the GPU (gpu.h); dev.broken: the layer could not be restored */
+} dqd_tier_append;
+
+/* Places layers [first, first + n) of seq for appends of ntok tokens each (t: n zeroed entries):
+ * on the GPU when the model may live there and the GPU budget can make room for all of them
+ * (host layers promoted), else only the layers already there if their growth fits, else those
+ * spill to the host; everything on the host otherwise. GPU room is reserved (*gpu_reserved, to be
+ * released with dqd_store_gpu_unreserve) and the victims to move first are in mv
+ * (dqd_tier_moves_run). Returns 0 or DQ_NOMEM. */
+int dqd_tier_place_layers(dqd_ctx *ctx, dqd_seq *seq, uint32_t first, uint32_t n, uint64_t ntok, dqd_tier_append *t,
+                          uint64_t *gpu_reserved, dqd_gpu_moves *mv);
+/* Host bytes to reserve (dqd_store_reserve) for the placed append t of ntok tokens to the layer. */
+uint64_t dqd_tier_host_need(const dqd_seq *seq, uint32_t layer, const dqd_tier_append *t, uint64_t ntok);
+/* Appends ntok tokens (k, v: [ntok, kv_heads, head_dim] of dtype; in device memory, already
+ * checked, when dev) to the layer in its tier, moving it first when t says so. Same checks, same
+ * all-or-nothing result and same bytes in either tier; stats (may be NULL) is added to. */
+int dqd_tier_append_apply(dqd_ctx *ctx, dqd_seq *seq, uint32_t layer, dqd_tier_append *t, const void *k,
+                          const void *v, dq_dtype dtype, size_t ntok, bool dev, dq_encode_stats *stats);
+/* Undoes an applied append (no-op otherwise); a failure means the sequence must be dropped. */
+int dqd_tier_append_rollback(dqd_ctx *ctx, dqd_seq *seq, uint32_t layer, dqd_tier_append *t);
+/* Whether the append was applied (1) or not (0). */
+static inline unsigned dqd_tier_append_applied(const dqd_tier_append *t)
+{
+    return t->host.applied + t->dev.applied;
+}
+void dqd_tier_append_clear(dqd_tier_append *t);
+
+/* Input that came on NCCL, in device memory: the checks dq_layer_append makes, on the GPU, for
+ * appends of `layers` layers of ntok tokens (as dqd_gpu_check_tokens: DQ_NONFINITE with
+ * *bad_layer = UINT32_MAX, else the code of the first failing layer), or a copy to host memory. */
+int dqd_tier_check_device(dqd_ctx *ctx, dqd_codec *codec, const void *k, const void *v, dq_dtype dtype,
+                          size_t layers, size_t ntok, uint32_t *bad_layer);
+int dqd_tier_to_host(dqd_ctx *ctx, void *dst, const void *src, size_t bytes);
 
 /* rc: 0, or DQ_NOMEM when the moves could not be queued (the victims are then released as they
  * were, so the room was not made). */
