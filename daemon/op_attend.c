@@ -30,12 +30,10 @@
 #include <string.h>
 
 #include "access.h"
-#include "append.h"
 #include "ctx.h"
 #include "dquant/attention.h"
 #include "dquant/codec.h"
 #include "dquant/error.h"
-#include "gpu.h"
 #include "lane.h"
 #include "logging.h"
 #include "ops_internal.h"
@@ -49,23 +47,7 @@
 /* Stages of an ATTEND, timed for the debug-level trace line each reply logs. */
 enum { ATT_T_ACCESS, ATT_T_INPUT, ATT_T_B0, ATT_T_B1, ATT_T_C0, ATT_T_C1, ATT_T_COUNT };
 
-typedef struct att_item {
-    dqd_seq *seq;
-    dqd_codec *codec;
-    uint32_t layer;
-    dqd_tensor q, ak, av;
-    bool append;
-    bool gpu;        /* its layer is (after phase B) in GPU memory */
-    bool promote;    /* phase B moves its layer to the GPU (one item per layer) */
-    bool promoted;
-    bool spill;      /* phase B moves its (GPU) layer to the host before appending there */
-    bool spilled;
-    bool checked;    /* its k and v passed dq_check_tokens in phase A */
-    bool batched;    /* its GPU append went with others' (append_gpu_tokens) */
-    dqd_append txn;
-    dqd_gappend gtxn;
-    int rc;
-} att_item;
+typedef dqd_tier_item att_item;
 
 typedef enum att_state {
     ATT_ACCESS,    /* every sequence looked up: wait for access to them all */
@@ -108,28 +90,6 @@ typedef struct att_op {
     char msg[256];
 } att_op;
 
-/* An item by its (sequence, layer), to sort the items of one layer together. */
-typedef struct layer_key {
-    uintptr_t seq;
-    uint32_t layer;
-    size_t item;
-} layer_key;
-
-static int cmp_layer_key(const void *a, const void *b)
-{
-    const layer_key *x = a, *y = b;
-    if (x->seq != y->seq)
-        return x->seq < y->seq ? -1 : 1;
-    if (x->layer != y->layer)
-        return x->layer < y->layer ? -1 : 1;
-    return x->item < y->item ? -1 : x->item > y->item;
-}
-
-static bool same_layer(const layer_key *a, const layer_key *b)
-{
-    return a->seq == b->seq && a->layer == b->layer;
-}
-
 static void att_free(att_op *op)
 {
     if (op->reserved)
@@ -140,8 +100,7 @@ static void att_free(att_op *op)
     dqd_access_end(&op->as);
     if (op->items) {
         for (size_t i = 0; i < op->n; i++) {
-            dqd_append_clear(&op->items[i].txn);
-            dqd_gappend_clear(&op->items[i].gtxn);
+            dqd_tier_item_clear(&op->items[i]);
         }
     }
     free(op->items);
@@ -321,18 +280,18 @@ static int att_check(att_op *op)
 
     /* Two appends to one layer in one batch would make the result depend on item order. */
     if (op->nappend > 1) {
-        layer_key *keys = malloc(op->nappend * sizeof *keys);
+        dqd_layer_key *keys = malloc(op->nappend * sizeof *keys);
         if (!keys) {
             att_fail(op, DQ_NOMEM, "out of memory");
             return -1;
         }
         for (size_t k = 0; k < op->nappend; k++) {
             const att_item *it = &op->items[op->append_idx[k]];
-            keys[k] = (layer_key){(uintptr_t)it->seq, it->layer, op->append_idx[k]};
+            keys[k] = (dqd_layer_key){(uintptr_t)it->seq, it->layer, op->append_idx[k]};
         }
-        qsort(keys, op->nappend, sizeof *keys, cmp_layer_key);
+        qsort(keys, op->nappend, sizeof *keys, dqd_layer_key_cmp);
         for (size_t x = 1; x < op->nappend; x++) {
-            if (same_layer(&keys[x], &keys[x - 1])) {
+            if (dqd_layer_key_same(&keys[x], &keys[x - 1])) {
                 uint32_t layer = keys[x].layer;
                 free(keys);
                 att_fail(op, DQ_INVALID_ARGUMENT, "two items append to the same sequence layer %u", layer);
@@ -436,99 +395,16 @@ static void start_input(att_op *op)
 
 /* ---- placement ---- */
 
-/* Decides, per (sequence, layer) of the batch, whether its items run on the GPU (see the top of this
- * file), reserves the GPU room and marks the moves. Returns 0 or DQ_NOMEM. */
-static int att_place_gpu(att_op *op)
+/* 1: there are appends or promotions (MOVES next), 0: none (straight to ATTEND), -1: failed. */
+static int att_place(att_op *op)
 {
-    dqd_store *store = op->ctx->store;
-    layer_key *keys = malloc(op->n * sizeof *keys);
-    bool *cand = calloc(op->n, sizeof *cand);
-    if (!keys || !cand) {
-        free(keys);
-        free(cand);
-        return DQ_NOMEM;
-    }
-    for (size_t i = 0; i < op->n; i++)
-        keys[i] = (layer_key){(uintptr_t)op->items[i].seq, op->items[i].layer, i};
-    qsort(keys, op->n, sizeof *keys, cmp_layer_key);
-
-    int rc = DQ_OK;
-    uint64_t all = 0, resident = 0;
-    size_t ncand = 0;
-    for (size_t g0 = 0, g1; g0 < op->n; g0 = g1) {
-        bool app = false;
-        for (g1 = g0; g1 < op->n && same_layer(&keys[g1], &keys[g0]); g1++)
-            app |= op->items[keys[g1].item].append;
-        att_item *it = &op->items[keys[g0].item];
-        dqd_seq *seq = it->seq;
-        if (!dqd_tier_gpu_ok(op->ctx, seq->model))
-            continue;
-        const dqd_glayer *gl = dqd_seq_glayer(seq, it->layer);
-        const dq_layer *hl = seq->layers[it->layer];
-        /* A layer moved to the host while this request waited is held for reading only: it stays. */
-        bool writable = dqd_access_mode(&op->as, seq) == DQD_ACCESS_WRITE;
-        if (gl) {
-            for (size_t k = g0; k < g1; k++)
-                op->items[keys[k].item].gpu = true;
-            if (app)
-                resident += dqd_gpu_need(it->codec, NULL, gl, 1);
-        } else if ((hl || app) && writable) {
-            if (dqd_store_gpu_slots(store, seq) < 0) {
-                rc = DQ_NOMEM;
-                goto out;
-            }
-            cand[keys[g0].item] = true;
-            ncand++;
-            all += dqd_gpu_need(it->codec, hl, NULL, app ? 1 : 0);
-        }
-    }
-    all += resident;
-    if (ncand && dqd_store_gpu_reserve(store, all, &op->mv) == DQ_OK) {
-        op->gpu_reserved = all;
-        for (size_t g0 = 0, g1; g0 < op->n; g0 = g1) {
-            for (g1 = g0; g1 < op->n && same_layer(&keys[g1], &keys[g0]); g1++)
-                ;
-            att_item *it = &op->items[keys[g0].item];
-            if (!cand[keys[g0].item])
-                continue;
-            it->promote = it->seq->layers[it->layer] != NULL;
-            for (size_t k = g0; k < g1; k++)
-                op->items[keys[k].item].gpu = true;
-        }
-    } else if (resident && dqd_store_gpu_reserve(store, resident, &op->mv) == DQ_OK) {
-        op->gpu_reserved = resident;
-    } else if (resident) {
-        /* no room for the resident layers' appends: those layers go to the host */
-        for (size_t g0 = 0, g1; g0 < op->n; g0 = g1) {
-            bool app = false;
-            for (g1 = g0; g1 < op->n && same_layer(&keys[g1], &keys[g0]); g1++)
-                app |= op->items[keys[g1].item].append;
-            att_item *it = &op->items[keys[g0].item];
-            if (!app || !dqd_seq_glayer(it->seq, it->layer))
-                continue;
-            for (size_t k = g0; k < g1; k++) {
-                att_item *x = &op->items[keys[k].item];
-                x->gpu = false;
-                x->spill = x->append;
-            }
-        }
+    if (dqd_tier_place_items(op->ctx, op->items, op->n, &op->as, &op->gpu_reserved, &op->mv) < 0) {
+        att_fail(op, DQ_NOMEM, "out of memory");
+        return -1;
     }
     op->gpu_b = false;
     for (size_t i = 0; i < op->n; i++)
         op->gpu_b |= op->items[i].promote || (op->items[i].gpu && op->items[i].append);
-out:
-    free(keys);
-    free(cand);
-    return rc;
-}
-
-/* 1: there are appends or promotions (MOVES next), 0: none (straight to ATTEND), -1: failed. */
-static int att_place(att_op *op)
-{
-    if (att_place_gpu(op) < 0) {
-        att_fail(op, DQ_NOMEM, "out of memory");
-        return -1;
-    }
     op->ncpu_append = 0;
     uint64_t need = 0;
     for (size_t k = 0; k < op->nappend; k++) {
@@ -536,10 +412,7 @@ static int att_place(att_op *op)
         if (it->gpu)
             continue;
         op->ncpu_append++;
-        if (it->spill)
-            need += dqd_store_spill_need(it->codec, dqd_seq_glayer(it->seq, it->layer), 1);
-        else
-            need += dqd_store_append_need(it->codec, it->seq->layers[it->layer], 1);
+        need += dqd_tier_item_host_need(it);
     }
     if (!op->ncpu_append && !op->gpu_b)
         return 0;
@@ -566,100 +439,12 @@ static void moves_done(void *arg, int rc)
 
 /* ---- phase B: appends ---- */
 
-/* Whether item it's append can go with others' in one dqd_gpu_append_tokens. */
-static bool batchable(const att_item *it)
-{
-    return it->gpu && it->checked && !it->batched && dqd_gpu_append_fits(it->codec, dqd_seq_glayer(it->seq, it->layer));
-}
-
-/* The GPU appends of single tokens that fit their layer's tail: one dqd_gpu_append_tokens (one copy,
- * one launch) per codec instead of two copies and two conversions per item. Marks them batched;
- * false when one failed (its rc set). Without memory for the lists every item goes alone. */
-static bool append_gpu_tokens(att_op *op)
-{
-    dqd_gtoken *tok = malloc(op->nappend * sizeof *tok);
-    size_t *who = malloc(op->nappend * sizeof *who);
-    void **tmp = calloc(2 * op->nappend, sizeof *tmp);
-    bool ok = true;
-    for (size_t k0 = 0; tok && who && tmp && ok && k0 < op->nappend; k0++) {
-        const att_item *first = &op->items[op->append_idx[k0]];
-        if (!batchable(first))
-            continue;
-        size_t cnt = 0;
-        for (size_t k = k0; k < op->nappend; k++) {
-            att_item *it = &op->items[op->append_idx[k]];
-            if (it->codec != first->codec || !batchable(it))
-                continue;
-            const void *kd, *vd;
-            if (dqd_tensor_aligned(&it->ak, &kd, &tmp[2 * k]) < 0 ||
-                dqd_tensor_aligned(&it->av, &vd, &tmp[2 * k + 1]) < 0)
-                continue; /* the item goes alone and reports it */
-            it->batched = true;
-            who[cnt] = op->append_idx[k];
-            tok[cnt++] = (dqd_gtoken){it->seq->glayers[it->layer], &it->gtxn, kd, vd, dqd_tensor_dtype(&it->ak)};
-        }
-        int rc = dqd_gpu_append_tokens(op->ctx->gpu, first->codec, tok, cnt);
-        for (size_t j = 0; rc < 0 && j < cnt; j++)
-            op->items[who[j]].rc = rc;
-        ok = rc == DQ_OK;
-    }
-    for (size_t i = 0; tmp && i < 2 * op->nappend; i++)
-        free(tmp[i]);
-    free(tok);
-    free(who);
-    free(tmp);
-    return ok;
-}
-
-/* Phase B on the GPU: layer moves first, then the appends, all on this worker's stream. */
-static void append_gpu(att_op *op)
-{
-    dqd_gpu *gpu = op->ctx->gpu;
-    for (size_t i = 0; i < op->n; i++) {
-        att_item *it = &op->items[i];
-        if (!it->promote)
-            continue;
-        it->rc = dqd_gpu_promote(gpu, it->codec, &it->seq->layers[it->layer], &it->seq->glayers[it->layer]);
-        it->promoted = it->rc == DQ_OK;
-        if (it->rc < 0)
-            return;
-    }
-    bool failed = !append_gpu_tokens(op);
-    for (size_t k = 0; k < op->nappend && !failed; k++) {
-        att_item *it = &op->items[op->append_idx[k]];
-        if (!it->gpu || it->batched)
-            continue;
-        const void *kd, *vd;
-        void *kt, *vt;
-        it->rc = dqd_tensor_aligned(&it->ak, &kd, &kt);
-        if (it->rc == 0) {
-            it->rc = dqd_tensor_aligned(&it->av, &vd, &vt);
-            if (it->rc == 0) {
-                it->rc = dqd_gpu_append(gpu, it->codec, &it->gtxn, &it->seq->glayers[it->layer], kd, vd,
-                                        dqd_tensor_dtype(&it->ak), 1, it->checked ? DQD_GAPPEND_CHECKED : 0,
-                                        NULL);
-                free(vt);
-            }
-            free(kt);
-        }
-        failed = it->rc < 0;
-    }
-    /* Fused and applied: the attention's own synchronization comes next on the same stream. */
-    if (op->fused && !failed)
-        return;
-    int rc = dqd_gpu_finish(gpu);
-    if (rc < 0)
-        for (size_t k = 0; k < op->nappend; k++)
-            if (op->items[op->append_idx[k]].gpu && op->items[op->append_idx[k]].rc == 0)
-                op->items[op->append_idx[k]].rc = rc;
-}
-
 static void append_task(void *arg, size_t c)
 {
     att_op *op = arg;
     if (c == op->nchunks) {
         op->t_ns[ATT_T_B0] = dqd_now_ns();
-        append_gpu(op);
+        dqd_tier_items_append_gpu(op->ctx, op->items, op->n, op->append_idx, op->nappend, op->fused);
         op->t_ns[ATT_T_B1] = dqd_now_ns();
         return;
     }
@@ -669,27 +454,7 @@ static void append_task(void *arg, size_t c)
         att_item *it = &op->items[op->append_idx[k]];
         if (it->gpu)
             continue;
-        if (it->spill) {
-            it->rc = dqd_gpu_demote(op->ctx->gpu, it->codec, &it->seq->glayers[it->layer], &it->seq->layers[it->layer]);
-            if (it->rc < 0)
-                continue;
-            it->spilled = true;
-        }
-        const void *kd, *vd;
-        void *kt, *vt;
-        it->rc = dqd_tensor_aligned(&it->ak, &kd, &kt);
-        if (it->rc == 0) {
-            it->rc = dqd_tensor_aligned(&it->av, &vd, &vt);
-            if (it->rc == 0) {
-                dq_workspace *ws = dqd_codec_ws_take(it->codec);
-                it->rc = ws ? dqd_append_apply(&it->txn, it->codec, ws, &it->seq->layers[it->layer], kd, vd,
-                                               dqd_tensor_dtype(&it->ak), 1, NULL)
-                            : DQ_NOMEM;
-                dqd_codec_ws_give(it->codec, ws);
-                free(vt);
-            }
-            free(kt);
-        }
+        dqd_tier_item_append_host(op->ctx, it);
     }
 }
 
@@ -763,7 +528,7 @@ static void fused_task(void *arg, size_t c)
     (void)c;
     att_op *op = arg;
     op->t_ns[ATT_T_B0] = dqd_now_ns();
-    append_gpu(op);
+    dqd_tier_items_append_gpu(op->ctx, op->items, op->n, op->append_idx, op->nappend, op->fused);
     op->t_ns[ATT_T_B1] = op->t_ns[ATT_T_C0] = dqd_now_ns();
     for (size_t i = 0; i < op->n; i++)
         if (op->items[i].rc < 0)
@@ -812,7 +577,7 @@ static void rollback_task(void *arg, size_t c)
         for (size_t k = 0; k < op->nappend; k++) {
             att_item *it = &op->items[op->append_idx[k]];
             if (it->gpu)
-                it->rc = dqd_gpu_rollback(op->ctx->gpu, it->codec, &it->gtxn, &it->seq->glayers[it->layer]);
+                it->rc = dqd_tier_item_rollback(op->ctx, it);
         }
         return;
     }
@@ -821,7 +586,7 @@ static void rollback_task(void *arg, size_t c)
     for (size_t k = lo; k < hi; k++) {
         att_item *it = &op->items[op->append_idx[k]];
         if (!it->gpu)
-            it->rc = dqd_append_rollback(&it->txn, it->codec, &it->seq->layers[it->layer]);
+            it->rc = dqd_tier_item_rollback(op->ctx, it);
     }
 }
 
@@ -847,50 +612,12 @@ static void att_rollback(att_op *op)
 
 /* ---- phase C: attention ---- */
 
-/* Every GPU item, one dqd_gpu_attend per codec. */
+/* Every GPU item, in batches per codec (tier.h). */
 static void attend_gpu(att_op *op)
 {
     float *out = (float *)op->out;
-    float *lse = out + op->n * qsize(op);
-    dqd_gattn *batch = malloc(op->n * sizeof *batch);
-    size_t *idx = malloc(op->n * sizeof *idx);
-    bool *done = calloc(op->n, sizeof *done);
-    if (!batch || !idx || !done) {
-        for (size_t i = 0; i < op->n; i++)
-            if (op->items[i].gpu)
-                op->items[i].rc = DQ_NOMEM;
-        free(batch);
-        free(idx);
-        free(done);
-        return;
-    }
-    for (size_t i = 0; i < op->n; i++) {
-        if (!op->items[i].gpu || done[i])
-            continue;
-        dqd_codec *codec = op->items[i].codec;
-        size_t nb = 0;
-        for (size_t j = i; j < op->n; j++) {
-            att_item *it = &op->items[j];
-            if (!it->gpu || done[j] || it->codec != codec)
-                continue;
-            done[j] = true;
-            const dqd_glayer *l = dqd_seq_glayer(it->seq, it->layer);
-            if (!l) {
-                memset(out + j * qsize(op), 0, qsize(op) * sizeof(float));
-                for (uint32_t h = 0; h < op->q_heads; h++)
-                    lse[j * op->q_heads + h] = -INFINITY;
-                continue;
-            }
-            batch[nb] = (dqd_gattn){l, op->qf + j * qsize(op), out + j * qsize(op), lse + j * op->q_heads};
-            idx[nb++] = j;
-        }
-        int rc = nb ? dqd_gpu_attend(op->ctx->gpu, codec, op->q_heads, op->scale, batch, nb, false) : DQ_OK;
-        for (size_t b = 0; b < nb; b++)
-            op->items[idx[b]].rc = rc;
-    }
-    free(batch);
-    free(idx);
-    free(done);
+    dqd_tier_items_attend_gpu(op->ctx, op->items, op->n, op->q_heads, op->head_dim, op->scale, op->qf, out,
+                              out + op->n * qsize(op));
 }
 
 static void attend_task(void *arg, size_t c)

@@ -5,7 +5,8 @@
  * makes room, else RESOURCE_EXHAUSTED with nothing touched).
  * Worker, one task, only when needed: align the input, or bring K/V that came on NCCL (in GPU
  * memory) to the host when some layer takes the cpu path and check them there. Workers, one task
- * per layer: dqd_append_apply (or the GPU append), whose token checks see every value of the layer.
+ * per layer: dqd_tier_append_apply (the host or the GPU append), whose token checks see every value
+ * of the layer.
  * Loop: commit, or if any layer failed roll the others back on the workers; a sequence this PUT
  * created is removed again. NONFINITE wins over every other error, as if the whole input were
  * checked first: a layer that fails for another reason checks its own input for NaN/Inf (GPU
@@ -28,7 +29,6 @@
 #include <string.h>
 
 #include "access.h"
-#include "append.h"
 #include "ctx.h"
 #include "dquant/codec.h"
 #include "dquant/error.h"

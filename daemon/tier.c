@@ -1,12 +1,15 @@
 /* dquantd tiers (see tier.h). */
 #include "tier.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "access.h"
 #include "ctx.h"
 #include "dquant/error.h"
 #include "gpu.h"
+#include "tensor.h"
 #include "work.h"
 
 bool dqd_tier_gpu_ok(const dqd_ctx *ctx, const dqd_model *m)
@@ -194,6 +197,280 @@ int dqd_tier_check_device(dqd_ctx *ctx, dqd_codec *codec, const void *k, const v
 int dqd_tier_to_host(dqd_ctx *ctx, void *dst, const void *src, size_t bytes)
 {
     return dqd_gpu_d2h(ctx->gpu, dst, src, bytes);
+}
+
+/* ---- batches of items (ATTEND) ---- */
+
+int dqd_layer_key_cmp(const void *a, const void *b)
+{
+    const dqd_layer_key *x = a, *y = b;
+    if (x->seq != y->seq)
+        return x->seq < y->seq ? -1 : 1;
+    if (x->layer != y->layer)
+        return x->layer < y->layer ? -1 : 1;
+    return x->item < y->item ? -1 : x->item > y->item;
+}
+
+int dqd_tier_place_items(dqd_ctx *ctx, dqd_tier_item *items, size_t n, const dqd_access_set *as,
+                         uint64_t *gpu_reserved, dqd_gpu_moves *mv)
+{
+    dqd_store *store = ctx->store;
+    dqd_layer_key *keys = malloc(n * sizeof *keys);
+    bool *cand = calloc(n, sizeof *cand);
+    if (!keys || !cand) {
+        free(keys);
+        free(cand);
+        return DQ_NOMEM;
+    }
+    for (size_t i = 0; i < n; i++)
+        keys[i] = (dqd_layer_key){(uintptr_t)items[i].seq, items[i].layer, i};
+    qsort(keys, n, sizeof *keys, dqd_layer_key_cmp);
+
+    int rc = DQ_OK;
+    uint64_t all = 0, resident = 0;
+    size_t ncand = 0;
+    for (size_t g0 = 0, g1; g0 < n; g0 = g1) {
+        bool app = false;
+        for (g1 = g0; g1 < n && dqd_layer_key_same(&keys[g1], &keys[g0]); g1++)
+            app |= items[keys[g1].item].append;
+        dqd_tier_item *it = &items[keys[g0].item];
+        dqd_seq *seq = it->seq;
+        if (!dqd_tier_gpu_ok(ctx, seq->model))
+            continue;
+        const dqd_glayer *gl = dqd_seq_glayer(seq, it->layer);
+        const dq_layer *hl = seq->layers[it->layer];
+        /* A layer moved to the host while this request waited is held for reading only: it stays. */
+        bool writable = dqd_access_mode(as, seq) == DQD_ACCESS_WRITE;
+        if (gl) {
+            for (size_t k = g0; k < g1; k++)
+                items[keys[k].item].gpu = true;
+            if (app)
+                resident += dqd_gpu_need(it->codec, NULL, gl, 1);
+        } else if ((hl || app) && writable) {
+            if (dqd_store_gpu_slots(store, seq) < 0) {
+                rc = DQ_NOMEM;
+                goto out;
+            }
+            cand[keys[g0].item] = true;
+            ncand++;
+            all += dqd_gpu_need(it->codec, hl, NULL, app ? 1 : 0);
+        }
+    }
+    all += resident;
+    if (ncand && dqd_store_gpu_reserve(store, all, mv) == DQ_OK) {
+        *gpu_reserved = all;
+        for (size_t g0 = 0, g1; g0 < n; g0 = g1) {
+            for (g1 = g0; g1 < n && dqd_layer_key_same(&keys[g1], &keys[g0]); g1++)
+                ;
+            dqd_tier_item *it = &items[keys[g0].item];
+            if (!cand[keys[g0].item])
+                continue;
+            it->promote = it->seq->layers[it->layer] != NULL;
+            for (size_t k = g0; k < g1; k++)
+                items[keys[k].item].gpu = true;
+        }
+    } else if (resident && dqd_store_gpu_reserve(store, resident, mv) == DQ_OK) {
+        *gpu_reserved = resident;
+    } else if (resident) {
+        /* no room for the resident layers' appends: those layers go to the host */
+        for (size_t g0 = 0, g1; g0 < n; g0 = g1) {
+            bool app = false;
+            for (g1 = g0; g1 < n && dqd_layer_key_same(&keys[g1], &keys[g0]); g1++)
+                app |= items[keys[g1].item].append;
+            dqd_tier_item *it = &items[keys[g0].item];
+            if (!app || !dqd_seq_glayer(it->seq, it->layer))
+                continue;
+            for (size_t k = g0; k < g1; k++) {
+                dqd_tier_item *x = &items[keys[k].item];
+                x->gpu = false;
+                x->spill = x->append;
+            }
+        }
+    }
+out:
+    free(keys);
+    free(cand);
+    return rc;
+}
+
+/* Whether item it's append can go with others' in one dqd_gpu_append_tokens. */
+static bool batchable(const dqd_tier_item *it)
+{
+    return it->gpu && it->checked && !it->batched && dqd_gpu_append_fits(it->codec, dqd_seq_glayer(it->seq, it->layer));
+}
+
+/* The GPU appends of single tokens that fit their layer's tail: one dqd_gpu_append_tokens (one copy,
+ * one launch) per codec instead of two copies and two conversions per item. Marks them batched;
+ * false when one failed (its rc set). Without memory for the lists every item goes alone. */
+static bool append_gpu_tokens(dqd_ctx *ctx, dqd_tier_item *items, const size_t *append_idx, size_t nappend)
+{
+    dqd_gtoken *tok = malloc(nappend * sizeof *tok);
+    size_t *who = malloc(nappend * sizeof *who);
+    void **tmp = calloc(2 * nappend, sizeof *tmp);
+    bool ok = true;
+    for (size_t k0 = 0; tok && who && tmp && ok && k0 < nappend; k0++) {
+        const dqd_tier_item *first = &items[append_idx[k0]];
+        if (!batchable(first))
+            continue;
+        size_t cnt = 0;
+        for (size_t k = k0; k < nappend; k++) {
+            dqd_tier_item *it = &items[append_idx[k]];
+            if (it->codec != first->codec || !batchable(it))
+                continue;
+            const void *kd, *vd;
+            if (dqd_tensor_aligned(&it->ak, &kd, &tmp[2 * k]) < 0 ||
+                dqd_tensor_aligned(&it->av, &vd, &tmp[2 * k + 1]) < 0)
+                continue; /* the item goes alone and reports it */
+            it->batched = true;
+            who[cnt] = append_idx[k];
+            tok[cnt++] = (dqd_gtoken){it->seq->glayers[it->layer], &it->gtxn, kd, vd, dqd_tensor_dtype(&it->ak)};
+        }
+        int rc = dqd_gpu_append_tokens(ctx->gpu, first->codec, tok, cnt);
+        for (size_t j = 0; rc < 0 && j < cnt; j++)
+            items[who[j]].rc = rc;
+        ok = rc == DQ_OK;
+    }
+    for (size_t i = 0; tmp && i < 2 * nappend; i++)
+        free(tmp[i]);
+    free(tok);
+    free(who);
+    free(tmp);
+    return ok;
+}
+
+void dqd_tier_items_append_gpu(dqd_ctx *ctx, dqd_tier_item *items, size_t n, const size_t *append_idx, size_t nappend,
+                               bool fused)
+{
+    dqd_gpu *gpu = ctx->gpu;
+    for (size_t i = 0; i < n; i++) {
+        dqd_tier_item *it = &items[i];
+        if (!it->promote)
+            continue;
+        it->rc = dqd_gpu_promote(gpu, it->codec, &it->seq->layers[it->layer], &it->seq->glayers[it->layer]);
+        it->promoted = it->rc == DQ_OK;
+        if (it->rc < 0)
+            return;
+    }
+    bool failed = !append_gpu_tokens(ctx, items, append_idx, nappend);
+    for (size_t k = 0; k < nappend && !failed; k++) {
+        dqd_tier_item *it = &items[append_idx[k]];
+        if (!it->gpu || it->batched)
+            continue;
+        const void *kd, *vd;
+        void *kt, *vt;
+        it->rc = dqd_tensor_aligned(&it->ak, &kd, &kt);
+        if (it->rc == 0) {
+            it->rc = dqd_tensor_aligned(&it->av, &vd, &vt);
+            if (it->rc == 0) {
+                it->rc = dqd_gpu_append(gpu, it->codec, &it->gtxn, &it->seq->glayers[it->layer], kd, vd,
+                                        dqd_tensor_dtype(&it->ak), 1, it->checked ? DQD_GAPPEND_CHECKED : 0,
+                                        NULL);
+                free(vt);
+            }
+            free(kt);
+        }
+        failed = it->rc < 0;
+    }
+    /* Fused and applied: the attention's own synchronization comes next on the same stream. */
+    if (fused && !failed)
+        return;
+    int rc = dqd_gpu_finish(gpu);
+    if (rc < 0)
+        for (size_t k = 0; k < nappend; k++)
+            if (items[append_idx[k]].gpu && items[append_idx[k]].rc == 0)
+                items[append_idx[k]].rc = rc;
+}
+
+void dqd_tier_item_append_host(dqd_ctx *ctx, dqd_tier_item *it)
+{
+    if (it->spill) {
+        it->rc = dqd_gpu_demote(ctx->gpu, it->codec, &it->seq->glayers[it->layer], &it->seq->layers[it->layer]);
+        if (it->rc < 0)
+            return;
+        it->spilled = true;
+    }
+    const void *kd, *vd;
+    void *kt, *vt;
+    it->rc = dqd_tensor_aligned(&it->ak, &kd, &kt);
+    if (it->rc == 0) {
+        it->rc = dqd_tensor_aligned(&it->av, &vd, &vt);
+        if (it->rc == 0) {
+            dq_workspace *ws = dqd_codec_ws_take(it->codec);
+            it->rc = ws ? dqd_append_apply(&it->txn, it->codec, ws, &it->seq->layers[it->layer], kd, vd,
+                                           dqd_tensor_dtype(&it->ak), 1, NULL)
+                        : DQ_NOMEM;
+            dqd_codec_ws_give(it->codec, ws);
+            free(vt);
+        }
+        free(kt);
+    }
+}
+
+uint64_t dqd_tier_item_host_need(const dqd_tier_item *it)
+{
+    if (it->spill)
+        return dqd_store_spill_need(it->codec, dqd_seq_glayer(it->seq, it->layer), 1);
+    return dqd_store_append_need(it->codec, it->seq->layers[it->layer], 1);
+}
+
+int dqd_tier_item_rollback(dqd_ctx *ctx, dqd_tier_item *it)
+{
+    if (it->gpu)
+        return dqd_gpu_rollback(ctx->gpu, it->codec, &it->gtxn, &it->seq->glayers[it->layer]);
+    return dqd_append_rollback(&it->txn, it->codec, &it->seq->layers[it->layer]);
+}
+
+void dqd_tier_item_clear(dqd_tier_item *it)
+{
+    dqd_append_clear(&it->txn);
+    dqd_gappend_clear(&it->gtxn);
+}
+
+/* ---- phase C: attention ---- */
+
+void dqd_tier_items_attend_gpu(dqd_ctx *ctx, dqd_tier_item *items, size_t n, uint32_t q_heads, uint32_t head_dim,
+                               float scale, const float *qf, float *out, float *lse)
+{
+    const size_t qsize = (size_t)q_heads * head_dim;
+    dqd_gattn *batch = malloc(n * sizeof *batch);
+    size_t *idx = malloc(n * sizeof *idx);
+    bool *done = calloc(n, sizeof *done);
+    if (!batch || !idx || !done) {
+        for (size_t i = 0; i < n; i++)
+            if (items[i].gpu)
+                items[i].rc = DQ_NOMEM;
+        free(batch);
+        free(idx);
+        free(done);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!items[i].gpu || done[i])
+            continue;
+        dqd_codec *codec = items[i].codec;
+        size_t nb = 0;
+        for (size_t j = i; j < n; j++) {
+            dqd_tier_item *it = &items[j];
+            if (!it->gpu || done[j] || it->codec != codec)
+                continue;
+            done[j] = true;
+            const dqd_glayer *l = dqd_seq_glayer(it->seq, it->layer);
+            if (!l) {
+                memset(out + j * qsize, 0, qsize * sizeof(float));
+                for (uint32_t h = 0; h < q_heads; h++)
+                    lse[j * q_heads + h] = -INFINITY;
+                continue;
+            }
+            batch[nb] = (dqd_gattn){l, qf + j * qsize, out + j * qsize, lse + j * q_heads};
+            idx[nb++] = j;
+        }
+        int rc = nb ? dqd_gpu_attend(ctx->gpu, codec, q_heads, scale, batch, nb, false) : DQ_OK;
+        for (size_t b = 0; b < nb; b++)
+            items[idx[b]].rc = rc;
+    }
+    free(batch);
+    free(idx);
+    free(done);
 }
 
 /* ---- moves to the host (a GPU reservation's victims) ---- */

@@ -13,10 +13,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "access.h"
 #include "append.h"
 #include "dquant/types.h"
 #include "gpu.h"
 #include "store.h"
+#include "tensor.h"
 
 typedef struct dqd_ctx dqd_ctx;
 
@@ -76,6 +78,68 @@ static inline unsigned dqd_tier_append_applied(const dqd_tier_append *t)
     return t->host.applied + t->dev.applied;
 }
 void dqd_tier_append_clear(dqd_tier_append *t);
+
+/* One item of a batch (ATTEND): a (sequence, layer) with a query and perhaps one token appended
+ * first; the tier of its layer and its undoable append. */
+typedef struct dqd_tier_item {
+    dqd_seq *seq;
+    dqd_codec *codec;
+    uint32_t layer;
+    dqd_tensor q, ak, av;
+    bool append;
+    bool gpu;        /* its layer is (after the appends) in GPU memory */
+    bool promote;    /* the appends move its layer to the GPU first (one item per layer) */
+    bool promoted;
+    bool spill;      /* the appends move its (GPU) layer to the host before appending there */
+    bool spilled;
+    bool checked;    /* its k and v passed dq_check_tokens already */
+    bool batched;    /* its GPU append went with others' (one dqd_gpu_append_tokens) */
+    dqd_append txn;
+    dqd_gappend gtxn;
+    int rc;
+} dqd_tier_item;
+
+/* An item by its (sequence, layer), to sort the items of one layer together (qsort with
+ * dqd_layer_key_cmp: by sequence, layer, then item). */
+typedef struct dqd_layer_key {
+    uintptr_t seq;
+    uint32_t layer;
+    size_t item;
+} dqd_layer_key;
+int dqd_layer_key_cmp(const void *a, const void *b);
+static inline bool dqd_layer_key_same(const dqd_layer_key *a, const dqd_layer_key *b)
+{
+    return a->seq == b->seq && a->layer == b->layer;
+}
+
+/* Places every (sequence, layer) of a batch: its items run on the GPU if the layer is there
+ * already; else, for models the GPU takes, the layer moves there (an existing host layer, only
+ * when as holds its sequence exclusively) or is created there (a new layer with an append) when
+ * the GPU budget can make room for all of those; else it stays on the host. When not even the
+ * resident layers' appends fit, those layers spill to the host. Sets items' gpu, promote and
+ * spill, reserves the GPU room (*gpu_reserved) and lists the victims to move first in mv.
+ * Returns 0 or DQ_NOMEM. */
+int dqd_tier_place_items(dqd_ctx *ctx, dqd_tier_item *items, size_t n, const dqd_access_set *as,
+                         uint64_t *gpu_reserved, dqd_gpu_moves *mv);
+
+/* The GPU part of a batch's appends, on this worker's stream: every promotion first, then the
+ * appends of the GPU items among items[append_idx[0..nappend)] (single tokens that fit their
+ * layer's tail in one launch per codec). Stops at the first failure (its rc set). Unless fused
+ * (the attention follows on the same stream) or something failed, waits for the device. */
+void dqd_tier_items_append_gpu(dqd_ctx *ctx, dqd_tier_item *items, size_t n, const size_t *append_idx, size_t nappend,
+                               bool fused);
+/* A host item's append (spilling its GPU layer to the host first when it says so); it->rc. */
+void dqd_tier_item_append_host(dqd_ctx *ctx, dqd_tier_item *it);
+/* Host bytes to reserve for a host item's append of one token (spilled to the host first or not). */
+uint64_t dqd_tier_item_host_need(const dqd_tier_item *it);
+/* Undoes an item's applied append in its tier; a failure means the sequence must be dropped. */
+int dqd_tier_item_rollback(dqd_ctx *ctx, dqd_tier_item *it);
+void dqd_tier_item_clear(dqd_tier_item *it);
+/* Attention for every GPU item (items[i].gpu): q at qf + i * q_heads * head_dim, out and lse
+ * likewise ([n, q_heads, head_dim] and [n, q_heads], F32, host memory); an item whose layer does
+ * not exist gets zeros and -inf. Each item's rc is set. */
+void dqd_tier_items_attend_gpu(dqd_ctx *ctx, dqd_tier_item *items, size_t n, uint32_t q_heads, uint32_t head_dim,
+                               float scale, const float *qf, float *out, float *lse);
 
 /* Input that came on NCCL, in device memory: the checks dq_layer_append makes, on the GPU, for
  * appends of `layers` layers of ntok tokens (as dqd_gpu_check_tokens: DQ_NONFINITE with
