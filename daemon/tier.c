@@ -293,6 +293,17 @@ out:
     return rc;
 }
 
+/* The item's appended token (k, v), aligned for its element type; *kt and *vt are copies to free
+ * (NULL when none was needed). */
+static int aligned_token(const dqd_tier_item *it, const void **kd, const void **vd, void **kt, void **vt)
+{
+    *vt = NULL;
+    int rc = dqd_tensor_aligned(&it->ak, kd, kt);
+    if (rc == 0)
+        rc = dqd_tensor_aligned(&it->av, vd, vt);
+    return rc;
+}
+
 /* Whether item it's append can go with others' in one dqd_gpu_append_tokens. */
 static bool batchable(const dqd_tier_item *it)
 {
@@ -358,17 +369,12 @@ void dqd_tier_items_append_gpu(dqd_ctx *ctx, dqd_tier_item *items, size_t n, con
             continue;
         const void *kd, *vd;
         void *kt, *vt;
-        it->rc = dqd_tensor_aligned(&it->ak, &kd, &kt);
-        if (it->rc == 0) {
-            it->rc = dqd_tensor_aligned(&it->av, &vd, &vt);
-            if (it->rc == 0) {
-                it->rc = dqd_gpu_append(gpu, it->codec, &it->gtxn, &it->seq->glayers[it->layer], kd, vd,
-                                        dqd_tensor_dtype(&it->ak), 1, it->checked ? DQD_GAPPEND_CHECKED : 0,
-                                        NULL);
-                free(vt);
-            }
-            free(kt);
-        }
+        it->rc = aligned_token(it, &kd, &vd, &kt, &vt);
+        if (it->rc == 0)
+            it->rc = dqd_gpu_append(gpu, it->codec, &it->gtxn, &it->seq->glayers[it->layer], kd, vd,
+                                    dqd_tensor_dtype(&it->ak), 1, it->checked ? DQD_GAPPEND_CHECKED : 0, NULL);
+        free(kt);
+        free(vt);
         failed = it->rc < 0;
     }
     /* Fused and applied: the attention's own synchronization comes next on the same stream. */
@@ -391,19 +397,16 @@ void dqd_tier_item_append_host(dqd_ctx *ctx, dqd_tier_item *it)
     }
     const void *kd, *vd;
     void *kt, *vt;
-    it->rc = dqd_tensor_aligned(&it->ak, &kd, &kt);
+    it->rc = aligned_token(it, &kd, &vd, &kt, &vt);
     if (it->rc == 0) {
-        it->rc = dqd_tensor_aligned(&it->av, &vd, &vt);
-        if (it->rc == 0) {
-            dq_workspace *ws = dqd_codec_ws_take(it->codec);
-            it->rc = ws ? dqd_append_apply(&it->txn, it->codec, ws, &it->seq->layers[it->layer], kd, vd,
-                                           dqd_tensor_dtype(&it->ak), 1, NULL)
-                        : DQ_NOMEM;
-            dqd_codec_ws_give(it->codec, ws);
-            free(vt);
-        }
-        free(kt);
+        dq_workspace *ws = dqd_codec_ws_take(it->codec);
+        it->rc = ws ? dqd_append_apply(&it->txn, it->codec, ws, &it->seq->layers[it->layer], kd, vd,
+                                       dqd_tensor_dtype(&it->ak), 1, NULL)
+                    : DQ_NOMEM;
+        dqd_codec_ws_give(it->codec, ws);
     }
+    free(kt);
+    free(vt);
 }
 
 uint64_t dqd_tier_item_host_need(const dqd_tier_item *it)
