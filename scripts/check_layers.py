@@ -5,11 +5,15 @@
    x.h, in any folder under daemon/) and an edge a -> b when a.c or a.h includes b.h. Every strongly
    connected component with more than one node (or a node including itself) is listed with one
    concrete cycle through it.
-2. proto/ and client/ include nothing from lib/src/ or daemon/ (lib/ only through lib/include/).
+2. A few daemon/ headers only the layer above may include: server.h only main.c (the server is
+   the top), conn.h only server.c, and the operations (ops.c, op_*.c) go through tier.h for
+   anything that depends on a layer's tier, never gpu.h.
+3. proto/ and client/ include nothing from lib/src/ or daemon/ (lib/ only through lib/include/).
 
 Usage: check_layers.py [ROOT]   (ROOT defaults to the parent of this script's folder)
 Exit status 0 when clean, 1 with every finding on stdout.
 """
+import fnmatch
 import os
 import re
 import sys
@@ -132,6 +136,34 @@ def check_daemon(root):
     return problems
 
 
+# header -> the daemon files (by name, or a glob on the name) that may include it
+RESTRICTED = {
+    'server.h': ['main.c', 'server.c'],
+    'conn.h': ['conn.c', 'server.c'],
+}
+# daemon files (glob on the name) -> headers they must not include
+FORBIDDEN = {
+    'op_*.c': ['gpu.h', 'gpu_internal.h'],
+    'ops.c': ['gpu.h', 'gpu_internal.h'],
+}
+
+
+def check_rules(root):
+    problems = []
+    for p in sources(os.path.join(root, 'daemon')):
+        base = os.path.basename(p)
+        rel = os.path.relpath(p, root)
+        for _, inc in includes(p):
+            h = os.path.basename(inc)
+            allowed = RESTRICTED.get(h)
+            if allowed is not None and not any(fnmatch.fnmatch(base, a) for a in allowed):
+                problems.append('%s includes %s (only %s may)' % (rel, inc, ', '.join(allowed)))
+            for pattern, banned in FORBIDDEN.items():
+                if fnmatch.fnmatch(base, pattern) and h in banned:
+                    problems.append('%s includes %s (operations reach the GPU through tier.h)' % (rel, inc))
+    return problems
+
+
 def check_outer(root):
     forbidden = {}
     for top in ('lib/src', 'daemon'):
@@ -155,13 +187,14 @@ def check_outer(root):
 
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    problems = check_daemon(root) + check_outer(root)
+    problems = check_daemon(root) + check_rules(root) + check_outer(root)
     for p in problems:
         print(p)
     if problems:
         print('check_layers: %d problem(s)' % len(problems))
         return 1
-    print('check_layers: daemon/ has no include cycles; proto/ and client/ include no internals')
+    print('check_layers: daemon/ has no include cycles and keeps its layers; proto/ and client/ include no '
+          'internals')
     return 0
 
 
