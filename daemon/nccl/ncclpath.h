@@ -43,7 +43,8 @@ void dqd_op_nccl_setup(dqd_req *req);
  * channel. */
 void dqd_nccl_admit(dqd_req *req, void (*run)(dqd_req *req));
 
-/* The reply of an admitted request is queued (see request.c): sends buf (len bytes, the tensors
+/* The reply of an admitted request is ready (the connection's req->on_done calls this with
+ * req->nccl_reply, before it queues the reply frame): sends buf (len bytes, the tensors
  * tiling it, in offset order, one ncclSend each: segs) after it, taking ownership of buf (device
  * memory when on_device, else malloc'd host memory). NULL buf / 0 len: nothing to send. Then the
  * next request is admitted. */
