@@ -98,6 +98,8 @@ void dqd_tier_free_device(dqd_ctx *ctx, void *p)
 int dqd_tier_place_layers(dqd_ctx *ctx, dqd_seq *seq, uint32_t first, uint32_t n, uint64_t ntok, dqd_tier_append *t,
                           uint64_t *gpu_reserved, dqd_gpu_moves *mv)
 {
+    if (!ctx->gpu)
+        return DQ_OK; /* the cpu backend: every layer stays on the host */
     dqd_store *store = ctx->store;
     *gpu_reserved = 0;
     if (!dqd_tier_gpu_ok(ctx, seq->model))
@@ -214,6 +216,8 @@ int dqd_layer_key_cmp(const void *a, const void *b)
 int dqd_tier_place_items(dqd_ctx *ctx, dqd_tier_item *items, size_t n, const dqd_access_set *as,
                          uint64_t *gpu_reserved, dqd_gpu_moves *mv)
 {
+    if (!ctx->gpu)
+        return DQ_OK; /* the cpu backend: every layer stays on the host */
     dqd_store *store = ctx->store;
     dqd_layer_key *keys = malloc(n * sizeof *keys);
     bool *cand = calloc(n, sizeof *cand);
