@@ -11,7 +11,7 @@ int dqd_access_init(dqd_access_set *as, size_t cap)
     as->n = as->acquired = 0;
     as->cap = cap ? cap : 1;
     as->ready = NULL;
-    as->ctx = NULL;
+    as->arg = NULL;
     as->items = malloc(as->cap * sizeof *as->items);
     if (!as->items) {
         as->cap = 0;
@@ -55,10 +55,10 @@ static void on_granted(dqd_waiter *w)
     step(as);
 }
 
-void dqd_access_start(dqd_access_set *as, dqd_access_ready_fn ready, void *ctx)
+void dqd_access_start(dqd_access_set *as, dqd_access_ready_fn ready, void *arg)
 {
     as->ready = ready;
-    as->ctx = ctx;
+    as->arg = arg;
     as->waiter.granted = on_granted;
     as->acquired = 0;
     if (as->n > 1) {

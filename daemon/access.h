@@ -22,7 +22,7 @@ struct dqd_access_set {
     size_t n, cap, acquired;
     dqd_waiter waiter;
     dqd_access_ready_fn ready;
-    void *ctx;
+    void *arg;
 };
 
 int dqd_access_init(dqd_access_set *as, size_t cap);
@@ -30,7 +30,7 @@ int dqd_access_init(dqd_access_set *as, size_t cap);
 void dqd_access_add(dqd_access_set *as, dqd_seq *seq, dqd_access mode);
 /* Sorts, merges duplicates, then acquires everything; ready(as) runs once all is held, either
  * before this returns or later from the store's grant queue. */
-void dqd_access_start(dqd_access_set *as, dqd_access_ready_fn ready, void *ctx);
+void dqd_access_start(dqd_access_set *as, dqd_access_ready_fn ready, void *arg);
 /* Mode held for seq (after start merged duplicates). */
 dqd_access dqd_access_mode(const dqd_access_set *as, const dqd_seq *seq);
 /* Releases what is held, drops the references, frees the arrays. Safe on an unstarted set. */

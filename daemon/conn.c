@@ -1,18 +1,19 @@
 /* dquantd client connections (see conn.h). */
 #include "conn.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "ctx.h"
 #include "dquant/error.h"
 #include "lane.h"
 #include "logging.h"
 #include "ncclpath.h"
 #include "ops.h"
-#include "server.h"
 
 #define RBUF_SIZE (64u * 1024u)
 #define OFFLOAD_MIN (1u << 20) /* bytes of a frame still to come worth an I/O thread */
@@ -30,14 +31,26 @@ typedef struct dqd_write {
 
 static void process_input(dqd_conn *c);
 static void flush(dqd_conn *c);
+static void req_done(dqd_req *req);
+
+/* The only way a connection changes state: forward, one of OPEN → DRAINING → CLOSING → CLOSED or
+ * OPEN → CLOSING (see conn.h). */
+static void set_state(dqd_conn *c, dqd_conn_state to)
+{
+    assert((c->state == DQD_CONN_OPEN && (to == DQD_CONN_DRAINING || to == DQD_CONN_CLOSING)) ||
+           (c->state == DQD_CONN_DRAINING && to == DQD_CONN_CLOSING) ||
+           (c->state == DQD_CONN_CLOSING && to == DQD_CONN_CLOSED));
+    c->state = to;
+}
 
 static void on_handle_closed(uv_handle_t *h)
 {
     dqd_conn *c = h->data;
+    assert(c->handles_open > 0);
     if (--c->handles_open > 0)
         return;
-    c->state = DQD_CONN_CLOSED;
-    dqd_server_conn_closed(c->srv, c);
+    set_state(c, DQD_CONN_CLOSED);
+    c->on_closed(c, c->owner);
 }
 
 static void close_handles(dqd_conn *c)
@@ -51,8 +64,8 @@ void dqd_conn_close(dqd_conn *c)
 {
     if (c->state >= DQD_CONN_CLOSING)
         return;
-    c->state = DQD_CONN_CLOSING;
-    dqd_nccl_conn_closed(c);
+    set_state(c, DQD_CONN_CLOSING);
+    dqd_nccl_conn_closed(&c->sess);
     if (c->reading)
         uv_read_stop(&c->h.stream);
     c->reading = false;
@@ -76,7 +89,7 @@ void dqd_conn_drain(dqd_conn *c, uint64_t deadline_ms)
 {
     if (c->state != DQD_CONN_OPEN)
         return;
-    c->state = DQD_CONN_DRAINING;
+    set_state(c, DQD_CONN_DRAINING);
     if (c->reading)
         uv_read_stop(&c->h.stream);
     c->reading = false;
@@ -94,13 +107,13 @@ bool dqd_conn_reapable(const dqd_conn *c)
 void dqd_conn_free(dqd_conn *c)
 {
     free(c->rbuf);
-    dqd_framebuf_put(&c->srv->frames, c->fbuf);
+    dqd_framebuf_put(&c->ctx->frames, c->fbuf);
     free(c);
 }
 
 static bool over_limits(const dqd_conn *c)
 {
-    const dqd_config *cfg = c->srv->cfg;
+    const dqd_config *cfg = c->ctx->cfg;
     return c->nreqs >= cfg->max_inflight || c->held >= cfg->max_output_queue;
 }
 
@@ -144,7 +157,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     if (nread == 0)
         return;
     c->rd_stalled = false;
-    c->srv->metrics.bytes_in += (uint64_t)nread;
+    c->ctx->metrics.bytes_in += (uint64_t)nread;
     if (c->fbuf)
         c->fhave += (size_t)nread;
     else
@@ -158,9 +171,9 @@ enum { RD_DONE, RD_STALLED, RD_EOF, RD_ERROR };
 
 /* I/O thread: reads fbuf's missing bytes until the frame is complete, the peer closes or fails, no
  * byte comes for RD_STALL_MS, or the loop cancels. */
-static void rd_task(void *ctx, size_t i)
+static void rd_task(void *arg, size_t i)
 {
-    dqd_conn *c = ctx;
+    dqd_conn *c = arg;
     (void)i;
     uint8_t *p = c->fbuf + c->fpad + c->fhave;
     size_t left = c->ftotal - c->fhave, got = 0;
@@ -203,14 +216,14 @@ static void rd_task(void *ctx, size_t i)
 }
 
 /* Loop: the I/O thread gave the connection back. */
-static void rd_done(void *ctx)
+static void rd_done(void *arg)
 {
-    dqd_conn *c = ctx;
-    dqd_server *srv = c->srv;
+    dqd_conn *c = arg;
+    dqd_ctx *ctx = c->ctx;
     c->offloaded = false;
-    srv->io_busy--;
+    ctx->io_busy--;
     c->fhave += c->rd_got;
-    srv->metrics.bytes_in += c->rd_got;
+    ctx->metrics.bytes_in += c->rd_got;
     if (c->close_deferred) {
         c->close_deferred = false;
         close_handles(c);
@@ -235,9 +248,9 @@ static void rd_done(void *ctx)
 /* Hands the rest of the frame in progress to an idle I/O thread; false: the loop reads it. */
 static bool offload(dqd_conn *c)
 {
-    dqd_server *srv = c->srv;
-    if (!c->fbuf || c->ftotal - c->fhave < OFFLOAD_MIN || c->rd_stalled || !srv->io_lane ||
-        srv->io_busy >= srv->cfg->io_threads || c->state != DQD_CONN_OPEN || c->paused)
+    dqd_ctx *ctx = c->ctx;
+    if (!c->fbuf || c->ftotal - c->fhave < OFFLOAD_MIN || c->rd_stalled || !ctx->io_lane ||
+        ctx->io_busy >= ctx->cfg->io_threads || c->state != DQD_CONN_OPEN || c->paused)
         return false;
     uv_os_fd_t fd;
     if (uv_fileno(&c->h.handle, &fd) < 0)
@@ -250,13 +263,13 @@ static bool offload(dqd_conn *c)
     c->rd_status = RD_DONE;
     atomic_store_explicit(&c->rd_cancel, false, memory_order_relaxed);
     c->offloaded = true;
-    srv->io_busy++;
-    if (dqd_lane_run(srv->io_lane, rd_task, rd_done, c) < 0) {
+    ctx->io_busy++;
+    if (dqd_lane_run(ctx->io_lane, rd_task, rd_done, c) < 0) {
         c->offloaded = false;
-        srv->io_busy--;
+        ctx->io_busy--;
         return false;
     }
-    srv->metrics.frame_reads_offloaded++;
+    ctx->metrics.frame_reads_offloaded++;
     return true;
 }
 
@@ -281,7 +294,7 @@ static void pause_reading(dqd_conn *c)
     if (c->paused)
         return;
     c->paused = true;
-    c->srv->metrics.backpressure_pauses++;
+    c->ctx->metrics.backpressure_pauses++;
     if (c->reading)
         uv_read_stop(&c->h.stream);
     c->reading = false;
@@ -313,8 +326,9 @@ static void fail_and_drain(dqd_conn *c, int code, uint64_t request_id, const cha
 {
     dqd_req *req = calloc(1, sizeof *req);
     if (req) {
-        req->conn = c;
-        req->srv = c->srv;
+        req->ctx = c->ctx;
+        req->sess = &c->sess;
+        req->owner = c;
         req->id = request_id;
         req->done = 1;
         req->err = code;
@@ -330,8 +344,8 @@ static void fail_and_drain(dqd_conn *c, int code, uint64_t request_id, const cha
 static void protocol_error(dqd_conn *c, int code, uint64_t request_id, const char *what)
 {
     DQD_INFO("conn %llu: %s (%s); closing", (unsigned long long)c->id, what, dq_err_name(code));
-    c->srv->metrics.protocol_closes++;
-    dqd_metrics_count_error(&c->srv->metrics, code);
+    c->ctx->metrics.protocol_closes++;
+    dqd_metrics_count_error(&c->ctx->metrics, code);
     fail_and_drain(c, code, request_id, what);
 }
 
@@ -352,33 +366,35 @@ static size_t payload_pad(uint32_t header_len)
 
 static uint8_t *frame_alloc(dqd_conn *c, size_t pad, size_t total)
 {
-    return dqd_framebuf_get(&c->srv->frames, pad + total);
+    return dqd_framebuf_get(&c->ctx->frames, pad + total);
 }
 
 /* A whole frame at buf + pad: check it, make the request and dispatch it. Takes buf. */
 static void frame_ready(dqd_conn *c, uint8_t *buf, size_t pad, size_t total)
 {
-    dqd_server *srv = c->srv;
+    dqd_ctx *ctx = c->ctx;
     dq_frame f;
     size_t consumed;
     int err = 0;
-    dq_frame_status st = dq_frame_parse(buf + pad, total, &srv->frame_limits, &f, &consumed, &err);
+    dq_frame_status st = dq_frame_parse(buf + pad, total, &ctx->frame_limits, &f, &consumed, &err);
     if (st != DQ_FRAME_OK || consumed != total) {
         uint64_t id = peek_request_id(buf + pad, total);
-        dqd_framebuf_put(&srv->frames, buf);
+        dqd_framebuf_put(&ctx->frames, buf);
         protocol_error(c, err < 0 ? err : DQ_PROTOCOL, id,
                        err == DQ_CORRUPT ? "header checksum mismatch" : "malformed frame");
         return;
     }
     dqd_req *req = calloc(1, sizeof *req);
     if (!req) {
-        dqd_framebuf_put(&srv->frames, buf);
+        dqd_framebuf_put(&ctx->frames, buf);
         protocol_error(c, DQ_NOMEM, f.hdr.request_id, "out of memory");
         return;
     }
-    srv->metrics.frames_in++;
-    req->conn = c;
-    req->srv = srv;
+    ctx->metrics.frames_in++;
+    req->sess = &c->sess;
+    req->owner = c;
+    req->on_done = req_done;
+    req->ctx = ctx;
     req->id = f.hdr.request_id;
     req->t0_ns = dqd_now_ns();
     req->frame = buf;
@@ -387,11 +403,11 @@ static void frame_ready(dqd_conn *c, uint8_t *buf, size_t pad, size_t total)
     req->payload_len = f.hdr.payload_len;
     enqueue(c, req);
     c->held += total;
-    srv->reqs_inflight++;
+    ctx->reqs_inflight++;
 
     /* A real request unpacks into at most ~15x its encoded size (many tiny items); beyond this
      * bound the message is built to amplify memory, and unpacking fails instead. */
-    dqd_pbmem_init(&req->pbmem, (size_t)f.hdr.header_len * 32u + (1u << 20));
+    dqd_pbmem_init(&req->pbmem, dqd_pbmem_cap(f.hdr.header_len));
     req->msg = dquant__request__unpack(&req->pbmem.a, f.hdr.header_len, f.header);
     if (!req->msg) {
         dqd_req_fail(req, DQ_PROTOCOL, "the header message is not a valid dquant.Request");
@@ -402,7 +418,7 @@ static void frame_ready(dqd_conn *c, uint8_t *buf, size_t pad, size_t total)
 
 static void process_input(dqd_conn *c)
 {
-    dqd_server *srv = c->srv;
+    dqd_ctx *ctx = c->ctx;
     if (c->offloaded)
         return; /* rd_done goes on with the frame */
     c->in_process = true;
@@ -423,7 +439,7 @@ static void process_input(dqd_conn *c)
                 break;
             dq_frame_header hdr;
             int err = 0;
-            dq_frame_status st = dq_frame_parse_header(p, avail, &srv->frame_limits, &hdr, &err);
+            dq_frame_status st = dq_frame_parse_header(p, avail, &ctx->frame_limits, &hdr, &err);
             if (st == DQ_FRAME_INCOMPLETE)
                 break;
             if (st == DQ_FRAME_ERROR) {
@@ -434,7 +450,7 @@ static void process_input(dqd_conn *c)
                 break;
             }
             uint64_t total64 = DQ_FRAME_HEADER_BYTES + (uint64_t)hdr.header_len + hdr.payload_len;
-            if (total64 > srv->cfg->max_frame) {
+            if (total64 > ctx->cfg->max_frame) {
                 protocol_error(c, DQ_TOO_LARGE, hdr.request_id, "frame exceeds max_frame");
                 break;
             }
@@ -486,8 +502,8 @@ static void on_write(uv_write_t *w, int status)
     c->writes--;
     c->held -= wr->bytes;
     if (status == 0) {
-        c->srv->metrics.bytes_out += wr->bytes;
-        c->srv->metrics.frames_out++;
+        c->ctx->metrics.bytes_out += wr->bytes;
+        c->ctx->metrics.frames_out++;
     }
     free(wr->head);
     free(wr->out);
@@ -560,51 +576,64 @@ static void flush(dqd_conn *c)
     if (c->state == DQD_CONN_OPEN)
         maybe_resume(c);
     if (dqd_conn_reapable(c))
-        dqd_server_conn_closed(c->srv, c);
+        c->on_closed(c, c->owner);
 }
 
-void dqd_conn_req_done(dqd_req *req)
+/* The request has its reply (or was failed), set as its on_done: an admitted NCCL request lets
+ * the channel go on (with its NCCL reply, if any), then replies next in order are sent. */
+static void req_done(dqd_req *req)
 {
-    dqd_conn *c = req->conn;
+    dqd_conn *c = req->owner;
+    assert(!req->done && c->held >= req->frame_bytes);
+    if (req->nccl_admitted)
+        dqd_nccl_release(req, req->nccl_reply.buf, req->nccl_reply.on_device, req->nccl_reply.len,
+                         req->nccl_reply.segs, req->nccl_reply.nseg);
+    req->nccl_reply.buf = NULL;
+    req->nccl_reply.segs = NULL;
+    req->done = 1;
     c->held -= req->frame_bytes;
     req->frame_bytes = 0;
     c->held += req->head_len + req->out_len;
     flush(c);
 }
 
-void dqd_conn_accept(dqd_listener *l)
+dqd_conn *dqd_conn_create(dqd_ctx *ctx, bool tcp, bool require_secret, uint64_t id, dqd_conn_closed_fn on_closed,
+                          void *owner)
 {
-    dqd_server *srv = l->srv;
     dqd_conn *c = calloc(1, sizeof *c);
     if (!c) {
         DQD_ERROR("out of memory accepting a connection");
-        return;
+        return NULL;
     }
-    c->srv = srv;
-    c->lst = l;
-    c->id = ++srv->next_conn_id;
-    int rc = l->addr.kind == DQD_LISTEN_TCP ? uv_tcp_init(srv->loop, &c->h.tcp) : uv_pipe_init(srv->loop, &c->h.pipe, 0);
+    c->ctx = ctx;
+    c->tcp = tcp;
+    c->id = id;
+    c->sess.id = id;
+    c->sess.require_secret = require_secret;
+    c->on_closed = on_closed;
+    c->owner = owner;
+    int rc = tcp ? uv_tcp_init(ctx->loop, &c->h.tcp) : uv_pipe_init(ctx->loop, &c->h.pipe, 0);
     if (rc < 0) {
         DQD_ERROR("cannot initialize a connection handle: %s", uv_strerror(rc));
         free(c);
-        return;
+        return NULL;
     }
-    uv_timer_init(srv->loop, &c->timer);
+    uv_timer_init(ctx->loop, &c->timer);
     c->h.handle.data = c;
     c->timer.data = c;
-    c->next = srv->conns;
-    if (srv->conns)
-        srv->conns->prev = c;
-    srv->conns = c;
-    srv->metrics.conns_open++;
+    return c;
+}
 
-    rc = uv_accept(&l->h.stream, &c->h.stream);
+void dqd_conn_accept(dqd_conn *c, uv_stream_t *listener)
+{
+    dqd_ctx *ctx = c->ctx;
+    int rc = uv_accept(listener, &c->h.stream);
     if (rc < 0) {
         DQD_WARN("accept: %s", uv_strerror(rc));
         dqd_conn_close(c);
         return;
     }
-    if (l->addr.kind == DQD_LISTEN_TCP) {
+    if (c->tcp) {
         uv_tcp_nodelay(&c->h.tcp, 1);
     } else {
         /* A Unix stream holds at most the sender's send buffer in flight (212,992 bytes by
@@ -614,17 +643,16 @@ void dqd_conn_accept(dqd_listener *l)
         (void)uv_send_buffer_size(&c->h.handle, &sndbuf);
     }
 
-    if (srv->stopping || srv->metrics.conns_open > srv->cfg->max_connections) {
-        srv->metrics.conns_rejected++;
-        int code = srv->stopping ? DQ_SHUTTING_DOWN : DQ_RESOURCE_EXHAUSTED;
-        dqd_metrics_count_error(&srv->metrics, code);
+    if (ctx->stopping || ctx->metrics.conns_open > ctx->cfg->max_connections) {
+        ctx->metrics.conns_rejected++;
+        int code = ctx->stopping ? DQ_SHUTTING_DOWN : DQ_RESOURCE_EXHAUSTED;
+        dqd_metrics_count_error(&ctx->metrics, code);
         DQD_WARN("refusing connection %llu: %s", (unsigned long long)c->id,
-                 srv->stopping ? "shutting down" : "max_connections reached");
-        fail_and_drain(c, code, 0, srv->stopping ? "the server is shutting down" : "too many connections");
+                 ctx->stopping ? "shutting down" : "max_connections reached");
+        fail_and_drain(c, code, 0, ctx->stopping ? "the server is shutting down" : "too many connections");
         return;
     }
-    srv->metrics.conns_accepted++;
-    DQD_DEBUG("conn %llu accepted on %s", (unsigned long long)c->id,
-              l->addr.kind == DQD_LISTEN_TCP ? "tcp" : "unix");
+    ctx->metrics.conns_accepted++;
+    DQD_DEBUG("conn %llu accepted on %s", (unsigned long long)c->id, c->tcp ? "tcp" : "unix");
     start_reading(c);
 }

@@ -23,8 +23,11 @@
 #include "frame.h"
 #include "request.h"
 
-typedef struct dqd_server dqd_server;
-typedef struct dqd_listener dqd_listener;
+typedef struct dqd_ctx dqd_ctx;
+typedef struct dqd_conn dqd_conn;
+
+/* Called when a closed connection has no request left that refers to it: the owner may free it. */
+typedef void (*dqd_conn_closed_fn)(dqd_conn *c, void *arg);
 
 typedef enum dqd_conn_state {
     DQD_CONN_OPEN = 0,
@@ -41,16 +44,17 @@ struct dqd_conn {
         uv_pipe_t pipe;
     } h;
     uv_timer_t timer;         /* drain deadline */
-    dqd_server *srv;
-    dqd_listener *lst;
+    dqd_ctx *ctx;
+    dqd_conn_closed_fn on_closed;
+    void *owner;              /* on_closed's argument */
+    bool tcp;                 /* else a Unix socket */
     uint64_t id;
     dqd_conn_state state;
     int handles_open;
     bool reading;             /* uv_read_start active */
     bool paused;              /* backpressure */
     bool in_process;          /* inside process_input (no re-entry) */
-    bool authed;
-    struct dqd_nchan *nchan;  /* NCCL data path (ncclpath.h), NULL until NCCL_SETUP */
+    dqd_session sess;         /* what its requests' operations see (request.h) */
     bool reap_queued;
 
     uint8_t *rbuf;            /* staging buffer */
@@ -73,14 +77,17 @@ struct dqd_conn {
     uint64_t held;            /* bytes of frames in progress and replies not yet written */
     uint32_t writes;          /* uv_write requests in flight */
 
-    struct dqd_conn *prev, *next;  /* server list */
+    struct dqd_conn *prev, *next;  /* the owner's list */
     struct dqd_conn *reap_next;
 };
 
-/* Accepts a pending connection on a listener. */
-void dqd_conn_accept(dqd_listener *l);
-/* A request has its reply (or was failed): send replies that are next in order. */
-void dqd_conn_req_done(dqd_req *req);
+/* A connection with its handles initialized (not yet accepted); NULL when out of memory or a
+ * handle cannot be initialized. on_closed(c, owner) tells the owner when it can be freed. */
+dqd_conn *dqd_conn_create(dqd_ctx *ctx, bool tcp, bool require_secret, uint64_t id, dqd_conn_closed_fn on_closed,
+                          void *owner);
+/* Accepts the pending connection of listener into c and starts reading (or refuses it: shutdown,
+ * max_connections). */
+void dqd_conn_accept(dqd_conn *c, uv_stream_t *listener);
 /* Stop reading; close once every request has been answered (shutdown, protocol error). */
 void dqd_conn_drain(dqd_conn *c, uint64_t deadline_ms);
 /* Close now; requests in flight finish and their replies are dropped. */

@@ -7,10 +7,10 @@
 #include <string.h>
 #include <uv.h>
 
+#include "ctx.h"
 #include "dquant/error.h"
 #include "logging.h"
 #include "metrics.h"
-#include "server.h"
 
 #define HTTP_MAX_REQUEST 8192
 #define HTTP_MAX_CONNS 64
@@ -20,7 +20,7 @@ typedef struct http_conn http_conn;
 
 struct dqd_http {
     uv_tcp_t listener;
-    dqd_server *srv;
+    dqd_ctx *ctx;
     http_conn *conns;
     unsigned nconns;
     bool listener_open;
@@ -161,12 +161,12 @@ static void handle_request(http_conn *c)
     if (strcmp(path, "/healthz") == 0) {
         respond(c, 200, "OK", "text/plain; charset=utf-8", "ok\n", 3, head);
     } else if (strcmp(path, "/metrics") == 0) {
-        dqd_server *srv = c->http->srv;
+        dqd_ctx *ctx = c->http->ctx;
         dqd_gauges g;
-        dqd_server_gauges(srv, &g);
+        dqd_ctx_gauges(ctx, &g);
         char *text;
         size_t len;
-        if (dqd_metrics_render(&srv->metrics, &g, &text, &len) < 0) {
+        if (dqd_metrics_render(&ctx->metrics, &g, &text, &len) < 0) {
             respond_text(c, 500, "Internal Server Error", "out of memory\n");
             return;
         }
@@ -250,13 +250,13 @@ static void on_listener_closed(uv_handle_t *handle)
     maybe_free_http(h);
 }
 
-int dqd_http_start(dqd_server *srv, const char *host, uint16_t port, dqd_http **out)
+int dqd_http_start(dqd_ctx *ctx, const char *host, uint16_t port, dqd_http **out)
 {
     dqd_http *h = calloc(1, sizeof *h);
     if (!h)
         return DQ_NOMEM;
-    h->srv = srv;
-    uv_tcp_init(srv->loop, &h->listener);
+    h->ctx = ctx;
+    uv_tcp_init(ctx->loop, &h->listener);
     h->listener.data = h;
     h->listener_open = true;
     union {

@@ -11,10 +11,10 @@
 
 #include <stdint.h>
 
-typedef struct dqd_server dqd_server;
+typedef struct dqd_ctx dqd_ctx;
 typedef struct dqd_http dqd_http;
 
-int dqd_http_start(dqd_server *srv, const char *host, uint16_t port, dqd_http **out);
+int dqd_http_start(dqd_ctx *ctx, const char *host, uint16_t port, dqd_http **out);
 /* Closes the listener and every connection; the struct is freed once all handles have closed. */
 void dqd_http_stop(dqd_http *h);
 

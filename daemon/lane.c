@@ -7,19 +7,19 @@
 #include <stdlib.h>
 #include <uv.h>
 
+#include "ctx.h"
 #include "dquant/error.h"
 #include "logging.h"
-#include "server.h"
 
 typedef struct lane_task {
     struct lane_task *next;
     dqd_task_fn fn;
     dqd_tasks_done_fn done;
-    void *ctx;
+    void *arg;
 } lane_task;
 
 struct dqd_lane {
-    dqd_server *srv;
+    dqd_ctx *ctx;
     uv_async_t async;          /* threads -> loop: tasks finished */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -52,7 +52,7 @@ static void *lane_main(void *arg)
                 L->tail = NULL;
             atomic_fetch_sub_explicit(&L->queued, 1, memory_order_relaxed);
             pthread_mutex_unlock(&L->mu);
-            t->fn(t->ctx, 0);
+            t->fn(t->arg, 0);
             pthread_mutex_lock(&L->mu);
             t->next = L->fin;
             L->fin = t;
@@ -94,15 +94,15 @@ static void on_finished(uv_async_t *a)
         order = t;
         t = n;
     }
-    dqd_server *srv = L->srv;
+    dqd_ctx *ctx = L->ctx;
     while (order) {
         lane_task *n = order->next;
-        srv->tasks_inflight--;
-        order->done(order->ctx);
+        ctx->tasks_inflight--;
+        order->done(order->arg);
         free(order);
         order = n;
     }
-    dqd_server_check_idle(srv);
+    dqd_ctx_check_idle(ctx);
 }
 
 static void on_closed(uv_handle_t *h)
@@ -114,7 +114,7 @@ static void on_closed(uv_handle_t *h)
     free(L);
 }
 
-int dqd_lane_start(dqd_server *srv, uint32_t threads, uint32_t spin_us, dqd_lane **out)
+int dqd_lane_start(dqd_ctx *ctx, uint32_t threads, uint32_t spin_us, dqd_lane **out)
 {
     *out = NULL;
     dqd_lane *L = calloc(1, sizeof *L);
@@ -124,12 +124,12 @@ int dqd_lane_start(dqd_server *srv, uint32_t threads, uint32_t spin_us, dqd_lane
         free(th);
         return DQ_NOMEM;
     }
-    L->srv = srv;
+    L->ctx = ctx;
     L->threads = th;
     L->spin_ns = (uint64_t)spin_us * 1000u;
     atomic_init(&L->queued, 0);
     atomic_init(&L->stop, false);
-    if (dqd_handoff_init(srv->loop, &L->mu, &L->cv, &L->async, on_finished) < 0) {
+    if (dqd_handoff_init(ctx->loop, &L->mu, &L->cv, &L->async, on_finished) < 0) {
         free(th);
         free(L);
         return DQ_INTERNAL;
@@ -151,13 +151,13 @@ int dqd_lane_start(dqd_server *srv, uint32_t threads, uint32_t spin_us, dqd_lane
     return DQ_OK;
 }
 
-int dqd_lane_run(dqd_lane *L, dqd_task_fn fn, dqd_tasks_done_fn done, void *ctx)
+int dqd_lane_run(dqd_lane *L, dqd_task_fn fn, dqd_tasks_done_fn done, void *arg)
 {
     lane_task *t = malloc(sizeof *t);
     if (!t)
         return DQ_NOMEM;
-    *t = (lane_task){NULL, fn, done, ctx};
-    L->srv->tasks_inflight++;
+    *t = (lane_task){NULL, fn, done, arg};
+    L->ctx->tasks_inflight++;
     pthread_mutex_lock(&L->mu);
     if (L->tail)
         L->tail->next = t;

@@ -8,8 +8,8 @@
  * own CUDA stream and staging (gpu.h: per-thread work state), so tasks of different requests still
  * overlap on the device when several threads are busy.
  *
- * dqd_lane_run runs fn(ctx, 0) on one of the threads, then done(ctx) on the loop thread; the task
- * counts in srv->tasks_inflight like a pool task. Loop thread only, except the threads' own work. */
+ * dqd_lane_run runs fn(arg, 0) on one of the threads, then done(arg) on the loop thread; the task
+ * counts in ctx->tasks_inflight like a pool task. Loop thread only, except the threads' own work. */
 #ifndef DQD_LANE_H
 #define DQD_LANE_H
 
@@ -19,10 +19,10 @@
 
 typedef struct dqd_lane dqd_lane;
 
-/* Starts threads (>= 1) on srv's loop. Returns 0, DQ_NOMEM or DQ_INTERNAL (nothing started). */
-int dqd_lane_start(dqd_server *srv, uint32_t threads, uint32_t spin_us, dqd_lane **out);
+/* Starts threads (>= 1) on ctx's loop. Returns 0, DQ_NOMEM or DQ_INTERNAL (nothing started). */
+int dqd_lane_start(dqd_ctx *ctx, uint32_t threads, uint32_t spin_us, dqd_lane **out);
 /* Returns 0 or DQ_NOMEM (nothing queued, done not called). */
-int dqd_lane_run(dqd_lane *lane, dqd_task_fn fn, dqd_tasks_done_fn done, void *ctx);
+int dqd_lane_run(dqd_lane *lane, dqd_task_fn fn, dqd_tasks_done_fn done, void *arg);
 /* Stops and joins the threads (no task may be queued or running: the server is idle) and closes the
  * loop handle; the lane is freed once the loop has closed it. NULL is a no-op. */
 void dqd_lane_stop(dqd_lane *lane);

@@ -47,13 +47,4 @@ void dqd_log_attach_lib(void);
         }                                                                                          \
     } while (0)
 
-/* If cond holds: logs the reason with file:line at debug level and returns err. */
-#define DQD_RETURN_IF(cond, err, ...)                                                              \
-    do {                                                                                           \
-        if (cond) {                                                                                \
-            DQD_DEBUG(__VA_ARGS__);                                                                \
-            return (err);                                                                          \
-        }                                                                                          \
-    } while (0)
-
 #endif

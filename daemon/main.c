@@ -72,7 +72,7 @@ int main(int argc, char **argv)
         dqd_server_stop(&srv);
     } else {
         DQD_INFO("dquantd %s ready: %u workers, host memory %llu MiB, backend %s", DQD_VERSION, cfg.workers,
-                 (unsigned long long)(cfg.host_memory >> 20), srv.backend_name);
+                 (unsigned long long)(cfg.host_memory >> 20), srv.ctx.backend_name);
         dqd_notify("READY=1\nSTATUS=serving");
     }
     uv_run(&loop, UV_RUN_DEFAULT);

@@ -11,14 +11,17 @@
  * places every (sequence, layer) of the batch — on the GPU if it is there already; else, for
  * models the kernels take, moved there (an existing host layer) or created there (a new layer
  * with an append) when the GPU budget can make room, possibly moving least recently used
- * sequences to the host first (gpu_tier.h); else it stays on the host. A sequence with a host
+ * sequences to the host first (tier.h); else it stays on the host. A sequence with a host
  * layer to move is acquired exclusively, as for an append. A GPU layer whose append finds no room
  * at all on the GPU (everything else pinned or in use) moves to the host and is appended there.
  * Phase B and C then run the host items in chunks as above plus one GPU task: promotions and
  * appends on the worker's stream, then one dqcu_attend launch per codec for all GPU items of the
  * batch. When every item is on the GPU (a decode step's usual case), B and C are one task with no
  * synchronization in between, and the appended tokens were already checked in phase A
- * (dq_check_tokens) so the GPU append launches no check of its own. */
+ * (dq_check_tokens) so the GPU append launches no check of its own.
+ *
+ * The operation is a state machine (att_state, att_step), its states in the order they run; a
+ * state that waits (access, moves, tasks) returns and its callback moves the state on. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -27,17 +30,15 @@
 #include <string.h>
 
 #include "access.h"
-#include "append.h"
+#include "ctx.h"
 #include "dquant/attention.h"
 #include "dquant/codec.h"
 #include "dquant/error.h"
-#include "gpu.h"
-#include "gpu_tier.h"
 #include "lane.h"
 #include "logging.h"
 #include "ops_internal.h"
-#include "server.h"
 #include "tensor.h"
+#include "tier.h"
 #include "work.h"
 
 /* Requests up to this many payload bytes have their inputs converted and checked on the loop. */
@@ -46,27 +47,25 @@
 /* Stages of an ATTEND, timed for the debug-level trace line each reply logs. */
 enum { ATT_T_ACCESS, ATT_T_INPUT, ATT_T_B0, ATT_T_B1, ATT_T_C0, ATT_T_C1, ATT_T_COUNT };
 
-typedef struct att_item {
-    dqd_seq *seq;
-    dqd_codec *codec;
-    uint32_t layer;
-    dqd_tensor q, ak, av;
-    bool append;
-    bool gpu;        /* its layer is (after phase B) in GPU memory */
-    bool promote;    /* phase B moves its layer to the GPU (one item per layer) */
-    bool promoted;
-    bool spill;      /* phase B moves its (GPU) layer to the host before appending there */
-    bool spilled;
-    bool checked;    /* its k and v passed dq_check_tokens in phase A */
-    bool batched;    /* its GPU append went with others' (append_gpu_tokens) */
-    dqd_append txn;
-    dqd_gappend gtxn;
-    int rc;
-} att_item;
+typedef dqd_tier_item att_item;
+
+typedef enum att_state {
+    ATT_ACCESS,    /* every sequence looked up: wait for access to them all */
+    ATT_CHECK,     /* every item against its model, one shape, one append per layer; buffers */
+    ATT_INPUT,     /* phase A: queries to f32, inputs checked (here for small requests, else tasks) */
+    ATT_PLACE,     /* the tier of every (sequence, layer), GPU and host room reserved */
+    ATT_MOVES,     /* GPU victims moved to the host (tier.h) */
+    ATT_APPEND,    /* phase B; with phase C in one task when every item is on the GPU */
+    ATT_ROLLBACK,  /* an append failed after others were applied: undo them, then fail */
+    ATT_FAILED,    /* an append failed, none applied: settle the sequences, fail */
+    ATT_ATTEND,    /* phase C */
+    ATT_REPLY,     /* the attention's result, or its first error */
+} att_state;
 
 typedef struct att_op {
     dqd_req *req;
-    dqd_server *srv;
+    dqd_ctx *ctx;
+    att_state state;
     const Dquant__Attend *a;
     size_t n;
     att_item *items;
@@ -91,40 +90,17 @@ typedef struct att_op {
     char msg[256];
 } att_op;
 
-/* An item by its (sequence, layer), to sort the items of one layer together. */
-typedef struct layer_key {
-    uintptr_t seq;
-    uint32_t layer;
-    size_t item;
-} layer_key;
-
-static int cmp_layer_key(const void *a, const void *b)
-{
-    const layer_key *x = a, *y = b;
-    if (x->seq != y->seq)
-        return x->seq < y->seq ? -1 : 1;
-    if (x->layer != y->layer)
-        return x->layer < y->layer ? -1 : 1;
-    return x->item < y->item ? -1 : x->item > y->item;
-}
-
-static bool same_layer(const layer_key *a, const layer_key *b)
-{
-    return a->seq == b->seq && a->layer == b->layer;
-}
-
 static void att_free(att_op *op)
 {
     if (op->reserved)
-        dqd_store_unreserve(op->srv->store, op->reserved);
+        dqd_store_unreserve(op->ctx->store, op->reserved);
     if (op->gpu_reserved)
-        dqd_store_gpu_unreserve(op->srv->store, op->gpu_reserved);
-    dqd_store_gpu_moves_finish(op->srv->store, &op->mv);
+        dqd_store_gpu_unreserve(op->ctx->store, op->gpu_reserved);
+    dqd_store_gpu_moves_finish(op->ctx->store, &op->mv);
     dqd_access_end(&op->as);
     if (op->items) {
         for (size_t i = 0; i < op->n; i++) {
-            dqd_append_clear(&op->items[i].txn);
-            dqd_gappend_clear(&op->items[i].gtxn);
+            dqd_tier_item_clear(&op->items[i]);
         }
     }
     free(op->items);
@@ -158,57 +134,495 @@ static size_t qsize(const att_op *op)
     return (size_t)op->q_heads * op->head_dim;
 }
 
-/* ---- phase C: attention ---- */
+/* The states' work, defined below in the order the states run. */
+static void access_ready(dqd_access_set *as);
+static int att_check(att_op *op);
+static void start_input(att_op *op);
+static int att_place(att_op *op);
+static void moves_done(void *arg, int rc);
+static void start_append(att_op *op);
+static void att_rollback(att_op *op);
+static void settle_b(att_op *op, bool rolled_back);
+static void start_attend(att_op *op);
+static void att_reply(att_op *op);
+static void attend_gpu(att_op *op);
 
-/* Every GPU item, one dqd_gpu_attend per codec. */
-static void attend_gpu(att_op *op)
+/* Runs the operation from op->state until it waits or has finished. */
+static void att_step(att_op *op)
 {
-    float *out = (float *)op->out;
-    float *lse = out + op->n * qsize(op);
-    dqd_gattn *batch = malloc(op->n * sizeof *batch);
-    size_t *idx = malloc(op->n * sizeof *idx);
-    bool *done = calloc(op->n, sizeof *done);
-    if (!batch || !idx || !done) {
-        for (size_t i = 0; i < op->n; i++)
-            if (op->items[i].gpu)
-                op->items[i].rc = DQ_NOMEM;
-        free(batch);
-        free(idx);
-        free(done);
+    for (;;) {
+        switch (op->state) {
+        case ATT_ACCESS:
+            dqd_access_start(&op->as, access_ready, op);
+            return;
+        case ATT_CHECK:
+            if (att_check(op) < 0)
+                return;
+            op->state = ATT_INPUT;
+            break;
+        case ATT_INPUT:
+            start_input(op);
+            return;
+        case ATT_PLACE: {
+            int rc = att_place(op);
+            if (rc < 0)
+                return;
+            op->state = rc ? ATT_MOVES : ATT_ATTEND;
+            break;
+        }
+        case ATT_MOVES:
+            dqd_tier_moves_run(op->ctx, &op->mv, moves_done, op);
+            return;
+        case ATT_APPEND:
+            start_append(op);
+            return;
+        case ATT_ROLLBACK:
+            att_rollback(op);
+            return;
+        case ATT_FAILED:
+            settle_b(op, false);
+            att_fail(op, op->fail_rc, "%s", op->msg);
+            return;
+        case ATT_ATTEND:
+            start_attend(op);
+            return;
+        case ATT_REPLY:
+            att_reply(op);
+            return;
+        }
+    }
+}
+
+void dqd_op_attend(dqd_req *req)
+{
+    const Dquant__Attend *a = req->msg->attend;
+    att_op *op = calloc(1, sizeof *op);
+    if (!op) {
+        dqd_req_fail(req, DQ_NOMEM, "out of memory");
+        return;
+    }
+    op->req = req;
+    op->ctx = req->ctx;
+    op->a = a;
+    op->n = a->n_items;
+    op->items = calloc(op->n, sizeof *op->items);
+    op->append_idx = malloc(op->n * sizeof *op->append_idx);
+    if (!op->items || !op->append_idx || dqd_access_init(&op->as, op->n) < 0) {
+        free(op->items);
+        free(op->append_idx);
+        free(op);
+        dqd_req_fail(req, DQ_NOMEM, "out of memory");
         return;
     }
     for (size_t i = 0; i < op->n; i++) {
-        if (!op->items[i].gpu || done[i])
-            continue;
-        dqd_codec *codec = op->items[i].codec;
-        size_t nb = 0;
-        for (size_t j = i; j < op->n; j++) {
-            att_item *it = &op->items[j];
-            if (!it->gpu || done[j] || it->codec != codec)
-                continue;
-            done[j] = true;
-            const dqd_glayer *l = dqd_seq_glayer(it->seq, it->layer);
-            if (!l) {
-                memset(out + j * qsize(op), 0, qsize(op) * sizeof(float));
-                for (uint32_t h = 0; h < op->q_heads; h++)
-                    lse[j * op->q_heads + h] = -INFINITY;
-                continue;
-            }
-            batch[nb] = (dqd_gattn){l, op->qf + j * qsize(op), out + j * qsize(op), lse + j * op->q_heads};
-            idx[nb++] = j;
+        const Dquant__AttendItem *src = a->items[i];
+        dqd_seq *seq = dqd_ops_lookup(req, src->seq);
+        if (!seq) {
+            att_fail(op, DQ_NOT_FOUND, "item %zu: no such sequence", i);
+            return;
         }
-        int rc = nb ? dqd_gpu_attend(op->srv->gpu, codec, op->q_heads, op->scale, batch, nb, false) : DQ_OK;
-        for (size_t b = 0; b < nb; b++)
-            op->items[idx[b]].rc = rc;
+        att_item *it = &op->items[i];
+        it->seq = seq;
+        it->append = src->append_k != NULL;
+        if (it->append)
+            op->append_idx[op->nappend++] = i;
+        /* Moving a host layer to the GPU changes the sequence: that needs exclusive access too.
+         * (Its slots may be changing right now; host_layers is the loop's own count.) */
+        bool move = seq->host_layers && dqd_tier_gpu_ok(req->ctx, seq->model);
+        dqd_access_add(&op->as, seq, it->append || move ? DQD_ACCESS_WRITE : DQD_ACCESS_READ);
     }
-    free(batch);
-    free(idx);
-    free(done);
+    op->state = ATT_ACCESS;
+    att_step(op);
 }
 
-static void attend_task(void *ctx, size_t c)
+static void access_ready(dqd_access_set *as)
 {
-    att_op *op = ctx;
+    att_op *op = as->arg;
+    op->t_ns[ATT_T_ACCESS] = dqd_now_ns();
+    op->state = ATT_CHECK;
+    att_step(op);
+}
+
+/* Every item against its model; the output and query buffers. */
+static int att_check(att_op *op)
+{
+    dqd_ctx *ctx = op->ctx;
+    const Dquant__Attend *a = op->a;
+    for (size_t i = 0; i < op->n; i++) {
+        att_item *it = &op->items[i];
+        const Dquant__AttendItem *src = a->items[i];
+        if (!dqd_seq_alive(it->seq)) {
+            att_fail(op, DQ_NOT_FOUND, "item %zu: no such sequence", i);
+            return -1;
+        }
+        const dqd_model *m = it->seq->model;
+        dqd_model_info info;
+        dqd_model_info_of(m, &info);
+        char msg[200];
+        dqd_payload pl;
+        dqd_req_payload(op->req, &pl);
+        int rc = dqd_validate_attend_item(src, &pl, &info, &it->q, &it->ak, &it->av, msg, sizeof msg);
+        if (rc < 0) {
+            att_fail(op, rc, "item %zu: %s", i, msg);
+            return -1;
+        }
+        if (i == 0) {
+            op->q_heads = m->q_heads;
+            op->head_dim = m->head_dim;
+        } else if (m->q_heads != op->q_heads || m->head_dim != op->head_dim) {
+            att_fail(op, DQ_SHAPE, "item %zu: q_heads/head_dim differ from item 0's; batch items of one shape", i);
+            return -1;
+        }
+        it->codec = m->codec;
+        it->layer = src->layer;
+    }
+    op->scale = a->scale > 0 ? a->scale : 1.0f / sqrtf((float)op->head_dim);
+
+    /* Two appends to one layer in one batch would make the result depend on item order. */
+    if (op->nappend > 1) {
+        dqd_layer_key *keys = malloc(op->nappend * sizeof *keys);
+        if (!keys) {
+            att_fail(op, DQ_NOMEM, "out of memory");
+            return -1;
+        }
+        for (size_t k = 0; k < op->nappend; k++) {
+            const att_item *it = &op->items[op->append_idx[k]];
+            keys[k] = (dqd_layer_key){(uintptr_t)it->seq, it->layer, op->append_idx[k]};
+        }
+        qsort(keys, op->nappend, sizeof *keys, dqd_layer_key_cmp);
+        for (size_t x = 1; x < op->nappend; x++) {
+            if (dqd_layer_key_same(&keys[x], &keys[x - 1])) {
+                uint32_t layer = keys[x].layer;
+                free(keys);
+                att_fail(op, DQ_INVALID_ARGUMENT, "two items append to the same sequence layer %u", layer);
+                return -1;
+            }
+        }
+        free(keys);
+    }
+
+    size_t qbytes = op->n * qsize(op) * sizeof(float);
+    op->out_len = qbytes + op->n * op->q_heads * sizeof(float);
+    if (op->out_len > ctx->cfg->max_payload) {
+        att_fail(op, DQ_TOO_LARGE, "the reply would exceed max_payload; split the batch");
+        return -1;
+    }
+    op->qf = malloc(qbytes);
+    op->out = dqd_out_alloc(op->out_len);
+    if (!op->qf || !op->out) {
+        att_fail(op, DQ_NOMEM, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- phase A: inputs ---- */
+
+/* The appended token, checked finite; on the cuda backend checked as dq_layer_append would check
+ * it (dq_check_tokens), which spares the GPU append its check kernel and round trip. */
+static int check_append(const att_op *op, att_item *it)
+{
+    const void *kd, *vd;
+    void *kt = NULL, *vt = NULL;
+    const dq_dtype dt = dqd_tensor_dtype(&it->ak);
+    int rc = dqd_tensor_aligned(&it->ak, &kd, &kt);
+    if (rc == 0)
+        rc = dqd_tensor_aligned(&it->av, &vd, &vt);
+    if (rc == 0)
+        rc = dq_check_finite(kd, dt, (size_t)it->ak.count);
+    if (rc == 0)
+        rc = dq_check_finite(vd, dt, (size_t)it->av.count);
+    if (rc == 0 && dqd_tier_precheck(op->ctx)) {
+        const size_t ntok = (size_t)it->ak.count / it->codec->n;
+        dq_workspace *ws = dqd_codec_ws_take(it->codec);
+        rc = ws ? dq_check_tokens(ws, kd, dt, ntok) : DQ_NOMEM;
+        if (rc == 0)
+            rc = dq_check_tokens(ws, vd, dt, ntok);
+        dqd_codec_ws_give(it->codec, ws);
+        it->checked = rc == 0;
+    }
+    free(kt);
+    free(vt);
+    return rc;
+}
+
+static void input_task(void *arg, size_t c)
+{
+    att_op *op = arg;
+    size_t lo, hi;
+    chunk_range(op->n, op->nchunks, c, &lo, &hi);
+    for (size_t i = lo; i < hi; i++) {
+        att_item *it = &op->items[i];
+        float *q = op->qf + i * qsize(op);
+        it->rc = dqd_tensor_to_f32(&it->q, q);
+        if (it->rc == 0)
+            it->rc = dq_check_finite(q, DQ_DTYPE_F32, qsize(op));
+        if (it->rc == 0 && it->append)
+            it->rc = check_append(op, it);
+    }
+}
+
+static void input_done(void *arg)
+{
+    att_op *op = arg;
+    op->t_ns[ATT_T_INPUT] = dqd_now_ns();
+    for (size_t i = 0; i < op->n; i++) {
+        if (op->items[i].rc < 0) {
+            att_fail(op, op->items[i].rc, "item %zu: %s", i,
+                     op->items[i].rc == DQ_NONFINITE ? "q or the appended k/v holds NaN or infinity"
+                                                     : dq_strerror(op->items[i].rc));
+            return;
+        }
+    }
+    op->state = ATT_PLACE;
+    att_step(op);
+}
+
+/* Phase A. A small request (a decode step's queries, a token or two appended) is converted and
+ * checked right here: a thread-pool round trip costs more than the work (tens of microseconds). */
+static void start_input(att_op *op)
+{
+    if (op->req->payload_len <= ATT_INLINE_INPUT) {
+        op->nchunks = 1;
+        input_task(op, 0);
+        input_done(op);
+        return;
+    }
+    op->nchunks = dqd_tasks_split(op->ctx, op->n);
+    if (dqd_tasks_run(op->ctx, op->nchunks, input_task, input_done, op) < 0)
+        att_fail(op, DQ_NOMEM, "out of memory");
+}
+
+/* ---- placement ---- */
+
+/* 1: there are appends or promotions (MOVES next), 0: none (straight to ATTEND), -1: failed. */
+static int att_place(att_op *op)
+{
+    if (dqd_tier_place_items(op->ctx, op->items, op->n, &op->as, &op->gpu_reserved, &op->mv) < 0) {
+        att_fail(op, DQ_NOMEM, "out of memory");
+        return -1;
+    }
+    op->gpu_b = false;
+    for (size_t i = 0; i < op->n; i++)
+        op->gpu_b |= op->items[i].promote || (op->items[i].gpu && op->items[i].append);
+    op->ncpu_append = 0;
+    uint64_t need = 0;
+    for (size_t k = 0; k < op->nappend; k++) {
+        att_item *it = &op->items[op->append_idx[k]];
+        if (it->gpu)
+            continue;
+        op->ncpu_append++;
+        need += dqd_tier_item_host_need(it);
+    }
+    if (!op->ncpu_append && !op->gpu_b)
+        return 0;
+    int rc = dqd_store_reserve(op->ctx->store, need, NULL);
+    if (rc < 0) {
+        att_fail(op, rc, "appending needs about %llu bytes and nothing evictable frees enough",
+                 (unsigned long long)need);
+        return -1;
+    }
+    op->reserved = need;
+    return 1;
+}
+
+static void moves_done(void *arg, int rc)
+{
+    att_op *op = arg;
+    if (rc < 0) {
+        att_fail(op, rc, "cannot move sequences out of GPU memory: %s", dq_strerror(rc));
+        return;
+    }
+    op->state = ATT_APPEND;
+    att_step(op);
+}
+
+/* ---- phase B: appends ---- */
+
+static void append_task(void *arg, size_t c)
+{
+    att_op *op = arg;
+    if (c == op->nchunks) {
+        op->t_ns[ATT_T_B0] = dqd_now_ns();
+        dqd_tier_items_append_gpu(op->ctx, op->items, op->n, op->append_idx, op->nappend, op->fused);
+        op->t_ns[ATT_T_B1] = dqd_now_ns();
+        return;
+    }
+    size_t lo, hi;
+    chunk_range(op->nappend, op->nchunks, c, &lo, &hi);
+    for (size_t k = lo; k < hi; k++) {
+        att_item *it = &op->items[op->append_idx[k]];
+        if (it->gpu)
+            continue;
+        dqd_tier_item_append_host(op->ctx, it);
+    }
+}
+
+/* After phase B, failed or not: promotions are counted, sequences whose layer could not be put back
+ * are dropped, the others' accounting follows their layers. */
+static void settle_b(att_op *op, bool rolled_back)
+{
+    uint64_t promoted = 0, spilled = 0;
+    for (size_t i = 0; i < op->n; i++) {
+        att_item *it = &op->items[i];
+        promoted += it->promoted;
+        spilled += it->spilled;
+        if (!it->append && !it->promoted)
+            continue;
+        bool broken = it->gtxn.broken || (rolled_back && it->append && it->rc < 0);
+        if (broken && it->seq->in_index) {
+            DQD_ERROR("ATTEND rollback failed; dropping sequence ns='%s'", it->seq->ns);
+            dqd_store_remove(op->ctx->store, it->seq);
+        } else if (it->seq->in_index) {
+            dqd_store_commit(op->ctx->store, it->seq);
+        }
+    }
+    dqd_store_gpu_promoted(op->ctx->store, promoted);
+    dqd_store_gpu_spilled(op->ctx->store, spilled);
+}
+
+/* Phase B went through: the appends are committed and counted, the reservations released. */
+static void b_applied(att_op *op)
+{
+    settle_b(op, false);
+    dqd_store_unreserve(op->ctx->store, op->reserved);
+    op->reserved = 0;
+    dqd_store_gpu_unreserve(op->ctx->store, op->gpu_reserved);
+    op->gpu_reserved = 0;
+    op->ctx->metrics.attend_appends += op->nappend;
+    op->ctx->metrics.tokens_put += op->nappend;
+}
+
+static void append_done(void *arg)
+{
+    att_op *op = arg;
+    int first = 0;
+    size_t bad = 0, applied = 0;
+    for (size_t i = 0; i < op->n; i++) {
+        att_item *it = &op->items[i];
+        if (!it->append && !it->promote)
+            continue;
+        if (it->rc < 0 && !first) {
+            first = it->rc;
+            bad = i;
+        }
+        applied += it->txn.applied + it->gtxn.applied;
+    }
+    if (first) {
+        snprintf(op->msg, sizeof op->msg, "item %zu: %s failed: %s", bad,
+                 op->items[bad].promote && !op->items[bad].promoted ? "moving its layer to the GPU" : "append",
+                 dq_strerror(first));
+        op->fail_rc = first;
+        op->ctx->metrics.rollbacks += applied;
+        op->state = applied ? ATT_ROLLBACK : ATT_FAILED;
+    } else {
+        b_applied(op);
+        op->state = ATT_ATTEND;
+    }
+    att_step(op);
+}
+
+/* Fused: B and C in one task on the worker's stream. */
+static void fused_task(void *arg, size_t c)
+{
+    (void)c;
+    att_op *op = arg;
+    op->t_ns[ATT_T_B0] = dqd_now_ns();
+    dqd_tier_items_append_gpu(op->ctx, op->items, op->n, op->append_idx, op->nappend, op->fused);
+    op->t_ns[ATT_T_B1] = op->t_ns[ATT_T_C0] = dqd_now_ns();
+    for (size_t i = 0; i < op->n; i++)
+        if (op->items[i].rc < 0)
+            return;
+    op->c_ran = true;
+    attend_gpu(op);
+    op->t_ns[ATT_T_C1] = dqd_now_ns();
+}
+
+static void fused_done(void *arg)
+{
+    att_op *op = arg;
+    if (!op->c_ran) {
+        append_done(op); /* a failed append: rolled back as in the two-task path */
+        return;
+    }
+    b_applied(op);
+    op->state = ATT_REPLY;
+    att_step(op);
+}
+
+/* Phase B: the appends (and promotions) on the workers, or B and C fused in one GPU task. */
+static void start_append(att_op *op)
+{
+    int rc;
+    op->nchunks = op->ncpu_append ? dqd_tasks_split(op->ctx, op->nappend) : 0;
+    /* Every item on the GPU: the attention follows the appends on the same stream, in one task,
+     * without a synchronization and a trip through the loop in between. */
+    op->fused = op->gpu_b && !op->ncpu_append;
+    for (size_t i = 0; i < op->n && op->fused; i++)
+        op->fused = op->items[i].gpu;
+    if (op->fused && op->ctx->lane)
+        rc = dqd_lane_run(op->ctx->lane, fused_task, fused_done, op);
+    else if (op->fused)
+        rc = dqd_tasks_run(op->ctx, 1, fused_task, fused_done, op);
+    else
+        rc = dqd_tasks_run(op->ctx, op->nchunks + op->gpu_b, append_task, append_done, op);
+    if (rc < 0)
+        att_fail(op, DQ_NOMEM, "out of memory");
+}
+
+static void rollback_task(void *arg, size_t c)
+{
+    att_op *op = arg;
+    if (c == op->nchunks) {
+        for (size_t k = 0; k < op->nappend; k++) {
+            att_item *it = &op->items[op->append_idx[k]];
+            if (it->gpu)
+                it->rc = dqd_tier_item_rollback(op->ctx, it);
+        }
+        return;
+    }
+    size_t lo, hi;
+    chunk_range(op->nappend, op->nchunks, c, &lo, &hi);
+    for (size_t k = lo; k < hi; k++) {
+        att_item *it = &op->items[op->append_idx[k]];
+        if (!it->gpu)
+            it->rc = dqd_tier_item_rollback(op->ctx, it);
+    }
+}
+
+static void rollback_done(void *arg)
+{
+    att_op *op = arg;
+    settle_b(op, true);
+    att_fail(op, op->fail_rc, "%s", op->msg);
+}
+
+/* Undoes the applied appends on the workers, or here when that cannot even be queued. */
+static void att_rollback(att_op *op)
+{
+    for (size_t k = 0; k < op->nappend; k++)
+        op->items[op->append_idx[k]].rc = 0;
+    size_t ntasks = op->nchunks + op->gpu_b;
+    if (dqd_tasks_run(op->ctx, ntasks, rollback_task, rollback_done, op) == 0)
+        return;
+    for (size_t c = 0; c < ntasks; c++)
+        rollback_task(op, c);
+    rollback_done(op);
+}
+
+/* ---- phase C: attention ---- */
+
+/* Every GPU item, in batches per codec (tier.h). */
+static void attend_gpu(att_op *op)
+{
+    float *out = (float *)op->out;
+    dqd_tier_items_attend_gpu(op->ctx, op->items, op->n, op->q_heads, op->head_dim, op->scale, op->qf, out,
+                              out + op->n * qsize(op));
+}
+
+static void attend_task(void *arg, size_t c)
+{
+    att_op *op = arg;
     if (c == op->nchunks) {
         op->t_ns[ATT_T_C0] = dqd_now_ns();
         attend_gpu(op);
@@ -253,6 +667,32 @@ static void attend_task(void *ctx, size_t c)
     }
 }
 
+static void attend_done(void *arg)
+{
+    att_op *op = arg;
+    op->state = ATT_REPLY;
+    att_step(op);
+}
+
+static void start_attend(att_op *op)
+{
+    size_t ngpu = 0;
+    for (size_t i = 0; i < op->n; i++) {
+        op->items[i].rc = 0;
+        ngpu += op->items[i].gpu;
+    }
+    op->gpu_c = ngpu > 0;
+    op->nchunks = ngpu < op->n ? dqd_tasks_split(op->ctx, op->n) : 0;
+    /* all on the GPU: the one task goes to the GPU threads (lane.h) */
+    int rc;
+    if (!op->nchunks && op->ctx->lane)
+        rc = dqd_lane_run(op->ctx->lane, attend_task, attend_done, op);
+    else
+        rc = dqd_tasks_run(op->ctx, op->nchunks + op->gpu_c, attend_task, attend_done, op);
+    if (rc < 0)
+        att_fail(op, DQ_NOMEM, "out of memory");
+}
+
 /* Where a successful ATTEND's time went, in microseconds from the request's arrival (debug level;
  * the GPU stages as the GPU task saw them, 0 when there was none). */
 static void att_trace(const att_op *op)
@@ -272,9 +712,8 @@ static void att_trace(const att_op *op)
               us[ATT_T_B1], us[ATT_T_C0], us[ATT_T_C1], (double)(now - t0) * 1e-3);
 }
 
-static void attend_done(void *ctx)
+static void att_reply(att_op *op)
 {
-    att_op *op = ctx;
     for (size_t i = 0; i < op->n; i++) {
         if (op->items[i].rc < 0) {
             att_fail(op, op->items[i].rc, "item %zu: %s", i, dq_strerror(op->items[i].rc));
@@ -282,8 +721,8 @@ static void attend_done(void *ctx)
         }
     }
     for (size_t i = 0; i < op->n; i++)
-        dqd_store_touch(op->srv->store, op->items[i].seq);
-    op->srv->metrics.attend_items += op->n;
+        dqd_store_touch(op->ctx->store, op->items[i].seq);
+    op->ctx->metrics.attend_items += op->n;
 
     Dquant__AttendReply r = DQUANT__ATTEND_REPLY__INIT;
     Dquant__Tensor to, tl;
@@ -303,606 +742,4 @@ static void attend_done(void *ctx)
     op->out = NULL;
     dqd_req_reply(op->req, &resp, out, op->out_len);
     att_free(op);
-}
-
-static void start_attend(att_op *op)
-{
-    size_t ngpu = 0;
-    for (size_t i = 0; i < op->n; i++) {
-        op->items[i].rc = 0;
-        ngpu += op->items[i].gpu;
-    }
-    op->gpu_c = ngpu > 0;
-    op->nchunks = ngpu < op->n ? dqd_tasks_split(op->srv, op->n) : 0;
-    /* all on the GPU: the one task goes to the GPU threads (lane.h) */
-    int rc;
-    if (!op->nchunks && op->srv->lane)
-        rc = dqd_lane_run(op->srv->lane, attend_task, attend_done, op);
-    else
-        rc = dqd_tasks_run(op->srv, op->nchunks + op->gpu_c, attend_task, attend_done, op);
-    if (rc < 0)
-        att_fail(op, DQ_NOMEM, "out of memory");
-}
-
-/* ---- phase B: appends ---- */
-
-static void rollback_task(void *ctx, size_t c)
-{
-    att_op *op = ctx;
-    if (c == op->nchunks) {
-        for (size_t k = 0; k < op->nappend; k++) {
-            att_item *it = &op->items[op->append_idx[k]];
-            if (it->gpu)
-                it->rc = dqd_gpu_rollback(op->srv->gpu, it->codec, &it->gtxn, &it->seq->glayers[it->layer]);
-        }
-        return;
-    }
-    size_t lo, hi;
-    chunk_range(op->nappend, op->nchunks, c, &lo, &hi);
-    for (size_t k = lo; k < hi; k++) {
-        att_item *it = &op->items[op->append_idx[k]];
-        if (!it->gpu)
-            it->rc = dqd_append_rollback(&it->txn, it->codec, &it->seq->layers[it->layer]);
-    }
-}
-
-/* After phase B, failed or not: promotions are counted, sequences whose layer could not be put back
- * are dropped, the others' accounting follows their layers. */
-static void settle_b(att_op *op, bool rolled_back)
-{
-    uint64_t promoted = 0, spilled = 0;
-    for (size_t i = 0; i < op->n; i++) {
-        att_item *it = &op->items[i];
-        promoted += it->promoted;
-        spilled += it->spilled;
-        if (!it->append && !it->promoted)
-            continue;
-        bool broken = it->gtxn.broken || (rolled_back && it->append && it->rc < 0);
-        if (broken && it->seq->in_index) {
-            DQD_ERROR("ATTEND rollback failed; dropping sequence ns='%s'", it->seq->ns);
-            dqd_store_remove(op->srv->store, it->seq);
-        } else if (it->seq->in_index) {
-            dqd_store_commit(op->srv->store, it->seq);
-        }
-    }
-    dqd_store_gpu_promoted(op->srv->store, promoted);
-    dqd_store_gpu_spilled(op->srv->store, spilled);
-}
-
-static void rollback_done(void *ctx)
-{
-    att_op *op = ctx;
-    settle_b(op, true);
-    att_fail(op, op->fail_rc, "%s", op->msg);
-}
-
-/* Whether item it's append can go with others' in one dqd_gpu_append_tokens. */
-static bool batchable(const att_item *it)
-{
-    return it->gpu && it->checked && !it->batched && dqd_gpu_append_fits(it->codec, dqd_seq_glayer(it->seq, it->layer));
-}
-
-/* The GPU appends of single tokens that fit their layer's tail: one dqd_gpu_append_tokens (one copy,
- * one launch) per codec instead of two copies and two conversions per item. Marks them batched;
- * false when one failed (its rc set). Without memory for the lists every item goes alone. */
-static bool append_gpu_tokens(att_op *op)
-{
-    dqd_gtoken *tok = malloc(op->nappend * sizeof *tok);
-    size_t *who = malloc(op->nappend * sizeof *who);
-    void **tmp = calloc(2 * op->nappend, sizeof *tmp);
-    bool ok = true;
-    for (size_t k0 = 0; tok && who && tmp && ok && k0 < op->nappend; k0++) {
-        const att_item *first = &op->items[op->append_idx[k0]];
-        if (!batchable(first))
-            continue;
-        size_t cnt = 0;
-        for (size_t k = k0; k < op->nappend; k++) {
-            att_item *it = &op->items[op->append_idx[k]];
-            if (it->codec != first->codec || !batchable(it))
-                continue;
-            const void *kd, *vd;
-            if (dqd_tensor_aligned(&it->ak, &kd, &tmp[2 * k]) < 0 ||
-                dqd_tensor_aligned(&it->av, &vd, &tmp[2 * k + 1]) < 0)
-                continue; /* the item goes alone and reports it */
-            it->batched = true;
-            who[cnt] = op->append_idx[k];
-            tok[cnt++] = (dqd_gtoken){it->seq->glayers[it->layer], &it->gtxn, kd, vd, dqd_tensor_dtype(&it->ak)};
-        }
-        int rc = dqd_gpu_append_tokens(op->srv->gpu, first->codec, tok, cnt);
-        for (size_t j = 0; rc < 0 && j < cnt; j++)
-            op->items[who[j]].rc = rc;
-        ok = rc == DQ_OK;
-    }
-    for (size_t i = 0; tmp && i < 2 * op->nappend; i++)
-        free(tmp[i]);
-    free(tok);
-    free(who);
-    free(tmp);
-    return ok;
-}
-
-/* Phase B on the GPU: layer moves first, then the appends, all on this worker's stream. */
-static void append_gpu(att_op *op)
-{
-    dqd_gpu *gpu = op->srv->gpu;
-    for (size_t i = 0; i < op->n; i++) {
-        att_item *it = &op->items[i];
-        if (!it->promote)
-            continue;
-        it->rc = dqd_gpu_promote(gpu, it->codec, &it->seq->layers[it->layer], &it->seq->glayers[it->layer]);
-        it->promoted = it->rc == DQ_OK;
-        if (it->rc < 0)
-            return;
-    }
-    bool failed = !append_gpu_tokens(op);
-    for (size_t k = 0; k < op->nappend && !failed; k++) {
-        att_item *it = &op->items[op->append_idx[k]];
-        if (!it->gpu || it->batched)
-            continue;
-        const void *kd, *vd;
-        void *kt, *vt;
-        it->rc = dqd_tensor_aligned(&it->ak, &kd, &kt);
-        if (it->rc == 0) {
-            it->rc = dqd_tensor_aligned(&it->av, &vd, &vt);
-            if (it->rc == 0) {
-                it->rc = dqd_gpu_append(gpu, it->codec, &it->gtxn, &it->seq->glayers[it->layer], kd, vd,
-                                        dqd_tensor_dtype(&it->ak), 1, it->checked ? DQD_GAPPEND_CHECKED : 0,
-                                        NULL);
-                free(vt);
-            }
-            free(kt);
-        }
-        failed = it->rc < 0;
-    }
-    /* Fused and applied: the attention's own synchronization comes next on the same stream. */
-    if (op->fused && !failed)
-        return;
-    int rc = dqd_gpu_finish(gpu);
-    if (rc < 0)
-        for (size_t k = 0; k < op->nappend; k++)
-            if (op->items[op->append_idx[k]].gpu && op->items[op->append_idx[k]].rc == 0)
-                op->items[op->append_idx[k]].rc = rc;
-}
-
-static void append_task(void *ctx, size_t c)
-{
-    att_op *op = ctx;
-    if (c == op->nchunks) {
-        op->t_ns[ATT_T_B0] = dqd_now_ns();
-        append_gpu(op);
-        op->t_ns[ATT_T_B1] = dqd_now_ns();
-        return;
-    }
-    size_t lo, hi;
-    chunk_range(op->nappend, op->nchunks, c, &lo, &hi);
-    for (size_t k = lo; k < hi; k++) {
-        att_item *it = &op->items[op->append_idx[k]];
-        if (it->gpu)
-            continue;
-        if (it->spill) {
-            it->rc = dqd_gpu_demote(op->srv->gpu, it->codec, &it->seq->glayers[it->layer], &it->seq->layers[it->layer]);
-            if (it->rc < 0)
-                continue;
-            it->spilled = true;
-        }
-        const void *kd, *vd;
-        void *kt, *vt;
-        it->rc = dqd_tensor_aligned(&it->ak, &kd, &kt);
-        if (it->rc == 0) {
-            it->rc = dqd_tensor_aligned(&it->av, &vd, &vt);
-            if (it->rc == 0) {
-                dq_workspace *ws = dqd_codec_ws_take(it->codec);
-                it->rc = ws ? dqd_append_apply(&it->txn, it->codec, ws, &it->seq->layers[it->layer], kd, vd,
-                                               dqd_tensor_dtype(&it->ak), 1, NULL)
-                            : DQ_NOMEM;
-                dqd_codec_ws_give(it->codec, ws);
-                free(vt);
-            }
-            free(kt);
-        }
-    }
-}
-
-/* Phase B went through: the appends are committed and counted, the reservations released. */
-static void b_applied(att_op *op)
-{
-    settle_b(op, false);
-    dqd_store_unreserve(op->srv->store, op->reserved);
-    op->reserved = 0;
-    dqd_store_gpu_unreserve(op->srv->store, op->gpu_reserved);
-    op->gpu_reserved = 0;
-    op->srv->metrics.attend_appends += op->nappend;
-    op->srv->metrics.tokens_put += op->nappend;
-}
-
-static void append_done(void *ctx)
-{
-    att_op *op = ctx;
-    int first = 0;
-    size_t bad = 0, applied = 0;
-    for (size_t i = 0; i < op->n; i++) {
-        att_item *it = &op->items[i];
-        if (!it->append && !it->promote)
-            continue;
-        if (it->rc < 0 && !first) {
-            first = it->rc;
-            bad = i;
-        }
-        applied += it->txn.applied + it->gtxn.applied;
-    }
-    if (first) {
-        snprintf(op->msg, sizeof op->msg, "item %zu: %s failed: %s", bad,
-                 op->items[bad].promote && !op->items[bad].promoted ? "moving its layer to the GPU" : "append",
-                 dq_strerror(first));
-        if (applied) {
-            op->fail_rc = first;
-            op->srv->metrics.rollbacks += applied;
-            for (size_t k = 0; k < op->nappend; k++)
-                op->items[op->append_idx[k]].rc = 0;
-            size_t ntasks = op->nchunks + op->gpu_b;
-            if (dqd_tasks_run(op->srv, ntasks, rollback_task, rollback_done, op) == 0)
-                return;
-            for (size_t c = 0; c < ntasks; c++)
-                rollback_task(op, c);
-            rollback_done(op);
-            return;
-        }
-        settle_b(op, false);
-        att_fail(op, first, "%s", op->msg);
-        return;
-    }
-    b_applied(op);
-    start_attend(op);
-}
-
-/* Fused: B and C in one task on the worker's stream. */
-static void fused_task(void *ctx, size_t c)
-{
-    (void)c;
-    att_op *op = ctx;
-    op->t_ns[ATT_T_B0] = dqd_now_ns();
-    append_gpu(op);
-    op->t_ns[ATT_T_B1] = op->t_ns[ATT_T_C0] = dqd_now_ns();
-    for (size_t i = 0; i < op->n; i++)
-        if (op->items[i].rc < 0)
-            return;
-    op->c_ran = true;
-    attend_gpu(op);
-    op->t_ns[ATT_T_C1] = dqd_now_ns();
-}
-
-static void fused_done(void *ctx)
-{
-    att_op *op = ctx;
-    if (!op->c_ran) {
-        append_done(op); /* a failed append: rolled back as in the two-task path */
-        return;
-    }
-    b_applied(op);
-    attend_done(op);
-}
-
-static void moves_done(void *ctx, int rc)
-{
-    att_op *op = ctx;
-    if (rc < 0) {
-        att_fail(op, rc, "cannot move sequences out of GPU memory: %s", dq_strerror(rc));
-        return;
-    }
-    op->nchunks = op->ncpu_append ? dqd_tasks_split(op->srv, op->nappend) : 0;
-    /* Every item on the GPU: the attention follows the appends on the same stream, in one task,
-     * without a synchronization and a trip through the loop in between. */
-    op->fused = op->gpu_b && !op->ncpu_append;
-    for (size_t i = 0; i < op->n && op->fused; i++)
-        op->fused = op->items[i].gpu;
-    if (op->fused && op->srv->lane)
-        rc = dqd_lane_run(op->srv->lane, fused_task, fused_done, op);
-    else if (op->fused)
-        rc = dqd_tasks_run(op->srv, 1, fused_task, fused_done, op);
-    else
-        rc = dqd_tasks_run(op->srv, op->nchunks + op->gpu_b, append_task, append_done, op);
-    if (rc < 0)
-        att_fail(op, DQ_NOMEM, "out of memory");
-}
-
-/* ---- placement on the cuda backend ---- */
-
-/* Decides, per (sequence, layer) of the batch, whether its items run on the GPU (see the top of this
- * file), reserves the GPU room and marks the moves. Returns 0 or DQ_NOMEM. */
-static int att_place_gpu(att_op *op)
-{
-    dqd_store *store = op->srv->store;
-    dqd_gpu *gpu = op->srv->gpu;
-    layer_key *keys = malloc(op->n * sizeof *keys);
-    bool *cand = calloc(op->n, sizeof *cand);
-    if (!keys || !cand) {
-        free(keys);
-        free(cand);
-        return DQ_NOMEM;
-    }
-    for (size_t i = 0; i < op->n; i++)
-        keys[i] = (layer_key){(uintptr_t)op->items[i].seq, op->items[i].layer, i};
-    qsort(keys, op->n, sizeof *keys, cmp_layer_key);
-
-    int rc = DQ_OK;
-    uint64_t all = 0, resident = 0;
-    size_t ncand = 0;
-    for (size_t g0 = 0, g1; g0 < op->n; g0 = g1) {
-        bool app = false;
-        for (g1 = g0; g1 < op->n && same_layer(&keys[g1], &keys[g0]); g1++)
-            app |= op->items[keys[g1].item].append;
-        att_item *it = &op->items[keys[g0].item];
-        dqd_seq *seq = it->seq;
-        if (!dqd_gpu_model_ok(gpu, seq->model))
-            continue;
-        const dqd_glayer *gl = dqd_seq_glayer(seq, it->layer);
-        const dq_layer *hl = seq->layers[it->layer];
-        /* A layer moved to the host while this request waited is held for reading only: it stays. */
-        bool writable = dqd_access_mode(&op->as, seq) == DQD_ACCESS_WRITE;
-        if (gl) {
-            for (size_t k = g0; k < g1; k++)
-                op->items[keys[k].item].gpu = true;
-            if (app)
-                resident += dqd_gpu_need(it->codec, NULL, gl, 1);
-        } else if ((hl || app) && writable) {
-            if (dqd_store_gpu_slots(store, seq) < 0) {
-                rc = DQ_NOMEM;
-                goto out;
-            }
-            cand[keys[g0].item] = true;
-            ncand++;
-            all += dqd_gpu_need(it->codec, hl, NULL, app ? 1 : 0);
-        }
-    }
-    all += resident;
-    if (ncand && dqd_store_gpu_reserve(store, all, &op->mv) == DQ_OK) {
-        op->gpu_reserved = all;
-        for (size_t g0 = 0, g1; g0 < op->n; g0 = g1) {
-            for (g1 = g0; g1 < op->n && same_layer(&keys[g1], &keys[g0]); g1++)
-                ;
-            att_item *it = &op->items[keys[g0].item];
-            if (!cand[keys[g0].item])
-                continue;
-            it->promote = it->seq->layers[it->layer] != NULL;
-            for (size_t k = g0; k < g1; k++)
-                op->items[keys[k].item].gpu = true;
-        }
-    } else if (resident && dqd_store_gpu_reserve(store, resident, &op->mv) == DQ_OK) {
-        op->gpu_reserved = resident;
-    } else if (resident) {
-        /* no room for the resident layers' appends: those layers go to the host */
-        for (size_t g0 = 0, g1; g0 < op->n; g0 = g1) {
-            bool app = false;
-            for (g1 = g0; g1 < op->n && same_layer(&keys[g1], &keys[g0]); g1++)
-                app |= op->items[keys[g1].item].append;
-            att_item *it = &op->items[keys[g0].item];
-            if (!app || !dqd_seq_glayer(it->seq, it->layer))
-                continue;
-            for (size_t k = g0; k < g1; k++) {
-                att_item *x = &op->items[keys[k].item];
-                x->gpu = false;
-                x->spill = x->append;
-            }
-        }
-    }
-    op->gpu_b = false;
-    for (size_t i = 0; i < op->n; i++)
-        op->gpu_b |= op->items[i].promote || (op->items[i].gpu && op->items[i].append);
-out:
-    free(keys);
-    free(cand);
-    return rc;
-}
-
-/* ---- phase A: inputs ---- */
-
-/* The appended token, checked finite; on the cuda backend checked as dq_layer_append would check
- * it (dq_check_tokens), which spares the GPU append its check kernel and round trip. */
-static int check_append(const att_op *op, att_item *it)
-{
-    const void *kd, *vd;
-    void *kt = NULL, *vt = NULL;
-    const dq_dtype dt = dqd_tensor_dtype(&it->ak);
-    int rc = dqd_tensor_aligned(&it->ak, &kd, &kt);
-    if (rc == 0)
-        rc = dqd_tensor_aligned(&it->av, &vd, &vt);
-    if (rc == 0)
-        rc = dq_check_finite(kd, dt, (size_t)it->ak.count);
-    if (rc == 0)
-        rc = dq_check_finite(vd, dt, (size_t)it->av.count);
-    if (rc == 0 && op->srv->gpu) {
-        const size_t ntok = (size_t)it->ak.count / it->codec->n;
-        dq_workspace *ws = dqd_codec_ws_take(it->codec);
-        rc = ws ? dq_check_tokens(ws, kd, dt, ntok) : DQ_NOMEM;
-        if (rc == 0)
-            rc = dq_check_tokens(ws, vd, dt, ntok);
-        dqd_codec_ws_give(it->codec, ws);
-        it->checked = rc == 0;
-    }
-    free(kt);
-    free(vt);
-    return rc;
-}
-
-static void input_task(void *ctx, size_t c)
-{
-    att_op *op = ctx;
-    size_t lo, hi;
-    chunk_range(op->n, op->nchunks, c, &lo, &hi);
-    for (size_t i = lo; i < hi; i++) {
-        att_item *it = &op->items[i];
-        float *q = op->qf + i * qsize(op);
-        it->rc = dqd_tensor_to_f32(&it->q, q);
-        if (it->rc == 0)
-            it->rc = dq_check_finite(q, DQ_DTYPE_F32, qsize(op));
-        if (it->rc == 0 && it->append)
-            it->rc = check_append(op, it);
-    }
-}
-
-static void input_done(void *ctx)
-{
-    att_op *op = ctx;
-    op->t_ns[ATT_T_INPUT] = dqd_now_ns();
-    for (size_t i = 0; i < op->n; i++) {
-        if (op->items[i].rc < 0) {
-            att_fail(op, op->items[i].rc, "item %zu: %s", i,
-                     op->items[i].rc == DQ_NONFINITE ? "q or the appended k/v holds NaN or infinity"
-                                                     : dq_strerror(op->items[i].rc));
-            return;
-        }
-    }
-    if (op->srv->gpu && att_place_gpu(op) < 0) {
-        att_fail(op, DQ_NOMEM, "out of memory");
-        return;
-    }
-    op->ncpu_append = 0;
-    uint64_t need = 0;
-    for (size_t k = 0; k < op->nappend; k++) {
-        att_item *it = &op->items[op->append_idx[k]];
-        if (it->gpu)
-            continue;
-        op->ncpu_append++;
-        if (it->spill)
-            need += dqd_store_spill_need(it->codec, dqd_seq_glayer(it->seq, it->layer), 1);
-        else
-            need += dqd_store_append_need(it->codec, it->seq->layers[it->layer], 1);
-    }
-    if (!op->ncpu_append && !op->gpu_b) {
-        start_attend(op);
-        return;
-    }
-    int rc = dqd_store_reserve(op->srv->store, need, NULL);
-    if (rc < 0) {
-        att_fail(op, rc, "appending needs about %llu bytes and nothing evictable frees enough",
-                 (unsigned long long)need);
-        return;
-    }
-    op->reserved = need;
-    dqd_gpu_moves_run(op->srv, &op->mv, moves_done, op);
-}
-
-static void att_ready(dqd_access_set *as)
-{
-    att_op *op = as->ctx;
-    dqd_server *srv = op->srv;
-    op->t_ns[ATT_T_ACCESS] = dqd_now_ns();
-    const Dquant__Attend *a = op->a;
-    for (size_t i = 0; i < op->n; i++) {
-        att_item *it = &op->items[i];
-        const Dquant__AttendItem *src = a->items[i];
-        if (!dqd_seq_alive(it->seq)) {
-            att_fail(op, DQ_NOT_FOUND, "item %zu: no such sequence", i);
-            return;
-        }
-        const dqd_model *m = it->seq->model;
-        dqd_model_info info;
-        dqd_model_info_of(m, &info);
-        char msg[200];
-        dqd_payload pl;
-        dqd_req_payload(op->req, &pl);
-        int rc = dqd_validate_attend_item(src, &pl, &info, &it->q, &it->ak, &it->av, msg, sizeof msg);
-        if (rc < 0) {
-            att_fail(op, rc, "item %zu: %s", i, msg);
-            return;
-        }
-        if (i == 0) {
-            op->q_heads = m->q_heads;
-            op->head_dim = m->head_dim;
-        } else if (m->q_heads != op->q_heads || m->head_dim != op->head_dim) {
-            att_fail(op, DQ_SHAPE, "item %zu: q_heads/head_dim differ from item 0's; batch items of one shape", i);
-            return;
-        }
-        it->codec = m->codec;
-        it->layer = src->layer;
-    }
-    op->scale = a->scale > 0 ? a->scale : 1.0f / sqrtf((float)op->head_dim);
-
-    /* Two appends to one layer in one batch would make the result depend on item order. */
-    if (op->nappend > 1) {
-        layer_key *keys = malloc(op->nappend * sizeof *keys);
-        if (!keys) {
-            att_fail(op, DQ_NOMEM, "out of memory");
-            return;
-        }
-        for (size_t k = 0; k < op->nappend; k++) {
-            const att_item *it = &op->items[op->append_idx[k]];
-            keys[k] = (layer_key){(uintptr_t)it->seq, it->layer, op->append_idx[k]};
-        }
-        qsort(keys, op->nappend, sizeof *keys, cmp_layer_key);
-        for (size_t x = 1; x < op->nappend; x++) {
-            if (same_layer(&keys[x], &keys[x - 1])) {
-                uint32_t layer = keys[x].layer;
-                free(keys);
-                att_fail(op, DQ_INVALID_ARGUMENT, "two items append to the same sequence layer %u", layer);
-                return;
-            }
-        }
-        free(keys);
-    }
-
-    size_t qbytes = op->n * qsize(op) * sizeof(float);
-    op->out_len = qbytes + op->n * op->q_heads * sizeof(float);
-    if (op->out_len > srv->cfg->max_payload) {
-        att_fail(op, DQ_TOO_LARGE, "the reply would exceed max_payload; split the batch");
-        return;
-    }
-    op->qf = malloc(qbytes);
-    op->out = dqd_out_alloc(op->out_len);
-    if (!op->qf || !op->out) {
-        att_fail(op, DQ_NOMEM, "out of memory");
-        return;
-    }
-    /* A small request (a decode step's queries, a token or two appended) is converted and checked
-     * right here: a thread-pool round trip costs more than the work (tens of microseconds). */
-    if (op->req->payload_len <= ATT_INLINE_INPUT) {
-        op->nchunks = 1;
-        input_task(op, 0);
-        input_done(op);
-        return;
-    }
-    op->nchunks = dqd_tasks_split(srv, op->n);
-    if (dqd_tasks_run(srv, op->nchunks, input_task, input_done, op) < 0)
-        att_fail(op, DQ_NOMEM, "out of memory");
-}
-
-void dqd_op_attend(dqd_req *req)
-{
-    const Dquant__Attend *a = req->msg->attend;
-    att_op *op = calloc(1, sizeof *op);
-    if (!op) {
-        dqd_req_fail(req, DQ_NOMEM, "out of memory");
-        return;
-    }
-    op->req = req;
-    op->srv = req->srv;
-    op->a = a;
-    op->n = a->n_items;
-    op->items = calloc(op->n, sizeof *op->items);
-    op->append_idx = malloc(op->n * sizeof *op->append_idx);
-    if (!op->items || !op->append_idx || dqd_access_init(&op->as, op->n) < 0) {
-        free(op->items);
-        free(op->append_idx);
-        free(op);
-        dqd_req_fail(req, DQ_NOMEM, "out of memory");
-        return;
-    }
-    for (size_t i = 0; i < op->n; i++) {
-        const Dquant__AttendItem *src = a->items[i];
-        dqd_seq *seq = dqd_ops_lookup(req, src->seq);
-        if (!seq) {
-            att_fail(op, DQ_NOT_FOUND, "item %zu: no such sequence", i);
-            return;
-        }
-        att_item *it = &op->items[i];
-        it->seq = seq;
-        it->append = src->append_k != NULL;
-        if (it->append)
-            op->append_idx[op->nappend++] = i;
-        /* Moving a host layer to the GPU changes the sequence: that needs exclusive access too.
-         * (Its slots may be changing right now; host_layers is the loop's own count.) */
-        bool move = req->srv->gpu && seq->host_layers && dqd_gpu_model_ok(req->srv->gpu, seq->model);
-        dqd_access_add(&op->as, seq, it->append || move ? DQD_ACCESS_WRITE : DQD_ACCESS_READ);
-    }
-    dqd_access_start(&op->as, att_ready, op);
 }

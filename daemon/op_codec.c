@@ -7,17 +7,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ctx.h"
 #include "dquant/codec.h"
 #include "dquant/error.h"
 #include "logging.h"
 #include "ops_internal.h"
-#include "server.h"
 #include "tensor.h"
 #include "work.h"
 
 typedef struct codec_op {
     dqd_req *req;
-    dqd_server *srv;
+    dqd_ctx *ctx;
     dqd_codec *codec;
     dq_kind kind;
     uint64_t tokens, blocks;
@@ -33,7 +33,7 @@ typedef struct codec_op {
 
 static void codec_op_free(codec_op *op)
 {
-    dqd_registry_codec_release(op->srv->reg, op->codec);
+    dqd_registry_codec_release(op->ctx->reg, op->codec);
     free(op->out);
     free(op->rc);
     free(op->stats);
@@ -50,19 +50,19 @@ static void codec_op_fail(codec_op *op, int code, const char *msg)
 static codec_op *codec_op_new(dqd_req *req, const dq_profile *p, dq_kind kind)
 {
     dqd_codec *codec;
-    int rc = dqd_registry_codec(req->srv->reg, p, &codec);
+    int rc = dqd_registry_codec(req->ctx->reg, p, &codec);
     if (rc < 0) {
         dqd_req_fail(req, rc, "cannot create the codec: %s", dq_strerror(rc));
         return NULL;
     }
     codec_op *op = calloc(1, sizeof *op);
     if (!op) {
-        dqd_registry_codec_release(req->srv->reg, codec);
+        dqd_registry_codec_release(req->ctx->reg, codec);
         dqd_req_fail(req, DQ_NOMEM, "out of memory");
         return NULL;
     }
     op->req = req;
-    op->srv = req->srv;
+    op->ctx = req->ctx;
     op->codec = codec;
     op->kind = kind;
     return op;
@@ -85,9 +85,9 @@ static void block_range(const codec_op *op, size_t c, uint64_t *lo, uint64_t *hi
 
 /* ---- COMPRESS ---- */
 
-static void compress_task(void *ctx, size_t c)
+static void compress_task(void *arg, size_t c)
 {
-    codec_op *op = ctx;
+    codec_op *op = arg;
     const dq_profile *p = &op->codec->profile;
     size_t n = op->codec->n, esize = dqd_dtype_size(op->x.dtype), rb = op->codec->record_bytes[op->kind];
     uint64_t lo, hi;
@@ -117,9 +117,9 @@ static void compress_task(void *ctx, size_t c)
     dqd_codec_ws_give(op->codec, ws);
 }
 
-static void compress_done(void *ctx)
+static void compress_done(void *arg)
 {
-    codec_op *op = ctx;
+    codec_op *op = arg;
     dq_encode_stats total = {0};
     for (size_t c = 0; c < op->nchunks; c++) {
         if (op->rc[c] < 0) {
@@ -144,9 +144,9 @@ static void compress_done(void *ctx)
     r.records = &tr;
     r.bits_per_value = (double)op->out_len * 8.0 / ((double)op->tokens * op->codec->n);
     r.retries = total.retries;
-    op->srv->metrics.compress_tokens += op->tokens;
-    op->srv->metrics.streams_encoded += total.streams;
-    op->srv->metrics.encode_retries += total.retries;
+    op->ctx->metrics.compress_tokens += op->tokens;
+    op->ctx->metrics.streams_encoded += total.streams;
+    op->ctx->metrics.encode_retries += total.retries;
     Dquant__Response resp = DQUANT__RESPONSE__INIT;
     resp.body_case = DQUANT__RESPONSE__BODY_COMPRESS;
     resp.compress = &r;
@@ -155,13 +155,13 @@ static void compress_done(void *ctx)
 
 void dqd_op_compress(dqd_req *req)
 {
-    dqd_server *srv = req->srv;
+    dqd_ctx *ctx = req->ctx;
     const Dquant__Compress *c = req->msg->compress;
     const dq_profile *prof;
     dq_profile builtin;
     int rc;
     if (c->model && *c->model) {
-        dqd_model *m = dqd_registry_find(srv->reg, c->model);
+        dqd_model *m = dqd_registry_find(ctx->reg, c->model);
         if (!m) {
             dqd_req_fail(req, DQ_NOT_FOUND, "no model named '%s'", c->model);
             return;
@@ -196,24 +196,24 @@ void dqd_op_compress(dqd_req *req)
     op->blocks = op->tokens / W + (op->tokens % W != 0);
     op->means_len = op->kind == DQ_KIND_K ? (size_t)(op->blocks * codec->mean_bytes) : 0;
     uint64_t rb = codec->record_bytes[op->kind];
-    if (op->means_len > srv->cfg->max_payload || op->tokens > (srv->cfg->max_payload - op->means_len) / rb) {
+    if (op->means_len > ctx->cfg->max_payload || op->tokens > (ctx->cfg->max_payload - op->means_len) / rb) {
         codec_op_fail(op, DQ_TOO_LARGE, "the reply would exceed max_payload; compress fewer tokens");
         return;
     }
     op->out_len = op->means_len + (size_t)(op->tokens * rb);
-    op->nchunks = dqd_tasks_split(srv, (size_t)op->blocks);
+    op->nchunks = dqd_tasks_split(ctx, (size_t)op->blocks);
     op->out = dqd_out_alloc(op->out_len);
     op->rc = calloc(op->nchunks, sizeof *op->rc);
     op->stats = calloc(op->nchunks, sizeof *op->stats);
-    if (!op->out || !op->rc || !op->stats || dqd_tasks_run(srv, op->nchunks, compress_task, compress_done, op) < 0)
+    if (!op->out || !op->rc || !op->stats || dqd_tasks_run(ctx, op->nchunks, compress_task, compress_done, op) < 0)
         codec_op_fail(op, DQ_NOMEM, "out of memory");
 }
 
 /* ---- DECOMPRESS ---- */
 
-static void decompress_task(void *ctx, size_t c)
+static void decompress_task(void *arg, size_t c)
 {
-    codec_op *op = ctx;
+    codec_op *op = arg;
     const dq_profile *p = &op->codec->profile;
     size_t n = op->codec->n, esize = dq_dtype_size(op->out_dtype), rb = op->codec->record_bytes[op->kind];
     uint64_t lo, hi;
@@ -235,9 +235,9 @@ static void decompress_task(void *ctx, size_t c)
     dqd_codec_ws_give(op->codec, ws);
 }
 
-static void decompress_done(void *ctx)
+static void decompress_done(void *arg)
 {
-    codec_op *op = ctx;
+    codec_op *op = arg;
     for (size_t c = 0; c < op->nchunks; c++) {
         if (op->rc[c] < 0) {
             codec_op_fail(op, op->rc[c],
@@ -251,7 +251,7 @@ static void decompress_done(void *ctx)
     const uint64_t shape[3] = {op->tokens, op->codec->profile.kv_heads, op->codec->profile.head_dim};
     dqd_reply_tensor(&tx, sx, (Dquant__DType)op->out_dtype, shape, 3, 0, op->out_len);
     r.x = &tx;
-    op->srv->metrics.decompress_tokens += op->tokens;
+    op->ctx->metrics.decompress_tokens += op->tokens;
     Dquant__Response resp = DQUANT__RESPONSE__INIT;
     resp.body_case = DQUANT__RESPONSE__BODY_DECOMPRESS;
     resp.decompress = &r;
@@ -260,7 +260,7 @@ static void decompress_done(void *ctx)
 
 void dqd_op_decompress(dqd_req *req)
 {
-    dqd_server *srv = req->srv;
+    dqd_ctx *ctx = req->ctx;
     const Dquant__Decompress *d = req->msg->decompress;
     dq_profile p;
     int rc = dq_profile_deserialize(d->profile.data, d->profile.len, &p);
@@ -286,16 +286,16 @@ void dqd_op_decompress(dqd_req *req)
         return;
     }
     uint64_t per = (uint64_t)codec->n * dq_dtype_size(op->out_dtype);
-    if (op->tokens > srv->cfg->max_payload / per) {
+    if (op->tokens > ctx->cfg->max_payload / per) {
         codec_op_fail(op, DQ_TOO_LARGE, "the reply would exceed max_payload; decompress fewer tokens");
         return;
     }
     uint32_t W = codec->profile.window;
     op->blocks = op->tokens / W + (op->tokens % W != 0);
     op->out_len = (size_t)(op->tokens * per);
-    op->nchunks = dqd_tasks_split(srv, (size_t)op->blocks);
+    op->nchunks = dqd_tasks_split(ctx, (size_t)op->blocks);
     op->out = dqd_out_alloc(op->out_len);
     op->rc = calloc(op->nchunks, sizeof *op->rc);
-    if (!op->out || !op->rc || dqd_tasks_run(srv, op->nchunks, decompress_task, decompress_done, op) < 0)
+    if (!op->out || !op->rc || dqd_tasks_run(ctx, op->nchunks, decompress_task, decompress_done, op) < 0)
         codec_op_fail(op, DQ_NOMEM, "out of memory");
 }

@@ -1,21 +1,39 @@
 /* dquantd GET: a token range of a layer range, decoded to f16/bf16/f32 on the workers (one task
  * per layer and kind), or GET_RAW: the profile plus each layer's window records and BF16 tail.
- * A layer in GPU memory (cuda backend) is decoded there (dqcu_decompress) or its records copied
- * out; GET never moves layers between tiers. */
+ * Each layer is read in the tier it is in (tier.h); GET never moves layers between tiers.
+ *
+ * The operation is a state machine (get_state, get_step), its states in the order they run:
+ * ACCESS (read access on the sequence) → VALIDATE (the sequence is alive, the layer range valid)
+ * → typed: RANGE (token range, reply size) → ALLOC_DEVICE (an NCCL reply: device memory, on a
+ * worker) → DECODE (the decode tasks) → REPLY; raw: RAW_SIZE (offsets) → RAW_COPY (the copy
+ * tasks) → REPLY. A state that waits (access, tasks) returns; its callback moves on. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "access.h"
+#include "ctx.h"
 #include "dquant/error.h"
-#include "gpu.h"
 #include "logging.h"
 #include "ops_internal.h"
-#include "server.h"
+#include "tier.h"
 #include "work.h"
+
+typedef enum get_state {
+    GET_ACCESS,
+    GET_VALIDATE,
+    GET_RANGE,
+    GET_ALLOC_DEVICE,
+    GET_DECODE,
+    GET_RAW_SIZE,
+    GET_RAW_COPY,
+    GET_REPLY,
+} get_state;
 
 typedef struct get_op {
     dqd_req *req;
-    dqd_server *srv;
+    dqd_ctx *ctx;
+    get_state state;
+    bool raw;          /* GET_RAW */
     const Dquant__Get *get;
     dqd_access_set as;
     dqd_seq *seq;
@@ -35,8 +53,7 @@ typedef struct get_op {
 static void get_free(get_op *op)
 {
     dqd_access_end(&op->as);
-    if (op->dout)
-        dqd_gpu_free_transient(op->srv->gpu, op->dout);
+    dqd_tier_free_device(op->ctx, op->dout);
     free(op->out);
     free(op->raw_off);
     free(op->rc);
@@ -49,57 +66,19 @@ static void get_fail(get_op *op, int code, const char *msg)
     get_free(op);
 }
 
-/* ---- typed ---- */
-
-static void decode_task(void *ctx, size_t i)
+/* The first failed task's code, or 0. */
+static int first_error(const get_op *op, size_t n)
 {
-    get_op *op = ctx;
-    size_t layer = i / 2;
-    dq_kind kind = (i & 1) ? DQ_KIND_V : DQ_KIND_K;
-    size_t per_layer = (size_t)op->tokens * op->codec->n * op->esize;
-    size_t off = (kind == DQ_KIND_V ? op->out_len / 2 : 0) + layer * per_layer;
-    const dqd_glayer *g = dqd_seq_glayer(op->seq, op->first + (uint32_t)layer);
-    if (op->dout) {
-        /* NCCL reply: decoded into device memory, from GPU layers directly, host layers via a copy. */
-        if (g) {
-            op->rc[i] = dqd_gpu_decode_dev(op->srv->gpu, op->codec, g, kind, (size_t)op->start, (size_t)op->tokens,
-                                           op->dout + off, op->dtype);
-            return;
-        }
-        uint8_t *tmp = malloc(per_layer ? per_layer : 1);
-        dq_workspace *ws = dqd_codec_ws_take(op->codec);
-        int rc = tmp && ws ? DQ_OK : DQ_NOMEM;
-        if (rc == DQ_OK)
-            rc = dq_layer_decode(op->seq->layers[op->first + layer], ws, kind, (size_t)op->start, (size_t)op->tokens,
-                                 tmp, op->dtype);
-        if (ws)
-            dqd_codec_ws_give(op->codec, ws);
-        if (rc == DQ_OK)
-            rc = dqd_gpu_h2d(op->srv->gpu, op->dout + off, tmp, per_layer);
-        free(tmp);
-        op->rc[i] = rc;
-        return;
-    }
-    uint8_t *dst = op->out + off;
-    if (g) {
-        op->rc[i] = dqd_gpu_decode(op->srv->gpu, op->codec, g, kind, (size_t)op->start, (size_t)op->tokens, dst,
-                                   op->dtype);
-        return;
-    }
-    dq_workspace *ws = dqd_codec_ws_take(op->codec);
-    if (!ws) {
-        op->rc[i] = DQ_NOMEM;
-        return;
-    }
-    op->rc[i] = dq_layer_decode(op->seq->layers[op->first + layer], ws, kind, (size_t)op->start,
-                                (size_t)op->tokens, dst, op->dtype);
-    dqd_codec_ws_give(op->codec, ws);
+    for (size_t i = 0; op->rc && i < n; i++)
+        if (op->rc[i] < 0)
+            return op->rc[i];
+    return 0;
 }
 
-/* Replies with r and op->out as the payload; the caller frees op. */
+/* Replies with r and op->out (or op->dout) as the payload; the caller frees op. */
 static void get_reply(get_op *op, Dquant__GetReply *r)
 {
-    dqd_store_touch(op->srv->store, op->seq);
+    dqd_store_touch(op->ctx->store, op->seq);
     Dquant__Response resp = DQUANT__RESPONSE__INIT;
     resp.body_case = DQUANT__RESPONSE__BODY_GET;
     resp.get = r;
@@ -112,6 +91,259 @@ static void get_reply(get_op *op, Dquant__GetReply *r)
     uint8_t *out = op->out;
     op->out = NULL;
     dqd_req_reply(op->req, &resp, out, op->out_len);
+}
+
+/* The states' work, defined below in the order the states run. */
+static void access_ready(dqd_access_set *as);
+static int get_validate(get_op *op);
+static int get_range(get_op *op);
+static void alloc_task(void *arg, size_t i);
+static void alloc_done(void *arg);
+static void decode_task(void *arg, size_t i);
+static void decode_done(void *arg);
+static int get_raw_size(get_op *op);
+static void copy_task(void *arg, size_t i);
+static void copy_done(void *arg);
+static void reply_typed(get_op *op);
+static void reply_raw(get_op *op);
+
+/* Runs the operation from op->state until it waits (access, tasks) or has finished. */
+static void get_step(get_op *op)
+{
+    dqd_ctx *ctx = op->ctx;
+    for (;;) {
+        switch (op->state) {
+        case GET_ACCESS:
+            dqd_access_start(&op->as, access_ready, op);
+            return;
+        case GET_VALIDATE:
+            if (get_validate(op) < 0)
+                return;
+            op->state = op->raw ? GET_RAW_SIZE : GET_RANGE;
+            break;
+        case GET_RANGE:
+            if (get_range(op) < 0)
+                return;
+            op->state = !op->out_len ? GET_REPLY : op->req->msg->nccl_reply ? GET_ALLOC_DEVICE : GET_DECODE;
+            break;
+        case GET_ALLOC_DEVICE:
+            if (dqd_tasks_run(ctx, 1, alloc_task, alloc_done, op) < 0)
+                get_fail(op, DQ_NOMEM, "out of memory");
+            return;
+        case GET_DECODE:
+            if (!op->dout)
+                op->out = dqd_out_alloc(op->out_len);
+            if ((!op->dout && !op->out) ||
+                dqd_tasks_run(ctx, (size_t)op->num * 2, decode_task, decode_done, op) < 0)
+                get_fail(op, DQ_NOMEM, "out of memory");
+            return;
+        case GET_RAW_SIZE:
+            if (get_raw_size(op) < 0)
+                return;
+            op->state = op->out_len ? GET_RAW_COPY : GET_REPLY;
+            break;
+        case GET_RAW_COPY:
+            op->out = dqd_out_alloc(op->out_len);
+            op->rc = calloc(op->num, sizeof *op->rc);
+            if (!op->out || !op->rc || dqd_tasks_run(ctx, op->num, copy_task, copy_done, op) < 0)
+                get_fail(op, DQ_NOMEM, "out of memory");
+            return;
+        case GET_REPLY:
+            if (op->raw)
+                reply_raw(op);
+            else
+                reply_typed(op);
+            return;
+        }
+    }
+}
+
+void dqd_op_get(dqd_req *req)
+{
+    dqd_seq *seq = dqd_ops_lookup(req, req->msg->get->seq);
+    if (!seq) {
+        dqd_req_fail(req, DQ_NOT_FOUND, "no such sequence");
+        return;
+    }
+    get_op *op = calloc(1, sizeof *op);
+    if (!op || dqd_access_init(&op->as, 1) < 0) {
+        free(op);
+        dqd_seq_unref(seq);
+        dqd_req_fail(req, DQ_NOMEM, "out of memory");
+        return;
+    }
+    op->req = req;
+    op->ctx = req->ctx;
+    op->get = req->msg->get;
+    op->state = GET_ACCESS;
+    dqd_access_add(&op->as, seq, DQD_ACCESS_READ);
+    get_step(op);
+}
+
+static void access_ready(dqd_access_set *as)
+{
+    get_op *op = as->arg;
+    op->seq = as->items[0].seq;
+    op->state = GET_VALIDATE;
+    get_step(op);
+}
+
+static int get_validate(get_op *op)
+{
+    if (!dqd_seq_alive(op->seq)) {
+        get_fail(op, DQ_NOT_FOUND, "no such sequence");
+        return -1;
+    }
+    op->codec = op->seq->model->codec;
+    dqd_model_info info;
+    dqd_model_info_of(op->seq->model, &info);
+    char msg[256];
+    int rc = dqd_validate_get(op->get, &info, &op->first, &op->num, msg, sizeof msg);
+    if (rc < 0) {
+        get_fail(op, rc, msg);
+        return -1;
+    }
+    op->raw = op->get->format == DQUANT__GET_FORMAT__GET_RAW;
+    return 0;
+}
+
+/* Typed: the token range (every layer must hold it; without a count, up to the shortest layer)
+ * and the reply's size. */
+static int get_range(get_op *op)
+{
+    const Dquant__Get *g = op->get;
+    static const dq_dtype fmt_dtype[3] = {DQ_DTYPE_F16, DQ_DTYPE_BF16, DQ_DTYPE_F32};
+    op->dtype = fmt_dtype[g->format];
+    op->esize = dq_dtype_size(op->dtype);
+
+    uint64_t end = UINT64_MAX;
+    for (uint32_t i = 0; i < op->num; i++) {
+        uint64_t have = dqd_seq_layer_tokens(op->seq, op->first + i);
+        if (g->tokens) {
+            if (g->start_token + g->tokens > have) {
+                char msg[160];
+                snprintf(msg, sizeof msg, "layer %u holds %llu tokens; asked for [%llu, %llu)", op->first + i,
+                         (unsigned long long)have, (unsigned long long)g->start_token,
+                         (unsigned long long)(g->start_token + g->tokens));
+                get_fail(op, DQ_OUT_OF_BOUNDS, msg);
+                return -1;
+            }
+        } else if (have < end) {
+            end = have;
+        }
+    }
+    if (g->tokens)
+        end = g->start_token + g->tokens;
+    if (g->start_token > end) {
+        get_fail(op, DQ_OUT_OF_BOUNDS, "start_token lies past the end of the requested layers");
+        return -1;
+    }
+    op->start = g->start_token;
+    op->tokens = end - g->start_token;
+
+    uint64_t per = op->codec->n * op->esize * 2;
+    if (op->tokens && (uint64_t)op->num * op->tokens > op->ctx->cfg->max_payload / per) {
+        get_fail(op, DQ_TOO_LARGE, "the reply would exceed max_payload; ask for fewer tokens or layers");
+        return -1;
+    }
+    op->out_len = (size_t)(op->num * op->tokens * per);
+    if (op->out_len) {
+        op->rc = calloc((size_t)op->num * 2, sizeof *op->rc);
+        if (!op->rc) {
+            get_fail(op, DQ_NOMEM, "out of memory");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* NCCL reply: the device buffer the decodes write (on a worker: the allocation is stream-ordered). */
+static void alloc_task(void *arg, size_t i)
+{
+    get_op *op = arg;
+    (void)i;
+    void *p = NULL;
+    op->alloc_rc = dqd_tier_alloc_device(op->ctx, op->out_len, &p);
+    op->dout = p;
+}
+
+static void alloc_done(void *arg)
+{
+    get_op *op = arg;
+    if (op->alloc_rc < 0) {
+        get_fail(op, op->alloc_rc, "cannot allocate the reply in GPU memory");
+        return;
+    }
+    op->state = GET_DECODE;
+    get_step(op);
+}
+
+static void decode_task(void *arg, size_t i)
+{
+    get_op *op = arg;
+    size_t layer = i / 2;
+    dq_kind kind = (i & 1) ? DQ_KIND_V : DQ_KIND_K;
+    size_t per_layer = (size_t)op->tokens * op->codec->n * op->esize;
+    size_t off = (kind == DQ_KIND_V ? op->out_len / 2 : 0) + layer * per_layer;
+    uint32_t l = op->first + (uint32_t)layer;
+    if (op->dout)
+        op->rc[i] = dqd_tier_decode_dev(op->ctx, op->seq, l, kind, (size_t)op->start, (size_t)op->tokens,
+                                        op->dout + off, op->dtype);
+    else
+        op->rc[i] = dqd_tier_decode(op->ctx, op->seq, l, kind, (size_t)op->start, (size_t)op->tokens,
+                                    op->out + off, op->dtype);
+}
+
+static void decode_done(void *arg)
+{
+    get_op *op = arg;
+    int rc = first_error(op, (size_t)op->num * 2);
+    if (rc < 0) {
+        get_fail(op, rc, dq_strerror(rc));
+        return;
+    }
+    op->state = GET_REPLY;
+    get_step(op);
+}
+
+/* Raw: each layer's offset in the reply (records, tail K, tail V). */
+static int get_raw_size(get_op *op)
+{
+    op->raw_off = calloc(op->num, sizeof *op->raw_off);
+    if (!op->raw_off) {
+        get_fail(op, DQ_NOMEM, "out of memory");
+        return -1;
+    }
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < op->num; i++) {
+        op->raw_off[i] = (size_t)total;
+        total += dqd_seq_layer_windows(op->seq, op->first + i) * op->codec->window_bytes +
+                 dqd_seq_layer_tail(op->seq, op->first + i) * op->codec->n * 4u;
+        if (total > op->ctx->cfg->max_payload) {
+            get_fail(op, DQ_TOO_LARGE, "the raw reply would exceed max_payload; ask for fewer layers");
+            return -1;
+        }
+    }
+    op->out_len = (size_t)total;
+    return 0;
+}
+
+static void copy_task(void *arg, size_t i)
+{
+    get_op *op = arg;
+    op->rc[i] = dqd_tier_copy_raw(op->ctx, op->seq, op->first + (uint32_t)i, op->out + op->raw_off[i]);
+}
+
+static void copy_done(void *arg)
+{
+    get_op *op = arg;
+    int rc = first_error(op, op->num);
+    if (rc < 0) {
+        get_fail(op, rc, dq_strerror(rc));
+        return;
+    }
+    op->state = GET_REPLY;
+    get_step(op);
 }
 
 static void reply_typed(get_op *op)
@@ -128,139 +360,15 @@ static void reply_typed(get_op *op)
     r.tokens = op->tokens;
     r.k = &tk;
     r.v = &tv;
-    op->srv->metrics.tokens_get += op->tokens * op->num;
+    op->ctx->metrics.tokens_get += op->tokens * op->num;
     get_reply(op, &r);
     get_free(op);
 }
 
-static void decode_done(void *ctx)
+static void reply_raw(get_op *op)
 {
-    get_op *op = ctx;
-    for (size_t i = 0; i < (size_t)op->num * 2; i++) {
-        if (op->rc[i] < 0) {
-            get_fail(op, op->rc[i], dq_strerror(op->rc[i]));
-            return;
-        }
-    }
-    reply_typed(op);
-}
-
-/* NCCL reply: the device buffer the decodes write (on a worker: the allocation is stream-ordered). */
-static void alloc_task(void *ctx, size_t i)
-{
-    get_op *op = ctx;
-    (void)i;
-    void *p = NULL;
-    op->alloc_rc = dqd_gpu_alloc_transient(op->srv->gpu, op->out_len, &p);
-    op->dout = p;
-}
-
-static void alloc_done(void *ctx)
-{
-    get_op *op = ctx;
-    if (op->alloc_rc < 0) {
-        get_fail(op, op->alloc_rc, "cannot allocate the reply in GPU memory");
-        return;
-    }
-    if (dqd_tasks_run(op->srv, (size_t)op->num * 2, decode_task, decode_done, op) < 0)
-        get_fail(op, DQ_NOMEM, "out of memory");
-}
-
-static void get_typed(get_op *op)
-{
-    dqd_server *srv = op->srv;
-    const Dquant__Get *g = op->get;
-    static const dq_dtype fmt_dtype[3] = {DQ_DTYPE_F16, DQ_DTYPE_BF16, DQ_DTYPE_F32};
-    op->dtype = fmt_dtype[g->format];
-    op->esize = dq_dtype_size(op->dtype);
-
-    uint64_t end = UINT64_MAX;
-    for (uint32_t i = 0; i < op->num; i++) {
-        uint64_t have = dqd_seq_layer_tokens(op->seq, op->first + i);
-        if (g->tokens) {
-            if (g->start_token + g->tokens > have) {
-                char msg[160];
-                snprintf(msg, sizeof msg, "layer %u holds %llu tokens; asked for [%llu, %llu)", op->first + i,
-                         (unsigned long long)have, (unsigned long long)g->start_token,
-                         (unsigned long long)(g->start_token + g->tokens));
-                get_fail(op, DQ_OUT_OF_BOUNDS, msg);
-                return;
-            }
-        } else if (have < end) {
-            end = have;
-        }
-    }
-    if (g->tokens)
-        end = g->start_token + g->tokens;
-    if (g->start_token > end) {
-        get_fail(op, DQ_OUT_OF_BOUNDS, "start_token lies past the end of the requested layers");
-        return;
-    }
-    op->start = g->start_token;
-    op->tokens = end - g->start_token;
-
-    uint64_t n = op->codec->n;
-    uint64_t per = n * op->esize * 2;
-    if (op->tokens && (uint64_t)op->num * op->tokens > srv->cfg->max_payload / per) {
-        get_fail(op, DQ_TOO_LARGE, "the reply would exceed max_payload; ask for fewer tokens or layers");
-        return;
-    }
-    op->out_len = (size_t)(op->num * op->tokens * per);
-    if (!op->out_len) {
-        reply_typed(op);
-        return;
-    }
-    op->rc = calloc((size_t)op->num * 2, sizeof *op->rc);
-    if (!op->rc) {
-        get_fail(op, DQ_NOMEM, "out of memory");
-        return;
-    }
-    if (op->req->msg->nccl_reply) {
-        if (dqd_tasks_run(srv, 1, alloc_task, alloc_done, op) < 0)
-            get_fail(op, DQ_NOMEM, "out of memory");
-        return;
-    }
-    op->out = dqd_out_alloc(op->out_len);
-    if (!op->out || dqd_tasks_run(srv, (size_t)op->num * 2, decode_task, decode_done, op) < 0)
-        get_fail(op, DQ_NOMEM, "out of memory");
-}
-
-/* ---- raw ---- */
-
-static void copy_task(void *ctx, size_t i)
-{
-    get_op *op = ctx;
-    const dqd_glayer *g = dqd_seq_glayer(op->seq, op->first + (uint32_t)i);
-    if (g) {
-        op->rc[i] = dqd_gpu_copy_raw(op->srv->gpu, op->codec, g, op->out + op->raw_off[i]);
-        return;
-    }
-    const dq_layer *l = op->seq->layers[op->first + i];
-    if (!l)
-        return;
-    size_t nwin = dq_layer_window_count(l), wb = op->codec->window_bytes;
-    uint8_t *dst = op->out + op->raw_off[i];
-    for (size_t w = 0; w < nwin; w++)
-        memcpy(dst + w * wb, dq_layer_window(l, w), wb);
-    dst += nwin * wb;
-    size_t tail = dq_layer_tail_tokens(l) * op->codec->n * sizeof(uint16_t);
-    if (tail) {
-        memcpy(dst, dq_layer_tail(l, DQ_KIND_K), tail);
-        memcpy(dst + tail, dq_layer_tail(l, DQ_KIND_V), tail);
-    }
-}
-
-static void copy_done(void *ctx)
-{
-    get_op *op = ctx;
     const dqd_model *m = op->seq->model;
     size_t n = op->num;
-    for (size_t i = 0; op->rc && i < n; i++) {
-        if (op->rc[i] < 0) {
-            get_fail(op, op->rc[i], dq_strerror(op->rc[i]));
-            return;
-        }
-    }
     Dquant__RawLayer *layers = calloc(n, sizeof *layers);
     Dquant__RawLayer **ptrs = calloc(n, sizeof *ptrs);
     Dquant__Tensor *t = calloc(n * 3, sizeof *t);
@@ -307,77 +415,4 @@ static void copy_done(void *ctx)
     free(t);
     free(shapes);
     get_free(op);
-}
-
-static void get_raw(get_op *op)
-{
-    dqd_server *srv = op->srv;
-    op->raw_off = calloc(op->num, sizeof *op->raw_off);
-    if (!op->raw_off) {
-        get_fail(op, DQ_NOMEM, "out of memory");
-        return;
-    }
-    uint64_t total = 0;
-    for (uint32_t i = 0; i < op->num; i++) {
-        op->raw_off[i] = (size_t)total;
-        total += dqd_seq_layer_windows(op->seq, op->first + i) * op->codec->window_bytes +
-                 dqd_seq_layer_tail(op->seq, op->first + i) * op->codec->n * 4u;
-        if (total > srv->cfg->max_payload) {
-            get_fail(op, DQ_TOO_LARGE, "the raw reply would exceed max_payload; ask for fewer layers");
-            return;
-        }
-    }
-    op->out_len = (size_t)total;
-    if (!total) {
-        copy_done(op);
-        return;
-    }
-    op->out = dqd_out_alloc(op->out_len);
-    op->rc = calloc(op->num, sizeof *op->rc);
-    if (!op->out || !op->rc || dqd_tasks_run(srv, op->num, copy_task, copy_done, op) < 0)
-        get_fail(op, DQ_NOMEM, "out of memory");
-}
-
-static void get_ready(dqd_access_set *as)
-{
-    get_op *op = as->ctx;
-    op->seq = as->items[0].seq;
-    if (!dqd_seq_alive(op->seq)) {
-        get_fail(op, DQ_NOT_FOUND, "no such sequence");
-        return;
-    }
-    op->codec = op->seq->model->codec;
-    dqd_model_info info;
-    dqd_model_info_of(op->seq->model, &info);
-    char msg[256];
-    int rc = dqd_validate_get(op->get, &info, &op->first, &op->num, msg, sizeof msg);
-    if (rc < 0) {
-        get_fail(op, rc, msg);
-        return;
-    }
-    if (op->get->format == DQUANT__GET_FORMAT__GET_RAW)
-        get_raw(op);
-    else
-        get_typed(op);
-}
-
-void dqd_op_get(dqd_req *req)
-{
-    dqd_seq *seq = dqd_ops_lookup(req, req->msg->get->seq);
-    if (!seq) {
-        dqd_req_fail(req, DQ_NOT_FOUND, "no such sequence");
-        return;
-    }
-    get_op *op = calloc(1, sizeof *op);
-    if (!op || dqd_access_init(&op->as, 1) < 0) {
-        free(op);
-        dqd_seq_unref(seq);
-        dqd_req_fail(req, DQ_NOMEM, "out of memory");
-        return;
-    }
-    op->req = req;
-    op->srv = req->srv;
-    op->get = req->msg->get;
-    dqd_access_add(&op->as, seq, DQD_ACCESS_READ);
-    dqd_access_start(&op->as, get_ready, op);
 }

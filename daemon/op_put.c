@@ -5,41 +5,57 @@
  * makes room, else RESOURCE_EXHAUSTED with nothing touched).
  * Worker, one task, only when needed: align the input, or bring K/V that came on NCCL (in GPU
  * memory) to the host when some layer takes the cpu path and check them there. Workers, one task
- * per layer: dqd_append_apply (or the GPU append), whose token checks see every value of the layer.
+ * per layer: dqd_tier_append_apply (the host or the GPU append), whose token checks see every value
+ * of the layer.
  * Loop: commit, or if any layer failed roll the others back on the workers; a sequence this PUT
  * created is removed again. NONFINITE wins over every other error, as if the whole input were
  * checked first: a layer that fails for another reason checks its own input for NaN/Inf (GPU
  * layers report it as raw_nonfinite), and a layer that succeeded held none.
  *
  * On the cuda backend (models the kernels take) the written layers go to the GPU: layers already
- * there are appended there, host layers move there first (dqd_gpu_promote), new ones are created
+ * there are appended there, host layers move there first (promoted), new ones are created
  * there. The GPU budget for all of that is reserved on the loop, possibly moving least recently
- * used sequences to the host first (gpu_tier.h, before the prepare task). If the GPU cannot make
+ * used sequences to the host first (tier.h, before the prepare task). If the GPU cannot make
  * room, layers not yet on the GPU stay on the host and take the cpu path, and GPU-resident ones
  * are appended there if their growth fits; if even that does not fit (everything else on the GPU
- * pinned or in use), they move to the host first (spill) and are appended there. */
+ * pinned or in use), they move to the host first (spill) and are appended there.
+ *
+ * The operation is a state machine (put_state, put_step), its states in the order they run; a
+ * state that waits (access, moves, tasks) returns and its callback moves the state on. A failure
+ * before any layer changed answers at once (put_fail). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "access.h"
-#include "append.h"
+#include "ctx.h"
 #include "dquant/codec.h"
 #include "dquant/error.h"
-#include "gpu.h"
-#include "gpu_tier.h"
 #include "logging.h"
 #include "ops_internal.h"
-#include "server.h"
 #include "tensor.h"
+#include "tier.h"
 #include "work.h"
 
 #define MAX_LOOKUP_RETRIES 64
 
+typedef enum put_state {
+    PUT_LOOKUP,    /* look up or create the sequence, wait for exclusive access */
+    PUT_CHECK,     /* still there (else LOOKUP again), same model, every layer at start_token */
+    PUT_RESERVE,   /* the written layers' tiers, GPU and host room reserved */
+    PUT_MOVES,     /* GPU victims moved to the host (tier.h) */
+    PUT_PREPARE,   /* the input aligned, or brought from GPU memory (NCCL); a task when needed */
+    PUT_APPEND,    /* one task per layer */
+    PUT_ROLLBACK,  /* a layer failed after others were applied: undo them, then FAILED */
+    PUT_FAILED,    /* a layer failed: the sequence as it was (or dropped), then the error */
+    PUT_COMMIT,    /* every layer applied: commit, reply */
+} put_state;
+
 typedef struct put_op {
     dqd_req *req;
-    dqd_server *srv;
+    dqd_ctx *ctx;
+    put_state state;
     const Dquant__Put *put;   /* freed with the request once it is answered */
     uint32_t nlayers;
     dqd_model *model;
@@ -55,46 +71,29 @@ typedef struct put_op {
     uint64_t reserved;
     uint64_t gpu_reserved;
     dqd_gpu_moves mv;         /* GPU victims to move to the host before the appends */
-    bool *on_gpu;             /* per written layer: appended on the GPU */
-    bool *promote;            /* per written layer: moved from the host to the GPU first */
-    bool *promoted;           /* ... and that move happened */
-    bool *spill;              /* per written layer: moved from the GPU to the host first */
-    bool *spilled;            /* ... and that move happened */
-    dqd_gappend *gtxn;
+    dqd_tier_append *ta;      /* per written layer: its tier and its undoable append (tier.h) */
     bool dev;                 /* kdata/vdata are in device memory (NCCL payload), already checked */
     int prep_rc;
     uint32_t prep_layer;      /* the layer prep_rc is about; UINT32_MAX: the input as a whole */
-    dqd_append *txn;
     int *rc;
     dq_encode_stats *stats;
     int fail_rc;
     char fail_msg[256];
 } put_op;
 
-static void put_lookup(put_op *op);
-
 static void put_free(put_op *op)
 {
     if (op->reserved)
-        dqd_store_unreserve(op->srv->store, op->reserved);
+        dqd_store_unreserve(op->ctx->store, op->reserved);
     if (op->gpu_reserved)
-        dqd_store_gpu_unreserve(op->srv->store, op->gpu_reserved);
-    dqd_store_gpu_moves_finish(op->srv->store, &op->mv);
+        dqd_store_gpu_unreserve(op->ctx->store, op->gpu_reserved);
+    dqd_store_gpu_moves_finish(op->ctx->store, &op->mv);
     if (op->as_live)
         dqd_access_end(&op->as);
-    if (op->txn)
+    if (op->ta)
         for (uint32_t i = 0; i < op->nlayers; i++)
-            dqd_append_clear(&op->txn[i]);
-    if (op->gtxn)
-        for (uint32_t i = 0; i < op->nlayers; i++)
-            dqd_gappend_clear(&op->gtxn[i]);
-    free(op->gtxn);
-    free(op->on_gpu);
-    free(op->promote);
-    free(op->promoted);
-    free(op->spill);
-    free(op->spilled);
-    free(op->txn);
+            dqd_tier_append_clear(&op->ta[i]);
+    free(op->ta);
     free(op->rc);
     free(op->stats);
     free(op->ktmp);
@@ -113,7 +112,7 @@ static void put_fail(put_op *op, int code, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     if (op->created && op->seq && op->seq->in_index)
-        dqd_store_remove(op->srv->store, op->seq);
+        dqd_store_remove(op->ctx->store, op->seq);
     dqd_req_fail(op->req, code, "%s", msg);
     put_free(op);
 }
@@ -125,428 +124,79 @@ static size_t layer_bytes(const put_op *op)
 
 static bool on_gpu(const put_op *op, size_t i)
 {
-    return op->on_gpu && op->on_gpu[i];
+    return op->ta && op->ta[i].gpu;
 }
 
-static void rollback_task(void *ctx, size_t i)
-{
-    put_op *op = ctx;
-    uint32_t layer = op->put->first_layer + (uint32_t)i;
-    if (on_gpu(op, i)) {
-        op->rc[i] = dqd_gpu_rollback(op->srv->gpu, op->codec, &op->gtxn[i], &op->seq->glayers[layer]);
-        return;
-    }
-    op->rc[i] = dqd_append_rollback(&op->txn[i], op->codec, &op->seq->layers[layer]);
-}
+/* The states' work, defined below in the order the states run. */
+static void put_lookup(put_op *op);
+static int put_check(put_op *op);
+static int put_reserve(put_op *op);
+static void moves_done(void *arg, int rc);
+static bool input_ready(const put_op *op);
+static void prepare_task(void *arg, size_t i);
+static void prepare_done(void *arg);
+static void append_task(void *arg, size_t i);
+static void append_done(void *arg);
+static void put_rollback(put_op *op);
+static void put_failed(put_op *op);
+static void put_commit(put_op *op);
 
-/* A layer that could not be put back makes the whole sequence unusable. */
-static bool any_broken(const put_op *op)
+/* Runs the operation from op->state until it waits or has finished. */
+static void put_step(put_op *op)
 {
-    for (uint32_t i = 0; op->gtxn && i < op->nlayers; i++)
-        if (op->gtxn[i].broken)
-            return true;
-    return false;
-}
-
-static void count_promoted(put_op *op)
-{
-    uint64_t n = 0, m = 0;
-    for (uint32_t i = 0; op->promoted && i < op->nlayers; i++) {
-        n += op->promoted[i];
-        m += op->spilled[i];
-    }
-    dqd_store_gpu_promoted(op->srv->store, n);
-    dqd_store_gpu_spilled(op->srv->store, m);
-}
-
-static void rollback_done(void *ctx)
-{
-    put_op *op = ctx;
-    dqd_server *srv = op->srv;
-    bool broken = any_broken(op);
-    for (uint32_t i = 0; i < op->put->num_layers; i++)
-        if (op->rc[i] < 0)
-            broken = true;
-    count_promoted(op);
-    if (broken && op->seq->in_index) {
-        /* The previous state could not be rebuilt: drop the sequence rather than show it half-written. */
-        DQD_ERROR("PUT rollback failed; dropping sequence ns='%s'", op->seq->ns);
-        dqd_store_remove(srv->store, op->seq);
-    } else if (op->seq->in_index && !op->created) {
-        dqd_store_commit(srv->store, op->seq); /* accounting back to the previous state */
-    }
-    put_fail(op, op->fail_rc, "%s", op->fail_msg);
-}
-
-/* Workers: layer i on the GPU (promoted there first if needed). */
-static void gpu_append(put_op *op, size_t i)
-{
-    const size_t lb = layer_bytes(op);
-    dqd_gpu *gpu = op->srv->gpu;
-    uint32_t layer = op->put->first_layer + (uint32_t)i;
-    int rc = DQ_OK;
-    if (op->promote[i]) {
-        rc = dqd_gpu_promote(gpu, op->codec, &op->seq->layers[layer], &op->seq->glayers[layer]);
-        op->promoted[i] = rc == DQ_OK;
-    }
-    if (rc == DQ_OK)
-        rc = dqd_gpu_append(gpu, op->codec, &op->gtxn[i], &op->seq->glayers[layer],
-                            (const uint8_t *)op->kdata + i * lb, (const uint8_t *)op->vdata + i * lb,
-                            dqd_tensor_dtype(&op->k), (size_t)op->put->tokens,
-                            op->dev ? DQD_GAPPEND_DEVICE | DQD_GAPPEND_CHECKED : 0, &op->stats[i]);
-    if (rc == DQ_OK)
-        rc = dqd_gpu_finish(gpu);
-    op->rc[i] = rc;
-}
-
-/* Workers: layer i on the host (moved there first if it spills). */
-static void host_append(put_op *op, size_t i)
-{
-    const size_t lb = layer_bytes(op);
-    dq_layer **slot = &op->seq->layers[op->put->first_layer + i];
-    if (op->spill && op->spill[i]) {
-        op->rc[i] = dqd_gpu_demote(op->srv->gpu, op->codec, &op->seq->glayers[op->put->first_layer + i], slot);
-        if (op->rc[i] < 0)
+    dqd_ctx *ctx = op->ctx;
+    for (;;) {
+        switch (op->state) {
+        case PUT_LOOKUP:
+            put_lookup(op);
             return;
-        op->spilled[i] = true;
-    }
-    dq_workspace *ws = dqd_codec_ws_take(op->codec);
-    if (!ws) {
-        op->rc[i] = DQ_NOMEM;
-        return;
-    }
-    op->rc[i] = dqd_append_apply(&op->txn[i], op->codec, ws, slot, (const uint8_t *)op->kdata + i * lb,
-                                 (const uint8_t *)op->vdata + i * lb, dqd_tensor_dtype(&op->k),
-                                 (size_t)op->put->tokens, &op->stats[i]);
-    dqd_codec_ws_give(op->codec, ws);
-}
-
-/* Workers: layer i; if it failed for another reason, whether the layer's input holds NaN/Inf,
- * which then decides the error (see the top of this file). Input in GPU memory (NCCL, every layer
- * on the GPU) was checked there as a whole before. */
-static void append_task(void *ctx, size_t i)
-{
-    put_op *op = ctx;
-    if (on_gpu(op, i))
-        gpu_append(op, i);
-    else
-        host_append(op, i);
-    if (op->rc[i] >= 0 || op->rc[i] == DQ_NONFINITE || op->dev)
-        return;
-    const size_t lb = layer_bytes(op), count = lb / dqd_dtype_size(op->k.dtype);
-    const dq_dtype dt = dqd_tensor_dtype(&op->k);
-    if (dq_check_finite((const uint8_t *)op->kdata + i * lb, dt, count) == DQ_NONFINITE ||
-        dq_check_finite((const uint8_t *)op->vdata + i * lb, dt, count) == DQ_NONFINITE)
-        op->rc[i] = DQ_NONFINITE;
-}
-
-static void append_done(void *ctx)
-{
-    put_op *op = ctx;
-    dqd_server *srv = op->srv;
-    const Dquant__Put *put = op->put;
-    int first_err = 0;
-    uint32_t failed_layer = 0;
-    size_t applied = 0;
-    for (uint32_t i = 0; i < put->num_layers; i++) {
-        if (op->rc[i] < 0 && !first_err) {
-            first_err = op->rc[i];
-            failed_layer = put->first_layer + i;
-        }
-        applied += op->txn[i].applied + (op->gtxn ? op->gtxn[i].applied : 0);
-    }
-    if (first_err) {
-        op->fail_rc = first_err;
-        snprintf(op->fail_msg, sizeof op->fail_msg, "layer %u: %s", failed_layer, dq_strerror(first_err));
-        /* A NaN anywhere wins (see the top of this file): a layer says DQ_NONFINITE, or a GPU one
-         * raw_nonfinite (its rc may be the range check of the rounded values). */
-        for (uint32_t i = 0; i < put->num_layers; i++) {
-            if (op->rc[i] == DQ_NONFINITE || (op->gtxn && op->gtxn[i].raw_nonfinite)) {
-                op->fail_rc = DQ_NONFINITE;
-                snprintf(op->fail_msg, sizeof op->fail_msg, "k or v holds NaN or infinity");
-            }
-        }
-        if (applied) {
-            srv->metrics.rollbacks += applied;
-            memset(op->rc, 0, put->num_layers * sizeof *op->rc);
-            if (dqd_tasks_run(srv, put->num_layers, rollback_task, rollback_done, op) == 0)
+        case PUT_CHECK: {
+            int rc = put_check(op);
+            if (rc < 0)
                 return;
-            /* Could not even queue the rollback: run it here rather than leave a half-written sequence. */
-            for (uint32_t i = 0; i < put->num_layers; i++)
-                rollback_task(op, i);
-            rollback_done(op);
-            return;
+            op->state = rc ? PUT_LOOKUP : PUT_RESERVE;
+            break;
         }
-        if (op->seq->in_index && !op->created) {
-            if (any_broken(op)) {
-                DQD_ERROR("PUT failed on the GPU and a layer could not be restored; dropping sequence ns='%s'",
-                          op->seq->ns);
-                dqd_store_remove(srv->store, op->seq);
-            } else {
-                count_promoted(op);
-                dqd_store_commit(srv->store, op->seq); /* promotions changed the accounting */
+        case PUT_RESERVE:
+            if (put_reserve(op) < 0)
+                return;
+            op->state = PUT_MOVES;
+            break;
+        case PUT_MOVES:
+            dqd_tier_moves_run(ctx, &op->mv, moves_done, op);
+            return;
+        case PUT_PREPARE:
+            if (input_ready(op)) {
+                op->kdata = op->k.data;
+                op->vdata = op->v.data;
+                op->prep_layer = UINT32_MAX;
+                op->prep_rc = DQ_OK;
+                prepare_done(op);
+            } else if (dqd_tasks_run(ctx, 1, prepare_task, prepare_done, op) < 0) {
+                put_fail(op, DQ_NOMEM, "out of memory");
             }
-        }
-        put_fail(op, op->fail_rc, "%s", op->fail_msg);
-        return;
-    }
-
-    count_promoted(op);
-    dqd_store_commit(srv->store, op->seq);
-    dqd_store_unreserve(srv->store, op->reserved);
-    op->reserved = 0;
-    dqd_store_gpu_unreserve(srv->store, op->gpu_reserved);
-    op->gpu_reserved = 0;
-    dqd_store_enforce(srv->store, op->seq);
-
-    Dquant__PutReply r = DQUANT__PUT_REPLY__INIT;
-    r.tokens = dqd_seq_layer_tokens(op->seq, put->first_layer);
-    r.stored_bytes = op->seq->stored_bytes;
-    for (uint32_t i = 0; i < put->num_layers; i++) {
-        r.streams_encoded += op->stats[i].streams;
-        r.retries += op->stats[i].retries;
-    }
-    srv->metrics.tokens_put += put->tokens * put->num_layers;
-    srv->metrics.streams_encoded += r.streams_encoded;
-    srv->metrics.encode_retries += r.retries;
-    Dquant__Response resp = DQUANT__RESPONSE__INIT;
-    resp.body_case = DQUANT__RESPONSE__BODY_PUT;
-    resp.put = &r;
-    dqd_req_reply(op->req, &resp, NULL, 0);
-    put_free(op);
-}
-
-static bool all_on_gpu(const put_op *op)
-{
-    for (uint32_t i = 0; i < op->nlayers; i++)
-        if (!on_gpu(op, i))
-            return false;
-    return true;
-}
-
-/* K/V that arrived on NCCL: checked on the GPU when every layer is appended there, else copied to
- * the host for the cpu path. */
-static int prepare_device(put_op *op)
-{
-    dqd_gpu *gpu = op->srv->gpu;
-    if (all_on_gpu(op)) {
-        op->kdata = op->k.data;
-        op->vdata = op->v.data;
-        op->dev = true;
-        return dqd_gpu_check_tokens(gpu, op->codec, op->kdata, op->vdata, dqd_tensor_dtype(&op->k), op->nlayers,
-                                    (size_t)op->put->tokens, &op->prep_layer);
-    }
-    op->ktmp = malloc(op->k.len ? op->k.len : 1);
-    op->vtmp = malloc(op->v.len ? op->v.len : 1);
-    if (!op->ktmp || !op->vtmp)
-        return DQ_NOMEM;
-    int rc = dqd_gpu_d2h(gpu, op->ktmp, op->k.data, op->k.len);
-    if (rc == DQ_OK)
-        rc = dqd_gpu_d2h(gpu, op->vtmp, op->v.data, op->v.len);
-    op->kdata = op->ktmp;
-    op->vdata = op->vtmp;
-    if (rc == DQ_OK)
-        rc = dq_check_finite(op->kdata, dqd_tensor_dtype(&op->k), (size_t)op->k.count);
-    if (rc == DQ_OK)
-        rc = dq_check_finite(op->vdata, dqd_tensor_dtype(&op->v), (size_t)op->v.count);
-    return rc;
-}
-
-static void prepare_task(void *ctx, size_t i)
-{
-    put_op *op = ctx;
-    (void)i;
-    op->prep_layer = UINT32_MAX;
-    if (op->k.device) {
-        op->prep_rc = prepare_device(op);
-        return;
-    }
-    int rc = dqd_tensor_aligned(&op->k, &op->kdata, &op->ktmp);
-    if (rc == 0)
-        rc = dqd_tensor_aligned(&op->v, &op->vdata, &op->vtmp);
-    op->prep_rc = rc;
-}
-
-static void prepare_done(void *ctx)
-{
-    put_op *op = ctx;
-    if (op->prep_rc < 0) {
-        if (op->prep_layer != UINT32_MAX)
-            put_fail(op, op->prep_rc, "layer %u: %s", op->put->first_layer + op->prep_layer,
-                     dq_strerror(op->prep_rc));
-        else
-            put_fail(op, op->prep_rc, "%s",
-                     op->prep_rc == DQ_NONFINITE ? "k or v holds NaN or infinity" : dq_strerror(op->prep_rc));
-        return;
-    }
-    if (dqd_tasks_run(op->srv, op->put->num_layers, append_task, append_done, op) < 0)
-        put_fail(op, DQ_NOMEM, "out of memory");
-}
-
-/* Reserves GPU room for the written layers (see the top of this file) and marks those that go to
- * the GPU and those that leave it. Returns 0 or DQ_NOMEM. */
-static int put_place_gpu(put_op *op)
-{
-    dqd_store *store = op->srv->store;
-    const Dquant__Put *put = op->put;
-    dqd_seq *seq = op->seq;
-    uint32_t nl = put->num_layers;
-    op->on_gpu = calloc(nl, sizeof *op->on_gpu);
-    op->promote = calloc(nl, sizeof *op->promote);
-    op->promoted = calloc(nl, sizeof *op->promoted);
-    op->spill = calloc(nl, sizeof *op->spill);
-    op->spilled = calloc(nl, sizeof *op->spilled);
-    op->gtxn = calloc(nl, sizeof *op->gtxn);
-    if (!op->on_gpu || !op->promote || !op->promoted || !op->spill || !op->spilled || !op->gtxn ||
-        dqd_store_gpu_slots(store, seq) < 0)
-        return DQ_NOMEM;
-    uint64_t all = 0, resident = 0;
-    for (uint32_t i = 0; i < nl; i++) {
-        uint32_t layer = put->first_layer + i;
-        const dqd_glayer *g = seq->glayers[layer];
-        uint64_t need = dqd_gpu_need(op->codec, g ? NULL : seq->layers[layer], g, put->tokens);
-        all += need;
-        if (g)
-            resident += need;
-    }
-    if (dqd_store_gpu_reserve(store, all, &op->mv) == DQ_OK) {
-        op->gpu_reserved = all;
-        for (uint32_t i = 0; i < nl; i++) {
-            op->on_gpu[i] = true;
-            op->promote[i] = seq->layers[put->first_layer + i] != NULL;
-        }
-        return DQ_OK;
-    }
-    if (dqd_store_gpu_reserve(store, resident, &op->mv) == DQ_OK) {
-        op->gpu_reserved = resident;
-        for (uint32_t i = 0; i < nl; i++)
-            op->on_gpu[i] = seq->glayers[put->first_layer + i] != NULL;
-        return DQ_OK;
-    }
-    for (uint32_t i = 0; i < nl; i++)
-        op->spill[i] = seq->glayers[put->first_layer + i] != NULL;
-    return DQ_OK;
-}
-
-static void moves_done(void *ctx, int rc)
-{
-    put_op *op = ctx;
-    if (rc < 0) {
-        put_fail(op, rc, "cannot move sequences out of GPU memory: %s", dq_strerror(rc));
-        return;
-    }
-    /* Host input already aligned for its element type: nothing for the prepare task to do. */
-    const size_t es = dqd_dtype_size(op->k.dtype);
-    if (!op->k.device && es && (uintptr_t)op->k.data % es == 0 && (uintptr_t)op->v.data % es == 0) {
-        op->kdata = op->k.data;
-        op->vdata = op->v.data;
-        op->prep_layer = UINT32_MAX;
-        op->prep_rc = DQ_OK;
-        prepare_done(op);
-        return;
-    }
-    if (dqd_tasks_run(op->srv, 1, prepare_task, prepare_done, op) < 0)
-        put_fail(op, DQ_NOMEM, "out of memory");
-}
-
-static void put_ready(dqd_access_set *as)
-{
-    put_op *op = as->ctx;
-    dqd_server *srv = op->srv;
-    const Dquant__Put *put = op->put;
-    dqd_seq *seq = op->seq;
-
-    if (!seq->in_index || (!seq->visible && !op->created)) {
-        /* Deleted, or its creating PUT failed, while this one waited: start over. */
-        dqd_access_end(&op->as);
-        op->as_live = false;
-        op->seq = NULL;
-        put_lookup(op);
-        return;
-    }
-    if (seq->model != op->model) {
-        put_fail(op, DQ_INVALID_ARGUMENT, "the sequence belongs to model '%s', not '%s'", seq->model->name,
-                 op->model->name);
-        return;
-    }
-    for (uint32_t i = 0; i < put->num_layers; i++) {
-        uint64_t have = dqd_seq_layer_tokens(seq, put->first_layer + i);
-        if (have != put->start_token) {
-            put_fail(op, DQ_ORDER, "layer %u holds %llu tokens; start_token is %llu", put->first_layer + i,
-                     (unsigned long long)have, (unsigned long long)put->start_token);
+            return;
+        case PUT_APPEND:
+            if (dqd_tasks_run(ctx, op->put->num_layers, append_task, append_done, op) < 0)
+                put_fail(op, DQ_NOMEM, "out of memory");
+            return;
+        case PUT_ROLLBACK:
+            put_rollback(op);
+            return;
+        case PUT_FAILED:
+            put_failed(op);
+            return;
+        case PUT_COMMIT:
+            put_commit(op);
             return;
         }
     }
-    op->txn = calloc(put->num_layers, sizeof *op->txn);
-    op->rc = calloc(put->num_layers, sizeof *op->rc);
-    op->stats = calloc(put->num_layers, sizeof *op->stats);
-    if (!op->txn || !op->rc || !op->stats) {
-        put_fail(op, DQ_NOMEM, "out of memory");
-        return;
-    }
-    int rc = DQ_OK;
-    if (srv->gpu && dqd_gpu_model_ok(srv->gpu, op->model) && put_place_gpu(op) < 0) {
-        put_fail(op, DQ_NOMEM, "out of memory");
-        return;
-    }
-    uint64_t need = 0;
-    for (uint32_t i = 0; i < put->num_layers; i++) {
-        uint32_t layer = put->first_layer + i;
-        if (op->spill && op->spill[i])
-            need += dqd_store_spill_need(op->codec, seq->glayers[layer], put->tokens);
-        else if (!on_gpu(op, i))
-            need += dqd_store_append_need(op->codec, seq->layers[layer], put->tokens);
-    }
-    rc = dqd_store_reserve(srv->store, need, seq);
-    if (rc < 0) {
-        dqd_store_stats st;
-        dqd_store_get_stats(srv->store, &st);
-        put_fail(op, rc, "needs about %llu bytes; budget %llu, used %llu, nothing evictable frees enough",
-                 (unsigned long long)need, (unsigned long long)st.budget, (unsigned long long)st.used);
-        return;
-    }
-    op->reserved = need;
-    dqd_gpu_moves_run(srv, &op->mv, moves_done, op);
-}
-
-static void put_lookup(put_op *op)
-{
-    const Dquant__Put *put = op->put;
-    if (++op->lookups > MAX_LOOKUP_RETRIES) {
-        put_fail(op, DQ_BUSY, "the sequence keeps being deleted concurrently");
-        return;
-    }
-    op->created = false;
-    op->seq = dqd_ops_lookup(op->req, put->seq);
-    if (!op->seq) {
-        const char *ns = put->seq->ns ? put->seq->ns : "";
-        int rc = dqd_store_insert(op->srv->store, ns, strlen(ns), put->seq->key.data, put->seq->key.len, op->model,
-                                  &op->seq);
-        if (rc < 0) {
-            op->seq = NULL;
-            put_fail(op, rc, "cannot create the sequence: %s", dq_strerror(rc));
-            return;
-        }
-        op->created = true;
-    }
-    if (dqd_access_init(&op->as, 1) < 0) {
-        dqd_seq *seq = op->seq;
-        if (op->created)
-            dqd_store_remove(op->srv->store, seq);
-        dqd_seq_unref(seq);
-        op->seq = NULL;
-        put_fail(op, DQ_NOMEM, "out of memory");
-        return;
-    }
-    op->as_live = true;
-    dqd_access_add(&op->as, op->seq, DQD_ACCESS_WRITE);
-    dqd_access_start(&op->as, put_ready, op);
 }
 
 void dqd_op_put(dqd_req *req)
 {
     const Dquant__Put *put = req->msg->put;
-    dqd_model *model = dqd_registry_find(req->srv->reg, put->model);
+    dqd_model *model = dqd_registry_find(req->ctx->reg, put->model);
     if (!model) {
         dqd_req_fail(req, DQ_NOT_FOUND, "no model named '%s' (REGISTER_MODEL first)", put->model);
         return;
@@ -557,7 +207,7 @@ void dqd_op_put(dqd_req *req)
         return;
     }
     op->req = req;
-    op->srv = req->srv;
+    op->ctx = req->ctx;
     op->put = put;
     op->nlayers = put->num_layers;
     op->model = model;
@@ -573,5 +223,354 @@ void dqd_op_put(dqd_req *req)
         free(op);
         return;
     }
-    put_lookup(op);
+    op->state = PUT_LOOKUP;
+    put_step(op);
+}
+
+static void access_ready(dqd_access_set *as)
+{
+    put_op *op = as->arg;
+    op->state = PUT_CHECK;
+    put_step(op);
+}
+
+/* Finds or creates the sequence and asks for exclusive access (access_ready). */
+static void put_lookup(put_op *op)
+{
+    const Dquant__Put *put = op->put;
+    if (++op->lookups > MAX_LOOKUP_RETRIES) {
+        put_fail(op, DQ_BUSY, "the sequence keeps being deleted concurrently");
+        return;
+    }
+    op->created = false;
+    op->seq = dqd_ops_lookup(op->req, put->seq);
+    if (!op->seq) {
+        const char *ns = put->seq->ns ? put->seq->ns : "";
+        int rc = dqd_store_insert(op->ctx->store, ns, strlen(ns), put->seq->key.data, put->seq->key.len, op->model,
+                                  &op->seq);
+        if (rc < 0) {
+            op->seq = NULL;
+            put_fail(op, rc, "cannot create the sequence: %s", dq_strerror(rc));
+            return;
+        }
+        op->created = true;
+    }
+    if (dqd_access_init(&op->as, 1) < 0) {
+        dqd_seq *seq = op->seq;
+        if (op->created)
+            dqd_store_remove(op->ctx->store, seq);
+        dqd_seq_unref(seq);
+        op->seq = NULL;
+        put_fail(op, DQ_NOMEM, "out of memory");
+        return;
+    }
+    op->as_live = true;
+    dqd_access_add(&op->as, op->seq, DQD_ACCESS_WRITE);
+    dqd_access_start(&op->as, access_ready, op);
+}
+
+/* 0: go on; 1: the sequence went while this PUT waited (look it up again); -1: failed. */
+static int put_check(put_op *op)
+{
+    const Dquant__Put *put = op->put;
+    dqd_seq *seq = op->seq;
+    if (!seq->in_index || (!seq->visible && !op->created)) {
+        /* Deleted, or its creating PUT failed, while this one waited: start over. */
+        dqd_access_end(&op->as);
+        op->as_live = false;
+        op->seq = NULL;
+        return 1;
+    }
+    if (seq->model != op->model) {
+        put_fail(op, DQ_INVALID_ARGUMENT, "the sequence belongs to model '%s', not '%s'", seq->model->name,
+                 op->model->name);
+        return -1;
+    }
+    for (uint32_t i = 0; i < put->num_layers; i++) {
+        uint64_t have = dqd_seq_layer_tokens(seq, put->first_layer + i);
+        if (have != put->start_token) {
+            put_fail(op, DQ_ORDER, "layer %u holds %llu tokens; start_token is %llu", put->first_layer + i,
+                     (unsigned long long)have, (unsigned long long)put->start_token);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The written layers' tiers (see the top of this file) and the room they need. */
+static int put_reserve(put_op *op)
+{
+    dqd_ctx *ctx = op->ctx;
+    const Dquant__Put *put = op->put;
+    dqd_seq *seq = op->seq;
+    op->ta = calloc(put->num_layers, sizeof *op->ta);
+    op->rc = calloc(put->num_layers, sizeof *op->rc);
+    op->stats = calloc(put->num_layers, sizeof *op->stats);
+    if (!op->ta || !op->rc || !op->stats) {
+        put_fail(op, DQ_NOMEM, "out of memory");
+        return -1;
+    }
+    int rc = DQ_OK;
+    if (dqd_tier_place_layers(ctx, seq, put->first_layer, put->num_layers, put->tokens, op->ta, &op->gpu_reserved,
+                              &op->mv) < 0) {
+        put_fail(op, DQ_NOMEM, "out of memory");
+        return -1;
+    }
+    uint64_t need = 0;
+    for (uint32_t i = 0; i < put->num_layers; i++) {
+        uint32_t layer = put->first_layer + i;
+        need += dqd_tier_host_need(seq, layer, &op->ta[i], put->tokens);
+    }
+    rc = dqd_store_reserve(ctx->store, need, seq);
+    if (rc < 0) {
+        dqd_store_stats st;
+        dqd_store_get_stats(ctx->store, &st);
+        put_fail(op, rc, "needs about %llu bytes; budget %llu, used %llu, nothing evictable frees enough",
+                 (unsigned long long)need, (unsigned long long)st.budget, (unsigned long long)st.used);
+        return -1;
+    }
+    op->reserved = need;
+    return 0;
+}
+
+static void moves_done(void *arg, int rc)
+{
+    put_op *op = arg;
+    if (rc < 0) {
+        put_fail(op, rc, "cannot move sequences out of GPU memory: %s", dq_strerror(rc));
+        return;
+    }
+    op->state = PUT_PREPARE;
+    put_step(op);
+}
+
+/* Host input already aligned for its element type needs no prepare task. */
+static bool input_ready(const put_op *op)
+{
+    const size_t es = dqd_dtype_size(op->k.dtype);
+    return !op->k.device && es && (uintptr_t)op->k.data % es == 0 && (uintptr_t)op->v.data % es == 0;
+}
+
+static bool all_on_gpu(const put_op *op)
+{
+    for (uint32_t i = 0; i < op->nlayers; i++)
+        if (!on_gpu(op, i))
+            return false;
+    return true;
+}
+
+/* K/V that arrived on NCCL: checked on the GPU when every layer is appended there, else copied to
+ * the host for the cpu path. */
+static int prepare_device(put_op *op)
+{
+    if (all_on_gpu(op)) {
+        op->kdata = op->k.data;
+        op->vdata = op->v.data;
+        op->dev = true;
+        return dqd_tier_check_device(op->ctx, op->codec, op->kdata, op->vdata, dqd_tensor_dtype(&op->k), op->nlayers,
+                                     (size_t)op->put->tokens, &op->prep_layer);
+    }
+    op->ktmp = malloc(op->k.len ? op->k.len : 1);
+    op->vtmp = malloc(op->v.len ? op->v.len : 1);
+    if (!op->ktmp || !op->vtmp)
+        return DQ_NOMEM;
+    int rc = dqd_tier_to_host(op->ctx, op->ktmp, op->k.data, op->k.len);
+    if (rc == DQ_OK)
+        rc = dqd_tier_to_host(op->ctx, op->vtmp, op->v.data, op->v.len);
+    op->kdata = op->ktmp;
+    op->vdata = op->vtmp;
+    if (rc == DQ_OK)
+        rc = dq_check_finite(op->kdata, dqd_tensor_dtype(&op->k), (size_t)op->k.count);
+    if (rc == DQ_OK)
+        rc = dq_check_finite(op->vdata, dqd_tensor_dtype(&op->v), (size_t)op->v.count);
+    return rc;
+}
+
+static void prepare_task(void *arg, size_t i)
+{
+    put_op *op = arg;
+    (void)i;
+    op->prep_layer = UINT32_MAX;
+    if (op->k.device) {
+        op->prep_rc = prepare_device(op);
+        return;
+    }
+    int rc = dqd_tensor_aligned(&op->k, &op->kdata, &op->ktmp);
+    if (rc == 0)
+        rc = dqd_tensor_aligned(&op->v, &op->vdata, &op->vtmp);
+    op->prep_rc = rc;
+}
+
+static void prepare_done(void *arg)
+{
+    put_op *op = arg;
+    if (op->prep_rc < 0) {
+        if (op->prep_layer != UINT32_MAX)
+            put_fail(op, op->prep_rc, "layer %u: %s", op->put->first_layer + op->prep_layer,
+                     dq_strerror(op->prep_rc));
+        else
+            put_fail(op, op->prep_rc, "%s",
+                     op->prep_rc == DQ_NONFINITE ? "k or v holds NaN or infinity" : dq_strerror(op->prep_rc));
+        return;
+    }
+    op->state = PUT_APPEND;
+    put_step(op);
+}
+
+/* Workers: layer i; if it failed for another reason, whether the layer's input holds NaN/Inf,
+ * which then decides the error (see the top of this file). Input in GPU memory (NCCL, every layer
+ * on the GPU) was checked there as a whole before. */
+static void append_task(void *arg, size_t i)
+{
+    put_op *op = arg;
+    const size_t lb = layer_bytes(op);
+    op->rc[i] = dqd_tier_append_apply(op->ctx, op->seq, op->put->first_layer + (uint32_t)i, &op->ta[i],
+                                      (const uint8_t *)op->kdata + i * lb, (const uint8_t *)op->vdata + i * lb,
+                                      dqd_tensor_dtype(&op->k), (size_t)op->put->tokens, op->dev, &op->stats[i]);
+    if (op->rc[i] >= 0 || op->rc[i] == DQ_NONFINITE || op->dev)
+        return;
+    const size_t count = lb / dqd_dtype_size(op->k.dtype);
+    const dq_dtype dt = dqd_tensor_dtype(&op->k);
+    if (dq_check_finite((const uint8_t *)op->kdata + i * lb, dt, count) == DQ_NONFINITE ||
+        dq_check_finite((const uint8_t *)op->vdata + i * lb, dt, count) == DQ_NONFINITE)
+        op->rc[i] = DQ_NONFINITE;
+}
+
+static void append_done(void *arg)
+{
+    put_op *op = arg;
+    dqd_ctx *ctx = op->ctx;
+    const Dquant__Put *put = op->put;
+    int first_err = 0;
+    uint32_t failed_layer = 0;
+    size_t applied = 0;
+    for (uint32_t i = 0; i < put->num_layers; i++) {
+        if (op->rc[i] < 0 && !first_err) {
+            first_err = op->rc[i];
+            failed_layer = put->first_layer + i;
+        }
+        applied += dqd_tier_append_applied(&op->ta[i]);
+    }
+    if (first_err) {
+        op->fail_rc = first_err;
+        snprintf(op->fail_msg, sizeof op->fail_msg, "layer %u: %s", failed_layer, dq_strerror(first_err));
+        /* A NaN anywhere wins (see the top of this file): a layer says DQ_NONFINITE, or a GPU one
+         * raw_nonfinite (its rc may be the range check of the rounded values). */
+        for (uint32_t i = 0; i < put->num_layers; i++) {
+            if (op->rc[i] == DQ_NONFINITE || op->ta[i].dev.raw_nonfinite) {
+                op->fail_rc = DQ_NONFINITE;
+                snprintf(op->fail_msg, sizeof op->fail_msg, "k or v holds NaN or infinity");
+            }
+        }
+        ctx->metrics.rollbacks += applied;
+        op->state = applied ? PUT_ROLLBACK : PUT_FAILED;
+    } else {
+        op->state = PUT_COMMIT;
+    }
+    put_step(op);
+}
+
+static void rollback_task(void *arg, size_t i)
+{
+    put_op *op = arg;
+    op->rc[i] = dqd_tier_append_rollback(op->ctx, op->seq, op->put->first_layer + (uint32_t)i, &op->ta[i]);
+}
+
+/* A layer that could not be put back makes the whole sequence unusable. */
+static bool any_broken(const put_op *op)
+{
+    for (uint32_t i = 0; op->ta && i < op->nlayers; i++)
+        if (op->ta[i].dev.broken)
+            return true;
+    return false;
+}
+
+static void count_promoted(put_op *op)
+{
+    uint64_t n = 0, m = 0;
+    for (uint32_t i = 0; op->ta && i < op->nlayers; i++) {
+        n += op->ta[i].promoted;
+        m += op->ta[i].spilled;
+    }
+    dqd_store_gpu_promoted(op->ctx->store, n);
+    dqd_store_gpu_spilled(op->ctx->store, m);
+}
+
+static void rollback_done(void *arg)
+{
+    put_op *op = arg;
+    dqd_ctx *ctx = op->ctx;
+    bool broken = any_broken(op);
+    for (uint32_t i = 0; i < op->put->num_layers; i++)
+        if (op->rc[i] < 0)
+            broken = true;
+    count_promoted(op);
+    if (broken && op->seq->in_index) {
+        /* The previous state could not be rebuilt: drop the sequence rather than show it half-written. */
+        DQD_ERROR("PUT rollback failed; dropping sequence ns='%s'", op->seq->ns);
+        dqd_store_remove(ctx->store, op->seq);
+    } else if (op->seq->in_index && !op->created) {
+        dqd_store_commit(ctx->store, op->seq); /* accounting back to the previous state */
+    }
+    put_fail(op, op->fail_rc, "%s", op->fail_msg);
+}
+
+/* Undoes the applied layers on the workers, or here when that cannot even be queued (rather than
+ * leave a half-written sequence). */
+static void put_rollback(put_op *op)
+{
+    dqd_ctx *ctx = op->ctx;
+    const uint32_t n = op->put->num_layers;
+    memset(op->rc, 0, n * sizeof *op->rc);
+    if (dqd_tasks_run(ctx, n, rollback_task, rollback_done, op) == 0)
+        return;
+    for (uint32_t i = 0; i < n; i++)
+        rollback_task(op, i);
+    rollback_done(op);
+}
+
+/* A layer failed and none was applied: promotions may still have changed the sequence. */
+static void put_failed(put_op *op)
+{
+    dqd_ctx *ctx = op->ctx;
+    if (op->seq->in_index && !op->created) {
+        if (any_broken(op)) {
+            DQD_ERROR("PUT failed on the GPU and a layer could not be restored; dropping sequence ns='%s'",
+                      op->seq->ns);
+            dqd_store_remove(ctx->store, op->seq);
+        } else {
+            count_promoted(op);
+            dqd_store_commit(ctx->store, op->seq); /* promotions changed the accounting */
+        }
+    }
+    put_fail(op, op->fail_rc, "%s", op->fail_msg);
+}
+
+static void put_commit(put_op *op)
+{
+    dqd_ctx *ctx = op->ctx;
+    const Dquant__Put *put = op->put;
+    count_promoted(op);
+    dqd_store_commit(ctx->store, op->seq);
+    dqd_store_unreserve(ctx->store, op->reserved);
+    op->reserved = 0;
+    dqd_store_gpu_unreserve(ctx->store, op->gpu_reserved);
+    op->gpu_reserved = 0;
+    dqd_store_enforce(ctx->store, op->seq);
+
+    Dquant__PutReply r = DQUANT__PUT_REPLY__INIT;
+    r.tokens = dqd_seq_layer_tokens(op->seq, put->first_layer);
+    r.stored_bytes = op->seq->stored_bytes;
+    for (uint32_t i = 0; i < put->num_layers; i++) {
+        r.streams_encoded += op->stats[i].streams;
+        r.retries += op->stats[i].retries;
+    }
+    ctx->metrics.tokens_put += put->tokens * put->num_layers;
+    ctx->metrics.streams_encoded += r.streams_encoded;
+    ctx->metrics.encode_retries += r.retries;
+    Dquant__Response resp = DQUANT__RESPONSE__INIT;
+    resp.body_case = DQUANT__RESPONSE__BODY_PUT;
+    resp.put = &r;
+    dqd_req_reply(op->req, &resp, NULL, 0);
+    put_free(op);
 }

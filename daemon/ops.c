@@ -6,14 +6,13 @@
 #include <string.h>
 
 #include "access.h"
-#include "conn.h"
+#include "ctx.h"
 #include "dquant/error.h"
 #include "dquant/profile.h"
 #include "frame.h"
 #include "logging.h"
 #include "ncclpath.h"
 #include "ops_internal.h"
-#include "server.h"
 
 #ifndef DQD_VERSION
 #define DQD_VERSION "0.1.0"
@@ -40,7 +39,7 @@ void dqd_profile_info_of(const dqd_codec *c, dqd_profile_info *out)
 dqd_seq *dqd_ops_lookup(dqd_req *req, const Dquant__SeqRef *ref)
 {
     const char *ns = ref->ns ? ref->ns : "";
-    return dqd_store_lookup(req->srv->store, ns, strlen(ns), ref->key.data, ref->key.len);
+    return dqd_store_lookup(req->ctx->store, ns, strlen(ns), ref->key.data, ref->key.len);
 }
 
 /* Compares the whole configured secret whatever the input, so timing says nothing about it. */
@@ -56,8 +55,8 @@ static bool secret_matches(const uint8_t *given, size_t given_len, const char *s
 
 static void op_hello(dqd_req *req)
 {
-    dqd_server *srv = req->srv;
-    dqd_conn *c = req->conn;
+    dqd_ctx *ctx = req->ctx;
+    dqd_session *c = req->sess;
     const Dquant__Hello *h = req->msg->hello;
     uint32_t lo = h->min_version ? h->min_version : 1;
     uint32_t hi = h->max_version ? h->max_version : lo;
@@ -66,9 +65,9 @@ static void op_hello(dqd_req *req)
                      DQ_WIRE_VERSION);
         return;
     }
-    if (c->lst->require_secret &&
-        !secret_matches(h->secret.data, h->secret.len, srv->cfg->secret, srv->cfg->secret_len)) {
-        srv->metrics.auth_failures++;
+    if (c->require_secret &&
+        !secret_matches(h->secret.data, h->secret.len, ctx->cfg->secret, ctx->cfg->secret_len)) {
+        ctx->metrics.auth_failures++;
         DQD_WARN("conn %llu: HELLO with a wrong or missing secret; closing", (unsigned long long)c->id);
         req->close_after = 1;
         dqd_req_fail(req, DQ_UNAUTHENTICATED, "wrong or missing secret");
@@ -79,10 +78,10 @@ static void op_hello(dqd_req *req)
     Dquant__HelloReply r = DQUANT__HELLO_REPLY__INIT;
     r.version = DQ_WIRE_VERSION;
     r.server_version = (char *)DQD_VERSION;
-    r.max_frame_bytes = srv->cfg->max_frame;
-    r.max_payload_bytes = srv->cfg->max_payload;
-    r.max_batch_items = srv->cfg->max_batch_items;
-    r.backend = (char *)srv->backend_name;
+    r.max_frame_bytes = ctx->cfg->max_frame;
+    r.max_payload_bytes = ctx->cfg->max_payload;
+    r.max_batch_items = ctx->cfg->max_batch_items;
+    r.backend = (char *)ctx->backend_name;
     const char *const *names = dq_profile_builtin_names();
     size_t n = 0;
     while (names && names[n])
@@ -90,7 +89,7 @@ static void op_hello(dqd_req *req)
     r.n_profiles = n;
     r.profiles = (char **)names;
     char *features[] = {(char *)"nccl"};
-    if (dqd_nccl_offered(srv)) {
+    if (dqd_nccl_offered(ctx)) {
         r.n_features = 1;
         r.features = features;
     }
@@ -117,7 +116,7 @@ static void op_register(dqd_req *req)
     dqd_model *model;
     bool existed;
     char msg[256];
-    int rc = dqd_registry_register(req->srv->reg, &spec, &model, &existed, msg, sizeof msg);
+    int rc = dqd_registry_register(req->ctx->reg, &spec, &model, &existed, msg, sizeof msg);
     if (rc < 0) {
         dqd_req_fail(req, rc, "%s", msg);
         return;
@@ -151,9 +150,9 @@ static void reply_ok(dqd_req *req)
 
 static void seq_op_ready(dqd_access_set *as)
 {
-    seq_op *op = as->ctx;
+    seq_op *op = as->arg;
     dqd_req *req = op->req;
-    dqd_store *store = req->srv->store;
+    dqd_store *store = req->ctx->store;
     dqd_seq *seq = as->items[0].seq;
     if (!dqd_seq_alive(seq)) {
         dqd_req_fail(req, DQ_NOT_FOUND, "no such sequence");
@@ -198,9 +197,9 @@ static void op_seq(dqd_req *req, const Dquant__SeqRef *ref, dqd_access mode)
 static void op_stats(dqd_req *req)
 {
     dqd_gauges g;
-    dqd_server_gauges(req->srv, &g);
+    dqd_ctx_gauges(req->ctx, &g);
     Dquant__StatsReply r;
-    if (dqd_metrics_stats(&req->srv->metrics, &g, &r) < 0) {
+    if (dqd_metrics_stats(&req->ctx->metrics, &g, &r) < 0) {
         dqd_req_fail(req, DQ_NOMEM, "out of memory");
         return;
     }
@@ -225,15 +224,15 @@ static void run_op(dqd_req *req);
 
 void dqd_ops_dispatch(dqd_req *req)
 {
-    dqd_server *srv = req->srv;
+    dqd_ctx *ctx = req->ctx;
     const Dquant__Request *msg = req->msg;
     req->op = (unsigned)msg->body_case < DQD_OP_COUNT ? (dqd_op)msg->body_case : DQD_OP_UNKNOWN;
 
-    if (!req->conn->authed && msg->body_case != DQUANT__REQUEST__BODY_HELLO) {
+    if (!req->sess->authed && msg->body_case != DQUANT__REQUEST__BODY_HELLO) {
         dqd_req_fail(req, DQ_UNAUTHENTICATED, "the first request must be a successful HELLO");
         return;
     }
-    if (srv->stopping) {
+    if (ctx->stopping) {
         dqd_req_fail(req, DQ_SHUTTING_DOWN, "the server is shutting down");
         return;
     }
@@ -241,11 +240,11 @@ void dqd_ops_dispatch(dqd_req *req)
     dqd_op op;
     dqd_payload pl;
     dqd_req_payload(req, &pl);
-    int rc = dqd_request_validate(msg, &pl, &srv->limits, &op, msgbuf, sizeof msgbuf);
+    int rc = dqd_request_validate(msg, &pl, &ctx->limits, &op, msgbuf, sizeof msgbuf);
     req->op = op;
     if (rc < 0) {
         if (msg->nccl_payload)
-            dqd_nccl_break(req->conn);
+            dqd_nccl_break(req->sess);
         dqd_req_fail(req, rc, "%s", msgbuf);
         return;
     }

@@ -1,54 +1,17 @@
 /* dquantd requests and reply frames (see request.h). */
 #include "request.h"
 
+#include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "conn.h"
+#include "ctx.h"
 #include "dquant/error.h"
 #include "frame.h"
 #include "logging.h"
-#include "ncclpath.h"
-#include "server.h"
-
-#define PB_HDR 16u
-
-static void *pb_alloc(void *data, size_t size)
-{
-    dqd_pbmem *m = data;
-    if (size > m->cap || m->used + size + PB_HDR > m->cap)
-        return NULL;
-    size_t need = size + PB_HDR;
-    uint8_t *p = malloc(need);
-    if (!p)
-        return NULL;
-    memcpy(p, &need, sizeof need);
-    m->used += need;
-    return p + PB_HDR;
-}
-
-static void pb_free(void *data, void *ptr)
-{
-    dqd_pbmem *m = data;
-    if (!ptr)
-        return;
-    uint8_t *p = (uint8_t *)ptr - PB_HDR;
-    size_t need;
-    memcpy(&need, p, sizeof need);
-    m->used -= need;
-    free(p);
-}
-
-void dqd_pbmem_init(dqd_pbmem *m, size_t cap)
-{
-    m->a.alloc = pb_alloc;
-    m->a.free = pb_free;
-    m->a.allocator_data = m;
-    m->used = 0;
-    m->cap = cap;
-}
+#include "tier.h"
 
 uint8_t *dqd_out_alloc(size_t len)
 {
@@ -100,13 +63,15 @@ int dqd_error_frame(uint64_t request_id, int code, const char *message, uint8_t 
 
 static void release_input(dqd_req *req)
 {
-    if (req->msg)
+    if (req->msg) {
         dquant__request__free_unpacked(req->msg, &req->pbmem.a);
+        assert(req->pbmem.used == 0 && "every byte protobuf-c allocated comes back");
+    }
     req->msg = NULL;
-    dqd_framebuf_put(&req->srv->frames, req->frame);
+    dqd_framebuf_put(&req->ctx->frames, req->frame);
     req->frame = NULL;
     req->payload = NULL;
-    dqd_nccl_free_payload(req->srv, req->dpayload);
+    dqd_tier_free_device(req->ctx, req->dpayload);
     req->dpayload = NULL;
     free(req->hpayload);
     req->hpayload = NULL;
@@ -121,13 +86,6 @@ void dqd_req_payload(const dqd_req *req, dqd_payload *pl)
     pl->nccl_on_host = req->hpayload != NULL;
 }
 
-/* Lets the connection's NCCL channel go on to its next request (nothing to send). */
-static void nccl_done(dqd_req *req)
-{
-    if (req->nccl_admitted)
-        dqd_nccl_release(req, NULL, false, 0, NULL, 0);
-}
-
 void dqd_req_free(dqd_req *req)
 {
     if (!req)
@@ -140,14 +98,15 @@ void dqd_req_free(dqd_req *req)
 
 static void finish(dqd_req *req, int err)
 {
-    dqd_server *srv = req->srv;
-    req->done = 1;
+    dqd_ctx *ctx = req->ctx;
+    assert(!req->done && "a request is completed exactly once");
+    assert(ctx->reqs_inflight > 0);
     req->err = err;
     double secs = (double)(dqd_now_ns() - req->t0_ns) * 1e-9;
-    dqd_metrics_observe(&srv->metrics, req->op, err, secs);
-    srv->reqs_inflight--;
-    dqd_conn_req_done(req);
-    dqd_server_check_idle(srv);
+    dqd_metrics_observe(&ctx->metrics, req->op, err, secs);
+    ctx->reqs_inflight--;
+    req->on_done(req);
+    dqd_ctx_check_idle(ctx);
 }
 
 static int seg_order(const void *a, const void *b)
@@ -158,7 +117,7 @@ static int seg_order(const void *a, const void *b)
 
 void dqd_req_reply_nccl(dqd_req *req, Dquant__Response *resp, void *buf, bool on_device, size_t len)
 {
-    dqd_server *srv = req->srv;
+    dqd_ctx *ctx = req->ctx;
     Dquant__Tensor *ts[2] = {NULL, NULL};
     if (resp->body_case == DQUANT__RESPONSE__BODY_GET) {
         ts[0] = resp->get->k;
@@ -180,11 +139,11 @@ void dqd_req_reply_nccl(dqd_req *req, Dquant__Response *resp, void *buf, bool on
     if (rc == DQ_OK) {
         qsort(segs, nseg, sizeof *segs, seg_order);
         resp->nccl_payload = len;
-        rc = pack_frame(req->id, resp, 0, (size_t)srv->cfg->max_header, &req->head, &req->head_len);
+        rc = pack_frame(req->id, resp, 0, (size_t)ctx->cfg->max_header, &req->head, &req->head_len);
     }
     if (rc < 0) {
         if (on_device)
-            dqd_nccl_free_payload(srv, buf);
+            dqd_tier_free_device(ctx, buf);
         else
             free(buf);
         free(segs);
@@ -192,31 +151,34 @@ void dqd_req_reply_nccl(dqd_req *req, Dquant__Response *resp, void *buf, bool on
         return;
     }
     release_input(req);
-    dqd_nccl_release(req, buf, on_device, len, segs, nseg);
+    req->nccl_reply.buf = buf;
+    req->nccl_reply.on_device = on_device;
+    req->nccl_reply.len = len;
+    req->nccl_reply.segs = segs;
+    req->nccl_reply.nseg = nseg;
     finish(req, 0);
 }
 
 void dqd_req_reply(dqd_req *req, Dquant__Response *resp, uint8_t *out, size_t out_len)
 {
-    dqd_server *srv = req->srv;
+    dqd_ctx *ctx = req->ctx;
     if (req->nccl_admitted && req->msg && req->msg->nccl_reply && out_len) {
         dqd_req_reply_nccl(req, resp, out, false, out_len);
         return;
     }
     int rc = DQ_OK;
-    if (out_len > srv->cfg->max_payload)
+    if (out_len > ctx->cfg->max_payload)
         rc = DQ_TOO_LARGE;
     else
-        rc = pack_frame(req->id, resp, out_len, (size_t)srv->cfg->max_header, &req->head, &req->head_len);
+        rc = pack_frame(req->id, resp, out_len, (size_t)ctx->cfg->max_header, &req->head, &req->head_len);
     if (rc < 0) {
         free(out);
         dqd_req_fail(req, rc, "the reply exceeds the configured limits (max_header %llu, max_payload %llu)",
-                     (unsigned long long)srv->cfg->max_header, (unsigned long long)srv->cfg->max_payload);
+                     (unsigned long long)ctx->cfg->max_header, (unsigned long long)ctx->cfg->max_payload);
         return;
     }
     /* Packed: the input (which resp may point into) can go now. */
     release_input(req);
-    nccl_done(req);
     req->out = out;
     req->out_len = out ? out_len : 0;
     finish(req, 0);
@@ -234,7 +196,6 @@ void dqd_req_fail(dqd_req *req, int code, const char *fmt, ...)
     DQD_DEBUG("request %llu (%s) failed: %s: %s", (unsigned long long)req->id, dqd_op_name(req->op), dq_err_name(code),
               msg);
     release_input(req);
-    nccl_done(req);
     free(req->head);
     free(req->out);
     req->head = req->out = NULL;

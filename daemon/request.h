@@ -2,8 +2,9 @@
  *
  * A request owns its frame buffer (the payload tensors point into it) and its unpacked header.
  * An operation finishes it exactly once with dqd_req_reply or dqd_req_fail; the input is freed
- * then, the reply frame is built and handed to the connection, which sends replies in request
- * order. If the connection has gone meanwhile the reply is dropped. */
+ * then, the reply frame is built and on_done, which the connection set, hands it back; the
+ * connection sends replies in request order. If the connection has gone meanwhile the reply is
+ * dropped. Nothing here calls up into the connection or the server. */
 #ifndef DQD_REQUEST_H
 #define DQD_REQUEST_H
 
@@ -13,20 +14,28 @@
 
 #include "dquant.pb-c.h"
 #include "opcode.h"
+#include "pbmem.h"
 #include "validate.h"
 
-typedef struct dqd_conn dqd_conn;
-typedef struct dqd_server dqd_server;
+typedef struct dqd_ctx dqd_ctx;
+typedef struct dqd_req dqd_req;
 
-/* Bounded allocator for protobuf-c unpacking of one header. */
-typedef struct dqd_pbmem {
-    ProtobufCAllocator a;
-    size_t used, cap;
-} dqd_pbmem;
+/* What the operations may know of the connection a request came on (the connection embeds it
+ * and outlives its requests). */
+typedef struct dqd_session {
+    uint64_t id;               /* the connection's id, for logs */
+    bool require_secret;       /* its listener wants HELLO with the shared secret */
+    bool authed;               /* HELLO succeeded */
+    struct dqd_nchan *nchan;   /* NCCL data path (ncclpath.h), NULL until NCCL_SETUP */
+} dqd_session;
 
-typedef struct dqd_req {
-    dqd_conn *conn;
-    dqd_server *srv;
+struct dqd_req {
+    dqd_ctx *ctx;
+    dqd_session *sess;
+    /* Called once when the request is finished (reply or error frame in head/out); set by the
+     * connection, which queues the reply. */
+    void (*on_done)(dqd_req *req);
+    void *owner;               /* the connection */
     struct dqd_req *next;      /* connection queue, arrival order */
     uint64_t id;
     dqd_op op;
@@ -37,7 +46,7 @@ typedef struct dqd_req {
     const uint8_t *payload;
     uint64_t payload_len;
     Dquant__Request *msg;
-    dqd_pbmem pbmem;
+    dqd_pbmem pbmem;           /* msg's allocator (pbmem.h) */
 
     int done;
     int err;                   /* 0, or the error code replied */
@@ -53,9 +62,16 @@ typedef struct dqd_req {
     struct dqd_req *nccl_next; /* the channel's waiting list */
     void *dpayload;            /* the NCCL payload received into device memory (owned) */
     uint8_t *hpayload;         /* or a host copy of it (owned) */
-} dqd_req;
-
-void dqd_pbmem_init(dqd_pbmem *m, size_t cap);
+    /* An admitted request's NCCL reply, for on_done to hand to the channel (dqd_nccl_release):
+     * buf (device memory when on_device, else malloc'd; owned), len bytes, tiled by segs. */
+    struct {
+        void *buf;
+        bool on_device;
+        uint64_t len;
+        dqd_seg *segs;
+        size_t nseg;
+    } nccl_reply;
+};
 
 /* Replies with resp and the payload out (ownership taken, freed with free(); may be NULL).
  * If the reply frame cannot be built (too large, no memory) an error reply is sent instead. */

@@ -1,6 +1,7 @@
 /* dquantd store (see store.h). */
 #include "store.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -29,7 +30,7 @@ struct dqd_store {
     uint64_t gpu_budget, gpu_used, gpu_reserved;  /* used: Σ gpu_bytes of sequences not yet freed */
     dqd_seq *glru_head, *glru_tail;
     uint64_t gpu_seqs, gpu_demotions, gpu_promotions, gpu_drops, gpu_spills;
-    void (*gpu_free)(void *ctx, dqd_seq *seq);
+    void (*gpu_free)(void *arg, dqd_seq *seq);
     void *gpu_ctx;
 };
 
@@ -166,6 +167,8 @@ void dqd_store_destroy(dqd_store *s)
 {
     if (!s)
         return;
+    /* Every reservation (PUT, ATTEND, moves between tiers) has been released by now. */
+    assert(s->reserved == 0 && s->gpu_reserved == 0);
     while (s->lru_head) {
         dqd_seq *seq = s->lru_head;
         if (seq->refs)
@@ -411,7 +414,8 @@ int dqd_store_reserve(dqd_store *s, uint64_t need, const dqd_seq *requester)
 
 void dqd_store_unreserve(dqd_store *s, uint64_t need)
 {
-    s->reserved = need <= s->reserved ? s->reserved - need : 0;
+    assert(need <= s->reserved && "host memory released that was never reserved");
+    s->reserved -= need;
 }
 
 void dqd_store_enforce(dqd_store *s, const dqd_seq *keep)
@@ -585,12 +589,12 @@ uint64_t dqd_seq_layer_tail(const dqd_seq *seq, uint32_t i)
 
 /* ---- GPU tier ---- */
 
-void dqd_store_gpu_enable(dqd_store *s, uint64_t budget, void (*free_layers)(void *ctx, dqd_seq *seq), void *ctx)
+void dqd_store_gpu_enable(dqd_store *s, uint64_t budget, void (*free_layers)(void *arg, dqd_seq *seq), void *arg)
 {
     s->gpu_on = true;
     s->gpu_budget = budget;
     s->gpu_free = free_layers;
-    s->gpu_ctx = ctx;
+    s->gpu_ctx = arg;
 }
 
 bool dqd_store_gpu_enabled(const dqd_store *s)
@@ -698,7 +702,8 @@ int dqd_store_gpu_reserve(dqd_store *s, uint64_t need, dqd_gpu_moves *mv)
 
 void dqd_store_gpu_unreserve(dqd_store *s, uint64_t need)
 {
-    s->gpu_reserved = need <= s->gpu_reserved ? s->gpu_reserved - need : 0;
+    assert(need <= s->gpu_reserved && "GPU memory released that was never reserved");
+    s->gpu_reserved -= need;
 }
 
 void dqd_store_gpu_moves_finish(dqd_store *s, dqd_gpu_moves *mv)

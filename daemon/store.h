@@ -141,15 +141,15 @@ uint64_t dqd_store_budget(const dqd_store *s);
 
 /* ---- GPU tier ---- */
 
-/* Turns the GPU tier on with a budget (bytes of device memory for layers). free_layers(ctx, seq)
+/* Turns the GPU tier on with a budget (bytes of device memory for layers). free_layers(arg, seq)
  * frees every GPU layer of a sequence being freed (loop thread; nothing uses them any more). */
-void dqd_store_gpu_enable(dqd_store *s, uint64_t budget, void (*free_layers)(void *ctx, dqd_seq *seq), void *ctx);
+void dqd_store_gpu_enable(dqd_store *s, uint64_t budget, void (*free_layers)(void *arg, dqd_seq *seq), void *arg);
 bool dqd_store_gpu_enabled(const dqd_store *s);
 
 /* Gives seq its glayers array (no-op if it has one). DQ_NOMEM. */
 int dqd_store_gpu_slots(dqd_store *s, dqd_seq *seq);
 
-/* Sequences a GPU reservation moves to the host (gpu_tier.h runs the moves). rc[i] starts at 1
+/* Sequences a GPU reservation moves to the host (tier.h runs the moves). rc[i] starts at 1
  * (not moved); the mover sets 0 (moved) or an error (the sequence is then dropped). */
 typedef struct dqd_gpu_moves {
     dqd_seq **seqs;

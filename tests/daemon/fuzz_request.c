@@ -1,8 +1,8 @@
 /* Fuzz target: bytes from a client → frame parser → protobuf unpack → request validation.
  *
- * The input is read as a stream of frames (each one parsed, unpacked with a bounded allocator and
- * validated, then checked against a fixed model and profile the way the daemon does once it has
- * looked them up); the whole input is also unpacked directly as a header message with an empty
+ * The input is read as a stream of frames (each one parsed, unpacked with the bounded allocator
+ * the daemon unpacks every request header with (pbmem.h), validated, then checked against a fixed
+ * model and profile the way the daemon does once it has looked them up); the whole input is also unpacked directly as a header message with an empty
  * payload, so mutations of the protobuf reach the validators without a valid frame around them.
  * Built with -fsanitize=fuzzer when the fuzzing option is on; fuzz_replay.c runs the corpus in CI. */
 #include <stdint.h>
@@ -11,45 +11,15 @@
 
 #include "dquant.pb-c.h"
 #include "frame.h"
+#include "pbmem.h"
 #include "validate.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-typedef struct bounded {
-    ProtobufCAllocator a;
-    size_t used, cap;
-} bounded;
-
-static void *b_alloc(void *opaque, size_t size)
-{
-    bounded *b = opaque;
-    if (size > b->cap || b->used + size + 16 > b->cap)
-        return NULL;
-    uint8_t *p = malloc(size + 16);
-    if (!p)
-        return NULL;
-    size_t total = size + 16;
-    memcpy(p, &total, sizeof total);
-    b->used += total;
-    return p + 16;
-}
-
-static void b_free(void *opaque, void *ptr)
-{
-    bounded *b = opaque;
-    if (!ptr)
-        return;
-    uint8_t *p = (uint8_t *)ptr - 16;
-    size_t total;
-    memcpy(&total, p, sizeof total);
-    b->used -= total;
-    free(p);
-}
-
 static void check_request(const uint8_t *header, size_t header_len, const uint8_t *payload, uint64_t payload_len)
 {
-    bounded b = {{b_alloc, b_free, NULL}, 0, header_len * 16 + 65536};
-    b.a.allocator_data = &b;
+    dqd_pbmem b;
+    dqd_pbmem_init(&b, dqd_pbmem_cap(header_len));
     Dquant__Request *req = dquant__request__unpack(&b.a, header_len, header);
     if (!req)
         return;

@@ -1,4 +1,4 @@
-/* A CPU emulation of the subset of NCCL that dquantd's NCCL data path (daemon/ncclpath.c),
+/* A CPU emulation of the subset of NCCL that dquantd's NCCL data path (daemon/nccl/ncclpath.c),
  * libdquant-client's (client/lib/client_nccl.c) and nccl_bench use: two-rank communicators between
  * two processes of one machine, over a Unix socket (see fake_nccl.c). The names, types and
  * signatures are those of the real nccl.h, so the same sources compile against either; only what

@@ -30,11 +30,10 @@
 #include "validate.h"
 
 typedef struct dqd_nchan dqd_nchan;
-typedef struct dqd_server dqd_server;
-typedef struct dqd_conn dqd_conn;
+typedef struct dqd_ctx dqd_ctx;
 
 /* Whether this daemon offers the NCCL data path (built with NCCL, cuda backend running). */
-bool dqd_nccl_offered(const dqd_server *srv);
+bool dqd_nccl_offered(const dqd_ctx *ctx);
 
 /* NCCL_SETUP on req's connection: replaces any channel it had, replies with the unique id. */
 void dqd_op_nccl_setup(dqd_req *req);
@@ -44,22 +43,23 @@ void dqd_op_nccl_setup(dqd_req *req);
  * channel. */
 void dqd_nccl_admit(dqd_req *req, void (*run)(dqd_req *req));
 
-/* The reply of an admitted request is queued (see request.c): sends buf (len bytes, the tensors
+/* The reply of an admitted request is ready (the connection's req->on_done calls this with
+ * req->nccl_reply, before it queues the reply frame): sends buf (len bytes, the tensors
  * tiling it, in offset order, one ncclSend each: segs) after it, taking ownership of buf (device
  * memory when on_device, else malloc'd host memory). NULL buf / 0 len: nothing to send. Then the
  * next request is admitted. */
 void dqd_nccl_release(dqd_req *req, void *buf, bool on_device, uint64_t len, dqd_seg *segs, size_t nseg);
 
 /* Frees a received NCCL payload (device memory) of a request. */
-void dqd_nccl_free_payload(dqd_server *srv, void *dev);
+void dqd_nccl_free_payload(dqd_ctx *ctx, void *dev);
 
 /* A request with an NCCL payload failed before its bytes were received: the client's sends are
  * pending, so the channel is out of step and is marked broken (the client aborts its side when it
  * sees the error). */
-void dqd_nccl_break(dqd_conn *c);
+void dqd_nccl_break(dqd_session *c);
 
 /* The connection is going away: aborts what is in flight, fails the requests still waiting, and
  * lets the channel free itself once its thread has stopped. */
-void dqd_nccl_conn_closed(dqd_conn *c);
+void dqd_nccl_conn_closed(dqd_session *c);
 
 #endif

@@ -4,8 +4,8 @@
  * Tiers. A layer lives on the host (dq_layer) or on the GPU (dqd_glayer), with byte-identical
  * window records and BF16 tail either way: the GPU encoder writes exactly what dq_layer_append
  * writes, from the same BF16-rounded tokens, sealing the same windows. Moving a layer between
- * tiers copies its records; dq_layer_restore rebuilds the host form. Who moves what (store.h,
- * gpu_tier.h, op_put.c, op_attend.c): PUT and ATTEND put the layers they write or attend on the
+ * tiers copies its records; dq_layer_restore rebuilds the host form. Who moves what (store.h and
+ * tier.h, for PUT and ATTEND): PUT and ATTEND put the layers they write or attend on the
  * GPU (creating them there, or bringing host layers back); making room moves least recently used
  * idle unpinned sequences to the host, or evicts them when the host has no room either; a write to
  * a GPU layer that finds no room at all (everything else pinned or in use) moves that layer to the

@@ -3,13 +3,12 @@
 
 #include <stdlib.h>
 
-#include "conn.h"
+#include "ctx.h"
 #include "dquant/error.h"
-#include "server.h"
 
-bool dqd_nccl_offered(const dqd_server *srv)
+bool dqd_nccl_offered(const dqd_ctx *ctx)
 {
-    (void)srv;
+    (void)ctx;
     return false;
 }
 
@@ -31,17 +30,17 @@ void dqd_nccl_release(dqd_req *req, void *buf, bool on_device, uint64_t len, dqd
     free(segs);
 }
 
-void dqd_nccl_free_payload(dqd_server *srv, void *dev)
+void dqd_nccl_free_payload(dqd_ctx *ctx, void *dev)
 {
-    (void)srv, (void)dev;
+    (void)ctx, (void)dev;
 }
 
-void dqd_nccl_break(dqd_conn *c)
+void dqd_nccl_break(dqd_session *c)
 {
     (void)c;
 }
 
-void dqd_nccl_conn_closed(dqd_conn *c)
+void dqd_nccl_conn_closed(dqd_session *c)
 {
     (void)c;
 }

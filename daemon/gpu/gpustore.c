@@ -360,11 +360,8 @@ int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **
     uint16_t *sk = NULL, *sv = NULL;
     const size_t most = DQD_STAGE_BYTES / (n * 2 * sizeof(uint16_t));
     const size_t piece = ntok < most ? (ntok ? ntok : 1) : most;
-    if (l->nwin + nseal > l->slots) {
-        rc = add_segment(w, codec, l, (uint32_t)segment_windows(l->nwin + nseal - l->slots));
-        if (rc < 0)
-            goto undo;
-    }
+    if (l->nwin + nseal > l->slots)
+        DQD_CHECK_GOTO(add_segment(w, codec, l, (uint32_t)segment_windows(l->nwin + nseal - l->slots)), rc, undo);
     if (nseal) {
         if (l->tail) {
             /* The tail changes in place: keep the old one for a rollback. */
@@ -444,9 +441,7 @@ int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **
             rc = DQ_NOMEM;
             goto undo;
         }
-        rc = dqd_gd2h(w, hsmall, small, sb);
-        if (rc < 0)
-            goto undo;
+        DQD_CHECK_GOTO(dqd_gd2h(w, hsmall, small, sb), rc, undo);
         const int32_t *hs = (const int32_t *)(void *)(hsmall + STATUS_OFF);
         for (size_t i = 0; i < nseal; i++) {
             if (hs[i] != 0) {
@@ -579,9 +574,7 @@ int dqd_gpu_promote(dqd_gpu *g, dqd_codec *codec, dq_layer **host, dqd_glayer **
     for (size_t i = 0; i < nwin;) {
         uint8_t *dst = l->segs[0].base + i * wb;
         if (!per) {
-            rc = dqd_gh2d(w, dst, dq_layer_window(hl, i), wb);
-            if (rc < 0)
-                goto fail;
+            DQD_CHECK_GOTO(dqd_gh2d(w, dst, dq_layer_window(hl, i), wb), rc, fail);
             i++;
             continue;
         }
@@ -595,9 +588,7 @@ int dqd_gpu_promote(dqd_gpu *g, dqd_codec *codec, dq_layer **host, dqd_glayer **
         for (size_t j = 0; j < cnt; j++)
             memcpy(pin + j * wb, dq_layer_window(hl, i + j), wb);
         DQD_GCK_GOTO(cudaMemcpyAsync(dst, pin, cnt * wb, cudaMemcpyHostToDevice, w->stream), rc, fail);
-        rc = dqd_gpin_done(w, h);
-        if (rc < 0)
-            goto fail;
+        DQD_CHECK_GOTO(dqd_gpin_done(w, h), rc, fail);
         i += cnt;
     }
     if (tail) {
@@ -610,9 +601,7 @@ int dqd_gpu_promote(dqd_gpu *g, dqd_codec *codec, dq_layer **host, dqd_glayer **
     }
     l->nwin = (uint32_t)nwin;
     l->tail = (uint32_t)tail;
-    rc = dqd_gsync(w);
-    if (rc < 0)
-        goto fail;
+    DQD_CHECK_GOTO(dqd_gsync(w), rc, fail);
     dq_layer_free(*host);
     *host = NULL;
     *gpu = l;

@@ -12,11 +12,10 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include "conn.h"
+#include "ctx.h"
 #include "dquant/error.h"
 #include "gpu.h"
 #include "logging.h"
-#include "server.h"
 
 #ifndef DQD_HAVE_NCCL
 #error "nccl.c needs NCCL (meson defines DQD_HAVE_NCCL); see ncclpath_none.c"
@@ -41,8 +40,8 @@ typedef struct nc_job {
 } nc_job;
 
 struct dqd_nchan {
-    dqd_server *srv;
-    dqd_conn *conn;        /* NULL once the connection has gone */
+    dqd_ctx *ctx;
+    dqd_session *sess;     /* NULL once the connection has gone */
     uv_async_t async;
     pthread_t thread;
     pthread_mutex_t mu;
@@ -69,15 +68,15 @@ static uint64_t now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-bool dqd_nccl_offered(const dqd_server *srv)
+bool dqd_nccl_offered(const dqd_ctx *ctx)
 {
-    return srv->gpu != NULL;
+    return ctx->gpu != NULL;
 }
 
-void dqd_nccl_free_payload(dqd_server *srv, void *dev)
+void dqd_nccl_free_payload(dqd_ctx *ctx, void *dev)
 {
     if (dev)
-        dqd_gpu_free_transient(srv->gpu, dev);
+        dqd_gpu_free_transient(ctx->gpu, dev);
 }
 
 /* ---- the channel thread ---- */
@@ -311,10 +310,10 @@ static void chan_closed(uv_handle_t *h)
     free(ch);
 }
 
-static void free_job(dqd_server *srv, nc_job *j)
+static void free_job(dqd_ctx *ctx, nc_job *j)
 {
     if (j->dev)
-        dqd_nccl_free_payload(srv, j->dev);
+        dqd_nccl_free_payload(ctx, j->dev);
     free(j->host);
     free(j->segs);
     free(j);
@@ -323,7 +322,7 @@ static void free_job(dqd_server *srv, nc_job *j)
 static void on_async(uv_async_t *a)
 {
     dqd_nchan *ch = a->data;
-    dqd_server *srv = ch->srv;
+    dqd_ctx *ctx = ch->ctx;
     pthread_mutex_lock(&ch->mu);
     nc_job *list = ch->done_head;
     ch->done_head = ch->done_tail = NULL;
@@ -336,16 +335,16 @@ static void on_async(uv_async_t *a)
         if (j->kind == JOB_RECV) {
             dqd_req *req = j->req;
             if (j->rc < 0) {
-                srv->metrics.nccl_failures++;
+                ctx->metrics.nccl_failures++;
                 char msg[sizeof j->msg];
                 int rc = j->rc;
                 memcpy(msg, j->msg, sizeof msg);
-                free_job(srv, j);
+                free_job(ctx, j);
                 dqd_req_fail(req, rc, "%s", msg);
                 continue;
             }
             ch->bytes_in += j->bytes;
-            srv->metrics.nccl_bytes_in += j->bytes;
+            ctx->metrics.nccl_bytes_in += j->bytes;
             if (j->want_host) {
                 req->hpayload = j->host;
                 j->host = NULL;
@@ -354,17 +353,17 @@ static void on_async(uv_async_t *a)
                 j->dev = NULL;
             }
             void (*run)(dqd_req *) = j->run;
-            free_job(srv, j);
+            free_job(ctx, j);
             run(req);
         } else {
             if (j->rc < 0) {
-                srv->metrics.nccl_failures++;
+                ctx->metrics.nccl_failures++;
                 DQD_WARN("NCCL reply transfer failed: %s", j->msg);
             } else {
                 ch->bytes_out += j->bytes;
-                srv->metrics.nccl_bytes_out += j->bytes;
+                ctx->metrics.nccl_bytes_out += j->bytes;
             }
-            free_job(srv, j);
+            free_job(ctx, j);
             ch->busy = false;
             start_next(ch);
         }
@@ -418,7 +417,7 @@ static void start_next(dqd_nchan *ch)
 
 void dqd_nccl_admit(dqd_req *req, void (*run)(dqd_req *req))
 {
-    dqd_conn *c = req->conn;
+    dqd_session *c = req->sess;
     dqd_nchan *ch = c->nchan;
     if (!ch) {
         dqd_req_fail(req, DQ_IO, "this connection has no NCCL communicator (NCCL_SETUP first)");
@@ -441,13 +440,13 @@ void dqd_nccl_admit(dqd_req *req, void (*run)(dqd_req *req))
 
 void dqd_nccl_release(dqd_req *req, void *buf, bool on_device, uint64_t len, dqd_seg *segs, size_t nseg)
 {
-    dqd_server *srv = req->srv;
-    dqd_nchan *ch = req->conn->nchan;
+    dqd_ctx *ctx = req->ctx;
+    dqd_nchan *ch = req->sess->nchan;
     req->nccl_admitted = false;
     if (!ch || !ch->busy) {
         /* The channel went (connection closed, NCCL_SETUP replaced it): nothing to send to. */
         if (buf && on_device)
-            dqd_nccl_free_payload(srv, buf);
+            dqd_nccl_free_payload(ctx, buf);
         else
             free(buf);
         free(segs);
@@ -462,7 +461,7 @@ void dqd_nccl_release(dqd_req *req, void *buf, bool on_device, uint64_t len, dqd
     nc_job *j = calloc(1, sizeof *j);
     if (!j) {
         if (on_device)
-            dqd_nccl_free_payload(srv, buf);
+            dqd_nccl_free_payload(ctx, buf);
         else
             free(buf);
         free(segs);
@@ -487,7 +486,7 @@ void dqd_nccl_release(dqd_req *req, void *buf, bool on_device, uint64_t len, dqd
  * the channel frees itself when the thread has ended. */
 static void chan_shutdown(dqd_nchan *ch)
 {
-    ch->conn = NULL;
+    ch->sess = NULL;
     while (ch->wait_head) {
         dqd_req *req = ch->wait_head;
         ch->wait_head = req->nccl_next;
@@ -503,7 +502,7 @@ static void chan_shutdown(dqd_nchan *ch)
     pthread_mutex_unlock(&ch->mu);
 }
 
-void dqd_nccl_break(dqd_conn *c)
+void dqd_nccl_break(dqd_session *c)
 {
     if (c->nchan) {
         atomic_store(&c->nchan->state, CH_BROKEN);
@@ -513,7 +512,7 @@ void dqd_nccl_break(dqd_conn *c)
     }
 }
 
-void dqd_nccl_conn_closed(dqd_conn *c)
+void dqd_nccl_conn_closed(dqd_session *c)
 {
     if (c->nchan) {
         chan_shutdown(c->nchan);
@@ -523,11 +522,11 @@ void dqd_nccl_conn_closed(dqd_conn *c)
 
 void dqd_op_nccl_setup(dqd_req *req)
 {
-    dqd_server *srv = req->srv;
-    dqd_conn *c = req->conn;
-    if (!dqd_nccl_offered(srv)) {
+    dqd_ctx *ctx = req->ctx;
+    dqd_session *c = req->sess;
+    if (!dqd_nccl_offered(ctx)) {
         dqd_req_fail(req, DQ_UNSUPPORTED, "the NCCL data path needs the cuda backend (this daemon runs '%s')",
-                     srv->backend_name);
+                     ctx->backend_name);
         return;
     }
     if (c->nchan && c->nchan->busy) {
@@ -545,13 +544,13 @@ void dqd_op_nccl_setup(dqd_req *req)
         dqd_req_fail(req, DQ_INTERNAL, "ncclGetUniqueId: %s", ncclGetErrorString(r));
         return;
     }
-    ch->srv = srv;
-    ch->conn = c;
-    ch->device = (int)srv->cfg->gpu_device;
-    ch->timeout_ms = srv->cfg->nccl_timeout_ms;
+    ch->ctx = ctx;
+    ch->sess = c;
+    ch->device = (int)ctx->cfg->gpu_device;
+    ch->timeout_ms = ctx->cfg->nccl_timeout_ms;
     atomic_init(&ch->state, CH_JOINING);
     atomic_init(&ch->stop, false);
-    if (dqd_handoff_init(srv->loop, &ch->mu, &ch->cv, &ch->async, on_async) < 0) {
+    if (dqd_handoff_init(ctx->loop, &ch->mu, &ch->cv, &ch->async, on_async) < 0) {
         free(ch);
         dqd_req_fail(req, DQ_INTERNAL, "cannot create the channel's wake-up handle");
         return;
@@ -565,7 +564,7 @@ void dqd_op_nccl_setup(dqd_req *req)
     if (c->nchan)
         chan_shutdown(c->nchan);
     c->nchan = ch;
-    srv->metrics.nccl_setups++;
+    ctx->metrics.nccl_setups++;
 
     const Dquant__NcclSetup *s = req->msg->nccl_setup;
     DQD_INFO("conn %llu: NCCL setup, client GPU %d, daemon GPU %d", (unsigned long long)c->id, s->client_device,
