@@ -18,11 +18,11 @@
 
 typedef struct attn_state {
     uint32_t qn, d, W;
-    float *qr;     /* [qn][d] rotated queries */
-    float *accw;   /* [qn][d] one window's contribution, float */
-    double *acc;   /* [qn][d] running accumulator */
-    float *logit;  /* [qn][W] logits, then weights */
-    double *l, *off; /* [qn] running sum of weights, running Σ a·(o + s·c) */
+    float *qr;                    /* [qn][d] rotated queries */
+    float *accw;                  /* [qn][d] one window's contribution, float */
+    double *acc;                  /* [qn][d] running accumulator */
+    float *logit;                 /* [qn][W] logits, then weights */
+    double *l, *off;              /* [qn] running sum of weights, running Σ a·(o + s·c) */
     float *m, *qsum, *qmu, *offw; /* [qn] */
 } attn_state;
 
@@ -175,8 +175,7 @@ static void attend_tail(const dq_codec *c, const dq__dsp *dsp, const dq_layer *l
             const uint16_t *k = tk + (t0 + t) * n;
             for (uint32_t h = 0; h < st->qn; h++) {
                 uint32_t kv = (qh0 + h) / G;
-                st->logit[(size_t)h * W + t] =
-                    scale * dsp->dot_bf16(q + (size_t)(qh0 + h) * d, k + (size_t)kv * d, d);
+                st->logit[(size_t)h * W + t] = scale * dsp->dot_bf16(q + (size_t)(qh0 + h) * d, k + (size_t)kv * d, d);
             }
         }
         softmax_block(st, cnt);
@@ -231,8 +230,7 @@ static int attend_decoded_windows(const dq_codec *c, dq_workspace *ws, const dq_
     return DQ_OK;
 }
 
-static int check_items(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, const dq_attn_item *items,
-                       size_t nitems)
+static int check_items(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, const dq_attn_item *items, size_t nitems)
 {
     DQ_RETURN_IF(!c || !ws || ws->codec != c || (nitems && !items), DQ_INVALID_ARGUMENT);
     DQ_RETURN_IF(!q_heads || q_heads % c->profile.kv_heads, DQ_SHAPE);
@@ -316,8 +314,8 @@ int dq_attend(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale
     return DQ_OK;
 }
 
-int dq_attend_reference(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale,
-                        const dq_attn_item *items, size_t nitems)
+int dq_attend_reference(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale, const dq_attn_item *items,
+                        size_t nitems)
 {
     DQ_FORWARD_IF_ERROR(check_items(c, ws, q_heads, items, nitems));
     const uint32_t n = c->n, d = c->head_dim, G = q_heads / c->profile.kv_heads;

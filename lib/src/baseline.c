@@ -27,8 +27,14 @@ static int parse_bits(const char *s, uint32_t *bits)
 
 int dq__baseline_profile(const char *name, uint32_t kv_heads, uint32_t head_dim, dq_profile *out)
 {
-    static const struct { const char *prefix; uint32_t type, rotate; } kinds[] = {
-        {"int", DQ_CODEC_INT, 0}, {"quarot", DQ_CODEC_INT, 1}, {"kivi", DQ_CODEC_KIVI, 0}, {"turbo", DQ_CODEC_TURBO, 1},
+    static const struct {
+        const char *prefix;
+        uint32_t type, rotate;
+    } kinds[] = {
+        {"int", DQ_CODEC_INT, 0},
+        {"quarot", DQ_CODEC_INT, 1},
+        {"kivi", DQ_CODEC_KIVI, 0},
+        {"turbo", DQ_CODEC_TURBO, 1},
     };
     dq_profile p;
     memset(&p, 0, sizeof p);
@@ -226,8 +232,8 @@ static void int_decode_token(const uint8_t *rec, size_t n, uint32_t g, uint32_t 
     }
 }
 
-int dq__baseline_encode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const void *x, dq_dtype dtype,
-                        size_t ntok, uint8_t *header, uint8_t *records, size_t stride)
+int dq__baseline_encode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const void *x, dq_dtype dtype, size_t ntok,
+                        uint8_t *header, uint8_t *records, size_t stride)
 {
     const dq_profile *p = &c->profile;
     const size_t n = c->n, d = c->head_dim;
@@ -253,7 +259,8 @@ int dq__baseline_encode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const
         }
         for (size_t t = 0; t < ntok; t++) {
             for (size_t j = 0; j < n; j++)
-                sym[j] = quant(dq__load_elem(x, dtype, t * n + j), get16f(header + 2 * n + 2 * j), get16f(header + 2 * j), top);
+                sym[j] = quant(dq__load_elem(x, dtype, t * n + j), get16f(header + 2 * n + 2 * j),
+                               get16f(header + 2 * j), top);
             pack(records + t * stride, sym, n, bits);
         }
         return DQ_OK;

@@ -125,17 +125,17 @@ int dq_workspace_create(const dq_codec *codec, dq_workspace **out)
     if (big < 64 * (4 * d + W + 16))
         big = 64 * (4 * d + W + 16);
     /* one block: f0 f1 f2 (n floats) u0 u1 (n u32) big (W·n floats) levels (W·n) b0 b1 (n) */
-    size_t bytes = sizeof(dq_workspace) + 64 + 3 * n * sizeof(float) + 2 * n * sizeof(uint32_t) +
-                   big * sizeof(float) + big + 2 * n + 2 * big * sizeof(uint16_t) + 16 * 64;
+    size_t bytes = sizeof(dq_workspace) + 64 + 3 * n * sizeof(float) + 2 * n * sizeof(uint32_t) + big * sizeof(float) +
+                   big + 2 * n + 2 * big * sizeof(uint16_t) + 16 * 64;
     uint8_t *blk = dq__alloc(a, bytes);
     DQ_RETURN_IF(!blk, DQ_NOMEM);
     memset(blk, 0, sizeof(dq_workspace));
     dq_workspace *ws = (dq_workspace *)(void *)blk;
     uint8_t *p = blk + ((sizeof(dq_workspace) + 63) & ~(size_t)63);
-#define DQ_TAKE(field, type, count)                                   \
-    do {                                                              \
-        ws->field = (type *)(void *)p;                                \
-        p += (((count) * sizeof(type)) + 63) & ~(size_t)63;           \
+#define DQ_TAKE(field, type, count)                         \
+    do {                                                    \
+        ws->field = (type *)(void *)p;                      \
+        p += (((count) * sizeof(type)) + 63) & ~(size_t)63; \
     } while (0)
     DQ_TAKE(f0, float, n);
     DQ_TAKE(f1, float, n);

@@ -18,12 +18,12 @@
 
 /* Per-kind tables derived from the profile. */
 typedef struct dq__kind_tables {
-    uint32_t container;     /* C */
-    uint32_t levels;        /* M */
-    uint64_t budget_q16;    /* B = 8C - 32 bits, Q16 */
-    int32_t cost_q16[32];   /* r_m = -log2(f_m / 256) in 1/65536 bits, exact integer algorithm */
-    float cost[32];         /* cost_q16 / 65536, exactly */
-    uint32_t cheapest;      /* argmin cost (lowest index on ties) */
+    uint32_t container;   /* C */
+    uint32_t levels;      /* M */
+    uint64_t budget_q16;  /* B = 8C - 32 bits, Q16 */
+    int32_t cost_q16[32]; /* r_m = -log2(f_m / 256) in 1/65536 bits, exact integer algorithm */
+    float cost[32];       /* cost_q16 / 65536, exactly */
+    uint32_t cheapest;    /* argmin cost (lowest index on ties) */
     dq__rans_enc enc;
     dq__rans_dec dec;
 } dq__kind_tables;
@@ -31,30 +31,30 @@ typedef struct dq__kind_tables {
 struct dq_codec {
     dq_profile profile;
     dq_allocator alloc;
-    uint32_t n;             /* kv_heads × head_dim */
+    uint32_t n; /* kv_heads × head_dim */
     uint32_t head_dim;
     uint32_t log2_head_dim;
-    float rot_scale;        /* (float)(1 / sqrt(head_dim)) */
-    float *signs;           /* n entries of ±1 (D), or NULL when the seed is 0 */
+    float rot_scale; /* (float)(1 / sqrt(head_dim)) */
+    float *signs;    /* n entries of ±1 (D), or NULL when the seed is 0 */
     dq__kind_tables kt[2];
     size_t record_bytes[2]; /* 4 + C (baselines: their record size) */
     size_t mean_bytes;      /* key window header: 2 + n (KIVI: 4n, other baselines: 0) */
     size_t window_bytes;
     /* baselines */
-    uint32_t group;         /* channels per scale/zero group */
-    float lm_c[256];        /* TurboQuant: Lloyd–Max centroids for N(0,1), 2^bits of them */
-    float lm_t[256];        /* decision thresholds between consecutive centroids */
+    uint32_t group;  /* channels per scale/zero group */
+    float lm_c[256]; /* TurboQuant: Lloyd–Max centroids for N(0,1), 2^bits of them */
+    float lm_t[256]; /* decision thresholds between consecutive centroids */
 };
 
 struct dq_workspace {
     const dq_codec *codec;
-    float *f0, *f1, *f2;    /* n floats each */
-    uint32_t *u0;           /* n: sort keys / indices */
-    uint32_t *u1;           /* n */
-    uint8_t *b0, *b1;       /* n bytes each */
-    float *big;             /* window scratch: W · n floats */
-    uint8_t *levels;        /* window scratch: W · n levels */
-    uint16_t *stage;        /* window staging: 2 · W · n BF16 (K then V) */
+    float *f0, *f1, *f2; /* n floats each */
+    uint32_t *u0;        /* n: sort keys / indices */
+    uint32_t *u1;        /* n */
+    uint8_t *b0, *b1;    /* n bytes each */
+    float *big;          /* window scratch: W · n floats */
+    uint8_t *levels;     /* window scratch: W · n levels */
+    uint16_t *stage;     /* window staging: 2 · W · n BF16 (K then V) */
     size_t big_len;
 };
 
@@ -98,18 +98,27 @@ static inline uint16_t dq__f32_bf16(float f)
 static inline float dq__load_elem(const void *src, dq_dtype t, size_t i)
 {
     switch (t) {
-    case DQ_DTYPE_F16: return dq_f16_to_f32(((const uint16_t *)src)[i]);
-    case DQ_DTYPE_BF16: return dq__bf16_f32(((const uint16_t *)src)[i]);
-    default: return ((const float *)src)[i];
+    case DQ_DTYPE_F16:
+        return dq_f16_to_f32(((const uint16_t *)src)[i]);
+    case DQ_DTYPE_BF16:
+        return dq__bf16_f32(((const uint16_t *)src)[i]);
+    default:
+        return ((const float *)src)[i];
     }
 }
 
 static inline void dq__store_elem(void *dst, dq_dtype t, size_t i, float v)
 {
     switch (t) {
-    case DQ_DTYPE_F16: ((uint16_t *)dst)[i] = dq_f32_to_f16(v); break;
-    case DQ_DTYPE_BF16: ((uint16_t *)dst)[i] = dq__f32_bf16(v); break;
-    default: ((float *)dst)[i] = v; break;
+    case DQ_DTYPE_F16:
+        ((uint16_t *)dst)[i] = dq_f32_to_f16(v);
+        break;
+    case DQ_DTYPE_BF16:
+        ((uint16_t *)dst)[i] = dq__f32_bf16(v);
+        break;
+    default:
+        ((float *)dst)[i] = v;
+        break;
     }
 }
 
@@ -146,8 +155,8 @@ void dq__log(dq_log_level level, const char *file, int line, const char *fmt, ..
     } while (0)
 
 /* Stream encoder with its diagnostics: levels (may be NULL) receives the final assignment. */
-int dq__stream_encode_ex(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const float *y,
-                         uint8_t *record, dq_encode_stats *stats, uint8_t *levels);
+int dq__stream_encode_ex(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const float *y, uint8_t *record,
+                         dq_encode_stats *stats, uint8_t *levels);
 
 /* Baseline codecs (baseline.c). */
 int dq__baseline_profile(const char *name, uint32_t kv_heads, uint32_t head_dim, dq_profile *out);
@@ -156,8 +165,8 @@ int dq__baseline_validate(const dq_profile *p);
 size_t dq__baseline_record_bytes(const dq_profile *p, int kind);
 size_t dq__baseline_header_bytes(const dq_profile *p);
 void dq__baseline_setup(dq_codec *c);
-int dq__baseline_encode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const void *x, dq_dtype dtype,
-                        size_t ntok, uint8_t *header, uint8_t *records, size_t stride);
+int dq__baseline_encode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const void *x, dq_dtype dtype, size_t ntok,
+                        uint8_t *header, uint8_t *records, size_t stride);
 int dq__baseline_decode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const uint8_t *header,
                         const uint8_t *records, size_t stride, size_t ntok, void *out, dq_dtype dtype);
 

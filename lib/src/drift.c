@@ -131,8 +131,7 @@ static inline uint32_t count_le(const float *xs, uint32_t n, float o, float t)
     return lo;
 }
 
-static int64_t envelope_cost(const dq__kind_tables *kt, const envelope *env, const float *xs, uint32_t n,
-                             float o)
+static int64_t envelope_cost(const dq__kind_tables *kt, const envelope *env, const float *xs, uint32_t n, float o)
 {
     int64_t cost = (int64_t)n * kt->cost_q16[env->lv[0]];
     for (uint32_t i = 1; i <= env->k; i++) {
@@ -142,8 +141,8 @@ static int64_t envelope_cost(const dq__kind_tables *kt, const envelope *env, con
     return cost;
 }
 
-dq__drift_result dq__drift(const dq__kind_tables *kt, const float *x, const float *xs, uint32_t n,
-                           float s, float o, int64_t budget_q16, uint8_t *levels)
+dq__drift_result dq__drift(const dq__kind_tables *kt, const float *x, const float *xs, uint32_t n, float s, float o,
+                           int64_t budget_q16, uint8_t *levels)
 {
     const uint32_t M = kt->levels;
     /* hi = ceil(log2(8·(max D - min D))). max D sits at an end level and an extreme value. */
@@ -151,10 +150,14 @@ dq__drift_result dq__drift(const dq__kind_tables *kt, const float *x, const floa
     float xmin = xs[0], xmax = xs[n - 1];
     float d;
     float maxd = 0;
-    d = xmin - lv0; maxd = fmaxf(maxd, d * d);
-    d = xmax - lv0; maxd = fmaxf(maxd, d * d);
-    d = xmin - lvM; maxd = fmaxf(maxd, d * d);
-    d = xmax - lvM; maxd = fmaxf(maxd, d * d);
+    d = xmin - lv0;
+    maxd = fmaxf(maxd, d * d);
+    d = xmax - lv0;
+    maxd = fmaxf(maxd, d * d);
+    d = xmin - lvM;
+    maxd = fmaxf(maxd, d * d);
+    d = xmax - lvM;
+    maxd = fmaxf(maxd, d * d);
     float mind = INFINITY;
     for (uint32_t m = 0; m < M; m++) {
         float lv = o + s * (float)m;

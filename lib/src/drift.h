@@ -33,14 +33,14 @@ void dq__sort_floats(const float *x, uint32_t n, float *out, uint32_t *tmp);
 const float *dq__exp2_table(void);
 
 typedef struct dq__drift_result {
-    int64_t cost_q16;   /* Σ r of the assignment */
-    int feasible;       /* cost_q16 <= budget */
-    uint32_t j;         /* grid index of λ used */
+    int64_t cost_q16; /* Σ r of the assignment */
+    int feasible;     /* cost_q16 <= budget */
+    uint32_t j;       /* grid index of λ used */
 } dq__drift_result;
 
 /* Drift for grid (s, o): writes levels[n]. xs is x sorted ascending. s must be > 0. */
-dq__drift_result dq__drift(const dq__kind_tables *kt, const float *x, const float *xs, uint32_t n,
-                           float s, float o, int64_t budget_q16, uint8_t *levels);
+dq__drift_result dq__drift(const dq__kind_tables *kt, const float *x, const float *xs, uint32_t n, float s, float o,
+                           int64_t budget_q16, uint8_t *levels);
 
 /* The λ of grid index j for the exponent hi. */
 float dq__drift_lambda(int hi, uint32_t j);

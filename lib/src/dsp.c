@@ -4,8 +4,8 @@
 #include "codec_internal.h"
 #include "dsp.h"
 
-static size_t decode_levels_c(const dq__rans_dec *dec, const uint8_t *records, size_t stride, size_t count,
-                              uint32_t C, uint32_t n, uint8_t *levels)
+static size_t decode_levels_c(const dq__rans_dec *dec, const uint8_t *records, size_t stride, size_t count, uint32_t C,
+                              uint32_t n, uint8_t *levels)
 {
     size_t corrupt = 0;
     for (size_t i = 0; i < count; i++)

@@ -12,8 +12,8 @@
 typedef struct dq__dsp {
     /* Decodes count streams (records stride bytes apart; each record is 4 bytes of fp16 s,o then a
      * C-byte container) to levels[i·n + j]. Returns the number of corrupt streams. */
-    size_t (*decode_levels)(const dq__rans_dec *dec, const uint8_t *records, size_t stride, size_t count,
-                            uint32_t C, uint32_t n, uint8_t *levels);
+    size_t (*decode_levels)(const dq__rans_dec *dec, const uint8_t *records, size_t stride, size_t count, uint32_t C,
+                            uint32_t n, uint8_t *levels);
     /* acc[j] += w · (lev[j] - center), j < len. Centered levels keep the affine offset out of
      * the accumulation (no cancellation between Σ a·s·m and Σ a·o). */
     void (*axpy_u8)(float *acc, float w, const uint8_t *lev, size_t len, float center);
@@ -31,7 +31,6 @@ typedef struct dq__dsp {
      * every version gives the same bits (each output is one addition or subtraction). */
     void (*fwht)(float *x, uint32_t len);
 } dq__dsp;
-
 
 void dq__dsp_init_c(dq__dsp *dsp);
 /* The C transform (the table's fwht before CPU-specific versions; they use it for short lengths). */

@@ -102,13 +102,13 @@ static size_t decode_levels_multi(const dq__rans_dec *dec, const uint8_t *record
 #define CHUNK 64
 
 __attribute__((target("avx2"))) static size_t decode_vec_avx2(const dq__rans_dec *dec, const uint8_t *in0,
-                                                             size_t stride, uint32_t C, uint32_t n, uint8_t *out0)
+                                                              size_t stride, uint32_t C, uint32_t n, uint8_t *out0)
 {
     const __m256i ff = _mm256_set1_epi32(0xff), eight = _mm256_set1_epi32(8), zero = _mm256_setzero_si256();
     const __m256i vc = _mm256_set1_epi32((int)C), vcm4 = _mm256_set1_epi32((int)(C - 4));
     /* byte 0 of each 32-bit lane to the low 4 bytes of each 128-bit half, then the halves together */
-    const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12,
-                                          -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1,
+                                          -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
     const __m256i join = _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1);
     const int *T = (const int *)dec->entry;
     __m256i x[VG], p[VG], ov[VG], off[VG];
@@ -132,8 +132,9 @@ __attribute__((target("avx2"))) static size_t decode_vec_avx2(const dq__rans_dec
                 const __m256i e = _mm256_i32gather_epi32(T, _mm256_and_si256(x[g], ff), 4);
                 const __m256i lv = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(e, pick), join);
                 _mm_storel_epi64((__m128i *)(void *)buf[g][s], _mm256_castsi256_si128(lv));
-                const __m256i xn = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_srli_epi32(e, 16), _mm256_srli_epi32(x[g], 8)),
-                                                    _mm256_and_si256(_mm256_srli_epi32(e, 8), ff));
+                const __m256i xn = _mm256_add_epi32(
+                    _mm256_mullo_epi32(_mm256_srli_epi32(e, 16), _mm256_srli_epi32(x[g], 8)),
+                    _mm256_and_si256(_mm256_srli_epi32(e, 8), ff));
                 const __m256i need = _mm256_cmpeq_epi32(_mm256_srli_epi32(xn, 23), zero); /* xn < DQ_RANS_L */
                 const __m256i have = _mm256_cmpgt_epi32(vc, p[g]);
                 const __m256i take = _mm256_and_si256(need, have);
@@ -142,8 +143,8 @@ __attribute__((target("avx2"))) static size_t decode_vec_avx2(const dq__rans_dec
                 const __m256i at = _mm256_min_epu32(p[g], vcm4);
                 const __m256i w = _mm256_mask_i32gather_epi32(zero, (const int *)(const void *)in0,
                                                               _mm256_add_epi32(off[g], at), take, 1);
-                const __m256i b =
-                    _mm256_and_si256(_mm256_srlv_epi32(w, _mm256_slli_epi32(_mm256_sub_epi32(p[g], at), 3)), ff);
+                const __m256i b = _mm256_and_si256(
+                    _mm256_srlv_epi32(w, _mm256_slli_epi32(_mm256_sub_epi32(p[g], at), 3)), ff);
                 p[g] = _mm256_sub_epi32(p[g], take);
                 x[g] = _mm256_or_si256(_mm256_sllv_epi32(xn, _mm256_and_si256(need, eight)), b);
             }
@@ -169,8 +170,8 @@ __attribute__((target("avx2"))) static size_t decode_vec_avx2(const dq__rans_dec
 
 /* decode_levels_multi with decode_vec_avx2 for every 8·VG streams whose states all start in range. */
 __attribute__((target("avx2"))) static size_t decode_levels_avx2(const dq__rans_dec *dec, const uint8_t *records,
-                                                                size_t stride, size_t count, uint32_t C, uint32_t n,
-                                                                uint8_t *levels)
+                                                                 size_t stride, size_t count, uint32_t C, uint32_t n,
+                                                                 uint8_t *levels)
 {
     size_t corrupt = 0, i = 0;
     if (C >= DQ_RANS_STATE_BYTES && stride * (8 * VG) < ((size_t)1 << 31)) {
@@ -199,7 +200,8 @@ __attribute__((target("avx2,fma"))) static inline float hsum2_avx(__m256 a, __m2
     return _mm_cvtss_f32(s);
 }
 
-__attribute__((target("avx2,fma"))) static float dot_u8_avx2(const float *q, const uint8_t *lev, size_t len, float center)
+__attribute__((target("avx2,fma"))) static float dot_u8_avx2(const float *q, const uint8_t *lev, size_t len,
+                                                             float center)
 {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), vc = _mm256_set1_ps(center);
     size_t j = 0;
@@ -216,7 +218,8 @@ __attribute__((target("avx2,fma"))) static float dot_u8_avx2(const float *q, con
     return r;
 }
 
-__attribute__((target("avx2,fma"))) static void axpy_u8_avx2(float *acc, float w, const uint8_t *lev, size_t len, float center)
+__attribute__((target("avx2,fma"))) static void axpy_u8_avx2(float *acc, float w, const uint8_t *lev, size_t len,
+                                                             float center)
 {
     __m256 vw = _mm256_set1_ps(w), vc = _mm256_set1_ps(center);
     size_t j = 0;

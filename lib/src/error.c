@@ -4,7 +4,9 @@
 const char *dq_strerror(int err)
 {
     switch (err) {
-#define DQ__ERR_MSG(name, value, msg) case value: return msg;
+#define DQ__ERR_MSG(name, value, msg) \
+    case value:                       \
+        return msg;
         DQ_ERRNO_MAP(DQ__ERR_MSG)
 #undef DQ__ERR_MSG
     default:
@@ -15,7 +17,9 @@ const char *dq_strerror(int err)
 const char *dq_err_name(int err)
 {
     switch (err) {
-#define DQ__ERR_NAME(name, value, msg) case value: return #name;
+#define DQ__ERR_NAME(name, value, msg) \
+    case value:                        \
+        return #name;
         DQ_ERRNO_MAP(DQ__ERR_NAME)
 #undef DQ__ERR_NAME
     default:

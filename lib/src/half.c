@@ -30,7 +30,7 @@ uint16_t dq_f32_to_f16(float x)
         return (uint16_t)(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u | ((abs >> 13) & 0x3ffu) : 0));
     if (abs >= 0x477ff000u) /* rounds to >= 65520: overflow */
         return (uint16_t)(sign | 0x7c00u);
-    if (abs < 0x38800000u) { /* subnormal or zero in f16 */
+    if (abs < 0x38800000u) {   /* subnormal or zero in f16 */
         if (abs < 0x33000000u) /* < 2^-25: rounds to zero */
             return sign;
         uint32_t e = abs >> 23;
@@ -83,10 +83,10 @@ uint16_t dq_f64_to_f16(double x)
     if (a == 0x1p-25)
         return sign;
     int ex;
-    frexp(a, &ex); /* a = f · 2^ex, f in [0.5, 1) */
+    frexp(a, &ex);  /* a = f · 2^ex, f in [0.5, 1) */
     int e = ex - 1; /* a in [2^e, 2^(e+1)) */
     double ulp = e < -14 ? 0x1p-24 : ldexp(1.0, e - 10);
-    double q = a / ulp; /* exact: power-of-two scaling */
+    double q = a / ulp;      /* exact: power-of-two scaling */
     double r = nearbyint(q); /* default rounding mode: to nearest even */
     /* q · ulp with r possibly carrying to the next binade: reassemble from the value */
     double v = r * ulp;
@@ -109,30 +109,40 @@ float dq_bf16_to_f32(uint16_t b)
 size_t dq_dtype_size(dq_dtype dtype)
 {
     switch (dtype) {
-    case DQ_DTYPE_F32: return 4;
-    case DQ_DTYPE_F16: return 2;
-    case DQ_DTYPE_BF16: return 2;
-    default: return 0;
+    case DQ_DTYPE_F32:
+        return 4;
+    case DQ_DTYPE_F16:
+        return 2;
+    case DQ_DTYPE_BF16:
+        return 2;
+    default:
+        return 0;
     }
 }
 
 const char *dq_dtype_name(dq_dtype dtype)
 {
     switch (dtype) {
-    case DQ_DTYPE_F32: return "f32";
-    case DQ_DTYPE_F16: return "f16";
-    case DQ_DTYPE_BF16: return "bf16";
-    default: return NULL;
+    case DQ_DTYPE_F32:
+        return "f32";
+    case DQ_DTYPE_F16:
+        return "f16";
+    case DQ_DTYPE_BF16:
+        return "bf16";
+    default:
+        return NULL;
     }
 }
 
 int dq_dtype_parse(const char *name, dq_dtype *out)
 {
     DQ_RETURN_IF(!name || !out, DQ_INVALID_ARGUMENT);
-    static const struct { const char *s; dq_dtype t; } names[] = {
-        {"f32", DQ_DTYPE_F32}, {"float32", DQ_DTYPE_F32}, {"fp32", DQ_DTYPE_F32},
-        {"f16", DQ_DTYPE_F16}, {"float16", DQ_DTYPE_F16}, {"fp16", DQ_DTYPE_F16},
-        {"bf16", DQ_DTYPE_BF16}, {"bfloat16", DQ_DTYPE_BF16},
+    static const struct {
+        const char *s;
+        dq_dtype t;
+    } names[] = {
+        {"f32", DQ_DTYPE_F32},     {"float32", DQ_DTYPE_F32}, {"fp32", DQ_DTYPE_F32},  {"f16", DQ_DTYPE_F16},
+        {"float16", DQ_DTYPE_F16}, {"fp16", DQ_DTYPE_F16},    {"bf16", DQ_DTYPE_BF16}, {"bfloat16", DQ_DTYPE_BF16},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (strcasecmp(name, names[i].s) == 0) {
@@ -174,19 +184,18 @@ int dq_convert(const void *src, dq_dtype src_type, void *dst, dq_dtype dst_type,
 /* Whether any of u[0..count) has all the exponent bits of mask set (Inf or NaN). The values are
  * tested in blocks without an early exit inside a block, so the compiler vectorizes the test. */
 #define DQ__FINITE_BLOCK 256
-#define DQ__DEFINE_ANY_EXP_ALL(name, type)                                 \
-    static bool name(const type *u, size_t count, type mask)               \
-    {                                                                      \
-        for (size_t i0 = 0; i0 < count; i0 += DQ__FINITE_BLOCK) {          \
-            const size_t m = count - i0 < DQ__FINITE_BLOCK ? count - i0     \
-                                                           : DQ__FINITE_BLOCK; \
-            type hit = 0;                                                  \
-            for (size_t i = 0; i < m; i++)                                 \
-                hit |= (type)((u[i0 + i] & mask) == mask);                 \
-            if (hit)                                                       \
-                return true;                                               \
-        }                                                                  \
-        return false;                                                      \
+#define DQ__DEFINE_ANY_EXP_ALL(name, type)                                                  \
+    static bool name(const type *u, size_t count, type mask)                                \
+    {                                                                                       \
+        for (size_t i0 = 0; i0 < count; i0 += DQ__FINITE_BLOCK) {                           \
+            const size_t m = count - i0 < DQ__FINITE_BLOCK ? count - i0 : DQ__FINITE_BLOCK; \
+            type hit = 0;                                                                   \
+            for (size_t i = 0; i < m; i++)                                                  \
+                hit |= (type)((u[i0 + i] & mask) == mask);                                  \
+            if (hit)                                                                        \
+                return true;                                                                \
+        }                                                                                   \
+        return false;                                                                       \
     }
 DQ__DEFINE_ANY_EXP_ALL(any_exp_all16, uint16_t)
 DQ__DEFINE_ANY_EXP_ALL(any_exp_all32, uint32_t)
@@ -195,9 +204,13 @@ int dq_check_finite(const void *x, dq_dtype dtype, size_t count)
 {
     DQ_RETURN_IF(!x && count, DQ_INVALID_ARGUMENT);
     switch (dtype) {
-    case DQ_DTYPE_F32: return any_exp_all32(x, count, 0x7f800000u) ? DQ_NONFINITE : DQ_OK;
-    case DQ_DTYPE_F16: return any_exp_all16(x, count, 0x7c00u) ? DQ_NONFINITE : DQ_OK;
-    case DQ_DTYPE_BF16: return any_exp_all16(x, count, 0x7f80u) ? DQ_NONFINITE : DQ_OK;
-    default: return DQ_DTYPE;
+    case DQ_DTYPE_F32:
+        return any_exp_all32(x, count, 0x7f800000u) ? DQ_NONFINITE : DQ_OK;
+    case DQ_DTYPE_F16:
+        return any_exp_all16(x, count, 0x7c00u) ? DQ_NONFINITE : DQ_OK;
+    case DQ_DTYPE_BF16:
+        return any_exp_all16(x, count, 0x7f80u) ? DQ_NONFINITE : DQ_OK;
+    default:
+        return DQ_DTYPE;
     }
 }

@@ -278,7 +278,8 @@ int dq_layer_append(dq_layer *layer, dq_workspace *ws, const void *k, const void
 int dq_layer_decode(const dq_layer *layer, dq_workspace *ws, dq_kind kind, size_t first, size_t count, void *out,
                     dq_dtype dtype)
 {
-    DQ_RETURN_IF(!layer || !ws || ws->codec != layer->codec || (count && !out) || (kind != DQ_KIND_K && kind != DQ_KIND_V),
+    DQ_RETURN_IF(!layer || !ws || ws->codec != layer->codec || (count && !out) ||
+                     (kind != DQ_KIND_K && kind != DQ_KIND_V),
                  DQ_INVALID_ARGUMENT);
     DQ_RETURN_IF(!dq_dtype_size(dtype), DQ_DTYPE);
     const dq_codec *c = layer->codec;
@@ -338,7 +339,8 @@ int dq_layer_restore(const dq_codec *codec, const uint8_t *windows, size_t nwin,
             }
         }
     }
-    DQ_RETURN_IF(dq_check_finite(tail_k, DQ_DTYPE_BF16, tail_tokens * n) || dq_check_finite(tail_v, DQ_DTYPE_BF16, tail_tokens * n),
+    DQ_RETURN_IF(dq_check_finite(tail_k, DQ_DTYPE_BF16, tail_tokens * n) ||
+                     dq_check_finite(tail_v, DQ_DTYPE_BF16, tail_tokens * n),
                  DQ_CORRUPT);
     dq_layer *l;
     DQ_FORWARD_IF_ERROR(dq_layer_create(codec, &l));

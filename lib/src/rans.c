@@ -19,8 +19,8 @@ void dq__rans_tables(const uint16_t *freq, uint32_t levels, dq__rans_enc *enc, d
     }
 }
 
-uint32_t dq__rans_encode(const dq__rans_enc *enc, const uint8_t *syms, uint32_t n, uint8_t *scratch,
-                         uint8_t *out, uint32_t cap)
+uint32_t dq__rans_encode(const dq__rans_enc *enc, const uint8_t *syms, uint32_t n, uint8_t *scratch, uint8_t *out,
+                         uint32_t cap)
 {
     /* Bytes are emitted last-in-first-read: fill scratch from its end. At most one byte per
      * symbol: after renormalization x < 2^23·f, so the update stays below 2^31. */

@@ -31,8 +31,8 @@ void dq__rans_tables(const uint16_t *freq, uint32_t levels, dq__rans_enc *enc, d
 /* Encodes n symbols into out[0..cap). scratch must hold n bytes. Returns the bytes the container
  * needs (4 + emitted); when that exceeds cap nothing useful is in out and the caller retries.
  * On success out[used..cap) is zeroed. */
-uint32_t dq__rans_encode(const dq__rans_enc *enc, const uint8_t *syms, uint32_t n, uint8_t *scratch,
-                         uint8_t *out, uint32_t cap);
+uint32_t dq__rans_encode(const dq__rans_enc *enc, const uint8_t *syms, uint32_t n, uint8_t *scratch, uint8_t *out,
+                         uint32_t cap);
 
 /* Decodes n symbols from a C-byte container; never reads outside it (bytes past the end read as
  * zero). Returns 0 for a valid stream, DQ_CORRUPT when the initial state is out of range, the

@@ -12,8 +12,8 @@
  * to [0, M - 1], and by how many levels at most. Without branches or a call per value, so that the
  * loop vectorizes: the quotient is clamped to [-1, M] first (each end rounds and clamps as
  * before), then rounded to nearest even by adding and subtracting 1.5 · 2^23. */
-static void count_moves(const float *x, const uint8_t *lev, uint32_t n, float s, float o, uint32_t M,
-                        uint64_t *moved, uint32_t *max_move)
+static void count_moves(const float *x, const uint8_t *lev, uint32_t n, float s, float o, uint32_t M, uint64_t *moved,
+                        uint32_t *max_move)
 {
     uint32_t cnt = 0, mx = 0;
     const float top = (float)(M - 1), hi = (float)M;
@@ -36,8 +36,8 @@ static void count_moves(const float *x, const uint8_t *lev, uint32_t n, float s,
         *max_move = mx;
 }
 
-int dq__stream_encode_ex(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const float *x,
-                         uint8_t *record, dq_encode_stats *stats, uint8_t *levels_out)
+int dq__stream_encode_ex(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const float *x, uint8_t *record,
+                         dq_encode_stats *stats, uint8_t *levels_out)
 {
     DQ_RETURN_IF(!codec || !ws || !x || !record || (kind != DQ_KIND_K && kind != DQ_KIND_V) || ws->codec != codec,
                  DQ_INVALID_ARGUMENT);

@@ -63,8 +63,8 @@ void dq__mean_dequant(const dq_codec *codec, const uint8_t *mean_block, float *m
         mu[j] = (float)q[j] * sf;
 }
 
-int dq_tokens_encode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const void *x, dq_dtype dtype,
-                     size_t ntok, uint8_t *mean, uint8_t *records, size_t record_stride, dq_encode_stats *stats)
+int dq_tokens_encode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const void *x, dq_dtype dtype, size_t ntok,
+                     uint8_t *mean, uint8_t *records, size_t record_stride, dq_encode_stats *stats)
 {
     DQ_RETURN_IF(!codec || !ws || ws->codec != codec || !x || !records || (kind != DQ_KIND_K && kind != DQ_KIND_V),
                  DQ_INVALID_ARGUMENT);
@@ -106,8 +106,8 @@ int dq_tokens_encode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, cons
     return DQ_OK;
 }
 
-int dq_tokens_decode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const uint8_t *mean,
-                     const uint8_t *records, size_t record_stride, size_t ntok, void *out, dq_dtype dtype)
+int dq_tokens_decode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const uint8_t *mean, const uint8_t *records,
+                     size_t record_stride, size_t ntok, void *out, dq_dtype dtype)
 {
     DQ_RETURN_IF(!codec || !ws || ws->codec != codec || !records || !out || (kind != DQ_KIND_K && kind != DQ_KIND_V),
                  DQ_INVALID_ARGUMENT);

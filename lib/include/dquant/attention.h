@@ -22,16 +22,16 @@ extern "C" {
 #endif
 
 typedef struct dq_attn_item {
-    const dq_layer *layer;   /* borrowed */
-    const float *q;          /* [q_heads, head_dim], original domain; borrowed */
-    float *out;              /* [q_heads, head_dim]; written */
-    float *lse;              /* [q_heads]; written; may be NULL */
+    const dq_layer *layer; /* borrowed */
+    const float *q;        /* [q_heads, head_dim], original domain; borrowed */
+    float *out;            /* [q_heads, head_dim]; written */
+    float *lse;            /* [q_heads]; written; may be NULL */
 } dq_attn_item;
 
 /* q_heads must be a positive multiple of the profile's kv_heads. scale is usually 1/sqrt(head_dim).
  * Items may use different layers (of this codec) of any length. Queries must be finite. */
-DQ_API int dq_attend(const dq_codec *codec, dq_workspace *ws, uint32_t q_heads, float scale,
-                     const dq_attn_item *items, size_t nitems);
+DQ_API int dq_attend(const dq_codec *codec, dq_workspace *ws, uint32_t q_heads, float scale, const dq_attn_item *items,
+                     size_t nitems);
 
 /* The same computation over the decoded cache, in double precision (the test reference). */
 DQ_API int dq_attend_reference(const dq_codec *codec, dq_workspace *ws, uint32_t q_heads, float scale,

@@ -63,12 +63,12 @@ DQ_API void dq_workspace_free(dq_workspace *ws);
 /* Per-call encoder statistics, summed over the streams of the call. */
 typedef struct dq_encode_stats {
     uint64_t streams;
-    uint64_t retries;             /* streams whose first rANS pass overflowed and were redone */
-    uint64_t fallbacks;           /* streams that fell back to the all-cheapest assignment */
-    uint32_t max_payload_bytes;   /* largest container fill seen (state + bytes) */
-    uint64_t payload_bytes;       /* sum of container fills */
-    uint64_t symbols_moved;       /* symbols whose final level differs from nearest rounding */
-    uint32_t max_move;            /* largest such difference, in levels */
+    uint64_t retries;           /* streams whose first rANS pass overflowed and were redone */
+    uint64_t fallbacks;         /* streams that fell back to the all-cheapest assignment */
+    uint32_t max_payload_bytes; /* largest container fill seen (state + bytes) */
+    uint64_t payload_bytes;     /* sum of container fills */
+    uint64_t symbols_moved;     /* symbols whose final level differs from nearest rounding */
+    uint32_t max_move;          /* largest such difference, in levels */
 } dq_encode_stats;
 
 /* ---- stream level: values already in the rotated (and, for keys, mean-removed) domain ---- */
@@ -76,13 +76,12 @@ typedef struct dq_encode_stats {
 /* Encodes n preprocessed values into one record (4 + C bytes: fp16 s, fp16 o, container).
  * y must be finite (DQ_NONFINITE) and within DQ_STREAM_MAX_ABS (DQ_RANGE); nothing else fails:
  * every stream fits its container. stats may be NULL; it is added to, not reset. */
-DQ_API int dq_stream_encode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const float *y,
-                            uint8_t *record, dq_encode_stats *stats);
+DQ_API int dq_stream_encode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const float *y, uint8_t *record,
+                            dq_encode_stats *stats);
 /* Decodes a record's symbols (levels[n], each < M). The scalar reference decoder.
  * Returns 0, or DQ_CORRUPT when the container is not a valid stream (levels are still written, and
  * never read outside the record). */
-DQ_API int dq_stream_decode_levels(const dq_codec *codec, dq_kind kind, const uint8_t *record,
-                                   uint8_t *levels);
+DQ_API int dq_stream_decode_levels(const dq_codec *codec, dq_kind kind, const uint8_t *record, uint8_t *levels);
 /* Decodes a record to n values in the rotated domain (o + s·m; keys without their mean). */
 DQ_API int dq_stream_decode(const dq_codec *codec, dq_kind kind, const uint8_t *record, float *y);
 
@@ -97,23 +96,20 @@ DQ_API void dq_unrotate(const dq_codec *codec, float *y);
  * key records to records[t · record_stride]. For values (kind V) mean must be NULL and ntok may be
  * any count. x is [ntok, kv_heads, head_dim] of dtype. Validates everything (DQ_NONFINITE,
  * DQ_RANGE: |rotated value| > DQ_TOKEN_MAX_ABS) before writing anything. */
-DQ_API int dq_tokens_encode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const void *x,
-                            dq_dtype dtype, size_t ntok, uint8_t *mean, uint8_t *records,
-                            size_t record_stride, dq_encode_stats *stats);
+DQ_API int dq_tokens_encode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const void *x, dq_dtype dtype,
+                            size_t ntok, uint8_t *mean, uint8_t *records, size_t record_stride, dq_encode_stats *stats);
 /* Decodes ntok records (kind K needs the window's mean block) to [ntok, kv_heads, head_dim] of
  * dtype in the original domain. Returns DQ_CORRUPT if any record was invalid (all are written). */
 DQ_API int dq_tokens_decode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const uint8_t *mean,
-                            const uint8_t *records, size_t record_stride, size_t ntok, void *out,
-                            dq_dtype dtype);
+                            const uint8_t *records, size_t record_stride, size_t ntok, void *out, dq_dtype dtype);
 
 /* Encodes one full window (W tokens of K and V, [W, kv_heads, head_dim] each) into a window
  * record of dq_codec_window_bytes() bytes. */
-DQ_API int dq_window_encode(const dq_codec *codec, dq_workspace *ws, const void *k, const void *v,
-                            dq_dtype dtype, uint8_t *window, dq_encode_stats *stats);
+DQ_API int dq_window_encode(const dq_codec *codec, dq_workspace *ws, const void *k, const void *v, dq_dtype dtype,
+                            uint8_t *window, dq_encode_stats *stats);
 /* Pointers into a window record. */
 DQ_API const uint8_t *dq_window_mean(const dq_codec *codec, const uint8_t *window);
-DQ_API const uint8_t *dq_window_record(const dq_codec *codec, const uint8_t *window, dq_kind kind,
-                                       size_t t);
+DQ_API const uint8_t *dq_window_record(const dq_codec *codec, const uint8_t *window, dq_kind kind, size_t t);
 
 /* Checks that every value is finite. Returns 0 or DQ_NONFINITE. */
 DQ_API int dq_check_finite(const void *x, dq_dtype dtype, size_t count);

@@ -13,34 +13,34 @@ extern "C" {
 #endif
 
 /* X(name, value, message) */
-#define DQ_ERRNO_MAP(X)                                                                 \
-    X(OK, 0, "success")                                                                 \
-    X(INVALID_ARGUMENT, -1, "invalid argument")                                         \
-    X(NOMEM, -2, "out of memory")                                                       \
-    X(NONFINITE, -3, "input holds NaN or infinity")                                     \
-    X(RANGE, -4, "value outside the codec range (fp16 scale/offset)")                      \
-    X(SHAPE, -5, "wrong shape")                                                         \
-    X(DTYPE, -6, "unsupported data type")                                               \
-    X(PROFILE, -7, "invalid or unknown codec profile")                                  \
+#define DQ_ERRNO_MAP(X)                                                                     \
+    X(OK, 0, "success")                                                                     \
+    X(INVALID_ARGUMENT, -1, "invalid argument")                                             \
+    X(NOMEM, -2, "out of memory")                                                           \
+    X(NONFINITE, -3, "input holds NaN or infinity")                                         \
+    X(RANGE, -4, "value outside the codec range (fp16 scale/offset)")                       \
+    X(SHAPE, -5, "wrong shape")                                                             \
+    X(DTYPE, -6, "unsupported data type")                                                   \
+    X(PROFILE, -7, "invalid or unknown codec profile")                                      \
     X(CONTAINER_TOO_SMALL, -8, "container too small for the profile's cheapest assignment") \
-    X(CORRUPT, -9, "corrupted container or record")                                     \
-    X(TRUNCATED, -10, "truncated input")                                                \
-    X(VERSION, -11, "unsupported format or protocol version")                           \
-    X(OUT_OF_BOUNDS, -12, "token range out of bounds")                                  \
-    X(NOT_FOUND, -13, "not found")                                                      \
-    X(EXISTS, -14, "already exists")                                                    \
-    X(RESOURCE_EXHAUSTED, -15, "resource exhausted")                                    \
-    X(UNAUTHENTICATED, -16, "unauthenticated")                                          \
-    X(PERMISSION, -17, "permission denied")                                             \
-    X(PROTOCOL, -18, "protocol error")                                                  \
-    X(TOO_LARGE, -19, "frame or payload larger than the configured limit")             \
-    X(UNSUPPORTED, -20, "unsupported operation or message type")                        \
-    X(IO, -21, "I/O error")                                                             \
-    X(TIMEOUT, -22, "timed out")                                                        \
-    X(CONNECTION, -23, "connection failed or closed")                                   \
-    X(BUSY, -24, "busy, try again")                                                     \
-    X(ORDER, -25, "append out of order")                                                \
-    X(SHUTTING_DOWN, -26, "server is shutting down")                                    \
+    X(CORRUPT, -9, "corrupted container or record")                                         \
+    X(TRUNCATED, -10, "truncated input")                                                    \
+    X(VERSION, -11, "unsupported format or protocol version")                               \
+    X(OUT_OF_BOUNDS, -12, "token range out of bounds")                                      \
+    X(NOT_FOUND, -13, "not found")                                                          \
+    X(EXISTS, -14, "already exists")                                                        \
+    X(RESOURCE_EXHAUSTED, -15, "resource exhausted")                                        \
+    X(UNAUTHENTICATED, -16, "unauthenticated")                                              \
+    X(PERMISSION, -17, "permission denied")                                                 \
+    X(PROTOCOL, -18, "protocol error")                                                      \
+    X(TOO_LARGE, -19, "frame or payload larger than the configured limit")                  \
+    X(UNSUPPORTED, -20, "unsupported operation or message type")                            \
+    X(IO, -21, "I/O error")                                                                 \
+    X(TIMEOUT, -22, "timed out")                                                            \
+    X(CONNECTION, -23, "connection failed or closed")                                       \
+    X(BUSY, -24, "busy, try again")                                                         \
+    X(ORDER, -25, "append out of order")                                                    \
+    X(SHUTTING_DOWN, -26, "server is shutting down")                                        \
     X(INTERNAL, -27, "internal error")
 
 typedef enum dq_error {

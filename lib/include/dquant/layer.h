@@ -31,8 +31,8 @@ DQ_API void dq_layer_free(dq_layer *layer);
 /* Appends ntok tokens: k and v are [ntok, kv_heads, head_dim] of dtype. All-or-nothing: the input
  * is validated first (DQ_NONFINITE, DQ_RANGE, DQ_DTYPE) and on any failure, allocation failure
  * included, the layer is left exactly as it was. stats (may be NULL) is added to. */
-DQ_API int dq_layer_append(dq_layer *layer, dq_workspace *ws, const void *k, const void *v,
-                           dq_dtype dtype, size_t ntok, dq_encode_stats *stats);
+DQ_API int dq_layer_append(dq_layer *layer, dq_workspace *ws, const void *k, const void *v, dq_dtype dtype, size_t ntok,
+                           dq_encode_stats *stats);
 
 DQ_API size_t dq_layer_tokens(const dq_layer *layer);
 /* Tokens held in sealed windows (a multiple of W) and in the BF16 tail. */
@@ -46,8 +46,8 @@ DQ_API size_t dq_layer_allocated_bytes(const dq_layer *layer);
 /* Decodes tokens [first, first + count) of K or V to out ([count, kv_heads, head_dim] of dtype),
  * sealed tokens through the codec, tail tokens from BF16. DQ_OUT_OF_BOUNDS if the range is not
  * held. */
-DQ_API int dq_layer_decode(const dq_layer *layer, dq_workspace *ws, dq_kind kind, size_t first,
-                           size_t count, void *out, dq_dtype dtype);
+DQ_API int dq_layer_decode(const dq_layer *layer, dq_workspace *ws, dq_kind kind, size_t first, size_t count, void *out,
+                           dq_dtype dtype);
 
 /* Raw access for stores, transports and GPU upload. Window i's record, i < sealed/W. */
 DQ_API size_t dq_layer_window_count(const dq_layer *layer);
@@ -57,9 +57,8 @@ DQ_API const uint16_t *dq_layer_tail(const dq_layer *layer, dq_kind kind);
 
 /* Builds a layer from raw parts (a copy is made): nwin window records back to back and a BF16
  * tail of tail_tokens (< R) tokens for K and V. Every record is checked (DQ_CORRUPT). */
-DQ_API int dq_layer_restore(const dq_codec *codec, const uint8_t *windows, size_t nwin,
-                            const uint16_t *tail_k, const uint16_t *tail_v, size_t tail_tokens,
-                            dq_layer **out);
+DQ_API int dq_layer_restore(const dq_codec *codec, const uint8_t *windows, size_t nwin, const uint16_t *tail_k,
+                            const uint16_t *tail_v, size_t tail_tokens, dq_layer **out);
 
 #ifdef __cplusplus
 }

@@ -21,8 +21,8 @@ extern "C" {
 #define DQ_FORMAT_VERSION 1
 #define DQ_MAX_LEVELS 32
 #define DQ_MIN_LEVELS 2
-#define DQ_MAX_STREAM 65536u        /* largest n = kv_heads × head_dim */
-#define DQ_MAX_CONTAINER 65536u     /* largest container, bytes */
+#define DQ_MAX_STREAM 65536u    /* largest n = kv_heads × head_dim */
+#define DQ_MAX_CONTAINER 65536u /* largest container, bytes */
 #define DQ_PROFILE_NAME_MAX 32
 #define DQ_PROFILE_SERIALIZED_MAX 512
 
@@ -46,21 +46,21 @@ typedef enum dq_codec_type {
 } dq_codec_type;
 
 typedef struct dq_profile {
-    uint32_t format_version;                /* DQ_FORMAT_VERSION */
-    char name[DQ_PROFILE_NAME_MAX];         /* NUL-terminated, informational */
+    uint32_t format_version;        /* DQ_FORMAT_VERSION */
+    char name[DQ_PROFILE_NAME_MAX]; /* NUL-terminated, informational */
     uint32_t kv_heads;
-    uint32_t head_dim;                      /* power of two */
-    uint32_t container_bytes[2];            /* C_K, C_V: payload bytes per stream (rANS state + bytes) */
-    uint32_t levels[2];                     /* M_K, M_V in [2, 32] */
-    float alpha;                            /* sharpening exponent used to make the tables */
-    uint32_t window;                        /* W: tokens per key-mean window (>= 1) */
-    uint32_t residual;                      /* R: BF16 tail, tokens (R >= W) */
-    uint64_t rotation_seed;                 /* 0: no sign flips (D = I) */
-    uint16_t freq[2][DQ_MAX_LEVELS];        /* f_m >= 1, sum 256; entries past levels are 0 */
+    uint32_t head_dim;               /* power of two */
+    uint32_t container_bytes[2];     /* C_K, C_V: payload bytes per stream (rANS state + bytes) */
+    uint32_t levels[2];              /* M_K, M_V in [2, 32] */
+    float alpha;                     /* sharpening exponent used to make the tables */
+    uint32_t window;                 /* W: tokens per key-mean window (>= 1) */
+    uint32_t residual;               /* R: BF16 tail, tokens (R >= W) */
+    uint64_t rotation_seed;          /* 0: no sign flips (D = I) */
+    uint16_t freq[2][DQ_MAX_LEVELS]; /* f_m >= 1, sum 256; entries past levels are 0 */
     /* Baselines (codec_type != DQ_CODEC_DQUANT): bits per symbol per kind, channel group size,
      * rotation on/off. For them container_bytes holds the record payload, levels = 2^bits, and the
      * frequency tables and alpha are unused (zero). */
-    uint32_t codec_type;                    /* dq_codec_type; 0 = D-Quant */
+    uint32_t codec_type; /* dq_codec_type; 0 = D-Quant */
     uint32_t bits[2];
     uint32_t group;
     uint32_t rotate;
@@ -74,7 +74,7 @@ typedef struct dq_profile_params {
     float alpha;
     uint32_t window, residual;
     uint64_t rotation_seed;
-    const char *name;                       /* NULL: "custom" */
+    const char *name; /* NULL: "custom" */
 } dq_profile_params;
 
 /* dq226 shape for n = 8 × 128: C 331/231, M 8/6, alpha 1.4, W = R = 128, seed 0x5eed. */
