@@ -21,8 +21,8 @@
  * the 1024 threads first take the splits' maxima and weights, then warp w sums the splits
  * s = w (mod 32) for its lane's channel, and the warps' sums are added. */
 #define MERGE_THREADS 1024
-__global__ void __launch_bounds__(MERGE_THREADS) attend_merge_kernel(const float *part, uint32_t nsplit_total,
-                                                                      uint32_t QH, uint32_t d, float *out, float *lse)
+__global__ void __launch_bounds__(MERGE_THREADS)
+    attend_merge_kernel(const float *part, uint32_t nsplit_total, uint32_t QH, uint32_t d, float *out, float *lse)
 {
     extern __shared__ float wts[]; /* [nsplit_total] */
     __shared__ float red[32][33];
@@ -185,7 +185,6 @@ extern "C" const int *dqcu_attend_kernels(size_t *count)
     return att_versions;
 }
 
-
 /* The version that runs the windows of q_heads QH (dqcu_attend_check passed), its needs in f. */
 static const att_impl *att_pick(const dqcu_codec *dc, uint32_t QH, att_fit *f)
 {
@@ -219,8 +218,7 @@ extern "C" int dqcu_attend_kernel(const dqcu_codec *dc, uint32_t q_heads)
     return att_pick(dc, q_heads, &f)->version;
 }
 
-extern "C" size_t dqcu_attend_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq,
-                                             uint32_t max_tokens)
+extern "C" size_t dqcu_attend_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq, uint32_t max_tokens)
 {
     if (!dc || !q_heads)
         return 0;
@@ -230,8 +228,8 @@ extern "C" size_t dqcu_attend_workspace_size(const dqcu_codec *dc, uint32_t q_he
 }
 
 extern "C" int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, const dqcu_attn_seq *seqs,
-                           uint32_t nseq, uint32_t max_tokens, const float *q, float *out, float *lse,
-                           void *workspace, size_t workspace_bytes, cudaStream_t stream)
+                           uint32_t nseq, uint32_t max_tokens, const float *q, float *out, float *lse, void *workspace,
+                           size_t workspace_bytes, cudaStream_t stream)
 {
     if (!dc || (nseq && (!seqs || !q || !out || !workspace)) || !isfinite(scale))
         return DQ_INVALID_ARGUMENT;

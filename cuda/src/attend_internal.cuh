@@ -19,7 +19,7 @@
 #include "rans_cuda.cuh"
 
 #define ATT_THREADS 128
-#define ATT_T 128           /* tokens per tile (= threads; the MMA's K: 8 k-steps of 16) */
+#define ATT_T 128             /* tokens per tile (= threads; the MMA's K: 8 k-steps of 16) */
 #define ATT_MAGIC 0x4a800000u /* 2^22: mantissa units of 1/2, so 2m in the low byte reads as m */
 /* Rotation of one head of d values held by a warp (lane l: values l, l + 32, ...; d <= 512). */
 #define ATT_DVMAX 16
@@ -28,13 +28,13 @@ struct att_params {
     const dqcu_tables *tab;
     const dqcu_attn_seq *seqs;
     const float *q;
-    float *part;            /* [nseq][nsplit + 1][QH][d + 2] */
-    void *qprep;            /* v7: [nseq] prepared queries (a7_prep_bytes each), after part */
+    float *part; /* [nseq][nsplit + 1][QH][d + 2] */
+    void *qprep; /* v7: [nseq] prepared queries (a7_prep_bytes each), after part */
     uint32_t QH, G;
-    uint32_t chunk;         /* tiles per block */
-    uint32_t nsplit;        /* window splits; split nsplit is the tail */
-    uint32_t split0;        /* split of blockIdx.y 0 (the tail alone: split nsplit) */
-    uint32_t tpw;           /* tiles per window */
+    uint32_t chunk;  /* tiles per block */
+    uint32_t nsplit; /* window splits; split nsplit is the tail */
+    uint32_t split0; /* split of blockIdx.y 0 (the tail alone: split nsplit) */
+    uint32_t tpw;    /* tiles per window */
     float scale;
 };
 
@@ -59,7 +59,8 @@ struct att_attr {
     cudaFuncAttributes fa;
     bool ok;
 };
-template <typename K> static att_attr att_query_attr(K kernel)
+template <typename K>
+static att_attr att_query_attr(K kernel)
 {
     att_attr a{};
     a.ok = cudaFuncGetAttributes(&a.fa, kernel) == cudaSuccess;
@@ -67,7 +68,10 @@ template <typename K> static att_attr att_query_attr(K kernel)
     return a;
 }
 /* Index of GQA group G (1, 2, 4, 8) in a version's attribute array, -1 for another. */
-static inline int att_group_index(uint32_t G) { return G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : G == 8 ? 3 : -1; }
+static inline int att_group_index(uint32_t G)
+{
+    return G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : G == 8 ? 3 : -1;
+}
 
 /* Blocks of a kernel (attributes a, ATT_THREADS threads) one SM of dc's device holds with dyn bytes
  * of dynamic shared memory; 0 when it cannot run at all (attend_cuda.cu). */
@@ -87,7 +91,8 @@ int dqcu__attend7_launch(const att_params &p, const att_plan &pl, uint32_t nseq,
  * attribute is per device) instead of a cudaFuncSetAttribute before every launch: run 24 measured
  * ~10 µs per CUDA call on the H200 host, and a decode step makes 36 calls of dqcu_attend. Every
  * thread sets the same value, so racing first calls are harmless. */
-template <auto K> static int att_allow_smem()
+template <auto K>
+static int att_allow_smem()
 {
     static std::atomic<bool> done[64];
     int dev = 0;
@@ -106,11 +111,15 @@ template <auto K> static int att_allow_smem()
 
 /* ---- the tensor-core kernels' pieces (v5, v7) ---- */
 
-#define ATT_VSTR (ATT_T + 16)   /* bytes per channel row: 36 words, so the 8 rows × 4 words of an A
-                                 fragment load fall in 32 distinct banks */
+#define ATT_VSTR \
+    (ATT_T + 16)                /* bytes per channel row: 36 words, so the 8 rows × 4 words of an A
+                                   fragment load fall in 32 distinct banks */
 #define ATT_F16_512 0x60606060u /* fp16 high byte 0x60: 512 + (low byte)/2 */
 
-__host__ __device__ inline uint32_t att_ntiles(uint32_t G) { return (2 * G + 7) / 8; }
+__host__ __device__ inline uint32_t att_ntiles(uint32_t G)
+{
+    return (2 * G + 7) / 8;
+}
 
 /* True when the tensor-core kernels (v5, v7) take this shape: GQA group 1, 2, 4 or 8, head_dim a
  * multiple of 64 (the value stage splits d/16 MMA row tiles over 4 warps) and at most 256. */
@@ -144,8 +153,8 @@ __device__ __forceinline__ uint32_t att_lv2(uint32_t w, uint32_t sel, uint32_t c
  * 2(g % 4), n-tile g / 4). */
 template <int NT>
 __device__ __forceinline__ void att_softmax(const float *row, float sh, uint32_t cnt, uint32_t h, uint32_t g,
-                                           float *m_run, float *l_run, float *off_run, float *alpha_s, float *wsc,
-                                           const float *sv, const float *midv, uint2 *wfr, uint32_t lane)
+                                            float *m_run, float *l_run, float *off_run, float *alpha_s, float *wsc,
+                                            const float *sv, const float *midv, uint2 *wfr, uint32_t lane)
 {
     float xs[ATT_T / 32];
     float mb = -INFINITY;
@@ -213,7 +222,7 @@ __device__ __forceinline__ void att_softmax(const float *row, float sh, uint32_t
 /* Head h of the block's query, rotated for the containers (signs, butterfly, scale): lane l holds
  * channels l, l + 32, ... in y (zero past d). */
 __device__ __forceinline__ void att_rotate_query(const float *qh, const float *signs, float rot_scale, uint32_t d,
-                                                uint32_t lane, float (&y)[ATT_DVMAX])
+                                                 uint32_t lane, float (&y)[ATT_DVMAX])
 {
 #pragma unroll
     for (int r = 0; r < ATT_DVMAX; r++) {
@@ -232,8 +241,8 @@ __device__ __forceinline__ void att_rotate_query(const float *qh, const float *s
  * in both fp16 halves. */
 template <int G>
 __device__ __forceinline__ void att_value_mma(const uint8_t *lv, const uint2 *wfr, uint32_t kvh, uint32_t d, float *acc,
-                                             uint32_t accs, const float *alpha_s, const float *wsc, uint32_t c2,
-                                             uint32_t warp, uint32_t lane)
+                                              uint32_t accs, const float *alpha_s, const float *wsc, uint32_t c2,
+                                              uint32_t warp, uint32_t lane)
 {
     constexpr uint32_t NT = (2 * G + 7) / 8;
     constexpr uint32_t KS = ATT_T / 16;
@@ -249,7 +258,7 @@ __device__ __forceinline__ void att_value_mma(const uint8_t *lv, const uint2 *wf
                 const uint32_t w0 = *(const uint32_t *)(const void *)(r0 + 16u * ks);
                 const uint32_t w1 = *(const uint32_t *)(const void *)(r0 + 8u * ATT_VSTR + 16u * ks);
                 att_mma(dc, att_lv2(w0, 0x4140u, c2), att_lv2(w1, 0x4140u, c2), att_lv2(w0, 0x4342u, c2),
-                       att_lv2(w1, 0x4342u, c2), bf[(size_t)ks * NT * 32]);
+                        att_lv2(w1, 0x4342u, c2), bf[(size_t)ks * NT * 32]);
             }
             /* columns 2c, 2c + 1 = query head g = 4nt + c, hi and lo */
             const uint32_t g = 4u * nt + c;
@@ -267,8 +276,8 @@ __device__ __forceinline__ void att_value_mma(const uint8_t *lv, const uint2 *wf
 /* The block's partial result: acc (rows of accs floats) + Σ a·mid on every channel, un-rotated,
  * then (max, sum). acc may be part itself. */
 __device__ __forceinline__ void att_finish(const float *acc, uint32_t accs, const float *off_run, const float *m_run,
-                                          const float *l_run, float *part, const dqcu_tables &tb, uint32_t QH,
-                                          uint32_t G, uint32_t warp, uint32_t lane)
+                                           const float *l_run, float *part, const dqcu_tables &tb, uint32_t QH,
+                                           uint32_t G, uint32_t warp, uint32_t lane)
 {
     const uint32_t d = tb.d, nwarps = ATT_THREADS / 32;
     for (uint32_t h = warp; h < QH; h += nwarps) {

@@ -23,13 +23,13 @@
 size_t dqcu__attend3_smem(uint32_t QH, uint32_t d)
 {
     size_t b = 0;
-    b += 2 * 256 * sizeof(uint32_t);            /* decode tables K, V */
-    b += (size_t)QH * d * sizeof(float);        /* rotated queries */
-    b += (size_t)QH * d * sizeof(float);        /* accumulator */
-    b += (size_t)QH * ATT_T * sizeof(float);    /* logits, then weights */
-    b += 5 * (size_t)QH * sizeof(float);        /* qsum, qmu, m, l, off */
-    b += 2 * ATT_T * sizeof(float);             /* value scale, value mid */
-    b += (size_t)d * ATT_LV_STRIDE;             /* value levels, channel-major */
+    b += 2 * 256 * sizeof(uint32_t);         /* decode tables K, V */
+    b += (size_t)QH * d * sizeof(float);     /* rotated queries */
+    b += (size_t)QH * d * sizeof(float);     /* accumulator */
+    b += (size_t)QH * ATT_T * sizeof(float); /* logits, then weights */
+    b += 5 * (size_t)QH * sizeof(float);     /* qsum, qmu, m, l, off */
+    b += 2 * ATT_T * sizeof(float);          /* value scale, value mid */
+    b += (size_t)d * ATT_LV_STRIDE;          /* value levels, channel-major */
     return (b + 15) & ~(size_t)15;
 }
 
@@ -45,13 +45,13 @@ __global__ void __launch_bounds__(ATT_THREADS) attend_kernel(att_params p)
     uint32_t *dtv = dtk + 256;
     float *qr = (float *)(void *)(dtv + 256);
     float *acc = qr + (size_t)QH * d;
-    float *lg = acc + (size_t)QH * d;           /* [QH][ATT_T] */
+    float *lg = acc + (size_t)QH * d; /* [QH][ATT_T] */
     float *qsum = lg + (size_t)QH * ATT_T;
     float *qmu = qsum + QH;
     float *m_run = qmu + QH;
     float *l_run = m_run + QH;
     float *off_run = l_run + QH;
-    float *sv = off_run + QH;                   /* [ATT_T] */
+    float *sv = off_run + QH; /* [ATT_T] */
     float *midv = sv + ATT_T;
     uint8_t *lv = (uint8_t *)(void *)(midv + ATT_T); /* [d][ATT_LV_STRIDE] */
 
@@ -395,10 +395,15 @@ static int launch_att(const att_params &p, size_t smem, uint32_t nseq, uint32_t 
 int dqcu__attend3_launch(const att_params &p, size_t smem, uint32_t nseq, uint32_t nblk_y, cudaStream_t stream)
 {
     switch (p.G) {
-    case 1: return launch_att<1, true>(p, smem, nseq, nblk_y, stream);
-    case 2: return launch_att<2, true>(p, smem, nseq, nblk_y, stream);
-    case 4: return launch_att<4, true>(p, smem, nseq, nblk_y, stream);
-    case 8: return launch_att<8, true>(p, smem, nseq, nblk_y, stream);
-    default: return p.G < 8 ? launch_att<8, false>(p, smem, nseq, nblk_y, stream) : DQ_UNSUPPORTED;
+    case 1:
+        return launch_att<1, true>(p, smem, nseq, nblk_y, stream);
+    case 2:
+        return launch_att<2, true>(p, smem, nseq, nblk_y, stream);
+    case 4:
+        return launch_att<4, true>(p, smem, nseq, nblk_y, stream);
+    case 8:
+        return launch_att<8, true>(p, smem, nseq, nblk_y, stream);
+    default:
+        return p.G < 8 ? launch_att<8, false>(p, smem, nseq, nblk_y, stream) : DQ_UNSUPPORTED;
     }
 }

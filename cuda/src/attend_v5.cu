@@ -36,12 +36,12 @@
 static size_t a5_smem_bytes(uint32_t QH, uint32_t d, uint32_t G)
 {
     size_t b = 0;
-    b += 2 * (size_t)QH * d * sizeof(float);               /* rotated queries, accumulator */
-    b += (size_t)G * ATT_T * sizeof(float);                 /* logits of one KV head's query heads */
-    b += (size_t)(ATT_T / 16) * att_ntiles(G) * 32 * 8;      /* their weights as B fragments */
-    b += 6 * (size_t)QH * sizeof(float);                   /* qsum, m, l, off, alpha, weight scale */
-    b += 2 * ATT_T * sizeof(float);                         /* value scale, value mid */
-    b += (size_t)d * ATT_VSTR;                              /* value levels of one head */
+    b += 2 * (size_t)QH * d * sizeof(float);            /* rotated queries, accumulator */
+    b += (size_t)G * ATT_T * sizeof(float);             /* logits of one KV head's query heads */
+    b += (size_t)(ATT_T / 16) * att_ntiles(G) * 32 * 8; /* their weights as B fragments */
+    b += 6 * (size_t)QH * sizeof(float);                /* qsum, m, l, off, alpha, weight scale */
+    b += 2 * ATT_T * sizeof(float);                     /* value scale, value mid */
+    b += (size_t)d * ATT_VSTR;                          /* value levels of one head */
     return (b + 15) & ~(size_t)15;
 }
 
@@ -56,13 +56,13 @@ __global__ void __launch_bounds__(ATT_THREADS, 3) attend5_kernel(att_params p)
     const uint32_t QH = p.QH, d = tb.d, n = tb.n, W = tb.W, KVH = tb.kv_heads;
     float *qr = (float *)(void *)smem;
     float *acc = qr + (size_t)QH * d;
-    float *lg = acc + (size_t)QH * d;                        /* [G][ATT_T] */
-    uint2 *wfr = (uint2 *)(void *)(lg + (size_t)G * ATT_T);   /* [KS][NT][32 lanes] */
+    float *lg = acc + (size_t)QH * d;                       /* [G][ATT_T] */
+    uint2 *wfr = (uint2 *)(void *)(lg + (size_t)G * ATT_T); /* [KS][NT][32 lanes] */
     float *qsum = (float *)(void *)(wfr + (size_t)KS * NT * 32);
     float *m_run = qsum + QH, *l_run = m_run + QH, *off_run = l_run + QH;
     float *alpha_s = off_run + QH, *wsc = alpha_s + QH;
     float *sv = wsc + QH, *midv = sv + ATT_T;
-    uint8_t *lv = (uint8_t *)(void *)(midv + ATT_T);          /* [d][ATT_VSTR] */
+    uint8_t *lv = (uint8_t *)(void *)(midv + ATT_T); /* [d][ATT_VSTR] */
 
     const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
     const uint32_t nwarps = ATT_THREADS / 32;
@@ -232,9 +232,13 @@ static int launch_v5(const att_params &p, const att_plan &pl, uint32_t nseq, cud
 int dqcu__attend5_launch(const att_params &p, const att_plan &pl, uint32_t nseq, cudaStream_t stream)
 {
     switch (p.G) {
-    case 1: return launch_v5<1>(p, pl, nseq, stream);
-    case 2: return launch_v5<2>(p, pl, nseq, stream);
-    case 4: return launch_v5<4>(p, pl, nseq, stream);
-    default: return launch_v5<8>(p, pl, nseq, stream);
+    case 1:
+        return launch_v5<1>(p, pl, nseq, stream);
+    case 2:
+        return launch_v5<2>(p, pl, nseq, stream);
+    case 4:
+        return launch_v5<4>(p, pl, nseq, stream);
+    default:
+        return launch_v5<8>(p, pl, nseq, stream);
     }
 }

@@ -35,7 +35,10 @@
 
 #include "attend_internal.cuh"
 
-__host__ __device__ inline size_t a7_align(size_t b) { return (b + 15) & ~(size_t)15; }
+__host__ __device__ inline size_t a7_align(size_t b)
+{
+    return (b + 15) & ~(size_t)15;
+}
 
 /* dynamic shared memory, in layout order (the decode tables are static) */
 struct a7_layout {
@@ -47,20 +50,23 @@ __host__ __device__ inline a7_layout a7_plan(uint32_t QH, uint32_t d, uint32_t G
     a7_layout L;
     size_t b = 0;
     L.lg = b;
-    b = a7_align(b + (size_t)G * ATT_T * sizeof(float));   /* logits of one KV head's query heads */
+    b = a7_align(b + (size_t)G * ATT_T * sizeof(float)); /* logits of one KV head's query heads */
     L.small = b;
-    b = a7_align(b + 7 * (size_t)QH * sizeof(float));     /* qsum, m, l, off, alpha, weight scale, query scale */
+    b = a7_align(b + 7 * (size_t)QH * sizeof(float)); /* qsum, m, l, off, alpha, weight scale, query scale */
     L.tok = b;
-    b = a7_align(b + 4 * ATT_T * sizeof(float));           /* key scale, key mid, value scale, value mid */
+    b = a7_align(b + 4 * ATT_T * sizeof(float)); /* key scale, key mid, value scale, value mid */
     L.lv = b;
-    b = a7_align(b + (size_t)d * ATT_VSTR);                /* value levels of one head, channel-major */
+    b = a7_align(b + (size_t)d * ATT_VSTR); /* value levels of one head, channel-major */
     L.klv = b;
     const size_t kb = (size_t)ATT_T * (d / 4 + 1) * sizeof(uint32_t), wb = (ATT_T / 16) * NT * 32 * sizeof(uint2);
-    b = a7_align(b + (kb > wb ? kb : wb));                /* key levels, token-major; then the weights */
+    b = a7_align(b + (kb > wb ? kb : wb)); /* key levels, token-major; then the weights */
     L.total = b;
     return L;
 }
-static size_t a7_smem_bytes(uint32_t QH, uint32_t d, uint32_t G) { return a7_plan(QH, d, G).total; }
+static size_t a7_smem_bytes(uint32_t QH, uint32_t d, uint32_t G)
+{
+    return a7_plan(QH, d, G).total;
+}
 
 /* The byte reader: window (lo, hi) = words m, m + 1, n1 = word m + 2 (fixed up), n2 = the raw load
  * of word min(k, last), k = m + 3. */
@@ -192,14 +198,14 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 5) attend7_kernel(at
     const uint32_t QH = p.QH, d = tb.d, n = tb.n, W = tb.W, KVH = tb.kv_heads;
     const uint32_t KS = d / 16, KW = d / 4 + 1;
     const a7_layout L = a7_plan(QH, d, G);
-    float *lg = (float *)(void *)(smem + L.lg);          /* [G][ATT_T] */
+    float *lg = (float *)(void *)(smem + L.lg); /* [G][ATT_T] */
     float *qsum = (float *)(void *)(smem + L.small);
     float *m_run = qsum + QH, *l_run = m_run + QH, *off_run = l_run + QH;
     float *alpha_s = off_run + QH, *wsc = alpha_s + QH, *qex = wsc + QH;
     float *sk = (float *)(void *)(smem + L.tok), *midk = sk + ATT_T, *sv = midk + ATT_T, *midv = sv + ATT_T;
-    uint8_t *lv = smem + L.lv;                            /* [d][ATT_VSTR] */
-    uint32_t *klv = (uint32_t *)(void *)(smem + L.klv);   /* [ATT_T][KW] */
-    uint2 *wfr = (uint2 *)(void *)(smem + L.klv);         /* [ATT_T / 16][NT][32], after the scores */
+    uint8_t *lv = smem + L.lv;                          /* [d][ATT_VSTR] */
+    uint32_t *klv = (uint32_t *)(void *)(smem + L.klv); /* [ATT_T][KW] */
+    uint2 *wfr = (uint2 *)(void *)(smem + L.klv);       /* [ATT_T / 16][NT][32], after the scores */
 
     const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
     const uint32_t nwarps = ATT_THREADS / 32, r = lane >> 2, c = lane & 3u;
@@ -302,7 +308,7 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 5) attend7_kernel(at
                     for (uint32_t ks = 0; ks < KS; ks++) {
                         const uint32_t w0 = k0[ks], w1 = k1[ks];
                         att_mma(dc, att_lv2(w0, 0x4140u, c2k), att_lv2(w1, 0x4140u, c2k), att_lv2(w0, 0x4342u, c2k),
-                               att_lv2(w1, 0x4342u, c2k), __ldg(bf + (size_t)ks * 32));
+                                att_lv2(w1, 0x4342u, c2k), __ldg(bf + (size_t)ks * 32));
                     }
                     /* columns 2c, 2c + 1 = query head g = 4nt + c, hi and lo */
                     const uint32_t g = 4u * nt + c;
@@ -381,9 +387,13 @@ static int launch_v7(const att_params &p, const att_plan &pl, uint32_t nseq, cud
 int dqcu__attend7_launch(const att_params &p, const att_plan &pl, uint32_t nseq, cudaStream_t stream)
 {
     switch (p.G) {
-    case 1: return launch_v7<1>(p, pl, nseq, stream);
-    case 2: return launch_v7<2>(p, pl, nseq, stream);
-    case 4: return launch_v7<4>(p, pl, nseq, stream);
-    default: return launch_v7<8>(p, pl, nseq, stream);
+    case 1:
+        return launch_v7<1>(p, pl, nseq, stream);
+    case 2:
+        return launch_v7<2>(p, pl, nseq, stream);
+    case 4:
+        return launch_v7<4>(p, pl, nseq, stream);
+    default:
+        return launch_v7<8>(p, pl, nseq, stream);
     }
 }

@@ -38,19 +38,19 @@ static inline int dqcu__cuda_fail(cudaError_t e)
 
 /* NCCL-style checks (CUDACHECK, CUDACHECKGOTO): on a failed CUDA call, remember its error, then
  * return the dq code, or store it in rc and jump to label. */
-#define DQCU_CHECK(call)                                                        \
-    do {                                                                        \
-        cudaError_t dqcu__e = (call);                                           \
-        if (dqcu__e != cudaSuccess)                                             \
-            return dqcu__cuda_fail(dqcu__e);                                    \
+#define DQCU_CHECK(call)                     \
+    do {                                     \
+        cudaError_t dqcu__e = (call);        \
+        if (dqcu__e != cudaSuccess)          \
+            return dqcu__cuda_fail(dqcu__e); \
     } while (0)
-#define DQCU_CHECK_GOTO(call, rc, label)                                        \
-    do {                                                                        \
-        cudaError_t dqcu__e = (call);                                           \
-        if (dqcu__e != cudaSuccess) {                                           \
-            (rc) = dqcu__cuda_fail(dqcu__e);                                    \
-            goto label;                                                         \
-        }                                                                       \
+#define DQCU_CHECK_GOTO(call, rc, label)     \
+    do {                                     \
+        cudaError_t dqcu__e = (call);        \
+        if (dqcu__e != cudaSuccess) {        \
+            (rc) = dqcu__cuda_fail(dqcu__e); \
+            goto label;                      \
+        }                                    \
     } while (0)
 /* The same after a launch. */
 #define DQCU_CHECK_LAUNCH() DQCU_CHECK(cudaGetLastError())
@@ -60,13 +60,13 @@ static inline int dqcu__cuda_fail(cudaError_t e)
 /* Per kind, everything the kernels read; lives in device global memory and is copied to shared
  * memory by the blocks that use it. */
 struct dqcu_kind_tab {
-    uint32_t M;             /* levels */
-    uint32_t C;             /* container bytes */
-    uint32_t cheapest;      /* argmin cost */
-    uint32_t P;             /* smallest power of two >= M (threshold search) */
-    uint32_t npairs;        /* M(M-1)/2 */
+    uint32_t M;        /* levels */
+    uint32_t C;        /* container bytes */
+    uint32_t cheapest; /* argmin cost */
+    uint32_t P;        /* smallest power of two >= M (threshold search) */
+    uint32_t npairs;   /* M(M-1)/2 */
     uint32_t pad_;
-    int64_t budget_q16;     /* (8C - 32) << 16 */
+    int64_t budget_q16; /* (8C - 32) << 16 */
     int32_t cost_q16[32];
     float cost[32];
     /* rANS encoder, per symbol: x_max = 2^23·f, magic, 256 - f, cum | (shift << 16), with
@@ -83,7 +83,7 @@ struct dqcu_tables {
     uint32_t n, d, log2_d, kv_heads, W, R;
     float rot_scale;
     uint32_t pad_;
-    const float *signs;     /* n × ±1 (all +1 for seed 0) */
+    const float *signs; /* n × ±1 (all +1 for seed 0) */
 };
 
 struct dqcu_codec {
@@ -92,11 +92,11 @@ struct dqcu_codec {
     uint32_t n, d, kv_heads, W, R;
     int device;
     int sm_count;
-    size_t smem_optin;      /* max dynamic shared memory per block */
+    size_t smem_optin; /* max dynamic shared memory per block */
     size_t record_bytes[2], mean_bytes, window_bytes;
-    dqcu_tables host;       /* host copy (signs points to device memory) */
-    dqcu_tables *tab;       /* device */
-    float *signs;           /* device */
+    dqcu_tables host; /* host copy (signs points to device memory) */
+    dqcu_tables *tab; /* device */
+    float *signs;     /* device */
 };
 
 /* Uploads the exp2 table 2^(i/512) (rounded to float, identical to lib's dq__exp2_table()) to the
@@ -105,8 +105,14 @@ int dqcu__upload_exp2(const float *tab);
 
 /* ---- exact scalar helpers (device ports of lib/src/half.c) ---- */
 
-__device__ __forceinline__ uint32_t dqcu_fbits(float f) { return __float_as_uint(f); }
-__device__ __forceinline__ float dqcu_bitsf(uint32_t u) { return __uint_as_float(u); }
+__device__ __forceinline__ uint32_t dqcu_fbits(float f)
+{
+    return __float_as_uint(f);
+}
+__device__ __forceinline__ float dqcu_bitsf(uint32_t u)
+{
+    return __uint_as_float(u);
+}
 
 __device__ __forceinline__ uint16_t dqcu_f32_to_f16(float x)
 {
@@ -223,24 +229,36 @@ __device__ __forceinline__ uint16_t dqcu_f32_to_bf16(float x)
     return (uint16_t)(u >> 16);
 }
 
-__device__ __forceinline__ float dqcu_bf16_to_f32(uint16_t b) { return dqcu_bitsf((uint32_t)b << 16); }
+__device__ __forceinline__ float dqcu_bf16_to_f32(uint16_t b)
+{
+    return dqcu_bitsf((uint32_t)b << 16);
+}
 
 /* Element i of a [.., n] tensor of dtype as float (exact). */
 __device__ __forceinline__ float dqcu_load_elem(const void *src, int dtype, size_t i)
 {
     switch (dtype) {
-    case DQ_DTYPE_F16: return dqcu_f16_to_f32(((const uint16_t *)src)[i]);
-    case DQ_DTYPE_BF16: return dqcu_bf16_to_f32(((const uint16_t *)src)[i]);
-    default: return ((const float *)src)[i];
+    case DQ_DTYPE_F16:
+        return dqcu_f16_to_f32(((const uint16_t *)src)[i]);
+    case DQ_DTYPE_BF16:
+        return dqcu_bf16_to_f32(((const uint16_t *)src)[i]);
+    default:
+        return ((const float *)src)[i];
     }
 }
 
 __device__ __forceinline__ void dqcu_store_elem(void *dst, int dtype, size_t i, float v)
 {
     switch (dtype) {
-    case DQ_DTYPE_F16: ((uint16_t *)dst)[i] = dqcu_f32_to_f16(v); break;
-    case DQ_DTYPE_BF16: ((uint16_t *)dst)[i] = dqcu_f32_to_bf16(v); break;
-    default: ((float *)dst)[i] = v; break;
+    case DQ_DTYPE_F16:
+        ((uint16_t *)dst)[i] = dqcu_f32_to_f16(v);
+        break;
+    case DQ_DTYPE_BF16:
+        ((uint16_t *)dst)[i] = dqcu_f32_to_bf16(v);
+        break;
+    default:
+        ((float *)dst)[i] = v;
+        break;
     }
 }
 

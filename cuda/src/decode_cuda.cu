@@ -13,14 +13,14 @@ struct dec_params {
     const dqcu_tables *tab;
     int kind;
     const uint8_t *const *windows;
-    size_t first, end;          /* token range, end <= sealed */
-    size_t w_begin;             /* first window touched */
+    size_t first, end; /* token range, end <= sealed */
+    size_t w_begin;    /* first window touched */
     uint32_t groups_per_window;
     size_t ngroups;
-    void *out;                  /* [count, n], token first at row 0 */
+    void *out; /* [count, n], token first at row 0 */
     int dtype;
     uint32_t *corrupt;
-    uint32_t row_stride;        /* bytes per lane row of levels (d + 4) */
+    uint32_t row_stride; /* bytes per lane row of levels (d + 4) */
 };
 
 template <int DV>
@@ -190,12 +190,24 @@ extern "C" int dqcu_decompress(const dqcu_codec *dc, dq_kind kind, const uint8_t
         p.corrupt = corrupt;
         p.row_stride = dc->d + 4u;
         switch (dc->d / 32) {
-        case 1: rc = launch_dec<1>(dc, p, stream); break;
-        case 2: rc = launch_dec<2>(dc, p, stream); break;
-        case 4: rc = launch_dec<4>(dc, p, stream); break;
-        case 8: rc = launch_dec<8>(dc, p, stream); break;
-        case 16: rc = launch_dec<16>(dc, p, stream); break;
-        default: rc = DQ_UNSUPPORTED; break;
+        case 1:
+            rc = launch_dec<1>(dc, p, stream);
+            break;
+        case 2:
+            rc = launch_dec<2>(dc, p, stream);
+            break;
+        case 4:
+            rc = launch_dec<4>(dc, p, stream);
+            break;
+        case 8:
+            rc = launch_dec<8>(dc, p, stream);
+            break;
+        case 16:
+            rc = launch_dec<16>(dc, p, stream);
+            break;
+        default:
+            rc = DQ_UNSUPPORTED;
+            break;
         }
         if (rc)
             return rc;

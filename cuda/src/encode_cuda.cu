@@ -31,8 +31,7 @@ struct mean_params {
 /* Loads the raw words of ch channels from element i of src (zeros for a lane without channels). VEC:
  * 16-byte loads (src 16-byte aligned, ch = MEAN_CPL). */
 template <int DT, bool VEC>
-__device__ __forceinline__ void mean_load(const void *src, size_t i, uint32_t ch, bool live,
-                                          uint32_t (&raw)[MEAN_CPL])
+__device__ __forceinline__ void mean_load(const void *src, size_t i, uint32_t ch, bool live, uint32_t (&raw)[MEAN_CPL])
 {
     if (!live) {
 #pragma unroll
@@ -210,7 +209,7 @@ __global__ void __launch_bounds__(MEAN_MAX_WARPS * 32, 4) mean_kernel(mean_param
     }
     atomicMax(&s_amax, dqcu_fbits(amax)); /* non-negative floats order like their bits */
     __syncthreads();
-    if (s_flags) { /* the window fails: non-finite inputs, or values out of range */
+    if (s_flags) {       /* the window fails: non-finite inputs, or values out of range */
         __syncthreads(); /* every thread has read s_flags */
         bool nf = false;
         const size_t wn = (size_t)W * n;
@@ -299,9 +298,8 @@ static int enc_run(const dqcu_codec *dc, enc_params &p, unsigned gy, cudaStream_
     return enc_pick(dc)->launch(dc, p, gy, stream);
 }
 
-extern "C" int dqcu_encode_streams(const dqcu_codec *dc, dq_kind kind, const float *y, size_t count,
-                                   uint8_t *records, size_t record_stride, int32_t *status,
-                                   dq_encode_stats *stats, cudaStream_t stream)
+extern "C" int dqcu_encode_streams(const dqcu_codec *dc, dq_kind kind, const float *y, size_t count, uint8_t *records,
+                                   size_t record_stride, int32_t *status, dq_encode_stats *stats, cudaStream_t stream)
 {
     if (!dc || (kind != DQ_KIND_K && kind != DQ_KIND_V) || (count && (!y || !records || !status)))
         return DQ_INVALID_ARGUMENT;
@@ -344,9 +342,9 @@ static int launch_mean_dt(const dqcu_codec *dc, const mean_params &p, bool vec, 
     return vec ? launch_mean<DT, true>(dc, p, nwin, stream) : launch_mean<DT, false>(dc, p, nwin, stream);
 }
 
-extern "C" int dqcu_encode_windows(const dqcu_codec *dc, const void *k, const void *v, dq_dtype dtype,
-                                   size_t nwin, uint8_t *const *windows, int32_t *status,
-                                   dq_encode_stats *stats, cudaStream_t stream)
+extern "C" int dqcu_encode_windows(const dqcu_codec *dc, const void *k, const void *v, dq_dtype dtype, size_t nwin,
+                                   uint8_t *const *windows, int32_t *status, dq_encode_stats *stats,
+                                   cudaStream_t stream)
 {
     if (!dc || (nwin && (!k || !v || !windows || !status)))
         return DQ_INVALID_ARGUMENT;
@@ -365,9 +363,15 @@ extern "C" int dqcu_encode_windows(const dqcu_codec *dc, const void *k, const vo
     mean_params mp = {dc->tab, k, v, windows, status, (dc->n + 32u * MEAN_CPL - 1u) / (32u * MEAN_CPL)};
     const bool vec = dc->n % MEAN_CPL == 0 && (((uintptr_t)k | (uintptr_t)v) & 15u) == 0;
     switch (dtype) {
-    case DQ_DTYPE_F32: rc = launch_mean_dt<DQ_DTYPE_F32>(dc, mp, vec, nwin, stream); break;
-    case DQ_DTYPE_F16: rc = launch_mean_dt<DQ_DTYPE_F16>(dc, mp, vec, nwin, stream); break;
-    default: rc = launch_mean_dt<DQ_DTYPE_BF16>(dc, mp, vec, nwin, stream); break;
+    case DQ_DTYPE_F32:
+        rc = launch_mean_dt<DQ_DTYPE_F32>(dc, mp, vec, nwin, stream);
+        break;
+    case DQ_DTYPE_F16:
+        rc = launch_mean_dt<DQ_DTYPE_F16>(dc, mp, vec, nwin, stream);
+        break;
+    default:
+        rc = launch_mean_dt<DQ_DTYPE_BF16>(dc, mp, vec, nwin, stream);
+        break;
     }
     if (rc)
         return rc;

@@ -34,13 +34,13 @@
 
 #include "encode_internal.cuh"
 
-#define ENC_MAX_RETRIES 8   /* stream.c DQ_MAX_RETRIES */
+#define ENC_MAX_RETRIES 8 /* stream.c DQ_MAX_RETRIES */
 
 /* Stream modes in a warp's group. */
-#define MODE_FRESH 0    /* FitMinMax → Drift → Refit → fp16 → Drift */
-#define MODE_RETRY 1    /* Drift again on the fp16 grid with the tightened budget */
-#define MODE_CHEAP 2    /* the all-cheapest assignment */
-#define STATUS_SKIP 1   /* nothing to write (its window failed its checks) */
+#define MODE_FRESH 0  /* FitMinMax → Drift → Refit → fp16 → Drift */
+#define MODE_RETRY 1  /* Drift again on the fp16 grid with the tightened budget */
+#define MODE_CHEAP 2  /* the all-cheapest assignment */
+#define STATUS_SKIP 1 /* nothing to write (its window failed its checks) */
 
 /* The drift's exp2 table (see dqcu__upload_exp2), one copy per unit that includes this file. */
 static __constant__ float dqcu_exp2[DQCU_EXP2_N];
@@ -69,19 +69,19 @@ struct enc_slot {
     float sf, of;
     uint32_t sh, oh;
     uint32_t state, p, used;
-    int32_t status;             /* 0, a dq_error, or STATUS_SKIP */
-    int32_t mode;               /* MODE_* */
+    int32_t status; /* 0, a dq_error, or STATUS_SKIP */
+    int32_t mode;   /* MODE_* */
     int32_t feasible, fallback, retries;
     uint32_t moved, max_move;
 };
 
 /* Per-warp scratch, followed by G enc_slots, G level rows and the sorted stream. */
 struct enc_warp {
-    float sp[DQCU_MAX_PAIRS];   /* swap points of the current λ, index b(b-1)/2 + a */
-    float T[32];                /* thresholds 1..k at T[0..k-1], then +inf up to P-1 */
-    int32_t CC[32];             /* cost_q16 of envelope level i */
-    uint32_t LV[32];            /* envelope level i */
-    uint32_t K;                 /* thresholds in the envelope */
+    float sp[DQCU_MAX_PAIRS]; /* swap points of the current λ, index b(b-1)/2 + a */
+    float T[32];              /* thresholds 1..k at T[0..k-1], then +inf up to P-1 */
+    int32_t CC[32];           /* cost_q16 of envelope level i */
+    uint32_t LV[32];          /* envelope level i */
+    uint32_t K;               /* thresholds in the envelope */
 };
 
 static_assert(sizeof(enc_slot) % 8 == 0, "enc_slot arrays keep their int64 aligned");
@@ -596,10 +596,14 @@ __device__ int64_t drift_warp(const enc_tab &kt, enc_warp &ws, const float (&x)[
     const uint32_t M = kt.M;
     float lv0 = o, lvM = o + s * (float)(M - 1);
     float d, maxd = 0;
-    d = xmin - lv0; maxd = fmaxf(maxd, d * d);
-    d = xmax - lv0; maxd = fmaxf(maxd, d * d);
-    d = xmin - lvM; maxd = fmaxf(maxd, d * d);
-    d = xmax - lvM; maxd = fmaxf(maxd, d * d);
+    d = xmin - lv0;
+    maxd = fmaxf(maxd, d * d);
+    d = xmax - lv0;
+    maxd = fmaxf(maxd, d * d);
+    d = xmin - lvM;
+    maxd = fmaxf(maxd, d * d);
+    d = xmax - lvM;
+    maxd = fmaxf(maxd, d * d);
 
     /* drift.c: p = count_le(xs, n, 0, lv), then the values on each side of lv; fl(x - 0) = x */
     float mind = INFINITY;
@@ -783,10 +787,14 @@ __device__ bool drift5_warp(const enc_tab &kt, enc_warp &ws, const float (&x)[VP
     const uint32_t M = kt.M;
     float lv0 = o, lvM = o + s * (float)(M - 1);
     float d, maxd = 0;
-    d = xmin - lv0; maxd = fmaxf(maxd, d * d);
-    d = xmax - lv0; maxd = fmaxf(maxd, d * d);
-    d = xmin - lvM; maxd = fmaxf(maxd, d * d);
-    d = xmax - lvM; maxd = fmaxf(maxd, d * d);
+    d = xmin - lv0;
+    maxd = fmaxf(maxd, d * d);
+    d = xmax - lv0;
+    maxd = fmaxf(maxd, d * d);
+    d = xmin - lvM;
+    maxd = fmaxf(maxd, d * d);
+    d = xmax - lvM;
+    maxd = fmaxf(maxd, d * d);
     const float mind = mind_lanes<VPL>(srt, n, M, s, o, lane);
     const int hi = drift_hi(8.0f * (maxd - mind));
 
@@ -861,8 +869,8 @@ __device__ bool drift5_warp(const enc_tab &kt, enc_warp &ws, const float (&x)[VP
         for (int r = 0; r < VPL; r++) {
             const uint32_t i = (uint32_t)r * 32u + lane;
             const uint32_t l = __byte_perm(lv_lo, lv_hi, env7_pos(e, x[r] - o));
-            asm volatile("{\n\t.reg .pred q;\n\tsetp.lt.u32 q, %0, %1;\n\t@q st.shared.u8 [%2], %3;\n\t}"
-                         ::"r"(i), "r"(n), "r"((uint32_t)__cvta_generic_to_shared(row + i)), "r"(l)
+            asm volatile("{\n\t.reg .pred q;\n\tsetp.lt.u32 q, %0, %1;\n\t@q st.shared.u8 [%2], %3;\n\t}" ::"r"(i),
+                         "r"(n), "r"((uint32_t)__cvta_generic_to_shared(row + i)), "r"(l)
                          : "memory");
         }
         __syncwarp();
@@ -888,8 +896,7 @@ __device__ bool drift5_warp(const enc_tab &kt, enc_warp &ws, const float (&x)[VP
 /* dq__refit: lane l sums the values i ≡ l (mod 32) in increasing i, then the butterfly
  * p[l] = p[l] + p[l + off] for off = 16..1 (lane 0 ends with lib's sum). */
 template <int VPL>
-__device__ void refit_warp(const float (&x)[VPL], const uint8_t *row, uint32_t n, double *s, double *o,
-                           uint32_t lane)
+__device__ void refit_warp(const float (&x)[VPL], const uint8_t *row, uint32_t n, double *s, double *o, uint32_t lane)
 {
     double px = 0, pxm = 0;
     uint32_t sm = 0, smm = 0;
@@ -1002,7 +1009,9 @@ static __device__ uint32_t rans_row(const enc_tab &kt, uint8_t *row, uint32_t n,
  *      stream.c does, or with the all-cheapest assignment; repeat until none is pending;
  *   4. the records. */
 template <int VPL, int VER>
-__global__ void __launch_bounds__(ENC_WARPS * 32, VPL >= 64 ? 2 : VPL >= 32 ? 3 : 4) encode_kernel(enc_params p)
+__global__ void __launch_bounds__(ENC_WARPS * 32, VPL >= 64   ? 2
+                                                  : VPL >= 32 ? 3
+                                                              : 4) encode_kernel(enc_params p)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     enc_tab &kt = *(enc_tab *)(void *)smem;
@@ -1313,14 +1322,22 @@ static int enc_launch(const dqcu_codec *dc, const enc_params &p, unsigned gy, cu
     while (vpl * 32u < dc->n)
         vpl <<= 1;
     switch (vpl) {
-    case 1: return launch_encode_kernel<1, VER>(dc, p, gy, stream);
-    case 2: return launch_encode_kernel<2, VER>(dc, p, gy, stream);
-    case 4: return launch_encode_kernel<4, VER>(dc, p, gy, stream);
-    case 8: return launch_encode_kernel<8, VER>(dc, p, gy, stream);
-    case 16: return launch_encode_kernel<16, VER>(dc, p, gy, stream);
-    case 32: return launch_encode_kernel<32, VER>(dc, p, gy, stream);
-    case 64: return launch_encode_kernel<64, VER>(dc, p, gy, stream);
-    default: return DQ_UNSUPPORTED;
+    case 1:
+        return launch_encode_kernel<1, VER>(dc, p, gy, stream);
+    case 2:
+        return launch_encode_kernel<2, VER>(dc, p, gy, stream);
+    case 4:
+        return launch_encode_kernel<4, VER>(dc, p, gy, stream);
+    case 8:
+        return launch_encode_kernel<8, VER>(dc, p, gy, stream);
+    case 16:
+        return launch_encode_kernel<16, VER>(dc, p, gy, stream);
+    case 32:
+        return launch_encode_kernel<32, VER>(dc, p, gy, stream);
+    case 64:
+        return launch_encode_kernel<64, VER>(dc, p, gy, stream);
+    default:
+        return DQ_UNSUPPORTED;
     }
 }
 

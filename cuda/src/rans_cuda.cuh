@@ -13,11 +13,11 @@
 #include "cuda_internal.cuh"
 
 struct dqcu_rans_in {
-    const uint32_t *w;   /* container start rounded down to 4 bytes */
-    uint32_t last;       /* index of the last word wholly inside the container */
-    uint32_t tailw;      /* the word after it, bytes past the end zeroed */
-    uint32_t m;          /* the window is words m, m + 1 */
-    uint32_t idx;        /* next byte: byte idx of the window (byte position 4m + idx) */
+    const uint32_t *w; /* container start rounded down to 4 bytes */
+    uint32_t last;     /* index of the last word wholly inside the container */
+    uint32_t tailw;    /* the word after it, bytes past the end zeroed */
+    uint32_t m;        /* the window is words m, m + 1 */
+    uint32_t idx;      /* next byte: byte idx of the window (byte position 4m + idx) */
     uint32_t lo, hi, nxt;
 };
 
@@ -82,10 +82,10 @@ template <typename In>
 __device__ __forceinline__ uint32_t dqcu_rans_step(uint32_t &x, const uint32_t *tab, In &in)
 {
     const uint32_t e = tab[x & 0xffu];
-    const uint32_t f = dqcu_prmt(e, 0u, 0x4441u);            /* byte 1 of e, zero-extended */
+    const uint32_t f = dqcu_prmt(e, 0u, 0x4441u); /* byte 1 of e, zero-extended */
     const uint32_t xn = f * (x >> 8) + (e & 0xffu);
-    const uint32_t bw = dqcu_prmt(in.lo, in.hi, in.idx);     /* byte idx of the window in byte 0 */
-    const uint32_t xs = dqcu_prmt(xn, bw, 0x2104u);          /* (xn << 8) | that byte */
+    const uint32_t bw = dqcu_prmt(in.lo, in.hi, in.idx); /* byte idx of the window in byte 0 */
+    const uint32_t xs = dqcu_prmt(xn, bw, 0x2104u);      /* (xn << 8) | that byte */
     const bool need = xn < DQCU_RANS_L;
     x = need ? xs : xn;
     in.idx += need ? 1u : 0u;
@@ -101,8 +101,8 @@ __device__ __forceinline__ uint32_t dqcu_rans_step(uint32_t &x, const uint32_t *
 struct dqcu_rans_q {
     const uint32_t *w;
     uint32_t last, tailw, m, idx;
-    uint32_t lo, hi, n1;  /* words m, m + 1, m + 2 */
-    uint32_t n2;          /* raw load of word min(m + 3, last) */
+    uint32_t lo, hi, n1; /* words m, m + 1, m + 2 */
+    uint32_t n2;         /* raw load of word min(m + 3, last) */
 };
 
 __device__ __forceinline__ uint32_t dqcu_rans_q_open(dqcu_rans_q &in, const uint8_t *container, uint32_t C)

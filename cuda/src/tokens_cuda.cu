@@ -94,14 +94,22 @@ extern "C" int dqcu_tokens_check(const dqcu_codec *dc, const void *x, dq_dtype d
     while (vpl * 32u < dc->n)
         vpl <<= 1;
     switch (vpl) {
-    case 1: return launch_check<1>(p, stream);
-    case 2: return launch_check<2>(p, stream);
-    case 4: return launch_check<4>(p, stream);
-    case 8: return launch_check<8>(p, stream);
-    case 16: return launch_check<16>(p, stream);
-    case 32: return launch_check<32>(p, stream);
-    case 64: return launch_check<64>(p, stream);
-    default: return DQ_UNSUPPORTED;
+    case 1:
+        return launch_check<1>(p, stream);
+    case 2:
+        return launch_check<2>(p, stream);
+    case 4:
+        return launch_check<4>(p, stream);
+    case 8:
+        return launch_check<8>(p, stream);
+    case 16:
+        return launch_check<16>(p, stream);
+    case 32:
+        return launch_check<32>(p, stream);
+    case 64:
+        return launch_check<64>(p, stream);
+    default:
+        return DQ_UNSUPPORTED;
     }
 }
 
@@ -147,7 +155,7 @@ extern "C" int dqcu_scatter_rows(const uint16_t *src, uint32_t n, uint16_t *cons
         return DQ_INVALID_ARGUMENT;
     if (!nrows)
         return DQ_OK;
-    scatter_rows_kernel<<<nrows < 65535u ? nrows : 65535u, 128, 0, stream>>>(src, n, dst, nrows);
+    scatter_rows_kernel < <<nrows<65535u ? nrows : 65535u, 128, 0, stream>>>(src, n, dst, nrows);
     DQCU_CHECK_LAUNCH();
     return DQ_OK;
 }

@@ -73,7 +73,7 @@ DQCU_API int dqcu_last_cuda_error(void);
  * dqcu_codec_create_with(). Every encoder version writes the same bytes; every attention version
  * gives dq_attend's result within float rounding. */
 typedef struct dqcu_settings {
-    uint32_t size;          /* sizeof(dqcu_settings), set by dqcu_settings_default */
+    uint32_t size; /* sizeof(dqcu_settings), set by dqcu_settings_default */
     /* Attention on the sealed windows: DQCU_KERNEL_AUTO (default) runs the newest version that takes
      * the shape and launches on the device (7, else 5, else 3); a version number (one of
      * dqcu_attend_kernels) the newest not newer than it that does. The BF16 tail is always v3's. */
@@ -83,7 +83,7 @@ typedef struct dqcu_settings {
     /* How an encode call's streams are spread over warps: DQCU_SCHEDULE_PLANNED (default; the last
      * waves shared out evenly) or DQCU_SCHEDULE_PLAIN (count / G warps, for comparisons). */
     int encode_schedule;
-    int reserved[12];       /* zero: room for settings to come */
+    int reserved[12]; /* zero: room for settings to come */
 } dqcu_settings;
 
 /* The defaults: size set, every choice automatic (what dqcu_codec_create uses). */
@@ -120,9 +120,8 @@ DQCU_API const dq_profile *dqcu_codec_profile(const dqcu_codec *dc);
  * what dq_stream_encode returns; a stream with a nonzero status leaves its record unwritten.
  * stats (device, may be NULL) is added to atomically, with dq_stream_encode's meaning.
  * Returns 0, DQ_INVALID_ARGUMENT, DQ_UNSUPPORTED (n too large), DQ_INTERNAL (launch failure). */
-DQCU_API int dqcu_encode_streams(const dqcu_codec *dc, dq_kind kind, const float *y, size_t count,
-                                 uint8_t *records, size_t record_stride, int32_t *status,
-                                 dq_encode_stats *stats, cudaStream_t stream);
+DQCU_API int dqcu_encode_streams(const dqcu_codec *dc, dq_kind kind, const float *y, size_t count, uint8_t *records,
+                                 size_t record_stride, int32_t *status, dq_encode_stats *stats, cudaStream_t stream);
 
 /* Encodes nwin full windows: k and v are [nwin, W, kv_heads, head_dim] of dtype (device). Window w
  * is written to windows[w] (windows: device array of nwin device pointers, each to
@@ -130,9 +129,8 @@ DQCU_API int dqcu_encode_streams(const dqcu_codec *dc, dq_kind kind, const float
  * status (device, nwin int32, required) receives per window 0, DQ_NONFINITE or DQ_RANGE, what
  * dq_window_encode returns; a window with a nonzero status holds unspecified bytes. stats as above.
  * Returns 0, DQ_INVALID_ARGUMENT, DQ_DTYPE, DQ_UNSUPPORTED, DQ_INTERNAL. */
-DQCU_API int dqcu_encode_windows(const dqcu_codec *dc, const void *k, const void *v, dq_dtype dtype,
-                                 size_t nwin, uint8_t *const *windows, int32_t *status,
-                                 dq_encode_stats *stats, cudaStream_t stream);
+DQCU_API int dqcu_encode_windows(const dqcu_codec *dc, const void *k, const void *v, dq_dtype dtype, size_t nwin,
+                                 uint8_t *const *windows, int32_t *status, dq_encode_stats *stats, cudaStream_t stream);
 
 /* ---- token checks (appends from device memory) ---- */
 
@@ -168,18 +166,18 @@ DQCU_API int dqcu_scatter_rows(const uint16_t *src, uint32_t n, uint16_t *const 
  * still written, as libdquant does). Returns 0, DQ_INVALID_ARGUMENT, DQ_DTYPE, DQ_OUT_OF_BOUNDS,
  * DQ_UNSUPPORTED (head_dim), DQ_INTERNAL. */
 DQCU_API int dqcu_decompress(const dqcu_codec *dc, dq_kind kind, const uint8_t *const *windows, size_t nwin,
-                             const uint16_t *tail, size_t tail_tokens, size_t first, size_t count,
-                             void *out, dq_dtype dtype, uint32_t *corrupt, cudaStream_t stream);
+                             const uint16_t *tail, size_t tail_tokens, size_t first, size_t count, void *out,
+                             dq_dtype dtype, uint32_t *corrupt, cudaStream_t stream);
 
 /* ---- decode attention ---- */
 
 /* One sequence's layer, as the kernels see it (this struct lives in device memory). */
 typedef struct dqcu_attn_seq {
-    const uint8_t *const *windows;   /* device array of nwin device pointers to window records */
-    const uint16_t *tail_k;          /* device BF16 [tail_tokens, kv_heads, head_dim] */
+    const uint8_t *const *windows; /* device array of nwin device pointers to window records */
+    const uint16_t *tail_k;        /* device BF16 [tail_tokens, kv_heads, head_dim] */
     const uint16_t *tail_v;
-    uint32_t nwin;                   /* sealed windows */
-    uint32_t tail_tokens;            /* tokens in the BF16 tail */
+    uint32_t nwin;        /* sealed windows */
+    uint32_t tail_tokens; /* tokens in the BF16 tail */
 } dqcu_attn_seq;
 
 /* 0 when dqcu_attend takes q_heads query heads with this codec on its device, DQ_SHAPE when
@@ -192,8 +190,7 @@ DQCU_API int dqcu_attend_check(const dqcu_codec *dc, uint32_t q_heads);
 DQCU_API int dqcu_attend_kernel(const dqcu_codec *dc, uint32_t q_heads);
 
 /* Bytes of workspace dqcu_attend needs for nseq sequences of at most max_tokens tokens each. */
-DQCU_API size_t dqcu_attend_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq,
-                                           uint32_t max_tokens);
+DQCU_API size_t dqcu_attend_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq, uint32_t max_tokens);
 
 /* Decode attention for a batch of nseq sequences of different lengths in one launch:
  * out[b] = softmax(scale · q[b]·Kᵀ)·V over every token of sequence b (sealed windows straight from
@@ -207,9 +204,9 @@ DQCU_API size_t dqcu_attend_workspace_size(const dqcu_codec *dc, uint32_t q_head
  *              cudaMalloc gives it).
  * Returns 0, DQ_INVALID_ARGUMENT, DQ_SHAPE (q_heads not a multiple of kv_heads), DQ_UNSUPPORTED
  * (see dqcu_attend_check), DQ_INTERNAL. */
-DQCU_API int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, const dqcu_attn_seq *seqs,
-                         uint32_t nseq, uint32_t max_tokens, const float *q, float *out, float *lse,
-                         void *workspace, size_t workspace_bytes, cudaStream_t stream);
+DQCU_API int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, const dqcu_attn_seq *seqs, uint32_t nseq,
+                         uint32_t max_tokens, const float *q, float *out, float *lse, void *workspace,
+                         size_t workspace_bytes, cudaStream_t stream);
 
 #ifdef __cplusplus
 }
