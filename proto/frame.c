@@ -52,12 +52,14 @@ static dq_frame_status fail(int *err, int code)
 
 /* The magic as it appears on the wire, for rejecting garbage before 32 bytes have arrived. */
 static const uint8_t magic_bytes[4] = {
-    (uint8_t)DQ_FRAME_MAGIC, (uint8_t)(DQ_FRAME_MAGIC >> 8),
-    (uint8_t)(DQ_FRAME_MAGIC >> 16), (uint8_t)(DQ_FRAME_MAGIC >> 24),
+    (uint8_t)DQ_FRAME_MAGIC,
+    (uint8_t)(DQ_FRAME_MAGIC >> 8),
+    (uint8_t)(DQ_FRAME_MAGIC >> 16),
+    (uint8_t)(DQ_FRAME_MAGIC >> 24),
 };
 
-dq_frame_status dq_frame_parse_header(const uint8_t *buf, size_t len, const dq_frame_limits *lim,
-                                      dq_frame_header *out, int *err)
+dq_frame_status dq_frame_parse_header(const uint8_t *buf, size_t len, const dq_frame_limits *lim, dq_frame_header *out,
+                                      int *err)
 {
     if ((!buf && len) || !lim || !out)
         return fail(err, DQ_INVALID_ARGUMENT);
@@ -96,8 +98,8 @@ dq_frame_status dq_frame_parse_header(const uint8_t *buf, size_t len, const dq_f
     return DQ_FRAME_OK;
 }
 
-dq_frame_status dq_frame_parse(const uint8_t *buf, size_t len, const dq_frame_limits *lim,
-                               dq_frame *out, size_t *consumed, int *err)
+dq_frame_status dq_frame_parse(const uint8_t *buf, size_t len, const dq_frame_limits *lim, dq_frame *out,
+                               size_t *consumed, int *err)
 {
     if ((!buf && len) || !lim || !out || !consumed)
         return fail(err, DQ_INVALID_ARGUMENT);

@@ -25,8 +25,8 @@
 #define DQ_FRAME_HEADER_BYTES 32u
 
 typedef struct dq_frame_limits {
-    uint32_t max_header;   /* largest protobuf header message, bytes */
-    uint64_t max_payload;  /* largest payload, bytes */
+    uint32_t max_header;  /* largest protobuf header message, bytes */
+    uint64_t max_payload; /* largest payload, bytes */
 } dq_frame_limits;
 
 typedef struct dq_frame_header {
@@ -40,24 +40,24 @@ typedef struct dq_frame_header {
 
 /* Result of dq_frame_parse. */
 typedef enum dq_frame_status {
-    DQ_FRAME_OK = 0,          /* a whole frame is in buf: *consumed = its size */
-    DQ_FRAME_INCOMPLETE = 1,  /* need more bytes; *need = total bytes of the frame if known, else 32 */
-    DQ_FRAME_ERROR = 2,       /* unparseable or over limits; *err = DQ_PROTOCOL / DQ_TOO_LARGE / DQ_VERSION / DQ_CORRUPT */
+    DQ_FRAME_OK = 0,         /* a whole frame is in buf: *consumed = its size */
+    DQ_FRAME_INCOMPLETE = 1, /* need more bytes; *need = total bytes of the frame if known, else 32 */
+    DQ_FRAME_ERROR = 2, /* unparseable or over limits; *err = DQ_PROTOCOL / DQ_TOO_LARGE / DQ_VERSION / DQ_CORRUPT */
 } dq_frame_status;
 
 typedef struct dq_frame {
     dq_frame_header hdr;
-    const uint8_t *header;    /* points into buf */
-    const uint8_t *payload;   /* points into buf (NULL when payload_len == 0) */
+    const uint8_t *header;  /* points into buf */
+    const uint8_t *payload; /* points into buf (NULL when payload_len == 0) */
 } dq_frame;
 
 /* Parses only the fixed header (needs >= 32 bytes). Returns DQ_FRAME_OK / INCOMPLETE / ERROR. */
-dq_frame_status dq_frame_parse_header(const uint8_t *buf, size_t len, const dq_frame_limits *lim,
-                                      dq_frame_header *out, int *err);
+dq_frame_status dq_frame_parse_header(const uint8_t *buf, size_t len, const dq_frame_limits *lim, dq_frame_header *out,
+                                      int *err);
 /* Parses one whole frame at the start of buf. On OK, *consumed = 32 + header_len + payload_len and
  * the header CRC has been checked. On INCOMPLETE, *consumed = bytes needed in total (>= len). */
-dq_frame_status dq_frame_parse(const uint8_t *buf, size_t len, const dq_frame_limits *lim,
-                               dq_frame *out, size_t *consumed, int *err);
+dq_frame_status dq_frame_parse(const uint8_t *buf, size_t len, const dq_frame_limits *lim, dq_frame *out,
+                               size_t *consumed, int *err);
 /* Writes a fixed header (32 bytes) for a header message and payload length. */
 void dq_frame_write_header(uint8_t out[DQ_FRAME_HEADER_BYTES], const uint8_t *header, uint32_t header_len,
                            uint64_t payload_len, uint64_t request_id);
