@@ -18,7 +18,7 @@ typedef struct dqd_access_item {
 } dqd_access_item;
 
 struct dqd_access_set {
-    dqd_access_item *items;   /* sorted by address once started */
+    dqd_access_item *items; /* sorted by address once started */
     size_t n, cap, acquired;
     dqd_waiter waiter;
     dqd_access_ready_fn ready;

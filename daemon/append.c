@@ -14,8 +14,8 @@ void dqd_append_clear(dqd_append *a)
     a->tail_k = a->tail_v = NULL;
 }
 
-int dqd_append_apply(dqd_append *a, dqd_codec *codec, dq_workspace *ws, dq_layer **slot, const void *k,
-                     const void *v, dq_dtype dtype, size_t ntok, dq_encode_stats *stats)
+int dqd_append_apply(dqd_append *a, dqd_codec *codec, dq_workspace *ws, dq_layer **slot, const void *k, const void *v,
+                     dq_dtype dtype, size_t ntok, dq_encode_stats *stats)
 {
     memset(a, 0, sizeof *a);
     int rc;

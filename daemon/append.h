@@ -19,17 +19,17 @@
 #include "registry.h"
 
 typedef struct dqd_append {
-    bool created;        /* the layer did not exist before */
-    bool applied;        /* the append succeeded */
+    bool created; /* the layer did not exist before */
+    bool applied; /* the append succeeded */
     size_t tokens0, nwin0, tail0;
-    uint16_t *tail_k;    /* snapshot of the previous tail when the append may seal a window */
+    uint16_t *tail_k; /* snapshot of the previous tail when the append may seal a window */
     uint16_t *tail_v;
 } dqd_append;
 
 /* Appends ntok tokens (k, v: [ntok, kv_heads, head_dim] of dtype) to *slot, creating the layer if
  * *slot is NULL. On failure the slot is as before (a created layer is freed again). */
-int dqd_append_apply(dqd_append *a, dqd_codec *codec, dq_workspace *ws, dq_layer **slot, const void *k,
-                     const void *v, dq_dtype dtype, size_t ntok, dq_encode_stats *stats);
+int dqd_append_apply(dqd_append *a, dqd_codec *codec, dq_workspace *ws, dq_layer **slot, const void *k, const void *v,
+                     dq_dtype dtype, size_t ntok, dq_encode_stats *stats);
 /* Undoes an applied append (no-op otherwise). DQ_NOMEM / DQ_CORRUPT if the previous state cannot
  * be rebuilt: the caller must then drop the whole sequence. */
 int dqd_append_rollback(dqd_append *a, dqd_codec *codec, dq_layer **slot);

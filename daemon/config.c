@@ -39,14 +39,14 @@ typedef enum opt_type {
 } opt_type;
 
 typedef struct dqd_option {
-    const char *flag;     /* without the leading "--" */
+    const char *flag; /* without the leading "--" */
     const char *section;
     const char *key;
     opt_type type;
-    size_t offset;        /* of the field for OPT_SIZE / OPT_U32 */
+    size_t offset; /* of the field for OPT_SIZE / OPT_U32 */
     uint64_t min, max;
-    const char *arg;      /* name of the option's value in --help, e.g. "SIZE" */
-    const char *def;      /* default, as shown in --help */
+    const char *arg; /* name of the option's value in --help, e.g. "SIZE" */
+    const char *def; /* default, as shown in --help */
     const char *help;
 } dqd_option;
 
@@ -90,8 +90,7 @@ static const dqd_option options[] = {
     {"nccl-timeout", "server", "nccl_timeout_ms", OPT_U32, FIELD(nccl_timeout_ms), 100, 3600000, "MS", "10000",
      "NCCL data path: longest wait for a communicator to form or a transfer to finish (plus 1 s per GB); "
      "past it the connection's communicator is aborted and the request fails."},
-    {"log-level", "server", "log_level", OPT_LOG_LEVEL, 0, 0, 0, "LEVEL", "info",
-     "error, warn, info or debug."},
+    {"log-level", "server", "log_level", OPT_LOG_LEVEL, 0, 0, 0, "LEVEL", "info", "error, warn, info or debug."},
     {"shutdown-timeout", "server", "shutdown_timeout", OPT_U32, FIELD(shutdown_timeout), 1, 3600, "SECONDS", "30",
      "On SIGTERM/SIGINT, how long to wait for in-flight requests before closing connections."},
     {"host-memory", "store", "host_memory", OPT_SIZE, FIELD(host_memory), 1 * MiB, 64 * TiB, "SIZE", "4G",
@@ -112,8 +111,8 @@ static const dqd_option options[] = {
      "Largest tensor payload of a frame (requests and replies)."},
     {"max-connections", "limits", "max_connections", OPT_U32, FIELD(max_connections), 1, 1u << 20, "N", "1024",
      "Client connections at most; further ones are closed at once."},
-    {"max-output-queue", "limits", "max_output_queue", OPT_SIZE, FIELD(max_output_queue), 1 * KiB, 1 * TiB,
-     "SIZE", "64M", "Reply bytes queued on one connection before the daemon stops reading from it."},
+    {"max-output-queue", "limits", "max_output_queue", OPT_SIZE, FIELD(max_output_queue), 1 * KiB, 1 * TiB, "SIZE",
+     "64M", "Reply bytes queued on one connection before the daemon stops reading from it."},
     {"frame-cache", "limits", "frame_cache", OPT_SIZE, FIELD(frame_cache), 0, 64 * TiB, "SIZE", "512M",
      "Freed buffers of large frames (1 MiB and up) kept for the next ones: a fresh buffer costs the "
      "socket read a page fault per 4 KB it fills. 0 keeps none."},
@@ -206,11 +205,24 @@ int dqd_parse_size(const char *s, uint64_t *out)
     }
     uint64_t mult = 1;
     switch (toupper((unsigned char)*s)) {
-    case 'K': mult = KiB; s++; break;
-    case 'M': mult = MiB; s++; break;
-    case 'G': mult = GiB; s++; break;
-    case 'T': mult = TiB; s++; break;
-    default: break;
+    case 'K':
+        mult = KiB;
+        s++;
+        break;
+    case 'M':
+        mult = MiB;
+        s++;
+        break;
+    case 'G':
+        mult = GiB;
+        s++;
+        break;
+    case 'T':
+        mult = TiB;
+        s++;
+        break;
+    default:
+        break;
     }
     if (mult != 1 && (*s == 'i' || *s == 'I'))
         s++;
@@ -303,8 +315,7 @@ int dqd_listen_parse(const char *s, dqd_listen_addr *out, char *err, size_t errl
             path += 2;
         size_t n = strlen(path);
         if (n == 0 || n >= sizeof a.path)
-            return fail(err, errlen, "'%s': unix socket path empty or longer than %zu bytes", s,
-                        sizeof a.path - 1);
+            return fail(err, errlen, "'%s': unix socket path empty or longer than %zu bytes", s, sizeof a.path - 1);
         a.kind = DQD_LISTEN_UNIX;
         memcpy(a.path, path, n + 1);
     } else if (strncmp(s, "tcp://", 6) == 0) {
@@ -386,8 +397,7 @@ static bool version_listed(const char *list, uint32_t v)
     return false;
 }
 
-static int apply(dqd_config *cfg, const dqd_option *o, const char *value, bool from_flag, char *err,
-                 size_t errlen)
+static int apply(dqd_config *cfg, const dqd_option *o, const char *value, bool from_flag, char *err, size_t errlen)
 {
     const char *name = o->key;
     char flagname[64];
@@ -440,8 +450,8 @@ static int apply(dqd_config *cfg, const dqd_option *o, const char *value, bool f
         if (parse_u32(value, &v) < 0)
             return fail(err, errlen, "%s: invalid number '%s'", name, value);
         if (v < o->min || v > o->max)
-            return fail(err, errlen, "%s: %s is out of range (%llu .. %llu)", name, value,
-                        (unsigned long long)o->min, (unsigned long long)o->max);
+            return fail(err, errlen, "%s: %s is out of range (%llu .. %llu)", name, value, (unsigned long long)o->min,
+                        (unsigned long long)o->max);
         memcpy((char *)cfg + o->offset, &v, sizeof v);
         return DQ_OK;
     }
@@ -491,8 +501,8 @@ static int apply(dqd_config *cfg, const dqd_option *o, const char *value, bool f
     return fail(err, errlen, "%s: internal error", name);
 }
 
-int dqd_config_set(dqd_config *cfg, const char *section, const char *key, const char *value, bool from_flag,
-                   char *err, size_t errlen)
+int dqd_config_set(dqd_config *cfg, const char *section, const char *key, const char *value, bool from_flag, char *err,
+                   size_t errlen)
 {
     bool any_section = !section || !*section;
     bool section_known = any_section;
@@ -506,8 +516,8 @@ int dqd_config_set(dqd_config *cfg, const char *section, const char *key, const 
     }
     if (!section_known)
         return fail(err, errlen, "unknown section [%s]", section);
-    return fail(err, errlen, "unknown key '%s'%s%s%s", key, any_section ? "" : " in [",
-                any_section ? "" : section, any_section ? "" : "]");
+    return fail(err, errlen, "unknown key '%s'%s%s%s", key, any_section ? "" : " in [", any_section ? "" : section,
+                any_section ? "" : "]");
 }
 
 typedef struct ini_ctx {
@@ -610,8 +620,7 @@ static const dqd_option *find_flag(const char *name, size_t len)
 }
 
 /* Splits "--name=value" / "--name value". Returns the number of argv entries used, or -1. */
-static int split_flag(int argc, char *const argv[], int i, const char **name, size_t *name_len,
-                      const char **value)
+static int split_flag(int argc, char *const argv[], int i, const char **name, size_t *name_len, const char **value)
 {
     const char *a = argv[i] + 2;
     const char *eq = strchr(a, '=');
@@ -708,14 +717,13 @@ static void print_wrapped(FILE *out, const char *text, int indent, int width)
 
 void dqd_config_print_help(FILE *out)
 {
-    fprintf(out,
-            "NAME\n"
-            "       dquantd - KV-cache compression daemon for disaggregated LLM serving\n"
-            "\n"
-            "SYNOPSIS\n"
-            "       dquantd [--config FILE] [OPTION]...\n"
-            "\n"
-            "DESCRIPTION\n");
+    fprintf(out, "NAME\n"
+                 "       dquantd - KV-cache compression daemon for disaggregated LLM serving\n"
+                 "\n"
+                 "SYNOPSIS\n"
+                 "       dquantd [--config FILE] [OPTION]...\n"
+                 "\n"
+                 "DESCRIPTION\n");
     print_wrapped(out,
                   "dquantd holds the keys and values (KV cache) of LLM inference in D-Quant compressed "
                   "form. Prefill engines PUT K/V per layer; decode workers GET decompressed blocks or ask "
@@ -735,22 +743,21 @@ void dqd_config_print_help(FILE *out)
         print_wrapped(out, o->help, 14, 100);
         fprintf(out, "%14sDefault: %s. INI: [%s] %s.\n", "", o->def, o->section, o->key);
     }
-    fprintf(out,
-            "\n       --help, -h\n              Show this help and exit.\n"
-            "\n       --version, -V\n              Print the version and exit.\n"
-            "\nSIZES\n"
-            "       SIZE is a byte count with an optional binary suffix: 65536, 64K, 512M, 4G, 1T\n"
-            "       (K/M/G/T are powers of 1024; KiB/MB-style spellings are accepted).\n"
-            "\nSIGNALS\n"
-            "       SIGTERM, SIGINT: stop accepting connections, finish the requests in progress, send their\n"
-            "       replies and exit with status 0.\n"
-            "\nENVIRONMENT\n"
-            "       NOTIFY_SOCKET  when set (systemd Type=notify), READY=1 is sent once the listeners are up.\n"
-            "\nEXIT STATUS\n"
-            "       0 on a clean shutdown, 1 when start-up fails (a listener cannot be opened), 2 for a bad\n"
-            "       command line or configuration.\n"
-            "\nEXAMPLES\n"
-            "       dquantd --listen unix:/run/dquantd.sock --host-memory 16G\n"
-            "       dquantd --config /etc/dquantd.ini --log-level debug\n"
-            "       dquantd --listen tcp://0.0.0.0:7733 --secret-file /etc/dquantd.secret\n");
+    fprintf(out, "\n       --help, -h\n              Show this help and exit.\n"
+                 "\n       --version, -V\n              Print the version and exit.\n"
+                 "\nSIZES\n"
+                 "       SIZE is a byte count with an optional binary suffix: 65536, 64K, 512M, 4G, 1T\n"
+                 "       (K/M/G/T are powers of 1024; KiB/MB-style spellings are accepted).\n"
+                 "\nSIGNALS\n"
+                 "       SIGTERM, SIGINT: stop accepting connections, finish the requests in progress, send their\n"
+                 "       replies and exit with status 0.\n"
+                 "\nENVIRONMENT\n"
+                 "       NOTIFY_SOCKET  when set (systemd Type=notify), READY=1 is sent once the listeners are up.\n"
+                 "\nEXIT STATUS\n"
+                 "       0 on a clean shutdown, 1 when start-up fails (a listener cannot be opened), 2 for a bad\n"
+                 "       command line or configuration.\n"
+                 "\nEXAMPLES\n"
+                 "       dquantd --listen unix:/run/dquantd.sock --host-memory 16G\n"
+                 "       dquantd --config /etc/dquantd.ini --log-level debug\n"
+                 "       dquantd --listen tcp://0.0.0.0:7733 --secret-file /etc/dquantd.secret\n");
 }

@@ -21,8 +21,8 @@ typedef enum dqd_listen_kind { DQD_LISTEN_UNIX = 0, DQD_LISTEN_TCP = 1 } dqd_lis
 
 typedef struct dqd_listen_addr {
     dqd_listen_kind kind;
-    char path[DQD_UNIX_PATH_MAX];  /* unix: socket path */
-    char host[DQD_HOST_MAX];       /* tcp: numeric IPv4 / IPv6 address ("localhost" is 127.0.0.1) */
+    char path[DQD_UNIX_PATH_MAX]; /* unix: socket path */
+    char host[DQD_HOST_MAX];      /* tcp: numeric IPv4 / IPv6 address ("localhost" is 127.0.0.1) */
     uint16_t port;
 } dqd_listen_addr;
 
@@ -38,31 +38,31 @@ typedef struct dqd_config {
     bool metrics_enabled;
     char metrics_host[DQD_HOST_MAX];
     uint16_t metrics_port;
-    uint64_t host_memory;         /* store budget, bytes */
-    uint64_t gpu_memory;          /* GPU tier budget (cuda backend), bytes; 0: 80% of the free memory */
-    uint32_t gpu_device;          /* CUDA device ordinal (cuda backend) */
-    uint32_t gpu_threads;         /* threads for short GPU tasks (lane.h); 0: the workers run them */
-    uint32_t io_threads;          /* threads that read large frames' payloads (conn.c); 0: the loop */
-    uint32_t gpu_spin_us;         /* how long a GPU thread polls for the next task before sleeping */
-    uint32_t attend_kernel;       /* cuda backend's kernel versions (dqcu_settings): 0 = auto */
+    uint64_t host_memory;   /* store budget, bytes */
+    uint64_t gpu_memory;    /* GPU tier budget (cuda backend), bytes; 0: 80% of the free memory */
+    uint32_t gpu_device;    /* CUDA device ordinal (cuda backend) */
+    uint32_t gpu_threads;   /* threads for short GPU tasks (lane.h); 0: the workers run them */
+    uint32_t io_threads;    /* threads that read large frames' payloads (conn.c); 0: the loop */
+    uint32_t gpu_spin_us;   /* how long a GPU thread polls for the next task before sleeping */
+    uint32_t attend_kernel; /* cuda backend's kernel versions (dqcu_settings): 0 = auto */
     uint32_t encode_kernel;
-    uint32_t encode_schedule;     /* DQD_ENCODE_PLANNED or DQD_ENCODE_PLAIN */
+    uint32_t encode_schedule; /* DQD_ENCODE_PLANNED or DQD_ENCODE_PLAIN */
     dqd_backend backend;
     dq_log_level log_level;
-    char *secret;                 /* NULL: none; when set, every TCP listener requires it */
+    char *secret; /* NULL: none; when set, every TCP listener requires it */
     size_t secret_len;
-    uint64_t max_frame;           /* 0 until dqd_config_finish: 32 + max_header + max_payload */
+    uint64_t max_frame; /* 0 until dqd_config_finish: 32 + max_header + max_payload */
     uint64_t max_header;
     uint64_t max_payload;
-    uint64_t max_output_queue;    /* reply bytes queued per connection before reading pauses */
-    uint64_t frame_cache;         /* bytes of freed large frame buffers kept for the next frames */
+    uint64_t max_output_queue; /* reply bytes queued per connection before reading pauses */
+    uint64_t frame_cache;      /* bytes of freed large frame buffers kept for the next frames */
     uint32_t max_connections;
-    uint32_t max_inflight;        /* requests per connection before reading pauses */
-    uint32_t max_batch_items;     /* ATTEND items */
+    uint32_t max_inflight;    /* requests per connection before reading pauses */
+    uint32_t max_batch_items; /* ATTEND items */
     uint32_t max_models;
     uint32_t workers;
-    uint32_t shutdown_timeout;    /* seconds to finish in-flight work on SIGTERM */
-    uint32_t nccl_timeout_ms;     /* NCCL communicator setup / transfer deadline (plus 1 s per GB) */
+    uint32_t shutdown_timeout; /* seconds to finish in-flight work on SIGTERM */
+    uint32_t nccl_timeout_ms;  /* NCCL communicator setup / transfer deadline (plus 1 s per GB) */
 
     /* bookkeeping for "first listen replaces the defaults" */
     bool listen_from_file, listen_from_flags;
@@ -76,8 +76,8 @@ void dqd_config_free(dqd_config *cfg);
 
 /* Sets one key as if read from section [section] of the INI file (section may be NULL or "":
  * then the key is looked up in every section). from_flag selects the listen replacement rule. */
-int dqd_config_set(dqd_config *cfg, const char *section, const char *key, const char *value, bool from_flag,
-                   char *err, size_t errlen);
+int dqd_config_set(dqd_config *cfg, const char *section, const char *key, const char *value, bool from_flag, char *err,
+                   size_t errlen);
 /* Reads an INI file / string. Unknown sections or keys and bad values are errors. */
 int dqd_config_load_file(dqd_config *cfg, const char *path, char *err, size_t errlen);
 int dqd_config_load_string(dqd_config *cfg, const char *ini, char *err, size_t errlen);

@@ -444,7 +444,7 @@ static void process_input(dqd_conn *c)
                 break;
             if (st == DQ_FRAME_ERROR) {
                 protocol_error(c, err < 0 ? err : DQ_PROTOCOL, peek_request_id(p, avail),
-                               err == DQ_TOO_LARGE   ? "frame exceeds the configured limits"
+                               err == DQ_TOO_LARGE ? "frame exceeds the configured limits"
                                : err == DQ_VERSION ? "unsupported wire version"
                                                    : "bad frame header");
                 break;
@@ -586,8 +586,8 @@ static void req_done(dqd_req *req)
     dqd_conn *c = req->owner;
     assert(!req->done && c->held >= req->frame_bytes);
     if (req->nccl_admitted)
-        dqd_nccl_release(req, req->nccl_reply.buf, req->nccl_reply.on_device, req->nccl_reply.len,
-                         req->nccl_reply.segs, req->nccl_reply.nseg);
+        dqd_nccl_release(req, req->nccl_reply.buf, req->nccl_reply.on_device, req->nccl_reply.len, req->nccl_reply.segs,
+                         req->nccl_reply.nseg);
     req->nccl_reply.buf = NULL;
     req->nccl_reply.segs = NULL;
     req->done = 1;

@@ -43,41 +43,41 @@ struct dqd_conn {
         uv_tcp_t tcp;
         uv_pipe_t pipe;
     } h;
-    uv_timer_t timer;         /* drain deadline */
+    uv_timer_t timer; /* drain deadline */
     dqd_ctx *ctx;
     dqd_conn_closed_fn on_closed;
-    void *owner;              /* on_closed's argument */
-    bool tcp;                 /* else a Unix socket */
+    void *owner; /* on_closed's argument */
+    bool tcp;    /* else a Unix socket */
     uint64_t id;
     dqd_conn_state state;
     int handles_open;
-    bool reading;             /* uv_read_start active */
-    bool paused;              /* backpressure */
-    bool in_process;          /* inside process_input (no re-entry) */
-    dqd_session sess;         /* what its requests' operations see (request.h) */
+    bool reading;     /* uv_read_start active */
+    bool paused;      /* backpressure */
+    bool in_process;  /* inside process_input (no re-entry) */
+    dqd_session sess; /* what its requests' operations see (request.h) */
     bool reap_queued;
 
-    uint8_t *rbuf;            /* staging buffer */
+    uint8_t *rbuf; /* staging buffer */
     size_t rlen;
-    uint8_t *fbuf;            /* a large frame received in place */
+    uint8_t *fbuf; /* a large frame received in place */
     size_t fpad, ftotal, fhave;
 
     /* An I/O thread reading the rest of fbuf (conn.c): set and cleared on the loop; the thread
      * touches only the socket, fbuf's missing bytes and rd_got/rd_status. */
     bool offloaded;
-    bool rd_stalled;          /* its data stalled: the loop reads until the next chunk arrives */
-    bool close_deferred;      /* dqd_conn_close waits for the thread */
-    _Atomic bool rd_cancel;   /* the loop asks the thread to give the connection back */
+    bool rd_stalled;        /* its data stalled: the loop reads until the next chunk arrives */
+    bool close_deferred;    /* dqd_conn_close waits for the thread */
+    _Atomic bool rd_cancel; /* the loop asks the thread to give the connection back */
     int rd_fd;
     size_t rd_got;
     int rd_status;
 
     dqd_req *q_head, *q_tail; /* requests in arrival order, until their reply is written out */
     uint32_t nreqs;
-    uint64_t held;            /* bytes of frames in progress and replies not yet written */
-    uint32_t writes;          /* uv_write requests in flight */
+    uint64_t held;   /* bytes of frames in progress and replies not yet written */
+    uint32_t writes; /* uv_write requests in flight */
 
-    struct dqd_conn *prev, *next;  /* the owner's list */
+    struct dqd_conn *prev, *next; /* the owner's list */
     struct dqd_conn *reap_next;
 };
 

@@ -33,17 +33,17 @@ typedef struct dqd_ctx {
     dqd_registry *reg;
     dqd_store *store;
     dqd_metrics metrics;
-    dqd_framebufs frames;     /* every frame's buffer (framebuf.h) */
-    dqd_gpu *gpu;             /* the cuda backend; NULL on the cpu backend */
-    dqd_lane *lane;           /* GPU threads (lane.h); NULL without the cuda backend or with gpu_threads 0 */
-    dqd_lane *io_lane;        /* I/O threads reading large frames (conn.c); NULL with io_threads 0 */
-    uint32_t io_busy;         /* connections an I/O thread is reading for */
+    dqd_framebufs frames; /* every frame's buffer (framebuf.h) */
+    dqd_gpu *gpu;         /* the cuda backend; NULL on the cpu backend */
+    dqd_lane *lane;       /* GPU threads (lane.h); NULL without the cuda backend or with gpu_threads 0 */
+    dqd_lane *io_lane;    /* I/O threads reading large frames (conn.c); NULL with io_threads 0 */
+    uint32_t io_busy;     /* connections an I/O thread is reading for */
     const char *backend_name;
     uint64_t start_ns;
 
-    uint64_t tasks_inflight;  /* worker tasks queued or running */
-    uint64_t reqs_inflight;   /* requests dispatched and not finished */
-    bool stopping;            /* shutting down: no new requests */
+    uint64_t tasks_inflight; /* worker tasks queued or running */
+    uint64_t reqs_inflight;  /* requests dispatched and not finished */
+    bool stopping;           /* shutting down: no new requests */
 
     /* Set by the owner (server.c): called whenever work finishes, so that a pending shutdown
      * completes once nothing is left. */

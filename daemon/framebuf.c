@@ -48,8 +48,7 @@ uint8_t *dqd_framebuf_get(dqd_framebufs *fb, size_t bytes)
         uint32_t best = UINT32_MAX;
         for (uint32_t i = 0; i < fb->nkept; i++) {
             const size_t cap = dqd_framebuf_capacity(fb->kept[i]);
-            if (cap >= bytes && cap / 4 <= bytes &&
-                (best == UINT32_MAX || cap < dqd_framebuf_capacity(fb->kept[best])))
+            if (cap >= bytes && cap / 4 <= bytes && (best == UINT32_MAX || cap < dqd_framebuf_capacity(fb->kept[best])))
                 best = i;
         }
         uint8_t *buf = NULL;

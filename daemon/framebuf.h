@@ -19,11 +19,11 @@
 
 typedef struct dqd_framebufs {
     pthread_mutex_t mu;
-    uint64_t budget;                        /* bytes of kept buffers at most */
+    uint64_t budget; /* bytes of kept buffers at most */
     uint64_t kept_bytes;
     uint32_t nkept;
-    uint8_t *kept[DQD_FRAMEBUF_SLOTS];       /* user pointers of the kept buffers */
-    uint64_t reused, fresh;                 /* buffers handed out from the kept ones / new */
+    uint8_t *kept[DQD_FRAMEBUF_SLOTS]; /* user pointers of the kept buffers */
+    uint64_t reused, fresh;            /* buffers handed out from the kept ones / new */
 } dqd_framebufs;
 
 void dqd_framebufs_init(dqd_framebufs *fb, uint64_t budget);

@@ -45,8 +45,8 @@ void *dqd_hostmem_alloc(dqd_hostmem *m, size_t size)
     uint64_t now = atomic_fetch_add_explicit(&m->used, cost, memory_order_relaxed) + cost;
     atomic_fetch_add_explicit(&m->allocs, 1, memory_order_relaxed);
     uint64_t peak = atomic_load_explicit(&m->peak, memory_order_relaxed);
-    while (now > peak && !atomic_compare_exchange_weak_explicit(&m->peak, &peak, now, memory_order_relaxed,
-                                                                memory_order_relaxed)) {
+    while (now > peak &&
+           !atomic_compare_exchange_weak_explicit(&m->peak, &peak, now, memory_order_relaxed, memory_order_relaxed)) {
     }
     return base + HDR;
 }

@@ -13,10 +13,10 @@
 #include "dquant/types.h"
 
 typedef struct dqd_hostmem {
-    _Atomic uint64_t used;    /* bytes currently allocated, headers included */
+    _Atomic uint64_t used; /* bytes currently allocated, headers included */
     _Atomic uint64_t peak;
-    _Atomic uint64_t allocs;  /* live allocations */
-    dq_allocator alloc;       /* hooks for libdquant: opaque = this struct */
+    _Atomic uint64_t allocs; /* live allocations */
+    dq_allocator alloc;      /* hooks for libdquant: opaque = this struct */
 } dqd_hostmem;
 
 void dqd_hostmem_init(dqd_hostmem *m);

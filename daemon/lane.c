@@ -20,12 +20,12 @@ typedef struct lane_task {
 
 struct dqd_lane {
     dqd_ctx *ctx;
-    uv_async_t async;          /* threads -> loop: tasks finished */
+    uv_async_t async; /* threads -> loop: tasks finished */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    lane_task *head, *tail;    /* queued, in posting order */
-    lane_task *fin;            /* finished, newest first */
-    _Atomic uint32_t queued;   /* tasks in head.., read without the lock by polling threads */
+    lane_task *head, *tail;  /* queued, in posting order */
+    lane_task *fin;          /* finished, newest first */
+    _Atomic uint32_t queued; /* tasks in head.., read without the lock by polling threads */
     _Atomic bool stop;
     uint64_t spin_ns;
     uint32_t nthreads;

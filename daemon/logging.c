@@ -22,7 +22,7 @@ int dqd_log_level_parse(const char *name, dq_log_level *out)
         const char *name;
         dq_log_level level;
     } names[] = {
-        {"error", DQ_LOG_ERROR}, {"warn", DQ_LOG_WARN}, {"warning", DQ_LOG_WARN},
+        {"error", DQ_LOG_ERROR}, {"warn", DQ_LOG_WARN},   {"warning", DQ_LOG_WARN},
         {"info", DQ_LOG_INFO},   {"debug", DQ_LOG_DEBUG},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
@@ -55,9 +55,8 @@ void dqd_log_vwrite(dq_log_level level, const char *file, int line, const char *
     clock_gettime(CLOCK_REALTIME, &ts);
     gmtime_r(&ts.tv_sec, &tm);
 
-    int n = snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %-5s ", tm.tm_year + 1900,
-                     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000,
-                     dqd_log_level_name(level));
+    int n = snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %-5s ", tm.tm_year + 1900, tm.tm_mon + 1,
+                     tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000, dqd_log_level_name(level));
     if (file && n >= 0 && (size_t)n < sizeof buf)
         n += snprintf(buf + n, sizeof buf - (size_t)n, "%s:%d ", base_name(file), line);
     if (n >= 0 && (size_t)n < sizeof buf)

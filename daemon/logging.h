@@ -25,10 +25,10 @@ void dqd_log_vwrite(dq_log_level level, const char *file, int line, const char *
 /* Routes libdquant's log callback into ours. */
 void dqd_log_attach_lib(void);
 
-#define DQD_LOG(level, ...)                                                                        \
-    do {                                                                                           \
-        if ((level) <= dqd_log_max)                                                                \
-            dqd_log_write((level), __FILE__, __LINE__, __VA_ARGS__);                               \
+#define DQD_LOG(level, ...)                                          \
+    do {                                                             \
+        if ((level) <= dqd_log_max)                                  \
+            dqd_log_write((level), __FILE__, __LINE__, __VA_ARGS__); \
     } while (0)
 #define DQD_ERROR(...) DQD_LOG(DQ_LOG_ERROR, __VA_ARGS__)
 #define DQD_WARN(...) DQD_LOG(DQ_LOG_WARN, __VA_ARGS__)
@@ -37,14 +37,14 @@ void dqd_log_attach_lib(void);
 
 /* Evaluates expr (an int-returning call); on a negative result stores it in rc, logs the call
  * with its file:line at debug level and jumps to label. */
-#define DQD_CHECK_GOTO(expr, rc, label)                                                            \
-    do {                                                                                           \
-        int dqd__r = (expr);                                                                       \
-        if (dqd__r < 0) {                                                                          \
-            (rc) = dqd__r;                                                                         \
-            DQD_DEBUG("%s failed: %s", #expr, dq_err_name(dqd__r));                                \
-            goto label;                                                                            \
-        }                                                                                          \
+#define DQD_CHECK_GOTO(expr, rc, label)                             \
+    do {                                                            \
+        int dqd__r = (expr);                                        \
+        if (dqd__r < 0) {                                           \
+            (rc) = dqd__r;                                          \
+            DQD_DEBUG("%s failed: %s", #expr, dq_err_name(dqd__r)); \
+            goto label;                                             \
+        }                                                           \
     } while (0)
 
 #endif

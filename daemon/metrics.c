@@ -9,8 +9,7 @@
 #include "dquant/error.h"
 
 static const double bucket_le[DQD_LAT_BUCKETS] = {
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-    0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   5.0,  10.0,
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 };
 
 void dqd_metrics_init(dqd_metrics *m)
@@ -109,10 +108,12 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
         return DQ_NOMEM;
     b.p[0] = 0;
 
-    sb_printf(&b, "# HELP dquant_build_info Version and backend of this dquantd.\n# TYPE dquant_build_info gauge\n"
-                  "dquant_build_info{version=\"%s\",backend=\"%s\"} 1\n",
+    sb_printf(&b,
+              "# HELP dquant_build_info Version and backend of this dquantd.\n# TYPE dquant_build_info gauge\n"
+              "dquant_build_info{version=\"%s\",backend=\"%s\"} 1\n",
               g->version, g->backend);
-    sb_printf(&b, "# HELP dquant_requests_total Requests finished, by operation.\n# TYPE dquant_requests_total counter\n");
+    sb_printf(&b,
+              "# HELP dquant_requests_total Requests finished, by operation.\n# TYPE dquant_requests_total counter\n");
     for (int op = 0; op < DQD_OP_COUNT; op++)
         sb_printf(&b, "dquant_requests_total{op=\"%s\"} %llu\n", dqd_op_name((dqd_op)op),
                   (unsigned long long)m->requests[op]);
@@ -179,11 +180,9 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
     gauge(&b, "dquant_bf16_equivalent_bytes", "The same tokens' K and V as BF16.", (double)g->store.bf16_bytes);
     gauge(&b, "dquant_compression_ratio", "BF16-equivalent bytes / stored bytes.",
           g->store.stored_bytes ? (double)g->store.bf16_bytes / (double)g->store.stored_bytes : 0.0);
-    gauge(&b, "dquant_host_memory_used_bytes", "Host memory allocated by the store and codecs.",
-          (double)g->store.used);
+    gauge(&b, "dquant_host_memory_used_bytes", "Host memory allocated by the store and codecs.", (double)g->store.used);
     gauge(&b, "dquant_host_memory_budget_bytes", "Host-memory budget.", (double)g->store.budget);
-    gauge(&b, "dquant_host_memory_reserved_bytes", "Budget reserved by writes in progress.",
-          (double)g->store.reserved);
+    gauge(&b, "dquant_host_memory_reserved_bytes", "Budget reserved by writes in progress.", (double)g->store.reserved);
     counter(&b, "dquant_gpu_demotions_total", "Sequences moved from GPU memory to host memory to make room.",
             g->store.gpu_demotions);
     counter(&b, "dquant_gpu_promotions_total", "Layers moved from host memory back to GPU memory.",
@@ -194,9 +193,10 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
             g->store.gpu_drops);
     gauge(&b, "dquant_gpu_memory_used_bytes", "GPU memory held by GPU-resident layers (cuda backend).",
           (double)g->store.gpu_used);
-    gauge(&b, "dquant_gpu_memory_allocated_bytes", "GPU memory allocated for layers right now, in-flight work included.",
-          (double)g->gpu_allocated);
-    gauge(&b, "dquant_gpu_memory_budget_bytes", "GPU-memory budget (0 on the cpu backend).", (double)g->store.gpu_budget);
+    gauge(&b, "dquant_gpu_memory_allocated_bytes",
+          "GPU memory allocated for layers right now, in-flight work included.", (double)g->gpu_allocated);
+    gauge(&b, "dquant_gpu_memory_budget_bytes", "GPU-memory budget (0 on the cpu backend).",
+          (double)g->store.gpu_budget);
     gauge(&b, "dquant_gpu_memory_reserved_bytes", "GPU budget reserved by writes in progress.",
           (double)g->store.gpu_reserved);
     gauge(&b, "dquant_gpu_sequences", "Sequences holding layers in GPU memory.", (double)g->store.gpu_sequences);

@@ -11,10 +11,10 @@
 #include "store.h"
 
 #define DQD_LAT_BUCKETS 16
-#define DQD_ERR_SLOTS 64   /* -code; the last slot counts codes outside the table */
+#define DQD_ERR_SLOTS 64 /* -code; the last slot counts codes outside the table */
 
 typedef struct dqd_histogram {
-    uint64_t buckets[DQD_LAT_BUCKETS];  /* cumulative at render time, per-bucket here */
+    uint64_t buckets[DQD_LAT_BUCKETS]; /* cumulative at render time, per-bucket here */
     uint64_t count;
     double sum;
 } dqd_histogram;
@@ -36,10 +36,10 @@ typedef struct dqd_metrics {
 /* Everything else a report shows, gathered by the server at render time. */
 typedef struct dqd_gauges {
     dqd_store_stats store;
-    uint64_t gpu_allocated;     /* device bytes of GPU layers allocated right now (cuda backend) */
+    uint64_t gpu_allocated; /* device bytes of GPU layers allocated right now (cuda backend) */
     uint64_t models;
     uint64_t inflight_requests;
-    uint64_t frame_cache_bytes;   /* freed frame buffers kept (framebuf.h) */
+    uint64_t frame_cache_bytes; /* freed frame buffers kept (framebuf.h) */
     uint64_t frame_buffers_reused, frame_buffers_fresh;
     uint64_t workers;
     double uptime_seconds;

@@ -50,16 +50,16 @@ enum { ATT_T_ACCESS, ATT_T_INPUT, ATT_T_B0, ATT_T_B1, ATT_T_C0, ATT_T_C1, ATT_T_
 typedef dqd_tier_item att_item;
 
 typedef enum att_state {
-    ATT_ACCESS,    /* every sequence looked up: wait for access to them all */
-    ATT_CHECK,     /* every item against its model, one shape, one append per layer; buffers */
-    ATT_INPUT,     /* phase A: queries to f32, inputs checked (here for small requests, else tasks) */
-    ATT_PLACE,     /* the tier of every (sequence, layer), GPU and host room reserved */
-    ATT_MOVES,     /* GPU victims moved to the host (tier.h) */
-    ATT_APPEND,    /* phase B; with phase C in one task when every item is on the GPU */
-    ATT_ROLLBACK,  /* an append failed after others were applied: undo them, then fail */
-    ATT_FAILED,    /* an append failed, none applied: settle the sequences, fail */
-    ATT_ATTEND,    /* phase C */
-    ATT_REPLY,     /* the attention's result, or its first error */
+    ATT_ACCESS,   /* every sequence looked up: wait for access to them all */
+    ATT_CHECK,    /* every item against its model, one shape, one append per layer; buffers */
+    ATT_INPUT,    /* phase A: queries to f32, inputs checked (here for small requests, else tasks) */
+    ATT_PLACE,    /* the tier of every (sequence, layer), GPU and host room reserved */
+    ATT_MOVES,    /* GPU victims moved to the host (tier.h) */
+    ATT_APPEND,   /* phase B; with phase C in one task when every item is on the GPU */
+    ATT_ROLLBACK, /* an append failed after others were applied: undo them, then fail */
+    ATT_FAILED,   /* an append failed, none applied: settle the sequences, fail */
+    ATT_ATTEND,   /* phase C */
+    ATT_REPLY,    /* the attention's result, or its first error */
 } att_state;
 
 typedef struct att_op {
@@ -76,16 +76,16 @@ typedef struct att_op {
     uint8_t *out;
     size_t out_len;
     size_t nchunks;
-    size_t *append_idx;   /* items with appends */
+    size_t *append_idx; /* items with appends */
     size_t nappend;
-    size_t ncpu_append;   /* of which on the host */
-    bool gpu_b, gpu_c;    /* a GPU task in phase B (promotions, appends) / C (attention) */
-    bool fused;           /* everything on the GPU: B and C in one task (see moves_done) */
-    bool c_ran;           /* the fused task got to phase C (the appends all succeeded) */
+    size_t ncpu_append; /* of which on the host */
+    bool gpu_b, gpu_c;  /* a GPU task in phase B (promotions, appends) / C (attention) */
+    bool fused;         /* everything on the GPU: B and C in one task (see moves_done) */
+    bool c_ran;         /* the fused task got to phase C (the appends all succeeded) */
     uint64_t reserved;
     uint64_t gpu_reserved;
     dqd_gpu_moves mv;
-    uint64_t t_ns[ATT_T_COUNT];  /* when each stage ended, for the debug trace */
+    uint64_t t_ns[ATT_T_COUNT]; /* when each stage ended, for the debug trace */
     int fail_rc;
     char msg[256];
 } att_op;

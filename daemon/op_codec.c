@@ -22,8 +22,8 @@ typedef struct codec_op {
     dq_kind kind;
     uint64_t tokens, blocks;
     size_t nchunks;
-    dqd_tensor x;                 /* COMPRESS input */
-    dqd_tensor means, records;    /* DECOMPRESS input */
+    dqd_tensor x;              /* COMPRESS input */
+    dqd_tensor means, records; /* DECOMPRESS input */
     dq_dtype out_dtype;
     uint8_t *out;
     size_t out_len, means_len;
@@ -110,8 +110,8 @@ static void compress_task(void *arg, size_t c)
             break;
         uint8_t *mean = op->kind == DQ_KIND_K ? op->out + b * op->codec->mean_bytes : NULL;
         uint8_t *rec = op->out + op->means_len + t0 * rb;
-        op->rc[c] = dq_tokens_encode(op->codec->codec, ws, op->kind, src, dqd_tensor_dtype(&op->x), ntok, mean, rec,
-                                     rb, &op->stats[c]);
+        op->rc[c] = dq_tokens_encode(op->codec->codec, ws, op->kind, src, dqd_tensor_dtype(&op->x), ntok, mean, rec, rb,
+                                     &op->stats[c]);
         free(tmp);
     }
     dqd_codec_ws_give(op->codec, ws);

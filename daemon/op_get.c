@@ -33,7 +33,7 @@ typedef struct get_op {
     dqd_req *req;
     dqd_ctx *ctx;
     get_state state;
-    bool raw;          /* GET_RAW */
+    bool raw; /* GET_RAW */
     const Dquant__Get *get;
     dqd_access_set as;
     dqd_seq *seq;
@@ -44,9 +44,9 @@ typedef struct get_op {
     size_t esize;
     uint8_t *out;
     size_t out_len;
-    uint8_t *dout;     /* nccl_reply: the reply in device memory (out stays NULL) */
+    uint8_t *dout; /* nccl_reply: the reply in device memory (out stays NULL) */
     int alloc_rc;
-    size_t *raw_off;   /* GET_RAW: per layer offset of its records */
+    size_t *raw_off; /* GET_RAW: per layer offset of its records */
     int *rc;
 } get_op;
 
@@ -133,8 +133,7 @@ static void get_step(get_op *op)
         case GET_DECODE:
             if (!op->dout)
                 op->out = dqd_out_alloc(op->out_len);
-            if ((!op->dout && !op->out) ||
-                dqd_tasks_run(ctx, (size_t)op->num * 2, decode_task, decode_done, op) < 0)
+            if ((!op->dout && !op->out) || dqd_tasks_run(ctx, (size_t)op->num * 2, decode_task, decode_done, op) < 0)
                 get_fail(op, DQ_NOMEM, "out of memory");
             return;
         case GET_RAW_SIZE:
@@ -290,8 +289,8 @@ static void decode_task(void *arg, size_t i)
         op->rc[i] = dqd_tier_decode_dev(op->ctx, op->seq, l, kind, (size_t)op->start, (size_t)op->tokens,
                                         op->dout + off, op->dtype);
     else
-        op->rc[i] = dqd_tier_decode(op->ctx, op->seq, l, kind, (size_t)op->start, (size_t)op->tokens,
-                                    op->out + off, op->dtype);
+        op->rc[i] = dqd_tier_decode(op->ctx, op->seq, l, kind, (size_t)op->start, (size_t)op->tokens, op->out + off,
+                                    op->dtype);
 }
 
 static void decode_done(void *arg)

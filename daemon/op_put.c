@@ -41,22 +41,22 @@
 #define MAX_LOOKUP_RETRIES 64
 
 typedef enum put_state {
-    PUT_LOOKUP,    /* look up or create the sequence, wait for exclusive access */
-    PUT_CHECK,     /* still there (else LOOKUP again), same model, every layer at start_token */
-    PUT_RESERVE,   /* the written layers' tiers, GPU and host room reserved */
-    PUT_MOVES,     /* GPU victims moved to the host (tier.h) */
-    PUT_PREPARE,   /* the input aligned, or brought from GPU memory (NCCL); a task when needed */
-    PUT_APPEND,    /* one task per layer */
-    PUT_ROLLBACK,  /* a layer failed after others were applied: undo them, then FAILED */
-    PUT_FAILED,    /* a layer failed: the sequence as it was (or dropped), then the error */
-    PUT_COMMIT,    /* every layer applied: commit, reply */
+    PUT_LOOKUP,   /* look up or create the sequence, wait for exclusive access */
+    PUT_CHECK,    /* still there (else LOOKUP again), same model, every layer at start_token */
+    PUT_RESERVE,  /* the written layers' tiers, GPU and host room reserved */
+    PUT_MOVES,    /* GPU victims moved to the host (tier.h) */
+    PUT_PREPARE,  /* the input aligned, or brought from GPU memory (NCCL); a task when needed */
+    PUT_APPEND,   /* one task per layer */
+    PUT_ROLLBACK, /* a layer failed after others were applied: undo them, then FAILED */
+    PUT_FAILED,   /* a layer failed: the sequence as it was (or dropped), then the error */
+    PUT_COMMIT,   /* every layer applied: commit, reply */
 } put_state;
 
 typedef struct put_op {
     dqd_req *req;
     dqd_ctx *ctx;
     put_state state;
-    const Dquant__Put *put;   /* freed with the request once it is answered */
+    const Dquant__Put *put; /* freed with the request once it is answered */
     uint32_t nlayers;
     dqd_model *model;
     dqd_codec *codec;
@@ -70,11 +70,11 @@ typedef struct put_op {
     int lookups;
     uint64_t reserved;
     uint64_t gpu_reserved;
-    dqd_gpu_moves mv;         /* GPU victims to move to the host before the appends */
-    dqd_tier_append *ta;      /* per written layer: its tier and its undoable append (tier.h) */
-    bool dev;                 /* kdata/vdata are in device memory (NCCL payload), already checked */
+    dqd_gpu_moves mv;    /* GPU victims to move to the host before the appends */
+    dqd_tier_append *ta; /* per written layer: its tier and its undoable append (tier.h) */
+    bool dev;            /* kdata/vdata are in device memory (NCCL payload), already checked */
     int prep_rc;
-    uint32_t prep_layer;      /* the layer prep_rc is about; UINT32_MAX: the input as a whole */
+    uint32_t prep_layer; /* the layer prep_rc is about; UINT32_MAX: the input as a whole */
     int *rc;
     dq_encode_stats *stats;
     int fail_rc;
@@ -406,8 +406,7 @@ static void prepare_done(void *arg)
     put_op *op = arg;
     if (op->prep_rc < 0) {
         if (op->prep_layer != UINT32_MAX)
-            put_fail(op, op->prep_rc, "layer %u: %s", op->put->first_layer + op->prep_layer,
-                     dq_strerror(op->prep_rc));
+            put_fail(op, op->prep_rc, "layer %u: %s", op->put->first_layer + op->prep_layer, dq_strerror(op->prep_rc));
         else
             put_fail(op, op->prep_rc, "%s",
                      op->prep_rc == DQ_NONFINITE ? "k or v holds NaN or infinity" : dq_strerror(op->prep_rc));

@@ -24,8 +24,8 @@ typedef enum dqd_op {
 static inline const char *dqd_op_name(dqd_op op)
 {
     static const char *const names[DQD_OP_COUNT] = {
-        "unknown", "hello",  "register_model", "put", "get",   "attend", "compress",
-        "decompress", "delete", "pin",         "unpin", "stats", "ping", "nccl_setup",
+        "unknown", "hello", "register_model", "put",   "get",  "attend",     "compress", "decompress",
+        "delete",  "pin",   "unpin",          "stats", "ping", "nccl_setup",
     };
     return (unsigned)op < DQD_OP_COUNT ? names[op] : "unknown";
 }

@@ -61,12 +61,10 @@ static void op_hello(dqd_req *req)
     uint32_t lo = h->min_version ? h->min_version : 1;
     uint32_t hi = h->max_version ? h->max_version : lo;
     if (lo > DQ_WIRE_VERSION || hi < DQ_WIRE_VERSION) {
-        dqd_req_fail(req, DQ_VERSION, "client speaks versions %u..%u, the server speaks %u", lo, hi,
-                     DQ_WIRE_VERSION);
+        dqd_req_fail(req, DQ_VERSION, "client speaks versions %u..%u, the server speaks %u", lo, hi, DQ_WIRE_VERSION);
         return;
     }
-    if (c->require_secret &&
-        !secret_matches(h->secret.data, h->secret.len, ctx->cfg->secret, ctx->cfg->secret_len)) {
+    if (c->require_secret && !secret_matches(h->secret.data, h->secret.len, ctx->cfg->secret, ctx->cfg->secret_len)) {
         ctx->metrics.auth_failures++;
         DQD_WARN("conn %llu: HELLO with a wrong or missing secret; closing", (unsigned long long)c->id);
         req->close_after = 1;
@@ -259,20 +257,47 @@ static void run_op(dqd_req *req)
 {
     const Dquant__Request *msg = req->msg;
     switch (req->op) {
-    case DQD_OP_HELLO: op_hello(req); return;
-    case DQD_OP_REGISTER_MODEL: op_register(req); return;
-    case DQD_OP_PUT: dqd_op_put(req); return;
-    case DQD_OP_GET: dqd_op_get(req); return;
-    case DQD_OP_ATTEND: dqd_op_attend(req); return;
-    case DQD_OP_COMPRESS: dqd_op_compress(req); return;
-    case DQD_OP_DECOMPRESS: dqd_op_decompress(req); return;
-    case DQD_OP_DELETE: op_seq(req, msg->delete_->seq, DQD_ACCESS_WRITE); return;
-    case DQD_OP_PIN: op_seq(req, msg->pin->seq, DQD_ACCESS_READ); return;
-    case DQD_OP_UNPIN: op_seq(req, msg->unpin->seq, DQD_ACCESS_READ); return;
-    case DQD_OP_STATS: op_stats(req); return;
-    case DQD_OP_PING: op_ping(req); return;
-    case DQD_OP_NCCL_SETUP: dqd_op_nccl_setup(req); return;
-    default: break;
+    case DQD_OP_HELLO:
+        op_hello(req);
+        return;
+    case DQD_OP_REGISTER_MODEL:
+        op_register(req);
+        return;
+    case DQD_OP_PUT:
+        dqd_op_put(req);
+        return;
+    case DQD_OP_GET:
+        dqd_op_get(req);
+        return;
+    case DQD_OP_ATTEND:
+        dqd_op_attend(req);
+        return;
+    case DQD_OP_COMPRESS:
+        dqd_op_compress(req);
+        return;
+    case DQD_OP_DECOMPRESS:
+        dqd_op_decompress(req);
+        return;
+    case DQD_OP_DELETE:
+        op_seq(req, msg->delete_->seq, DQD_ACCESS_WRITE);
+        return;
+    case DQD_OP_PIN:
+        op_seq(req, msg->pin->seq, DQD_ACCESS_READ);
+        return;
+    case DQD_OP_UNPIN:
+        op_seq(req, msg->unpin->seq, DQD_ACCESS_READ);
+        return;
+    case DQD_OP_STATS:
+        op_stats(req);
+        return;
+    case DQD_OP_PING:
+        op_ping(req);
+        return;
+    case DQD_OP_NCCL_SETUP:
+        dqd_op_nccl_setup(req);
+        return;
+    default:
+        break;
     }
     dqd_req_fail(req, DQ_UNSUPPORTED, "unsupported request");
 }

@@ -9,8 +9,8 @@
 #include <protobuf-c/protobuf-c.h>
 
 typedef struct dqd_pbmem {
-    ProtobufCAllocator a;      /* pass &a to dquant__request__unpack / __free_unpacked */
-    size_t used, cap;          /* bytes allocated now (with headers), the limit */
+    ProtobufCAllocator a; /* pass &a to dquant__request__unpack / __free_unpacked */
+    size_t used, cap;     /* bytes allocated now (with headers), the limit */
 } dqd_pbmem;
 
 /* The limit for unpacking a header of header_len bytes. */

@@ -185,8 +185,8 @@ static bool name_ok(const char *name)
 
 #define MSG(...) snprintf(msg, msglen, __VA_ARGS__)
 
-int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_model **out, bool *existed,
-                          char *msg, size_t msglen)
+int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_model **out, bool *existed, char *msg,
+                          size_t msglen)
 {
     *existed = false;
     if (!name_ok(spec->name)) {
@@ -219,8 +219,8 @@ int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_mod
             return rc;
         }
         if (p.kv_heads != spec->kv_heads || p.head_dim != spec->head_dim) {
-            MSG("profile is for %u x %u, model has kv_heads %u, head_dim %u", p.kv_heads, p.head_dim,
-                spec->kv_heads, spec->head_dim);
+            MSG("profile is for %u x %u, model has kv_heads %u, head_dim %u", p.kv_heads, p.head_dim, spec->kv_heads,
+                spec->head_dim);
             return DQ_SHAPE;
         }
     } else {

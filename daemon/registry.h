@@ -23,13 +23,13 @@
 typedef struct dqd_codec {
     dq_codec *codec;
     dq_profile profile;
-    uint8_t pbytes[DQ_PROFILE_SERIALIZED_MAX];  /* serialized profile: the cache key */
+    uint8_t pbytes[DQ_PROFILE_SERIALIZED_MAX]; /* serialized profile: the cache key */
     size_t plen;
-    uint32_t n;                                 /* kv_heads × head_dim */
+    uint32_t n; /* kv_heads × head_dim */
     size_t window_bytes, mean_bytes, record_bytes[2];
-    int refs;                                   /* loop thread */
+    int refs; /* loop thread */
     uint64_t last_use;
-    pthread_mutex_t mu;                         /* guards the workspace pool */
+    pthread_mutex_t mu; /* guards the workspace pool */
     dq_workspace **free_ws;
     size_t nfree, capfree;
     struct dqd_codec *next;
@@ -60,8 +60,8 @@ void dqd_registry_destroy(dqd_registry *reg);
 /* Registers a model, or finds an identical one (*existed = true). Errors: DQ_INVALID_ARGUMENT /
  * DQ_SHAPE / DQ_PROFILE for a bad spec, DQ_EXISTS for a different model of the same name,
  * DQ_RESOURCE_EXHAUSTED past max_models; msg explains. */
-int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_model **out, bool *existed,
-                          char *msg, size_t msglen);
+int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_model **out, bool *existed, char *msg,
+                          size_t msglen);
 dqd_model *dqd_registry_find(const dqd_registry *reg, const char *name);
 uint32_t dqd_registry_model_count(const dqd_registry *reg);
 

@@ -20,8 +20,8 @@ uint8_t *dqd_out_alloc(size_t len)
     return aligned_alloc(64, (len + 63u) & ~(size_t)63u);
 }
 
-void dqd_reply_tensor(Dquant__Tensor *t, uint64_t *shape_store, Dquant__DType dtype, const uint64_t *shape,
-                      size_t ndim, uint64_t offset, uint64_t length)
+void dqd_reply_tensor(Dquant__Tensor *t, uint64_t *shape_store, Dquant__DType dtype, const uint64_t *shape, size_t ndim,
+                      uint64_t offset, uint64_t length)
 {
     dquant__tensor__init(t);
     t->dtype = dtype;

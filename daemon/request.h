@@ -23,10 +23,10 @@ typedef struct dqd_req dqd_req;
 /* What the operations may know of the connection a request came on (the connection embeds it
  * and outlives its requests). */
 typedef struct dqd_session {
-    uint64_t id;               /* the connection's id, for logs */
-    bool require_secret;       /* its listener wants HELLO with the shared secret */
-    bool authed;               /* HELLO succeeded */
-    struct dqd_nchan *nchan;   /* NCCL data path (ncclpath.h), NULL until NCCL_SETUP */
+    uint64_t id;             /* the connection's id, for logs */
+    bool require_secret;     /* its listener wants HELLO with the shared secret */
+    bool authed;             /* HELLO succeeded */
+    struct dqd_nchan *nchan; /* NCCL data path (ncclpath.h), NULL until NCCL_SETUP */
 } dqd_session;
 
 struct dqd_req {
@@ -35,29 +35,29 @@ struct dqd_req {
     /* Called once when the request is finished (reply or error frame in head/out); set by the
      * connection, which queues the reply. */
     void (*on_done)(dqd_req *req);
-    void *owner;               /* the connection */
-    struct dqd_req *next;      /* connection queue, arrival order */
+    void *owner;          /* the connection */
+    struct dqd_req *next; /* connection queue, arrival order */
     uint64_t id;
     dqd_op op;
     uint64_t t0_ns;
 
-    uint8_t *frame;            /* owned; 64-byte aligned payload inside */
-    size_t frame_bytes;        /* accounted against the connection's queue */
+    uint8_t *frame;     /* owned; 64-byte aligned payload inside */
+    size_t frame_bytes; /* accounted against the connection's queue */
     const uint8_t *payload;
     uint64_t payload_len;
     Dquant__Request *msg;
-    dqd_pbmem pbmem;           /* msg's allocator (pbmem.h) */
+    dqd_pbmem pbmem; /* msg's allocator (pbmem.h) */
 
     int done;
-    int err;                   /* 0, or the error code replied */
-    int close_after;           /* close the connection once this reply is sent */
-    uint8_t *head;             /* fixed header + packed Response */
+    int err;         /* 0, or the error code replied */
+    int close_after; /* close the connection once this reply is sent */
+    uint8_t *head;   /* fixed header + packed Response */
     size_t head_len;
-    uint8_t *out;              /* reply payload (owned, may be NULL) */
+    uint8_t *out; /* reply payload (owned, may be NULL) */
     size_t out_len;
 
     /* NCCL data path (ncclpath.h) */
-    bool nccl_admitted;        /* holds its connection's NCCL channel until its reply */
+    bool nccl_admitted; /* holds its connection's NCCL channel until its reply */
     void (*nccl_run)(struct dqd_req *req);
     struct dqd_req *nccl_next; /* the channel's waiting list */
     void *dpayload;            /* the NCCL payload received into device memory (owned) */
@@ -88,8 +88,8 @@ void dqd_req_fail(dqd_req *req, int code, const char *fmt, ...) __attribute__((f
 void dqd_req_free(dqd_req *req);
 
 /* Fills a reply tensor (shape copied into shape_store, which must live until the reply is packed). */
-void dqd_reply_tensor(Dquant__Tensor *t, uint64_t *shape_store, Dquant__DType dtype, const uint64_t *shape,
-                      size_t ndim, uint64_t offset, uint64_t length);
+void dqd_reply_tensor(Dquant__Tensor *t, uint64_t *shape_store, Dquant__DType dtype, const uint64_t *shape, size_t ndim,
+                      uint64_t offset, uint64_t length);
 /* 64-byte aligned output buffer for replies (free with free()); NULL if len is 0 or no memory. */
 uint8_t *dqd_out_alloc(size_t len);
 

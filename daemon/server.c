@@ -179,7 +179,8 @@ int dqd_server_start(dqd_server *srv)
     }
     if (cfg->metrics_enabled && dqd_http_start(&srv->ctx, cfg->metrics_host, cfg->metrics_port, &srv->http) < 0)
         return DQ_IO;
-    if (srv->ctx.gpu && cfg->gpu_threads && dqd_lane_start(&srv->ctx, cfg->gpu_threads, cfg->gpu_spin_us, &srv->ctx.lane) < 0)
+    if (srv->ctx.gpu && cfg->gpu_threads &&
+        dqd_lane_start(&srv->ctx, cfg->gpu_threads, cfg->gpu_spin_us, &srv->ctx.lane) < 0)
         DQD_WARN("cannot start the GPU threads; the workers run GPU tasks");
     if (cfg->io_threads && dqd_lane_start(&srv->ctx, cfg->io_threads, 0, &srv->ctx.io_lane) < 0)
         DQD_WARN("cannot start the I/O threads; the event loop reads every socket");

@@ -27,8 +27,8 @@ typedef struct dqd_listener {
     dqd_server *srv;
     dqd_listen_addr addr;
     bool require_secret;
-    bool open;        /* handle initialized and not yet closed */
-    bool bound_unix;  /* we created the socket file and remove it at exit */
+    bool open;       /* handle initialized and not yet closed */
+    bool bound_unix; /* we created the socket file and remove it at exit */
 } dqd_listener;
 
 struct dqd_server {
@@ -43,8 +43,8 @@ struct dqd_server {
     uv_timer_t shutdown_timer;
     bool handles_ready;
 
-    dqd_conn *conns;          /* open or closing connections */
-    dqd_conn *reap;           /* closed connections waiting to be freed */
+    dqd_conn *conns; /* open or closing connections */
+    dqd_conn *reap;  /* closed connections waiting to be freed */
     uint64_t next_conn_id;
 
     bool finished;

@@ -19,7 +19,7 @@ struct dqd_store {
     uint64_t budget, reserved;
     dqd_seq **buckets;
     size_t nbuckets, count;
-    dqd_seq *lru_head, *lru_tail;   /* head: most recently used */
+    dqd_seq *lru_head, *lru_tail; /* head: most recently used */
     dqd_waiter *ready_head, *ready_tail;
     bool granting;
     uint64_t pinned, token_layers, stored_bytes, bf16_bytes, seq_bytes;
@@ -27,7 +27,7 @@ struct dqd_store {
 
     /* GPU tier */
     bool gpu_on;
-    uint64_t gpu_budget, gpu_used, gpu_reserved;  /* used: Σ gpu_bytes of sequences not yet freed */
+    uint64_t gpu_budget, gpu_used, gpu_reserved; /* used: Σ gpu_bytes of sequences not yet freed */
     dqd_seq *glru_head, *glru_tail;
     uint64_t gpu_seqs, gpu_demotions, gpu_promotions, gpu_drops, gpu_spills;
     void (*gpu_free)(void *arg, dqd_seq *seq);
@@ -183,8 +183,8 @@ void dqd_store_destroy(dqd_store *s)
 static bool seq_matches(const dqd_seq *seq, uint64_t h, const char *ns, size_t ns_len, const uint8_t *key,
                         size_t key_len)
 {
-    return seq->hash == h && seq->ns_len == ns_len && seq->key_len == key_len &&
-           memcmp(seq->ns, ns, ns_len) == 0 && memcmp(seq->key, key, key_len) == 0;
+    return seq->hash == h && seq->ns_len == ns_len && seq->key_len == key_len && memcmp(seq->ns, ns, ns_len) == 0 &&
+           memcmp(seq->key, key, key_len) == 0;
 }
 
 dqd_seq *dqd_store_lookup(dqd_store *s, const char *ns, size_t ns_len, const uint8_t *key, size_t key_len)
@@ -219,8 +219,8 @@ static void grow_buckets(dqd_store *s)
     s->nbuckets = n;
 }
 
-int dqd_store_insert(dqd_store *s, const char *ns, size_t ns_len, const uint8_t *key, size_t key_len,
-                     dqd_model *model, dqd_seq **out)
+int dqd_store_insert(dqd_store *s, const char *ns, size_t ns_len, const uint8_t *key, size_t key_len, dqd_model *model,
+                     dqd_seq **out)
 {
     if (!ns)
         ns = "";
@@ -229,8 +229,8 @@ int dqd_store_insert(dqd_store *s, const char *ns, size_t ns_len, const uint8_t 
         dqd_seq_unref(old);
         return DQ_EXISTS;
     }
-    uint64_t overhead = dqd_hostmem_cost(sizeof(dqd_seq)) + dqd_hostmem_cost(ns_len + 1) +
-                        dqd_hostmem_cost(key_len) + dqd_hostmem_cost((size_t)model->layers * sizeof(dq_layer *));
+    uint64_t overhead = dqd_hostmem_cost(sizeof(dqd_seq)) + dqd_hostmem_cost(ns_len + 1) + dqd_hostmem_cost(key_len) +
+                        dqd_hostmem_cost((size_t)model->layers * sizeof(dq_layer *));
     /* No eviction for these few bytes: the PUT creating the sequence reserves what it needs next,
      * and if that fails the sequence goes again, leaving every other sequence in place. */
     dqd_seq *seq = dqd_hostmem_calloc(s->mem, sizeof *seq);
@@ -375,8 +375,8 @@ static uint64_t available(const dqd_store *s)
 
 static void evict(dqd_store *s, dqd_seq *seq)
 {
-    DQD_DEBUG("evicting sequence ns='%s' (%llu bytes, %llu token-layers)", seq->ns,
-              (unsigned long long)seq->bytes, (unsigned long long)seq->token_layers);
+    DQD_DEBUG("evicting sequence ns='%s' (%llu bytes, %llu token-layers)", seq->ns, (unsigned long long)seq->bytes,
+              (unsigned long long)seq->token_layers);
     s->evictions++;
     s->evicted_bytes += seq->bytes;
     unindex(s, seq);

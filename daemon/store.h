@@ -56,27 +56,27 @@ typedef struct dqd_seq {
     size_t key_len;
     uint64_t hash;
     dqd_model *model;
-    dq_layer **layers;          /* [model->layers]; NULL for a layer never written or on the GPU */
-    dqd_glayer **glayers;       /* [model->layers] once a layer went to the GPU; else NULL */
+    dq_layer **layers;    /* [model->layers]; NULL for a layer never written or on the GPU */
+    dqd_glayer **glayers; /* [model->layers] once a layer went to the GPU; else NULL */
 
     /* accounting as of the last commit */
-    uint64_t bytes;             /* what evicting it frees, allocator headers included */
-    uint64_t stored_bytes;      /* Σ dq_layer_stored_bytes */
-    uint64_t token_layers;      /* Σ dq_layer_tokens */
-    uint64_t overhead;          /* this struct, ns, key, layer arrays */
-    uint64_t gpu_bytes;         /* device bytes of its GPU layers */
-    uint32_t host_layers;       /* layers on the host; unlike the slots, safe to read on the loop
-                                   thread while a request's workers change them */
-    uint64_t move_reserved;     /* host budget held for its move to the host tier */
+    uint64_t bytes;         /* what evicting it frees, allocator headers included */
+    uint64_t stored_bytes;  /* Σ dq_layer_stored_bytes */
+    uint64_t token_layers;  /* Σ dq_layer_tokens */
+    uint64_t overhead;      /* this struct, ns, key, layer arrays */
+    uint64_t gpu_bytes;     /* device bytes of its GPU layers */
+    uint32_t host_layers;   /* layers on the host; unlike the slots, safe to read on the loop
+                               thread while a request's workers change them */
+    uint64_t move_reserved; /* host budget held for its move to the host tier */
 
     int refs;
     int readers;
     bool writer;
     bool pinned;
-    bool visible;               /* committed at least once */
-    bool in_index;              /* false once deleted or evicted */
-    bool moving;                /* held by a move of its GPU layers to the host */
-    bool in_glru;               /* on the GPU LRU list (holds GPU layers, in the index) */
+    bool visible;  /* committed at least once */
+    bool in_index; /* false once deleted or evicted */
+    bool moving;   /* held by a move of its GPU layers to the host */
+    bool in_glru;  /* on the GPU LRU list (holds GPU layers, in the index) */
     dqd_waiter *wait_head, *wait_tail;
     struct dqd_seq *hnext, *lru_prev, *lru_next;
     struct dqd_seq *glru_prev, *glru_next;
@@ -84,19 +84,19 @@ typedef struct dqd_seq {
 
 typedef struct dqd_store_stats {
     uint64_t sequences, pinned;
-    uint64_t token_layers;      /* tokens stored, summed over layers */
-    uint64_t stored_bytes;      /* window records + BF16 tails in use */
-    uint64_t bf16_bytes;        /* the same tokens as BF16 K and V */
-    uint64_t seq_bytes;         /* Σ sequence bytes (what eviction could free) */
+    uint64_t token_layers; /* tokens stored, summed over layers */
+    uint64_t stored_bytes; /* window records + BF16 tails in use */
+    uint64_t bf16_bytes;   /* the same tokens as BF16 K and V */
+    uint64_t seq_bytes;    /* Σ sequence bytes (what eviction could free) */
     uint64_t used, budget, reserved;
     uint64_t evictions, evicted_bytes;
     /* GPU tier (zero on the cpu backend) */
     uint64_t gpu_used, gpu_budget, gpu_reserved;
-    uint64_t gpu_sequences;     /* sequences holding GPU layers */
-    uint64_t gpu_demotions;     /* sequences moved from the GPU to the host tier */
-    uint64_t gpu_promotions;    /* layers moved from the host to the GPU tier */
-    uint64_t gpu_drops;         /* GPU sequences evicted outright (host budget full); in evictions */
-    uint64_t gpu_spills;        /* layers moved to the host by a write the GPU had no room for */
+    uint64_t gpu_sequences;  /* sequences holding GPU layers */
+    uint64_t gpu_demotions;  /* sequences moved from the GPU to the host tier */
+    uint64_t gpu_promotions; /* layers moved from the host to the GPU tier */
+    uint64_t gpu_drops;      /* GPU sequences evicted outright (host budget full); in evictions */
+    uint64_t gpu_spills;     /* layers moved to the host by a write the GPU had no room for */
 } dqd_store_stats;
 
 int dqd_store_create(dqd_hostmem *mem, uint64_t budget, dqd_store **out);
@@ -107,8 +107,8 @@ void dqd_store_destroy(dqd_store *s);
 dqd_seq *dqd_store_lookup(dqd_store *s, const char *ns, size_t ns_len, const uint8_t *key, size_t key_len);
 /* Creates an invisible sequence of model with a reference. It never evicts: its few bytes are
  * counted, and the creating PUT reserves the rest. DQ_EXISTS if (ns, key) is taken, DQ_NOMEM. */
-int dqd_store_insert(dqd_store *s, const char *ns, size_t ns_len, const uint8_t *key, size_t key_len,
-                     dqd_model *model, dqd_seq **out);
+int dqd_store_insert(dqd_store *s, const char *ns, size_t ns_len, const uint8_t *key, size_t key_len, dqd_model *model,
+                     dqd_seq **out);
 void dqd_seq_ref(dqd_seq *seq);
 /* Drops a reference; a sequence out of the index is freed with its last reference. */
 void dqd_seq_unref(dqd_seq *seq);

@@ -144,8 +144,8 @@ uint64_t dqd_tier_host_need(const dqd_seq *seq, uint32_t layer, const dqd_tier_a
     return 0;
 }
 
-int dqd_tier_append_apply(dqd_ctx *ctx, dqd_seq *seq, uint32_t layer, dqd_tier_append *t, const void *k,
-                          const void *v, dq_dtype dtype, size_t ntok, bool dev, dq_encode_stats *stats)
+int dqd_tier_append_apply(dqd_ctx *ctx, dqd_seq *seq, uint32_t layer, dqd_tier_append *t, const void *k, const void *v,
+                          dq_dtype dtype, size_t ntok, bool dev, dq_encode_stats *stats)
 {
     dqd_codec *codec = seq->model->codec;
     int rc = DQ_OK;
@@ -190,8 +190,8 @@ void dqd_tier_append_clear(dqd_tier_append *t)
     dqd_gappend_clear(&t->dev);
 }
 
-int dqd_tier_check_device(dqd_ctx *ctx, dqd_codec *codec, const void *k, const void *v, dq_dtype dtype,
-                          size_t layers, size_t ntok, uint32_t *bad_layer)
+int dqd_tier_check_device(dqd_ctx *ctx, dqd_codec *codec, const void *k, const void *v, dq_dtype dtype, size_t layers,
+                          size_t ntok, uint32_t *bad_layer)
 {
     return dqd_gpu_check_tokens(ctx->gpu, codec, k, v, dtype, layers, ntok, bad_layer);
 }
@@ -213,8 +213,8 @@ int dqd_layer_key_cmp(const void *a, const void *b)
     return x->item < y->item ? -1 : x->item > y->item;
 }
 
-int dqd_tier_place_items(dqd_ctx *ctx, dqd_tier_item *items, size_t n, const dqd_access_set *as,
-                         uint64_t *gpu_reserved, dqd_gpu_moves *mv)
+int dqd_tier_place_items(dqd_ctx *ctx, dqd_tier_item *items, size_t n, const dqd_access_set *as, uint64_t *gpu_reserved,
+                         dqd_gpu_moves *mv)
 {
     if (!ctx->gpu)
         return DQ_OK; /* the cpu backend: every layer stays on the host */

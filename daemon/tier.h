@@ -46,13 +46,13 @@ void dqd_tier_free_device(dqd_ctx *ctx, void *p);
 
 /* One layer's append that can be undone, in the tier dqd_tier_place_layers chose for it. */
 typedef struct dqd_tier_append {
-    bool gpu;            /* appended on the GPU */
-    bool promote;        /* its host layer moves to the GPU first ... */
-    bool promoted;       /* ... and did */
-    bool spill;          /* its GPU layer moves to the host first (no GPU room for the append) ... */
-    bool spilled;        /* ... and did */
-    dqd_append host;     /* the append on the host (append.h) */
-    dqd_gappend dev;     /* the append on the GPU (gpu.h); dev.broken: the layer could not be restored */
+    bool gpu;        /* appended on the GPU */
+    bool promote;    /* its host layer moves to the GPU first ... */
+    bool promoted;   /* ... and did */
+    bool spill;      /* its GPU layer moves to the host first (no GPU room for the append) ... */
+    bool spilled;    /* ... and did */
+    dqd_append host; /* the append on the host (append.h) */
+    dqd_gappend dev; /* the append on the GPU (gpu.h); dev.broken: the layer could not be restored */
 } dqd_tier_append;
 
 /* Places layers [first, first + n) of seq for appends of ntok tokens each (t: n zeroed entries):
@@ -68,8 +68,8 @@ uint64_t dqd_tier_host_need(const dqd_seq *seq, uint32_t layer, const dqd_tier_a
 /* Appends ntok tokens (k, v: [ntok, kv_heads, head_dim] of dtype; in device memory, already
  * checked, when dev) to the layer in its tier, moving it first when t says so. Same checks, same
  * all-or-nothing result and same bytes in either tier; stats (may be NULL) is added to. */
-int dqd_tier_append_apply(dqd_ctx *ctx, dqd_seq *seq, uint32_t layer, dqd_tier_append *t, const void *k,
-                          const void *v, dq_dtype dtype, size_t ntok, bool dev, dq_encode_stats *stats);
+int dqd_tier_append_apply(dqd_ctx *ctx, dqd_seq *seq, uint32_t layer, dqd_tier_append *t, const void *k, const void *v,
+                          dq_dtype dtype, size_t ntok, bool dev, dq_encode_stats *stats);
 /* Undoes an applied append (no-op otherwise); a failure means the sequence must be dropped. */
 int dqd_tier_append_rollback(dqd_ctx *ctx, dqd_seq *seq, uint32_t layer, dqd_tier_append *t);
 /* Whether the append was applied (1) or not (0). */
@@ -87,13 +87,13 @@ typedef struct dqd_tier_item {
     uint32_t layer;
     dqd_tensor q, ak, av;
     bool append;
-    bool gpu;        /* its layer is (after the appends) in GPU memory */
-    bool promote;    /* the appends move its layer to the GPU first (one item per layer) */
+    bool gpu;     /* its layer is (after the appends) in GPU memory */
+    bool promote; /* the appends move its layer to the GPU first (one item per layer) */
     bool promoted;
-    bool spill;      /* the appends move its (GPU) layer to the host before appending there */
+    bool spill; /* the appends move its (GPU) layer to the host before appending there */
     bool spilled;
-    bool checked;    /* its k and v passed dq_check_tokens already */
-    bool batched;    /* its GPU append went with others' (one dqd_gpu_append_tokens) */
+    bool checked; /* its k and v passed dq_check_tokens already */
+    bool batched; /* its GPU append went with others' (one dqd_gpu_append_tokens) */
     dqd_append txn;
     dqd_gappend gtxn;
     int rc;
@@ -119,8 +119,8 @@ static inline bool dqd_layer_key_same(const dqd_layer_key *a, const dqd_layer_ke
  * resident layers' appends fit, those layers spill to the host. Sets items' gpu, promote and
  * spill, reserves the GPU room (*gpu_reserved) and lists the victims to move first in mv.
  * Returns 0 or DQ_NOMEM. */
-int dqd_tier_place_items(dqd_ctx *ctx, dqd_tier_item *items, size_t n, const dqd_access_set *as,
-                         uint64_t *gpu_reserved, dqd_gpu_moves *mv);
+int dqd_tier_place_items(dqd_ctx *ctx, dqd_tier_item *items, size_t n, const dqd_access_set *as, uint64_t *gpu_reserved,
+                         dqd_gpu_moves *mv);
 
 /* The GPU part of a batch's appends, on this worker's stream: every promotion first, then the
  * appends of the GPU items among items[append_idx[0..nappend)] (single tokens that fit their
@@ -144,8 +144,8 @@ void dqd_tier_items_attend_gpu(dqd_ctx *ctx, dqd_tier_item *items, size_t n, uin
 /* Input that came on NCCL, in device memory: the checks dq_layer_append makes, on the GPU, for
  * appends of `layers` layers of ntok tokens (as dqd_gpu_check_tokens: DQ_NONFINITE with
  * *bad_layer = UINT32_MAX, else the code of the first failing layer), or a copy to host memory. */
-int dqd_tier_check_device(dqd_ctx *ctx, dqd_codec *codec, const void *k, const void *v, dq_dtype dtype,
-                          size_t layers, size_t ntok, uint32_t *bad_layer);
+int dqd_tier_check_device(dqd_ctx *ctx, dqd_codec *codec, const void *k, const void *v, dq_dtype dtype, size_t layers,
+                          size_t ntok, uint32_t *bad_layer);
 int dqd_tier_to_host(dqd_ctx *ctx, void *dst, const void *src, size_t bytes);
 
 /* rc: 0, or DQ_NOMEM when the moves could not be queued (the victims are then released as they

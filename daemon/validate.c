@@ -23,11 +23,11 @@ static int err(char *msg, size_t msglen, int code, const char *fmt, ...)
 }
 
 #define FAIL(code, ...) return err(msg, msglen, (code), __VA_ARGS__)
-#define FORWARD(expr)                                                                              \
-    do {                                                                                           \
-        int fwd__rc = (expr);                                                                      \
-        if (fwd__rc < 0)                                                                           \
-            return fwd__rc;                                                                        \
+#define FORWARD(expr)         \
+    do {                      \
+        int fwd__rc = (expr); \
+        if (fwd__rc < 0)      \
+            return fwd__rc;   \
     } while (0)
 
 typedef unsigned long long ull;
@@ -44,11 +44,16 @@ void dqd_limits_default(dqd_limits *lim)
 size_t dqd_dtype_size(uint32_t dtype)
 {
     switch (dtype) {
-    case DQUANT__DTYPE__F32: return 4;
-    case DQUANT__DTYPE__F16: return 2;
-    case DQUANT__DTYPE__BF16: return 2;
-    case DQUANT__DTYPE__RAW: return 1;
-    default: return 0;
+    case DQUANT__DTYPE__F32:
+        return 4;
+    case DQUANT__DTYPE__F16:
+        return 2;
+    case DQUANT__DTYPE__BF16:
+        return 2;
+    case DQUANT__DTYPE__RAW:
+        return 1;
+    default:
+        return 0;
     }
 }
 
@@ -58,9 +63,8 @@ static const char *dtype_name(uint32_t dtype)
     return dtype < 4 ? names[dtype] : "unknown";
 }
 
-int dqd_tensor_check(const Dquant__Tensor *t, const char *what, uint32_t allowed, uint32_t ndim,
-                     bool allow_missing, const dqd_payload *pl, dqd_tensor *out,
-                     char *msg, size_t msglen)
+int dqd_tensor_check(const Dquant__Tensor *t, const char *what, uint32_t allowed, uint32_t ndim, bool allow_missing,
+                     const dqd_payload *pl, dqd_tensor *out, char *msg, size_t msglen)
 {
     memset(out, 0, sizeof *out);
     if (!t) {
@@ -96,8 +100,8 @@ int dqd_tensor_check(const Dquant__Tensor *t, const char *what, uint32_t allowed
         FAIL(DQ_SHAPE, "tensor %s: its byte size overflows", what);
     uint64_t bytes = count * esize;
     if (bytes != t->length)
-        FAIL(DQ_SHAPE, "tensor %s: length %llu != %llu (shape x %zu-byte %s)", what, (ull)t->length, (ull)bytes,
-             esize, dtype_name(dt));
+        FAIL(DQ_SHAPE, "tensor %s: length %llu != %llu (shape x %zu-byte %s)", what, (ull)t->length, (ull)bytes, esize,
+             dtype_name(dt));
     if (t->nccl) {
         if (!(allowed & DQD_DT_NCCL))
             FAIL(DQ_INVALID_ARGUMENT, "tensor %s cannot travel on NCCL", what);
@@ -156,8 +160,7 @@ static int check_seq(const Dquant__SeqRef *seq, const dqd_limits *lim, char *msg
     return DQ_OK;
 }
 
-static int check_name(const char *s, const char *what, bool required, const dqd_limits *lim, char *msg,
-                      size_t msglen)
+static int check_name(const char *s, const char *what, bool required, const dqd_limits *lim, char *msg, size_t msglen)
 {
     size_t n = s ? strlen(s) : 0;
     if (required && n == 0)
@@ -167,8 +170,7 @@ static int check_name(const char *s, const char *what, bool required, const dqd_
     return DQ_OK;
 }
 
-static int validate_put(const Dquant__Put *p, const dqd_payload *pl, const dqd_limits *lim,
-                        char *msg, size_t msglen)
+static int validate_put(const Dquant__Put *p, const dqd_payload *pl, const dqd_limits *lim, char *msg, size_t msglen)
 {
     FORWARD(check_seq(p->seq, lim, msg, msglen));
     FORWARD(check_name(p->model, "model", true, lim, msg, msglen));
@@ -191,8 +193,8 @@ static int validate_put(const Dquant__Put *p, const dqd_payload *pl, const dqd_l
     return DQ_OK;
 }
 
-static int validate_attend(const Dquant__Attend *a, const dqd_payload *pl,
-                           const dqd_limits *lim, char *msg, size_t msglen)
+static int validate_attend(const Dquant__Attend *a, const dqd_payload *pl, const dqd_limits *lim, char *msg,
+                           size_t msglen)
 {
     if (a->n_items == 0)
         FAIL(DQ_INVALID_ARGUMENT, "attend has no items");
@@ -227,8 +229,8 @@ static int validate_attend(const Dquant__Attend *a, const dqd_payload *pl,
     return DQ_OK;
 }
 
-static int validate_compress(const Dquant__Compress *c, const dqd_payload *pl,
-                             const dqd_limits *lim, char *msg, size_t msglen)
+static int validate_compress(const Dquant__Compress *c, const dqd_payload *pl, const dqd_limits *lim, char *msg,
+                             size_t msglen)
 {
     FORWARD(check_name(c->model, "model", false, lim, msg, msglen));
     FORWARD(check_name(c->profile_name, "profile_name", false, lim, msg, msglen));
@@ -247,8 +249,7 @@ static int validate_compress(const Dquant__Compress *c, const dqd_payload *pl,
     return DQ_OK;
 }
 
-static int validate_decompress(const Dquant__Decompress *d, const dqd_payload *pl,
-                               char *msg, size_t msglen)
+static int validate_decompress(const Dquant__Decompress *d, const dqd_payload *pl, char *msg, size_t msglen)
 {
     if (d->profile.len == 0)
         FAIL(DQ_INVALID_ARGUMENT, "profile is missing");
@@ -270,12 +271,12 @@ static int validate_decompress(const Dquant__Decompress *d, const dqd_payload *p
 static size_t nccl_tensors(const Dquant__Request *req, const Dquant__Tensor **out, size_t cap)
 {
     size_t n = 0;
-#define ADD(t)                                            \
-    do {                                                  \
-        if ((t) && (t)->nccl && (t)->length && n < cap)   \
-            out[n++] = (t);                               \
-        else if ((t) && (t)->nccl && (t)->length)         \
-            n++;                                          \
+#define ADD(t)                                          \
+    do {                                                \
+        if ((t) && (t)->nccl && (t)->length && n < cap) \
+            out[n++] = (t);                             \
+        else if ((t) && (t)->nccl && (t)->length)       \
+            n++;                                        \
     } while (0)
     if (req->body_case == DQUANT__REQUEST__BODY_PUT) {
         ADD(req->put->k);
@@ -351,8 +352,8 @@ static int check_segments(const Dquant__Request *req, char *msg, size_t msglen)
     return DQ_OK;
 }
 
-int dqd_request_validate(const Dquant__Request *req, const dqd_payload *pl,
-                         const dqd_limits *lim, dqd_op *op, char *msg, size_t msglen)
+int dqd_request_validate(const Dquant__Request *req, const dqd_payload *pl, const dqd_limits *lim, dqd_op *op,
+                         char *msg, size_t msglen)
 {
     *op = DQD_OP_UNKNOWN;
     if (!req)
@@ -449,8 +450,8 @@ int dqd_request_validate(const Dquant__Request *req, const dqd_payload *pl,
     FAIL(DQ_UNSUPPORTED, "unknown or missing request body (case %d)", (int)req->body_case);
 }
 
-int dqd_validate_put(const Dquant__Put *put, const dqd_payload *pl,
-                     const dqd_model_info *m, dqd_tensor *k, dqd_tensor *v, char *msg, size_t msglen)
+int dqd_validate_put(const Dquant__Put *put, const dqd_payload *pl, const dqd_model_info *m, dqd_tensor *k,
+                     dqd_tensor *v, char *msg, size_t msglen)
 {
     if ((uint64_t)put->first_layer + put->num_layers > m->layers)
         FAIL(DQ_OUT_OF_BOUNDS, "layers [%u, %llu) outside the model's %u layers", put->first_layer,
@@ -465,8 +466,8 @@ int dqd_validate_put(const Dquant__Put *put, const dqd_payload *pl,
     return DQ_OK;
 }
 
-int dqd_validate_get(const Dquant__Get *get, const dqd_model_info *m, uint32_t *first, uint32_t *num,
-                     char *msg, size_t msglen)
+int dqd_validate_get(const Dquant__Get *get, const dqd_model_info *m, uint32_t *first, uint32_t *num, char *msg,
+                     size_t msglen)
 {
     if (get->first_layer >= m->layers)
         FAIL(DQ_OUT_OF_BOUNDS, "first_layer %u outside the model's %u layers", get->first_layer, m->layers);
@@ -479,9 +480,8 @@ int dqd_validate_get(const Dquant__Get *get, const dqd_model_info *m, uint32_t *
     return DQ_OK;
 }
 
-int dqd_validate_attend_item(const Dquant__AttendItem *it, const dqd_payload *pl,
-                             const dqd_model_info *m, dqd_tensor *q, dqd_tensor *ak, dqd_tensor *av,
-                             char *msg, size_t msglen)
+int dqd_validate_attend_item(const Dquant__AttendItem *it, const dqd_payload *pl, const dqd_model_info *m,
+                             dqd_tensor *q, dqd_tensor *ak, dqd_tensor *av, char *msg, size_t msglen)
 {
     if (it->layer >= m->layers)
         FAIL(DQ_OUT_OF_BOUNDS, "layer %u outside the model's %u layers", it->layer, m->layers);
@@ -502,8 +502,8 @@ int dqd_validate_attend_item(const Dquant__AttendItem *it, const dqd_payload *pl
     return DQ_OK;
 }
 
-int dqd_validate_compress(const Dquant__Compress *c, const dqd_payload *pl,
-                          const dqd_profile_info *p, dqd_tensor *x, char *msg, size_t msglen)
+int dqd_validate_compress(const Dquant__Compress *c, const dqd_payload *pl, const dqd_profile_info *p, dqd_tensor *x,
+                          char *msg, size_t msglen)
 {
     if (c->kind > 1)
         FAIL(DQ_INVALID_ARGUMENT, "kind must be 0 (keys) or 1 (values)");
@@ -515,9 +515,8 @@ int dqd_validate_compress(const Dquant__Compress *c, const dqd_payload *pl,
     return DQ_OK;
 }
 
-int dqd_validate_decompress(const Dquant__Decompress *d, const dqd_payload *pl,
-                            const dqd_profile_info *p, dqd_tensor *means, dqd_tensor *records, char *msg,
-                            size_t msglen)
+int dqd_validate_decompress(const Dquant__Decompress *d, const dqd_payload *pl, const dqd_profile_info *p,
+                            dqd_tensor *means, dqd_tensor *records, char *msg, size_t msglen)
 {
     if (d->kind > 1)
         FAIL(DQ_INVALID_ARGUMENT, "kind must be 0 (keys) or 1 (values)");

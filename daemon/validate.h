@@ -26,9 +26,9 @@
 typedef struct dqd_limits {
     uint64_t max_payload;
     uint32_t max_batch_items;
-    uint32_t max_ns;         /* namespace bytes */
-    uint32_t max_key;        /* sequence key bytes */
-    uint32_t max_name;       /* model / profile / client names */
+    uint32_t max_ns;   /* namespace bytes */
+    uint32_t max_key;  /* sequence key bytes */
+    uint32_t max_name; /* model / profile / client names */
 } dqd_limits;
 
 void dqd_limits_default(dqd_limits *lim);
@@ -59,13 +59,13 @@ typedef struct dqd_seg {
 
 /* A tensor checked against its payload. */
 typedef struct dqd_tensor {
-    uint32_t dtype;                  /* Dquant__DType value */
+    uint32_t dtype; /* Dquant__DType value */
     uint32_t ndim;
     uint64_t shape[DQD_MAX_DIMS];
-    uint64_t count;                  /* elements (bytes for RAW) */
-    uint64_t offset, len;            /* bytes in the payload */
-    const uint8_t *data;             /* payload + offset; NULL when len == 0 */
-    bool device;                     /* data is in GPU memory (an NCCL tensor) */
+    uint64_t count;       /* elements (bytes for RAW) */
+    uint64_t offset, len; /* bytes in the payload */
+    const uint8_t *data;  /* payload + offset; NULL when len == 0 */
+    bool device;          /* data is in GPU memory (an NCCL tensor) */
 } dqd_tensor;
 
 /* What validation needs to know about a model / a codec profile. */
@@ -84,9 +84,8 @@ size_t dqd_dtype_size(uint32_t dtype);
 /* Checks one tensor: present (unless allow_missing, then out->len = 0 and DQ_OK), dtype in
  * allowed, rank == ndim (RAW: any rank, an empty shape meaning [length]), length == product ·
  * size, inside [0, payload_len). */
-int dqd_tensor_check(const Dquant__Tensor *t, const char *what, uint32_t allowed, uint32_t ndim,
-                     bool allow_missing, const dqd_payload *pl, dqd_tensor *out,
-                     char *msg, size_t msglen);
+int dqd_tensor_check(const Dquant__Tensor *t, const char *what, uint32_t allowed, uint32_t ndim, bool allow_missing,
+                     const dqd_payload *pl, dqd_tensor *out, char *msg, size_t msglen);
 /* shape[i] == UINT64_MAX matches anything. */
 int dqd_tensor_expect(const dqd_tensor *t, const char *what, const uint64_t *shape, char *msg, size_t msglen);
 
@@ -95,26 +94,24 @@ int dqd_tensor_expect(const dqd_tensor *t, const char *what, const uint64_t *sha
 int dqd_nccl_segments(const Dquant__Request *req, dqd_seg **out, size_t *nseg);
 
 /* Self-consistency of a whole request. *op gets the request kind (DQD_OP_UNKNOWN for none). */
-int dqd_request_validate(const Dquant__Request *req, const dqd_payload *pl,
-                         const dqd_limits *lim, dqd_op *op, char *msg, size_t msglen);
+int dqd_request_validate(const Dquant__Request *req, const dqd_payload *pl, const dqd_limits *lim, dqd_op *op,
+                         char *msg, size_t msglen);
 
 /* PUT against its model: layer range, k/v shape [num_layers, tokens, kv_heads, head_dim]. */
-int dqd_validate_put(const Dquant__Put *put, const dqd_payload *pl,
-                     const dqd_model_info *m, dqd_tensor *k, dqd_tensor *v, char *msg, size_t msglen);
+int dqd_validate_put(const Dquant__Put *put, const dqd_payload *pl, const dqd_model_info *m, dqd_tensor *k,
+                     dqd_tensor *v, char *msg, size_t msglen);
 /* GET's layer range against its sequence's model; *first / *num resolve num_layers = 0. */
-int dqd_validate_get(const Dquant__Get *get, const dqd_model_info *m, uint32_t *first, uint32_t *num,
-                     char *msg, size_t msglen);
+int dqd_validate_get(const Dquant__Get *get, const dqd_model_info *m, uint32_t *first, uint32_t *num, char *msg,
+                     size_t msglen);
 /* One ATTEND item against its sequence's model: layer, q [q_heads, head_dim], optional
  * append_k/append_v [1, kv_heads, head_dim] (both or neither, same dtype). */
-int dqd_validate_attend_item(const Dquant__AttendItem *it, const dqd_payload *pl,
-                             const dqd_model_info *m, dqd_tensor *q, dqd_tensor *ak, dqd_tensor *av,
-                             char *msg, size_t msglen);
+int dqd_validate_attend_item(const Dquant__AttendItem *it, const dqd_payload *pl, const dqd_model_info *m,
+                             dqd_tensor *q, dqd_tensor *ak, dqd_tensor *av, char *msg, size_t msglen);
 /* COMPRESS: x [tokens >= 1, kv_heads, head_dim] of the profile's shape. */
-int dqd_validate_compress(const Dquant__Compress *c, const dqd_payload *pl,
-                          const dqd_profile_info *p, dqd_tensor *x, char *msg, size_t msglen);
+int dqd_validate_compress(const Dquant__Compress *c, const dqd_payload *pl, const dqd_profile_info *p, dqd_tensor *x,
+                          char *msg, size_t msglen);
 /* DECOMPRESS: records = tokens · record_bytes(kind); keys need ceil(tokens / W) mean blocks. */
-int dqd_validate_decompress(const Dquant__Decompress *d, const dqd_payload *pl,
-                            const dqd_profile_info *p, dqd_tensor *means, dqd_tensor *records, char *msg,
-                            size_t msglen);
+int dqd_validate_decompress(const Dquant__Decompress *d, const dqd_payload *pl, const dqd_profile_info *p,
+                            dqd_tensor *means, dqd_tensor *records, char *msg, size_t msglen);
 
 #endif

@@ -74,17 +74,17 @@ uint64_t dqd_gpu_need(const dqd_codec *codec, const dq_layer *host, const dqd_gl
 
 /* An append that can be undone, as dqd_append for host layers (append.h). */
 typedef struct dqd_gappend {
-    bool created;         /* the layer did not exist before */
+    bool created; /* the layer did not exist before */
     bool applied;
-    bool broken;          /* the layer could not be put back after a failure: drop the sequence */
-    bool raw_nonfinite;   /* refused because a raw input value is NaN/Inf (DQ_NONFINITE) */
+    bool broken;        /* the layer could not be put back after a failure: drop the sequence */
+    bool raw_nonfinite; /* refused because a raw input value is NaN/Inf (DQ_NONFINITE) */
     uint32_t nwin0, tail0, nseg0, slots0;
-    uint16_t *snap;       /* the previous tail (K then V), kept when the append sealed windows */
+    uint16_t *snap; /* the previous tail (K then V), kept when the append sealed windows */
 } dqd_gappend;
 
 /* dqd_gpu_append flags. */
-#define DQD_GAPPEND_DEVICE 1u   /* k and v are in device memory (else host memory) */
-#define DQD_GAPPEND_CHECKED 2u  /* dqd_gpu_check_tokens already passed them */
+#define DQD_GAPPEND_DEVICE 1u  /* k and v are in device memory (else host memory) */
+#define DQD_GAPPEND_CHECKED 2u /* dqd_gpu_check_tokens already passed them */
 
 /* Appends ntok tokens (k, v: [ntok, kv_heads, head_dim] of dtype, in host or device memory, see
  * flags) to *slot, creating a GPU layer when *slot is NULL. Host input is copied to the device
@@ -92,8 +92,8 @@ typedef struct dqd_gappend {
  * Same checks, same all-or-nothing result and same bytes as dq_layer_append (DQ_NONFINITE,
  * DQ_RANGE, DQ_NOMEM). stats (may be NULL) is added to. If a device failure leaves the layer
  * unrestorable, txn->broken is set. */
-int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot, const void *k,
-                   const void *v, dq_dtype dtype, size_t ntok, unsigned flags, dq_encode_stats *stats);
+int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot, const void *k, const void *v,
+                   dq_dtype dtype, size_t ntok, unsigned flags, dq_encode_stats *stats);
 /* Whether one more token fits in layer l's tail without sealing a window (dqd_gpu_append_tokens
  * takes it). */
 bool dqd_gpu_append_fits(const dqd_codec *codec, const dqd_glayer *l);
@@ -114,8 +114,8 @@ int dqd_gpu_append_tokens(dqd_gpu *g, dqd_codec *codec, const dqd_gtoken *tok, s
  * ([layers, ntok, kv_heads, head_dim] of dtype) are in device memory, in the order the host path
  * makes them: DQ_NONFINITE when any raw value is NaN/Inf (*bad_layer = UINT32_MAX), else the code
  * of the first failing layer (*bad_layer, relative to the first), K before V. */
-int dqd_gpu_check_tokens(dqd_gpu *g, dqd_codec *codec, const void *k, const void *v, dq_dtype dtype,
-                         size_t layers, size_t ntok, uint32_t *bad_layer);
+int dqd_gpu_check_tokens(dqd_gpu *g, dqd_codec *codec, const void *k, const void *v, dq_dtype dtype, size_t layers,
+                         size_t ntok, uint32_t *bad_layer);
 /* Undoes an applied append (no-op otherwise); on failure (the device failed) txn->broken is set. */
 int dqd_gpu_rollback(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot);
 void dqd_gappend_clear(dqd_gappend *txn);

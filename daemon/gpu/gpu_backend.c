@@ -55,8 +55,8 @@ int dqd_gpu_create(const dqd_config *cfg, dqd_hostmem *mem, dqd_gpu **out, char 
         return DQ_UNSUPPORTED;
     }
     if (prop.major < 9) {
-        snprintf(why, whylen, "CUDA device %d (%s) has compute capability %d.%d; the kernels need 9.0", dev,
-                 prop.name, prop.major, prop.minor);
+        snprintf(why, whylen, "CUDA device %d (%s) has compute capability %d.%d; the kernels need 9.0", dev, prop.name,
+                 prop.major, prop.minor);
         return DQ_UNSUPPORTED;
     }
 
@@ -69,8 +69,8 @@ int dqd_gpu_create(const dqd_config *cfg, dqd_hostmem *mem, dqd_gpu **out, char 
     dqcu_settings_default(&g->settings);
     g->settings.attend_kernel = (int)cfg->attend_kernel;
     g->settings.encode_kernel = (int)cfg->encode_kernel;
-    g->settings.encode_schedule =
-        cfg->encode_schedule == DQD_ENCODE_PLAIN ? DQCU_SCHEDULE_PLAIN : DQCU_SCHEDULE_PLANNED;
+    g->settings.encode_schedule = cfg->encode_schedule == DQD_ENCODE_PLAIN ? DQCU_SCHEDULE_PLAIN
+                                                                           : DQCU_SCHEDULE_PLANNED;
     pthread_mutex_init(&g->mu, NULL);
     atomic_init(&g->allocated, 0);
     DQD_GCK_GOTO(cudaSetDevice(dev), rc, fail);
@@ -87,8 +87,8 @@ int dqd_gpu_create(const dqd_config *cfg, dqd_hostmem *mem, dqd_gpu **out, char 
     if (cfg->gpu_memory > free_b)
         DQD_WARN("gpu_memory %llu MiB exceeds the %llu MiB free on the device; allocations may fail",
                  (unsigned long long)(cfg->gpu_memory >> 20), (unsigned long long)(free_b >> 20));
-    snprintf(g->desc, sizeof g->desc, "%.200s (device %d, sm_%d%d, %llu MiB free of %llu)", prop.name, dev,
-             prop.major, prop.minor, (unsigned long long)(free_b >> 20), (unsigned long long)(total_b >> 20));
+    snprintf(g->desc, sizeof g->desc, "%.200s (device %d, sm_%d%d, %llu MiB free of %llu)", prop.name, dev, prop.major,
+             prop.minor, (unsigned long long)(free_b >> 20), (unsigned long long)(total_b >> 20));
     *out = g;
     return DQ_OK;
 

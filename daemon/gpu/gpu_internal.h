@@ -36,12 +36,12 @@
 
 /* Device scratch buffers of a worker, grown on demand (not counted in the GPU budget). */
 enum {
-    DQD_GBUF_STAGE,   /* encode input: [tail, piece] of K, then of V */
-    DQD_GBUF_SMALL,   /* encode status and stats, corrupt counters */
-    DQD_GBUF_IO,      /* decode output, attention descriptors / queries / outputs */
-    DQD_GBUF_WS,      /* attention workspace */
-    DQD_GBUF_RAW,     /* an append's host input copied up, K then V */
-    DQD_GBUF_CHECK,   /* token check words */
+    DQD_GBUF_STAGE, /* encode input: [tail, piece] of K, then of V */
+    DQD_GBUF_SMALL, /* encode status and stats, corrupt counters */
+    DQD_GBUF_IO,    /* decode output, attention descriptors / queries / outputs */
+    DQD_GBUF_WS,    /* attention workspace */
+    DQD_GBUF_RAW,   /* an append's host input copied up, K then V */
+    DQD_GBUF_CHECK, /* token check words */
     DQD_GBUF_COUNT
 };
 
@@ -55,10 +55,10 @@ typedef struct dqd_gcodec {
 typedef struct dqd_gwork {
     dqd_gpu *g;
     cudaStream_t stream;
-    cudaEvent_t ev[2];         /* recorded after the last copy that reads or writes pin[i] */
-    uint8_t *pin[2];           /* pinned halves of DQD_GPIN_BYTES */
-    int half;                  /* the current half */
-    size_t used;               /* bytes of the current half handed out since it became current */
+    cudaEvent_t ev[2]; /* recorded after the last copy that reads or writes pin[i] */
+    uint8_t *pin[2];   /* pinned halves of DQD_GPIN_BYTES */
+    int half;          /* the current half */
+    size_t used;       /* bytes of the current half handed out since it became current */
     void *buf[DQD_GBUF_COUNT];
     size_t buf_bytes[DQD_GBUF_COUNT];
     struct dqd_gwork *next;
@@ -68,13 +68,13 @@ struct dqd_gpu {
     int device;
     char desc[320];
     dqd_hostmem *mem;
-    cudaStream_t loop_stream;  /* frees issued by the loop thread */
+    cudaStream_t loop_stream; /* frees issued by the loop thread */
     uint64_t budget;
     _Atomic uint64_t allocated;
-    pthread_mutex_t mu;        /* guards workers and codecs */
+    pthread_mutex_t mu; /* guards workers and codecs */
     dqd_gwork *workers;
     dqd_gcodec *codecs;
-    dqcu_settings settings;    /* kernel versions from the config, for every codec */
+    dqcu_settings settings; /* kernel versions from the config, for every codec */
 };
 
 /* Logs a failed CUDA call, clears the thread's last error (so a later library call does not
@@ -83,27 +83,27 @@ int dqd_gcuda_fail(cudaError_t e, const char *what, const char *file, int line);
 /* Same for a libdquant-cuda call that returned rc < 0. */
 int dqd_gcu_fail(int rc, const char *what, const char *file, int line);
 
-#define DQD_GCK(call)                                                         \
-    do {                                                                      \
-        cudaError_t dqd__e = (call);                                          \
-        if (dqd__e != cudaSuccess)                                            \
-            return dqd_gcuda_fail(dqd__e, #call, __FILE__, __LINE__);         \
+#define DQD_GCK(call)                                                 \
+    do {                                                              \
+        cudaError_t dqd__e = (call);                                  \
+        if (dqd__e != cudaSuccess)                                    \
+            return dqd_gcuda_fail(dqd__e, #call, __FILE__, __LINE__); \
     } while (0)
-#define DQD_GCK_GOTO(call, rc, label)                                         \
-    do {                                                                      \
-        cudaError_t dqd__e = (call);                                          \
-        if (dqd__e != cudaSuccess) {                                          \
-            (rc) = dqd_gcuda_fail(dqd__e, #call, __FILE__, __LINE__);         \
-            goto label;                                                       \
-        }                                                                     \
+#define DQD_GCK_GOTO(call, rc, label)                                 \
+    do {                                                              \
+        cudaError_t dqd__e = (call);                                  \
+        if (dqd__e != cudaSuccess) {                                  \
+            (rc) = dqd_gcuda_fail(dqd__e, #call, __FILE__, __LINE__); \
+            goto label;                                               \
+        }                                                             \
     } while (0)
-#define DQD_GCU_GOTO(call, rc, label)                                         \
-    do {                                                                      \
-        int dqd__r = (call);                                                  \
-        if (dqd__r < 0) {                                                     \
-            (rc) = dqd_gcu_fail(dqd__r, #call, __FILE__, __LINE__);           \
-            goto label;                                                       \
-        }                                                                     \
+#define DQD_GCU_GOTO(call, rc, label)                               \
+    do {                                                            \
+        int dqd__r = (call);                                        \
+        if (dqd__r < 0) {                                           \
+            (rc) = dqd_gcu_fail(dqd__r, #call, __FILE__, __LINE__); \
+            goto label;                                             \
+        }                                                           \
     } while (0)
 
 /* The calling worker's state, created on first use (sets the device on this thread). */

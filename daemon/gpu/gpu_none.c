@@ -59,15 +59,15 @@ uint64_t dqd_gpu_need(const dqd_codec *codec, const dq_layer *host, const dqd_gl
     return 0;
 }
 
-int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot, const void *k,
-                   const void *v, dq_dtype dtype, size_t ntok, unsigned flags, dq_encode_stats *stats)
+int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot, const void *k, const void *v,
+                   dq_dtype dtype, size_t ntok, unsigned flags, dq_encode_stats *stats)
 {
     (void)g, (void)codec, (void)txn, (void)slot, (void)k, (void)v, (void)dtype, (void)ntok, (void)flags, (void)stats;
     return DQ_UNSUPPORTED;
 }
 
-int dqd_gpu_check_tokens(dqd_gpu *g, dqd_codec *codec, const void *k, const void *v, dq_dtype dtype,
-                         size_t layers, size_t ntok, uint32_t *bad_layer)
+int dqd_gpu_check_tokens(dqd_gpu *g, dqd_codec *codec, const void *k, const void *v, dq_dtype dtype, size_t layers,
+                         size_t ntok, uint32_t *bad_layer)
 {
     (void)g, (void)codec, (void)k, (void)v, (void)dtype, (void)layers, (void)ntok, (void)bad_layer;
     return DQ_UNSUPPORTED;

@@ -27,23 +27,23 @@
 #define DQD_GSEG_MIN 4u
 
 typedef struct dqd_gseg {
-    uint8_t *base;       /* device: count window records back to back */
-    uint32_t first;      /* index in the layer of its first window */
-    uint32_t count;      /* windows it has room for */
+    uint8_t *base;  /* device: count window records back to back */
+    uint32_t first; /* index in the layer of its first window */
+    uint32_t count; /* windows it has room for */
 } dqd_gseg;
 
 typedef struct dqd_glayer {
-    uint32_t W, R;       /* the codec's window and residual */
-    uint32_t nwin;       /* sealed windows */
-    uint32_t tail;       /* tokens in the BF16 tail (< R) */
-    uint32_t slots;      /* windows the segments have room for (>= nwin) */
-    uint32_t cap;        /* entries of h_win / d_win (>= slots) */
+    uint32_t W, R;  /* the codec's window and residual */
+    uint32_t nwin;  /* sealed windows */
+    uint32_t tail;  /* tokens in the BF16 tail (< R) */
+    uint32_t slots; /* windows the segments have room for (>= nwin) */
+    uint32_t cap;   /* entries of h_win / d_win (>= slots) */
     uint32_t nseg, segcap;
-    dqd_gseg *segs;      /* host [segcap] */
-    uint8_t **h_win;     /* host [cap]: device addresses of the window slots */
-    uint8_t **d_win;     /* device [cap]: the same pointers */
-    uint16_t *d_tail;    /* device: K tail [R][n] then V tail [R][n], BF16 */
-    uint64_t dev_bytes;  /* device bytes allocated for this layer (what the GPU budget counts) */
+    dqd_gseg *segs;     /* host [segcap] */
+    uint8_t **h_win;    /* host [cap]: device addresses of the window slots */
+    uint8_t **d_win;    /* device [cap]: the same pointers */
+    uint16_t *d_tail;   /* device: K tail [R][n] then V tail [R][n], BF16 */
+    uint64_t dev_bytes; /* device bytes allocated for this layer (what the GPU budget counts) */
 } dqd_glayer;
 
 static inline uint64_t dqd_glayer_tokens(const dqd_glayer *l)

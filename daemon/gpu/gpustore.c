@@ -225,8 +225,8 @@ static int check_run(dqd_gwork *w, const dqcu_codec *dc, const void *k, const vo
     return dqd_gd2h(w, got, check, 4 * sizeof *got);
 }
 
-int dqd_gpu_check_tokens(dqd_gpu *g, dqd_codec *codec, const void *k, const void *v, dq_dtype dtype,
-                         size_t layers, size_t ntok, uint32_t *bad_layer)
+int dqd_gpu_check_tokens(dqd_gpu *g, dqd_codec *codec, const void *k, const void *v, dq_dtype dtype, size_t layers,
+                         size_t ntok, uint32_t *bad_layer)
 {
     dqd_gwork *w;
     const dqcu_codec *dc;
@@ -299,8 +299,8 @@ static void add_stats(dq_encode_stats *to, const dq_encode_stats *st)
         to->max_move = st->max_move;
 }
 
-int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot, const void *k,
-                   const void *v, dq_dtype dtype, size_t ntok, unsigned flags, dq_encode_stats *stats)
+int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot, const void *k, const void *v,
+                   dq_dtype dtype, size_t ntok, unsigned flags, dq_encode_stats *stats)
 {
     memset(txn, 0, sizeof *txn);
     const size_t esz = dq_dtype_size(dtype);
@@ -516,8 +516,8 @@ int dqd_gpu_append_tokens(dqd_gpu *g, dqd_codec *codec, const dqd_gtoken *tok, s
         rc = dqd_gpin_done(w, h);
         if (rc < 0)
             return rc;
-        rc = dqcu_scatter_rows((const uint16_t *)(const void *)(dev + off), (uint32_t)n,
-                               (uint16_t *const *)(void *)dev, (uint32_t)(2 * c), w->stream);
+        rc = dqcu_scatter_rows((const uint16_t *)(const void *)(dev + off), (uint32_t)n, (uint16_t *const *)(void *)dev,
+                               (uint32_t)(2 * c), w->stream);
         if (rc < 0)
             return dqd_gcu_fail(rc, "dqcu_scatter_rows", __FILE__, __LINE__);
         for (size_t j = 0; j < c; j++) {
@@ -747,8 +747,8 @@ int dqd_gpu_decode_dev(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, dq_kin
     int rc = decode_setup(g, codec, l, kind, first, count, dtype, &w, &dc, &dcor, &tail);
     if (rc < 0 || !count)
         return rc;
-    rc = dqcu_decompress(dc, kind, (const uint8_t *const *)l->d_win, l->nwin, tail, l->tail, first, count, dout,
-                         dtype, dcor, w->stream);
+    rc = dqcu_decompress(dc, kind, (const uint8_t *const *)l->d_win, l->nwin, tail, l->tail, first, count, dout, dtype,
+                         dcor, w->stream);
     if (rc < 0)
         return dqd_gcu_fail(rc, "dqcu_decompress", __FILE__, __LINE__);
     return decode_verdict(w, dcor);
@@ -848,8 +848,8 @@ int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, 
             DQD_GCK(cudaMemcpyAsync(io + oq + b * qs * sizeof(float), items[i0 + b].q, qs * sizeof(float),
                                     cudaMemcpyDeviceToDevice, w->stream));
         int r = dqcu_attend(dc, q_heads, scale, (const dqcu_attn_seq *)(void *)io, (uint32_t)nb, max_tokens,
-                            (const float *)(void *)(io + oq), (float *)(void *)(io + oo),
-                            (float *)(void *)(io + ol), ws, wsb, w->stream);
+                            (const float *)(void *)(io + oq), (float *)(void *)(io + oo), (float *)(void *)(io + ol),
+                            ws, wsb, w->stream);
         if (r < 0)
             return dqd_gcu_fail(r, "dqcu_attend", __FILE__, __LINE__);
         if (dev) {

@@ -27,13 +27,13 @@ typedef enum { JOB_RECV, JOB_SEND } job_kind;
 typedef struct nc_job {
     struct nc_job *next;
     job_kind kind;
-    dqd_req *req;          /* RECV: the request whose payload this is; NULL for SEND */
+    dqd_req *req; /* RECV: the request whose payload this is; NULL for SEND */
     void (*run)(dqd_req *req);
-    uint8_t *dev;          /* device buffer (RECV: allocated by the thread) */
-    uint8_t *host;         /* SEND: host source (owned, uploaded by the thread); RECV: host copy made */
-    bool want_host;        /* RECV: copy the payload to the host afterwards (ATTEND) */
+    uint8_t *dev;   /* device buffer (RECV: allocated by the thread) */
+    uint8_t *host;  /* SEND: host source (owned, uploaded by the thread); RECV: host copy made */
+    bool want_host; /* RECV: copy the payload to the host afterwards (ATTEND) */
     uint64_t bytes;
-    dqd_seg *segs;         /* owned */
+    dqd_seg *segs; /* owned */
     size_t nseg;
     int rc;
     char msg[160];
@@ -41,7 +41,7 @@ typedef struct nc_job {
 
 struct dqd_nchan {
     dqd_ctx *ctx;
-    dqd_session *sess;     /* NULL once the connection has gone */
+    dqd_session *sess; /* NULL once the connection has gone */
     uv_async_t async;
     pthread_t thread;
     pthread_mutex_t mu;
@@ -49,12 +49,12 @@ struct dqd_nchan {
     ncclUniqueId id;
     int device;
     uint32_t timeout_ms;
-    _Atomic int state;     /* ch_state, written by the thread */
-    _Atomic bool stop;     /* the connection went: abort and end */
-    bool comm_aborted;     /* (thread) */
-    nc_job *queue_head, *queue_tail;  /* loop → thread (mu) */
-    nc_job *done_head, *done_tail;  /* thread → loop (mu) */
-    bool thread_done;               /* (mu) */
+    _Atomic int state;               /* ch_state, written by the thread */
+    _Atomic bool stop;               /* the connection went: abort and end */
+    bool comm_aborted;               /* (thread) */
+    nc_job *queue_head, *queue_tail; /* loop → thread (mu) */
+    nc_job *done_head, *done_tail;   /* thread → loop (mu) */
+    bool thread_done;                /* (mu) */
     /* loop thread only */
     dqd_req *wait_head, *wait_tail; /* admitted requests not yet started (linked through nccl_next) */
     bool busy;                      /* a request or a reply transfer holds the channel */
@@ -159,7 +159,8 @@ static int transfer(dqd_nchan *ch, ncclComm_t comm, cudaStream_t stream, cudaEve
     for (size_t i = 0; i < j->nseg && r == ncclSuccess; i++) {
         uint8_t *p = j->dev + j->segs[i].offset;
         size_t n = (size_t)j->segs[i].length;
-        r = j->kind == JOB_RECV ? ncclRecv(p, n, ncclUint8, 1, comm, stream) : ncclSend(p, n, ncclUint8, 1, comm, stream);
+        r = j->kind == JOB_RECV ? ncclRecv(p, n, ncclUint8, 1, comm, stream)
+                                : ncclSend(p, n, ncclUint8, 1, comm, stream);
     }
     ncclResult_t g = ncclGroupEnd();
     if (r == ncclSuccess)
@@ -245,7 +246,8 @@ static void *chan_main(void *arg)
     cudaStream_t stream = NULL;
     cudaEvent_t ev = NULL;
     nc_job setup = {0};
-    if (cudaSetDevice(ch->device) != cudaSuccess || cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
+    if (cudaSetDevice(ch->device) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess) {
         (void)cudaGetLastError();
         atomic_store(&ch->state, CH_BROKEN);
