@@ -11,8 +11,8 @@ static double seconds_between(const struct timespec *a, const struct timespec *b
     return (double)(b->tv_sec - a->tv_sec) + 1e-9 * (double)(b->tv_nsec - a->tv_nsec);
 }
 
-int codec_roundtrip_f32(const dq_profile *p, dq_kind kind, const float *x, size_t ntok, float *xhat,
-                        uint8_t *levels, codec_rt_result *res)
+int codec_roundtrip_f32(const dq_profile *p, dq_kind kind, const float *x, size_t ntok, float *xhat, uint8_t *levels,
+                        codec_rt_result *res)
 {
     if (!p || !x || !xhat || !res || !ntok || (kind != DQ_KIND_K && kind != DQ_KIND_V))
         return DQ_INVALID_ARGUMENT;

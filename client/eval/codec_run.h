@@ -15,9 +15,9 @@
 typedef struct codec_rt_result {
     uint64_t streams, tokens, retries, fallbacks;
     uint32_t container_bytes, max_payload;
-    uint64_t stored_bytes;       /* records + key window headers */
-    uint64_t payload_bytes;      /* sum of container fills (D-Quant; 0 for baselines) */
-    uint64_t symbols_moved;      /* drift: symbols off nearest rounding (D-Quant) */
+    uint64_t stored_bytes;  /* records + key window headers */
+    uint64_t payload_bytes; /* sum of container fills (D-Quant; 0 for baselines) */
+    uint64_t symbols_moved; /* drift: symbols off nearest rounding (D-Quant) */
     double bits_per_value, moved_fraction;
     uint32_t max_move;
     double encode_s;
@@ -27,7 +27,7 @@ typedef struct codec_rt_result {
  * profile p (D-Quant or a baseline), decodes into xhat (f32, same shape) and fills res. levels may
  * be NULL; for a D-Quant profile it receives every stream's final symbols ([ntok, n], read back
  * from the records with dq_stream_decode_levels). Returns 0 or a dq_error code. */
-int codec_roundtrip_f32(const dq_profile *p, dq_kind kind, const float *x, size_t ntok, float *xhat,
-                        uint8_t *levels, codec_rt_result *res);
+int codec_roundtrip_f32(const dq_profile *p, dq_kind kind, const float *x, size_t ntok, float *xhat, uint8_t *levels,
+                        codec_rt_result *res);
 
 #endif

@@ -27,8 +27,7 @@ static void add_row(eval_ablation_row *row, const char *panel, uint32_t kv_heads
     row->alpha = alpha;
 }
 
-int eval_ablation_rows(const char *which, uint32_t kv_heads, uint32_t head_dim, eval_ablation_row **rows,
-                       size_t *count)
+int eval_ablation_rows(const char *which, uint32_t kv_heads, uint32_t head_dim, eval_ablation_row **rows, size_t *count)
 {
     *rows = NULL;
     *count = 0;

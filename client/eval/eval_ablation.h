@@ -16,10 +16,10 @@
 #include "eval_core.h"
 
 typedef struct eval_ablation_row {
-    char panel[16];        /* "levels K", "levels V", "budget", "split", "alpha" */
-    eval_codec codec;      /* valid when rc == 0 */
-    int rc;                /* 0, or why the configuration cannot exist (DQ_CONTAINER_TOO_SMALL, ...) */
-    uint32_t containers[2], levels[2];   /* requested, even when rc != 0 */
+    char panel[16];                    /* "levels K", "levels V", "budget", "split", "alpha" */
+    eval_codec codec;                  /* valid when rc == 0 */
+    int rc;                            /* 0, or why the configuration cannot exist (DQ_CONTAINER_TOO_SMALL, ...) */
+    uint32_t containers[2], levels[2]; /* requested, even when rc != 0 */
     float alpha;
 } eval_ablation_row;
 
@@ -30,14 +30,14 @@ int eval_ablation_rows(const char *which, uint32_t kv_heads, uint32_t head_dim, 
 
 typedef struct eval_drift {
     uint32_t levels, container;
-    double moved_fraction;    /* symbols off nearest rounding */
-    uint32_t max_move;        /* levels */
+    double moved_fraction; /* symbols off nearest rounding */
+    uint32_t max_move;     /* levels */
     uint64_t retries, fallbacks;
-    double fill;              /* mean container fill / C */
-    double entropy;           /* empirical entropy H of the final symbols, bits/value */
-    double excess_table;      /* cross-entropy under the profile's integer table − H */
-    double excess_model;      /* cross-entropy under the unsharpened analytic model (alpha 1) − H */
-    double coding_gain;       /* log2 M − H */
+    double fill;         /* mean container fill / C */
+    double entropy;      /* empirical entropy H of the final symbols, bits/value */
+    double excess_table; /* cross-entropy under the profile's integer table − H */
+    double excess_model; /* cross-entropy under the unsharpened analytic model (alpha 1) − H */
+    double coding_gain;  /* log2 M − H */
 } eval_drift;
 
 /* Drift figures of one kind from a result run with collect_levels on a D-Quant profile. */

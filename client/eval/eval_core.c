@@ -14,8 +14,7 @@
 
 /* ---- codec specs ---- */
 
-void eval_dq_containers(uint32_t kv_heads, uint32_t head_dim, const uint32_t c1024[2], double scale,
-                        uint32_t out[2])
+void eval_dq_containers(uint32_t kv_heads, uint32_t head_dim, const uint32_t c1024[2], double scale, uint32_t out[2])
 {
     const double n = (double)kv_heads * head_dim;
     for (int k = 0; k < 2; k++) {
@@ -69,8 +68,8 @@ static int dq_matched(const char *base, double bits, uint32_t kv_heads, uint32_t
                          head_dim);
     double lo = 0.0, hi = 16.0;
     if (dq_bits_for(&shape, ref.container_bytes, 1e-9) > bits)
-        return eval_fail(err, errlen, DQ_CONTAINER_TOO_SMALL, "'%s': %.4g bits/value is below the metadata alone",
-                         spec, bits);
+        return eval_fail(err, errlen, DQ_CONTAINER_TOO_SMALL, "'%s': %.4g bits/value is below the metadata alone", spec,
+                         bits);
     for (int i = 0; i < 60; i++) {
         double mid = 0.5 * (lo + hi);
         if (dq_bits_for(&shape, ref.container_bytes, mid) <= bits)
@@ -103,8 +102,7 @@ static int int_grouped(const char *name, uint32_t group, uint32_t kv_heads, uint
     return dq_profile_validate(out);
 }
 
-int eval_codec_parse(const char *spec, uint32_t kv_heads, uint32_t head_dim, eval_codec *out, char *err,
-                     size_t errlen)
+int eval_codec_parse(const char *spec, uint32_t kv_heads, uint32_t head_dim, eval_codec *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
     if (!spec || !*spec || strlen(spec) >= EVAL_LABEL_MAX)
@@ -136,13 +134,14 @@ int eval_codec_parse(const char *spec, uint32_t kv_heads, uint32_t head_dim, eva
         const unsigned long g = strtoul(grp + 2, &end, 10);
         if (end == grp + 2 || *end || g > UINT32_MAX ||
             int_grouped(name, (uint32_t)g, kv_heads, head_dim, &out->profile) != DQ_OK)
-            return eval_fail(err, errlen, DQ_PROFILE, "'%s': groups apply to intB/quarotB with G dividing n = %u",
-                             spec, kv_heads * head_dim);
+            return eval_fail(err, errlen, DQ_PROFILE, "'%s': groups apply to intB/quarotB with G dividing n = %u", spec,
+                             kv_heads * head_dim);
         snprintf(out->profile.name, sizeof out->profile.name, "%s", spec);
     } else {
         rc = dq_profile_builtin(name, kv_heads, head_dim, &out->profile);
         if (rc != DQ_OK)
-            return eval_fail(err, errlen, rc, "'%s': %s for %u x %u (dq226, dq196, bf16, intB, quarotB, kiviB, "
+            return eval_fail(err, errlen, rc,
+                             "'%s': %s for %u x %u (dq226, dq196, bf16, intB, quarotB, kiviB, "
                              "turboB, fixed226, fixed196, NAME@BITS, intB-gG)",
                              spec, dq_strerror(rc), kv_heads, head_dim);
     }
@@ -194,8 +193,8 @@ static int cmp_double(const void *a, const void *b)
 
 /* Percentile interval of ratio statistics Σ num[u] / Σ den[u] over units resampled with
  * replacement (den NULL: the mean of num). nstat statistics share each resample's indices. */
-static int bootstrap(size_t units, size_t nstat, const double *const *num, const double *const *den,
-                     uint32_t resamples, uint64_t seed, eval_ci *out)
+static int bootstrap(size_t units, size_t nstat, const double *const *num, const double *const *den, uint32_t resamples,
+                     uint64_t seed, eval_ci *out)
 {
     assert(nstat <= 4 && units > 0 && resamples > 0);
     double *stat = malloc((size_t)resamples * nstat * sizeof *stat);
@@ -234,17 +233,16 @@ static int bootstrap(size_t units, size_t nstat, const double *const *num, const
 
 typedef struct attn_ctx {
     const eval_data *d;
-    const size_t *pos;       /* query positions */
+    const size_t *pos; /* query positions */
     size_t npos;
-    double *s, *sh;          /* [tokens] scores, original and reconstructed */
-    double *o, *oh;          /* [head_dim] outputs */
-    double *kl, *err;        /* [npos] sums over layers and heads */
+    double *s, *sh;   /* [tokens] scores, original and reconstructed */
+    double *o, *oh;   /* [head_dim] outputs */
+    double *kl, *err; /* [npos] sums over layers and heads */
 } attn_ctx;
 
 /* Adds, for every evaluated position of one layer of sequence 0 and every query head, the score
  * KL and the output error of (K̂, V̂) against (K, V). */
-static void attend_layer(attn_ctx *a, uint32_t layer, const float *K, const float *V, const float *Kh,
-                         const float *Vh)
+static void attend_layer(attn_ctx *a, uint32_t layer, const float *K, const float *V, const float *Kh, const float *Vh)
 {
     const eval_data *d = a->d;
     const size_t n = eval_data_stream_len(d), hd = d->head_dim, qh = d->q_heads, T = d->tokens;
@@ -341,7 +339,7 @@ int eval_run(const eval_data *d, const eval_codec *c, const eval_opts *o, eval_r
     a.npos = attn ? (T - 1) / r->query_stride + 1 : 0;
     float *kh = malloc(T * n * sizeof *kh), *vh = malloc(T * n * sizeof *vh);
     uint8_t *levels = want_levels ? malloc(T * n) : NULL;
-    double *sums = calloc(4 * units, sizeof *sums);   /* se_k, sx_k, se_v, sx_v per unit */
+    double *sums = calloc(4 * units, sizeof *sums); /* se_k, sx_k, se_v, sx_v per unit */
     size_t *pos = malloc((a.npos + 1) * sizeof *pos);
     double *abuf = malloc((2 * (size_t)T + 2 * d->head_dim + 2 * a.npos + 1) * sizeof *abuf);
     int rc = DQ_NOMEM;

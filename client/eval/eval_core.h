@@ -23,14 +23,14 @@
 #define EVAL_LABEL_MAX 48
 
 typedef enum eval_codec_type {
-    EVAL_CODEC_LIB = 0,    /* a libdquant profile: D-Quant or a baseline, stored as the library stores it */
-    EVAL_CODEC_FIXED = 1,  /* fixed-width at the D-Quant profile's storage (fixedwidth.h); eval only */
+    EVAL_CODEC_LIB = 0,   /* a libdquant profile: D-Quant or a baseline, stored as the library stores it */
+    EVAL_CODEC_FIXED = 1, /* fixed-width at the D-Quant profile's storage (fixedwidth.h); eval only */
 } eval_codec_type;
 
 typedef struct eval_codec {
     char label[EVAL_LABEL_MAX];
     eval_codec_type type;
-    dq_profile profile;    /* EVAL_CODEC_FIXED: the D-Quant profile it is matched to */
+    dq_profile profile; /* EVAL_CODEC_FIXED: the D-Quant profile it is matched to */
 } eval_codec;
 
 /* Resolves a codec spec for a stream shape:
@@ -41,14 +41,12 @@ typedef struct eval_codec {
  *                                                       stored mean bits/value is the largest <= BITS
  *   fixed226, fixed196, fixed226@BITS, ...              fixed-width at the storage of dq226 (...)
  * Returns 0 or DQ_PROFILE / DQ_CONTAINER_TOO_SMALL with a message in err. */
-int eval_codec_parse(const char *spec, uint32_t kv_heads, uint32_t head_dim, eval_codec *out, char *err,
-                     size_t errlen);
+int eval_codec_parse(const char *spec, uint32_t kv_heads, uint32_t head_dim, eval_codec *out, char *err, size_t errlen);
 
 /* A D-Quant profile for kv_heads × head_dim from its n = 1024 containers c1024 (payload rates
  * (8·C − 32)/1024 bits/value), times scale, as the built-ins are instantiated:
  * C = round((rate · scale · n + 32) / 8) (eval_dq_containers). Returns dq_profile_make's code. */
-void eval_dq_containers(uint32_t kv_heads, uint32_t head_dim, const uint32_t c1024[2], double scale,
-                        uint32_t out[2]);
+void eval_dq_containers(uint32_t kv_heads, uint32_t head_dim, const uint32_t c1024[2], double scale, uint32_t out[2]);
 int eval_dq_profile(uint32_t kv_heads, uint32_t head_dim, const uint32_t c1024[2], double scale,
                     const uint32_t levels[2], float alpha, const char *name, dq_profile *out);
 
@@ -57,11 +55,11 @@ double eval_codec_bits(const eval_codec *c, dq_kind kind);
 double eval_codec_bits_mean(const eval_codec *c);
 
 typedef struct eval_opts {
-    uint32_t query_stride;   /* evaluate query positions T−1, T−1−S, ...; 0: auto (about 128 per layer) */
-    uint32_t resamples;      /* bootstrap resamples (>= 1000 for reported intervals) */
-    uint64_t seed;           /* bootstrap seed: the same resamples for every codec */
-    int collect_levels;      /* fill eval_result.hist (D-Quant codecs) */
-    int skip_attention;      /* reconstruction figures only */
+    uint32_t query_stride; /* evaluate query positions T−1, T−1−S, ...; 0: auto (about 128 per layer) */
+    uint32_t resamples;    /* bootstrap resamples (>= 1000 for reported intervals) */
+    uint64_t seed;         /* bootstrap seed: the same resamples for every codec */
+    int collect_levels;    /* fill eval_result.hist (D-Quant codecs) */
+    int skip_attention;    /* reconstruction figures only */
 } eval_opts;
 
 /* stride auto, 2000 resamples, a fixed seed, no histograms. */
@@ -77,19 +75,18 @@ typedef struct eval_result {
     char label[EVAL_LABEL_MAX];
     double bits[2], bits_mean;
     eval_ci nmse[2];
-    int have_attn;                       /* 0 when the data has no queries */
+    int have_attn; /* 0 when the data has no queries */
     eval_ci kl, attn_err;
-    uint32_t query_stride, query_positions;   /* positions per layer */
+    uint32_t query_stride, query_positions; /* positions per layer */
     uint32_t resamples;
     /* encoder figures summed over every stream (library codecs) */
     uint64_t streams[2], retries[2], fallbacks[2], symbols_moved[2], payload_bytes[2];
     uint32_t max_move[2];
-    uint64_t hist[2][DQ_MAX_LEVELS];     /* final symbols per level (collect_levels, D-Quant) */
+    uint64_t hist[2][DQ_MAX_LEVELS]; /* final symbols per level (collect_levels, D-Quant) */
     double seconds;
 } eval_result;
 
 /* Evaluates one codec on d. Returns 0 or a dq_error code with a message in err. */
-int eval_run(const eval_data *d, const eval_codec *c, const eval_opts *o, eval_result *r, char *err,
-             size_t errlen);
+int eval_run(const eval_data *d, const eval_codec *c, const eval_opts *o, eval_result *r, char *err, size_t errlen);
 
 #endif

@@ -147,8 +147,7 @@ int eval_data_load_named(const char *name, const char *dir, eval_data *d, char *
         return eval_fail(err, errlen, rc, "%s: out of memory", path);
     }
     snprintf(path, sizeof path, "%s/%s", dir ? dir : DEFAULT_DATA_DIR, l->q_file);
-    rc = load_array(path, DQ_DTYPE_F16, (size_t)l->layers * l->tokens * l->q_heads * l->head_dim, &d->q, err,
-                    errlen);
+    rc = load_array(path, DQ_DTYPE_F16, (size_t)l->layers * l->tokens * l->q_heads * l->head_dim, &d->q, err, errlen);
     if (rc == DQ_OK)
         d->q_heads = l->q_heads;
     else if (rc != DQ_NOT_FOUND) {

@@ -19,9 +19,9 @@
 typedef struct eval_data {
     char name[64];
     uint32_t seqs, layers, tokens;
-    uint32_t kv_heads, head_dim, q_heads;   /* q_heads 0: no queries */
-    float *k, *v;                           /* [seqs][layers][tokens][kv_heads · head_dim] */
-    float *q;                               /* [layers][tokens][q_heads · head_dim] of sequence 0, or NULL */
+    uint32_t kv_heads, head_dim, q_heads; /* q_heads 0: no queries */
+    float *k, *v;                         /* [seqs][layers][tokens][kv_heads · head_dim] */
+    float *q;                             /* [layers][tokens][q_heads · head_dim] of sequence 0, or NULL */
 } eval_data;
 
 /* Loads "bytellama-19m" or "tinystories-656k" from dir (NULL: ../shared/data). Returns 0,

@@ -153,7 +153,7 @@ static int wait_fd(int fd, short events, int timeout_ms)
         struct pollfd p = {.fd = fd, .events = events};
         int n = poll(&p, 1, left);
         if (n > 0)
-            return 0;   /* ready, or an error/hangup the next syscall reports */
+            return 0; /* ready, or an error/hangup the next syscall reports */
         if (n == 0)
             return DQ_TIMEOUT;
         if (errno != EINTR)
@@ -207,8 +207,7 @@ static int parse_addr(dqc_client *c, const char *addr)
         c->port = dup_n(port, strlen(port));
         return c->host && c->port ? 0 : DQ_NOMEM;
     }
-    return dqc__fail(c, DQ_INVALID_ARGUMENT,
-                     "address \"%s\": expected unix:/path or tcp://host:port", addr);
+    return dqc__fail(c, DQ_INVALID_ARGUMENT, "address \"%s\": expected unix:/path or tcp://host:port", addr);
 }
 
 /* ---- connecting ---- */
@@ -270,7 +269,7 @@ static int open_socket(dqc_client *c)
         memcpy(sun.sun_path, c->path, n);
         socklen_t salen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + 1);
         if (c->path[0] == '@') {
-            sun.sun_path[0] = 0;   /* abstract namespace: exact length, no terminator */
+            sun.sun_path[0] = 0; /* abstract namespace: exact length, no terminator */
             salen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n);
         }
         int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -324,8 +323,8 @@ static void copy_str(char *dst, size_t cap, const char *src)
 }
 
 static int exchange(dqc_client *c, const Dquant__Request *req, const struct iovec *iov, size_t niov,
-                    uint64_t payload_len, Dquant__Response__BodyCase want, void **blk, size_t *blk_cap,
-                    dqc__reply *rep, int *sent, const dqc__xfer *x);
+                    uint64_t payload_len, Dquant__Response__BodyCase want, void **blk, size_t *blk_cap, dqc__reply *rep,
+                    int *sent, const dqc__xfer *x);
 
 static int do_hello(dqc_client *c)
 {
@@ -637,8 +636,8 @@ static int recv_reply(dqc_client *c, uint64_t id, int timeout_ms, void **blk, si
     dq_frame_header h;
     int err = 0;
     if (dq_frame_parse_header(fh, sizeof fh, &lim, &h, &err) != DQ_FRAME_OK)
-        return dqc__fail(c, err == DQ_TOO_LARGE ? DQ_TOO_LARGE : DQ_PROTOCOL,
-                         "bad reply frame from %s (%s)", c->addr, dqc_err_name(err));
+        return dqc__fail(c, err == DQ_TOO_LARGE ? DQ_TOO_LARGE : DQ_PROTOCOL, "bad reply frame from %s (%s)", c->addr,
+                         dqc_err_name(err));
     if (h.request_id != id)
         return dqc__fail(c, DQ_PROTOCOL, "reply for request %llu while waiting for %llu",
                          (unsigned long long)h.request_id, (unsigned long long)id);
@@ -653,8 +652,7 @@ static int recv_reply(dqc_client *c, uint64_t id, int timeout_ms, void **blk, si
         void **b = blk ? blk : (void **)&c->pbuf;
         size_t *bc = blk ? blk_cap : &c->pbuf_cap;
         if (grow(b, bc, (size_t)h.payload_len))
-            return dqc__fail(c, DQ_NOMEM, "no memory for a %llu-byte reply payload",
-                             (unsigned long long)h.payload_len);
+            return dqc__fail(c, DQ_NOMEM, "no memory for a %llu-byte reply payload", (unsigned long long)h.payload_len);
         payload = *b;
         DQC_FORWARD(recv_all(c, payload, (size_t)h.payload_len, timeout_ms));
     }
@@ -669,8 +667,8 @@ static int recv_reply(dqc_client *c, uint64_t id, int timeout_ms, void **blk, si
 /* Sends one request and receives its reply on the current connection. Any transport or framing
  * failure closes the connection. */
 static int exchange(dqc_client *c, const Dquant__Request *req, const struct iovec *iov, size_t niov,
-                    uint64_t payload_len, Dquant__Response__BodyCase want, void **blk, size_t *blk_cap,
-                    dqc__reply *rep, int *sent, const dqc__xfer *x)
+                    uint64_t payload_len, Dquant__Response__BodyCase want, void **blk, size_t *blk_cap, dqc__reply *rep,
+                    int *sent, const dqc__xfer *x)
 {
     memset(rep, 0, sizeof *rep);
     *sent = 0;
@@ -709,7 +707,7 @@ static int exchange(dqc_client *c, const Dquant__Request *req, const struct iove
         if (recv_reply(c, id, 200, NULL, NULL, &r2) == 0 && r2.resp->body_case == DQUANT__RESPONSE__BODY_ERROR) {
             *rep = r2;
             rc = 0;
-            close_conn(c);   /* the reply is all that is left of this connection */
+            close_conn(c); /* the reply is all that is left of this connection */
         } else {
             dqc__reply_free(&r2);
             memcpy(c->err, saved, sizeof saved);
@@ -783,7 +781,8 @@ static int call(dqc_client *c, const Dquant__Request *req, const struct iovec *i
         if (x && x->conn_gen != c->conn_gen)
             return dqc__fail(c, DQ_IO,
                              "NCCL not set up: the connection to %s was re-established since dqc_nccl_setup "
-                             "(call dqc_nccl_setup again)", c->addr);
+                             "(call dqc_nccl_setup again)",
+                             c->addr);
         int sent = 0;
         int rc = exchange(c, req, iov, niov, payload_len, want, blk, blk_cap, rep, &sent, x);
         if (rc != DQ_CONNECTION)
@@ -802,8 +801,7 @@ int dqc__call(dqc_client *c, const Dquant__Request *req, const struct iovec *iov
 }
 
 int dqc__call_xfer(dqc_client *c, const Dquant__Request *req, const struct iovec *iov, size_t niov,
-                   Dquant__Response__BodyCase want, void **blk, size_t *blk_cap, dqc__reply *rep,
-                   const dqc__xfer *x)
+                   Dquant__Response__BodyCase want, void **blk, size_t *blk_cap, dqc__reply *rep, const dqc__xfer *x)
 {
     return call(c, req, iov, niov, 0, want, blk, blk_cap, rep, x);
 }
@@ -834,8 +832,7 @@ int dqc__tensor_check(dqc_client *c, const Dquant__Tensor *t, const char *what, 
         return dqc__fail(c, DQ_PROTOCOL, "reply tensor %s has dtype %d, expected %d", what, (int)t->dtype, dtype);
     if (t->offset > payload_len || t->length > payload_len - t->offset)
         return dqc__fail(c, DQ_PROTOCOL, "reply tensor %s [%llu, +%llu) outside the %llu-byte payload", what,
-                         (unsigned long long)t->offset, (unsigned long long)t->length,
-                         (unsigned long long)payload_len);
+                         (unsigned long long)t->offset, (unsigned long long)t->length, (unsigned long long)payload_len);
     if (ndim && t->n_shape != ndim)
         return dqc__fail(c, DQ_PROTOCOL, "reply tensor %s has %zu dimensions, expected %zu", what, t->n_shape, ndim);
     uint64_t count = 1;

@@ -26,33 +26,33 @@
 
 typedef enum dqc__addr_kind { DQC_ADDR_UNIX = 1, DQC_ADDR_TCP = 2 } dqc__addr_kind;
 
-struct dqc__nccl;   /* client_nccl.c */
+struct dqc__nccl; /* client_nccl.c */
 
 struct dqc_client {
     dqc__addr_kind kind;
-    char *addr;                 /* as given, for messages */
-    char *path;                 /* unix: socket path ('@' first: abstract namespace) */
-    char *host, *port;          /* tcp */
+    char *addr;        /* as given, for messages */
+    char *path;        /* unix: socket path ('@' first: abstract namespace) */
+    char *host, *port; /* tcp */
 
-    dqc_options opts;           /* client_name and secret point to the copies below */
+    dqc_options opts; /* client_name and secret point to the copies below */
     char *client_name;
     uint8_t *secret;
 
-    int fd;                     /* -1: not connected */
+    int fd; /* -1: not connected */
     uint64_t next_id;
     uint64_t reconnects;
-    uint64_t conn_gen;          /* counts established connections: state tied to one connection (the
-                                   NCCL communicator) remembers it and is void once it changes */
-    struct dqc__nccl *nccl;     /* NULL until dqc_nccl_setup (libdquant-client-nccl) */
-    void (*nccl_free)(dqc_client *c);   /* set with nccl; dqc_free calls it once the socket is
-                                           closed, so that the daemon lets go of its side first */
+    uint64_t conn_gen;                /* counts established connections: state tied to one connection (the
+                                         NCCL communicator) remembers it and is void once it changes */
+    struct dqc__nccl *nccl;           /* NULL until dqc_nccl_setup (libdquant-client-nccl) */
+    void (*nccl_free)(dqc_client *c); /* set with nccl; dqc_free calls it once the socket is
+                                         closed, so that the daemon lets go of its side first */
     dqc_server_info info;
 
-    uint8_t *sbuf;              /* packed request header message */
+    uint8_t *sbuf; /* packed request header message */
     size_t sbuf_cap;
-    uint8_t *rbuf;              /* reply header message */
+    uint8_t *rbuf; /* reply header message */
     size_t rbuf_cap;
-    uint8_t *pbuf;              /* reply payload when the caller keeps no block */
+    uint8_t *pbuf; /* reply payload when the caller keeps no block */
     size_t pbuf_cap;
 
     char err[DQC_ERR_MAX];
@@ -62,31 +62,31 @@ struct dqc_client {
 DQC_PRIVATE int dqc__fail(dqc_client *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* A public call's handle: NULL leaves no message to record, only the code. */
-#define DQC_CHECK_HANDLE(c)                 \
-    do {                                    \
-        if (!(c))                           \
-            return DQ_INVALID_ARGUMENT;     \
+#define DQC_CHECK_HANDLE(c)             \
+    do {                                \
+        if (!(c))                       \
+            return DQ_INVALID_ARGUMENT; \
     } while (0)
 
 /* Validates a public argument at the boundary: on failure records the message and returns. */
-#define DQC_CHECK_ARG(c, cond, ...)                                   \
-    do {                                                              \
-        if (!(cond))                                                  \
-            return dqc__fail((c), DQ_INVALID_ARGUMENT, __VA_ARGS__);  \
+#define DQC_CHECK_ARG(c, cond, ...)                                  \
+    do {                                                             \
+        if (!(cond))                                                 \
+            return dqc__fail((c), DQ_INVALID_ARGUMENT, __VA_ARGS__); \
     } while (0)
 
 /* Returns the error code of an expression that failed. */
-#define DQC_FORWARD(expr)           \
-    do {                            \
-        int dqc__rc = (expr);       \
-        if (dqc__rc != 0)           \
-            return dqc__rc;         \
+#define DQC_FORWARD(expr)     \
+    do {                      \
+        int dqc__rc = (expr); \
+        if (dqc__rc != 0)     \
+            return dqc__rc;   \
     } while (0)
 
 /* A reply: the unpacked header message and the payload bytes. */
 typedef struct dqc__reply {
-    Dquant__Response *resp;     /* owned: dqc__reply_free */
-    const uint8_t *payload;     /* in *blk (or the handle's scratch); NULL when payload_len is 0 */
+    Dquant__Response *resp; /* owned: dqc__reply_free */
+    const uint8_t *payload; /* in *blk (or the handle's scratch); NULL when payload_len is 0 */
     uint64_t payload_len;
 } dqc__reply;
 
@@ -102,10 +102,10 @@ DQC_PRIVATE void dqc__reply_free(dqc__reply *rep);
 /* A call bound to one connection, with work between writing the frame and reading the reply (the
  * NCCL sends must be issued then: the daemon receives them before it answers). */
 typedef struct dqc__xfer {
-    uint64_t conn_gen;      /* the call fails with DQ_IO, sending nothing, unless c->conn_gen still
-                               equals it after connecting (a reconnect voids the communicator) */
-    int (*after_send)(dqc_client *c, void *ctx);   /* NULL, or run once the whole frame is written;
-                                                      a failure closes the connection */
+    uint64_t conn_gen;                           /* the call fails with DQ_IO, sending nothing, unless c->conn_gen still
+                                                    equals it after connecting (a reconnect voids the communicator) */
+    int (*after_send)(dqc_client *c, void *ctx); /* NULL, or run once the whole frame is written;
+                                                    a failure closes the connection */
     void *ctx;
 } dqc__xfer;
 
@@ -136,7 +136,7 @@ typedef struct dqc__put_req {
     Dquant__SeqRef seq;
     Dquant__Tensor k, v;
     uint64_t shape[4];
-    size_t bytes;           /* of k, and of v */
+    size_t bytes; /* of k, and of v */
 } dqc__put_req;
 
 /* Validates a (op names the call in messages) and builds r; nccl flags both tensors. */
@@ -165,13 +165,13 @@ DQC_PRIVATE void dqc__get_meta(const Dquant__GetReply *r, dq_dtype dtype, size_t
 typedef struct dqc__attend_req {
     Dquant__Request req;
     Dquant__Attend at;
-    struct iovec *iov;      /* niov pieces in offset order (points into blk_) */
+    struct iovec *iov; /* niov pieces in offset order (points into blk_) */
     size_t niov;
-    uint64_t payload;       /* bytes of all pieces */
-    size_t nappend;         /* items that append */
-    uint64_t oshape[3];     /* out [nitems, q_heads, head_dim]; lse is [nitems, q_heads] */
+    uint64_t payload;   /* bytes of all pieces */
+    size_t nappend;     /* items that append */
+    uint64_t oshape[3]; /* out [nitems, q_heads, head_dim]; lse is [nitems, q_heads] */
     size_t obytes, lbytes;
-    void *blk_;             /* owned: dqc__attend_free */
+    void *blk_; /* owned: dqc__attend_free */
 } dqc__attend_req;
 
 DQC_PRIVATE int dqc__attend_build(dqc_client *c, const char *op, const dqc_attend_args *a, int nccl,

@@ -31,9 +31,9 @@
 #define DQC_NCCL_DEFAULT_MS 10000
 
 struct dqc__nccl {
-    ncclComm_t comm;            /* NULL: none (never set up, or aborted) */
-    cudaStream_t stream;        /* non-blocking stream of every transfer (NULL with comm) */
-    int device;                 /* the client's CUDA device */
+    ncclComm_t comm;     /* NULL: none (never set up, or aborted) */
+    cudaStream_t stream; /* non-blocking stream of every transfer (NULL with comm) */
+    int device;          /* the client's CUDA device */
     int server_device;
     uint32_t server_timeout_ms; /* the daemon's deadline for one transfer (0: not stated) */
     uint64_t conn_gen;          /* the connection the communicator belongs to */
@@ -187,7 +187,7 @@ static int dev_ptr_check(dqc_client *c, const char *op, const char *what, const 
     memset(&at, 0, sizeof at);
     cudaError_t e = cudaPointerGetAttributes(&at, p);
     if (e != cudaSuccess) {
-        cudaGetLastError();   /* not sticky; keep it from surfacing in the caller's next call */
+        cudaGetLastError(); /* not sticky; keep it from surfacing in the caller's next call */
         return dqc__fail(c, DQ_INVALID_ARGUMENT, "%s: %s: %s", op, what, cudaGetErrorString(e));
     }
     DQC_CHECK_ARG(c, at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged,
@@ -214,7 +214,7 @@ static int post_ops(dqc_client *c, const char *op, const struct iovec *ops, size
         first = recv ? ncclRecv(ops[i].iov_base, ops[i].iov_len, ncclUint8, 0, n->comm, n->stream)
                      : ncclSend(ops[i].iov_base, ops[i].iov_len, ncclUint8, 0, n->comm, n->stream);
     }
-    ncclResult_t end = ncclGroupEnd();   /* always closes the group, even after a failed call */
+    ncclResult_t end = ncclGroupEnd(); /* always closes the group, even after a failed call */
     dev_leave(&g);
     if (first == ncclSuccess)
         first = end;
@@ -277,7 +277,7 @@ static int nccl_call(dqc_client *c, const char *op, Dquant__Request *req, const 
     int rc = dqc__call_xfer(c, req, NULL, 0, want, NULL, NULL, rep, &x);
     if (rc) {
         if (!n->comm)
-            return rc;   /* posting the sends failed: already aborted */
+            return rc; /* posting the sends failed: already aborted */
         char msg[DQC_ERR_MAX];
         snprintf(msg, sizeof msg, "%s", c->err);
         if (c->fd < 0 || c->conn_gen != n->conn_gen) {
@@ -286,8 +286,10 @@ static int nccl_call(dqc_client *c, const char *op, Dquant__Request *req, const 
         }
         /* An error reply: keep the communicator if the daemon consumed what was sent. */
         if (s.posted && wait_ops(c, op, "sends", now_ms() + DQC_NCCL_ERROR_GRACE_MS, rc) != 0) {
-            dqc__fail(c, rc, "%s; and the NCCL sends of the request did not complete: communicator aborted "
-                      "(call dqc_nccl_setup again)", msg);
+            dqc__fail(c, rc,
+                      "%s; and the NCCL sends of the request did not complete: communicator aborted "
+                      "(call dqc_nccl_setup again)",
+                      msg);
             return rc;
         }
         dqc__fail(c, rc, "%s", msg);
@@ -405,7 +407,8 @@ int dqc_nccl_setup(dqc_client *c, int cuda_device)
     if (!server_offers_nccl(c))
         return dqc__fail(c, DQ_UNSUPPORTED,
                          "nccl_setup: the server at %s does not offer NCCL (backend %s; it needs the cuda backend "
-                         "and an NCCL build)", c->addr, c->info.backend[0] ? c->info.backend : "unknown");
+                         "and an NCCL build)",
+                         c->addr, c->info.backend[0] ? c->info.backend : "unknown");
     if (!c->nccl) {
         c->nccl = calloc(1, sizeof *c->nccl);
         if (!c->nccl)
@@ -441,8 +444,10 @@ int dqc_nccl_setup(dqc_client *c, int cuda_device)
     const Dquant__NcclSetupReply *r = rep.resp->nccl_setup;
     ncclUniqueId id;
     if (r->unique_id.len != sizeof id || r->nranks != 2 || r->rank != 1) {
-        rc = dqc__fail(c, DQ_PROTOCOL, "nccl_setup: reply with a %zu-byte id (expected %zu), nranks %u, rank %u "
-                       "(expected 2 and 1)", r->unique_id.len, sizeof id, r->nranks, r->rank);
+        rc = dqc__fail(c, DQ_PROTOCOL,
+                       "nccl_setup: reply with a %zu-byte id (expected %zu), nranks %u, rank %u "
+                       "(expected 2 and 1)",
+                       r->unique_id.len, sizeof id, r->nranks, r->rank);
         dqc__reply_free(&rep);
         dev_leave(&g);
         comm_release(n, 0);
@@ -467,8 +472,10 @@ int dqc_nccl_setup(dqc_client *c, int cuda_device)
     if (nr != ncclSuccess) {
         char why[256];
         const char *last = comm ? ncclGetLastError(comm) : NULL;
-        snprintf(why, sizeof why, "%s", nr == ncclInProgress ? "not finished within the I/O timeout"
-                                        : last && last[0] ? last : ncclGetErrorString(nr));
+        snprintf(why, sizeof why, "%s",
+                 nr == ncclInProgress ? "not finished within the I/O timeout"
+                 : last && last[0]    ? last
+                                      : ncclGetErrorString(nr));
         n->comm = comm;
         comm_release(n, 0);
         snprintf(n->why, sizeof n->why, "joining the daemon's communicator failed");
@@ -518,8 +525,7 @@ static int out_of_step(dqc_client *c, dqc__reply *rep, int rc)
     return rc;
 }
 
-int dqc_get_dev(dqc_client *c, const dqc_get_args *a, void *k_dev, void *v_dev, size_t capacity,
-                dqc_get_result *res)
+int dqc_get_dev(dqc_client *c, const dqc_get_args *a, void *k_dev, void *v_dev, size_t capacity, dqc_get_result *res)
 {
     DQC_CHECK_HANDLE(c);
     c->err[0] = 0;

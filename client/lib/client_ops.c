@@ -56,23 +56,23 @@ static void tensor_set(Dquant__Tensor *t, int dtype, uint64_t *shape, size_t ndi
 }
 
 /* Empties a result for a new call, keeping its block for reuse. */
-#define RESULT_RESET(res)                         \
-    do {                                          \
-        void *m_ = (res)->mem_;                   \
-        size_t c_ = (res)->mem_cap_;              \
-        memset((res), 0, sizeof *(res));          \
-        (res)->mem_ = m_;                         \
-        (res)->mem_cap_ = c_;                     \
+#define RESULT_RESET(res)                \
+    do {                                 \
+        void *m_ = (res)->mem_;          \
+        size_t c_ = (res)->mem_cap_;     \
+        memset((res), 0, sizeof *(res)); \
+        (res)->mem_ = m_;                \
+        (res)->mem_cap_ = c_;            \
     } while (0)
 
 /* The body of the dqc_*_result_free functions: releases the block and empties the result (NULL
  * allowed). */
-#define RESULT_FREE(res)                          \
-    do {                                          \
-        if (res) {                                \
-            free((res)->mem_);                    \
-            memset((res), 0, sizeof *(res));      \
-        }                                         \
+#define RESULT_FREE(res)                     \
+    do {                                     \
+        if (res) {                           \
+            free((res)->mem_);               \
+            memset((res), 0, sizeof *(res)); \
+        }                                    \
     } while (0)
 
 /* ---- REGISTER_MODEL ---- */
@@ -236,8 +236,8 @@ int dqc__get_check(dqc_client *c, const char *op, const dqc_get_args *a, const D
     uint64_t same[4] = {ks[0], ks[1], ks[2], ks[3]};
     DQC_FORWARD(dqc__tensor_check(c, r->v, "v", payload_len, (int)a->dtype, 4, same, &vb));
     if (a->tokens && r->tokens != a->tokens)
-        return dqc__fail(c, DQ_PROTOCOL, "%s: asked for %llu tokens, reply has %llu", op,
-                         (unsigned long long)a->tokens, (unsigned long long)r->tokens);
+        return dqc__fail(c, DQ_PROTOCOL, "%s: asked for %llu tokens, reply has %llu", op, (unsigned long long)a->tokens,
+                         (unsigned long long)r->tokens);
     *bytes = kb;
     return 0;
 }
@@ -501,7 +501,8 @@ int dqc_compress(dqc_client *c, const dqc_compress_args *a, dqc_compress_result 
     RESULT_RESET(res);
     DQC_CHECK_ARG(c, (a->model && a->model[0]) || (a->profile_name && a->profile_name[0]),
                   "compress: a model or a profile name is required");
-    DQC_CHECK_ARG(c, a->kv_heads && a->head_dim && a->tokens, "compress: kv_heads, head_dim and tokens must be positive");
+    DQC_CHECK_ARG(c, a->kv_heads && a->head_dim && a->tokens,
+                  "compress: kv_heads, head_dim and tokens must be positive");
     DQC_CHECK_ARG(c, a->kind == 0 || a->kind == 1, "compress: kind must be 0 (keys) or 1 (values)");
     DQC_CHECK_ARG(c, dtype_ok(a->dtype), "compress: unsupported dtype %d", (int)a->dtype);
     DQC_CHECK_ARG(c, a->x, "compress: x is required");
@@ -537,8 +538,7 @@ int dqc_compress(dqc_client *c, const dqc_compress_args *a, dqc_compress_result 
         rc = dqc__fail(c, DQ_PROTOCOL, "compress: sent %llu tokens, reply has %llu", (unsigned long long)a->tokens,
                        (unsigned long long)r->tokens);
     if (!rc && (rb == 0 || rb % a->tokens))
-        rc = dqc__fail(c, DQ_PROTOCOL, "compress: %zu record bytes for %llu tokens", rb,
-                       (unsigned long long)a->tokens);
+        rc = dqc__fail(c, DQ_PROTOCOL, "compress: %zu record bytes for %llu tokens", rb, (unsigned long long)a->tokens);
     if (!rc) {
         res->tokens = r->tokens;
         res->means = mb ? rep.payload + r->means->offset : NULL;
@@ -731,7 +731,8 @@ int dqc_stats_counter(const dqc_stats_result *res, const char *name, uint64_t *v
     if (!res || !name || !value)
         return DQ_INVALID_ARGUMENT;
     dqc_counter key = {name, 0};
-    const dqc_counter *f = res->ncounters ? bsearch(&key, res->counters, res->ncounters, sizeof key, cmp_counter) : NULL;
+    const dqc_counter *f = res->ncounters ? bsearch(&key, res->counters, res->ncounters, sizeof key, cmp_counter)
+                                          : NULL;
     if (!f)
         return DQ_NOT_FOUND;
     *value = f->value;

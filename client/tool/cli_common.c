@@ -181,7 +181,7 @@ static int parse(int argc, char **argv, const char *prog, const char *help, cons
                                                CLI_OPT_FIRST_OWN + (int)i};
     int status = CLI_CONTINUE, opt;
     optind = 1;
-    opterr = cc != NULL;   /* the in-process subcommands word their own complaint */
+    opterr = cc != NULL; /* the in-process subcommands word their own complaint */
     while (status == CLI_CONTINUE && (opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         int rc;
         if (opt >= CLI_OPT_FIRST_OWN && opt < CLI_OPT_FIRST_OWN + (int)n) {
@@ -196,7 +196,7 @@ static int parse(int argc, char **argv, const char *prog, const char *help, cons
             fputs(help, stdout);
             status = CLI_OK;
         } else if (cc) {
-            status = CLI_USAGE;   /* getopt already printed the complaint */
+            status = CLI_USAGE; /* getopt already printed the complaint */
         } else {
             status = cli_error(CLI_USAGE, prog, "unknown or incomplete option '%s' (see dquant %s --help)",
                                argv[optind - 1], prog);

@@ -22,35 +22,38 @@ enum {
     CLI_OPT_SECRET_FILE,
     CLI_OPT_TIMEOUT,
     CLI_OPT_HELP,
-    CLI_OPT_FIRST_OWN,   /* subcommands number their own long-only options from here */
+    CLI_OPT_FIRST_OWN, /* subcommands number their own long-only options from here */
 };
 
+/* a braced list inside a macro, one option a line */
+// clang-format off
 #define CLI_CONN_LONGOPTS                                           \
     {"connect", required_argument, NULL, CLI_OPT_CONNECT},          \
     {"secret", required_argument, NULL, CLI_OPT_SECRET},            \
     {"secret-file", required_argument, NULL, CLI_OPT_SECRET_FILE},  \
     {"timeout", required_argument, NULL, CLI_OPT_TIMEOUT},          \
     {"help", no_argument, NULL, CLI_OPT_HELP}
+// clang-format on
 
 /* The manual text of the connection options, for the subcommands' --help. */
 #define CLI_CONN_HELP                                                                                 \
     "   --connect ADDR\n"                                                                             \
-    "       Daemon address: unix:/path/to/socket or tcp://host:port. Default: $DQUANT_CONNECT if\n"     \
-    "       set, else " DQC_DEFAULT_ADDR " (dquantd's default Unix socket; its default TCP\n"             \
-    "       listener is " DQC_DEFAULT_TCP ").\n"                                                         \
+    "       Daemon address: unix:/path/to/socket or tcp://host:port. Default: $DQUANT_CONNECT if\n"   \
+    "       set, else " DQC_DEFAULT_ADDR " (dquantd's default Unix socket; its default TCP\n"         \
+    "       listener is " DQC_DEFAULT_TCP ").\n"                                                      \
     "   --secret SECRET, --secret-file FILE\n"                                                        \
-    "       Shared secret sent in HELLO (required by TCP listeners of a daemon started with\n"          \
+    "       Shared secret sent in HELLO (required by TCP listeners of a daemon started with\n"        \
     "       --secret). Default: $DQUANT_SECRET if set. The file form keeps it out of ps.\n"           \
-    "   --timeout MS\n"                                                                                \
+    "   --timeout MS\n"                                                                               \
     "       Connect timeout and longest wait without progress on a request (default 5000 / 60000).\n" \
-    "   --help\n"                                                                                      \
+    "   --help\n"                                                                                     \
     "       Print this manual page and exit.\n"
 
 typedef struct cli_conn {
     const char *addr;
-    char *secret;          /* owned */
+    char *secret; /* owned */
     size_t secret_len;
-    int timeout_ms;        /* 0: library defaults */
+    int timeout_ms; /* 0: library defaults */
 } cli_conn;
 
 void cli_conn_init(cli_conn *cc);
@@ -76,44 +79,70 @@ int cli_connect(const cli_conn *cc, const char *prog, dqc_client **out);
 
 /* How an option's value is read into *dst. */
 typedef enum cli_arg {
-    CLI_ARG_FLAG,    /* no value: int, set to 1 */
-    CLI_ARG_STR,     /* const char *: the value itself */
-    CLI_ARG_U32,     /* uint32_t: a whole number in [min, max] (cli_u32) */
-    CLI_ARG_U64,     /* uint64_t: a whole number in [min, max] (cli_u64) */
-    CLI_ARG_SIZE,    /* uint64_t: bytes with an optional K/M/G/T suffix, in [min, max] (cli_size) */
-    CLI_ARG_DTYPE,   /* dq_dtype: a name dq_dtype_parse knows (f32, f16, bf16, ...) */
-    CLI_ARG_FN,      /* fn(dst, value) */
+    CLI_ARG_FLAG,  /* no value: int, set to 1 */
+    CLI_ARG_STR,   /* const char *: the value itself */
+    CLI_ARG_U32,   /* uint32_t: a whole number in [min, max] (cli_u32) */
+    CLI_ARG_U64,   /* uint64_t: a whole number in [min, max] (cli_u64) */
+    CLI_ARG_SIZE,  /* uint64_t: bytes with an optional K/M/G/T suffix, in [min, max] (cli_size) */
+    CLI_ARG_DTYPE, /* dq_dtype: a name dq_dtype_parse knows (f32, f16, bf16, ...) */
+    CLI_ARG_FN,    /* fn(dst, value) */
 } cli_arg;
 
 typedef struct cli_opt {
-    const char *name;   /* long name without the dashes; NULL ends a table */
+    const char *name; /* long name without the dashes; NULL ends a table */
     cli_arg arg;
     void *dst;
-    uint64_t min, max;  /* the numbers' accepted range */
+    uint64_t min, max; /* the numbers' accepted range */
     /* CLI_ARG_FN: 0 when stored; 1 for a bad value (cli_parse says so); -1 when it said why itself. */
     int (*fn)(void *dst, const char *value);
-    int *given;         /* optional: set to 1 when the option is given */
+    int *given; /* optional: set to 1 when the option is given */
 } cli_opt;
 
 /* dst as a void pointer, after the compiler has checked that it points to a T. */
 #define CLI_DST(T, p) ((void *)(1 ? (p) : (T *)0))
 
 /* Table entries: NAME is the long name, P where the value goes, LO/HI the least/greatest number. */
-#define CLI_FLAG(name_, p) {.name = (name_), .arg = CLI_ARG_FLAG, .dst = CLI_DST(int, p)}
-#define CLI_STR(name_, p) {.name = (name_), .arg = CLI_ARG_STR, .dst = CLI_DST(const char *, p)}
-#define CLI_U32(name_, p, lo) \
-    {.name = (name_), .arg = CLI_ARG_U32, .dst = CLI_DST(uint32_t, p), .min = (lo), .max = UINT32_MAX}
-#define CLI_U64(name_, p, lo) \
-    {.name = (name_), .arg = CLI_ARG_U64, .dst = CLI_DST(uint64_t, p), .min = (lo), .max = UINT64_MAX}
+#define CLI_FLAG(name_, p)                                           \
+    {                                                                \
+        .name = (name_), .arg = CLI_ARG_FLAG, .dst = CLI_DST(int, p) \
+    }
+#define CLI_STR(name_, p)                                                    \
+    {                                                                        \
+        .name = (name_), .arg = CLI_ARG_STR, .dst = CLI_DST(const char *, p) \
+    }
+#define CLI_U32(name_, p, lo)                                                                            \
+    {                                                                                                    \
+        .name = (name_), .arg = CLI_ARG_U32, .dst = CLI_DST(uint32_t, p), .min = (lo), .max = UINT32_MAX \
+    }
+#define CLI_U64(name_, p, lo)                                                                            \
+    {                                                                                                    \
+        .name = (name_), .arg = CLI_ARG_U64, .dst = CLI_DST(uint64_t, p), .min = (lo), .max = UINT64_MAX \
+    }
 /* A whole number that also sets *given_ when it appears (a seed whose presence matters). */
-#define CLI_U64_GIVEN(name_, p, given_) \
-    {.name = (name_), .arg = CLI_ARG_U64, .dst = CLI_DST(uint64_t, p), .max = UINT64_MAX, .given = (given_)}
-#define CLI_SIZE(name_, p, hi) {.name = (name_), .arg = CLI_ARG_SIZE, .dst = CLI_DST(uint64_t, p), .max = (hi)}
-#define CLI_DTYPE(name_, p) {.name = (name_), .arg = CLI_ARG_DTYPE, .dst = CLI_DST(dq_dtype, p)}
-#define CLI_DTYPE_GIVEN(name_, p, given_) \
-    {.name = (name_), .arg = CLI_ARG_DTYPE, .dst = CLI_DST(dq_dtype, p), .given = (given_)}
-#define CLI_FN(name_, fn_, p) {.name = (name_), .arg = CLI_ARG_FN, .dst = (p), .fn = (fn_)}
-#define CLI_OPT_END {.name = NULL}
+#define CLI_U64_GIVEN(name_, p, given_)                                                                        \
+    {                                                                                                          \
+        .name = (name_), .arg = CLI_ARG_U64, .dst = CLI_DST(uint64_t, p), .max = UINT64_MAX, .given = (given_) \
+    }
+#define CLI_SIZE(name_, p, hi)                                                         \
+    {                                                                                  \
+        .name = (name_), .arg = CLI_ARG_SIZE, .dst = CLI_DST(uint64_t, p), .max = (hi) \
+    }
+#define CLI_DTYPE(name_, p)                                                \
+    {                                                                      \
+        .name = (name_), .arg = CLI_ARG_DTYPE, .dst = CLI_DST(dq_dtype, p) \
+    }
+#define CLI_DTYPE_GIVEN(name_, p, given_)                                                     \
+    {                                                                                         \
+        .name = (name_), .arg = CLI_ARG_DTYPE, .dst = CLI_DST(dq_dtype, p), .given = (given_) \
+    }
+#define CLI_FN(name_, fn_, p)                                       \
+    {                                                               \
+        .name = (name_), .arg = CLI_ARG_FN, .dst = (p), .fn = (fn_) \
+    }
+#define CLI_OPT_END  \
+    {                \
+        .name = NULL \
+    }
 
 /* cli_parse's "every option is stored, go on". */
 #define CLI_CONTINUE (-1)

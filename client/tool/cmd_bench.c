@@ -16,19 +16,19 @@
 enum { OP_PUT, OP_GET, OP_ATTEND, OP_PING, OP_STATS, NOPS };
 static const char *const op_names[NOPS] = {"put", "get", "attend", "ping", "stats"};
 
-#define NERR 32   /* error codes 0 .. -31 */
+#define NERR 32 /* error codes 0 .. -31 */
 
 typedef struct bench_cfg {
     cli_conn cc;
     uint32_t connections;
-    uint64_t requests;       /* per connection */
-    uint64_t warmup;         /* per connection, not measured */
-    uint32_t mix[NOPS];      /* weights */
+    uint64_t requests;  /* per connection */
+    uint64_t warmup;    /* per connection, not measured */
+    uint32_t mix[NOPS]; /* weights */
     uint32_t mix_total;
     const char *model, *profile, *ns;
     uint32_t layers, q_heads, kv_heads, head_dim;
-    uint64_t tokens;         /* per PUT */
-    uint64_t get_tokens;     /* per GET (the last ones); 0: whole sequence */
+    uint64_t tokens;     /* per PUT */
+    uint64_t get_tokens; /* per GET (the last ones); 0: whole sequence */
     int get_raw;
     dq_dtype get_dtype;
     uint32_t batch;          /* ATTEND items */
@@ -47,10 +47,10 @@ typedef struct worker {
     pthread_t thread;
     dqc_client *c;
     char (*keys)[64];
-    uint64_t *len;           /* tokens in each sequence; UINT64_MAX: unknown (restart it) */
-    void *kv;                /* K and V of one PUT: [layers, tokens, kv_heads, head_dim] each */
+    uint64_t *len; /* tokens in each sequence; UINT64_MAX: unknown (restart it) */
+    void *kv;      /* K and V of one PUT: [layers, tokens, kv_heads, head_dim] each */
     size_t kv_bytes;
-    void *q;                 /* batch queries */
+    void *q; /* batch queries */
     float *out, *lse;
     dqc_attend_item *items;
     uint8_t *ping;
@@ -58,7 +58,7 @@ typedef struct worker {
     dqc_raw_result raw;
     dqc_stats_result stats;
     uint64_t rng;
-    uint64_t *lat;           /* ns per measured request */
+    uint64_t *lat; /* ns per measured request */
     uint8_t *op;
     uint64_t nrec;
     uint64_t bytes[NOPS];
@@ -89,7 +89,7 @@ static void record_error(worker *w, int op, int rc)
 static void restart_seq(worker *w, uint32_t i)
 {
     dqc_seq s = seq_ref(w, i);
-    dqc_delete(w->c, &s);   /* NOT_FOUND is fine */
+    dqc_delete(w->c, &s); /* NOT_FOUND is fine */
     w->len[i] = 0;
     if (w->cfg->pin)
         dqc_pin(w->c, &s);
@@ -117,7 +117,7 @@ static int do_put(worker *w, uint32_t i)
     if (rc == 0)
         w->len[i] += cfg->tokens;
     else if (rc != DQ_RESOURCE_EXHAUSTED)
-        w->len[i] = UINT64_MAX;   /* maybe applied, maybe evicted: start it over next time */
+        w->len[i] = UINT64_MAX; /* maybe applied, maybe evicted: start it over next time */
     return rc;
 }
 
@@ -133,8 +133,8 @@ static int do_get(worker *w, uint32_t i, uint64_t *bytes)
     }
     uint64_t len = w->len[i] == UINT64_MAX ? 0 : w->len[i];
     uint64_t n = cfg->get_tokens && cfg->get_tokens < len ? cfg->get_tokens : len;
-    dqc_get_args a = {.seq = s, .first_layer = 0, .num_layers = 0, .start_token = len - n, .tokens = n,
-                      .dtype = cfg->get_dtype};
+    dqc_get_args a = {
+        .seq = s, .first_layer = 0, .num_layers = 0, .start_token = len - n, .tokens = n, .dtype = cfg->get_dtype};
     int rc = dqc_get(w->c, &a, &w->get);
     if (rc == 0)
         *bytes += 2 * w->get.bytes;
@@ -149,8 +149,13 @@ static int do_attend(worker *w, uint64_t r)
         w->items[b].seq = seq_ref(w, si);
         w->items[b].layer = (uint32_t)((r + b) % cfg->layers);
     }
-    dqc_attend_args a = {.items = w->items, .nitems = cfg->batch, .q_heads = cfg->q_heads,
-                         .kv_heads = cfg->kv_heads, .head_dim = cfg->head_dim, .dtype = cfg->dtype, .scale = 0};
+    dqc_attend_args a = {.items = w->items,
+                         .nitems = cfg->batch,
+                         .q_heads = cfg->q_heads,
+                         .kv_heads = cfg->kv_heads,
+                         .head_dim = cfg->head_dim,
+                         .dtype = cfg->dtype,
+                         .scale = 0};
     return dqc_attend(w->c, &a, w->out, w->lse);
 }
 
@@ -267,7 +272,7 @@ static void *worker_main(void *arg)
         return NULL;
     for (uint64_t r = 0; r < w->cfg->warmup; r++)
         run_one(w, r, 0);
-    pthread_barrier_wait(&start_barrier);   /* the clock starts */
+    pthread_barrier_wait(&start_barrier); /* the clock starts */
     for (uint64_t r = 0; r < w->cfg->requests; r++)
         run_one(w, r, 1);
     return NULL;
@@ -601,8 +606,12 @@ int dq_cmd_bench(int argc, char **argv)
     dqc_client *c = NULL;
     if (cli_connect(&cfg.cc, "bench", &c))
         goto out;
-    dqc_model_spec spec = {.name = cfg.model, .layers = cfg.layers, .q_heads = cfg.q_heads,
-                           .kv_heads = cfg.kv_heads, .head_dim = cfg.head_dim, .profile_name = cfg.profile};
+    dqc_model_spec spec = {.name = cfg.model,
+                           .layers = cfg.layers,
+                           .q_heads = cfg.q_heads,
+                           .kv_heads = cfg.kv_heads,
+                           .head_dim = cfg.head_dim,
+                           .profile_name = cfg.profile};
     int rc = dqc_register_model(c, &spec, NULL);
     if (rc) {
         cli_call_error("bench", "register model", c, rc);
@@ -638,14 +647,14 @@ int dq_cmd_bench(int argc, char **argv)
         fprintf(stderr, "dquant bench: could only start %u of %u threads\n", started, cfg.connections);
         exit(CLI_FAILED);
     }
-    pthread_barrier_wait(&start_barrier);   /* set up */
+    pthread_barrier_wait(&start_barrier); /* set up */
     int setup_failed = 0;
     for (uint32_t i = 0; i < cfg.connections; i++)
         setup_failed |= ws[i].setup_rc != 0;
     atomic_store(&abort_run, setup_failed);
     pthread_barrier_wait(&start_barrier);
     if (!setup_failed)
-        pthread_barrier_wait(&start_barrier);   /* warmed up */
+        pthread_barrier_wait(&start_barrier); /* warmed up */
     uint64_t t0 = cli_now_ns();
     uint64_t total = cfg.requests * cfg.connections;
     int tty = isatty(2);
@@ -717,8 +726,8 @@ int dq_cmd_bench(int argc, char **argv)
             all_err = errs;
         qsort(lat, n, sizeof *lat, cmp_u64);
         printf("%-8s %9llu %7llu %11.1f %10.2f %10.1f %10.1f %10.1f %10.1f\n", op < 0 ? "total" : op_names[op],
-               (unsigned long long)(n + errs), (unsigned long long)errs, (double)n / wall,
-               (double)bytes / wall / 1e6, pct(lat, n, 50) / 1e3, pct(lat, n, 99) / 1e3, pct(lat, n, 99.9) / 1e3,
+               (unsigned long long)(n + errs), (unsigned long long)errs, (double)n / wall, (double)bytes / wall / 1e6,
+               pct(lat, n, 50) / 1e3, pct(lat, n, 99) / 1e3, pct(lat, n, 99.9) / 1e3,
                n ? (double)lat[n - 1] / 1e3 : 0.0);
     }
     if (all_err) {

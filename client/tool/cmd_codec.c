@@ -314,8 +314,9 @@ static int demo_run(const demo_set *s)
                 streams += r.streams;
                 secs += r.encode_s;
             }
-            printf("%-18s %-6s %-2s %6u x %-4zu %8.4f %10.5f %8" PRIu64 " %12.0f\n", s->name, names[i], kind ? "V" : "K",
-                   s->tokens * s->layers, n, bits / s->layers, se / sx, retries, secs > 0 ? streams / secs : 0.0);
+            printf("%-18s %-6s %-2s %6u x %-4zu %8.4f %10.5f %8" PRIu64 " %12.0f\n", s->name, names[i],
+                   kind ? "V" : "K", s->tokens * s->layers, n, bits / s->layers, se / sx, retries,
+                   secs > 0 ? streams / secs : 0.0);
         }
     }
     free(xhat);

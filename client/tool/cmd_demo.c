@@ -79,9 +79,7 @@ static const char g_demo_help[] =
     "   ATTEND that appends the token's K/V and attends with the model's real query. Every output is\n"
     "   compared with exact attention over the original cache. Then GET (f32) and GET_RAW read the\n"
     "   cache back, STATS is printed, and a summary of what was achieved.\n"
-    "\n"
-    CLI_CONN_HELP
-    "\n"
+    "\n" CLI_CONN_HELP "\n"
     "EXIT STATUS\n"
     "   0 success, 1 a request failed or a check did not hold, 2 usage error.\n";
 
@@ -117,8 +115,12 @@ int dq_cmd_demo(int argc, char **argv)
             fputs(g_demo_help, stdout);
             cli_conn_free(&cc);
             return CLI_OK;
-        case OPT_DATA: dir = optarg; break;
-        case OPT_PROFILE: profile = optarg; break;
+        case OPT_DATA:
+            dir = optarg;
+            break;
+        case OPT_PROFILE:
+            profile = optarg;
+            break;
         case OPT_PREFILL:
             if (cli_u32(optarg, &prefill) || prefill < 1 || prefill >= T_) {
                 cli_conn_free(&cc);
@@ -142,7 +144,7 @@ int dq_cmd_demo(int argc, char **argv)
         return cli_error(CLI_FAILED, prog, "out of memory");
     }
     char path[4096];
-    void *kvraw = NULL, *qraw = NULL;   /* left NULL when a file cannot be read */
+    void *kvraw = NULL, *qraw = NULL; /* left NULL when a file cannot be read */
     size_t kvlen = 0, qlen = 0;
     snprintf(path, sizeof path, "%s/bytellama-19m/kv_f16.bin", dir);
     cli_slurp(path, &kvraw, &kvlen);
@@ -219,7 +221,8 @@ int dq_cmd_demo(int argc, char **argv)
     double put_s = cli_seconds_since(t0);
     printf("PUT prefill: %u tokens x %d layers in %.1f ms (%.1f MB/s of f16 K/V), %" PRIu64 " streams encoded, "
            "stored %" PRIu64 " bytes\n",
-           prefill, L_, put_s * 1e3, 2.0 * L_ * prefill * KVH * HD * 2 / put_s / 1e6, pr.streams_encoded, pr.stored_bytes);
+           prefill, L_, put_s * 1e3, 2.0 * L_ * prefill * KVH * HD * 2 / put_s / 1e6, pr.streams_encoded,
+           pr.stored_bytes);
 
     /* Decode steps: one ATTEND per layer per token, appending the token's K/V first. */
     t0 = cli_now_ns();
@@ -228,7 +231,8 @@ int dq_cmd_demo(int argc, char **argv)
             for (int i = 0; i < QH * HD; i++)
                 qf[i] = dq_f16_to_f32(q16[l * qper + (size_t)t * QH * HD + i]);
             /* the query and the appended K/V row travel as f32 */
-            const uint16_t *krow = k + l * per_layer + (size_t)t * KVH * HD, *vrow = v + l * per_layer + (size_t)t * KVH * HD;
+            const uint16_t *krow = k + l * per_layer + (size_t)t * KVH * HD,
+                           *vrow = v + l * per_layer + (size_t)t * KVH * HD;
             float kr[KVH * HD], vr[KVH * HD];
             for (int i = 0; i < KVH * HD; i++) {
                 kr[i] = dq_f16_to_f32(krow[i]);

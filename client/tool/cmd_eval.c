@@ -195,13 +195,16 @@ static void json_ci(const char *key, const eval_ci *c, int have)
 static void print_json(const eval_data *d, const eval_codec *c, const eval_result *r, const char *panel)
 {
     printf("{\"dataset\":\"%s\",\"codec\":\"%s\",\"type\":\"%s\"", d->name, r->label,
-           c->type == EVAL_CODEC_FIXED ? "fixed-width" : c->profile.codec_type == DQ_CODEC_DQUANT ? "dquant" : "baseline");
+           c->type == EVAL_CODEC_FIXED                ? "fixed-width"
+           : c->profile.codec_type == DQ_CODEC_DQUANT ? "dquant"
+                                                      : "baseline");
     if (panel)
         printf(",\"ablation\":\"%s\"", panel);
     printf(",\"stream_values\":%zu,\"tokens\":%u,\"layers\":%u,\"sequences\":%u", eval_data_stream_len(d), d->tokens,
            d->layers, d->seqs);
     if (c->type == EVAL_CODEC_FIXED)
-        printf(",\"levels\":[%u,%u]", fixedwidth_levels(&c->profile, DQ_KIND_K), fixedwidth_levels(&c->profile, DQ_KIND_V));
+        printf(",\"levels\":[%u,%u]", fixedwidth_levels(&c->profile, DQ_KIND_K),
+               fixedwidth_levels(&c->profile, DQ_KIND_V));
     else if (c->profile.codec_type == DQ_CODEC_DQUANT)
         printf(",\"levels\":[%u,%u],\"container_bytes\":[%u,%u],\"alpha\":%.3g", c->profile.levels[0],
                c->profile.levels[1], c->profile.container_bytes[0], c->profile.container_bytes[1],
@@ -227,8 +230,8 @@ static int load_data(const eval_args *a, eval_data *d)
 {
     char err[512];
     int rc = a->dataset ? eval_data_load_named(a->dataset, a->data, d, err, sizeof err)
-                        : eval_data_load_files(a->k, a->v, a->q, a->kv_heads, a->head_dim, a->q_heads, a->dtype, d,
-                                               err, sizeof err);
+                        : eval_data_load_files(a->k, a->v, a->q, a->kv_heads, a->head_dim, a->q_heads, a->dtype, d, err,
+                                               sizeof err);
     if (rc != DQ_OK)
         return cli_error(CLI_FAILED, PROG, "%s", err);
     return 0;
@@ -236,8 +239,8 @@ static int load_data(const eval_args *a, eval_data *d)
 
 /* The codecs of --codecs, resolved for the data's shape. */
 typedef struct codec_list {
-    eval_codec *codecs;   /* [MAX_CODECS] */
-    char (*why)[256];     /* [MAX_CODECS]: why codecs[i] cannot be made at this shape; "" when it can */
+    eval_codec *codecs; /* [MAX_CODECS] */
+    char (*why)[256];   /* [MAX_CODECS]: why codecs[i] cannot be made at this shape; "" when it can */
     size_t n;
 } codec_list;
 
@@ -314,10 +317,11 @@ static int run_codecs(const eval_args *a, const eval_data *d)
             if (l.why[i][0])
                 printf("\n%s", l.why[i]);
             else if (c->type == EVAL_CODEC_FIXED)
-                printf("\n%s: fixed-width at the storage of D-Quant profile %s (C %u/%u bytes): M %u/%u levels, charged "
-                       "log2(M) bits per symbol + the same metadata.",
-                       c->label, c->profile.name, c->profile.container_bytes[0], c->profile.container_bytes[1],
-                       fixedwidth_levels(&c->profile, DQ_KIND_K), fixedwidth_levels(&c->profile, DQ_KIND_V));
+                printf(
+                    "\n%s: fixed-width at the storage of D-Quant profile %s (C %u/%u bytes): M %u/%u levels, charged "
+                    "log2(M) bits per symbol + the same metadata.",
+                    c->label, c->profile.name, c->profile.container_bytes[0], c->profile.container_bytes[1],
+                    fixedwidth_levels(&c->profile, DQ_KIND_K), fixedwidth_levels(&c->profile, DQ_KIND_V));
         }
         printf("\n");
     }
@@ -339,7 +343,8 @@ static int run_ablation(const eval_args *a, const eval_data *d)
         char what[64];
         snprintf(what, sizeof what, "Ablation '%s'", a->ablation);
         print_data_header(d, &a->opts, what);
-        printf("| panel: configuration | C K/V bytes | M K/V | alpha | moved K/V %% | bits/value | K bits | V bits | K NMSE [95%% CI] | "
+        printf("| panel: configuration | C K/V bytes | M K/V | alpha | moved K/V %% | bits/value | K bits | V bits | K "
+               "NMSE [95%% CI] | "
                "V NMSE [95%% CI] | score KL, nats [95%% CI] | attn out rel. err [95%% CI] |\n");
         printf("|---|---|---|---|---|---:|---:|---:|---|---|---|---|\n");
     }
@@ -354,9 +359,8 @@ static int run_ablation(const eval_args *a, const eval_data *d)
                        row->levels[1], (double)row->alpha, dq_err_name(row->rc));
             else
                 printf("| %s: %s | %u/%u | %u/%u | %.1f | - | - | - | - | does not fit: %s | | | |\n", row->panel,
-                       row->codec.label,
-                       row->containers[0], row->containers[1], row->levels[0], row->levels[1], (double)row->alpha,
-                       dq_err_name(row->rc));
+                       row->codec.label, row->containers[0], row->containers[1], row->levels[0], row->levels[1],
+                       (double)row->alpha, dq_err_name(row->rc));
             continue;
         }
         eval_result r;
@@ -371,8 +375,7 @@ static int run_ablation(const eval_args *a, const eval_data *d)
             char lead[256];
             const double nv = (double)eval_data_stream_len(d);
             snprintf(lead, sizeof lead, "%s: %s | %u/%u | %u/%u | %.1f | %.2f/%.2f", row->panel, row->codec.label,
-                     row->containers[0],
-                     row->containers[1], row->levels[0], row->levels[1], (double)row->alpha,
+                     row->containers[0], row->containers[1], row->levels[0], row->levels[1], (double)row->alpha,
                      100.0 * (double)r.symbols_moved[0] / ((double)r.streams[0] * nv),
                      100.0 * (double)r.symbols_moved[1] / ((double)r.streams[1] * nv));
             /* the label is the configuration; the lead columns carry it already */
@@ -430,7 +433,8 @@ static int run_drift(const eval_args *a, const eval_data *d)
                        d->name, c->label, k ? "v" : "k", dr.levels, dr.container, dr.moved_fraction, dr.max_move,
                        dr.retries, dr.fallbacks, dr.fill, dr.entropy, dr.excess_table, dr.excess_model, dr.coding_gain);
             else
-                printf("| %s | %s | %u | %u | %.3f | %u | %" PRIu64 " | %" PRIu64 " | %.2f | %.4f | %.4f | %.4f | %.4f |\n",
+                printf("| %s | %s | %u | %u | %.3f | %u | %" PRIu64 " | %" PRIu64
+                       " | %.2f | %.4f | %.4f | %.4f | %.4f |\n",
                        c->label, k ? "V" : "K", dr.levels, dr.container, 100.0 * dr.moved_fraction, dr.max_move,
                        dr.retries, dr.fallbacks, 100.0 * dr.fill, dr.entropy, dr.excess_table, dr.excess_model,
                        dr.coding_gain);

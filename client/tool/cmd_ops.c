@@ -8,8 +8,8 @@
 #include "cli_common.h"
 #include "commands.h"
 
-#define EXIT_HELP                                                                   \
-    "EXIT STATUS\n"                                                                 \
+#define EXIT_HELP                                                                       \
+    "EXIT STATUS\n"                                                                     \
     "       0 on success, 1 when the request failed (connection or server error, the\n" \
     "       reason on stderr), 2 on a usage error.\n"
 
@@ -25,15 +25,15 @@
 
 /* ---- sequence options shared by several subcommands ---- */
 
-#define SEQ_HELP                                                                            \
-    "   --ns NAMESPACE\n"                                                                   \
-    "       Namespace of the sequence (default: the empty namespace).\n"                    \
-    "   --key KEY, --key-hex HEX\n"                                                         \
+#define SEQ_HELP                                                         \
+    "   --ns NAMESPACE\n"                                                \
+    "       Namespace of the sequence (default: the empty namespace).\n" \
+    "   --key KEY, --key-hex HEX\n"                                      \
     "       The sequence's key, as text or as hex-encoded bytes (one of them is required).\n"
 
 typedef struct seq_arg {
     const char *ns;
-    uint8_t *key;   /* owned */
+    uint8_t *key; /* owned */
     size_t key_len;
     int set;
 } seq_arg;
@@ -127,7 +127,7 @@ int dq_cmd_register(int argc, char **argv)
     if (status != CLI_CONTINUE)
         goto out;
     EXIT_IF(!spec.name, CLI_USAGE, "--model is required");
-    status = CLI_USAGE;   /* an unreadable --profile-file is a usage error */
+    status = CLI_USAGE; /* an unreadable --profile-file is a usage error */
     if (profile_file) {
         size_t len;
         if (cli_read_file(profile_file, SIZE_MAX, &profile, &len))
@@ -176,8 +176,7 @@ static const char put_help[] =
     "\n"
     "OPTIONS\n"
     "   --model NAME\n"
-    "       A registered model (see dquant register).\n" SEQ_HELP
-    "   --start START\n"
+    "       A registered model (see dquant register).\n" SEQ_HELP "   --start START\n"
     "       First token position (default 0).\n"
     "   --layer LAYER, --layers N\n"
     "       First layer and number of layers written (defaults 0 and 1).\n"
@@ -288,8 +287,7 @@ static const char get_help[] =
     "       PREFIX.L<layer>.records (window records back to back) and PREFIX.L<layer>.tail_k /\n"
     "       .tail_v (BF16 tail), ready for libdquant's dq_profile_deserialize / dq_layer_restore.\n"
     "\n"
-    "OPTIONS\n" SEQ_HELP
-    "   --layer L, --layers N\n"
+    "OPTIONS\n" SEQ_HELP "   --layer L, --layers N\n"
     "       First layer (default 0) and number of layers (default 0: every layer from L).\n"
     "   --start S, --tokens T\n"
     "       Token range (defaults 0 and 0: up to the end).\n"
@@ -453,8 +451,7 @@ static const char attend_help[] =
     "       item's output RMS and the log-sum-exp of its first heads; --out writes the f32 output\n"
     "       [ITEMS, Q, D] and --lse the f32 log-sum-exp [ITEMS, Q].\n"
     "\n"
-    "OPTIONS\n" SEQ_HELP
-    "       Repeat --key / --key-hex for a batch of items.\n"
+    "OPTIONS\n" SEQ_HELP "       Repeat --key / --key-hex for a batch of items.\n"
     "   --layer L\n"
     "       Layer attended (default 0).\n"
     "   --q-heads Q, --head-dim D, --kv-heads H\n"
@@ -478,7 +475,7 @@ static const char attend_help[] =
 
 /* The batch of an attend: one sequence per --key / --key-hex, in order. */
 typedef struct key_list {
-    seq_arg *keys;   /* MAX_ATTEND_KEYS */
+    seq_arg *keys; /* MAX_ATTEND_KEYS */
     size_t n;
 } key_list;
 
@@ -651,14 +648,13 @@ static const char pin_help[] =
     "\n"
     "OPTIONS\n" SEQ_HELP CLI_CONN_HELP "\n" EXIT_HELP;
 
-static const char unpin_help[] =
-    "NAME\n"
-    "       dquant unpin - make a pinned sequence evictable again\n"
-    "\n"
-    "SYNOPSIS\n"
-    "       dquant unpin (--key KEY | --key-hex HEX) [--ns NS]\n"
-    "\n"
-    "OPTIONS\n" SEQ_HELP CLI_CONN_HELP "\n" EXIT_HELP;
+static const char unpin_help[] = "NAME\n"
+                                 "       dquant unpin - make a pinned sequence evictable again\n"
+                                 "\n"
+                                 "SYNOPSIS\n"
+                                 "       dquant unpin (--key KEY | --key-hex HEX) [--ns NS]\n"
+                                 "\n"
+                                 "OPTIONS\n" SEQ_HELP CLI_CONN_HELP "\n" EXIT_HELP;
 
 static int seq_command(int argc, char **argv, const char *prog, const char *help,
                        int (*fn)(dqc_client *, const dqc_seq *))
@@ -835,8 +831,7 @@ int dq_cmd_ping(int argc, char **argv)
         dqc_server_info in;
         dqc_server(c, &in);
         printf("PING %s: dquantd %s, protocol %u, backend %s, max payload %llu, max batch %u, profiles", cc.addr,
-               in.server_version, in.version, in.backend, (unsigned long long)in.max_payload_bytes,
-               in.max_batch_items);
+               in.server_version, in.version, in.backend, (unsigned long long)in.max_payload_bytes, in.max_batch_items);
         for (size_t i = 0; i < in.nprofiles; i++)
             printf("%s%s", i ? "," : " ", in.profiles[i]);
         printf("\n");

@@ -48,21 +48,20 @@ static void usage(FILE *out)
             DQC_DEFAULT_ADDR, DQC_DEFAULT_TCP);
     for (size_t i = 0; i < sizeof subcmds / sizeof subcmds[0]; i++)
         fprintf(out, "   %-9s %s\n", subcmds[i].name, subcmds[i].summary);
-    fprintf(out,
-            "\n"
-            "ENVIRONMENT\n"
-            "   DQUANT_CONNECT   default daemon address\n"
-            "   DQUANT_SECRET    default shared secret\n"
-            "\n"
-            "EXIT STATUS\n"
-            "       0 on success, 1 when an operation failed, 2 on a usage error.\n"
-            "\n"
-            "EXAMPLES\n"
-            "       dquant ping\n"
-            "       dquant register --model m --layers 32 --q-heads 32 --kv-heads 8 --head-dim 128\n"
-            "       dquant put --model m --key req-1 --layers 32 --tokens 512 --random 1\n"
-            "       dquant attend --key req-1 --layer 0 --random 2\n"
-            "       dquant bench --connections 2 --requests 1000 --mix put=20,get=40,attend=40\n");
+    fprintf(out, "\n"
+                 "ENVIRONMENT\n"
+                 "   DQUANT_CONNECT   default daemon address\n"
+                 "   DQUANT_SECRET    default shared secret\n"
+                 "\n"
+                 "EXIT STATUS\n"
+                 "       0 on success, 1 when an operation failed, 2 on a usage error.\n"
+                 "\n"
+                 "EXAMPLES\n"
+                 "       dquant ping\n"
+                 "       dquant register --model m --layers 32 --q-heads 32 --kv-heads 8 --head-dim 128\n"
+                 "       dquant put --model m --key req-1 --layers 32 --tokens 512 --random 1\n"
+                 "       dquant attend --key req-1 --layer 0 --random 2\n"
+                 "       dquant bench --connections 2 --requests 1000 --mix put=20,get=40,attend=40\n");
 }
 
 int main(int argc, char **argv)

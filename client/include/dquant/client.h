@@ -71,19 +71,19 @@ typedef struct dqc_client dqc_client;
 /* ---- options and connection ---- */
 
 typedef struct dqc_options {
-    uint32_t size;                  /* sizeof(dqc_options); set by dqc_options_default */
-    int connect_timeout_ms;         /* per connection attempt; default 5000; <= 0: no limit */
-    int io_timeout_ms;              /* longest wait without progress while sending or receiving
-                                       one request; default 60000; <= 0: no limit */
-    const char *client_name;        /* sent in HELLO; copied by dqc_connect; NULL: "libdquant-client" */
-    const void *secret;             /* shared secret sent in HELLO; copied by dqc_connect; may be NULL */
+    uint32_t size;           /* sizeof(dqc_options); set by dqc_options_default */
+    int connect_timeout_ms;  /* per connection attempt; default 5000; <= 0: no limit */
+    int io_timeout_ms;       /* longest wait without progress while sending or receiving
+                                one request; default 60000; <= 0: no limit */
+    const char *client_name; /* sent in HELLO; copied by dqc_connect; NULL: "libdquant-client" */
+    const void *secret;      /* shared secret sent in HELLO; copied by dqc_connect; may be NULL */
     size_t secret_len;
-    int auto_reconnect;             /* default 1; 0: a broken handle fails with DQ_CONNECTION until
-                                       dqc_reconnect() */
-    uint32_t reconnect_attempts;    /* connection attempts per reconnect; default 5 */
-    uint32_t reconnect_backoff_ms;  /* delay before the 2nd attempt, doubling after; default 20 */
-    uint32_t max_reply_header;      /* largest protobuf reply header accepted; default 64 MiB */
-    uint64_t max_reply_payload;     /* largest reply payload accepted; default 64 GiB */
+    int auto_reconnect;            /* default 1; 0: a broken handle fails with DQ_CONNECTION until
+                                      dqc_reconnect() */
+    uint32_t reconnect_attempts;   /* connection attempts per reconnect; default 5 */
+    uint32_t reconnect_backoff_ms; /* delay before the 2nd attempt, doubling after; default 20 */
+    uint32_t max_reply_header;     /* largest protobuf reply header accepted; default 64 MiB */
+    uint64_t max_reply_payload;    /* largest reply payload accepted; default 64 GiB */
 } dqc_options;
 
 /* Fills *opts with the defaults above. */
@@ -125,13 +125,13 @@ DQC_API const char *dqc_version(void);
 #define DQC_INFO_STR 64
 #define DQC_INFO_LIST 16
 typedef struct dqc_server_info {
-    uint32_t version;                            /* wire protocol version chosen (1) */
+    uint32_t version; /* wire protocol version chosen (1) */
     char server_version[DQC_INFO_STR];
-    char backend[DQC_INFO_STR];                  /* "cpu", "cuda" */
-    uint64_t max_frame_bytes;                    /* 0: not stated */
-    uint64_t max_payload_bytes;                  /* 0: not stated */
-    uint32_t max_batch_items;                    /* 0: not stated */
-    size_t nprofiles;                            /* built-in profiles (at most DQC_INFO_LIST kept) */
+    char backend[DQC_INFO_STR]; /* "cpu", "cuda" */
+    uint64_t max_frame_bytes;   /* 0: not stated */
+    uint64_t max_payload_bytes; /* 0: not stated */
+    uint32_t max_batch_items;   /* 0: not stated */
+    size_t nprofiles;           /* built-in profiles (at most DQC_INFO_LIST kept) */
     char profiles[DQC_INFO_LIST][DQC_INFO_STR];
     size_t nfeatures;
     char features[DQC_INFO_LIST][DQC_INFO_STR];
@@ -153,18 +153,18 @@ typedef struct dqc_seq {
 /* ---- REGISTER_MODEL ---- */
 
 typedef struct dqc_model_spec {
-    const char *name;           /* required, non-empty */
+    const char *name; /* required, non-empty */
     uint32_t layers, q_heads, kv_heads, head_dim;
-    const char *profile_name;   /* a built-in profile ("dq226", "dq196"), or NULL when profile is set */
-    const void *profile;        /* a serialized dq_profile; wins over profile_name; may be NULL */
+    const char *profile_name; /* a built-in profile ("dq226", "dq196"), or NULL when profile is set */
+    const void *profile;      /* a serialized dq_profile; wins over profile_name; may be NULL */
     size_t profile_len;
 } dqc_model_spec;
 
 typedef struct dqc_model_info {
-    int existed;                        /* an identical model was already registered */
+    int existed; /* an identical model was already registered */
     double bits_per_value;
     size_t profile_len;
-    uint8_t profile[DQC_PROFILE_MAX];   /* serialized profile the server uses */
+    uint8_t profile[DQC_PROFILE_MAX]; /* serialized profile the server uses */
 } dqc_model_info;
 
 /* Registers a model (idempotent for an identical spec; a different spec under the same name is
@@ -189,8 +189,8 @@ typedef struct dqc_put_args {
 } dqc_put_args;
 
 typedef struct dqc_put_result {
-    uint64_t tokens;            /* length of the first written layer after the PUT */
-    uint64_t stored_bytes;      /* bytes the sequence now holds */
+    uint64_t tokens;       /* length of the first written layer after the PUT */
+    uint64_t stored_bytes; /* bytes the sequence now holds */
     uint64_t streams_encoded;
     uint64_t retries;
 } dqc_put_result;
@@ -203,20 +203,20 @@ DQC_API int dqc_put(dqc_client *client, const dqc_put_args *args, dqc_put_result
 typedef struct dqc_get_args {
     dqc_seq seq;
     uint32_t first_layer;
-    uint32_t num_layers;        /* 0: every layer from first_layer */
+    uint32_t num_layers; /* 0: every layer from first_layer */
     uint64_t start_token;
-    uint64_t tokens;            /* 0: up to the end */
-    dq_dtype dtype;             /* of the returned tensors */
+    uint64_t tokens; /* 0: up to the end */
+    dq_dtype dtype;  /* of the returned tensors */
 } dqc_get_args;
 
 typedef struct dqc_get_result {
     uint64_t start_token, tokens;
     uint32_t num_layers, kv_heads, head_dim;
     dq_dtype dtype;
-    const void *k, *v;          /* [num_layers, tokens, kv_heads, head_dim] of dtype; owned by the result */
-    size_t bytes;               /* of k, and of v */
-    void *mem_;                 /* private */
-    size_t mem_cap_;            /* private */
+    const void *k, *v; /* [num_layers, tokens, kv_heads, head_dim] of dtype; owned by the result */
+    size_t bytes;      /* of k, and of v */
+    void *mem_;        /* private */
+    size_t mem_cap_;   /* private */
 } dqc_get_result;
 
 /* res: zero-initialized or previously filled (its memory is reused). */
@@ -228,23 +228,23 @@ DQC_API void dqc_get_result_free(dqc_get_result *res);
 
 typedef struct dqc_raw_layer {
     uint32_t layer;
-    uint64_t tokens;            /* tokens held: windows · W + tail_tokens */
+    uint64_t tokens; /* tokens held: windows · W + tail_tokens */
     uint64_t windows;
-    const uint8_t *records;     /* windows window records back to back (see dquant/codec.h) */
+    const uint8_t *records; /* windows window records back to back (see dquant/codec.h) */
     size_t records_bytes;
     uint64_t tail_tokens;
-    const void *tail_k, *tail_v;   /* BF16 [tail_tokens, kv_heads, head_dim] (little endian) */
-    size_t tail_bytes;             /* of tail_k, and of tail_v */
+    const void *tail_k, *tail_v; /* BF16 [tail_tokens, kv_heads, head_dim] (little endian) */
+    size_t tail_bytes;           /* of tail_k, and of tail_v */
 } dqc_raw_layer;
 
 typedef struct dqc_raw_result {
     size_t profile_len;
-    uint8_t profile[DQC_PROFILE_MAX];  /* serialized dq_profile (dq_profile_deserialize) */
+    uint8_t profile[DQC_PROFILE_MAX]; /* serialized dq_profile (dq_profile_deserialize) */
     size_t nlayers;
-    dqc_raw_layer *layers;             /* owned by the result */
-    void *mem_;                        /* private */
-    size_t mem_cap_;                   /* private */
-    size_t layers_cap_;                /* private */
+    dqc_raw_layer *layers; /* owned by the result */
+    void *mem_;            /* private */
+    size_t mem_cap_;       /* private */
+    size_t layers_cap_;    /* private */
 } dqc_raw_result;
 
 /* Whole layers [first_layer, first_layer + num_layers) (num_layers 0: to the last layer). */
@@ -257,17 +257,17 @@ DQC_API void dqc_raw_result_free(dqc_raw_result *res);
 typedef struct dqc_attend_item {
     dqc_seq seq;
     uint32_t layer;
-    const void *q;              /* [q_heads, head_dim] of args.dtype; borrowed */
-    const void *append_k;       /* NULL, or [1, kv_heads, head_dim] of args.dtype appended first */
-    const void *append_v;       /* NULL exactly when append_k is NULL */
+    const void *q;        /* [q_heads, head_dim] of args.dtype; borrowed */
+    const void *append_k; /* NULL, or [1, kv_heads, head_dim] of args.dtype appended first */
+    const void *append_v; /* NULL exactly when append_k is NULL */
 } dqc_attend_item;
 
 typedef struct dqc_attend_args {
     const dqc_attend_item *items;
-    size_t nitems;              /* 1 .. the server's max_batch_items */
-    uint32_t q_heads, kv_heads, head_dim;   /* kv_heads is needed only with appends */
-    dq_dtype dtype;             /* of q and the appended K/V */
-    float scale;                /* 0: 1/sqrt(head_dim) */
+    size_t nitems;                        /* 1 .. the server's max_batch_items */
+    uint32_t q_heads, kv_heads, head_dim; /* kv_heads is needed only with appends */
+    dq_dtype dtype;                       /* of q and the appended K/V */
+    float scale;                          /* 0: 1/sqrt(head_dim) */
 } dqc_attend_args;
 
 /* Writes out [nitems, q_heads, head_dim] and, when lse is not NULL, lse [nitems, q_heads] (both
@@ -277,12 +277,12 @@ DQC_API int dqc_attend(dqc_client *client, const dqc_attend_args *args, float *o
 /* ---- COMPRESS / DECOMPRESS: stateless codec calls ---- */
 
 typedef struct dqc_compress_args {
-    const char *model;          /* a registered model's profile, or NULL and: */
-    const char *profile_name;   /* a built-in profile instantiated for kv_heads × head_dim */
-    uint32_t kv_heads, head_dim;   /* the shape of x; always required */
-    int kind;                   /* 0 keys, 1 values */
+    const char *model;           /* a registered model's profile, or NULL and: */
+    const char *profile_name;    /* a built-in profile instantiated for kv_heads × head_dim */
+    uint32_t kv_heads, head_dim; /* the shape of x; always required */
+    int kind;                    /* 0 keys, 1 values */
     dq_dtype dtype;
-    const void *x;              /* [tokens, kv_heads, head_dim] of dtype; borrowed */
+    const void *x; /* [tokens, kv_heads, head_dim] of dtype; borrowed */
     uint64_t tokens;
 } dqc_compress_args;
 
@@ -290,25 +290,25 @@ typedef struct dqc_compress_result {
     size_t profile_len;
     uint8_t profile[DQC_PROFILE_MAX];
     uint64_t tokens;
-    const uint8_t *means;       /* keys: one mean block per W tokens; NULL for values */
+    const uint8_t *means; /* keys: one mean block per W tokens; NULL for values */
     size_t means_bytes;
-    const uint8_t *records;     /* tokens · record_bytes */
+    const uint8_t *records; /* tokens · record_bytes */
     size_t records_bytes;
     double bits_per_value;
     uint64_t retries;
-    void *mem_;                 /* private */
-    size_t mem_cap_;            /* private */
+    void *mem_;      /* private */
+    size_t mem_cap_; /* private */
 } dqc_compress_result;
 
 DQC_API int dqc_compress(dqc_client *client, const dqc_compress_args *args, dqc_compress_result *res);
 DQC_API void dqc_compress_result_free(dqc_compress_result *res);
 
 typedef struct dqc_decompress_args {
-    const void *profile;        /* serialized dq_profile */
+    const void *profile; /* serialized dq_profile */
     size_t profile_len;
-    int kind;                   /* 0 keys, 1 values */
+    int kind; /* 0 keys, 1 values */
     uint64_t tokens;
-    const void *means;          /* keys: mean blocks as returned by COMPRESS; NULL for values */
+    const void *means; /* keys: mean blocks as returned by COMPRESS; NULL for values */
     size_t means_bytes;
     const void *records;
     size_t records_bytes;
@@ -318,11 +318,11 @@ typedef struct dqc_decompress_args {
 typedef struct dqc_decompress_result {
     dq_dtype dtype;
     uint32_t ndim;
-    uint64_t shape[4];          /* [tokens, kv_heads, head_dim] */
-    const void *x;              /* owned by the result */
+    uint64_t shape[4]; /* [tokens, kv_heads, head_dim] */
+    const void *x;     /* owned by the result */
     size_t bytes;
-    void *mem_;                 /* private */
-    size_t mem_cap_;            /* private */
+    void *mem_;      /* private */
+    size_t mem_cap_; /* private */
 } dqc_decompress_result;
 
 DQC_API int dqc_decompress(dqc_client *client, const dqc_decompress_args *args, dqc_decompress_result *res);
@@ -349,10 +349,10 @@ typedef struct dqc_gauge {
 
 typedef struct dqc_stats_result {
     size_t ncounters;
-    dqc_counter *counters;      /* sorted by name; owned by the result */
+    dqc_counter *counters; /* sorted by name; owned by the result */
     size_t ngauges;
-    dqc_gauge *gauges;          /* sorted by name; owned by the result */
-    void *mem_;                 /* private */
+    dqc_gauge *gauges; /* sorted by name; owned by the result */
+    void *mem_;        /* private */
 } dqc_stats_result;
 
 DQC_API int dqc_stats(dqc_client *client, dqc_stats_result *res);
