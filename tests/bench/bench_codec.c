@@ -350,8 +350,8 @@ int main(int argc, char **argv)
         for (size_t w = 0; w < dq_layer_window_count(layer); w++) {
             const uint8_t *win = dq_layer_window(layer, w);
             for (int kind = 0; kind < 2; kind++)
-                dsp->decode_levels(&c->kt[kind].dec, dq_window_record(c, win, (dq_kind)kind, 0),
-                                   c->record_bytes[kind], p.window, c->kt[kind].container, (uint32_t)n, ws->levels);
+                dsp->decode_levels(&c->kt[kind].dec, dq_window_record(c, win, (dq_kind)kind, 0), c->record_bytes[kind],
+                                   p.window, c->kt[kind].container, (uint32_t)n, ws->levels);
         }
         td[r] = now() - t0;
     }
@@ -360,8 +360,8 @@ int main(int argc, char **argv)
            "attention %.0f tokens/s (%.2f ms) | ratio %.2fx\n",
            (double)T / a, a * 1e3, (double)T / b, b * 1e3, b / a);
     printf("attend  vs bare decode of the same K+V streams (%.2f ms): %.2fx (target <= 1.5x)\n", dd * 1e3, a / dd);
-    printf("layer   append of 32K BF16 tokens (encode K and V): %.0f tokens/s, %.2f bits/value stored\n", (double)T / te,
-           8.0 * (double)dq_layer_stored_bytes(layer) / (2.0 * (double)T * n));
+    printf("layer   append of 32K BF16 tokens (encode K and V): %.0f tokens/s, %.2f bits/value stored\n",
+           (double)T / te, 8.0 * (double)dq_layer_stored_bytes(layer) / (2.0 * (double)T * n));
     dq_layer_free(layer);
     dq_workspace_free(ws);
     dq_codec_free(c);

@@ -51,9 +51,14 @@ typedef struct bench_opts {
     int redis;
 } bench_opts;
 
-static bench_opts O = {.seconds = 3, .clients = 2, .attend_tokens = 32768, .attend_seqs = 32, .attend_reps = 20,
-                       .attend_seconds = 60, .redis = 1};
-static const char *ADDR;   /* the daemon's address used by the benchmark */
+static bench_opts O = {.seconds = 3,
+                       .clients = 2,
+                       .attend_tokens = 32768,
+                       .attend_seqs = 32,
+                       .attend_reps = 20,
+                       .attend_seconds = 60,
+                       .redis = 1};
+static const char *ADDR; /* the daemon's address used by the benchmark */
 static dqd_daemon DAEMON;
 
 static double now_s(void)
@@ -120,18 +125,25 @@ static double percentile(double *v, size_t n, double p)
 
 static void register_model(dqc_client *c)
 {
-    dqc_model_spec spec = {.name = "bench-n1024", .layers = 1, .q_heads = QH, .kv_heads = KVH, .head_dim = HD,
-                           .profile_name = "dq226"};
+    dqc_model_spec spec = {
+        .name = "bench-n1024", .layers = 1, .q_heads = QH, .kv_heads = KVH, .head_dim = HD, .profile_name = "dq226"};
     int rc = dqc_register_model(c, &spec, NULL);
     if (rc)
         die("register model", c, rc);
 }
 
-static int put_tokens(dqc_client *c, dqc_seq s, uint64_t start, uint64_t tokens, const uint16_t *k,
-                      const uint16_t *v)
+static int put_tokens(dqc_client *c, dqc_seq s, uint64_t start, uint64_t tokens, const uint16_t *k, const uint16_t *v)
 {
-    dqc_put_args a = {.seq = s, .model = "bench-n1024", .start_token = start, .num_layers = 1, .tokens = tokens,
-                      .kv_heads = KVH, .head_dim = HD, .dtype = DQ_DTYPE_BF16, .k = k, .v = v};
+    dqc_put_args a = {.seq = s,
+                      .model = "bench-n1024",
+                      .start_token = start,
+                      .num_layers = 1,
+                      .tokens = tokens,
+                      .kv_heads = KVH,
+                      .head_dim = HD,
+                      .dtype = DQ_DTYPE_BF16,
+                      .k = k,
+                      .v = v};
     return dqc_put(c, &a, NULL);
 }
 
@@ -145,7 +157,7 @@ typedef struct put_worker {
     pthread_t th;
     const uint16_t *k, *v;
     double deadline;
-    uint64_t tokens;   /* accepted */
+    uint64_t tokens; /* accepted */
     int inproc;
     int rc;
 } put_worker;
@@ -220,7 +232,7 @@ static double run_put(int inproc, const uint16_t *k, const uint16_t *v)
         tokens += ws[i].tokens;
     }
     double dt = now_s() - t0;
-    return (double)tokens * NV * 2 * 2 / dt;   /* K and V, 2 bytes each */
+    return (double)tokens * NV * 2 * 2 / dt; /* K and V, 2 bytes each */
 }
 
 static void bench_put(void)
@@ -450,7 +462,8 @@ static void bench_get(dqc_client *c, redis *r)
     dqc_raw_result_free(&raw);
 
     double mc_dec = memcpy_rate(req_bytes), mc_raw = memcpy_rate(raw_bytes);
-    double rd_dec = r->fd >= 0 ? redis_get_rate(r, req_bytes) : 0, rd_raw = r->fd >= 0 ? redis_get_rate(r, raw_bytes) : 0;
+    double rd_dec = r->fd >= 0 ? redis_get_rate(r, req_bytes) : 0,
+           rd_raw = r->fd >= 0 ? redis_get_rate(r, raw_bytes) : 0;
     printf("GET     decompressed: %d tokens of K+V as BF16 (%zu bytes) per request, 1 connection\n", GET_TOKENS,
            req_bytes);
     printf("        daemon: %8.1f MB/s   memcpy: %9.1f MB/s (ratio %.4f)", dec / 1e6, mc_dec / 1e6, dec / mc_dec);
@@ -551,17 +564,25 @@ static void bench_attend(dqc_client *c)
     char(*keys)[32] = calloc((size_t)S, sizeof *keys);
     for (int i = 0; i < S; i++) {
         snprintf(keys[i], sizeof keys[i], "att-%d", i);
-        items[i] = (dqc_attend_item){.seq = {"bench", keys[i], strlen(keys[i])}, .layer = 0, .q = q + (size_t)i * QH * HD};
-        ri[i] = (dq_attn_item){.layer = layers[i], .q = q + (size_t)i * QH * HD, .out = out + (size_t)i * QH * HD,
+        items[i] = (dqc_attend_item){
+            .seq = {"bench", keys[i], strlen(keys[i])}, .layer = 0, .q = q + (size_t)i * QH * HD};
+        ri[i] = (dq_attn_item){.layer = layers[i],
+                               .q = q + (size_t)i * QH * HD,
+                               .out = out + (size_t)i * QH * HD,
                                .lse = lse + (size_t)i * QH};
     }
     int batches[2] = {1, S};
-    double *lat_d = malloc((size_t)O.attend_reps * sizeof *lat_d), *lat_r = malloc((size_t)O.attend_reps * sizeof *lat_r);
+    double *lat_d = malloc((size_t)O.attend_reps * sizeof *lat_d),
+           *lat_r = malloc((size_t)O.attend_reps * sizeof *lat_r);
     printf("ATTEND  one layer, %llu-token sequences, %d q heads x %d (GQA over %d KV heads), q in f32\n",
            (unsigned long long)O.attend_tokens, QH, HD, KVH);
     for (int b = 0; b < (S > 1 ? 2 : 1); b++) {
         int nb = batches[b];
-        dqc_attend_args aa = {.items = items, .nitems = (size_t)nb, .q_heads = QH, .kv_heads = KVH, .head_dim = HD,
+        dqc_attend_args aa = {.items = items,
+                              .nitems = (size_t)nb,
+                              .q_heads = QH,
+                              .kv_heads = KVH,
+                              .head_dim = HD,
                               .dtype = DQ_DTYPE_F32};
         /* --attend-reps requests, unless they take longer than --attend-seconds (3 at least). */
         int reps = 0;
@@ -782,8 +803,8 @@ int main(int argc, char **argv)
     dqc_client *c = connect_or_die();
     dqc_server_info info;
     dqc_server(c, &info);
-    printf("bench_daemon: dquantd %s (backend %s) at %s; %d client(s); %ld CPU(s)\n", info.server_version,
-           info.backend, ADDR, O.clients, sysconf(_SC_NPROCESSORS_ONLN));
+    printf("bench_daemon: dquantd %s (backend %s) at %s; %d client(s); %ld CPU(s)\n", info.server_version, info.backend,
+           ADDR, O.clients, sysconf(_SC_NPROCESSORS_ONLN));
     register_model(c);
     redis rd;
     if (redis_start(&rd))

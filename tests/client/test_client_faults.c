@@ -20,13 +20,13 @@
 
 typedef enum fault {
     F_NONE,
-    F_CLOSE_BEFORE_REPLY,   /* close the connection instead of answering request #fault_at */
+    F_CLOSE_BEFORE_REPLY, /* close the connection instead of answering request #fault_at */
     F_BAD_CRC,
     F_WRONG_ID,
     F_TENSOR_OOB,
     F_NO_REPLY,
     F_ERROR_REPLY,
-    F_SHORT_REPLY,          /* send half a reply, then close */
+    F_SHORT_REPLY, /* send half a reply, then close */
     F_WRONG_BODY,
 } fault;
 
@@ -36,12 +36,12 @@ typedef struct server {
     pthread_t thread;
     _Atomic int stop;
     _Atomic int fault;
-    _Atomic int fault_once;        /* 1: the fault hits the next request only; 0: every request */
-    _Atomic int total_requests;    /* over all connections */
-    _Atomic int connections;       /* accepted so far */
-    _Atomic int puts;              /* PUT requests that were answered */
-    const char *secret;            /* required in HELLO when set */
-    uint64_t max_payload;          /* announced in HELLO (0: 64 MiB) */
+    _Atomic int fault_once;     /* 1: the fault hits the next request only; 0: every request */
+    _Atomic int total_requests; /* over all connections */
+    _Atomic int connections;    /* accepted so far */
+    _Atomic int puts;           /* PUT requests that were answered */
+    const char *secret;         /* required in HELLO when set */
+    uint64_t max_payload;       /* announced in HELLO (0: 64 MiB) */
 } server;
 
 static server srv;
@@ -148,8 +148,8 @@ static void serve(int fd)
             const Dquant__Hello *hq = req->hello;
             cr_assert_eq(hq->min_version, 1);
             cr_assert_eq(hq->max_version, 1);
-            if (srv.secret && (hq->secret.len != strlen(srv.secret) ||
-                               memcmp(hq->secret.data, srv.secret, hq->secret.len) != 0)) {
+            if (srv.secret &&
+                (hq->secret.len != strlen(srv.secret) || memcmp(hq->secret.data, srv.secret, hq->secret.len) != 0)) {
                 reply_error(fd, id, DQ_UNAUTHENTICATED, "UNAUTHENTICATED", "bad secret");
                 dquant__request__free_unpacked(req, NULL);
                 free(buf);
@@ -428,8 +428,16 @@ Test(client_faults, every_operation_round_trips)
     float k[2 * 3 * 2 * 4], v[2 * 3 * 2 * 4];
     for (size_t i = 0; i < 48; i++)
         k[i] = v[i] = (float)i;
-    dqc_put_args pa = {.seq = {"ns", "key", 3}, .model = "m", .start_token = 5, .num_layers = 2, .tokens = 3,
-                       .kv_heads = 2, .head_dim = 4, .dtype = DQ_DTYPE_F32, .k = k, .v = v};
+    dqc_put_args pa = {.seq = {"ns", "key", 3},
+                       .model = "m",
+                       .start_token = 5,
+                       .num_layers = 2,
+                       .tokens = 3,
+                       .kv_heads = 2,
+                       .head_dim = 4,
+                       .dtype = DQ_DTYPE_F32,
+                       .k = k,
+                       .v = v};
     dqc_put_result pr;
     cr_assert_eq(dqc_put(c, &pa, &pr), 0, "%s", dqc_last_error(c));
     cr_assert_eq(pr.tokens, 8);
@@ -468,8 +476,8 @@ Test(client_faults, every_operation_round_trips)
         {.seq = {NULL, "b", 1}, .layer = 1, .q = q[1], .append_k = ak, .append_v = av},
         {.seq = {NULL, "c", 1}, .layer = 2, .q = q[2]},
     };
-    dqc_attend_args aa = {.items = items, .nitems = 3, .q_heads = 2, .kv_heads = 2, .head_dim = 4,
-                          .dtype = DQ_DTYPE_F32};
+    dqc_attend_args aa = {
+        .items = items, .nitems = 3, .q_heads = 2, .kv_heads = 2, .head_dim = 4, .dtype = DQ_DTYPE_F32};
     float out[3 * 8], lse[3 * 2];
     cr_assert_eq(dqc_attend(c, &aa, out, lse), 0, "%s", dqc_last_error(c));
     cr_assert_eq(out[0], 1.0f);
@@ -480,7 +488,7 @@ Test(client_faults, every_operation_round_trips)
     dqc_stats_result s = {0};
     cr_assert_eq(dqc_stats(c, &s), 0);
     cr_assert_eq(s.ncounters, 2);
-    cr_assert_str_eq(s.counters[0].name, "connections");   /* sorted */
+    cr_assert_str_eq(s.counters[0].name, "connections"); /* sorted */
     uint64_t reqs = 0;
     cr_assert_eq(dqc_stats_counter(&s, "requests", &reqs), 0);
     cr_assert_eq(reqs, 5);
@@ -501,9 +509,14 @@ Test(client_faults, invalid_arguments_never_reach_the_wire)
 {
     dqc_client *c = connect_ok(2000);
     int before = atomic_load(&srv.total_requests);
-    dqc_put_args pa = {.seq = {"", "k", 1}, .model = "m", .num_layers = 1, .tokens = 1, .kv_heads = 1,
-                       .head_dim = 4, .dtype = DQ_DTYPE_F32};
-    cr_assert_eq(dqc_put(c, &pa, NULL), DQ_INVALID_ARGUMENT);   /* no k/v */
+    dqc_put_args pa = {.seq = {"", "k", 1},
+                       .model = "m",
+                       .num_layers = 1,
+                       .tokens = 1,
+                       .kv_heads = 1,
+                       .head_dim = 4,
+                       .dtype = DQ_DTYPE_F32};
+    cr_assert_eq(dqc_put(c, &pa, NULL), DQ_INVALID_ARGUMENT); /* no k/v */
     cr_assert(strstr(dqc_last_error(c), "k and v") != NULL, "%s", dqc_last_error(c));
     pa.dtype = (dq_dtype)7;
     float kv[4];
@@ -515,10 +528,10 @@ Test(client_faults, invalid_arguments_never_reach_the_wire)
     dqc_attend_item it = {.seq = {NULL, "a", 1}, .q = kv, .append_k = kv};
     dqc_attend_args aa = {.items = &it, .nitems = 1, .q_heads = 1, .kv_heads = 1, .head_dim = 4};
     float out[4];
-    cr_assert_eq(dqc_attend(c, &aa, out, NULL), DQ_INVALID_ARGUMENT);   /* append_k without append_v */
+    cr_assert_eq(dqc_attend(c, &aa, out, NULL), DQ_INVALID_ARGUMENT); /* append_k without append_v */
     it.append_k = NULL;
     aa.nitems = 65;
-    cr_assert_eq(dqc_attend(c, &aa, out, NULL), DQ_TOO_LARGE);          /* over max_batch_items */
+    cr_assert_eq(dqc_attend(c, &aa, out, NULL), DQ_TOO_LARGE); /* over max_batch_items */
     cr_assert_eq(atomic_load(&srv.total_requests), before);
     cr_assert_eq(dqc_put(NULL, &pa, NULL), DQ_INVALID_ARGUMENT);
     dqc_free(c);
@@ -560,8 +573,15 @@ Test(client_faults, put_is_not_repeated_after_a_break_in_flight)
 {
     dqc_client *c = connect_ok(2000);
     float kv[8] = {0};
-    dqc_put_args pa = {.seq = {"", "k", 1}, .model = "m", .num_layers = 1, .tokens = 1, .kv_heads = 2,
-                       .head_dim = 4, .dtype = DQ_DTYPE_F32, .k = kv, .v = kv};
+    dqc_put_args pa = {.seq = {"", "k", 1},
+                       .model = "m",
+                       .num_layers = 1,
+                       .tokens = 1,
+                       .kv_heads = 2,
+                       .head_dim = 4,
+                       .dtype = DQ_DTYPE_F32,
+                       .k = kv,
+                       .v = kv};
     set_fault(F_CLOSE_BEFORE_REPLY, 1);
     cr_assert_eq(dqc_put(c, &pa, NULL), DQ_CONNECTION);
     cr_assert_eq(atomic_load(&srv.puts), 0);
@@ -574,8 +594,7 @@ Test(client_faults, put_is_not_repeated_after_a_break_in_flight)
 
     /* ATTEND with an append is not repeated either; without one it is. */
     dqc_attend_item it = {.seq = {NULL, "a", 1}, .q = kv, .append_k = kv, .append_v = kv};
-    dqc_attend_args aa = {.items = &it, .nitems = 1, .q_heads = 2, .kv_heads = 2, .head_dim = 4,
-                          .dtype = DQ_DTYPE_F32};
+    dqc_attend_args aa = {.items = &it, .nitems = 1, .q_heads = 2, .kv_heads = 2, .head_dim = 4, .dtype = DQ_DTYPE_F32};
     float out[8];
     set_fault(F_CLOSE_BEFORE_REPLY, 1);
     cr_assert_eq(dqc_attend(c, &aa, out, NULL), DQ_CONNECTION);
@@ -621,7 +640,7 @@ Test(client_faults, corrupt_replies_are_protocol_errors)
     cr_assert(strstr(dqc_last_error(c), "outside") != NULL, "%s", dqc_last_error(c));
     cr_assert_null(g.k);
     cr_assert_eq(g.tokens, 0);
-    ga.dtype = DQ_DTYPE_BF16;   /* the script answers f32 */
+    ga.dtype = DQ_DTYPE_BF16; /* the script answers f32 */
     set_fault(F_NONE, 0);
     cr_assert_eq(dqc_get(c, &ga, &g), DQ_PROTOCOL);
     dqc_get_result_free(&g);
@@ -647,7 +666,7 @@ Test(client_faults, server_errors_carry_code_and_message)
     cr_assert(strstr(dqc_last_error(c), "namespace 'y'") != NULL, "%s", dqc_last_error(c));
     set_fault(F_NONE, 0);
     cr_assert_eq(dqc_delete(c, &s), 0);
-    cr_assert_eq(dqc_reconnect_count(c), 0);   /* an error reply keeps the connection */
+    cr_assert_eq(dqc_reconnect_count(c), 0); /* an error reply keeps the connection */
     cr_assert_str_eq(dqc_err_name(DQ_NOT_FOUND), "NOT_FOUND");
     cr_assert_str_eq(dqc_strerror(DQ_TIMEOUT), "timed out");
     cr_assert_str_eq(dqc_err_name(12345), "UNKNOWN");
@@ -694,8 +713,8 @@ Test(client_faults, old_options_struct_keeps_new_defaults)
     snprintf(addr, sizeof addr, "unix:%s", srv.path);
     dqc_options o;
     dqc_options_default(&o);
-    o.size = offsetof(dqc_options, auto_reconnect);   /* a caller built against an older header */
-    o.max_reply_payload = 1;                          /* beyond its size: must be ignored */
+    o.size = offsetof(dqc_options, auto_reconnect); /* a caller built against an older header */
+    o.max_reply_payload = 1;                        /* beyond its size: must be ignored */
     dqc_client *c = NULL;
     cr_assert_eq(dqc_connect(addr, &o, &c), 0);
     dqc_get_result g = {0};
@@ -711,12 +730,19 @@ Test(client_faults, limits_are_enforced_on_both_sides)
     srv.max_payload = 1024;
     dqc_client *c = connect_ok(2000);
     float kv[3 * 64] = {0};
-    dqc_put_args pa = {.seq = {"", "k", 1}, .model = "m", .num_layers = 1, .tokens = 3, .kv_heads = 2,
-                       .head_dim = 32, .dtype = DQ_DTYPE_F32, .k = kv, .v = kv};
+    dqc_put_args pa = {.seq = {"", "k", 1},
+                       .model = "m",
+                       .num_layers = 1,
+                       .tokens = 3,
+                       .kv_heads = 2,
+                       .head_dim = 32,
+                       .dtype = DQ_DTYPE_F32,
+                       .k = kv,
+                       .v = kv};
     int before = atomic_load(&srv.total_requests);
-    cr_assert_eq(dqc_put(c, &pa, NULL), DQ_TOO_LARGE);   /* K and V of 768 bytes each */
+    cr_assert_eq(dqc_put(c, &pa, NULL), DQ_TOO_LARGE); /* K and V of 768 bytes each */
     pa.tokens = 2;
-    cr_assert_eq(dqc_put(c, &pa, NULL), 0, "%s", dqc_last_error(c));   /* 2 x 512 bytes: exactly the limit */
+    cr_assert_eq(dqc_put(c, &pa, NULL), 0, "%s", dqc_last_error(c)); /* 2 x 512 bytes: exactly the limit */
     cr_assert_eq(atomic_load(&srv.total_requests), before + 1);
     dqc_free(c);
     srv.max_payload = 0;
@@ -729,9 +755,9 @@ Test(client_faults, limits_are_enforced_on_both_sides)
     o.max_reply_payload = 64;
     cr_assert_eq(dqc_connect(addr, &o, &c), 0);
     dqc_get_result g = {0};
-    dqc_get_args ga = {.seq = {"", "k", 1}, .tokens = 3, .dtype = DQ_DTYPE_F32};   /* 96 bytes each of K, V */
+    dqc_get_args ga = {.seq = {"", "k", 1}, .tokens = 3, .dtype = DQ_DTYPE_F32}; /* 96 bytes each of K, V */
     cr_assert_eq(dqc_get(c, &ga, &g), DQ_TOO_LARGE, "%s", dqc_last_error(c));
-    ga.tokens = 1;   /* 2 x 32 bytes */
+    ga.tokens = 1; /* 2 x 32 bytes */
     cr_assert_eq(dqc_get(c, &ga, &g), 0, "%s", dqc_last_error(c));
     cr_assert_eq(dqc_reconnect_count(c), 1);
     dqc_get_result_free(&g);

@@ -64,17 +64,17 @@ static dqc_client *cli(const char *addr)
     return cli_opts(addr, NULL);
 }
 
-#define OK(c, expr)                                                                                   \
-    do {                                                                                              \
-        int ok_rc_ = (expr);                                                                          \
-        cr_assert_eq(ok_rc_, 0, "%s -> %s: %s", #expr, dqc_err_name(ok_rc_), dqc_last_error(c));     \
+#define OK(c, expr)                                                                              \
+    do {                                                                                         \
+        int ok_rc_ = (expr);                                                                     \
+        cr_assert_eq(ok_rc_, 0, "%s -> %s: %s", #expr, dqc_err_name(ok_rc_), dqc_last_error(c)); \
     } while (0)
 
-#define FAILS(c, want, expr)                                                                          \
-    do {                                                                                              \
-        int f_rc_ = (expr);                                                                           \
-        cr_assert_eq(f_rc_, (want), "%s -> %s (expected %s): %s", #expr, dqc_err_name(f_rc_),         \
-                     dqc_err_name(want), dqc_last_error(c));                                          \
+#define FAILS(c, want, expr)                                                                                      \
+    do {                                                                                                          \
+        int f_rc_ = (expr);                                                                                       \
+        cr_assert_eq(f_rc_, (want), "%s -> %s (expected %s): %s", #expr, dqc_err_name(f_rc_), dqc_err_name(want), \
+                     dqc_last_error(c));                                                                          \
     } while (0)
 
 /* ---- data ---- */
@@ -123,8 +123,8 @@ static size_t dsize(dq_dtype d)
 
 static void register_small(dqc_client *c, const char *name, uint32_t layers, dqc_model_info *info)
 {
-    dqc_model_spec spec = {.name = name, .layers = layers, .q_heads = QH, .kv_heads = KVH, .head_dim = HD,
-                           .profile_name = "dq226"};
+    dqc_model_spec spec = {
+        .name = name, .layers = layers, .q_heads = QH, .kv_heads = KVH, .head_dim = HD, .profile_name = "dq226"};
     OK(c, dqc_register_model(c, &spec, info));
 }
 
@@ -133,12 +133,20 @@ static dqc_seq seq(const char *ns, const char *key)
     return (dqc_seq){.ns = ns, .key = key, .key_len = strlen(key)};
 }
 
-static int put_chunk(dqc_client *c, dqc_seq s, const char *model, uint64_t start, uint32_t first_layer,
-                     uint32_t layers, uint64_t tokens, dq_dtype dt, const void *k, const void *v)
+static int put_chunk(dqc_client *c, dqc_seq s, const char *model, uint64_t start, uint32_t first_layer, uint32_t layers,
+                     uint64_t tokens, dq_dtype dt, const void *k, const void *v)
 {
-    dqc_put_args a = {.seq = s, .model = model, .start_token = start, .first_layer = first_layer,
-                      .num_layers = layers, .tokens = tokens, .kv_heads = KVH, .head_dim = HD, .dtype = dt,
-                      .k = k, .v = v};
+    dqc_put_args a = {.seq = s,
+                      .model = model,
+                      .start_token = start,
+                      .first_layer = first_layer,
+                      .num_layers = layers,
+                      .tokens = tokens,
+                      .kv_heads = KVH,
+                      .head_dim = HD,
+                      .dtype = dt,
+                      .k = k,
+                      .v = v};
     return dqc_put(c, &a, NULL);
 }
 
@@ -200,7 +208,7 @@ static void assert_same_store(store_view a, store_view b, const char *when)
 
 ParameterizedTestParameters(e2e, every_operation_round_trips)
 {
-    static int transports[] = {0, 1};   /* unix, tcp */
+    static int transports[] = {0, 1}; /* unix, tcp */
     return cr_make_param_array(int, transports, 2);
 }
 
@@ -237,26 +245,39 @@ ParameterizedTest(int *tcp, e2e, every_operation_round_trips)
     cr_assert_eq(mi2.existed, 1);
     cr_assert_eq(mi2.profile_len, mi.profile_len);
     cr_assert_arr_eq(mi2.profile, mi.profile, mi.profile_len);
-    dqc_model_spec other = {.name = "m", .layers = L + 1, .q_heads = QH, .kv_heads = KVH, .head_dim = HD,
-                            .profile_name = "dq226"};
+    dqc_model_spec other = {
+        .name = "m", .layers = L + 1, .q_heads = QH, .kv_heads = KVH, .head_dim = HD, .profile_name = "dq226"};
     FAILS(c, DQ_EXISTS, dqc_register_model(c, &other, NULL));
     /* A serialized profile works too. */
-    dqc_model_spec byprof = {.name = "m-prof", .layers = 1, .q_heads = QH, .kv_heads = KVH, .head_dim = HD,
-                             .profile = mi.profile, .profile_len = mi.profile_len};
+    dqc_model_spec byprof = {.name = "m-prof",
+                             .layers = 1,
+                             .q_heads = QH,
+                             .kv_heads = KVH,
+                             .head_dim = HD,
+                             .profile = mi.profile,
+                             .profile_len = mi.profile_len};
     OK(c, dqc_register_model(c, &byprof, NULL));
 
     /* PUT 200 tokens into 2 layers: one sealed window (W = R = 128) and a 72-token tail each. */
     const size_t T = 200, cnt = (size_t)L * T * NV;
     float *k = random_tensor(DQ_DTYPE_F32, cnt, 1, 1), *v = random_tensor(DQ_DTYPE_F32, cnt, 2, 0);
-    dqc_put_args pa = {.seq = seq("ns1", "seq-a"), .model = "m", .start_token = 0, .first_layer = 0,
-                       .num_layers = L, .tokens = T, .kv_heads = KVH, .head_dim = HD, .dtype = DQ_DTYPE_F32,
-                       .k = k, .v = v};
+    dqc_put_args pa = {.seq = seq("ns1", "seq-a"),
+                       .model = "m",
+                       .start_token = 0,
+                       .first_layer = 0,
+                       .num_layers = L,
+                       .tokens = T,
+                       .kv_heads = KVH,
+                       .head_dim = HD,
+                       .dtype = DQ_DTYPE_F32,
+                       .k = k,
+                       .v = v};
     dqc_put_result pr;
     OK(c, dqc_put(c, &pa, &pr));
     cr_assert_eq(pr.tokens, T);
     cr_assert_gt(pr.stored_bytes, 0);
     cr_assert_eq(pr.streams_encoded, (uint64_t)L * 2 * 128, "streams %llu", (unsigned long long)pr.streams_encoded);
-    FAILS(c, DQ_ORDER, dqc_put(c, &pa, NULL));   /* start_token 0 again */
+    FAILS(c, DQ_ORDER, dqc_put(c, &pa, NULL)); /* start_token 0 again */
     pa.model = "no-such-model";
     pa.start_token = T;
     cr_assert_neq(dqc_put(c, &pa, NULL), 0);
@@ -299,7 +320,7 @@ ParameterizedTest(int *tcp, e2e, every_operation_round_trips)
     OK(c, dqc_get(c, &ga, &g));
     cr_assert_eq(g.bytes, 100 * NV * 2);
     ga.start_token = 150;
-    ga.tokens = 100;   /* past the end */
+    ga.tokens = 100; /* past the end */
     cr_assert_neq(dqc_get(c, &ga, &g), 0);
     cr_assert_null(g.k);
     dqc_get_result_free(&g);
@@ -323,8 +344,8 @@ ParameterizedTest(int *tcp, e2e, every_operation_round_trips)
     /* ATTEND: two items, both layers. */
     float *q = random_tensor(DQ_DTYPE_F32, 2 * QH * HD, 3, 0);
     dqc_attend_item items[2] = {{.seq = sa, .layer = 0, .q = q}, {.seq = sa, .layer = 1, .q = q + QH * HD}};
-    dqc_attend_args aa = {.items = items, .nitems = 2, .q_heads = QH, .kv_heads = KVH, .head_dim = HD,
-                          .dtype = DQ_DTYPE_F32};
+    dqc_attend_args aa = {
+        .items = items, .nitems = 2, .q_heads = QH, .kv_heads = KVH, .head_dim = HD, .dtype = DQ_DTYPE_F32};
     float out[2 * QH * HD], lse[2 * QH];
     OK(c, dqc_attend(c, &aa, out, lse));
     for (size_t i = 0; i < 2 * QH * HD; i++)
@@ -334,17 +355,28 @@ ParameterizedTest(int *tcp, e2e, every_operation_round_trips)
 
     /* COMPRESS / DECOMPRESS (keys, 130 tokens: two mean blocks). */
     float *x = random_tensor(DQ_DTYPE_F32, 130 * NV, 4, 1);
-    dqc_compress_args ca = {.profile_name = "dq226", .kv_heads = KVH, .head_dim = HD, .kind = 0,
-                            .dtype = DQ_DTYPE_F32, .x = x, .tokens = 130};
+    dqc_compress_args ca = {.profile_name = "dq226",
+                            .kv_heads = KVH,
+                            .head_dim = HD,
+                            .kind = 0,
+                            .dtype = DQ_DTYPE_F32,
+                            .x = x,
+                            .tokens = 130};
     dqc_compress_result cr = {0};
     OK(c, dqc_compress(c, &ca, &cr));
     cr_assert_eq(cr.tokens, 130);
     cr_assert_eq(cr.profile_len, mi.profile_len);
     cr_assert_eq(cr.records_bytes % 130, 0);
     cr_assert_eq(cr.means_bytes, 2 * (2 + NV));
-    dqc_decompress_args da = {.profile = cr.profile, .profile_len = cr.profile_len, .kind = 0, .tokens = 130,
-                              .means = cr.means, .means_bytes = cr.means_bytes, .records = cr.records,
-                              .records_bytes = cr.records_bytes, .out_dtype = DQ_DTYPE_F32};
+    dqc_decompress_args da = {.profile = cr.profile,
+                              .profile_len = cr.profile_len,
+                              .kind = 0,
+                              .tokens = 130,
+                              .means = cr.means,
+                              .means_bytes = cr.means_bytes,
+                              .records = cr.records,
+                              .records_bytes = cr.records_bytes,
+                              .out_dtype = DQ_DTYPE_F32};
     dqc_decompress_result dr = {0};
     OK(c, dqc_decompress(c, &da, &dr));
     cr_assert_eq(dr.shape[0], 130);
@@ -471,8 +503,12 @@ ParameterizedTest(dq_dtype *in_dt, e2e, get_is_bit_exact_with_libdquant)
     } reads[] = {{DQ_DTYPE_F32, 0, 601}, {DQ_DTYPE_BF16, 37, 400}, {DQ_DTYPE_F16, 128, 256}, {DQ_DTYPE_F32, 600, 1}};
     dqc_get_result g = {0};
     for (size_t r = 0; r < sizeof reads / sizeof reads[0]; r++) {
-        dqc_get_args ga = {.seq = s, .first_layer = 0, .num_layers = L, .start_token = reads[r].first,
-                           .tokens = reads[r].count, .dtype = reads[r].dt};
+        dqc_get_args ga = {.seq = s,
+                           .first_layer = 0,
+                           .num_layers = L,
+                           .start_token = reads[r].first,
+                           .tokens = reads[r].count,
+                           .dtype = reads[r].dt};
         OK(c, dqc_get(c, &ga, &g));
         size_t per = reads[r].count * NV * dsize(reads[r].dt);
         cr_assert_eq(g.bytes, L * per);
@@ -502,8 +538,8 @@ ParameterizedTest(dq_dtype *in_dt, e2e, get_is_bit_exact_with_libdquant)
         cr_assert_eq(rl->windows, nw);
         cr_assert_eq(rl->records_bytes, nw * wb);
         for (size_t w = 0; w < nw; w++)
-            cr_assert(memcmp(rl->records + w * wb, dq_layer_window(tw.layers[l], w), wb) == 0, "layer %d window %zu",
-                      l, w);
+            cr_assert(memcmp(rl->records + w * wb, dq_layer_window(tw.layers[l], w), wb) == 0, "layer %d window %zu", l,
+                      w);
         size_t tt = dq_layer_tail_tokens(tw.layers[l]);
         cr_assert_eq(rl->tail_tokens, tt);
         cr_assert(memcmp(rl->tail_k, dq_layer_tail(tw.layers[l], DQ_KIND_K), tt * NV * 2) == 0);
@@ -565,18 +601,23 @@ ParameterizedTest(attend_case *ac, e2e, attend_matches_dq_attend)
     const uint32_t layer_of[NI] = {0, 1, 0};
     dqc_attend_item items[NI];
     for (int i = 0; i < NI; i++)
-        items[i] = (dqc_attend_item){.seq = s, .layer = layer_of[i],
-                                     .q = (const uint8_t *)q + (size_t)i * QH * HD * dsize(ac->qdt)};
-    dqc_attend_args aa = {.items = items, .nitems = NI, .q_heads = QH, .kv_heads = KVH, .head_dim = HD,
-                          .dtype = ac->qdt, .scale = ac->scale};
+        items[i] = (dqc_attend_item){
+            .seq = s, .layer = layer_of[i], .q = (const uint8_t *)q + (size_t)i * QH * HD * dsize(ac->qdt)};
+    dqc_attend_args aa = {.items = items,
+                          .nitems = NI,
+                          .q_heads = QH,
+                          .kv_heads = KVH,
+                          .head_dim = HD,
+                          .dtype = ac->qdt,
+                          .scale = ac->scale};
     float out[NI * QH * HD], lse[NI * QH];
     OK(c, dqc_attend(c, &aa, out, lse));
 
     float rout[NI * QH * HD], rlse[NI * QH];
     dq_attn_item ri[NI];
     for (int i = 0; i < NI; i++)
-        ri[i] = (dq_attn_item){.layer = tw.layers[layer_of[i]], .q = qf + i * QH * HD, .out = rout + i * QH * HD,
-                               .lse = rlse + i * QH};
+        ri[i] = (dq_attn_item){
+            .layer = tw.layers[layer_of[i]], .q = qf + i * QH * HD, .out = rout + i * QH * HD, .lse = rlse + i * QH};
     float scale = ac->scale > 0 ? ac->scale : 1.0f / sqrtf((float)HD);
     cr_assert_eq(dq_attend(tw.codec, tw.ws, QH, scale, ri, NI), 0);
     assert_close(out, rout, NI * QH * HD, "out");
@@ -585,8 +626,13 @@ ParameterizedTest(attend_case *ac, e2e, attend_matches_dq_attend)
     /* With an append: the token joins layer 0 first, in the daemon as in-process. */
     void *ak = random_tensor(ac->qdt, NV, 11, 1), *av = random_tensor(ac->qdt, NV, 12, 0);
     dqc_attend_item one = {.seq = s, .layer = 0, .q = q, .append_k = ak, .append_v = av};
-    dqc_attend_args a1 = {.items = &one, .nitems = 1, .q_heads = QH, .kv_heads = KVH, .head_dim = HD,
-                          .dtype = ac->qdt, .scale = ac->scale};
+    dqc_attend_args a1 = {.items = &one,
+                          .nitems = 1,
+                          .q_heads = QH,
+                          .kv_heads = KVH,
+                          .head_dim = HD,
+                          .dtype = ac->qdt,
+                          .scale = ac->scale};
     OK(c, dqc_attend(c, &a1, out, lse));
     cr_assert_eq(dq_layer_append(tw.layers[0], tw.ws, ak, av, ac->qdt, 1, NULL), 0);
     cr_assert_eq(dq_attend(tw.codec, tw.ws, QH, scale, ri, 1), 0);
@@ -604,8 +650,7 @@ ParameterizedTest(attend_case *ac, e2e, attend_matches_dq_attend)
 
     /* Errors inside a batch: a missing sequence fails the request. */
     dqc_attend_item bad[2] = {{.seq = s, .layer = 0, .q = q}, {.seq = seq("att", "missing"), .layer = 0, .q = q}};
-    dqc_attend_args ab = {.items = bad, .nitems = 2, .q_heads = QH, .kv_heads = KVH, .head_dim = HD,
-                          .dtype = ac->qdt};
+    dqc_attend_args ab = {.items = bad, .nitems = 2, .q_heads = QH, .kv_heads = KVH, .head_dim = HD, .dtype = ac->qdt};
     FAILS(c, DQ_NOT_FOUND, dqc_attend(c, &ab, out, lse));
     free(q);
     free(ak);
@@ -619,7 +664,7 @@ ParameterizedTest(attend_case *ac, e2e, attend_matches_dq_attend)
 #define EV_MAX 200
 
 typedef struct lru_model {
-    int order[EV_MAX];   /* ids, least recently used first */
+    int order[EV_MAX]; /* ids, least recently used first */
     int n;
     int pinned[EV_MAX];
     int gone[EV_MAX];
@@ -730,7 +775,7 @@ Test(e2e, eviction_is_lru_and_spares_pinned_sequences)
     dqc_seq ps = ev_seq(p, buf);
     OK(c, dqc_pin(c, &ps));
     m.pinned[p] = 1;
-    lru_expect(c, &m, 0, next);   /* re-establish the order after PIN */
+    lru_expect(c, &m, 0, next); /* re-establish the order after PIN */
     cr_assert_eq(m.order[0], p);
     OK(c, put_chunk(c, ev_seq(next, buf), "m1", 0, 0, 1, T, DQ_DTYPE_F32, k, v));
     lru_touch(&m, next++);
@@ -755,7 +800,7 @@ Test(e2e, eviction_is_lru_and_spares_pinned_sequences)
             failed = 1;
             break;
         }
-        OK(c, rc);   /* there was still room: keep it pinned and go on */
+        OK(c, rc); /* there was still room: keep it pinned and go on */
         dqc_seq s = ev_seq(next, buf);
         OK(c, dqc_pin(c, &s));
         m.pinned[next] = 1;
@@ -847,8 +892,7 @@ static uint8_t *hello_frame(size_t *len, uint64_t id)
 }
 
 /* *head_len: bytes before the payload (fixed header + message). */
-static uint8_t *put_frame(size_t *len, size_t *head_len, const char *key, size_t tokens, const float *k,
-                          const float *v)
+static uint8_t *put_frame(size_t *len, size_t *head_len, const char *key, size_t tokens, const float *k, const float *v)
 {
     Dquant__SeqRef sr = DQUANT__SEQ_REF__INIT;
     sr.ns = "vanish";
@@ -906,9 +950,9 @@ Test(e2e, a_thousand_clients_vanishing_mid_frame_leave_no_state)
             int mode = (int)(xorshift(&st) % 5);
             modes[mode]++;
             switch (mode) {
-            case 0:   /* nothing at all */
+            case 0: /* nothing at all */
                 break;
-            case 1:   /* part of the HELLO frame */
+            case 1: /* part of the HELLO frame */
                 wire_send_all(fds[i], hello, 1 + xorshift(&st) % (hlen - 1));
                 break;
             case 2:   /* HELLO, then the PUT cut in its fixed header or message (or right after) */
@@ -925,7 +969,7 @@ Test(e2e, a_thousand_clients_vanishing_mid_frame_leave_no_state)
         }
         for (int i = 0; i < BATCH; i++) {
             if (i % 3 == 0)
-                shutdown(fds[i], SHUT_WR);   /* some half-close first */
+                shutdown(fds[i], SHUT_WR); /* some half-close first */
             close(fds[i]);
         }
     }
@@ -973,7 +1017,7 @@ Test(e2e, lying_lengths_are_refused_without_allocation)
     dqc_server_info in;
     OK(c, dqc_server(c, &in));
     uint64_t maxp = in.max_payload_bytes;
-    uint64_t max_header = in.max_frame_bytes - 32 - maxp;   /* max_frame = 32 + max_header + max_payload */
+    uint64_t max_header = in.max_frame_bytes - 32 - maxp; /* max_frame = 32 + max_header + max_payload */
     const lie lies[] = {
         {0, 0},
         {(uint32_t)max_header + 1, 0},
@@ -1051,7 +1095,7 @@ Test(e2e, lying_lengths_are_refused_without_allocation)
     tk.shape = tv.shape = shape;
     tk.length = NV * 4;
     tv.length = NV * 4;
-    tv.offset = 0xFFFFFFFFFFFFFF00ull;   /* offset + length wraps around */
+    tv.offset = 0xFFFFFFFFFFFFFF00ull; /* offset + length wraps around */
     Dquant__Put p = DQUANT__PUT__INIT;
     p.seq = &sr;
     p.model = "m";
@@ -1071,7 +1115,7 @@ Test(e2e, lying_lengths_are_refused_without_allocation)
     cr_assert_eq(resp->error->code, DQ_OUT_OF_BOUNDS, "got %s", resp->error->name);
     dquant__response__free_unpacked(resp, NULL);
     tv.offset = NV * 4;
-    tv.length = 0xFFFFFFFFFFFFFFF0ull;   /* a length no payload has */
+    tv.length = 0xFFFFFFFFFFFFFFF0ull; /* a length no payload has */
     cr_assert_eq(wire_send_bytes(fd, &req, kv, sizeof kv, 6), 0);
     cr_assert_eq(wire_recv_within(fd, 5000, &id, &resp, NULL, NULL), 0);
     cr_assert_eq(resp->body_case, DQUANT__RESPONSE__BODY_ERROR);
@@ -1196,7 +1240,7 @@ Test(e2e, tcp_listeners_require_the_secret)
     o.secret = "s3cret-e2f";
     o.secret_len = 10;
     FAILS(c, DQ_UNAUTHENTICATED, dqc_connect_ex(D.tcp_addr, &o, &c, err, sizeof err));
-    o.secret = "s3cret-e2";   /* a prefix is not the secret */
+    o.secret = "s3cret-e2"; /* a prefix is not the secret */
     o.secret_len = 9;
     FAILS(c, DQ_UNAUTHENTICATED, dqc_connect_ex(D.tcp_addr, &o, &c, err, sizeof err));
 
@@ -1233,12 +1277,12 @@ Test(e2e, client_reconnects_across_a_daemon_restart)
     waitpid(old.pid, &st, 0);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     D.pid = 0;
-    FAILS(c, DQ_CONNECTION, dqc_ping(c, "b", 1));   /* nobody listens: reconnect attempts fail */
+    FAILS(c, DQ_CONNECTION, dqc_ping(c, "b", 1)); /* nobody listens: reconnect attempts fail */
 
     const dqd_opts again = {.dir = old.dir, .log_level = "error"};
     cr_assert_eq(dqd_start(&D, &again), 0, "could not restart %s", bin);
     cr_assert_str_eq(D.sock, old.sock);
-    D.own_dir = old.own_dir;   /* the new daemon took over the first one's directory */
+    D.own_dir = old.own_dir; /* the new daemon took over the first one's directory */
     uint64_t before = dqc_reconnect_count(c);
     OK(c, dqc_ping(c, "c", 1));
     cr_assert_eq(dqc_reconnect_count(c), before + 1);

@@ -139,12 +139,12 @@ Test(nccl_client, argument_checks)
     cr_assert_eq(dqc_attend_dev(NULL, &aa, out, lse), DQ_INVALID_ARGUMENT);
 
     /* Each bad call is refused with its own message, before the missing communicator is noticed. */
-#define EXPECT_ARG(call, text)                                                                           \
-    do {                                                                                                 \
-        int rc_ = (call);                                                                                \
+#define EXPECT_ARG(call, text)                                                                              \
+    do {                                                                                                    \
+        int rc_ = (call);                                                                                   \
         cr_expect_eq(rc_, DQ_INVALID_ARGUMENT, "%s: %s (%s)", #call, dqc_err_name(rc_), dqc_last_error(C)); \
-        cr_expect(strstr(dqc_last_error(C), (text)), "%s: message \"%s\" should contain \"%s\"", #call,  \
-                  dqc_last_error(C), (text));                                                            \
+        cr_expect(strstr(dqc_last_error(C), (text)), "%s: message \"%s\" should contain \"%s\"", #call,     \
+                  dqc_last_error(C), (text));                                                               \
     } while (0)
     EXPECT_ARG(dqc_nccl_setup(C, -1), "nccl_setup: CUDA device -1");
     EXPECT_ARG(dqc_put_dev(C, NULL, NULL), "put_dev: args is NULL");

@@ -141,7 +141,8 @@ static void bench_attn(const dqcu_codec *g, const Pool &pool, uint32_t W, uint32
     const double bytes = (double)per_set * pool.wb + (double)B * QH * D * 4.0 * 2.0;
     printf("{\"kind\":\"attn\",\"version\":%d,\"tag\":\"%s\",\"batch\":%u,\"ctx\":%u,\"ms\":%.5f,\"bytes\":%.0f,"
            "\"gbps\":%.2f,\"copy_frac\":%.4f,\"sets\":%zu,\"workspace\":%zu}\n",
-           dqcu_attend_kernel(g, QH), tag, B, ctx, ms, bytes, bytes / (ms * 1e6), bytes / (ms * 1e-3) / copy_bw, sets, wsb);
+           dqcu_attend_kernel(g, QH), tag, B, ctx, ms, bytes, bytes / (ms * 1e6), bytes / (ms * 1e-3) / copy_bw, sets,
+           wsb);
     fflush(stdout);
     for (size_t s = 0; s < sets; s++) {
         delete dptrs[s];
@@ -151,8 +152,8 @@ static void bench_attn(const dqcu_codec *g, const Pool &pool, uint32_t W, uint32
 
 int main(int argc, char **argv)
 {
-    std::vector<std::pair<uint32_t, uint32_t>> attn = {{1, 8192},  {1, 32768}, {1, 131072},
-                                                         {8, 32768}, {32, 32768}, {128, 8192}};
+    std::vector<std::pair<uint32_t, uint32_t>> attn = {{1, 8192},  {1, 32768},  {1, 131072},
+                                                       {8, 32768}, {32, 32768}, {128, 8192}};
     double budget_gb = 100.0;
     uint32_t layers = 36;
     bool quick = false, custom = false;
@@ -339,13 +340,15 @@ int main(int argc, char **argv)
         for (int kind = 0; kind < 2; kind++) {
             double ms = time_median_ms(
                 [&] {
-                    DQ(dqcu_decompress(g, (dq_kind)kind, dptr.p, nwin, NULL, 0, 0, ntok, out.p, DQ_DTYPE_BF16, NULL, 0));
+                    DQ(dqcu_decompress(g, (dq_kind)kind, dptr.p, nwin, NULL, 0, 0, ntok, out.p, DQ_DTYPE_BF16, NULL,
+                                       0));
                 },
                 2, 7);
             const double outb = ntok * n * 2.0, inb = nwin * (double)dq_codec_record_bytes(c, (dq_kind)kind) * W;
             printf("{\"kind\":\"decompress\",\"stream\":\"%s\",\"tokens\":%zu,\"ms\":%.4f,\"bf16_gbps\":%.2f,"
                    "\"in_gbps\":%.2f,\"copy_frac\":%.4f}\n",
-                   kind ? "V" : "K", ntok, ms, outb / (ms * 1e6), inb / (ms * 1e6), (outb + inb) / (ms * 1e-3) / copy_bw);
+                   kind ? "V" : "K", ntok, ms, outb / (ms * 1e6), inb / (ms * 1e6),
+                   (outb + inb) / (ms * 1e-3) / copy_bw);
             fflush(stdout);
         }
     }
@@ -360,8 +363,9 @@ int main(int argc, char **argv)
             const double per_seq_bf16 = (double)layers * ctx * 2.0 * n * 2.0;
             uint32_t b_dq = (uint32_t)floor(budget_gb * 1e9 / per_seq);
             uint32_t b_bf16 = (uint32_t)floor(budget_gb * 1e9 / per_seq_bf16);
-            printf("{\"kind\":\"budget\",\"ctx\":%u,\"budget_gb\":%.1f,\"layers\":%u,\"batch_dq\":%u,\"batch_bf16\":%u}\n",
-                   ctx, budget_gb, layers, b_dq, b_bf16);
+            printf(
+                "{\"kind\":\"budget\",\"ctx\":%u,\"budget_gb\":%.1f,\"layers\":%u,\"batch_dq\":%u,\"batch_bf16\":%u}\n",
+                ctx, budget_gb, layers, b_dq, b_bf16);
             fflush(stdout);
             bench_attn(g, pool, W, b_dq, ctx, "budget", copy_bw);
         }

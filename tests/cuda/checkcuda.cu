@@ -58,9 +58,9 @@ static void report(bool ok, const char *fmt, ...)
 
 struct Cfg {
     uint32_t kvh, d, MK, MV, W, R;
-    double rate_k, rate_v;  /* payload bits per value (C derived); <= 0.5 → the smallest C allowed */
+    double rate_k, rate_v; /* payload bits per value (C derived); <= 0.5 → the smallest C allowed */
     uint64_t seed;
-    const char *builtin;    /* or NULL */
+    const char *builtin; /* or NULL */
 };
 
 struct Codecs {
@@ -145,10 +145,21 @@ static bool make_codecs(const Cfg &cfg, Codecs &cs)
 /* ---- stream inputs (the rotated, mean-removed domain) ---- */
 
 enum Dist {
-    D_GAUSS, D_HEAVY, D_CONST, D_TINY, D_SUBNORMAL, D_TWO, D_UNIFORM, D_OUTLIER, D_EDGE, D_ZERO_END, D_ZEROS, D_COUNT
+    D_GAUSS,
+    D_HEAVY,
+    D_CONST,
+    D_TINY,
+    D_SUBNORMAL,
+    D_TWO,
+    D_UNIFORM,
+    D_OUTLIER,
+    D_EDGE,
+    D_ZERO_END,
+    D_ZEROS,
+    D_COUNT
 };
-static const char *dist_name[D_COUNT] = {"gauss", "heavy", "const", "tiny", "subnormal", "two", "uniform",
-                                         "outlier", "edge", "zero_end", "zeros"};
+static const char *dist_name[D_COUNT] = {"gauss",   "heavy",   "const", "tiny",     "subnormal", "two",
+                                         "uniform", "outlier", "edge",  "zero_end", "zeros"};
 
 static void gen_stream(Rng &r, int dist, uint32_t n, float *y)
 {
@@ -223,8 +234,8 @@ static void gen_stream(Rng &r, int dist, uint32_t n, float *y)
 }
 
 /* First difference between two records, reported with both decoded values. */
-static void explain_record_mismatch(const Codecs &cs, dq_kind kind, size_t idx, const uint8_t *cpu,
-                                    const uint8_t *gpu, size_t len, const char *what)
+static void explain_record_mismatch(const Codecs &cs, dq_kind kind, size_t idx, const uint8_t *cpu, const uint8_t *gpu,
+                                    size_t len, const char *what)
 {
     size_t b = 0;
     while (b < len && cpu[b] == gpu[b])
@@ -252,8 +263,9 @@ static void stats_report(const char *what, const dq_encode_stats &a, const dq_en
     bool ok = a.streams == b.streams && a.retries == b.retries && a.fallbacks == b.fallbacks &&
               a.max_payload_bytes == b.max_payload_bytes && a.payload_bytes == b.payload_bytes &&
               a.symbols_moved == b.symbols_moved && a.max_move == b.max_move;
-    report(ok, "%s stats: streams %llu/%llu retries %llu/%llu fallbacks %llu/%llu payload %llu/%llu max %u/%u "
-               "moved %llu/%llu maxmove %u/%u (cpu/gpu)",
+    report(ok,
+           "%s stats: streams %llu/%llu retries %llu/%llu fallbacks %llu/%llu payload %llu/%llu max %u/%u "
+           "moved %llu/%llu maxmove %u/%u (cpu/gpu)",
            what, (unsigned long long)a.streams, (unsigned long long)b.streams, (unsigned long long)a.retries,
            (unsigned long long)b.retries, (unsigned long long)a.fallbacks, (unsigned long long)b.fallbacks,
            (unsigned long long)a.payload_bytes, (unsigned long long)b.payload_bytes, a.max_payload_bytes,
@@ -329,9 +341,8 @@ static void test_streams(Codecs &cs, Rng &r, size_t count, bool encode_supported
                 }
             }
             report(bad_status == 0 && bad_bytes == 0,
-                   "encode_streams v%d %s %s (%s grid): %zu streams, %zu status and %zu record mismatches",
-                   enc_ver(), cs.name.c_str(), kind ? "V" : "K", plain ? "plain" : "planned", count, bad_status,
-                   bad_bytes);
+                   "encode_streams v%d %s %s (%s grid): %zu streams, %zu status and %zu record mismatches", enc_ver(),
+                   cs.name.c_str(), kind ? "V" : "K", plain ? "plain" : "planned", count, bad_status, bad_bytes);
             stats_report("  encode_streams", cstats, gstats);
         }
     }
@@ -463,7 +474,8 @@ static std::vector<uint8_t> test_windows(Codecs &cs, Rng &r, size_t nwin, dq_dty
             }
     }
     report(bad == 0, "encode_windows v%d %s %s: %zu windows (%s%s), %zu mismatches", enc_ver(), cs.name.c_str(),
-           dq_dtype_name(dtype), nwin, nan_w != SIZE_MAX ? "with NaN window" : "all valid", range_w != SIZE_MAX ? " and range window" : "", bad);
+           dq_dtype_name(dtype), nwin, nan_w != SIZE_MAX ? "with NaN window" : "all valid",
+           range_w != SIZE_MAX ? " and range window" : "", bad);
     stats_report("  encode_windows", cstats, gstats);
     return valid;
 }
@@ -566,7 +578,7 @@ static void test_decompress(Codecs &cs, Rng &r, const std::vector<uint8_t> &wind
         dout.fill_bytes(0xff); /* NaN in every output type */
         CK(cudaMemset(dcorrupt.p, 0, 4));
         DQ(dqcu_decompress(cs.g, kind, dptr.p, nwin, kind == DQ_KIND_K ? dtk.p : dtv.p, tail, first, count, dout.p, dt,
-                            dcorrupt.p, 0));
+                           dcorrupt.p, 0));
         CK(cudaDeviceSynchronize());
         dout.download(gpu.data(), bytes);
         uint32_t corrupt = 0;
@@ -768,8 +780,9 @@ static void test_attention(Codecs &cs, Rng &r, const std::vector<uint32_t> &lens
         std::string ls;
         for (size_t b = 0; b < nseq; b++)
             ls += (b ? "," : "") + std::to_string(lens[b]);
-        report(ok, "attend v%d %s QH=%u (G=%u) lens [%s]: rel err vs dq_attend %.2e, vs f64 reference %.2e, lse %.2e "
-                   "(cpu vs reference %.2e)",
+        report(ok,
+               "attend v%d %s QH=%u (G=%u) lens [%s]: rel err vs dq_attend %.2e, vs f64 reference %.2e, lse %.2e "
+               "(cpu vs reference %.2e)",
                ran, cs.name.c_str(), QH, G, ls.c_str(), worst, worst_ref, worst_lse, cpu_vs_ref);
     }
     g_att_version = DQCU_KERNEL_AUTO;
@@ -847,8 +860,8 @@ static void timing(Rng &r, const std::vector<int> &enc_list, const std::vector<i
                                    DQ_DTYPE_BF16, NULL, 0));
             },
             2, 7);
-        printf("  decompress K -> bf16: %zu tokens in %.3f ms = %.1f GB/s of bf16 written, %.1f M tokens/s\n", ntok, ms2,
-               ntok * n * 2.0 / (ms2 * 1e6), ntok / (ms2 * 1e3));
+        printf("  decompress K -> bf16: %zu tokens in %.3f ms = %.1f GB/s of bf16 written, %.1f M tokens/s\n", ntok,
+               ms2, ntok * n * 2.0 / (ms2 * 1e6), ntok / (ms2 * 1e3));
         /* attention on those windows (38 MB: they may sit in L2; a comparison of the versions, not a
          * bandwidth figure): 8 sequences of 64 windows (8K tokens) each, GQA group 4 */
         const uint32_t nseq = 8, per = (uint32_t)(nwin / nseq), QH = cs.kvh * 4, maxt = per * W;
@@ -981,8 +994,8 @@ int main(int argc, char **argv)
     } else {
         cfgs.push_back({8, 128, 0, 0, 128, 128, 0, 0, 0, "dq226"});
         cfgs.push_back({8, 128, 0, 0, 128, 128, 0, 0, 0, "dq196"});
-        const uint32_t shapes[][2] = {{1, 64}, {2, 32}, {4, 16}, {1, 128}, {3, 128}, {8, 64}, {5, 128},
-                                      {4, 256}, {16, 128}, {2, 512}, {32, 128}, {3, 32}, {5, 16}, {6, 4}};
+        const uint32_t shapes[][2] = {{1, 64},  {2, 32},   {4, 16},  {1, 128},  {3, 128}, {8, 64}, {5, 128},
+                                      {4, 256}, {16, 128}, {2, 512}, {32, 128}, {3, 32},  {5, 16}, {6, 4}};
         const uint32_t wins[] = {128, 64, 32, 100};
         for (const auto &sh : shapes) {
             Cfg c = {};

@@ -17,24 +17,23 @@
 #include "dquant/cuda.h"
 #include "dquant/dquant.h"
 
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t ck_e_ = (call);                                                                \
-        if (ck_e_ != cudaSuccess) {                                                                \
+#define CK(call)                                                                                      \
+    do {                                                                                              \
+        cudaError_t ck_e_ = (call);                                                                   \
+        if (ck_e_ != cudaSuccess) {                                                                   \
             fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(ck_e_)); \
-            exit(2);                                                                               \
-        }                                                                                          \
+            exit(2);                                                                                  \
+        }                                                                                             \
     } while (0)
 
-#define DQ(call)                                                                                   \
-    do {                                                                                           \
-        int dq_r_ = (call);                                                                        \
-        if (dq_r_ < 0) {                                                                           \
-            fprintf(stderr, "%s:%d: %s -> %s (cuda error %d: %s)\n", __FILE__, __LINE__, #call,   \
-                    dq_err_name(dq_r_), dqcu_last_cuda_error(),                                    \
-                    cudaGetErrorString((cudaError_t)dqcu_last_cuda_error()));                      \
-            exit(2);                                                                               \
-        }                                                                                          \
+#define DQ(call)                                                                                                    \
+    do {                                                                                                            \
+        int dq_r_ = (call);                                                                                         \
+        if (dq_r_ < 0) {                                                                                            \
+            fprintf(stderr, "%s:%d: %s -> %s (cuda error %d: %s)\n", __FILE__, __LINE__, #call, dq_err_name(dq_r_), \
+                    dqcu_last_cuda_error(), cudaGetErrorString((cudaError_t)dqcu_last_cuda_error()));               \
+            exit(2);                                                                                                \
+        }                                                                                                           \
     } while (0)
 
 /* splitmix64-seeded xorshift64*. */
@@ -54,8 +53,14 @@ struct Rng {
         s ^= s >> 27;
         return s * 0x2545F4914F6CDD1Dull;
     }
-    uint32_t below(uint32_t n) { return (uint32_t)((next() >> 32) % n); }
-    double uniform() { return (double)(next() >> 11) * 0x1p-53; }
+    uint32_t below(uint32_t n)
+    {
+        return (uint32_t)((next() >> 32) % n);
+    }
+    double uniform()
+    {
+        return (double)(next() >> 11) * 0x1p-53;
+    }
     double normal()
     {
         double u1 = uniform(), u2 = uniform();
@@ -66,11 +71,15 @@ struct Rng {
 };
 
 /* A device buffer freed on scope exit. */
-template <class T> struct DevBuf {
+template <class T>
+struct DevBuf {
     T *p = nullptr;
     size_t n = 0;
     DevBuf() = default;
-    explicit DevBuf(size_t count) { alloc(count); }
+    explicit DevBuf(size_t count)
+    {
+        alloc(count);
+    }
     void alloc(size_t count)
     {
         release();
@@ -85,16 +94,29 @@ template <class T> struct DevBuf {
         p = nullptr;
         n = 0;
     }
-    void upload(const T *src, size_t count) { CK(cudaMemcpy(p, src, sizeof(T) * count, cudaMemcpyHostToDevice)); }
-    void download(T *dst, size_t count) const { CK(cudaMemcpy(dst, p, sizeof(T) * count, cudaMemcpyDeviceToHost)); }
-    void fill_bytes(int byte) { CK(cudaMemset(p, byte, sizeof(T) * n)); }
-    ~DevBuf() { release(); }
+    void upload(const T *src, size_t count)
+    {
+        CK(cudaMemcpy(p, src, sizeof(T) * count, cudaMemcpyHostToDevice));
+    }
+    void download(T *dst, size_t count) const
+    {
+        CK(cudaMemcpy(dst, p, sizeof(T) * count, cudaMemcpyDeviceToHost));
+    }
+    void fill_bytes(int byte)
+    {
+        CK(cudaMemset(p, byte, sizeof(T) * n));
+    }
+    ~DevBuf()
+    {
+        release();
+    }
     DevBuf(const DevBuf &) = delete;
     DevBuf &operator=(const DevBuf &) = delete;
 };
 
 /* Median of the times (ms) of reps runs of fn after warm runs, with events on stream 0. */
-template <class F> static inline double time_median_ms(F fn, int warm, int reps)
+template <class F>
+static inline double time_median_ms(F fn, int warm, int reps)
 {
     for (int i = 0; i < warm; i++)
         fn();

@@ -36,8 +36,8 @@ static void check_request(const uint8_t *header, size_t header_len, const uint8_
 
     /* What the daemon checks next, against a model and a profile it found. */
     const dqd_model_info model = {.layers = 4, .q_heads = 8, .kv_heads = 2, .head_dim = 64};
-    const dqd_profile_info prof = {.kv_heads = 2, .head_dim = 64, .window = 128, .mean_bytes = 130,
-                                   .record_bytes = {49, 36}};
+    const dqd_profile_info prof = {
+        .kv_heads = 2, .head_dim = 64, .window = 128, .mean_bytes = 130, .record_bytes = {49, 36}};
     if (rc == 0) {
         dqd_tensor a, b2, c;
         uint32_t first, num;
@@ -50,8 +50,7 @@ static void check_request(const uint8_t *header, size_t header_len, const uint8_
             break;
         case DQD_OP_ATTEND:
             for (size_t i = 0; i < req->attend->n_items; i++)
-                (void)dqd_validate_attend_item(req->attend->items[i], &pl, &model, &a, &b2, &c, msg,
-                                               sizeof msg);
+                (void)dqd_validate_attend_item(req->attend->items[i], &pl, &model, &a, &b2, &c, msg, sizeof msg);
             break;
         case DQD_OP_COMPRESS:
             (void)dqd_validate_compress(req->compress, &pl, &prof, &a, msg, sizeof msg);

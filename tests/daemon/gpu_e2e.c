@@ -185,8 +185,13 @@ static void daemon_start(daemon_proc *d, const char *name, const char *const *ex
     for (int i = 0; i < g_ndargs && n < 46; i++)
         args[n++] = g_dargs[i];
     args[n] = NULL;
-    const dqd_opts o = {.bin = g_dquantd, .dir = g_workdir, .name = name, .log_level = "info",
-                        .start_timeout_ms = 30000, .stop_timeout_ms = 60000, .extra = args};
+    const dqd_opts o = {.bin = g_dquantd,
+                        .dir = g_workdir,
+                        .name = name,
+                        .log_level = "info",
+                        .start_timeout_ms = 30000,
+                        .stop_timeout_ms = 60000,
+                        .extra = args};
     if (dqd_start(d, &o) != 0)
         die("dquantd '%s' did not start; see %s/%s.log", name, g_workdir, name);
     g_child = d->pid;
@@ -325,8 +330,8 @@ static dqc_seq seqref(const refseq *s)
 
 /* PUT the same [nl, t, n] tokens to the daemon and, when it took them and apply_ref is set, to
  * the reference (which must take them too). Returns the daemon's code. */
-static int put_both(dqc_client *c, refseq *s, uint32_t first, uint32_t nl, uint64_t t, dq_dtype dtype,
-                    const void *k, const void *v, bool apply_ref)
+static int put_both(dqc_client *c, refseq *s, uint32_t first, uint32_t nl, uint64_t t, dq_dtype dtype, const void *k,
+                    const void *v, bool apply_ref)
 {
     model *m = s->m;
     uint64_t start = dq_layer_tokens(s->layers[first]);
@@ -489,9 +494,8 @@ static double attend_both(dqc_client *c, const att_case *cases, size_t n, uint64
     double worst = 0;
     if (*rc_out == 0) {
         for (size_t i = 0; i < n; i++)
-            if (cases[i].append &&
-                dq_layer_append(cases[i].seq->layers[cases[i].layer], WS(m), ak + i * m->n, av + i * m->n,
-                                DQ_DTYPE_F32, 1, NULL))
+            if (cases[i].append && dq_layer_append(cases[i].seq->layers[cases[i].layer], WS(m), ak + i * m->n,
+                                                   av + i * m->n, DQ_DTYPE_F32, 1, NULL))
                 die("reference append");
         for (size_t i = 0; i < n; i++) {
             dq_attn_item it = {cases[i].seq->layers[cases[i].layer], q + i * qs, rout + i * qs, rlse + i * m->q_heads};
@@ -551,10 +555,10 @@ static int put_seq(dqc_client *c, refseq *s, uint64_t tokens, uint64_t seed)
 /* ---- check mode ---- */
 
 typedef struct scale {
-    uint32_t big_layers;     /* Qwen-shaped model */
-    uint64_t splits[6];      /* PUT token counts, in order */
-    int decode_steps;        /* ATTEND steps with appends */
-    uint64_t evict_tokens;   /* per sequence in the eviction checks */
+    uint32_t big_layers;   /* Qwen-shaped model */
+    uint64_t splits[6];    /* PUT token counts, in order */
+    int decode_steps;      /* ATTEND steps with appends */
+    uint64_t evict_tokens; /* per sequence in the eviction checks */
 } scale;
 
 static const char *g_expect = "cuda";
@@ -725,8 +729,10 @@ static void check_model(dqc_client *c, model *m, const scale *sc, const char *ta
                                        v + (size_t)(m->layers - 1) * t * m->n, DQ_DTYPE_F32, t, NULL);
             dq_layer_free(probe);
             snprintf(name, sizeof name, "%s_bad_input_%zu", tag, b);
-            all &= report(name, rc == want && want == bad[b].want, "%s in the last layer of a multi-layer PUT: daemon %s, "
-                          "libdquant %s", bad[b].what, dq_err_name(rc), dq_err_name(want));
+            all &= report(name, rc == want && want == bad[b].want,
+                          "%s in the last layer of a multi-layer PUT: daemon %s, "
+                          "libdquant %s",
+                          bad[b].what, dq_err_name(rc), dq_err_name(want));
             why[0] = 0;
             snprintf(name, sizeof name, "%s_bad_input_%zu_changes_nothing", tag, b);
             bool same = same_raw(c, &s3, why, sizeof why);
@@ -804,7 +810,8 @@ static void *stress_thread(void *arg)
             att_case cs[2] = {{s, layer, true}, {&a->s[!(r & 1)], (layer + 1) % m->layers, false}};
             double err = attend_both(c, cs, 2, r, &rc);
             if (rc || err > 1e-3) {
-                snprintf(a->why, sizeof a->why, "ATTEND %s: %s, error %.3g", s->key, rc ? dqc_last_error(c) : "ok", err);
+                snprintf(a->why, sizeof a->why, "ATTEND %s: %s, error %.3g", s->key, rc ? dqc_last_error(c) : "ok",
+                         err);
                 a->errors++;
             }
         } else if (action < 7) {
@@ -871,8 +878,9 @@ static void check_stress(model *m, const scale *sc, uint64_t per_seq)
     int st = daemon_stop(&d);
     report("stress_concurrent_clients_and_moves", errors == 0 && dem > 0 && pro > 0 && ev == 0 && st == 0,
            "%d clients x %d operations on 8 sequences, GPU room for about 3: %llu moved to host, %llu layers back, "
-           "%llu spilled, %llu evicted, exit %d%s%s", NT, sc->decode_steps, (unsigned long long)dem,
-           (unsigned long long)pro, (unsigned long long)sp, (unsigned long long)ev, st, errors ? "; " : "", why);
+           "%llu spilled, %llu evicted, exit %d%s%s",
+           NT, sc->decode_steps, (unsigned long long)dem, (unsigned long long)pro, (unsigned long long)sp,
+           (unsigned long long)ev, st, errors ? "; " : "", why);
 }
 
 /* A GPU budget of exactly one sequence: growing it finds no room on the GPU (nothing else to move),
@@ -919,8 +927,8 @@ static void check_spill(model *m, const scale *sc, uint64_t per_seq)
     same = rc == 0 && same_raw(c, &b, why, sizeof why);
     report("tiers_spill_on_attend_append", rc == 0 && sp1 == sp0 + 1 && worst <= 1e-3 && same,
            "%u ATTEND appends, the last seals a window the GPU has no room for: %s, %llu layer moved to the host, "
-           "error %.3g%s%s", W, rc ? dqc_last_error(c) : "ok", (unsigned long long)(sp1 - sp0), worst,
-           same ? "" : "; ", why);
+           "error %.3g%s%s",
+           W, rc ? dqc_last_error(c) : "ok", (unsigned long long)(sp1 - sp0), worst, same ? "" : "; ", why);
     refseq_free(&b);
     refseq_free(&s);
     dqc_free(c);
@@ -954,8 +962,8 @@ static void check_tiers(model *m, const scale *sc)
     /* 2. room for two sequences on the GPU, plenty of host memory: moves, never drops */
     char gpu_mem[32];
     snprintf(gpu_mem, sizeof gpu_mem, "%llu", (unsigned long long)(per * 5 / 2));
-    const char *evict_args[] = {"--backend", "cuda", "--workers", "4", "--gpu-memory", gpu_mem, "--host-memory", "2G",
-                                NULL};
+    const char *evict_args[] = {"--backend", "cuda",          "--workers", "4", "--gpu-memory",
+                                gpu_mem,     "--host-memory", "2G",        NULL};
     daemon_start(&d, "tiers", evict_args);
     c = client_open(&d);
     model_register(c, m);
@@ -981,9 +989,8 @@ static void check_tiers(model *m, const scale *sc)
         uint64_t dem = stat_counter(c, "gpu_demotions"), ev = stat_counter(c, "evictions");
         uint64_t gseq = stat_counter(c, "gpu_sequences"), used = stat_counter(c, "gpu_memory_used");
         report("tiers_demote_to_host", dem >= 3 && ev == 0 && gseq <= 2 && used <= per * 5 / 2,
-               "%d sequences, GPU room for 2: %llu moved to host, %llu evicted, %llu on the GPU using %llu bytes",
-               NSEQ, (unsigned long long)dem, (unsigned long long)ev, (unsigned long long)gseq,
-               (unsigned long long)used);
+               "%d sequences, GPU room for 2: %llu moved to host, %llu evicted, %llu on the GPU using %llu bytes", NSEQ,
+               (unsigned long long)dem, (unsigned long long)ev, (unsigned long long)gseq, (unsigned long long)used);
         bool same = true;
         for (int i = 0; i < NSEQ && same; i++)
             same = same_raw(c, &s[i], why, sizeof why);
@@ -1003,8 +1010,8 @@ static void check_tiers(model *m, const scale *sc)
         why[0] = 0;
         bool back = same_raw(c, &s[0], why, sizeof why);
         report("tiers_promote_on_use", rc == 0 && err <= 1e-3 && pro2 >= pro1 + 2 && back,
-               "ATTEND on a host-tier sequence: %llu layers promoted, error %.3g%s%s", (unsigned long long)(pro2 - pro1),
-               err, back ? "" : "; ", why);
+               "ATTEND on a host-tier sequence: %llu layers promoted, error %.3g%s%s",
+               (unsigned long long)(pro2 - pro1), err, back ? "" : "; ", why);
         /* a PUT to a host-tier sequence brings its layers back too */
         uint64_t dem1 = stat_counter(c, "gpu_demotions");
         void *k = random_tensor(m->layers * 3 * m->n, m->n, DQ_DTYPE_F32, true, 730);
@@ -1047,8 +1054,8 @@ static void check_tiers(model *m, const scale *sc)
         char host_mem[32];
         uint64_t hb = host0 + (variant == 0 ? per_host / 2 : per_host * 3 / 2);
         snprintf(host_mem, sizeof host_mem, "%llu", (unsigned long long)(hb > (1u << 20) ? hb : (1u << 20)));
-        const char *drop_args[] = {"--backend", "cuda", "--workers", "4", "--gpu-memory", gpu_mem, "--host-memory",
-                                   host_mem, NULL};
+        const char *drop_args[] = {"--backend", "cuda",          "--workers", "4", "--gpu-memory",
+                                   gpu_mem,     "--host-memory", host_mem,    NULL};
         daemon_start(&d, variant == 0 ? "drops" : "cascade", drop_args);
         c = client_open(&d);
         model_register(c, m);
@@ -1082,13 +1089,15 @@ static void check_tiers(model *m, const scale *sc)
                 report("drops_evict_when_host_is_full",
                        drops >= 1 && ev >= drops && gone == (int)ev && same + gone == NSEQ && last_kept,
                        "host budget %s: %llu GPU sequences dropped, %llu moved (evictions %llu), %d not found, "
-                       "%d identical", host_mem, (unsigned long long)drops, (unsigned long long)dem,
-                       (unsigned long long)ev, gone, same);
+                       "%d identical",
+                       host_mem, (unsigned long long)drops, (unsigned long long)dem, (unsigned long long)ev, gone,
+                       same);
             else
                 report("cascade_host_lru", ev >= 1 && dem >= 1 && gone == (int)ev && same + gone == NSEQ && last_kept,
                        "host budget %s: %llu moved to host, %llu evicted (%llu of them straight from the GPU), "
-                       "%d not found, %d identical", host_mem, (unsigned long long)dem, (unsigned long long)ev,
-                       (unsigned long long)drops, gone, same);
+                       "%d not found, %d identical",
+                       host_mem, (unsigned long long)dem, (unsigned long long)ev, (unsigned long long)drops, gone,
+                       same);
         }
         for (int i = 0; i < NSEQ; i++)
             refseq_free(&s[i]);
@@ -1138,16 +1147,16 @@ static int run_check(const char *scale_name)
 
 #ifdef DQD_E2E_HAVE_CUDA
 
-#define CK(call)                                                                                          \
-    do {                                                                                                  \
-        cudaError_t ck_e = (call);                                                                        \
-        if (ck_e != cudaSuccess)                                                                          \
-            die("%s:%d %s: %s", __FILE__, __LINE__, #call, cudaGetErrorString(ck_e));                     \
+#define CK(call)                                                                      \
+    do {                                                                              \
+        cudaError_t ck_e = (call);                                                    \
+        if (ck_e != cudaSuccess)                                                      \
+            die("%s:%d %s: %s", __FILE__, __LINE__, #call, cudaGetErrorString(ck_e)); \
     } while (0)
-#define DQ(call)                                                                                          \
-    do {                                                                                                  \
-        int dq_rc = (call);                                                                               \
-        if (dq_rc < 0)                                                                                    \
+#define DQ(call)                                                                                                  \
+    do {                                                                                                          \
+        int dq_rc = (call);                                                                                       \
+        if (dq_rc < 0)                                                                                            \
             die("%s:%d %s: %s (CUDA %d)", __FILE__, __LINE__, #call, dq_err_name(dq_rc), dqcu_last_cuda_error()); \
     } while (0)
 
@@ -1157,9 +1166,9 @@ typedef struct bench_cfg {
     int nbatches;
     int steps;
     int put_conns;
-    double budget;      /* seconds for the whole bench */
+    double budget; /* seconds for the whole bench */
     double t0;
-    bool trace;         /* daemon at debug level; its ATTEND trace summarized at the end */
+    bool trace; /* daemon at debug level; its ATTEND trace summarized at the end */
 } bench_cfg;
 
 /* Random BF16 K and V pools; (sequence, layer) reads tokens [off, off + ctx) with off from a hash. */
@@ -1187,9 +1196,9 @@ typedef struct ip_state {
     dqcu_codec *dc;
     size_t wb;
     cudaStream_t s[8];
-    uint8_t *pin[8];      /* pinned staging per stream */
+    uint8_t *pin[8]; /* pinned staging per stream */
     size_t pin_bytes;
-    uint16_t *stage[8];   /* device staging per stream (K then V) */
+    uint16_t *stage[8]; /* device staging per stream (K then V) */
     int32_t *status[8];
 } ip_state;
 
@@ -1266,7 +1275,7 @@ static void ip_put_layer(ip_state *ip, int si, ip_layer *l, const uint16_t *k, c
 /* In-process PUT of sequences' layers: one host thread per stream, like the daemon's workers. */
 typedef struct ip_put_job {
     ip_state *ip;
-    ip_layer **L;          /* [nseq][layers] */
+    ip_layer **L; /* [nseq][layers] */
     const pool *p;
     uint32_t seq0, nseq, ctx;
     int si;
@@ -1346,8 +1355,17 @@ static void *put_worker(void *arg)
         char key[32];
         snprintf(key, sizeof key, "b%u", seq);
         size_t off = pool_off(j->p, seq, layer);
-        dqc_put_args a = {{"bench", key, strlen(key)}, m->name, 0, layer, 1, j->p->ctx, m->kv_heads,
-                          m->head_dim, DQ_DTYPE_BF16, j->p->k + off, j->p->v + off};
+        dqc_put_args a = {{"bench", key, strlen(key)},
+                          m->name,
+                          0,
+                          layer,
+                          1,
+                          j->p->ctx,
+                          m->kv_heads,
+                          m->head_dim,
+                          DQ_DTYPE_BF16,
+                          j->p->k + off,
+                          j->p->v + off};
         if (dqc_put(c, &a, NULL)) {
             say("PUT %s layer %u: %s", key, layer, dqc_last_error(c));
             atomic_store(&j->failed, 1);
@@ -1421,8 +1439,8 @@ static void daemon_step(dqc_client *c, const model *m, uint32_t seq0, uint32_t b
         for (uint32_t b = 0; b < batch; b++) {
             size_t i = (size_t)layer * batch + b;
             snprintf(keys[b], 32, "b%u", seq0 + b);
-            items[b] = (dqc_attend_item){{"bench", keys[b], strlen(keys[b])}, layer, q + i * qs, k + i * m->n,
-                                         v + i * m->n};
+            items[b] = (dqc_attend_item){
+                {"bench", keys[b], strlen(keys[b])}, layer, q + i * qs, k + i * m->n, v + i * m->n};
         }
         dqc_attend_args a = {items, batch, m->q_heads, m->kv_heads, m->head_dim, DQ_DTYPE_BF16, 0.0f};
         double t0 = now_s();
@@ -1441,8 +1459,8 @@ typedef struct ip_batch {
     size_t ws_bytes;
 } ip_batch;
 
-static void ip_step(ip_state *ip, ip_layer **L, uint32_t batch, ip_batch *B, float *out, float *lse,
-                    const uint16_t *q, const uint16_t *k, const uint16_t *v)
+static void ip_step(ip_state *ip, ip_layer **L, uint32_t batch, ip_batch *B, float *out, float *lse, const uint16_t *q,
+                    const uint16_t *k, const uint16_t *v)
 {
     const model *m = ip->m;
     size_t qs = (size_t)m->q_heads * m->head_dim;
@@ -1660,7 +1678,8 @@ static int run_bench(bench_cfg *cfg, const char *workers)
             say("batch %u: %u sequences of %u tokens: daemon PUT %.1f s, in-process %.1f s", batch, batch, ctx, tp, ti);
         }
         int steps = cfg->steps, warm = 2;
-        double *tsd = xmalloc((size_t)(steps + warm) * sizeof *tsd), *tsi = xmalloc((size_t)(steps + warm) * sizeof *tsi);
+        double *tsd = xmalloc((size_t)(steps + warm) * sizeof *tsd),
+               *tsi = xmalloc((size_t)(steps + warm) * sizeof *tsi);
         double calls = 0, worst = 0;
         for (int st = 0; st < steps + warm; st++) {
             /* both paths append the same token to their own copy of the sequence */
@@ -1689,9 +1708,10 @@ static int run_bench(bench_cfg *cfg, const char *workers)
         }
         sd /= steps;
         si /= steps;
-        printf("{\"bench\":\"decode_step\",\"path\":\"daemon\",\"backend\":\"%s\",\"batch\":%u,\"ctx\":%u,"
-               "\"layers\":%u,\"steps\":%d,\"step_ms_median\":%.3f,\"step_ms_mean\":%.3f,\"attend_call_us_mean\":%.1f}\n",
-               info.backend, batch, ctx, m.layers, steps, md * 1e3, sd * 1e3, calls / steps / m.layers * 1e6);
+        printf(
+            "{\"bench\":\"decode_step\",\"path\":\"daemon\",\"backend\":\"%s\",\"batch\":%u,\"ctx\":%u,"
+            "\"layers\":%u,\"steps\":%d,\"step_ms_median\":%.3f,\"step_ms_mean\":%.3f,\"attend_call_us_mean\":%.1f}\n",
+            info.backend, batch, ctx, m.layers, steps, md * 1e3, sd * 1e3, calls / steps / m.layers * 1e6);
         printf("{\"bench\":\"decode_step\",\"path\":\"inprocess\",\"batch\":%u,\"ctx\":%u,\"layers\":%u,\"steps\":%d,"
                "\"step_ms_median\":%.3f,\"step_ms_mean\":%.3f,\"daemon_over_inprocess\":%.3f,"
                "\"max_rel_diff_daemon_vs_inprocess\":%.3g}\n",

@@ -130,8 +130,8 @@ Test(config, listen_flags_replace_file_listeners)
 {
     const char *path = write_ini("[server]\nlisten = unix:/tmp/from-file.sock\n");
     dqd_cli_action a;
-    char *argv[] = {"dquantd", "--listen", "tcp://[::1]:7000", "--config", (char *)path, "--listen",
-                    "unix:/tmp/b.sock", NULL};
+    char *argv[] = {"dquantd",    "--listen", "tcp://[::1]:7000", "--config",
+                    (char *)path, "--listen", "unix:/tmp/b.sock", NULL};
     cr_assert_eq(from_args(7, argv, &a), 0, "%s", err);
     unlink(path);
     cr_assert_eq(cfg.nlisten, 2);

@@ -44,7 +44,8 @@ Test(framebuf, reuse_fits_and_budget)
 {
     dqd_framebufs fb;
     dqd_framebufs_init(&fb, 10 * MiB);
-    uint8_t *a = dqd_framebuf_get(&fb, 4 * MiB), *b = dqd_framebuf_get(&fb, 4 * MiB), *c = dqd_framebuf_get(&fb, 4 * MiB);
+    uint8_t *a = dqd_framebuf_get(&fb, 4 * MiB), *b = dqd_framebuf_get(&fb, 4 * MiB),
+            *c = dqd_framebuf_get(&fb, 4 * MiB);
     cr_assert(a && b && c);
     dqd_framebuf_put(&fb, a);
     dqd_framebuf_put(&fb, b);

@@ -867,8 +867,8 @@ Test(server, compress_decompress_roundtrip)
         Dquant__Tensor tm, tr;
         wire_tensor(&pl, &tm, DQUANT__DTYPE__RAW, cr->means->shape, cr->means->n_shape, out + cr->means->offset,
                     cr->means->length);
-        wire_tensor(&pl, &tr, DQUANT__DTYPE__RAW, cr->records->shape, cr->records->n_shape,
-                    out + cr->records->offset, cr->records->length);
+        wire_tensor(&pl, &tr, DQUANT__DTYPE__RAW, cr->records->shape, cr->records->n_shape, out + cr->records->offset,
+                    cr->records->length);
         Dquant__Decompress d = DQUANT__DECOMPRESS__INIT;
         d.profile = cr->profile;
         d.kind = kind;
@@ -1303,7 +1303,7 @@ Test(server, sigterm_finishes_inflight_work)
     close(fd);
     int st = dqd_wait(D.pid, 30000);
     D.pid = 0;
-    dqd_stop(&D);   /* removes its directory */
+    dqd_stop(&D); /* removes its directory */
     cr_assert_eq(st, 0);
     wire_payload_free(&pl);
     free(k);

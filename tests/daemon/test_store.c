@@ -28,8 +28,8 @@ static void setup(void)
 {
     dqd_hostmem_init(&mem);
     cr_assert_eq(dqd_registry_create(&mem, 16, &reg), 0);
-    dqd_model_spec spec = {.name = "tiny", .layers = 2, .q_heads = 4, .kv_heads = KV, .head_dim = HD,
-                           .profile_name = "dq226"};
+    dqd_model_spec spec = {
+        .name = "tiny", .layers = 2, .q_heads = 4, .kv_heads = KV, .head_dim = HD, .profile_name = "dq226"};
     bool existed;
     char msg[256];
     cr_assert_eq(dqd_registry_register(reg, &spec, &model, &existed, msg, sizeof msg), 0, "%s", msg);

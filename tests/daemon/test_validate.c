@@ -243,7 +243,8 @@ Test(validate, attend_items)
     dqd_op op;
     cr_assert_eq(dqd_request_validate(&req, PL(payload, 4096), &lim, &op, msg, sizeof msg), 0, "%s", msg);
     dqd_tensor tq, tk, tv;
-    cr_assert_eq(dqd_validate_attend_item(&it, PL(payload, 4096), &model, &tq, &tk, &tv, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(dqd_validate_attend_item(&it, PL(payload, 4096), &model, &tq, &tk, &tv, msg, sizeof msg), 0, "%s",
+                 msg);
 
     a.n_items = 9;
     cr_assert_eq(dqd_request_validate(&req, PL(payload, 4096), &lim, &op, msg, sizeof msg), DQ_TOO_LARGE);
@@ -274,8 +275,8 @@ Test(validate, attend_items)
 
 Test(validate, decompress_sizes)
 {
-    const dqd_profile_info p = {.kv_heads = 2, .head_dim = 64, .window = 128, .mean_bytes = 130,
-                                .record_bytes = {49, 36}};
+    const dqd_profile_info p = {
+        .kv_heads = 2, .head_dim = 64, .window = 128, .mean_bytes = 130, .record_bytes = {49, 36}};
     uint8_t prof[8] = {1};
     uint64_t ms[1] = {260}, rs[1] = {129 * 49};
     Dquant__Tensor means = tensor(DQUANT__DTYPE__RAW, ms, 1, 0, 260);
@@ -380,8 +381,8 @@ Test(validate, nccl_payload)
     c.kv_heads = 2;
     c.head_dim = 64;
     c.x = &x;
-    const dqd_profile_info prof = {.kv_heads = 2, .head_dim = 64, .window = 128, .mean_bytes = 130,
-                                   .record_bytes = {49, 36}};
+    const dqd_profile_info prof = {
+        .kv_heads = 2, .head_dim = 64, .window = 128, .mean_bytes = 130, .record_bytes = {49, 36}};
     dqd_tensor tx;
     cr_assert_eq(dqd_validate_compress(&c, &nccl, &prof, &tx, msg, sizeof msg), DQ_INVALID_ARGUMENT);
     cr_assert(strstr(msg, "NCCL"), "%s", msg);

@@ -91,7 +91,9 @@ static void run_codec(const eval_data *d, const char *spec, const eval_opts *o, 
 
 Test(fixedwidth, levels_and_charged_bits)
 {
-    static const struct { uint32_t heads, dim, mk, mv; } cases[] = {{8, 128, 6, 3}, {2, 128, 6, 3}, {4, 16, 8, 4}};
+    static const struct {
+        uint32_t heads, dim, mk, mv;
+    } cases[] = {{8, 128, 6, 3}, {2, 128, 6, 3}, {4, 16, 8, 4}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         dq_profile p;
         cr_assert_eq(dq_profile_builtin("dq226", cases[i].heads, cases[i].dim, &p), DQ_OK);
@@ -224,8 +226,10 @@ Test(eval, drift_summary_from_symbols)
 
 Test(eval, ablation_rows)
 {
-    static const struct { const char *name; size_t rows; } cases[] = {
-        {"levels", 17}, {"budget", 9}, {"split", 9}, {"alpha", 11}};
+    static const struct {
+        const char *name;
+        size_t rows;
+    } cases[] = {{"levels", 17}, {"budget", 9}, {"split", 9}, {"alpha", 11}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         eval_ablation_row *rows;
         size_t n;

@@ -102,8 +102,7 @@ static dq_codec *codec_from(const dq_profile *p)
     dq_codec *c = NULL;
     int rc = dq_codec_create(p, NULL, &c);
     if (rc != DQ_OK || !c) {
-        fprintf(stderr, "dq_codec_create(%s, %u×%u): %s\n", p->name, p->kv_heads, p->head_dim,
-                dq_err_name(rc));
+        fprintf(stderr, "dq_codec_create(%s, %u×%u): %s\n", p->name, p->kv_heads, p->head_dim, dq_err_name(rc));
         abort();
     }
     return c;
@@ -142,8 +141,8 @@ static void cumulative(const uint16_t *freq, uint32_t levels, uint32_t *cum)
     }
 }
 
-uint32_t dqt_ref_rans_encode(const uint16_t *freq, uint32_t levels, const uint8_t *syms, uint32_t n,
-                             uint8_t *out, uint32_t cap)
+uint32_t dqt_ref_rans_encode(const uint16_t *freq, uint32_t levels, const uint8_t *syms, uint32_t n, uint8_t *out,
+                             uint32_t cap)
 {
     uint32_t cum[32];
     cumulative(freq, levels, cum);
@@ -171,8 +170,8 @@ uint32_t dqt_ref_rans_encode(const uint16_t *freq, uint32_t levels, const uint8_
     return used;
 }
 
-dqt_ref_decode dqt_ref_rans_decode(const uint16_t *freq, uint32_t levels, const uint8_t *in, uint32_t C,
-                                   uint32_t n, uint8_t *syms)
+dqt_ref_decode dqt_ref_rans_decode(const uint16_t *freq, uint32_t levels, const uint8_t *in, uint32_t C, uint32_t n,
+                                   uint8_t *syms)
 {
     dqt_ref_decode r = {0};
     uint32_t cum[32];

@@ -43,21 +43,21 @@ dq_codec *dqt_codec_make(const dq_profile_params *params);
 /* ---- the reference rANS of DESIGN §2.3 ---- */
 
 /* Needed container bytes (4 + emitted); writes the container to out when it fits cap (rest zeroed). */
-uint32_t dqt_ref_rans_encode(const uint16_t *freq, uint32_t levels, const uint8_t *syms, uint32_t n,
-                             uint8_t *out, uint32_t cap);
+uint32_t dqt_ref_rans_encode(const uint16_t *freq, uint32_t levels, const uint8_t *syms, uint32_t n, uint8_t *out,
+                             uint32_t cap);
 
 typedef struct dqt_ref_decode {
-    int valid;              /* 1 when the state/padding rules hold */
+    int valid; /* 1 when the state/padding rules hold */
     uint32_t initial_state;
     uint32_t final_state;
-    uint32_t consumed;      /* bytes read, state included */
-    int overrun;            /* wanted a byte past C */
-    int nonzero_tail;       /* a byte past the consumed ones is nonzero */
+    uint32_t consumed; /* bytes read, state included */
+    int overrun;       /* wanted a byte past C */
+    int nonzero_tail;  /* a byte past the consumed ones is nonzero */
 } dqt_ref_decode;
 
 /* Decodes n symbols from a C-byte container with the table, never reading outside it. */
-dqt_ref_decode dqt_ref_rans_decode(const uint16_t *freq, uint32_t levels, const uint8_t *in, uint32_t C,
-                                   uint32_t n, uint8_t *syms);
+dqt_ref_decode dqt_ref_rans_decode(const uint16_t *freq, uint32_t levels, const uint8_t *in, uint32_t C, uint32_t n,
+                                   uint8_t *syms);
 
 /* Σ −log2(f_m / 256) over the symbols. */
 double dqt_ideal_bits(const uint16_t *freq, const uint8_t *syms, uint32_t n);

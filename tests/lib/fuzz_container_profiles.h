@@ -13,8 +13,8 @@ static inline int fuzz_profile(int i, dq_profile *out)
         const char *builtin;
         uint32_t kv_heads, head_dim, C[2], M[2];
     } t[FUZZ_NPROFILES] = {
-        {"dq226", 8, 128, {0, 0}, {0, 0}},  {"dq196", 8, 128, {0, 0}, {0, 0}}, {"dq226", 2, 128, {0, 0}, {0, 0}},
-        {"dq196", 1, 16, {0, 0}, {0, 0}},   {NULL, 1, 2, {6, 6}, {8, 6}},      {NULL, 4, 16, {40, 12}, {32, 2}},
+        {"dq226", 8, 128, {0, 0}, {0, 0}}, {"dq196", 8, 128, {0, 0}, {0, 0}}, {"dq226", 2, 128, {0, 0}, {0, 0}},
+        {"dq196", 1, 16, {0, 0}, {0, 0}},  {NULL, 1, 2, {6, 6}, {8, 6}},      {NULL, 4, 16, {40, 12}, {32, 2}},
     };
     if (t[i].builtin)
         return dq_profile_builtin(t[i].builtin, t[i].kv_heads, t[i].head_dim, out);

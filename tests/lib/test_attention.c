@@ -29,8 +29,8 @@ TestSuite(attention, .init = suite_init, .fini = suite_fini);
 typedef struct cache {
     dq_layer *layer;
     size_t T;
-    float *k, *v;       /* original [T, n] */
-    float *kd, *vd;     /* decoded [T, n] */
+    float *k, *v;   /* original [T, n] */
+    float *kd, *vd; /* decoded [T, n] */
 } cache;
 
 static void cache_make(cache *c, const dq_codec *codec, dq_workspace *ws, size_t T)
@@ -380,8 +380,8 @@ Test(attention, concurrent_readers)
     attn_job jobs[NT];
     pthread_t th[NT];
     for (int i = 0; i < NT; i++) {
-        jobs[i] = (attn_job){.codec = codec, .layer = c.layer, .q = q, .dec = dqt_xmalloc(cnt * sizeof(float)),
-                             .rc = -1};
+        jobs[i] = (attn_job){
+            .codec = codec, .layer = c.layer, .q = q, .dec = dqt_xmalloc(cnt * sizeof(float)), .rc = -1};
         cr_assert_eq(pthread_create(&th[i], NULL, attn_thread, &jobs[i]), 0);
     }
     for (int i = 0; i < NT; i++)

@@ -49,8 +49,8 @@ enum mutation {
 };
 
 static const char *mut_name[MUT_COUNT] = {"flip-bit", "flip-bits", "random-bytes", "zero-state",
-                                          "state-ff", "garbage",   "all-ff",      "all-00",
-                                          "truncate", "shift",     "padding",     "state-only"};
+                                          "state-ff", "garbage",   "all-ff",       "all-00",
+                                          "truncate", "shift",     "padding",      "state-only"};
 
 struct codec_param {
     char name[16];
@@ -62,7 +62,7 @@ struct codec_param {
 ParameterizedTestParameters(corrupt, records)
 {
     static struct codec_param p[] = {
-        {"dq226", 1, 8, 128, {0, 0}}, {"dq196", 1, 8, 128, {0, 0}}, {"dq226", 1, 2, 128, {0, 0}},
+        {"dq226", 1, 8, 128, {0, 0}},    {"dq196", 1, 8, 128, {0, 0}}, {"dq226", 1, 2, 128, {0, 0}},
         {"tiny-d16", 0, 1, 16, {11, 9}}, {"tiny-d2", 0, 1, 2, {6, 6}},
     };
     return cr_make_param_array(struct codec_param, p, sizeof p / sizeof p[0]);
@@ -228,8 +228,8 @@ ParameterizedTest(struct codec_param *cp, corrupt, records)
             if (rc == DQ_OK && isfinite(s) && isfinite(o))
                 for (uint32_t j = 0; j < n; j++) {
                     float want = o + s * (float)lev[j];
-                    cr_assert(memcmp(&want, &vals[j], sizeof want) == 0, "%s: value %u is %g, expected %g", cp->name,
-                              j, (double)vals[j], (double)want);
+                    cr_assert(memcmp(&want, &vals[j], sizeof want) == 0, "%s: value %u is %g, expected %g", cp->name, j,
+                              (double)vals[j], (double)want);
                 }
 
             /* Scalar and fast single-stream decode. */
@@ -239,12 +239,11 @@ ParameterizedTest(struct codec_param *cp, corrupt, records)
             size_t bad_f = fast_dsp.decode_levels(dec, rec, rb, 1, C, n, lev_f);
             cr_assert_eq(bad_c, (size_t)(rc != DQ_OK), "%s %s: C decoder counts %zu corrupt, public decoder %s",
                          cp->name, mut_name[mu], bad_c, dq_err_name(rc));
-            cr_assert_eq(bad_f, bad_c, "%s %s: fast decoder counts %zu corrupt, C decoder %zu", cp->name,
-                         mut_name[mu], bad_f, bad_c);
-            cr_assert(memcmp(lev_c, lev, n) == 0, "%s %s: C dsp levels differ from dq_stream_decode_levels",
-                      cp->name, mut_name[mu]);
-            cr_assert(memcmp(lev_f, lev_c, n) == 0, "%s %s: fast levels differ from C levels", cp->name,
+            cr_assert_eq(bad_f, bad_c, "%s %s: fast decoder counts %zu corrupt, C decoder %zu", cp->name, mut_name[mu],
+                         bad_f, bad_c);
+            cr_assert(memcmp(lev_c, lev, n) == 0, "%s %s: C dsp levels differ from dq_stream_decode_levels", cp->name,
                       mut_name[mu]);
+            cr_assert(memcmp(lev_f, lev_c, n) == 0, "%s %s: fast levels differ from C levels", cp->name, mut_name[mu]);
 
             tried[mu]++;
             rejected[mu] += rc != DQ_OK;
@@ -256,8 +255,8 @@ ParameterizedTest(struct codec_param *cp, corrupt, records)
                 memset(blev_f, 0xdd, (size_t)BATCH * n);
                 size_t bc = c_dsp.decode_levels(dec, batch, stride, BATCH, C, n, blev_c);
                 size_t bf = fast_dsp.decode_levels(dec, batch, stride, BATCH, C, n, blev_f);
-                cr_assert_eq(bc, batch_corrupt, "%s: batch of %d: C decoder counts %zu corrupt, expected %zu",
-                             cp->name, BATCH, bc, batch_corrupt);
+                cr_assert_eq(bc, batch_corrupt, "%s: batch of %d: C decoder counts %zu corrupt, expected %zu", cp->name,
+                             BATCH, bc, batch_corrupt);
                 cr_assert_eq(bf, bc, "%s: batch: fast decoder counts %zu corrupt, C decoder %zu", cp->name, bf, bc);
                 cr_assert(memcmp(blev_c, blev_f, (size_t)BATCH * n) == 0, "%s: batch levels differ (C vs fast)",
                           cp->name);

@@ -72,14 +72,22 @@ ParameterizedTestParameters(dsp, decode_levels)
 static void damage(uint8_t *rec, size_t rb)
 {
     switch (dqt_below(&rng, 5)) {
-    case 0: rec[4 + dqt_below(&rng, (uint32_t)(rb - 4))] ^= (uint8_t)(1u << dqt_below(&rng, 8)); break;
-    case 1: memset(rec + 4, 0, 4); break;
-    case 2: memset(rec + 4, 0xff, rb - 4); break;
+    case 0:
+        rec[4 + dqt_below(&rng, (uint32_t)(rb - 4))] ^= (uint8_t)(1u << dqt_below(&rng, 8));
+        break;
+    case 1:
+        memset(rec + 4, 0, 4);
+        break;
+    case 2:
+        memset(rec + 4, 0xff, rb - 4);
+        break;
     case 3:
         for (size_t i = 0; i < rb; i++)
             rec[i] = (uint8_t)dqt_next(&rng);
         break;
-    default: rec[rb - 1] ^= 0x80; break;
+    default:
+        rec[rb - 1] ^= 0x80;
+        break;
     }
 }
 
@@ -135,9 +143,9 @@ ParameterizedTest(struct dec_param *dp, dsp, decode_levels)
                         expect_bad += rc != DQ_OK;
                         valid[i] = rc == DQ_OK;
                         uint8_t *ref = dqt_xmalloc(n);
-                        dqt_ref_decode rd =
-                            dqt_ref_rans_decode(dq_codec_profile(codec)->freq[k], dq_codec_profile(codec)->levels[k],
-                                                recs + i * stride + 4, C, n, ref);
+                        dqt_ref_decode rd = dqt_ref_rans_decode(dq_codec_profile(codec)->freq[k],
+                                                                dq_codec_profile(codec)->levels[k],
+                                                                recs + i * stride + 4, C, n, ref);
                         cr_assert_eq(rd.valid, rc == DQ_OK, "dq__rans_decode verdict differs from the spec");
                         if (rd.valid)
                             cr_assert(memcmp(ref, one, n) == 0, "dq__rans_decode symbols differ from the spec");
@@ -151,17 +159,17 @@ ParameterizedTest(struct dec_param *dp, dsp, decode_levels)
                     size_t bf = fast_dsp.decode_levels(dec, recs, stride, count, C, n, lf);
                     cr_assert_eq(bc, expect_bad, "%s kind %d count %u stride %zu: C counts %zu corrupt, expected %zu",
                                  dp->name, k, count, stride, bc, expect_bad);
-                    cr_assert_eq(bf, bc, "%s kind %d count %u stride %zu: fast counts %zu corrupt, C %zu", dp->name,
-                                 k, count, stride, bf, bc);
+                    cr_assert_eq(bf, bc, "%s kind %d count %u stride %zu: fast counts %zu corrupt, C %zu", dp->name, k,
+                                 count, stride, bf, bc);
                     for (uint32_t i = 0; i < count; i++) {
                         /* A corrupt stream's levels are garbage, but the same garbage in C and fast. */
                         if (valid[i])
                             cr_assert(memcmp(lc + (size_t)i * n, expect + (size_t)i * n, n) == 0,
-                                  "%s kind %d: C entry, stream %u of %u differs from dq__rans_decode", dp->name, k, i,
-                                  count);
+                                      "%s kind %d: C entry, stream %u of %u differs from dq__rans_decode", dp->name, k,
+                                      i, count);
                         cr_assert(memcmp(lf + (size_t)i * n, lc + (size_t)i * n, n) == 0,
-                                  "%s kind %d count %u stride %zu: fast levels of stream %u differ", dp->name, k,
-                                  count, stride, i);
+                                  "%s kind %d count %u stride %zu: fast levels of stream %u differ", dp->name, k, count,
+                                  stride, i);
                     }
                     free(expect);
                     free(valid);
@@ -179,8 +187,8 @@ ParameterizedTest(struct dec_param *dp, dsp, decode_levels)
     dq_codec_free(codec);
 }
 
-static const size_t vec_lens[] = {0,   1,   2,   3,   4,   5,   7,   8,   9,    15,   16,   17,  31,
-                                  32,  33,  63,  64,  65,  100, 127, 128, 129,  255,  256,  257, 511,
+static const size_t vec_lens[] = {0,   1,   2,   3,    4,    5,    7,    8,    9,    15,   16,  17,  31,
+                                  32,  33,  63,  64,   65,   100,  127,  128,  129,  255,  256, 257, 511,
                                   512, 513, 999, 1000, 1023, 1024, 1025, 2047, 2048, 4096, 4099};
 
 Test(dsp, dot_u8)
@@ -209,10 +217,10 @@ Test(dsp, dot_u8)
             float c = c_dsp.dot_u8(q, lev, len, center);
             float f = fast_dsp.dot_u8(q, lev, len, center);
             /* Any summation order of len float terms stays within len·2^-24 of Σ|terms|. */
-            cr_assert(fabs((double)c - exact) <= (len + 1) * 0x1p-24 * mag + 1e-38, "C dot len %zu: %.9g vs %.9g",
-                      len, (double)c, exact);
-            cr_assert(fabs((double)f - (double)c) <= 1e-6 * mag + 1e-38, "fast dot len %zu (q+%zu, lev+%zu): %.9g, C %.9g",
-                      len, qoff, loff, (double)f, (double)c);
+            cr_assert(fabs((double)c - exact) <= (len + 1) * 0x1p-24 * mag + 1e-38, "C dot len %zu: %.9g vs %.9g", len,
+                      (double)c, exact);
+            cr_assert(fabs((double)f - (double)c) <= 1e-6 * mag + 1e-38,
+                      "fast dot len %zu (q+%zu, lev+%zu): %.9g, C %.9g", len, qoff, loff, (double)f, (double)c);
         }
     }
     free(qb);
@@ -361,8 +369,8 @@ Test(dsp, axpy_bf16)
             fast_dsp.axpy_bf16(fb + aoff, w, v, len);
             for (size_t j = 0; j < maxlen; j++) {
                 if (j < aoff || j >= aoff + len) {
-                    cr_assert(memcmp(&cb[j], &ab[j], sizeof(float)) == 0, "C axpy_bf16 len %zu wrote element %zu",
-                              len, j);
+                    cr_assert(memcmp(&cb[j], &ab[j], sizeof(float)) == 0, "C axpy_bf16 len %zu wrote element %zu", len,
+                              j);
                     cr_assert(memcmp(&fb[j], &ab[j], sizeof(float)) == 0, "fast axpy_bf16 len %zu wrote outside (%zu)",
                               len, j);
                     continue;
@@ -403,13 +411,14 @@ Test(dsp, fwht)
                 }
             c_dsp.fwht(ref, len);
             fast_dsp.fwht(x, len);
-            cr_assert(memcmp(x, ref, len * sizeof *x) == 0, "fast fwht len %u (offset %d) differs from C", len, trial % 5);
+            cr_assert(memcmp(x, ref, len * sizeof *x) == 0, "fast fwht len %u (offset %d) differs from C", len,
+                      trial % 5);
             double mag = 0;
             for (uint32_t j = 0; j < len; j++)
                 mag = fmax(mag, fabs((double)x[j]));
             for (uint32_t i = 0; len <= 64 && i < len; i++)
-                cr_assert(fabs(want[i] - ref[i]) <= len * 0x1p-22 * mag * len, "C fwht len %u [%u]: %.9g vs %.9g", len, i,
-                          (double)ref[i], want[i]);
+                cr_assert(fabs(want[i] - ref[i]) <= len * 0x1p-22 * mag * len, "C fwht len %u [%u]: %.9g vs %.9g", len,
+                          i, (double)ref[i], want[i]);
         }
     }
     free(buf);

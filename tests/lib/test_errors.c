@@ -66,9 +66,8 @@ Test(errors, dtypes)
     static const struct {
         const char *s;
         dq_dtype t;
-    } ok[] = {{"f32", DQ_DTYPE_F32},   {"float32", DQ_DTYPE_F32}, {"f16", DQ_DTYPE_F16},
-              {"float16", DQ_DTYPE_F16}, {"fp16", DQ_DTYPE_F16},  {"bf16", DQ_DTYPE_BF16},
-              {"bfloat16", DQ_DTYPE_BF16}};
+    } ok[] = {{"f32", DQ_DTYPE_F32},  {"float32", DQ_DTYPE_F32}, {"f16", DQ_DTYPE_F16},      {"float16", DQ_DTYPE_F16},
+              {"fp16", DQ_DTYPE_F16}, {"bf16", DQ_DTYPE_BF16},   {"bfloat16", DQ_DTYPE_BF16}};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         dq_dtype t = (dq_dtype)99;
         cr_assert_eq(dq_dtype_parse(ok[i].s, &t), DQ_OK, "parse %s", ok[i].s);

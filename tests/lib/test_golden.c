@@ -57,8 +57,8 @@ static uint64_t layer_hash(const char *profile, uint32_t kv_heads, uint32_t head
     dq_encode_stats st;
     memset(&st, 0, sizeof st);
     cr_assert_eq(dq_layer_append(l, ws, k, v, DQ_DTYPE_BF16, ntok, &st), DQ_OK);
-    const uint64_t stv[] = {st.streams, st.retries, st.fallbacks, st.payload_bytes, st.symbols_moved, st.max_move,
-                            st.max_payload_bytes};
+    const uint64_t stv[] = {st.streams,       st.retries,  st.fallbacks,        st.payload_bytes,
+                            st.symbols_moved, st.max_move, st.max_payload_bytes};
     h = fnv(h, stv, sizeof stv);
     for (size_t w = 0; w < dq_layer_window_count(l); w++)
         h = fnv(h, dq_layer_window(l, w), dq_codec_window_bytes(c));

@@ -92,8 +92,8 @@ ParameterizedTest(struct rot_param *rp, hadamard, rotation)
         for (uint32_t i = 0; i < n; i++)
             amax = fmax(amax, fabs(x[i]));
         for (uint32_t i = 0; i < n; i++)
-            cr_assert(fabs((double)rx[i] - x[i]) <= 1e-6 * amax, "n=%u: unrotate(rotate(x))[%u] = %.9g, x = %.9g", n,
-                      i, (double)rx[i], (double)x[i]);
+            cr_assert(fabs((double)rx[i] - x[i]) <= 1e-6 * amax, "n=%u: unrotate(rotate(x))[%u] = %.9g, x = %.9g", n, i,
+                      (double)rx[i], (double)x[i]);
     }
 
     /* Basis vectors: rotate(e_i) = ±H[:, i mod d] / sqrt(d) inside e_i's head, zero elsewhere
@@ -177,8 +177,7 @@ Test(hadamard, fwht_involution)
                     float want = 0;
                     for (uint32_t c = 0; c < len; c++)
                         want += (float)hsign(r, c) * x[c];
-                    cr_assert_eq(y[r], want, "fwht len %u row %u: %g, expected %g", len, r, (double)y[r],
-                                 (double)want);
+                    cr_assert_eq(y[r], want, "fwht len %u row %u: %g, expected %g", len, r, (double)y[r], (double)want);
                 }
             dq__fwht(y, len);
             for (uint32_t i = 0; i < len; i++)

@@ -189,10 +189,17 @@ Test(half, bf16_round_to_nearest_even)
     for (int i = 0; i < 2000000; i++) {
         uint32_t u = (uint32_t)dqt_next(&rng);
         switch (i % 4) {
-        case 0: u = (u & 0xffff0000u) | 0x8000u; break; /* exact tie */
-        case 1: u = (u & 0xffff0000u) | 0x7fffu; break;
-        case 2: u = (u & 0xffff0000u) | 0x8001u; break;
-        default: break;
+        case 0:
+            u = (u & 0xffff0000u) | 0x8000u;
+            break; /* exact tie */
+        case 1:
+            u = (u & 0xffff0000u) | 0x7fffu;
+            break;
+        case 2:
+            u = (u & 0xffff0000u) | 0x8001u;
+            break;
+        default:
+            break;
         }
         const float f = bitsf(u);
         if (isnan(f)) {
@@ -201,8 +208,8 @@ Test(half, bf16_round_to_nearest_even)
         }
         uint32_t hi = u >> 16, low = u & 0xffff;
         uint32_t want = hi + (low > 0x8000 || (low == 0x8000 && (hi & 1)));
-        cr_assert_eq(dq_f32_to_bf16(f), (uint16_t)want, "f32 %#010x gave %#06x, expected %#06x", u,
-                     dq_f32_to_bf16(f), want);
+        cr_assert_eq(dq_f32_to_bf16(f), (uint16_t)want, "f32 %#010x gave %#06x, expected %#06x", u, dq_f32_to_bf16(f),
+                     want);
     }
     cr_assert_eq(dq_f32_to_bf16(bitsf(0x7f7f8000u)), 0x7f80, "the tie above the largest bf16 overflows");
     cr_assert_eq(dq_f32_to_bf16(bitsf(0x7f7f7fffu)), 0x7f7f);

@@ -65,8 +65,8 @@ static void check_counts(const dq_layer *l, size_t t, const dq_codec *c)
     cr_assert_eq(dq_layer_tokens(l), t);
     cr_assert_eq(dq_layer_sealed_tokens(l), sealed, "%zu tokens: %zu sealed, expected %zu", t,
                  dq_layer_sealed_tokens(l), sealed);
-    cr_assert_eq(dq_layer_tail_tokens(l), t - sealed, "%zu tokens: tail %zu, expected %zu", t,
-                 dq_layer_tail_tokens(l), t - sealed);
+    cr_assert_eq(dq_layer_tail_tokens(l), t - sealed, "%zu tokens: tail %zu, expected %zu", t, dq_layer_tail_tokens(l),
+                 t - sealed);
     cr_assert_eq(dq_layer_window_count(l), sealed / w);
     const size_t stored = sealed / w * dq_codec_window_bytes(c) + (t - sealed) * nn * 2 * 2;
     cr_assert_eq(dq_layer_stored_bytes(l), stored, "%zu tokens: stored %zu bytes, expected %zu", t,
@@ -215,7 +215,8 @@ Test(layer, decode_ranges)
     expected_decode(l, DQ_KIND_K, exp[0]);
     expected_decode(l, DQ_KIND_V, exp[1]);
     /* Sanity of the reconstruction itself: close to the input. */
-    cr_assert_lt(dqt_rel_l2_f(exp[0], k, T * n), 0.2, "keys reconstruct with error %.3f", dqt_rel_l2_f(exp[0], k, T * n));
+    cr_assert_lt(dqt_rel_l2_f(exp[0], k, T * n), 0.2, "keys reconstruct with error %.3f",
+                 dqt_rel_l2_f(exp[0], k, T * n));
     cr_assert_lt(dqt_rel_l2_f(exp[1], v, T * n), 0.4, "values reconstruct with error %.3f",
                  dqt_rel_l2_f(exp[1], v, T * n));
 
@@ -224,11 +225,26 @@ Test(layer, decode_ranges)
     for (int r = 0; r < 300; r++) {
         size_t first, count;
         switch (r % 6) {
-        case 0: first = 0; count = T; break;
-        case 1: first = T - 1; count = 1; break;
-        case 2: first = dqt_below(&rng, (uint32_t)T); count = 1; break;
-        case 3: first = 127; count = 2; break;
-        case 4: first = 600; count = T - 600; break;
+        case 0:
+            first = 0;
+            count = T;
+            break;
+        case 1:
+            first = T - 1;
+            count = 1;
+            break;
+        case 2:
+            first = dqt_below(&rng, (uint32_t)T);
+            count = 1;
+            break;
+        case 3:
+            first = 127;
+            count = 2;
+            break;
+        case 4:
+            first = 600;
+            count = T - 600;
+            break;
         default:
             first = dqt_below(&rng, (uint32_t)T);
             count = 1 + dqt_below(&rng, (uint32_t)(T - first));
@@ -242,8 +258,8 @@ Test(layer, decode_ranges)
         cr_assert_eq(dq_layer_decode(l, ws, kind, first, count, o32, DQ_DTYPE_F32), DQ_OK);
         for (size_t j = 0; j < cnt; j++)
             if (memcmp(&o32[j], &e[j], sizeof(float)) != 0)
-                cr_assert_fail("range [%zu, +%zu) kind %d: element %zu is %.9g, token decoder %.9g", first, count,
-                               kind, j, (double)o32[j], (double)e[j]);
+                cr_assert_fail("range [%zu, +%zu) kind %d: element %zu is %.9g, token decoder %.9g", first, count, kind,
+                               j, (double)o32[j], (double)e[j]);
         free(o32);
         uint16_t *o16 = dqt_xmalloc(cnt * 2);
         cr_assert_eq(dq_layer_decode(l, ws, kind, first, count, o16, DQ_DTYPE_F16), DQ_OK);

@@ -101,10 +101,10 @@ ParameterizedTest(struct levels_param *param, model, tables)
             if (ai == 0) {
                 memcpy(f1, f, sizeof f1);
             } else if (centre_is_mode) {
-                cr_assert_geq(f[c1], f1[c1], "n=%u M=%u alpha=%g: centre f %u < %u at alpha 1", n, M,
-                              (double)alpha, f[c1], f1[c1]);
-                cr_assert_geq(f[c2], f1[c2], "n=%u M=%u alpha=%g: centre f %u < %u at alpha 1", n, M,
-                              (double)alpha, f[c2], f1[c2]);
+                cr_assert_geq(f[c1], f1[c1], "n=%u M=%u alpha=%g: centre f %u < %u at alpha 1", n, M, (double)alpha,
+                              f[c1], f1[c1]);
+                cr_assert_geq(f[c2], f1[c2], "n=%u M=%u alpha=%g: centre f %u < %u at alpha 1", n, M, (double)alpha,
+                              f[c2], f1[c2]);
                 /* Real-valued sharpening concentrates mass at the mode. */
                 cr_assert(ps[c1] / z >= p[c1] - 1e-12, "n=%u M=%u: sharpened centre mass fell", n, M);
             }

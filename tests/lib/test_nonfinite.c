@@ -127,8 +127,8 @@ Test(nonfinite, tokens_encode)
                 void *x = make_input((dq_dtype)dt, ntok * n, pos, b);
                 memset(recs, 0xa5, ntok * rb);
                 memset(mean, 0x5a, mb);
-                int rc = dq_tokens_encode(codec, ws, (dq_kind)k, x, (dq_dtype)dt, ntok, k == 0 ? mean : NULL, recs,
-                                          rb, NULL);
+                int rc = dq_tokens_encode(codec, ws, (dq_kind)k, x, (dq_dtype)dt, ntok, k == 0 ? mean : NULL, recs, rb,
+                                          NULL);
                 cr_assert_eq(rc, DQ_NONFINITE, "kind %d dtype %d bad %d at %zu: %s", k, dt, b, pos, dq_err_name(rc));
                 for (size_t i = 0; i < ntok * rb; i++)
                     cr_assert_eq(recs[i], 0xa5, "records written before validation (byte %zu)", i);
@@ -138,9 +138,9 @@ Test(nonfinite, tokens_encode)
             }
             /* And a clean input of the same dtype encodes. */
             void *x = make_input((dq_dtype)dt, ntok * n, 0, -1);
-            cr_assert_eq(dq_tokens_encode(codec, ws, (dq_kind)k, x, (dq_dtype)dt, ntok, k == 0 ? mean : NULL, recs,
-                                          rb, NULL),
-                         DQ_OK);
+            cr_assert_eq(
+                dq_tokens_encode(codec, ws, (dq_kind)k, x, (dq_dtype)dt, ntok, k == 0 ? mean : NULL, recs, rb, NULL),
+                DQ_OK);
             free(x);
         }
         free(recs);

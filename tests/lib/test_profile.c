@@ -99,7 +99,7 @@ Test(profile, builtins)
         cr_assert_eq(p.rotation_seed, 0x5eed);
 
         /* Other shapes keep the payload bit rate: C = round((rate·n + 32) / 8). */
-        static const uint32_t shapes[][2] = {{2, 128}, {1, 128}, {4, 64}, {1, 16}, {4, 16}, {16, 128},
+        static const uint32_t shapes[][2] = {{2, 128},  {1, 128}, {4, 64}, {1, 16},  {4, 16},   {16, 128},
                                              {32, 128}, {8, 256}, {1, 64}, {3, 128}, {64, 1024}};
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             dq_profile q;
@@ -110,8 +110,8 @@ Test(profile, builtins)
                 const double rate = (8.0 * want[i].C[k] - 32.0) / 1024.0;
                 const double exact = (rate * n + 32.0) / 8.0;
                 const uint32_t C = (uint32_t)floor(exact + 0.5);
-                cr_assert(q.container_bytes[k] == C || (fabs(exact - floor(exact) - 0.5) < 1e-9 &&
-                                                        q.container_bytes[k] == C - 1),
+                cr_assert(q.container_bytes[k] == C ||
+                              (fabs(exact - floor(exact) - 0.5) < 1e-9 && q.container_bytes[k] == C - 1),
                           "%s at %u×%u kind %d: C = %u, expected %u (%.4f)", want[i].name, shapes[s][0], shapes[s][1],
                           k, q.container_bytes[k], C, exact);
                 cr_assert_eq(q.levels[k], want[i].M[k]);
@@ -139,11 +139,11 @@ Test(profile, make_errors)
 {
     dq_profile p;
     dq_profile_params pp;
-#define EXPECT_MAKE(field_change, want)                                                              \
-    do {                                                                                              \
-        dq_profile_params_default(&pp);                                                               \
-        field_change;                                                                                 \
-        int rc_ = dq_profile_make(&pp, &p);                                                           \
+#define EXPECT_MAKE(field_change, want)                                                                         \
+    do {                                                                                                        \
+        dq_profile_params_default(&pp);                                                                         \
+        field_change;                                                                                           \
+        int rc_ = dq_profile_make(&pp, &p);                                                                     \
         cr_assert_eq(rc_, want, "%s gave %s, expected %s", #field_change, dq_err_name(rc_), dq_err_name(want)); \
     } while (0)
     EXPECT_MAKE(pp.levels[0] = 1, DQ_PROFILE);
@@ -208,8 +208,7 @@ ParameterizedTest(struct minc_param *mp, profile, smallest_container)
         const uint32_t mid = lo + (hi - lo) / 2;
         pp.container_bytes[0] = mid;
         rc = dq_profile_make(&pp, &p);
-        cr_assert(rc == DQ_OK || rc == DQ_CONTAINER_TOO_SMALL || (mid < 4 && rc < 0), "C=%u: %s", mid,
-                  dq_err_name(rc));
+        cr_assert(rc == DQ_OK || rc == DQ_CONTAINER_TOO_SMALL || (mid < 4 && rc < 0), "C=%u: %s", mid, dq_err_name(rc));
         if (rc == DQ_OK)
             hi = mid;
         else
@@ -269,11 +268,11 @@ Test(profile, validate)
     dq_profile good;
     cr_assert_eq(dq_profile_builtin("dq226", 8, 128, &good), DQ_OK);
     cr_assert_eq(dq_profile_validate(&good), DQ_OK);
-#define EXPECT_INVALID(change)                                                                      \
-    do {                                                                                             \
-        dq_profile b_ = good;                                                                        \
-        change;                                                                                      \
-        cr_assert_lt(dq_profile_validate(&b_), 0, "validate accepted: %s", #change);                 \
+#define EXPECT_INVALID(change)                                                       \
+    do {                                                                             \
+        dq_profile b_ = good;                                                        \
+        change;                                                                      \
+        cr_assert_lt(dq_profile_validate(&b_), 0, "validate accepted: %s", #change); \
     } while (0)
     EXPECT_INVALID(b_.freq[0][3]--);
     EXPECT_INVALID(b_.freq[1][1] += b_.freq[1][0]; b_.freq[1][0] = 0);

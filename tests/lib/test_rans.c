@@ -42,10 +42,18 @@ static void fill_symbols(enum draw d, const uint16_t *freq, uint32_t levels, uin
     uint32_t r = rarest(freq, levels);
     for (uint32_t i = 0; i < n; i++) {
         switch (d) {
-        case DRAW_MODEL: syms[i] = dqt_draw_symbol(&rng, freq, levels); break;
-        case DRAW_UNIFORM: syms[i] = (uint8_t)dqt_below(&rng, levels); break;
-        case DRAW_RAREST: syms[i] = (uint8_t)r; break;
-        default: syms[i] = (uint8_t)((i & 1) ? levels - 1 : 0); break;
+        case DRAW_MODEL:
+            syms[i] = dqt_draw_symbol(&rng, freq, levels);
+            break;
+        case DRAW_UNIFORM:
+            syms[i] = (uint8_t)dqt_below(&rng, levels);
+            break;
+        case DRAW_RAREST:
+            syms[i] = (uint8_t)r;
+            break;
+        default:
+            syms[i] = (uint8_t)((i & 1) ? levels - 1 : 0);
+            break;
         }
     }
 }
@@ -72,8 +80,7 @@ static uint32_t check_round_trip(const uint16_t *freq, uint32_t levels, const ui
     cr_assert(memcmp(out, ref, cap) == 0, "%s n=%u: container bytes differ from the spec encoder", what, n);
 
     uint32_t state = (uint32_t)out[0] | (uint32_t)out[1] << 8 | (uint32_t)out[2] << 16 | (uint32_t)out[3] << 24;
-    cr_assert(state >= DQ_RANS_L && state < (DQ_RANS_L << 8), "%s: final state %#x outside [2^23, 2^31)", what,
-              state);
+    cr_assert(state >= DQ_RANS_L && state < (DQ_RANS_L << 8), "%s: final state %#x outside [2^23, 2^31)", what, state);
     for (uint32_t k = used; k < cap; k++)
         cr_assert_eq(out[k], 0, "%s: padding byte %u is %#x", what, k, out[k]);
 
@@ -115,8 +122,8 @@ static uint32_t check_round_trip(const uint16_t *freq, uint32_t levels, const ui
     }
 
     dqt_ref_decode rd = dqt_ref_rans_decode(freq, levels, out, cap, n, back);
-    cr_assert(rd.valid, "%s: spec decoder rejects the container (final state %#x, consumed %u)", what,
-              rd.final_state, rd.consumed);
+    cr_assert(rd.valid, "%s: spec decoder rejects the container (final state %#x, consumed %u)", what, rd.final_state,
+              rd.consumed);
     cr_assert_eq(rd.final_state, DQ_RANS_L, "%s: final decoder state %#x != 2^23", what, rd.final_state);
     cr_assert_eq(rd.consumed, used, "%s: decoder consumed %u bytes, encoder reported %u", what, rd.consumed, used);
     cr_assert(memcmp(back, syms, n) == 0, "%s: spec decoder symbols differ", what);
@@ -124,8 +131,8 @@ static uint32_t check_round_trip(const uint16_t *freq, uint32_t levels, const ui
     /* Size follows the ideal code length: used ≈ 4 + Σ r / 8. */
     double bits = dqt_ideal_bits(freq, syms, n);
     double ideal = 4.0 + bits / 8.0;
-    cr_assert(fabs((double)used - ideal) <= 4.0 + 0.01 * bits / 8.0,
-              "%s n=%u: %u bytes, ideal %.2f (Σr = %.1f bits)", what, n, used, ideal, bits);
+    cr_assert(fabs((double)used - ideal) <= 4.0 + 0.01 * bits / 8.0, "%s n=%u: %u bytes, ideal %.2f (Σr = %.1f bits)",
+              what, n, used, ideal, bits);
 
     /* One byte short: the encoder reports the need and stays inside the buffer; the decoder of a
      * container cut one byte short rejects it. */

@@ -119,9 +119,8 @@ Test(realdata, dquant_beats_fixed_width)
     uint32_t Mfix[2];
     for (int k = 0; k < 2; k++)
         Mfix[k] = (uint32_t)floor(pow(2.0, 8.0 * p->container_bytes[k] / N));
-    fprintf(stderr, "real data: dq226 at %u×%u: C %u/%u, M %u/%u; fixed width at matched storage: M %u/%u\n",
-            KV_HEADS, HEAD_DIM, p->container_bytes[0], p->container_bytes[1], p->levels[0], p->levels[1], Mfix[0],
-            Mfix[1]);
+    fprintf(stderr, "real data: dq226 at %u×%u: C %u/%u, M %u/%u; fixed width at matched storage: M %u/%u\n", KV_HEADS,
+            HEAD_DIM, p->container_bytes[0], p->container_bytes[1], p->levels[0], p->levels[1], Mfix[0], Mfix[1]);
     cr_assert_eq(Mfix[0], 6, "K: matched fixed width should have 6 levels (seed Appendix B)");
     cr_assert_eq(Mfix[1], 3, "V: matched fixed width should have 3 levels (seed Appendix B)");
 
@@ -143,9 +142,9 @@ Test(realdata, dquant_beats_fixed_width)
                     cr_assert_eq(dq_tokens_encode(codec, ws, DQ_KIND_K, src + (size_t)w0 * N, DQ_DTYPE_F16, W, mean,
                                                   krec, rk, NULL),
                                  DQ_OK);
-                    cr_assert_eq(dq_tokens_decode(codec, ws, DQ_KIND_K, mean, krec, rk, W, xd + (size_t)w0 * N,
-                                                  DQ_DTYPE_F32),
-                                 DQ_OK);
+                    cr_assert_eq(
+                        dq_tokens_decode(codec, ws, DQ_KIND_K, mean, krec, rk, W, xd + (size_t)w0 * N, DQ_DTYPE_F32),
+                        DQ_OK);
                     /* Baseline: the same dequantized INT8 window mean. */
                     dq__mean_dequant(codec, mean, mu);
                     for (uint32_t t = w0; t < w0 + W; t++) {
@@ -159,8 +158,8 @@ Test(realdata, dquant_beats_fixed_width)
                     }
                 }
             } else {
-                cr_assert_eq(
-                    dq_tokens_encode(codec, ws, DQ_KIND_V, src, DQ_DTYPE_F16, TOKENS, NULL, vrec, rv, NULL), DQ_OK);
+                cr_assert_eq(dq_tokens_encode(codec, ws, DQ_KIND_V, src, DQ_DTYPE_F16, TOKENS, NULL, vrec, rv, NULL),
+                             DQ_OK);
                 cr_assert_eq(dq_tokens_decode(codec, ws, DQ_KIND_V, NULL, vrec, rv, TOKENS, xd, DQ_DTYPE_F32), DQ_OK);
                 for (uint32_t t = 0; t < TOKENS; t++) {
                     memcpy(y, x + (size_t)t * N, N * sizeof *y);
@@ -262,8 +261,8 @@ Test(realdata, attention_with_real_queries)
                     den += a * a;
                 }
                 const double rel = sqrt(num / den);
-                cr_assert_lt(rel, 1.0, "layer %d T=%zu head %u: %.3f relative error against exact attention", layer,
-                             T, h, rel);
+                cr_assert_lt(rel, 1.0, "layer %d T=%zu head %u: %.3f relative error against exact attention", layer, T,
+                             h, rel);
                 const double dlse = fabs((double)lse[h] - (m + log(z)));
                 worst_lse = fmax(worst_lse, dlse);
                 cr_assert(dlse < 3.0, "layer %d T=%zu head %u: lse %.4f vs exact %.4f", layer, T, h, (double)lse[h],
@@ -278,7 +277,8 @@ Test(realdata, attention_with_real_queries)
         fprintf(stderr, "layer %d: attention output error vs exact, mean over positions and heads %.4f\n", layer,
                 lsum / (Q_HEADS * (sizeof positions / sizeof positions[0])));
     }
-    fprintf(stderr, "real-query attention error vs exact: mean %.4f, worst %.4f over %d heads; worst |lse - exact| %.3f\n",
+    fprintf(stderr,
+            "real-query attention error vs exact: mean %.4f, worst %.4f over %d heads; worst |lse - exact| %.3f\n",
             sum / count, worst, count, worst_lse);
     cr_assert_lt(sum / count, 0.3, "mean attention error %.3f against the unquantized cache", sum / count);
     free(logit);

@@ -47,8 +47,8 @@ enum dist {
     DIST_COUNT
 };
 
-static const char *dist_name[DIST_COUNT] = {"gauss", "student-t2", "cauchy", "constant", "huge", "tiny",
-                                            "outliers", "two-values", "sparse", "uniform", "minuscule"};
+static const char *dist_name[DIST_COUNT] = {"gauss",    "student-t2", "cauchy", "constant", "huge",     "tiny",
+                                            "outliers", "two-values", "sparse", "uniform",  "minuscule"};
 
 static double clip(double v, double lim)
 {
@@ -147,10 +147,8 @@ struct stream_param {
 ParameterizedTestParameters(stream, random_streams)
 {
     static struct stream_param p[] = {
-        {"dq226", 1, 8, 128, {0, 0}, {0, 0}},
-        {"dq196", 1, 8, 128, {0, 0}, {0, 0}},
-        {"tiny-d2", 0, 1, 2, {6, 6}, {8, 6}},
-        {"tiny-d4", 0, 1, 4, {7, 6}, {8, 6}},
+        {"dq226", 1, 8, 128, {0, 0}, {0, 0}},    {"dq196", 1, 8, 128, {0, 0}, {0, 0}},
+        {"tiny-d2", 0, 1, 2, {6, 6}, {8, 6}},    {"tiny-d4", 0, 1, 4, {7, 6}, {8, 6}},
         {"tiny-d16", 0, 1, 16, {11, 9}, {8, 6}},
     };
     return cr_make_param_array(struct stream_param, p, sizeof p / sizeof p[0]);
@@ -222,8 +220,8 @@ ParameterizedTest(struct stream_param *sp, stream, random_streams)
 
         /* The spec decoder agrees: state rules and zero padding hold, payload within C. */
         dqt_ref_decode rd = dqt_ref_rans_decode(prof->freq[kind], M, record[kind] + 4, C, n, lev_ref);
-        cr_assert(rd.valid, "%s stream %ld (%s): container breaks the format (state %#x, consumed %u of %u)",
-                  sp->name, i, dist_name[d], rd.final_state, rd.consumed, C);
+        cr_assert(rd.valid, "%s stream %ld (%s): container breaks the format (state %#x, consumed %u of %u)", sp->name,
+                  i, dist_name[d], rd.final_state, rd.consumed, C);
         cr_assert(memcmp(lev_ref, lev_enc, n) == 0, "%s stream %ld: spec decoder levels differ", sp->name, i);
 
         rc = dq_stream_decode(codec, kind, record[kind], dec);
@@ -241,8 +239,7 @@ ParameterizedTest(struct stream_param *sp, stream, random_streams)
         if (d == DIST_CONSTANT) {
             cr_assert(s == 0.0f, "%s: constant stream has s = %g", sp->name, (double)s);
             for (uint32_t j = 0; j < n; j++)
-                cr_assert(dec[j] == y[j], "%s: constant %.9g decodes to %.9g", sp->name, (double)y[j],
-                          (double)dec[j]);
+                cr_assert(dec[j] == y[j], "%s: constant %.9g decodes to %.9g", sp->name, (double)y[j], (double)dec[j]);
         }
         if (d == DIST_GAUSS) {
             double mean = 0;
@@ -261,9 +258,8 @@ ParameterizedTest(struct stream_param *sp, stream, random_streams)
         fprintf(stderr,
                 "%s kind %c: %llu streams, retries %llu, fallbacks %llu, max payload %u/%u B, mean payload %.1f B, "
                 "Gaussian NMSE %.4f\n",
-                sp->name, k ? 'V' : 'K', (unsigned long long)stats[k].streams,
-                (unsigned long long)stats[k].retries, (unsigned long long)stats[k].fallbacks,
-                stats[k].max_payload_bytes, prof->container_bytes[k],
+                sp->name, k ? 'V' : 'K', (unsigned long long)stats[k].streams, (unsigned long long)stats[k].retries,
+                (unsigned long long)stats[k].fallbacks, stats[k].max_payload_bytes, prof->container_bytes[k],
                 stats[k].streams ? (double)stats[k].payload_bytes / (double)stats[k].streams : 0.0, nmse);
         cr_assert_leq(stats[k].payload_bytes, stats[k].streams * prof->container_bytes[k]);
         if (sp->builtin) {
@@ -314,8 +310,12 @@ Test(stream, range_limits)
         cr_assert_eq(dq_stream_decode(codec, (dq_kind)k, rec, dec), DQ_OK);
         cr_assert_lt(dqt_rel_l2_f(dec, y, n), 0.5, "kind %d: edge-range stream decodes to garbage", k);
 
-        const float beyond[] = {nextafterf(DQ_STREAM_MAX_ABS, INFINITY), -nextafterf(DQ_STREAM_MAX_ABS, INFINITY),
-                                65520.0f, -70000.0f, -1e30f, 3.0e38f};
+        const float beyond[] = {nextafterf(DQ_STREAM_MAX_ABS, INFINITY),
+                                -nextafterf(DQ_STREAM_MAX_ABS, INFINITY),
+                                65520.0f,
+                                -70000.0f,
+                                -1e30f,
+                                3.0e38f};
         for (size_t b = 0; b < sizeof beyond / sizeof beyond[0]; b++) {
             for (uint32_t j = 0; j < n; j++)
                 y[j] = (float)dqt_normal(&rng);
@@ -335,8 +335,16 @@ Test(stream, range_limits)
 /* Constants of every kind, fp16 extremes and subnormals included, come back exactly. */
 Test(stream, constants_exact)
 {
-    static const float consts[] = {0.0f, -0.0f, 1.0f, -2.5f, DQ_STREAM_MAX_ABS, -DQ_STREAM_MAX_ABS, 5.9604645e-08f /* 2^-24 */,
-                                   6.1035156e-05f /* 2^-14 */, 1234.0f, -0.099975586f};
+    static const float consts[] = {0.0f,
+                                   -0.0f,
+                                   1.0f,
+                                   -2.5f,
+                                   DQ_STREAM_MAX_ABS,
+                                   -DQ_STREAM_MAX_ABS,
+                                   5.9604645e-08f /* 2^-24 */,
+                                   6.1035156e-05f /* 2^-14 */,
+                                   1234.0f,
+                                   -0.099975586f};
     dq_codec *codec = dqt_codec_builtin("dq196", 2, 128);
     dq_workspace *ws = NULL;
     cr_assert_eq(dq_workspace_create(codec, &ws), DQ_OK);
@@ -349,8 +357,7 @@ Test(stream, constants_exact)
             for (uint32_t j = 0; j < n; j++)
                 y[j] = consts[c];
             cr_assert_eq(dq_stream_encode(codec, ws, (dq_kind)k, y, rec, NULL), DQ_OK);
-            cr_assert_eq(dqt_record_s(rec), 0.0f, "constant %g: s = %g", (double)consts[c],
-                         (double)dqt_record_s(rec));
+            cr_assert_eq(dqt_record_s(rec), 0.0f, "constant %g: s = %g", (double)consts[c], (double)dqt_record_s(rec));
             cr_assert_eq(dq_stream_decode(codec, (dq_kind)k, rec, dec), DQ_OK);
             for (uint32_t j = 0; j < n; j++)
                 cr_assert_eq(dec[j], consts[c], "constant %.9g decodes to %.9g", (double)consts[c], (double)dec[j]);

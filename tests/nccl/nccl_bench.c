@@ -44,7 +44,7 @@ extern char **environ;
 #define Q_HEADS 32
 #define KV_HEADS 8
 #define HEAD_DIM 128
-#define ROW_ELEMS ((size_t)KV_HEADS * HEAD_DIM)   /* one token of one layer */
+#define ROW_ELEMS ((size_t)KV_HEADS * HEAD_DIM) /* one token of one layer */
 
 /* ---- options ---- */
 
@@ -53,7 +53,7 @@ typedef struct opts {
     int device, peer_device;
     uint64_t tokens;
     uint32_t layers;
-    int groups[8];          /* layers per call */
+    int groups[8]; /* layers per call */
     int ngroups;
     int reps, warmup;
     int batches[8];
@@ -66,7 +66,7 @@ typedef struct opts {
     int raw_peer;
     const char *id_file;
     int failure_tests;
-    const char *die_mode;   /* before | partial | stall */
+    const char *die_mode; /* before | partial | stall */
     const char *key;
 } opts;
 
@@ -114,22 +114,22 @@ static void fail_json(const char *step, const char *fmt, ...)
     failures++;
 }
 
-#define CUDA_OR_DIE(x)                                                                             \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fail_json("cuda", "%s:%d %s: %s", __FILE__, __LINE__, #x, cudaGetErrorString(e_));     \
-            exit(2);                                                                               \
-        }                                                                                          \
+#define CUDA_OR_DIE(x)                                                                         \
+    do {                                                                                       \
+        cudaError_t e_ = (x);                                                                  \
+        if (e_ != cudaSuccess) {                                                               \
+            fail_json("cuda", "%s:%d %s: %s", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(2);                                                                           \
+        }                                                                                      \
     } while (0)
 
-#define NCCL_OR_DIE(x)                                                                             \
-    do {                                                                                           \
-        ncclResult_t r_ = (x);                                                                     \
-        if (r_ != ncclSuccess && r_ != ncclInProgress) {                                           \
-            fail_json("nccl", "%s:%d %s: %s", __FILE__, __LINE__, #x, ncclGetErrorString(r_));     \
-            exit(2);                                                                               \
-        }                                                                                          \
+#define NCCL_OR_DIE(x)                                                                         \
+    do {                                                                                       \
+        ncclResult_t r_ = (x);                                                                 \
+        if (r_ != ncclSuccess && r_ != ncclInProgress) {                                       \
+            fail_json("nccl", "%s:%d %s: %s", __FILE__, __LINE__, #x, ncclGetErrorString(r_)); \
+            exit(2);                                                                           \
+        }                                                                                      \
     } while (0)
 
 static int parse_list(const char *s, int *out, int max)
@@ -148,11 +148,10 @@ static int parse_list(const char *s, int *out, int max)
 
 static void usage(void)
 {
-    fprintf(stderr,
-            "usage: nccl_bench --addr unix:/path [--device N] [--peer-device N] [--tokens N] [--layers N]\n"
-            "                  [--groups 1,12] [--reps N] [--warmup N] [--batches 1,32] [--attend-steps N]\n"
-            "                  [--append-steps N] [--skip-raw] [--io-timeout-ms N]\n"
-            "       nccl_bench --failure-tests --addr unix:/path [--device N]\n");
+    fprintf(stderr, "usage: nccl_bench --addr unix:/path [--device N] [--peer-device N] [--tokens N] [--layers N]\n"
+                    "                  [--groups 1,12] [--reps N] [--warmup N] [--batches 1,32] [--attend-steps N]\n"
+                    "                  [--append-steps N] [--skip-raw] [--io-timeout-ms N]\n"
+                    "       nccl_bench --failure-tests --addr unix:/path [--device N]\n");
     exit(64);
 }
 
@@ -234,7 +233,7 @@ static uint16_t f32_to_bf16(float f)
 {
     uint32_t u;
     memcpy(&u, &f, 4);
-    u += 0x7FFFu + ((u >> 16) & 1u);   /* round to nearest even; inputs are finite */
+    u += 0x7FFFu + ((u >> 16) & 1u); /* round to nearest even; inputs are finite */
     return (uint16_t)(u >> 16);
 }
 
@@ -251,8 +250,7 @@ static float bf16_to_f32(uint16_t h)
 static uint16_t gauss_bf16(uint64_t seed, uint64_t i)
 {
     uint64_t h = mix64(seed * 0xD1B54A32D192ED03ull ^ i);
-    double s = (double)(h & 0xFFFF) + (double)((h >> 16) & 0xFFFF) + (double)((h >> 32) & 0xFFFF) +
-               (double)(h >> 48);
+    double s = (double)(h & 0xFFFF) + (double)((h >> 16) & 0xFFFF) + (double)((h >> 32) & 0xFFFF) + (double)(h >> 48);
     double u = s / 65536.0 - 2.0;
     return f32_to_bf16((float)(u * 1.7320508075688772));
 }
@@ -314,8 +312,8 @@ static double median(double *v, int n)
 #define MAX_ROWS 64
 typedef struct row {
     char what[24];
-    int param;              /* layers per call, or batch */
-    double socket_s, nccl_s, raw_s;   /* medians; 0: not measured */
+    int param;                      /* layers per call, or batch */
+    double socket_s, nccl_s, raw_s; /* medians; 0: not measured */
     double bytes;
 } row;
 
@@ -395,8 +393,8 @@ static void print_table(void)
             snprintf(sp, sizeof sp, "%.2fx", r->socket_s / r->nccl_s);
         if (r->raw_s > 0 && r->nccl_s > 0)
             snprintf(fr, sizeof fr, "%.2f", r->raw_s / r->nccl_s);
-        fprintf(stderr, "%-8s %7d %12s %12s %12s %12s %10s %10s\n", r->what, r->param, is_attend ? "-" : "",
-                s[0], s[1], s[2], sp, fr);
+        fprintf(stderr, "%-8s %7d %12s %12s %12s %12s %10s %10s\n", r->what, r->param, is_attend ? "-" : "", s[0], s[1],
+                s[2], sp, fr);
     }
     fprintf(stderr, "(param: layers per call for put/get/raw, batch for attend; attend rows: one decode step = one "
                     "ATTEND per layer)\n\n");
@@ -410,7 +408,7 @@ static dqc_client *connect_or_die(const opts *o)
     dqc_options_default(&co);
     co.io_timeout_ms = o->io_timeout_ms;
     co.client_name = "nccl_bench";
-    co.auto_reconnect = 0;   /* a reconnect would void the communicator: show it instead */
+    co.auto_reconnect = 0; /* a reconnect would void the communicator: show it instead */
     dqc_client *c = NULL;
     char err[512];
     int rc = dqc_connect_ex(o->addr, &co, &c, err, sizeof err);
@@ -447,8 +445,12 @@ static dqc_seq seq_of(const char *key)
 
 static void register_or_die(dqc_client *c, uint32_t layers)
 {
-    dqc_model_spec m = {.name = MODEL, .layers = layers, .q_heads = Q_HEADS, .kv_heads = KV_HEADS,
-                        .head_dim = HEAD_DIM, .profile_name = "dq226"};
+    dqc_model_spec m = {.name = MODEL,
+                        .layers = layers,
+                        .q_heads = Q_HEADS,
+                        .kv_heads = KV_HEADS,
+                        .head_dim = HEAD_DIM,
+                        .profile_name = "dq226"};
     dqc_model_info info;
     int rc = dqc_register_model(c, &m, &info);
     if (rc) {
@@ -460,15 +462,22 @@ static void register_or_die(dqc_client *c, uint32_t layers)
 typedef struct prefill {
     uint64_t tokens;
     uint32_t layers;
-    size_t layer_bytes;        /* one layer of K (or V) */
+    size_t layer_bytes; /* one layer of K (or V) */
     uint16_t *k_host, *v_host;
     void *k_dev, *v_dev;
 } prefill;
 
 static dqc_put_args put_args(const prefill *p, dqc_seq seq, uint32_t first, uint32_t n, int dev)
 {
-    dqc_put_args a = {.seq = seq, .model = MODEL, .start_token = 0, .first_layer = first, .num_layers = n,
-                      .tokens = p->tokens, .kv_heads = KV_HEADS, .head_dim = HEAD_DIM, .dtype = DQ_DTYPE_BF16};
+    dqc_put_args a = {.seq = seq,
+                      .model = MODEL,
+                      .start_token = 0,
+                      .first_layer = first,
+                      .num_layers = n,
+                      .tokens = p->tokens,
+                      .kv_heads = KV_HEADS,
+                      .head_dim = HEAD_DIM,
+                      .dtype = DQ_DTYPE_BF16};
     size_t off = (size_t)first * p->layer_bytes;
     a.k = dev ? (const void *)((uint8_t *)p->k_dev + off) : (const void *)((uint8_t *)p->k_host + off);
     a.v = dev ? (const void *)((uint8_t *)p->v_dev + off) : (const void *)((uint8_t *)p->v_host + off);
@@ -486,8 +495,8 @@ static double put_all(dqc_client *c, const prefill *p, const char *key, int grou
         dqc_put_result r;
         int rc = dev ? dqc_put_dev(c, &a, &r) : dqc_put(c, &a, &r);
         if (rc) {
-            fail_json(dev ? "put_nccl" : "put_socket", "%s layers %u..%u: %s: %s", key, l, l + n - 1,
-                      dqc_err_name(rc), dqc_last_error(c));
+            fail_json(dev ? "put_nccl" : "put_socket", "%s layers %u..%u: %s: %s", key, l, l + n - 1, dqc_err_name(rc),
+                      dqc_last_error(c));
             return -1;
         }
         if (r.tokens != p->tokens) {
@@ -511,8 +520,8 @@ static double get_all(dqc_client *c, const prefill *p, const char *key, int grou
         dqc_get_args a = {.seq = seq, .first_layer = l, .num_layers = n, .dtype = DQ_DTYPE_BF16};
         int rc = dev ? dqc_get_dev(c, &a, kd, vd, (size_t)group * p->layer_bytes, gr) : dqc_get(c, &a, gr);
         if (rc) {
-            fail_json(dev ? "get_nccl" : "get_socket", "%s layers %u..%u: %s: %s", key, l, l + n - 1,
-                      dqc_err_name(rc), dqc_last_error(c));
+            fail_json(dev ? "get_nccl" : "get_socket", "%s layers %u..%u: %s: %s", key, l, l + n - 1, dqc_err_name(rc),
+                      dqc_last_error(c));
             return -1;
         }
         if (gr->tokens != p->tokens || gr->num_layers != n || gr->bytes != (size_t)n * p->layer_bytes) {
@@ -597,7 +606,7 @@ static int raw_peer_main(const opts *o)
     CUDA_OR_DIE(cudaSetDevice(o->device));
     ncclUniqueId id;
     int fd = -1;
-    for (int i = 0; i < 600 && fd < 0; i++) {   /* the file appears by rename: whole or not at all */
+    for (int i = 0; i < 600 && fd < 0; i++) { /* the file appears by rename: whole or not at all */
         fd = open(o->id_file, O_RDONLY);
         if (fd < 0)
             nap_ms(50);
@@ -642,8 +651,7 @@ static int raw_peer_main(const opts *o)
 static void raw_bench(const opts *o, const prefill *p, void *kg, void *vg)
 {
     char idfile[256];
-    snprintf(idfile, sizeof idfile, "%s/nccl-bench-id-%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
-             (int)getpid());
+    snprintf(idfile, sizeof idfile, "%s/nccl-bench-id-%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
     char tmp[300];
     snprintf(tmp, sizeof tmp, "%s.tmp", idfile);
     ncclUniqueId id;
@@ -653,7 +661,10 @@ static void raw_bench(const opts *o, const prefill *p, void *kg, void *vg)
         fail_json("raw", "cannot write the NCCL id to %s: %s", idfile, strerror(errno));
         return;
     }
-    raw_plan rp = {.reps = o->reps, .warmup = o->warmup, .layers = p->layers, .layer_bytes = p->layer_bytes,
+    raw_plan rp = {.reps = o->reps,
+                   .warmup = o->warmup,
+                   .layers = p->layers,
+                   .layer_bytes = p->layer_bytes,
                    .ngroups = o->ngroups};
     memcpy(rp.groups, o->groups, sizeof rp.groups);
     char groups[64], dev[16], tokens[32], layers[16], reps[16], warm[16];
@@ -663,8 +674,9 @@ static void raw_bench(const opts *o, const prefill *p, void *kg, void *vg)
     snprintf(layers, sizeof layers, "%u", p->layers);
     snprintf(reps, sizeof reps, "%d", o->reps);
     snprintf(warm, sizeof warm, "%d", o->warmup);
-    char *argv[] = {"nccl_bench", "--raw-peer", "--id-file", idfile, "--device", dev, "--tokens", tokens,
-                    "--layers", layers, "--groups", groups, "--reps", reps, "--warmup", warm, NULL};
+    char *argv[] = {"nccl_bench", "--raw-peer", "--id-file", idfile, "--device", dev,
+                    "--tokens",   tokens,       "--layers",  layers, "--groups", groups,
+                    "--reps",     reps,         "--warmup",  warm,   NULL};
     pid_t pid;
     int rc = posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ);
     if (rc) {
@@ -729,7 +741,7 @@ static double max_diff_f32(const float *a, const float *b, size_t n)
     for (size_t i = 0; i < n; i++) {
         double d = fabs((double)a[i] - (double)b[i]);
         if (!(d <= m))
-            m = d;   /* NaN propagates */
+            m = d; /* NaN propagates */
     }
     return m;
 }
@@ -739,7 +751,7 @@ static double max_diff_f32(const float *a, const float *b, size_t n)
 static double rel_rms(const uint16_t *orig, const uint16_t *dec, size_t n)
 {
     double e = 0, s = 0;
-    for (size_t i = 0; i < n; i += 7) {   /* a sample is plenty */
+    for (size_t i = 0; i < n; i += 7) { /* a sample is plenty */
         double x = bf16_to_f32(orig[i]), y = bf16_to_f32(dec[i]);
         e += (x - y) * (x - y);
         s += x * x;
@@ -783,8 +795,8 @@ static int bench_main(const opts *o)
     printf("{\"step\":\"prefill\",\"tokens\":%llu,\"layers\":%u,\"bytes\":%zu,\"seconds\":%.2f}\n",
            (unsigned long long)o->tokens, o->layers, 2 * total, now_s() - t0);
     fflush(stdout);
-    say("prefill: %llu tokens x %u layers, %.2f GB of BF16 K+V on device %d", (unsigned long long)o->tokens,
-        o->layers, 2.0 * total / 1e9, o->device);
+    say("prefill: %llu tokens x %u layers, %.2f GB of BF16 K+V on device %d", (unsigned long long)o->tokens, o->layers,
+        2.0 * total / 1e9, o->device);
 
     /* PUT: the two paths interleaved repetition by repetition, so drift hits both alike. The last
      * repetition's sequences of the first group size stay for GET and ATTEND. */
@@ -881,14 +893,15 @@ static int bench_main(const opts *o)
             rc = dqc_get(c, &b, &gs);
             if (rc || memcmp(gs.k, gr.k, p.layer_bytes) || memcmp(gs.v, gr.v, p.layer_bytes)) {
                 if (same_put)
-                    fail_json("get_check", "layer %u: the sequence PUT through NCCL differs from the one PUT "
-                              "through the socket (%s)", l, rc ? dqc_last_error(c) : "bytes differ");
+                    fail_json("get_check",
+                              "layer %u: the sequence PUT through NCCL differs from the one PUT "
+                              "through the socket (%s)",
+                              l, rc ? dqc_last_error(c) : "bytes differ");
                 same_put = 0;
             }
-            double e = fmax(rel_rms(p.k_host + (size_t)l * p.layer_bytes / 2, (const uint16_t *)gr.k,
-                                    p.layer_bytes / 2),
-                            rel_rms(p.v_host + (size_t)l * p.layer_bytes / 2, (const uint16_t *)gr.v,
-                                    p.layer_bytes / 2));
+            double e = fmax(
+                rel_rms(p.k_host + (size_t)l * p.layer_bytes / 2, (const uint16_t *)gr.k, p.layer_bytes / 2),
+                rel_rms(p.v_host + (size_t)l * p.layer_bytes / 2, (const uint16_t *)gr.v, p.layer_bytes / 2));
             worst = e > worst || isnan(e) ? e : worst;
         }
         if (!(worst < 0.5))
@@ -924,19 +937,24 @@ static int bench_main(const opts *o)
         int n = 0, bad = 0, equal = 1;
         double worst = 0;
         int steps = o->attend_steps < 256 ? o->attend_steps : 256;
-        for (int s = 0; s < 2 + steps && !bad; s++) {   /* two warm-up steps */
+        for (int s = 0; s < 2 + steps && !bad; s++) { /* two warm-up steps */
             double st[2] = {0, 0};
             for (int dev = 0; dev < 2 && !bad; dev++) {
                 double a0 = now_s();
                 for (uint32_t l = 0; l < o->layers; l++) {
                     for (int i = 0; i < B; i++) {
                         size_t qo = ((size_t)l * bmax + (size_t)i) * qb;
-                        items[i] = (dqc_attend_item){.seq = seq_of(keep_n), .layer = l,
+                        items[i] = (dqc_attend_item){.seq = seq_of(keep_n),
+                                                     .layer = l,
                                                      .q = dev ? (const void *)((uint8_t *)q_dev + qo)
                                                               : (const void *)((uint8_t *)q_host + qo)};
                     }
-                    dqc_attend_args aa = {.items = items, .nitems = (size_t)B, .q_heads = Q_HEADS,
-                                          .kv_heads = KV_HEADS, .head_dim = HEAD_DIM, .dtype = DQ_DTYPE_BF16};
+                    dqc_attend_args aa = {.items = items,
+                                          .nitems = (size_t)B,
+                                          .q_heads = Q_HEADS,
+                                          .kv_heads = KV_HEADS,
+                                          .head_dim = HEAD_DIM,
+                                          .dtype = DQ_DTYPE_BF16};
                     int rc = dev ? dqc_attend_dev(c, &aa, out_dev, lse_dev) : dqc_attend(c, &aa, out_s, lse_s);
                     if (rc) {
                         fail_json(dev ? "attend_nccl" : "attend_socket", "batch %d layer %u: %s: %s", B, l,
@@ -959,8 +977,12 @@ static int bench_main(const opts *o)
                 size_t qo = ((size_t)l * bmax + (size_t)i) * qb;
                 items[i] = (dqc_attend_item){.seq = seq_of(keep_n), .layer = l, .q = (uint8_t *)q_host + qo};
             }
-            dqc_attend_args aa = {.items = items, .nitems = (size_t)B, .q_heads = Q_HEADS, .kv_heads = KV_HEADS,
-                                  .head_dim = HEAD_DIM, .dtype = DQ_DTYPE_BF16};
+            dqc_attend_args aa = {.items = items,
+                                  .nitems = (size_t)B,
+                                  .q_heads = Q_HEADS,
+                                  .kv_heads = KV_HEADS,
+                                  .head_dim = HEAD_DIM,
+                                  .dtype = DQ_DTYPE_BF16};
             int rc = dqc_attend(c, &aa, out_s, lse_s);
             for (int i = 0; !rc && i < B; i++)
                 items[i].q = (uint8_t *)q_dev + ((size_t)l * bmax + (size_t)i) * qb;
@@ -1002,11 +1024,20 @@ static int bench_main(const opts *o)
                 fill_gauss(app_host, 2 * ROW_ELEMS, 1000 + (uint64_t)s * o->layers + l);
                 CUDA_OR_DIE(cudaMemcpy(app_dev, app_host, 2 * ab, cudaMemcpyHostToDevice));
                 size_t qo = (size_t)l * bmax * qb;
-                dqc_attend_item is = {.seq = seq_of(keep_s), .layer = l, .q = (uint8_t *)q_host + qo,
-                                      .append_k = app_host, .append_v = (uint8_t *)app_host + ab};
-                dqc_attend_item in = {.seq = seq_of(keep_n), .layer = l, .q = (uint8_t *)q_dev + qo,
-                                      .append_k = app_dev, .append_v = (uint8_t *)app_dev + ab};
-                dqc_attend_args aa = {.nitems = 1, .q_heads = Q_HEADS, .kv_heads = KV_HEADS, .head_dim = HEAD_DIM,
+                dqc_attend_item is = {.seq = seq_of(keep_s),
+                                      .layer = l,
+                                      .q = (uint8_t *)q_host + qo,
+                                      .append_k = app_host,
+                                      .append_v = (uint8_t *)app_host + ab};
+                dqc_attend_item in = {.seq = seq_of(keep_n),
+                                      .layer = l,
+                                      .q = (uint8_t *)q_dev + qo,
+                                      .append_k = app_dev,
+                                      .append_v = (uint8_t *)app_dev + ab};
+                dqc_attend_args aa = {.nitems = 1,
+                                      .q_heads = Q_HEADS,
+                                      .kv_heads = KV_HEADS,
+                                      .head_dim = HEAD_DIM,
                                       .dtype = DQ_DTYPE_BF16};
                 aa.items = &is;
                 int rc = dqc_attend(c, &aa, out_s, lse_s);
@@ -1026,15 +1057,18 @@ static int bench_main(const opts *o)
         /* The appended tails read back the same through both sequences. */
         dqc_get_result g1 = {0}, g2 = {0};
         for (uint32_t l = 0; l < o->layers && !bad && equal; l++) {
-            dqc_get_args a = {.seq = seq_of(keep_n), .first_layer = l, .num_layers = 1,
-                              .start_token = o->tokens, .dtype = DQ_DTYPE_BF16};
+            dqc_get_args a = {.seq = seq_of(keep_n),
+                              .first_layer = l,
+                              .num_layers = 1,
+                              .start_token = o->tokens,
+                              .dtype = DQ_DTYPE_BF16};
             dqc_get_args b = a;
             b.seq = seq_of(keep_s);
             int rc = dqc_get(c, &a, &g1);
             if (!rc)
                 rc = dqc_get(c, &b, &g2);
-            if (rc || g1.tokens != (uint64_t)o->append_steps || g1.bytes != g2.bytes ||
-                memcmp(g1.k, g2.k, g1.bytes) || memcmp(g1.v, g2.v, g1.bytes)) {
+            if (rc || g1.tokens != (uint64_t)o->append_steps || g1.bytes != g2.bytes || memcmp(g1.k, g2.k, g1.bytes) ||
+                memcmp(g1.v, g2.v, g1.bytes)) {
                 fail_json("append_check", "layer %u: appended tokens differ between the two sequences (%s)", l,
                           rc ? dqc_last_error(c) : "bytes or lengths differ");
                 bad = 1;
@@ -1220,7 +1254,9 @@ static int die_main(const opts *o)
     int ok = rc == 0 && rid == 3 && resp->body_case == DQUANT__RESPONSE__BODY_ERROR;
     printf("{\"step\":\"stall_reply\",\"ok\":%s,\"k_sent\":%s,\"waited_s\":%.2f,\"reply\":\"%s\",\"code\":\"%s\"}\n",
            ok ? "true" : "false", k_done ? "true" : "false", waited,
-           rc ? "none" : resp->body_case == DQUANT__RESPONSE__BODY_ERROR ? "error" : "not an error",
+           rc                                                ? "none"
+           : resp->body_case == DQUANT__RESPONSE__BODY_ERROR ? "error"
+                                                             : "not an error",
            ok ? resp->error->name : "");
     fflush(stdout);
     if (!ok)
@@ -1295,8 +1331,9 @@ static int failure_main(const opts *o)
         snprintf(dev, sizeof dev, "%d", o->device);
         nccl_counters before, after;
         stats_nccl(c, &before);
-        char *argv[] = {"nccl_bench", "--die-mid-put", (char *)mode, "--addr", (char *)o->addr, "--device", dev,
-                        "--tokens", tokens, "--key", key, NULL};
+        char *argv[] = {"nccl_bench",    "--die-mid-put", (char *)mode, "--addr",
+                        (char *)o->addr, "--device",      dev,          "--tokens",
+                        tokens,          "--key",         key,          NULL};
         pid_t pid;
         double t0 = now_s();
         int rc = posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ);
@@ -1319,7 +1356,8 @@ static int failure_main(const opts *o)
                                  : WIFEXITED(status) && WEXITSTATUS(status) == 0;
         if (!child_ok)
             fail_json("failure", "%s: the child ended with status 0x%x (%s)", mode, status,
-                      want_kill ? "expected SIGKILL after its partial request" : "expected exit 0 after an error reply");
+                      want_kill ? "expected SIGKILL after its partial request"
+                                : "expected exit 0 after an error reply");
 
         /* The daemon notices (socket closed, or its deadline) and counts the failure. */
         char which[512] = "";
@@ -1357,8 +1395,15 @@ static int failure_main(const opts *o)
             CUDA_OR_DIE(cudaMemcpy(vd, h, fb, cudaMemcpyHostToDevice));
             char fkey[80];
             snprintf(fkey, sizeof fkey, "%s-after", key);
-            dqc_put_args pa = {.seq = seq_of(fkey), .model = MODEL, .num_layers = 1, .tokens = ft,
-                               .kv_heads = KV_HEADS, .head_dim = HEAD_DIM, .dtype = DQ_DTYPE_BF16, .k = kd, .v = vd};
+            dqc_put_args pa = {.seq = seq_of(fkey),
+                               .model = MODEL,
+                               .num_layers = 1,
+                               .tokens = ft,
+                               .kv_heads = KV_HEADS,
+                               .head_dim = HEAD_DIM,
+                               .dtype = DQ_DTYPE_BF16,
+                               .k = kd,
+                               .v = vd};
             if (!frc)
                 frc = dqc_put_dev(f, &pa, NULL);
             dqc_get_args fa = {.seq = seq_of(fkey), .num_layers = 1, .dtype = DQ_DTYPE_BF16};

@@ -50,7 +50,7 @@ int main(int argc, char **argv)
     }
     if (!dquantd || !bench || i >= argc)
         usage();
-    i++;   /* past "--" */
+    i++; /* past "--" */
     dargs[nd] = NULL;
 
     dqd_daemon d;

@@ -163,8 +163,8 @@ Test(frame, bad_magic_in_each_byte_is_refused_early)
             dq_frame f;
             size_t consumed;
             int err = 0;
-            cr_assert_eq(dq_frame_parse(bad, len, &lim, &f, &consumed, &err), DQ_FRAME_ERROR,
-                         "byte %d len %zu", b, len);
+            cr_assert_eq(dq_frame_parse(bad, len, &lim, &f, &consumed, &err), DQ_FRAME_ERROR, "byte %d len %zu", b,
+                         len);
             cr_assert_eq(err, DQ_PROTOCOL);
         }
     }
@@ -239,8 +239,8 @@ Test(frame, bad_crc_is_corrupt)
             continue;
         for (int bit = 0; bit < 8; bit++) {
             buf[byte] ^= (uint8_t)(1u << bit);
-            cr_assert_eq(dq_frame_parse(buf, n, &lim, &f, &consumed, &err), DQ_FRAME_ERROR,
-                         "byte %zu bit %d", byte, bit);
+            cr_assert_eq(dq_frame_parse(buf, n, &lim, &f, &consumed, &err), DQ_FRAME_ERROR, "byte %zu bit %d", byte,
+                         bit);
             cr_assert_eq(err, DQ_CORRUPT);
             buf[byte] ^= (uint8_t)(1u << bit);
         }
@@ -254,9 +254,9 @@ Test(frame, bad_crc_is_corrupt)
 /* ---- lying lengths: refused from the 32-byte fixed header alone ---- */
 
 typedef struct lie {
-    uint64_t header_len;   /* written as u32 */
+    uint64_t header_len; /* written as u32 */
     uint64_t payload_len;
-    int want_err;          /* 0: accepted (then the frame is incomplete) */
+    int want_err; /* 0: accepted (then the frame is incomplete) */
 } lie;
 
 ParameterizedTestParameters(frame, lying_lengths)
@@ -264,12 +264,12 @@ ParameterizedTestParameters(frame, lying_lengths)
     static lie params[] = {
         {0, 0, DQ_PROTOCOL},
         {0, 100, DQ_PROTOCOL},
-        {4096, 0, 0},                        /* exactly the limit */
-        {4097, 0, DQ_TOO_LARGE},             /* limit + 1 */
-        {0x7FFFFFFFu, 0, DQ_TOO_LARGE},      /* 2^31 - 1 */
+        {4096, 0, 0},                   /* exactly the limit */
+        {4097, 0, DQ_TOO_LARGE},        /* limit + 1 */
+        {0x7FFFFFFFu, 0, DQ_TOO_LARGE}, /* 2^31 - 1 */
         {0x80000000u, 0, DQ_TOO_LARGE},
-        {0xFFFFFFFFu, 0, DQ_TOO_LARGE},      /* 2^32 - 1 */
-        {1, 1u << 20, 0},                    /* payload exactly the limit */
+        {0xFFFFFFFFu, 0, DQ_TOO_LARGE}, /* 2^32 - 1 */
+        {1, 1u << 20, 0},               /* payload exactly the limit */
         {1, (1u << 20) + 1, DQ_TOO_LARGE},
         {1, 0x7FFFFFFFu, DQ_TOO_LARGE},
         {1, 0xFFFFFFFFu, DQ_TOO_LARGE},

@@ -33,26 +33,26 @@ uint16_t dqd_free_port(void);
 /* ---- a daemon on private listeners ---- */
 
 typedef struct dqd_opts {
-    const char *bin;            /* NULL: $DQUANTD */
-    const char *dir;            /* where the socket and log go; NULL: a fresh directory under /tmp,
-                                   removed by dqd_stop (a given one is kept, with the log) */
-    const char *name;           /* base name of the socket and log (NAME.sock, NAME.log); NULL: "d" */
-    int tcp;                    /* also listen on an ephemeral loopback TCP port */
-    const char *log_level;      /* NULL: "warn" */
-    int start_timeout_ms;       /* 0: 20000 */
-    int stop_timeout_ms;        /* 0: 15000 */
-    const char *const *extra;   /* further arguments, NULL-terminated; may be NULL */
+    const char *bin;          /* NULL: $DQUANTD */
+    const char *dir;          /* where the socket and log go; NULL: a fresh directory under /tmp,
+                                 removed by dqd_stop (a given one is kept, with the log) */
+    const char *name;         /* base name of the socket and log (NAME.sock, NAME.log); NULL: "d" */
+    int tcp;                  /* also listen on an ephemeral loopback TCP port */
+    const char *log_level;    /* NULL: "warn" */
+    int start_timeout_ms;     /* 0: 20000 */
+    int stop_timeout_ms;      /* 0: 15000 */
+    const char *const *extra; /* further arguments, NULL-terminated; may be NULL */
 } dqd_opts;
 
 typedef struct dqd_daemon {
-    pid_t pid;                  /* 0: not running */
+    pid_t pid; /* 0: not running */
     char dir[200];
-    char sock[256];             /* Unix socket path */
-    char addr[264];             /* "unix:PATH" */
-    char tcp_addr[64];          /* "tcp://127.0.0.1:PORT", "" without opts.tcp */
-    uint16_t port;              /* 0 without opts.tcp */
-    char log[256];              /* the daemon's stdout + stderr */
-    int own_dir;                /* dir is removed by dqd_stop */
+    char sock[256];    /* Unix socket path */
+    char addr[264];    /* "unix:PATH" */
+    char tcp_addr[64]; /* "tcp://127.0.0.1:PORT", "" without opts.tcp */
+    uint16_t port;     /* 0 without opts.tcp */
+    char log[256];     /* the daemon's stdout + stderr */
+    int own_dir;       /* dir is removed by dqd_stop */
     int stop_timeout_ms;
 } dqd_daemon;
 

@@ -51,8 +51,7 @@ void wire_payload_free(wire_payload *pl)
     pl->len = pl->cap = 0;
 }
 
-uint8_t *wire_frame(const Dquant__Request *req, const void *payload, size_t payload_len, uint64_t id,
-                    size_t *frame_len)
+uint8_t *wire_frame(const Dquant__Request *req, const void *payload, size_t payload_len, uint64_t id, size_t *frame_len)
 {
     size_t hlen = dquant__request__get_packed_size(req);
     uint8_t *f = malloc(DQ_FRAME_HEADER_BYTES + hlen + payload_len + 1);
@@ -217,8 +216,8 @@ int wire_recv(int fd, uint64_t *id, Dquant__Response **resp, uint8_t **payload, 
     return wire_recv_within(fd, 5000, id, resp, payload, payload_len) == 0 ? 0 : -1;
 }
 
-int wire_call(int fd, const Dquant__Request *req, const wire_payload *pl, Dquant__Response **resp,
-              uint8_t **payload, size_t *payload_len)
+int wire_call(int fd, const Dquant__Request *req, const wire_payload *pl, Dquant__Response **resp, uint8_t **payload,
+              size_t *payload_len)
 {
     static uint64_t next_id = 1000;
     uint64_t id = ++next_id, got;

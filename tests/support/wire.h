@@ -42,8 +42,8 @@ int wire_recv_within(int fd, int timeout_ms, uint64_t *id, Dquant__Response **re
 /* wire_recv_within with 5 s; EOF is -1 too. */
 int wire_recv(int fd, uint64_t *id, Dquant__Response **resp, uint8_t **payload, size_t *payload_len);
 /* send + recv, checking the id. */
-int wire_call(int fd, const Dquant__Request *req, const wire_payload *pl, Dquant__Response **resp,
-              uint8_t **payload, size_t *payload_len);
+int wire_call(int fd, const Dquant__Request *req, const wire_payload *pl, Dquant__Response **resp, uint8_t **payload,
+              size_t *payload_len);
 /* The error code of a reply, 0 when it is not an error. */
 int wire_error(const Dquant__Response *resp);
 /* Sends HELLO (version 1, client name "wire", optional secret) as request id and reads its reply.

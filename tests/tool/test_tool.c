@@ -65,8 +65,8 @@ Test(tool, subcommands_against_a_daemon)
 
     char kf[sizeof D.dir + 16];
     snprintf(kf, sizeof kf, "%s/k.bin", D.dir);
-    snprintf(cmd, sizeof cmd, "%s get --connect %s --key k1 --layer 1 --layers 1 --dtype bf16 --out-k %s 2>&1",
-             tool, D.addr, kf);
+    snprintf(cmd, sizeof cmd, "%s get --connect %s --key k1 --layer 1 --layers 1 --dtype bf16 --out-k %s 2>&1", tool,
+             D.addr, kf);
     cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
     FILE *f = fopen(kf, "rb");
     cr_assert_not_null(f);
@@ -90,7 +90,7 @@ Test(tool, subcommands_against_a_daemon)
 
     snprintf(cmd, sizeof cmd, "%s delete --connect %s --key k1 2>&1", tool, D.addr);
     cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
-    cr_assert_eq(run_cli(cmd, out, sizeof out), 1, "%s", out);   /* gone */
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 1, "%s", out); /* gone */
     cr_assert(strstr(out, "NOT_FOUND") != NULL, "%s", out);
 
     snprintf(cmd, sizeof cmd,

@@ -95,8 +95,7 @@ cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream);
 cudaError_t cudaMallocHost(void **ptr, size_t size);
 cudaError_t cudaFreeHost(void *ptr);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind);
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
-                            cudaStream_t stream);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream);
 cudaError_t cudaMemsetAsync(void *ptr, int value, size_t count, cudaStream_t stream);
 cudaError_t cudaMemset(void *ptr, int value, size_t count);
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, const void *ptr);

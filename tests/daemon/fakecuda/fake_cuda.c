@@ -42,11 +42,11 @@ typedef struct block {
     uint8_t *base;
     size_t size;
     bool pinned;
-    int device;     /* the allocating thread's current device (cudaPointerGetAttributes) */
+    int device; /* the allocating thread's current device (cudaPointerGetAttributes) */
 } block;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static block *blocks;           /* sorted by base */
+static block *blocks; /* sorted by base */
 static size_t nblocks, capblocks;
 static size_t dev_used, dev_cap;
 static bool leakcheck_armed;
@@ -59,7 +59,7 @@ typedef struct fop {
     uint64_t seq;
     void (*run)(void *arg);
     void *arg;
-    bool (*ready)(void *arg);   /* NULL: can run at any time; else run blocks until ready says so */
+    bool (*ready)(void *arg); /* NULL: can run at any time; else run blocks until ready says so */
 } fop;
 
 struct CUstream_st {
@@ -76,11 +76,11 @@ struct CUevent_st {
 static struct CUstream_st default_stream;
 static struct CUstream_st *all_streams = &default_stream;
 
-#define FAIL(...)                                                                                  \
-    do {                                                                                           \
-        fprintf(stderr, "fake CUDA: " __VA_ARGS__);                                                \
-        fputc('\n', stderr);                                                                       \
-        abort();                                                                                   \
+#define FAIL(...)                                   \
+    do {                                            \
+        fprintf(stderr, "fake CUDA: " __VA_ARGS__); \
+        fputc('\n', stderr);                        \
+        abort();                                    \
     } while (0)
 
 static cudaError_t err(cudaError_t e)
@@ -399,13 +399,20 @@ cudaError_t cudaPeekAtLastError(void)
 const char *cudaGetErrorString(cudaError_t error)
 {
     switch (error) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
-    case cudaErrorNotReady: return "device not ready";
+    case cudaSuccess:
+        return "no error";
+    case cudaErrorInvalidValue:
+        return "invalid argument";
+    case cudaErrorMemoryAllocation:
+        return "out of memory";
+    case cudaErrorNoDevice:
+        return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice:
+        return "invalid device ordinal";
+    case cudaErrorIllegalAddress:
+        return "an illegal memory access was encountered";
+    case cudaErrorNotReady:
+        return "device not ready";
     }
     return "unknown error";
 }
@@ -554,7 +561,7 @@ typedef struct copy_arg {
     const void *src;
     size_t n;
     int dst_dev, src_dev;
-    void *owned;   /* snapshot of a pageable source */
+    void *owned; /* snapshot of a pageable source */
 } copy_arg;
 
 static void run_copy(void *a_)
@@ -910,8 +917,8 @@ static void run_encode_windows(void *a_)
     for (size_t w = 0; w < a->nwin; w++) {
         uint8_t *win = a->windows[w];
         check_dev(win, dc->wb, "dqcu_encode_windows window");
-        a->status[w] = dq_window_encode(dc->codec, ws, (const uint8_t *)a->k + w * per,
-                                        (const uint8_t *)a->v + w * per, a->dtype, win, a->stats);
+        a->status[w] = dq_window_encode(dc->codec, ws, (const uint8_t *)a->k + w * per, (const uint8_t *)a->v + w * per,
+                                        a->dtype, win, a->stats);
     }
     dq_workspace_free(ws);
     free(a);

@@ -45,11 +45,11 @@
 #include "fake_internal.h"
 #include "nccl.h"
 
-#define FAIL(...)                                                                                  \
-    do {                                                                                           \
-        fprintf(stderr, "fake NCCL: " __VA_ARGS__);                                                \
-        fputc('\n', stderr);                                                                       \
-        abort();                                                                                   \
+#define FAIL(...)                                   \
+    do {                                            \
+        fprintf(stderr, "fake NCCL: " __VA_ARGS__); \
+        fputc('\n', stderr);                        \
+        abort();                                    \
     } while (0)
 
 #define ID_PREFIX "dq-fake-nccl:"
@@ -62,26 +62,26 @@
 
 typedef struct frame {
     uint32_t magic;
-    uint32_t arg;   /* hello: rank */
-    uint64_t len;   /* hello: nranks; data: bytes that follow */
+    uint32_t arg; /* hello: rank */
+    uint64_t len; /* hello: nranks; data: bytes that follow */
 } frame;
 
 typedef struct nop {
-    struct nop *next;        /* in a group, then in the communicator's incoming / send / receive queue */
-    struct ncclComm *comm;   /* until done */
+    struct nop *next;      /* in a group, then in the communicator's incoming / send / receive queue */
+    struct ncclComm *comm; /* until done */
     cudaStream_t stream;
     bool send;
-    bool on_stream;          /* its stream item exists */
+    bool on_stream; /* its stream item exists */
     uint8_t *buf;
-    size_t len, off;         /* off: bytes moved (thread) */
+    size_t len, off; /* off: bytes moved (thread) */
     frame hdr;
     size_t hdr_off;
-    bool allreduce;          /* one of the two halves of an ncclAllReduce */
+    bool allreduce; /* one of the two halves of an ncclAllReduce */
     /* the all-reduce's receive lands in buf (host scratch); then sum_dst = sum_own + buf */
     float *sum_dst;
     const float *sum_own;
     size_t sum_n;
-    bool done;               /* (done_mu) */
+    bool done; /* (done_mu) */
     ncclResult_t result;
 } nop;
 
@@ -92,21 +92,21 @@ struct ncclComm {
     bool blocking;
     struct sockaddr_un addr;
     socklen_t addrlen;
-    int listener, sock, wake;   /* wake: eventfd */
+    int listener, sock, wake; /* wake: eventfd */
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     /* mu */
     comm_state state;
-    ncclResult_t err;           /* FAILED: the asynchronous error */
-    bool launching;             /* a group of a non-blocking communicator is not on its streams yet */
+    ncclResult_t err; /* FAILED: the asynchronous error */
+    bool launching;   /* a group of a non-blocking communicator is not on its streams yet */
     bool finalizing, stopping;
-    size_t pending;             /* operations launched and not done */
-    nop *in_head, *in_tail;     /* launched, not yet taken by the thread */
-    char msg[256];              /* ncclGetLastError; written once, when it fails */
+    size_t pending;         /* operations launched and not done */
+    nop *in_head, *in_tail; /* launched, not yet taken by the thread */
+    char msg[256];          /* ncclGetLastError; written once, when it fails */
     /* thread */
     nop *sq_head, *sq_tail, *rq_head, *rq_tail;
-    bool hup;                   /* the peer closed while nothing was pending */
+    bool hup; /* the peer closed while nothing was pending */
 };
 
 static pthread_mutex_t done_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -135,15 +135,24 @@ static uint64_t now_ms(void)
 const char *ncclGetErrorString(ncclResult_t result)
 {
     switch (result) {
-    case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
-    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
-    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
-    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
-    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
-    case ncclRemoteError: return "remote process exited or there was a network error";
-    case ncclInProgress: return "NCCL operation in progress";
-    default: return "unknown result code";
+    case ncclSuccess:
+        return "no error";
+    case ncclUnhandledCudaError:
+        return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError:
+        return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError:
+        return "internal error - please report this issue to the NCCL developers";
+    case ncclInvalidArgument:
+        return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage:
+        return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError:
+        return "remote process exited or there was a network error";
+    case ncclInProgress:
+        return "NCCL operation in progress";
+    default:
+        return "unknown result code";
     }
 }
 
@@ -154,7 +163,7 @@ const char *ncclGetLastError(ncclComm_t comm)
         bool failed = comm->state == FAILED;
         pthread_mutex_unlock(&comm->mu);
         if (failed)
-            return comm->msg;   /* never rewritten once failed */
+            return comm->msg; /* never rewritten once failed */
     }
     return last_msg;
 }
@@ -373,7 +382,8 @@ static void form(struct ncclComm *c)
         }
     }
     frame mine = {HELLO_MAGIC, (uint32_t)c->rank, 2}, theirs;
-    if (hello_io(c, true, &mine, sizeof mine, deadline) < 0 || hello_io(c, false, &theirs, sizeof theirs, deadline) < 0) {
+    if (hello_io(c, true, &mine, sizeof mine, deadline) < 0 ||
+        hello_io(c, false, &theirs, sizeof theirs, deadline) < 0) {
         if (errno != ECANCELED)
             comm_fail(c, errno == ECONNRESET ? ncclRemoteError : ncclSystemError, "forming the communicator: %s",
                       strerror(errno));
@@ -381,7 +391,8 @@ static void form(struct ncclComm *c)
     }
     if (theirs.magic != HELLO_MAGIC || theirs.len != 2 || theirs.arg != (uint32_t)(1 - c->rank))
         FAIL("the peer of rank %d on %s says it is rank %u of %llu (magic %#x): both sides must use one id, ranks 0 "
-             "and 1 of 2", c->rank, c->addr.sun_path + 1, theirs.arg, (unsigned long long)theirs.len, theirs.magic);
+             "and 1 of 2",
+             c->rank, c->addr.sun_path + 1, theirs.arg, (unsigned long long)theirs.len, theirs.magic);
     pthread_mutex_lock(&c->mu);
     if (c->state == FORMING)
         c->state = READY;
@@ -505,8 +516,8 @@ static bool progress_recv(struct ncclComm *c)
                 op->hdr_off += (size_t)n;
                 if (op->hdr_off == sizeof op->hdr && (op->hdr.magic != DATA_MAGIC || op->hdr.len != op->len))
                     FAIL("%s of %zu bytes on rank %d was matched by a send of %llu bytes (magic %#x): the two "
-                         "sides' operations are out of step", what(op), op->len, c->rank,
-                         (unsigned long long)op->hdr.len, op->hdr.magic);
+                         "sides' operations are out of step",
+                         what(op), op->len, c->rank, (unsigned long long)op->hdr.len, op->hdr.magic);
             } else {
                 op->off += (size_t)n;
             }
@@ -551,7 +562,7 @@ static void *comm_main(void *arg)
         if (c->rq_head && (p[1].revents & (POLLIN | POLLERR | POLLHUP | POLLRDHUP)) && !progress_recv(c))
             continue;
         if (!c->rq_head && !c->sq_head && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR)))
-            c->hup = true;   /* the next operation finds out */
+            c->hup = true; /* the next operation finds out */
     }
 }
 
@@ -578,7 +589,7 @@ static ncclResult_t comm_init(ncclComm_t *out, int nranks, ncclUniqueId id, int 
     size_t nl = strlen(id.internal);
     if (nl + 1 >= sizeof c->addr.sun_path)
         nl = sizeof c->addr.sun_path - 2;
-    memcpy(c->addr.sun_path + 1, id.internal, nl);   /* abstract: leading NUL, no file */
+    memcpy(c->addr.sun_path + 1, id.internal, nl); /* abstract: leading NUL, no file */
     c->addrlen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + nl);
     c->wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (c->wake < 0) {
@@ -775,11 +786,22 @@ ncclResult_t ncclGroupEnd(void)
 static size_t type_size(ncclDataType_t t)
 {
     switch (t) {
-    case ncclInt8: case ncclUint8: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
-    default: return 0;
+    case ncclInt8:
+    case ncclUint8:
+        return 1;
+    case ncclFloat16:
+    case ncclBfloat16:
+        return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32:
+        return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64:
+        return 8;
+    default:
+        return 0;
     }
 }
 
@@ -796,8 +818,10 @@ static ncclResult_t check_comm(const char *op, ncclComm_t comm, int peer)
     if (st == FAILED)
         return fail_call(err, "%s: the communicator failed: %s", op, comm->msg);
     if (st == FORMING)
-        return fail_call(ncclInvalidUsage, "%s on a communicator still forming (wait for ncclCommGetAsyncError to "
-                         "leave ncclInProgress)", op);
+        return fail_call(ncclInvalidUsage,
+                         "%s on a communicator still forming (wait for ncclCommGetAsyncError to "
+                         "leave ncclInProgress)",
+                         op);
     if (fin)
         return fail_call(ncclInvalidUsage, "%s on a finalized communicator", op);
     if (peer != 1 - comm->rank)
