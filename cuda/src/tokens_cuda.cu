@@ -155,7 +155,8 @@ extern "C" int dqcu_scatter_rows(const uint16_t *src, uint32_t n, uint16_t *cons
         return DQ_INVALID_ARGUMENT;
     if (!nrows)
         return DQ_OK;
-    scatter_rows_kernel < <<nrows<65535u ? nrows : 65535u, 128, 0, stream>>>(src, n, dst, nrows);
+    const uint32_t blocks = nrows < 65535u ? nrows : 65535u;
+    scatter_rows_kernel<<<blocks, 128, 0, stream>>>(src, n, dst, nrows);
     DQCU_CHECK_LAUNCH();
     return DQ_OK;
 }
