@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 
 DATA="${DQ_DATA_DIR:-../shared/data}"
+# From a bare clone (no ../shared): the real sample shipped for the demo (tests/data/demo/README.md).
+[ -f "$DATA/bytellama-19m/kv_f16.bin" ] || DATA=tests/data/demo
 RUN=$(mktemp -d /tmp/dquant-demo.XXXXXX)
 SOCK="$RUN/dquantd.sock"
 METRICS_PORT=$((20000 + RANDOM % 20000))
