@@ -7,12 +7,22 @@
         out, lse = c.attend("req-1", layer=0, q=q)   # q [q_heads, head_dim]
 
 One Client is one connection: use it from one thread at a time (the C handle's rule). Errors raise
-ClientError with the library's code, name and message."""
+ClientError (a DquantError) with the library's code, name and message."""
+
+from __future__ import annotations
 
 import ctypes
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from . import _tensor as T
+from ._errors import ClientError, ErrorCode, UnsupportedError
+from ._tensor import Array, DType
+
+__all__ = ["Client", "ClientError", "version", "library", "has_symbols"]
+
+#: A sequence key: str (sent UTF-8 encoded) or bytes.
+Key = Union[str, bytes]
 
 DQC_PROFILE_MAX = 1024
 DQC_INFO_STR = 64
@@ -114,21 +124,15 @@ class dqc_stats_result(ctypes.Structure):
     ]
 
 
-class ClientError(RuntimeError):
-    """A failed call: .code (negative dq_error), .name ("CONNECTION", ...), and the handle's message."""
-
-    def __init__(self, code, what, detail=""):
-        lib = library()
-        self.code = code
-        self.name = lib.dqc_err_name(code).decode()
-        msg = detail or lib.dqc_strerror(code).decode()
-        super().__init__(f"{what}: {self.name}: {msg}")
+def _error(rc: int, what: str, detail: str = "") -> ClientError:
+    lib = library()
+    return ClientError(rc, what, detail or lib.dqc_strerror(rc).decode(), lib.dqc_err_name(rc).decode())
 
 
 _L = None
 
 
-def library():
+def library() -> ctypes.CDLL:
     """The loaded libdquant-client (ctypes.CDLL) with its prototypes declared."""
     global _L
     if _L is not None:
@@ -140,6 +144,7 @@ def library():
         "dqc_connect_ex": (I, [ctypes.c_char_p, P(dqc_options), P(VP), ctypes.c_char_p, SZ]),
         "dqc_free": (None, [VP]),
         "dqc_reconnect": (I, [VP]),
+        "dqc_reconnect_count": (ctypes.c_uint64, [VP]),
         "dqc_last_error": (ctypes.c_char_p, [VP]),
         "dqc_strerror": (ctypes.c_char_p, [I]),
         "dqc_err_name": (ctypes.c_char_p, [I]),
@@ -164,11 +169,28 @@ def library():
     return lib
 
 
-def version():
+def version() -> str:
+    """libdquant-client's version, "MAJOR.MINOR.PATCH" (the project's version)."""
     return library().dqc_version().decode()
 
 
-def _seq(key, ns=None):
+def has_symbols(*names: str) -> bool:
+    """Whether the loaded libdquant-client exports every C function named: a call whose function an
+    older library lacks raises UnsupportedError."""
+    lib = library()
+    return all(hasattr(lib, n) for n in names)
+
+
+def _optional(name: str, what: str):
+    """The C function name of libdquant-client, or UnsupportedError when the library lacks it."""
+    lib = library()
+    if not hasattr(lib, name):
+        raise UnsupportedError(what, f"{_lib.path_of(lib)} has no {name} (an older libdquant-client); "
+                                     "build the current one and point DQUANT_LIB_DIR at it")
+    return getattr(lib, name)
+
+
+def _seq(key: Key, ns: Optional[str] = None):
     """A dqc_seq and the buffers it borrows (keep them alive for the call)."""
     kb = key.encode() if isinstance(key, str) else bytes(key)
     kbuf = ctypes.create_string_buffer(kb, len(kb) or 1)
@@ -182,8 +204,12 @@ def _seq(key, ns=None):
 class Client:
     """One connection to dquantd (blocking). addr: "unix:/path" or "tcp://host:port"."""
 
-    def __init__(self, addr="unix:/tmp/dquantd.sock", secret=None, timeout_ms=None, client_name="dquant-python",
-                 auto_reconnect=True):
+    def __init__(self, addr: str = "unix:/tmp/dquantd.sock", secret: Union[str, bytes, None] = None,
+                 timeout_ms: Optional[int] = None, client_name: str = "dquant-python",
+                 auto_reconnect: bool = True) -> None:
+        """Connects and sends HELLO. secret: the daemon's shared secret; timeout_ms: both the connect
+        and the I/O timeout (None: the library's defaults, 5 s and 60 s). Raises ClientError
+        (CONNECTION, TIMEOUT, UNAUTHENTICATED, VERSION, ...)."""
         lib = library()
         self._h = ctypes.c_void_p()
         o = dqc_options()
@@ -202,43 +228,66 @@ class Client:
         rc = lib.dqc_connect_ex(addr.encode(), ctypes.byref(o), ctypes.byref(self._h), err, len(err))
         if rc:
             self._h = None
-            raise ClientError(rc, f"connect {addr}", err.value.decode(errors="replace"))
+            raise _error(rc, f"connect {addr}", err.value.decode(errors="replace"))
         self.addr = addr
 
-    def close(self):
+    def close(self) -> None:
+        """Closes the connection (again: nothing). Later calls raise ClientError (INVALID_ARGUMENT)."""
         if getattr(self, "_h", None):
             library().dqc_free(self._h)
             self._h = None
 
     __del__ = close
 
-    def __enter__(self):
+    @property
+    def closed(self) -> bool:
+        return not getattr(self, "_h", None)
+
+    def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _check(self, rc, what):
+    def __repr__(self) -> str:
+        return f"Client({getattr(self, 'addr', '?')!r}{', closed' if self.closed else ''})"
+
+    @property
+    def handle(self) -> ctypes.c_void_p:
+        """The dqc_client * (for C extensions); ClientError when closed."""
+        if self.closed:
+            raise ClientError(ErrorCode.INVALID_ARGUMENT, "client", "the client is closed")
+        return self._h
+
+    def _check(self, rc: int, what: str) -> None:
         if rc:
             detail = library().dqc_last_error(self._h).decode(errors="replace") if self._h else ""
-            raise ClientError(rc, what, detail)
+            raise _error(rc, what, detail)
 
-    def server(self):
+    @property
+    def reconnects(self) -> int:
+        """How many times the handle has reconnected (dqc_reconnect_count)."""
+        return int(library().dqc_reconnect_count(self.handle))
+
+    def server(self) -> Dict[str, Any]:
         """The server's HELLO reply as a dict."""
         si = dqc_server_info()
-        self._check(library().dqc_server(self._h, ctypes.byref(si)), "server")
+        self._check(library().dqc_server(self.handle, ctypes.byref(si)), "server")
         return {"version": si.version, "server_version": si.server_version.decode(), "backend": si.backend.decode(),
                 "max_frame_bytes": si.max_frame_bytes, "max_payload_bytes": si.max_payload_bytes,
                 "max_batch_items": si.max_batch_items,
                 "profiles": [si.profiles[i].value.decode() for i in range(min(si.nprofiles, DQC_INFO_LIST))],
                 "features": [si.features[i].value.decode() for i in range(min(si.nfeatures, DQC_INFO_LIST))]}
 
-    def ping(self, data=b""):
+    def ping(self, data: bytes = b"") -> None:
+        """Sends data and checks that the server echoes it."""
         buf = ctypes.create_string_buffer(bytes(data), max(1, len(data)))
-        self._check(library().dqc_ping(self._h, buf, len(data)), "ping")
+        self._check(library().dqc_ping(self.handle, buf, len(data)), "ping")
 
-    def register_model(self, name, layers, q_heads, kv_heads, head_dim, profile="dq226"):
-        """Registers a model; profile is a built-in name or a dquant.codec.Profile (sent serialized).
+    def register_model(self, name: str, layers: int, q_heads: int, kv_heads: int, head_dim: int,
+                       profile: Union[str, Any] = "dq226") -> Dict[str, Any]:
+        """Registers a model (idempotent for an identical spec; another spec under the same name is
+        EXISTS); profile is a built-in name or a dquant.codec.Profile (sent serialized).
         Returns {"existed", "bits_per_value", "profile" (serialized bytes the server uses)}."""
         spec = dqc_model_spec()
         nb = name.encode()
@@ -252,12 +301,14 @@ class Client:
             keep = ctypes.create_string_buffer(ser, len(ser))
             spec.profile, spec.profile_len = ctypes.cast(keep, ctypes.c_void_p), len(ser)
         info = dqc_model_info()
-        self._check(library().dqc_register_model(self._h, ctypes.byref(spec), ctypes.byref(info)), "register_model")
+        self._check(library().dqc_register_model(self.handle, ctypes.byref(spec), ctypes.byref(info)),
+                    "register_model")
         del keep
         return {"existed": bool(info.existed), "bits_per_value": info.bits_per_value,
                 "profile": bytes(info.profile[:info.profile_len])}
 
-    def put(self, key, k, v, model, start_token=0, first_layer=0, ns=None):
+    def put(self, key: Key, k: Array, v: Array, model: str, start_token: int = 0, first_layer: int = 0,
+            ns: Optional[str] = None) -> Dict[str, int]:
         """Appends k and v ([num_layers, tokens, kv_heads, head_dim], f32/f16/bf16) to layers
         [first_layer, first_layer + num_layers) of sequence key at start_token. Returns a dict."""
         kin = T.Input(k)
@@ -271,12 +322,13 @@ class Client:
         a.num_layers, a.tokens, a.kv_heads, a.head_dim = kin.shape
         a.dtype, a.k, a.v = kin.dtype, kin.ptr, vin.ptr
         r = dqc_put_result()
-        self._check(library().dqc_put(self._h, ctypes.byref(a), ctypes.byref(r)), "put")
+        self._check(library().dqc_put(self.handle, ctypes.byref(a), ctypes.byref(r)), "put")
         del kbuf
         return {"tokens": r.tokens, "stored_bytes": r.stored_bytes, "streams_encoded": r.streams_encoded,
                 "retries": r.retries}
 
-    def get(self, key, first_layer=0, num_layers=0, start_token=0, tokens=0, dtype="f32", ns=None, like=None):
+    def get(self, key: Key, first_layer: int = 0, num_layers: int = 0, start_token: int = 0, tokens: int = 0,
+            dtype: DType = "f32", ns: Optional[str] = None, like: Optional[Array] = None) -> Tuple[Array, Array]:
         """Decompressed K and V ([num_layers, tokens, kv_heads, head_dim] of dtype; numpy, or torch when
         like is a torch tensor). num_layers / tokens 0: to the end."""
         a = dqc_get_args()
@@ -286,17 +338,17 @@ class Client:
         r = dqc_get_result()
         lib = library()
         try:
-            self._check(lib.dqc_get(self._h, ctypes.byref(a), ctypes.byref(r)), "get")
+            self._check(lib.dqc_get(self.handle, ctypes.byref(a), ctypes.byref(r)), "get")
             shape = (r.num_layers, r.tokens, r.kv_heads, r.head_dim)
-            ref = T.Input(like) if like is not None else None
-            k = T.from_buffer(r.k, r.bytes, shape, r.dtype, ref)
-            v = T.from_buffer(r.v, r.bytes, shape, r.dtype, ref)
+            k = T.from_buffer(r.k, r.bytes, shape, r.dtype, like)
+            v = T.from_buffer(r.v, r.bytes, shape, r.dtype, like)
         finally:
             lib.dqc_get_result_free(ctypes.byref(r))
         del kbuf
         return k, v
 
-    def attend(self, key, layer, q, scale=0.0, append_k=None, append_v=None, ns=None, kv_heads=0):
+    def attend(self, key: Key, layer: int, q: Array, scale: float = 0.0, append_k: Optional[Array] = None,
+               append_v: Optional[Array] = None, ns: Optional[str] = None, kv_heads: int = 0) -> Tuple[Array, Array]:
         """Decode attention of query q ([q_heads, head_dim]) over one sequence's layer on the server,
         optionally appending the new token's K/V ([1, kv_heads, head_dim]) first. Returns
         (out [q_heads, head_dim] f32, lse [q_heads] f32). For batches use attend_batch."""
@@ -304,7 +356,8 @@ class Client:
         out, lse = self.attend_batch(items, scale=scale, ns=ns, kv_heads=kv_heads)
         return out[0], lse[0]
 
-    def attend_batch(self, items, scale=0.0, ns=None, kv_heads=0):
+    def attend_batch(self, items: Sequence[Tuple[Key, int, Array, Optional[Array], Optional[Array]]],
+                     scale: float = 0.0, ns: Optional[str] = None, kv_heads: int = 0) -> Tuple[Array, Array]:
         """items: list of (key, layer, q, append_k or None, append_v or None), all q of one shape and
         dtype. Returns (out [items, q_heads, head_dim], lse [items, q_heads]), both f32."""
         if not items:
@@ -336,27 +389,29 @@ class Client:
         a.kv_heads, a.dtype, a.scale = kv_heads, q0.dtype, scale
         out = T.Output((len(items),) + q0.shape, T.F32, q0)
         lse = T.Output((len(items), q0.shape[0]), T.F32, q0)
-        self._check(library().dqc_attend(self._h, ctypes.byref(a), out.c_void_p(), lse.c_void_p()), "attend")
+        self._check(library().dqc_attend(self.handle, ctypes.byref(a), out.c_void_p(), lse.c_void_p()), "attend")
         return out.result(), lse.result()
 
-    def delete(self, key, ns=None):
+    def delete(self, key: Key, ns: Optional[str] = None) -> None:
+        """Deletes a sequence (ClientError NOT_FOUND when there is none)."""
         s, kbuf = _seq(key, ns)
-        self._check(library().dqc_delete(self._h, ctypes.byref(s)), "delete")
+        self._check(library().dqc_delete(self.handle, ctypes.byref(s)), "delete")
 
-    def pin(self, key, ns=None):
+    def pin(self, key: Key, ns: Optional[str] = None) -> None:
+        """Pins a sequence: never evicted until unpinned."""
         s, kbuf = _seq(key, ns)
-        self._check(library().dqc_pin(self._h, ctypes.byref(s)), "pin")
+        self._check(library().dqc_pin(self.handle, ctypes.byref(s)), "pin")
 
-    def unpin(self, key, ns=None):
+    def unpin(self, key: Key, ns: Optional[str] = None) -> None:
         s, kbuf = _seq(key, ns)
-        self._check(library().dqc_unpin(self._h, ctypes.byref(s)), "unpin")
+        self._check(library().dqc_unpin(self.handle, ctypes.byref(s)), "unpin")
 
-    def stats(self):
+    def stats(self) -> Dict[str, Dict[str, Union[int, float]]]:
         """The daemon's counters and gauges: {"counters": {name: int}, "gauges": {name: float}}."""
         r = dqc_stats_result()
         lib = library()
         try:
-            self._check(lib.dqc_stats(self._h, ctypes.byref(r)), "stats")
+            self._check(lib.dqc_stats(self.handle, ctypes.byref(r)), "stats")
             counters = {r.counters[i].name.decode(): r.counters[i].value for i in range(r.ncounters)}
             gauges = {r.gauges[i].name.decode(): r.gauges[i].value for i in range(r.ngauges)}
         finally:
