@@ -1,4 +1,4 @@
-"""python -m dquant: what the installed binding finds (versions, library paths)."""
+"""python -m dquant: what the installed binding finds (versions, library paths, optional calls)."""
 
 import sys
 
@@ -16,6 +16,9 @@ def main() -> int:
             rc = 1
     if rc == 0:
         print(f"libdquant-client version: {client.version()}")
+        for sym in client.CHUNK_SYMBOLS:
+            have = client.has_symbols(sym)
+            print(f"  {sym}: {'yes' if have else 'no (the shared KV tier calls raise UnsupportedError)'}")
     return rc
 
 

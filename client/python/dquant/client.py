@@ -12,14 +12,15 @@ ClientError (a DquantError) with the library's code, name and message."""
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+import dataclasses
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from . import _tensor as T
 from ._errors import ClientError, ErrorCode, UnsupportedError
 from ._tensor import Array, DType
 
-__all__ = ["Client", "ClientError", "version", "library", "has_symbols"]
+__all__ = ["Client", "ClientError", "version", "library", "chunk_keys", "has_symbols", "CHUNK_KEY_BYTES"]
 
 #: A sequence key: str (sent UTF-8 encoded) or bytes.
 Key = Union[str, bytes]
@@ -175,8 +176,8 @@ def version() -> str:
 
 
 def has_symbols(*names: str) -> bool:
-    """Whether the loaded libdquant-client exports every C function named: a call whose function an
-    older library lacks raises UnsupportedError."""
+    """Whether the loaded libdquant-client exports every C function named (e.g. "dqc_lookup"): an
+    older library lacks the shared-KV-tier calls, which then raise UnsupportedError."""
     lib = library()
     return all(hasattr(lib, n) for n in names)
 
@@ -185,8 +186,8 @@ def _optional(name: str, what: str):
     """The C function name of libdquant-client, or UnsupportedError when the library lacks it."""
     lib = library()
     if not hasattr(lib, name):
-        raise UnsupportedError(what, f"{_lib.path_of(lib)} has no {name} (an older libdquant-client); "
-                                     "build the current one and point DQUANT_LIB_DIR at it")
+        raise UnsupportedError(what, f"{_lib.path_of(lib)} has no {name} (a libdquant-client older than "
+                                     "the shared KV tier); build the current one and point DQUANT_LIB_DIR at it")
     return getattr(lib, name)
 
 
@@ -285,10 +286,13 @@ class Client:
         self._check(library().dqc_ping(self.handle, buf, len(data)), "ping")
 
     def register_model(self, name: str, layers: int, q_heads: int, kv_heads: int, head_dim: int,
-                       profile: Union[str, Any] = "dq226") -> Dict[str, Any]:
+                       profile: Union[str, Any] = "dq226", chunk_tokens: Optional[int] = None) -> Dict[str, Any]:
         """Registers a model (idempotent for an identical spec; another spec under the same name is
         EXISTS); profile is a built-in name or a dquant.codec.Profile (sent serialized).
-        Returns {"existed", "bits_per_value", "profile" (serialized bytes the server uses)}."""
+        chunk_tokens: tokens per chunk of the shared KV tier (None or 0: the server's 256; a multiple
+        of the profile's window). Returns {"existed", "bits_per_value", "profile" (serialized bytes
+        the server uses), "chunk_tokens" (the model's; None from a library without
+        dqc_register_model_ex, where asking for a size raises UnsupportedError)}."""
         spec = dqc_model_spec()
         nb = name.encode()
         spec.name, spec.layers, spec.q_heads, spec.kv_heads, spec.head_dim = nb, layers, q_heads, kv_heads, head_dim
@@ -301,11 +305,19 @@ class Client:
             keep = ctypes.create_string_buffer(ser, len(ser))
             spec.profile, spec.profile_len = ctypes.cast(keep, ctypes.c_void_p), len(ser)
         info = dqc_model_info()
-        self._check(library().dqc_register_model(self.handle, ctypes.byref(spec), ctypes.byref(info)),
-                    "register_model")
+        ct_out = None
+        if chunk_tokens or has_symbols("dqc_register_model_ex"):
+            ct = ctypes.c_uint32()
+            fn = _chunk_fn("dqc_register_model_ex", "register_model")
+            self._check(fn(self.handle, ctypes.byref(spec), int(chunk_tokens or 0), ctypes.byref(info),
+                           ctypes.byref(ct)), "register_model")
+            ct_out = int(ct.value)
+        else:
+            self._check(library().dqc_register_model(self.handle, ctypes.byref(spec), ctypes.byref(info)),
+                        "register_model")
         del keep
         return {"existed": bool(info.existed), "bits_per_value": info.bits_per_value,
-                "profile": bytes(info.profile[:info.profile_len])}
+                "profile": bytes(info.profile[:info.profile_len]), "chunk_tokens": ct_out}
 
     def put(self, key: Key, k: Array, v: Array, model: str, start_token: int = 0, first_layer: int = 0,
             ns: Optional[str] = None) -> Dict[str, int]:
@@ -417,3 +429,236 @@ class Client:
         finally:
             lib.dqc_stats_result_free(ctypes.byref(r))
         return {"counters": counters, "gauges": gauges}
+
+    # ---- the shared KV tier (the C declarations are quoted further down) ----
+
+    def lookup(self, keys: Sequence[bytes], model: str, ns: Optional[str] = None,
+               lease_ms: int = 0) -> LookupResult:
+        """How many leading chunks of keys (prompt order, from dquant.chunk_keys) the daemon holds for
+        model in namespace ns. lease_ms: reserved for leases (0). Raises UnsupportedError when the
+        library lacks dqc_lookup, ClientError for the daemon's errors."""
+        fn = _chunk_fn("dqc_lookup", "lookup")
+        keys = list(keys)
+        buf, n = _keys_buffer(keys, "lookup")
+        r = dqc_lookup_result()
+        self._check(fn(self.handle, _ns(ns), model.encode(), buf, n, int(lease_ms), ctypes.byref(r)), "lookup")
+        return LookupResult(int(r.hits), int(r.hit_tokens), int(r.chunk_tokens), tuple(keys[:r.hits]))
+
+    def put_chunks(self, keys: Sequence[bytes], k: Array, v: Array, model: str, ns: Optional[str] = None,
+                   parent: Optional[bytes] = None) -> PutChunksResult:
+        """Stores len(keys) chunks in prompt order: k and v are [layers, len(keys) * chunk_tokens,
+        kv_heads, head_dim] (every layer of the model; f32, f16, bf16; numpy or torch, CUDA tensors
+        through host memory). parent: the key before keys[0] (None at a prompt's start). Chunks the
+        daemon already holds are acknowledged without re-encoding (deduped)."""
+        fn = _chunk_fn("dqc_put_chunks", "put_chunks")
+        if parent is not None and len(parent) != CHUNK_KEY_BYTES:
+            raise ValueError(f"put_chunks: parent must be {CHUNK_KEY_BYTES} bytes")
+        buf, n = _keys_buffer(keys, "put_chunks")
+        kin = T.Input(k)
+        vin = T.Input(v, want=kin.dtype)
+        if len(kin.shape) != 4 or vin.shape != kin.shape:
+            raise ValueError(f"put_chunks: k {kin.shape} and v {vin.shape} must both be "
+                             "[layers, tokens, kv_heads, head_dim]")
+        if n == 0 or kin.shape[1] % n:
+            raise ValueError(f"put_chunks: {kin.shape[1]} tokens are not {n} whole chunks")
+        pbuf = ctypes.create_string_buffer(bytes(parent), CHUNK_KEY_BYTES) if parent is not None else None
+        a = dqc_put_chunks_args()
+        nsb, mb = _ns(ns), model.encode()
+        a.ns, a.model = nsb, mb
+        a.keys, a.nkeys = ctypes.cast(buf, ctypes.c_void_p), n
+        a.parent = ctypes.cast(pbuf, ctypes.c_void_p) if pbuf is not None else None
+        a.layers, a.kv_heads, a.head_dim = kin.shape[0], kin.shape[2], kin.shape[3]
+        a.chunk_tokens = kin.shape[1] // n
+        a.dtype, a.k, a.v = kin.dtype, kin.ptr, vin.ptr
+        r = dqc_put_chunks_result()
+        self._check(fn(self.handle, ctypes.byref(a), ctypes.byref(r)), "put_chunks")
+        return PutChunksResult(int(r.stored), int(r.deduped), int(r.streams_encoded))
+
+    def get_chunk(self, key: bytes, ns: Optional[str] = None, dtype: DType = "f32",
+                  like: Optional[Array] = None) -> Tuple[Array, Array]:
+        """One chunk decompressed: K and V [layers, chunk_tokens, kv_heads, head_dim] of dtype (numpy;
+        torch on like's device when like is a torch tensor). ClientError NOT_FOUND when not held."""
+        fn = _chunk_fn("dqc_get_chunk", "get_chunk")
+        buf, _ = _keys_buffer([key], "get_chunk")
+        r = dqc_get_result()
+        lib = library()
+        try:
+            self._check(fn(self.handle, _ns(ns), buf, T.parse_dtype(dtype), ctypes.byref(r)), "get_chunk")
+            shape = (r.num_layers, r.tokens, r.kv_heads, r.head_dim)
+            kk = T.from_buffer(r.k, r.bytes, shape, r.dtype, like)
+            vv = T.from_buffer(r.v, r.bytes, shape, r.dtype, like)
+        finally:
+            lib.dqc_get_result_free(ctypes.byref(r))
+        return kk, vv
+
+    def get_chunks(self, keys: Sequence[bytes], ns: Optional[str] = None, dtype: DType = "f32",
+                   like: Optional[Array] = None) -> Tuple[Array, Array]:
+        """Chunks decompressed and concatenated in the order of keys (one dqc_get_chunk each): K and V
+        [layers, len(keys) * chunk_tokens, kv_heads, head_dim] of dtype, in like's flavour (numpy
+        without it). ClientError NOT_FOUND when one is not held."""
+        keys = list(keys)
+        if not keys:
+            raise ValueError("get_chunks: no keys")
+        parts = [self.get_chunk(key, ns=ns, dtype=dtype, like=like) for key in keys]
+        if len(parts) == 1:
+            return parts[0]
+        if T.is_torch(parts[0][0]):
+            import torch
+            return torch.cat([p[0] for p in parts], dim=1), torch.cat([p[1] for p in parts], dim=1)
+        return T._np.concatenate([p[0] for p in parts], axis=1), T._np.concatenate([p[1] for p in parts], axis=1)
+
+
+# ---- chunk keys of the shared KV tier (proto/chunkkey.h, computed by libdquant-client) ----
+
+#: Bytes of one chunk key (XXH3-128, canonical form).
+CHUNK_KEY_BYTES = 16
+
+# dqc_chunk_keys as declared in client.h, its return type and its parameters by name in order:
+#   size_t dqc_chunk_keys(const char *ns, const uint32_t *tokens, size_t ntokens, uint32_t chunk_tokens,
+#                         const uint8_t *parent, uint8_t *out, size_t max_keys);
+# The one declaration to adapt if it changes: chunk_keys passes its arguments by these names (it
+# also knows "ns_len"); an int return type would be read as a dq_error code when negative.
+_CHUNK_KEYS_PROTO = (ctypes.c_size_t, (
+    ("ns", ctypes.c_char_p), ("tokens", ctypes.POINTER(ctypes.c_uint32)), ("ntokens", ctypes.c_size_t),
+    ("chunk_tokens", ctypes.c_uint32), ("parent", ctypes.POINTER(ctypes.c_uint8)),
+    ("out", ctypes.POINTER(ctypes.c_uint8)), ("max_keys", ctypes.c_size_t)))
+
+
+def _token_array(tokens: Any) -> Tuple[Any, int]:
+    """tokens (a sequence of ints, a numpy array or a torch tensor of token ids in [0, 2^32)) as a
+    C uint32 array and its length."""
+    if T.is_torch(tokens):
+        tokens = tokens.detach().cpu().reshape(-1).tolist()
+    elif T._np is not None and isinstance(tokens, T._np.ndarray):
+        a = tokens.reshape(-1)
+        if a.size and (a.dtype.kind not in "iu" or int(a.min()) < 0 or int(a.max()) > 0xFFFFFFFF):
+            raise ValueError("chunk_keys: token ids must be integers in [0, 2^32)")
+        a = T._np.ascontiguousarray(a, dtype=T._np.uint32)
+        return a.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)), a.size
+    tokens = list(tokens)
+    for t in tokens:
+        if not isinstance(t, int) or isinstance(t, bool) or t < 0 or t > 0xFFFFFFFF:
+            raise ValueError(f"chunk_keys: token id {t!r} is not an integer in [0, 2^32)")
+    return (ctypes.c_uint32 * max(1, len(tokens)))(*tokens), len(tokens)
+
+
+def chunk_keys(ns: str, tokens: Any, chunk_tokens: int, parent: Optional[bytes] = None) -> List[bytes]:
+    """The chunk keys of a prompt's full chunks (proto/chunkkey.h): key_i is XXH3-128 over "dqchunk1",
+    the namespace, key_(i-1) (parent for the first; None: the prompt's start, 16 zero bytes), the
+    chunk's token count and its token ids. A final partial chunk has no key. tokens: ints in
+    [0, 2^32), a numpy array or a torch tensor. Every client of one namespace gets the same keys for
+    the same prefix, so these name chunks in the daemon's shared tier (Client.lookup, put_chunks,
+    get_chunks). Computed by libdquant-client's dqc_chunk_keys (UnsupportedError without it)."""
+    if not isinstance(chunk_tokens, int) or chunk_tokens <= 0 or chunk_tokens > 0xFFFFFFFF:
+        raise ValueError(f"chunk_keys: chunk_tokens must be a positive integer, not {chunk_tokens!r}")
+    if parent is not None and len(parent) != CHUNK_KEY_BYTES:
+        raise ValueError(f"chunk_keys: parent must be {CHUNK_KEY_BYTES} bytes, not {len(parent)}")
+    fn = _optional("dqc_chunk_keys", "chunk_keys")
+    restype, params = _CHUNK_KEYS_PROTO
+    if fn.argtypes is None or list(fn.argtypes) != [t for _, t in params]:
+        fn.restype, fn.argtypes = restype, [t for _, t in params]
+    nsb = ns.encode() if isinstance(ns, str) else bytes(ns)
+    toks, n = _token_array(tokens)
+    nkeys = n // chunk_tokens
+    out = (ctypes.c_uint8 * max(1, nkeys * CHUNK_KEY_BYTES))()
+    par = (ctypes.c_uint8 * CHUNK_KEY_BYTES).from_buffer_copy(bytes(parent)) if parent is not None else None
+    args = {"ns": nsb, "ns_len": len(nsb), "tokens": toks, "ntokens": n, "chunk_tokens": chunk_tokens,
+            "parent": par, "out": out, "max_keys": nkeys}
+    got = fn(*(args[name] for name, _ in params))
+    if got < 0:                 # an int-returning declaration reports errors as a dq_error code
+        raise _error(got, "chunk_keys")
+    if got != nkeys:
+        raise ClientError(ErrorCode.INTERNAL, "chunk_keys", f"dqc_chunk_keys wrote {got} keys, expected {nkeys}")
+    raw = bytes(out)
+    return [raw[i * CHUNK_KEY_BYTES:(i + 1) * CHUNK_KEY_BYTES] for i in range(nkeys)]
+
+
+# ---- the shared KV tier: LOOKUP, PUT_CHUNKS, chunk GET ----
+#
+# Bound against these declarations of client.h (the structs mirror them field for field;
+# tests/python/layout_probe.c checks sizes and offsets against the C compiler):
+#
+#   int dqc_register_model_ex(dqc_client *c, const dqc_model_spec *spec, uint32_t chunk_tokens,
+#                             dqc_model_info *info, uint32_t *chunk_tokens_out);
+#   typedef struct dqc_put_chunks_args { const char *ns, *model; const uint8_t *keys; size_t nkeys;
+#       const uint8_t *parent; uint32_t layers, chunk_tokens, kv_heads, head_dim; dq_dtype dtype;
+#       const void *k, *v; } dqc_put_chunks_args;
+#   typedef struct dqc_put_chunks_result { uint64_t stored, deduped, streams_encoded; } dqc_put_chunks_result;
+#   int dqc_put_chunks(dqc_client *c, const dqc_put_chunks_args *a, dqc_put_chunks_result *res);
+#   typedef struct dqc_lookup_result { uint64_t hits, hit_tokens; uint32_t chunk_tokens; } dqc_lookup_result;
+#   int dqc_lookup(dqc_client *c, const char *ns, const char *model, const uint8_t *keys, size_t nkeys,
+#                  uint32_t lease_ms, dqc_lookup_result *res);
+#   int dqc_get_chunk(dqc_client *c, const char *ns, const uint8_t *key, dq_dtype dtype, dqc_get_result *res);
+
+#: The C functions of the shared KV tier; without them the chunk calls raise UnsupportedError.
+CHUNK_SYMBOLS = ("dqc_chunk_keys", "dqc_register_model_ex", "dqc_lookup", "dqc_put_chunks", "dqc_get_chunk")
+
+
+class dqc_lookup_result(ctypes.Structure):
+    _fields_ = [("hits", ctypes.c_uint64), ("hit_tokens", ctypes.c_uint64), ("chunk_tokens", ctypes.c_uint32)]
+
+
+class dqc_put_chunks_args(ctypes.Structure):
+    _fields_ = [
+        ("ns", ctypes.c_char_p), ("model", ctypes.c_char_p), ("keys", ctypes.c_void_p), ("nkeys", ctypes.c_size_t),
+        ("parent", ctypes.c_void_p), ("layers", ctypes.c_uint32), ("chunk_tokens", ctypes.c_uint32),
+        ("kv_heads", ctypes.c_uint32), ("head_dim", ctypes.c_uint32), ("dtype", ctypes.c_int),
+        ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
+    ]
+
+
+class dqc_put_chunks_result(ctypes.Structure):
+    _fields_ = [("stored", ctypes.c_uint64), ("deduped", ctypes.c_uint64), ("streams_encoded", ctypes.c_uint64)]
+
+
+_CHUNK_PROTOS = {
+    "dqc_lookup": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t,
+                                  ctypes.c_uint32, ctypes.POINTER(dqc_lookup_result)]),
+    "dqc_put_chunks": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(dqc_put_chunks_args),
+                                      ctypes.POINTER(dqc_put_chunks_result)]),
+    "dqc_get_chunk": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int,
+                                     ctypes.POINTER(dqc_get_result)]),
+    "dqc_register_model_ex": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(dqc_model_spec), ctypes.c_uint32,
+                                             ctypes.POINTER(dqc_model_info), ctypes.POINTER(ctypes.c_uint32)]),
+}
+
+
+def _chunk_fn(name: str, what: str):
+    fn = _optional(name, what)
+    res, args = _CHUNK_PROTOS[name]
+    fn.restype, fn.argtypes = res, args
+    return fn
+
+
+def _keys_buffer(keys: Sequence[bytes], what: str) -> Tuple[Any, int]:
+    """Chunk keys (16 bytes each) back to back in one C buffer, and their count."""
+    keys = list(keys)
+    for i, k in enumerate(keys):
+        if not isinstance(k, (bytes, bytearray, memoryview)) or len(k) != CHUNK_KEY_BYTES:
+            raise ValueError(f"{what}: key {i} is not {CHUNK_KEY_BYTES} bytes (dquant.chunk_keys makes them)")
+    raw = b"".join(bytes(k) for k in keys)
+    return ctypes.create_string_buffer(raw, max(1, len(raw))), len(keys)
+
+
+def _ns(ns: Optional[str]) -> Optional[bytes]:
+    return ns.encode() if ns else None
+
+
+@dataclasses.dataclass(frozen=True)
+class LookupResult:
+    """What the daemon holds of a prompt's chunks: the first `hits` keys (prompt order; the count
+    stops at the first miss), covering hit_tokens = hits * chunk_tokens tokens. keys: those held."""
+
+    hits: int
+    hit_tokens: int
+    chunk_tokens: int
+    keys: Tuple[bytes, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class PutChunksResult:
+    """stored: chunks encoded by this request; deduped: chunks the daemon already held."""
+
+    stored: int
+    deduped: int
+    streams_encoded: int
