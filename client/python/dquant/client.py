@@ -435,14 +435,23 @@ class Client:
     def lookup(self, keys: Sequence[bytes], model: str, ns: Optional[str] = None,
                lease_ms: int = 0) -> LookupResult:
         """How many leading chunks of keys (prompt order, from dquant.chunk_keys) the daemon holds for
-        model in namespace ns. lease_ms: reserved for leases (0). Raises UnsupportedError when the
-        library lacks dqc_lookup, ClientError for the daemon's errors."""
+        model in namespace ns. lease_ms > 0 leases the chunks found to this connection for that long
+        (not evicted until it expires, release_lease, or the connection closes; result.lease_id),
+        where the daemon offers leases (else ClientError UNSUPPORTED). Raises UnsupportedError when
+        the library lacks dqc_lookup, ClientError for the daemon's errors."""
         fn = _chunk_fn("dqc_lookup", "lookup")
         keys = list(keys)
         buf, n = _keys_buffer(keys, "lookup")
         r = dqc_lookup_result()
         self._check(fn(self.handle, _ns(ns), model.encode(), buf, n, int(lease_ms), ctypes.byref(r)), "lookup")
-        return LookupResult(int(r.hits), int(r.hit_tokens), int(r.chunk_tokens), tuple(keys[:r.hits]))
+        return LookupResult(int(r.hits), int(r.hit_tokens), int(r.chunk_tokens), tuple(keys[:r.hits]),
+                            int(r.lease_id), int(r.lease_ms))
+
+    def release_lease(self, lease_id: int) -> None:
+        """Ends a lease of this connection (LookupResult.lease_id) before it expires; ClientError
+        NOT_FOUND when there is none (expired, released, or another connection's)."""
+        fn = _chunk_fn("dqc_release_lease", "release_lease")
+        self._check(fn(self.handle, int(lease_id)), "release_lease")
 
     def put_chunks(self, keys: Sequence[bytes], k: Array, v: Array, model: str, ns: Optional[str] = None,
                    parent: Optional[bytes] = None) -> PutChunksResult:
@@ -585,9 +594,14 @@ def chunk_keys(ns: str, tokens: Any, chunk_tokens: int, parent: Optional[bytes] 
 #       const void *k, *v; } dqc_put_chunks_args;
 #   typedef struct dqc_put_chunks_result { uint64_t stored, deduped, streams_encoded; } dqc_put_chunks_result;
 #   int dqc_put_chunks(dqc_client *c, const dqc_put_chunks_args *a, dqc_put_chunks_result *res);
-#   typedef struct dqc_lookup_result { uint64_t hits, hit_tokens; uint32_t chunk_tokens; } dqc_lookup_result;
+#   typedef struct dqc_lookup_result { uint64_t hits, hit_tokens; uint32_t chunk_tokens;
+#       uint64_t lease_id; uint32_t lease_ms; } dqc_lookup_result;
 #   int dqc_lookup(dqc_client *c, const char *ns, const char *model, const uint8_t *keys, size_t nkeys,
 #                  uint32_t lease_ms, dqc_lookup_result *res);
+#   int dqc_release_lease(dqc_client *c, uint64_t lease_id);
+#
+# dqc_lookup_result's lease fields came after its first three: against a library without them C
+# writes only the first 24 bytes of the (larger) ctypes struct, and lease_id reads 0.
 #   int dqc_get_chunk(dqc_client *c, const char *ns, const uint8_t *key, dq_dtype dtype, dqc_get_result *res);
 
 #: The C functions of the shared KV tier; without them the chunk calls raise UnsupportedError.
@@ -595,7 +609,8 @@ CHUNK_SYMBOLS = ("dqc_chunk_keys", "dqc_register_model_ex", "dqc_lookup", "dqc_p
 
 
 class dqc_lookup_result(ctypes.Structure):
-    _fields_ = [("hits", ctypes.c_uint64), ("hit_tokens", ctypes.c_uint64), ("chunk_tokens", ctypes.c_uint32)]
+    _fields_ = [("hits", ctypes.c_uint64), ("hit_tokens", ctypes.c_uint64), ("chunk_tokens", ctypes.c_uint32),
+                ("lease_id", ctypes.c_uint64), ("lease_ms", ctypes.c_uint32)]
 
 
 class dqc_put_chunks_args(ctypes.Structure):
@@ -618,6 +633,7 @@ _CHUNK_PROTOS = {
                                       ctypes.POINTER(dqc_put_chunks_result)]),
     "dqc_get_chunk": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int,
                                      ctypes.POINTER(dqc_get_result)]),
+    "dqc_release_lease": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint64]),
     "dqc_register_model_ex": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(dqc_model_spec), ctypes.c_uint32,
                                              ctypes.POINTER(dqc_model_info), ctypes.POINTER(ctypes.c_uint32)]),
 }
@@ -647,12 +663,15 @@ def _ns(ns: Optional[str]) -> Optional[bytes]:
 @dataclasses.dataclass(frozen=True)
 class LookupResult:
     """What the daemon holds of a prompt's chunks: the first `hits` keys (prompt order; the count
-    stops at the first miss), covering hit_tokens = hits * chunk_tokens tokens. keys: those held."""
+    stops at the first miss), covering hit_tokens = hits * chunk_tokens tokens. keys: those held.
+    lease_id: the lease on them (0: none, as without lease_ms or hits), for lease_ms ms."""
 
     hits: int
     hit_tokens: int
     chunk_tokens: int
     keys: Tuple[bytes, ...] = ()
+    lease_id: int = 0
+    lease_ms: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -110,6 +110,15 @@ class TestChunkApi(DaemonTest):
         again = self.c.put_chunks(keys[:2], k[:, :2 * ct], v[:, :2 * ct], model="chunky", ns="tenant")
         self.assertEqual((again.stored, again.deduped), (0, 2))
         self.assertEqual(self.c.lookup(keys, model="chunky", ns="tenant").hit_tokens, 3 * ct)
+        if dquant.has_symbols("dqc_release_lease"):
+            leased = self.c.lookup(keys, model="chunky", ns="tenant", lease_ms=5000)
+            self.assertEqual(leased.hits, 3)
+            self.assertNotEqual(leased.lease_id, 0)
+            self.assertGreater(leased.lease_ms, 0)
+            self.c.release_lease(leased.lease_id)
+            with self.assertRaises(dquant.ClientError) as cm:    # released: no longer there
+                self.c.release_lease(leased.lease_id)
+            self.assertEqual(cm.exception.code, dquant.ErrorCode.NOT_FOUND)
         kg, vg = self.c.get_chunks(keys, ns="tenant")
         self.assertEqual((kg.shape, kg.dtype), (k.shape, np.float32))
         self.assertLess(nmse(k, kg), 0.05)
@@ -132,9 +141,10 @@ class TestChunkApi(DaemonTest):
             self.c.put_chunks(keys[1:], k, v, model="chunky", ns="e", parent=keys[0])
         self.assertEqual(cm.exception.code, dquant.ErrorCode.NOT_FOUND)
         self.assertEqual(self.c.lookup(keys, model="chunky", ns="e").hits, 0)   # nothing stored
-        with self.assertRaises(dquant.ClientError) as cm:         # leases are not offered yet
-            self.c.lookup(keys, model="chunky", ns="e", lease_ms=100)
-        self.assertEqual(cm.exception.code, dquant.ErrorCode.UNSUPPORTED)
+        if not dquant.has_symbols("dqc_release_lease"):           # a daemon without leases refuses them
+            with self.assertRaises(dquant.ClientError) as cm:
+                self.c.lookup(keys, model="chunky", ns="e", lease_ms=100)
+            self.assertEqual(cm.exception.code, dquant.ErrorCode.UNSUPPORTED)
         k[0, 3, 1, 5] = np.nan
         with self.assertRaises(dquant.ClientError) as cm:
             self.c.put_chunks(keys[:1], k, v, model="chunky", ns="e")
