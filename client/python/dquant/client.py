@@ -500,6 +500,23 @@ class Client:
             lib.dqc_get_result_free(ctypes.byref(r))
         return kk, vv
 
+    def delete_chunk(self, key: bytes, ns: Optional[str] = None) -> None:
+        """Deletes one chunk (ClientError NOT_FOUND when not held)."""
+        self._chunk_call("dqc_delete_chunk", "delete_chunk", key, ns)
+
+    def pin_chunk(self, key: bytes, ns: Optional[str] = None) -> None:
+        """Pins one chunk: never evicted until unpinned (NOT_FOUND when not held)."""
+        self._chunk_call("dqc_pin_chunk", "pin_chunk", key, ns)
+
+    def unpin_chunk(self, key: bytes, ns: Optional[str] = None) -> None:
+        """Unpins one chunk."""
+        self._chunk_call("dqc_unpin_chunk", "unpin_chunk", key, ns)
+
+    def _chunk_call(self, name: str, what: str, key: bytes, ns: Optional[str]) -> None:
+        fn = _chunk_fn(name, what)
+        buf, _ = _keys_buffer([key], what)
+        self._check(fn(self.handle, _ns(ns), buf), what)
+
     def get_chunks(self, keys: Sequence[bytes], ns: Optional[str] = None, dtype: DType = "f32",
                    like: Optional[Array] = None) -> Tuple[Array, Array]:
         """Chunks decompressed and concatenated in the order of keys (one dqc_get_chunk each): K and V
@@ -603,6 +620,8 @@ def chunk_keys(ns: str, tokens: Any, chunk_tokens: int, parent: Optional[bytes] 
 # dqc_lookup_result's lease fields came after its first three: against a library without them C
 # writes only the first 24 bytes of the (larger) ctypes struct, and lease_id reads 0.
 #   int dqc_get_chunk(dqc_client *c, const char *ns, const uint8_t *key, dq_dtype dtype, dqc_get_result *res);
+#   int dqc_delete_chunk(dqc_client *c, const char *ns, const uint8_t *key);   (and dqc_pin_chunk,
+#   dqc_unpin_chunk, the same)
 
 #: The C functions of the shared KV tier; without them the chunk calls raise UnsupportedError.
 CHUNK_SYMBOLS = ("dqc_chunk_keys", "dqc_register_model_ex", "dqc_lookup", "dqc_put_chunks", "dqc_get_chunk")
@@ -634,6 +653,9 @@ _CHUNK_PROTOS = {
     "dqc_get_chunk": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int,
                                      ctypes.POINTER(dqc_get_result)]),
     "dqc_release_lease": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint64]),
+    "dqc_delete_chunk": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]),
+    "dqc_pin_chunk": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]),
+    "dqc_unpin_chunk": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]),
     "dqc_register_model_ex": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(dqc_model_spec), ctypes.c_uint32,
                                              ctypes.POINTER(dqc_model_info), ctypes.POINTER(ctypes.c_uint32)]),
 }

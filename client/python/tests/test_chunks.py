@@ -127,6 +127,17 @@ class TestChunkApi(DaemonTest):
         k1, _ = self.c.get_chunk(keys[1], ns="tenant", dtype="f16")
         self.assertEqual((k1.shape, k1.dtype), ((self.LAYERS, ct, self.KVH, self.HD), np.float16))
         self.assertTrue(np.allclose(k1.astype(np.float32), kg[:, ct:2 * ct], rtol=1e-3, atol=1e-3))
+        if dquant.has_symbols("dqc_delete_chunk", "dqc_pin_chunk", "dqc_unpin_chunk"):
+            self.c.pin_chunk(keys[2], ns="tenant")
+            self.c.unpin_chunk(keys[2], ns="tenant")
+            self.c.delete_chunk(keys[2], ns="tenant")
+            self.assertEqual(self.c.lookup(keys, model="chunky", ns="tenant").hits, 2)   # the chain stops there
+            with self.assertRaises(dquant.ClientError) as cm:
+                self.c.delete_chunk(keys[2], ns="tenant")
+            self.assertEqual(cm.exception.code, dquant.ErrorCode.NOT_FOUND)
+            with self.assertRaises(dquant.ClientError) as cm:
+                self.c.pin_chunk(keys[2], ns="tenant")
+            self.assertEqual(cm.exception.code, dquant.ErrorCode.NOT_FOUND)
         # another namespace holds none of them
         self.assertEqual(self.c.lookup(keys, model="chunky", ns="other").hits, 0)
         with self.assertRaises(dquant.ClientError) as cm:
