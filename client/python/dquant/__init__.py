@@ -4,16 +4,20 @@ libdquant-client (the dquantd daemon's client), over ctypes.
     import dquant
     xhat, stats = dquant.roundtrip(k, "dq226", kind="k")   # k: [tokens, kv_heads, head_dim]
     with dquant.Client("unix:/tmp/dquantd.sock") as c: ...
+    keys = dquant.chunk_keys("ns", token_ids, 256)         # the shared KV tier's chunk keys
 
-The libraries are found through $DQUANT_LIB_DIR, next to this package, or in the build folders of
-the source tree (see README.md). Arrays are numpy arrays or torch tensors; neither is needed to
-import the package or to use profiles and the client's non-tensor calls."""
+The libraries are found through $DQUANT_LIB_DIR, next to this package, in the build folders of the
+source tree it sits in, or where `meson install` puts them (see README.md). Arrays are numpy arrays
+or torch tensors; neither is needed to import the package or to use profiles and the client's
+non-tensor calls. Failures raise DquantError (ClientError from the daemon client) carrying .code,
+.name and the message."""
 
-from .codec import (KIND_K, KIND_V, Codec, DquantError, Layer, Profile, baseline_names, builtin_names,
-                    roundtrip)
-from .client import Client, ClientError
+from ._errors import ClientError, DquantError, ErrorCode, UnsupportedError, error_name
+from .client import CHUNK_KEY_BYTES, Client, LookupResult, PutChunksResult, chunk_keys, has_symbols
 from .client import version as client_version
+from .codec import KIND_K, KIND_V, Codec, Layer, Profile, baseline_names, builtin_names, roundtrip
 
-__all__ = ["KIND_K", "KIND_V", "Codec", "DquantError", "Layer", "Profile", "baseline_names", "builtin_names",
-           "roundtrip", "Client", "ClientError", "client_version"]
+__all__ = ["KIND_K", "KIND_V", "Codec", "Layer", "Profile", "baseline_names", "builtin_names", "roundtrip",
+           "Client", "LookupResult", "PutChunksResult", "chunk_keys", "CHUNK_KEY_BYTES", "has_symbols",
+           "client_version", "DquantError", "ClientError", "UnsupportedError", "ErrorCode", "error_name"]
 __version__ = "0.1.0"

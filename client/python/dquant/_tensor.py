@@ -2,9 +2,25 @@
 
 An input is made C-contiguous on the CPU in a dtype the libraries take (f32, f16, bf16; other
 floating types become f32). An output is made in the input's flavour: a numpy array, or a torch
-tensor moved back to the input's device."""
+tensor moved back to the input's device.
+
+CUDA tensors take the host path: an input is copied to host memory for the C call, a result is
+made on the host and moved to the device of the tensor it follows (the GPU-to-GPU path over NCCL,
+libdquant-client-nccl, is not bound in Python)."""
+
+from __future__ import annotations
 
 import ctypes
+from typing import TYPE_CHECKING, Any, Union
+
+if TYPE_CHECKING:  # for the annotations only: neither is needed at run time
+    import numpy
+    import torch
+
+#: What the binding takes and returns as an array: a numpy array or a torch tensor (CPU or CUDA).
+Array = Union["numpy.ndarray", "torch.Tensor"]
+#: A dtype: "f32"/"float32", "f16"/"float16"/"half", "bf16"/"bfloat16", a torch or numpy dtype, or a dq_dtype code.
+DType = Union[str, int, Any]
 
 try:
     import numpy as _np
@@ -72,11 +88,30 @@ class Input:
         return ctypes.c_void_p(self.ptr)
 
 
+class Like:
+    """The flavour (and torch device) of an array, without copying it."""
+
+    def __init__(self, x):
+        if is_torch(x):
+            self.flavour, self.device = "torch", x.device
+        else:
+            self.flavour, self.device = "numpy", None
+
+
+def like_of(x):
+    """An Input or a Like for x (None: numpy results)."""
+    if x is None or isinstance(x, (Input, Like)):
+        return x
+    return Like(x)
+
+
 class Output:
-    """A new array to be written by C, in the flavour of a reference Input (numpy if None)."""
+    """A new array to be written by C, in the flavour of a reference (an Input, a Like, or any
+    array; numpy if None)."""
 
     def __init__(self, shape, dtype=F32, like=None):
         self.shape, self.dtype = tuple(shape), dtype
+        like = like_of(like)
         self.like = like
         if like is not None and like.flavour == "torch":
             torch = _torch()

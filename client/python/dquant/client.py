@@ -7,12 +7,23 @@
         out, lse = c.attend("req-1", layer=0, q=q)   # q [q_heads, head_dim]
 
 One Client is one connection: use it from one thread at a time (the C handle's rule). Errors raise
-ClientError with the library's code, name and message."""
+ClientError (a DquantError) with the library's code, name and message."""
+
+from __future__ import annotations
 
 import ctypes
+import dataclasses
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from . import _tensor as T
+from ._errors import ClientError, ErrorCode, UnsupportedError
+from ._tensor import Array, DType
+
+__all__ = ["Client", "ClientError", "version", "library", "chunk_keys", "has_symbols", "CHUNK_KEY_BYTES"]
+
+#: A sequence key: str (sent UTF-8 encoded) or bytes.
+Key = Union[str, bytes]
 
 DQC_PROFILE_MAX = 1024
 DQC_INFO_STR = 64
@@ -114,21 +125,15 @@ class dqc_stats_result(ctypes.Structure):
     ]
 
 
-class ClientError(RuntimeError):
-    """A failed call: .code (negative dq_error), .name ("CONNECTION", ...), and the handle's message."""
-
-    def __init__(self, code, what, detail=""):
-        lib = library()
-        self.code = code
-        self.name = lib.dqc_err_name(code).decode()
-        msg = detail or lib.dqc_strerror(code).decode()
-        super().__init__(f"{what}: {self.name}: {msg}")
+def _error(rc: int, what: str, detail: str = "") -> ClientError:
+    lib = library()
+    return ClientError(rc, what, detail or lib.dqc_strerror(rc).decode(), lib.dqc_err_name(rc).decode())
 
 
 _L = None
 
 
-def library():
+def library() -> ctypes.CDLL:
     """The loaded libdquant-client (ctypes.CDLL) with its prototypes declared."""
     global _L
     if _L is not None:
@@ -140,6 +145,7 @@ def library():
         "dqc_connect_ex": (I, [ctypes.c_char_p, P(dqc_options), P(VP), ctypes.c_char_p, SZ]),
         "dqc_free": (None, [VP]),
         "dqc_reconnect": (I, [VP]),
+        "dqc_reconnect_count": (ctypes.c_uint64, [VP]),
         "dqc_last_error": (ctypes.c_char_p, [VP]),
         "dqc_strerror": (ctypes.c_char_p, [I]),
         "dqc_err_name": (ctypes.c_char_p, [I]),
@@ -164,11 +170,28 @@ def library():
     return lib
 
 
-def version():
+def version() -> str:
+    """libdquant-client's version, "MAJOR.MINOR.PATCH" (the project's version)."""
     return library().dqc_version().decode()
 
 
-def _seq(key, ns=None):
+def has_symbols(*names: str) -> bool:
+    """Whether the loaded libdquant-client exports every C function named (e.g. "dqc_lookup"): an
+    older library lacks the shared-KV-tier calls, which then raise UnsupportedError."""
+    lib = library()
+    return all(hasattr(lib, n) for n in names)
+
+
+def _optional(name: str, what: str):
+    """The C function name of libdquant-client, or UnsupportedError when the library lacks it."""
+    lib = library()
+    if not hasattr(lib, name):
+        raise UnsupportedError(what, f"{_lib.path_of(lib)} has no {name} (a libdquant-client older than "
+                                     "the shared KV tier); build the current one and point DQUANT_LIB_DIR at it")
+    return getattr(lib, name)
+
+
+def _seq(key: Key, ns: Optional[str] = None):
     """A dqc_seq and the buffers it borrows (keep them alive for the call)."""
     kb = key.encode() if isinstance(key, str) else bytes(key)
     kbuf = ctypes.create_string_buffer(kb, len(kb) or 1)
@@ -182,8 +205,12 @@ def _seq(key, ns=None):
 class Client:
     """One connection to dquantd (blocking). addr: "unix:/path" or "tcp://host:port"."""
 
-    def __init__(self, addr="unix:/tmp/dquantd.sock", secret=None, timeout_ms=None, client_name="dquant-python",
-                 auto_reconnect=True):
+    def __init__(self, addr: str = "unix:/tmp/dquantd.sock", secret: Union[str, bytes, None] = None,
+                 timeout_ms: Optional[int] = None, client_name: str = "dquant-python",
+                 auto_reconnect: bool = True) -> None:
+        """Connects and sends HELLO. secret: the daemon's shared secret; timeout_ms: both the connect
+        and the I/O timeout (None: the library's defaults, 5 s and 60 s). Raises ClientError
+        (CONNECTION, TIMEOUT, UNAUTHENTICATED, VERSION, ...)."""
         lib = library()
         self._h = ctypes.c_void_p()
         o = dqc_options()
@@ -202,44 +229,70 @@ class Client:
         rc = lib.dqc_connect_ex(addr.encode(), ctypes.byref(o), ctypes.byref(self._h), err, len(err))
         if rc:
             self._h = None
-            raise ClientError(rc, f"connect {addr}", err.value.decode(errors="replace"))
+            raise _error(rc, f"connect {addr}", err.value.decode(errors="replace"))
         self.addr = addr
 
-    def close(self):
+    def close(self) -> None:
+        """Closes the connection (again: nothing). Later calls raise ClientError (INVALID_ARGUMENT)."""
         if getattr(self, "_h", None):
             library().dqc_free(self._h)
             self._h = None
 
     __del__ = close
 
-    def __enter__(self):
+    @property
+    def closed(self) -> bool:
+        return not getattr(self, "_h", None)
+
+    def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _check(self, rc, what):
+    def __repr__(self) -> str:
+        return f"Client({getattr(self, 'addr', '?')!r}{', closed' if self.closed else ''})"
+
+    @property
+    def handle(self) -> ctypes.c_void_p:
+        """The dqc_client * (for C extensions); ClientError when closed."""
+        if self.closed:
+            raise ClientError(ErrorCode.INVALID_ARGUMENT, "client", "the client is closed")
+        return self._h
+
+    def _check(self, rc: int, what: str) -> None:
         if rc:
             detail = library().dqc_last_error(self._h).decode(errors="replace") if self._h else ""
-            raise ClientError(rc, what, detail)
+            raise _error(rc, what, detail)
 
-    def server(self):
+    @property
+    def reconnects(self) -> int:
+        """How many times the handle has reconnected (dqc_reconnect_count)."""
+        return int(library().dqc_reconnect_count(self.handle))
+
+    def server(self) -> Dict[str, Any]:
         """The server's HELLO reply as a dict."""
         si = dqc_server_info()
-        self._check(library().dqc_server(self._h, ctypes.byref(si)), "server")
+        self._check(library().dqc_server(self.handle, ctypes.byref(si)), "server")
         return {"version": si.version, "server_version": si.server_version.decode(), "backend": si.backend.decode(),
                 "max_frame_bytes": si.max_frame_bytes, "max_payload_bytes": si.max_payload_bytes,
                 "max_batch_items": si.max_batch_items,
                 "profiles": [si.profiles[i].value.decode() for i in range(min(si.nprofiles, DQC_INFO_LIST))],
                 "features": [si.features[i].value.decode() for i in range(min(si.nfeatures, DQC_INFO_LIST))]}
 
-    def ping(self, data=b""):
+    def ping(self, data: bytes = b"") -> None:
+        """Sends data and checks that the server echoes it."""
         buf = ctypes.create_string_buffer(bytes(data), max(1, len(data)))
-        self._check(library().dqc_ping(self._h, buf, len(data)), "ping")
+        self._check(library().dqc_ping(self.handle, buf, len(data)), "ping")
 
-    def register_model(self, name, layers, q_heads, kv_heads, head_dim, profile="dq226"):
-        """Registers a model; profile is a built-in name or a dquant.codec.Profile (sent serialized).
-        Returns {"existed", "bits_per_value", "profile" (serialized bytes the server uses)}."""
+    def register_model(self, name: str, layers: int, q_heads: int, kv_heads: int, head_dim: int,
+                       profile: Union[str, Any] = "dq226", chunk_tokens: Optional[int] = None) -> Dict[str, Any]:
+        """Registers a model (idempotent for an identical spec; another spec under the same name is
+        EXISTS); profile is a built-in name or a dquant.codec.Profile (sent serialized).
+        chunk_tokens: tokens per chunk of the shared KV tier (None or 0: the server's 256; a multiple
+        of the profile's window). Returns {"existed", "bits_per_value", "profile" (serialized bytes
+        the server uses), "chunk_tokens" (the model's; None from a library without
+        dqc_register_model_ex, where asking for a size raises UnsupportedError)}."""
         spec = dqc_model_spec()
         nb = name.encode()
         spec.name, spec.layers, spec.q_heads, spec.kv_heads, spec.head_dim = nb, layers, q_heads, kv_heads, head_dim
@@ -252,12 +305,22 @@ class Client:
             keep = ctypes.create_string_buffer(ser, len(ser))
             spec.profile, spec.profile_len = ctypes.cast(keep, ctypes.c_void_p), len(ser)
         info = dqc_model_info()
-        self._check(library().dqc_register_model(self._h, ctypes.byref(spec), ctypes.byref(info)), "register_model")
+        ct_out = None
+        if chunk_tokens or has_symbols("dqc_register_model_ex"):
+            ct = ctypes.c_uint32()
+            fn = _chunk_fn("dqc_register_model_ex", "register_model")
+            self._check(fn(self.handle, ctypes.byref(spec), int(chunk_tokens or 0), ctypes.byref(info),
+                           ctypes.byref(ct)), "register_model")
+            ct_out = int(ct.value)
+        else:
+            self._check(library().dqc_register_model(self.handle, ctypes.byref(spec), ctypes.byref(info)),
+                        "register_model")
         del keep
         return {"existed": bool(info.existed), "bits_per_value": info.bits_per_value,
-                "profile": bytes(info.profile[:info.profile_len])}
+                "profile": bytes(info.profile[:info.profile_len]), "chunk_tokens": ct_out}
 
-    def put(self, key, k, v, model, start_token=0, first_layer=0, ns=None):
+    def put(self, key: Key, k: Array, v: Array, model: str, start_token: int = 0, first_layer: int = 0,
+            ns: Optional[str] = None) -> Dict[str, int]:
         """Appends k and v ([num_layers, tokens, kv_heads, head_dim], f32/f16/bf16) to layers
         [first_layer, first_layer + num_layers) of sequence key at start_token. Returns a dict."""
         kin = T.Input(k)
@@ -271,12 +334,13 @@ class Client:
         a.num_layers, a.tokens, a.kv_heads, a.head_dim = kin.shape
         a.dtype, a.k, a.v = kin.dtype, kin.ptr, vin.ptr
         r = dqc_put_result()
-        self._check(library().dqc_put(self._h, ctypes.byref(a), ctypes.byref(r)), "put")
+        self._check(library().dqc_put(self.handle, ctypes.byref(a), ctypes.byref(r)), "put")
         del kbuf
         return {"tokens": r.tokens, "stored_bytes": r.stored_bytes, "streams_encoded": r.streams_encoded,
                 "retries": r.retries}
 
-    def get(self, key, first_layer=0, num_layers=0, start_token=0, tokens=0, dtype="f32", ns=None, like=None):
+    def get(self, key: Key, first_layer: int = 0, num_layers: int = 0, start_token: int = 0, tokens: int = 0,
+            dtype: DType = "f32", ns: Optional[str] = None, like: Optional[Array] = None) -> Tuple[Array, Array]:
         """Decompressed K and V ([num_layers, tokens, kv_heads, head_dim] of dtype; numpy, or torch when
         like is a torch tensor). num_layers / tokens 0: to the end."""
         a = dqc_get_args()
@@ -286,17 +350,17 @@ class Client:
         r = dqc_get_result()
         lib = library()
         try:
-            self._check(lib.dqc_get(self._h, ctypes.byref(a), ctypes.byref(r)), "get")
+            self._check(lib.dqc_get(self.handle, ctypes.byref(a), ctypes.byref(r)), "get")
             shape = (r.num_layers, r.tokens, r.kv_heads, r.head_dim)
-            ref = T.Input(like) if like is not None else None
-            k = T.from_buffer(r.k, r.bytes, shape, r.dtype, ref)
-            v = T.from_buffer(r.v, r.bytes, shape, r.dtype, ref)
+            k = T.from_buffer(r.k, r.bytes, shape, r.dtype, like)
+            v = T.from_buffer(r.v, r.bytes, shape, r.dtype, like)
         finally:
             lib.dqc_get_result_free(ctypes.byref(r))
         del kbuf
         return k, v
 
-    def attend(self, key, layer, q, scale=0.0, append_k=None, append_v=None, ns=None, kv_heads=0):
+    def attend(self, key: Key, layer: int, q: Array, scale: float = 0.0, append_k: Optional[Array] = None,
+               append_v: Optional[Array] = None, ns: Optional[str] = None, kv_heads: int = 0) -> Tuple[Array, Array]:
         """Decode attention of query q ([q_heads, head_dim]) over one sequence's layer on the server,
         optionally appending the new token's K/V ([1, kv_heads, head_dim]) first. Returns
         (out [q_heads, head_dim] f32, lse [q_heads] f32). For batches use attend_batch."""
@@ -304,7 +368,8 @@ class Client:
         out, lse = self.attend_batch(items, scale=scale, ns=ns, kv_heads=kv_heads)
         return out[0], lse[0]
 
-    def attend_batch(self, items, scale=0.0, ns=None, kv_heads=0):
+    def attend_batch(self, items: Sequence[Tuple[Key, int, Array, Optional[Array], Optional[Array]]],
+                     scale: float = 0.0, ns: Optional[str] = None, kv_heads: int = 0) -> Tuple[Array, Array]:
         """items: list of (key, layer, q, append_k or None, append_v or None), all q of one shape and
         dtype. Returns (out [items, q_heads, head_dim], lse [items, q_heads]), both f32."""
         if not items:
@@ -336,29 +401,305 @@ class Client:
         a.kv_heads, a.dtype, a.scale = kv_heads, q0.dtype, scale
         out = T.Output((len(items),) + q0.shape, T.F32, q0)
         lse = T.Output((len(items), q0.shape[0]), T.F32, q0)
-        self._check(library().dqc_attend(self._h, ctypes.byref(a), out.c_void_p(), lse.c_void_p()), "attend")
+        self._check(library().dqc_attend(self.handle, ctypes.byref(a), out.c_void_p(), lse.c_void_p()), "attend")
         return out.result(), lse.result()
 
-    def delete(self, key, ns=None):
+    def delete(self, key: Key, ns: Optional[str] = None) -> None:
+        """Deletes a sequence (ClientError NOT_FOUND when there is none)."""
         s, kbuf = _seq(key, ns)
-        self._check(library().dqc_delete(self._h, ctypes.byref(s)), "delete")
+        self._check(library().dqc_delete(self.handle, ctypes.byref(s)), "delete")
 
-    def pin(self, key, ns=None):
+    def pin(self, key: Key, ns: Optional[str] = None) -> None:
+        """Pins a sequence: never evicted until unpinned."""
         s, kbuf = _seq(key, ns)
-        self._check(library().dqc_pin(self._h, ctypes.byref(s)), "pin")
+        self._check(library().dqc_pin(self.handle, ctypes.byref(s)), "pin")
 
-    def unpin(self, key, ns=None):
+    def unpin(self, key: Key, ns: Optional[str] = None) -> None:
         s, kbuf = _seq(key, ns)
-        self._check(library().dqc_unpin(self._h, ctypes.byref(s)), "unpin")
+        self._check(library().dqc_unpin(self.handle, ctypes.byref(s)), "unpin")
 
-    def stats(self):
+    def stats(self) -> Dict[str, Dict[str, Union[int, float]]]:
         """The daemon's counters and gauges: {"counters": {name: int}, "gauges": {name: float}}."""
         r = dqc_stats_result()
         lib = library()
         try:
-            self._check(lib.dqc_stats(self._h, ctypes.byref(r)), "stats")
+            self._check(lib.dqc_stats(self.handle, ctypes.byref(r)), "stats")
             counters = {r.counters[i].name.decode(): r.counters[i].value for i in range(r.ncounters)}
             gauges = {r.gauges[i].name.decode(): r.gauges[i].value for i in range(r.ngauges)}
         finally:
             lib.dqc_stats_result_free(ctypes.byref(r))
         return {"counters": counters, "gauges": gauges}
+
+    # ---- the shared KV tier (the C declarations are quoted further down) ----
+
+    def lookup(self, keys: Sequence[bytes], model: str, ns: Optional[str] = None,
+               lease_ms: int = 0) -> LookupResult:
+        """How many leading chunks of keys (prompt order, from dquant.chunk_keys) the daemon holds for
+        model in namespace ns. lease_ms > 0 leases the chunks found to this connection for that long
+        (not evicted until it expires, release_lease, or the connection closes; result.lease_id),
+        where the daemon offers leases (else ClientError UNSUPPORTED). Raises UnsupportedError when
+        the library lacks dqc_lookup, ClientError for the daemon's errors."""
+        fn = _chunk_fn("dqc_lookup", "lookup")
+        keys = list(keys)
+        buf, n = _keys_buffer(keys, "lookup")
+        r = dqc_lookup_result()
+        self._check(fn(self.handle, _ns(ns), model.encode(), buf, n, int(lease_ms), ctypes.byref(r)), "lookup")
+        return LookupResult(int(r.hits), int(r.hit_tokens), int(r.chunk_tokens), tuple(keys[:r.hits]),
+                            int(r.lease_id), int(r.lease_ms))
+
+    def release_lease(self, lease_id: int) -> None:
+        """Ends a lease of this connection (LookupResult.lease_id) before it expires; ClientError
+        NOT_FOUND when there is none (expired, released, or another connection's)."""
+        fn = _chunk_fn("dqc_release_lease", "release_lease")
+        self._check(fn(self.handle, int(lease_id)), "release_lease")
+
+    def put_chunks(self, keys: Sequence[bytes], k: Array, v: Array, model: str, ns: Optional[str] = None,
+                   parent: Optional[bytes] = None) -> PutChunksResult:
+        """Stores len(keys) chunks in prompt order: k and v are [layers, len(keys) * chunk_tokens,
+        kv_heads, head_dim] (every layer of the model; f32, f16, bf16; numpy or torch, CUDA tensors
+        through host memory). parent: the key before keys[0] (None at a prompt's start). Chunks the
+        daemon already holds are acknowledged without re-encoding (deduped)."""
+        fn = _chunk_fn("dqc_put_chunks", "put_chunks")
+        if parent is not None and len(parent) != CHUNK_KEY_BYTES:
+            raise ValueError(f"put_chunks: parent must be {CHUNK_KEY_BYTES} bytes")
+        buf, n = _keys_buffer(keys, "put_chunks")
+        kin = T.Input(k)
+        vin = T.Input(v, want=kin.dtype)
+        if len(kin.shape) != 4 or vin.shape != kin.shape:
+            raise ValueError(f"put_chunks: k {kin.shape} and v {vin.shape} must both be "
+                             "[layers, tokens, kv_heads, head_dim]")
+        if n == 0 or kin.shape[1] % n:
+            raise ValueError(f"put_chunks: {kin.shape[1]} tokens are not {n} whole chunks")
+        pbuf = ctypes.create_string_buffer(bytes(parent), CHUNK_KEY_BYTES) if parent is not None else None
+        a = dqc_put_chunks_args()
+        nsb, mb = _ns(ns), model.encode()
+        a.ns, a.model = nsb, mb
+        a.keys, a.nkeys = ctypes.cast(buf, ctypes.c_void_p), n
+        a.parent = ctypes.cast(pbuf, ctypes.c_void_p) if pbuf is not None else None
+        a.layers, a.kv_heads, a.head_dim = kin.shape[0], kin.shape[2], kin.shape[3]
+        a.chunk_tokens = kin.shape[1] // n
+        a.dtype, a.k, a.v = kin.dtype, kin.ptr, vin.ptr
+        r = dqc_put_chunks_result()
+        self._check(fn(self.handle, ctypes.byref(a), ctypes.byref(r)), "put_chunks")
+        return PutChunksResult(int(r.stored), int(r.deduped), int(r.streams_encoded))
+
+    def get_chunk(self, key: bytes, ns: Optional[str] = None, dtype: DType = "f32",
+                  like: Optional[Array] = None) -> Tuple[Array, Array]:
+        """One chunk decompressed: K and V [layers, chunk_tokens, kv_heads, head_dim] of dtype (numpy;
+        torch on like's device when like is a torch tensor). ClientError NOT_FOUND when not held."""
+        fn = _chunk_fn("dqc_get_chunk", "get_chunk")
+        buf, _ = _keys_buffer([key], "get_chunk")
+        r = dqc_get_result()
+        lib = library()
+        try:
+            self._check(fn(self.handle, _ns(ns), buf, T.parse_dtype(dtype), ctypes.byref(r)), "get_chunk")
+            shape = (r.num_layers, r.tokens, r.kv_heads, r.head_dim)
+            kk = T.from_buffer(r.k, r.bytes, shape, r.dtype, like)
+            vv = T.from_buffer(r.v, r.bytes, shape, r.dtype, like)
+        finally:
+            lib.dqc_get_result_free(ctypes.byref(r))
+        return kk, vv
+
+    def delete_chunk(self, key: bytes, ns: Optional[str] = None) -> None:
+        """Deletes one chunk (ClientError NOT_FOUND when not held)."""
+        self._chunk_call("dqc_delete_chunk", "delete_chunk", key, ns)
+
+    def pin_chunk(self, key: bytes, ns: Optional[str] = None) -> None:
+        """Pins one chunk: never evicted until unpinned (NOT_FOUND when not held)."""
+        self._chunk_call("dqc_pin_chunk", "pin_chunk", key, ns)
+
+    def unpin_chunk(self, key: bytes, ns: Optional[str] = None) -> None:
+        """Unpins one chunk."""
+        self._chunk_call("dqc_unpin_chunk", "unpin_chunk", key, ns)
+
+    def _chunk_call(self, name: str, what: str, key: bytes, ns: Optional[str]) -> None:
+        fn = _chunk_fn(name, what)
+        buf, _ = _keys_buffer([key], what)
+        self._check(fn(self.handle, _ns(ns), buf), what)
+
+    def get_chunks(self, keys: Sequence[bytes], ns: Optional[str] = None, dtype: DType = "f32",
+                   like: Optional[Array] = None) -> Tuple[Array, Array]:
+        """Chunks decompressed and concatenated in the order of keys (one dqc_get_chunk each): K and V
+        [layers, len(keys) * chunk_tokens, kv_heads, head_dim] of dtype, in like's flavour (numpy
+        without it). ClientError NOT_FOUND when one is not held."""
+        keys = list(keys)
+        if not keys:
+            raise ValueError("get_chunks: no keys")
+        parts = [self.get_chunk(key, ns=ns, dtype=dtype, like=like) for key in keys]
+        if len(parts) == 1:
+            return parts[0]
+        if T.is_torch(parts[0][0]):
+            import torch
+            return torch.cat([p[0] for p in parts], dim=1), torch.cat([p[1] for p in parts], dim=1)
+        return T._np.concatenate([p[0] for p in parts], axis=1), T._np.concatenate([p[1] for p in parts], axis=1)
+
+
+# ---- chunk keys of the shared KV tier (proto/chunkkey.h, computed by libdquant-client) ----
+
+#: Bytes of one chunk key (XXH3-128, canonical form).
+CHUNK_KEY_BYTES = 16
+
+# dqc_chunk_keys as declared in client.h, its return type and its parameters by name in order:
+#   size_t dqc_chunk_keys(const char *ns, const uint32_t *tokens, size_t ntokens, uint32_t chunk_tokens,
+#                         const uint8_t *parent, uint8_t *out, size_t max_keys);
+# The one declaration to adapt if it changes: chunk_keys passes its arguments by these names (it
+# also knows "ns_len"); an int return type would be read as a dq_error code when negative.
+_CHUNK_KEYS_PROTO = (ctypes.c_size_t, (
+    ("ns", ctypes.c_char_p), ("tokens", ctypes.POINTER(ctypes.c_uint32)), ("ntokens", ctypes.c_size_t),
+    ("chunk_tokens", ctypes.c_uint32), ("parent", ctypes.POINTER(ctypes.c_uint8)),
+    ("out", ctypes.POINTER(ctypes.c_uint8)), ("max_keys", ctypes.c_size_t)))
+
+
+def _token_array(tokens: Any) -> Tuple[Any, int]:
+    """tokens (a sequence of ints, a numpy array or a torch tensor of token ids in [0, 2^32)) as a
+    C uint32 array and its length."""
+    if T.is_torch(tokens):
+        tokens = tokens.detach().cpu().reshape(-1).tolist()
+    elif T._np is not None and isinstance(tokens, T._np.ndarray):
+        a = tokens.reshape(-1)
+        if a.size and (a.dtype.kind not in "iu" or int(a.min()) < 0 or int(a.max()) > 0xFFFFFFFF):
+            raise ValueError("chunk_keys: token ids must be integers in [0, 2^32)")
+        a = T._np.ascontiguousarray(a, dtype=T._np.uint32)
+        return a.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)), a.size
+    tokens = list(tokens)
+    for t in tokens:
+        if not isinstance(t, int) or isinstance(t, bool) or t < 0 or t > 0xFFFFFFFF:
+            raise ValueError(f"chunk_keys: token id {t!r} is not an integer in [0, 2^32)")
+    return (ctypes.c_uint32 * max(1, len(tokens)))(*tokens), len(tokens)
+
+
+def chunk_keys(ns: str, tokens: Any, chunk_tokens: int, parent: Optional[bytes] = None) -> List[bytes]:
+    """The chunk keys of a prompt's full chunks (proto/chunkkey.h): key_i is XXH3-128 over "dqchunk1",
+    the namespace, key_(i-1) (parent for the first; None: the prompt's start, 16 zero bytes), the
+    chunk's token count and its token ids. A final partial chunk has no key. tokens: ints in
+    [0, 2^32), a numpy array or a torch tensor. Every client of one namespace gets the same keys for
+    the same prefix, so these name chunks in the daemon's shared tier (Client.lookup, put_chunks,
+    get_chunks). Computed by libdquant-client's dqc_chunk_keys (UnsupportedError without it)."""
+    if not isinstance(chunk_tokens, int) or chunk_tokens <= 0 or chunk_tokens > 0xFFFFFFFF:
+        raise ValueError(f"chunk_keys: chunk_tokens must be a positive integer, not {chunk_tokens!r}")
+    if parent is not None and len(parent) != CHUNK_KEY_BYTES:
+        raise ValueError(f"chunk_keys: parent must be {CHUNK_KEY_BYTES} bytes, not {len(parent)}")
+    fn = _optional("dqc_chunk_keys", "chunk_keys")
+    restype, params = _CHUNK_KEYS_PROTO
+    if fn.argtypes is None or list(fn.argtypes) != [t for _, t in params]:
+        fn.restype, fn.argtypes = restype, [t for _, t in params]
+    nsb = ns.encode() if isinstance(ns, str) else bytes(ns)
+    toks, n = _token_array(tokens)
+    nkeys = n // chunk_tokens
+    out = (ctypes.c_uint8 * max(1, nkeys * CHUNK_KEY_BYTES))()
+    par = (ctypes.c_uint8 * CHUNK_KEY_BYTES).from_buffer_copy(bytes(parent)) if parent is not None else None
+    args = {"ns": nsb, "ns_len": len(nsb), "tokens": toks, "ntokens": n, "chunk_tokens": chunk_tokens,
+            "parent": par, "out": out, "max_keys": nkeys}
+    got = fn(*(args[name] for name, _ in params))
+    if got < 0:                 # an int-returning declaration reports errors as a dq_error code
+        raise _error(got, "chunk_keys")
+    if got != nkeys:
+        raise ClientError(ErrorCode.INTERNAL, "chunk_keys", f"dqc_chunk_keys wrote {got} keys, expected {nkeys}")
+    raw = bytes(out)
+    return [raw[i * CHUNK_KEY_BYTES:(i + 1) * CHUNK_KEY_BYTES] for i in range(nkeys)]
+
+
+# ---- the shared KV tier: LOOKUP, PUT_CHUNKS, chunk GET ----
+#
+# Bound against these declarations of client.h (the structs mirror them field for field;
+# tests/python/layout_probe.c checks sizes and offsets against the C compiler):
+#
+#   int dqc_register_model_ex(dqc_client *c, const dqc_model_spec *spec, uint32_t chunk_tokens,
+#                             dqc_model_info *info, uint32_t *chunk_tokens_out);
+#   typedef struct dqc_put_chunks_args { const char *ns, *model; const uint8_t *keys; size_t nkeys;
+#       const uint8_t *parent; uint32_t layers, chunk_tokens, kv_heads, head_dim; dq_dtype dtype;
+#       const void *k, *v; } dqc_put_chunks_args;
+#   typedef struct dqc_put_chunks_result { uint64_t stored, deduped, streams_encoded; } dqc_put_chunks_result;
+#   int dqc_put_chunks(dqc_client *c, const dqc_put_chunks_args *a, dqc_put_chunks_result *res);
+#   typedef struct dqc_lookup_result { uint64_t hits, hit_tokens; uint32_t chunk_tokens;
+#       uint64_t lease_id; uint32_t lease_ms; } dqc_lookup_result;
+#   int dqc_lookup(dqc_client *c, const char *ns, const char *model, const uint8_t *keys, size_t nkeys,
+#                  uint32_t lease_ms, dqc_lookup_result *res);
+#   int dqc_release_lease(dqc_client *c, uint64_t lease_id);
+#
+# dqc_lookup_result's lease fields came after its first three: against a library without them C
+# writes only the first 24 bytes of the (larger) ctypes struct, and lease_id reads 0.
+#   int dqc_get_chunk(dqc_client *c, const char *ns, const uint8_t *key, dq_dtype dtype, dqc_get_result *res);
+#   int dqc_delete_chunk(dqc_client *c, const char *ns, const uint8_t *key);   (and dqc_pin_chunk,
+#   dqc_unpin_chunk, the same)
+
+#: The C functions of the shared KV tier; without them the chunk calls raise UnsupportedError.
+CHUNK_SYMBOLS = ("dqc_chunk_keys", "dqc_register_model_ex", "dqc_lookup", "dqc_put_chunks", "dqc_get_chunk")
+
+
+class dqc_lookup_result(ctypes.Structure):
+    _fields_ = [("hits", ctypes.c_uint64), ("hit_tokens", ctypes.c_uint64), ("chunk_tokens", ctypes.c_uint32),
+                ("lease_id", ctypes.c_uint64), ("lease_ms", ctypes.c_uint32)]
+
+
+class dqc_put_chunks_args(ctypes.Structure):
+    _fields_ = [
+        ("ns", ctypes.c_char_p), ("model", ctypes.c_char_p), ("keys", ctypes.c_void_p), ("nkeys", ctypes.c_size_t),
+        ("parent", ctypes.c_void_p), ("layers", ctypes.c_uint32), ("chunk_tokens", ctypes.c_uint32),
+        ("kv_heads", ctypes.c_uint32), ("head_dim", ctypes.c_uint32), ("dtype", ctypes.c_int),
+        ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
+    ]
+
+
+class dqc_put_chunks_result(ctypes.Structure):
+    _fields_ = [("stored", ctypes.c_uint64), ("deduped", ctypes.c_uint64), ("streams_encoded", ctypes.c_uint64)]
+
+
+_CHUNK_PROTOS = {
+    "dqc_lookup": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t,
+                                  ctypes.c_uint32, ctypes.POINTER(dqc_lookup_result)]),
+    "dqc_put_chunks": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(dqc_put_chunks_args),
+                                      ctypes.POINTER(dqc_put_chunks_result)]),
+    "dqc_get_chunk": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int,
+                                     ctypes.POINTER(dqc_get_result)]),
+    "dqc_release_lease": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint64]),
+    "dqc_delete_chunk": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]),
+    "dqc_pin_chunk": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]),
+    "dqc_unpin_chunk": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]),
+    "dqc_register_model_ex": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(dqc_model_spec), ctypes.c_uint32,
+                                             ctypes.POINTER(dqc_model_info), ctypes.POINTER(ctypes.c_uint32)]),
+}
+
+
+def _chunk_fn(name: str, what: str):
+    fn = _optional(name, what)
+    res, args = _CHUNK_PROTOS[name]
+    fn.restype, fn.argtypes = res, args
+    return fn
+
+
+def _keys_buffer(keys: Sequence[bytes], what: str) -> Tuple[Any, int]:
+    """Chunk keys (16 bytes each) back to back in one C buffer, and their count."""
+    keys = list(keys)
+    for i, k in enumerate(keys):
+        if not isinstance(k, (bytes, bytearray, memoryview)) or len(k) != CHUNK_KEY_BYTES:
+            raise ValueError(f"{what}: key {i} is not {CHUNK_KEY_BYTES} bytes (dquant.chunk_keys makes them)")
+    raw = b"".join(bytes(k) for k in keys)
+    return ctypes.create_string_buffer(raw, max(1, len(raw))), len(keys)
+
+
+def _ns(ns: Optional[str]) -> Optional[bytes]:
+    return ns.encode() if ns else None
+
+
+@dataclasses.dataclass(frozen=True)
+class LookupResult:
+    """What the daemon holds of a prompt's chunks: the first `hits` keys (prompt order; the count
+    stops at the first miss), covering hit_tokens = hits * chunk_tokens tokens. keys: those held.
+    lease_id: the lease on them (0: none, as without lease_ms or hits), for lease_ms ms."""
+
+    hits: int
+    hit_tokens: int
+    chunk_tokens: int
+    keys: Tuple[bytes, ...] = ()
+    lease_id: int = 0
+    lease_ms: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class PutChunksResult:
+    """stored: chunks encoded by this request; deduped: chunks the daemon already held."""
+
+    stored: int
+    deduped: int
+    streams_encoded: int

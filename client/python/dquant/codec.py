@@ -2,13 +2,25 @@
 
 Arrays are numpy arrays or torch tensors shaped [tokens, kv_heads, head_dim] (keys or values of
 one layer); queries are [q_heads, head_dim]. Results come back in the input's flavour. A Codec
-holds one workspace: use one Codec per thread (profiles are plain data and may be shared)."""
+holds one workspace: use one Codec per thread (profiles are plain data and may be shared).
+Failures raise DquantError (.code, .name, message)."""
+
+from __future__ import annotations
 
 import ctypes
 import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from . import _tensor as T
+from ._errors import DquantError
+from ._tensor import Array, DType
+
+__all__ = ["KIND_K", "KIND_V", "Profile", "Codec", "Layer", "DquantError", "builtin_names", "baseline_names",
+           "roundtrip", "library"]
+
+#: A kind of stream: KIND_K / "k" (keys) or KIND_V / "v" (values).
+Kind = Union[int, str]
 
 DQ_MAX_LEVELS = 32
 DQ_PROFILE_NAME_MAX = 32
@@ -60,21 +72,10 @@ class dq_attn_item(ctypes.Structure):
                 ("lse", ctypes.c_void_p)]
 
 
-class DquantError(RuntimeError):
-    """A libdquant error code: .code (negative int), .name ("NONFINITE", ...)."""
-
-    def __init__(self, code, what=""):
-        lib = library()
-        self.code = code
-        self.name = lib.dq_err_name(code).decode()
-        msg = lib.dq_strerror(code).decode()
-        super().__init__(f"{what + ': ' if what else ''}{self.name}: {msg}")
-
-
 _L = None
 
 
-def library():
+def library() -> ctypes.CDLL:
     """The loaded libdquant (ctypes.CDLL) with its prototypes declared."""
     global _L
     if _L is not None:
@@ -123,12 +124,13 @@ def library():
     return lib
 
 
-def _check(rc, what=""):
+def _check(rc: int, what: str = "") -> None:
     if rc != 0:
-        raise DquantError(rc, what)
+        lib = library()
+        raise DquantError(rc, what, lib.dq_strerror(rc).decode(), lib.dq_err_name(rc).decode())
 
 
-def _kind(kind):
+def _kind(kind: Kind) -> int:
     if kind in (KIND_K, "k", "K", "keys", "key"):
         return KIND_K
     if kind in (KIND_V, "v", "V", "values", "value"):
@@ -144,12 +146,12 @@ def _names(ptr):
     return out
 
 
-def builtin_names():
+def builtin_names() -> List[str]:
     """Names of the built-in D-Quant profiles ("dq226", "dq196")."""
     return _names(library().dq_profile_builtin_names())
 
 
-def baseline_names():
+def baseline_names() -> List[str]:
     """The 2-bit baselines compared in the seed, and "bf16"."""
     return _names(library().dq_profile_baseline_names())
 
@@ -161,15 +163,16 @@ class Profile:
         self._p = raw
 
     @classmethod
-    def builtin(cls, name, kv_heads, head_dim):
+    def builtin(cls, name: str, kv_heads: int, head_dim: int) -> "Profile":
         """"dq226", "dq196", or a baseline ("bf16", "int2", "quarot2", "kivi2", "turbo2", any B in 1..8)."""
         p = dq_profile()
         _check(library().dq_profile_builtin(name.encode(), kv_heads, head_dim, ctypes.byref(p)), name)
         return cls(p)
 
     @classmethod
-    def make(cls, kv_heads, head_dim, container_bytes=(331, 231), levels=(8, 6), alpha=1.4, window=128,
-             residual=None, rotation_seed=0x5eed, name="custom"):
+    def make(cls, kv_heads: int, head_dim: int, container_bytes: Tuple[int, int] = (331, 231),
+             levels: Tuple[int, int] = (8, 6), alpha: float = 1.4, window: int = 128, residual: Optional[int] = None,
+             rotation_seed: int = 0x5eed, name: str = "custom") -> "Profile":
         """A custom D-Quant profile: any containers (bytes), levels (2..32) and sharpening alpha."""
         lib = library()
         pp = dq_profile_params()
@@ -187,7 +190,8 @@ class Profile:
         return cls(p)
 
     @classmethod
-    def scaled(cls, base, kv_heads, head_dim, scale=1.0, name=None):
+    def scaled(cls, base: str, kv_heads: int, head_dim: int, scale: float = 1.0,
+               name: Optional[str] = None) -> "Profile":
         """A built-in D-Quant profile's levels, alpha and K/V payload rates, both containers scaled:
         C = round((rate · scale · n + 32) / 8) with rate = (8·C_1024 − 32) / 1024 (scale 1: the
         built-in itself)."""
@@ -199,7 +203,7 @@ class Profile:
                         name or f"{base}x{scale:g}")
 
     @classmethod
-    def matched(cls, base, kv_heads, head_dim, bits, name=None):
+    def matched(cls, base: str, kv_heads: int, head_dim: int, bits: float, name: Optional[str] = None) -> "Profile":
         """Profile.scaled at the largest scale whose stored mean bits/value is <= bits (what
         `dquant eval --codecs BASE@BITS` uses)."""
         ref = cls.builtin(base, 8, 128)
@@ -216,19 +220,21 @@ class Profile:
         return cls.scaled(base, kv_heads, head_dim, lo, name or f"{base}@{bits:g}")
 
     @classmethod
-    def deserialize(cls, data):
+    def deserialize(cls, data: bytes) -> "Profile":
+        """A profile from dq_profile_serialize's bytes (checked: version, checksum, validity)."""
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(bytes(data))
         p = dq_profile()
         _check(library().dq_profile_deserialize(buf, len(data), ctypes.byref(p)), "deserialize")
         return cls(p)
 
-    def serialize(self):
+    def serialize(self) -> bytes:
+        """The profile's wire form ("DQPF", fields little endian, FNV-1a checksum)."""
         buf = (ctypes.c_uint8 * DQ_PROFILE_SERIALIZED_MAX)()
         n = ctypes.c_size_t()
         _check(library().dq_profile_serialize(ctypes.byref(self._p), buf, len(buf), ctypes.byref(n)), "serialize")
         return bytes(buf[:n.value])
 
-    def bits_per_value(self, kind=None):
+    def bits_per_value(self, kind: Optional[Kind] = None) -> float:
         """Stored bits per value, every byte counted; kind None: the mean of keys and values."""
         lib = library()
         if kind is None:
@@ -248,7 +254,8 @@ class Profile:
     rotation_seed = property(lambda s: s._p.rotation_seed)
 
     @property
-    def freq(self):
+    def freq(self) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+        """The rANS frequency tables of keys and values (empty for the baselines)."""
         return tuple(tuple(self._p.freq[k][m] for m in range(self._p.levels[k])) if self._p.codec_type == 0 else ()
                      for k in range(2))
 
@@ -275,7 +282,7 @@ def _dq_bits(containers, n, window):
     return 0.5 * (k + v)
 
 
-def _profile(profile, kv_heads=None, head_dim=None):
+def _profile(profile: Union[str, Profile], kv_heads: Optional[int] = None, head_dim: Optional[int] = None) -> Profile:
     if isinstance(profile, Profile):
         return profile
     if kv_heads is None or head_dim is None:
@@ -286,7 +293,9 @@ def _profile(profile, kv_heads=None, head_dim=None):
 class Codec:
     """A codec for one profile, with one workspace (use from one thread at a time)."""
 
-    def __init__(self, profile, kv_heads=None, head_dim=None):
+    def __init__(self, profile: Union[str, Profile], kv_heads: Optional[int] = None,
+                 head_dim: Optional[int] = None) -> None:
+        """profile: a Profile, or a built-in name with the shape (kv_heads, head_dim)."""
         lib = library()
         self.profile = _profile(profile, kv_heads, head_dim)
         self._c, self._ws = ctypes.c_void_p(), ctypes.c_void_p()
@@ -298,7 +307,8 @@ class Codec:
             _check(rc, "workspace_create")
         self._layers = []
 
-    def close(self):
+    def close(self) -> None:
+        """Frees the codec and its workspace (again: nothing). Layers of it must be closed first."""
         if getattr(self, "_c", None):
             lib = library()
             lib.dq_workspace_free(self._ws)
@@ -307,14 +317,14 @@ class Codec:
 
     __del__ = close
 
-    def __enter__(self):
+    def __enter__(self) -> "Codec":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
     @property
-    def stream_len(self):
+    def stream_len(self) -> int:
         return library().dq_codec_stream_len(self._c)
 
     def _shape_ok(self, shape, what):
@@ -322,7 +332,7 @@ class Codec:
         if len(shape) != 3 or shape[1] != p.kv_heads or shape[2] != p.head_dim:
             raise ValueError(f"{what}: shape {shape}, expected [tokens, {p.kv_heads}, {p.head_dim}]")
 
-    def roundtrip(self, x, kind="k", out_dtype=None):
+    def roundtrip(self, x: Array, kind: Kind = "k", out_dtype: Optional[DType] = None) -> Tuple[Array, Dict[str, Any]]:
         """Encodes x ([tokens, kv_heads, head_dim]) as one layer's keys or values, window by window
         (W tokens, the last partial window with its own statistics, no BF16 tail), decodes it.
         Returns (reconstruction in x's flavour and dtype unless out_dtype, stats dict)."""
@@ -360,7 +370,7 @@ class Codec:
                  "bits_per_value": 8.0 * stored / (ntok * n) if ntok else 0.0}
         return out.result(), stats
 
-    def rotate(self, x, inverse=False):
+    def rotate(self, x: Array, inverse: bool = False) -> Array:
         """The codec's per-head rotation (y = H·D·x/sqrt(d), the profile's seed) of every token of x
         ([..., kv_heads, head_dim], numpy); a new float32 array. inverse: the un-rotation."""
         xin = T.Input(x, want=T.F32)
@@ -372,7 +382,7 @@ class Codec:
             fn(self._c, ctypes.c_void_p(out.ptr + t * n * 4))
         return out.result()
 
-    def encode(self, x, kind="k"):
+    def encode(self, x: Array, kind: Kind = "k") -> Tuple[bytes, bytes]:
         """Encodes x ([tokens, kv_heads, head_dim]) window by window as one layer's keys or values:
         returns (records: bytes, tokens × record_bytes; means: bytes, one window header per W tokens
         for keys when the codec has one, else b"")."""
@@ -395,7 +405,8 @@ class Codec:
                                         rb, None), "encode")
         return records.raw[:ntok * rb], (means.raw[:nwin * mb] if header else b"")
 
-    def decode(self, records, means, kind="k", dtype="f32", like=None):
+    def decode(self, records: bytes, means: bytes, kind: Kind = "k", dtype: DType = "f32",
+               like: Optional[Array] = None) -> Array:
         """Inverse of encode: [tokens, kv_heads, head_dim] of dtype."""
         lib = library()
         kind = _kind(kind)
@@ -411,7 +422,7 @@ class Codec:
         mbuf = ctypes.create_string_buffer(bytes(means), max(1, len(means)))
         odt = T.parse_dtype(dtype)
         p = self.profile
-        out = T.Output((ntok, p.kv_heads, p.head_dim), odt, T.Input(like) if like is not None else None)
+        out = T.Output((ntok, p.kv_heads, p.head_dim), odt, like)
         osz = T.DTYPE_SIZES[odt]
         for w in range(nwin):
             first, cnt = w * W, min(W, ntok - w * W)
@@ -421,11 +432,12 @@ class Codec:
                    "decode")
         return out.result()
 
-    def layer(self):
+    def layer(self) -> "Layer":
         """A new, empty layer (sealed windows + BF16 tail) of this codec."""
         return Layer(self)
 
-    def attend(self, layers, q, scale=None, reference=False):
+    def attend(self, layers: Union["Layer", Sequence["Layer"]], q: Array, scale: Optional[float] = None,
+               reference: bool = False) -> Tuple[Array, Array]:
         """Decode attention over layers (one Layer or a list) with queries q ([q_heads, head_dim], or
         [items, q_heads, head_dim] for a list). Returns (out [.., q_heads, head_dim] f32, lse [.., q_heads])."""
         lib = library()
@@ -456,19 +468,26 @@ class Codec:
 class Layer:
     """One layer of one sequence: append K/V tokens, decode any range, attend (Codec.attend)."""
 
-    def __init__(self, codec):
+    def __init__(self, codec: Codec) -> None:
         self.codec = codec
         self._l = ctypes.c_void_p()
         _check(library().dq_layer_create(codec._c, ctypes.byref(self._l)), "layer_create")
 
-    def close(self):
+    def close(self) -> None:
+        """Frees the layer (again: nothing)."""
         if getattr(self, "_l", None):
             library().dq_layer_free(self._l)
             self._l = None
 
     __del__ = close
 
-    def append(self, k, v):
+    def __enter__(self) -> "Layer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def append(self, k: Array, v: Array) -> Dict[str, int]:
         """Appends tokens: k and v [tokens, kv_heads, head_dim] of one dtype. Returns encoder stats."""
         kin = T.Input(k)
         vin = T.Input(v, want=kin.dtype)
@@ -480,7 +499,8 @@ class Layer:
                                          kin.shape[0], ctypes.byref(st)), "append")
         return {"streams": st.streams, "retries": st.retries, "symbols_moved": st.symbols_moved}
 
-    def decode(self, kind, first=0, count=None, dtype="f32", like=None):
+    def decode(self, kind: Kind, first: int = 0, count: Optional[int] = None, dtype: DType = "f32",
+               like: Optional[Array] = None) -> Array:
         """Tokens [first, first + count) of K or V as [count, kv_heads, head_dim] (numpy, or torch when
         like is a torch tensor)."""
         kind = _kind(kind)
@@ -488,8 +508,7 @@ class Layer:
             count = self.tokens - first
         odt = T.parse_dtype(dtype)
         p = self.codec.profile
-        ref = T.Input(like) if like is not None else None
-        out = T.Output((count, p.kv_heads, p.head_dim), odt, ref)
+        out = T.Output((count, p.kv_heads, p.head_dim), odt, like)
         _check(library().dq_layer_decode(self._l, self.codec._ws, kind, first, count, out.c_void_p(), odt), "decode")
         return out.result()
 
@@ -499,7 +518,8 @@ class Layer:
     stored_bytes = property(lambda s: library().dq_layer_stored_bytes(s._l))
 
 
-def roundtrip(x, codec="dq226", kind="k", out_dtype=None):
+def roundtrip(x: Array, codec: Union[str, Profile] = "dq226", kind: Kind = "k",
+              out_dtype: Optional[DType] = None) -> Tuple[Array, Dict[str, Any]]:
     """Reconstruction of x ([tokens, kv_heads, head_dim]) through a codec by name or Profile:
     returns (x_hat, stats). Every token is encoded (no BF16 tail)."""
     shape = tuple(x.shape)

@@ -1,0 +1,78 @@
+"""libdquant through the binding: numpy (and torch) round trips, errors, context managers."""
+
+import math
+import unittest
+
+import dquant
+from dqtest import need_numpy, need_torch, nmse, np, torch
+
+
+def gaussian_kv(tokens, heads, dim, seed=1):
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal((tokens, heads, dim)).astype(np.float32)
+    k += (np.arange(dim) % 5 == 0).astype(np.float32) * 0.7
+    v = rng.standard_normal((tokens, heads, dim)).astype(np.float32)
+    return k, v
+
+
+class TestCodec(unittest.TestCase):
+    def setUp(self):
+        need_numpy()
+
+    def test_roundtrip_numpy_f32_and_f16(self):
+        k, v = gaussian_kv(300, 2, 128)
+        kh, st = dquant.roundtrip(k, "dq226", kind="k")
+        self.assertEqual((kh.shape, kh.dtype), (k.shape, np.float32))
+        self.assertEqual(st["streams"], 300)
+        self.assertLess(nmse(k, kh), 0.05)
+        self.assertGreater(nmse(k, kh), 1e-4)          # lossy: it really went through the codec
+        vh, _ = dquant.roundtrip(v.astype(np.float16), "dq226", kind="v")
+        self.assertEqual(vh.dtype, np.float16)
+        self.assertLess(nmse(v, vh.astype(np.float32)), 0.2)
+        bf, _ = dquant.roundtrip(k, "bf16", kind="k")
+        self.assertLess(nmse(k, bf), 1e-4)
+
+    def test_nonfinite_raises_with_code(self):
+        k, _ = gaussian_kv(10, 2, 64)
+        k[3, 1, 7] = np.inf
+        with self.assertRaises(dquant.DquantError) as cm:
+            dquant.roundtrip(k, "dq226", kind="k")
+        self.assertEqual((cm.exception.code, cm.exception.name), (dquant.ErrorCode.NONFINITE, "NONFINITE"))
+
+    def test_codec_and_layer_are_context_managers(self):
+        k, v = gaussian_kv(200, 2, 64, seed=3)
+        with dquant.Codec("dq226", 2, 64) as c:
+            with c.layer() as layer:
+                layer.append(k, v)
+                self.assertEqual((layer.tokens, layer.sealed_tokens, layer.tail_tokens), (200, 128, 72))
+                q = np.random.default_rng(2).standard_normal((4, 64)).astype(np.float32)
+                out, lse = c.attend(layer, q)
+                kd, vd = layer.decode("k"), layer.decode("v")
+                for h in range(4):
+                    s = kd[:, h // 2, :] @ q[h] / math.sqrt(64)
+                    p = np.exp(s - s.max())
+                    self.assertLess(np.abs(p @ vd[:, h // 2, :] / p.sum() - out[h]).max(), 1e-3)
+            self.assertIsNone(layer._l)
+        self.assertIsNone(c._c)
+        c.close()                                        # twice: nothing
+
+    def test_torch_cpu_bf16(self):
+        need_torch()
+        t = torch.randn(140, 2, 64, dtype=torch.bfloat16)
+        th, _ = dquant.roundtrip(t, "dq226", kind="v")
+        self.assertIsInstance(th, torch.Tensor)
+        self.assertEqual((th.dtype, th.shape, th.device.type), (torch.bfloat16, t.shape, "cpu"))
+        self.assertLess(float(((t.float() - th.float()) ** 2).sum() / (t.float() ** 2).sum()), 0.2)
+
+    def test_torch_cuda_comes_back_on_the_device(self):
+        need_torch()
+        if not torch.cuda.is_available():
+            self.skipTest("no CUDA device")
+        t = torch.randn(140, 2, 64, dtype=torch.float16, device="cuda")
+        th, _ = dquant.roundtrip(t, "dq226", kind="k")
+        self.assertEqual((th.device.type, th.dtype), ("cuda", torch.float16))
+        self.assertLess(float(((t.float() - th.float()) ** 2).sum() / (t.float() ** 2).sum()), 0.05)
+
+
+if __name__ == "__main__":
+    unittest.main()
