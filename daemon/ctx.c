@@ -39,6 +39,7 @@ int dqd_ctx_init(dqd_ctx *ctx, uv_loop_t *loop, const dqd_config *cfg)
     dqd_limits_default(&ctx->limits);
     ctx->limits.max_payload = cfg->max_payload;
     ctx->limits.max_batch_items = cfg->max_batch_items;
+    ctx->limits.max_lookup_keys = cfg->max_lookup_keys;
     ctx->frame_limits.max_header = (uint32_t)cfg->max_header;
     ctx->frame_limits.max_payload = cfg->max_payload;
     dqd_hostmem_init(&ctx->mem);

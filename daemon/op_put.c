@@ -56,7 +56,8 @@ typedef struct put_op {
     dqd_req *req;
     dqd_ctx *ctx;
     put_state state;
-    const Dquant__Put *put; /* freed with the request once it is answered */
+    const Dquant__Put *put;     /* freed with the request once it is answered */
+    const dqd_chunk_put *chunk; /* a chunk of PUT_CHUNKS (op_chunks.c): reports to chunk->done */
     uint32_t nlayers;
     dqd_model *model;
     dqd_codec *codec;
@@ -113,7 +114,10 @@ static void put_fail(put_op *op, int code, const char *fmt, ...)
     va_end(ap);
     if (op->created && op->seq && op->seq->in_index)
         dqd_store_remove(op->ctx->store, op->seq);
-    dqd_req_fail(op->req, code, "%s", msg);
+    if (op->chunk)
+        op->chunk->done(op->chunk->arg, code, msg, false, 0);
+    else
+        dqd_req_fail(op->req, code, "%s", msg);
     put_free(op);
 }
 
@@ -133,6 +137,27 @@ static int put_check(put_op *op);
 static int put_reserve(put_op *op);
 static void moves_done(void *arg, int rc);
 static bool input_ready(const put_op *op);
+/* A chunk's rows of every layer out of PUT_CHUNKS' [layers, tokens_total, ...] tensors. */
+static int gather_chunk(put_op *op)
+{
+    const dqd_chunk_put *cp = op->chunk;
+    const size_t lb = layer_bytes(op);
+    const size_t row = lb / (size_t)op->put->tokens;
+    const size_t all = lb * op->nlayers;
+    op->ktmp = malloc(all ? all : 1);
+    op->vtmp = malloc(all ? all : 1);
+    if (!op->ktmp || !op->vtmp)
+        return DQ_NOMEM;
+    for (uint32_t l = 0; l < op->nlayers; l++) {
+        const size_t src = ((size_t)l * (size_t)cp->tokens_total + (size_t)cp->token_off) * row;
+        memcpy((uint8_t *)op->ktmp + l * lb, cp->k.data + src, lb);
+        memcpy((uint8_t *)op->vtmp + l * lb, cp->v.data + src, lb);
+    }
+    op->kdata = op->ktmp;
+    op->vdata = op->vtmp;
+    return DQ_OK;
+}
+
 static void prepare_task(void *arg, size_t i);
 static void prepare_done(void *arg);
 static void append_task(void *arg, size_t i);
@@ -227,6 +252,26 @@ void dqd_op_put(dqd_req *req)
     put_step(op);
 }
 
+void dqd_op_put_chunk(dqd_req *req, const dqd_chunk_put *cp)
+{
+    put_op *op = calloc(1, sizeof *op);
+    if (!op) {
+        cp->done(cp->arg, DQ_NOMEM, "out of memory", false, 0);
+        return;
+    }
+    op->req = req;
+    op->ctx = req->ctx;
+    op->put = cp->put;
+    op->chunk = cp;
+    op->nlayers = cp->put->num_layers;
+    op->model = cp->model;
+    op->codec = cp->model->codec;
+    op->k = cp->k;
+    op->v = cp->v;
+    op->state = PUT_LOOKUP;
+    put_step(op);
+}
+
 static void access_ready(dqd_access_set *as)
 {
     put_op *op = as->arg;
@@ -246,8 +291,8 @@ static void put_lookup(put_op *op)
     op->seq = dqd_ops_lookup(op->req, put->seq);
     if (!op->seq) {
         const char *ns = put->seq->ns ? put->seq->ns : "";
-        int rc = dqd_store_insert(op->ctx->store, ns, strlen(ns), put->seq->key.data, put->seq->key.len, op->model,
-                                  &op->seq);
+        int rc = dqd_store_insert_kind(op->ctx->store, ns, strlen(ns), put->seq->key.data, put->seq->key.len,
+                                       (uint8_t)put->seq->kind, op->model, &op->seq);
         if (rc < 0) {
             op->seq = NULL;
             put_fail(op, rc, "cannot create the sequence: %s", dq_strerror(rc));
@@ -280,6 +325,14 @@ static int put_check(put_op *op)
         op->as_live = false;
         op->seq = NULL;
         return 1;
+    }
+    if (op->chunk && seq->visible) {
+        /* Committed by an earlier or concurrent PUT_CHUNKS (this one waited behind its writer). */
+        const dqd_chunk_put *cp = op->chunk;
+        dqd_store_touch(op->ctx->store, seq);
+        put_free(op);
+        cp->done(cp->arg, DQ_OK, NULL, true, 0);
+        return -1;
     }
     if (seq->model != op->model) {
         put_fail(op, DQ_INVALID_ARGUMENT, "the sequence belongs to model '%s', not '%s'", seq->model->name,
@@ -348,7 +401,7 @@ static void moves_done(void *arg, int rc)
 static bool input_ready(const put_op *op)
 {
     const size_t es = dqd_dtype_size(op->k.dtype);
-    return !op->k.device && es && (uintptr_t)op->k.data % es == 0 && (uintptr_t)op->v.data % es == 0;
+    return !op->chunk && !op->k.device && es && (uintptr_t)op->k.data % es == 0 && (uintptr_t)op->v.data % es == 0;
 }
 
 static bool all_on_gpu(const put_op *op)
@@ -393,6 +446,10 @@ static void prepare_task(void *arg, size_t i)
     op->prep_layer = UINT32_MAX;
     if (op->k.device) {
         op->prep_rc = prepare_device(op);
+        return;
+    }
+    if (op->chunk) {
+        op->prep_rc = gather_chunk(op);
         return;
     }
     int rc = dqd_tensor_aligned(&op->k, &op->kdata, &op->ktmp);
@@ -567,6 +624,12 @@ static void put_commit(put_op *op)
     ctx->metrics.tokens_put += put->tokens * put->num_layers;
     ctx->metrics.streams_encoded += r.streams_encoded;
     ctx->metrics.encode_retries += r.retries;
+    if (op->chunk) {
+        const dqd_chunk_put *cp = op->chunk;
+        put_free(op);
+        cp->done(cp->arg, DQ_OK, NULL, false, r.streams_encoded);
+        return;
+    }
     Dquant__Response resp = DQUANT__RESPONSE__INIT;
     resp.body_case = DQUANT__RESPONSE__BODY_PUT;
     resp.put = &r;

@@ -37,6 +37,11 @@
 #include "hostmem.h"
 #include "registry.h"
 
+/* Kinds of store entries (SeqRef.kind): a chunk of the shared KV tier is a sequence of exactly
+ * its model's chunk_tokens tokens in every layer, written once by PUT_CHUNKS. */
+#define DQD_KIND_SEQUENCE 0
+#define DQD_KIND_CHUNK 1
+
 typedef enum dqd_access { DQD_ACCESS_READ = 0, DQD_ACCESS_WRITE = 1 } dqd_access;
 
 /* A request waiting for access; granted() runs on the loop thread once access is held. */
@@ -55,6 +60,7 @@ typedef struct dqd_seq {
     uint8_t *key;
     size_t key_len;
     uint64_t hash;
+    uint8_t kind; /* DQD_KIND_* */
     dqd_model *model;
     dq_layer **layers;    /* [model->layers]; NULL for a layer never written or on the GPU */
     dqd_glayer **glayers; /* [model->layers] once a layer went to the GPU; else NULL */
@@ -84,6 +90,7 @@ typedef struct dqd_seq {
 
 typedef struct dqd_store_stats {
     uint64_t sequences, pinned;
+    uint64_t chunks;       /* entries of kind CHUNK (also in sequences) */
     uint64_t token_layers; /* tokens stored, summed over layers */
     uint64_t stored_bytes; /* window records + BF16 tails in use */
     uint64_t bf16_bytes;   /* the same tokens as BF16 K and V */
@@ -105,6 +112,12 @@ void dqd_store_destroy(dqd_store *s);
 
 /* The sequence for (ns, key), visible or being created, with a reference; NULL if none. */
 dqd_seq *dqd_store_lookup(dqd_store *s, const char *ns, size_t ns_len, const uint8_t *key, size_t key_len);
+/* The same for an entry of a kind (DQD_KIND_SEQUENCE or DQD_KIND_CHUNK): the kind is part of the
+ * key, so a sequence key never aliases a chunk key. dqd_store_lookup/insert mean SEQUENCE. */
+dqd_seq *dqd_store_lookup_kind(dqd_store *s, const char *ns, size_t ns_len, const uint8_t *key, size_t key_len,
+                               uint8_t kind);
+int dqd_store_insert_kind(dqd_store *s, const char *ns, size_t ns_len, const uint8_t *key, size_t key_len, uint8_t kind,
+                          dqd_model *model, dqd_seq **out);
 /* Creates an invisible sequence of model with a reference. It never evicts: its few bytes are
  * counted, and the creating PUT reserves the rest. DQ_EXISTS if (ns, key) is taken, DQ_NOMEM. */
 int dqd_store_insert(dqd_store *s, const char *ns, size_t ns_len, const uint8_t *key, size_t key_len, dqd_model *model,

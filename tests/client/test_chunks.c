@@ -1,0 +1,489 @@
+/* The shared KV tier end to end: libdquant-client against a real dquantd ($DQUANTD). Chunks keyed by
+ * prefix (dqc_chunk_keys), PUT_CHUNKS with dedupe, LOOKUP of the leading chunks held, chunks shared
+ * by clients in different processes, GET of chunks against a plain sequence holding the same
+ * tokens, and the bad inputs that must store nothing. Skipped when $DQUANTD is unset. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "dqd_child.h"
+#include "dquant/client.h"
+#include "wire.h"
+
+#define L 2
+#define QH 4
+#define KVH 2
+#define HD 64
+#define CT 128 /* chunk_tokens: one window of dq226 */
+#define ROW (KVH * HD)
+#define MODEL "m"
+#define NS "tenant"
+
+static dqd_daemon D;
+
+static void stop_daemon(void)
+{
+    if (D.pid)
+        dqd_stop(&D);
+}
+
+static void start_daemon(const char *const *extra)
+{
+    if (!dqd_path())
+        cr_skip_test("$DQUANTD is not set");
+    const dqd_opts o = {.extra = extra};
+    cr_assert_eq(dqd_start(&D, &o), 0, "could not start the daemon");
+}
+
+TestSuite(chunks, .fini = stop_daemon, .timeout = 240);
+
+#define OK(c, expr)                                                                                       \
+    do {                                                                                                  \
+        int ok_rc_ = (expr);                                                                              \
+        cr_assert_eq(ok_rc_, 0, "%s -> %s: %s", #expr, dqc_err_name(ok_rc_), c ? dqc_last_error(c) : ""); \
+    } while (0)
+
+#define FAILS(c, want, expr)                                                                                      \
+    do {                                                                                                          \
+        int f_rc_ = (expr);                                                                                       \
+        cr_assert_eq(f_rc_, (want), "%s -> %s (expected %s): %s", #expr, dqc_err_name(f_rc_), dqc_err_name(want), \
+                     dqc_last_error(c));                                                                          \
+    } while (0)
+
+static dqc_client *cli(void)
+{
+    dqc_client *c = NULL;
+    char err[256];
+    int rc = dqc_connect_ex(D.addr, NULL, &c, err, sizeof err);
+    cr_assert_eq(rc, 0, "connect: %s", err);
+    return c;
+}
+
+static void register_model(dqc_client *c, uint32_t chunk_tokens)
+{
+    dqc_model_spec spec = {
+        .name = MODEL, .layers = L, .q_heads = QH, .kv_heads = KVH, .head_dim = HD, .profile_name = "dq226"};
+    uint32_t got = 0;
+    OK(c, dqc_register_model_ex(c, &spec, chunk_tokens, NULL, &got));
+    cr_assert_eq(got, chunk_tokens ? chunk_tokens : 256u);
+}
+
+static uint64_t counter(dqc_client *c, const char *name)
+{
+    dqc_stats_result s = {0};
+    OK(c, dqc_stats(c, &s));
+    uint64_t v = 0;
+    cr_assert_eq(dqc_stats_counter(&s, name, &v), 0, "no counter %s", name);
+    dqc_stats_result_free(&s);
+    return v;
+}
+
+static double gauge(dqc_client *c, const char *name)
+{
+    dqc_stats_result s = {0};
+    OK(c, dqc_stats(c, &s));
+    double v = 0;
+    cr_assert_eq(dqc_stats_gauge(&s, name, &v), 0, "no gauge %s", name);
+    dqc_stats_result_free(&s);
+    return v;
+}
+
+/* K/V of a prompt as the model would produce them: a function of the token id and its position, so
+ * that two prompts with a common prefix have the same K/V over that prefix. [L, ntok, KVH, HD]. */
+static float *kv_of(const uint32_t *tok, size_t ntok, int is_v)
+{
+    float *x = malloc(L * ntok * ROW * sizeof *x);
+    for (size_t l = 0; l < L; l++)
+        for (size_t t = 0; t < ntok; t++)
+            for (size_t j = 0; j < ROW; j++) {
+                uint32_t h = tok[t] * 2654435761u ^ (uint32_t)(t * 40503u + j * 977u + l * 7919u + (size_t)is_v * 31u);
+                h ^= h >> 15;
+                h *= 2246822519u;
+                h ^= h >> 13;
+                x[(l * ntok + t) * ROW + j] = (float)(h % 20001) / 10000.0f - 1.0f + (is_v ? 0.0f : 0.25f);
+            }
+    return x;
+}
+
+static uint32_t *prompt(size_t n, uint32_t seed)
+{
+    uint32_t *t = malloc(n * sizeof *t);
+    for (size_t i = 0; i < n; i++)
+        t[i] = (uint32_t)(i * 31 + seed) % 50000;
+    return t;
+}
+
+/* PUT_CHUNKS of the chunks [first, first + n) of a prompt (keys from dqc_chunk_keys). */
+static int put_chunks(dqc_client *c, const uint32_t *tok, const uint8_t *keys, size_t first, size_t n,
+                      dqc_put_chunks_result *res)
+{
+    float *k = kv_of(tok, (first + n) * CT, 0), *v = kv_of(tok, (first + n) * CT, 1);
+    /* the rows of chunks first.. of every layer */
+    float *ks = malloc(L * n * CT * ROW * sizeof *ks), *vs = malloc(L * n * CT * ROW * sizeof *vs);
+    for (size_t l = 0; l < L; l++) {
+        memcpy(ks + l * n * CT * ROW, k + ((l * (first + n) + first) * CT) * ROW, n * CT * ROW * sizeof *ks);
+        memcpy(vs + l * n * CT * ROW, v + ((l * (first + n) + first) * CT) * ROW, n * CT * ROW * sizeof *vs);
+    }
+    dqc_put_chunks_args a = {.ns = NS,
+                             .model = MODEL,
+                             .keys = keys + first * DQC_CHUNK_KEY_BYTES,
+                             .nkeys = n,
+                             .parent = first ? keys + (first - 1) * DQC_CHUNK_KEY_BYTES : NULL,
+                             .layers = L,
+                             .chunk_tokens = CT,
+                             .kv_heads = KVH,
+                             .head_dim = HD,
+                             .dtype = DQ_DTYPE_F32,
+                             .k = ks,
+                             .v = vs};
+    int rc = dqc_put_chunks(c, &a, res);
+    free(k);
+    free(v);
+    free(ks);
+    free(vs);
+    return rc;
+}
+
+Test(chunks, common_prefix_hits_exactly_the_common_full_chunks)
+{
+    start_daemon(NULL);
+    dqc_client *c = cli();
+    register_model(c, CT);
+    /* A: 4 full chunks + 40 tokens; B: the same first 300 tokens, then different ones. */
+    const size_t na = 4 * CT + 40, nb = 5 * CT;
+    uint32_t *a = prompt(na, 1), *b = prompt(nb, 1);
+    for (size_t i = 300; i < nb; i++)
+        b[i] = 60000 + (uint32_t)i;
+    uint8_t ka[8 * 16], kb[8 * 16];
+    cr_assert_eq(dqc_chunk_keys(NS, a, na, CT, NULL, ka, 8), 4u);
+    cr_assert_eq(dqc_chunk_keys(NS, b, nb, CT, NULL, kb, 8), 5u);
+    cr_assert(memcmp(ka, kb, 2 * 16) == 0, "the two common full chunks have the same keys");
+    cr_assert(memcmp(ka + 2 * 16, kb + 2 * 16, 16) != 0, "chunk 2 differs from token 300 on");
+    /* another namespace gives other keys */
+    uint8_t kx[16];
+    cr_assert_eq(dqc_chunk_keys("other", a, CT, CT, NULL, kx, 1), 1u);
+    cr_assert(memcmp(kx, ka, 16) != 0);
+
+    dqc_lookup_result lr;
+    OK(c, dqc_lookup(c, NS, MODEL, kb, 5, 0, &lr));
+    cr_assert_eq(lr.hits, 0u);
+    dqc_put_chunks_result pr;
+    OK(c, put_chunks(c, a, ka, 0, 4, &pr));
+    cr_assert_eq(pr.stored, 4u);
+    cr_assert_eq(pr.deduped, 0u);
+
+    OK(c, dqc_lookup(c, NS, MODEL, kb, 5, 0, &lr));
+    cr_assert_eq(lr.hits, 2u, "B shares exactly 2 full chunks with A (got %llu)", (unsigned long long)lr.hits);
+    cr_assert_eq(lr.hit_tokens, 2u * CT);
+    cr_assert_eq(lr.chunk_tokens, CT);
+    OK(c, dqc_lookup(c, NS, MODEL, ka, 4, 0, &lr));
+    cr_assert_eq(lr.hits, 4u);
+    /* the count stops at the first miss */
+    uint8_t gap[3 * 16];
+    memcpy(gap, ka, 16);
+    memcpy(gap + 16, kb + 2 * 16, 16);
+    memcpy(gap + 32, ka + 32, 16);
+    OK(c, dqc_lookup(c, NS, MODEL, gap, 3, 0, &lr));
+    cr_assert_eq(lr.hits, 1u);
+    /* the keys in another namespace: tenants are isolated */
+    OK(c, dqc_lookup(c, "other", MODEL, ka, 4, 0, &lr));
+    cr_assert_eq(lr.hits, 0u);
+
+    /* B's own tail after the common prefix: PUT_CHUNKS of chunks 2..4 with chunk 1 as parent */
+    OK(c, put_chunks(c, b, kb, 2, 3, &pr));
+    cr_assert_eq(pr.stored, 3u);
+    OK(c, dqc_lookup(c, NS, MODEL, kb, 5, 0, &lr));
+    cr_assert_eq(lr.hits, 5u);
+
+    cr_assert_eq(counter(c, "lookups"), 6u);
+    cr_assert_eq(counter(c, "lookup_hit_tokens"), (0 + 2 + 4 + 1 + 0 + 5) * (uint64_t)CT);
+    cr_assert_eq(counter(c, "lookup_missed_tokens"), (5 + 3 + 0 + 2 + 4 + 0) * (uint64_t)CT);
+    cr_assert_eq(counter(c, "chunks_put"), 7u);
+    cr_assert_eq(gauge(c, "chunks_stored"), 7.0);
+    cr_assert_float_eq(gauge(c, "lookup_hit_rate"), 12.0 / 26.0, 1e-12);
+    free(a);
+    free(b);
+    dqc_free(c);
+}
+
+Test(chunks, two_processes_share_chunks)
+{
+    start_daemon(NULL);
+    dqc_client *c = cli();
+    register_model(c, CT);
+    uint32_t *tok = prompt(3 * CT, 7);
+    uint8_t keys[3 * 16];
+    cr_assert_eq(dqc_chunk_keys(NS, tok, 3 * CT, CT, NULL, keys, 3), 3u);
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        /* another engine: its own connection in its own process */
+        dqc_client *o = NULL;
+        if (dqc_connect(D.addr, NULL, &o) != 0)
+            _exit(10);
+        dqc_put_chunks_result r;
+        int rc = put_chunks(o, tok, keys, 0, 3, &r);
+        dqc_free(o);
+        _exit(rc == 0 && r.stored == 3 ? 0 : 11);
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child failed: %d", st);
+
+    dqc_lookup_result lr;
+    OK(c, dqc_lookup(c, NS, MODEL, keys, 3, 0, &lr));
+    cr_assert_eq(lr.hits, 3u);
+    /* this process's PUT of the same prefix encodes nothing */
+    dqc_put_chunks_result pr;
+    OK(c, put_chunks(c, tok, keys, 0, 3, &pr));
+    cr_assert_eq(pr.stored, 0u);
+    cr_assert_eq(pr.deduped, 3u);
+    cr_assert_eq(pr.streams_encoded, 0u);
+    cr_assert_eq(counter(c, "chunk_dedupe_hits"), 3u);
+    /* and reads the other process's chunk */
+    dqc_get_result g = {0};
+    OK(c, dqc_get_chunk(c, NS, keys + 16, DQ_DTYPE_F32, &g));
+    cr_assert_eq(g.tokens, CT);
+    cr_assert_eq(g.num_layers, L);
+    dqc_get_result_free(&g);
+    free(tok);
+    dqc_free(c);
+}
+
+typedef struct racer {
+    const uint32_t *tok;
+    const uint8_t *keys;
+    pthread_barrier_t *bar;
+    dqc_put_chunks_result res;
+    int rc;
+} racer;
+
+static void *race(void *arg)
+{
+    racer *r = arg;
+    dqc_client *c = NULL;
+    r->rc = dqc_connect(D.addr, NULL, &c);
+    pthread_barrier_wait(r->bar);
+    if (r->rc == 0)
+        r->rc = put_chunks(c, r->tok, r->keys, 0, 3, &r->res);
+    dqc_free(c);
+    return NULL;
+}
+
+Test(chunks, concurrent_puts_store_a_chunk_once)
+{
+    start_daemon(NULL);
+    dqc_client *c = cli();
+    register_model(c, CT);
+    uint32_t *tok = prompt(3 * CT, 3);
+    uint8_t keys[3 * 16];
+    dqc_chunk_keys(NS, tok, 3 * CT, CT, NULL, keys, 3);
+    enum { N = 4 };
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, N);
+    racer r[N];
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        r[i] = (racer){.tok = tok, .keys = keys, .bar = &bar};
+        pthread_create(&th[i], NULL, race, &r[i]);
+    }
+    uint64_t stored = 0, deduped = 0, streams = 0;
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        cr_assert_eq(r[i].rc, 0, "racer %d: %s", i, dqc_err_name(r[i].rc));
+        stored += r[i].res.stored;
+        deduped += r[i].res.deduped;
+        streams += r[i].res.streams_encoded;
+    }
+    pthread_barrier_destroy(&bar);
+    cr_assert_eq(stored, 3u, "each chunk encoded once (stored %llu)", (unsigned long long)stored);
+    cr_assert_eq(deduped, 3u * (N - 1));
+    cr_assert_eq(counter(c, "chunks_put"), 3u);
+    cr_assert_eq(counter(c, "chunk_dedupe_hits"), 3u * (N - 1));
+    cr_assert_eq(gauge(c, "chunks_stored"), 3.0);
+    /* one encode per chunk: 2 streams (K, V) per token per layer */
+    cr_assert_eq(streams, 3u * CT * L * 2);
+    cr_assert_eq(counter(c, "streams_encoded"), streams);
+    free(tok);
+    dqc_free(c);
+}
+
+Test(chunks, get_of_chunks_equals_the_same_tokens_as_a_sequence)
+{
+    start_daemon(NULL);
+    dqc_client *c = cli();
+    register_model(c, CT);
+    uint32_t *tok = prompt(2 * CT, 11);
+    uint8_t keys[2 * 16];
+    dqc_chunk_keys(NS, tok, 2 * CT, CT, NULL, keys, 2);
+    OK(c, put_chunks(c, tok, keys, 0, 2, NULL));
+    float *k = kv_of(tok, 2 * CT, 0), *v = kv_of(tok, 2 * CT, 1);
+    dqc_put_args pa = {.seq = {NS, "plain", 5},
+                       .model = MODEL,
+                       .num_layers = L,
+                       .tokens = 2 * CT,
+                       .kv_heads = KVH,
+                       .head_dim = HD,
+                       .dtype = DQ_DTYPE_F32,
+                       .k = k,
+                       .v = v};
+    OK(c, dqc_put(c, &pa, NULL));
+    /* a sequence key equal to a chunk key does not alias it */
+    dqc_seq alias = {NS, keys, 16};
+    FAILS(c, DQ_NOT_FOUND, dqc_delete(c, &alias));
+
+    dqc_raw_result seq = {0}, ch = {0};
+    OK(c, dqc_get_raw(c, &pa.seq, 0, 0, &seq));
+    cr_assert_eq(seq.nlayers, L);
+    for (size_t i = 0; i < 2; i++) {
+        OK(c, dqc_get_chunk_raw(c, NS, keys + i * 16, &ch));
+        cr_assert_eq(ch.nlayers, L);
+        cr_assert_eq(ch.profile_len, seq.profile_len);
+        for (size_t l = 0; l < L; l++) {
+            const dqc_raw_layer *a = &seq.layers[l], *b = &ch.layers[l];
+            cr_assert_eq(b->tokens, CT);
+            cr_assert_eq(b->tail_tokens, 0u, "a chunk is whole windows");
+            cr_assert_eq(b->records_bytes * 2, a->records_bytes);
+            cr_assert(memcmp(a->records + i * b->records_bytes, b->records, b->records_bytes) == 0,
+                      "chunk %zu layer %zu: the containers equal the sequence's", i, l);
+        }
+    }
+    dqc_get_result gs = {0}, gc = {0};
+    dqc_get_args ga = {.seq = pa.seq, .start_token = CT, .tokens = CT, .dtype = DQ_DTYPE_F32};
+    OK(c, dqc_get(c, &ga, &gs));
+    OK(c, dqc_get_chunk(c, NS, keys + 16, DQ_DTYPE_F32, &gc));
+    cr_assert_eq(gc.bytes, gs.bytes);
+    cr_assert(memcmp(gc.k, gs.k, gs.bytes) == 0 && memcmp(gc.v, gs.v, gs.bytes) == 0);
+    dqc_get_result_free(&gs);
+    dqc_get_result_free(&gc);
+    dqc_raw_result_free(&seq);
+    dqc_raw_result_free(&ch);
+    free(k);
+    free(v);
+    free(tok);
+    dqc_free(c);
+}
+
+/* A raw PUT_CHUNKS / LOOKUP through the wire, for what the client refuses to send. */
+static int raw_call(Dquant__Request *req, const wire_payload *pl)
+{
+    int fd = wire_connect_unix(D.sock);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(wire_hello(fd, 1, NULL), 0);
+    Dquant__Response *resp = NULL;
+    cr_assert_eq(wire_call(fd, req, pl, &resp, NULL, NULL), 0);
+    int rc = wire_error(resp);
+    dquant__response__free_unpacked(resp, NULL);
+    close(fd);
+    return rc;
+}
+
+Test(chunks, bad_input_gets_its_error_and_stores_nothing)
+{
+    const char *const extra[] = {"--max-lookup-keys", "8", NULL};
+    start_daemon(extra);
+    dqc_client *c = cli();
+    dqc_model_spec spec = {
+        .name = "bad", .layers = L, .q_heads = QH, .kv_heads = KVH, .head_dim = HD, .profile_name = "dq226"};
+    FAILS(c, DQ_INVALID_ARGUMENT, dqc_register_model_ex(c, &spec, 100, NULL, NULL)); /* not a multiple of W */
+    register_model(c, CT);
+    uint32_t *tok = prompt(9 * CT, 5);
+    uint8_t keys[9 * 16];
+    cr_assert_eq(dqc_chunk_keys(NS, tok, 9 * CT, CT, NULL, keys, 9), 9u);
+
+    /* token count not nkeys x chunk_tokens */
+    float *k = kv_of(tok, 2 * CT, 0), *v = kv_of(tok, 2 * CT, 1);
+    dqc_put_chunks_args a = {.ns = NS,
+                             .model = MODEL,
+                             .keys = keys,
+                             .nkeys = 1,
+                             .layers = L,
+                             .chunk_tokens = 2 * CT,
+                             .kv_heads = KVH,
+                             .head_dim = HD,
+                             .dtype = DQ_DTYPE_F32,
+                             .k = k,
+                             .v = v};
+    FAILS(c, DQ_INVALID_ARGUMENT, dqc_put_chunks(c, &a, NULL));
+    /* a missing parent */
+    a.chunk_tokens = CT;
+    a.parent = keys + 5 * 16;
+    FAILS(c, DQ_NOT_FOUND, dqc_put_chunks(c, &a, NULL));
+    cr_assert(strstr(dqc_last_error(c), "parent chunk not held"), "%s", dqc_last_error(c));
+    /* an unknown model */
+    a.parent = NULL;
+    a.model = "nope";
+    FAILS(c, DQ_NOT_FOUND, dqc_put_chunks(c, &a, NULL));
+    /* more keys than max_lookup_keys, a lease */
+    FAILS(c, DQ_INVALID_ARGUMENT, dqc_lookup(c, NS, MODEL, keys, 9, 0, NULL));
+    FAILS(c, DQ_UNSUPPORTED, dqc_lookup(c, NS, MODEL, keys, 1, 1000, NULL));
+    /* NaN in the second chunk: the first one stays, nothing of the second */
+    a.model = MODEL;
+    a.nkeys = 2;
+    a.chunk_tokens = CT;
+    k[(size_t)CT * ROW + 5] = 0.0f / 0.0f; /* layer 0, token CT: the second chunk */
+    dqc_put_chunks_result pr;
+    FAILS(c, DQ_NONFINITE, dqc_put_chunks(c, &a, &pr));
+    dqc_lookup_result lr;
+    OK(c, dqc_lookup(c, NS, MODEL, keys, 2, 0, &lr));
+    cr_assert_eq(lr.hits, 1u);
+    cr_assert_eq(gauge(c, "chunks_stored"), 1.0);
+
+    /* keys of the wrong length, on the wire */
+    uint8_t short_key[15] = {0};
+    ProtobufCBinaryData bk[2] = {{16, keys}, {15, short_key}};
+    Dquant__Lookup l = DQUANT__LOOKUP__INIT;
+    l.ns = (char *)NS;
+    l.model = (char *)MODEL;
+    l.n_keys = 2;
+    l.keys = bk;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_LOOKUP;
+    req.lookup = &l;
+    cr_assert_eq(raw_call(&req, NULL), DQ_INVALID_ARGUMENT);
+    wire_payload pl = {0};
+    uint64_t shape[4] = {L, 2 * CT, KVH, HD};
+    Dquant__Tensor tk, tv;
+    wire_tensor(&pl, &tk, DQUANT__DTYPE__F32, shape, 4, k, (size_t)L * 2 * CT * ROW * 4);
+    wire_tensor(&pl, &tv, DQUANT__DTYPE__F32, shape, 4, v, (size_t)L * 2 * CT * ROW * 4);
+    Dquant__PutChunks pc = DQUANT__PUT_CHUNKS__INIT;
+    pc.ns = (char *)NS;
+    pc.model = (char *)MODEL;
+    pc.n_keys = 2;
+    pc.keys = bk;
+    pc.k = &tk;
+    pc.v = &tv;
+    req.body_case = DQUANT__REQUEST__BODY_PUT_CHUNKS;
+    req.put_chunks = &pc;
+    cr_assert_eq(raw_call(&req, &pl), DQ_INVALID_ARGUMENT);
+    /* a parent of the wrong length */
+    bk[1].len = 16;
+    bk[1].data = keys + 16;
+    pc.parent.len = 3;
+    pc.parent.data = short_key;
+    cr_assert_eq(raw_call(&req, &pl), DQ_INVALID_ARGUMENT);
+    /* a chunk SeqRef with a key that is not 16 bytes */
+    Dquant__SeqRef ref = DQUANT__SEQ_REF__INIT;
+    ref.ns = (char *)NS;
+    ref.key.data = short_key;
+    ref.key.len = 15;
+    ref.kind = DQUANT__SEQ_KIND__CHUNK;
+    Dquant__Delete del = DQUANT__DELETE__INIT;
+    del.seq = &ref;
+    req.body_case = DQUANT__REQUEST__BODY_DELETE;
+    req.delete_ = &del;
+    cr_assert_eq(raw_call(&req, NULL), DQ_INVALID_ARGUMENT);
+    wire_payload_free(&pl);
+
+    cr_assert_eq(gauge(c, "chunks_stored"), 1.0, "nothing stored by the bad requests");
+    cr_assert_eq(counter(c, "chunks_put"), 1u);
+    free(k);
+    free(v);
+    free(tok);
+    dqc_free(c);
+}
