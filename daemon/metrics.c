@@ -183,6 +183,8 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
     counter(&b, "dquant_chunks_put_total", "Chunks encoded by PUT_CHUNKS.", m->chunks_put);
     counter(&b, "dquant_chunk_dedupe_hits_total", "Chunks of PUT_CHUNKS already held (not encoded again).",
             m->chunk_dedupe_hits);
+    counter(&b, "dquant_lease_expiries_total", "LOOKUP leases that ran out.", m->leases ? m->leases->expiries : 0);
+    gauge(&b, "dquant_leases_active", "LOOKUP leases live.", m->leases ? (double)m->leases->active : 0.0);
     gauge(&b, "dquant_chunks_stored", "Chunks of the shared KV tier stored.", (double)g->store.chunks);
     counter(&b, "dquant_evictions_total", "Sequences evicted to stay within the host-memory budget.",
             g->store.evictions);
@@ -340,6 +342,8 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_counter(&kb, "chunk_dedupe_hits", m->chunk_dedupe_hits);
     add_gauge(&kb, "lookup_hit_rate", hit_rate(m));
     add_gauge(&kb, "chunks_stored", (double)g->store.chunks);
+    add_counter(&kb, "lease_expiries", m->leases ? m->leases->expiries : 0);
+    add_gauge(&kb, "leases_active", m->leases ? (double)m->leases->active : 0.0);
     add_counter(&kb, "evictions", g->store.evictions);
     add_counter(&kb, "evicted_bytes", g->store.evicted_bytes);
     add_counter(&kb, "gpu_demotions", g->store.gpu_demotions);

@@ -8,7 +8,9 @@
  * and the request answers the error. Everything that can be checked without the store (key sizes,
  * token counts, the parent) is checked before the first chunk, so bad input stores nothing.
  *
- * LOOKUP runs on the loop at once: the number of leading keys held (stopping at the first miss). */
+ * LOOKUP runs on the loop at once: the number of leading keys held (stopping at the first miss);
+ * with lease_ms it leases those chunks to the connection (lease.h), after releasing
+ * release_lease when given. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,17 +42,23 @@ static void chunks_free(chunks_op *op)
     free(op);
 }
 
-/* A chunk held (committed, not deleted) in ns for model; the lookup's reference is dropped. */
-static bool chunk_held(dqd_ctx *ctx, const char *ns, const dqd_model *model, const uint8_t *key, bool touch)
+/* A chunk held (committed, not deleted) in ns for model, referenced; NULL if none. */
+static dqd_seq *chunk_ref(dqd_ctx *ctx, const char *ns, const dqd_model *model, const uint8_t *key)
 {
     dqd_seq *seq = dqd_store_lookup_kind(ctx->store, ns, strlen(ns), key, DQD_CHUNK_KEY_BYTES, (uint8_t)DQD_KIND_CHUNK);
-    if (!seq)
-        return false;
-    const bool held = dqd_seq_alive(seq) && seq->model == model;
-    if (held && touch)
-        dqd_store_touch(ctx->store, seq);
-    dqd_seq_unref(seq);
-    return held;
+    if (seq && (!dqd_seq_alive(seq) || seq->model != model)) {
+        dqd_seq_unref(seq);
+        seq = NULL;
+    }
+    return seq;
+}
+
+static bool chunk_held(dqd_ctx *ctx, const char *ns, const dqd_model *model, const uint8_t *key)
+{
+    dqd_seq *seq = chunk_ref(ctx, ns, model, key);
+    if (seq)
+        dqd_seq_unref(seq);
+    return seq != NULL;
 }
 
 static void chunks_reply(chunks_op *op)
@@ -147,7 +155,7 @@ void dqd_op_put_chunks(dqd_req *req)
         return;
     }
     const char *ns = pc->ns ? pc->ns : "";
-    if (pc->parent.len && !chunk_held(ctx, ns, model, pc->parent.data, false)) {
+    if (pc->parent.len && !chunk_held(ctx, ns, model, pc->parent.data)) {
         chunks_free(op);
         dqd_req_fail(req, DQ_NOT_FOUND, "parent chunk not held");
         return;
@@ -176,24 +184,61 @@ void dqd_op_lookup(dqd_req *req)
 {
     dqd_ctx *ctx = req->ctx;
     const Dquant__Lookup *l = req->msg->lookup;
+    Dquant__LookupReply r = DQUANT__LOOKUP_REPLY__INIT;
+    Dquant__Response resp = DQUANT__RESPONSE__INIT;
+    resp.body_case = DQUANT__RESPONSE__BODY_LOOKUP;
+    resp.lookup = &r;
+    if (l->release_lease && dqd_lease_release(&ctx->leases, req->sess, l->release_lease) < 0) {
+        dqd_req_fail(req, DQ_NOT_FOUND, "no lease %llu on this connection (expired or released)",
+                     (unsigned long long)l->release_lease);
+        return;
+    }
+    if (!l->n_keys && l->release_lease) {
+        dqd_req_reply(req, &resp, NULL, 0);
+        return;
+    }
     dqd_model *model = dqd_registry_find(ctx->reg, l->model);
     if (!model) {
         dqd_req_fail(req, DQ_NOT_FOUND, "no model named '%s' (REGISTER_MODEL first)", l->model);
         return;
     }
+    if (l->lease_ms && req->sess->leases >= ctx->cfg->max_leases) {
+        dqd_req_fail(req, DQ_RESOURCE_EXHAUSTED, "the connection holds %u leases, the limit", req->sess->leases);
+        return;
+    }
     const char *ns = l->ns ? l->ns : "";
+    dqd_seq **held = l->lease_ms && l->n_keys ? malloc(l->n_keys * sizeof *held) : NULL;
+    if (l->lease_ms && l->n_keys && !held) {
+        dqd_req_fail(req, DQ_NOMEM, "out of memory");
+        return;
+    }
     size_t hits = 0;
-    while (hits < l->n_keys && chunk_held(ctx, ns, model, l->keys[hits].data, true))
-        hits++;
+    for (; hits < l->n_keys; hits++) {
+        dqd_seq *seq = chunk_ref(ctx, ns, model, l->keys[hits].data);
+        if (!seq)
+            break;
+        dqd_store_touch(ctx->store, seq);
+        if (held)
+            held[hits] = seq; /* the lease takes the reference over */
+        else
+            dqd_seq_unref(seq);
+    }
+    if (held && hits) {
+        int rc = dqd_lease_add(&ctx->leases, req->sess, &req->sess->leases, held, hits,
+                               dqd_now_ns() + (uint64_t)l->lease_ms * 1000000u, &r.lease_id);
+        if (rc < 0) {
+            free(held);
+            dqd_req_fail(req, rc, "cannot lease: %s", dq_strerror(rc));
+            return;
+        }
+        r.lease_ms = l->lease_ms;
+    }
+    free(held);
     ctx->metrics.lookups++;
     ctx->metrics.lookup_hit_tokens += (uint64_t)hits * model->chunk_tokens;
     ctx->metrics.lookup_missed_tokens += (uint64_t)(l->n_keys - hits) * model->chunk_tokens;
-    Dquant__LookupReply r = DQUANT__LOOKUP_REPLY__INIT;
     r.hits = hits;
     r.hit_tokens = (uint64_t)hits * model->chunk_tokens;
     r.chunk_tokens = model->chunk_tokens;
-    Dquant__Response resp = DQUANT__RESPONSE__INIT;
-    resp.body_case = DQUANT__RESPONSE__BODY_LOOKUP;
-    resp.lookup = &r;
     dqd_req_reply(req, &resp, NULL, 0);
 }

@@ -232,6 +232,7 @@ void dqd_ops_dispatch(dqd_req *req)
         dqd_req_fail(req, DQ_UNAUTHENTICATED, "the first request must be a successful HELLO");
         return;
     }
+    dqd_leases_expire(&ctx->leases, dqd_now_ns());
     if (ctx->stopping) {
         dqd_req_fail(req, DQ_SHUTTING_DOWN, "the server is shutting down");
         return;

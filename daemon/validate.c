@@ -40,6 +40,7 @@ void dqd_limits_default(dqd_limits *lim)
     lim->max_key = 4096;
     lim->max_name = 128;
     lim->max_lookup_keys = 65536;
+    lim->max_lease_ms = 60000;
 }
 
 size_t dqd_dtype_size(uint32_t dtype)
@@ -494,10 +495,11 @@ int dqd_request_validate(const Dquant__Request *req, const dqd_payload *pl, cons
     case DQUANT__REQUEST__BODY_LOOKUP: {
         *op = DQD_OP_LOOKUP;
         const Dquant__Lookup *l = req->lookup;
-        FORWARD(check_name(l->model, "model", true, lim, msg, msglen));
+        /* a LOOKUP that only releases a lease needs no model */
+        FORWARD(check_name(l->model, "model", l->n_keys || !l->release_lease, lim, msg, msglen));
         FORWARD(check_chunk_keys(l->keys, l->n_keys, l->ns, lim, msg, msglen));
-        if (l->lease_ms)
-            FAIL(DQ_UNSUPPORTED, "leases are not supported yet (lease_ms must be 0)");
+        if (l->lease_ms > lim->max_lease_ms)
+            FAIL(DQ_INVALID_ARGUMENT, "lease of %u ms; the limit is %u ms", l->lease_ms, lim->max_lease_ms);
         return DQ_OK;
     }
     default:

@@ -31,6 +31,7 @@ typedef struct dqd_limits {
     uint32_t max_key;         /* sequence key bytes */
     uint32_t max_name;        /* model / profile / client names */
     uint32_t max_lookup_keys; /* chunk keys in one LOOKUP or PUT_CHUNKS */
+    uint32_t max_lease_ms;    /* LOOKUP lease duration */
 } dqd_limits;
 
 void dqd_limits_default(dqd_limits *lim);

@@ -896,7 +896,7 @@ int dqc_lookup(dqc_client *c, const char *ns, const char *model, const uint8_t *
     req.body_case = DQUANT__REQUEST__BODY_LOOKUP;
     req.lookup = &l;
     dqc__reply rep;
-    int rc = dqc__call(c, &req, NULL, 0, 1, DQUANT__RESPONSE__BODY_LOOKUP, NULL, NULL, &rep);
+    int rc = dqc__call(c, &req, NULL, 0, !lease_ms, DQUANT__RESPONSE__BODY_LOOKUP, NULL, NULL, &rep);
     free(l.keys);
     DQC_FORWARD(rc);
     if (res) {
@@ -904,7 +904,24 @@ int dqc_lookup(dqc_client *c, const char *ns, const char *model, const uint8_t *
         res->hits = r->hits;
         res->hit_tokens = r->hit_tokens;
         res->chunk_tokens = r->chunk_tokens;
+        res->lease_id = r->lease_id;
+        res->lease_ms = r->lease_ms;
     }
+    dqc__reply_free(&rep);
+    return 0;
+}
+
+int dqc_release_lease(dqc_client *c, uint64_t lease_id)
+{
+    DQC_CHECK_HANDLE(c);
+    DQC_CHECK_ARG(c, lease_id, "release_lease: lease_id 0 is no lease");
+    Dquant__Lookup l = DQUANT__LOOKUP__INIT;
+    l.release_lease = lease_id;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_LOOKUP;
+    req.lookup = &l;
+    dqc__reply rep;
+    DQC_FORWARD(dqc__call(c, &req, NULL, 0, 0, DQUANT__RESPONSE__BODY_LOOKUP, NULL, NULL, &rep));
     dqc__reply_free(&rep);
     return 0;
 }

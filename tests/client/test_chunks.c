@@ -385,7 +385,7 @@ static int raw_call(Dquant__Request *req, const wire_payload *pl)
 
 Test(chunks, bad_input_gets_its_error_and_stores_nothing)
 {
-    const char *const extra[] = {"--max-lookup-keys", "8", NULL};
+    const char *const extra[] = {"--max-lookup-keys", "8", "--max-lease-ms", "5000", "--max-leases", "2", NULL};
     start_daemon(extra);
     dqc_client *c = cli();
     dqc_model_spec spec = {
@@ -421,7 +421,7 @@ Test(chunks, bad_input_gets_its_error_and_stores_nothing)
     FAILS(c, DQ_NOT_FOUND, dqc_put_chunks(c, &a, NULL));
     /* more keys than max_lookup_keys, a lease */
     FAILS(c, DQ_INVALID_ARGUMENT, dqc_lookup(c, NS, MODEL, keys, 9, 0, NULL));
-    FAILS(c, DQ_UNSUPPORTED, dqc_lookup(c, NS, MODEL, keys, 1, 1000, NULL));
+    FAILS(c, DQ_INVALID_ARGUMENT, dqc_lookup(c, NS, MODEL, keys, 1, 5001, NULL)); /* over max_lease_ms */
     /* NaN in the second chunk: the first one stays, nothing of the second */
     a.model = MODEL;
     a.nkeys = 2;
@@ -433,6 +433,17 @@ Test(chunks, bad_input_gets_its_error_and_stores_nothing)
     OK(c, dqc_lookup(c, NS, MODEL, keys, 2, 0, &lr));
     cr_assert_eq(lr.hits, 1u);
     cr_assert_eq(gauge(c, "chunks_stored"), 1.0);
+    /* no hits: no lease */
+    OK(c, dqc_lookup(c, NS, MODEL, keys + 5 * 16, 1, 5000, &lr));
+    cr_assert_eq(lr.lease_id, 0u);
+    /* at most max_leases live leases per connection */
+    OK(c, dqc_lookup(c, NS, MODEL, keys, 2, 5000, &lr));
+    cr_assert_neq(lr.lease_id, 0u);
+    OK(c, dqc_lookup(c, NS, MODEL, keys, 2, 5000, &lr));
+    FAILS(c, DQ_RESOURCE_EXHAUSTED, dqc_lookup(c, NS, MODEL, keys, 2, 5000, NULL));
+    OK(c, dqc_release_lease(c, lr.lease_id));
+    FAILS(c, DQ_NOT_FOUND, dqc_release_lease(c, lr.lease_id));
+    OK(c, dqc_lookup(c, NS, MODEL, keys, 2, 5000, NULL));
 
     /* keys of the wrong length, on the wire */
     uint8_t short_key[15] = {0};
@@ -485,5 +496,97 @@ Test(chunks, bad_input_gets_its_error_and_stores_nothing)
     free(k);
     free(v);
     free(tok);
+    dqc_free(c);
+}
+
+static int hits_of(dqc_client *c, const uint8_t *key)
+{
+    dqc_lookup_result lr;
+    OK(c, dqc_lookup(c, NS, MODEL, key, 1, 0, &lr));
+    return (int)lr.hits;
+}
+
+/* PUTs of fresh plain sequences until fewer than `chunks` chunks are stored (watched through STATS,
+ * which touches nothing); the number of PUTs. */
+static int fill_until(dqc_client *c, int *next, double chunks)
+{
+    enum { T = 512 };
+    static float *k, *v;
+    if (!k) {
+        uint32_t *tok = prompt(T, 99);
+        k = kv_of(tok, T, 0);
+        v = kv_of(tok, T, 1);
+        free(tok);
+    }
+    int n = 0;
+    while (gauge(c, "chunks_stored") >= chunks) {
+        cr_assert_lt(n, 400, "no chunk evicted after %d PUTs", n);
+        char key[32];
+        snprintf(key, sizeof key, "fill-%d", (*next)++);
+        dqc_put_args pa = {.seq = {NS, key, strlen(key)},
+                           .model = MODEL,
+                           .num_layers = L,
+                           .tokens = T,
+                           .kv_heads = KVH,
+                           .head_dim = HD,
+                           .dtype = DQ_DTYPE_F32,
+                           .k = k,
+                           .v = v};
+        OK(c, dqc_put(c, &pa, NULL));
+        n++;
+    }
+    return n;
+}
+
+Test(chunks, a_lease_survives_eviction_pressure_and_expires)
+{
+    const char *const extra[] = {"--host-memory", "3M", "--workers", "1", NULL};
+    start_daemon(extra);
+    dqc_client *c = cli();
+    register_model(c, CT);
+    uint32_t *ta = prompt(CT, 21), *tb = prompt(CT, 22);
+    uint8_t ka[16], kb[16];
+    dqc_chunk_keys(NS, ta, CT, CT, NULL, ka, 1);
+    dqc_chunk_keys(NS, tb, CT, CT, NULL, kb, 1);
+    OK(c, put_chunks(c, ta, ka, 0, 1, NULL));
+    OK(c, put_chunks(c, tb, kb, 0, 1, NULL));
+    const uint32_t lease_ms = 1500;
+    dqc_lookup_result lr;
+    OK(c, dqc_lookup(c, NS, MODEL, ka, 1, lease_ms, &lr));
+    cr_assert_eq(lr.hits, 1u);
+    cr_assert_neq(lr.lease_id, 0u);
+    cr_assert_eq(lr.lease_ms, lease_ms);
+    cr_assert_eq(gauge(c, "leases_active"), 1.0);
+    /* B becomes the most recently used: without the lease, A would go first */
+    cr_assert_eq(hits_of(c, kb), 1);
+
+    int next = 0;
+    int n = fill_until(c, &next, 2.0);
+    cr_assert_eq(gauge(c, "chunks_stored"), 1.0);
+    cr_assert_gt(counter(c, "evictions"), 0u);
+    cr_assert_eq(hits_of(c, ka), 1, "the leased chunk stayed while %d PUTs evicted the unleased one", n);
+    cr_log_info("unleased chunk evicted after %d PUTs; leased one kept", n);
+
+    /* the lease runs out: A is evictable again */
+    usleep((lease_ms + 100) * 1000);
+    cr_assert_eq(gauge(c, "leases_active"), 0.0);
+    cr_assert_eq(counter(c, "lease_expiries"), 1u);
+    fill_until(c, &next, 1.0);
+    cr_assert_eq(hits_of(c, ka), 0);
+
+    /* leases die with their connection */
+    OK(c, put_chunks(c, ta, ka, 0, 1, NULL));
+    dqc_client *o = cli();
+    OK(o, dqc_lookup(o, NS, MODEL, ka, 1, 60000, &lr));
+    cr_assert_neq(lr.lease_id, 0u);
+    FAILS(c, DQ_NOT_FOUND, dqc_release_lease(c, lr.lease_id)); /* someone else's */
+    cr_assert_eq(gauge(c, "leases_active"), 1.0);
+    dqc_free(o);
+    for (int i = 0; i < 100 && gauge(c, "leases_active") != 0.0; i++)
+        usleep(10000);
+    cr_assert_eq(gauge(c, "leases_active"), 0.0);
+    cr_assert_eq(counter(c, "lease_expiries"), 1u, "a connection's end is not an expiry");
+    free(ta);
+    free(tb);
     dqc_free(c);
 }

@@ -418,14 +418,22 @@ typedef struct dqc_lookup_result {
     uint64_t hits;         /* leading keys held (the count stops at the first miss) */
     uint64_t hit_tokens;   /* hits · chunk_tokens */
     uint32_t chunk_tokens; /* the model's */
+    uint64_t lease_id;     /* 0: no lease (lease_ms 0, or no hits) */
+    uint32_t lease_ms;     /* the lease's duration */
 } dqc_lookup_result;
 
 /* LOOKUP: how many leading keys (nkeys · 16 bytes in prompt order; borrowed) of model's chunks in
- * ns the daemon holds. lease_ms must be 0 (leases are not offered yet: DQ_UNSUPPORTED). res may be
- * NULL. Errors: DQ_INVALID_ARGUMENT (more than max_lookup_keys keys), DQ_NOT_FOUND (model), the
- * call errors. */
+ * ns the daemon holds. With lease_ms > 0 the chunks found are leased to this connection for that
+ * long: they are not evicted until the lease expires, is released (dqc_release_lease) or the
+ * connection closes (a reconnect loses the handle's leases). res may be NULL. Errors:
+ * DQ_INVALID_ARGUMENT (more than max_lookup_keys keys, lease_ms over max_lease_ms),
+ * DQ_RESOURCE_EXHAUSTED (the connection holds max_leases leases), DQ_NOT_FOUND (model), the call
+ * errors. Not repeated after a break in flight when it leases. */
 DQC_API int dqc_lookup(dqc_client *client, const char *ns, const char *model, const uint8_t *keys, size_t nkeys,
                        uint32_t lease_ms, dqc_lookup_result *res);
+/* Ends a lease of this connection before it expires. DQ_NOT_FOUND when there is no such lease
+ * (expired, released, or taken on another connection). */
+DQC_API int dqc_release_lease(dqc_client *client, uint64_t lease_id);
 
 /* One whole chunk (every layer, chunk_tokens tokens) decoded to dtype, or as stored (GET_RAW);
  * key: 16 bytes, borrowed. res as for dqc_get / dqc_get_raw. DQ_NOT_FOUND when not held. */
