@@ -655,11 +655,12 @@ void dqc_decompress_result_free(dqc_decompress_result *res)
 
 /* ---- DELETE / PIN / UNPIN ---- */
 
-static int seq_op(dqc_client *c, const char *op, Dquant__Request__BodyCase which, const dqc_seq *s)
+static int seq_op(dqc_client *c, const char *op, Dquant__Request__BodyCase which, const dqc_seq *s, int kind)
 {
     DQC_CHECK_HANDLE(c);
     Dquant__SeqRef seq;
     DQC_FORWARD(seq_fill(c, op, s, &seq));
+    seq.kind = (Dquant__SeqKind)kind;
     Dquant__Delete del = DQUANT__DELETE__INIT;
     Dquant__Pin pin = DQUANT__PIN__INIT;
     Dquant__Unpin unpin = DQUANT__UNPIN__INIT;
@@ -687,17 +688,41 @@ static int seq_op(dqc_client *c, const char *op, Dquant__Request__BodyCase which
 
 int dqc_delete(dqc_client *client, const dqc_seq *seq)
 {
-    return seq_op(client, "delete", DQUANT__REQUEST__BODY_DELETE, seq);
+    return seq_op(client, "delete", DQUANT__REQUEST__BODY_DELETE, seq, DQUANT__SEQ_KIND__SEQUENCE);
 }
 
 int dqc_pin(dqc_client *client, const dqc_seq *seq)
 {
-    return seq_op(client, "pin", DQUANT__REQUEST__BODY_PIN, seq);
+    return seq_op(client, "pin", DQUANT__REQUEST__BODY_PIN, seq, DQUANT__SEQ_KIND__SEQUENCE);
 }
 
 int dqc_unpin(dqc_client *client, const dqc_seq *seq)
 {
-    return seq_op(client, "unpin", DQUANT__REQUEST__BODY_UNPIN, seq);
+    return seq_op(client, "unpin", DQUANT__REQUEST__BODY_UNPIN, seq, DQUANT__SEQ_KIND__SEQUENCE);
+}
+
+/* DELETE, PIN, UNPIN of a chunk. */
+static int chunk_op(dqc_client *c, const char *op, Dquant__Request__BodyCase which, const char *ns, const uint8_t *key)
+{
+    DQC_CHECK_HANDLE(c);
+    DQC_CHECK_ARG(c, key, "%s: key is NULL", op);
+    const dqc_seq s = {ns, key, DQC_CHUNK_KEY_BYTES};
+    return seq_op(c, op, which, &s, DQUANT__SEQ_KIND__CHUNK);
+}
+
+int dqc_delete_chunk(dqc_client *client, const char *ns, const uint8_t *key)
+{
+    return chunk_op(client, "delete_chunk", DQUANT__REQUEST__BODY_DELETE, ns, key);
+}
+
+int dqc_pin_chunk(dqc_client *client, const char *ns, const uint8_t *key)
+{
+    return chunk_op(client, "pin_chunk", DQUANT__REQUEST__BODY_PIN, ns, key);
+}
+
+int dqc_unpin_chunk(dqc_client *client, const char *ns, const uint8_t *key)
+{
+    return chunk_op(client, "unpin_chunk", DQUANT__REQUEST__BODY_UNPIN, ns, key);
 }
 
 /* ---- STATS ---- */

@@ -590,3 +590,42 @@ Test(chunks, a_lease_survives_eviction_pressure_and_expires)
     free(tb);
     dqc_free(c);
 }
+
+Test(chunks, delete_pin_unpin_of_chunks)
+{
+    const char *const extra[] = {"--host-memory", "3M", "--workers", "1", NULL};
+    start_daemon(extra);
+    dqc_client *c = cli();
+    register_model(c, CT);
+    uint32_t *ta = prompt(CT, 31), *tb = prompt(CT, 32);
+    uint8_t ka[16], kb[16];
+    dqc_chunk_keys(NS, ta, CT, CT, NULL, ka, 1);
+    dqc_chunk_keys(NS, tb, CT, CT, NULL, kb, 1);
+    OK(c, put_chunks(c, ta, ka, 0, 1, NULL));
+    OK(c, put_chunks(c, tb, kb, 0, 1, NULL));
+    /* a sequence of the same key is another entry */
+    dqc_seq same = {NS, ka, 16};
+    FAILS(c, DQ_NOT_FOUND, dqc_pin(c, &same));
+    OK(c, dqc_pin_chunk(c, NS, ka));
+    cr_assert_eq(gauge(c, "sequences_pinned"), 1.0);
+    /* B is the most recently used; pressure evicts B, never the pinned A */
+    cr_assert_eq(hits_of(c, kb), 1);
+    int next = 0;
+    fill_until(c, &next, 2.0);
+    cr_assert_eq(hits_of(c, ka), 1);
+    FAILS(c, DQ_NOT_FOUND, dqc_get_chunk_raw(c, NS, kb, &(dqc_raw_result){0}));
+    OK(c, dqc_unpin_chunk(c, NS, ka));
+    cr_assert_eq(gauge(c, "sequences_pinned"), 0.0);
+    OK(c, dqc_delete_chunk(c, NS, ka));
+    cr_assert_eq(hits_of(c, ka), 0);
+    cr_assert_eq(gauge(c, "chunks_stored"), 0.0);
+    FAILS(c, DQ_NOT_FOUND, dqc_delete_chunk(c, NS, ka));
+    FAILS(c, DQ_NOT_FOUND, dqc_unpin_chunk(c, NS, kb));
+    /* deleted, it is stored again by the next PUT_CHUNKS (not deduped) */
+    dqc_put_chunks_result pr;
+    OK(c, put_chunks(c, ta, ka, 0, 1, &pr));
+    cr_assert_eq(pr.stored, 1u);
+    free(ta);
+    free(tb);
+    dqc_free(c);
+}

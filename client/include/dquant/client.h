@@ -440,6 +440,12 @@ DQC_API int dqc_release_lease(dqc_client *client, uint64_t lease_id);
 DQC_API int dqc_get_chunk(dqc_client *client, const char *ns, const uint8_t *key, dq_dtype dtype, dqc_get_result *res);
 DQC_API int dqc_get_chunk_raw(dqc_client *client, const char *ns, const uint8_t *key, dqc_raw_result *res);
 
+/* DELETE, PIN, UNPIN of one chunk (key: 16 bytes, borrowed), as for sequences: a pinned chunk is
+ * never evicted. DQ_NOT_FOUND when not held. */
+DQC_API int dqc_delete_chunk(dqc_client *client, const char *ns, const uint8_t *key);
+DQC_API int dqc_pin_chunk(dqc_client *client, const char *ns, const uint8_t *key);
+DQC_API int dqc_unpin_chunk(dqc_client *client, const char *ns, const uint8_t *key);
+
 /* ---- PING ---- */
 
 /* Sends data (len bytes, may be 0) and checks that the server echoes it (DQ_PROTOCOL otherwise). */
