@@ -314,6 +314,44 @@ static void put_lookup(put_op *op)
     dqd_access_start(&op->as, access_ready, op);
 }
 
+/* The creating PUT's prefix chunks: each held, of the same model. */
+static int put_prefix(put_op *op)
+{
+    const Dquant__Put *put = op->put;
+    if (!op->created) {
+        put_fail(op, DQ_INVALID_ARGUMENT, "prefix_chunks only on the PUT that creates the sequence");
+        return -1;
+    }
+    const size_t n = put->n_prefix_chunks;
+    dqd_seq **chunks = malloc(n * sizeof *chunks);
+    if (!chunks) {
+        put_fail(op, DQ_NOMEM, "out of memory");
+        return -1;
+    }
+    const char *ns = put->seq->ns ? put->seq->ns : "";
+    size_t got = 0;
+    for (; got < n; got++) {
+        chunks[got] = dqd_store_lookup_kind(op->ctx->store, ns, strlen(ns), put->prefix_chunks[got].data,
+                                            put->prefix_chunks[got].len, DQD_KIND_CHUNK);
+        if (!chunks[got] || !dqd_seq_alive(chunks[got]) || chunks[got]->model != op->model) {
+            dqd_seq_unref(chunks[got]);
+            break;
+        }
+    }
+    int rc = got < n ? DQ_NOT_FOUND : dqd_store_set_prefix(op->ctx->store, op->seq, chunks, (uint32_t)n);
+    for (size_t i = 0; i < got; i++)
+        dqd_seq_unref(chunks[i]);
+    free(chunks);
+    if (rc < 0) {
+        if (rc == DQ_NOT_FOUND)
+            put_fail(op, rc, "prefix chunk %zu not held", got);
+        else
+            put_fail(op, rc, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
 /* 0: go on; 1: the sequence went while this PUT waited (look it up again); -1: failed. */
 static int put_check(put_op *op)
 {
@@ -339,6 +377,8 @@ static int put_check(put_op *op)
                  op->model->name);
         return -1;
     }
+    if (put->n_prefix_chunks && put_prefix(op) < 0)
+        return -1;
     for (uint32_t i = 0; i < put->num_layers; i++) {
         uint64_t have = dqd_seq_layer_tokens(seq, put->first_layer + i);
         if (have != put->start_token) {

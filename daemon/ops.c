@@ -159,6 +159,13 @@ static void seq_op_ready(dqd_access_set *as)
     } else {
         switch (req->op) {
         case DQD_OP_DELETE:
+            if (seq->prefix_users) {
+                dqd_req_fail(req, DQ_BUSY, "the chunk is the prefix of %u sequences; delete them first",
+                             seq->prefix_users);
+                dqd_access_end(&op->as);
+                free(op);
+                return;
+            }
             dqd_store_remove(store, seq);
             break;
         case DQD_OP_PIN:

@@ -58,8 +58,22 @@ int dqd_store_create(dqd_hostmem *mem, uint64_t budget, dqd_store **out)
     return DQ_OK;
 }
 
+void dqd_seq_unref(dqd_seq *seq);
+
+static void drop_prefix(dqd_seq *seq)
+{
+    for (uint32_t i = 0; i < seq->nprefix; i++) {
+        seq->prefix[i]->prefix_users--;
+        dqd_seq_unref(seq->prefix[i]);
+    }
+    free(seq->prefix);
+    seq->prefix = NULL;
+    seq->nprefix = 0;
+}
+
 static void seq_free(dqd_store *s, dqd_seq *seq)
 {
+    drop_prefix(seq);
     if (seq->layers) {
         for (uint32_t i = 0; i < seq->model->layers; i++)
             dq_layer_free(seq->layers[i]);
@@ -171,6 +185,9 @@ void dqd_store_destroy(dqd_store *s)
         return;
     /* Every reservation (PUT, ATTEND, moves between tiers) has been released by now. */
     assert(s->reserved == 0 && s->gpu_reserved == 0);
+    /* Sequences let go of their prefix chunks first, whatever the order below frees them in. */
+    for (dqd_seq *seq = s->lru_head; seq; seq = seq->lru_next)
+        drop_prefix(seq);
     while (s->lru_head) {
         dqd_seq *seq = s->lru_head;
         if (seq->refs)
@@ -516,6 +533,22 @@ void dqd_store_set_pinned(dqd_store *s, dqd_seq *seq, bool pinned)
     seq->pinned = pinned;
     if (seq->in_index)
         s->pinned += pinned ? 1 : (uint64_t)-1;
+}
+
+int dqd_store_set_prefix(dqd_store *s, dqd_seq *seq, dqd_seq *const *chunks, uint32_t n)
+{
+    (void)s;
+    assert(!seq->prefix);
+    seq->prefix = malloc((n ? n : 1) * sizeof *seq->prefix);
+    if (!seq->prefix)
+        return DQ_NOMEM;
+    for (uint32_t i = 0; i < n; i++) {
+        dqd_seq_ref(chunks[i]);
+        chunks[i]->prefix_users++;
+        seq->prefix[i] = chunks[i];
+    }
+    seq->nprefix = n;
+    return DQ_OK;
 }
 
 void dqd_store_get_stats(const dqd_store *s, dqd_store_stats *out)

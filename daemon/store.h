@@ -66,11 +66,14 @@ typedef struct dqd_seq {
     dqd_glayer **glayers; /* [model->layers] once a layer went to the GPU; else NULL */
 
     /* accounting as of the last commit */
-    uint64_t bytes;         /* what evicting it frees, allocator headers included */
-    uint64_t stored_bytes;  /* Σ dq_layer_stored_bytes */
-    uint64_t token_layers;  /* Σ dq_layer_tokens */
-    uint64_t overhead;      /* this struct, ns, key, layer arrays */
-    uint64_t gpu_bytes;     /* device bytes of its GPU layers */
+    uint64_t bytes;          /* what evicting it frees, allocator headers included */
+    uint64_t stored_bytes;   /* Σ dq_layer_stored_bytes */
+    uint64_t token_layers;   /* Σ dq_layer_tokens */
+    uint64_t overhead;       /* this struct, ns, key, layer arrays */
+    uint64_t gpu_bytes;      /* device bytes of its GPU layers */
+    struct dqd_seq **prefix; /* chunks the sequence is built on (referenced), or NULL */
+    uint32_t nprefix;
+    uint32_t prefix_users;  /* a chunk: sequences built on it */
     uint32_t host_layers;   /* layers on the host; unlike the slots, safe to read on the loop
                                thread while a request's workers change them */
     uint64_t move_reserved; /* host budget held for its move to the host tier */
@@ -148,6 +151,9 @@ void dqd_store_touch(dqd_store *s, dqd_seq *seq);
  * and find it !alive; freed with its last reference. */
 void dqd_store_remove(dqd_store *s, dqd_seq *seq);
 void dqd_store_set_pinned(dqd_store *s, dqd_seq *seq, bool pinned);
+/* Builds seq on the chunks (n of them, prompt order): takes a reference on each (they are never
+ * evicted or freed while seq exists) and counts seq as their user. DQ_NOMEM. */
+int dqd_store_set_prefix(dqd_store *s, dqd_seq *seq, dqd_seq *const *chunks, uint32_t n);
 
 void dqd_store_get_stats(const dqd_store *s, dqd_store_stats *out);
 uint64_t dqd_store_budget(const dqd_store *s);

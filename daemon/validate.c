@@ -217,6 +217,7 @@ static int validate_put(const Dquant__Put *p, const dqd_payload *pl, const dqd_l
     FORWARD(check_name(p->model, "model", true, lim, msg, msglen));
     if (p->seq->kind == DQUANT__SEQ_KIND__CHUNK)
         FAIL(DQ_INVALID_ARGUMENT, "chunks are written by PUT_CHUNKS, not PUT");
+    FORWARD(check_chunk_keys(p->prefix_chunks, p->n_prefix_chunks, NULL, lim, msg, msglen));
     if (p->num_layers == 0)
         FAIL(DQ_INVALID_ARGUMENT, "num_layers must be at least 1");
     if (p->tokens == 0)

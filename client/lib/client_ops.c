@@ -126,6 +126,22 @@ int dqc_register_model_ex(dqc_client *c, const dqc_model_spec *spec, uint32_t ch
     return rc;
 }
 
+/* keys (n · 16 bytes) as protobuf bytes fields; *out malloc'd (NULL when n is 0). */
+static int keys_fill(dqc_client *c, const char *op, const uint8_t *keys, size_t n, ProtobufCBinaryData **out)
+{
+    *out = NULL;
+    DQC_CHECK_ARG(c, keys || !n, "%s: keys is NULL with nkeys %zu", op, n);
+    if (!n)
+        return 0;
+    if (n > SIZE_MAX / sizeof **out || !(*out = malloc(n * sizeof **out)))
+        return dqc__fail(c, DQ_NOMEM, "%s: out of memory for %zu keys", op, n);
+    for (size_t i = 0; i < n; i++) {
+        (*out)[i].data = (uint8_t *)keys + i * DQC_CHUNK_KEY_BYTES;
+        (*out)[i].len = DQC_CHUNK_KEY_BYTES;
+    }
+    return 0;
+}
+
 /* ---- PUT ---- */
 
 int dqc__put_build(dqc_client *c, const char *op, const dqc_put_args *a, int nccl, dqc__put_req *r)
@@ -173,20 +189,36 @@ void dqc__put_result(const dqc__reply *rep, dqc_put_result *res)
     }
 }
 
-int dqc_put(dqc_client *c, const dqc_put_args *a, dqc_put_result *res)
+static int put_call(dqc_client *c, const char *op, const dqc_put_args *a, const uint8_t *prefix, size_t nprefix,
+                    dqc_put_result *res)
 {
     DQC_CHECK_HANDLE(c);
     if (res)
         memset(res, 0, sizeof *res);
     dqc__put_req r;
-    DQC_FORWARD(dqc__put_build(c, "put", a, 0, &r));
+    DQC_FORWARD(dqc__put_build(c, op, a, 0, &r));
+    DQC_FORWARD(keys_fill(c, op, prefix, nprefix, &r.put.prefix_chunks));
+    r.put.n_prefix_chunks = nprefix;
     struct iovec iov[2] = {{(void *)a->k, r.bytes}, {(void *)a->v, r.bytes}};
 
     dqc__reply rep;
-    DQC_FORWARD(dqc__call(c, &r.req, iov, 2, 0, DQUANT__RESPONSE__BODY_PUT, NULL, NULL, &rep));
+    int rc = dqc__call(c, &r.req, iov, 2, 0, DQUANT__RESPONSE__BODY_PUT, NULL, NULL, &rep);
+    free(r.put.prefix_chunks);
+    DQC_FORWARD(rc);
     dqc__put_result(&rep, res);
     dqc__reply_free(&rep);
     return 0;
+}
+
+int dqc_put(dqc_client *c, const dqc_put_args *a, dqc_put_result *res)
+{
+    return put_call(c, "put", a, NULL, 0, res);
+}
+
+int dqc_put_on_prefix(dqc_client *c, const dqc_put_args *a, const uint8_t *prefix_keys, size_t nprefix,
+                      dqc_put_result *res)
+{
+    return put_call(c, "put_on_prefix", a, prefix_keys, nprefix, res);
 }
 
 /* ---- GET ---- */
@@ -841,22 +873,6 @@ size_t dqc_chunk_keys(const char *ns, const uint32_t *tokens, size_t ntokens, ui
     if (!ns)
         ns = "";
     return dq_chunk_keys(ns, strlen(ns), parent, tokens, ntokens, chunk_tokens, out, max_keys);
-}
-
-/* keys (n · 16 bytes) as protobuf bytes fields; *out malloc'd (NULL when n is 0). */
-static int keys_fill(dqc_client *c, const char *op, const uint8_t *keys, size_t n, ProtobufCBinaryData **out)
-{
-    *out = NULL;
-    DQC_CHECK_ARG(c, keys || !n, "%s: keys is NULL with nkeys %zu", op, n);
-    if (!n)
-        return 0;
-    if (n > SIZE_MAX / sizeof **out || !(*out = malloc(n * sizeof **out)))
-        return dqc__fail(c, DQ_NOMEM, "%s: out of memory for %zu keys", op, n);
-    for (size_t i = 0; i < n; i++) {
-        (*out)[i].data = (uint8_t *)keys + i * DQC_CHUNK_KEY_BYTES;
-        (*out)[i].len = DQC_CHUNK_KEY_BYTES;
-    }
-    return 0;
 }
 
 int dqc_put_chunks(dqc_client *c, const dqc_put_chunks_args *a, dqc_put_chunks_result *res)

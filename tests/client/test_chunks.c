@@ -3,6 +3,7 @@
  * by clients in different processes, GET of chunks against a plain sequence holding the same
  * tokens, and the bad inputs that must store nothing. Skipped when $DQUANTD is unset. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,11 +32,22 @@ static void stop_daemon(void)
         dqd_stop(&D);
 }
 
+/* $DQ_CHUNKS_BACKEND (e.g. cuda, for dquantd-fakecuda) is passed as --backend. */
 static void start_daemon(const char *const *extra)
 {
     if (!dqd_path())
         cr_skip_test("$DQUANTD is not set");
-    const dqd_opts o = {.extra = extra};
+    static const char *args[16];
+    size_t n = 0;
+    const char *backend = getenv("DQ_CHUNKS_BACKEND");
+    if (backend) {
+        args[n++] = "--backend";
+        args[n++] = backend;
+    }
+    for (size_t i = 0; extra && extra[i] && n < 15; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    const dqd_opts o = {.extra = args};
     cr_assert_eq(dqd_start(&D, &o), 0, "could not start the daemon");
 }
 
@@ -540,6 +552,8 @@ static int fill_until(dqc_client *c, int *next, double chunks)
 
 Test(chunks, a_lease_survives_eviction_pressure_and_expires)
 {
+    if (getenv("DQ_CHUNKS_BACKEND"))
+        cr_skip_test("host-memory pressure: the cpu backend's test (on the cuda backend the GPU tier holds them)");
     const char *const extra[] = {"--host-memory", "3M", "--workers", "1", NULL};
     start_daemon(extra);
     dqc_client *c = cli();
@@ -593,6 +607,8 @@ Test(chunks, a_lease_survives_eviction_pressure_and_expires)
 
 Test(chunks, delete_pin_unpin_of_chunks)
 {
+    if (getenv("DQ_CHUNKS_BACKEND"))
+        cr_skip_test("host-memory pressure: the cpu backend's test (on the cuda backend the GPU tier holds them)");
     const char *const extra[] = {"--host-memory", "3M", "--workers", "1", NULL};
     start_daemon(extra);
     dqc_client *c = cli();
@@ -627,5 +643,89 @@ Test(chunks, delete_pin_unpin_of_chunks)
     cr_assert_eq(pr.stored, 1u);
     free(ta);
     free(tb);
+    dqc_free(c);
+}
+
+Test(chunks, attend_over_prefix_chunks_and_private_tail_equals_one_sequence)
+{
+    start_daemon(NULL);
+    dqc_client *c = cli();
+    register_model(c, CT);
+    enum { TAIL = 100, N = 2 * CT + TAIL };
+    uint32_t *tok = prompt(N, 41);
+    uint8_t keys[2 * 16];
+    cr_assert_eq(dqc_chunk_keys(NS, tok, N, CT, NULL, keys, 2), 2u);
+    OK(c, put_chunks(c, tok, keys, 0, 2, NULL));
+    float *k = kv_of(tok, N, 0), *v = kv_of(tok, N, 1);
+    /* the plain sequence holds all N tokens */
+    dqc_put_args pa = {.seq = {NS, "plain", 5},
+                       .model = MODEL,
+                       .num_layers = L,
+                       .tokens = N,
+                       .kv_heads = KVH,
+                       .head_dim = HD,
+                       .dtype = DQ_DTYPE_F32,
+                       .k = k,
+                       .v = v};
+    OK(c, dqc_put(c, &pa, NULL));
+    /* the prefixed one: the chunks, then its own TAIL tokens (rows 2*CT.. of every layer) */
+    float *kt = malloc(L * TAIL * ROW * sizeof *kt), *vt = malloc(L * TAIL * ROW * sizeof *vt);
+    for (size_t l = 0; l < L; l++) {
+        memcpy(kt + l * TAIL * ROW, k + (l * N + 2 * CT) * ROW, TAIL * ROW * sizeof *kt);
+        memcpy(vt + l * TAIL * ROW, v + (l * N + 2 * CT) * ROW, TAIL * ROW * sizeof *vt);
+    }
+    dqc_put_args pp = {.seq = {NS, "on-prefix", 9},
+                       .model = MODEL,
+                       .num_layers = L,
+                       .tokens = TAIL,
+                       .kv_heads = KVH,
+                       .head_dim = HD,
+                       .dtype = DQ_DTYPE_F32,
+                       .k = kt,
+                       .v = vt};
+    const double seqs_before = gauge(c, "sequences");
+    uint8_t missing[2 * 16];
+    memcpy(missing, keys, 16);
+    memset(missing + 16, 0x5a, 16);
+    FAILS(c, DQ_NOT_FOUND, dqc_put_on_prefix(c, &pp, missing, 2, NULL));
+    cr_assert(strstr(dqc_last_error(c), "prefix chunk 1 not held"), "%s", dqc_last_error(c));
+    cr_assert_eq(gauge(c, "sequences"), seqs_before, "the failed PUT left nothing");
+    OK(c, dqc_put_on_prefix(c, &pp, keys, 2, NULL));
+    /* prefix_chunks only on the creating PUT */
+    pp.start_token = TAIL;
+    FAILS(c, DQ_INVALID_ARGUMENT, dqc_put_on_prefix(c, &pp, keys, 2, NULL));
+    pp.start_token = 0;
+
+    float q[L][QH * HD];
+    for (size_t l = 0; l < L; l++)
+        for (size_t i = 0; i < QH * HD; i++)
+            q[l][i] = (float)((i * 37 + l * 11) % 101) / 50.0f - 1.0f;
+    for (uint32_t l = 0; l < L; l++) {
+        dqc_attend_item it[2] = {{.seq = pa.seq, .layer = l, .q = q[l]}, {.seq = pp.seq, .layer = l, .q = q[l]}};
+        dqc_attend_args aa = {
+            .items = it, .nitems = 2, .q_heads = QH, .kv_heads = KVH, .head_dim = HD, .dtype = DQ_DTYPE_F32};
+        float out[2 * QH * HD], lse[2 * QH];
+        OK(c, dqc_attend(c, &aa, out, lse));
+        double worst = 0, scale = 0;
+        for (size_t i = 0; i < QH * HD; i++)
+            scale = fmax(scale, fabs((double)out[i]));
+        for (size_t i = 0; i < QH * HD; i++)
+            worst = fmax(worst, fabs((double)out[i] - out[QH * HD + i]) / scale);
+        cr_assert_lt(worst, 1e-5, "layer %u: out differs by %g relative", l, worst);
+        for (size_t h = 0; h < QH; h++)
+            cr_assert_float_eq(lse[h], lse[QH + h], 1e-5 * fabs(lse[h]) + 1e-6, "layer %u head %zu lse", l, h);
+        cr_log_info("layer %u: prefix+tail vs one sequence: max rel diff %.3g", l, worst);
+    }
+    /* on the cuda backend (dquantd-fakecuda) the chunks and sequences sit in GPU memory */
+    cr_log_info("backend %s: %g sequences hold GPU layers", getenv("DQUANTD"), gauge(c, "gpu_sequences"));
+    /* the chunks stay while the sequence is built on them */
+    FAILS(c, DQ_BUSY, dqc_delete_chunk(c, NS, keys));
+    OK(c, dqc_delete(c, &pp.seq));
+    OK(c, dqc_delete_chunk(c, NS, keys));
+    free(kt);
+    free(vt);
+    free(k);
+    free(v);
+    free(tok);
     dqc_free(c);
 }

@@ -435,13 +435,23 @@ DQC_API int dqc_lookup(dqc_client *client, const char *ns, const char *model, co
  * (expired, released, or taken on another connection). */
 DQC_API int dqc_release_lease(dqc_client *client, uint64_t lease_id);
 
+/* PUT that creates a sequence built on nprefix held chunks (prefix_keys: nprefix · 16 bytes, in
+ * prompt order, of the sequence's namespace and model; borrowed): the chunks stay (no eviction,
+ * dqc_delete_chunk is DQ_BUSY) until the sequence goes, and ATTEND on the sequence covers the
+ * chunks' tokens and then its own, with one softmax. The sequence's own tokens are numbered from 0
+ * (start_token, GET). Errors as dqc_put, and DQ_NOT_FOUND "prefix chunk N not held",
+ * DQ_INVALID_ARGUMENT when the sequence exists already. Not retried after a break in flight. */
+DQC_API int dqc_put_on_prefix(dqc_client *client, const dqc_put_args *args, const uint8_t *prefix_keys, size_t nprefix,
+                              dqc_put_result *res);
+
 /* One whole chunk (every layer, chunk_tokens tokens) decoded to dtype, or as stored (GET_RAW);
  * key: 16 bytes, borrowed. res as for dqc_get / dqc_get_raw. DQ_NOT_FOUND when not held. */
 DQC_API int dqc_get_chunk(dqc_client *client, const char *ns, const uint8_t *key, dq_dtype dtype, dqc_get_result *res);
 DQC_API int dqc_get_chunk_raw(dqc_client *client, const char *ns, const uint8_t *key, dqc_raw_result *res);
 
 /* DELETE, PIN, UNPIN of one chunk (key: 16 bytes, borrowed), as for sequences: a pinned chunk is
- * never evicted. DQ_NOT_FOUND when not held. */
+ * never evicted. DQ_NOT_FOUND when not held; DQ_BUSY from dqc_delete_chunk while a sequence is
+ * built on the chunk (dqc_put_on_prefix). */
 DQC_API int dqc_delete_chunk(dqc_client *client, const char *ns, const uint8_t *key);
 DQC_API int dqc_pin_chunk(dqc_client *client, const char *ns, const uint8_t *key);
 DQC_API int dqc_unpin_chunk(dqc_client *client, const char *ns, const uint8_t *key);
