@@ -26,10 +26,13 @@
 
 static dqd_daemon D;
 
+/* A clean exit: under ASan a leak or error in the daemon fails the test. */
 static void stop_daemon(void)
 {
-    if (D.pid)
-        dqd_stop(&D);
+    if (D.pid) {
+        int st = dqd_stop(&D);
+        cr_expect_eq(st, 0, "the daemon exited with %d", st);
+    }
 }
 
 /* $DQ_CHUNKS_BACKEND (e.g. cuda, for dquantd-fakecuda) is passed as --backend. */
@@ -160,6 +163,18 @@ static int put_chunks(dqc_client *c, const uint32_t *tok, const uint8_t *keys, s
     return rc;
 }
 
+/* A daemon (default flags) with the model registered; a prompt of ntok tokens (*tok) and the keys of
+ * its nkeys full chunks. */
+static dqc_client *with_prompt(size_t ntok, uint32_t seed, uint32_t **tok, uint8_t *keys, size_t nkeys)
+{
+    start_daemon(NULL);
+    dqc_client *c = cli();
+    register_model(c, CT);
+    *tok = prompt(ntok, seed);
+    cr_assert_eq(dqc_chunk_keys(NS, *tok, ntok, CT, NULL, keys, nkeys), nkeys);
+    return c;
+}
+
 Test(chunks, common_prefix_hits_exactly_the_common_full_chunks)
 {
     start_daemon(NULL);
@@ -224,12 +239,9 @@ Test(chunks, common_prefix_hits_exactly_the_common_full_chunks)
 
 Test(chunks, two_processes_share_chunks)
 {
-    start_daemon(NULL);
-    dqc_client *c = cli();
-    register_model(c, CT);
-    uint32_t *tok = prompt(3 * CT, 7);
+    uint32_t *tok;
     uint8_t keys[3 * 16];
-    cr_assert_eq(dqc_chunk_keys(NS, tok, 3 * CT, CT, NULL, keys, 3), 3u);
+    dqc_client *c = with_prompt(3 * CT, 7, &tok, keys, 3);
     fflush(NULL);
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
@@ -289,12 +301,9 @@ static void *race(void *arg)
 
 Test(chunks, concurrent_puts_store_a_chunk_once)
 {
-    start_daemon(NULL);
-    dqc_client *c = cli();
-    register_model(c, CT);
-    uint32_t *tok = prompt(3 * CT, 3);
+    uint32_t *tok;
     uint8_t keys[3 * 16];
-    dqc_chunk_keys(NS, tok, 3 * CT, CT, NULL, keys, 3);
+    dqc_client *c = with_prompt(3 * CT, 3, &tok, keys, 3);
     enum { N = 4 };
     pthread_barrier_t bar;
     pthread_barrier_init(&bar, NULL, N);
@@ -327,12 +336,9 @@ Test(chunks, concurrent_puts_store_a_chunk_once)
 
 Test(chunks, get_of_chunks_equals_the_same_tokens_as_a_sequence)
 {
-    start_daemon(NULL);
-    dqc_client *c = cli();
-    register_model(c, CT);
-    uint32_t *tok = prompt(2 * CT, 11);
+    uint32_t *tok;
     uint8_t keys[2 * 16];
-    dqc_chunk_keys(NS, tok, 2 * CT, CT, NULL, keys, 2);
+    dqc_client *c = with_prompt(2 * CT, 11, &tok, keys, 2);
     OK(c, put_chunks(c, tok, keys, 0, 2, NULL));
     float *k = kv_of(tok, 2 * CT, 0), *v = kv_of(tok, 2 * CT, 1);
     dqc_put_args pa = {.seq = {NS, "plain", 5},
@@ -550,7 +556,9 @@ static int fill_until(dqc_client *c, int *next, double chunks)
     return n;
 }
 
-Test(chunks, a_lease_survives_eviction_pressure_and_expires)
+/* A daemon with a 3 MiB host budget (cpu backend) holding two single chunks: A (tokens *ta, key ka),
+ * then B (key kb). */
+static dqc_client *two_chunks_under_pressure(uint32_t seed, uint32_t **ta, uint8_t ka[16], uint8_t kb[16])
 {
     if (getenv("DQ_CHUNKS_BACKEND"))
         cr_skip_test("host-memory pressure: the cpu backend's test (on the cuda backend the GPU tier holds them)");
@@ -558,12 +566,21 @@ Test(chunks, a_lease_survives_eviction_pressure_and_expires)
     start_daemon(extra);
     dqc_client *c = cli();
     register_model(c, CT);
-    uint32_t *ta = prompt(CT, 21), *tb = prompt(CT, 22);
-    uint8_t ka[16], kb[16];
-    dqc_chunk_keys(NS, ta, CT, CT, NULL, ka, 1);
+    uint32_t *tb = prompt(CT, seed + 1);
+    *ta = prompt(CT, seed);
+    dqc_chunk_keys(NS, *ta, CT, CT, NULL, ka, 1);
     dqc_chunk_keys(NS, tb, CT, CT, NULL, kb, 1);
-    OK(c, put_chunks(c, ta, ka, 0, 1, NULL));
+    OK(c, put_chunks(c, *ta, ka, 0, 1, NULL));
     OK(c, put_chunks(c, tb, kb, 0, 1, NULL));
+    free(tb);
+    return c;
+}
+
+Test(chunks, a_lease_survives_eviction_pressure_and_expires)
+{
+    uint32_t *ta;
+    uint8_t ka[16], kb[16];
+    dqc_client *c = two_chunks_under_pressure(21, &ta, ka, kb);
     const uint32_t lease_ms = 1500;
     dqc_lookup_result lr;
     OK(c, dqc_lookup(c, NS, MODEL, ka, 1, lease_ms, &lr));
@@ -601,24 +618,14 @@ Test(chunks, a_lease_survives_eviction_pressure_and_expires)
     cr_assert_eq(gauge(c, "leases_active"), 0.0);
     cr_assert_eq(counter(c, "lease_expiries"), 1u, "a connection's end is not an expiry");
     free(ta);
-    free(tb);
     dqc_free(c);
 }
 
 Test(chunks, delete_pin_unpin_of_chunks)
 {
-    if (getenv("DQ_CHUNKS_BACKEND"))
-        cr_skip_test("host-memory pressure: the cpu backend's test (on the cuda backend the GPU tier holds them)");
-    const char *const extra[] = {"--host-memory", "3M", "--workers", "1", NULL};
-    start_daemon(extra);
-    dqc_client *c = cli();
-    register_model(c, CT);
-    uint32_t *ta = prompt(CT, 31), *tb = prompt(CT, 32);
+    uint32_t *ta;
     uint8_t ka[16], kb[16];
-    dqc_chunk_keys(NS, ta, CT, CT, NULL, ka, 1);
-    dqc_chunk_keys(NS, tb, CT, CT, NULL, kb, 1);
-    OK(c, put_chunks(c, ta, ka, 0, 1, NULL));
-    OK(c, put_chunks(c, tb, kb, 0, 1, NULL));
+    dqc_client *c = two_chunks_under_pressure(31, &ta, ka, kb);
     /* a sequence of the same key is another entry */
     dqc_seq same = {NS, ka, 16};
     FAILS(c, DQ_NOT_FOUND, dqc_pin(c, &same));
@@ -642,19 +649,15 @@ Test(chunks, delete_pin_unpin_of_chunks)
     OK(c, put_chunks(c, ta, ka, 0, 1, &pr));
     cr_assert_eq(pr.stored, 1u);
     free(ta);
-    free(tb);
     dqc_free(c);
 }
 
 Test(chunks, attend_over_prefix_chunks_and_private_tail_equals_one_sequence)
 {
-    start_daemon(NULL);
-    dqc_client *c = cli();
-    register_model(c, CT);
     enum { TAIL = 100, N = 2 * CT + TAIL };
-    uint32_t *tok = prompt(N, 41);
+    uint32_t *tok;
     uint8_t keys[2 * 16];
-    cr_assert_eq(dqc_chunk_keys(NS, tok, N, CT, NULL, keys, 2), 2u);
+    dqc_client *c = with_prompt(N, 41, &tok, keys, 2);
     OK(c, put_chunks(c, tok, keys, 0, 2, NULL));
     float *k = kv_of(tok, N, 0), *v = kv_of(tok, N, 1);
     /* the plain sequence holds all N tokens */
