@@ -454,7 +454,17 @@ int dqd_request_validate(const Dquant__Request *req, const dqd_payload *pl, cons
     case DQUANT__REQUEST__BODY_GET: {
         *op = DQD_OP_GET;
         const Dquant__Get *g = req->get;
-        FORWARD(check_seq(g->seq, lim, msg, msglen));
+        if (g->n_chunk_keys) {
+            if (g->seq)
+                FAIL(DQ_INVALID_ARGUMENT, "GET takes seq or chunk_keys, not both");
+            FORWARD(check_chunk_keys(g->chunk_keys, g->n_chunk_keys, g->chunk_ns, lim, msg, msglen));
+            if (g->format == DQUANT__GET_FORMAT__GET_RAW)
+                FAIL(DQ_UNSUPPORTED, "GET_RAW of chunks goes one chunk at a time (seq.kind CHUNK)");
+            if (g->start_token || g->tokens)
+                FAIL(DQ_INVALID_ARGUMENT, "a GET of chunks returns them whole: start_token and tokens must be 0");
+        } else {
+            FORWARD(check_seq(g->seq, lim, msg, msglen));
+        }
         if ((uint32_t)g->format > DQUANT__GET_FORMAT__GET_RAW)
             FAIL(DQ_INVALID_ARGUMENT, "unknown GET format %d", (int)g->format);
         if (g->start_token > UINT64_MAX - g->tokens)

@@ -920,6 +920,38 @@ int dqc_put_chunks(dqc_client *c, const dqc_put_chunks_args *a, dqc_put_chunks_r
     return 0;
 }
 
+int dqc_get_chunks(dqc_client *c, const char *ns, const uint8_t *keys, size_t nkeys, dq_dtype dtype,
+                   dqc_get_result *res)
+{
+    DQC_CHECK_HANDLE(c);
+    DQC_CHECK_ARG(c, res && nkeys, "get_chunks: res and at least one key are required");
+    DQC_CHECK_ARG(c, dtype_ok(dtype), "get_chunks: unsupported dtype %d", (int)dtype);
+    RESULT_RESET(res);
+    Dquant__Get g = DQUANT__GET__INIT;
+    g.chunk_ns = (char *)(ns ? ns : "");
+    g.format = get_format(dtype);
+    DQC_FORWARD(keys_fill(c, "get_chunks", keys, nkeys, &g.chunk_keys));
+    g.n_chunk_keys = nkeys;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_GET;
+    req.get = &g;
+    dqc__reply rep;
+    int rc = dqc__call(c, &req, NULL, 0, 1, DQUANT__RESPONSE__BODY_GET, &res->mem_, &res->mem_cap_, &rep);
+    free(g.chunk_keys);
+    DQC_FORWARD(rc);
+    const dqc_get_args a = {.dtype = dtype};
+    const Dquant__GetReply *r = rep.resp->get;
+    size_t kb = 0;
+    rc = dqc__get_check(c, "get_chunks", &a, r, rep.payload_len, &kb);
+    if (!rc) {
+        dqc__get_meta(r, dtype, kb, res);
+        res->k = kb ? rep.payload + r->k->offset : NULL;
+        res->v = kb ? rep.payload + r->v->offset : NULL;
+    }
+    dqc__reply_free(&rep);
+    return rc;
+}
+
 int dqc_lookup(dqc_client *c, const char *ns, const char *model, const uint8_t *keys, size_t nkeys, uint32_t lease_ms,
                dqc_lookup_result *res)
 {

@@ -377,6 +377,19 @@ Test(chunks, get_of_chunks_equals_the_same_tokens_as_a_sequence)
     OK(c, dqc_get_chunk(c, NS, keys + 16, DQ_DTYPE_F32, &gc));
     cr_assert_eq(gc.bytes, gs.bytes);
     cr_assert(memcmp(gc.k, gs.k, gs.bytes) == 0 && memcmp(gc.v, gs.v, gs.bytes) == 0);
+    /* both chunks in one GET: the sequence's tokens 0..2*CT, bit for bit */
+    ga.start_token = 0;
+    ga.tokens = 2 * CT;
+    OK(c, dqc_get(c, &ga, &gs));
+    OK(c, dqc_get_chunks(c, NS, keys, 2, DQ_DTYPE_F32, &gc));
+    cr_assert_eq(gc.tokens, 2u * CT);
+    cr_assert_eq(gc.num_layers, L);
+    cr_assert_eq(gc.bytes, gs.bytes);
+    cr_assert(memcmp(gc.k, gs.k, gs.bytes) == 0 && memcmp(gc.v, gs.v, gs.bytes) == 0);
+    uint8_t bad[2 * 16];
+    memcpy(bad, keys, 16);
+    memset(bad + 16, 7, 16);
+    FAILS(c, DQ_NOT_FOUND, dqc_get_chunks(c, NS, bad, 2, DQ_DTYPE_F32, &gc));
     dqc_get_result_free(&gs);
     dqc_get_result_free(&gc);
     dqc_raw_result_free(&seq);

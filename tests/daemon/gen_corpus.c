@@ -365,5 +365,15 @@ int main(int argc, char **argv)
     emit("delete_chunk.bin", &req, NULL, 38);
     cref.key.len = 4;
     emit("bad_delete_chunk_key.bin", &req, NULL, 39);
+    Dquant__Get cgets = DQUANT__GET__INIT;
+    cgets.chunk_ns = "engine-a";
+    cgets.n_chunk_keys = 2;
+    cgets.chunk_keys = ckeys;
+    cgets.format = DQUANT__GET_FORMAT__GET_BF16;
+    req.body_case = DQUANT__REQUEST__BODY_GET;
+    req.get = &cgets;
+    emit("get_chunks.bin", &req, NULL, 40);
+    cgets.format = DQUANT__GET_FORMAT__GET_RAW;
+    emit("bad_get_chunks_raw.bin", &req, NULL, 41);
     return 0;
 }

@@ -448,6 +448,11 @@ DQC_API int dqc_put_on_prefix(dqc_client *client, const dqc_put_args *args, cons
  * key: 16 bytes, borrowed. res as for dqc_get / dqc_get_raw. DQ_NOT_FOUND when not held. */
 DQC_API int dqc_get_chunk(dqc_client *client, const char *ns, const uint8_t *key, dq_dtype dtype, dqc_get_result *res);
 DQC_API int dqc_get_chunk_raw(dqc_client *client, const char *ns, const uint8_t *key, dqc_raw_result *res);
+/* nkeys whole chunks (keys: nkeys · 16 bytes, borrowed) decoded to dtype, their tokens one after
+ * the other: k and v [layers, nkeys · chunk_tokens, kv_heads, head_dim] in res (as dqc_get).
+ * DQ_NOT_FOUND "chunk N not held" when one is missing (nothing is returned then). */
+DQC_API int dqc_get_chunks(dqc_client *client, const char *ns, const uint8_t *keys, size_t nkeys, dq_dtype dtype,
+                           dqc_get_result *res);
 
 /* DELETE, PIN, UNPIN of one chunk (key: 16 bytes, borrowed), as for sequences: a pinned chunk is
  * never evicted. DQ_NOT_FOUND when not held; DQ_BUSY from dqc_delete_chunk while a sequence is
