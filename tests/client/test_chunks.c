@@ -745,3 +745,28 @@ Test(chunks, attend_over_prefix_chunks_and_private_tail_equals_one_sequence)
     free(tok);
     dqc_free(c);
 }
+
+/* A million keys are 18 MB of header: past the frame limits (TOO_LARGE) before validation. With a
+ * header limit that lets 65537 keys through (the default 1 MiB holds about 58000), validation
+ * refuses them against max_lookup_keys. */
+Test(chunks, a_million_lookup_keys_are_refused_whole)
+{
+    const char *const extra[] = {"--max-header", "4M", NULL};
+    start_daemon(extra);
+    dqc_client *c = cli();
+    register_model(c, CT);
+    const size_t n = 1000000;
+    uint8_t *keys = calloc(n, 16);
+    cr_assert(keys);
+    int rc = dqc_lookup(c, NS, MODEL, keys, n, 1000, NULL);
+    cr_log_info("a million keys: %s: %s", dqc_err_name(rc), dqc_last_error(c));
+    cr_assert(rc == DQ_INVALID_ARGUMENT || rc == DQ_TOO_LARGE, "%s", dqc_err_name(rc));
+    /* one past the default max_lookup_keys (65536), in a frame the limits let through */
+    FAILS(c, DQ_INVALID_ARGUMENT, dqc_lookup(c, NS, MODEL, keys, 65537, 1000, NULL));
+    cr_assert(strstr(dqc_last_error(c), "65536"), "%s", dqc_last_error(c));
+    /* the connection (or a reconnected one) still answers, nothing was leased */
+    cr_assert_eq(gauge(c, "leases_active"), 0.0);
+    cr_assert_eq(counter(c, "lookups"), 0u);
+    free(keys);
+    dqc_free(c);
+}
