@@ -120,6 +120,12 @@ static const dqd_option options[] = {
      "Requests of one connection in progress before the daemon stops reading from it."},
     {"max-batch-items", "limits", "max_batch_items", OPT_U32, FIELD(max_batch_items), 1, 1u << 20, "N", "4096",
      "Items of one ATTEND request at most."},
+    {"max-lookup-keys", "limits", "max_lookup_keys", OPT_U32, FIELD(max_lookup_keys), 1, 1u << 24, "N", "65536",
+     "Chunk keys of one LOOKUP or PUT_CHUNKS request at most."},
+    {"max-lease-ms", "limits", "max_lease_ms", OPT_U32, FIELD(max_lease_ms), 1, 1u << 30, "MS", "60000",
+     "Longest lease a LOOKUP may take on the chunks it found."},
+    {"max-leases", "limits", "max_leases", OPT_U32, FIELD(max_leases), 1, 1u << 20, "N", "1024",
+     "Live LOOKUP leases of one connection at most."},
     {"metrics", "metrics", "listen", OPT_METRICS, 0, 0, 0, "HOST:PORT|off", "127.0.0.1:9733",
      "Prometheus endpoint (GET /metrics, GET /healthz); off disables it."},
 };
@@ -168,6 +174,9 @@ void dqd_config_default(dqd_config *cfg)
     cfg->max_connections = 1024;
     cfg->max_inflight = 64;
     cfg->max_batch_items = 4096;
+    cfg->max_lookup_keys = 65536;
+    cfg->max_lease_ms = 60000;
+    cfg->max_leases = 1024;
     cfg->max_models = 256;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     cfg->workers = ncpu < 1 ? 1 : ncpu > 256 ? 256 : (uint32_t)ncpu;

@@ -59,6 +59,9 @@ typedef struct dqd_config {
     uint32_t max_connections;
     uint32_t max_inflight;    /* requests per connection before reading pauses */
     uint32_t max_batch_items; /* ATTEND items */
+    uint32_t max_lookup_keys; /* chunk keys of one LOOKUP / PUT_CHUNKS */
+    uint32_t max_lease_ms;    /* longest LOOKUP lease */
+    uint32_t max_leases;      /* live LOOKUP leases per connection */
     uint32_t max_models;
     uint32_t workers;
     uint32_t shutdown_timeout; /* seconds to finish in-flight work on SIGTERM */

@@ -66,6 +66,7 @@ void dqd_conn_close(dqd_conn *c)
         return;
     set_state(c, DQD_CONN_CLOSING);
     dqd_nccl_conn_closed(&c->sess);
+    dqd_leases_release_owner(&c->ctx->leases, &c->sess); /* leases die with their connection */
     if (c->reading)
         uv_read_stop(&c->h.stream);
     c->reading = false;

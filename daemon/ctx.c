@@ -39,10 +39,14 @@ int dqd_ctx_init(dqd_ctx *ctx, uv_loop_t *loop, const dqd_config *cfg)
     dqd_limits_default(&ctx->limits);
     ctx->limits.max_payload = cfg->max_payload;
     ctx->limits.max_batch_items = cfg->max_batch_items;
+    ctx->limits.max_lookup_keys = cfg->max_lookup_keys;
+    ctx->limits.max_lease_ms = cfg->max_lease_ms;
     ctx->frame_limits.max_header = (uint32_t)cfg->max_header;
     ctx->frame_limits.max_payload = cfg->max_payload;
     dqd_hostmem_init(&ctx->mem);
     dqd_metrics_init(&ctx->metrics);
+    dqd_leases_init(&ctx->leases);
+    ctx->metrics.leases = &ctx->leases;
     dqd_framebufs_init(&ctx->frames, cfg->frame_cache);
 
     int rc = dqd_registry_create(&ctx->mem, cfg->max_models, &ctx->reg);
@@ -74,6 +78,7 @@ int dqd_ctx_init(dqd_ctx *ctx, uv_loop_t *loop, const dqd_config *cfg)
 void dqd_ctx_destroy(dqd_ctx *ctx)
 {
     /* The store frees its GPU layers through the backend, which goes before the codecs. */
+    dqd_leases_destroy(&ctx->leases);
     dqd_store_destroy(ctx->store);
     dqd_gpu_destroy(ctx->gpu);
     dqd_registry_destroy(ctx->reg);

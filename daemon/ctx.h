@@ -16,6 +16,7 @@
 #include "frame.h"
 #include "framebuf.h"
 #include "hostmem.h"
+#include "lease.h"
 #include "metrics.h"
 #include "registry.h"
 #include "store.h"
@@ -32,6 +33,7 @@ typedef struct dqd_ctx {
     dqd_hostmem mem;
     dqd_registry *reg;
     dqd_store *store;
+    dqd_leases leases; /* LOOKUP leases on chunks (lease.h) */
     dqd_metrics metrics;
     dqd_framebufs frames; /* every frame's buffer (framebuf.h) */
     dqd_gpu *gpu;         /* the cuda backend; NULL on the cpu backend */

@@ -91,6 +91,12 @@ static const char *code_name(size_t slot)
     return slot == DQD_ERR_SLOTS - 1 ? "UNKNOWN" : dq_err_name(-(int)slot);
 }
 
+static double hit_rate(const dqd_metrics *m)
+{
+    const uint64_t all = m->lookup_hit_tokens + m->lookup_missed_tokens;
+    return all ? (double)m->lookup_hit_tokens / (double)all : 0.0;
+}
+
 static void counter(sbuf *b, const char *name, const char *help, uint64_t v)
 {
     sb_printf(b, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name, (unsigned long long)v);
@@ -169,6 +175,17 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
     counter(&b, "dquant_attend_items_total", "ATTEND items computed.", m->attend_items);
     counter(&b, "dquant_compress_tokens_total", "Tokens compressed by COMPRESS.", m->compress_tokens);
     counter(&b, "dquant_decompress_tokens_total", "Tokens decompressed by DECOMPRESS.", m->decompress_tokens);
+    counter(&b, "dquant_lookups_total", "LOOKUP requests answered.", m->lookups);
+    counter(&b, "dquant_lookup_hit_tokens_total", "Tokens of LOOKUP keys held (leading hits).", m->lookup_hit_tokens);
+    counter(&b, "dquant_lookup_missed_tokens_total", "Tokens of LOOKUP keys after the first miss.",
+            m->lookup_missed_tokens);
+    gauge(&b, "dquant_lookup_hit_rate", "lookup_hit_tokens / (hit + missed tokens) since start.", hit_rate(m));
+    counter(&b, "dquant_chunks_put_total", "Chunks encoded by PUT_CHUNKS.", m->chunks_put);
+    counter(&b, "dquant_chunk_dedupe_hits_total", "Chunks of PUT_CHUNKS already held (not encoded again).",
+            m->chunk_dedupe_hits);
+    counter(&b, "dquant_lease_expiries_total", "LOOKUP leases that ran out.", m->leases ? m->leases->expiries : 0);
+    gauge(&b, "dquant_leases_active", "LOOKUP leases live.", m->leases ? (double)m->leases->active : 0.0);
+    gauge(&b, "dquant_chunks_stored", "Chunks of the shared KV tier stored.", (double)g->store.chunks);
     counter(&b, "dquant_evictions_total", "Sequences evicted to stay within the host-memory budget.",
             g->store.evictions);
     counter(&b, "dquant_evicted_bytes_total", "Bytes freed by eviction.", g->store.evicted_bytes);
@@ -318,6 +335,15 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_counter(&kb, "attend_appends", m->attend_appends);
     add_counter(&kb, "compress_tokens", m->compress_tokens);
     add_counter(&kb, "decompress_tokens", m->decompress_tokens);
+    add_counter(&kb, "lookups", m->lookups);
+    add_counter(&kb, "lookup_hit_tokens", m->lookup_hit_tokens);
+    add_counter(&kb, "lookup_missed_tokens", m->lookup_missed_tokens);
+    add_counter(&kb, "chunks_put", m->chunks_put);
+    add_counter(&kb, "chunk_dedupe_hits", m->chunk_dedupe_hits);
+    add_gauge(&kb, "lookup_hit_rate", hit_rate(m));
+    add_gauge(&kb, "chunks_stored", (double)g->store.chunks);
+    add_counter(&kb, "lease_expiries", m->leases ? m->leases->expiries : 0);
+    add_gauge(&kb, "leases_active", m->leases ? (double)m->leases->active : 0.0);
     add_counter(&kb, "evictions", g->store.evictions);
     add_counter(&kb, "evicted_bytes", g->store.evicted_bytes);
     add_counter(&kb, "gpu_demotions", g->store.gpu_demotions);

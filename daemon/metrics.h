@@ -8,6 +8,7 @@
 
 #include "dquant.pb-c.h"
 #include "opcode.h"
+#include "lease.h"
 #include "store.h"
 
 #define DQD_LAT_BUCKETS 16
@@ -31,6 +32,10 @@ typedef struct dqd_metrics {
     uint64_t tokens_put, streams_encoded, encode_retries, rollbacks;
     uint64_t nccl_setups, nccl_failures, nccl_bytes_in, nccl_bytes_out;
     uint64_t tokens_get, attend_items, attend_appends, compress_tokens, decompress_tokens;
+    /* shared KV tier: LOOKUP keys asked (hit or missed, in tokens), PUT_CHUNKS chunks encoded or
+     * found held already */
+    uint64_t lookups, lookup_hit_tokens, lookup_missed_tokens, chunks_put, chunk_dedupe_hits;
+    const dqd_leases *leases; /* leases_active, lease_expiries_total */
 } dqd_metrics;
 
 /* Everything else a report shows, gathered by the server at render time. */

@@ -20,6 +20,11 @@
  * synchronization in between, and the appended tokens were already checked in phase A
  * (dq_check_tokens) so the GPU append launches no check of its own.
  *
+ * A sequence built on chunks of the shared KV tier (Put.prefix_chunks) attends over the chunks and
+ * its own tokens: each of its items brings one extra item per chunk (same layer and query, read
+ * only), placed and computed like any other item (host or GPU, tier.h); the reply merges them into
+ * the request's item with one softmax (LSE merge), on the loop.
+ *
  * The operation is a state machine (att_state, att_step), its states in the order they run; a
  * state that waits (access, moves, tasks) returns and its callback moves the state on. */
 #include <math.h>
@@ -67,7 +72,10 @@ typedef struct att_op {
     dqd_ctx *ctx;
     att_state state;
     const Dquant__Attend *a;
-    size_t n;
+    size_t n;       /* items computed: the request's, then one per prefix chunk of each */
+    size_t n_req;   /* the request's items (the reply's rows) */
+    size_t *src;    /* per item: the request's item it belongs to */
+    uint32_t *npre; /* per request item: the prefix chunks expected (their items follow n_req) */
     att_item *items;
     dqd_access_set as;
     uint32_t q_heads, head_dim;
@@ -104,6 +112,8 @@ static void att_free(att_op *op)
         }
     }
     free(op->items);
+    free(op->src);
+    free(op->npre);
     free(op->qf);
     free(op->out);
     free(op->append_idx);
@@ -193,44 +203,78 @@ static void att_step(att_op *op)
     }
 }
 
+/* Moving a host layer to the GPU changes the sequence: that needs exclusive access too. (Its slots
+ * may be changing right now; host_layers is the loop's own count.) */
+static void add_item(att_op *op, size_t i, dqd_seq *seq, size_t src, bool append)
+{
+    att_item *it = &op->items[i];
+    it->seq = seq;
+    it->append = append;
+    op->src[i] = src;
+    if (append)
+        op->append_idx[op->nappend++] = i;
+    bool move = seq->host_layers && dqd_tier_gpu_ok(op->ctx, seq->model);
+    dqd_access_add(&op->as, seq, append || move ? DQD_ACCESS_WRITE : DQD_ACCESS_READ);
+}
+
 void dqd_op_attend(dqd_req *req)
 {
     const Dquant__Attend *a = req->msg->attend;
+    const size_t nreq = a->n_items;
     att_op *op = calloc(1, sizeof *op);
-    if (!op) {
+    dqd_seq **seqs = calloc(nreq, sizeof *seqs);
+    if (op)
+        op->npre = calloc(nreq, sizeof *op->npre);
+    if (!op || !seqs || !op->npre) {
+        if (op)
+            free(op->npre);
+        free(op);
+        free(seqs);
         dqd_req_fail(req, DQ_NOMEM, "out of memory");
         return;
     }
     op->req = req;
     op->ctx = req->ctx;
     op->a = a;
-    op->n = a->n_items;
-    op->items = calloc(op->n, sizeof *op->items);
-    op->append_idx = malloc(op->n * sizeof *op->append_idx);
-    if (!op->items || !op->append_idx || dqd_access_init(&op->as, op->n) < 0) {
-        free(op->items);
-        free(op->append_idx);
-        free(op);
-        dqd_req_fail(req, DQ_NOMEM, "out of memory");
-        return;
-    }
-    for (size_t i = 0; i < op->n; i++) {
-        const Dquant__AttendItem *src = a->items[i];
-        dqd_seq *seq = dqd_ops_lookup(req, src->seq);
-        if (!seq) {
-            att_fail(op, DQ_NOT_FOUND, "item %zu: no such sequence", i);
+    op->n_req = nreq;
+    size_t total = nreq;
+    for (size_t i = 0; i < nreq; i++) {
+        seqs[i] = dqd_ops_lookup(req, a->items[i]->seq);
+        if (!seqs[i]) {
+            for (size_t j = 0; j < i; j++)
+                dqd_seq_unref(seqs[j]);
+            free(seqs);
+            free(op->npre);
+            free(op);
+            dqd_req_fail(req, DQ_NOT_FOUND, "item %zu: no such sequence", i);
             return;
         }
-        att_item *it = &op->items[i];
-        it->seq = seq;
-        it->append = src->append_k != NULL;
-        if (it->append)
-            op->append_idx[op->nappend++] = i;
-        /* Moving a host layer to the GPU changes the sequence: that needs exclusive access too.
-         * (Its slots may be changing right now; host_layers is the loop's own count.) */
-        bool move = seq->host_layers && dqd_tier_gpu_ok(req->ctx, seq->model);
-        dqd_access_add(&op->as, seq, it->append || move ? DQD_ACCESS_WRITE : DQD_ACCESS_READ);
+        op->npre[i] = seqs[i]->nprefix; /* fixed once the sequence is visible */
+        total += seqs[i]->nprefix;
     }
+    op->n = total;
+    op->items = calloc(total, sizeof *op->items);
+    op->src = malloc(total * sizeof *op->src);
+    op->append_idx = malloc(total * sizeof *op->append_idx);
+    if (!op->items || !op->src || !op->append_idx || dqd_access_init(&op->as, total) < 0) {
+        for (size_t j = 0; j < nreq; j++)
+            dqd_seq_unref(seqs[j]);
+        free(seqs);
+        op->n = 0;
+        dqd_req_fail(req, DQ_NOMEM, "out of memory");
+        att_free(op);
+        return;
+    }
+    size_t x = nreq;
+    for (size_t i = 0; i < nreq; i++) {
+        add_item(op, i, seqs[i], i, a->items[i]->append_k != NULL);
+        for (uint32_t p = 0; p < op->npre[i]; p++) {
+            dqd_seq *chunk = seqs[i]->prefix[p];
+            dqd_seq_ref(chunk); /* the access set drops it at the end */
+            add_item(op, x++, chunk, i, false);
+        }
+    }
+    free(seqs);
     op->state = ATT_ACCESS;
     att_step(op);
 }
@@ -250,9 +294,14 @@ static int att_check(att_op *op)
     const Dquant__Attend *a = op->a;
     for (size_t i = 0; i < op->n; i++) {
         att_item *it = &op->items[i];
-        const Dquant__AttendItem *src = a->items[i];
+        const Dquant__AttendItem *src = a->items[op->src[i]];
         if (!dqd_seq_alive(it->seq)) {
-            att_fail(op, DQ_NOT_FOUND, "item %zu: no such sequence", i);
+            att_fail(op, DQ_NOT_FOUND, "item %zu: no such sequence", op->src[i]);
+            return -1;
+        }
+        if (i < op->n_req && it->seq->nprefix != op->npre[i]) {
+            /* created on a prefix while this request waited: its chunks are not in the batch */
+            att_fail(op, DQ_BUSY, "item %zu: the sequence was being created; retry", i);
             return -1;
         }
         const dqd_model *m = it->seq->model;
@@ -275,6 +324,10 @@ static int att_check(att_op *op)
         }
         it->codec = m->codec;
         it->layer = src->layer;
+        if (i >= op->n_req) { /* a prefix chunk's item: read only */
+            memset(&it->ak, 0, sizeof it->ak);
+            memset(&it->av, 0, sizeof it->av);
+        }
     }
     op->scale = a->scale > 0 ? a->scale : 1.0f / sqrtf((float)op->head_dim);
 
@@ -712,26 +765,66 @@ static void att_trace(const att_op *op)
               us[ATT_T_B1], us[ATT_T_C0], us[ATT_T_C1], (double)(now - t0) * 1e-3);
 }
 
+/* The prefix chunks' items merged into their request items with one softmax: for parts with
+ * (out_i, lse_i), out = Σ exp(lse_i − L)·out_i with L = log Σ exp(lse_i), merged pairwise. The
+ * reply then holds the request's items only. 0 or DQ_NOMEM. */
+static int merge_prefix(att_op *op)
+{
+    const size_t qs = qsize(op), qh = op->q_heads, hd = op->head_dim;
+    const float *out = (const float *)op->out, *lse = out + op->n * qs;
+    const size_t len = op->n_req * (qs + qh) * sizeof(float);
+    uint8_t *buf = dqd_out_alloc(len);
+    if (!buf)
+        return DQ_NOMEM;
+    float *mo = (float *)buf, *ml = mo + op->n_req * qs;
+    memcpy(mo, out, op->n_req * qs * sizeof(float));
+    memcpy(ml, lse, op->n_req * qh * sizeof(float));
+    for (size_t x = op->n_req; x < op->n; x++) {
+        const size_t i = op->src[x];
+        for (size_t h = 0; h < qh; h++) {
+            const double a = ml[i * qh + h], b = lse[x * qh + h];
+            const double m = a > b ? a : b;
+            if (m == -INFINITY)
+                continue;
+            const double wa = exp(a - m), wb = exp(b - m), s = wa + wb;
+            float *o = mo + i * qs + h * hd;
+            const float *ob = out + x * qs + h * hd;
+            for (size_t d = 0; d < hd; d++)
+                o[d] = (float)((wa * o[d] + wb * ob[d]) / s);
+            ml[i * qh + h] = (float)(m + log(s));
+        }
+    }
+    free(op->out);
+    op->out = buf;
+    op->out_len = len;
+    return DQ_OK;
+}
+
 static void att_reply(att_op *op)
 {
     for (size_t i = 0; i < op->n; i++) {
         if (op->items[i].rc < 0) {
-            att_fail(op, op->items[i].rc, "item %zu: %s", i, dq_strerror(op->items[i].rc));
+            att_fail(op, op->items[i].rc, "item %zu: %s", op->src[i], dq_strerror(op->items[i].rc));
             return;
         }
     }
     for (size_t i = 0; i < op->n; i++)
         dqd_store_touch(op->ctx->store, op->items[i].seq);
-    op->ctx->metrics.attend_items += op->n;
+    if (op->n > op->n_req && merge_prefix(op) < 0) {
+        att_fail(op, DQ_NOMEM, "out of memory");
+        return;
+    }
+    const size_t n = op->n_req;
+    op->ctx->metrics.attend_items += n;
 
     Dquant__AttendReply r = DQUANT__ATTEND_REPLY__INIT;
     Dquant__Tensor to, tl;
     uint64_t so[3], sl[2];
-    const uint64_t oshape[3] = {op->n, op->q_heads, op->head_dim};
-    const uint64_t lshape[2] = {op->n, op->q_heads};
-    size_t olen = op->n * qsize(op) * sizeof(float);
+    const uint64_t oshape[3] = {n, op->q_heads, op->head_dim};
+    const uint64_t lshape[2] = {n, op->q_heads};
+    size_t olen = n * qsize(op) * sizeof(float);
     dqd_reply_tensor(&to, so, DQUANT__DTYPE__F32, oshape, 3, 0, olen);
-    dqd_reply_tensor(&tl, sl, DQUANT__DTYPE__F32, lshape, 2, olen, op->n * op->q_heads * sizeof(float));
+    dqd_reply_tensor(&tl, sl, DQUANT__DTYPE__F32, lshape, 2, olen, n * op->q_heads * sizeof(float));
     r.out = &to;
     r.lse = &tl;
     Dquant__Response resp = DQUANT__RESPONSE__INIT;

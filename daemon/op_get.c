@@ -31,6 +31,8 @@ typedef enum get_state {
 
 typedef struct get_op {
     dqd_req *req;
+    dqd_seq **chunks; /* a GET of chunks: their entries in order (seq is chunks[0]); NULL otherwise */
+    size_t nchunks;
     dqd_ctx *ctx;
     get_state state;
     bool raw; /* GET_RAW */
@@ -57,6 +59,7 @@ static void get_free(get_op *op)
     free(op->out);
     free(op->raw_off);
     free(op->rc);
+    free(op->chunks);
     free(op);
 }
 
@@ -79,6 +82,8 @@ static int first_error(const get_op *op, size_t n)
 static void get_reply(get_op *op, Dquant__GetReply *r)
 {
     dqd_store_touch(op->ctx->store, op->seq);
+    for (size_t c = 1; c < op->nchunks; c++)
+        dqd_store_touch(op->ctx->store, op->chunks[c]);
     Dquant__Response resp = DQUANT__RESPONSE__INIT;
     resp.body_case = DQUANT__RESPONSE__BODY_GET;
     resp.get = r;
@@ -91,6 +96,12 @@ static void get_reply(get_op *op, Dquant__GetReply *r)
     uint8_t *out = op->out;
     op->out = NULL;
     dqd_req_reply(op->req, &resp, out, op->out_len);
+}
+
+/* Decode tasks: (layer, kind) of the sequence, or of every chunk. */
+static size_t ntasks(const get_op *op)
+{
+    return (size_t)op->num * 2 * (op->chunks ? op->nchunks : 1);
 }
 
 /* The states' work, defined below in the order the states run. */
@@ -133,7 +144,7 @@ static void get_step(get_op *op)
         case GET_DECODE:
             if (!op->dout)
                 op->out = dqd_out_alloc(op->out_len);
-            if ((!op->dout && !op->out) || dqd_tasks_run(ctx, (size_t)op->num * 2, decode_task, decode_done, op) < 0)
+            if ((!op->dout && !op->out) || dqd_tasks_run(ctx, ntasks(op), decode_task, decode_done, op) < 0)
                 get_fail(op, DQ_NOMEM, "out of memory");
             return;
         case GET_RAW_SIZE:
@@ -157,8 +168,48 @@ static void get_step(get_op *op)
     }
 }
 
+/* A GET of chunks: every chunk held, read access to them all; one chunk after the other in the
+ * reply. */
+static void get_chunks(dqd_req *req)
+{
+    const Dquant__Get *g = req->msg->get;
+    const char *ns = g->chunk_ns ? g->chunk_ns : "";
+    get_op *op = calloc(1, sizeof *op);
+    if (op)
+        op->chunks = calloc(g->n_chunk_keys, sizeof *op->chunks);
+    if (!op || !op->chunks || dqd_access_init(&op->as, g->n_chunk_keys) < 0) {
+        if (op)
+            free(op->chunks);
+        free(op);
+        dqd_req_fail(req, DQ_NOMEM, "out of memory");
+        return;
+    }
+    op->req = req;
+    op->ctx = req->ctx;
+    op->get = g;
+    op->nchunks = g->n_chunk_keys;
+    for (size_t c = 0; c < op->nchunks; c++) {
+        dqd_seq *seq = dqd_store_lookup_kind(req->ctx->store, ns, strlen(ns), g->chunk_keys[c].data,
+                                             g->chunk_keys[c].len, DQD_KIND_CHUNK);
+        if (!seq) {
+            char msg[64];
+            snprintf(msg, sizeof msg, "chunk %zu not held", c);
+            get_fail(op, DQ_NOT_FOUND, msg);
+            return;
+        }
+        op->chunks[c] = seq;
+        dqd_access_add(&op->as, seq, DQD_ACCESS_READ);
+    }
+    op->state = GET_ACCESS;
+    get_step(op);
+}
+
 void dqd_op_get(dqd_req *req)
 {
+    if (req->msg->get->n_chunk_keys) {
+        get_chunks(req);
+        return;
+    }
     dqd_seq *seq = dqd_ops_lookup(req, req->msg->get->seq);
     if (!seq) {
         dqd_req_fail(req, DQ_NOT_FOUND, "no such sequence");
@@ -182,7 +233,7 @@ void dqd_op_get(dqd_req *req)
 static void access_ready(dqd_access_set *as)
 {
     get_op *op = as->arg;
-    op->seq = as->items[0].seq;
+    op->seq = op->chunks ? op->chunks[0] : as->items[0].seq;
     op->state = GET_VALIDATE;
     get_step(op);
 }
@@ -190,8 +241,14 @@ static void access_ready(dqd_access_set *as)
 static int get_validate(get_op *op)
 {
     if (!dqd_seq_alive(op->seq)) {
-        get_fail(op, DQ_NOT_FOUND, "no such sequence");
+        get_fail(op, DQ_NOT_FOUND, op->chunks ? "chunk 0 not held" : "no such sequence");
         return -1;
+    }
+    for (size_t c = 1; c < op->nchunks; c++) {
+        if (!dqd_seq_alive(op->chunks[c]) || op->chunks[c]->model != op->seq->model) {
+            get_fail(op, DQ_NOT_FOUND, "a chunk is not held (or of another model)");
+            return -1;
+        }
     }
     op->codec = op->seq->model->codec;
     dqd_model_info info;
@@ -215,8 +272,12 @@ static int get_range(get_op *op)
     op->dtype = fmt_dtype[g->format];
     op->esize = dq_dtype_size(op->dtype);
 
+    if (op->chunks) { /* whole chunks, one after the other */
+        op->start = 0;
+        op->tokens = (uint64_t)op->nchunks * op->seq->model->chunk_tokens;
+    }
     uint64_t end = UINT64_MAX;
-    for (uint32_t i = 0; i < op->num; i++) {
+    for (uint32_t i = 0; i < op->num && !op->chunks; i++) {
         uint64_t have = dqd_seq_layer_tokens(op->seq, op->first + i);
         if (g->tokens) {
             if (g->start_token + g->tokens > have) {
@@ -231,14 +292,16 @@ static int get_range(get_op *op)
             end = have;
         }
     }
-    if (g->tokens)
-        end = g->start_token + g->tokens;
-    if (g->start_token > end) {
-        get_fail(op, DQ_OUT_OF_BOUNDS, "start_token lies past the end of the requested layers");
-        return -1;
+    if (!op->chunks) {
+        if (g->tokens)
+            end = g->start_token + g->tokens;
+        if (g->start_token > end) {
+            get_fail(op, DQ_OUT_OF_BOUNDS, "start_token lies past the end of the requested layers");
+            return -1;
+        }
+        op->start = g->start_token;
+        op->tokens = end - g->start_token;
     }
-    op->start = g->start_token;
-    op->tokens = end - g->start_token;
 
     uint64_t per = op->codec->n * op->esize * 2;
     if (op->tokens && (uint64_t)op->num * op->tokens > op->ctx->cfg->max_payload / per) {
@@ -247,7 +310,7 @@ static int get_range(get_op *op)
     }
     op->out_len = (size_t)(op->num * op->tokens * per);
     if (op->out_len) {
-        op->rc = calloc((size_t)op->num * 2, sizeof *op->rc);
+        op->rc = calloc(ntasks(op), sizeof *op->rc);
         if (!op->rc) {
             get_fail(op, DQ_NOMEM, "out of memory");
             return -1;
@@ -277,26 +340,35 @@ static void alloc_done(void *arg)
     get_step(op);
 }
 
+/* Task i: layer (i / 2) % num, kind i % 2, of chunk i / (2 num) (of the sequence: chunk 0). */
 static void decode_task(void *arg, size_t i)
 {
     get_op *op = arg;
-    size_t layer = i / 2;
-    dq_kind kind = (i & 1) ? DQ_KIND_V : DQ_KIND_K;
+    const size_t per_task = (size_t)op->num * 2;
+    const size_t chunk = i / per_task, j = i % per_task;
+    size_t layer = j / 2;
+    dq_kind kind = (j & 1) ? DQ_KIND_V : DQ_KIND_K;
     size_t per_layer = (size_t)op->tokens * op->codec->n * op->esize;
+    size_t start = (size_t)op->start, count = (size_t)op->tokens;
     size_t off = (kind == DQ_KIND_V ? op->out_len / 2 : 0) + layer * per_layer;
+    const dqd_seq *seq = op->seq;
+    if (op->chunks) {
+        seq = op->chunks[chunk];
+        count = seq->model->chunk_tokens;
+        start = 0;
+        off += chunk * count * op->codec->n * op->esize;
+    }
     uint32_t l = op->first + (uint32_t)layer;
     if (op->dout)
-        op->rc[i] = dqd_tier_decode_dev(op->ctx, op->seq, l, kind, (size_t)op->start, (size_t)op->tokens,
-                                        op->dout + off, op->dtype);
+        op->rc[i] = dqd_tier_decode_dev(op->ctx, seq, l, kind, start, count, op->dout + off, op->dtype);
     else
-        op->rc[i] = dqd_tier_decode(op->ctx, op->seq, l, kind, (size_t)op->start, (size_t)op->tokens, op->out + off,
-                                    op->dtype);
+        op->rc[i] = dqd_tier_decode(op->ctx, seq, l, kind, start, count, op->out + off, op->dtype);
 }
 
 static void decode_done(void *arg)
 {
     get_op *op = arg;
-    int rc = first_error(op, (size_t)op->num * 2);
+    int rc = first_error(op, ntasks(op));
     if (rc < 0) {
         get_fail(op, rc, dq_strerror(rc));
         return;

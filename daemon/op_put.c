@@ -56,7 +56,8 @@ typedef struct put_op {
     dqd_req *req;
     dqd_ctx *ctx;
     put_state state;
-    const Dquant__Put *put; /* freed with the request once it is answered */
+    const Dquant__Put *put;     /* freed with the request once it is answered */
+    const dqd_chunk_put *chunk; /* a chunk of PUT_CHUNKS (op_chunks.c): reports to chunk->done */
     uint32_t nlayers;
     dqd_model *model;
     dqd_codec *codec;
@@ -113,7 +114,10 @@ static void put_fail(put_op *op, int code, const char *fmt, ...)
     va_end(ap);
     if (op->created && op->seq && op->seq->in_index)
         dqd_store_remove(op->ctx->store, op->seq);
-    dqd_req_fail(op->req, code, "%s", msg);
+    if (op->chunk)
+        op->chunk->done(op->chunk->arg, code, msg, false, 0);
+    else
+        dqd_req_fail(op->req, code, "%s", msg);
     put_free(op);
 }
 
@@ -133,6 +137,27 @@ static int put_check(put_op *op);
 static int put_reserve(put_op *op);
 static void moves_done(void *arg, int rc);
 static bool input_ready(const put_op *op);
+/* A chunk's rows of every layer out of PUT_CHUNKS' [layers, tokens_total, ...] tensors. */
+static int gather_chunk(put_op *op)
+{
+    const dqd_chunk_put *cp = op->chunk;
+    const size_t lb = layer_bytes(op);
+    const size_t row = lb / (size_t)op->put->tokens;
+    const size_t all = lb * op->nlayers;
+    op->ktmp = malloc(all ? all : 1);
+    op->vtmp = malloc(all ? all : 1);
+    if (!op->ktmp || !op->vtmp)
+        return DQ_NOMEM;
+    for (uint32_t l = 0; l < op->nlayers; l++) {
+        const size_t src = ((size_t)l * (size_t)cp->tokens_total + (size_t)cp->token_off) * row;
+        memcpy((uint8_t *)op->ktmp + l * lb, cp->k.data + src, lb);
+        memcpy((uint8_t *)op->vtmp + l * lb, cp->v.data + src, lb);
+    }
+    op->kdata = op->ktmp;
+    op->vdata = op->vtmp;
+    return DQ_OK;
+}
+
 static void prepare_task(void *arg, size_t i);
 static void prepare_done(void *arg);
 static void append_task(void *arg, size_t i);
@@ -227,6 +252,26 @@ void dqd_op_put(dqd_req *req)
     put_step(op);
 }
 
+void dqd_op_put_chunk(dqd_req *req, const dqd_chunk_put *cp)
+{
+    put_op *op = calloc(1, sizeof *op);
+    if (!op) {
+        cp->done(cp->arg, DQ_NOMEM, "out of memory", false, 0);
+        return;
+    }
+    op->req = req;
+    op->ctx = req->ctx;
+    op->put = cp->put;
+    op->chunk = cp;
+    op->nlayers = cp->put->num_layers;
+    op->model = cp->model;
+    op->codec = cp->model->codec;
+    op->k = cp->k;
+    op->v = cp->v;
+    op->state = PUT_LOOKUP;
+    put_step(op);
+}
+
 static void access_ready(dqd_access_set *as)
 {
     put_op *op = as->arg;
@@ -246,8 +291,8 @@ static void put_lookup(put_op *op)
     op->seq = dqd_ops_lookup(op->req, put->seq);
     if (!op->seq) {
         const char *ns = put->seq->ns ? put->seq->ns : "";
-        int rc = dqd_store_insert(op->ctx->store, ns, strlen(ns), put->seq->key.data, put->seq->key.len, op->model,
-                                  &op->seq);
+        int rc = dqd_store_insert_kind(op->ctx->store, ns, strlen(ns), put->seq->key.data, put->seq->key.len,
+                                       (uint8_t)put->seq->kind, op->model, &op->seq);
         if (rc < 0) {
             op->seq = NULL;
             put_fail(op, rc, "cannot create the sequence: %s", dq_strerror(rc));
@@ -269,6 +314,44 @@ static void put_lookup(put_op *op)
     dqd_access_start(&op->as, access_ready, op);
 }
 
+/* The creating PUT's prefix chunks: each held, of the same model. */
+static int put_prefix(put_op *op)
+{
+    const Dquant__Put *put = op->put;
+    if (!op->created) {
+        put_fail(op, DQ_INVALID_ARGUMENT, "prefix_chunks only on the PUT that creates the sequence");
+        return -1;
+    }
+    const size_t n = put->n_prefix_chunks;
+    dqd_seq **chunks = malloc(n * sizeof *chunks);
+    if (!chunks) {
+        put_fail(op, DQ_NOMEM, "out of memory");
+        return -1;
+    }
+    const char *ns = put->seq->ns ? put->seq->ns : "";
+    size_t got = 0;
+    for (; got < n; got++) {
+        chunks[got] = dqd_store_lookup_kind(op->ctx->store, ns, strlen(ns), put->prefix_chunks[got].data,
+                                            put->prefix_chunks[got].len, DQD_KIND_CHUNK);
+        if (!chunks[got] || !dqd_seq_alive(chunks[got]) || chunks[got]->model != op->model) {
+            dqd_seq_unref(chunks[got]);
+            break;
+        }
+    }
+    int rc = got < n ? DQ_NOT_FOUND : dqd_store_set_prefix(op->ctx->store, op->seq, chunks, (uint32_t)n);
+    for (size_t i = 0; i < got; i++)
+        dqd_seq_unref(chunks[i]);
+    free(chunks);
+    if (rc < 0) {
+        if (rc == DQ_NOT_FOUND)
+            put_fail(op, rc, "prefix chunk %zu not held", got);
+        else
+            put_fail(op, rc, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
 /* 0: go on; 1: the sequence went while this PUT waited (look it up again); -1: failed. */
 static int put_check(put_op *op)
 {
@@ -281,11 +364,21 @@ static int put_check(put_op *op)
         op->seq = NULL;
         return 1;
     }
+    if (op->chunk && seq->visible) {
+        /* Committed by an earlier or concurrent PUT_CHUNKS (this one waited behind its writer). */
+        const dqd_chunk_put *cp = op->chunk;
+        dqd_store_touch(op->ctx->store, seq);
+        put_free(op);
+        cp->done(cp->arg, DQ_OK, NULL, true, 0);
+        return -1;
+    }
     if (seq->model != op->model) {
         put_fail(op, DQ_INVALID_ARGUMENT, "the sequence belongs to model '%s', not '%s'", seq->model->name,
                  op->model->name);
         return -1;
     }
+    if (put->n_prefix_chunks && put_prefix(op) < 0)
+        return -1;
     for (uint32_t i = 0; i < put->num_layers; i++) {
         uint64_t have = dqd_seq_layer_tokens(seq, put->first_layer + i);
         if (have != put->start_token) {
@@ -348,7 +441,7 @@ static void moves_done(void *arg, int rc)
 static bool input_ready(const put_op *op)
 {
     const size_t es = dqd_dtype_size(op->k.dtype);
-    return !op->k.device && es && (uintptr_t)op->k.data % es == 0 && (uintptr_t)op->v.data % es == 0;
+    return !op->chunk && !op->k.device && es && (uintptr_t)op->k.data % es == 0 && (uintptr_t)op->v.data % es == 0;
 }
 
 static bool all_on_gpu(const put_op *op)
@@ -393,6 +486,10 @@ static void prepare_task(void *arg, size_t i)
     op->prep_layer = UINT32_MAX;
     if (op->k.device) {
         op->prep_rc = prepare_device(op);
+        return;
+    }
+    if (op->chunk) {
+        op->prep_rc = gather_chunk(op);
         return;
     }
     int rc = dqd_tensor_aligned(&op->k, &op->kdata, &op->ktmp);
@@ -567,6 +664,12 @@ static void put_commit(put_op *op)
     ctx->metrics.tokens_put += put->tokens * put->num_layers;
     ctx->metrics.streams_encoded += r.streams_encoded;
     ctx->metrics.encode_retries += r.retries;
+    if (op->chunk) {
+        const dqd_chunk_put *cp = op->chunk;
+        put_free(op);
+        cp->done(cp->arg, DQ_OK, NULL, false, r.streams_encoded);
+        return;
+    }
     Dquant__Response resp = DQUANT__RESPONSE__INIT;
     resp.body_case = DQUANT__RESPONSE__BODY_PUT;
     resp.put = &r;

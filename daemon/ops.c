@@ -39,7 +39,7 @@ void dqd_profile_info_of(const dqd_codec *c, dqd_profile_info *out)
 dqd_seq *dqd_ops_lookup(dqd_req *req, const Dquant__SeqRef *ref)
 {
     const char *ns = ref->ns ? ref->ns : "";
-    return dqd_store_lookup(req->ctx->store, ns, strlen(ns), ref->key.data, ref->key.len);
+    return dqd_store_lookup_kind(req->ctx->store, ns, strlen(ns), ref->key.data, ref->key.len, (uint8_t)ref->kind);
 }
 
 /* Compares the whole configured secret whatever the input, so timing says nothing about it. */
@@ -107,6 +107,7 @@ static void op_register(dqd_req *req)
         .q_heads = m->q_heads,
         .kv_heads = m->kv_heads,
         .head_dim = m->head_dim,
+        .chunk_tokens = m->chunk_tokens,
         .profile_name = m->profile_name,
         .profile = m->profile.data,
         .profile_len = m->profile.len,
@@ -124,6 +125,7 @@ static void op_register(dqd_req *req)
     r.profile.len = model->codec->plen;
     r.bits_per_value = dq_profile_bits_per_value_mean(&model->codec->profile);
     r.existed = existed;
+    r.chunk_tokens = model->chunk_tokens;
     Dquant__Response resp = DQUANT__RESPONSE__INIT;
     resp.body_case = DQUANT__RESPONSE__BODY_REGISTER_MODEL;
     resp.register_model = &r;
@@ -157,6 +159,13 @@ static void seq_op_ready(dqd_access_set *as)
     } else {
         switch (req->op) {
         case DQD_OP_DELETE:
+            if (seq->prefix_users) {
+                dqd_req_fail(req, DQ_BUSY, "the chunk is the prefix of %u sequences; delete them first",
+                             seq->prefix_users);
+                dqd_access_end(&op->as);
+                free(op);
+                return;
+            }
             dqd_store_remove(store, seq);
             break;
         case DQD_OP_PIN:
@@ -230,6 +239,7 @@ void dqd_ops_dispatch(dqd_req *req)
         dqd_req_fail(req, DQ_UNAUTHENTICATED, "the first request must be a successful HELLO");
         return;
     }
+    dqd_leases_expire(&ctx->leases, dqd_now_ns());
     if (ctx->stopping) {
         dqd_req_fail(req, DQ_SHUTTING_DOWN, "the server is shutting down");
         return;
@@ -295,6 +305,12 @@ static void run_op(dqd_req *req)
         return;
     case DQD_OP_NCCL_SETUP:
         dqd_op_nccl_setup(req);
+        return;
+    case DQD_OP_PUT_CHUNKS:
+        dqd_op_put_chunks(req);
+        return;
+    case DQD_OP_LOOKUP:
+        dqd_op_lookup(req);
         return;
     default:
         break;

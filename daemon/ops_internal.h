@@ -12,6 +12,23 @@ void dqd_op_get(dqd_req *req);
 void dqd_op_attend(dqd_req *req);
 void dqd_op_compress(dqd_req *req);
 void dqd_op_decompress(dqd_req *req);
+void dqd_op_put_chunks(dqd_req *req);
+void dqd_op_lookup(dqd_req *req);
+
+/* One chunk of PUT_CHUNKS, run by op_put.c's machinery: put (kind CHUNK, start 0, every layer,
+ * chunk_tokens tokens) names it; its rows are token_off.. of k/v ([layers, tokens_total, ...]).
+ * A chunk already committed is acknowledged (deduped) without encoding; one being written by
+ * another request is waited for first (the store's FIFO access). done() runs once, on the loop
+ * thread, possibly before dqd_op_put_chunk returns; msg is NULL on success. */
+typedef struct dqd_chunk_put {
+    const Dquant__Put *put;
+    dqd_model *model;
+    dqd_tensor k, v;
+    uint64_t token_off, tokens_total;
+    void (*done)(void *arg, int rc, const char *msg, bool deduped, uint64_t streams);
+    void *arg;
+} dqd_chunk_put;
+void dqd_op_put_chunk(dqd_req *req, const dqd_chunk_put *cp);
 
 void dqd_model_info_of(const dqd_model *m, dqd_model_info *out);
 void dqd_profile_info_of(const dqd_codec *c, dqd_profile_info *out);

@@ -233,6 +233,13 @@ int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_mod
         }
     }
 
+    const uint32_t chunk_tokens = spec->chunk_tokens ? spec->chunk_tokens : DQD_DEFAULT_CHUNK_TOKENS;
+    if (chunk_tokens % p.window || chunk_tokens > DQD_MAX_CHUNK_TOKENS) {
+        MSG("chunk_tokens %u must be a multiple of the profile's window %u, at most %u", chunk_tokens, p.window,
+            DQD_MAX_CHUNK_TOKENS);
+        return DQ_INVALID_ARGUMENT;
+    }
+
     uint8_t pbytes[DQ_PROFILE_SERIALIZED_MAX];
     size_t plen;
     rc = dq_profile_serialize(&p, pbytes, sizeof pbytes, &plen);
@@ -244,7 +251,8 @@ int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_mod
     dqd_model *m = dqd_registry_find(reg, spec->name);
     if (m) {
         if (m->layers == spec->layers && m->q_heads == spec->q_heads && m->kv_heads == spec->kv_heads &&
-            m->head_dim == spec->head_dim && m->codec->plen == plen && memcmp(m->codec->pbytes, pbytes, plen) == 0) {
+            m->head_dim == spec->head_dim && m->chunk_tokens == chunk_tokens && m->codec->plen == plen &&
+            memcmp(m->codec->pbytes, pbytes, plen) == 0) {
             *existed = true;
             *out = m;
             return DQ_OK;
@@ -273,6 +281,7 @@ int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_mod
     m->q_heads = spec->q_heads;
     m->kv_heads = spec->kv_heads;
     m->head_dim = spec->head_dim;
+    m->chunk_tokens = chunk_tokens;
     m->next = reg->models;
     reg->models = m;
     reg->nmodels++;

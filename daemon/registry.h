@@ -19,6 +19,8 @@
 #include "hostmem.h"
 
 #define DQD_MODEL_NAME_MAX 128
+#define DQD_DEFAULT_CHUNK_TOKENS 256
+#define DQD_MAX_CHUNK_TOKENS 65536
 
 typedef struct dqd_codec {
     dq_codec *codec;
@@ -38,6 +40,7 @@ typedef struct dqd_codec {
 typedef struct dqd_model {
     char name[DQD_MODEL_NAME_MAX + 1];
     uint32_t layers, q_heads, kv_heads, head_dim;
+    uint32_t chunk_tokens; /* tokens per chunk of the shared KV tier (a multiple of W) */
     dqd_codec *codec;
     struct dqd_model *next;
 } dqd_model;
@@ -46,6 +49,7 @@ typedef struct dqd_model {
 typedef struct dqd_model_spec {
     const char *name;
     uint32_t layers, q_heads, kv_heads, head_dim;
+    uint32_t chunk_tokens; /* 0: DQD_DEFAULT_CHUNK_TOKENS */
     const char *profile_name;
     const uint8_t *profile;
     size_t profile_len;

@@ -27,6 +27,7 @@ typedef struct dqd_session {
     bool require_secret;     /* its listener wants HELLO with the shared secret */
     bool authed;             /* HELLO succeeded */
     struct dqd_nchan *nchan; /* NCCL data path (ncclpath.h), NULL until NCCL_SETUP */
+    uint32_t leases;         /* live LOOKUP leases (lease.h), owned by this session */
 } dqd_session;
 
 struct dqd_req {

@@ -29,14 +29,15 @@ struct dqd_store {
     bool gpu_on;
     uint64_t gpu_budget, gpu_used, gpu_reserved; /* used: Σ gpu_bytes of sequences not yet freed */
     dqd_seq *glru_head, *glru_tail;
+    uint64_t chunks; /* entries of kind CHUNK in the index */
     uint64_t gpu_seqs, gpu_demotions, gpu_promotions, gpu_drops, gpu_spills;
     void (*gpu_free)(void *arg, dqd_seq *seq);
     void *gpu_ctx;
 };
 
-static uint64_t seq_hash(const char *ns, size_t ns_len, const uint8_t *key, size_t key_len)
+static uint64_t seq_hash(const char *ns, size_t ns_len, const uint8_t *key, size_t key_len, uint8_t kind)
 {
-    uint64_t h = XXH64(ns, ns_len, 0x64716e73ull);
+    uint64_t h = XXH64(ns, ns_len, 0x64716e73ull + kind);
     return XXH64(key, key_len, h);
 }
 
@@ -57,8 +58,22 @@ int dqd_store_create(dqd_hostmem *mem, uint64_t budget, dqd_store **out)
     return DQ_OK;
 }
 
+void dqd_seq_unref(dqd_seq *seq);
+
+static void drop_prefix(dqd_seq *seq)
+{
+    for (uint32_t i = 0; i < seq->nprefix; i++) {
+        seq->prefix[i]->prefix_users--;
+        dqd_seq_unref(seq->prefix[i]);
+    }
+    free(seq->prefix);
+    seq->prefix = NULL;
+    seq->nprefix = 0;
+}
+
 static void seq_free(dqd_store *s, dqd_seq *seq)
 {
+    drop_prefix(seq);
     if (seq->layers) {
         for (uint32_t i = 0; i < seq->model->layers; i++)
             dq_layer_free(seq->layers[i]);
@@ -160,6 +175,7 @@ static void unindex(dqd_store *s, dqd_seq *seq)
     if (seq->pinned)
         s->pinned--;
     s->count--;
+    s->chunks -= seq->kind == DQD_KIND_CHUNK;
     seq->in_index = false;
 }
 
@@ -169,6 +185,9 @@ void dqd_store_destroy(dqd_store *s)
         return;
     /* Every reservation (PUT, ATTEND, moves between tiers) has been released by now. */
     assert(s->reserved == 0 && s->gpu_reserved == 0);
+    /* Sequences let go of their prefix chunks first, whatever the order below frees them in. */
+    for (dqd_seq *seq = s->lru_head; seq; seq = seq->lru_next)
+        drop_prefix(seq);
     while (s->lru_head) {
         dqd_seq *seq = s->lru_head;
         if (seq->refs)
@@ -181,19 +200,25 @@ void dqd_store_destroy(dqd_store *s)
 }
 
 static bool seq_matches(const dqd_seq *seq, uint64_t h, const char *ns, size_t ns_len, const uint8_t *key,
-                        size_t key_len)
+                        size_t key_len, uint8_t kind)
 {
-    return seq->hash == h && seq->ns_len == ns_len && seq->key_len == key_len && memcmp(seq->ns, ns, ns_len) == 0 &&
-           memcmp(seq->key, key, key_len) == 0;
+    return seq->hash == h && seq->kind == kind && seq->ns_len == ns_len && seq->key_len == key_len &&
+           memcmp(seq->ns, ns, ns_len) == 0 && memcmp(seq->key, key, key_len) == 0;
 }
 
 dqd_seq *dqd_store_lookup(dqd_store *s, const char *ns, size_t ns_len, const uint8_t *key, size_t key_len)
 {
+    return dqd_store_lookup_kind(s, ns, ns_len, key, key_len, DQD_KIND_SEQUENCE);
+}
+
+dqd_seq *dqd_store_lookup_kind(dqd_store *s, const char *ns, size_t ns_len, const uint8_t *key, size_t key_len,
+                               uint8_t kind)
+{
     if (!ns)
         ns = "";
-    uint64_t h = seq_hash(ns, ns_len, key, key_len);
+    uint64_t h = seq_hash(ns, ns_len, key, key_len, kind);
     for (dqd_seq *seq = s->buckets[h & (s->nbuckets - 1)]; seq; seq = seq->hnext) {
-        if (seq_matches(seq, h, ns, ns_len, key, key_len)) {
+        if (seq_matches(seq, h, ns, ns_len, key, key_len, kind)) {
             seq->refs++;
             return seq;
         }
@@ -222,9 +247,15 @@ static void grow_buckets(dqd_store *s)
 int dqd_store_insert(dqd_store *s, const char *ns, size_t ns_len, const uint8_t *key, size_t key_len, dqd_model *model,
                      dqd_seq **out)
 {
+    return dqd_store_insert_kind(s, ns, ns_len, key, key_len, DQD_KIND_SEQUENCE, model, out);
+}
+
+int dqd_store_insert_kind(dqd_store *s, const char *ns, size_t ns_len, const uint8_t *key, size_t key_len, uint8_t kind,
+                          dqd_model *model, dqd_seq **out)
+{
     if (!ns)
         ns = "";
-    dqd_seq *old = dqd_store_lookup(s, ns, ns_len, key, key_len);
+    dqd_seq *old = dqd_store_lookup_kind(s, ns, ns_len, key, key_len, kind);
     if (old) {
         dqd_seq_unref(old);
         return DQ_EXISTS;
@@ -253,7 +284,8 @@ int dqd_store_insert(dqd_store *s, const char *ns, size_t ns_len, const uint8_t 
     seq->ns_len = ns_len;
     memcpy(seq->key, key, key_len);
     seq->key_len = key_len;
-    seq->hash = seq_hash(ns, ns_len, key, key_len);
+    seq->kind = kind;
+    seq->hash = seq_hash(ns, ns_len, key, key_len, kind);
     seq->store = s;
     seq->model = model;
     seq->overhead = overhead;
@@ -268,6 +300,7 @@ int dqd_store_insert(dqd_store *s, const char *ns, size_t ns_len, const uint8_t 
     *bucket = seq;
     lru_push_front(s, seq);
     s->count++;
+    s->chunks += kind == DQD_KIND_CHUNK;
     account_add(s, seq);
     *out = seq;
     return DQ_OK;
@@ -502,9 +535,26 @@ void dqd_store_set_pinned(dqd_store *s, dqd_seq *seq, bool pinned)
         s->pinned += pinned ? 1 : (uint64_t)-1;
 }
 
+int dqd_store_set_prefix(dqd_store *s, dqd_seq *seq, dqd_seq *const *chunks, uint32_t n)
+{
+    (void)s;
+    assert(!seq->prefix);
+    seq->prefix = malloc((n ? n : 1) * sizeof *seq->prefix);
+    if (!seq->prefix)
+        return DQ_NOMEM;
+    for (uint32_t i = 0; i < n; i++) {
+        dqd_seq_ref(chunks[i]);
+        chunks[i]->prefix_users++;
+        seq->prefix[i] = chunks[i];
+    }
+    seq->nprefix = n;
+    return DQ_OK;
+}
+
 void dqd_store_get_stats(const dqd_store *s, dqd_store_stats *out)
 {
     out->sequences = s->count;
+    out->chunks = s->chunks;
     out->pinned = s->pinned;
     out->token_layers = s->token_layers;
     out->stored_bytes = s->stored_bytes;

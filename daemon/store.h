@@ -37,6 +37,11 @@
 #include "hostmem.h"
 #include "registry.h"
 
+/* Kinds of store entries (SeqRef.kind): a chunk of the shared KV tier is a sequence of exactly
+ * its model's chunk_tokens tokens in every layer, written once by PUT_CHUNKS. */
+#define DQD_KIND_SEQUENCE 0
+#define DQD_KIND_CHUNK 1
+
 typedef enum dqd_access { DQD_ACCESS_READ = 0, DQD_ACCESS_WRITE = 1 } dqd_access;
 
 /* A request waiting for access; granted() runs on the loop thread once access is held. */
@@ -55,16 +60,20 @@ typedef struct dqd_seq {
     uint8_t *key;
     size_t key_len;
     uint64_t hash;
+    uint8_t kind; /* DQD_KIND_* */
     dqd_model *model;
     dq_layer **layers;    /* [model->layers]; NULL for a layer never written or on the GPU */
     dqd_glayer **glayers; /* [model->layers] once a layer went to the GPU; else NULL */
 
     /* accounting as of the last commit */
-    uint64_t bytes;         /* what evicting it frees, allocator headers included */
-    uint64_t stored_bytes;  /* Σ dq_layer_stored_bytes */
-    uint64_t token_layers;  /* Σ dq_layer_tokens */
-    uint64_t overhead;      /* this struct, ns, key, layer arrays */
-    uint64_t gpu_bytes;     /* device bytes of its GPU layers */
+    uint64_t bytes;          /* what evicting it frees, allocator headers included */
+    uint64_t stored_bytes;   /* Σ dq_layer_stored_bytes */
+    uint64_t token_layers;   /* Σ dq_layer_tokens */
+    uint64_t overhead;       /* this struct, ns, key, layer arrays */
+    uint64_t gpu_bytes;      /* device bytes of its GPU layers */
+    struct dqd_seq **prefix; /* chunks the sequence is built on (referenced), or NULL */
+    uint32_t nprefix;
+    uint32_t prefix_users;  /* a chunk: sequences built on it */
     uint32_t host_layers;   /* layers on the host; unlike the slots, safe to read on the loop
                                thread while a request's workers change them */
     uint64_t move_reserved; /* host budget held for its move to the host tier */
@@ -84,6 +93,7 @@ typedef struct dqd_seq {
 
 typedef struct dqd_store_stats {
     uint64_t sequences, pinned;
+    uint64_t chunks;       /* entries of kind CHUNK (also in sequences) */
     uint64_t token_layers; /* tokens stored, summed over layers */
     uint64_t stored_bytes; /* window records + BF16 tails in use */
     uint64_t bf16_bytes;   /* the same tokens as BF16 K and V */
@@ -105,6 +115,12 @@ void dqd_store_destroy(dqd_store *s);
 
 /* The sequence for (ns, key), visible or being created, with a reference; NULL if none. */
 dqd_seq *dqd_store_lookup(dqd_store *s, const char *ns, size_t ns_len, const uint8_t *key, size_t key_len);
+/* The same for an entry of a kind (DQD_KIND_SEQUENCE or DQD_KIND_CHUNK): the kind is part of the
+ * key, so a sequence key never aliases a chunk key. dqd_store_lookup/insert mean SEQUENCE. */
+dqd_seq *dqd_store_lookup_kind(dqd_store *s, const char *ns, size_t ns_len, const uint8_t *key, size_t key_len,
+                               uint8_t kind);
+int dqd_store_insert_kind(dqd_store *s, const char *ns, size_t ns_len, const uint8_t *key, size_t key_len, uint8_t kind,
+                          dqd_model *model, dqd_seq **out);
 /* Creates an invisible sequence of model with a reference. It never evicts: its few bytes are
  * counted, and the creating PUT reserves the rest. DQ_EXISTS if (ns, key) is taken, DQ_NOMEM. */
 int dqd_store_insert(dqd_store *s, const char *ns, size_t ns_len, const uint8_t *key, size_t key_len, dqd_model *model,
@@ -135,6 +151,9 @@ void dqd_store_touch(dqd_store *s, dqd_seq *seq);
  * and find it !alive; freed with its last reference. */
 void dqd_store_remove(dqd_store *s, dqd_seq *seq);
 void dqd_store_set_pinned(dqd_store *s, dqd_seq *seq, bool pinned);
+/* Builds seq on the chunks (n of them, prompt order): takes a reference on each (they are never
+ * evicted or freed while seq exists) and counts seq as their user. DQ_NOMEM. */
+int dqd_store_set_prefix(dqd_store *s, dqd_seq *seq, dqd_seq *const *chunks, uint32_t n);
 
 void dqd_store_get_stats(const dqd_store *s, dqd_store_stats *out);
 uint64_t dqd_store_budget(const dqd_store *s);

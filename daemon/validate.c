@@ -39,6 +39,8 @@ void dqd_limits_default(dqd_limits *lim)
     lim->max_ns = 256;
     lim->max_key = 4096;
     lim->max_name = 128;
+    lim->max_lookup_keys = 65536;
+    lim->max_lease_ms = 60000;
 }
 
 size_t dqd_dtype_size(uint32_t dtype)
@@ -157,6 +159,45 @@ static int check_seq(const Dquant__SeqRef *seq, const dqd_limits *lim, char *msg
         FAIL(DQ_INVALID_ARGUMENT, "seq.key is empty");
     if (seq->key.len > lim->max_key)
         FAIL(DQ_TOO_LARGE, "seq.key longer than %u bytes", lim->max_key);
+    if ((uint32_t)seq->kind > DQUANT__SEQ_KIND__CHUNK)
+        FAIL(DQ_INVALID_ARGUMENT, "unknown seq.kind %d", (int)seq->kind);
+    if (seq->kind == DQUANT__SEQ_KIND__CHUNK && seq->key.len != DQD_CHUNK_KEY_BYTES)
+        FAIL(DQ_INVALID_ARGUMENT, "a chunk key has %d bytes, not %zu", DQD_CHUNK_KEY_BYTES, seq->key.len);
+    return DQ_OK;
+}
+
+static int check_name(const char *s, const char *what, bool required, const dqd_limits *lim, char *msg, size_t msglen);
+
+static int check_chunk_keys(ProtobufCBinaryData *keys, size_t n, const char *ns, const dqd_limits *lim, char *msg,
+                            size_t msglen)
+{
+    if ((ns ? strlen(ns) : 0) > lim->max_ns)
+        FAIL(DQ_TOO_LARGE, "namespace longer than %u bytes", lim->max_ns);
+    if (n > lim->max_lookup_keys)
+        FAIL(DQ_INVALID_ARGUMENT, "%zu chunk keys; the limit is %u", n, lim->max_lookup_keys);
+    for (size_t i = 0; i < n; i++)
+        if (keys[i].len != DQD_CHUNK_KEY_BYTES)
+            FAIL(DQ_INVALID_ARGUMENT, "chunk key %zu has %zu bytes, not %d", i, keys[i].len, DQD_CHUNK_KEY_BYTES);
+    return DQ_OK;
+}
+
+static int validate_put_chunks(const Dquant__PutChunks *p, const dqd_payload *pl, const dqd_limits *lim, char *msg,
+                               size_t msglen)
+{
+    FORWARD(check_name(p->model, "model", true, lim, msg, msglen));
+    if (p->n_keys == 0)
+        FAIL(DQ_INVALID_ARGUMENT, "no chunk keys");
+    FORWARD(check_chunk_keys(p->keys, p->n_keys, p->ns, lim, msg, msglen));
+    if (p->parent.len && p->parent.len != DQD_CHUNK_KEY_BYTES)
+        FAIL(DQ_INVALID_ARGUMENT, "the parent key has %zu bytes, not %d", p->parent.len, DQD_CHUNK_KEY_BYTES);
+    dqd_tensor k, v;
+    FORWARD(dqd_tensor_check(p->k, "k", DQD_DT_TYPED, 4, false, pl, &k, msg, msglen));
+    FORWARD(dqd_tensor_check(p->v, "v", DQD_DT_TYPED, 4, false, pl, &v, msg, msglen));
+    if (k.dtype != v.dtype)
+        FAIL(DQ_DTYPE, "k and v must have the same dtype");
+    for (int i = 0; i < 4; i++)
+        if (k.shape[i] != v.shape[i])
+            FAIL(DQ_SHAPE, "k and v shapes differ");
     return DQ_OK;
 }
 
@@ -174,6 +215,9 @@ static int validate_put(const Dquant__Put *p, const dqd_payload *pl, const dqd_l
 {
     FORWARD(check_seq(p->seq, lim, msg, msglen));
     FORWARD(check_name(p->model, "model", true, lim, msg, msglen));
+    if (p->seq->kind == DQUANT__SEQ_KIND__CHUNK)
+        FAIL(DQ_INVALID_ARGUMENT, "chunks are written by PUT_CHUNKS, not PUT");
+    FORWARD(check_chunk_keys(p->prefix_chunks, p->n_prefix_chunks, NULL, lim, msg, msglen));
     if (p->num_layers == 0)
         FAIL(DQ_INVALID_ARGUMENT, "num_layers must be at least 1");
     if (p->tokens == 0)
@@ -220,6 +264,8 @@ static int validate_attend(const Dquant__Attend *a, const dqd_payload *pl, const
         if (!it->append_k != !it->append_v)
             FAIL(DQ_INVALID_ARGUMENT, "item %zu: append_k and append_v go together", i);
         if (it->append_k) {
+            if (it->seq->kind == DQUANT__SEQ_KIND__CHUNK)
+                FAIL(DQ_INVALID_ARGUMENT, "item %zu: a chunk cannot be appended to", i);
             if (ak.dtype != av.dtype)
                 FAIL(DQ_DTYPE, "item %zu: append_k and append_v must have the same dtype", i);
             if (ak.shape[0] != 1 || av.shape[0] != 1)
@@ -408,7 +454,17 @@ int dqd_request_validate(const Dquant__Request *req, const dqd_payload *pl, cons
     case DQUANT__REQUEST__BODY_GET: {
         *op = DQD_OP_GET;
         const Dquant__Get *g = req->get;
-        FORWARD(check_seq(g->seq, lim, msg, msglen));
+        if (g->n_chunk_keys) {
+            if (g->seq)
+                FAIL(DQ_INVALID_ARGUMENT, "GET takes seq or chunk_keys, not both");
+            FORWARD(check_chunk_keys(g->chunk_keys, g->n_chunk_keys, g->chunk_ns, lim, msg, msglen));
+            if (g->format == DQUANT__GET_FORMAT__GET_RAW)
+                FAIL(DQ_UNSUPPORTED, "GET_RAW of chunks goes one chunk at a time (seq.kind CHUNK)");
+            if (g->start_token || g->tokens)
+                FAIL(DQ_INVALID_ARGUMENT, "a GET of chunks returns them whole: start_token and tokens must be 0");
+        } else {
+            FORWARD(check_seq(g->seq, lim, msg, msglen));
+        }
         if ((uint32_t)g->format > DQUANT__GET_FORMAT__GET_RAW)
             FAIL(DQ_INVALID_ARGUMENT, "unknown GET format %d", (int)g->format);
         if (g->start_token > UINT64_MAX - g->tokens)
@@ -444,6 +500,19 @@ int dqd_request_validate(const Dquant__Request *req, const dqd_payload *pl, cons
     case DQUANT__REQUEST__BODY_NCCL_SETUP:
         *op = DQD_OP_NCCL_SETUP;
         return DQ_OK;
+    case DQUANT__REQUEST__BODY_PUT_CHUNKS:
+        *op = DQD_OP_PUT_CHUNKS;
+        return validate_put_chunks(req->put_chunks, pl, lim, msg, msglen);
+    case DQUANT__REQUEST__BODY_LOOKUP: {
+        *op = DQD_OP_LOOKUP;
+        const Dquant__Lookup *l = req->lookup;
+        /* a LOOKUP that only releases a lease needs no model */
+        FORWARD(check_name(l->model, "model", l->n_keys || !l->release_lease, lim, msg, msglen));
+        FORWARD(check_chunk_keys(l->keys, l->n_keys, l->ns, lim, msg, msglen));
+        if (l->lease_ms > lim->max_lease_ms)
+            FAIL(DQ_INVALID_ARGUMENT, "lease of %u ms; the limit is %u ms", l->lease_ms, lim->max_lease_ms);
+        return DQ_OK;
+    }
     default:
         break;
     }
@@ -463,6 +532,19 @@ int dqd_validate_put(const Dquant__Put *put, const dqd_payload *pl, const dqd_mo
     FORWARD(dqd_tensor_expect(v, "v", want, msg, msglen));
     if (k->dtype != v->dtype)
         FAIL(DQ_DTYPE, "k and v must have the same dtype");
+    return DQ_OK;
+}
+
+int dqd_validate_put_chunks(const Dquant__PutChunks *p, const dqd_payload *pl, const dqd_model_info *m,
+                            uint32_t chunk_tokens, dqd_tensor *k, dqd_tensor *v, char *msg, size_t msglen)
+{
+    FORWARD(dqd_tensor_check(p->k, "k", DQD_DT_TYPED, 4, false, pl, k, msg, msglen));
+    FORWARD(dqd_tensor_check(p->v, "v", DQD_DT_TYPED, 4, false, pl, v, msg, msglen));
+    if (k->shape[1] != (uint64_t)p->n_keys * chunk_tokens)
+        FAIL(DQ_INVALID_ARGUMENT, "%llu tokens for %zu chunks of %u tokens", (ull)k->shape[1], p->n_keys, chunk_tokens);
+    const uint64_t want[4] = {m->layers, (uint64_t)p->n_keys * chunk_tokens, m->kv_heads, m->head_dim};
+    FORWARD(dqd_tensor_expect(k, "k", want, msg, msglen));
+    FORWARD(dqd_tensor_expect(v, "v", want, msg, msglen));
     return DQ_OK;
 }
 

@@ -21,14 +21,17 @@
 #include "opcode.h"
 
 #define DQD_MAX_DIMS 8
+#define DQD_CHUNK_KEY_BYTES 16 /* DQ_CHUNK_KEY_BYTES of proto/chunkkey.h */
 
 /* Sizes a request may carry, beside the frame limits. */
 typedef struct dqd_limits {
     uint64_t max_payload;
     uint32_t max_batch_items;
-    uint32_t max_ns;   /* namespace bytes */
-    uint32_t max_key;  /* sequence key bytes */
-    uint32_t max_name; /* model / profile / client names */
+    uint32_t max_ns;          /* namespace bytes */
+    uint32_t max_key;         /* sequence key bytes */
+    uint32_t max_name;        /* model / profile / client names */
+    uint32_t max_lookup_keys; /* chunk keys in one LOOKUP or PUT_CHUNKS */
+    uint32_t max_lease_ms;    /* LOOKUP lease duration */
 } dqd_limits;
 
 void dqd_limits_default(dqd_limits *lim);
@@ -100,6 +103,9 @@ int dqd_request_validate(const Dquant__Request *req, const dqd_payload *pl, cons
 /* PUT against its model: layer range, k/v shape [num_layers, tokens, kv_heads, head_dim]. */
 int dqd_validate_put(const Dquant__Put *put, const dqd_payload *pl, const dqd_model_info *m, dqd_tensor *k,
                      dqd_tensor *v, char *msg, size_t msglen);
+/* PUT_CHUNKS against its model: k/v [layers, keys * chunk_tokens, kv_heads, head_dim]. */
+int dqd_validate_put_chunks(const Dquant__PutChunks *p, const dqd_payload *pl, const dqd_model_info *m,
+                            uint32_t chunk_tokens, dqd_tensor *k, dqd_tensor *v, char *msg, size_t msglen);
 /* GET's layer range against its sequence's model; *first / *num resolve num_layers = 0. */
 int dqd_validate_get(const Dquant__Get *get, const dqd_model_info *m, uint32_t *first, uint32_t *num, char *msg,
                      size_t msglen);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chunkkey.h"
 #include "client_internal.h"
 
 #define DQC_RAW_DTYPE DQUANT__DTYPE__RAW
@@ -79,6 +80,12 @@ static void tensor_set(Dquant__Tensor *t, int dtype, uint64_t *shape, size_t ndi
 
 int dqc_register_model(dqc_client *c, const dqc_model_spec *spec, dqc_model_info *info)
 {
+    return dqc_register_model_ex(c, spec, 0, info, NULL);
+}
+
+int dqc_register_model_ex(dqc_client *c, const dqc_model_spec *spec, uint32_t chunk_tokens, dqc_model_info *info,
+                          uint32_t *chunk_tokens_out)
+{
     DQC_CHECK_HANDLE(c);
     DQC_CHECK_ARG(c, spec && spec->name && spec->name[0], "register_model: spec and its name are required");
     DQC_CHECK_ARG(c, spec->layers && spec->q_heads && spec->kv_heads && spec->head_dim,
@@ -97,6 +104,7 @@ int dqc_register_model(dqc_client *c, const dqc_model_spec *spec, dqc_model_info
     ms.profile_name = (char *)(spec->profile_name ? spec->profile_name : "");
     ms.profile.data = (uint8_t *)spec->profile;
     ms.profile.len = spec->profile ? spec->profile_len : 0;
+    ms.chunk_tokens = chunk_tokens;
     Dquant__RegisterModel rm = DQUANT__REGISTER_MODEL__INIT;
     rm.model = &ms;
     Dquant__Request req = DQUANT__REQUEST__INIT;
@@ -112,8 +120,26 @@ int dqc_register_model(dqc_client *c, const dqc_model_spec *spec, dqc_model_info
         info->bits_per_value = r->bits_per_value;
         rc = dqc__copy_profile(c, &r->profile, info->profile, &info->profile_len);
     }
+    if (chunk_tokens_out)
+        *chunk_tokens_out = rep.resp->register_model->chunk_tokens;
     dqc__reply_free(&rep);
     return rc;
+}
+
+/* keys (n · 16 bytes) as protobuf bytes fields; *out malloc'd (NULL when n is 0). */
+static int keys_fill(dqc_client *c, const char *op, const uint8_t *keys, size_t n, ProtobufCBinaryData **out)
+{
+    *out = NULL;
+    DQC_CHECK_ARG(c, keys || !n, "%s: keys is NULL with nkeys %zu", op, n);
+    if (!n)
+        return 0;
+    if (n > SIZE_MAX / sizeof **out || !(*out = malloc(n * sizeof **out)))
+        return dqc__fail(c, DQ_NOMEM, "%s: out of memory for %zu keys", op, n);
+    for (size_t i = 0; i < n; i++) {
+        (*out)[i].data = (uint8_t *)keys + i * DQC_CHUNK_KEY_BYTES;
+        (*out)[i].len = DQC_CHUNK_KEY_BYTES;
+    }
+    return 0;
 }
 
 /* ---- PUT ---- */
@@ -163,31 +189,48 @@ void dqc__put_result(const dqc__reply *rep, dqc_put_result *res)
     }
 }
 
-int dqc_put(dqc_client *c, const dqc_put_args *a, dqc_put_result *res)
+static int put_call(dqc_client *c, const char *op, const dqc_put_args *a, const uint8_t *prefix, size_t nprefix,
+                    dqc_put_result *res)
 {
     DQC_CHECK_HANDLE(c);
     if (res)
         memset(res, 0, sizeof *res);
     dqc__put_req r;
-    DQC_FORWARD(dqc__put_build(c, "put", a, 0, &r));
+    DQC_FORWARD(dqc__put_build(c, op, a, 0, &r));
+    DQC_FORWARD(keys_fill(c, op, prefix, nprefix, &r.put.prefix_chunks));
+    r.put.n_prefix_chunks = nprefix;
     struct iovec iov[2] = {{(void *)a->k, r.bytes}, {(void *)a->v, r.bytes}};
 
     dqc__reply rep;
-    DQC_FORWARD(dqc__call(c, &r.req, iov, 2, 0, DQUANT__RESPONSE__BODY_PUT, NULL, NULL, &rep));
+    int rc = dqc__call(c, &r.req, iov, 2, 0, DQUANT__RESPONSE__BODY_PUT, NULL, NULL, &rep);
+    free(r.put.prefix_chunks);
+    DQC_FORWARD(rc);
     dqc__put_result(&rep, res);
     dqc__reply_free(&rep);
     return 0;
+}
+
+int dqc_put(dqc_client *c, const dqc_put_args *a, dqc_put_result *res)
+{
+    return put_call(c, "put", a, NULL, 0, res);
+}
+
+int dqc_put_on_prefix(dqc_client *c, const dqc_put_args *a, const uint8_t *prefix_keys, size_t nprefix,
+                      dqc_put_result *res)
+{
+    return put_call(c, "put_on_prefix", a, prefix_keys, nprefix, res);
 }
 
 /* ---- GET ---- */
 
 /* Sends GET g (every field but seq set) for sequence s and waits for its reply; the payload goes
  * into the result's block *blk. dqc_get and dqc_get_raw. */
-static int get_call(dqc_client *c, const char *op, const dqc_seq *s, Dquant__Get *g, void **blk, size_t *blk_cap,
-                    dqc__reply *rep)
+static int get_call(dqc_client *c, const char *op, const dqc_seq *s, int kind, Dquant__Get *g, void **blk,
+                    size_t *blk_cap, dqc__reply *rep)
 {
     Dquant__SeqRef seq;
     DQC_FORWARD(seq_fill(c, op, s, &seq));
+    seq.kind = (Dquant__SeqKind)kind;
     g->seq = &seq;
     Dquant__Request req = DQUANT__REQUEST__INIT;
     req.body_case = DQUANT__REQUEST__BODY_GET;
@@ -253,18 +296,20 @@ void dqc__get_meta(const Dquant__GetReply *r, dq_dtype dtype, size_t bytes, dqc_
     res->bytes = bytes;
 }
 
-int dqc_get(dqc_client *c, const dqc_get_args *a, dqc_get_result *res)
+/* A typed GET of a sequence or (kind CHUNK) a chunk. */
+static int get_typed(dqc_client *c, const char *op, const dqc_get_args *a, int kind, dqc_get_result *res)
 {
     DQC_CHECK_HANDLE(c);
-    DQC_CHECK_ARG(c, a && res, "get: args and res are required");
+    DQC_CHECK_ARG(c, a && res, "%s: args and res are required", op);
     RESULT_RESET(res);
     dqc__get_req g;
-    DQC_FORWARD(dqc__get_build(c, "get", a, &g));
+    DQC_FORWARD(dqc__get_build(c, op, a, &g));
+    g.seq.kind = (Dquant__SeqKind)kind;
     dqc__reply rep;
     DQC_FORWARD(dqc__call(c, &g.req, NULL, 0, 1, DQUANT__RESPONSE__BODY_GET, &res->mem_, &res->mem_cap_, &rep));
     const Dquant__GetReply *r = rep.resp->get;
     size_t kb = 0;
-    int rc = dqc__get_check(c, "get", a, r, rep.payload_len, &kb);
+    int rc = dqc__get_check(c, op, a, r, rep.payload_len, &kb);
     if (!rc) {
         dqc__get_meta(r, a->dtype, kb, res);
         res->k = kb ? rep.payload + r->k->offset : NULL;
@@ -274,6 +319,11 @@ int dqc_get(dqc_client *c, const dqc_get_args *a, dqc_get_result *res)
     return rc;
 }
 
+int dqc_get(dqc_client *c, const dqc_get_args *a, dqc_get_result *res)
+{
+    return get_typed(c, "get", a, DQUANT__SEQ_KIND__SEQUENCE, res);
+}
+
 void dqc_get_result_free(dqc_get_result *res)
 {
     RESULT_FREE(res);
@@ -281,7 +331,32 @@ void dqc_get_result_free(dqc_get_result *res)
 
 /* ---- GET_RAW ---- */
 
+static int get_raw(dqc_client *c, const dqc_seq *s, int kind, uint32_t first_layer, uint32_t num_layers,
+                   dqc_raw_result *res);
+
 int dqc_get_raw(dqc_client *c, const dqc_seq *s, uint32_t first_layer, uint32_t num_layers, dqc_raw_result *res)
+{
+    return get_raw(c, s, DQUANT__SEQ_KIND__SEQUENCE, first_layer, num_layers, res);
+}
+
+int dqc_get_chunk_raw(dqc_client *c, const char *ns, const uint8_t *key, dqc_raw_result *res)
+{
+    dqc_seq s = {ns, key, DQC_CHUNK_KEY_BYTES};
+    DQC_CHECK_HANDLE(c);
+    DQC_CHECK_ARG(c, key, "get_chunk_raw: key is NULL");
+    return get_raw(c, &s, DQUANT__SEQ_KIND__CHUNK, 0, 0, res);
+}
+
+int dqc_get_chunk(dqc_client *c, const char *ns, const uint8_t *key, dq_dtype dtype, dqc_get_result *res)
+{
+    DQC_CHECK_HANDLE(c);
+    DQC_CHECK_ARG(c, key, "get_chunk: key is NULL");
+    dqc_get_args a = {.seq = {ns, key, DQC_CHUNK_KEY_BYTES}, .dtype = dtype};
+    return get_typed(c, "get_chunk", &a, DQUANT__SEQ_KIND__CHUNK, res);
+}
+
+static int get_raw(dqc_client *c, const dqc_seq *s, int kind, uint32_t first_layer, uint32_t num_layers,
+                   dqc_raw_result *res)
 {
     DQC_CHECK_HANDLE(c);
     DQC_CHECK_ARG(c, res, "get_raw: res is required");
@@ -296,7 +371,7 @@ int dqc_get_raw(dqc_client *c, const dqc_seq *s, uint32_t first_layer, uint32_t 
     g.num_layers = num_layers;
     g.format = DQUANT__GET_FORMAT__GET_RAW;
     dqc__reply rep;
-    DQC_FORWARD(get_call(c, "get_raw", s, &g, &res->mem_, &res->mem_cap_, &rep));
+    DQC_FORWARD(get_call(c, "get_raw", s, kind, &g, &res->mem_, &res->mem_cap_, &rep));
     const Dquant__GetReply *r = rep.resp->get;
     int rc = dqc__copy_profile(c, &r->profile, res->profile, &res->profile_len);
     if (!rc && num_layers && r->n_raw != num_layers)
@@ -612,11 +687,12 @@ void dqc_decompress_result_free(dqc_decompress_result *res)
 
 /* ---- DELETE / PIN / UNPIN ---- */
 
-static int seq_op(dqc_client *c, const char *op, Dquant__Request__BodyCase which, const dqc_seq *s)
+static int seq_op(dqc_client *c, const char *op, Dquant__Request__BodyCase which, const dqc_seq *s, int kind)
 {
     DQC_CHECK_HANDLE(c);
     Dquant__SeqRef seq;
     DQC_FORWARD(seq_fill(c, op, s, &seq));
+    seq.kind = (Dquant__SeqKind)kind;
     Dquant__Delete del = DQUANT__DELETE__INIT;
     Dquant__Pin pin = DQUANT__PIN__INIT;
     Dquant__Unpin unpin = DQUANT__UNPIN__INIT;
@@ -644,17 +720,41 @@ static int seq_op(dqc_client *c, const char *op, Dquant__Request__BodyCase which
 
 int dqc_delete(dqc_client *client, const dqc_seq *seq)
 {
-    return seq_op(client, "delete", DQUANT__REQUEST__BODY_DELETE, seq);
+    return seq_op(client, "delete", DQUANT__REQUEST__BODY_DELETE, seq, DQUANT__SEQ_KIND__SEQUENCE);
 }
 
 int dqc_pin(dqc_client *client, const dqc_seq *seq)
 {
-    return seq_op(client, "pin", DQUANT__REQUEST__BODY_PIN, seq);
+    return seq_op(client, "pin", DQUANT__REQUEST__BODY_PIN, seq, DQUANT__SEQ_KIND__SEQUENCE);
 }
 
 int dqc_unpin(dqc_client *client, const dqc_seq *seq)
 {
-    return seq_op(client, "unpin", DQUANT__REQUEST__BODY_UNPIN, seq);
+    return seq_op(client, "unpin", DQUANT__REQUEST__BODY_UNPIN, seq, DQUANT__SEQ_KIND__SEQUENCE);
+}
+
+/* DELETE, PIN, UNPIN of a chunk. */
+static int chunk_op(dqc_client *c, const char *op, Dquant__Request__BodyCase which, const char *ns, const uint8_t *key)
+{
+    DQC_CHECK_HANDLE(c);
+    DQC_CHECK_ARG(c, key, "%s: key is NULL", op);
+    const dqc_seq s = {ns, key, DQC_CHUNK_KEY_BYTES};
+    return seq_op(c, op, which, &s, DQUANT__SEQ_KIND__CHUNK);
+}
+
+int dqc_delete_chunk(dqc_client *client, const char *ns, const uint8_t *key)
+{
+    return chunk_op(client, "delete_chunk", DQUANT__REQUEST__BODY_DELETE, ns, key);
+}
+
+int dqc_pin_chunk(dqc_client *client, const char *ns, const uint8_t *key)
+{
+    return chunk_op(client, "pin_chunk", DQUANT__REQUEST__BODY_PIN, ns, key);
+}
+
+int dqc_unpin_chunk(dqc_client *client, const char *ns, const uint8_t *key)
+{
+    return chunk_op(client, "unpin_chunk", DQUANT__REQUEST__BODY_UNPIN, ns, key);
 }
 
 /* ---- STATS ---- */
@@ -761,6 +861,142 @@ int dqc__nccl_setup_call(dqc_client *c, int cuda_device, dqc__reply *rep)
     req.body_case = DQUANT__REQUEST__BODY_NCCL_SETUP;
     req.nccl_setup = &ns;
     return dqc__call(c, &req, NULL, 0, 1, DQUANT__RESPONSE__BODY_NCCL_SETUP, NULL, NULL, rep);
+}
+
+/* ---- shared KV tier ---- */
+
+size_t dqc_chunk_keys(const char *ns, const uint32_t *tokens, size_t ntokens, uint32_t chunk_tokens,
+                      const uint8_t *parent, uint8_t *out, size_t max_keys)
+{
+    if (!out || (!tokens && ntokens))
+        return 0;
+    if (!ns)
+        ns = "";
+    return dq_chunk_keys(ns, strlen(ns), parent, tokens, ntokens, chunk_tokens, out, max_keys);
+}
+
+int dqc_put_chunks(dqc_client *c, const dqc_put_chunks_args *a, dqc_put_chunks_result *res)
+{
+    DQC_CHECK_HANDLE(c);
+    if (res)
+        memset(res, 0, sizeof *res);
+    DQC_CHECK_ARG(c, a, "put_chunks: args is NULL");
+    DQC_CHECK_ARG(c, a->model && a->model[0], "put_chunks: model name required");
+    DQC_CHECK_ARG(c, a->nkeys && a->layers && a->chunk_tokens && a->kv_heads && a->head_dim,
+                  "put_chunks: nkeys, layers, chunk_tokens, kv_heads and head_dim must be positive");
+    DQC_CHECK_ARG(c, dtype_ok(a->dtype), "put_chunks: unsupported dtype %d", (int)a->dtype);
+    DQC_CHECK_ARG(c, a->k && a->v, "put_chunks: k and v are required");
+    uint64_t shape[4] = {a->layers, (uint64_t)a->nkeys * a->chunk_tokens, a->kv_heads, a->head_dim};
+    size_t bytes;
+    if (a->nkeys > UINT32_MAX || !mul_size(&bytes, dtype_size(a->dtype), shape, 4) || bytes > SIZE_MAX / 2)
+        return dqc__fail(c, DQ_TOO_LARGE, "put_chunks: tensor size overflows");
+    Dquant__Tensor k, v;
+    tensor_set(&k, (int)a->dtype, shape, 4, 0, bytes);
+    tensor_set(&v, (int)a->dtype, shape, 4, bytes, bytes);
+    Dquant__PutChunks pc = DQUANT__PUT_CHUNKS__INIT;
+    pc.ns = (char *)(a->ns ? a->ns : "");
+    pc.model = (char *)a->model;
+    DQC_FORWARD(keys_fill(c, "put_chunks", a->keys, a->nkeys, &pc.keys));
+    pc.n_keys = a->nkeys;
+    pc.parent.data = (uint8_t *)a->parent;
+    pc.parent.len = a->parent ? DQC_CHUNK_KEY_BYTES : 0;
+    pc.k = &k;
+    pc.v = &v;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_PUT_CHUNKS;
+    req.put_chunks = &pc;
+    struct iovec iov[2] = {{(void *)a->k, bytes}, {(void *)a->v, bytes}};
+    dqc__reply rep;
+    int rc = dqc__call(c, &req, iov, 2, 1, DQUANT__RESPONSE__BODY_PUT_CHUNKS, NULL, NULL, &rep);
+    free(pc.keys);
+    DQC_FORWARD(rc);
+    if (res) {
+        const Dquant__PutChunksReply *r = rep.resp->put_chunks;
+        res->stored = r->stored;
+        res->deduped = r->deduped;
+        res->streams_encoded = r->streams_encoded;
+    }
+    dqc__reply_free(&rep);
+    return 0;
+}
+
+int dqc_get_chunks(dqc_client *c, const char *ns, const uint8_t *keys, size_t nkeys, dq_dtype dtype,
+                   dqc_get_result *res)
+{
+    DQC_CHECK_HANDLE(c);
+    DQC_CHECK_ARG(c, res && nkeys, "get_chunks: res and at least one key are required");
+    DQC_CHECK_ARG(c, dtype_ok(dtype), "get_chunks: unsupported dtype %d", (int)dtype);
+    RESULT_RESET(res);
+    Dquant__Get g = DQUANT__GET__INIT;
+    g.chunk_ns = (char *)(ns ? ns : "");
+    g.format = get_format(dtype);
+    DQC_FORWARD(keys_fill(c, "get_chunks", keys, nkeys, &g.chunk_keys));
+    g.n_chunk_keys = nkeys;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_GET;
+    req.get = &g;
+    dqc__reply rep;
+    int rc = dqc__call(c, &req, NULL, 0, 1, DQUANT__RESPONSE__BODY_GET, &res->mem_, &res->mem_cap_, &rep);
+    free(g.chunk_keys);
+    DQC_FORWARD(rc);
+    const dqc_get_args a = {.dtype = dtype};
+    const Dquant__GetReply *r = rep.resp->get;
+    size_t kb = 0;
+    rc = dqc__get_check(c, "get_chunks", &a, r, rep.payload_len, &kb);
+    if (!rc) {
+        dqc__get_meta(r, dtype, kb, res);
+        res->k = kb ? rep.payload + r->k->offset : NULL;
+        res->v = kb ? rep.payload + r->v->offset : NULL;
+    }
+    dqc__reply_free(&rep);
+    return rc;
+}
+
+int dqc_lookup(dqc_client *c, const char *ns, const char *model, const uint8_t *keys, size_t nkeys, uint32_t lease_ms,
+               dqc_lookup_result *res)
+{
+    DQC_CHECK_HANDLE(c);
+    if (res)
+        memset(res, 0, sizeof *res);
+    DQC_CHECK_ARG(c, model && model[0], "lookup: model name required");
+    Dquant__Lookup l = DQUANT__LOOKUP__INIT;
+    l.ns = (char *)(ns ? ns : "");
+    l.model = (char *)model;
+    l.lease_ms = lease_ms;
+    DQC_FORWARD(keys_fill(c, "lookup", keys, nkeys, &l.keys));
+    l.n_keys = nkeys;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_LOOKUP;
+    req.lookup = &l;
+    dqc__reply rep;
+    int rc = dqc__call(c, &req, NULL, 0, !lease_ms, DQUANT__RESPONSE__BODY_LOOKUP, NULL, NULL, &rep);
+    free(l.keys);
+    DQC_FORWARD(rc);
+    if (res) {
+        const Dquant__LookupReply *r = rep.resp->lookup;
+        res->hits = r->hits;
+        res->hit_tokens = r->hit_tokens;
+        res->chunk_tokens = r->chunk_tokens;
+        res->lease_id = r->lease_id;
+        res->lease_ms = r->lease_ms;
+    }
+    dqc__reply_free(&rep);
+    return 0;
+}
+
+int dqc_release_lease(dqc_client *c, uint64_t lease_id)
+{
+    DQC_CHECK_HANDLE(c);
+    DQC_CHECK_ARG(c, lease_id, "release_lease: lease_id 0 is no lease");
+    Dquant__Lookup l = DQUANT__LOOKUP__INIT;
+    l.release_lease = lease_id;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_LOOKUP;
+    req.lookup = &l;
+    dqc__reply rep;
+    DQC_FORWARD(dqc__call(c, &req, NULL, 0, 0, DQUANT__RESPONSE__BODY_LOOKUP, NULL, NULL, &rep));
+    dqc__reply_free(&rep);
+    return 0;
 }
 
 /* ---- PING ---- */

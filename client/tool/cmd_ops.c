@@ -868,3 +868,110 @@ out:
     cli_conn_free(&cc);
     return status;
 }
+
+/* ================================ lookup ================================ */
+
+static const char lookup_help[] =
+    "NAME\n"
+    "       dquant lookup - how much of a prompt's prefix the shared KV tier holds\n"
+    "\n"
+    "SYNOPSIS\n"
+    "       dquant lookup --model NAME [--ns NS] [--chunk-tokens N] --tokens FILE\n"
+    "\n"
+    "DESCRIPTION\n"
+    "       Reads the prompt's token ids (decimal, separated by blanks, commas or newlines) from\n"
+    "       FILE (- for stdin), computes the keys of its full chunks (dqc_chunk_keys) and asks the\n"
+    "       daemon how many leading chunks it holds. Prints \"HITS of CHUNKS chunks, TOKENS\n"
+    "       tokens\".\n"
+    "\n"
+    "OPTIONS\n"
+    "   --model NAME\n"
+    "       The registered model whose chunks to look up.\n"
+    "   --ns NS\n"
+    "       The namespace (default: the default namespace).\n"
+    "   --chunk-tokens N\n"
+    "       The model's chunk size (default 256).\n"
+    "   --tokens FILE\n"
+    "       The prompt's token ids.\n" CLI_CONN_HELP "\n" EXIT_HELP "\n"
+    "EXAMPLES\n"
+    "       dquant lookup --model m --tokens prompt.txt\n";
+
+/* Token ids from f into *out (malloc'd). 0, or -1 on a bad id or no memory. */
+static int read_tokens(FILE *f, uint32_t **out, size_t *n)
+{
+    size_t cap = 1024, len = 0;
+    uint32_t *t = malloc(cap * sizeof *t);
+    unsigned long long v;
+    int ch;
+    while (t) {
+        while ((ch = getc(f)) == ' ' || ch == ',' || ch == '\n' || ch == '\t' || ch == '\r')
+            ;
+        if (ch == EOF)
+            break;
+        ungetc(ch, f);
+        if (fscanf(f, "%llu", &v) != 1 || v > UINT32_MAX) {
+            free(t);
+            return -1;
+        }
+        if (len == cap) {
+            uint32_t *nt = realloc(t, (cap *= 2) * sizeof *t);
+            if (!nt)
+                free(t);
+            t = nt;
+            if (!t)
+                break;
+        }
+        t[len++] = (uint32_t)v;
+    }
+    *out = t;
+    *n = len;
+    return t ? 0 : -1;
+}
+
+int dq_cmd_lookup(int argc, char **argv)
+{
+    const char *prog = "lookup";
+    cli_conn cc;
+    cli_conn_init(&cc);
+    const char *model = NULL, *ns = NULL, *path = NULL;
+    uint32_t chunk_tokens = 256;
+    dqc_client *c = NULL;
+    uint32_t *tok = NULL;
+    uint8_t *keys = NULL;
+    FILE *f = NULL;
+    const cli_opt opts[] = {
+        CLI_STR("model", &model), CLI_STR("ns", &ns), CLI_U32("chunk-tokens", &chunk_tokens, 1),
+        CLI_STR("tokens", &path), CLI_OPT_END,
+    };
+    int status = cli_parse(argc, argv, prog, lookup_help, opts, &cc);
+    if (status != CLI_CONTINUE)
+        goto out;
+    EXIT_IF(!model || !path, CLI_USAGE, "--model and --tokens are required");
+    f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
+    EXIT_IF(!f, CLI_FAILED, "cannot open %s", path);
+    size_t n = 0;
+    EXIT_IF(read_tokens(f, &tok, &n) < 0, CLI_FAILED, "%s: not a list of token ids", path);
+    const size_t nkeys = n / chunk_tokens;
+    keys = malloc(nkeys ? nkeys * DQC_CHUNK_KEY_BYTES : 1);
+    EXIT_IF(!keys, CLI_FAILED, "out of memory");
+    dqc_chunk_keys(ns, tok, n, chunk_tokens, NULL, keys, nkeys);
+    status = CLI_FAILED;
+    if (cli_connect(&cc, prog, &c))
+        goto out;
+    dqc_lookup_result r;
+    int rc = dqc_lookup(c, ns, model, keys, nkeys, 0, &r);
+    if (rc) {
+        cli_call_error(prog, "lookup", c, rc);
+        goto out;
+    }
+    printf("%llu of %zu chunks, %llu tokens\n", (unsigned long long)r.hits, nkeys, (unsigned long long)r.hit_tokens);
+    status = CLI_OK;
+out:
+    if (f && f != stdin)
+        fclose(f);
+    free(tok);
+    free(keys);
+    dqc_free(c);
+    cli_conn_free(&cc);
+    return status;
+}

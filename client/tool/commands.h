@@ -16,6 +16,7 @@ int dq_cmd_pin(int argc, char **argv);
 int dq_cmd_unpin(int argc, char **argv);
 int dq_cmd_stats(int argc, char **argv);
 int dq_cmd_ping(int argc, char **argv);
+int dq_cmd_lookup(int argc, char **argv);
 
 /* client/tool/cmd_demo.c: the main job (prefill + decode steps through a running daemon) */
 int dq_cmd_demo(int argc, char **argv);

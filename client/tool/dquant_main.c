@@ -21,6 +21,7 @@ static const subcmd subcmds[] = {
     {"unpin", dq_cmd_unpin, "make a sequence evictable again"},
     {"stats", dq_cmd_stats, "print the daemon's counters and gauges"},
     {"ping", dq_cmd_ping, "check that the daemon answers; round-trip times"},
+    {"lookup", dq_cmd_lookup, "leading chunks of a prompt the shared KV tier holds"},
     {"bench", dq_cmd_bench, "load generator: N connections x M requests, latency percentiles"},
     {"demo", dq_cmd_demo, "the main job: a real prefill and decode steps through the daemon"},
     {"codec", dq_cmd_codec, "run the codec locally (libdquant) on given data"},

@@ -45,6 +45,10 @@ static void check_request(const uint8_t *header, size_t header_len, const uint8_
         case DQD_OP_PUT:
             (void)dqd_validate_put(req->put, &pl, &model, &a, &b2, msg, sizeof msg);
             break;
+        case DQD_OP_PUT_CHUNKS:
+            /* chunk_tokens 4 keeps the corpus' chunks small */
+            (void)dqd_validate_put_chunks(req->put_chunks, &pl, &model, 4, &a, &b2, msg, sizeof msg);
+            break;
         case DQD_OP_GET:
             (void)dqd_validate_get(req->get, &model, &first, &num, msg, sizeof msg);
             break;

@@ -291,5 +291,89 @@ int main(int argc, char **argv)
     write_file("garbage.bin", garbage, sizeof garbage);
     write_file("garbage_http.bin", (const uint8_t *)"GET / HTTP/1.1\r\nHost: x\r\n\r\n", 27);
     write_file("empty.bin", garbage, 0);
+    /* The shared KV tier: PUT_CHUNKS (every layer of the 4-layer model, one chunk of T tokens: the
+     * fuzz target checks it with chunk_tokens T), LOOKUP with a lease, a lease release, chunk
+     * SeqRefs; then keys of the wrong length and a lease over the limit. */
+    static float ck[4 * T * KV * HD], cv[4 * T * KV * HD];
+    fill(ck, sizeof ck / 4);
+    fill(cv, sizeof cv / 4);
+    uint8_t ckey[2][16], cparent[16];
+    for (int i = 0; i < 16; i++) {
+        ckey[0][i] = (uint8_t)(0xa0 + i);
+        ckey[1][i] = (uint8_t)(0xb0 + i);
+        cparent[i] = (uint8_t)i;
+    }
+    ProtobufCBinaryData ckeys[2] = {{16, ckey[0]}, {16, ckey[1]}};
+    wire_payload cpl = {0};
+    Dquant__Tensor ctk, ctv;
+    uint64_t cshape[4] = {4, T, KV, HD};
+    wire_tensor(&cpl, &ctk, DQUANT__DTYPE__F32, cshape, 4, ck, sizeof ck);
+    wire_tensor(&cpl, &ctv, DQUANT__DTYPE__F32, cshape, 4, cv, sizeof cv);
+    Dquant__PutChunks pc = DQUANT__PUT_CHUNKS__INIT;
+    pc.ns = "engine-a";
+    pc.model = "tiny";
+    pc.n_keys = 1;
+    pc.keys = ckeys;
+    pc.parent.data = cparent;
+    pc.parent.len = sizeof cparent;
+    pc.k = &ctk;
+    pc.v = &ctv;
+    req.body_case = DQUANT__REQUEST__BODY_PUT_CHUNKS;
+    req.put_chunks = &pc;
+    emit("put_chunks.bin", &req, &cpl, 30);
+    pc.n_keys = 2; /* tokens for one chunk only */
+    emit("bad_put_chunks_tokens.bin", &req, &cpl, 31);
+    pc.n_keys = 1;
+    ckeys[0].len = 15;
+    emit("bad_put_chunks_key.bin", &req, &cpl, 32);
+    ckeys[0].len = 16;
+    wire_payload_free(&cpl);
+
+    Dquant__Lookup lk = DQUANT__LOOKUP__INIT;
+    lk.ns = "engine-a";
+    lk.model = "tiny";
+    lk.n_keys = 2;
+    lk.keys = ckeys;
+    lk.lease_ms = 1000;
+    req.body_case = DQUANT__REQUEST__BODY_LOOKUP;
+    req.lookup = &lk;
+    emit("lookup_lease.bin", &req, NULL, 33);
+    lk.lease_ms = 1u << 31;
+    emit("bad_lookup_lease.bin", &req, NULL, 34);
+    lk.lease_ms = 0;
+    ckeys[1].len = 17;
+    emit("bad_lookup_key.bin", &req, NULL, 35);
+    ckeys[1].len = 16;
+    Dquant__Lookup rel = DQUANT__LOOKUP__INIT;
+    rel.release_lease = 7;
+    req.lookup = &rel;
+    emit("lookup_release.bin", &req, NULL, 36);
+
+    Dquant__SeqRef cref = DQUANT__SEQ_REF__INIT;
+    cref.ns = "engine-a";
+    cref.key = ckeys[0];
+    cref.kind = DQUANT__SEQ_KIND__CHUNK;
+    Dquant__Get cget = DQUANT__GET__INIT;
+    cget.seq = &cref;
+    cget.format = DQUANT__GET_FORMAT__GET_RAW;
+    req.body_case = DQUANT__REQUEST__BODY_GET;
+    req.get = &cget;
+    emit("get_chunk_raw.bin", &req, NULL, 37);
+    del.seq = &cref;
+    req.body_case = DQUANT__REQUEST__BODY_DELETE;
+    req.delete_ = &del;
+    emit("delete_chunk.bin", &req, NULL, 38);
+    cref.key.len = 4;
+    emit("bad_delete_chunk_key.bin", &req, NULL, 39);
+    Dquant__Get cgets = DQUANT__GET__INIT;
+    cgets.chunk_ns = "engine-a";
+    cgets.n_chunk_keys = 2;
+    cgets.chunk_keys = ckeys;
+    cgets.format = DQUANT__GET_FORMAT__GET_BF16;
+    req.body_case = DQUANT__REQUEST__BODY_GET;
+    req.get = &cgets;
+    emit("get_chunks.bin", &req, NULL, 40);
+    cgets.format = DQUANT__GET_FORMAT__GET_RAW;
+    emit("bad_get_chunks_raw.bin", &req, NULL, 41);
     return 0;
 }

@@ -400,3 +400,97 @@ Test(validate, nccl_payload)
     g.format = DQUANT__GET_FORMAT__GET_BF16;
     cr_assert_eq(dqd_request_validate(&get, PL(payload, 0), &lim, &op, msg, sizeof msg), 0, "%s", msg);
 }
+
+/* The shared KV tier's messages: key sizes, the key and lease limits, chunk SeqRefs, what PUT and
+ * GET refuse for chunks, and PUT_CHUNKS' token count against the model (chunk_tokens 2 here). */
+Test(validate, chunk_messages)
+{
+    static uint8_t k16[2][16], k15[15];
+    ProtobufCBinaryData keys[2] = {{16, k16[0]}, {16, k16[1]}};
+    dqd_op op;
+    lim.max_lookup_keys = 2;
+    lim.max_lease_ms = 1000;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    Dquant__Lookup l = DQUANT__LOOKUP__INIT;
+    l.model = "m";
+    l.n_keys = 2;
+    l.keys = keys;
+    l.lease_ms = 1000;
+    req.body_case = DQUANT__REQUEST__BODY_LOOKUP;
+    req.lookup = &l;
+    cr_assert_eq(dqd_request_validate(&req, PL(NULL, 0), &lim, &op, msg, sizeof msg), DQ_OK, "%s", msg);
+    cr_assert_eq(op, DQD_OP_LOOKUP);
+    l.lease_ms = 1001;
+    cr_assert_eq(dqd_request_validate(&req, PL(NULL, 0), &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    l.lease_ms = 0;
+    keys[1].len = 17;
+    cr_assert_eq(dqd_request_validate(&req, PL(NULL, 0), &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    keys[1].len = 16;
+    lim.max_lookup_keys = 1;
+    cr_assert_eq(dqd_request_validate(&req, PL(NULL, 0), &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    lim.max_lookup_keys = 2;
+    l.model = "";
+    cr_assert_eq(dqd_request_validate(&req, PL(NULL, 0), &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    l.n_keys = 0; /* a release needs no model */
+    l.release_lease = 3;
+    cr_assert_eq(dqd_request_validate(&req, PL(NULL, 0), &lim, &op, msg, sizeof msg), DQ_OK, "%s", msg);
+
+    /* PUT_CHUNKS: [layers 4, 2 keys x 2 tokens, 2, 64] f16 */
+    uint64_t shape[4] = {4, 4, 2, 64};
+    const uint64_t len = 4 * 4 * 2 * 64 * 2;
+    Dquant__Tensor tk = tensor(DQUANT__DTYPE__F16, shape, 4, 0, len),
+                   tv = tensor(DQUANT__DTYPE__F16, shape, 4, len, len);
+    Dquant__PutChunks pc = DQUANT__PUT_CHUNKS__INIT;
+    pc.model = "m";
+    pc.n_keys = 2;
+    pc.keys = keys;
+    pc.k = &tk;
+    pc.v = &tv;
+    req.body_case = DQUANT__REQUEST__BODY_PUT_CHUNKS;
+    req.put_chunks = &pc;
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 2 * len), &lim, &op, msg, sizeof msg), DQ_OK, "%s", msg);
+    cr_assert_eq(op, DQD_OP_PUT_CHUNKS);
+    dqd_tensor a, b;
+    cr_assert_eq(dqd_validate_put_chunks(&pc, PL(payload, 2 * len), &model, 2, &a, &b, msg, sizeof msg), DQ_OK, "%s",
+                 msg);
+    cr_assert_eq(dqd_validate_put_chunks(&pc, PL(payload, 2 * len), &model, 4, &a, &b, msg, sizeof msg),
+                 DQ_INVALID_ARGUMENT, "4 tokens are not 2 chunks of 4");
+    pc.parent.data = k15;
+    pc.parent.len = sizeof k15;
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 2 * len), &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    pc.parent.len = 0;
+    pc.n_keys = 0;
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 2 * len), &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+
+    /* a chunk SeqRef: 16 bytes; PUT refuses it; GET of chunks is typed and whole */
+    Dquant__SeqRef ref = seqref();
+    ref.kind = DQUANT__SEQ_KIND__CHUNK;
+    Dquant__Delete del = DQUANT__DELETE__INIT;
+    del.seq = &ref;
+    req.body_case = DQUANT__REQUEST__BODY_DELETE;
+    req.delete_ = &del;
+    cr_assert_eq(dqd_request_validate(&req, PL(NULL, 0), &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    ref.key.data = k16[0];
+    ref.key.len = 16;
+    cr_assert_eq(dqd_request_validate(&req, PL(NULL, 0), &lim, &op, msg, sizeof msg), DQ_OK, "%s", msg);
+    put_fixture f;
+    make_put(&f);
+    f.seq.kind = DQUANT__SEQ_KIND__CHUNK;
+    f.seq.key.data = k16[0];
+    f.seq.key.len = 16;
+    cr_assert_eq(validate_put(&f, 1024), DQ_INVALID_ARGUMENT);
+    Dquant__Get g = DQUANT__GET__INIT;
+    g.n_chunk_keys = 2;
+    g.chunk_keys = keys;
+    req.body_case = DQUANT__REQUEST__BODY_GET;
+    req.get = &g;
+    cr_assert_eq(dqd_request_validate(&req, PL(NULL, 0), &lim, &op, msg, sizeof msg), DQ_OK, "%s", msg);
+    g.tokens = 1;
+    cr_assert_eq(dqd_request_validate(&req, PL(NULL, 0), &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    g.tokens = 0;
+    g.format = DQUANT__GET_FORMAT__GET_RAW;
+    cr_assert_eq(dqd_request_validate(&req, PL(NULL, 0), &lim, &op, msg, sizeof msg), DQ_UNSUPPORTED);
+    g.format = DQUANT__GET_FORMAT__GET_F16;
+    g.seq = &ref;
+    cr_assert_eq(dqd_request_validate(&req, PL(NULL, 0), &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+}

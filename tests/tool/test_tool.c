@@ -56,6 +56,21 @@ Test(tool, subcommands_against_a_daemon)
     cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "registered") != NULL, "%s", out);
 
+    /* lookup: the keys of a 600-token prompt's 2 full chunks (256 each), none held yet */
+    char tf[sizeof D.dir + 16];
+    snprintf(tf, sizeof tf, "%s/prompt.txt", D.dir);
+    FILE *tok = fopen(tf, "w");
+    cr_assert_not_null(tok);
+    for (int i = 0; i < 600; i++)
+        fprintf(tok, "%d%c", i * 7 % 32000, i % 16 == 15 ? '\n' : ' ');
+    fclose(tok);
+    snprintf(cmd, sizeof cmd, "%s lookup --connect %s --model cli --tokens %s 2>&1", tool, D.addr, tf);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_str_eq(out, "0 of 2 chunks, 0 tokens\n");
+    snprintf(cmd, sizeof cmd, "%s lookup --connect %s --model nope --tokens %s 2>&1", tool, D.addr, tf);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "NOT_FOUND") != NULL, "%s", out);
+
     snprintf(cmd, sizeof cmd,
              "%s put --connect %s --model cli --key k1 --layers 2 --tokens 300 --kv-heads 2 --head-dim 64 "
              "--random 5 2>&1",

@@ -170,6 +170,12 @@ typedef struct dqc_model_info {
 /* Registers a model (idempotent for an identical spec; a different spec under the same name is
  * DQ_EXISTS). info may be NULL. */
 DQC_API int dqc_register_model(dqc_client *client, const dqc_model_spec *spec, dqc_model_info *info);
+/* The same with the model's chunk size for the shared KV tier (see "chunks" below): chunk_tokens 0
+ * means 256; else it must be a multiple of the profile's window W (DQ_INVALID_ARGUMENT). The
+ * size the server uses goes to *chunk_tokens_out (may be NULL). A separate function rather than a
+ * new field of dqc_model_spec, so that the structs' layout (and bindings that mirror it) stays. */
+DQC_API int dqc_register_model_ex(dqc_client *client, const dqc_model_spec *spec, uint32_t chunk_tokens,
+                                  dqc_model_info *info, uint32_t *chunk_tokens_out);
 
 /* ---- PUT ---- */
 
@@ -360,6 +366,100 @@ DQC_API void dqc_stats_result_free(dqc_stats_result *res);
 /* Look-ups by exact name. Return 0 or DQ_NOT_FOUND (then *value is left untouched). */
 DQC_API int dqc_stats_counter(const dqc_stats_result *res, const char *name, uint64_t *value);
 DQC_API int dqc_stats_gauge(const dqc_stats_result *res, const char *name, double *value);
+
+/* ---- shared KV tier: chunks keyed by prefix ----
+ *
+ * A chunk is chunk_tokens consecutive tokens (the model's, see dqc_register_model_ex) of every
+ * layer. Its key is a hash chain over (namespace, the previous chunk's key, the chunk's token ids)
+ * (proto/chunkkey.h), so every client of one namespace computes the same keys for the same prompt
+ * prefix and reuses any other client's chunks. The daemon sees no token ids and does not verify
+ * keys. Chunks are stored apart from sequences: a chunk key never aliases a sequence key. */
+
+#define DQC_CHUNK_KEY_BYTES 16
+
+/* The keys of the full chunks of a prompt of ntokens token ids, chained from parent (NULL: the
+ * prompt's start; else the 16-byte key of the chunk before tokens[0]): min(ntokens /
+ * chunk_tokens, max_keys) keys written back to back into out (16 bytes each). A final partial
+ * chunk has no key. Returns the number of keys (0 when chunk_tokens is 0, out is NULL, or tokens
+ * is NULL with ntokens > 0). Pure: no handle, no I/O; every pointer borrowed; any thread. */
+DQC_API size_t dqc_chunk_keys(const char *ns, const uint32_t *tokens, size_t ntokens, uint32_t chunk_tokens,
+                              const uint8_t *parent, uint8_t *out, size_t max_keys);
+
+/* PUT_CHUNKS: stores nkeys chunks given in prompt order. k and v are [layers, nkeys ·
+ * chunk_tokens, kv_heads, head_dim] of dtype (every layer of the model), contiguous, borrowed.
+ * parent: NULL at the prompt's start, else the 16-byte key before keys[0], which the daemon must
+ * hold (DQ_NOT_FOUND "parent chunk not held" otherwise, nothing stored). A chunk already held is
+ * acknowledged without being encoded again (deduped); concurrent PUT_CHUNKS of one chunk store it
+ * once. Each chunk is stored all or nothing; when one fails, the chunks before it stay. Errors:
+ * DQ_INVALID_ARGUMENT (tokens not nkeys · the model's chunk_tokens, more keys than the server's
+ * max_lookup_keys), DQ_SHAPE, DQ_NOT_FOUND (model, parent), DQ_NONFINITE, DQ_RANGE,
+ * DQ_RESOURCE_EXHAUSTED, and the call errors. Repeated after a break in flight (idempotent). */
+typedef struct dqc_put_chunks_args {
+    const char *ns;      /* NULL or "": the default namespace */
+    const char *model;   /* required */
+    const uint8_t *keys; /* nkeys · DQC_CHUNK_KEY_BYTES bytes */
+    size_t nkeys;
+    const uint8_t *parent; /* NULL or DQC_CHUNK_KEY_BYTES bytes */
+    uint32_t layers, chunk_tokens, kv_heads, head_dim;
+    dq_dtype dtype;
+    const void *k, *v;
+} dqc_put_chunks_args;
+
+typedef struct dqc_put_chunks_result {
+    uint64_t stored;  /* chunks encoded by this call */
+    uint64_t deduped; /* chunks that were held already */
+    uint64_t streams_encoded;
+} dqc_put_chunks_result;
+
+/* res may be NULL. */
+DQC_API int dqc_put_chunks(dqc_client *client, const dqc_put_chunks_args *args, dqc_put_chunks_result *res);
+
+typedef struct dqc_lookup_result {
+    uint64_t hits;         /* leading keys held (the count stops at the first miss) */
+    uint64_t hit_tokens;   /* hits · chunk_tokens */
+    uint32_t chunk_tokens; /* the model's */
+    uint64_t lease_id;     /* 0: no lease (lease_ms 0, or no hits) */
+    uint32_t lease_ms;     /* the lease's duration */
+} dqc_lookup_result;
+
+/* LOOKUP: how many leading keys (nkeys · 16 bytes in prompt order; borrowed) of model's chunks in
+ * ns the daemon holds. With lease_ms > 0 the chunks found are leased to this connection for that
+ * long: they are not evicted until the lease expires, is released (dqc_release_lease) or the
+ * connection closes (a reconnect loses the handle's leases). res may be NULL. Errors:
+ * DQ_INVALID_ARGUMENT (more than max_lookup_keys keys, lease_ms over max_lease_ms),
+ * DQ_RESOURCE_EXHAUSTED (the connection holds max_leases leases), DQ_NOT_FOUND (model), the call
+ * errors. Not repeated after a break in flight when it leases. */
+DQC_API int dqc_lookup(dqc_client *client, const char *ns, const char *model, const uint8_t *keys, size_t nkeys,
+                       uint32_t lease_ms, dqc_lookup_result *res);
+/* Ends a lease of this connection before it expires. DQ_NOT_FOUND when there is no such lease
+ * (expired, released, or taken on another connection). */
+DQC_API int dqc_release_lease(dqc_client *client, uint64_t lease_id);
+
+/* PUT that creates a sequence built on nprefix held chunks (prefix_keys: nprefix · 16 bytes, in
+ * prompt order, of the sequence's namespace and model; borrowed): the chunks stay (no eviction,
+ * dqc_delete_chunk is DQ_BUSY) until the sequence goes, and ATTEND on the sequence covers the
+ * chunks' tokens and then its own, with one softmax. The sequence's own tokens are numbered from 0
+ * (start_token, GET). Errors as dqc_put, and DQ_NOT_FOUND "prefix chunk N not held",
+ * DQ_INVALID_ARGUMENT when the sequence exists already. Not retried after a break in flight. */
+DQC_API int dqc_put_on_prefix(dqc_client *client, const dqc_put_args *args, const uint8_t *prefix_keys, size_t nprefix,
+                              dqc_put_result *res);
+
+/* One whole chunk (every layer, chunk_tokens tokens) decoded to dtype, or as stored (GET_RAW);
+ * key: 16 bytes, borrowed. res as for dqc_get / dqc_get_raw. DQ_NOT_FOUND when not held. */
+DQC_API int dqc_get_chunk(dqc_client *client, const char *ns, const uint8_t *key, dq_dtype dtype, dqc_get_result *res);
+DQC_API int dqc_get_chunk_raw(dqc_client *client, const char *ns, const uint8_t *key, dqc_raw_result *res);
+/* nkeys whole chunks (keys: nkeys · 16 bytes, borrowed) decoded to dtype, their tokens one after
+ * the other: k and v [layers, nkeys · chunk_tokens, kv_heads, head_dim] in res (as dqc_get).
+ * DQ_NOT_FOUND "chunk N not held" when one is missing (nothing is returned then). */
+DQC_API int dqc_get_chunks(dqc_client *client, const char *ns, const uint8_t *keys, size_t nkeys, dq_dtype dtype,
+                           dqc_get_result *res);
+
+/* DELETE, PIN, UNPIN of one chunk (key: 16 bytes, borrowed), as for sequences: a pinned chunk is
+ * never evicted. DQ_NOT_FOUND when not held; DQ_BUSY from dqc_delete_chunk while a sequence is
+ * built on the chunk (dqc_put_on_prefix). */
+DQC_API int dqc_delete_chunk(dqc_client *client, const char *ns, const uint8_t *key);
+DQC_API int dqc_pin_chunk(dqc_client *client, const char *ns, const uint8_t *key);
+DQC_API int dqc_unpin_chunk(dqc_client *client, const char *ns, const uint8_t *key);
 
 /* ---- PING ---- */
 
