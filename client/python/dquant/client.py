@@ -320,9 +320,12 @@ class Client:
                 "profile": bytes(info.profile[:info.profile_len]), "chunk_tokens": ct_out}
 
     def put(self, key: Key, k: Array, v: Array, model: str, start_token: int = 0, first_layer: int = 0,
-            ns: Optional[str] = None) -> Dict[str, int]:
+            ns: Optional[str] = None, prefix_chunks: Optional[Sequence[bytes]] = None) -> Dict[str, int]:
         """Appends k and v ([num_layers, tokens, kv_heads, head_dim], f32/f16/bf16) to layers
-        [first_layer, first_layer + num_layers) of sequence key at start_token. Returns a dict."""
+        [first_layer, first_layer + num_layers) of sequence key at start_token. Returns a dict.
+        prefix_chunks (chunk keys held by the daemon, in prompt order; only on the PUT that creates the
+        sequence): the sequence is built on those chunks, its own tokens following theirs, and ATTEND
+        on it covers the chunks and its own tokens with one softmax (dqc_put_on_prefix)."""
         kin = T.Input(k)
         vin = T.Input(v, want=kin.dtype)
         if len(kin.shape) != 4 or vin.shape != kin.shape:
@@ -334,7 +337,12 @@ class Client:
         a.num_layers, a.tokens, a.kv_heads, a.head_dim = kin.shape
         a.dtype, a.k, a.v = kin.dtype, kin.ptr, vin.ptr
         r = dqc_put_result()
-        self._check(library().dqc_put(self.handle, ctypes.byref(a), ctypes.byref(r)), "put")
+        if prefix_chunks:
+            fn = _chunk_fn("dqc_put_on_prefix", "put")
+            pbuf, npre = _keys_buffer(prefix_chunks, "put")
+            self._check(fn(self.handle, ctypes.byref(a), pbuf, npre, ctypes.byref(r)), "put")
+        else:
+            self._check(library().dqc_put(self.handle, ctypes.byref(a), ctypes.byref(r)), "put")
         del kbuf
         return {"tokens": r.tokens, "stored_bytes": r.stored_bytes, "streams_encoded": r.streams_encoded,
                 "retries": r.retries}
@@ -616,6 +624,8 @@ def chunk_keys(ns: str, tokens: Any, chunk_tokens: int, parent: Optional[bytes] 
 #   int dqc_lookup(dqc_client *c, const char *ns, const char *model, const uint8_t *keys, size_t nkeys,
 #                  uint32_t lease_ms, dqc_lookup_result *res);
 #   int dqc_release_lease(dqc_client *c, uint64_t lease_id);
+#   int dqc_put_on_prefix(dqc_client *c, const dqc_put_args *a, const uint8_t *prefix_keys, size_t nprefix,
+#                         dqc_put_result *res);
 #
 # dqc_lookup_result's lease fields came after its first three: against a library without them C
 # writes only the first 24 bytes of the (larger) ctypes struct, and lease_id reads 0.
@@ -653,6 +663,8 @@ _CHUNK_PROTOS = {
     "dqc_get_chunk": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int,
                                      ctypes.POINTER(dqc_get_result)]),
     "dqc_release_lease": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint64]),
+    "dqc_put_on_prefix": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(dqc_put_args), ctypes.c_void_p,
+                                         ctypes.c_size_t, ctypes.POINTER(dqc_put_result)]),
     "dqc_delete_chunk": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]),
     "dqc_pin_chunk": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]),
     "dqc_unpin_chunk": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]),

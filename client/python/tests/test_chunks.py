@@ -91,6 +91,32 @@ class TestChunkApi(DaemonTest):
         shape = (self.LAYERS, tokens, self.KVH, self.HD)
         return rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32)
 
+    def test_attend_on_prefix(self):
+        """A sequence built on two chunks plus a private tail attends like one sequence holding the
+        same tokens (the windows align at chunk boundaries, so the containers are the same)."""
+        need_symbols("dqc_put_on_prefix")
+        ct, tail = self.CT, 77
+        prompt = np.random.default_rng(21).integers(0, 50000, size=2 * ct).tolist()
+        keys = dquant.chunk_keys("pfx", prompt, ct)
+        k, v = self.kv(2 * ct + tail, 22)
+        self.c.put_chunks(keys, k[:, :2 * ct], v[:, :2 * ct], model="chunky", ns="pfx")
+        self.c.put(b"tail", k[:, 2 * ct:], v[:, 2 * ct:], model="chunky", ns="pfx", prefix_chunks=keys)
+        self.c.put(b"whole", k, v, model="chunky", ns="pfx")
+        q = np.random.default_rng(23).standard_normal((self.Q, self.HD)).astype(np.float32)
+        for layer in range(self.LAYERS):
+            o1, l1 = self.c.attend(b"tail", layer, q, ns="pfx")
+            o2, l2 = self.c.attend(b"whole", layer, q, ns="pfx")
+            self.assertLess(float(np.max(np.abs(o1 - o2)) / np.max(np.abs(o2))), 1e-5)
+            self.assertTrue(np.allclose(l1, l2, rtol=1e-5, atol=1e-5))
+        # the prefix chunks are held by the sequence: deleting one is refused while it exists
+        with self.assertRaises(dquant.ClientError) as cm:
+            self.c.delete_chunk(keys[0], ns="pfx")
+        self.assertEqual(cm.exception.code, dquant.ErrorCode.BUSY)
+        # a prefix chunk that is not held
+        with self.assertRaises(dquant.ClientError) as cm:
+            self.c.put(b"orphan", k[:, :1], v[:, :1], model="chunky", ns="pfx", prefix_chunks=[bytes(16)])
+        self.assertEqual(cm.exception.code, dquant.ErrorCode.NOT_FOUND)
+
     def test_lookup_put_get(self):
         ct = self.CT
         prompt = np.random.default_rng(11).integers(0, 50000, size=3 * ct + 40).tolist()
