@@ -1,6 +1,8 @@
 /* dquant bench: a load generator for dquantd. N connections (one thread each) send M requests
- * each, drawn from a weighted mix of PUT / GET / ATTEND / PING / STATS, and the tool prints the
- * throughput and the latency percentiles of each kind. */
+ * each, drawn from a weighted mix of PUT / GET / ATTEND / PING / STATS and PREFIX (an engine in
+ * front of the shared KV tier: LOOKUP a prompt's chunks, PUT_CHUNKS the missing ones), and the tool
+ * prints the throughput and the latency percentiles of each kind, and for PREFIX the hit rate seen
+ * by the client beside the daemon's own counters. */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -13,8 +15,8 @@
 #include "eval_rng.h"
 #include "commands.h"
 
-enum { OP_PUT, OP_GET, OP_ATTEND, OP_PING, OP_STATS, NOPS };
-static const char *const op_names[NOPS] = {"put", "get", "attend", "ping", "stats"};
+enum { OP_PUT, OP_GET, OP_ATTEND, OP_PING, OP_STATS, OP_PREFIX, NOPS };
+static const char *const op_names[NOPS] = {"put", "get", "attend", "ping", "stats", "prefix"};
 
 #define NERR 32 /* error codes 0 .. -31 */
 
@@ -39,7 +41,24 @@ typedef struct bench_cfg {
     dq_dtype dtype;
     uint64_t seed;
     int quiet, pin;
+    int mix_set;
+    /* PREFIX */
+    double share;           /* probability that a prompt shares a prefix with a base prompt */
+    uint32_t prompts;       /* base prompts */
+    uint64_t prompt_tokens; /* tokens per prompt */
+    uint32_t chunk_tokens;  /* asked for at registration (0: the daemon's default) */
+    uint32_t chunk;         /* the model's, as the daemon answered */
+    uint32_t lease_ms;
+    int get_hit;
+    uint32_t nkeys_max; /* full chunks of a prompt */
+    size_t pool_elems;  /* K/V source pool, shared by every connection */
+    void *pool;
 } bench_cfg;
+
+/* What the PREFIX requests of one connection saw (measured requests only). */
+typedef struct prefix_counts {
+    uint64_t lookups, keys, hit_chunks, hit_tokens, missed_tokens, stored, deduped, gets;
+} prefix_counts;
 
 typedef struct worker {
     int id;
@@ -57,6 +76,11 @@ typedef struct worker {
     dqc_get_result get;
     dqc_raw_result raw;
     dqc_stats_result stats;
+    uint32_t *prompt;  /* token ids of the current PREFIX request */
+    uint8_t *ckeys;    /* its chunk keys */
+    void *ckv;         /* K then V of its missing chunks */
+    uint64_t prompt_n; /* PREFIX requests made, warm-up included: fresh prompts never repeat */
+    prefix_counts pc;
     uint64_t rng;
     uint64_t *lat; /* ns per measured request */
     uint8_t *op;
@@ -159,6 +183,113 @@ static int do_attend(worker *w, uint64_t r)
     return dqc_attend(w->c, &a, w->out, w->lse);
 }
 
+/* Token i of base prompt b, or of fresh prompt f (tag 1): a function of the seed only, so every
+ * connection sees the same base prompts and no two fresh prompts share a chunk. */
+static uint32_t prompt_token(const bench_cfg *cfg, uint64_t tag, uint64_t id, uint64_t i)
+{
+    uint64_t st = cfg->seed ^ (tag << 62) ^ (id * 0x9E3779B97F4A7C15ull) ^ (i * 0xD1B54A32D192ED03ull);
+    return (uint32_t)(rng_splitmix64(&st) % 32000u);
+}
+
+/* Fills chunk j's K and V (every layer) of the put buffer from the shared pool at offsets that
+ * depend on the chunk's key only: identical prefixes give identical data on every connection. */
+static void chunk_data(const bench_cfg *cfg, const uint8_t *key, size_t j, size_t nput, uint8_t *k, uint8_t *v)
+{
+    size_t es = dq_dtype_size(cfg->dtype);
+    size_t row = (size_t)cfg->kv_heads * cfg->head_dim; /* elements per token */
+    size_t per = (size_t)cfg->chunk * row;              /* per layer and chunk */
+    uint64_t h;
+    memcpy(&h, key, sizeof h);
+    for (uint32_t l = 0; l < cfg->layers; l++) {
+        for (int kv = 0; kv < 2; kv++) {
+            uint64_t st = h ^ ((uint64_t)l << 1 | (uint64_t)kv);
+            size_t off = (size_t)(rng_splitmix64(&st) % (cfg->pool_elems - per + 1));
+            uint8_t *dst = (kv ? v : k) + ((size_t)l * nput * per + j * per) * es;
+            memcpy(dst, (const uint8_t *)cfg->pool + off * es, per * es);
+        }
+    }
+}
+
+/* One engine request: draw a prompt (with probability --prefix-share its first s chunks, s
+ * uniform in 1..all, are those of one of --prompts base prompts; the rest is fresh), LOOKUP its
+ * full chunks (leased with --lease-ms), PUT_CHUNKS the ones after the first miss, optionally GET
+ * one hit chunk, release the lease. */
+static int do_prefix(worker *w, uint64_t *bytes, int measure)
+{
+    const bench_cfg *cfg = w->cfg;
+    uint64_t r = w->prompt_n++;
+    uint64_t fresh = ((uint64_t)w->id << 40) | r;
+    uint64_t shared = 0, base = 0;
+    uint32_t nk = cfg->nkeys_max;
+    /* The draw of request r is the same on every connection (replicas behind a balancer seeing one
+     * stream of popular prompts): connections that start together miss, and PUT, one new base
+     * chunk at the same time, which is what the daemon's deduplication is for. */
+    uint64_t st = cfg->seed * 0xD1B54A32D192ED03ull ^ (r + 1) * 0x9E3779B97F4A7C15ull;
+    if (rng_unit_open(rng_splitmix64(&st)) < cfg->share) {
+        base = rng_splitmix64(&st) % cfg->prompts;
+        shared = (1 + rng_splitmix64(&st) % nk) * (uint64_t)cfg->chunk;
+    }
+    for (uint64_t i = 0; i < cfg->prompt_tokens; i++)
+        w->prompt[i] = i < shared ? prompt_token(cfg, 0, base, i) : prompt_token(cfg, 1, fresh, i);
+    size_t n = dqc_chunk_keys(cfg->ns, w->prompt, cfg->prompt_tokens, cfg->chunk, NULL, w->ckeys, nk);
+    dqc_lookup_result lr = {0};
+    int rc = dqc_lookup(w->c, cfg->ns, cfg->model, w->ckeys, n, cfg->lease_ms, &lr);
+    if (rc)
+        return rc;
+    prefix_counts pc = {.lookups = 1, .keys = n, .hit_chunks = lr.hits, .hit_tokens = lr.hit_tokens};
+    pc.missed_tokens = (n - lr.hits) * cfg->chunk;
+    size_t nput = n - lr.hits;
+    if (nput) {
+        size_t per = (size_t)cfg->layers * nput * cfg->chunk * cfg->kv_heads * cfg->head_dim;
+        uint8_t *k = w->ckv, *v = (uint8_t *)w->ckv + per * dq_dtype_size(cfg->dtype);
+        for (size_t j = 0; j < nput; j++)
+            chunk_data(cfg, w->ckeys + (lr.hits + j) * DQC_CHUNK_KEY_BYTES, j, nput, k, v);
+        dqc_put_chunks_args a = {
+            .ns = cfg->ns,
+            .model = cfg->model,
+            .keys = w->ckeys + lr.hits * DQC_CHUNK_KEY_BYTES,
+            .nkeys = nput,
+            .parent = lr.hits ? w->ckeys + (lr.hits - 1) * DQC_CHUNK_KEY_BYTES : NULL,
+            .layers = cfg->layers,
+            .chunk_tokens = cfg->chunk,
+            .kv_heads = cfg->kv_heads,
+            .head_dim = cfg->head_dim,
+            .dtype = cfg->dtype,
+            .k = k,
+            .v = v,
+        };
+        dqc_put_chunks_result pr = {0};
+        rc = dqc_put_chunks(w->c, &a, &pr);
+        pc.stored = pr.stored;
+        pc.deduped = pr.deduped;
+        *bytes += 2 * per * dq_dtype_size(cfg->dtype);
+    }
+    if (!rc && cfg->get_hit && lr.hits) {
+        size_t j = (size_t)(rng_xorshift64(&w->rng) % lr.hits);
+        rc = dqc_get_chunk(w->c, cfg->ns, w->ckeys + j * DQC_CHUNK_KEY_BYTES, cfg->get_dtype, &w->get);
+        if (rc == 0) {
+            *bytes += 2 * w->get.bytes;
+            pc.gets = 1;
+        }
+    }
+    if (lr.lease_id) {
+        int rl = dqc_release_lease(w->c, lr.lease_id);
+        if (!rc && rl != DQ_NOT_FOUND) /* NOT_FOUND: it expired first */
+            rc = rl;
+    }
+    if (measure) {
+        w->pc.lookups += pc.lookups;
+        w->pc.keys += pc.keys;
+        w->pc.hit_chunks += pc.hit_chunks;
+        w->pc.hit_tokens += pc.hit_tokens;
+        w->pc.missed_tokens += pc.missed_tokens;
+        w->pc.stored += pc.stored;
+        w->pc.deduped += pc.deduped;
+        w->pc.gets += pc.gets;
+    }
+    return rc;
+}
+
 static int pick_op(worker *w)
 {
     uint32_t x = (uint32_t)(rng_xorshift64(&w->rng) % w->cfg->mix_total);
@@ -193,6 +324,9 @@ static void run_one(worker *w, uint64_t r, int measure)
     case OP_PING:
         rc = dqc_ping(w->c, w->ping, cfg->ping_bytes);
         bytes = 2 * cfg->ping_bytes;
+        break;
+    case OP_PREFIX:
+        rc = do_prefix(w, &bytes, measure);
         break;
     default:
         rc = dqc_stats(w->c, &w->stats);
@@ -231,7 +365,14 @@ static int worker_setup(worker *w)
     w->ping = malloc(cfg->ping_bytes ? cfg->ping_bytes : 1);
     w->lat = malloc(cfg->requests * sizeof *w->lat);
     w->op = malloc(cfg->requests);
-    if (!w->keys || !w->len || !w->kv || !w->q || !w->out || !w->lse || !w->items || !w->ping || !w->lat || !w->op) {
+    if (cfg->mix[OP_PREFIX]) {
+        w->prompt = malloc((cfg->prompt_tokens ? cfg->prompt_tokens : 1) * sizeof *w->prompt);
+        w->ckeys = malloc(((size_t)cfg->nkeys_max + 1) * DQC_CHUNK_KEY_BYTES);
+        w->ckv = malloc(2 * ((size_t)cfg->layers * cfg->nkeys_max * cfg->chunk * cfg->kv_heads * cfg->head_dim + 1) *
+                        es);
+    }
+    if (!w->keys || !w->len || !w->kv || !w->q || !w->out || !w->lse || !w->items || !w->ping || !w->lat || !w->op ||
+        (cfg->mix[OP_PREFIX] && (!w->prompt || !w->ckeys || !w->ckv))) {
         fprintf(stderr, "dquant bench: out of memory\n");
         return DQ_NOMEM;
     }
@@ -247,8 +388,8 @@ static int worker_setup(worker *w)
     int rc = cli_connect(&cfg->cc, "bench", &w->c);
     if (rc)
         return rc;
-    /* Fresh sequences, filled to the prefill length. */
-    for (uint32_t i = 0; i < cfg->seqs; i++) {
+    /* Fresh sequences, filled to the prefill length (none when no request uses them). */
+    for (uint32_t i = 0; i < cfg->seqs && cfg->mix[OP_PUT] + cfg->mix[OP_GET] + cfg->mix[OP_ATTEND]; i++) {
         restart_seq(w, i);
         while (w->len[i] < cfg->prefill) {
             rc = do_put(w, i);
@@ -261,7 +402,8 @@ static int worker_setup(worker *w)
     return 0;
 }
 
-/* Phases, each closed by start_barrier: set up | main checks every setup | warm up | measure. */
+/* Phases, each closed by start_barrier: set up | main checks every setup | warm up | main reads
+ * STATS | measure. */
 static void *worker_main(void *arg)
 {
     worker *w = arg;
@@ -272,6 +414,7 @@ static void *worker_main(void *arg)
         return NULL;
     for (uint64_t r = 0; r < w->cfg->warmup; r++)
         run_one(w, r, 0);
+    pthread_barrier_wait(&start_barrier); /* warmed up */
     pthread_barrier_wait(&start_barrier); /* the clock starts */
     for (uint64_t r = 0; r < w->cfg->requests; r++)
         run_one(w, r, 1);
@@ -300,6 +443,9 @@ static void worker_cleanup(worker *w)
     free(w->ping);
     free(w->lat);
     free(w->op);
+    free(w->prompt);
+    free(w->ckeys);
+    free(w->ckv);
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -350,7 +496,8 @@ static const char bench_help[] =
     "       dquant bench - load generator for dquantd\n"
     "\n"
     "SYNOPSIS\n"
-    "       dquant bench [-c N] [-n M] [--mix put=W,get=W,attend=W,ping=W,stats=W] [SHAPE OPTIONS]\n"
+    "       dquant bench [-c N] [-n M] [--mix put=W,get=W,attend=W,ping=W,stats=W,prefix=W] [SHAPE OPTIONS]\n"
+    "       dquant bench [-c N] [-n M] --prefix-share P [--prompts N] [--prompt-tokens T] [--lease-ms MS]\n"
     "\n"
     "DESCRIPTION\n"
     "       Opens N connections, one thread each; every connection registers nothing but uses the\n"
@@ -361,6 +508,25 @@ static const char bench_help[] =
     "       GET reads the last --get-tokens tokens of every layer (or the raw containers);\n"
     "       ATTEND sends --batch items over the connection's sequences and layers; PING echoes\n"
     "       --ping-bytes; STATS fetches the counters.\n"
+    "       PREFIX is one request of an inference engine in front of the shared KV tier: it draws a\n"
+    "       prompt of --prompt-tokens token ids that, with probability --prefix-share, starts with\n"
+    "       the first s chunks (s uniform in 1 .. all full chunks) of one of --prompts base prompts\n"
+    "       (the same on every connection) and is fresh after them, else is fresh throughout (a\n"
+    "       fresh prompt shares no chunk with any other). The n-th PREFIX request of every\n"
+    "       connection makes the same draw (share or not, base, s), as replicas of an engine seeing\n"
+    "       one stream of popular prompts would; its fresh tokens differ. It computes the keys of\n"
+    "       the prompt's full chunks (dqc_chunk_keys, namespace --ns, the model's chunk size),\n"
+    "       LOOKUPs them (leased for --lease-ms), PUT_CHUNKS the ones after the first miss (K/V\n"
+    "       picked from a pool by the chunk's key, so identical prefixes give identical data),\n"
+    "       with --get-hit GETs one hit chunk, and releases the lease. Connections running at once\n"
+    "       PUT the same new chunks, which the daemon deduplicates. A PREFIX request's latency and\n"
+    "       MB/s cover all of it (K/V sent, the hit chunk received).\n"
+    "       At the end two lines compare the client's figures (lookups, hit chunks and tokens,\n"
+    "       missed tokens after the first miss, hit rate = hit / (hit + missed) tokens, chunks\n"
+    "       stored and deduplicated) with the daemon's STATS counters over the measured run\n"
+    "       (lookups, lookup_hit_tokens, lookup_missed_tokens, their hit rate, chunks_put,\n"
+    "       chunk_dedupe_hits; /metrics exports them as dquant_lookup_* and\n"
+    "       dquant_chunk_dedupe_hits_total); they agree when no other client uses the daemon.\n"
     "       Prints per kind and in total: requests, errors, requests/s, MB/s of tensor payload\n"
     "       (PUT: raw K+V sent; GET: K+V received; ATTEND: queries sent + outputs received) and\n"
     "       latency p50/p99/p999/max of the successful requests. A progress line goes to stderr\n"
@@ -375,7 +541,21 @@ static const char bench_help[] =
     "   --warmup W\n"
     "       Unmeasured requests per connection first, default 0.\n"
     "   --mix SPEC\n"
-    "       Weights per kind, default put=30,get=40,attend=30.\n"
+    "       Weights per kind (put, get, attend, ping, stats, prefix), default put=30,get=40,attend=30,\n"
+    "       or prefix=1 when a PREFIX option is given without --mix.\n"
+    "   --prefix-share P\n"
+    "       PREFIX: probability in [0, 1] that a prompt shares a prefix with a base prompt\n"
+    "       (default 0.5).\n"
+    "   --prompts N, --prompt-tokens T\n"
+    "       PREFIX: base prompts (default 16) and tokens per prompt (default 1024).\n"
+    "   --chunk-tokens C\n"
+    "       PREFIX: chunk size asked for when the model is registered (default 0: the daemon's,\n"
+    "       256; a multiple of the profile's window).\n"
+    "   --lease-ms MS\n"
+    "       PREFIX: lease the hit chunks for MS ms between LOOKUP and the end of the request\n"
+    "       (default 0: no lease).\n"
+    "   --get-hit\n"
+    "       PREFIX: GET one hit chunk (as --get-dtype; raw counts as bf16) per request with hits.\n"
     "   --model NAME, --profile NAME\n"
     "       Model used (default dquant-bench, registered with profile dq226 if new).\n"
     "   --layers L, --q-heads Q, --kv-heads H, --head-dim D\n"
@@ -409,7 +589,8 @@ static const char bench_help[] =
     "\n"
     "EXAMPLES\n"
     "       dquant bench -c 2 -n 5000 --mix put=10,get=45,attend=45 --batch 32\n"
-    "       dquant bench -c 4 -n 100000 --mix ping=1 --connect tcp://127.0.0.1:7733\n";
+    "       dquant bench -c 4 -n 100000 --mix ping=1 --connect tcp://127.0.0.1:7733\n"
+    "       dquant bench -c 2 -n 300 --prefix-share 0.7 --prompts 8 --lease-ms 1000 --get-hit\n";
 
 enum {
     BO_WARMUP = CLI_OPT_FIRST_OWN,
@@ -433,6 +614,12 @@ enum {
     BO_PIN,
     BO_SEED,
     BO_QUIET,
+    BO_SHARE,
+    BO_PROMPTS,
+    BO_PROMPT_TOKENS,
+    BO_CHUNK_TOKENS,
+    BO_LEASE_MS,
+    BO_GET_HIT,
 };
 
 static int parse_args(int argc, char **argv, bench_cfg *cfg)
@@ -462,6 +649,12 @@ static int parse_args(int argc, char **argv, bench_cfg *cfg)
         {"pin", no_argument, NULL, BO_PIN},
         {"seed", required_argument, NULL, BO_SEED},
         {"quiet", no_argument, NULL, BO_QUIET},
+        {"prefix-share", required_argument, NULL, BO_SHARE},
+        {"prompts", required_argument, NULL, BO_PROMPTS},
+        {"prompt-tokens", required_argument, NULL, BO_PROMPT_TOKENS},
+        {"chunk-tokens", required_argument, NULL, BO_CHUNK_TOKENS},
+        {"lease-ms", required_argument, NULL, BO_LEASE_MS},
+        {"get-hit", no_argument, NULL, BO_GET_HIT},
         {NULL, 0, NULL, 0},
     };
     const char *prog = "bench";
@@ -484,6 +677,31 @@ static int parse_args(int argc, char **argv, bench_cfg *cfg)
             break;
         case BO_MIX:
             bad = parse_mix(optarg, cfg);
+            cfg->mix_set |= 1;
+            break;
+        case BO_SHARE:
+            bad = cli_double(optarg, &cfg->share) || !(cfg->share >= 0 && cfg->share <= 1);
+            cfg->mix_set |= 2;
+            break;
+        case BO_PROMPTS:
+            bad = cli_u32(optarg, &cfg->prompts) || !cfg->prompts;
+            cfg->mix_set |= 2;
+            break;
+        case BO_PROMPT_TOKENS:
+            bad = cli_u64(optarg, &cfg->prompt_tokens) || !cfg->prompt_tokens || cfg->prompt_tokens > (1u << 24);
+            cfg->mix_set |= 2;
+            break;
+        case BO_CHUNK_TOKENS:
+            bad = cli_u32(optarg, &cfg->chunk_tokens);
+            cfg->mix_set |= 2;
+            break;
+        case BO_LEASE_MS:
+            bad = cli_u32(optarg, &cfg->lease_ms);
+            cfg->mix_set |= 2;
+            break;
+        case BO_GET_HIT:
+            cfg->get_hit = 1;
+            cfg->mix_set |= 2;
             break;
         case BO_MODEL:
             cfg->model = optarg;
@@ -561,6 +779,8 @@ static int parse_args(int argc, char **argv, bench_cfg *cfg)
         return cli_error(CLI_USAGE, prog, "bad value '%s' (see --help)", name ? name : "");
     if (optind < argc)
         return cli_error(CLI_USAGE, prog, "unexpected argument '%s'", argv[optind]);
+    if (cfg->mix_set == 2)
+        parse_mix("prefix=1", cfg);
     if (!cfg->seqs)
         cfg->seqs = cfg->batch;
     if (cfg->prefill % cfg->tokens)
@@ -568,6 +788,45 @@ static int parse_args(int argc, char **argv, bench_cfg *cfg)
     if (cfg->max_seq_tokens < cfg->prefill + cfg->tokens)
         return cli_error(CLI_USAGE, prog, "--max-seq-tokens must leave room for --prefill plus one PUT");
     return -1;
+}
+
+static uint64_t stat_delta(const dqc_stats_result *a, const dqc_stats_result *b, const char *name)
+{
+    uint64_t x = 0, y = 0;
+    dqc_stats_counter(a, name, &x);
+    dqc_stats_counter(b, name, &y);
+    return y - x;
+}
+
+/* The client's PREFIX figures and the daemon's counters over the measured run, as key=value. */
+static void print_prefix(const bench_cfg *cfg, const worker *ws, const dqc_stats_result *st0,
+                         const dqc_stats_result *st1)
+{
+    prefix_counts t = {0};
+    for (uint32_t i = 0; i < cfg->connections; i++) {
+        t.lookups += ws[i].pc.lookups;
+        t.keys += ws[i].pc.keys;
+        t.hit_chunks += ws[i].pc.hit_chunks;
+        t.hit_tokens += ws[i].pc.hit_tokens;
+        t.missed_tokens += ws[i].pc.missed_tokens;
+        t.stored += ws[i].pc.stored;
+        t.deduped += ws[i].pc.deduped;
+        t.gets += ws[i].pc.gets;
+    }
+    double rate = t.hit_tokens + t.missed_tokens ? (double)t.hit_tokens / (double)(t.hit_tokens + t.missed_tokens) : 0;
+    printf("  prefix: share %.2f, %u base prompts, %llu tokens per prompt, %u tokens per chunk, lease %u ms\n",
+           cfg->share, cfg->prompts, (unsigned long long)cfg->prompt_tokens, cfg->chunk, cfg->lease_ms);
+    printf("prefix client: lookups=%llu keys=%llu hit_chunks=%llu hit_tokens=%llu missed_tokens=%llu "
+           "hit_rate=%.4f chunks_stored=%llu deduped=%llu get_chunks=%llu\n",
+           (unsigned long long)t.lookups, (unsigned long long)t.keys, (unsigned long long)t.hit_chunks,
+           (unsigned long long)t.hit_tokens, (unsigned long long)t.missed_tokens, rate, (unsigned long long)t.stored,
+           (unsigned long long)t.deduped, (unsigned long long)t.gets);
+    uint64_t dh = stat_delta(st0, st1, "lookup_hit_tokens"), dm = stat_delta(st0, st1, "lookup_missed_tokens");
+    printf("prefix daemon: lookups=%llu lookup_hit_tokens=%llu lookup_missed_tokens=%llu hit_rate=%.4f "
+           "chunks_put=%llu chunk_dedupe_hits=%llu\n",
+           (unsigned long long)stat_delta(st0, st1, "lookups"), (unsigned long long)dh, (unsigned long long)dm,
+           dh + dm ? (double)dh / (double)(dh + dm) : 0.0, (unsigned long long)stat_delta(st0, st1, "chunks_put"),
+           (unsigned long long)stat_delta(st0, st1, "chunk_dedupe_hits"));
 }
 
 int dq_cmd_bench(int argc, char **argv)
@@ -590,6 +849,9 @@ int dq_cmd_bench(int argc, char **argv)
         .max_seq_tokens = 32768,
         .dtype = DQ_DTYPE_BF16,
         .seed = 1,
+        .share = 0.5,
+        .prompts = 16,
+        .prompt_tokens = 1024,
     };
     cli_conn_init(&cfg.cc);
     parse_mix("put=30,get=40,attend=30", &cfg);
@@ -601,6 +863,7 @@ int dq_cmd_bench(int argc, char **argv)
     status = CLI_FAILED;
     worker *ws = NULL;
     uint64_t *lat = NULL;
+    dqc_stats_result st0 = {0}, st1 = {0};
 
     /* The model, registered once (an identical earlier registration is fine). */
     dqc_client *c = NULL;
@@ -612,19 +875,33 @@ int dq_cmd_bench(int argc, char **argv)
                            .kv_heads = cfg.kv_heads,
                            .head_dim = cfg.head_dim,
                            .profile_name = cfg.profile};
-    int rc = dqc_register_model(c, &spec, NULL);
+    int rc = dqc_register_model_ex(c, &spec, cfg.chunk_tokens, NULL, &cfg.chunk);
     if (rc) {
         cli_call_error("bench", "register model", c, rc);
-        dqc_free(c);
         goto out;
     }
     dqc_server_info info;
     dqc_server(c, &info);
-    dqc_free(c);
     if (info.max_batch_items && cfg.batch > info.max_batch_items) {
         cli_error(CLI_USAGE, "bench", "--batch %u exceeds the daemon's limit of %u", cfg.batch, info.max_batch_items);
         status = CLI_USAGE;
         goto out;
+    }
+    if (cfg.mix[OP_PREFIX]) {
+        cfg.nkeys_max = cfg.chunk ? (uint32_t)(cfg.prompt_tokens / cfg.chunk) : 0;
+        if (!cfg.nkeys_max) {
+            cli_error(CLI_USAGE, "bench", "--prompt-tokens %llu is shorter than one chunk (%u tokens)",
+                      (unsigned long long)cfg.prompt_tokens, cfg.chunk);
+            status = CLI_USAGE;
+            goto out;
+        }
+        /* The K/V every chunk is cut from: 4 chunks' worth of one layer, the same on every connection. */
+        cfg.pool_elems = (size_t)4 * cfg.chunk * cfg.kv_heads * cfg.head_dim;
+        cfg.pool = malloc(cfg.pool_elems * dq_dtype_size(cfg.dtype));
+        if (!cfg.pool)
+            goto out;
+        uint64_t st = cfg.seed * 0x9E3779B97F4A7C15ull + 7;
+        cli_fill_normal(cfg.pool, cfg.dtype, cfg.pool_elems, &st);
     }
 
     ws = calloc(cfg.connections, sizeof *ws);
@@ -653,8 +930,13 @@ int dq_cmd_bench(int argc, char **argv)
         setup_failed |= ws[i].setup_rc != 0;
     atomic_store(&abort_run, setup_failed);
     pthread_barrier_wait(&start_barrier);
-    if (!setup_failed)
+    if (!setup_failed) {
         pthread_barrier_wait(&start_barrier); /* warmed up */
+        int src = dqc_stats(c, &st0);
+        if (src)
+            cli_call_error("bench", "stats", c, src);
+        pthread_barrier_wait(&start_barrier);
+    }
     uint64_t t0 = cli_now_ns();
     uint64_t total = cfg.requests * cfg.connections;
     int tty = isatty(2);
@@ -680,6 +962,9 @@ int dq_cmd_bench(int argc, char **argv)
     for (uint32_t i = 0; i < cfg.connections; i++)
         pthread_join(ws[i].thread, NULL);
     double wall = cli_seconds_since(t0);
+    int src = setup_failed ? 0 : dqc_stats(c, &st1);
+    if (src)
+        cli_call_error("bench", "stats", c, src);
     if (printed && tty)
         fputc('\n', stderr);
     pthread_barrier_destroy(&start_barrier);
@@ -745,8 +1030,14 @@ int dq_cmd_bench(int argc, char **argv)
                 printf("  %-20s %8llu  (first: %s)\n", dqc_err_name(-e), (unsigned long long)cnt, first ? first : "");
         }
     }
+    if (cfg.mix[OP_PREFIX])
+        print_prefix(&cfg, ws, &st0, &st1);
     status = all_err ? CLI_FAILED : CLI_OK;
 out:
+    dqc_stats_result_free(&st0);
+    dqc_stats_result_free(&st1);
+    dqc_free(c);
+    free(cfg.pool);
     if (ws) {
         for (uint32_t i = 0; i < cfg.connections; i++)
             worker_cleanup(&ws[i]);
