@@ -19,6 +19,7 @@
 #include "dquant/error.h"
 #include "logging.h"
 #include "ops_internal.h"
+#include "work.h"
 
 typedef struct chunks_op {
     dqd_req *req;
@@ -26,6 +27,8 @@ typedef struct chunks_op {
     size_t n_keys;
     const ProtobufCBinaryData *keys;
     dqd_raw_in *raw; /* PUT_CHUNKS_RAW: every layer's records */
+    int *raw_rc;     /* per layer: dq_window_check of its records; raw_bad: the first bad window */
+    size_t *raw_bad;
     dqd_model *model;
     Dquant__SeqRef ref;
     Dquant__Put put;
@@ -42,6 +45,8 @@ static void chunks_free(chunks_op *op)
 {
     free(op->was_held);
     free(op->raw);
+    free(op->raw_rc);
+    free(op->raw_bad);
     free(op);
 }
 
@@ -184,6 +189,45 @@ void dqd_op_put_chunks(dqd_req *req)
     advance(op);
 }
 
+/* PUT_CHUNKS_RAW: every record of every chunk checked on the workers before the first chunk is
+ * stored, so corrupt input stores nothing (each chunk's append checks its records again). */
+static void raw_check_task(void *arg, size_t i)
+{
+    chunks_op *op = arg;
+    const dqd_codec *codec = op->model->codec;
+    op->raw_rc[i] = DQ_OK;
+    for (size_t w = 0; w < op->raw[i].windows; w++) {
+        int rc = dq_window_check(codec->codec, op->raw[i].records + w * codec->window_bytes);
+        if (rc < 0) {
+            op->raw_rc[i] = rc;
+            op->raw_bad[i] = w;
+            return;
+        }
+    }
+}
+
+static void raw_check_done(void *arg)
+{
+    chunks_op *op = arg;
+    const uint64_t per = op->model->chunk_tokens / op->model->codec->profile.window;
+    for (uint32_t l = 0; l < op->model->layers; l++) {
+        if (op->raw_rc[l] == DQ_CORRUPT) {
+            dqd_req_fail(op->req, DQ_CORRUPT,
+                         "chunk %llu layer %u window %zu: the record breaks the container's decode invariants "
+                         "(DESIGN 2.3)",
+                         (unsigned long long)(op->raw_bad[l] / per), l, op->raw_bad[l]);
+            chunks_free(op);
+            return;
+        }
+        if (op->raw_rc[l] < 0) {
+            dqd_req_fail(op->req, op->raw_rc[l], "layer %u: %s", l, dq_strerror(op->raw_rc[l]));
+            chunks_free(op);
+            return;
+        }
+    }
+    advance(op);
+}
+
 /* PUT_CHUNKS_RAW: as PUT_CHUNKS, each chunk stored from its windows of every layer's records. */
 void dqd_op_put_chunks_raw(dqd_req *req)
 {
@@ -253,7 +297,12 @@ void dqd_op_put_chunks_raw(dqd_req *req)
     op->cp.tokens_total = tokens;
     op->cp.done = chunk_done;
     op->cp.arg = op;
-    advance(op);
+    op->raw_rc = calloc(model->layers, sizeof *op->raw_rc);
+    op->raw_bad = calloc(model->layers, sizeof *op->raw_bad);
+    if (!op->raw_rc || !op->raw_bad || dqd_tasks_run(ctx, model->layers, raw_check_task, raw_check_done, op) < 0) {
+        chunks_free(op);
+        dqd_req_fail(req, DQ_NOMEM, "out of memory");
+    }
 }
 
 void dqd_op_lookup(dqd_req *req)
