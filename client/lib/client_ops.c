@@ -1073,8 +1073,7 @@ static int raw_build(dqc_client *c, const char *op, const dqc_raw_layer *layers,
         Dquant__RawLayer *m = &w->msgs[i];
         dquant__raw_layer__init(m);
         m->layer = first_layer + (uint32_t)i;
-        m->windows = l->windows;
-        m->tokens = l->tokens;
+        m->windows = l->windows; /* tokens stays 0: the daemon counts windows and tail */
         uint64_t *sh = &w->shapes[5 * i];
         Dquant__Tensor *t = &w->tensors[3 * i];
         sh[0] = l->records_bytes;
