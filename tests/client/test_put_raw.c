@@ -380,6 +380,19 @@ Test(put_raw, chunks_lookup_dedupe)
     for (int l = 0; l < L; l++)
         cr_assert(memcmp(rr.layers[l].records, e.rec[l], wb) == 0, "PUT_CHUNKS and the records differ, layer %d", l);
     dqc_raw_result_free(&rr);
+    /* A corrupt record in the second chunk: CORRUPT, and not even the first chunk is stored. */
+    uint8_t keys4[2 * DQC_CHUNK_KEY_BYTES];
+    cr_assert_eq(dqc_chunk_keys("w", tok, T, W, NULL, keys4, 2), 2);
+    uint8_t *st = e.rec[1] + wb + 2 + ROW + 4; /* layer 1, window 1, key record 0: its rANS state */
+    st[3] ^= 0x40;
+    cr_assert_eq(dq_window_check(codec, e.rec[1] + wb), DQ_CORRUPT, "the flip must break the invariant");
+    const uint64_t corrupt0 = counter(c, "put_raw_corrupt");
+    FAILS(c, DQ_CORRUPT, dqc_put_chunks_raw(c, "w", MODEL, keys4, 2, NULL, e.raw, L, pbytes, plen, NULL));
+    cr_assert(strstr(dqc_last_error(c), "chunk 1 layer 1 window 1"), "%s", dqc_last_error(c));
+    cr_assert_eq(counter(c, "put_raw_corrupt"), corrupt0 + 1);
+    st[3] ^= 0x40;
+    OK(c, dqc_lookup(c, "w", MODEL, keys4, 2, 0, &lr));
+    cr_assert_eq(lr.hits, 0);
     /* A chunk with a tail is refused, storing nothing. */
     uint8_t keys3[DQC_CHUNK_KEY_BYTES];
     cr_assert_eq(dqc_chunk_keys("v", tok, W, W, NULL, keys3, 1), 1);
