@@ -7,14 +7,18 @@
  * for dquantd-fakecuda) is passed as --backend. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "dqd_child.h"
 #include "dquant/client.h"
 #include "dquant/layer.h"
 #include "dquant/profile.h"
+#include "wire.h"
 
 #define L 2
 #define QH 4
@@ -55,12 +59,20 @@ static void stop_daemon(void)
                      dqc_last_error(c));                                                                          \
     } while (0)
 
+static uint16_t metrics_port; /* 0: no /metrics listener */
+
 static dqc_client *start(void)
 {
     if (!dqd_path())
         cr_skip_test("$DQUANTD is not set");
-    static const char *args[4];
+    static const char *args[8];
+    static char metrics[64];
     size_t n = 0;
+    if (metrics_port) {
+        snprintf(metrics, sizeof metrics, "127.0.0.1:%u", metrics_port);
+        args[n++] = "--metrics";
+        args[n++] = metrics;
+    }
     const char *backend = getenv("DQ_CHUNKS_BACKEND");
     if (backend) {
         args[n++] = "--backend";
@@ -89,6 +101,33 @@ static dqc_client *start(void)
 }
 
 TestSuite(put_raw, .fini = stop_daemon, .timeout = 240);
+
+/* The body of GET /metrics (malloc'd). */
+static char *get_metrics(void)
+{
+    int fd = wire_connect_tcp(metrics_port);
+    cr_assert_geq(fd, 0);
+    const char *req = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    cr_assert_eq(wire_send_all(fd, req, strlen(req)), 0);
+    size_t len = 0, cap = 1 << 16;
+    char *buf = malloc(cap);
+    for (;;) {
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 5000) <= 0)
+            break;
+        ssize_t got = recv(fd, buf + len, cap - len - 1, 0);
+        if (got <= 0)
+            break;
+        len += (size_t)got;
+        if (len + 1 >= cap) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+        }
+    }
+    buf[len] = 0;
+    close(fd);
+    return buf;
+}
 
 /* K/V [L, ntok, KVH, HD] f32: keys with per-channel offsets, a function of (layer, token, seed). */
 static float *kv(size_t ntok, int is_v, uint32_t seed)
@@ -415,6 +454,8 @@ static void expect_absent(dqc_client *c, const char *key)
 
 Test(put_raw, bad_input_stores_nothing)
 {
+    /* below the kernel's ephemeral range; a port per process (criterion forks each test) */
+    metrics_port = (uint16_t)(12000 + ((unsigned)getpid() * 13u + 4441u) % 20000u);
     dqc_client *c = start();
     const size_t T = 2 * W + 20;
     float *k = kv(T, 0, 4), *v = kv(T, 1, 4);
@@ -520,6 +561,13 @@ Test(put_raw, bad_input_stores_nothing)
     expect_absent(c, "x");
     cr_assert_eq(counter(c, "put_raw_corrupt"), corrupt0 + 2);
     cr_assert_eq(counter(c, "put_raw_requests"), req0 + nreq);
+    char *body = get_metrics(), want[96];
+    cr_assert(strstr(body, "dquant_put_raw_corrupt_total 2\n"), "%s", body);
+    snprintf(want, sizeof want, "dquant_put_raw_requests_total %llu\n", (unsigned long long)(req0 + nreq));
+    cr_assert(strstr(body, want), "%s", body);
+    snprintf(want, sizeof want, "dquant_put_raw_bytes_total %llu\n", (unsigned long long)(L * wb));
+    cr_assert(strstr(body, want), "no %s in %s", want, body);
+    free(body);
     free(longt);
     enc_free(&e);
     free(k);
