@@ -1021,3 +1021,164 @@ int dqc_ping(dqc_client *c, const void *data, size_t len)
     dqc__reply_free(&rep);
     return rc;
 }
+
+/* ---- PUT_RAW, PUT_CHUNKS_RAW: records the client encoded itself ---- */
+
+/* The RawLayer messages and payload pieces of n layers (first_layer + i each): records, tail K,
+ * tail V back to back per layer. *msgs, *ptrs, *shapes and *iov are malloc'd (free with raw_free). */
+typedef struct raw_wire {
+    Dquant__RawLayer *msgs;
+    Dquant__RawLayer **ptrs;
+    Dquant__Tensor *tensors; /* 3 per layer */
+    uint64_t *shapes;        /* 1 (records) + 2 + 2 per layer */
+    struct iovec *iov;       /* 3 per layer */
+} raw_wire;
+
+static void raw_free(raw_wire *w)
+{
+    free(w->msgs);
+    free(w->ptrs);
+    free(w->tensors);
+    free(w->shapes);
+    free(w->iov);
+}
+
+static int raw_build(dqc_client *c, const char *op, const dqc_raw_layer *layers, size_t n, uint32_t first_layer,
+                     raw_wire *w)
+{
+    memset(w, 0, sizeof *w);
+    DQC_CHECK_ARG(c, layers && n, "%s: at least one layer is required", op);
+    DQC_CHECK_ARG(c, n <= UINT32_MAX && (uint64_t)first_layer + n <= UINT32_MAX, "%s: %zu layers", op, n);
+    w->msgs = calloc(n, sizeof *w->msgs);
+    w->ptrs = calloc(n, sizeof *w->ptrs);
+    w->tensors = calloc(3 * n, sizeof *w->tensors);
+    w->shapes = calloc(5 * n, sizeof *w->shapes);
+    w->iov = calloc(3 * n, sizeof *w->iov);
+    if (!w->msgs || !w->ptrs || !w->tensors || !w->shapes || !w->iov) {
+        raw_free(w);
+        return dqc__fail(c, DQ_NOMEM, "%s: out of memory for %zu layers", op, n);
+    }
+    uint64_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        const dqc_raw_layer *l = &layers[i];
+        if ((l->records_bytes && !l->records) || (l->tail_tokens && (!l->tail_k || !l->tail_v)) ||
+            (l->tail_tokens && (l->tail_bytes % (2 * l->tail_tokens) || !l->tail_bytes)) ||
+            (!l->tail_tokens && l->tail_bytes)) {
+            raw_free(w);
+            return dqc__fail(c, DQ_INVALID_ARGUMENT,
+                             "%s: layer %zu: records or tail missing, or tail_bytes %zu not tail_tokens %llu whole "
+                             "BF16 tokens",
+                             op, i, l->tail_bytes, (unsigned long long)l->tail_tokens);
+        }
+        Dquant__RawLayer *m = &w->msgs[i];
+        dquant__raw_layer__init(m);
+        m->layer = first_layer + (uint32_t)i;
+        m->windows = l->windows; /* tokens stays 0: the daemon counts windows and tail */
+        uint64_t *sh = &w->shapes[5 * i];
+        Dquant__Tensor *t = &w->tensors[3 * i];
+        sh[0] = l->records_bytes;
+        tensor_set(&t[0], DQUANT__DTYPE__RAW, sh, 1, off, l->records_bytes);
+        off += l->records_bytes;
+        m->records = &t[0];
+        w->iov[3 * i] = (struct iovec){(void *)l->records, l->records_bytes};
+        if (l->tail_tokens) {
+            sh[1] = sh[3] = l->tail_tokens;
+            sh[2] = sh[4] = l->tail_bytes / 2 / l->tail_tokens;
+            tensor_set(&t[1], DQUANT__DTYPE__BF16, &sh[1], 2, off, l->tail_bytes);
+            off += l->tail_bytes;
+            tensor_set(&t[2], DQUANT__DTYPE__BF16, &sh[3], 2, off, l->tail_bytes);
+            off += l->tail_bytes;
+            m->tail_k = &t[1];
+            m->tail_v = &t[2];
+            w->iov[3 * i + 1] = (struct iovec){(void *)l->tail_k, l->tail_bytes};
+            w->iov[3 * i + 2] = (struct iovec){(void *)l->tail_v, l->tail_bytes};
+        }
+        w->ptrs[i] = m;
+    }
+    return 0;
+}
+
+int dqc_put_raw(dqc_client *c, const dqc_put_raw_args *a, dqc_put_result *res)
+{
+    DQC_CHECK_HANDLE(c);
+    if (res)
+        memset(res, 0, sizeof *res);
+    DQC_CHECK_ARG(c, a, "put_raw: args is NULL");
+    DQC_CHECK_ARG(c, a->model && a->model[0], "put_raw: model name required");
+    DQC_CHECK_ARG(c, a->profile && a->profile_len, "put_raw: the records' profile is required");
+    Dquant__SeqRef seq;
+    DQC_FORWARD(seq_fill(c, "put_raw", &a->seq, &seq));
+    raw_wire w;
+    DQC_FORWARD(raw_build(c, "put_raw", a->layers, a->nlayers, a->first_layer, &w));
+    Dquant__PutRaw p = DQUANT__PUT_RAW__INIT;
+    p.seq = &seq;
+    p.model = (char *)a->model;
+    p.start_token = a->start_token;
+    p.first_layer = a->first_layer;
+    p.num_layers = (uint32_t)a->nlayers;
+    p.layers = w.ptrs;
+    p.n_layers = a->nlayers;
+    p.profile.data = (uint8_t *)a->profile;
+    p.profile.len = a->profile_len;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_PUT_RAW;
+    req.put_raw = &p;
+    dqc__reply rep;
+    int rc = dqc__call(c, &req, w.iov, 3 * a->nlayers, 0, DQUANT__RESPONSE__BODY_PUT, NULL, NULL, &rep);
+    raw_free(&w);
+    DQC_FORWARD(rc);
+    if (res) {
+        const Dquant__PutReply *r = rep.resp->put;
+        res->tokens = r->tokens;
+        res->stored_bytes = r->stored_bytes;
+        res->streams_encoded = r->streams_encoded;
+        res->retries = r->retries;
+    }
+    dqc__reply_free(&rep);
+    return 0;
+}
+
+int dqc_put_chunks_raw(dqc_client *c, const char *ns, const char *model, const uint8_t *keys, size_t nkeys,
+                       const uint8_t *parent, const dqc_raw_layer *layers, size_t nlayers, const uint8_t *profile,
+                       size_t profile_len, dqc_put_chunks_result *res)
+{
+    DQC_CHECK_HANDLE(c);
+    if (res)
+        memset(res, 0, sizeof *res);
+    DQC_CHECK_ARG(c, model && model[0], "put_chunks_raw: model name required");
+    DQC_CHECK_ARG(c, nkeys, "put_chunks_raw: at least one key is required");
+    DQC_CHECK_ARG(c, profile && profile_len, "put_chunks_raw: the records' profile is required");
+    raw_wire w;
+    DQC_FORWARD(raw_build(c, "put_chunks_raw", layers, nlayers, 0, &w));
+    Dquant__PutChunksRaw p = DQUANT__PUT_CHUNKS_RAW__INIT;
+    p.ns = (char *)(ns ? ns : "");
+    p.model = (char *)model;
+    int rc = keys_fill(c, "put_chunks_raw", keys, nkeys, &p.keys);
+    if (rc < 0) {
+        raw_free(&w);
+        return rc;
+    }
+    p.n_keys = nkeys;
+    p.parent.data = (uint8_t *)parent;
+    p.parent.len = parent ? DQC_CHUNK_KEY_BYTES : 0;
+    p.layers = w.ptrs;
+    p.n_layers = nlayers;
+    p.profile.data = (uint8_t *)profile;
+    p.profile.len = profile_len;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_PUT_CHUNKS_RAW;
+    req.put_chunks_raw = &p;
+    dqc__reply rep;
+    rc = dqc__call(c, &req, w.iov, 3 * nlayers, 1, DQUANT__RESPONSE__BODY_PUT_CHUNKS, NULL, NULL, &rep);
+    free(p.keys);
+    raw_free(&w);
+    DQC_FORWARD(rc);
+    if (res) {
+        const Dquant__PutChunksReply *r = rep.resp->put_chunks;
+        res->stored = r->stored;
+        res->deduped = r->deduped;
+        res->streams_encoded = r->streams_encoded;
+    }
+    dqc__reply_free(&rep);
+    return 0;
+}

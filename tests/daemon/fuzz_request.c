@@ -49,6 +49,19 @@ static void check_request(const uint8_t *header, size_t header_len, const uint8_
             /* chunk_tokens 4 keeps the corpus' chunks small */
             (void)dqd_validate_put_chunks(req->put_chunks, &pl, &model, 4, &a, &b2, msg, sizeof msg);
             break;
+        case DQD_OP_PUT_RAW:
+        case DQD_OP_PUT_CHUNKS_RAW: {
+            const bool one = op == DQD_OP_PUT_RAW;
+            Dquant__RawLayer *const *ls = one ? req->put_raw->layers : req->put_chunks_raw->layers;
+            const size_t n = one ? req->put_raw->n_layers : req->put_chunks_raw->n_layers;
+            dqd_raw_tensors *rt = malloc((n ? n : 1) * sizeof *rt);
+            uint64_t tokens;
+            if (rt)
+                (void)dqd_validate_raw_layers(ls, n, one ? req->put_raw->first_layer : 0, &pl, &model, &prof, rt,
+                                              &tokens, msg, sizeof msg);
+            free(rt);
+            break;
+        }
         case DQD_OP_GET:
             (void)dqd_validate_get(req->get, &model, &first, &num, msg, sizeof msg);
             break;

@@ -375,5 +375,87 @@ int main(int argc, char **argv)
     emit("get_chunks.bin", &req, NULL, 40);
     cgets.format = DQUANT__GET_FORMAT__GET_RAW;
     emit("bad_get_chunks_raw.bin", &req, NULL, 41);
+
+    /* PUT_RAW / PUT_CHUNKS_RAW: records sized for fuzz_request.c's profile (W 128, mean block 130,
+     * key/value records 49/36 bytes: 10010 bytes a window; zeros, so the daemon would find them
+     * CORRUPT), BF16 tails of 4 tokens of 128 values. */
+    enum { WB = 130 + 128 * (49 + 36), TT = 4, ROWV = KV * HD };
+    static uint8_t recs[4][WB];
+    static uint16_t tail[TT * ROWV];
+    for (size_t i = 0; i < TT * ROWV; i++)
+        tail[i] = 0x3f80; /* 1.0 */
+    uint8_t prof[64];
+    memset(prof, 7, sizeof prof);
+    wire_payload rpl = {0};
+    Dquant__Tensor rt[4][3];
+    uint64_t rawshape[4][5];
+    Dquant__RawLayer rl[4], *rlp[4];
+    for (int l = 0; l < 4; l++) {
+        dquant__raw_layer__init(&rl[l]);
+        rl[l].layer = (uint32_t)l;
+        rl[l].windows = 1;
+        rl[l].tokens = 128 + (l < L ? TT : 0);
+        rawshape[l][0] = WB;
+        wire_tensor(&rpl, &rt[l][0], DQUANT__DTYPE__RAW, rawshape[l], 1, recs[l], WB);
+        rl[l].records = &rt[l][0];
+        if (l < L) {
+            rawshape[l][1] = rawshape[l][3] = TT;
+            rawshape[l][2] = rawshape[l][4] = ROWV;
+            wire_tensor(&rpl, &rt[l][1], DQUANT__DTYPE__BF16, &rawshape[l][1], 2, tail, sizeof tail);
+            wire_tensor(&rpl, &rt[l][2], DQUANT__DTYPE__BF16, &rawshape[l][3], 2, tail, sizeof tail);
+            rl[l].tail_k = &rt[l][1];
+            rl[l].tail_v = &rt[l][2];
+        }
+        rlp[l] = &rl[l];
+    }
+    Dquant__PutRaw pr = DQUANT__PUT_RAW__INIT;
+    pr.seq = &seq;
+    pr.model = "tiny";
+    pr.first_layer = 0;
+    pr.num_layers = L;
+    pr.n_layers = L;
+    pr.layers = rlp;
+    pr.profile.data = prof;
+    pr.profile.len = sizeof prof;
+    req.body_case = DQUANT__REQUEST__BODY_PUT_RAW;
+    req.put_raw = &pr;
+    emit("put_raw.bin", &req, &rpl, 42);
+    rt[1][0].length = WB - 1; /* truncated: not a whole record */
+    rawshape[1][0] = WB - 1;
+    emit("bad_put_raw_truncated.bin", &req, &rpl, 43);
+    rt[1][0].length = WB;
+    rawshape[1][0] = WB;
+    rl[0].windows = 0; /* oversized: more bytes than the windows say */
+    emit("bad_put_raw_oversized.bin", &req, &rpl, 44);
+    rl[0].windows = 1;
+    rawshape[0][1] = 200; /* a tail longer than the payload, and than W */
+    emit("bad_put_raw_tail.bin", &req, &rpl, 45);
+    rawshape[0][1] = TT;
+    pr.profile.len = 0;
+    emit("bad_put_raw_no_profile.bin", &req, &rpl, 46);
+    pr.profile.len = sizeof prof;
+    pr.n_layers = 1; /* fewer layers than num_layers */
+    emit("bad_put_raw_layers.bin", &req, &rpl, 47);
+    pr.n_layers = L;
+
+    /* Chunks: all 4 layers of fuzz_request.c's model, one window each, no tail. */
+    for (int l = 0; l < L; l++)
+        rl[l].tail_k = rl[l].tail_v = NULL;
+    Dquant__PutChunksRaw pcr = DQUANT__PUT_CHUNKS_RAW__INIT;
+    pcr.ns = "engine-a";
+    pcr.model = "tiny";
+    pcr.n_keys = 1;
+    pcr.keys = ckeys;
+    pcr.n_layers = 4;
+    pcr.layers = rlp;
+    pcr.profile.data = prof;
+    pcr.profile.len = sizeof prof;
+    req.body_case = DQUANT__REQUEST__BODY_PUT_CHUNKS_RAW;
+    req.put_chunks_raw = &pcr;
+    emit("put_chunks_raw.bin", &req, &rpl, 48);
+    ckeys[0].len = 3;
+    emit("bad_put_chunks_raw_key.bin", &req, &rpl, 49);
+    ckeys[0].len = 16;
+    wire_payload_free(&rpl);
     return 0;
 }

@@ -494,3 +494,78 @@ Test(validate, chunk_messages)
     g.seq = &ref;
     cr_assert_eq(dqd_request_validate(&req, PL(NULL, 0), &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
 }
+
+/* PUT_RAW layers against the model and a profile of W 16, mean block 130, records 49/36 bytes
+ * (window 1490 bytes): whole records only, tails below W of the model's row, equal lengths. */
+Test(validate, raw_layers)
+{
+    const dqd_profile_info prof = {
+        .kv_heads = 2, .head_dim = 64, .window = 16, .mean_bytes = 130, .record_bytes = {49, 36}};
+    const uint64_t wb = 130 + 16 * (49 + 36);
+    uint64_t rs[2] = {2 * wb, 2 * wb}, ts[2][4] = {{3, 128, 3, 128}, {3, 128, 3, 128}};
+    Dquant__Tensor rec[2], tk[2], tv[2];
+    Dquant__RawLayer l[2], *lp[2] = {&l[0], &l[1]};
+    uint64_t off = 0;
+    for (int i = 0; i < 2; i++) {
+        rec[i] = tensor(DQUANT__DTYPE__RAW, &rs[i], 1, off, rs[i]);
+        off += rs[i];
+        tk[i] = tensor(DQUANT__DTYPE__BF16, &ts[i][0], 2, off, 3 * 128 * 2);
+        off += 3 * 128 * 2;
+        tv[i] = tensor(DQUANT__DTYPE__BF16, &ts[i][2], 2, off, 3 * 128 * 2);
+        off += 3 * 128 * 2;
+        dquant__raw_layer__init(&l[i]);
+        l[i].layer = 1 + (uint32_t)i;
+        l[i].windows = 2;
+        l[i].records = &rec[i];
+        l[i].tail_k = &tk[i];
+        l[i].tail_v = &tv[i];
+    }
+    cr_assert_leq(off, sizeof payload);
+    dqd_raw_tensors out[2];
+    uint64_t tokens = 0;
+    cr_assert_eq(dqd_validate_raw_layers(lp, 2, 1, PL(payload, off), &model, &prof, out, &tokens, msg, sizeof msg),
+                 DQ_OK, "%s", msg);
+    cr_assert_eq(tokens, 2 * 16 + 3);
+    cr_assert_eq(out[1].windows, 2);
+    cr_assert_eq(out[1].tail_tokens, 3);
+    /* layers beyond the model */
+    cr_assert_eq(dqd_validate_raw_layers(lp, 2, 3, PL(payload, off), &model, &prof, out, &tokens, msg, sizeof msg),
+                 DQ_OUT_OF_BOUNDS);
+    /* records not windows whole records: one byte short, one record too many */
+    l[1].windows = 3;
+    cr_assert_eq(dqd_validate_raw_layers(lp, 2, 1, PL(payload, off), &model, &prof, out, &tokens, msg, sizeof msg),
+                 DQ_SHAPE);
+    l[1].windows = 1;
+    cr_assert_eq(dqd_validate_raw_layers(lp, 2, 1, PL(payload, off), &model, &prof, out, &tokens, msg, sizeof msg),
+                 DQ_SHAPE);
+    l[1].windows = 2;
+    /* a tail of W tokens, and one of another row length */
+    ts[0][0] = ts[0][2] = 16;
+    tk[0].length = tv[0].length = 16 * 128 * 2;
+    cr_assert_eq(
+        dqd_validate_raw_layers(lp, 2, 1, PL(payload, sizeof payload), &model, &prof, out, &tokens, msg, sizeof msg),
+        DQ_SHAPE);
+    cr_assert(strstr(msg, "not below W"), "%s", msg);
+    ts[0][0] = ts[0][2] = 3;
+    tk[0].length = tv[0].length = 3 * 128 * 2;
+    ts[0][1] = 64;
+    ts[0][0] = 6;
+    cr_assert_eq(dqd_validate_raw_layers(lp, 2, 1, PL(payload, off), &model, &prof, out, &tokens, msg, sizeof msg),
+                 DQ_SHAPE);
+    ts[0][1] = 128;
+    ts[0][0] = 3;
+    /* K and V tails of different lengths; layers of different lengths */
+    l[1].tail_v = NULL;
+    cr_assert_eq(dqd_validate_raw_layers(lp, 2, 1, PL(payload, off), &model, &prof, out, &tokens, msg, sizeof msg),
+                 DQ_SHAPE);
+    l[1].tail_k = NULL;
+    cr_assert_eq(dqd_validate_raw_layers(lp, 2, 1, PL(payload, off), &model, &prof, out, &tokens, msg, sizeof msg),
+                 DQ_SHAPE);
+    cr_assert(strstr(msg, "same"), "%s", msg);
+    /* a layer that names another index */
+    l[1].tail_k = &tk[1];
+    l[1].tail_v = &tv[1];
+    l[1].layer = 7;
+    cr_assert_eq(dqd_validate_raw_layers(lp, 2, 1, PL(payload, off), &model, &prof, out, &tokens, msg, sizeof msg),
+                 DQ_INVALID_ARGUMENT);
+}

@@ -258,6 +258,38 @@ DQC_API int dqc_get_raw(dqc_client *client, const dqc_seq *seq, uint32_t first_l
                         dqc_raw_result *res);
 DQC_API void dqc_raw_result_free(dqc_raw_result *res);
 
+/* ---- PUT_RAW: containers the client encoded itself ---- */
+
+/* PUT_RAW: layers appended from containers the client encoded itself (libdquant in-process, or
+ * libdquant-cuda), in GET_RAW's layout; the daemon stores them as they are (no re-encoding) and
+ * this library only forwards the bytes (it does not need libdquant). Everything is borrowed for
+ * the call. layers[i] is layer first_layer + i (its .layer and .tokens are ignored): `windows`
+ * whole window records in records (records_bytes must be windows · dq_codec_window_bytes), then
+ * tail_tokens < W BF16 tail tokens in tail_k / tail_v (tail_bytes = tail_tokens · kv_heads ·
+ * head_dim · 2; NULL when 0). Every layer must hold the same windows · W + tail_tokens tokens.
+ * start_token must equal each layer's current length, be a multiple of W, and the layer must hold
+ * no tail. profile / profile_len: the serialized profile the records were made with (GET_RAW's
+ * dqc_raw_result.profile, or dq_profile_serialize); it must equal the model's. All-or-nothing.
+ * Errors: DQ_INVALID_ARGUMENT ("records of another profile", a bad field), DQ_SHAPE (records_bytes
+ * not windows whole records, tail_tokens >= W, token counts differ), DQ_CORRUPT (a record fails
+ * the container's decode invariants; the message names layer and window), DQ_NONFINITE (a tail
+ * value is NaN/Inf), DQ_ORDER, DQ_NOT_FOUND (model), DQ_OUT_OF_BOUNDS (layers),
+ * DQ_RESOURCE_EXHAUSTED, and the call errors. A failed call stores nothing. res may be NULL
+ * (res->streams_encoded is 0). Not retried after a break in flight. */
+typedef struct dqc_put_raw_args {
+    dqc_seq seq;
+    const char *model;
+    uint64_t start_token; /* each layer's current length; a multiple of the profile's W */
+    uint32_t first_layer;
+    const dqc_raw_layer *layers; /* nlayers consecutive layers from first_layer: windows whole window
+                                    records (records_bytes = windows · window record size), then
+                                    tail_tokens < W BF16 tail tokens (tail_k/tail_v) */
+    size_t nlayers;
+    const uint8_t *profile; /* the serialized profile the records were made with (GET_RAW's); must equal the model's */
+    size_t profile_len;
+} dqc_put_raw_args;
+DQC_API int dqc_put_raw(dqc_client *client, const dqc_put_raw_args *args, dqc_put_result *res);
+
 /* ---- ATTEND ---- */
 
 typedef struct dqc_attend_item {
@@ -413,6 +445,15 @@ typedef struct dqc_put_chunks_result {
 
 /* res may be NULL. */
 DQC_API int dqc_put_chunks(dqc_client *client, const dqc_put_chunks_args *args, dqc_put_chunks_result *res);
+/* The same for chunks: nkeys chunks of every layer of the model (layers[i] is layer i, nlayers =
+ * the model's layers), each chunk_tokens / W whole windows per layer (no tail: tail_tokens 0),
+ * records layer-major then chunk-major (layers[i].records holds chunk 0's windows of layer i, then
+ * chunk 1's, ...; windows = nkeys · chunk_tokens / W). profile as for dqc_put_raw. Idempotent and
+ * deduped like dqc_put_chunks (streams_encoded 0); errors as dqc_put_chunks and dqc_put_raw.
+ * Everything borrowed; res may be NULL. */
+DQC_API int dqc_put_chunks_raw(dqc_client *client, const char *ns, const char *model, const uint8_t *keys, size_t nkeys,
+                               const uint8_t *parent, const dqc_raw_layer *layers, size_t nlayers,
+                               const uint8_t *profile, size_t profile_len, dqc_put_chunks_result *res);
 
 typedef struct dqc_lookup_result {
     uint64_t hits;         /* leading keys held (the count stops at the first miss) */
