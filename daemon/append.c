@@ -57,6 +57,65 @@ int dqd_append_apply(dqd_append *a, dqd_codec *codec, dq_workspace *ws, dq_layer
     return DQ_OK;
 }
 
+int dqd_append_raw(dqd_append *a, dqd_codec *codec, dq_workspace *ws, dq_layer **slot, const dqd_raw_in *in,
+                   size_t *bad_window)
+{
+    memset(a, 0, sizeof *a);
+    const size_t elems = in->tail_tokens * codec->n;
+    uint16_t *tk = NULL, *tv = NULL;
+    int rc = DQ_OK;
+    if (in->tail_tokens) {
+        /* The payload gives no alignment: copy the (short) tail before reading it as BF16. */
+        tk = malloc(elems * sizeof *tk);
+        tv = malloc(elems * sizeof *tv);
+        if (!tk || !tv) {
+            rc = DQ_NOMEM;
+            goto out;
+        }
+        memcpy(tk, in->tail_k, elems * sizeof *tk);
+        memcpy(tv, in->tail_v, elems * sizeof *tv);
+        rc = dq_check_tokens(ws, tk, DQ_DTYPE_BF16, in->tail_tokens);
+        if (rc == DQ_OK)
+            rc = dq_check_tokens(ws, tv, DQ_DTYPE_BF16, in->tail_tokens);
+        if (rc < 0)
+            goto out;
+    }
+    if (!*slot) {
+        rc = dq_layer_create(codec->codec, slot);
+        if (rc < 0)
+            goto out;
+        a->created = true;
+    }
+    dq_layer *layer = *slot;
+    a->tokens0 = dq_layer_tokens(layer);
+    a->nwin0 = dq_layer_window_count(layer);
+    a->tail0 = dq_layer_tail_tokens(layer);
+    rc = dq_layer_append_windows(layer, in->records, in->windows, bad_window);
+    if (rc == DQ_OK && in->tail_tokens) {
+        /* Checked above and shorter than R: copied as is, nothing sealed; only DQ_NOMEM is left. */
+        rc = dq_layer_append(layer, ws, tk, tv, DQ_DTYPE_BF16, in->tail_tokens, NULL);
+        if (rc < 0 && dq_layer_window_count(layer) != a->nwin0) {
+            a->applied = true;
+            if (dqd_append_rollback(a, codec, slot) < 0)
+                rc = DQ_INTERNAL; /* the layer could not be put back: the caller drops the sequence */
+        }
+    }
+    if (rc < 0) {
+        if (a->created && *slot) {
+            dq_layer_free(*slot);
+            *slot = NULL;
+            a->created = false;
+        }
+        a->applied = false;
+        goto out;
+    }
+    a->applied = true;
+out:
+    free(tk);
+    free(tv);
+    return rc;
+}
+
 int dqd_append_rollback(dqd_append *a, dqd_codec *codec, dq_layer **slot)
 {
     if (!a->applied)

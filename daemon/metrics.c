@@ -34,6 +34,10 @@ void dqd_metrics_observe(dqd_metrics *m, dqd_op op, int err, double seconds)
     if ((unsigned)op >= DQD_OP_COUNT)
         op = DQD_OP_UNKNOWN;
     m->requests[op]++;
+    if (op == DQD_OP_PUT_RAW || op == DQD_OP_PUT_CHUNKS_RAW) {
+        m->put_raw_requests++;
+        m->put_raw_corrupt += err == DQ_CORRUPT;
+    }
     if (err < 0) {
         m->errors[op]++;
         dqd_metrics_count_error(m, err);
@@ -183,6 +187,11 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
     counter(&b, "dquant_chunks_put_total", "Chunks encoded by PUT_CHUNKS.", m->chunks_put);
     counter(&b, "dquant_chunk_dedupe_hits_total", "Chunks of PUT_CHUNKS already held (not encoded again).",
             m->chunk_dedupe_hits);
+    counter(&b, "dquant_put_raw_requests_total", "PUT_RAW and PUT_CHUNKS_RAW requests.", m->put_raw_requests);
+    counter(&b, "dquant_put_raw_bytes_total", "Record and tail bytes stored by PUT_RAW and PUT_CHUNKS_RAW.",
+            m->put_raw_bytes);
+    counter(&b, "dquant_put_raw_corrupt_total", "PUT_RAW / PUT_CHUNKS_RAW requests refused as DQ_CORRUPT.",
+            m->put_raw_corrupt);
     counter(&b, "dquant_lease_expiries_total", "LOOKUP leases that ran out.", m->leases ? m->leases->expiries : 0);
     gauge(&b, "dquant_leases_active", "LOOKUP leases live.", m->leases ? (double)m->leases->active : 0.0);
     gauge(&b, "dquant_chunks_stored", "Chunks of the shared KV tier stored.", (double)g->store.chunks);
@@ -340,6 +349,9 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_counter(&kb, "lookup_missed_tokens", m->lookup_missed_tokens);
     add_counter(&kb, "chunks_put", m->chunks_put);
     add_counter(&kb, "chunk_dedupe_hits", m->chunk_dedupe_hits);
+    add_counter(&kb, "put_raw_requests", m->put_raw_requests);
+    add_counter(&kb, "put_raw_bytes", m->put_raw_bytes);
+    add_counter(&kb, "put_raw_corrupt", m->put_raw_corrupt);
     add_gauge(&kb, "lookup_hit_rate", hit_rate(m));
     add_gauge(&kb, "chunks_stored", (double)g->store.chunks);
     add_counter(&kb, "lease_expiries", m->leases ? m->leases->expiries : 0);

@@ -35,6 +35,9 @@ typedef struct dqd_metrics {
     /* shared KV tier: LOOKUP keys asked (hit or missed, in tokens), PUT_CHUNKS chunks encoded or
      * found held already */
     uint64_t lookups, lookup_hit_tokens, lookup_missed_tokens, chunks_put, chunk_dedupe_hits;
+    /* compressed transfer: PUT_RAW and PUT_CHUNKS_RAW requests, the record and tail bytes they
+     * stored, and those refused because a record broke the container's invariants (DQ_CORRUPT) */
+    uint64_t put_raw_requests, put_raw_bytes, put_raw_corrupt;
     const dqd_leases *leases; /* leases_active, lease_expiries_total */
 } dqd_metrics;
 

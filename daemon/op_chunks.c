@@ -23,7 +23,9 @@
 typedef struct chunks_op {
     dqd_req *req;
     dqd_ctx *ctx;
-    const Dquant__PutChunks *pc;
+    size_t n_keys;
+    const ProtobufCBinaryData *keys;
+    dqd_raw_in *raw; /* PUT_CHUNKS_RAW: every layer's records */
     dqd_model *model;
     Dquant__SeqRef ref;
     Dquant__Put put;
@@ -39,6 +41,7 @@ typedef struct chunks_op {
 static void chunks_free(chunks_op *op)
 {
     free(op->was_held);
+    free(op->raw);
     free(op);
 }
 
@@ -66,7 +69,7 @@ static void chunks_reply(chunks_op *op)
     Dquant__PutChunksReply r = DQUANT__PUT_CHUNKS_REPLY__INIT;
     r.stored = op->stored;
     r.deduped = op->deduped;
-    r.n_was_held = op->pc->n_keys;
+    r.n_was_held = op->n_keys;
     r.was_held = op->was_held;
     r.streams_encoded = op->streams;
     Dquant__Response resp = DQUANT__RESPONSE__INIT;
@@ -112,12 +115,12 @@ static void advance(chunks_op *op)
             chunks_free(op);
             return;
         }
-        if (op->next == op->pc->n_keys) {
+        if (op->next == op->n_keys) {
             chunks_reply(op);
             chunks_free(op);
             return;
         }
-        op->ref.key = op->pc->keys[op->next];
+        op->ref.key = op->keys[op->next];
         op->cp.token_off = (uint64_t)op->next * op->model->chunk_tokens;
         op->in_launch = true;
         op->finished_sync = false;
@@ -162,7 +165,8 @@ void dqd_op_put_chunks(dqd_req *req)
     }
     op->req = req;
     op->ctx = ctx;
-    op->pc = pc;
+    op->n_keys = pc->n_keys;
+    op->keys = pc->keys;
     op->model = model;
     dquant__seq_ref__init(&op->ref);
     op->ref.ns = (char *)ns;
@@ -175,6 +179,78 @@ void dqd_op_put_chunks(dqd_req *req)
     op->cp.put = &op->put;
     op->cp.model = model;
     op->cp.tokens_total = op->cp.k.shape[1];
+    op->cp.done = chunk_done;
+    op->cp.arg = op;
+    advance(op);
+}
+
+/* PUT_CHUNKS_RAW: as PUT_CHUNKS, each chunk stored from its windows of every layer's records. */
+void dqd_op_put_chunks_raw(dqd_req *req)
+{
+    dqd_ctx *ctx = req->ctx;
+    const Dquant__PutChunksRaw *pc = req->msg->put_chunks_raw;
+    dqd_model *model = dqd_registry_find(ctx->reg, pc->model);
+    if (!model) {
+        dqd_req_fail(req, DQ_NOT_FOUND, "no model named '%s' (REGISTER_MODEL first)", pc->model);
+        return;
+    }
+    if (pc->n_layers != model->layers) {
+        dqd_req_fail(req, DQ_INVALID_ARGUMENT, "%zu raw layers; chunks hold all %u layers of model '%s'", pc->n_layers,
+                     model->layers, model->name);
+        return;
+    }
+    chunks_op *op = calloc(1, sizeof *op);
+    if (!op || !(op->was_held = calloc(pc->n_keys, sizeof *op->was_held)) ||
+        !(op->raw = calloc(pc->n_layers, sizeof *op->raw))) {
+        if (op)
+            chunks_free(op);
+        dqd_req_fail(req, DQ_NOMEM, "out of memory");
+        return;
+    }
+    char msg[256];
+    dqd_payload pl;
+    dqd_req_payload(req, &pl);
+    uint64_t tokens = 0;
+    int rc = dqd_ops_raw_layers(model, pc->layers, pc->n_layers, 0, &pc->profile, &pl, op->raw, &tokens, msg,
+                                sizeof msg);
+    if (rc == DQ_OK && tokens != (uint64_t)pc->n_keys * model->chunk_tokens) {
+        rc = DQ_SHAPE;
+        snprintf(msg, sizeof msg, "%llu tokens per layer for %zu chunks of %u tokens", (unsigned long long)tokens,
+                 pc->n_keys, model->chunk_tokens);
+    }
+    for (uint32_t l = 0; rc == DQ_OK && l < model->layers; l++)
+        if (op->raw[l].tail_tokens) {
+            rc = DQ_SHAPE;
+            snprintf(msg, sizeof msg, "layer %u: chunks hold whole windows, no tail", l);
+        }
+    if (rc < 0) {
+        chunks_free(op);
+        dqd_req_fail(req, rc, "%s", msg);
+        return;
+    }
+    const char *ns = pc->ns ? pc->ns : "";
+    if (pc->parent.len && !chunk_held(ctx, ns, model, pc->parent.data)) {
+        chunks_free(op);
+        dqd_req_fail(req, DQ_NOT_FOUND, "parent chunk not held");
+        return;
+    }
+    op->req = req;
+    op->ctx = ctx;
+    op->n_keys = pc->n_keys;
+    op->keys = pc->keys;
+    op->model = model;
+    dquant__seq_ref__init(&op->ref);
+    op->ref.ns = (char *)ns;
+    op->ref.kind = DQUANT__SEQ_KIND__CHUNK;
+    dquant__put__init(&op->put);
+    op->put.seq = &op->ref;
+    op->put.model = pc->model;
+    op->put.num_layers = model->layers;
+    op->put.tokens = model->chunk_tokens;
+    op->cp.put = &op->put;
+    op->cp.model = model;
+    op->cp.raw = op->raw;
+    op->cp.tokens_total = tokens;
     op->cp.done = chunk_done;
     op->cp.arg = op;
     advance(op);

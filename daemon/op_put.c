@@ -80,6 +80,12 @@ typedef struct put_op {
     dq_encode_stats *stats;
     int fail_rc;
     char fail_msg[256];
+    /* PUT_RAW / PUT_CHUNKS_RAW: per written layer its records and tail (raw_own: op's array),
+     * stored as they are on the host; bad_win: the first bad record of a CORRUPT layer */
+    const dqd_raw_in *raw;
+    dqd_raw_in *raw_own;
+    size_t *bad_win;
+    Dquant__Put rput;
 } put_op;
 
 static void put_free(put_op *op)
@@ -99,6 +105,8 @@ static void put_free(put_op *op)
     free(op->stats);
     free(op->ktmp);
     free(op->vtmp);
+    free(op->raw_own);
+    free(op->bad_win);
     free(op);
 }
 
@@ -268,6 +276,104 @@ void dqd_op_put_chunk(dqd_req *req, const dqd_chunk_put *cp)
     op->codec = cp->model->codec;
     op->k = cp->k;
     op->v = cp->v;
+    if (cp->raw) {
+        /* This chunk's windows of every layer: chunk_tokens / W of them at its place in the layer. */
+        const uint64_t W = op->codec->profile.window, per = cp->put->tokens / W, first = cp->token_off / W;
+        op->raw_own = calloc(op->nlayers, sizeof *op->raw_own);
+        if (!op->raw_own) {
+            put_free(op);
+            cp->done(cp->arg, DQ_NOMEM, "out of memory", false, 0);
+            return;
+        }
+        for (uint32_t l = 0; l < op->nlayers; l++) {
+            op->raw_own[l].records = cp->raw[l].records + first * op->codec->window_bytes;
+            op->raw_own[l].windows = per;
+        }
+        op->raw = op->raw_own;
+    }
+    op->state = PUT_LOOKUP;
+    put_step(op);
+}
+
+/* Checks the layers of PUT_RAW / PUT_CHUNKS_RAW against the model (validate.c) and the profile
+ * their records were made with; out: n entries. *tokens: each layer's. */
+int dqd_ops_raw_layers(const dqd_model *model, Dquant__RawLayer *const *layers, size_t n, uint32_t first_layer,
+                       const ProtobufCBinaryData *profile, const dqd_payload *pl, dqd_raw_in *out, uint64_t *tokens,
+                       char *msg, size_t msglen)
+{
+    const dqd_codec *codec = model->codec;
+    if (profile->len != codec->plen || memcmp(profile->data, codec->pbytes, codec->plen) != 0) {
+        snprintf(msg, msglen, "records of another profile: the profile sent is not model '%s''s", model->name);
+        return DQ_INVALID_ARGUMENT;
+    }
+    dqd_model_info info;
+    dqd_model_info_of(model, &info);
+    dqd_profile_info pinfo;
+    dqd_profile_info_of(codec, &pinfo);
+    dqd_raw_tensors *t = calloc(n, sizeof *t);
+    if (!t) {
+        snprintf(msg, msglen, "out of memory");
+        return DQ_NOMEM;
+    }
+    int rc = dqd_validate_raw_layers(layers, n, first_layer, pl, &info, &pinfo, t, tokens, msg, msglen);
+    for (size_t i = 0; rc == DQ_OK && i < n; i++) {
+        out[i].records = t[i].records.data;
+        out[i].windows = (size_t)t[i].windows;
+        out[i].tail_k = t[i].tail_k.data;
+        out[i].tail_v = t[i].tail_v.data;
+        out[i].tail_tokens = (size_t)t[i].tail_tokens;
+    }
+    free(t);
+    return rc;
+}
+
+void dqd_op_put_raw(dqd_req *req)
+{
+    const Dquant__PutRaw *pr = req->msg->put_raw;
+    dqd_model *model = dqd_registry_find(req->ctx->reg, pr->model);
+    if (!model) {
+        dqd_req_fail(req, DQ_NOT_FOUND, "no model named '%s' (REGISTER_MODEL first)", pr->model);
+        return;
+    }
+    put_op *op = calloc(1, sizeof *op);
+    if (!op || !(op->raw_own = calloc(pr->n_layers, sizeof *op->raw_own))) {
+        free(op);
+        dqd_req_fail(req, DQ_NOMEM, "out of memory");
+        return;
+    }
+    op->req = req;
+    op->ctx = req->ctx;
+    op->nlayers = pr->num_layers;
+    op->model = model;
+    op->codec = model->codec;
+    op->raw = op->raw_own;
+    char msg[256];
+    dqd_payload pl;
+    dqd_req_payload(req, &pl);
+    uint64_t tokens = 0;
+    int rc = dqd_ops_raw_layers(model, pr->layers, pr->n_layers, pr->first_layer, &pr->profile, &pl, op->raw_own,
+                                &tokens, msg, sizeof msg);
+    const uint64_t W = op->codec->profile.window;
+    if (rc == DQ_OK && tokens == 0)
+        rc = DQ_INVALID_ARGUMENT, snprintf(msg, sizeof msg, "the layers hold no tokens");
+    if (rc == DQ_OK && pr->start_token % W)
+        rc = DQ_INVALID_ARGUMENT, snprintf(msg, sizeof msg, "start_token %llu is not a multiple of W = %llu",
+                                           (unsigned long long)pr->start_token, (unsigned long long)W);
+    if (rc == DQ_OK && pr->start_token > UINT64_MAX - tokens)
+        rc = DQ_OUT_OF_BOUNDS, snprintf(msg, sizeof msg, "start_token + tokens overflows");
+    if (rc < 0) {
+        put_free(op);
+        dqd_req_fail(req, rc, "%s", msg);
+        return;
+    }
+    dquant__put__init(&op->rput);
+    op->rput.seq = pr->seq;
+    op->rput.model = pr->model;
+    op->rput.start_token = pr->start_token;
+    op->rput.first_layer = pr->first_layer;
+    op->rput.num_layers = pr->num_layers;
+    op->rput.tokens = tokens;
+    op->put = &op->rput;
     op->state = PUT_LOOKUP;
     put_step(op);
 }
@@ -386,6 +492,11 @@ static int put_check(put_op *op)
                      (unsigned long long)have, (unsigned long long)put->start_token);
             return -1;
         }
+        if (op->raw && dqd_seq_layer_tail(seq, put->first_layer + i)) {
+            put_fail(op, DQ_ORDER, "layer %u holds %llu BF16 tail tokens; records append only after whole windows",
+                     put->first_layer + i, (unsigned long long)dqd_seq_layer_tail(seq, put->first_layer + i));
+            return -1;
+        }
     }
     return 0;
 }
@@ -404,8 +515,17 @@ static int put_reserve(put_op *op)
         return -1;
     }
     int rc = DQ_OK;
-    if (dqd_tier_place_layers(ctx, seq, put->first_layer, put->num_layers, put->tokens, op->ta, &op->gpu_reserved,
-                              &op->mv) < 0) {
+    if (op->raw) {
+        /* Records are stored on the host as they came (tier.h); a GPU layer moves there first. */
+        op->bad_win = calloc(put->num_layers, sizeof *op->bad_win);
+        if (!op->bad_win) {
+            put_fail(op, DQ_NOMEM, "out of memory");
+            return -1;
+        }
+        for (uint32_t i = 0; i < put->num_layers; i++)
+            op->ta[i].spill = dqd_seq_glayer(seq, put->first_layer + i) != NULL;
+    } else if (dqd_tier_place_layers(ctx, seq, put->first_layer, put->num_layers, put->tokens, op->ta,
+                                     &op->gpu_reserved, &op->mv) < 0) {
         put_fail(op, DQ_NOMEM, "out of memory");
         return -1;
     }
@@ -440,6 +560,8 @@ static void moves_done(void *arg, int rc)
 /* Host input already aligned for its element type needs no prepare task. */
 static bool input_ready(const put_op *op)
 {
+    if (op->raw)
+        return true;
     const size_t es = dqd_dtype_size(op->k.dtype);
     return !op->chunk && !op->k.device && es && (uintptr_t)op->k.data % es == 0 && (uintptr_t)op->v.data % es == 0;
 }
@@ -519,6 +641,11 @@ static void prepare_done(void *arg)
 static void append_task(void *arg, size_t i)
 {
     put_op *op = arg;
+    if (op->raw) {
+        op->rc[i] = dqd_tier_append_raw(op->ctx, op->seq, op->put->first_layer + (uint32_t)i, &op->ta[i], &op->raw[i],
+                                        &op->bad_win[i]);
+        return;
+    }
     const size_t lb = layer_bytes(op);
     op->rc[i] = dqd_tier_append_apply(op->ctx, op->seq, op->put->first_layer + (uint32_t)i, &op->ta[i],
                                       (const uint8_t *)op->kdata + i * lb, (const uint8_t *)op->vdata + i * lb,
@@ -550,6 +677,10 @@ static void append_done(void *arg)
     if (first_err) {
         op->fail_rc = first_err;
         snprintf(op->fail_msg, sizeof op->fail_msg, "layer %u: %s", failed_layer, dq_strerror(first_err));
+        if (op->raw && first_err == DQ_CORRUPT)
+            snprintf(op->fail_msg, sizeof op->fail_msg,
+                     "layer %u window %zu: the record breaks the container's decode invariants (DESIGN 2.3)",
+                     failed_layer, op->bad_win[failed_layer - put->first_layer]);
         /* A NaN anywhere wins (see the top of this file): a layer says DQ_NONFINITE, or a GPU one
          * raw_nonfinite (its rc may be the range check of the rounded values). */
         for (uint32_t i = 0; i < put->num_layers; i++) {
@@ -662,6 +793,9 @@ static void put_commit(put_op *op)
         r.retries += op->stats[i].retries;
     }
     ctx->metrics.tokens_put += put->tokens * put->num_layers;
+    for (uint32_t i = 0; op->raw && i < put->num_layers; i++)
+        ctx->metrics.put_raw_bytes += op->raw[i].windows * op->codec->window_bytes +
+                                      2 * op->raw[i].tail_tokens * op->codec->n * 2;
     ctx->metrics.streams_encoded += r.streams_encoded;
     ctx->metrics.encode_retries += r.retries;
     if (op->chunk) {

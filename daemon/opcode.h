@@ -20,14 +20,17 @@ typedef enum dqd_op {
     DQD_OP_NCCL_SETUP = 13,
     DQD_OP_PUT_CHUNKS = 14,
     DQD_OP_LOOKUP = 15,
+    DQD_OP_PUT_RAW = 16,
+    DQD_OP_PUT_CHUNKS_RAW = 17,
     DQD_OP_COUNT
 } dqd_op;
 
 static inline const char *dqd_op_name(dqd_op op)
 {
     static const char *const names[DQD_OP_COUNT] = {
-        "unknown", "hello", "register_model", "put",   "get",  "attend",     "compress",   "decompress",
-        "delete",  "pin",   "unpin",          "stats", "ping", "nccl_setup", "put_chunks", "lookup",
+        "unknown",  "hello",      "register_model", "put",    "get",     "attend",
+        "compress", "decompress", "delete",         "pin",    "unpin",   "stats",
+        "ping",     "nccl_setup", "put_chunks",     "lookup", "put_raw", "put_chunks_raw",
     };
     return (unsigned)op < DQD_OP_COUNT ? names[op] : "unknown";
 }

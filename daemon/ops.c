@@ -312,6 +312,12 @@ static void run_op(dqd_req *req)
     case DQD_OP_LOOKUP:
         dqd_op_lookup(req);
         return;
+    case DQD_OP_PUT_RAW:
+        dqd_op_put_raw(req);
+        return;
+    case DQD_OP_PUT_CHUNKS_RAW:
+        dqd_op_put_chunks_raw(req);
+        return;
     default:
         break;
     }

@@ -176,6 +176,27 @@ int dqd_tier_append_apply(dqd_ctx *ctx, dqd_seq *seq, uint32_t layer, dqd_tier_a
     return rc;
 }
 
+int dqd_tier_append_raw(dqd_ctx *ctx, dqd_seq *seq, uint32_t layer, dqd_tier_append *t, const dqd_raw_in *in,
+                        size_t *bad_window)
+{
+    dqd_codec *codec = seq->model->codec;
+    dq_layer **slot = &seq->layers[layer];
+    if (t->spill) {
+        int rc = dqd_gpu_demote(ctx->gpu, codec, &seq->glayers[layer], slot);
+        if (rc < 0)
+            return rc;
+        t->spilled = true;
+    }
+    dq_workspace *ws = dqd_codec_ws_take(codec);
+    if (!ws)
+        return DQ_NOMEM;
+    int rc = dqd_append_raw(&t->host, codec, ws, slot, in, bad_window);
+    dqd_codec_ws_give(codec, ws);
+    if (rc == DQ_INTERNAL)
+        t->dev.broken = true; /* half appended and not restorable: the sequence is dropped */
+    return rc;
+}
+
 int dqd_tier_append_rollback(dqd_ctx *ctx, dqd_seq *seq, uint32_t layer, dqd_tier_append *t)
 {
     dqd_codec *codec = seq->model->codec;

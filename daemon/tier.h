@@ -70,6 +70,12 @@ uint64_t dqd_tier_host_need(const dqd_seq *seq, uint32_t layer, const dqd_tier_a
  * all-or-nothing result and same bytes in either tier; stats (may be NULL) is added to. */
 int dqd_tier_append_apply(dqd_ctx *ctx, dqd_seq *seq, uint32_t layer, dqd_tier_append *t, const void *k, const void *v,
                           dq_dtype dtype, size_t ntok, bool dev, dq_encode_stats *stats);
+/* PUT_RAW: appends records as they are (dqd_append_raw) to the layer on the host, moving a GPU
+ * layer to the host first when t->spill says so (the caller sets spill for every layer on the
+ * GPU; raw appends are always placed on the host, and the GPU tier takes the layer back as usual
+ * when a later write promotes it). Undone by dqd_tier_append_rollback. */
+int dqd_tier_append_raw(dqd_ctx *ctx, dqd_seq *seq, uint32_t layer, dqd_tier_append *t, const dqd_raw_in *in,
+                        size_t *bad_window);
 /* Undoes an applied append (no-op otherwise); a failure means the sequence must be dropped. */
 int dqd_tier_append_rollback(dqd_ctx *ctx, dqd_seq *seq, uint32_t layer, dqd_tier_append *t);
 /* Whether the append was applied (1) or not (0). */

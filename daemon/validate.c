@@ -201,6 +201,32 @@ static int validate_put_chunks(const Dquant__PutChunks *p, const dqd_payload *pl
     return DQ_OK;
 }
 
+/* PUT_RAW / PUT_CHUNKS_RAW: what the layers and the profile say about themselves. */
+static int check_raw(Dquant__RawLayer *const *layers, size_t n, const ProtobufCBinaryData *profile,
+                     const dqd_payload *pl, char *msg, size_t msglen)
+{
+    if (n == 0)
+        FAIL(DQ_INVALID_ARGUMENT, "no layers");
+    if (profile->len == 0)
+        FAIL(DQ_INVALID_ARGUMENT, "the records' profile is missing");
+    if (profile->len > DQD_PROFILE_MAX)
+        FAIL(DQ_TOO_LARGE, "profile longer than %d bytes", DQD_PROFILE_MAX);
+    for (size_t i = 0; i < n; i++) {
+        const Dquant__RawLayer *l = layers[i];
+        char what[48];
+        if (!l)
+            FAIL(DQ_INVALID_ARGUMENT, "layers[%zu] is empty", i);
+        dqd_tensor t;
+        snprintf(what, sizeof what, "layers[%zu].records", i);
+        FORWARD(dqd_tensor_check(l->records, what, DQD_DT_RAW, 1, true, pl, &t, msg, msglen));
+        snprintf(what, sizeof what, "layers[%zu].tail_k", i);
+        FORWARD(dqd_tensor_check(l->tail_k, what, DQD_DT_BF16, 2, true, pl, &t, msg, msglen));
+        snprintf(what, sizeof what, "layers[%zu].tail_v", i);
+        FORWARD(dqd_tensor_check(l->tail_v, what, DQD_DT_BF16, 2, true, pl, &t, msg, msglen));
+    }
+    return DQ_OK;
+}
+
 static int check_name(const char *s, const char *what, bool required, const dqd_limits *lim, char *msg, size_t msglen)
 {
     size_t n = s ? strlen(s) : 0;
@@ -209,6 +235,34 @@ static int check_name(const char *s, const char *what, bool required, const dqd_
     if (n > lim->max_name)
         FAIL(DQ_TOO_LARGE, "%s longer than %u bytes", what, lim->max_name);
     return DQ_OK;
+}
+
+static int validate_put_raw(const Dquant__PutRaw *p, const dqd_payload *pl, const dqd_limits *lim, char *msg,
+                            size_t msglen)
+{
+    FORWARD(check_seq(p->seq, lim, msg, msglen));
+    FORWARD(check_name(p->model, "model", true, lim, msg, msglen));
+    if (p->seq->kind == DQUANT__SEQ_KIND__CHUNK)
+        FAIL(DQ_INVALID_ARGUMENT, "chunks are written by PUT_CHUNKS_RAW, not PUT_RAW");
+    if (p->num_layers == 0)
+        FAIL(DQ_INVALID_ARGUMENT, "num_layers must be at least 1");
+    if (p->n_layers != p->num_layers)
+        FAIL(DQ_INVALID_ARGUMENT, "%zu raw layers for num_layers %u", p->n_layers, p->num_layers);
+    if ((uint64_t)p->first_layer + p->num_layers > UINT32_MAX)
+        FAIL(DQ_OUT_OF_BOUNDS, "first_layer + num_layers overflows");
+    return check_raw(p->layers, p->n_layers, &p->profile, pl, msg, msglen);
+}
+
+static int validate_put_chunks_raw(const Dquant__PutChunksRaw *p, const dqd_payload *pl, const dqd_limits *lim,
+                                   char *msg, size_t msglen)
+{
+    FORWARD(check_name(p->model, "model", true, lim, msg, msglen));
+    if (p->n_keys == 0)
+        FAIL(DQ_INVALID_ARGUMENT, "no chunk keys");
+    FORWARD(check_chunk_keys(p->keys, p->n_keys, p->ns, lim, msg, msglen));
+    if (p->parent.len && p->parent.len != DQD_CHUNK_KEY_BYTES)
+        FAIL(DQ_INVALID_ARGUMENT, "the parent key has %zu bytes, not %d", p->parent.len, DQD_CHUNK_KEY_BYTES);
+    return check_raw(p->layers, p->n_layers, &p->profile, pl, msg, msglen);
 }
 
 static int validate_put(const Dquant__Put *p, const dqd_payload *pl, const dqd_limits *lim, char *msg, size_t msglen)
@@ -503,6 +557,12 @@ int dqd_request_validate(const Dquant__Request *req, const dqd_payload *pl, cons
     case DQUANT__REQUEST__BODY_PUT_CHUNKS:
         *op = DQD_OP_PUT_CHUNKS;
         return validate_put_chunks(req->put_chunks, pl, lim, msg, msglen);
+    case DQUANT__REQUEST__BODY_PUT_RAW:
+        *op = DQD_OP_PUT_RAW;
+        return validate_put_raw(req->put_raw, pl, lim, msg, msglen);
+    case DQUANT__REQUEST__BODY_PUT_CHUNKS_RAW:
+        *op = DQD_OP_PUT_CHUNKS_RAW;
+        return validate_put_chunks_raw(req->put_chunks_raw, pl, lim, msg, msglen);
     case DQUANT__REQUEST__BODY_LOOKUP: {
         *op = DQD_OP_LOOKUP;
         const Dquant__Lookup *l = req->lookup;
@@ -619,5 +679,54 @@ int dqd_validate_decompress(const Dquant__Decompress *d, const dqd_payload *pl, 
     } else if (means->len != 0) {
         FAIL(DQ_SHAPE, "values carry no means");
     }
+    return DQ_OK;
+}
+
+int dqd_validate_raw_layers(Dquant__RawLayer *const *layers, size_t n, uint32_t first_layer, const dqd_payload *pl,
+                            const dqd_model_info *m, const dqd_profile_info *p, dqd_raw_tensors *out, uint64_t *tokens,
+                            char *msg, size_t msglen)
+{
+    if ((uint64_t)first_layer + n > m->layers)
+        FAIL(DQ_OUT_OF_BOUNDS, "layers [%u, %llu) outside the model's %u layers", first_layer, (ull)first_layer + n,
+             m->layers);
+    const uint64_t W = p->window ? p->window : 1;
+    const uint64_t wb = p->mean_bytes + W * (p->record_bytes[0] + p->record_bytes[1]);
+    const uint64_t row = (uint64_t)m->kv_heads * m->head_dim;
+    uint64_t want_tokens = 0;
+    for (size_t i = 0; i < n; i++) {
+        const Dquant__RawLayer *l = layers[i];
+        dqd_raw_tensors *o = &out[i];
+        const uint32_t layer = first_layer + (uint32_t)i;
+        if (l->layer != layer)
+            FAIL(DQ_INVALID_ARGUMENT, "raw layer %zu says layer %u, not %u", i, l->layer, layer);
+        FORWARD(dqd_tensor_check(l->records, "records", DQD_DT_RAW, 1, true, pl, &o->records, msg, msglen));
+        FORWARD(dqd_tensor_check(l->tail_k, "tail_k", DQD_DT_BF16, 2, true, pl, &o->tail_k, msg, msglen));
+        FORWARD(dqd_tensor_check(l->tail_v, "tail_v", DQD_DT_BF16, 2, true, pl, &o->tail_v, msg, msglen));
+        if (wb == 0 || l->windows > UINT64_MAX / wb || o->records.len != l->windows * wb)
+            FAIL(DQ_SHAPE, "layer %u: records of %llu bytes, not %llu windows x %llu bytes", layer, (ull)o->records.len,
+                 (ull)l->windows, (ull)wb);
+        const uint64_t tt = o->tail_k.len ? o->tail_k.shape[0] : 0;
+        const uint64_t tv = o->tail_v.len ? o->tail_v.shape[0] : 0;
+        if (tt != tv)
+            FAIL(DQ_SHAPE, "layer %u: tail_k holds %llu tokens, tail_v %llu", layer, (ull)tt, (ull)tv);
+        if (tt >= W)
+            FAIL(DQ_SHAPE, "layer %u: tail_tokens %llu, not below W = %llu", layer, (ull)tt, (ull)W);
+        if (tt && (o->tail_k.shape[1] != row || o->tail_v.shape[1] != row))
+            FAIL(DQ_SHAPE, "layer %u: tail tokens of %llu and %llu values, the model's are %llu", layer,
+                 (ull)o->tail_k.shape[1], (ull)o->tail_v.shape[1], (ull)row);
+        if (l->windows > (UINT64_MAX - tt) / W)
+            FAIL(DQ_SHAPE, "layer %u: token count overflows", layer);
+        const uint64_t tokens_i = l->windows * W + tt;
+        if (l->tokens && l->tokens != tokens_i)
+            FAIL(DQ_SHAPE, "layer %u: tokens %llu, but windows and tail hold %llu", layer, (ull)l->tokens,
+                 (ull)tokens_i);
+        if (i && tokens_i != want_tokens)
+            FAIL(DQ_SHAPE, "layer %u holds %llu tokens, layer %u %llu: every layer must hold the same", layer,
+                 (ull)tokens_i, first_layer, (ull)want_tokens);
+        want_tokens = tokens_i;
+        o->windows = l->windows;
+        o->tail_tokens = tt;
+    }
+    *tokens = want_tokens;
     return DQ_OK;
 }

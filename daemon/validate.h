@@ -22,6 +22,7 @@
 
 #define DQD_MAX_DIMS 8
 #define DQD_CHUNK_KEY_BYTES 16 /* DQ_CHUNK_KEY_BYTES of proto/chunkkey.h */
+#define DQD_PROFILE_MAX 4096   /* serialized profile bytes a request may carry */
 
 /* Sizes a request may carry, beside the frame limits. */
 typedef struct dqd_limits {
@@ -106,6 +107,20 @@ int dqd_validate_put(const Dquant__Put *put, const dqd_payload *pl, const dqd_mo
 /* PUT_CHUNKS against its model: k/v [layers, keys * chunk_tokens, kv_heads, head_dim]. */
 int dqd_validate_put_chunks(const Dquant__PutChunks *p, const dqd_payload *pl, const dqd_model_info *m,
                             uint32_t chunk_tokens, dqd_tensor *k, dqd_tensor *v, char *msg, size_t msglen);
+/* One layer of PUT_RAW / PUT_CHUNKS_RAW checked against its payload (tails may be absent). */
+typedef struct dqd_raw_tensors {
+    dqd_tensor records, tail_k, tail_v;
+    uint64_t windows, tail_tokens;
+} dqd_raw_tensors;
+
+/* PUT_RAW / PUT_CHUNKS_RAW layers [first_layer, first_layer + n) against the model and its
+ * profile: layers[i].layer == first_layer + i, records exactly windows whole window records
+ * (DQ_SHAPE: a truncated or oversized record run), tails BF16 [tail_tokens, kv_heads * head_dim]
+ * with tail_tokens < W, tokens (windows * W + tail_tokens) the same in every layer (*tokens).
+ * out: n entries. */
+int dqd_validate_raw_layers(Dquant__RawLayer *const *layers, size_t n, uint32_t first_layer, const dqd_payload *pl,
+                            const dqd_model_info *m, const dqd_profile_info *p, dqd_raw_tensors *out, uint64_t *tokens,
+                            char *msg, size_t msglen);
 /* GET's layer range against its sequence's model; *first / *num resolve num_layers = 0. */
 int dqd_validate_get(const Dquant__Get *get, const dqd_model_info *m, uint32_t *first, uint32_t *num, char *msg,
                      size_t msglen);

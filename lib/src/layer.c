@@ -308,37 +308,102 @@ int dq_layer_decode(const dq_layer *layer, dq_workspace *ws, dq_kind kind, size_
     return rc;
 }
 
+int dq_window_check(const dq_codec *codec, const uint8_t *window)
+{
+    DQ_RETURN_IF(!codec || !window, DQ_INVALID_ARGUMENT);
+    if (codec->profile.codec_type != DQ_CODEC_DQUANT)
+        return DQ_OK; /* baselines have no redundancy to check */
+    const size_t n = codec->n, W = codec->profile.window;
+    const uint16_t mh = (uint16_t)(window[0] | window[1] << 8);
+    DQ_RETURN_IF((mh & 0x7c00u) == 0x7c00u, DQ_CORRUPT);
+    uint8_t lev[256];
+    uint8_t *buf = lev;
+    if (n > sizeof lev) {
+        buf = dq__alloc(&codec->alloc, n);
+        DQ_RETURN_IF(!buf, DQ_NOMEM);
+    }
+    int rc = DQ_OK;
+    for (int kind = 0; kind < 2 && rc == DQ_OK; kind++) {
+        const dq__kind_tables *kt = &codec->kt[kind];
+        for (size_t t = 0; t < W; t++) {
+            const uint8_t *rec = dq_window_record(codec, window, (dq_kind)kind, t);
+            uint16_t sh = (uint16_t)(rec[0] | rec[1] << 8), oh = (uint16_t)(rec[2] | rec[3] << 8);
+            /* Decoding checks state, length and padding; levels are discarded. */
+            if ((sh & 0x7c00u) == 0x7c00u || (oh & 0x7c00u) == 0x7c00u || (sh & 0x8000u) ||
+                dq__rans_decode(&kt->dec, rec + 4, kt->container, (uint32_t)n, buf) != DQ_OK) {
+                rc = DQ_CORRUPT;
+                break;
+            }
+        }
+    }
+    if (buf != lev)
+        dq__free(&codec->alloc, buf);
+    return rc;
+}
+
+int dq_layer_append_windows(dq_layer *layer, const uint8_t *windows, size_t nwin, size_t *bad_window)
+{
+    DQ_RETURN_IF(!layer || (nwin && !windows), DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(layer->tail_len != 0, DQ_ORDER);
+    const dq_codec *codec = layer->codec;
+    const dq_allocator *a = &codec->alloc;
+    for (size_t w = 0; w < nwin; w++) {
+        int rc = dq_window_check(codec, windows + w * codec->window_bytes);
+        if (rc < 0) {
+            if (bad_window)
+                *bad_window = w;
+            return rc;
+        }
+    }
+    if (!nwin)
+        return DQ_OK;
+    DQ_RETURN_IF(nwin > SIZE_MAX / 2 - layer->nwin, DQ_NOMEM);
+    uint8_t **grown = NULL;
+    size_t newcap = layer->cap;
+    if (layer->nwin + nwin > layer->cap) {
+        newcap = layer->cap ? layer->cap : 8;
+        while (newcap < layer->nwin + nwin)
+            newcap *= 2;
+        grown = dq__alloc(a, newcap * sizeof(uint8_t *));
+        DQ_RETURN_IF(!grown, DQ_NOMEM);
+    }
+    const size_t base = layer->nwin;
+    uint8_t **slots = grown ? grown : layer->windows;
+    size_t made = 0;
+    for (; made < nwin; made++) {
+        uint8_t *blk = dq__alloc(a, codec->window_bytes);
+        if (!blk)
+            break;
+        memcpy(blk, windows + made * codec->window_bytes, codec->window_bytes);
+        slots[base + made] = blk;
+    }
+    if (made < nwin) {
+        for (size_t i = 0; i < made; i++)
+            dq__free(a, slots[base + i]);
+        dq__free(a, grown);
+        return DQ_NOMEM;
+    }
+    if (grown) {
+        if (layer->nwin)
+            memcpy(grown, layer->windows, layer->nwin * sizeof(uint8_t *));
+        dq__free(a, layer->windows);
+        layer->windows = grown;
+        layer->cap = newcap;
+    }
+    layer->nwin += nwin;
+    return DQ_OK;
+}
+
 int dq_layer_restore(const dq_codec *codec, const uint8_t *windows, size_t nwin, const uint16_t *tail_k,
                      const uint16_t *tail_v, size_t tail_tokens, dq_layer **out)
 {
     DQ_RETURN_IF(!codec || !out || (nwin && !windows) || (tail_tokens && (!tail_k || !tail_v)), DQ_INVALID_ARGUMENT);
     *out = NULL;
-    const size_t n = codec->n, W = codec->profile.window;
+    const size_t n = codec->n;
     DQ_RETURN_IF(tail_tokens >= codec->profile.residual, DQ_SHAPE);
-    /* Verify every container before taking anything (baselines have no redundancy to check). */
-    for (size_t w = 0; w < nwin && codec->profile.codec_type == DQ_CODEC_DQUANT; w++) {
-        const uint8_t *win = windows + w * codec->window_bytes;
-        for (int kind = 0; kind < 2; kind++) {
-            const dq__kind_tables *kt = &codec->kt[kind];
-            for (size_t t = 0; t < W; t++) {
-                const uint8_t *rec = dq_window_record(codec, win, (dq_kind)kind, t);
-                uint16_t sh = (uint16_t)(rec[0] | rec[1] << 8), oh = (uint16_t)(rec[2] | rec[3] << 8);
-                DQ_RETURN_IF((sh & 0x7c00u) == 0x7c00u || (oh & 0x7c00u) == 0x7c00u || (sh & 0x8000u), DQ_CORRUPT);
-                /* Decoding checks state, length and padding; levels are discarded. */
-                uint8_t lev[256];
-                int rc;
-                if (n <= sizeof lev) {
-                    rc = dq__rans_decode(&kt->dec, rec + 4, kt->container, (uint32_t)n, lev);
-                } else {
-                    uint8_t *buf = dq__alloc(&codec->alloc, n);
-                    DQ_RETURN_IF(!buf, DQ_NOMEM);
-                    rc = dq__rans_decode(&kt->dec, rec + 4, kt->container, (uint32_t)n, buf);
-                    dq__free(&codec->alloc, buf);
-                }
-                DQ_RETURN_IF(rc != DQ_OK, DQ_CORRUPT);
-            }
-        }
-    }
+    /* Verify every container before taking anything. */
+    for (size_t w = 0; w < nwin; w++)
+        DQ_FORWARD_IF_ERROR(dq_window_check(codec, windows + w * codec->window_bytes));
     DQ_RETURN_IF(dq_check_finite(tail_k, DQ_DTYPE_BF16, tail_tokens * n) ||
                      dq_check_finite(tail_v, DQ_DTYPE_BF16, tail_tokens * n),
                  DQ_CORRUPT);

@@ -527,3 +527,60 @@ Test(layer, allocation_failure)
     free(before[1]);
     free(after);
 }
+
+/* dq_window_check on good and damaged records, and dq_layer_append_windows: a layer built from
+ * another's records equals it, refuses a tail (ORDER) and a damaged record (CORRUPT, its index),
+ * and is unchanged by a refused append. */
+Test(layer, append_windows)
+{
+    const size_t T = 3 * 128 + 5;
+    float *k = falloc(T * n), *v = falloc(T * n);
+    gen_kv(T, k, v);
+    dq_layer *a = NULL, *b = NULL;
+    cr_assert_eq(dq_layer_create(codec, &a), DQ_OK);
+    cr_assert_eq(dq_layer_create(codec, &b), DQ_OK);
+    cr_assert_eq(dq_layer_append(a, ws, k, v, DQ_DTYPE_F32, T, NULL), DQ_OK);
+    const size_t nwin = dq_layer_window_count(a);
+    cr_assert_eq(nwin, 3);
+    uint8_t *raw = dqt_xmalloc(nwin * wb);
+    for (size_t i = 0; i < nwin; i++) {
+        memcpy(raw + i * wb, dq_layer_window(a, i), wb);
+        cr_assert_eq(dq_window_check(codec, raw + i * wb), DQ_OK, "window %zu", i);
+    }
+    /* One window, then two: the same as the encoded layer's windows. */
+    cr_assert_eq(dq_layer_append_windows(b, raw, 1, NULL), DQ_OK);
+    cr_assert_eq(dq_layer_append_windows(b, raw + wb, 2, NULL), DQ_OK);
+    cr_assert_eq(dq_layer_tokens(b), 3 * (size_t)W);
+    for (size_t i = 0; i < nwin; i++)
+        cr_assert(memcmp(dq_layer_window(a, i), dq_layer_window(b, i), wb) == 0, "window %zu differs", i);
+
+    /* Damage: a trailing (zero) byte of the last value container, the rANS state of a key
+     * container, an infinite key-mean scale. Each is CORRUPT, names its window, changes nothing. */
+    const size_t rk = dq_codec_record_bytes(codec, DQ_KIND_K), rv = dq_codec_record_bytes(codec, DQ_KIND_V);
+    uint8_t *w1 = raw + wb;
+    uint8_t *last_v = w1 + 2 + n + (size_t)W * rk + ((size_t)W - 1) * rv;
+    cr_assert_eq(last_v[rv - 1], 0, "the container's last byte is padding");
+    last_v[rv - 1] = 0x5a;
+    cr_assert_eq(dq_window_check(codec, w1), DQ_CORRUPT);
+    size_t badw = 99;
+    cr_assert_eq(dq_layer_append_windows(b, raw, 2, &badw), DQ_CORRUPT);
+    cr_assert_eq(badw, 1);
+    cr_assert_eq(dq_layer_window_count(b), 3, "a refused append changed the layer");
+    last_v[rv - 1] = 0;
+    cr_assert_eq(dq_window_check(codec, w1), DQ_OK);
+    w1[2 + n + 5 * rk + 4] ^= 0x80; /* key record 5: its state's low byte */
+    cr_assert_eq(dq_window_check(codec, w1), DQ_CORRUPT);
+    w1[2 + n + 5 * rk + 4] ^= 0x80;
+    w1[0] = 0x00;
+    w1[1] = 0x7c; /* fp16 +inf */
+    cr_assert_eq(dq_window_check(codec, w1), DQ_CORRUPT);
+
+    /* A layer with a tail takes no windows. */
+    cr_assert_eq(dq_layer_append_windows(a, raw, 1, NULL), DQ_ORDER);
+    cr_assert_eq(dq_layer_window_count(a), nwin);
+    free(raw);
+    free(k);
+    free(v);
+    dq_layer_free(a);
+    dq_layer_free(b);
+}

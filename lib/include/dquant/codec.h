@@ -111,6 +111,13 @@ DQ_API int dq_window_encode(const dq_codec *codec, dq_workspace *ws, const void 
 DQ_API const uint8_t *dq_window_mean(const dq_codec *codec, const uint8_t *window);
 DQ_API const uint8_t *dq_window_record(const dq_codec *codec, const uint8_t *window, dq_kind kind, size_t t);
 
+/* Checks a window record against the container's decode invariants (DESIGN 2.3) without keeping
+ * anything: the fp16 key-mean scale finite; for every key and value record, fp16 s finite and not
+ * negative, fp16 o finite, and the container decodes its n symbols back to the initial state with
+ * every unused byte zero. Returns 0, DQ_CORRUPT, DQ_NOMEM (n > 256 needs scratch). Baseline codecs
+ * (no redundancy) always pass. Thread-safe (the codec is only read). */
+DQ_API int dq_window_check(const dq_codec *codec, const uint8_t *window);
+
 /* Checks that every value is finite. Returns 0 or DQ_NONFINITE. */
 DQ_API int dq_check_finite(const void *x, dq_dtype dtype, size_t count);
 /* The checks dq_layer_append makes on ntok tokens x ([ntok, kv_heads, head_dim] of dtype) of

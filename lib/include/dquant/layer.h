@@ -60,6 +60,13 @@ DQ_API const uint16_t *dq_layer_tail(const dq_layer *layer, dq_kind kind);
 DQ_API int dq_layer_restore(const dq_codec *codec, const uint8_t *windows, size_t nwin, const uint16_t *tail_k,
                             const uint16_t *tail_v, size_t tail_tokens, dq_layer **out);
 
+/* Appends nwin whole window records (back to back, dq_codec_window_bytes each, made with this
+ * layer's profile) as they are: no re-encoding. The layer must hold no tail (DQ_ORDER), i.e. its
+ * length is a multiple of W. Every record is checked first (dq_window_check); on DQ_CORRUPT
+ * *bad_window (may be NULL) is the first bad record's index. All-or-nothing: on any failure,
+ * DQ_NOMEM included, the layer is as it was. */
+DQ_API int dq_layer_append_windows(dq_layer *layer, const uint8_t *windows, size_t nwin, size_t *bad_window);
+
 #ifdef __cplusplus
 }
 #endif
