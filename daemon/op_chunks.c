@@ -136,6 +136,39 @@ static void advance(chunks_op *op)
     }
 }
 
+/* What PUT_CHUNKS and PUT_CHUNKS_RAW share once their input is checked: the parent must be held,
+ * then each chunk is PUT as a CHUNK entry of the model. False (op freed, request failed) when the
+ * parent is missing. */
+static bool chunks_begin(chunks_op *op, dqd_ctx *ctx, dqd_req *req, dqd_model *model, const char *ns_in,
+                         char *model_name, const ProtobufCBinaryData *parent, size_t n_keys,
+                         const ProtobufCBinaryData *keys)
+{
+    const char *ns = ns_in ? ns_in : "";
+    if (parent->len && !chunk_held(ctx, ns, model, parent->data)) {
+        chunks_free(op);
+        dqd_req_fail(req, DQ_NOT_FOUND, "parent chunk not held");
+        return false;
+    }
+    op->req = req;
+    op->ctx = ctx;
+    op->n_keys = n_keys;
+    op->keys = keys;
+    op->model = model;
+    dquant__seq_ref__init(&op->ref);
+    op->ref.ns = (char *)ns;
+    op->ref.kind = DQUANT__SEQ_KIND__CHUNK;
+    dquant__put__init(&op->put);
+    op->put.seq = &op->ref;
+    op->put.model = model_name;
+    op->put.num_layers = model->layers;
+    op->put.tokens = model->chunk_tokens;
+    op->cp.put = &op->put;
+    op->cp.model = model;
+    op->cp.done = chunk_done;
+    op->cp.arg = op;
+    return true;
+}
+
 void dqd_op_put_chunks(dqd_req *req)
 {
     dqd_ctx *ctx = req->ctx;
@@ -162,30 +195,9 @@ void dqd_op_put_chunks(dqd_req *req)
         dqd_req_fail(req, rc, "%s", msg);
         return;
     }
-    const char *ns = pc->ns ? pc->ns : "";
-    if (pc->parent.len && !chunk_held(ctx, ns, model, pc->parent.data)) {
-        chunks_free(op);
-        dqd_req_fail(req, DQ_NOT_FOUND, "parent chunk not held");
+    if (!chunks_begin(op, ctx, req, model, pc->ns, pc->model, &pc->parent, pc->n_keys, pc->keys))
         return;
-    }
-    op->req = req;
-    op->ctx = ctx;
-    op->n_keys = pc->n_keys;
-    op->keys = pc->keys;
-    op->model = model;
-    dquant__seq_ref__init(&op->ref);
-    op->ref.ns = (char *)ns;
-    op->ref.kind = DQUANT__SEQ_KIND__CHUNK;
-    dquant__put__init(&op->put);
-    op->put.seq = &op->ref;
-    op->put.model = pc->model;
-    op->put.num_layers = model->layers;
-    op->put.tokens = model->chunk_tokens;
-    op->cp.put = &op->put;
-    op->cp.model = model;
     op->cp.tokens_total = op->cp.k.shape[1];
-    op->cp.done = chunk_done;
-    op->cp.arg = op;
     advance(op);
 }
 
@@ -272,31 +284,10 @@ void dqd_op_put_chunks_raw(dqd_req *req)
         dqd_req_fail(req, rc, "%s", msg);
         return;
     }
-    const char *ns = pc->ns ? pc->ns : "";
-    if (pc->parent.len && !chunk_held(ctx, ns, model, pc->parent.data)) {
-        chunks_free(op);
-        dqd_req_fail(req, DQ_NOT_FOUND, "parent chunk not held");
+    if (!chunks_begin(op, ctx, req, model, pc->ns, pc->model, &pc->parent, pc->n_keys, pc->keys))
         return;
-    }
-    op->req = req;
-    op->ctx = ctx;
-    op->n_keys = pc->n_keys;
-    op->keys = pc->keys;
-    op->model = model;
-    dquant__seq_ref__init(&op->ref);
-    op->ref.ns = (char *)ns;
-    op->ref.kind = DQUANT__SEQ_KIND__CHUNK;
-    dquant__put__init(&op->put);
-    op->put.seq = &op->ref;
-    op->put.model = pc->model;
-    op->put.num_layers = model->layers;
-    op->put.tokens = model->chunk_tokens;
-    op->cp.put = &op->put;
-    op->cp.model = model;
     op->cp.raw = op->raw;
     op->cp.tokens_total = tokens;
-    op->cp.done = chunk_done;
-    op->cp.arg = op;
     op->raw_rc = calloc(model->layers, sizeof *op->raw_rc);
     op->raw_bad = calloc(model->layers, sizeof *op->raw_bad);
     if (!op->raw_rc || !op->raw_bad || dqd_tasks_run(ctx, model->layers, raw_check_task, raw_check_done, op) < 0) {
