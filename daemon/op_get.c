@@ -118,6 +118,17 @@ static void copy_done(void *arg);
 static void reply_typed(get_op *op);
 static void reply_raw(get_op *op);
 
+/* The entries a GET reads: its chunks, or the one sequence. */
+static size_t raw_parts(const get_op *op)
+{
+    return op->chunks ? op->nchunks : 1;
+}
+
+static const dqd_seq *raw_part(const get_op *op, size_t c)
+{
+    return op->chunks ? op->chunks[c] : op->seq;
+}
+
 /* Runs the operation from op->state until it waits (access, tasks) or has finished. */
 static void get_step(get_op *op)
 {
@@ -154,8 +165,8 @@ static void get_step(get_op *op)
             break;
         case GET_RAW_COPY:
             op->out = dqd_out_alloc(op->out_len);
-            op->rc = calloc(op->num, sizeof *op->rc);
-            if (!op->out || !op->rc || dqd_tasks_run(ctx, op->num, copy_task, copy_done, op) < 0)
+            op->rc = calloc(op->num * raw_parts(op), sizeof *op->rc);
+            if (!op->out || !op->rc || dqd_tasks_run(ctx, op->num * raw_parts(op), copy_task, copy_done, op) < 0)
                 get_fail(op, DQ_NOMEM, "out of memory");
             return;
         case GET_REPLY:
@@ -377,19 +388,23 @@ static void decode_done(void *arg)
     get_step(op);
 }
 
-/* Raw: each layer's offset in the reply (records, tail K, tail V). */
+/* Raw: the offset in the reply of each (layer, part): per layer the parts' records one after the
+ * other (chunks have whole windows, no tail), then the tail K and V of a sequence. */
 static int get_raw_size(get_op *op)
 {
-    op->raw_off = calloc(op->num, sizeof *op->raw_off);
+    const size_t parts = raw_parts(op);
+    op->raw_off = calloc((size_t)op->num * parts, sizeof *op->raw_off);
     if (!op->raw_off) {
         get_fail(op, DQ_NOMEM, "out of memory");
         return -1;
     }
     uint64_t total = 0;
     for (uint32_t i = 0; i < op->num; i++) {
-        op->raw_off[i] = (size_t)total;
-        total += dqd_seq_layer_windows(op->seq, op->first + i) * op->codec->window_bytes +
-                 dqd_seq_layer_tail(op->seq, op->first + i) * op->codec->n * 4u;
+        for (size_t c = 0; c < parts; c++) {
+            op->raw_off[i * parts + c] = (size_t)total;
+            total += dqd_seq_layer_windows(raw_part(op, c), op->first + i) * op->codec->window_bytes;
+        }
+        total += dqd_seq_layer_tail(op->seq, op->first + i) * op->codec->n * 4u;
         if (total > op->ctx->cfg->max_payload) {
             get_fail(op, DQ_TOO_LARGE, "the raw reply would exceed max_payload; ask for fewer layers");
             return -1;
@@ -399,16 +414,19 @@ static int get_raw_size(get_op *op)
     return 0;
 }
 
+/* Task i: layer i / parts of part i % parts (its records, and a sequence's tail after them). */
 static void copy_task(void *arg, size_t i)
 {
     get_op *op = arg;
-    op->rc[i] = dqd_tier_copy_raw(op->ctx, op->seq, op->first + (uint32_t)i, op->out + op->raw_off[i]);
+    const size_t parts = raw_parts(op), c = i % parts;
+    const uint32_t layer = op->first + (uint32_t)(i / parts);
+    op->rc[i] = dqd_tier_copy_raw(op->ctx, raw_part(op, c), layer, op->out + op->raw_off[i]);
 }
 
 static void copy_done(void *arg)
 {
     get_op *op = arg;
-    int rc = first_error(op, op->num);
+    int rc = first_error(op, op->num * raw_parts(op));
     if (rc < 0) {
         get_fail(op, rc, dq_strerror(rc));
         return;
@@ -452,19 +470,23 @@ static void reply_raw(get_op *op)
         get_fail(op, DQ_NOMEM, "out of memory");
         return;
     }
-    size_t wb = op->codec->window_bytes;
+    size_t wb = op->codec->window_bytes, parts = raw_parts(op);
     for (size_t i = 0; i < n; i++) {
         uint32_t layer = op->first + (uint32_t)i;
-        uint64_t nwin = dqd_seq_layer_windows(op->seq, layer);
+        uint64_t nwin = 0, tokens = 0;
+        for (size_t c = 0; c < parts; c++) {
+            nwin += dqd_seq_layer_windows(raw_part(op, c), layer);
+            tokens += dqd_seq_layer_tokens(raw_part(op, c), layer);
+        }
         uint64_t tail = dqd_seq_layer_tail(op->seq, layer);
-        uint64_t off = op->raw_off[i];
+        uint64_t off = op->raw_off[i * parts];
         uint64_t rec_len = nwin * wb;
         uint64_t tail_len = tail * op->codec->n * 2;
         const uint64_t rshape[2] = {nwin, wb};
         const uint64_t tshape[3] = {tail, m->kv_heads, m->head_dim};
         dquant__raw_layer__init(&layers[i]);
         layers[i].layer = op->first + (uint32_t)i;
-        layers[i].tokens = dqd_seq_layer_tokens(op->seq, layer);
+        layers[i].tokens = tokens;
         layers[i].windows = nwin;
         dqd_reply_tensor(&t[3 * i], &shapes[9 * i], DQUANT__DTYPE__RAW, rshape, 2, off, rec_len);
         dqd_reply_tensor(&t[3 * i + 1], &shapes[9 * i + 3], DQUANT__DTYPE__BF16, tshape, 3, off + rec_len, tail_len);

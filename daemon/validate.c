@@ -512,8 +512,6 @@ int dqd_request_validate(const Dquant__Request *req, const dqd_payload *pl, cons
             if (g->seq)
                 FAIL(DQ_INVALID_ARGUMENT, "GET takes seq or chunk_keys, not both");
             FORWARD(check_chunk_keys(g->chunk_keys, g->n_chunk_keys, g->chunk_ns, lim, msg, msglen));
-            if (g->format == DQUANT__GET_FORMAT__GET_RAW)
-                FAIL(DQ_UNSUPPORTED, "GET_RAW of chunks goes one chunk at a time (seq.kind CHUNK)");
             if (g->start_token || g->tokens)
                 FAIL(DQ_INVALID_ARGUMENT, "a GET of chunks returns them whole: start_token and tokens must be 0");
         } else {

@@ -229,9 +229,11 @@ static int get_call(dqc_client *c, const char *op, const dqc_seq *s, int kind, D
                     size_t *blk_cap, dqc__reply *rep)
 {
     Dquant__SeqRef seq;
-    DQC_FORWARD(seq_fill(c, op, s, &seq));
-    seq.kind = (Dquant__SeqKind)kind;
-    g->seq = &seq;
+    if (s) { /* else g names chunks */
+        DQC_FORWARD(seq_fill(c, op, s, &seq));
+        seq.kind = (Dquant__SeqKind)kind;
+        g->seq = &seq;
+    }
     Dquant__Request req = DQUANT__REQUEST__INIT;
     req.body_case = DQUANT__REQUEST__BODY_GET;
     req.get = g;
@@ -332,11 +334,11 @@ void dqc_get_result_free(dqc_get_result *res)
 /* ---- GET_RAW ---- */
 
 static int get_raw(dqc_client *c, const dqc_seq *s, int kind, uint32_t first_layer, uint32_t num_layers,
-                   dqc_raw_result *res);
+                   const char *chunk_ns, const uint8_t *keys, size_t nkeys, dqc_raw_result *res);
 
 int dqc_get_raw(dqc_client *c, const dqc_seq *s, uint32_t first_layer, uint32_t num_layers, dqc_raw_result *res)
 {
-    return get_raw(c, s, DQUANT__SEQ_KIND__SEQUENCE, first_layer, num_layers, res);
+    return get_raw(c, s, DQUANT__SEQ_KIND__SEQUENCE, first_layer, num_layers, NULL, NULL, 0, res);
 }
 
 int dqc_get_chunk_raw(dqc_client *c, const char *ns, const uint8_t *key, dqc_raw_result *res)
@@ -344,7 +346,14 @@ int dqc_get_chunk_raw(dqc_client *c, const char *ns, const uint8_t *key, dqc_raw
     dqc_seq s = {ns, key, DQC_CHUNK_KEY_BYTES};
     DQC_CHECK_HANDLE(c);
     DQC_CHECK_ARG(c, key, "get_chunk_raw: key is NULL");
-    return get_raw(c, &s, DQUANT__SEQ_KIND__CHUNK, 0, 0, res);
+    return get_raw(c, &s, DQUANT__SEQ_KIND__CHUNK, 0, 0, NULL, NULL, 0, res);
+}
+
+int dqc_get_chunks_raw(dqc_client *c, const char *ns, const uint8_t *keys, size_t nkeys, dqc_raw_result *res)
+{
+    DQC_CHECK_HANDLE(c);
+    DQC_CHECK_ARG(c, keys && nkeys, "get_chunks_raw: at least one key is required");
+    return get_raw(c, NULL, DQUANT__SEQ_KIND__CHUNK, 0, 0, ns ? ns : "", keys, nkeys, res);
 }
 
 int dqc_get_chunk(dqc_client *c, const char *ns, const uint8_t *key, dq_dtype dtype, dqc_get_result *res)
@@ -356,7 +365,7 @@ int dqc_get_chunk(dqc_client *c, const char *ns, const uint8_t *key, dq_dtype dt
 }
 
 static int get_raw(dqc_client *c, const dqc_seq *s, int kind, uint32_t first_layer, uint32_t num_layers,
-                   dqc_raw_result *res)
+                   const char *chunk_ns, const uint8_t *keys, size_t nkeys, dqc_raw_result *res)
 {
     DQC_CHECK_HANDLE(c);
     DQC_CHECK_ARG(c, res, "get_raw: res is required");
@@ -370,8 +379,15 @@ static int get_raw(dqc_client *c, const dqc_seq *s, int kind, uint32_t first_lay
     g.first_layer = first_layer;
     g.num_layers = num_layers;
     g.format = DQUANT__GET_FORMAT__GET_RAW;
+    if (nkeys) { /* chunks, their windows one after the other per layer */
+        DQC_FORWARD(keys_fill(c, "get_chunks_raw", keys, nkeys, &g.chunk_keys));
+        g.n_chunk_keys = nkeys;
+        g.chunk_ns = (char *)chunk_ns;
+    }
     dqc__reply rep;
-    DQC_FORWARD(get_call(c, "get_raw", s, kind, &g, &res->mem_, &res->mem_cap_, &rep));
+    int crc = get_call(c, "get_raw", nkeys ? NULL : s, kind, &g, &res->mem_, &res->mem_cap_, &rep);
+    free(g.chunk_keys);
+    DQC_FORWARD(crc);
     const Dquant__GetReply *r = rep.resp->get;
     int rc = dqc__copy_profile(c, &r->profile, res->profile, &res->profile_len);
     if (!rc && num_layers && r->n_raw != num_layers)

@@ -371,6 +371,22 @@ Test(chunks, get_of_chunks_equals_the_same_tokens_as_a_sequence)
                       "chunk %zu layer %zu: the containers equal the sequence's", i, l);
         }
     }
+    /* both chunks in one GET_RAW: per layer their windows one after the other, the sequence's bytes */
+    dqc_raw_result both = {0};
+    OK(c, dqc_get_chunks_raw(c, NS, keys, 2, &both));
+    cr_assert_eq(both.nlayers, L);
+    cr_assert_eq(both.profile_len, seq.profile_len);
+    cr_assert(memcmp(both.profile, seq.profile, seq.profile_len) == 0);
+    for (size_t l = 0; l < L; l++) {
+        const dqc_raw_layer *a = &seq.layers[l], *b = &both.layers[l];
+        cr_assert_eq(b->tokens, 2 * CT);
+        cr_assert_eq(b->windows, a->windows);
+        cr_assert_eq(b->tail_tokens, 0u);
+        cr_assert_eq(b->records_bytes, a->records_bytes);
+        cr_assert(memcmp(a->records, b->records, a->records_bytes) == 0, "layer %zu: the chunks' records", l);
+    }
+    FAILS(c, DQ_NOT_FOUND, dqc_get_chunks_raw(c, NS, (const uint8_t[32]){0}, 2, &both));
+    dqc_raw_result_free(&both);
     dqc_get_result gs = {0}, gc = {0};
     dqc_get_args ga = {.seq = pa.seq, .start_token = CT, .tokens = CT, .dtype = DQ_DTYPE_F32};
     OK(c, dqc_get(c, &ga, &gs));

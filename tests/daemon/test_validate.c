@@ -488,8 +488,11 @@ Test(validate, chunk_messages)
     g.tokens = 1;
     cr_assert_eq(dqd_request_validate(&req, PL(NULL, 0), &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
     g.tokens = 0;
-    g.format = DQUANT__GET_FORMAT__GET_RAW;
-    cr_assert_eq(dqd_request_validate(&req, PL(NULL, 0), &lim, &op, msg, sizeof msg), DQ_UNSUPPORTED);
+    g.format = DQUANT__GET_FORMAT__GET_RAW; /* a range of chunks as stored */
+    cr_assert_eq(dqd_request_validate(&req, PL(NULL, 0), &lim, &op, msg, sizeof msg), DQ_OK, "%s", msg);
+    g.tokens = 1;
+    cr_assert_eq(dqd_request_validate(&req, PL(NULL, 0), &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    g.tokens = 0;
     g.format = DQUANT__GET_FORMAT__GET_F16;
     g.seq = &ref;
     cr_assert_eq(dqd_request_validate(&req, PL(NULL, 0), &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);

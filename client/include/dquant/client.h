@@ -494,6 +494,11 @@ DQC_API int dqc_get_chunk_raw(dqc_client *client, const char *ns, const uint8_t 
  * DQ_NOT_FOUND "chunk N not held" when one is missing (nothing is returned then). */
 DQC_API int dqc_get_chunks(dqc_client *client, const char *ns, const uint8_t *keys, size_t nkeys, dq_dtype dtype,
                            dqc_get_result *res);
+/* nkeys whole chunks as stored (keys: nkeys · 16 bytes, borrowed): per layer of the model, the
+ * chunks' window records one after the other (windows = nkeys · chunk_tokens / W, no tail), as
+ * dqc_get_raw returns them. DQ_NOT_FOUND "chunk N not held" when one is missing. */
+DQC_API int dqc_get_chunks_raw(dqc_client *client, const char *ns, const uint8_t *keys, size_t nkeys,
+                               dqc_raw_result *res);
 
 /* DELETE, PIN, UNPIN of one chunk (key: 16 bytes, borrowed), as for sequences: a pinned chunk is
  * never evicted. DQ_NOT_FOUND when not held; DQ_BUSY from dqc_delete_chunk while a sequence is
