@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "client_check.h"
 #include "dqd_child.h"
 #include "dquant/client.h"
 #include "wire.h"
@@ -56,19 +57,6 @@ static void start_daemon(const char *const *extra)
 
 TestSuite(chunks, .fini = stop_daemon, .timeout = 240);
 
-#define OK(c, expr)                                                                                       \
-    do {                                                                                                  \
-        int ok_rc_ = (expr);                                                                              \
-        cr_assert_eq(ok_rc_, 0, "%s -> %s: %s", #expr, dqc_err_name(ok_rc_), c ? dqc_last_error(c) : ""); \
-    } while (0)
-
-#define FAILS(c, want, expr)                                                                                      \
-    do {                                                                                                          \
-        int f_rc_ = (expr);                                                                                       \
-        cr_assert_eq(f_rc_, (want), "%s -> %s (expected %s): %s", #expr, dqc_err_name(f_rc_), dqc_err_name(want), \
-                     dqc_last_error(c));                                                                          \
-    } while (0)
-
 static dqc_client *cli(void)
 {
     dqc_client *c = NULL;
@@ -85,26 +73,6 @@ static void register_model(dqc_client *c, uint32_t chunk_tokens)
     uint32_t got = 0;
     OK(c, dqc_register_model_ex(c, &spec, chunk_tokens, NULL, &got));
     cr_assert_eq(got, chunk_tokens ? chunk_tokens : 256u);
-}
-
-static uint64_t counter(dqc_client *c, const char *name)
-{
-    dqc_stats_result s = {0};
-    OK(c, dqc_stats(c, &s));
-    uint64_t v = 0;
-    cr_assert_eq(dqc_stats_counter(&s, name, &v), 0, "no counter %s", name);
-    dqc_stats_result_free(&s);
-    return v;
-}
-
-static double gauge(dqc_client *c, const char *name)
-{
-    dqc_stats_result s = {0};
-    OK(c, dqc_stats(c, &s));
-    double v = 0;
-    cr_assert_eq(dqc_stats_gauge(&s, name, &v), 0, "no gauge %s", name);
-    dqc_stats_result_free(&s);
-    return v;
 }
 
 /* K/V of a prompt as the model would produce them: a function of the token id and its position, so
@@ -226,12 +194,12 @@ Test(chunks, common_prefix_hits_exactly_the_common_full_chunks)
     OK(c, dqc_lookup(c, NS, MODEL, kb, 5, 0, &lr));
     cr_assert_eq(lr.hits, 5u);
 
-    cr_assert_eq(counter(c, "lookups"), 6u);
-    cr_assert_eq(counter(c, "lookup_hit_tokens"), (0 + 2 + 4 + 1 + 0 + 5) * (uint64_t)CT);
-    cr_assert_eq(counter(c, "lookup_missed_tokens"), (5 + 3 + 0 + 2 + 4 + 0) * (uint64_t)CT);
-    cr_assert_eq(counter(c, "chunks_put"), 7u);
-    cr_assert_eq(gauge(c, "chunks_stored"), 7.0);
-    cr_assert_float_eq(gauge(c, "lookup_hit_rate"), 12.0 / 26.0, 1e-12);
+    cr_assert_eq(stat_counter(c, "lookups"), 6u);
+    cr_assert_eq(stat_counter(c, "lookup_hit_tokens"), (0 + 2 + 4 + 1 + 0 + 5) * (uint64_t)CT);
+    cr_assert_eq(stat_counter(c, "lookup_missed_tokens"), (5 + 3 + 0 + 2 + 4 + 0) * (uint64_t)CT);
+    cr_assert_eq(stat_counter(c, "chunks_put"), 7u);
+    cr_assert_eq(stat_gauge(c, "chunks_stored"), 7.0);
+    cr_assert_float_eq(stat_gauge(c, "lookup_hit_rate"), 12.0 / 26.0, 1e-12);
     free(a);
     free(b);
     dqc_free(c);
@@ -268,7 +236,7 @@ Test(chunks, two_processes_share_chunks)
     cr_assert_eq(pr.stored, 0u);
     cr_assert_eq(pr.deduped, 3u);
     cr_assert_eq(pr.streams_encoded, 0u);
-    cr_assert_eq(counter(c, "chunk_dedupe_hits"), 3u);
+    cr_assert_eq(stat_counter(c, "chunk_dedupe_hits"), 3u);
     /* and reads the other process's chunk */
     dqc_get_result g = {0};
     OK(c, dqc_get_chunk(c, NS, keys + 16, DQ_DTYPE_F32, &g));
@@ -324,12 +292,12 @@ Test(chunks, concurrent_puts_store_a_chunk_once)
     pthread_barrier_destroy(&bar);
     cr_assert_eq(stored, 3u, "each chunk encoded once (stored %llu)", (unsigned long long)stored);
     cr_assert_eq(deduped, 3u * (N - 1));
-    cr_assert_eq(counter(c, "chunks_put"), 3u);
-    cr_assert_eq(counter(c, "chunk_dedupe_hits"), 3u * (N - 1));
-    cr_assert_eq(gauge(c, "chunks_stored"), 3.0);
+    cr_assert_eq(stat_counter(c, "chunks_put"), 3u);
+    cr_assert_eq(stat_counter(c, "chunk_dedupe_hits"), 3u * (N - 1));
+    cr_assert_eq(stat_gauge(c, "chunks_stored"), 3.0);
     /* one encode per chunk: 2 streams (K, V) per token per layer */
     cr_assert_eq(streams, 3u * CT * L * 2);
-    cr_assert_eq(counter(c, "streams_encoded"), streams);
+    cr_assert_eq(stat_counter(c, "streams_encoded"), streams);
     free(tok);
     dqc_free(c);
 }
@@ -479,7 +447,7 @@ Test(chunks, bad_input_gets_its_error_and_stores_nothing)
     dqc_lookup_result lr;
     OK(c, dqc_lookup(c, NS, MODEL, keys, 2, 0, &lr));
     cr_assert_eq(lr.hits, 1u);
-    cr_assert_eq(gauge(c, "chunks_stored"), 1.0);
+    cr_assert_eq(stat_gauge(c, "chunks_stored"), 1.0);
     /* no hits: no lease */
     OK(c, dqc_lookup(c, NS, MODEL, keys + 5 * 16, 1, 5000, &lr));
     cr_assert_eq(lr.lease_id, 0u);
@@ -538,8 +506,8 @@ Test(chunks, bad_input_gets_its_error_and_stores_nothing)
     cr_assert_eq(raw_call(&req, NULL), DQ_INVALID_ARGUMENT);
     wire_payload_free(&pl);
 
-    cr_assert_eq(gauge(c, "chunks_stored"), 1.0, "nothing stored by the bad requests");
-    cr_assert_eq(counter(c, "chunks_put"), 1u);
+    cr_assert_eq(stat_gauge(c, "chunks_stored"), 1.0, "nothing stored by the bad requests");
+    cr_assert_eq(stat_counter(c, "chunks_put"), 1u);
     free(k);
     free(v);
     free(tok);
@@ -566,7 +534,7 @@ static int fill_until(dqc_client *c, int *next, double chunks)
         free(tok);
     }
     int n = 0;
-    while (gauge(c, "chunks_stored") >= chunks) {
+    while (stat_gauge(c, "chunks_stored") >= chunks) {
         cr_assert_lt(n, 400, "no chunk evicted after %d PUTs", n);
         char key[32];
         snprintf(key, sizeof key, "fill-%d", (*next)++);
@@ -616,21 +584,21 @@ Test(chunks, a_lease_survives_eviction_pressure_and_expires)
     cr_assert_eq(lr.hits, 1u);
     cr_assert_neq(lr.lease_id, 0u);
     cr_assert_eq(lr.lease_ms, lease_ms);
-    cr_assert_eq(gauge(c, "leases_active"), 1.0);
+    cr_assert_eq(stat_gauge(c, "leases_active"), 1.0);
     /* B becomes the most recently used: without the lease, A would go first */
     cr_assert_eq(hits_of(c, kb), 1);
 
     int next = 0;
     int n = fill_until(c, &next, 2.0);
-    cr_assert_eq(gauge(c, "chunks_stored"), 1.0);
-    cr_assert_gt(counter(c, "evictions"), 0u);
+    cr_assert_eq(stat_gauge(c, "chunks_stored"), 1.0);
+    cr_assert_gt(stat_counter(c, "evictions"), 0u);
     cr_assert_eq(hits_of(c, ka), 1, "the leased chunk stayed while %d PUTs evicted the unleased one", n);
     cr_log_info("unleased chunk evicted after %d PUTs; leased one kept", n);
 
     /* the lease runs out: A is evictable again */
     usleep((lease_ms + 100) * 1000);
-    cr_assert_eq(gauge(c, "leases_active"), 0.0);
-    cr_assert_eq(counter(c, "lease_expiries"), 1u);
+    cr_assert_eq(stat_gauge(c, "leases_active"), 0.0);
+    cr_assert_eq(stat_counter(c, "lease_expiries"), 1u);
     fill_until(c, &next, 1.0);
     cr_assert_eq(hits_of(c, ka), 0);
 
@@ -640,12 +608,12 @@ Test(chunks, a_lease_survives_eviction_pressure_and_expires)
     OK(o, dqc_lookup(o, NS, MODEL, ka, 1, 60000, &lr));
     cr_assert_neq(lr.lease_id, 0u);
     FAILS(c, DQ_NOT_FOUND, dqc_release_lease(c, lr.lease_id)); /* someone else's */
-    cr_assert_eq(gauge(c, "leases_active"), 1.0);
+    cr_assert_eq(stat_gauge(c, "leases_active"), 1.0);
     dqc_free(o);
-    for (int i = 0; i < 100 && gauge(c, "leases_active") != 0.0; i++)
+    for (int i = 0; i < 100 && stat_gauge(c, "leases_active") != 0.0; i++)
         usleep(10000);
-    cr_assert_eq(gauge(c, "leases_active"), 0.0);
-    cr_assert_eq(counter(c, "lease_expiries"), 1u, "a connection's end is not an expiry");
+    cr_assert_eq(stat_gauge(c, "leases_active"), 0.0);
+    cr_assert_eq(stat_counter(c, "lease_expiries"), 1u, "a connection's end is not an expiry");
     free(ta);
     dqc_free(c);
 }
@@ -659,7 +627,7 @@ Test(chunks, delete_pin_unpin_of_chunks)
     dqc_seq same = {NS, ka, 16};
     FAILS(c, DQ_NOT_FOUND, dqc_pin(c, &same));
     OK(c, dqc_pin_chunk(c, NS, ka));
-    cr_assert_eq(gauge(c, "sequences_pinned"), 1.0);
+    cr_assert_eq(stat_gauge(c, "sequences_pinned"), 1.0);
     /* B is the most recently used; pressure evicts B, never the pinned A */
     cr_assert_eq(hits_of(c, kb), 1);
     int next = 0;
@@ -667,10 +635,10 @@ Test(chunks, delete_pin_unpin_of_chunks)
     cr_assert_eq(hits_of(c, ka), 1);
     FAILS(c, DQ_NOT_FOUND, dqc_get_chunk_raw(c, NS, kb, &(dqc_raw_result){0}));
     OK(c, dqc_unpin_chunk(c, NS, ka));
-    cr_assert_eq(gauge(c, "sequences_pinned"), 0.0);
+    cr_assert_eq(stat_gauge(c, "sequences_pinned"), 0.0);
     OK(c, dqc_delete_chunk(c, NS, ka));
     cr_assert_eq(hits_of(c, ka), 0);
-    cr_assert_eq(gauge(c, "chunks_stored"), 0.0);
+    cr_assert_eq(stat_gauge(c, "chunks_stored"), 0.0);
     FAILS(c, DQ_NOT_FOUND, dqc_delete_chunk(c, NS, ka));
     FAILS(c, DQ_NOT_FOUND, dqc_unpin_chunk(c, NS, kb));
     /* deleted, it is stored again by the next PUT_CHUNKS (not deduped) */
@@ -715,13 +683,13 @@ Test(chunks, attend_over_prefix_chunks_and_private_tail_equals_one_sequence)
                        .dtype = DQ_DTYPE_F32,
                        .k = kt,
                        .v = vt};
-    const double seqs_before = gauge(c, "sequences");
+    const double seqs_before = stat_gauge(c, "sequences");
     uint8_t missing[2 * 16];
     memcpy(missing, keys, 16);
     memset(missing + 16, 0x5a, 16);
     FAILS(c, DQ_NOT_FOUND, dqc_put_on_prefix(c, &pp, missing, 2, NULL));
     cr_assert(strstr(dqc_last_error(c), "prefix chunk 1 not held"), "%s", dqc_last_error(c));
-    cr_assert_eq(gauge(c, "sequences"), seqs_before, "the failed PUT left nothing");
+    cr_assert_eq(stat_gauge(c, "sequences"), seqs_before, "the failed PUT left nothing");
     OK(c, dqc_put_on_prefix(c, &pp, keys, 2, NULL));
     /* prefix_chunks only on the creating PUT */
     pp.start_token = TAIL;
@@ -749,7 +717,7 @@ Test(chunks, attend_over_prefix_chunks_and_private_tail_equals_one_sequence)
         cr_log_info("layer %u: prefix+tail vs one sequence: max rel diff %.3g", l, worst);
     }
     /* on the cuda backend (dquantd-fakecuda) the chunks and sequences sit in GPU memory */
-    cr_log_info("backend %s: %g sequences hold GPU layers", getenv("DQUANTD"), gauge(c, "gpu_sequences"));
+    cr_log_info("backend %s: %g sequences hold GPU layers", getenv("DQUANTD"), stat_gauge(c, "gpu_sequences"));
     /* the chunks stay while the sequence is built on them */
     FAILS(c, DQ_BUSY, dqc_delete_chunk(c, NS, keys));
     OK(c, dqc_delete(c, &pp.seq));
@@ -781,8 +749,8 @@ Test(chunks, a_million_lookup_keys_are_refused_whole)
     FAILS(c, DQ_INVALID_ARGUMENT, dqc_lookup(c, NS, MODEL, keys, 65537, 1000, NULL));
     cr_assert(strstr(dqc_last_error(c), "65536"), "%s", dqc_last_error(c));
     /* the connection (or a reconnected one) still answers, nothing was leased */
-    cr_assert_eq(gauge(c, "leases_active"), 0.0);
-    cr_assert_eq(counter(c, "lookups"), 0u);
+    cr_assert_eq(stat_gauge(c, "leases_active"), 0.0);
+    cr_assert_eq(stat_counter(c, "lookups"), 0u);
     free(keys);
     dqc_free(c);
 }

@@ -19,6 +19,7 @@
 
 #include "dquant/client.h"
 #include "dquant/dquant.h"
+#include "client_check.h"
 #include "dqd_child.h"
 #include "frame.h"
 #include "wire.h"
@@ -63,19 +64,6 @@ static dqc_client *cli(const char *addr)
 {
     return cli_opts(addr, NULL);
 }
-
-#define OK(c, expr)                                                                              \
-    do {                                                                                         \
-        int ok_rc_ = (expr);                                                                     \
-        cr_assert_eq(ok_rc_, 0, "%s -> %s: %s", #expr, dqc_err_name(ok_rc_), dqc_last_error(c)); \
-    } while (0)
-
-#define FAILS(c, want, expr)                                                                                      \
-    do {                                                                                                          \
-        int f_rc_ = (expr);                                                                                       \
-        cr_assert_eq(f_rc_, (want), "%s -> %s (expected %s): %s", #expr, dqc_err_name(f_rc_), dqc_err_name(want), \
-                     dqc_last_error(c));                                                                          \
-    } while (0)
 
 /* ---- data ---- */
 
@@ -148,26 +136,6 @@ static int put_chunk(dqc_client *c, dqc_seq s, const char *model, uint64_t start
                       .k = k,
                       .v = v};
     return dqc_put(c, &a, NULL);
-}
-
-static uint64_t counter(dqc_client *c, const char *name)
-{
-    dqc_stats_result s = {0};
-    OK(c, dqc_stats(c, &s));
-    uint64_t v = 0;
-    cr_assert_eq(dqc_stats_counter(&s, name, &v), 0, "no counter %s", name);
-    dqc_stats_result_free(&s);
-    return v;
-}
-
-static double gauge(dqc_client *c, const char *name)
-{
-    dqc_stats_result s = {0};
-    OK(c, dqc_stats(c, &s));
-    double v = 0;
-    cr_assert_eq(dqc_stats_gauge(&s, name, &v), 0, "no gauge %s", name);
-    dqc_stats_result_free(&s);
-    return v;
 }
 
 /* The store-describing part of STATS, for before/after comparisons. */
@@ -412,21 +380,21 @@ ParameterizedTest(int *tcp, e2e, every_operation_round_trips)
 
     /* PIN / UNPIN / DELETE. */
     OK(c, dqc_pin(c, &sa));
-    cr_assert_eq(gauge(c, "sequences_pinned"), 1);
+    cr_assert_eq(stat_gauge(c, "sequences_pinned"), 1);
     OK(c, dqc_unpin(c, &sa));
-    cr_assert_eq(gauge(c, "sequences_pinned"), 0);
-    cr_assert_eq(gauge(c, "sequences"), 2);
+    cr_assert_eq(stat_gauge(c, "sequences_pinned"), 0);
+    cr_assert_eq(stat_gauge(c, "sequences"), 2);
     OK(c, dqc_delete(c, &sa));
     FAILS(c, DQ_NOT_FOUND, dqc_delete(c, &sa));
     FAILS(c, DQ_NOT_FOUND, dqc_get(c, &g1, &g));
     dqc_seq missing = seq("ns1", "never");
     FAILS(c, DQ_NOT_FOUND, dqc_pin(c, &missing));
-    cr_assert_eq(gauge(c, "sequences"), 1);
+    cr_assert_eq(stat_gauge(c, "sequences"), 1);
 
     /* STATS. */
-    cr_assert_geq(counter(c, "connections_total"), 1);
-    cr_assert_eq(gauge(c, "connections_open"), 1);
-    cr_assert_geq(counter(c, "tokens_put"), (uint64_t)L * T + 10);
+    cr_assert_geq(stat_counter(c, "connections_total"), 1);
+    cr_assert_eq(stat_gauge(c, "connections_open"), 1);
+    cr_assert_geq(stat_counter(c, "tokens_put"), (uint64_t)L * T + 10);
 
     dqc_free(c);
     free(k);
@@ -933,7 +901,7 @@ Test(e2e, a_thousand_clients_vanishing_mid_frame_leave_no_state)
     float *k = random_tensor(DQ_DTYPE_F32, 300 * NV, 41, 1), *v = random_tensor(DQ_DTYPE_F32, 300 * NV, 42, 0);
     OK(c, put_chunk(c, seq("vanish", "kept"), "m", 0, 0, 1, 300, DQ_DTYPE_F32, k, v));
     store_view before = view(c);
-    uint64_t accepted_before = counter(c, "connections_total");
+    uint64_t accepted_before = stat_counter(c, "connections_total");
 
     size_t hlen, plen, phead;
     uint8_t *hello = hello_frame(&hlen, 1);
@@ -981,14 +949,14 @@ Test(e2e, a_thousand_clients_vanishing_mid_frame_leave_no_state)
     /* The daemon notices every close: only this client remains, and the store is as it was. */
     double open = 0;
     for (int i = 0; i < 500; i++) {
-        open = gauge(c, "connections_open");
+        open = stat_gauge(c, "connections_open");
         if (open == 1)
             break;
         struct timespec ts = {0, 20 * 1000000L};
         nanosleep(&ts, NULL);
     }
     cr_assert_eq(open, 1, "%g connections still open", open);
-    cr_assert_geq(counter(c, "connections_total"), accepted_before + CLIENTS);
+    cr_assert_geq(stat_counter(c, "connections_total"), accepted_before + CLIENTS);
     assert_same_store(before, view(c), "after 1000 vanishing clients");
     dqc_get_result g = {0};
     FAILS(c, DQ_NOT_FOUND, dqc_get(c, &(dqc_get_args){.seq = seq("vanish", "ghost"), .dtype = DQ_DTYPE_F32}, &g));
@@ -1031,7 +999,7 @@ Test(e2e, lying_lengths_are_refused_without_allocation)
         {8, 0xFFFFFFFFFFFFFFFFull},
         {0xFFFFFFFFu, 0xFFFFFFFFFFFFFFFFull},
     };
-    uint64_t closes_before = counter(c, "protocol_closes");
+    uint64_t closes_before = stat_counter(c, "protocol_closes");
     long rss0 = dqd_rss_kb(&D);
     for (int round = 0; round < 3; round++) {
         for (size_t i = 0; i < sizeof lies / sizeof lies[0]; i++) {
@@ -1061,7 +1029,7 @@ Test(e2e, lying_lengths_are_refused_without_allocation)
     }
     long rss1 = dqd_rss_kb(&D);
     cr_assert_lt(rss1 - rss0, 32 * 1024, "dquantd grew by %ld KiB answering lying frames", rss1 - rss0);
-    cr_assert_geq(counter(c, "protocol_closes"), closes_before + 3 * (sizeof lies / sizeof lies[0]));
+    cr_assert_geq(stat_counter(c, "protocol_closes"), closes_before + 3 * (sizeof lies / sizeof lies[0]));
 
     /* Garbage framing: bad magic, version, flags, CRC — closed as well. */
     for (int kind = 0; kind < 4; kind++) {
@@ -1129,7 +1097,7 @@ Test(e2e, lying_lengths_are_refused_without_allocation)
     cr_assert_eq(resp->body_case, DQUANT__RESPONSE__BODY_PONG);
     dquant__response__free_unpacked(resp, NULL);
     close(fd);
-    cr_assert_eq(gauge(c, "sequences"), 0);
+    cr_assert_eq(stat_gauge(c, "sequences"), 0);
     dqc_free(c);
 }
 
@@ -1252,7 +1220,7 @@ Test(e2e, tcp_listeners_require_the_secret)
 
     c = cli_opts(D.tcp_addr, "s3cret-e2e");
     OK(c, dqc_ping(c, "ok", 2));
-    cr_assert_geq(counter(c, "auth_failures"), 4);
+    cr_assert_geq(stat_counter(c, "auth_failures"), 4);
     dqc_free(c);
     /* The Unix socket does not ask for it. */
     c = cli(D.addr);

@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "client_check.h"
 #include "dqd_child.h"
 #include "dquant/client.h"
 #include "dquant/layer.h"
@@ -45,19 +46,6 @@ static void stop_daemon(void)
     ws = NULL;
     codec = NULL;
 }
-
-#define OK(c, expr)                                                                                       \
-    do {                                                                                                  \
-        int ok_rc_ = (expr);                                                                              \
-        cr_assert_eq(ok_rc_, 0, "%s -> %s: %s", #expr, dqc_err_name(ok_rc_), c ? dqc_last_error(c) : ""); \
-    } while (0)
-
-#define FAILS(c, want, expr)                                                                                      \
-    do {                                                                                                          \
-        int f_rc_ = (expr);                                                                                       \
-        cr_assert_eq(f_rc_, (want), "%s -> %s (expected %s): %s", #expr, dqc_err_name(f_rc_), dqc_err_name(want), \
-                     dqc_last_error(c));                                                                          \
-    } while (0)
 
 static uint16_t metrics_port; /* 0: no /metrics listener */
 
@@ -232,16 +220,6 @@ static void expect_raw_equal(dqc_client *c, const char *key, const enc *e)
     dqc_raw_result_free(&r);
 }
 
-static uint64_t counter(dqc_client *c, const char *name)
-{
-    dqc_stats_result s = {0};
-    OK(c, dqc_stats(c, &s));
-    uint64_t v = 0;
-    cr_assert_eq(dqc_stats_counter(&s, name, &v), 0, "no counter %s", name);
-    dqc_stats_result_free(&s);
-    return v;
-}
-
 Test(put_raw, roundtrip_get_attend)
 {
     dqc_client *c = start();
@@ -249,11 +227,11 @@ Test(put_raw, roundtrip_get_attend)
     float *k = kv(T, 0, 1), *v = kv(T, 1, 1);
     enc e;
     encode(&e, k, v, T, 0);
-    const uint64_t req0 = counter(c, "put_raw_requests"), bytes0 = counter(c, "put_raw_bytes");
+    const uint64_t req0 = stat_counter(c, "put_raw_requests"), bytes0 = stat_counter(c, "put_raw_bytes");
     OK(c, put_raw(c, "a", 0, e.raw, L, pbytes, plen));
     expect_raw_equal(c, "a", &e);
-    cr_assert_eq(counter(c, "put_raw_requests"), req0 + 1);
-    cr_assert_eq(counter(c, "put_raw_bytes"), bytes0 + L * (2 * wb + 2 * 37 * ROW * 2));
+    cr_assert_eq(stat_counter(c, "put_raw_requests"), req0 + 1);
+    cr_assert_eq(stat_counter(c, "put_raw_bytes"), bytes0 + L * (2 * wb + 2 * 37 * ROW * 2));
 
     /* GET typed equals the in-process decode, bit-exact. */
     dqc_get_args ga = {.seq = seq_of("a"), .dtype = DQ_DTYPE_F32};
@@ -349,13 +327,13 @@ Test(put_raw, appends_continue)
     FAILS(c, DQ_ORDER, put_raw(c, "s", 0, second, L, pbytes, plen));              /* not at the layer's end */
     FAILS(c, DQ_INVALID_ARGUMENT, put_raw(c, "s", 100, second, L, pbytes, plen)); /* not a multiple of W */
     const int cuda = getenv("DQ_CHUNKS_BACKEND") != NULL;
-    const uint64_t promoted0 = counter(c, "gpu_promotions"), spilled0 = counter(c, "gpu_spills");
+    const uint64_t promoted0 = stat_counter(c, "gpu_promotions"), spilled0 = stat_counter(c, "gpu_spills");
     put_rows(c, "s", k, v, T, 2 * W, W); /* window 2 by PUT */
     if (cuda)
-        cr_assert_eq(counter(c, "gpu_promotions"), promoted0 + L, "the PUT moves the raw layers to the GPU");
+        cr_assert_eq(stat_counter(c, "gpu_promotions"), promoted0 + L, "the PUT moves the raw layers to the GPU");
     OK(c, put_raw(c, "s", 3 * W, second, L, pbytes, plen)); /* window 3 */
     if (cuda)
-        cr_assert_eq(counter(c, "gpu_spills"), spilled0 + L, "PUT_RAW takes the GPU layers to the host");
+        cr_assert_eq(stat_counter(c, "gpu_spills"), spilled0 + L, "PUT_RAW takes the GPU layers to the host");
     put_rows(c, "s", k, v, T, 4 * W, 100); /* the tail by PUT */
     expect_raw_equal(c, "s", &e);
     /* A layer with a tail takes no records. */
@@ -425,10 +403,10 @@ Test(put_raw, chunks_lookup_dedupe)
     uint8_t *st = e.rec[1] + wb + 2 + ROW + 4; /* layer 1, window 1, key record 0: its rANS state */
     st[3] ^= 0x40;
     cr_assert_eq(dq_window_check(codec, e.rec[1] + wb), DQ_CORRUPT, "the flip must break the invariant");
-    const uint64_t corrupt0 = counter(c, "put_raw_corrupt");
+    const uint64_t corrupt0 = stat_counter(c, "put_raw_corrupt");
     FAILS(c, DQ_CORRUPT, dqc_put_chunks_raw(c, "w", MODEL, keys4, 2, NULL, e.raw, L, pbytes, plen, NULL));
     cr_assert(strstr(dqc_last_error(c), "chunk 1 layer 1 window 1"), "%s", dqc_last_error(c));
-    cr_assert_eq(counter(c, "put_raw_corrupt"), corrupt0 + 1);
+    cr_assert_eq(stat_counter(c, "put_raw_corrupt"), corrupt0 + 1);
     st[3] ^= 0x40;
     OK(c, dqc_lookup(c, "w", MODEL, keys4, 2, 0, &lr));
     cr_assert_eq(lr.hits, 0);
@@ -461,7 +439,7 @@ Test(put_raw, bad_input_stores_nothing)
     float *k = kv(T, 0, 4), *v = kv(T, 1, 4);
     enc e;
     encode(&e, k, v, T, 0);
-    const uint64_t corrupt0 = counter(c, "put_raw_corrupt"), req0 = counter(c, "put_raw_requests");
+    const uint64_t corrupt0 = stat_counter(c, "put_raw_corrupt"), req0 = stat_counter(c, "put_raw_requests");
     dqc_raw_layer bad[L];
     uint64_t nreq = 0;
 
@@ -559,8 +537,8 @@ Test(put_raw, bad_input_stores_nothing)
     dqc_raw_result_free(&r);
 
     expect_absent(c, "x");
-    cr_assert_eq(counter(c, "put_raw_corrupt"), corrupt0 + 2);
-    cr_assert_eq(counter(c, "put_raw_requests"), req0 + nreq);
+    cr_assert_eq(stat_counter(c, "put_raw_corrupt"), corrupt0 + 2);
+    cr_assert_eq(stat_counter(c, "put_raw_requests"), req0 + nreq);
     char *body = get_metrics(), want[96];
     cr_assert(strstr(body, "dquant_put_raw_corrupt_total 2\n"), "%s", body);
     snprintf(want, sizeof want, "dquant_put_raw_requests_total %llu\n", (unsigned long long)(req0 + nreq));

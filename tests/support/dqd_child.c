@@ -177,11 +177,17 @@ int dqd_wait_socket(const char *path, int timeout_ms)
     return -1;
 }
 
+/* A fresh private folder under /tmp (mkdtemp fills in the XXXXXX); NULL with errno set on failure. */
+static char *fresh_dir(char *buf, size_t n)
+{
+    snprintf(buf, n, "/tmp/dqd-test-XXXXXX");
+    return mkdtemp(buf);
+}
+
 const char *dqd_tmpdir(void)
 {
     static char dir[64];
-    snprintf(dir, sizeof dir, "/tmp/dqd-test-XXXXXX");
-    if (!mkdtemp(dir))
+    if (!fresh_dir(dir, sizeof dir))
         abort();
     return dir;
 }
@@ -268,8 +274,7 @@ int dqd_start(dqd_daemon *d, const dqd_opts *opts)
     if (o->dir) {
         snprintf(d->dir, sizeof d->dir, "%s", o->dir);
     } else {
-        snprintf(d->dir, sizeof d->dir, "/tmp/dqd-test-XXXXXX");
-        if (!mkdtemp(d->dir)) {
+        if (!fresh_dir(d->dir, sizeof d->dir)) {
             fprintf(stderr, "dqd_start: mkdtemp: %s\n", strerror(errno));
             return -1;
         }
