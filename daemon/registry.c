@@ -210,6 +210,17 @@ int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_mod
         return DQ_SHAPE;
     }
 
+    const uint32_t chunk_tokens = spec->chunk_tokens ? spec->chunk_tokens : DQD_DEFAULT_CHUNK_TOKENS;
+    const char *pname = spec->profile_name && *spec->profile_name ? spec->profile_name : "dq226";
+    dqd_model *m = dqd_registry_find(reg, spec->name);
+    if (m && !spec->profile_len && m->builtin[0] && strcmp(m->builtin, pname) == 0 && m->layers == spec->layers &&
+        m->q_heads == spec->q_heads && m->kv_heads == spec->kv_heads && m->head_dim == spec->head_dim &&
+        m->chunk_tokens == chunk_tokens) {
+        *existed = true; /* the same built-in profile for the same shape: the same bytes */
+        *out = m;
+        return DQ_OK;
+    }
+
     dq_profile p;
     int rc;
     if (spec->profile_len) {
@@ -224,7 +235,6 @@ int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_mod
             return DQ_SHAPE;
         }
     } else {
-        const char *pname = spec->profile_name && *spec->profile_name ? spec->profile_name : "dq226";
         rc = dq_profile_builtin(pname, spec->kv_heads, spec->head_dim, &p);
         if (rc < 0) {
             MSG("built-in profile '%s' unavailable for %u x %u: %s", pname, spec->kv_heads, spec->head_dim,
@@ -233,7 +243,6 @@ int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_mod
         }
     }
 
-    const uint32_t chunk_tokens = spec->chunk_tokens ? spec->chunk_tokens : DQD_DEFAULT_CHUNK_TOKENS;
     if (chunk_tokens % p.window || chunk_tokens > DQD_MAX_CHUNK_TOKENS) {
         MSG("chunk_tokens %u must be a multiple of the profile's window %u, at most %u", chunk_tokens, p.window,
             DQD_MAX_CHUNK_TOKENS);
@@ -248,7 +257,6 @@ int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_mod
         return rc;
     }
 
-    dqd_model *m = dqd_registry_find(reg, spec->name);
     if (m) {
         if (m->layers == spec->layers && m->q_heads == spec->q_heads && m->kv_heads == spec->kv_heads &&
             m->head_dim == spec->head_dim && m->chunk_tokens == chunk_tokens && m->codec->plen == plen &&
@@ -282,6 +290,8 @@ int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_mod
     m->kv_heads = spec->kv_heads;
     m->head_dim = spec->head_dim;
     m->chunk_tokens = chunk_tokens;
+    if (!spec->profile_len && strlen(pname) <= DQD_BUILTIN_NAME_MAX)
+        snprintf(m->builtin, sizeof m->builtin, "%s", pname);
     m->next = reg->models;
     reg->models = m;
     reg->nmodels++;

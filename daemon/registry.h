@@ -37,10 +37,15 @@ typedef struct dqd_codec {
     struct dqd_codec *next;
 } dqd_codec;
 
+#define DQD_BUILTIN_NAME_MAX 31
+
 typedef struct dqd_model {
     char name[DQD_MODEL_NAME_MAX + 1];
     uint32_t layers, q_heads, kv_heads, head_dim;
     uint32_t chunk_tokens; /* tokens per chunk of the shared KV tier (a multiple of W) */
+    /* The built-in profile it was registered by ("" for a serialized profile): registering the
+     * same spec again is then answered without building the profile (tens of ms). */
+    char builtin[DQD_BUILTIN_NAME_MAX + 1];
     dqd_codec *codec;
     struct dqd_model *next;
 } dqd_model;

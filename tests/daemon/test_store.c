@@ -395,3 +395,35 @@ Test(store, failed_append_changes_nothing)
     free(v);
     dqd_seq_unref(s);
 }
+
+/* Registering again: the same built-in spec is found without building the profile; the same
+ * profile sent serialized is the same model; any other difference is DQ_EXISTS. */
+Test(store, register_again)
+{
+    char msg[256];
+    bool existed = false;
+    dqd_model *m = NULL;
+    dqd_model_spec spec = {
+        .name = "tiny", .layers = 2, .q_heads = 4, .kv_heads = KV, .head_dim = HD, .profile_name = "dq226"};
+    cr_assert_eq(dqd_registry_register(reg, &spec, &m, &existed, msg, sizeof msg), 0, "%s", msg);
+    cr_assert(existed);
+    cr_assert_eq(m, model);
+    spec.profile_name = NULL; /* the default built-in is dq226 */
+    cr_assert_eq(dqd_registry_register(reg, &spec, &m, &existed, msg, sizeof msg), 0, "%s", msg);
+    cr_assert(existed);
+    spec.profile = model->codec->pbytes;
+    spec.profile_len = model->codec->plen;
+    cr_assert_eq(dqd_registry_register(reg, &spec, &m, &existed, msg, sizeof msg), 0, "%s", msg);
+    cr_assert(existed);
+    cr_assert_eq(m, model);
+    spec.profile = NULL, spec.profile_len = 0;
+    dqd_model_spec other = spec;
+    other.chunk_tokens = 2 * DQD_DEFAULT_CHUNK_TOKENS;
+    cr_assert_eq(dqd_registry_register(reg, &other, &m, &existed, msg, sizeof msg), DQ_EXISTS);
+    other = spec;
+    other.layers = 3;
+    cr_assert_eq(dqd_registry_register(reg, &other, &m, &existed, msg, sizeof msg), DQ_EXISTS);
+    other = spec;
+    other.profile_name = "dq196";
+    cr_assert_eq(dqd_registry_register(reg, &other, &m, &existed, msg, sizeof msg), DQ_EXISTS, "%s", msg);
+}
