@@ -19,8 +19,10 @@ from . import _lib
 from . import _tensor as T
 from ._errors import ClientError, ErrorCode, UnsupportedError
 from ._tensor import Array, DType
+from .raw import RawKV, RawLayer
 
-__all__ = ["Client", "ClientError", "version", "library", "chunk_keys", "has_symbols", "CHUNK_KEY_BYTES"]
+__all__ = ["Client", "ClientError", "version", "library", "chunk_keys", "has_symbols", "CHUNK_KEY_BYTES", "RawKV",
+           "RawLayer"]
 
 #: A sequence key: str (sent UTF-8 encoded) or bytes.
 Key = Union[str, bytes]
@@ -97,6 +99,30 @@ class dqc_get_result(ctypes.Structure):
     ]
 
 
+class dqc_raw_layer(ctypes.Structure):
+    _fields_ = [
+        ("layer", ctypes.c_uint32), ("tokens", ctypes.c_uint64), ("windows", ctypes.c_uint64),
+        ("records", ctypes.c_void_p), ("records_bytes", ctypes.c_size_t), ("tail_tokens", ctypes.c_uint64),
+        ("tail_k", ctypes.c_void_p), ("tail_v", ctypes.c_void_p), ("tail_bytes", ctypes.c_size_t),
+    ]
+
+
+class dqc_raw_result(ctypes.Structure):
+    _fields_ = [
+        ("profile_len", ctypes.c_size_t), ("profile", ctypes.c_uint8 * DQC_PROFILE_MAX), ("nlayers", ctypes.c_size_t),
+        ("layers", ctypes.POINTER(dqc_raw_layer)), ("mem_", ctypes.c_void_p), ("mem_cap_", ctypes.c_size_t),
+        ("layers_cap_", ctypes.c_size_t),
+    ]
+
+
+class dqc_put_raw_args(ctypes.Structure):
+    _fields_ = [
+        ("seq", dqc_seq), ("model", ctypes.c_char_p), ("start_token", ctypes.c_uint64),
+        ("first_layer", ctypes.c_uint32), ("layers", ctypes.POINTER(dqc_raw_layer)), ("nlayers", ctypes.c_size_t),
+        ("profile", ctypes.c_void_p), ("profile_len", ctypes.c_size_t),
+    ]
+
+
 class dqc_attend_item(ctypes.Structure):
     _fields_ = [("seq", dqc_seq), ("layer", ctypes.c_uint32), ("q", ctypes.c_void_p),
                 ("append_k", ctypes.c_void_p), ("append_v", ctypes.c_void_p)]
@@ -155,6 +181,8 @@ def library() -> ctypes.CDLL:
         "dqc_put": (I, [VP, P(dqc_put_args), P(dqc_put_result)]),
         "dqc_get": (I, [VP, P(dqc_get_args), P(dqc_get_result)]),
         "dqc_get_result_free": (None, [P(dqc_get_result)]),
+        "dqc_get_raw": (I, [VP, P(dqc_seq), ctypes.c_uint32, ctypes.c_uint32, P(dqc_raw_result)]),
+        "dqc_raw_result_free": (None, [P(dqc_raw_result)]),
         "dqc_attend": (I, [VP, P(dqc_attend_args), VP, VP]),
         "dqc_delete": (I, [VP, P(dqc_seq)]),
         "dqc_pin": (I, [VP, P(dqc_seq)]),
@@ -367,6 +395,49 @@ class Client:
         del kbuf
         return k, v
 
+    def get_raw(self, key: Key, first_layer: int = 0, num_layers: int = 0, ns: Optional[str] = None) -> RawKV:
+        """Whole layers [first_layer, first_layer + num_layers) of a sequence as stored (GET_RAW; 0
+        layers: to the last): each layer's window records and BF16 tail, and the profile they were
+        made with. RawKV.decode gives what get returns, bit-exact. ClientError NOT_FOUND when there
+        is no such sequence, OUT_OF_BOUNDS for layers it lacks."""
+        s, kbuf = _seq(key, ns)
+        r = dqc_raw_result()
+        lib = library()
+        try:
+            self._check(lib.dqc_get_raw(self.handle, ctypes.byref(s), first_layer, num_layers, ctypes.byref(r)),
+                        "get_raw")
+            return _raw_of(r)
+        finally:
+            lib.dqc_raw_result_free(ctypes.byref(r))
+            del kbuf
+
+    def put_raw(self, key: Key, raw: RawKV, model: str, start_token: int = 0, first_layer: Optional[int] = None,
+                ns: Optional[str] = None) -> Dict[str, int]:
+        """Appends layers encoded by the client (RawKV.encode, or another sequence's get_raw) to
+        sequence key at start_token, stored as they are (PUT_RAW: no encoding on the daemon).
+        first_layer: the first layer written (None: raw's first layer); start_token: each layer's
+        current length, a multiple of W, and the layers must hold no tail. raw.profile must be the
+        model's. All-or-nothing; the daemon checks every record: ClientError CORRUPT (a record fails
+        the container's invariants), SHAPE (records not whole windows, a tail of W tokens or more,
+        layers of different lengths), INVALID_ARGUMENT (records of another profile), NONFINITE (a
+        NaN/Inf tail value), ORDER, NOT_FOUND (model), OUT_OF_BOUNDS (layers). Returns put's dict
+        (streams_encoded 0)."""
+        fn = _chunk_fn("dqc_put_raw", "put_raw")
+        layers, keep = _raw_layers(raw, "put_raw")
+        a = dqc_put_raw_args()
+        a.seq, kbuf = _seq(key, ns)
+        mb = model.encode()
+        pbuf = ctypes.create_string_buffer(bytes(raw.profile), max(1, len(raw.profile)))
+        a.model, a.start_token = mb, int(start_token)
+        a.first_layer = raw.first_layer if first_layer is None else int(first_layer)
+        a.layers, a.nlayers = layers, len(raw.layers)
+        a.profile, a.profile_len = ctypes.cast(pbuf, ctypes.c_void_p), len(raw.profile)
+        r = dqc_put_result()
+        self._check(fn(self.handle, ctypes.byref(a), ctypes.byref(r)), "put_raw")
+        del kbuf, keep
+        return {"tokens": r.tokens, "stored_bytes": r.stored_bytes, "streams_encoded": r.streams_encoded,
+                "retries": r.retries}
+
     def attend(self, key: Key, layer: int, q: Array, scale: float = 0.0, append_k: Optional[Array] = None,
                append_v: Optional[Array] = None, ns: Optional[str] = None, kv_heads: int = 0) -> Tuple[Array, Array]:
         """Decode attention of query q ([q_heads, head_dim]) over one sequence's layer on the server,
@@ -541,6 +612,46 @@ class Client:
             return torch.cat([p[0] for p in parts], dim=1), torch.cat([p[1] for p in parts], dim=1)
         return T._np.concatenate([p[0] for p in parts], axis=1), T._np.concatenate([p[1] for p in parts], axis=1)
 
+    def get_chunks_raw(self, keys: Sequence[bytes], ns: Optional[str] = None) -> RawKV:
+        """Chunks as stored (one GET_RAW, dqc_get_chunks_raw): per layer of the model, the chunks'
+        window records one after the other in the order of keys (len(keys) × chunk_tokens / W
+        windows, no tail). RawKV.decode gives get_chunks' arrays, bit-exact. ClientError NOT_FOUND
+        when one is not held (nothing returned then)."""
+        fn = _chunk_fn("dqc_get_chunks_raw", "get_chunks_raw")
+        buf, n = _keys_buffer(keys, "get_chunks_raw")
+        if n == 0:
+            raise ValueError("get_chunks_raw: no keys")
+        r = dqc_raw_result()
+        lib = library()
+        try:
+            self._check(fn(self.handle, _ns(ns), buf, n, ctypes.byref(r)), "get_chunks_raw")
+            return _raw_of(r)
+        finally:
+            lib.dqc_raw_result_free(ctypes.byref(r))
+
+    def put_chunks_raw(self, keys: Sequence[bytes], raw: RawKV, model: str, ns: Optional[str] = None,
+                       parent: Optional[bytes] = None) -> PutChunksResult:
+        """Stores len(keys) chunks (prompt order) from records the client encoded (PUT_CHUNKS_RAW):
+        raw holds every layer of the model, each with len(keys) × chunk_tokens / W whole windows and
+        no tail (RawKV.encode of [layers, len(keys) × chunk_tokens, kv_heads, head_dim], or
+        get_chunks_raw's). parent as for put_chunks. Deduped like put_chunks (chunks held already
+        are acknowledged, streams_encoded 0); every record is checked before any chunk is stored:
+        ClientError CORRUPT, SHAPE, INVALID_ARGUMENT, NOT_FOUND (model, parent) as for put_raw."""
+        fn = _chunk_fn("dqc_put_chunks_raw", "put_chunks_raw")
+        if parent is not None and len(parent) != CHUNK_KEY_BYTES:
+            raise ValueError(f"put_chunks_raw: parent must be {CHUNK_KEY_BYTES} bytes")
+        buf, n = _keys_buffer(keys, "put_chunks_raw")
+        if n == 0:
+            raise ValueError("put_chunks_raw: no keys")
+        layers, keep = _raw_layers(raw, "put_chunks_raw")
+        pbuf = ctypes.create_string_buffer(bytes(parent), CHUNK_KEY_BYTES) if parent is not None else None
+        prof = ctypes.create_string_buffer(bytes(raw.profile), max(1, len(raw.profile)))
+        r = dqc_put_chunks_result()
+        self._check(fn(self.handle, _ns(ns), model.encode(), buf, n, pbuf, layers, len(raw.layers), prof,
+                       len(raw.profile), ctypes.byref(r)), "put_chunks_raw")
+        del keep
+        return PutChunksResult(int(r.stored), int(r.deduped), int(r.streams_encoded))
+
 
 # ---- chunk keys of the shared KV tier (proto/chunkkey.h, computed by libdquant-client) ----
 
@@ -671,6 +782,64 @@ _CHUNK_PROTOS = {
     "dqc_register_model_ex": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(dqc_model_spec), ctypes.c_uint32,
                                              ctypes.POINTER(dqc_model_info), ctypes.POINTER(ctypes.c_uint32)]),
 }
+
+
+_CHUNK_PROTOS.update({
+    "dqc_put_raw": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(dqc_put_raw_args), ctypes.POINTER(dqc_put_result)]),
+    "dqc_get_chunks_raw": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t,
+                                          ctypes.POINTER(dqc_raw_result)]),
+    "dqc_put_chunks_raw": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p,
+                                          ctypes.c_size_t, ctypes.c_void_p, ctypes.POINTER(dqc_raw_layer),
+                                          ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                                          ctypes.POINTER(dqc_put_chunks_result)]),
+})
+
+#: The C functions of compressed transfer (PUT_RAW, PUT_CHUNKS_RAW, GET_RAW of chunks); dqc_get_raw
+#: is older and always bound.
+RAW_SYMBOLS = ("dqc_put_raw", "dqc_put_chunks_raw", "dqc_get_chunks_raw")
+
+
+def _raw_of(r: dqc_raw_result) -> RawKV:
+    """A RawKV copied out of a filled dqc_raw_result (which the caller then frees)."""
+    layers = []
+    for i in range(r.nlayers):
+        x = r.layers[i]
+        tb = x.tail_bytes if x.tail_tokens else 0
+        layers.append(RawLayer(int(x.layer), int(x.tokens), int(x.windows),
+                               ctypes.string_at(x.records, x.records_bytes) if x.records_bytes else b"",
+                               int(x.tail_tokens), ctypes.string_at(x.tail_k, tb) if tb else b"",
+                               ctypes.string_at(x.tail_v, tb) if tb else b""))
+    return RawKV(bytes(r.profile[:r.profile_len]), tuple(layers))
+
+
+def _raw_layers(raw: RawKV, what: str) -> Tuple[Any, List[Any]]:
+    """raw's layers as a dqc_raw_layer array and the buffers it borrows (keep them for the call).
+    Only what the C struct cannot say is checked here (the daemon checks the rest)."""
+    if not isinstance(raw, RawKV) or not raw.layers:
+        raise ValueError(f"{what}: a RawKV with at least one layer is required")
+    arr = (dqc_raw_layer * len(raw.layers))()
+    keep: List[Any] = []
+    for i, x in enumerate(raw.layers):
+        if len(x.tail_k) != len(x.tail_v):
+            raise ValueError(f"{what}: layer {i}: tail_k has {len(x.tail_k)} bytes, tail_v {len(x.tail_v)}")
+        arr[i].layer, arr[i].tokens, arr[i].windows = x.layer, x.tokens, x.windows
+        arr[i].records, arr[i].records_bytes = _borrow(x.records, keep), len(x.records)
+        arr[i].tail_tokens = x.tail_tokens
+        if x.tail_k:
+            arr[i].tail_k, arr[i].tail_v = _borrow(x.tail_k, keep), _borrow(x.tail_v, keep)
+            arr[i].tail_bytes = len(x.tail_k)
+    return arr, keep
+
+
+def _borrow(data: bytes, keep: List[Any]) -> Optional[int]:
+    """The address of data's bytes for a C call that only reads them, without a copy for bytes (a
+    bytearray or memoryview is copied once); the object that owns them goes to keep."""
+    if not data:
+        return None
+    b = data if isinstance(data, bytes) else bytes(data)
+    p = ctypes.c_char_p(b)
+    keep += [b, p]
+    return ctypes.cast(p, ctypes.c_void_p).value
 
 
 def _chunk_fn(name: str, what: str):
