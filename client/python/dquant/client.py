@@ -15,6 +15,7 @@ import ctypes
 import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from . import _device as D
 from . import _lib
 from . import _tensor as T
 from ._errors import ClientError, ErrorCode, UnsupportedError
@@ -22,7 +23,7 @@ from ._tensor import Array, DType
 from .raw import RawKV, RawLayer
 
 __all__ = ["Client", "ClientError", "version", "library", "chunk_keys", "has_symbols", "CHUNK_KEY_BYTES", "RawKV",
-           "RawLayer"]
+           "RawLayer", "DevGetResult", "nccl_library", "has_nccl"]
 
 #: A sequence key: str (sent UTF-8 encoded) or bytes.
 Key = Union[str, bytes]
@@ -217,6 +218,60 @@ def _optional(name: str, what: str):
         raise UnsupportedError(what, f"{_lib.path_of(lib)} has no {name} (a libdquant-client older than "
                                      "the shared KV tier); build the current one and point DQUANT_LIB_DIR at it")
     return getattr(lib, name)
+
+
+# libdquant-client-nccl (dquant/client_nccl.h), bound against these declarations:
+#   int dqc_nccl_setup(dqc_client *client, int cuda_device);
+#   int dqc_put_dev(dqc_client *client, const dqc_put_args *args, dqc_put_result *res);
+#   int dqc_get_dev(dqc_client *client, const dqc_get_args *args, void *k_dev, void *v_dev, size_t capacity,
+#                   dqc_get_result *res);
+#   int dqc_attend_dev(dqc_client *client, const dqc_attend_args *args, float *out_dev, float *lse_dev);
+# It links libdquant-client (the same soname), so its calls take this binding's handles.
+_LN = None
+
+
+def nccl_library() -> ctypes.CDLL:
+    """The loaded libdquant-client-nccl (the NCCL data path) with its prototypes declared. It is
+    built only where meson finds NCCL and the CUDA runtime: UnsupportedError without it."""
+    global _LN
+    if _LN is not None:
+        return _LN
+    library()                       # first: the nccl library's libdquant-client is this one
+    try:
+        lib = _lib.load("dquant-client-nccl", "client/lib")
+    except OSError as e:
+        raise UnsupportedError("nccl", "libdquant-client-nccl not found (built only where meson finds NCCL and "
+                                       f"the CUDA runtime): {str(e).splitlines()[0]}") from None
+    P, VP, I = ctypes.POINTER, ctypes.c_void_p, ctypes.c_int
+    protos = {
+        "dqc_nccl_setup": (I, [VP, I]),
+        "dqc_put_dev": (I, [VP, P(dqc_put_args), P(dqc_put_result)]),
+        "dqc_get_dev": (I, [VP, P(dqc_get_args), VP, VP, ctypes.c_size_t, P(dqc_get_result)]),
+        "dqc_attend_dev": (I, [VP, P(dqc_attend_args), VP, VP]),
+    }
+    for name, (res, args) in protos.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    _LN = lib
+    return lib
+
+
+def has_nccl() -> bool:
+    """Whether libdquant-client-nccl is found (Client.nccl_setup and the *_dev calls)."""
+    try:
+        nccl_library()
+        return True
+    except UnsupportedError:
+        return False
+
+
+def _stream_sync():
+    """cudaStreamSynchronize of the CUDA runtime libdquant-client-nccl links (found through its
+    handle), or None."""
+    fn = getattr(nccl_library(), "cudaStreamSynchronize", None)
+    if fn is not None:
+        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p]
+    return fn
 
 
 def _seq(key: Key, ns: Optional[str] = None):
@@ -508,6 +563,139 @@ class Client:
         finally:
             lib.dqc_stats_result_free(ctypes.byref(r))
         return {"counters": counters, "gauges": gauges}
+
+    # ---- device tensors over NCCL (libdquant-client-nccl; declarations further down) ----
+
+    def nccl_setup(self, device: int = 0) -> None:
+        """Makes this connection's NCCL communicator with the daemon on CUDA device `device`
+        (dqc_nccl_setup): afterwards put_dev / get_dev / attend_dev move tensors GPU to GPU, the
+        headers still on the socket. ClientError UNSUPPORTED when the daemon offers no NCCL (not
+        the cuda backend), TIMEOUT, IO; UnsupportedError without libdquant-client-nccl. The
+        communicator belongs to the connection: after a reconnect the *_dev calls fail with IO
+        until nccl_setup again (they never fall back to the socket)."""
+        fn = nccl_library().dqc_nccl_setup
+        self._check(fn(self.handle, int(device)), "nccl_setup")
+        self._nccl_device = int(device)
+
+    def _dev_check(self, arrs: Sequence[Any], what: str) -> None:
+        dev = getattr(self, "_nccl_device", None)
+        for a in arrs:
+            if a.device is not None and dev is not None and a.device != dev:
+                raise ValueError(f"{what}: a tensor on cuda:{a.device}, the communicator is on cuda:{dev}")
+
+    def put_dev(self, key: Key, k: Any, v: Any, model: str, start_token: int = 0, first_layer: int = 0,
+                ns: Optional[str] = None) -> Dict[str, int]:
+        """put with k and v in GPU memory (dqc_put_dev): [num_layers, tokens, kv_heads, head_dim]
+        f32 / f16 / bf16 CUDA tensors (torch, made contiguous; or __cuda_array_interface__ objects)
+        on the nccl_setup device; their producers' streams are synchronized first. The bytes go
+        over NCCL. Not retried after a break. Returns put's dict."""
+        kin = D.DevArray(k, "put_dev k")
+        vin = D.DevArray(v, "put_dev v", want=kin.dtype)
+        if len(kin.shape) != 4 or vin.shape != kin.shape:
+            raise ValueError(f"put_dev: k {kin.shape} and v {vin.shape} must both be "
+                             "[layers, tokens, kv_heads, head_dim]")
+        fn = nccl_library().dqc_put_dev
+        self._dev_check((kin, vin), "put_dev")
+        a = dqc_put_args()
+        a.seq, kbuf = _seq(key, ns)
+        mb = model.encode()
+        a.model, a.start_token, a.first_layer = mb, start_token, first_layer
+        a.num_layers, a.tokens, a.kv_heads, a.head_dim = kin.shape
+        a.dtype, a.k, a.v = kin.dtype, kin.ptr, vin.ptr
+        D.ready((kin, vin), _stream_sync())
+        r = dqc_put_result()
+        self._check(fn(self.handle, ctypes.byref(a), ctypes.byref(r)), "put_dev")
+        del kbuf
+        return {"tokens": r.tokens, "stored_bytes": r.stored_bytes, "streams_encoded": r.streams_encoded,
+                "retries": r.retries}
+
+    def get_dev(self, key: Key, k_out: Any, v_out: Any, first_layer: int = 0, num_layers: int = 0,
+                start_token: int = 0, tokens: int = 0, ns: Optional[str] = None) -> "DevGetResult":
+        """A typed GET into GPU memory (dqc_get_dev): K and V decoded in k_out's dtype (f32, f16,
+        bf16) into k_out and v_out, contiguous CUDA tensors (or __cuda_array_interface__ objects)
+        of one dtype on the nccl_setup device, each at least the reply's size. Returns the
+        reply's shape, and for torch outputs views of them shaped [num_layers, tokens, kv_heads,
+        head_dim]. ClientError TOO_LARGE when the reply does not fit (the bytes are still received;
+        the communicator stays usable), NOT_FOUND, IO (no communicator)."""
+        ko = D.DevArray(k_out, "get_dev k_out", writable=True)
+        vo = D.DevArray(v_out, "get_dev v_out", want=ko.dtype, writable=True)
+        fn = nccl_library().dqc_get_dev
+        self._dev_check((ko, vo), "get_dev")
+        a = dqc_get_args()
+        a.seq, kbuf = _seq(key, ns)
+        a.first_layer, a.num_layers, a.start_token, a.tokens = first_layer, num_layers, start_token, tokens
+        a.dtype = ko.dtype
+        D.ready((ko, vo), _stream_sync())
+        r = dqc_get_result()
+        lib = library()
+        try:
+            self._check(fn(self.handle, ctypes.byref(a), ko.c_void_p(), vo.c_void_p(), min(ko.nbytes, vo.nbytes),
+                           ctypes.byref(r)), "get_dev")
+            shape = (int(r.num_layers), int(r.tokens), int(r.kv_heads), int(r.head_dim))
+            res = DevGetResult(int(r.start_token), shape[1], shape[0], shape[2], shape[3],
+                               T.DTYPE_NAMES[r.dtype], int(r.bytes), k_out, v_out)
+        finally:
+            lib.dqc_get_result_free(ctypes.byref(r))
+        del kbuf
+        if ko.flavour == "torch":
+            count = res.bytes // T.DTYPE_SIZES[ko.dtype]
+            res = dataclasses.replace(res, k=ko.keep.view(-1)[:count].view(shape),
+                                      v=vo.keep.view(-1)[:count].view(shape))
+        return res
+
+    def attend_dev(self, items: Sequence[Tuple[Key, int, Any, Optional[Any], Optional[Any]]], out: Any = None,
+                   lse: Any = None, scale: float = 0.0, ns: Optional[str] = None,
+                   kv_heads: int = 0) -> Tuple[Any, Any]:
+        """attend_batch with every q (and append_k / append_v) in GPU memory (dqc_attend_dev): items
+        as for attend_batch, device arrays of one dtype. out [items, q_heads, head_dim] and lse
+        [items, q_heads], f32 in GPU memory: given (contiguous, writable), or made on the query's
+        device (torch queries). Returns (out, lse). Not retried after a break, even without
+        appends."""
+        if not items:
+            raise ValueError("attend_dev: no items")
+        arr = (dqc_attend_item * len(items))()
+        keep: List[Any] = []
+        q0 = None
+        for i, (key, layer, q, ak, av) in enumerate(items):
+            qin = D.DevArray(q, "attend_dev q", want=None if q0 is None else q0.dtype)
+            if q0 is None:
+                q0 = qin
+                if len(qin.shape) != 2:
+                    raise ValueError(f"attend_dev: q {qin.shape} must be [q_heads, head_dim]")
+            elif qin.shape != q0.shape:
+                raise ValueError("attend_dev: queries differ in shape")
+            arr[i].seq, kbuf = _seq(key, ns)
+            arr[i].layer, arr[i].q = layer, qin.ptr
+            keep += [qin, kbuf]
+            if (ak is None) != (av is None):
+                raise ValueError("attend_dev: append_k and append_v go together")
+            if ak is not None:
+                kin = D.DevArray(ak, "attend_dev append_k", want=q0.dtype)
+                vin = D.DevArray(av, "attend_dev append_v", want=q0.dtype)
+                arr[i].append_k, arr[i].append_v = kin.ptr, vin.ptr
+                kv_heads = kv_heads or kin.shape[-2]
+                keep += [kin, vin]
+        oshape, lshape = (len(items),) + q0.shape, (len(items), q0.shape[0])
+        if out is None or lse is None:
+            if q0.flavour != "torch":
+                raise ValueError("attend_dev: pass out and lse (device f32) for __cuda_array_interface__ queries")
+            torch = T._torch()
+            out = torch.empty(oshape, dtype=torch.float32, device=q0.keep.device) if out is None else out
+            lse = torch.empty(lshape, dtype=torch.float32, device=q0.keep.device) if lse is None else lse
+        oa = D.DevArray(out, "attend_dev out", want=T.F32, writable=True)
+        la = D.DevArray(lse, "attend_dev lse", want=T.F32, writable=True)
+        if oa.nbytes < 4 * len(items) * q0.shape[0] * q0.shape[1] or la.nbytes < 4 * len(items) * q0.shape[0]:
+            raise ValueError(f"attend_dev: out must hold {oshape}, lse {lshape} (f32)")
+        devs = tuple(x for x in keep if isinstance(x, D.DevArray)) + (oa, la)
+        self._dev_check(devs, "attend_dev")
+        fn = nccl_library().dqc_attend_dev
+        a = dqc_attend_args()
+        a.items, a.nitems = arr, len(items)
+        a.q_heads, a.head_dim = q0.shape
+        a.kv_heads, a.dtype, a.scale = kv_heads, q0.dtype, scale
+        D.ready(devs, _stream_sync())
+        self._check(fn(self.handle, ctypes.byref(a), oa.c_void_p(), la.c_void_p()), "attend_dev")
+        return out, lse
 
     # ---- the shared KV tier (the C declarations are quoted further down) ----
 
@@ -884,3 +1072,20 @@ class PutChunksResult:
     stored: int
     deduped: int
     streams_encoded: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DevGetResult:
+    """What get_dev received: the reply's start_token, tokens, num_layers, kv_heads, head_dim, dtype
+    ("f32", "f16", "bf16") and bytes (of K, and of V); k and v: views of the outputs shaped
+    [num_layers, tokens, kv_heads, head_dim] for torch outputs, else the outputs as given."""
+
+    start_token: int
+    tokens: int
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+    bytes: int
+    k: Any
+    v: Any
