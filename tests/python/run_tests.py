@@ -13,7 +13,8 @@ python-package; python3 stdlib only, no network).
    tree, so they import the installed copy.
 
 The environment passes through: DQUANT_LIB_DIR (the libraries), DQUANTD (the daemon the tests
-start), DQUANT_LAYOUT_PROBE, DQ_CHUNK_VECTORS. Exit status: unittest's (skips are not failures)."""
+start), DQUANT_LAYOUT_PROBE, DQ_CHUNK_VECTORS, DQUANT_FAKENCCL_LIB and DQUANTD_FAKENCCL (the
+emulated NCCL data path). Exit status: unittest's (skips are not failures)."""
 
 import os
 import pathlib

@@ -5,6 +5,7 @@ libdquant-client (the dquantd daemon's client), over ctypes.
     xhat, stats = dquant.roundtrip(k, "dq226", kind="k")   # k: [tokens, kv_heads, head_dim]
     with dquant.Client("unix:/tmp/dquantd.sock") as c: ...
     keys = dquant.chunk_keys("ns", token_ids, 256)         # the shared KV tier's chunk keys
+    raw = dquant.RawKV.encode(k, v, profile)               # records PUT_RAW stores as they are
 
 The libraries are found through $DQUANT_LIB_DIR, next to this package, in the build folders of the
 source tree it sits in, or where `meson install` puts them (see README.md). Arrays are numpy arrays
@@ -16,8 +17,9 @@ from ._errors import ClientError, DquantError, ErrorCode, UnsupportedError, erro
 from .client import CHUNK_KEY_BYTES, Client, LookupResult, PutChunksResult, chunk_keys, has_symbols
 from .client import version as client_version
 from .codec import KIND_K, KIND_V, Codec, Layer, Profile, baseline_names, builtin_names, roundtrip
+from .raw import RawKV, RawLayer
 
 __all__ = ["KIND_K", "KIND_V", "Codec", "Layer", "Profile", "baseline_names", "builtin_names", "roundtrip",
-           "Client", "LookupResult", "PutChunksResult", "chunk_keys", "CHUNK_KEY_BYTES", "has_symbols",
-           "client_version", "DquantError", "ClientError", "UnsupportedError", "ErrorCode", "error_name"]
+           "Client", "LookupResult", "PutChunksResult", "RawKV", "RawLayer", "chunk_keys", "CHUNK_KEY_BYTES",
+           "has_symbols", "client_version", "DquantError", "ClientError", "UnsupportedError", "ErrorCode", "error_name"]
 __version__ = "0.1.0"

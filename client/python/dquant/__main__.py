@@ -19,6 +19,9 @@ def main() -> int:
         for sym in client.CHUNK_SYMBOLS:
             have = client.has_symbols(sym)
             print(f"  {sym}: {'yes' if have else 'no (the shared KV tier calls raise UnsupportedError)'}")
+        for sym in client.RAW_SYMBOLS:
+            have = client.has_symbols(sym)
+            print(f"  {sym}: {'yes' if have else 'no (the compressed transfer calls raise UnsupportedError)'}")
     return rc
 
 

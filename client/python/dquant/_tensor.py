@@ -6,7 +6,7 @@ tensor moved back to the input's device.
 
 CUDA tensors take the host path: an input is copied to host memory for the C call, a result is
 made on the host and moved to the device of the tensor it follows (the GPU-to-GPU path over NCCL,
-libdquant-client-nccl, is not bound in Python)."""
+libdquant-client-nccl, is Client.put_dev / get_dev / attend_dev: _device.py)."""
 
 from __future__ import annotations
 

@@ -15,12 +15,15 @@ import ctypes
 import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from . import _device as D
 from . import _lib
 from . import _tensor as T
 from ._errors import ClientError, ErrorCode, UnsupportedError
 from ._tensor import Array, DType
+from .raw import RawKV, RawLayer
 
-__all__ = ["Client", "ClientError", "version", "library", "chunk_keys", "has_symbols", "CHUNK_KEY_BYTES"]
+__all__ = ["Client", "ClientError", "version", "library", "chunk_keys", "has_symbols", "CHUNK_KEY_BYTES", "RawKV",
+           "RawLayer", "DevGetResult", "nccl_library", "has_nccl"]
 
 #: A sequence key: str (sent UTF-8 encoded) or bytes.
 Key = Union[str, bytes]
@@ -97,6 +100,30 @@ class dqc_get_result(ctypes.Structure):
     ]
 
 
+class dqc_raw_layer(ctypes.Structure):
+    _fields_ = [
+        ("layer", ctypes.c_uint32), ("tokens", ctypes.c_uint64), ("windows", ctypes.c_uint64),
+        ("records", ctypes.c_void_p), ("records_bytes", ctypes.c_size_t), ("tail_tokens", ctypes.c_uint64),
+        ("tail_k", ctypes.c_void_p), ("tail_v", ctypes.c_void_p), ("tail_bytes", ctypes.c_size_t),
+    ]
+
+
+class dqc_raw_result(ctypes.Structure):
+    _fields_ = [
+        ("profile_len", ctypes.c_size_t), ("profile", ctypes.c_uint8 * DQC_PROFILE_MAX), ("nlayers", ctypes.c_size_t),
+        ("layers", ctypes.POINTER(dqc_raw_layer)), ("mem_", ctypes.c_void_p), ("mem_cap_", ctypes.c_size_t),
+        ("layers_cap_", ctypes.c_size_t),
+    ]
+
+
+class dqc_put_raw_args(ctypes.Structure):
+    _fields_ = [
+        ("seq", dqc_seq), ("model", ctypes.c_char_p), ("start_token", ctypes.c_uint64),
+        ("first_layer", ctypes.c_uint32), ("layers", ctypes.POINTER(dqc_raw_layer)), ("nlayers", ctypes.c_size_t),
+        ("profile", ctypes.c_void_p), ("profile_len", ctypes.c_size_t),
+    ]
+
+
 class dqc_attend_item(ctypes.Structure):
     _fields_ = [("seq", dqc_seq), ("layer", ctypes.c_uint32), ("q", ctypes.c_void_p),
                 ("append_k", ctypes.c_void_p), ("append_v", ctypes.c_void_p)]
@@ -155,6 +182,8 @@ def library() -> ctypes.CDLL:
         "dqc_put": (I, [VP, P(dqc_put_args), P(dqc_put_result)]),
         "dqc_get": (I, [VP, P(dqc_get_args), P(dqc_get_result)]),
         "dqc_get_result_free": (None, [P(dqc_get_result)]),
+        "dqc_get_raw": (I, [VP, P(dqc_seq), ctypes.c_uint32, ctypes.c_uint32, P(dqc_raw_result)]),
+        "dqc_raw_result_free": (None, [P(dqc_raw_result)]),
         "dqc_attend": (I, [VP, P(dqc_attend_args), VP, VP]),
         "dqc_delete": (I, [VP, P(dqc_seq)]),
         "dqc_pin": (I, [VP, P(dqc_seq)]),
@@ -189,6 +218,60 @@ def _optional(name: str, what: str):
         raise UnsupportedError(what, f"{_lib.path_of(lib)} has no {name} (a libdquant-client older than "
                                      "the shared KV tier); build the current one and point DQUANT_LIB_DIR at it")
     return getattr(lib, name)
+
+
+# libdquant-client-nccl (dquant/client_nccl.h), bound against these declarations:
+#   int dqc_nccl_setup(dqc_client *client, int cuda_device);
+#   int dqc_put_dev(dqc_client *client, const dqc_put_args *args, dqc_put_result *res);
+#   int dqc_get_dev(dqc_client *client, const dqc_get_args *args, void *k_dev, void *v_dev, size_t capacity,
+#                   dqc_get_result *res);
+#   int dqc_attend_dev(dqc_client *client, const dqc_attend_args *args, float *out_dev, float *lse_dev);
+# It links libdquant-client (the same soname), so its calls take this binding's handles.
+_LN = None
+
+
+def nccl_library() -> ctypes.CDLL:
+    """The loaded libdquant-client-nccl (the NCCL data path) with its prototypes declared. It is
+    built only where meson finds NCCL and the CUDA runtime: UnsupportedError without it."""
+    global _LN
+    if _LN is not None:
+        return _LN
+    library()                       # first: the nccl library's libdquant-client is this one
+    try:
+        lib = _lib.load("dquant-client-nccl", "client/lib")
+    except OSError as e:
+        raise UnsupportedError("nccl", "libdquant-client-nccl not found (built only where meson finds NCCL and "
+                                       f"the CUDA runtime): {str(e).splitlines()[0]}") from None
+    P, VP, I = ctypes.POINTER, ctypes.c_void_p, ctypes.c_int
+    protos = {
+        "dqc_nccl_setup": (I, [VP, I]),
+        "dqc_put_dev": (I, [VP, P(dqc_put_args), P(dqc_put_result)]),
+        "dqc_get_dev": (I, [VP, P(dqc_get_args), VP, VP, ctypes.c_size_t, P(dqc_get_result)]),
+        "dqc_attend_dev": (I, [VP, P(dqc_attend_args), VP, VP]),
+    }
+    for name, (res, args) in protos.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    _LN = lib
+    return lib
+
+
+def has_nccl() -> bool:
+    """Whether libdquant-client-nccl is found (Client.nccl_setup and the *_dev calls)."""
+    try:
+        nccl_library()
+        return True
+    except UnsupportedError:
+        return False
+
+
+def _stream_sync():
+    """cudaStreamSynchronize of the CUDA runtime libdquant-client-nccl links (found through its
+    handle), or None."""
+    fn = getattr(nccl_library(), "cudaStreamSynchronize", None)
+    if fn is not None:
+        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p]
+    return fn
 
 
 def _seq(key: Key, ns: Optional[str] = None):
@@ -367,6 +450,49 @@ class Client:
         del kbuf
         return k, v
 
+    def get_raw(self, key: Key, first_layer: int = 0, num_layers: int = 0, ns: Optional[str] = None) -> RawKV:
+        """Whole layers [first_layer, first_layer + num_layers) of a sequence as stored (GET_RAW; 0
+        layers: to the last): each layer's window records and BF16 tail, and the profile they were
+        made with. RawKV.decode gives what get returns, bit-exact. ClientError NOT_FOUND when there
+        is no such sequence, OUT_OF_BOUNDS for layers it lacks."""
+        s, kbuf = _seq(key, ns)
+        r = dqc_raw_result()
+        lib = library()
+        try:
+            self._check(lib.dqc_get_raw(self.handle, ctypes.byref(s), first_layer, num_layers, ctypes.byref(r)),
+                        "get_raw")
+            return _raw_of(r)
+        finally:
+            lib.dqc_raw_result_free(ctypes.byref(r))
+            del kbuf
+
+    def put_raw(self, key: Key, raw: RawKV, model: str, start_token: int = 0, first_layer: Optional[int] = None,
+                ns: Optional[str] = None) -> Dict[str, int]:
+        """Appends layers encoded by the client (RawKV.encode, or another sequence's get_raw) to
+        sequence key at start_token, stored as they are (PUT_RAW: no encoding on the daemon).
+        first_layer: the first layer written (None: raw's first layer); start_token: each layer's
+        current length, a multiple of W, and the layers must hold no tail. raw.profile must be the
+        model's. All-or-nothing; the daemon checks every record: ClientError CORRUPT (a record fails
+        the container's invariants), SHAPE (records not whole windows, a tail of W tokens or more,
+        layers of different lengths), INVALID_ARGUMENT (records of another profile), NONFINITE (a
+        NaN/Inf tail value), ORDER, NOT_FOUND (model), OUT_OF_BOUNDS (layers). Returns put's dict
+        (streams_encoded 0)."""
+        fn = _chunk_fn("dqc_put_raw", "put_raw")
+        layers, keep = _raw_layers(raw, "put_raw")
+        a = dqc_put_raw_args()
+        a.seq, kbuf = _seq(key, ns)
+        mb = model.encode()
+        pbuf = ctypes.create_string_buffer(bytes(raw.profile), max(1, len(raw.profile)))
+        a.model, a.start_token = mb, int(start_token)
+        a.first_layer = raw.first_layer if first_layer is None else int(first_layer)
+        a.layers, a.nlayers = layers, len(raw.layers)
+        a.profile, a.profile_len = ctypes.cast(pbuf, ctypes.c_void_p), len(raw.profile)
+        r = dqc_put_result()
+        self._check(fn(self.handle, ctypes.byref(a), ctypes.byref(r)), "put_raw")
+        del kbuf, keep
+        return {"tokens": r.tokens, "stored_bytes": r.stored_bytes, "streams_encoded": r.streams_encoded,
+                "retries": r.retries}
+
     def attend(self, key: Key, layer: int, q: Array, scale: float = 0.0, append_k: Optional[Array] = None,
                append_v: Optional[Array] = None, ns: Optional[str] = None, kv_heads: int = 0) -> Tuple[Array, Array]:
         """Decode attention of query q ([q_heads, head_dim]) over one sequence's layer on the server,
@@ -437,6 +563,139 @@ class Client:
         finally:
             lib.dqc_stats_result_free(ctypes.byref(r))
         return {"counters": counters, "gauges": gauges}
+
+    # ---- device tensors over NCCL (libdquant-client-nccl; declarations further down) ----
+
+    def nccl_setup(self, device: int = 0) -> None:
+        """Makes this connection's NCCL communicator with the daemon on CUDA device `device`
+        (dqc_nccl_setup): afterwards put_dev / get_dev / attend_dev move tensors GPU to GPU, the
+        headers still on the socket. ClientError UNSUPPORTED when the daemon offers no NCCL (not
+        the cuda backend), TIMEOUT, IO; UnsupportedError without libdquant-client-nccl. The
+        communicator belongs to the connection: after a reconnect the *_dev calls fail with IO
+        until nccl_setup again (they never fall back to the socket)."""
+        fn = nccl_library().dqc_nccl_setup
+        self._check(fn(self.handle, int(device)), "nccl_setup")
+        self._nccl_device = int(device)
+
+    def _dev_check(self, arrs: Sequence[Any], what: str) -> None:
+        dev = getattr(self, "_nccl_device", None)
+        for a in arrs:
+            if a.device is not None and dev is not None and a.device != dev:
+                raise ValueError(f"{what}: a tensor on cuda:{a.device}, the communicator is on cuda:{dev}")
+
+    def put_dev(self, key: Key, k: Any, v: Any, model: str, start_token: int = 0, first_layer: int = 0,
+                ns: Optional[str] = None) -> Dict[str, int]:
+        """put with k and v in GPU memory (dqc_put_dev): [num_layers, tokens, kv_heads, head_dim]
+        f32 / f16 / bf16 CUDA tensors (torch, made contiguous; or __cuda_array_interface__ objects)
+        on the nccl_setup device; their producers' streams are synchronized first. The bytes go
+        over NCCL. Not retried after a break. Returns put's dict."""
+        kin = D.DevArray(k, "put_dev k")
+        vin = D.DevArray(v, "put_dev v", want=kin.dtype)
+        if len(kin.shape) != 4 or vin.shape != kin.shape:
+            raise ValueError(f"put_dev: k {kin.shape} and v {vin.shape} must both be "
+                             "[layers, tokens, kv_heads, head_dim]")
+        fn = nccl_library().dqc_put_dev
+        self._dev_check((kin, vin), "put_dev")
+        a = dqc_put_args()
+        a.seq, kbuf = _seq(key, ns)
+        mb = model.encode()
+        a.model, a.start_token, a.first_layer = mb, start_token, first_layer
+        a.num_layers, a.tokens, a.kv_heads, a.head_dim = kin.shape
+        a.dtype, a.k, a.v = kin.dtype, kin.ptr, vin.ptr
+        D.ready((kin, vin), _stream_sync())
+        r = dqc_put_result()
+        self._check(fn(self.handle, ctypes.byref(a), ctypes.byref(r)), "put_dev")
+        del kbuf
+        return {"tokens": r.tokens, "stored_bytes": r.stored_bytes, "streams_encoded": r.streams_encoded,
+                "retries": r.retries}
+
+    def get_dev(self, key: Key, k_out: Any, v_out: Any, first_layer: int = 0, num_layers: int = 0,
+                start_token: int = 0, tokens: int = 0, ns: Optional[str] = None) -> "DevGetResult":
+        """A typed GET into GPU memory (dqc_get_dev): K and V decoded in k_out's dtype (f32, f16,
+        bf16) into k_out and v_out, contiguous CUDA tensors (or __cuda_array_interface__ objects)
+        of one dtype on the nccl_setup device, each at least the reply's size. Returns the
+        reply's shape, and for torch outputs views of them shaped [num_layers, tokens, kv_heads,
+        head_dim]. ClientError TOO_LARGE when the reply does not fit (the bytes are still received;
+        the communicator stays usable), NOT_FOUND, IO (no communicator)."""
+        ko = D.DevArray(k_out, "get_dev k_out", writable=True)
+        vo = D.DevArray(v_out, "get_dev v_out", want=ko.dtype, writable=True)
+        fn = nccl_library().dqc_get_dev
+        self._dev_check((ko, vo), "get_dev")
+        a = dqc_get_args()
+        a.seq, kbuf = _seq(key, ns)
+        a.first_layer, a.num_layers, a.start_token, a.tokens = first_layer, num_layers, start_token, tokens
+        a.dtype = ko.dtype
+        D.ready((ko, vo), _stream_sync())
+        r = dqc_get_result()
+        lib = library()
+        try:
+            self._check(fn(self.handle, ctypes.byref(a), ko.c_void_p(), vo.c_void_p(), min(ko.nbytes, vo.nbytes),
+                           ctypes.byref(r)), "get_dev")
+            shape = (int(r.num_layers), int(r.tokens), int(r.kv_heads), int(r.head_dim))
+            res = DevGetResult(int(r.start_token), shape[1], shape[0], shape[2], shape[3],
+                               T.DTYPE_NAMES[r.dtype], int(r.bytes), k_out, v_out)
+        finally:
+            lib.dqc_get_result_free(ctypes.byref(r))
+        del kbuf
+        if ko.flavour == "torch":
+            count = res.bytes // T.DTYPE_SIZES[ko.dtype]
+            res = dataclasses.replace(res, k=ko.keep.view(-1)[:count].view(shape),
+                                      v=vo.keep.view(-1)[:count].view(shape))
+        return res
+
+    def attend_dev(self, items: Sequence[Tuple[Key, int, Any, Optional[Any], Optional[Any]]], out: Any = None,
+                   lse: Any = None, scale: float = 0.0, ns: Optional[str] = None,
+                   kv_heads: int = 0) -> Tuple[Any, Any]:
+        """attend_batch with every q (and append_k / append_v) in GPU memory (dqc_attend_dev): items
+        as for attend_batch, device arrays of one dtype. out [items, q_heads, head_dim] and lse
+        [items, q_heads], f32 in GPU memory: given (contiguous, writable), or made on the query's
+        device (torch queries). Returns (out, lse). Not retried after a break, even without
+        appends."""
+        if not items:
+            raise ValueError("attend_dev: no items")
+        arr = (dqc_attend_item * len(items))()
+        keep: List[Any] = []
+        q0 = None
+        for i, (key, layer, q, ak, av) in enumerate(items):
+            qin = D.DevArray(q, "attend_dev q", want=None if q0 is None else q0.dtype)
+            if q0 is None:
+                q0 = qin
+                if len(qin.shape) != 2:
+                    raise ValueError(f"attend_dev: q {qin.shape} must be [q_heads, head_dim]")
+            elif qin.shape != q0.shape:
+                raise ValueError("attend_dev: queries differ in shape")
+            arr[i].seq, kbuf = _seq(key, ns)
+            arr[i].layer, arr[i].q = layer, qin.ptr
+            keep += [qin, kbuf]
+            if (ak is None) != (av is None):
+                raise ValueError("attend_dev: append_k and append_v go together")
+            if ak is not None:
+                kin = D.DevArray(ak, "attend_dev append_k", want=q0.dtype)
+                vin = D.DevArray(av, "attend_dev append_v", want=q0.dtype)
+                arr[i].append_k, arr[i].append_v = kin.ptr, vin.ptr
+                kv_heads = kv_heads or kin.shape[-2]
+                keep += [kin, vin]
+        oshape, lshape = (len(items),) + q0.shape, (len(items), q0.shape[0])
+        if out is None or lse is None:
+            if q0.flavour != "torch":
+                raise ValueError("attend_dev: pass out and lse (device f32) for __cuda_array_interface__ queries")
+            torch = T._torch()
+            out = torch.empty(oshape, dtype=torch.float32, device=q0.keep.device) if out is None else out
+            lse = torch.empty(lshape, dtype=torch.float32, device=q0.keep.device) if lse is None else lse
+        oa = D.DevArray(out, "attend_dev out", want=T.F32, writable=True)
+        la = D.DevArray(lse, "attend_dev lse", want=T.F32, writable=True)
+        if oa.nbytes < 4 * len(items) * q0.shape[0] * q0.shape[1] or la.nbytes < 4 * len(items) * q0.shape[0]:
+            raise ValueError(f"attend_dev: out must hold {oshape}, lse {lshape} (f32)")
+        devs = tuple(x for x in keep if isinstance(x, D.DevArray)) + (oa, la)
+        self._dev_check(devs, "attend_dev")
+        fn = nccl_library().dqc_attend_dev
+        a = dqc_attend_args()
+        a.items, a.nitems = arr, len(items)
+        a.q_heads, a.head_dim = q0.shape
+        a.kv_heads, a.dtype, a.scale = kv_heads, q0.dtype, scale
+        D.ready(devs, _stream_sync())
+        self._check(fn(self.handle, ctypes.byref(a), oa.c_void_p(), la.c_void_p()), "attend_dev")
+        return out, lse
 
     # ---- the shared KV tier (the C declarations are quoted further down) ----
 
@@ -540,6 +799,46 @@ class Client:
             import torch
             return torch.cat([p[0] for p in parts], dim=1), torch.cat([p[1] for p in parts], dim=1)
         return T._np.concatenate([p[0] for p in parts], axis=1), T._np.concatenate([p[1] for p in parts], axis=1)
+
+    def get_chunks_raw(self, keys: Sequence[bytes], ns: Optional[str] = None) -> RawKV:
+        """Chunks as stored (one GET_RAW, dqc_get_chunks_raw): per layer of the model, the chunks'
+        window records one after the other in the order of keys (len(keys) × chunk_tokens / W
+        windows, no tail). RawKV.decode gives get_chunks' arrays, bit-exact. ClientError NOT_FOUND
+        when one is not held (nothing returned then)."""
+        fn = _chunk_fn("dqc_get_chunks_raw", "get_chunks_raw")
+        buf, n = _keys_buffer(keys, "get_chunks_raw")
+        if n == 0:
+            raise ValueError("get_chunks_raw: no keys")
+        r = dqc_raw_result()
+        lib = library()
+        try:
+            self._check(fn(self.handle, _ns(ns), buf, n, ctypes.byref(r)), "get_chunks_raw")
+            return _raw_of(r)
+        finally:
+            lib.dqc_raw_result_free(ctypes.byref(r))
+
+    def put_chunks_raw(self, keys: Sequence[bytes], raw: RawKV, model: str, ns: Optional[str] = None,
+                       parent: Optional[bytes] = None) -> PutChunksResult:
+        """Stores len(keys) chunks (prompt order) from records the client encoded (PUT_CHUNKS_RAW):
+        raw holds every layer of the model, each with len(keys) × chunk_tokens / W whole windows and
+        no tail (RawKV.encode of [layers, len(keys) × chunk_tokens, kv_heads, head_dim], or
+        get_chunks_raw's). parent as for put_chunks. Deduped like put_chunks (chunks held already
+        are acknowledged, streams_encoded 0); every record is checked before any chunk is stored:
+        ClientError CORRUPT, SHAPE, INVALID_ARGUMENT, NOT_FOUND (model, parent) as for put_raw."""
+        fn = _chunk_fn("dqc_put_chunks_raw", "put_chunks_raw")
+        if parent is not None and len(parent) != CHUNK_KEY_BYTES:
+            raise ValueError(f"put_chunks_raw: parent must be {CHUNK_KEY_BYTES} bytes")
+        buf, n = _keys_buffer(keys, "put_chunks_raw")
+        if n == 0:
+            raise ValueError("put_chunks_raw: no keys")
+        layers, keep = _raw_layers(raw, "put_chunks_raw")
+        pbuf = ctypes.create_string_buffer(bytes(parent), CHUNK_KEY_BYTES) if parent is not None else None
+        prof = ctypes.create_string_buffer(bytes(raw.profile), max(1, len(raw.profile)))
+        r = dqc_put_chunks_result()
+        self._check(fn(self.handle, _ns(ns), model.encode(), buf, n, pbuf, layers, len(raw.layers), prof,
+                       len(raw.profile), ctypes.byref(r)), "put_chunks_raw")
+        del keep
+        return PutChunksResult(int(r.stored), int(r.deduped), int(r.streams_encoded))
 
 
 # ---- chunk keys of the shared KV tier (proto/chunkkey.h, computed by libdquant-client) ----
@@ -673,6 +972,64 @@ _CHUNK_PROTOS = {
 }
 
 
+_CHUNK_PROTOS.update({
+    "dqc_put_raw": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(dqc_put_raw_args), ctypes.POINTER(dqc_put_result)]),
+    "dqc_get_chunks_raw": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t,
+                                          ctypes.POINTER(dqc_raw_result)]),
+    "dqc_put_chunks_raw": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p,
+                                          ctypes.c_size_t, ctypes.c_void_p, ctypes.POINTER(dqc_raw_layer),
+                                          ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                                          ctypes.POINTER(dqc_put_chunks_result)]),
+})
+
+#: The C functions of compressed transfer (PUT_RAW, PUT_CHUNKS_RAW, GET_RAW of chunks); dqc_get_raw
+#: is older and always bound.
+RAW_SYMBOLS = ("dqc_put_raw", "dqc_put_chunks_raw", "dqc_get_chunks_raw")
+
+
+def _raw_of(r: dqc_raw_result) -> RawKV:
+    """A RawKV copied out of a filled dqc_raw_result (which the caller then frees)."""
+    layers = []
+    for i in range(r.nlayers):
+        x = r.layers[i]
+        tb = x.tail_bytes if x.tail_tokens else 0
+        layers.append(RawLayer(int(x.layer), int(x.tokens), int(x.windows),
+                               ctypes.string_at(x.records, x.records_bytes) if x.records_bytes else b"",
+                               int(x.tail_tokens), ctypes.string_at(x.tail_k, tb) if tb else b"",
+                               ctypes.string_at(x.tail_v, tb) if tb else b""))
+    return RawKV(bytes(r.profile[:r.profile_len]), tuple(layers))
+
+
+def _raw_layers(raw: RawKV, what: str) -> Tuple[Any, List[Any]]:
+    """raw's layers as a dqc_raw_layer array and the buffers it borrows (keep them for the call).
+    Only what the C struct cannot say is checked here (the daemon checks the rest)."""
+    if not isinstance(raw, RawKV) or not raw.layers:
+        raise ValueError(f"{what}: a RawKV with at least one layer is required")
+    arr = (dqc_raw_layer * len(raw.layers))()
+    keep: List[Any] = []
+    for i, x in enumerate(raw.layers):
+        if len(x.tail_k) != len(x.tail_v):
+            raise ValueError(f"{what}: layer {i}: tail_k has {len(x.tail_k)} bytes, tail_v {len(x.tail_v)}")
+        arr[i].layer, arr[i].tokens, arr[i].windows = x.layer, x.tokens, x.windows
+        arr[i].records, arr[i].records_bytes = _borrow(x.records, keep), len(x.records)
+        arr[i].tail_tokens = x.tail_tokens
+        if x.tail_k:
+            arr[i].tail_k, arr[i].tail_v = _borrow(x.tail_k, keep), _borrow(x.tail_v, keep)
+            arr[i].tail_bytes = len(x.tail_k)
+    return arr, keep
+
+
+def _borrow(data: bytes, keep: List[Any]) -> Optional[int]:
+    """The address of data's bytes for a C call that only reads them, without a copy for bytes (a
+    bytearray or memoryview is copied once); the object that owns them goes to keep."""
+    if not data:
+        return None
+    b = data if isinstance(data, bytes) else bytes(data)
+    p = ctypes.c_char_p(b)
+    keep += [b, p]
+    return ctypes.cast(p, ctypes.c_void_p).value
+
+
 def _chunk_fn(name: str, what: str):
     fn = _optional(name, what)
     res, args = _CHUNK_PROTOS[name]
@@ -715,3 +1072,20 @@ class PutChunksResult:
     stored: int
     deduped: int
     streams_encoded: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DevGetResult:
+    """What get_dev received: the reply's start_token, tokens, num_layers, kv_heads, head_dim, dtype
+    ("f32", "f16", "bf16") and bytes (of K, and of V); k and v: views of the outputs shaped
+    [num_layers, tokens, kv_heads, head_dim] for torch outputs, else the outputs as given."""
+
+    start_token: int
+    tokens: int
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+    bytes: int
+    k: Any
+    v: Any

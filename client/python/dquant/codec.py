@@ -100,12 +100,15 @@ def library() -> ctypes.CDLL:
         "dq_codec_stream_len": (U32, [VP]),
         "dq_codec_record_bytes": (SZ, [VP, I]),
         "dq_codec_mean_bytes": (SZ, [VP]),
+        "dq_codec_window_bytes": (SZ, [VP]),
         "dq_workspace_create": (I, [VP, P(VP)]),
         "dq_workspace_free": (None, [VP]),
         "dq_rotate": (None, [VP, VP]),
         "dq_unrotate": (None, [VP, VP]),
         "dq_tokens_encode": (I, [VP, VP, I, VP, I, SZ, VP, VP, SZ, P(dq_encode_stats)]),
         "dq_tokens_decode": (I, [VP, VP, I, VP, VP, SZ, SZ, VP, I]),
+        "dq_window_encode": (I, [VP, VP, VP, VP, I, VP, P(dq_encode_stats)]),
+        "dq_window_check": (I, [VP, VP]),
         "dq_layer_create": (I, [VP, P(VP)]),
         "dq_layer_free": (None, [VP]),
         "dq_layer_append": (I, [VP, VP, VP, VP, I, SZ, P(dq_encode_stats)]),
@@ -114,6 +117,10 @@ def library() -> ctypes.CDLL:
         "dq_layer_tail_tokens": (SZ, [VP]),
         "dq_layer_stored_bytes": (SZ, [VP]),
         "dq_layer_decode": (I, [VP, VP, I, SZ, SZ, VP, I]),
+        "dq_layer_window_count": (SZ, [VP]),
+        "dq_layer_window": (VP, [VP, SZ]),
+        "dq_layer_tail": (VP, [VP, I]),
+        "dq_layer_restore": (I, [VP, VP, SZ, VP, VP, SZ, P(VP)]),
         "dq_attend": (I, [VP, VP, U32, ctypes.c_float, P(dq_attn_item), SZ]),
         "dq_attend_reference": (I, [VP, VP, U32, ctypes.c_float, P(dq_attn_item), SZ]),
     }
@@ -327,6 +334,36 @@ class Codec:
     def stream_len(self) -> int:
         return library().dq_codec_stream_len(self._c)
 
+    @property
+    def window_bytes(self) -> int:
+        """Bytes of one window record: W tokens of keys and values (dquant/codec.h's layout), the
+        unit PUT_RAW and GET_RAW carry."""
+        return library().dq_codec_window_bytes(self._c)
+
+    def encode_window(self, k: Array, v: Array) -> bytes:
+        """One window record (window_bytes bytes) of W tokens: k and v [W, kv_heads, head_dim] of one
+        dtype (dq_window_encode). A layer seals its windows from BF16-rounded tokens, so BF16 input
+        gives the records a Layer (and the daemon's PUT) makes; f32 input is encoded as it is."""
+        kin = T.Input(k)
+        vin = T.Input(v, want=kin.dtype)
+        self._shape_ok(kin.shape, "encode_window k")
+        if vin.shape != kin.shape or kin.shape[0] != self.profile.window:
+            raise ValueError(f"encode_window: k {kin.shape} and v {vin.shape} must both be "
+                             f"[{self.profile.window}, {self.profile.kv_heads}, {self.profile.head_dim}]")
+        out = ctypes.create_string_buffer(self.window_bytes)
+        _check(library().dq_window_encode(self._c, self._ws, kin.c_void_p(), vin.c_void_p(), kin.dtype, out, None),
+               "encode_window")
+        return out.raw
+
+    def check_window(self, record: bytes) -> None:
+        """Checks one window record (window_bytes bytes) against the container's decode invariants,
+        as dquantd does before storing PUT_RAW records (dq_window_check). Raises DquantError CORRUPT
+        when it fails them (baseline codecs have no redundancy and always pass)."""
+        if len(record) != self.window_bytes:
+            raise ValueError(f"check_window: {len(record)} bytes, a window record is {self.window_bytes}")
+        buf = ctypes.create_string_buffer(bytes(record), len(record))
+        _check(library().dq_window_check(self._c, buf), "check_window")
+
     def _shape_ok(self, shape, what):
         p = self.profile
         if len(shape) != 3 or shape[1] != p.kv_heads or shape[2] != p.head_dim:
@@ -511,6 +548,45 @@ class Layer:
         out = T.Output((count, p.kv_heads, p.head_dim), odt, like)
         _check(library().dq_layer_decode(self._l, self.codec._ws, kind, first, count, out.c_void_p(), odt), "decode")
         return out.result()
+
+    @classmethod
+    def restore(cls, codec: Codec, records: bytes = b"", tail_k: bytes = b"", tail_v: bytes = b"") -> "Layer":
+        """A layer rebuilt from raw parts (dq_layer_restore; copied): whole window records back to back
+        (codec.window_bytes each), then a BF16 tail of fewer than R tokens ([tail, kv_heads,
+        head_dim], little endian; tail_k and tail_v of one length). Every record is checked first:
+        DquantError CORRUPT for a record that fails the container's invariants or a NaN/Inf tail
+        value, SHAPE for a tail of R tokens or more."""
+        wb, row = codec.window_bytes, 2 * codec.stream_len
+        if len(records) % wb:
+            raise ValueError(f"restore: {len(records)} record bytes are not whole {wb}-byte window records")
+        if len(tail_k) != len(tail_v) or len(tail_k) % row:
+            raise ValueError(f"restore: tails of {len(tail_k)} and {len(tail_v)} bytes, expected one length in "
+                             f"whole {row}-byte BF16 tokens")
+        rbuf = ctypes.create_string_buffer(bytes(records), max(1, len(records)))
+        tk = (ctypes.c_uint16 * max(1, len(tail_k) // 2)).from_buffer_copy(bytes(tail_k) or bytes(2))
+        tv = (ctypes.c_uint16 * max(1, len(tail_v) // 2)).from_buffer_copy(bytes(tail_v) or bytes(2))
+        self = cls.__new__(cls)
+        self.codec = codec
+        self._l = ctypes.c_void_p()
+        _check(library().dq_layer_restore(codec._c, rbuf, len(records) // wb, tk, tv, len(tail_k) // row,
+                                          ctypes.byref(self._l)), "layer_restore")
+        return self
+
+    @property
+    def window_count(self) -> int:
+        """Sealed windows (sealed_tokens / W)."""
+        return library().dq_layer_window_count(self._l)
+
+    def window(self, i: int) -> bytes:
+        """A copy of sealed window i's record (codec.window_bytes bytes, dquant/codec.h's layout)."""
+        if not 0 <= i < self.window_count:
+            raise IndexError(f"window {i} of a layer of {self.window_count}")
+        return ctypes.string_at(library().dq_layer_window(self._l, i), self.codec.window_bytes)
+
+    def tail(self, kind: Kind) -> bytes:
+        """A copy of the BF16 tail of K or V: tail_tokens × kv_heads × head_dim little-endian BF16."""
+        n = self.tail_tokens * self.codec.stream_len * 2
+        return ctypes.string_at(library().dq_layer_tail(self._l, _kind(kind)), n) if n else b""
 
     tokens = property(lambda s: library().dq_layer_tokens(s._l))
     sealed_tokens = property(lambda s: library().dq_layer_sealed_tokens(s._l))

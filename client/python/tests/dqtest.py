@@ -71,8 +71,8 @@ def nmse(x, xh) -> float:
 class Daemon:
     """A dquantd child on a private Unix socket (--metrics off), stopped with SIGTERM."""
 
-    def __init__(self, *extra: str) -> None:
-        binary = find_daemon()
+    def __init__(self, *extra: str, binary: Optional[str] = None) -> None:
+        binary = binary or find_daemon()
         if not binary:
             raise unittest.SkipTest("no dquantd binary (set DQUANTD or build daemon/dquantd)")
         self.tmp = tempfile.mkdtemp(prefix="dquant-pytest-")
@@ -101,7 +101,8 @@ class Daemon:
         kw.setdefault("timeout_ms", 20000)
         return dquant.Client(self.addr, **kw)
 
-    def stop(self) -> None:
+    def stop(self) -> Optional[int]:
+        """Stops the daemon; its exit status (0: a clean exit)."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -111,6 +112,7 @@ class Daemon:
                 self.proc.wait()
         self._log.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
+        return self.proc.returncode
 
 
 class DaemonTest(unittest.TestCase):
