@@ -239,7 +239,8 @@ def decode_engine(args):
             prompts, keys = w["prompts"], w["seq_keys"]
             first_logits = torch.tensor(w["first_logits"], device=dev)
             r = {"prompts": len(prompts), "prompt_tokens": w["prompt_tokens"], "skipped_tokens": w["skipped_tokens"],
-                 "prefill_s_tier": w["prefill_s_tier"], "prefill_s_recompute": w["prefill_s_recompute"]}
+                 "prefill_s_tier": w["prefill_s_tier"], "prefill_s_recompute": w["prefill_s_recompute"],
+                 "prefill_s_tier_calls": w["prefill_s_tier_calls"]}
             # quality, teacher-forced along the BF16 cache's greedy tokens
             kls = {m: [] for m in ("attend", "fetch")}
             agree = {m: [] for m in ("attend", "fetch")}
@@ -266,7 +267,7 @@ def decode_engine(args):
                 bp = prompts[:size]
                 bk = keys[copy][:size]
                 nxt = w["first"][:size]
-                generate_tps(model, dev, bp, 2)             # warm-up of this shape
+                generate_tps(model, dev, bp, args.new_tokens)   # warm-up of this shape
                 tps_bf16, _ = generate_tps(model, dev, bp, args.new_tokens)
                 res = {"batch": size, "bf16_tokens_per_s": tps_bf16}
                 for mode in ("fetch", "attend"):
@@ -436,9 +437,12 @@ def print_report(rep, min_agreement):
     print(f"/metrics: " + ", ".join(f"{k} {v:g}" for k, v in sorted(rep["metrics"].items())))
     for wave, r in rep["waves"].items():
         held = r["skipped_tokens"] / r["prompt_tokens"]
+        calls = r["prefill_s_tier_calls"]
+        model_s = r["prefill_s_tier"] - sum(calls.values())
         print(f"-- {wave}: prompt tokens held by the tier {r['skipped_tokens']}/{r['prompt_tokens']} ({held:.0%}); "
-              f"prefill engine {r['prefill_s_tier'] * 1e3:.1f} ms with the tier vs {r['prefill_s_recompute'] * 1e3:.1f} "
-              f"ms recomputing (ratio {r['prefill_s_recompute'] / r['prefill_s_tier']:.2f})")
+              f"prefill engine {r['prefill_s_tier'] * 1e3:.1f} ms with the tier: model {model_s * 1e3:.1f} ms vs "
+              f"{r['prefill_s_recompute'] * 1e3:.1f} ms on whole prompts, daemon calls "
+              + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in sorted(calls.items())))
         for mode in ("attend", "fetch"):
             q = r[mode]
             print(f"   {mode:6s}: greedy agreement {q['agreement']:.4f} (first token {q['agreement_first_token']:.3f}), "
