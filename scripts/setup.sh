@@ -7,7 +7,13 @@ cd "$(dirname "$0")/.."
 PKGS=(build-essential clang clang-format cppcheck meson ninja-build pkg-config
       libuv1-dev libprotobuf-c-dev protobuf-c-compiler libcriterion-dev libinih-dev libxxhash-dev
       libzstd-dev xxhash libsystemd-dev redis-server redis-tools libclang-rt-14-dev python3 python3-numpy
-      python3-setuptools python3-venv python3-pip curl)
+      python3-setuptools python3-venv python3-pip curl
+      groff-base man-db systemd iproute2)
+# Node.js for the offline checks of deploy/ (tests/deploy): Debian's nodejs and npm, unless a node
+# with its npm is there already (a nodejs package from elsewhere conflicts with Debian's npm).
+if ! command -v npm >/dev/null 2>&1; then
+  PKGS+=(nodejs npm)
+fi
 
 missing=()
 for p in "${PKGS[@]}"; do
@@ -18,6 +24,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The checkers' packages (tests/deploy/package-lock.json), installed once; the tests then run offline.
+if [ ! -f tests/deploy/node_modules/.package-lock.json ] ||
+   [ tests/deploy/package-lock.json -nt tests/deploy/node_modules/.package-lock.json ]; then
+  echo "setup: npm ci in tests/deploy"
+  (cd tests/deploy && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
 if [ ! -f build/build.ninja ]; then
