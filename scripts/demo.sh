@@ -4,7 +4,7 @@
 # cache back with GET, print STATS and what was achieved; then stop the daemon cleanly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --demo
 
 DATA="${DQ_DATA_DIR:-../shared/data}"
 # From a bare clone (no ../shared): the real sample shipped for the demo (tests/data/demo/README.md).
