@@ -1,9 +1,9 @@
-/* bench_cuda — times libdquant-cuda on the Qwen3-8B shape (32 query heads, 8 KV heads, head_dim 128,
- * dq226) and prints one JSON object per line (read by bench_attn.py, which adds the PyTorch BF16
- * reference measured in the same run).
+/* bench_cuda — times libdquant-cuda's encoders and decompression on the Qwen3-8B shape (32 query
+ * heads, 8 KV heads, head_dim 128, dq226) and prints one JSON object per line; with --attn, also
+ * decode attention alone (the driver Nsight Compute profiles, tests/cuda/ncu_profile.sh). Decode
+ * attention against BF16 attention, per layer and in a whole decode step, is bench_truth.py's.
  *
- *   bench_cuda [--attn B:CTX ...] [--budget-gb G] [--layers L] [--prefill TOKENS:LAYERS] [--quick]
- *              [--attend-kernel auto|V]
+ *   bench_cuda [--attn B:CTX ...] [--prefill TOKENS:LAYERS] [--quick] [--attend-kernel auto|V]
  *
  * --attend-kernel: the attention version asked for (dqcu_settings.attend_kernel; default auto); the
  * "attn" records name the version that ran. The encoders: every registered version in one run.
@@ -11,11 +11,12 @@
  * Records: {"kind":"copy"}: device-to-device copy bandwidth (bytes read + written per second);
  * {"kind":"encode_streams"|"encode_windows"}: streams per second; {"kind":"prefill"}: a whole prefill
  * (TOKENS tokens of each of LAYERS layers, BF16, one dqcu_encode_windows call per layer) on 1 and
- * on 2 CUDA streams; {"kind":"decompress"}: GB/s of BF16
- * written; {"kind":"attn"}: one decode-attention step of one layer for B sequences of CTX tokens
- * (ms, container bytes read, GB/s). Containers come from a pool of windows encoded on the GPU from
- * random data; sequences point into the pool, and repetitions rotate through the pool so that
- * the timed bytes come from device memory, not from L2. */
+ * on 2 CUDA streams; {"kind":"decompress"}: GB/s of BF16 written; {"kind":"attn"}: one
+ * decode-attention call of one layer for B sequences of CTX tokens: CTX / W sealed windows and a
+ * BF16 tail of CTX mod W tokens per sequence (ms per call, bytes read, GB/s). Containers come from a
+ * pool of windows encoded on the GPU from random data; sequences point into the pool, each has its
+ * own tail, and the calls rotate through enough sets that the timed bytes come from device memory,
+ * not from L2; the time is that of many back-to-back calls, divided. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,19 +96,23 @@ static void build_pool(const dqcu_codec *g, const dq_codec *c, size_t nwin, Pool
     CK(cudaDeviceSynchronize());
 }
 
-/* One attention configuration: B sequences of ctx tokens (ctx a multiple of W: no tail). */
-static void bench_attn(const dqcu_codec *g, const Pool &pool, uint32_t W, uint32_t B, uint32_t ctx, const char *tag,
-                       double copy_bw)
+/* One attention configuration: B sequences of ctx tokens, ctx / W windows and a tail of ctx mod W
+ * tokens each. */
+static void bench_attn(const dqcu_codec *g, const Pool &pool, uint32_t W, uint32_t B, uint32_t ctx, double copy_bw)
 {
     const uint32_t nwin = ctx / W, tail = ctx - nwin * W;
     const size_t per_set = (size_t)B * nwin;
+    const size_t tail_vals = (size_t)tail * KVH * D, set_bytes = per_set * pool.wb + (size_t)B * tail_vals * 4;
     /* enough sets that the rotation touches several times the L2 */
     size_t sets = 1;
-    while (sets < 64 && sets * per_set * pool.wb < ((size_t)400 << 20))
+    while (sets < 256 && sets * set_bytes < ((size_t)400 << 20))
         sets++;
     std::vector<DevBuf<const uint8_t *> *> dptrs(sets);
     std::vector<DevBuf<dqcu_attn_seq> *> dseqs(sets);
-    DevBuf<uint16_t> dtail(std::max<size_t>((size_t)tail * KVH * D, 1));
+    /* every sequence of every set its own K and V tail */
+    DevBuf<uint16_t> dtail(std::max<size_t>(sets * B * tail_vals * 2, 1));
+    gen_tokens_kernel<<<1024, 256>>>(dtail.p, dtail.n, KVH * D, 0x7a11 + ctx, 0);
+    CK(cudaGetLastError());
     size_t off = 0;
     for (size_t s = 0; s < sets; s++) {
         std::vector<const uint8_t *> p(per_set);
@@ -117,8 +122,10 @@ static void bench_attn(const dqcu_codec *g, const Pool &pool, uint32_t W, uint32
         dptrs[s] = new DevBuf<const uint8_t *>(std::max<size_t>(per_set, 1));
         dptrs[s]->upload(p.data(), per_set);
         std::vector<dqcu_attn_seq> sq(B);
-        for (uint32_t b = 0; b < B; b++)
-            sq[b] = {dptrs[s]->p + (size_t)b * nwin, dtail.p, dtail.p, nwin, tail};
+        for (uint32_t b = 0; b < B; b++) {
+            const uint16_t *tk = dtail.p + ((s * B + b) * 2) * tail_vals;
+            sq[b] = {dptrs[s]->p + (size_t)b * nwin, tk, tk + tail_vals, nwin, tail};
+        }
         dseqs[s] = new DevBuf<dqcu_attn_seq>(B);
         dseqs[s]->upload(sq.data(), B);
     }
@@ -136,13 +143,14 @@ static void bench_attn(const dqcu_codec *g, const Pool &pool, uint32_t W, uint32
         size_t s = it++ % sets;
         DQ(dqcu_attend(g, QH, scale, dseqs[s]->p, B, ctx, dq.p, dout.p, dlse.p, dws.p, wsb, 0));
     };
-    const int reps = per_set * pool.wb > ((size_t)2 << 30) ? 7 : 21;
-    double ms = time_median_ms(run, 3, reps);
-    const double bytes = (double)per_set * pool.wb + (double)B * QH * D * 4.0 * 2.0;
-    printf("{\"kind\":\"attn\",\"version\":%d,\"tag\":\"%s\",\"batch\":%u,\"ctx\":%u,\"ms\":%.5f,\"bytes\":%.0f,"
-           "\"gbps\":%.2f,\"copy_frac\":%.4f,\"sets\":%zu,\"workspace\":%zu}\n",
-           dqcu_attend_kernel(g, QH), tag, B, ctx, ms, bytes, bytes / (ms * 1e6), bytes / (ms * 1e-3) / copy_bw, sets,
-           wsb);
+    /* whole passes over the sets, at least 16 calls per timed run */
+    const int calls = (int)(sets * ((16 + sets - 1) / sets));
+    double ms = time_per_call_ms(run, (int)sets + 2, calls, 7);
+    const double bytes = (double)set_bytes + (double)B * QH * D * 4.0 * 2.0;
+    printf("{\"kind\":\"attn\",\"version\":%d,\"batch\":%u,\"ctx\":%u,\"nwin\":%u,\"tail\":%u,\"ms\":%.5f,"
+           "\"bytes\":%.0f,\"gbps\":%.2f,\"copy_frac\":%.4f,\"sets\":%zu,\"calls\":%d,\"workspace\":%zu}\n",
+           dqcu_attend_kernel(g, QH), B, ctx, nwin, tail, ms, bytes, bytes / (ms * 1e6), bytes / (ms * 1e-3) / copy_bw,
+           sets, calls, wsb);
     fflush(stdout);
     for (size_t s = 0; s < sets; s++) {
         delete dptrs[s];
@@ -152,25 +160,18 @@ static void bench_attn(const dqcu_codec *g, const Pool &pool, uint32_t W, uint32
 
 int main(int argc, char **argv)
 {
-    std::vector<std::pair<uint32_t, uint32_t>> attn = {{1, 8192},  {1, 32768},  {1, 131072},
-                                                       {8, 32768}, {32, 32768}, {128, 8192}};
-    double budget_gb = 100.0;
-    uint32_t layers = 36;
-    bool quick = false, custom = false;
+    std::vector<std::pair<uint32_t, uint32_t>> attn;
+    bool quick = false;
     uint32_t pf_tokens = 65536, pf_layers = 36;
     int att_kernel = DQCU_KERNEL_AUTO;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--attn") && i + 1 < argc) {
-            if (!custom)
-                attn.clear();
-            custom = true;
             unsigned b, c;
-            if (sscanf(argv[++i], "%u:%u", &b, &c) == 2)
-                attn.push_back({b, c});
-        } else if (!strcmp(argv[i], "--budget-gb") && i + 1 < argc) {
-            budget_gb = atof(argv[++i]);
-        } else if (!strcmp(argv[i], "--layers") && i + 1 < argc) {
-            layers = (uint32_t)atoi(argv[++i]);
+            if (sscanf(argv[++i], "%u:%u", &b, &c) != 2 || b == 0 || c == 0) {
+                fprintf(stderr, "--attn wants BATCH:CONTEXT, both positive\n");
+                return 2;
+            }
+            attn.push_back({b, c});
         } else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) {
             if (sscanf(argv[++i], "%u:%u", &pf_tokens, &pf_layers) != 2) {
                 fprintf(stderr, "--prefill wants TOKENS:LAYERS\n");
@@ -183,8 +184,7 @@ int main(int argc, char **argv)
             att_kernel = !strcmp(v, "auto") ? DQCU_KERNEL_AUTO : atoi(v);
         } else {
             fprintf(stderr,
-                    "usage: %s [--attn B:CTX ...] [--budget-gb G] [--layers L] [--prefill TOKENS:LAYERS] [--quick] "
-                    "[--attend-kernel auto|V]\n",
+                    "usage: %s [--attn B:CTX ...] [--prefill TOKENS:LAYERS] [--quick] [--attend-kernel auto|V]\n",
                     argv[0]);
             return 2;
         }
@@ -354,22 +354,8 @@ int main(int argc, char **argv)
     }
 
     for (auto &bc : attn)
-        bench_attn(g, pool, W, bc.first, bc.second, "grid", copy_bw);
+        bench_attn(g, pool, W, bc.first, bc.second, copy_bw);
 
-    /* a fixed KV memory budget: the largest batch whose cache fits, per context */
-    if (!quick) {
-        for (uint32_t ctx : {8192u, 32768u}) {
-            const double per_seq = (double)layers * (ctx / W) * (double)dq_codec_window_bytes(c);
-            const double per_seq_bf16 = (double)layers * ctx * 2.0 * n * 2.0;
-            uint32_t b_dq = (uint32_t)floor(budget_gb * 1e9 / per_seq);
-            uint32_t b_bf16 = (uint32_t)floor(budget_gb * 1e9 / per_seq_bf16);
-            printf(
-                "{\"kind\":\"budget\",\"ctx\":%u,\"budget_gb\":%.1f,\"layers\":%u,\"batch_dq\":%u,\"batch_bf16\":%u}\n",
-                ctx, budget_gb, layers, b_dq, b_bf16);
-            fflush(stdout);
-            bench_attn(g, pool, W, b_dq, ctx, "budget", copy_bw);
-        }
-    }
     dqcu_codec_free(g);
     dq_codec_free(c);
     return 0;

@@ -140,6 +140,35 @@ static inline double time_median_ms(F fn, int warm, int reps)
     return ts[ts.size() / 2];
 }
 
+/* GPU time per call (ms) of fn: warm calls, then events around calls back-to-back calls on stream
+ * 0, the median of reps such runs divided by calls. Unlike one call between two events, this does
+ * not charge the launch latency of a short call to it. */
+template <class F>
+static inline double time_per_call_ms(F fn, int warm, int calls, int reps)
+{
+    for (int i = 0; i < warm; i++)
+        fn();
+    CK(cudaDeviceSynchronize());
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    std::vector<float> ts;
+    for (int i = 0; i < reps; i++) {
+        CK(cudaEventRecord(a, 0));
+        for (int j = 0; j < calls; j++)
+            fn();
+        CK(cudaEventRecord(b, 0));
+        CK(cudaEventSynchronize(b));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        ts.push_back(ms / (float)calls);
+    }
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    std::sort(ts.begin(), ts.end());
+    return ts[ts.size() / 2];
+}
+
 /* Device-to-device copy bandwidth (bytes read + written per second) over bytes bytes. */
 static inline double measure_copy_bw(size_t bytes)
 {
