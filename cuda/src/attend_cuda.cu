@@ -227,6 +227,21 @@ extern "C" size_t dqcu_attend_workspace_size(const dqcu_codec *dc, uint32_t q_he
     return att_make_plan(dc, nseq, q_heads, max_tokens, f).ws_bytes;
 }
 
+/* This host thread's side stream on device (created on first use, kept for the thread's life; one
+ * per thread, so that concurrent callers never share one, and a capture that forks into it stays
+ * this thread's). */
+#define ATT_MAX_DEVICES 64
+static int att_side_stream(int device, cudaStream_t *out)
+{
+    static thread_local cudaStream_t side[ATT_MAX_DEVICES];
+    if (device < 0 || device >= ATT_MAX_DEVICES)
+        return DQ_UNSUPPORTED;
+    if (!side[device])
+        DQCU_CHECK(cudaStreamCreateWithFlags(&side[device], cudaStreamNonBlocking));
+    *out = side[device];
+    return DQ_OK;
+}
+
 extern "C" int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, const dqcu_attn_seq *seqs,
                            uint32_t nseq, uint32_t max_tokens, const float *q, float *out, float *lse, void *workspace,
                            size_t workspace_bytes, cudaStream_t stream)
@@ -260,19 +275,43 @@ extern "C" int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, 
     p.nsplit = pl.nsplit;
     p.tpw = pl.tpw;
     p.scale = scale;
+    cudaEvent_t fork = nullptr, join = nullptr;
     if (!im->with_tail) {
-        /* the BF16 tail (split nsplit) is v3's */
+        /* The BF16 tail (split nsplit) is v3's: one block per sequence, ~180 us on the H200 at any
+         * batch, longer than the windows' kernels at batch 1 and 8K. It runs beside them on this
+         * thread's side stream, forked from and joined to the caller's stream by events (which a
+         * CUDA graph capture turns into edges); the merge waits for both. */
+        cudaStream_t side = nullptr;
+        rc = att_side_stream(dc->device, &side);
+        if (rc)
+            return rc;
         att_params pt = p;
         pt.split0 = pl.nsplit;
-        rc = dqcu__attend3_launch(pt, dqcu__attend3_smem(q_heads, dc->d), nseq, 1, stream);
+        DQCU_CHECK_GOTO(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), rc, done);
+        DQCU_CHECK_GOTO(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), rc, done);
+        DQCU_CHECK_GOTO(cudaEventRecord(fork, stream), rc, done);
+        DQCU_CHECK_GOTO(cudaStreamWaitEvent(side, fork, 0), rc, done);
+        rc = dqcu__attend3_launch(pt, dqcu__attend3_smem(q_heads, dc->d), nseq, 1, side);
+        if (rc)
+            goto done;
+        DQCU_CHECK_GOTO(cudaEventRecord(join, side), rc, done);
     }
-    if (!rc)
-        rc = im->launch(p, pl, nseq, stream);
+    rc = im->launch(p, pl, nseq, stream);
     if (rc)
-        return rc;
-    dim3 mgrid(nseq, q_heads, (dc->d + 31) / 32);
-    attend_merge_kernel<<<mgrid, MERGE_THREADS, sizeof(float) * (pl.nsplit + 1), stream>>>(
-        (const float *)workspace, pl.nsplit + 1, q_heads, dc->d, out, lse);
-    DQCU_CHECK_LAUNCH();
-    return DQ_OK;
+        goto done;
+    if (join)
+        DQCU_CHECK_GOTO(cudaStreamWaitEvent(stream, join, 0), rc, done);
+    {
+        dim3 mgrid(nseq, q_heads, (dc->d + 31) / 32);
+        attend_merge_kernel<<<mgrid, MERGE_THREADS, sizeof(float) * (pl.nsplit + 1), stream>>>(
+            (const float *)workspace, pl.nsplit + 1, q_heads, dc->d, out, lse);
+        DQCU_CHECK_GOTO(cudaGetLastError(), rc, done);
+    }
+done:
+    /* released when the work recorded on them is done */
+    if (fork)
+        cudaEventDestroy(fork);
+    if (join)
+        cudaEventDestroy(join);
+    return rc;
 }
