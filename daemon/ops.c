@@ -245,10 +245,12 @@ void dqd_ops_dispatch(dqd_req *req)
         return;
     }
     char msgbuf[256];
-    dqd_op op;
+    dqd_op op = req->op;
     dqd_payload pl;
     dqd_req_payload(req, &pl);
-    int rc = dqd_request_validate(msg, &pl, &ctx->limits, &op, msgbuf, sizeof msgbuf);
+    int rc = dqd_validate_strings(&dquant__request__descriptor, req->header, req->header_len, msgbuf, sizeof msgbuf);
+    if (rc == 0)
+        rc = dqd_request_validate(msg, &pl, &ctx->limits, &op, msgbuf, sizeof msgbuf);
     req->op = op;
     if (rc < 0) {
         if (msg->nccl_payload)

@@ -46,6 +46,8 @@ struct dqd_req {
     size_t frame_bytes; /* accounted against the connection's queue */
     const uint8_t *payload;
     uint64_t payload_len;
+    const uint8_t *header; /* the header message as received (in frame) */
+    uint32_t header_len;
     Dquant__Request *msg;
     dqd_pbmem pbmem; /* msg's allocator (pbmem.h) */
 

@@ -246,3 +246,192 @@ Test(input, attend_extreme_appends)
     free(av);
     dqc_free(c);
 }
+
+/* ---- raw frames ---- */
+
+static int raw_conn(void)
+{
+    int fd = wire_connect_unix(D.sock);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(wire_hello(fd, 1, NULL), 0);
+    return fd;
+}
+
+/* Sends req with every occurrence of the byte string from (in its header message) replaced by to
+ * (as long), and returns the reply's error code (0: no error); *msg gets its message. */
+static int call_patched(int fd, const Dquant__Request *req, const char *from, const char *to, size_t n, char *msg,
+                        size_t msglen)
+{
+    size_t len;
+    uint8_t *h = wire_pack(req, &len);
+    for (uint8_t *p = h; (p = memmem(p, len - (size_t)(p - h), from, n)) != NULL; p += n)
+        memcpy(p, to, n);
+    cr_assert_eq(wire_send_header(fd, h, len, NULL, 0, 7), 0);
+    free(h);
+    Dquant__Response *r = NULL;
+    uint64_t id = 0;
+    cr_assert_eq(wire_recv(fd, &id, &r, NULL, NULL), 0, "no reply");
+    cr_assert_eq(id, 7);
+    int code = wire_error(r);
+    snprintf(msg, msglen, "%s", code ? r->error->message : "");
+    dquant__response__free_unpacked(r, NULL);
+    return code;
+}
+
+static int seq_call(int fd, Dquant__Request__BodyCase which, const char *ns, const char *key, const char *from,
+                    const char *to, size_t n, char *msg, size_t msglen)
+{
+    Dquant__SeqRef s = DQUANT__SEQ_REF__INIT;
+    s.ns = (char *)ns;
+    s.key.data = (uint8_t *)key;
+    s.key.len = strlen(key);
+    Dquant__Delete del = DQUANT__DELETE__INIT;
+    Dquant__Get get = DQUANT__GET__INIT;
+    del.seq = get.seq = &s;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = which;
+    if (which == DQUANT__REQUEST__BODY_DELETE)
+        req.delete_ = &del;
+    else
+        req.get = &get;
+    return call_patched(fd, &req, from, to, n, msg, msglen);
+}
+
+/* Issue 18.7: a namespace "tenantA\0x" was cut at the NUL and read and deleted tenantA's
+ * sequences. Now every string of a request is checked on the wire: INVALID_ARGUMENT naming the
+ * field, and tenantA's sequence is untouched. */
+Test(input, names_with_a_nul_do_not_alias)
+{
+    start_daemon(NULL);
+    dqc_client *c = cli_named("input");
+    OK(c, register_model(c, "m", L, NULL));
+    put_seq(c, "tenantA", "s");
+    int fd = raw_conn();
+    char msg[256];
+    /* "tenantA#x" with the '#' turned into a NUL on the wire */
+    int rc = seq_call(fd, DQUANT__REQUEST__BODY_GET, "tenantA#x", "s", "A#x", "A\0x", 3, msg, sizeof msg);
+    cr_assert_eq(rc, DQ_INVALID_ARGUMENT, "GET in 'tenantA\\0x': %d %s", rc, msg);
+    cr_assert(strstr(msg, "get.seq.ns: a NUL byte at byte 7"), "message: %s", msg);
+    rc = seq_call(fd, DQUANT__REQUEST__BODY_DELETE, "tenantA#x", "s", "A#x", "A\0x", 3, msg, sizeof msg);
+    cr_assert_eq(rc, DQ_INVALID_ARGUMENT, "DELETE in 'tenantA\\0x': %d %s", rc, msg);
+    cr_assert_eq(tokens_of(c, "tenantA", "s", 0), T0, "tenantA's sequence is gone");
+
+    /* a model name and a client name with a NUL */
+    Dquant__ModelSpec spec = DQUANT__MODEL_SPEC__INIT;
+    spec.name = "m#evil";
+    spec.layers = L;
+    spec.q_heads = QH;
+    spec.kv_heads = KVH;
+    spec.head_dim = HD;
+    spec.profile_name = "dq226";
+    Dquant__RegisterModel rm = DQUANT__REGISTER_MODEL__INIT;
+    rm.model = &spec;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_REGISTER_MODEL;
+    req.register_model = &rm;
+    rc = call_patched(fd, &req, "m#e", "m\0e", 3, msg, sizeof msg);
+    cr_assert_eq(rc, DQ_INVALID_ARGUMENT, "model 'm\\0evil': %d %s", rc, msg);
+    cr_assert(strstr(msg, "register_model.model.name"), "message: %s", msg);
+    Dquant__Hello h = DQUANT__HELLO__INIT;
+    h.min_version = h.max_version = 1;
+    h.client_name = "tenantA#x";
+    req = (Dquant__Request)DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_HELLO;
+    req.hello = &h;
+    int fd2 = wire_connect_unix(D.sock);
+    cr_assert_geq(fd2, 0);
+    rc = call_patched(fd2, &req, "A#x", "A\0x", 3, msg, sizeof msg);
+    cr_assert_eq(rc, DQ_INVALID_ARGUMENT, "client_name 'tenantA\\0x': %d %s", rc, msg);
+    close(fd2);
+    close(fd);
+    cr_assert_eq(tokens_of(c, "tenantA", "s", 0), T0);
+    dqc_free(c);
+}
+
+/* Issue 18.7: names that are not UTF-8 were accepted. Invalid sequences of every kind (a stray
+ * continuation byte, an overlong NUL, a surrogate, a truncated sequence, a code point above
+ * U+10FFFF) are refused in each name field; valid UTF-8 names work; sequence keys are bytes and
+ * take any bytes, NUL and 0xff included. */
+Test(input, names_must_be_utf8_keys_may_be_any_bytes)
+{
+    start_daemon(NULL);
+    dqc_client *c = cli_named("input");
+    OK(c, register_model(c, "m", L, NULL));
+    static const struct {
+        const char *bytes;
+        size_t n;
+    } bad[] = {{"\x80", 1}, {"\xc0\x80", 2}, {"\xed\xa0\x80", 3}, {"\xe3\x81", 2}, {"\xf4\x90\x80\x80", 4}};
+    int fd = raw_conn();
+    char msg[256];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char ns[16] = "ns@@@@";
+        const char *mark = "@@@@";
+        char to[4] = {'x', 'x', 'x', 'x'};
+        memcpy(to, bad[i].bytes, bad[i].n);
+        int rc = seq_call(fd, DQUANT__REQUEST__BODY_GET, ns, "s", mark, to, 4, msg, sizeof msg);
+        cr_assert_eq(rc, DQ_INVALID_ARGUMENT, "namespace with bad UTF-8 #%zu: %d %s", i, rc, msg);
+        cr_assert(strstr(msg, "invalid UTF-8"), "message: %s", msg);
+    }
+    /* in a model name, a profile name and a PUT's model */
+    dqc_model_spec spec = {
+        .name = "m\xff", .layers = 1, .q_heads = QH, .kv_heads = KVH, .head_dim = HD, .profile_name = "dq226"};
+    FAILS(c, DQ_INVALID_ARGUMENT, dqc_register_model(c, &spec, NULL));
+    spec.name = "m2";
+    spec.profile_name = "dq\xed\xa0\x80";
+    FAILS(c, DQ_INVALID_ARGUMENT, dqc_register_model(c, &spec, NULL));
+    cr_assert(strstr(dqc_last_error(c), "profile_name"), "message: %s", dqc_last_error(c));
+    float kv[ROW] = {0};
+    dqc_put_args p = {.seq = seq_of("t", "s"),
+                      .model = "m\xe3\x81",
+                      .num_layers = 1,
+                      .tokens = 1,
+                      .kv_heads = KVH,
+                      .head_dim = HD,
+                      .dtype = DQ_DTYPE_F32,
+                      .k = kv,
+                      .v = kv};
+    FAILS(c, DQ_INVALID_ARGUMENT, dqc_put(c, &p, NULL));
+
+    /* valid UTF-8 names work end to end */
+    const char *ns = "t\xc3\xa9nant-\xe3\x83\x86-\xf0\x9f\x98\x80";
+    put_seq(c, ns, "s");
+    cr_assert_eq(tokens_of(c, ns, "s", 1), T0);
+    dqc_get_args g = {.seq = seq_of("t\xc3\xa9nant", "s"), .dtype = DQ_DTYPE_F32};
+    dqc_get_result r = {0};
+    FAILS(c, DQ_NOT_FOUND, dqc_get(c, &g, &r));
+
+    /* binary keys: NUL and 0xff bytes, and keys that differ only after a NUL, are distinct */
+    static const uint8_t k1[] = {0x00, 0xff, 0x00, 'a'}, k2[] = {0x00, 0xff, 0x00, 'b'}, k3[] = {0x00};
+    float *kk = normals((size_t)T0 * ROW, 41), *vv = normals((size_t)T0 * ROW, 42);
+    const uint8_t *keys[] = {k1, k2, k3};
+    const size_t lens[] = {sizeof k1, sizeof k2, sizeof k3}, ntok[] = {3, 5, 7};
+    for (int i = 0; i < 3; i++) {
+        dqc_put_args a = {.seq = {.ns = "bin", .key = keys[i], .key_len = lens[i]},
+                          .model = "m",
+                          .num_layers = 1,
+                          .tokens = ntok[i],
+                          .kv_heads = KVH,
+                          .head_dim = HD,
+                          .dtype = DQ_DTYPE_F32,
+                          .k = kk,
+                          .v = vv};
+        OK(c, dqc_put(c, &a, NULL));
+    }
+    for (int i = 0; i < 3; i++) {
+        dqc_get_args ga = {
+            .seq = {.ns = "bin", .key = keys[i], .key_len = lens[i]}, .num_layers = 1, .dtype = DQ_DTYPE_F32};
+        OK(c, dqc_get(c, &ga, &r));
+        cr_assert_eq(r.tokens, ntok[i], "key %d: %llu tokens", i, (unsigned long long)r.tokens);
+    }
+    const dqc_seq s1 = {.ns = "bin", .key = k1, .key_len = sizeof k1};
+    OK(c, dqc_delete(c, &s1));
+    FAILS(c, DQ_NOT_FOUND, dqc_delete(c, &s1));
+    dqc_get_args g2 = {.seq = {.ns = "bin", .key = k2, .key_len = sizeof k2}, .num_layers = 1, .dtype = DQ_DTYPE_F32};
+    OK(c, dqc_get(c, &g2, &r));
+    cr_assert_eq(r.tokens, 5);
+    dqc_get_result_free(&r);
+    free(kk);
+    free(vv);
+    close(fd);
+    dqc_free(c);
+}
