@@ -28,6 +28,7 @@ typedef struct dqd_session {
     bool authed;             /* HELLO succeeded */
     struct dqd_nchan *nchan; /* NCCL data path (ncclpath.h), NULL until NCCL_SETUP */
     uint32_t leases;         /* live LOOKUP leases (lease.h), owned by this session */
+    char client_name[129];   /* HELLO's client_name (validated: UTF-8, no NUL, <= 128 bytes) */
 } dqd_session;
 
 struct dqd_req {

@@ -568,6 +568,9 @@ int dqd_request_validate(const Dquant__Request *req, const dqd_payload *pl, cons
     case DQUANT__REQUEST__BODY_PUT_CHUNKS_RAW:
         *op = DQD_OP_PUT_CHUNKS_RAW;
         return validate_put_chunks_raw(req->put_chunks_raw, pl, lim, msg, msglen);
+    case DQUANT__REQUEST__BODY_UNREGISTER_MODEL:
+        *op = DQD_OP_UNREGISTER_MODEL;
+        return check_name(req->unregister_model->name, "model name", true, lim, msg, msglen);
     case DQUANT__REQUEST__BODY_LOOKUP: {
         *op = DQD_OP_LOOKUP;
         const Dquant__Lookup *l = req->lookup;

@@ -435,3 +435,234 @@ Test(input, names_must_be_utf8_keys_may_be_any_bytes)
     close(fd);
     dqc_free(c);
 }
+
+/* ---- the model registry ---- */
+
+/* Registers models "<prefix>0", "<prefix>1", ... until one fails; returns how many succeeded and
+ * the failing code. */
+static uint32_t fill(dqc_client *c, const char *prefix, uint32_t most, int *rc)
+{
+    uint32_t n = 0;
+    *rc = 0;
+    for (; n < most; n++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s%u", prefix, n);
+        *rc = register_model(c, name, 1, NULL);
+        if (*rc)
+            break;
+    }
+    return n;
+}
+
+/* Issue 18.8: 256 throw-away registrations locked REGISTER_MODEL for everyone. With the defaults
+ * (max_models 256, max_models_per_client 64) one client holds 64 models, the next is refused for
+ * that client alone, and a second client still registers. */
+Test(input, registry_share_per_client)
+{
+    start_daemon(NULL);
+    dqc_client *a = cli_named("tenantA"), *b = cli_named("tenantB");
+    int rc;
+    uint32_t held = fill(a, "a", 300, &rc);
+    cr_assert_eq(rc, DQ_RESOURCE_EXHAUSTED, "registration %u failed with %s: %s", held, dqc_err_name(rc),
+                 dqc_last_error(a));
+    cr_assert_eq(held, 64, "one client held %u models", held);
+    cr_assert(strstr(dqc_last_error(a), "client 'tenantA' holds 64 models"), "message: %s", dqc_last_error(a));
+    fprintf(stderr, "registry: client tenantA held %u models before RESOURCE_EXHAUSTED\n", held);
+
+    uint32_t b_held = fill(b, "b", 3, &rc);
+    cr_assert_eq(rc, 0, "the second client could not register: %s: %s", dqc_err_name(rc), dqc_last_error(b));
+    cr_assert_eq(b_held, 3);
+    fprintf(stderr, "registry: then client tenantB registered %u models\n", b_held);
+
+    /* an identical re-registration (the built-in fast path) counts for nobody */
+    dqc_model_info info;
+    OK(a, register_model(a, "a0", 1, &info));
+    cr_assert(info.existed);
+    OK(b, register_model(b, "a1", 1, &info));
+    cr_assert(info.existed, "another client re-registers a model as it is");
+    /* unregistering gives the place back */
+    OK(a, dqc_unregister_model(a, "a63"));
+    OK(a, register_model(a, "a-new", 1, &info));
+    cr_assert(!info.existed);
+    FAILS(a, DQ_RESOURCE_EXHAUSTED, register_model(a, "a-more", 1, NULL));
+    cr_assert_eq(stat_gauge(a, "models"), 64.0 + 3.0);
+    dqc_free(a);
+    dqc_free(b);
+}
+
+/* The per-client share and the registry's size together (--max-models 5 --max-models-per-client
+ * 3), and 0 for no per-client limit. */
+Test(input, registry_limits_configured)
+{
+    const char *extra[] = {"--max-models", "5", "--max-models-per-client", "3", NULL};
+    start_daemon(extra);
+    dqc_client *a = cli_named("tenantA"), *b = cli_named("tenantB");
+    int rc;
+    cr_assert_eq(fill(a, "a", 10, &rc), 3);
+    cr_assert_eq(rc, DQ_RESOURCE_EXHAUSTED);
+    cr_assert_eq(fill(b, "b", 10, &rc), 2);
+    cr_assert_eq(rc, DQ_RESOURCE_EXHAUSTED);
+    cr_assert(strstr(dqc_last_error(b), "at most 5 models"), "message: %s", dqc_last_error(b));
+    OK(a, dqc_unregister_model(a, "a0"));
+    OK(b, register_model(b, "b2", 1, NULL));
+    dqc_free(a);
+    dqc_free(b);
+    stop_daemon();
+
+    const char *unlimited[] = {"--max-models", "6", "--max-models-per-client", "0", NULL};
+    start_daemon(unlimited);
+    a = cli_named("tenantA");
+    cr_assert_eq(fill(a, "a", 10, &rc), 6);
+    cr_assert_eq(rc, DQ_RESOURCE_EXHAUSTED);
+    dqc_free(a);
+}
+
+static const uint8_t CHUNK_KEY[DQC_CHUNK_KEY_BYTES] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+
+static void put_chunk(dqc_client *c, const char *model)
+{
+    float *k = normals((size_t)L * 128 * ROW, 51), *v = normals((size_t)L * 128 * ROW, 52);
+    dqc_put_chunks_args a = {.ns = "t",
+                             .model = model,
+                             .keys = CHUNK_KEY,
+                             .nkeys = 1,
+                             .layers = L,
+                             .chunk_tokens = 128,
+                             .kv_heads = KVH,
+                             .head_dim = HD,
+                             .dtype = DQ_DTYPE_F32,
+                             .k = k,
+                             .v = v};
+    OK(c, dqc_put_chunks(c, &a, NULL));
+    free(k);
+    free(v);
+}
+
+/* UNREGISTER_MODEL: BUSY while a sequence or a chunk of the model exists, NOT_FOUND for an unknown
+ * name; afterwards the model is gone (PUT: NOT_FOUND) and its name free for another spec, and the
+ * built-in fast path of an identical re-registration still answers "existed". */
+Test(input, unregister_model)
+{
+    start_daemon(NULL);
+    dqc_client *c = cli_named("input");
+    OK(c, register_model(c, "m", L, NULL));
+    FAILS(c, DQ_NOT_FOUND, dqc_unregister_model(c, "nosuch"));
+    put_seq(c, "t", "s");
+    FAILS(c, DQ_BUSY, dqc_unregister_model(c, "m"));
+    cr_assert(strstr(dqc_last_error(c), "1 sequences or chunks"), "message: %s", dqc_last_error(c));
+    cr_assert_eq(tokens_of(c, "t", "s", 0), T0, "a refused unregister deleted data");
+    const dqc_seq s = seq_of("t", "s");
+    OK(c, dqc_delete(c, &s));
+    OK(c, dqc_unregister_model(c, "m"));
+    FAILS(c, DQ_NOT_FOUND, dqc_unregister_model(c, "m"));
+    float kv[ROW] = {0};
+    dqc_put_args p = {.seq = s,
+                      .model = "m",
+                      .num_layers = 1,
+                      .tokens = 1,
+                      .kv_heads = KVH,
+                      .head_dim = HD,
+                      .dtype = DQ_DTYPE_F32,
+                      .k = kv,
+                      .v = kv};
+    FAILS(c, DQ_NOT_FOUND, dqc_put(c, &p, NULL));
+    cr_assert_eq(stat_gauge(c, "models"), 0.0);
+
+    dqc_model_info info;
+    OK(c, register_model(c, "m", L + 1, &info)); /* another spec under the freed name */
+    cr_assert(!info.existed);
+    OK(c, register_model(c, "m", L + 1, &info));
+    cr_assert(info.existed, "the identical re-registration");
+    FAILS(c, DQ_EXISTS, register_model(c, "m", L, NULL));
+    OK(c, dqc_unregister_model(c, "m"));
+
+    /* a chunk of the shared tier holds its model too */
+    dqc_model_spec spec = {
+        .name = "c", .layers = L, .q_heads = QH, .kv_heads = KVH, .head_dim = HD, .profile_name = "dq226"};
+    OK(c, dqc_register_model_ex(c, &spec, 128, NULL, NULL));
+    put_chunk(c, "c");
+    FAILS(c, DQ_BUSY, dqc_unregister_model(c, "c"));
+    OK(c, dqc_delete_chunk(c, "t", CHUNK_KEY));
+    OK(c, dqc_unregister_model(c, "c"));
+    dqc_free(c);
+}
+
+/* A PUT_CHUNKS_RAW checks its records on the workers before any chunk of it exists; an
+ * UNREGISTER_MODEL pipelined right behind it must find the model in use (BUSY), not free it under
+ * the request. */
+Test(input, unregister_waits_for_requests_in_flight)
+{
+    start_daemon(NULL);
+    dqc_client *c = cli_named("input");
+    dqc_model_spec spec = {
+        .name = "c", .layers = L, .q_heads = QH, .kv_heads = KVH, .head_dim = HD, .profile_name = "dq226"};
+    dqc_model_info info;
+    OK(c, dqc_register_model_ex(c, &spec, 128, &info, NULL));
+    put_chunk(c, "c");
+    dqc_raw_result raw = {0};
+    OK(c, dqc_get_chunks_raw(c, "t", CHUNK_KEY, 1, &raw));
+    cr_assert_eq(raw.nlayers, L);
+    OK(c, dqc_delete_chunk(c, "t", CHUNK_KEY));
+
+    wire_payload pl = {0};
+    Dquant__Tensor rec[L];
+    Dquant__RawLayer rl[L], *rlp[L];
+    uint64_t shape[L][1];
+    for (uint32_t l = 0; l < L; l++) {
+        shape[l][0] = raw.layers[l].records_bytes;
+        wire_tensor(&pl, &rec[l], DQUANT__DTYPE__RAW, shape[l], 1, raw.layers[l].records, raw.layers[l].records_bytes);
+        dquant__raw_layer__init(&rl[l]);
+        rl[l].layer = l;
+        rl[l].tokens = 128;
+        rl[l].windows = 1;
+        rl[l].records = &rec[l];
+        rlp[l] = &rl[l];
+    }
+    ProtobufCBinaryData key = {DQC_CHUNK_KEY_BYTES, (uint8_t *)CHUNK_KEY};
+    Dquant__PutChunksRaw pcr = DQUANT__PUT_CHUNKS_RAW__INIT;
+    pcr.ns = "t";
+    pcr.model = "c";
+    pcr.n_keys = 1;
+    pcr.keys = &key;
+    pcr.n_layers = L;
+    pcr.layers = rlp;
+    pcr.profile.data = info.profile;
+    pcr.profile.len = info.profile_len;
+    Dquant__Request put = DQUANT__REQUEST__INIT;
+    put.body_case = DQUANT__REQUEST__BODY_PUT_CHUNKS_RAW;
+    put.put_chunks_raw = &pcr;
+    Dquant__UnregisterModel um = DQUANT__UNREGISTER_MODEL__INIT;
+    um.name = "c";
+    Dquant__Request unreg = DQUANT__REQUEST__INIT;
+    unreg.body_case = DQUANT__REQUEST__BODY_UNREGISTER_MODEL;
+    unreg.unregister_model = &um;
+
+    int fd = raw_conn();
+    size_t l1, l2;
+    uint8_t *f1 = wire_frame(&put, pl.p, pl.len, 10, &l1), *f2 = wire_frame(&unreg, NULL, 0, 11, &l2);
+    uint8_t *both = malloc(l1 + l2);
+    memcpy(both, f1, l1);
+    memcpy(both + l1, f2, l2);
+    cr_assert_eq(wire_send_all(fd, both, l1 + l2), 0); /* one write: the daemon reads both at once */
+    Dquant__Response *r1, *r2;
+    uint64_t id1, id2;
+    cr_assert_eq(wire_recv(fd, &id1, &r1, NULL, NULL), 0);
+    cr_assert_eq(wire_recv(fd, &id2, &r2, NULL, NULL), 0);
+    cr_assert_eq(id1, 10);
+    cr_assert_eq(r1->body_case, DQUANT__RESPONSE__BODY_PUT_CHUNKS, "PUT_CHUNKS_RAW: %d %s", wire_error(r1),
+                 wire_error(r1) ? r1->error->message : "");
+    cr_assert_eq(r1->put_chunks->stored, 1);
+    cr_assert_eq(id2, 11);
+    cr_assert_eq(wire_error(r2), DQ_BUSY, "UNREGISTER_MODEL behind the PUT: %d", wire_error(r2));
+    dquant__response__free_unpacked(r1, NULL);
+    dquant__response__free_unpacked(r2, NULL);
+    OK(c, dqc_delete_chunk(c, "t", CHUNK_KEY));
+    OK(c, dqc_unregister_model(c, "c"));
+    free(both);
+    free(f1);
+    free(f2);
+    wire_payload_free(&pl);
+    dqc_raw_result_free(&raw);
+    close(fd);
+    dqc_free(c);
+}

@@ -478,10 +478,19 @@ int main(int argc, char **argv)
     ckeys[0].len = 16;
     wire_payload_free(&rpl);
 
-    /* names on the wire: a NUL inside a namespace */
+    Dquant__UnregisterModel um = DQUANT__UNREGISTER_MODEL__INIT;
+    um.name = "tiny";
+    req.body_case = DQUANT__REQUEST__BODY_UNREGISTER_MODEL;
+    req.unregister_model = &um;
+    emit("unregister_model.bin", &req, NULL, 50);
+    /* names on the wire: a NUL inside a namespace, invalid UTF-8 in a model name */
     seq.ns = "engine-a#x";
     req.body_case = DQUANT__REQUEST__BODY_DELETE;
     req.delete_ = &del;
     emit_patched("bad_ns_nul.bin", &req, "a#x", "a\0x", 3, 51);
+    um.name = "tiny~";
+    req.body_case = DQUANT__REQUEST__BODY_UNREGISTER_MODEL;
+    req.unregister_model = &um;
+    emit_patched("bad_name_utf8.bin", &req, "y~", "y\xc0", 2, 52);
     return 0;
 }

@@ -666,7 +666,7 @@ Test(validate, strings_on_the_wire)
     cr_assert_eq(dqd_validate_strings(&dquant__request__descriptor, NULL, 0, msg, sizeof msg), DQ_OK);
 }
 
-/* HELLO's client_name and features: lengths and control characters. */
+/* HELLO's client_name and features, UNREGISTER_MODEL's name: lengths and control characters. */
 Test(validate, names)
 {
     Dquant__Hello h = DQUANT__HELLO__INIT;
@@ -687,5 +687,15 @@ Test(validate, names)
     features[1] = longname;
     cr_assert_eq(dqd_request_validate(&req, PL(payload, 0), &lim, &op, msg, sizeof msg), DQ_TOO_LARGE);
     h.n_features = 1;
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 0), &lim, &op, msg, sizeof msg), DQ_OK);
+
+    Dquant__UnregisterModel um = DQUANT__UNREGISTER_MODEL__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_UNREGISTER_MODEL;
+    req.unregister_model = &um;
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 0), &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(op, DQD_OP_UNREGISTER_MODEL);
+    um.name = longname;
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 0), &lim, &op, msg, sizeof msg), DQ_TOO_LARGE);
+    um.name = "m";
     cr_assert_eq(dqd_request_validate(&req, PL(payload, 0), &lim, &op, msg, sizeof msg), DQ_OK);
 }

@@ -402,6 +402,16 @@ class Client:
         return {"existed": bool(info.existed), "bits_per_value": info.bits_per_value,
                 "profile": bytes(info.profile[:info.profile_len]), "chunk_tokens": ct_out}
 
+    def unregister_model(self, name: str) -> None:
+        """Removes a registered model, freeing its name and its place in the registry (the daemon
+        counts models per client_name: max_models_per_client, RESOURCE_EXHAUSTED beyond). ClientError
+        BUSY while sequences or chunks of the model exist (delete them first; nothing is deleted for
+        you) or a request uses it; NOT_FOUND for an unknown name. UnsupportedError from a
+        libdquant-client without dqc_unregister_model."""
+        fn = _optional("dqc_unregister_model", "unregister_model")
+        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p]
+        self._check(fn(self.handle, _text(name, "model name")), "unregister_model")
+
     def put(self, key: Key, k: Array, v: Array, model: str, start_token: int = 0, first_layer: int = 0,
             ns: Optional[str] = None, prefix_chunks: Optional[Sequence[bytes]] = None) -> Dict[str, int]:
         """Appends k and v ([num_layers, tokens, kv_heads, head_dim], f32/f16/bf16) to layers

@@ -70,6 +70,26 @@ class TestClient(DaemonTest):
             self.c.get("nan")                          # all-or-nothing: nothing was stored
         self.assertEqual(cm.exception.code, dquant.ErrorCode.NOT_FOUND)
 
+    def test_unregister_model(self):
+        """Issue 18.8: a model goes once nothing of it is stored; BUSY before, NOT_FOUND after."""
+        self.c.register_model("tmp", layers=1, q_heads=4, kv_heads=2, head_dim=64)
+        k = np.ones((1, 3, 2, 64), np.float32)
+        self.c.put("u", k, k, model="tmp")
+        with self.assertRaises(dquant.ClientError) as cm:
+            self.c.unregister_model("tmp")
+        self.assertEqual(cm.exception.code, dquant.ErrorCode.BUSY)
+        self.c.delete("u")
+        self.c.unregister_model("tmp")
+        with self.assertRaises(dquant.ClientError) as cm:
+            self.c.unregister_model("tmp")
+        self.assertEqual(cm.exception.code, dquant.ErrorCode.NOT_FOUND)
+        with self.assertRaises(dquant.ClientError) as cm:
+            self.c.put("u", k, k, model="tmp")
+        self.assertEqual(cm.exception.code, dquant.ErrorCode.NOT_FOUND)
+        info = self.c.register_model("tmp", layers=2, q_heads=4, kv_heads=2, head_dim=64)   # the name is free
+        self.assertFalse(info["existed"])
+        self.c.unregister_model("tmp")
+
     def test_names_with_nul_do_not_alias(self):
         """Issue 18.7: ctypes passes names as C strings, so "tenantA\0x" reached the daemon as
         "tenantA" and deleted tenantA's sequence. Every name is now refused before it is sent."""
@@ -81,6 +101,7 @@ class TestClient(DaemonTest):
                  lambda: self.c.register_model("py\0x", layers=2, q_heads=4, kv_heads=2, head_dim=64),
                  lambda: self.c.register_model("py2", layers=2, q_heads=4, kv_heads=2, head_dim=64,
                                                profile="dq226\0"),
+                 lambda: self.c.unregister_model("py\0x"),
                  lambda: self.c.delete("s", ns="tenant\ud800"),                       # not UTF-8
                  lambda: self.daemon.client(client_name="tenantA\0x")]
         for i, call in enumerate(calls):
