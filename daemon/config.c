@@ -103,6 +103,10 @@ static const dqd_option options[] = {
      "budget allows, else they are evicted; they come back to the GPU when next used by PUT or ATTEND."},
     {"max-models", "store", "max_models", OPT_U32, FIELD(max_models), 1, 1u << 20, "N", "256",
      "Registered models at most."},
+    {"max-models-per-client", "store", "max_models_per_client", OPT_U32, FIELD(max_models_per_client), 0, 1u << 20, "N",
+     "64",
+     "Models one client (by its HELLO client_name) may have registered at a time, so that no client can fill "
+     "the registry for the others (UNREGISTER_MODEL frees a place); 0: no per-client limit."},
     {"max-frame", "limits", "max_frame", OPT_SIZE, FIELD(max_frame), 64, 1 * TiB, "SIZE",
      "32 + max-header + max-payload", "Largest frame (fixed header + header message + payload)."},
     {"max-header", "limits", "max_header", OPT_SIZE, FIELD(max_header), 64, 256 * MiB, "SIZE", "1M",
@@ -178,6 +182,7 @@ void dqd_config_default(dqd_config *cfg)
     cfg->max_lease_ms = 60000;
     cfg->max_leases = 1024;
     cfg->max_models = 256;
+    cfg->max_models_per_client = 64;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     cfg->workers = ncpu < 1 ? 1 : ncpu > 256 ? 256 : (uint32_t)ncpu;
     cfg->shutdown_timeout = 30;

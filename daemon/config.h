@@ -63,6 +63,7 @@ typedef struct dqd_config {
     uint32_t max_lease_ms;    /* longest LOOKUP lease */
     uint32_t max_leases;      /* live LOOKUP leases per connection */
     uint32_t max_models;
+    uint32_t max_models_per_client; /* 0: no per-client limit */
     uint32_t workers;
     uint32_t shutdown_timeout; /* seconds to finish in-flight work on SIGTERM */
     uint32_t nccl_timeout_ms;  /* NCCL communicator setup / transfer deadline (plus 1 s per GB) */

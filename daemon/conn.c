@@ -402,6 +402,8 @@ static void frame_ready(dqd_conn *c, uint8_t *buf, size_t pad, size_t total)
     req->frame_bytes = total;
     req->payload = f.payload;
     req->payload_len = f.hdr.payload_len;
+    req->header = f.header;
+    req->header_len = f.hdr.header_len;
     enqueue(c, req);
     c->held += total;
     ctx->reqs_inflight++;

@@ -52,6 +52,7 @@ int dqd_ctx_init(dqd_ctx *ctx, uv_loop_t *loop, const dqd_config *cfg)
     int rc = dqd_registry_create(&ctx->mem, cfg->max_models, &ctx->reg);
     if (rc < 0)
         return rc;
+    dqd_registry_set_client_limit(ctx->reg, cfg->max_models_per_client);
     rc = dqd_store_create(&ctx->mem, cfg->host_memory, &ctx->store);
     if (rc < 0) {
         dqd_registry_destroy(ctx->reg);
@@ -66,6 +67,7 @@ int dqd_ctx_init(dqd_ctx *ctx, uv_loop_t *loop, const dqd_config *cfg)
         if (rc == DQ_OK) {
             ctx->backend_name = "cuda";
             dqd_store_gpu_enable(ctx->store, dqd_gpu_budget(ctx->gpu), dqd_gpu_free_seq_layers, ctx->gpu);
+            dqd_registry_on_codec_free(ctx->reg, dqd_gpu_forget_codec, ctx->gpu);
             DQD_INFO("backend cuda: %s; GPU budget %llu MiB", dqd_gpu_describe(ctx->gpu),
                      (unsigned long long)(dqd_gpu_budget(ctx->gpu) >> 20));
         } else {

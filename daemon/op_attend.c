@@ -408,11 +408,49 @@ static void input_task(void *arg, size_t c)
         att_item *it = &op->items[i];
         float *q = op->qf + i * qsize(op);
         it->rc = dqd_tensor_to_f32(&it->q, q);
+        /* NaN/Inf, then a query so large that a logit could overflow (attention.h, "Numerics"):
+         * refused here for both backends, so no kernel ever sees it. */
         if (it->rc == 0)
-            it->rc = dq_check_finite(q, DQ_DTYPE_F32, qsize(op));
-        if (it->rc == 0 && it->append)
-            it->rc = check_append(op, it);
+            it->rc = dq_attend_check_query(q, op->q_heads, op->head_dim, op->scale, NULL, NULL);
+        if ((it->rc == 0 || it->rc == DQ_RANGE) && it->append) {
+            int rc = check_append(op, it);
+            if (rc < 0 && (it->rc == 0 || rc == DQ_NONFINITE))
+                it->rc = rc;
+        }
     }
+}
+
+/* The request's first input error, NaN/Inf anywhere first (CONTRIBUTING "Precedence"). */
+static void input_fail(att_op *op)
+{
+    size_t bad = op->n;
+    for (size_t i = 0; i < op->n && bad == op->n; i++)
+        if (op->items[i].rc == DQ_NONFINITE)
+            bad = i;
+    for (size_t i = 0; i < op->n && bad == op->n; i++)
+        if (op->items[i].rc < 0)
+            bad = i;
+    const int rc = op->items[bad].rc;
+    const size_t item = op->src[bad];
+    if (rc == DQ_NONFINITE) {
+        att_fail(op, rc, "item %zu: q or the appended k/v holds NaN or infinity", item);
+        return;
+    }
+    uint32_t head = 0;
+    double norm = 0;
+    const float *q = op->qf + bad * qsize(op);
+    if (rc == DQ_RANGE && dq_attend_check_query(q, op->q_heads, op->head_dim, op->scale, &head, &norm) == DQ_RANGE) {
+        att_fail(op, rc,
+                 "item %zu: q head %u has |q|*max(1, scale) = %.3g, above %.3g: its logits could overflow the float "
+                 "range",
+                 item, head, norm, DQ_ATTEND_QUERY_MAX);
+        return;
+    }
+    if (rc == DQ_RANGE) {
+        att_fail(op, rc, "item %zu: the appended k/v holds a value outside the codec range", item);
+        return;
+    }
+    att_fail(op, rc, "item %zu: %s", item, dq_strerror(rc));
 }
 
 static void input_done(void *arg)
@@ -421,9 +459,7 @@ static void input_done(void *arg)
     op->t_ns[ATT_T_INPUT] = dqd_now_ns();
     for (size_t i = 0; i < op->n; i++) {
         if (op->items[i].rc < 0) {
-            att_fail(op, op->items[i].rc, "item %zu: %s", i,
-                     op->items[i].rc == DQ_NONFINITE ? "q or the appended k/v holds NaN or infinity"
-                                                     : dq_strerror(op->items[i].rc));
+            input_fail(op);
             return;
         }
     }
@@ -803,6 +839,13 @@ static int merge_prefix(att_op *op)
 static void att_reply(att_op *op)
 {
     for (size_t i = 0; i < op->n; i++) {
+        if (op->items[i].rc == DQ_RANGE) {
+            att_fail(op, DQ_RANGE,
+                     "item %zu: the attention result is not finite (stored values too large for this "
+                     "query)",
+                     op->src[i]);
+            return;
+        }
         if (op->items[i].rc < 0) {
             att_fail(op, op->items[i].rc, "item %zu: %s", op->src[i], dq_strerror(op->items[i].rc));
             return;

@@ -43,6 +43,7 @@ typedef struct chunks_op {
 
 static void chunks_free(chunks_op *op)
 {
+    dqd_model_drop(op->model);
     free(op->was_held);
     free(op->raw);
     free(op->raw_rc);
@@ -154,6 +155,7 @@ static bool chunks_begin(chunks_op *op, dqd_ctx *ctx, dqd_req *req, dqd_model *m
     op->n_keys = n_keys;
     op->keys = keys;
     op->model = model;
+    dqd_model_hold(model); /* PUT_CHUNKS_RAW checks its records on the workers first */
     dquant__seq_ref__init(&op->ref);
     op->ref.ns = (char *)ns;
     op->ref.kind = DQUANT__SEQ_KIND__CHUNK;

@@ -107,6 +107,7 @@ static void put_free(put_op *op)
     free(op->vtmp);
     free(op->raw_own);
     free(op->bad_win);
+    dqd_model_drop(op->model);
     free(op);
 }
 
@@ -244,6 +245,7 @@ void dqd_op_put(dqd_req *req)
     op->put = put;
     op->nlayers = put->num_layers;
     op->model = model;
+    dqd_model_hold(model);
     op->codec = model->codec;
     dqd_model_info info;
     dqd_model_info_of(model, &info);
@@ -253,7 +255,7 @@ void dqd_op_put(dqd_req *req)
     int rc = dqd_validate_put(put, &pl, &info, &op->k, &op->v, msg, sizeof msg);
     if (rc < 0) {
         dqd_req_fail(req, rc, "%s", msg);
-        free(op);
+        put_free(op);
         return;
     }
     op->state = PUT_LOOKUP;
@@ -273,6 +275,7 @@ void dqd_op_put_chunk(dqd_req *req, const dqd_chunk_put *cp)
     op->chunk = cp;
     op->nlayers = cp->put->num_layers;
     op->model = cp->model;
+    dqd_model_hold(cp->model);
     op->codec = cp->model->codec;
     op->k = cp->k;
     op->v = cp->v;
@@ -345,6 +348,7 @@ void dqd_op_put_raw(dqd_req *req)
     op->ctx = req->ctx;
     op->nlayers = pr->num_layers;
     op->model = model;
+    dqd_model_hold(model);
     op->codec = model->codec;
     op->raw = op->raw_own;
     char msg[256];

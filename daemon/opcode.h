@@ -22,15 +22,32 @@ typedef enum dqd_op {
     DQD_OP_LOOKUP = 15,
     DQD_OP_PUT_RAW = 16,
     DQD_OP_PUT_CHUNKS_RAW = 17,
+    DQD_OP_UNREGISTER_MODEL = 18,
     DQD_OP_COUNT
 } dqd_op;
 
 static inline const char *dqd_op_name(dqd_op op)
 {
     static const char *const names[DQD_OP_COUNT] = {
-        "unknown",  "hello",      "register_model", "put",    "get",     "attend",
-        "compress", "decompress", "delete",         "pin",    "unpin",   "stats",
-        "ping",     "nccl_setup", "put_chunks",     "lookup", "put_raw", "put_chunks_raw",
+        "unknown",
+        "hello",
+        "register_model",
+        "put",
+        "get",
+        "attend",
+        "compress",
+        "decompress",
+        "delete",
+        "pin",
+        "unpin",
+        "stats",
+        "ping",
+        "nccl_setup",
+        "put_chunks",
+        "lookup",
+        "put_raw",
+        "put_chunks_raw",
+        "unregister_model",
     };
     return (unsigned)op < DQD_OP_COUNT ? names[op] : "unknown";
 }

@@ -2,6 +2,7 @@
  * REGISTER_MODEL, DELETE, PIN, UNPIN, STATS, PING). */
 #include "ops.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -72,6 +73,7 @@ static void op_hello(dqd_req *req)
         return;
     }
     c->authed = true;
+    snprintf(c->client_name, sizeof c->client_name, "%s", h->client_name ? h->client_name : "");
 
     Dquant__HelloReply r = DQUANT__HELLO_REPLY__INIT;
     r.version = DQ_WIRE_VERSION;
@@ -111,6 +113,7 @@ static void op_register(dqd_req *req)
         .profile_name = m->profile_name,
         .profile = m->profile.data,
         .profile_len = m->profile.len,
+        .owner = req->sess->client_name,
     };
     dqd_model *model;
     bool existed;
@@ -129,6 +132,22 @@ static void op_register(dqd_req *req)
     Dquant__Response resp = DQUANT__RESPONSE__INIT;
     resp.body_case = DQUANT__RESPONSE__BODY_REGISTER_MODEL;
     resp.register_model = &r;
+    dqd_req_reply(req, &resp, NULL, 0);
+}
+
+/* UNREGISTER_MODEL: at once, on the loop (registry.h says when a model may go). */
+static void op_unregister(dqd_req *req)
+{
+    char msg[256];
+    int rc = dqd_registry_unregister(req->ctx->reg, req->msg->unregister_model->name, msg, sizeof msg);
+    if (rc < 0) {
+        dqd_req_fail(req, rc, "%s", msg);
+        return;
+    }
+    Dquant__Empty e = DQUANT__EMPTY__INIT;
+    Dquant__Response resp = DQUANT__RESPONSE__INIT;
+    resp.body_case = DQUANT__RESPONSE__BODY_OK;
+    resp.ok = &e;
     dqd_req_reply(req, &resp, NULL, 0);
 }
 
@@ -245,10 +264,12 @@ void dqd_ops_dispatch(dqd_req *req)
         return;
     }
     char msgbuf[256];
-    dqd_op op;
+    dqd_op op = req->op;
     dqd_payload pl;
     dqd_req_payload(req, &pl);
-    int rc = dqd_request_validate(msg, &pl, &ctx->limits, &op, msgbuf, sizeof msgbuf);
+    int rc = dqd_validate_strings(&dquant__request__descriptor, req->header, req->header_len, msgbuf, sizeof msgbuf);
+    if (rc == 0)
+        rc = dqd_request_validate(msg, &pl, &ctx->limits, &op, msgbuf, sizeof msgbuf);
     req->op = op;
     if (rc < 0) {
         if (msg->nccl_payload)
@@ -317,6 +338,9 @@ static void run_op(dqd_req *req)
         return;
     case DQD_OP_PUT_CHUNKS_RAW:
         dqd_op_put_chunks_raw(req);
+        return;
+    case DQD_OP_UNREGISTER_MODEL:
+        op_unregister(req);
         return;
     default:
         break;

@@ -1,6 +1,7 @@
 /* dquantd registry (see registry.h). */
 #include "registry.h"
 
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,9 +15,12 @@
 struct dqd_registry {
     dqd_hostmem *mem;
     uint32_t max_models, nmodels;
+    uint32_t max_per_client; /* 0: no per-client limit */
     dqd_model *models;
     dqd_codec *codecs;
     uint64_t clock;
+    void (*on_codec_free)(void *arg, const dqd_codec *codec);
+    void *codec_free_arg;
 };
 
 int dqd_registry_create(dqd_hostmem *mem, uint32_t max_models, dqd_registry **out)
@@ -55,6 +59,17 @@ void dqd_registry_destroy(dqd_registry *reg)
     free(reg);
 }
 
+void dqd_registry_set_client_limit(dqd_registry *reg, uint32_t max_per_client)
+{
+    reg->max_per_client = max_per_client;
+}
+
+void dqd_registry_on_codec_free(dqd_registry *reg, void (*fn)(void *arg, const dqd_codec *codec), void *arg)
+{
+    reg->on_codec_free = fn;
+    reg->codec_free_arg = arg;
+}
+
 /* Drops unreferenced codecs, least recently used first, beyond the cache size. */
 static void codec_trim(dqd_registry *reg)
 {
@@ -72,6 +87,8 @@ static void codec_trim(dqd_registry *reg)
             return;
         dqd_codec *c = *victim;
         *victim = c->next;
+        if (reg->on_codec_free)
+            reg->on_codec_free(reg->codec_free_arg, c);
         codec_free(c);
     }
 }
@@ -172,6 +189,53 @@ uint32_t dqd_registry_model_count(const dqd_registry *reg)
     return reg->nmodels;
 }
 
+uint32_t dqd_registry_client_models(const dqd_registry *reg, const char *owner)
+{
+    uint32_t n = 0;
+    for (const dqd_model *m = reg->models; m; m = m->next)
+        n += strcmp(m->owner, owner ? owner : "") == 0;
+    return n;
+}
+
+void dqd_model_hold(dqd_model *m)
+{
+    m->users++;
+}
+
+void dqd_model_drop(dqd_model *m)
+{
+    if (m) {
+        assert(m->users > 0);
+        m->users--;
+    }
+}
+
+int dqd_registry_unregister(dqd_registry *reg, const char *name, char *msg, size_t msglen)
+{
+    dqd_model **pp = &reg->models;
+    while (*pp && strcmp((*pp)->name, name ? name : "") != 0)
+        pp = &(*pp)->next;
+    dqd_model *m = *pp;
+    if (!m) {
+        snprintf(msg, msglen, "no model named '%s'", name ? name : "");
+        return DQ_NOT_FOUND;
+    }
+    if (m->seqs) {
+        snprintf(msg, msglen, "model '%s' still has %u sequences or chunks; DELETE them first", m->name, m->seqs);
+        return DQ_BUSY;
+    }
+    if (m->users) {
+        snprintf(msg, msglen, "model '%s' is in use by %u requests; retry", m->name, m->users);
+        return DQ_BUSY;
+    }
+    *pp = m->next;
+    reg->nmodels--;
+    DQD_INFO("unregistered model '%s' (registered by '%s')", m->name, m->owner);
+    dqd_registry_codec_release(reg, m->codec);
+    free(m);
+    return DQ_OK;
+}
+
 static bool name_ok(const char *name)
 {
     size_t n = name ? strlen(name) : 0;
@@ -221,6 +285,19 @@ int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_mod
         return DQ_OK;
     }
 
+    /* A new model: the limits first, before the profile is built (tens of ms on the loop). */
+    const char *owner = spec->owner ? spec->owner : "";
+    if (!m && reg->max_per_client && dqd_registry_client_models(reg, owner) >= reg->max_per_client) {
+        MSG("client '%s' holds %u models, its share of the registry (max_models_per_client); UNREGISTER_MODEL one "
+            "first",
+            owner, reg->max_per_client);
+        return DQ_RESOURCE_EXHAUSTED;
+    }
+    if (!m && reg->nmodels >= reg->max_models) {
+        MSG("at most %u models can be registered", reg->max_models);
+        return DQ_RESOURCE_EXHAUSTED;
+    }
+
     dq_profile p;
     int rc;
     if (spec->profile_len) {
@@ -268,10 +345,6 @@ int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_mod
         MSG("model '%s' is already registered with a different spec", spec->name);
         return DQ_EXISTS;
     }
-    if (reg->nmodels >= reg->max_models) {
-        MSG("at most %u models can be registered", reg->max_models);
-        return DQ_RESOURCE_EXHAUSTED;
-    }
 
     m = calloc(1, sizeof *m);
     if (!m) {
@@ -292,6 +365,7 @@ int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_mod
     m->chunk_tokens = chunk_tokens;
     if (!spec->profile_len && strlen(pname) <= DQD_BUILTIN_NAME_MAX)
         snprintf(m->builtin, sizeof m->builtin, "%s", pname);
+    snprintf(m->owner, sizeof m->owner, "%s", owner);
     m->next = reg->models;
     reg->models = m;
     reg->nmodels++;

@@ -1,9 +1,16 @@
 /* dquantd registry: the registered models and a cache of codecs keyed by profile.
  *
  * A dqd_codec wraps a dq_codec (allocating through the store's counting allocator) with a pool of
- * workspaces for the worker threads. Models hold a reference to their codec for the daemon's
- * lifetime; COMPRESS/DECOMPRESS take short references to codecs of built-in or client-supplied
+ * workspaces for the worker threads. Models hold a reference to their codec until they are
+ * unregistered; COMPRESS/DECOMPRESS take short references to codecs of built-in or client-supplied
  * profiles, and unreferenced ones are dropped beyond a small cache.
+ *
+ * Models are registered by a client (its HELLO client_name, "" for none) and count against that
+ * client's share of the registry (dqd_registry_set_client_limit), so that one client cannot fill it
+ * for everyone. A model is unregistered only while nothing uses it: no sequence or chunk of it
+ * exists (deleted ones still referenced by requests included) and no request holds it
+ * (dqd_model_hold). Re-registering an identical model is answered by the model as it is, whoever
+ * registered it, and counts for nobody.
  *
  * Thread-safety: everything except dqd_codec_ws_take/give runs on the loop thread. */
 #ifndef DQD_REGISTRY_H
@@ -46,7 +53,10 @@ typedef struct dqd_model {
     /* The built-in profile it was registered by ("" for a serialized profile): registering the
      * same spec again is then answered without building the profile (tens of ms). */
     char builtin[DQD_BUILTIN_NAME_MAX + 1];
+    char owner[DQD_MODEL_NAME_MAX + 1]; /* the client_name that registered it */
     dqd_codec *codec;
+    uint32_t seqs;  /* sequences and chunks of the model, until freed (store.c) */
+    uint32_t users; /* requests holding the model before their sequence exists (dqd_model_hold) */
     struct dqd_model *next;
 } dqd_model;
 
@@ -58,6 +68,7 @@ typedef struct dqd_model_spec {
     const char *profile_name;
     const uint8_t *profile;
     size_t profile_len;
+    const char *owner; /* the registering client's name; NULL: "" */
 } dqd_model_spec;
 
 typedef struct dqd_registry dqd_registry;
@@ -66,13 +77,30 @@ int dqd_registry_create(dqd_hostmem *mem, uint32_t max_models, dqd_registry **ou
 /* Frees models and codecs; no codec may be in use by work in flight. */
 void dqd_registry_destroy(dqd_registry *reg);
 
+/* Models one client (owner) may hold at most; 0 (the default): only max_models limits. */
+void dqd_registry_set_client_limit(dqd_registry *reg, uint32_t max_per_client);
+/* Called with each codec the registry frees (not by dqd_registry_destroy), before it goes: the cuda
+ * backend drops its device copy, which it keys by the dqd_codec. fn may be NULL. */
+void dqd_registry_on_codec_free(dqd_registry *reg, void (*fn)(void *arg, const dqd_codec *codec), void *arg);
+
 /* Registers a model, or finds an identical one (*existed = true). Errors: DQ_INVALID_ARGUMENT /
  * DQ_SHAPE / DQ_PROFILE for a bad spec, DQ_EXISTS for a different model of the same name,
- * DQ_RESOURCE_EXHAUSTED past max_models; msg explains. */
+ * DQ_RESOURCE_EXHAUSTED past max_models or past the owner's share; msg explains. */
 int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_model **out, bool *existed, char *msg,
                           size_t msglen);
+/* Removes a model nothing uses and releases its codec. DQ_NOT_FOUND for an unknown name, DQ_BUSY
+ * while sequences or chunks of it exist or a request holds it (the model stays); msg explains. */
+int dqd_registry_unregister(dqd_registry *reg, const char *name, char *msg, size_t msglen);
 dqd_model *dqd_registry_find(const dqd_registry *reg, const char *name);
 uint32_t dqd_registry_model_count(const dqd_registry *reg);
+/* Models registered by owner ("" or NULL: by clients without a name). */
+uint32_t dqd_registry_client_models(const dqd_registry *reg, const char *owner);
+
+/* A request that keeps a model it looked up across a wait, before a sequence of it exists (which
+ * would keep it registered), holds it so that UNREGISTER_MODEL answers DQ_BUSY meanwhile. Loop
+ * thread; drop(NULL) is allowed. */
+void dqd_model_hold(dqd_model *m);
+void dqd_model_drop(dqd_model *m);
 
 /* A referenced codec for a (validated) profile; release it with dqd_registry_codec_release. */
 int dqd_registry_codec(dqd_registry *reg, const dq_profile *profile, dqd_codec **out);

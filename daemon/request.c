@@ -71,6 +71,7 @@ static void release_input(dqd_req *req)
     dqd_framebuf_put(&req->ctx->frames, req->frame);
     req->frame = NULL;
     req->payload = NULL;
+    req->header = NULL;
     dqd_tier_free_device(req->ctx, req->dpayload);
     req->dpayload = NULL;
     free(req->hpayload);

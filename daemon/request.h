@@ -28,6 +28,7 @@ typedef struct dqd_session {
     bool authed;             /* HELLO succeeded */
     struct dqd_nchan *nchan; /* NCCL data path (ncclpath.h), NULL until NCCL_SETUP */
     uint32_t leases;         /* live LOOKUP leases (lease.h), owned by this session */
+    char client_name[129];   /* HELLO's client_name (validated: UTF-8, no NUL, <= 128 bytes) */
 } dqd_session;
 
 struct dqd_req {
@@ -46,6 +47,8 @@ struct dqd_req {
     size_t frame_bytes; /* accounted against the connection's queue */
     const uint8_t *payload;
     uint64_t payload_len;
+    const uint8_t *header; /* the header message as received (in frame) */
+    uint32_t header_len;
     Dquant__Request *msg;
     dqd_pbmem pbmem; /* msg's allocator (pbmem.h) */
 

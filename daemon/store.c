@@ -73,6 +73,8 @@ static void drop_prefix(dqd_seq *seq)
 
 static void seq_free(dqd_store *s, dqd_seq *seq)
 {
+    assert(seq->model->seqs > 0);
+    seq->model->seqs--; /* the model may be unregistered once none is left */
     drop_prefix(seq);
     if (seq->layers) {
         for (uint32_t i = 0; i < seq->model->layers; i++)
@@ -288,6 +290,7 @@ int dqd_store_insert_kind(dqd_store *s, const char *ns, size_t ns_len, const uin
     seq->hash = seq_hash(ns, ns_len, key, key_len, kind);
     seq->store = s;
     seq->model = model;
+    model->seqs++;
     seq->overhead = overhead;
     seq->bytes = overhead;
     seq->refs = 1;

@@ -227,6 +227,8 @@ static int check_raw(Dquant__RawLayer *const *layers, size_t n, const ProtobufCB
     return DQ_OK;
 }
 
+/* Byte lengths: dqd_request_validate runs after dqd_validate_strings, so a string holds no NUL and
+ * strlen is its length on the wire. */
 static int check_name(const char *s, const char *what, bool required, const dqd_limits *lim, char *msg, size_t msglen)
 {
     size_t n = s ? strlen(s) : 0;
@@ -485,10 +487,15 @@ int dqd_request_validate(const Dquant__Request *req, const dqd_payload *pl, cons
         *op = DQD_OP_HELLO;
         const Dquant__Hello *h = req->hello;
         FORWARD(check_name(h->client_name, "client_name", false, lim, msg, msglen));
+        for (const char *p = h->client_name; p && *p; p++)
+            if ((unsigned char)*p < 0x20 || *p == 0x7f)
+                FAIL(DQ_INVALID_ARGUMENT, "client_name holds a control character");
         if (h->secret.len > 4096)
             FAIL(DQ_TOO_LARGE, "secret longer than 4096 bytes");
         if (h->n_features > 64)
             FAIL(DQ_TOO_LARGE, "more than 64 features");
+        for (size_t i = 0; i < h->n_features; i++)
+            FORWARD(check_name(h->features[i], "feature", true, lim, msg, msglen));
         return DQ_OK;
     }
     case DQUANT__REQUEST__BODY_REGISTER_MODEL: {
@@ -561,6 +568,9 @@ int dqd_request_validate(const Dquant__Request *req, const dqd_payload *pl, cons
     case DQUANT__REQUEST__BODY_PUT_CHUNKS_RAW:
         *op = DQD_OP_PUT_CHUNKS_RAW;
         return validate_put_chunks_raw(req->put_chunks_raw, pl, lim, msg, msglen);
+    case DQUANT__REQUEST__BODY_UNREGISTER_MODEL:
+        *op = DQD_OP_UNREGISTER_MODEL;
+        return check_name(req->unregister_model->name, "model name", true, lim, msg, msglen);
     case DQUANT__REQUEST__BODY_LOOKUP: {
         *op = DQD_OP_LOOKUP;
         const Dquant__Lookup *l = req->lookup;
@@ -727,4 +737,129 @@ int dqd_validate_raw_layers(Dquant__RawLayer *const *layers, size_t n, uint32_t 
     }
     *tokens = want_tokens;
     return DQ_OK;
+}
+
+/* ---- strings on the wire ---- */
+
+#define WIRE_MAX_DEPTH 16
+
+/* The index of the first byte of s that is NUL or starts an invalid UTF-8 sequence (overlong
+ * forms, surrogates and code points above U+10FFFF included), n when there is none; *nul says
+ * whether it is a NUL. */
+static size_t utf8_bad(const uint8_t *s, size_t n, bool *nul)
+{
+    *nul = false;
+    size_t i = 0;
+    while (i < n) {
+        const uint8_t c = s[i];
+        if (c < 0x80) {
+            if (c == 0) {
+                *nul = true;
+                return i;
+            }
+            i++;
+            continue;
+        }
+        size_t k;
+        uint32_t cp, min;
+        if ((c & 0xe0) == 0xc0) {
+            k = 1, cp = c & 0x1fu, min = 0x80;
+        } else if ((c & 0xf0) == 0xe0) {
+            k = 2, cp = c & 0x0fu, min = 0x800;
+        } else if ((c & 0xf8) == 0xf0) {
+            k = 3, cp = c & 0x07u, min = 0x10000;
+        } else {
+            return i;
+        }
+        if (n - i <= k)
+            return i;
+        for (size_t j = 1; j <= k; j++) {
+            if ((s[i + j] & 0xc0) != 0x80)
+                return i;
+            cp = cp << 6 | (s[i + j] & 0x3fu);
+        }
+        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+            return i;
+        i += k + 1;
+    }
+    return n;
+}
+
+/* A varint at *p (advanced), below end. false when truncated or longer than 10 bytes. */
+static bool wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
+{
+    uint64_t x = 0;
+    for (unsigned shift = 0; shift < 70 && *p < end; shift += 7) {
+        const uint8_t b = *(*p)++;
+        x |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *v = x;
+            return true;
+        }
+    }
+    return false;
+}
+
+static int walk_strings(const ProtobufCMessageDescriptor *d, const uint8_t *p, const uint8_t *end, int depth,
+                        char *path, size_t at, size_t pathcap, char *msg, size_t msglen)
+{
+    if (depth > WIRE_MAX_DEPTH)
+        FAIL(DQ_PROTOCOL, "the header message nests deeper than %d levels", WIRE_MAX_DEPTH);
+    while (p < end) {
+        uint64_t tag, len = 0;
+        if (!wire_varint(&p, end, &tag))
+            FAIL(DQ_PROTOCOL, "the header message is not a valid protobuf message");
+        switch (tag & 7) {
+        case 0:
+            if (!wire_varint(&p, end, &len))
+                FAIL(DQ_PROTOCOL, "the header message is not a valid protobuf message");
+            continue;
+        case 1:
+            len = 8;
+            break;
+        case 5:
+            len = 4;
+            break;
+        case 2:
+            if (!wire_varint(&p, end, &len))
+                FAIL(DQ_PROTOCOL, "the header message is not a valid protobuf message");
+            break;
+        default:
+            FAIL(DQ_PROTOCOL, "the header message is not a valid protobuf message (wire type %u)", (unsigned)(tag & 7));
+        }
+        if (len > (uint64_t)(end - p))
+            FAIL(DQ_PROTOCOL, "the header message is not a valid protobuf message");
+        const ProtobufCFieldDescriptor *f = (tag & 7) == 2 && tag >> 3 <= UINT32_MAX
+                                                ? protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3))
+                                                : NULL;
+        if (f && (f->type == PROTOBUF_C_TYPE_STRING || f->type == PROTOBUF_C_TYPE_MESSAGE)) {
+            /* path: "body.field.field" (truncated when long; it only names the field) */
+            size_t next = at + (size_t)snprintf(path + at, pathcap - at, "%s%s", at ? "." : "", f->name);
+            if (next >= pathcap)
+                next = pathcap - 1;
+            if (f->type == PROTOBUF_C_TYPE_STRING) {
+                bool nul;
+                const size_t bad = utf8_bad(p, (size_t)len, &nul);
+                if (bad < len)
+                    FAIL(DQ_INVALID_ARGUMENT, "%s: %s at byte %zu of %llu; names are UTF-8 without NUL", path,
+                         nul ? "a NUL byte" : "invalid UTF-8", bad, (ull)len);
+            } else {
+                FORWARD(walk_strings(f->descriptor, p, p + len, depth + 1, path, next, pathcap, msg, msglen));
+            }
+            path[at] = 0;
+        }
+        p += len;
+    }
+    return DQ_OK;
+}
+
+int dqd_validate_strings(const ProtobufCMessageDescriptor *desc, const uint8_t *header, size_t header_len, char *msg,
+                         size_t msglen)
+{
+    char path[160] = "";
+    if (!header_len)
+        return DQ_OK;
+    if (!header)
+        FAIL(DQ_PROTOCOL, "header missing");
+    return walk_strings(desc, header, header + header_len, 0, path, 0, sizeof path, msg, msglen);
 }

@@ -97,6 +97,16 @@ int dqd_tensor_expect(const dqd_tensor *t, const char *what, const uint64_t *sha
  * after dqd_request_validate they tile [0, nccl_payload). Returns 0 or DQ_NOMEM. */
 int dqd_nccl_segments(const Dquant__Request *req, dqd_seg **out, size_t *nseg);
 
+/* Every string field of a header message as it was on the wire (header: the protobuf bytes of
+ * header_len, desc: dquant__request__descriptor for a request), sub-messages included: valid UTF-8
+ * and no NUL byte (DQ_INVALID_ARGUMENT naming the field, e.g. "attend.items.seq.ns"). protobuf-c
+ * hands strings over NUL-terminated without their length, so a name with a NUL inside would be cut
+ * there and alias another; only the wire bytes show it. Run it before dqd_request_validate, whose
+ * length limits then hold for the names as sent. Bytes fields (sequence and chunk keys, secrets,
+ * profiles) may hold any bytes. DQ_PROTOCOL for bytes that are not a protobuf message. */
+int dqd_validate_strings(const ProtobufCMessageDescriptor *desc, const uint8_t *header, size_t header_len, char *msg,
+                         size_t msglen);
+
 /* Self-consistency of a whole request. *op gets the request kind (DQD_OP_UNKNOWN for none). */
 int dqd_request_validate(const Dquant__Request *req, const dqd_payload *pl, const dqd_limits *lim, dqd_op *op,
                          char *msg, size_t msglen);

@@ -126,6 +126,21 @@ int dqc_register_model_ex(dqc_client *c, const dqc_model_spec *spec, uint32_t ch
     return rc;
 }
 
+int dqc_unregister_model(dqc_client *c, const char *name)
+{
+    DQC_CHECK_HANDLE(c);
+    DQC_CHECK_ARG(c, name && name[0], "unregister_model: a model name is required");
+    Dquant__UnregisterModel um = DQUANT__UNREGISTER_MODEL__INIT;
+    um.name = (char *)name;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_UNREGISTER_MODEL;
+    req.unregister_model = &um;
+    dqc__reply rep;
+    DQC_FORWARD(dqc__call(c, &req, NULL, 0, 0, DQUANT__RESPONSE__BODY_OK, NULL, NULL, &rep));
+    dqc__reply_free(&rep);
+    return 0;
+}
+
 /* keys (n · 16 bytes) as protobuf bytes fields; *out malloc'd (NULL when n is 0). */
 static int keys_fill(dqc_client *c, const char *op, const uint8_t *keys, size_t n, ProtobufCBinaryData **out)
 {

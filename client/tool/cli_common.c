@@ -73,6 +73,9 @@ int cli_conn_option(cli_conn *cc, int opt, const char *arg, int *rc)
         free(data);
         return 1;
     }
+    case CLI_OPT_CLIENT_NAME:
+        cc->client_name = arg;
+        return 1;
     case CLI_OPT_TIMEOUT: {
         uint32_t ms;
         if (cli_u32(arg, &ms) || ms == 0 || ms > 86400000u) {
@@ -92,7 +95,7 @@ int cli_connect(const cli_conn *cc, const char *prog, dqc_client **out)
 {
     dqc_options o;
     dqc_options_default(&o);
-    o.client_name = "dquant";
+    o.client_name = cc->client_name ? cc->client_name : "dquant";
     if (cc->timeout_ms) {
         o.connect_timeout_ms = cc->timeout_ms;
         o.io_timeout_ms = cc->timeout_ms;

@@ -21,6 +21,7 @@ enum {
     CLI_OPT_SECRET,
     CLI_OPT_SECRET_FILE,
     CLI_OPT_TIMEOUT,
+    CLI_OPT_CLIENT_NAME,
     CLI_OPT_HELP,
     CLI_OPT_FIRST_OWN, /* subcommands number their own long-only options from here */
 };
@@ -32,6 +33,7 @@ enum {
     {"secret", required_argument, NULL, CLI_OPT_SECRET},            \
     {"secret-file", required_argument, NULL, CLI_OPT_SECRET_FILE},  \
     {"timeout", required_argument, NULL, CLI_OPT_TIMEOUT},          \
+    {"client-name", required_argument, NULL, CLI_OPT_CLIENT_NAME},  \
     {"help", no_argument, NULL, CLI_OPT_HELP}
 // clang-format on
 
@@ -46,6 +48,8 @@ enum {
     "       --secret). Default: $DQUANT_SECRET if set. The file form keeps it out of ps.\n"           \
     "   --timeout MS\n"                                                                               \
     "       Connect timeout and longest wait without progress on a request (default 5000 / 60000).\n" \
+    "   --client-name NAME\n"                                                                         \
+    "       Name sent in HELLO (default: dquant); dquantd counts models per client name.\n"           \
     "   --help\n"                                                                                     \
     "       Print this manual page and exit.\n"
 
@@ -53,7 +57,8 @@ typedef struct cli_conn {
     const char *addr;
     char *secret; /* owned */
     size_t secret_len;
-    int timeout_ms; /* 0: library defaults */
+    int timeout_ms;          /* 0: library defaults */
+    const char *client_name; /* HELLO's; NULL: "dquant" */
 } cli_conn;
 
 void cli_conn_init(cli_conn *cc);

@@ -1,5 +1,5 @@
-/* dquant command-line tool: one subcommand per daemon operation — register, put, get, attend,
- * delete, pin, unpin, stats, ping. Each is a thin layer over libdquant-client. */
+/* dquant command-line tool: one subcommand per daemon operation — register, unregister, put, get,
+ * attend, delete, pin, unpin, stats, ping. Each is a thin layer over libdquant-client. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,6 +153,58 @@ int dq_cmd_register(int argc, char **argv)
 out:
     dqc_free(c);
     free(profile);
+    cli_conn_free(&cc);
+    return status;
+}
+
+/* ================================ unregister ================================ */
+
+static const char unregister_help[] =
+    "NAME\n"
+    "       dquant unregister - remove a registered model from dquantd\n"
+    "\n"
+    "SYNOPSIS\n"
+    "       dquant unregister --model NAME [OPTIONS]\n"
+    "\n"
+    "DESCRIPTION\n"
+    "       Removes a model, freeing its name and its place in the registry (dquantd counts models\n"
+    "       per client name: max_models_per_client). Fails with BUSY while sequences or chunks of the\n"
+    "       model exist (delete them first; nothing is deleted for you) or a request is using it, and\n"
+    "       with NOT_FOUND for an unknown name.\n"
+    "\n"
+    "OPTIONS\n"
+    "   --model NAME\n"
+    "       Model name (required).\n" CLI_CONN_HELP "\n" EXIT_HELP "\n"
+    "EXAMPLES\n"
+    "       dquant unregister --model llama3-8b\n";
+
+int dq_cmd_unregister(int argc, char **argv)
+{
+    const char *prog = "unregister";
+    cli_conn cc;
+    cli_conn_init(&cc);
+    const char *name = NULL;
+    dqc_client *c = NULL;
+    const cli_opt opts[] = {
+        CLI_STR("model", &name),
+        CLI_OPT_END,
+    };
+    int status = cli_parse(argc, argv, prog, unregister_help, opts, &cc);
+    if (status != CLI_CONTINUE)
+        goto out;
+    EXIT_IF(!name || !*name, CLI_USAGE, "--model is required");
+    status = CLI_FAILED;
+    if (cli_connect(&cc, prog, &c))
+        goto out;
+    int rc = dqc_unregister_model(c, name);
+    if (rc) {
+        cli_call_error(prog, "unregister", c, rc);
+        goto out;
+    }
+    printf("model %s: unregistered\n", name);
+    status = CLI_OK;
+out:
+    dqc_free(c);
     cli_conn_free(&cc);
     return status;
 }

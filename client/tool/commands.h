@@ -8,6 +8,7 @@
 
 /* client/tool/cmd_ops.c */
 int dq_cmd_register(int argc, char **argv);
+int dq_cmd_unregister(int argc, char **argv);
 int dq_cmd_put(int argc, char **argv);
 int dq_cmd_get(int argc, char **argv);
 int dq_cmd_attend(int argc, char **argv);

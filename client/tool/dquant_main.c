@@ -13,6 +13,7 @@ typedef struct subcmd {
 
 static const subcmd subcmds[] = {
     {"register", dq_cmd_register, "register a model (shape and codec profile)"},
+    {"unregister", dq_cmd_unregister, "remove a model no sequence uses"},
     {"put", dq_cmd_put, "append K/V tokens to a sequence"},
     {"get", dq_cmd_get, "read tokens back, decompressed or as raw containers"},
     {"attend", dq_cmd_attend, "decode attention on the compressed cache (batched)"},

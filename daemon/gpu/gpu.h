@@ -65,6 +65,10 @@ bool dqd_gpu_model_ok(const dqd_gpu *g, const dqd_model *m);
 
 /* Store hook (dqd_store_gpu_enable): frees every GPU layer of a sequence nothing uses any more. */
 void dqd_gpu_free_seq_layers(void *gpu, dqd_seq *seq);
+/* Registry hook (dqd_registry_on_codec_free): frees the device codec made for codec, which is
+ * going (a later codec at the same address must not find it). Nothing may use it any more: the
+ * registry frees only codecs no model and no request references. */
+void dqd_gpu_forget_codec(void *gpu, const dqd_codec *codec);
 
 /* Upper estimate of the device bytes, for dqd_store_gpu_reserve, of appending ntok tokens (may be
  * 0) to a layer: gpu when it is on the GPU; else host (may be NULL: a new layer) moved there. */

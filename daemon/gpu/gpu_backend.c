@@ -204,6 +204,24 @@ fail:
     return rc;
 }
 
+void dqd_gpu_forget_codec(void *gpu, const dqd_codec *codec)
+{
+    dqd_gpu *g = gpu;
+    pthread_mutex_lock(&g->mu);
+    dqd_gcodec **pp = &g->codecs;
+    while (*pp && (*pp)->codec != codec)
+        pp = &(*pp)->next;
+    dqd_gcodec *c = *pp;
+    if (c)
+        *pp = c->next;
+    pthread_mutex_unlock(&g->mu);
+    if (c) {
+        cudaSetDevice(g->device);
+        dqcu_codec_free(c->dc);
+        free(c);
+    }
+}
+
 int dqd_gcodec_get(dqd_gpu *g, const dqd_codec *codec, const dqcu_codec **out)
 {
     int rc = DQ_OK;

@@ -50,6 +50,12 @@ void dqd_gpu_free_seq_layers(void *gpu, dqd_seq *seq)
     (void)seq;
 }
 
+void dqd_gpu_forget_codec(void *gpu, const dqd_codec *codec)
+{
+    (void)gpu;
+    (void)codec;
+}
+
 uint64_t dqd_gpu_need(const dqd_codec *codec, const dq_layer *host, const dqd_glayer *gpu, uint64_t ntok)
 {
     (void)codec;

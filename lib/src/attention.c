@@ -8,6 +8,7 @@
  * The accumulator lives in the rotated domain and is un-rotated once per head; the BF16 tail is then
  * attended exactly in the original domain with the same running max and sum (online softmax). */
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "codec_internal.h"
@@ -230,22 +231,86 @@ static int attend_decoded_windows(const dq_codec *c, dq_workspace *ws, const dq_
     return DQ_OK;
 }
 
-static int check_items(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, const dq_attn_item *items, size_t nitems)
+int dq_attend_check_query(const float *q, uint32_t q_heads, uint32_t head_dim, float scale, uint32_t *bad_head,
+                          double *norm)
+{
+    DQ_RETURN_IF(!q || !q_heads || !head_dim, DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(!isfinite(scale), DQ_INVALID_ARGUMENT);
+    const double s = fabs((double)scale) > 1.0 ? fabs((double)scale) : 1.0, root_d = sqrt((double)head_dim);
+    int64_t nonfinite = -1, range = -1;
+    double range_norm = 0;
+    for (uint32_t h = 0; h < q_heads; h++) {
+        const float *qh = q + (size_t)h * head_dim;
+        /* The largest |q_j| as its bits (an integer max vectorizes where a float one may not);
+         * at or above the exponent of infinity it is NaN or Inf. */
+        int32_t mb = 0;
+        for (uint32_t j = 0; j < head_dim; j++) {
+            int32_t b;
+            memcpy(&b, &qh[j], sizeof b);
+            b &= 0x7fffffff;
+            mb = b > mb ? b : mb;
+        }
+        if (mb >= 0x7f800000) {
+            nonfinite = h;
+            break; /* NaN/Inf wins over any range error */
+        }
+        if (range >= 0)
+            continue;
+        float mx;
+        memcpy(&mx, &mb, sizeof mx);
+        /* ‖q_h‖₂ <= sqrt(d)·max|q_j|: the exact norm only when that bound is over the limit, in
+         * double (a sum of squares of finite floats cannot overflow there) */
+        if ((double)mx * root_d * s <= DQ_ATTEND_QUERY_MAX)
+            continue;
+        double ss = 0;
+        for (uint32_t j = 0; j < head_dim; j++)
+            ss += (double)qh[j] * (double)qh[j];
+        const double x = sqrt(ss) * s;
+        if (!(x <= DQ_ATTEND_QUERY_MAX)) {
+            range = h;
+            range_norm = x;
+        }
+    }
+    if (nonfinite >= 0 || range >= 0) {
+        if (bad_head)
+            *bad_head = (uint32_t)(nonfinite >= 0 ? nonfinite : range);
+        if (norm)
+            *norm = nonfinite >= 0 ? INFINITY : range_norm;
+        return nonfinite >= 0 ? DQ_NONFINITE : DQ_RANGE;
+    }
+    return DQ_OK;
+}
+
+static int check_items(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale, const dq_attn_item *items,
+                       size_t nitems)
 {
     DQ_RETURN_IF(!c || !ws || ws->codec != c || (nitems && !items), DQ_INVALID_ARGUMENT);
     DQ_RETURN_IF(!q_heads || q_heads % c->profile.kv_heads, DQ_SHAPE);
+    DQ_RETURN_IF(!isfinite(scale), DQ_INVALID_ARGUMENT);
+    int rc = DQ_OK;
     for (size_t i = 0; i < nitems; i++) {
         DQ_RETURN_IF(!items[i].layer || !items[i].q || !items[i].out, DQ_INVALID_ARGUMENT);
-        DQ_FORWARD_IF_ERROR(dq_check_finite(items[i].q, DQ_DTYPE_F32, (size_t)q_heads * c->head_dim));
+        int r = dq_attend_check_query(items[i].q, q_heads, c->head_dim, scale, NULL, NULL);
+        DQ_RETURN_IF(r == DQ_NONFINITE, r); /* NaN/Inf anywhere in the batch wins over a range error */
+        if (r < 0 && rc == DQ_OK)
+            rc = r;
     }
-    return DQ_OK;
+    return rc;
+}
+
+/* Whether one head's result is finite (an empty layer's lse, -inf, is). */
+static bool head_finite(const float *out, float lse, double l, uint32_t d)
+{
+    for (uint32_t j = 0; j < d; j++)
+        if (!isfinite(out[j]))
+            return false;
+    return l > 0 ? isfinite(lse) : true;
 }
 
 int dq_attend(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale, const dq_attn_item *items,
               size_t nitems)
 {
-    DQ_FORWARD_IF_ERROR(check_items(c, ws, q_heads, items, nitems));
-    DQ_RETURN_IF(!isfinite(scale), DQ_INVALID_ARGUMENT);
+    DQ_FORWARD_IF_ERROR(check_items(c, ws, q_heads, scale, items, nitems));
     const dq__dsp *dsp = dq__dsp_get();
     const uint32_t d = c->head_dim, W = c->profile.window, G = q_heads / c->profile.kv_heads;
     const uint32_t per_head = 4 * d + W + 16; /* floats of attention state per query head */
@@ -305,8 +370,13 @@ int dq_attend(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale
                 double inv = st.l[h] > 0 ? 1.0 / st.l[h] : 0.0;
                 for (uint32_t j = 0; j < d; j++)
                     out[j] = (float)(acc[j] * inv);
+                const float lse = st.l[h] > 0 ? (float)((double)st.m[h] + log(st.l[h])) : -INFINITY;
                 if (it->lse)
-                    it->lse[qh0 + h] = st.l[h] > 0 ? (float)((double)st.m[h] + log(st.l[h])) : -INFINITY;
+                    it->lse[qh0 + h] = lse;
+                if (!head_finite(out, lse, st.l[h], d)) {
+                    dq__free(&c->alloc, blk);
+                    return DQ_RANGE;
+                }
             }
         }
     }
@@ -317,7 +387,7 @@ int dq_attend(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale
 int dq_attend_reference(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale, const dq_attn_item *items,
                         size_t nitems)
 {
-    DQ_FORWARD_IF_ERROR(check_items(c, ws, q_heads, items, nitems));
+    DQ_FORWARD_IF_ERROR(check_items(c, ws, q_heads, scale, items, nitems));
     const uint32_t n = c->n, d = c->head_dim, G = q_heads / c->profile.kv_heads;
     const dq_allocator *a = &c->alloc;
     float *k = dq__alloc(a, sizeof(float) * n * 2);

@@ -29,10 +29,13 @@ static void check_request(const uint8_t *header, size_t header_len, const uint8_
     lim.max_payload = 1u << 20;
     lim.max_batch_items = 64;
     char msg[256];
-    dqd_op op;
+    dqd_op op = DQD_OP_UNKNOWN;
     /* An NCCL payload is checked by its announced length alone; its bytes never reach a parser. */
     const dqd_payload pl = {payload, payload_len, NULL, req->nccl_payload, false};
-    int rc = dqd_request_validate(req, &pl, &lim, &op, msg, sizeof msg);
+    /* the names as the daemon sees them first: on the wire */
+    int rc = dqd_validate_strings(&dquant__request__descriptor, header, header_len, msg, sizeof msg);
+    if (rc == 0)
+        rc = dqd_request_validate(req, &pl, &lim, &op, msg, sizeof msg);
 
     /* What the daemon checks next, against a model and a profile it found. */
     const dqd_model_info model = {.layers = 4, .q_heads = 8, .kv_heads = 2, .head_dim = 64};

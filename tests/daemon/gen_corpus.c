@@ -32,6 +32,26 @@ static void emit(const char *name, const Dquant__Request *req, const wire_payloa
     free(f);
 }
 
+/* A frame of req whose header message has every from[0..n) replaced by to[0..n): bytes protobuf-c
+ * would never write (a NUL inside a string). */
+static void emit_patched(const char *name, const Dquant__Request *req, const char *from, const char *to, size_t n,
+                         uint64_t id)
+{
+    size_t hlen;
+    uint8_t *h = wire_pack(req, &hlen);
+    for (size_t i = 0; i + n <= hlen; i++)
+        if (memcmp(h + i, from, n) == 0)
+            memcpy(h + i, to, n);
+    uint8_t *f = malloc(DQ_FRAME_HEADER_BYTES + hlen);
+    if (!f)
+        exit(1);
+    memcpy(f + DQ_FRAME_HEADER_BYTES, h, hlen);
+    dq_frame_write_header(f, f + DQ_FRAME_HEADER_BYTES, (uint32_t)hlen, 0, id);
+    write_file(name, f, DQ_FRAME_HEADER_BYTES + hlen);
+    free(f);
+    free(h);
+}
+
 /* Deterministic pseudo-random floats. */
 static uint32_t rng = 12345;
 static float frand(void)
@@ -457,5 +477,20 @@ int main(int argc, char **argv)
     emit("bad_put_chunks_raw_key.bin", &req, &rpl, 49);
     ckeys[0].len = 16;
     wire_payload_free(&rpl);
+
+    Dquant__UnregisterModel um = DQUANT__UNREGISTER_MODEL__INIT;
+    um.name = "tiny";
+    req.body_case = DQUANT__REQUEST__BODY_UNREGISTER_MODEL;
+    req.unregister_model = &um;
+    emit("unregister_model.bin", &req, NULL, 50);
+    /* names on the wire: a NUL inside a namespace, invalid UTF-8 in a model name */
+    seq.ns = "engine-a#x";
+    req.body_case = DQUANT__REQUEST__BODY_DELETE;
+    req.delete_ = &del;
+    emit_patched("bad_ns_nul.bin", &req, "a#x", "a\0x", 3, 51);
+    um.name = "tiny~";
+    req.body_case = DQUANT__REQUEST__BODY_UNREGISTER_MODEL;
+    req.unregister_model = &um;
+    emit_patched("bad_name_utf8.bin", &req, "y~", "y\xc0", 2, 52);
     return 0;
 }

@@ -1,5 +1,6 @@
 /* Request validation: tensors that lie about where they are or how big they are, shapes that do
  * not match the model, products that overflow, limits. Pure functions: no daemon needed. */
+#define _GNU_SOURCE /* memmem */
 #include <criterion/criterion.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -571,4 +572,130 @@ Test(validate, raw_layers)
     l[1].layer = 7;
     cr_assert_eq(dqd_validate_raw_layers(lp, 2, 1, PL(payload, off), &model, &prof, out, &tokens, msg, sizeof msg),
                  DQ_INVALID_ARGUMENT);
+}
+
+/* A PUT whose namespace holds the bytes ns[0..n) on the wire (packed with a placeholder of the
+ * same length, then overwritten), checked by dqd_validate_strings. */
+static int ns_on_wire(const char *ns, size_t n)
+{
+    char placeholder[64];
+    cr_assert_lt(n, sizeof placeholder);
+    memset(placeholder, '~', n);
+    placeholder[n] = 0;
+    put_fixture f;
+    make_put(&f);
+    f.seq.ns = placeholder;
+    uint8_t key0[] = {0, 0xff, 0}; /* bytes fields take any bytes */
+    f.seq.key.data = key0;
+    f.seq.key.len = sizeof key0;
+    size_t len = dquant__request__get_packed_size(&f.req);
+    uint8_t *h = malloc(len);
+    dquant__request__pack(&f.req, h);
+    uint8_t *p = memmem(h, len, placeholder, n);
+    cr_assert(p);
+    memcpy(p, ns, n);
+    int rc = dqd_validate_strings(&dquant__request__descriptor, h, len, msg, sizeof msg);
+    free(h);
+    return rc;
+}
+
+/* Every string of a request is UTF-8 without NUL, on the wire (issue 18.7); bytes fields, packed
+ * shapes and unknown fields are not mistaken for strings. */
+Test(validate, strings_on_the_wire)
+{
+    static const struct {
+        const char *s;
+        size_t n;
+        int ok;
+    } cases[] = {
+        {"tenantA", 7, 1},
+        {"t\xc3\xa9nant", 7, 1},    /* U+00E9 */
+        {"\xe3\x83\x86", 3, 1},     /* U+30C6 */
+        {"\xf4\x8f\xbf\xbf", 4, 1}, /* U+10FFFF, the last code point */
+        {"\xef\xbf\xbf", 3, 1},     /* U+FFFF */
+        {"tenantA\0x", 9, 0},       /* NUL */
+        {"\0", 1, 0},
+        {"a\x80", 2, 0},                /* stray continuation byte */
+        {"\xc0\x80", 2, 0},             /* overlong NUL */
+        {"\xc1\xbf", 2, 0},             /* overlong */
+        {"\xe0\x9f\xbf", 3, 0},         /* overlong 3-byte */
+        {"\xf0\x8f\xbf\xbf", 4, 0},     /* overlong 4-byte */
+        {"\xed\xa0\x80", 3, 0},         /* U+D800, a surrogate */
+        {"\xed\xbf\xbf", 3, 0},         /* U+DFFF */
+        {"\xf4\x90\x80\x80", 4, 0},     /* U+110000 */
+        {"\xf8\x88\x80\x80\x80", 5, 0}, /* 5-byte form */
+        {"ab\xe3\x83", 4, 0},           /* truncated at the end */
+        {"\xe3\x83x", 3, 0},            /* truncated in the middle */
+        {"\xff", 1, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = ns_on_wire(cases[i].s, cases[i].n);
+        cr_assert_eq(rc, cases[i].ok ? DQ_OK : DQ_INVALID_ARGUMENT, "case %zu: %d (%s)", i, rc, msg);
+        if (!cases[i].ok)
+            cr_assert(strncmp(msg, "put.seq.ns: ", 12) == 0, "case %zu: %s", i, msg);
+    }
+    cr_assert_eq(ns_on_wire("tenantA\0x", 9), DQ_INVALID_ARGUMENT);
+    cr_assert(strstr(msg, "a NUL byte at byte 7 of 9"), "%s", msg);
+    cr_assert_eq(ns_on_wire("ab\xe3\x83", 4), DQ_INVALID_ARGUMENT);
+    cr_assert(strstr(msg, "invalid UTF-8 at byte 2 of 4"), "%s", msg);
+
+    /* a string inside a repeated message field: ATTEND items[1].seq.ns */
+    Dquant__SeqRef s0 = seqref(), s1 = seqref();
+    s1.ns = "bad~";
+    Dquant__AttendItem i0 = DQUANT__ATTEND_ITEM__INIT, i1 = DQUANT__ATTEND_ITEM__INIT;
+    i0.seq = &s0;
+    i1.seq = &s1;
+    Dquant__AttendItem *items[] = {&i0, &i1};
+    Dquant__Attend a = DQUANT__ATTEND__INIT;
+    a.items = items;
+    a.n_items = 2;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_ATTEND;
+    req.attend = &a;
+    size_t len = dquant__request__get_packed_size(&req);
+    uint8_t *h = malloc(len);
+    dquant__request__pack(&req, h);
+    cr_assert_eq(dqd_validate_strings(&dquant__request__descriptor, h, len, msg, sizeof msg), DQ_OK);
+    /* bytes that are not a protobuf message: the last field cut short */
+    cr_assert_eq(dqd_validate_strings(&dquant__request__descriptor, h, len - 1, msg, sizeof msg), DQ_PROTOCOL);
+    uint8_t *p = memmem(h, len, "bad~", 4);
+    p[3] = 0xfe;
+    cr_assert_eq(dqd_validate_strings(&dquant__request__descriptor, h, len, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    cr_assert(strstr(msg, "attend.items.seq.ns: invalid UTF-8 at byte 3 of 4") == msg, "%s", msg);
+    free(h);
+    cr_assert_eq(dqd_validate_strings(&dquant__request__descriptor, NULL, 0, msg, sizeof msg), DQ_OK);
+}
+
+/* HELLO's client_name and features, UNREGISTER_MODEL's name: lengths and control characters. */
+Test(validate, names)
+{
+    Dquant__Hello h = DQUANT__HELLO__INIT;
+    h.client_name = "tenant\n";
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_HELLO;
+    req.hello = &h;
+    dqd_op op;
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 0), &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    h.client_name = "tenant";
+    char *features[] = {"nccl", ""};
+    h.features = features;
+    h.n_features = 2;
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 0), &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    char longname[200];
+    memset(longname, 'f', sizeof longname - 1);
+    longname[sizeof longname - 1] = 0;
+    features[1] = longname;
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 0), &lim, &op, msg, sizeof msg), DQ_TOO_LARGE);
+    h.n_features = 1;
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 0), &lim, &op, msg, sizeof msg), DQ_OK);
+
+    Dquant__UnregisterModel um = DQUANT__UNREGISTER_MODEL__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_UNREGISTER_MODEL;
+    req.unregister_model = &um;
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 0), &lim, &op, msg, sizeof msg), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(op, DQD_OP_UNREGISTER_MODEL);
+    um.name = longname;
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 0), &lim, &op, msg, sizeof msg), DQ_TOO_LARGE);
+    um.name = "m";
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 0), &lim, &op, msg, sizeof msg), DQ_OK);
 }

@@ -397,3 +397,115 @@ Test(attention, concurrent_readers)
     dq_workspace_free(ws);
     dq_codec_free(codec);
 }
+
+/* Extreme finite queries (issue 18): a query head whose ‖q‖·max(1, |scale|) exceeds 2^64 is refused
+ * with DQ_RANGE (before the check it came back as NaN outputs and an infinite LSE), NaN still wins
+ * over it anywhere in the batch, and a query just below the limit is answered exactly: every logit
+ * finite, the output the reference's (the softmax is one-hot at that size), the LSE finite. */
+Test(attention, extreme_queries)
+{
+    dq_codec *codec = dqt_codec_builtin("dq226", 2, 128);
+    dq_workspace *ws = NULL;
+    cr_assert_eq(dq_workspace_create(codec, &ws), DQ_OK);
+    const uint32_t qh = 4, d = 128;
+    cache c;
+    cache_make(&c, codec, ws, 300); /* two sealed windows and a BF16 tail */
+    float q[4 * 128], out[4 * 128], lse[4];
+    for (uint32_t i = 0; i < qh * d; i++)
+        q[i] = (float)dqt_normal(&rng);
+    dq_attn_item it = {c.layer, q, out, lse};
+    const float scale = 1.0f / sqrtf((float)d);
+
+    /* one head near the float maximum */
+    for (uint32_t j = 0; j < d; j++)
+        q[2 * d + j] = (j & 1) ? -3e37f : 3e37f;
+    int rc = dq_attend(codec, ws, qh, scale, &it, 1);
+    cr_assert_eq(rc, DQ_RANGE, "q near FLT_MAX: %s", dq_err_name(rc));
+    uint32_t bad = 99;
+    double norm = 0;
+    cr_assert_eq(dq_attend_check_query(q, qh, d, scale, &bad, &norm), DQ_RANGE);
+    cr_assert_eq(bad, 2);
+    cr_assert(norm > DQ_ATTEND_QUERY_MAX && isfinite(norm), "norm %g", norm);
+    cr_assert_eq(dq_attend_reference(codec, ws, qh, scale, &it, 1), DQ_RANGE);
+
+    /* NaN in a later item of the batch wins over the range error */
+    float q2[4 * 128], out2[4 * 128], lse2[4];
+    for (uint32_t i = 0; i < qh * d; i++)
+        q2[i] = 0.5f;
+    q2[7] = NAN;
+    dq_attn_item two[2] = {{c.layer, q, out, lse}, {c.layer, q2, out2, lse2}};
+    cr_assert_eq(dq_attend(codec, ws, qh, scale, two, 2), DQ_NONFINITE);
+
+    /* an ordinary query with a scale near the float maximum */
+    for (uint32_t i = 0; i < qh * d; i++)
+        q[i] = (float)dqt_normal(&rng);
+    rc = dq_attend(codec, ws, qh, 3e38f, &it, 1);
+    cr_assert_eq(rc, DQ_RANGE, "scale 3e38: %s", dq_err_name(rc));
+    cr_assert_eq(dq_attend(codec, ws, qh, INFINITY, &it, 1), DQ_INVALID_ARGUMENT);
+
+    /* just below the limit: exact, finite */
+    const float big = (float)(0.99 * DQ_ATTEND_QUERY_MAX / sqrt((double)d));
+    for (uint32_t i = 0; i < qh * d; i++)
+        q[i] = (i * 2654435761u >> 7) & 1 ? big : -big;
+    cr_assert_eq(dq_attend_check_query(q, qh, d, 1.0f, NULL, NULL), DQ_OK);
+    cr_assert_eq(dq_attend(codec, ws, qh, 1.0f, &it, 1), DQ_OK);
+    float rout[4 * 128], rlse[4];
+    dq_attn_item rit = {c.layer, q, rout, rlse};
+    cr_assert_eq(dq_attend_reference(codec, ws, qh, 1.0f, &rit, 1), DQ_OK);
+    for (uint32_t h = 0; h < qh; h++) {
+        cr_assert(isfinite(lse[h]) && lse[h] > 1e18f, "head %u: lse %g", h, (double)lse[h]);
+        cr_assert(fabs((double)lse[h] - rlse[h]) <= 1e-4 * fabs((double)rlse[h]), "head %u: lse %g vs %g", h,
+                  (double)lse[h], (double)rlse[h]);
+        for (uint32_t j = 0; j < d; j++) {
+            cr_assert(isfinite(out[h * d + j]), "head %u: output %u is %g", h, j, (double)out[h * d + j]);
+            cr_assert(fabsf(out[h * d + j] - rout[h * d + j]) <= 1e-3f * (1.0f + fabsf(rout[h * d + j])),
+                      "head %u, %u: %g vs reference %g", h, j, (double)out[h * d + j], (double)rout[h * d + j]);
+        }
+    }
+    cache_free(&c);
+    dq_workspace_free(ws);
+    dq_codec_free(codec);
+}
+
+/* A result that overflows anyway is an error, never Inf/NaN: bf16 baseline records restored with
+ * keys near the float maximum (no range check applies to restored baseline records) make every
+ * logit of an ordinary query overflow. */
+Test(attention, overflowing_result_is_an_error)
+{
+    dq_profile p;
+    cr_assert_eq(dq_profile_baseline("bf16", 2, 64, &p), DQ_OK);
+    dq_codec *codec = NULL;
+    cr_assert_eq(dq_codec_create(&p, NULL, &codec), DQ_OK);
+    dq_workspace *ws = NULL;
+    cr_assert_eq(dq_workspace_create(codec, &ws), DQ_OK);
+    const size_t wb = dq_codec_window_bytes(codec), rk = dq_codec_record_bytes(codec, DQ_KIND_K);
+    const size_t mb = dq_codec_mean_bytes(codec), W = p.window;
+    uint8_t *win = dqt_xmalloc(wb);
+    memset(win, 0, wb);
+    for (size_t t = 0; t < W; t++) {
+        uint8_t *kr = win + mb + t * rk, *vr = win + mb + W * rk + t * dq_codec_record_bytes(codec, DQ_KIND_V);
+        for (size_t j = 0; j < rk / 2; j++) {
+            kr[2 * j] = 0x80, kr[2 * j + 1] = 0x7e; /* bf16 0x7e80 = 2^126 */
+            vr[2 * j] = 0x80, vr[2 * j + 1] = 0x3f; /* 1.0 */
+        }
+    }
+    dq_layer *l = NULL;
+    cr_assert_eq(dq_layer_restore(codec, win, 1, NULL, NULL, 0, &l), DQ_OK);
+    float q[2 * 64], out[2 * 64], lse[2];
+    for (int i = 0; i < 2 * 64; i++)
+        q[i] = 1.0f;
+    dq_attn_item it = {l, q, out, lse};
+    int rc = dq_attend(codec, ws, 2, 1.0f, &it, 1);
+    cr_assert_eq(rc, DQ_RANGE, "logits beyond the float range: %s (out[0] %g, lse %g)", dq_err_name(rc), (double)out[0],
+                 (double)lse[0]);
+    /* the same layer with a query small enough gives finite results */
+    for (int i = 0; i < 2 * 64; i++)
+        q[i] = 1e-30f;
+    cr_assert_eq(dq_attend(codec, ws, 2, 1.0f, &it, 1), DQ_OK);
+    for (int i = 0; i < 2 * 64; i++)
+        cr_assert(isfinite(out[i]) && fabsf(out[i] - 1.0f) < 1e-6f, "out %d = %g", i, (double)out[i]);
+    dq_layer_free(l);
+    free(win);
+    dq_workspace_free(ws);
+    dq_codec_free(codec);
+}

@@ -65,6 +65,31 @@ uint8_t *wire_frame(const Dquant__Request *req, const void *payload, size_t payl
     return f;
 }
 
+uint8_t *wire_pack(const Dquant__Request *req, size_t *len)
+{
+    *len = dquant__request__get_packed_size(req);
+    uint8_t *h = malloc(*len + 1);
+    if (!h)
+        abort();
+    dquant__request__pack(req, h);
+    return h;
+}
+
+int wire_send_header(int fd, const uint8_t *header, size_t header_len, const void *payload, size_t payload_len,
+                     uint64_t id)
+{
+    uint8_t *f = malloc(DQ_FRAME_HEADER_BYTES + header_len + payload_len + 1);
+    if (!f)
+        abort();
+    memcpy(f + DQ_FRAME_HEADER_BYTES, header, header_len);
+    dq_frame_write_header(f, f + DQ_FRAME_HEADER_BYTES, (uint32_t)header_len, payload_len, id);
+    if (payload_len)
+        memcpy(f + DQ_FRAME_HEADER_BYTES + header_len, payload, payload_len);
+    int rc = wire_send_all(fd, f, DQ_FRAME_HEADER_BYTES + header_len + payload_len);
+    free(f);
+    return rc;
+}
+
 int wire_connect_unix(const char *path)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};

@@ -25,6 +25,13 @@ void wire_payload_free(wire_payload *pl);
 uint8_t *wire_frame(const Dquant__Request *req, const void *payload, size_t payload_len, uint64_t id,
                     size_t *frame_len);
 
+/* The header message of a request, packed (malloc'd; *len its bytes), for tests that change bytes
+ * protobuf-c would never write (a NUL inside a string) before sending it with wire_send_header. */
+uint8_t *wire_pack(const Dquant__Request *req, size_t *len);
+/* Sends one frame of an already packed header message and the payload bytes. 0 or -1. */
+int wire_send_header(int fd, const uint8_t *header, size_t header_len, const void *payload, size_t payload_len,
+                     uint64_t id);
+
 /* A blocking connection to a Unix socket or to 127.0.0.1:port (TCP_NODELAY); -1 on failure. */
 int wire_connect_unix(const char *path);
 int wire_connect_tcp(uint16_t port);

@@ -103,9 +103,20 @@ Test(tool, subcommands_against_a_daemon)
     cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
     cr_assert_str_eq(out, "1\n");
 
+    /* a model with a sequence stays; once the sequence is deleted it can go */
+    char unreg[1024];
+    snprintf(unreg, sizeof unreg, "%s unregister --connect %s --client-name ops --model cli 2>&1", tool, D.addr);
+    cr_assert_eq(run_cli(unreg, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "BUSY") != NULL, "%s", out);
+
     snprintf(cmd, sizeof cmd, "%s delete --connect %s --key k1 2>&1", tool, D.addr);
     cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
     cr_assert_eq(run_cli(cmd, out, sizeof out), 1, "%s", out); /* gone */
+    cr_assert(strstr(out, "NOT_FOUND") != NULL, "%s", out);
+
+    cr_assert_eq(run_cli(unreg, out, sizeof out), 0, "%s", out);
+    cr_assert_str_eq(out, "model cli: unregistered\n");
+    cr_assert_eq(run_cli(unreg, out, sizeof out), 1, "%s", out);
     cr_assert(strstr(out, "NOT_FOUND") != NULL, "%s", out);
 
     snprintf(cmd, sizeof cmd,

@@ -177,6 +177,14 @@ DQC_API int dqc_register_model(dqc_client *client, const dqc_model_spec *spec, d
 DQC_API int dqc_register_model_ex(dqc_client *client, const dqc_model_spec *spec, uint32_t chunk_tokens,
                                   dqc_model_info *info, uint32_t *chunk_tokens_out);
 
+/* Removes a registered model (name: borrowed), freeing its name and its place in the registry.
+ * DQ_BUSY while a sequence or chunk of the model exists (delete them first: nothing is deleted by
+ * this call) or a request of any client is using it; DQ_NOT_FOUND for an unknown name. Any client
+ * may unregister any model. The daemon counts each model against the client_name that registered
+ * it (its max_models_per_client, DQ_RESOURCE_EXHAUSTED beyond). Not retried after a break in
+ * flight (a repeat would answer DQ_NOT_FOUND). */
+DQC_API int dqc_unregister_model(dqc_client *client, const char *name);
+
 /* ---- PUT ---- */
 
 /* Appends tokens [start_token, start_token + tokens) to layers [first_layer, first_layer +

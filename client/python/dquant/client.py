@@ -279,7 +279,7 @@ def _seq(key: Key, ns: Optional[str] = None):
     kb = key.encode() if isinstance(key, str) else bytes(key)
     kbuf = ctypes.create_string_buffer(kb, len(kb) or 1)
     s = dqc_seq()
-    s.ns = ns.encode() if ns else None
+    s.ns = _ns(ns)
     s.key = ctypes.cast(kbuf, ctypes.c_void_p)
     s.key_len = len(kb)
     return s, kbuf
@@ -298,7 +298,7 @@ class Client:
         self._h = ctypes.c_void_p()
         o = dqc_options()
         lib.dqc_options_default(ctypes.byref(o))
-        self._name = client_name.encode()
+        self._name = _text(client_name, "client_name")
         o.client_name = self._name
         if secret is not None:
             sb = secret.encode() if isinstance(secret, str) else bytes(secret)
@@ -377,11 +377,11 @@ class Client:
         the server uses), "chunk_tokens" (the model's; None from a library without
         dqc_register_model_ex, where asking for a size raises UnsupportedError)}."""
         spec = dqc_model_spec()
-        nb = name.encode()
+        nb = _text(name, "model name")
         spec.name, spec.layers, spec.q_heads, spec.kv_heads, spec.head_dim = nb, layers, q_heads, kv_heads, head_dim
         keep = None
         if isinstance(profile, str):
-            pb = profile.encode()
+            pb = _text(profile, "profile name")
             spec.profile_name = pb
         else:
             ser = profile.serialize()
@@ -402,6 +402,16 @@ class Client:
         return {"existed": bool(info.existed), "bits_per_value": info.bits_per_value,
                 "profile": bytes(info.profile[:info.profile_len]), "chunk_tokens": ct_out}
 
+    def unregister_model(self, name: str) -> None:
+        """Removes a registered model, freeing its name and its place in the registry (the daemon
+        counts models per client_name: max_models_per_client, RESOURCE_EXHAUSTED beyond). ClientError
+        BUSY while sequences or chunks of the model exist (delete them first; nothing is deleted for
+        you) or a request uses it; NOT_FOUND for an unknown name. UnsupportedError from a
+        libdquant-client without dqc_unregister_model."""
+        fn = _optional("dqc_unregister_model", "unregister_model")
+        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p]
+        self._check(fn(self.handle, _text(name, "model name")), "unregister_model")
+
     def put(self, key: Key, k: Array, v: Array, model: str, start_token: int = 0, first_layer: int = 0,
             ns: Optional[str] = None, prefix_chunks: Optional[Sequence[bytes]] = None) -> Dict[str, int]:
         """Appends k and v ([num_layers, tokens, kv_heads, head_dim], f32/f16/bf16) to layers
@@ -415,7 +425,7 @@ class Client:
             raise ValueError(f"put: k {kin.shape} and v {vin.shape} must both be [layers, tokens, kv_heads, head_dim]")
         a = dqc_put_args()
         a.seq, kbuf = _seq(key, ns)
-        mb = model.encode()
+        mb = _text(model, "model")
         a.model, a.start_token, a.first_layer = mb, start_token, first_layer
         a.num_layers, a.tokens, a.kv_heads, a.head_dim = kin.shape
         a.dtype, a.k, a.v = kin.dtype, kin.ptr, vin.ptr
@@ -481,7 +491,7 @@ class Client:
         layers, keep = _raw_layers(raw, "put_raw")
         a = dqc_put_raw_args()
         a.seq, kbuf = _seq(key, ns)
-        mb = model.encode()
+        mb = _text(model, "model")
         pbuf = ctypes.create_string_buffer(bytes(raw.profile), max(1, len(raw.profile)))
         a.model, a.start_token = mb, int(start_token)
         a.first_layer = raw.first_layer if first_layer is None else int(first_layer)
@@ -598,7 +608,7 @@ class Client:
         self._dev_check((kin, vin), "put_dev")
         a = dqc_put_args()
         a.seq, kbuf = _seq(key, ns)
-        mb = model.encode()
+        mb = _text(model, "model")
         a.model, a.start_token, a.first_layer = mb, start_token, first_layer
         a.num_layers, a.tokens, a.kv_heads, a.head_dim = kin.shape
         a.dtype, a.k, a.v = kin.dtype, kin.ptr, vin.ptr
@@ -710,7 +720,7 @@ class Client:
         keys = list(keys)
         buf, n = _keys_buffer(keys, "lookup")
         r = dqc_lookup_result()
-        self._check(fn(self.handle, _ns(ns), model.encode(), buf, n, int(lease_ms), ctypes.byref(r)), "lookup")
+        self._check(fn(self.handle, _ns(ns), _text(model, "model"), buf, n, int(lease_ms), ctypes.byref(r)), "lookup")
         return LookupResult(int(r.hits), int(r.hit_tokens), int(r.chunk_tokens), tuple(keys[:r.hits]),
                             int(r.lease_id), int(r.lease_ms))
 
@@ -739,7 +749,7 @@ class Client:
             raise ValueError(f"put_chunks: {kin.shape[1]} tokens are not {n} whole chunks")
         pbuf = ctypes.create_string_buffer(bytes(parent), CHUNK_KEY_BYTES) if parent is not None else None
         a = dqc_put_chunks_args()
-        nsb, mb = _ns(ns), model.encode()
+        nsb, mb = _ns(ns), _text(model, "model")
         a.ns, a.model = nsb, mb
         a.keys, a.nkeys = ctypes.cast(buf, ctypes.c_void_p), n
         a.parent = ctypes.cast(pbuf, ctypes.c_void_p) if pbuf is not None else None
@@ -835,7 +845,7 @@ class Client:
         pbuf = ctypes.create_string_buffer(bytes(parent), CHUNK_KEY_BYTES) if parent is not None else None
         prof = ctypes.create_string_buffer(bytes(raw.profile), max(1, len(raw.profile)))
         r = dqc_put_chunks_result()
-        self._check(fn(self.handle, _ns(ns), model.encode(), buf, n, pbuf, layers, len(raw.layers), prof,
+        self._check(fn(self.handle, _ns(ns), _text(model, "model"), buf, n, pbuf, layers, len(raw.layers), prof,
                        len(raw.profile), ctypes.byref(r)), "put_chunks_raw")
         del keep
         return PutChunksResult(int(r.stored), int(r.deduped), int(r.streams_encoded))
@@ -890,7 +900,7 @@ def chunk_keys(ns: str, tokens: Any, chunk_tokens: int, parent: Optional[bytes] 
     restype, params = _CHUNK_KEYS_PROTO
     if fn.argtypes is None or list(fn.argtypes) != [t for _, t in params]:
         fn.restype, fn.argtypes = restype, [t for _, t in params]
-    nsb = ns.encode() if isinstance(ns, str) else bytes(ns)
+    nsb = _text(ns, "ns")
     toks, n = _token_array(tokens)
     nkeys = n // chunk_tokens
     out = (ctypes.c_uint8 * max(1, nkeys * CHUNK_KEY_BYTES))()
@@ -1047,8 +1057,24 @@ def _keys_buffer(keys: Sequence[bytes], what: str) -> Tuple[Any, int]:
     return ctypes.create_string_buffer(raw, max(1, len(raw))), len(keys)
 
 
+def _text(value: Union[str, bytes], what: str) -> bytes:
+    """A name as the daemon takes it (namespace, model, profile or client name): UTF-8 without NUL.
+    A NUL would cut the name short in C (ctypes passes it as a NUL-terminated string) and let it
+    alias another, so it is refused here, as the daemon refuses it: ClientError INVALID_ARGUMENT."""
+    try:
+        b = value.encode() if isinstance(value, str) else bytes(value)
+        b.decode()
+    except UnicodeError as e:
+        raise ClientError(ErrorCode.INVALID_ARGUMENT, what, f"{value!r} is not valid UTF-8 ({e.reason})") from None
+    at = b.find(b"\0")
+    if at >= 0:
+        raise ClientError(ErrorCode.INVALID_ARGUMENT, what,
+                          f"{value!r} holds a NUL character at byte {at}; names are UTF-8 without NUL")
+    return b
+
+
 def _ns(ns: Optional[str]) -> Optional[bytes]:
-    return ns.encode() if ns else None
+    return _text(ns, "ns") if ns else None
 
 
 @dataclasses.dataclass(frozen=True)

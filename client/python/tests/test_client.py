@@ -70,6 +70,54 @@ class TestClient(DaemonTest):
             self.c.get("nan")                          # all-or-nothing: nothing was stored
         self.assertEqual(cm.exception.code, dquant.ErrorCode.NOT_FOUND)
 
+    def test_unregister_model(self):
+        """Issue 18.8: a model goes once nothing of it is stored; BUSY before, NOT_FOUND after."""
+        self.c.register_model("tmp", layers=1, q_heads=4, kv_heads=2, head_dim=64)
+        k = np.ones((1, 3, 2, 64), np.float32)
+        self.c.put("u", k, k, model="tmp")
+        with self.assertRaises(dquant.ClientError) as cm:
+            self.c.unregister_model("tmp")
+        self.assertEqual(cm.exception.code, dquant.ErrorCode.BUSY)
+        self.c.delete("u")
+        self.c.unregister_model("tmp")
+        with self.assertRaises(dquant.ClientError) as cm:
+            self.c.unregister_model("tmp")
+        self.assertEqual(cm.exception.code, dquant.ErrorCode.NOT_FOUND)
+        with self.assertRaises(dquant.ClientError) as cm:
+            self.c.put("u", k, k, model="tmp")
+        self.assertEqual(cm.exception.code, dquant.ErrorCode.NOT_FOUND)
+        info = self.c.register_model("tmp", layers=2, q_heads=4, kv_heads=2, head_dim=64)   # the name is free
+        self.assertFalse(info["existed"])
+        self.c.unregister_model("tmp")
+
+    def test_names_with_nul_do_not_alias(self):
+        """Issue 18.7: ctypes passes names as C strings, so "tenantA\0x" reached the daemon as
+        "tenantA" and deleted tenantA's sequence. Every name is now refused before it is sent."""
+        k = np.ones((2, 3, 2, 64), np.float32)
+        self.c.put("s", k, k, model="py", ns="tenantA")
+        calls = [lambda: self.c.delete("s", ns="tenantA\0x"),
+                 lambda: self.c.get("s", ns="tenantA\0x"),
+                 lambda: self.c.put("s2", k, k, model="py\0x", ns="tenantA"),
+                 lambda: self.c.register_model("py\0x", layers=2, q_heads=4, kv_heads=2, head_dim=64),
+                 lambda: self.c.register_model("py2", layers=2, q_heads=4, kv_heads=2, head_dim=64,
+                                               profile="dq226\0"),
+                 lambda: self.c.unregister_model("py\0x"),
+                 lambda: self.c.delete("s", ns="tenant\ud800"),                       # not UTF-8
+                 lambda: self.daemon.client(client_name="tenantA\0x")]
+        for i, call in enumerate(calls):
+            with self.assertRaises(dquant.ClientError, msg=f"call {i}") as cm:
+                call()
+            self.assertEqual(cm.exception.code, dquant.ErrorCode.INVALID_ARGUMENT, f"call {i}")
+        if dquant.has_symbols("dqc_chunk_keys"):
+            with self.assertRaises(dquant.ClientError):
+                dquant.chunk_keys("tenantA\0x", list(range(256)), 256)
+        kg, _ = self.c.get("s", ns="tenantA")                  # untouched
+        self.assertEqual(kg.shape, (2, 3, 2, 64))
+        self.c.delete("s", ns="tenantA")
+        self.c.put("s", k, k, model="py", ns="t\u00e9nant-\u30c6")      # UTF-8 names work
+        self.assertEqual(self.c.get("s", ns="t\u00e9nant-\u30c6")[0].shape, (2, 3, 2, 64))
+        self.c.delete("s", ns="t\u00e9nant-\u30c6")
+
     def test_context_manager_closes(self):
         with self.daemon.client() as c:
             self.assertFalse(c.closed)
