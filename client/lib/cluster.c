@@ -1033,6 +1033,20 @@ static int op_put(dqc_cluster *cl, member *m, dqc_client *c, void *ctx)
     } else {
         rc = dqc_put(c, p->a, &r);
     }
+    if (rc == DQ_ORDER && p->a->start_token > 0) {
+        /* dquantd answers an append to a sequence it does not hold with ORDER too ("holds 0
+         * tokens"): absent is a miss here, another length a stale copy. */
+        dqc_get_args ga = {.seq = p->a->seq, .num_layers = 1, .tokens = 1, .dtype = DQ_DTYPE_BF16};
+        dqc_get_result g = {0};
+        char saved[DQC_ERR_MAX];
+        memcpy(saved, c->err, sizeof saved);
+        if (dqc_get(c, &ga, &g) == DQ_NOT_FOUND)
+            rc = dqc__fail(c, DQ_NOT_FOUND, "sequence not held (an append to it at %llu was refused)",
+                           (unsigned long long)p->a->start_token);
+        else
+            memcpy(c->err, saved, sizeof saved);
+        dqc_get_result_free(&g);
+    }
     if (rc == DQ_ORDER && p->nstale < sizeof p->stale / sizeof p->stale[0])
         p->stale[p->nstale++] = m;
     if (rc == 0 && !p->have_res) {

@@ -651,8 +651,15 @@ Test(cluster, prefix_sequences_and_attend_match_one_daemon)
     /* Plain sequences on every member, then one batch over all of them. */
     enum { NS_PLAIN = 9, NITEMS = NS_PLAIN + 2 };
     char plain[NS_PLAIN][16];
+    int per[3] = {0};
+    for (int i = 0, cand = 0; i < NS_PLAIN; cand++) { /* 3 on each member */
+        snprintf(plain[i], sizeof plain[i], "p%d", cand);
+        size_t o;
+        dqc_cluster_locate(cl, &(dqc_seq){NS, plain[i], strlen(plain[i])}, &o, 1);
+        if (per[o] < NS_PLAIN / 3)
+            per[o]++, i++;
+    }
     for (int i = 0; i < NS_PLAIN; i++) {
-        snprintf(plain[i], sizeof plain[i], "p%d", i);
         COK(cl, put_seq(cl, plain[i], (uint32_t)(100 + i), 0, 192));
         float *pk = kv((uint32_t)(100 + i), 0, 192, 0), *pv = kv((uint32_t)(100 + i), 0, 192, 1);
         dqc_put_args ra = {.seq = {NS, plain[i], strlen(plain[i])},
