@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PKGS=(build-essential clang clang-format cppcheck meson ninja-build pkg-config
       libuv1-dev libprotobuf-c-dev protobuf-c-compiler libcriterion-dev libinih-dev libxxhash-dev
       libzstd-dev xxhash libsystemd-dev redis-server redis-tools libclang-rt-14-dev python3 python3-numpy
-      python3-setuptools python3-venv python3-pip curl)
+      python3-setuptools python3-venv python3-pip curl dnsmasq-base)
 
 missing=()
 for p in "${PKGS[@]}"; do
