@@ -56,6 +56,7 @@ struct dqc_cluster {
     size_t nmodels;
 
     dqc_raw_result raw; /* scratch for copies between members */
+    int conn_rc;        /* the code of the last failed connect (member_conn) */
     dqc_cluster_stats stats;
     char err[DQC_ERR_MAX];
 };
@@ -236,6 +237,7 @@ static dqc_client *member_conn(dqc_cluster *cl, member *m)
     if (rc) {
         m->requests++;
         mark_down(cl, m);
+        cl->conn_rc = rc;
         cfail(cl, rc, "%s: %s", m->id, err);
         return NULL;
     }
@@ -598,10 +600,9 @@ int dqc_cluster_create(const char *members, const dqc_cluster_options *opts, dqc
             if (member_conn(cl, cl->m[i])) {
                 up++;
             } else if (!first) {
-                first = DQ_CONNECTION;
+                /* Another attempt fixes neither a wrong secret nor a protocol version. */
+                first = cl->conn_rc == DQ_UNAUTHENTICATED || cl->conn_rc == DQ_VERSION ? cl->conn_rc : DQ_CONNECTION;
                 memcpy(first_err, cl->err, sizeof first_err);
-                if (cl->m[i]->c == NULL && strstr(cl->err, "UNAUTHENTICATED"))
-                    first = DQ_UNAUTHENTICATED;
             }
         }
         if (!up) {
@@ -1497,6 +1498,7 @@ int dqc_cluster_lookup(dqc_cluster *cl, const char *ns, const char *model, const
     uint32_t nasked = 0, replica_slots = 0;
     dqc_lookup_result best = {0}, first = {0};
     member *best_m = NULL, *first_m = NULL;
+    uint32_t known = 0; /* members that know the model */
     outcome oc = {0};
     dqc_client *c;
     member *m;
@@ -1519,6 +1521,7 @@ int dqc_cluster_lookup(dqc_cluster *cl, const char *ns, const char *model, const
             memset(&r, 0, sizeof r);
         }
         oc.answered = 1;
+        known += rc == 0;
         if (nasked < replicas(cl))
             replica_slots = nasked + 1;
         asked[nasked] = m;
@@ -1536,7 +1539,7 @@ int dqc_cluster_lookup(dqc_cluster *cl, const char *ns, const char *model, const
     }
     free(w.order);
     rc = 0;
-    if (!best_m)
+    if (!best_m || !known) /* no answer, or the model unknown everywhere */
         return walk_fail(cl, &oc, "lookup");
     if (best_m != asked[0] && best.hits)
         cl->stats.failovers++;

@@ -509,6 +509,9 @@ Test(cluster, r1_dead_member_means_misses)
         prompt_keys((uint32_t)p, 2, keys[p]);
         COK(cl, put_prompt_chunks(cl, (uint32_t)p, keys[p], 0, 2));
     }
+    dqc_lookup_result nl;
+    cr_assert_eq(dqc_cluster_lookup(cl, NS, "no-such-model", keys[0], 2, 0, &nl), DQ_NOT_FOUND,
+                 "a model no member knows is NOT_FOUND, as from one daemon");
     size_t o;
     dqc_seq s0 = {NS, key[0], strlen(key[0])};
     dqc_cluster_locate(cl, &s0, &o, 1);

@@ -1,7 +1,7 @@
 /* libdquant-client — blocking C client for dquantd.
  *
  * One handle (dqc_client) is one connection to one daemon. Every call sends one request and waits
- * for its reply. Calls return 0 (DQ_OK) or a negative dq_error code (dquant/error.h): either the
+ * for its reply. Many daemons as one: dqc_cluster ("multi-node" below). Calls return 0 (DQ_OK) or a negative dq_error code (dquant/error.h): either the
  * code the server sent in its Error reply, or a local one (DQ_CONNECTION, DQ_TIMEOUT, DQ_IO,
  * DQ_PROTOCOL, DQ_INVALID_ARGUMENT, DQ_NOMEM, DQ_TOO_LARGE, ...). After a failure,
  * dqc_last_error() describes it in words.
