@@ -15,7 +15,7 @@ PKGS=(build-essential meson ninja-build pkg-config python3 curl
 if [ "$MODE" != --demo ]; then
   # The tests and checks: sanitizers, formatters, the baselines' servers, Python, man pages, netns.
   PKGS+=(clang clang-format cppcheck xxhash redis-server redis-tools libclang-rt-14-dev python3-numpy
-         python3-setuptools python3-venv python3-pip groff-base man-db systemd iproute2)
+         python3-setuptools python3-venv python3-pip groff-base man-db systemd iproute2 dnsmasq-base)
   # Node.js for the offline checks of deploy/ (tests/deploy): Debian's nodejs and npm, unless a node
   # with its npm is there already (a nodejs package from elsewhere conflicts with Debian's npm).
   if ! command -v npm >/dev/null 2>&1; then

@@ -383,10 +383,19 @@ static int connect_once(dqc_client *c)
     close_conn(c);
     DQC_FORWARD(open_socket(c));
     int rc = do_hello(c);
-    if (rc)
+    if (rc) {
         close_conn(c);
-    else
-        c->conn_gen++;
+        return rc;
+    }
+    c->conn_gen++;
+    if (c->on_connect) {
+        int saved = c->opts.auto_reconnect;
+        c->opts.auto_reconnect = 0;
+        rc = c->on_connect(c, c->on_connect_ctx);
+        c->opts.auto_reconnect = saved;
+        if (rc)
+            close_conn(c);
+    }
     return rc;
 }
 

@@ -47,6 +47,11 @@ struct dqc_client {
     void (*nccl_free)(dqc_client *c); /* set with nccl; dqc_free calls it once the socket is
                                          closed, so that the daemon lets go of its side first */
     dqc_server_info info;
+    int (*on_connect)(dqc_client *c, void *ctx); /* NULL, or run on every new connection after HELLO
+                                                    (cluster.c registers its models there); its
+                                                    calls do not reconnect, a failure fails the
+                                                    connect */
+    void *on_connect_ctx;
 
     uint8_t *sbuf; /* packed request header message */
     size_t sbuf_cap;

@@ -1,8 +1,10 @@
 /* dquant bench: a load generator for dquantd. N connections (one thread each) send M requests
- * each, drawn from a weighted mix of PUT / GET / ATTEND / PING / STATS and PREFIX (an engine in
- * front of the shared KV tier: LOOKUP a prompt's chunks, PUT_CHUNKS the missing ones), and the tool
- * prints the throughput and the latency percentiles of each kind, and for PREFIX the hit rate seen
- * by the client beside the daemon's own counters. */
+ * each (or for --duration seconds), drawn from a weighted mix of PUT / GET / ATTEND / PING / STATS
+ * and PREFIX (an engine in front of the shared KV tier: LOOKUP a prompt's chunks, PUT_CHUNKS the
+ * missing ones), and the tool prints the throughput and the latency percentiles of each kind, and
+ * for PREFIX the hit rate seen by the client beside the daemon's own counters. Every connection is
+ * a dqc_cluster: one --connect is a cluster of one daemon, several (or a DNS name) spread the keys
+ * over many, with --replicas copies each. */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -22,6 +24,10 @@ static const char *const op_names[NOPS] = {"put", "get", "attend", "ping", "stat
 
 typedef struct bench_cfg {
     cli_conn cc;
+    char *members;             /* the --connect values, comma-separated (owned) */
+    dqc_cluster_options copts; /* replicas, write quorum, spares, DNS server */
+    double duration;           /* seconds of measured run; 0: --requests per connection */
+    uint32_t timeline_ms;      /* > 0: latency per interval of this length */
     uint32_t connections;
     uint64_t requests;  /* per connection */
     uint64_t warmup;    /* per connection, not measured */
@@ -64,7 +70,7 @@ typedef struct worker {
     int id;
     const bench_cfg *cfg;
     pthread_t thread;
-    dqc_client *c;
+    dqc_cluster *cl;
     char (*keys)[64];
     uint64_t *len; /* tokens in each sequence; UINT64_MAX: unknown (restart it) */
     void *kv;      /* K and V of one PUT: [layers, tokens, kv_heads, head_dim] each */
@@ -82,16 +88,22 @@ typedef struct worker {
     uint64_t prompt_n; /* PREFIX requests made, warm-up included: fresh prompts never repeat */
     prefix_counts pc;
     uint64_t rng;
-    uint64_t *lat; /* ns per measured request */
+    uint64_t *lat;   /* ns per measured request */
+    uint64_t *start; /* its start, ns after the measured run began */
     uint8_t *op;
-    uint64_t nrec;
+    uint8_t *outcome; /* OUT_* */
+    uint64_t nrec, cap;
     uint64_t bytes[NOPS];
+    uint64_t misses[NOPS];
     uint64_t errs[NOPS][NERR];
     char first_err[NERR][200];
     int setup_rc;
 } worker;
 
+enum { OUT_OK, OUT_MISS, OUT_ERROR };
+
 static pthread_barrier_t start_barrier;
+static uint64_t run_t0, run_deadline; /* ns; set before the measured run starts */
 static _Atomic uint64_t done_requests;
 static _Atomic uint64_t failed_requests;
 static _Atomic int abort_run;
@@ -105,7 +117,7 @@ static void record_error(worker *w, int op, int rc)
 {
     int idx = rc < 0 && rc > -NERR ? -rc : 0;
     if (w->errs[op][idx] == 0 && !w->first_err[idx][0])
-        snprintf(w->first_err[idx], sizeof w->first_err[idx], "%s: %s", op_names[op], dqc_last_error(w->c));
+        snprintf(w->first_err[idx], sizeof w->first_err[idx], "%s: %s", op_names[op], dqc_cluster_last_error(w->cl));
     w->errs[op][idx]++;
 }
 
@@ -113,10 +125,10 @@ static void record_error(worker *w, int op, int rc)
 static void restart_seq(worker *w, uint32_t i)
 {
     dqc_seq s = seq_ref(w, i);
-    dqc_delete(w->c, &s); /* NOT_FOUND is fine */
+    dqc_cluster_delete(w->cl, &s); /* NOT_FOUND is fine */
     w->len[i] = 0;
     if (w->cfg->pin)
-        dqc_pin(w->c, &s);
+        dqc_cluster_pin(w->cl, &s);
 }
 
 static int do_put(worker *w, uint32_t i)
@@ -137,7 +149,7 @@ static int do_put(worker *w, uint32_t i)
         .k = w->kv,
         .v = (const uint8_t *)w->kv + w->kv_bytes,
     };
-    int rc = dqc_put(w->c, &a, NULL);
+    int rc = dqc_cluster_put(w->cl, &a, NULL);
     if (rc == 0)
         w->len[i] += cfg->tokens;
     else if (rc != DQ_RESOURCE_EXHAUSTED)
@@ -150,7 +162,7 @@ static int do_get(worker *w, uint32_t i, uint64_t *bytes)
     const bench_cfg *cfg = w->cfg;
     dqc_seq s = seq_ref(w, i);
     if (cfg->get_raw) {
-        int rc = dqc_get_raw(w->c, &s, 0, 0, &w->raw);
+        int rc = dqc_cluster_get_raw(w->cl, &s, 0, 0, &w->raw);
         for (size_t l = 0; rc == 0 && l < w->raw.nlayers; l++)
             *bytes += w->raw.layers[l].records_bytes + 2 * w->raw.layers[l].tail_bytes;
         return rc;
@@ -159,7 +171,7 @@ static int do_get(worker *w, uint32_t i, uint64_t *bytes)
     uint64_t n = cfg->get_tokens && cfg->get_tokens < len ? cfg->get_tokens : len;
     dqc_get_args a = {
         .seq = s, .first_layer = 0, .num_layers = 0, .start_token = len - n, .tokens = n, .dtype = cfg->get_dtype};
-    int rc = dqc_get(w->c, &a, &w->get);
+    int rc = dqc_cluster_get(w->cl, &a, &w->get);
     if (rc == 0)
         *bytes += 2 * w->get.bytes;
     return rc;
@@ -180,7 +192,7 @@ static int do_attend(worker *w, uint64_t r)
                          .head_dim = cfg->head_dim,
                          .dtype = cfg->dtype,
                          .scale = 0};
-    return dqc_attend(w->c, &a, w->out, w->lse);
+    return dqc_cluster_attend(w->cl, &a, w->out, w->lse);
 }
 
 /* Token i of base prompt b, or of fresh prompt f (tag 1): a function of the seed only, so every
@@ -233,7 +245,7 @@ static int do_prefix(worker *w, uint64_t *bytes, int measure)
         w->prompt[i] = i < shared ? prompt_token(cfg, 0, base, i) : prompt_token(cfg, 1, fresh, i);
     size_t n = dqc_chunk_keys(cfg->ns, w->prompt, cfg->prompt_tokens, cfg->chunk, NULL, w->ckeys, nk);
     dqc_lookup_result lr = {0};
-    int rc = dqc_lookup(w->c, cfg->ns, cfg->model, w->ckeys, n, cfg->lease_ms, &lr);
+    int rc = dqc_cluster_lookup(w->cl, cfg->ns, cfg->model, w->ckeys, n, cfg->lease_ms, &lr);
     if (rc)
         return rc;
     prefix_counts pc = {.lookups = 1, .keys = n, .hit_chunks = lr.hits, .hit_tokens = lr.hit_tokens};
@@ -249,7 +261,6 @@ static int do_prefix(worker *w, uint64_t *bytes, int measure)
             .model = cfg->model,
             .keys = w->ckeys + lr.hits * DQC_CHUNK_KEY_BYTES,
             .nkeys = nput,
-            .parent = lr.hits ? w->ckeys + (lr.hits - 1) * DQC_CHUNK_KEY_BYTES : NULL,
             .layers = cfg->layers,
             .chunk_tokens = cfg->chunk,
             .kv_heads = cfg->kv_heads,
@@ -259,21 +270,23 @@ static int do_prefix(worker *w, uint64_t *bytes, int measure)
             .v = v,
         };
         dqc_put_chunks_result pr = {0};
-        rc = dqc_put_chunks(w->c, &a, &pr);
+        /* The chunks before them are the prefix: placement follows the prompt's first chunk. */
+        rc = dqc_cluster_put_chunks(w->cl, &a, w->ckeys, lr.hits, &pr);
         pc.stored = pr.stored;
         pc.deduped = pr.deduped;
         *bytes += 2 * per * dq_dtype_size(cfg->dtype);
     }
     if (!rc && cfg->get_hit && lr.hits) {
         size_t j = (size_t)(rng_xorshift64(&w->rng) % lr.hits);
-        rc = dqc_get_chunk(w->c, cfg->ns, w->ckeys + j * DQC_CHUNK_KEY_BYTES, cfg->get_dtype, &w->get);
+        rc = dqc_cluster_get_chunk(w->cl, cfg->ns, w->ckeys, w->ckeys + j * DQC_CHUNK_KEY_BYTES, cfg->get_dtype,
+                                   &w->get);
         if (rc == 0) {
             *bytes += 2 * w->get.bytes;
             pc.gets = 1;
         }
     }
     if (lr.lease_id) {
-        int rl = dqc_release_lease(w->c, lr.lease_id);
+        int rl = dqc_cluster_release_lease(w->cl, lr.lease_id);
         if (!rc && rl != DQ_NOT_FOUND) /* NOT_FOUND: it expired first */
             rc = rl;
     }
@@ -322,29 +335,80 @@ static void run_one(worker *w, uint64_t r, int measure)
         bytes = (size_t)cfg->batch * cfg->q_heads * cfg->head_dim * (dq_dtype_size(cfg->dtype) + 4);
         break;
     case OP_PING:
-        rc = dqc_ping(w->c, w->ping, cfg->ping_bytes);
-        bytes = 2 * cfg->ping_bytes;
+    case OP_STATS: {
+        /* Not routed: the members in turn. */
+        dqc_client *mc = dqc_cluster_client(w->cl, (size_t)(r % dqc_cluster_size(w->cl)));
+        if (!mc)
+            rc = DQ_CONNECTION;
+        else if (op == OP_PING)
+            rc = dqc_ping(mc, w->ping, cfg->ping_bytes);
+        else
+            rc = dqc_stats(mc, &w->stats);
+        bytes = op == OP_PING ? 2 * cfg->ping_bytes : 0;
         break;
-    case OP_PREFIX:
-        rc = do_prefix(w, &bytes, measure);
-        break;
+    }
     default:
-        rc = dqc_stats(w->c, &w->stats);
+        rc = do_prefix(w, &bytes, measure);
         break;
     }
     uint64_t dt = cli_now_ns() - t0;
     if (!measure)
         return;
-    if (rc) {
+    if (w->nrec == w->cap) { /* --duration: the run's length is not known in requests */
+        uint64_t cap = w->cap * 2;
+        uint64_t *lat = realloc(w->lat, cap * sizeof *lat), *st = lat ? realloc(w->start, cap * sizeof *st) : NULL;
+        if (lat)
+            w->lat = lat;
+        if (st)
+            w->start = st;
+        uint8_t *o = st ? realloc(w->op, cap) : NULL, *oc = o ? realloc(w->outcome, cap) : NULL;
+        if (o)
+            w->op = o;
+        if (oc)
+            w->outcome = oc;
+        if (!oc) {
+            fprintf(stderr, "dquant bench: out of memory for %llu request records\n", (unsigned long long)cap);
+            exit(CLI_FAILED);
+        }
+        w->cap = cap;
+    }
+    uint8_t out = OUT_OK;
+    if (rc == DQ_NOT_FOUND) { /* not held (evicted, or lost with a member): a miss, not a failure */
+        w->misses[op]++;
+        out = OUT_MISS;
+    } else if (rc) {
         record_error(w, op, rc);
         atomic_fetch_add(&failed_requests, 1);
+        out = OUT_ERROR;
     } else {
         w->bytes[op] += bytes;
-        w->lat[w->nrec] = dt;
-        w->op[w->nrec] = (uint8_t)op;
-        w->nrec++;
     }
+    w->lat[w->nrec] = dt;
+    w->start[w->nrec] = t0 - run_t0;
+    w->op[w->nrec] = (uint8_t)op;
+    w->outcome[w->nrec] = out;
+    w->nrec++;
     atomic_fetch_add(&done_requests, 1);
+}
+
+/* A connection of the benchmark: a dqc_cluster over the --connect members (one daemon: a cluster of
+ * one). */
+static int bench_connect(const bench_cfg *cfg, dqc_cluster **out)
+{
+    dqc_cluster_options o = cfg->copts;
+    o.node.client_name = "dquant";
+    if (cfg->cc.timeout_ms) {
+        o.node.connect_timeout_ms = cfg->cc.timeout_ms;
+        o.node.io_timeout_ms = cfg->cc.timeout_ms;
+    }
+    o.node.secret = cfg->cc.secret;
+    o.node.secret_len = cfg->cc.secret_len;
+    char err[512];
+    int rc = dqc_cluster_create(cfg->members ? cfg->members : cfg->cc.addr, &o, out, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "dquant bench: cannot connect to %s: %s: %s\n", cfg->members ? cfg->members : cfg->cc.addr,
+                dqc_err_name(rc), err);
+    return rc;
 }
 
 static int worker_setup(worker *w)
@@ -363,8 +427,11 @@ static int worker_setup(worker *w)
     w->lse = malloc((size_t)cfg->batch * cfg->q_heads * sizeof(float));
     w->items = calloc(cfg->batch, sizeof *w->items);
     w->ping = malloc(cfg->ping_bytes ? cfg->ping_bytes : 1);
-    w->lat = malloc(cfg->requests * sizeof *w->lat);
-    w->op = malloc(cfg->requests);
+    w->cap = cfg->duration > 0 ? 65536 : cfg->requests;
+    w->lat = malloc(w->cap * sizeof *w->lat);
+    w->start = malloc(w->cap * sizeof *w->start);
+    w->op = malloc(w->cap);
+    w->outcome = malloc(w->cap);
     if (cfg->mix[OP_PREFIX]) {
         w->prompt = malloc((cfg->prompt_tokens ? cfg->prompt_tokens : 1) * sizeof *w->prompt);
         w->ckeys = malloc(((size_t)cfg->nkeys_max + 1) * DQC_CHUNK_KEY_BYTES);
@@ -372,7 +439,7 @@ static int worker_setup(worker *w)
                         es);
     }
     if (!w->keys || !w->len || !w->kv || !w->q || !w->out || !w->lse || !w->items || !w->ping || !w->lat || !w->op ||
-        (cfg->mix[OP_PREFIX] && (!w->prompt || !w->ckeys || !w->ckv))) {
+        !w->start || !w->outcome || (cfg->mix[OP_PREFIX] && (!w->prompt || !w->ckeys || !w->ckv))) {
         fprintf(stderr, "dquant bench: out of memory\n");
         return DQ_NOMEM;
     }
@@ -385,7 +452,7 @@ static int worker_setup(worker *w)
     for (uint32_t i = 0; i < cfg->seqs; i++)
         snprintf(w->keys[i], sizeof w->keys[i], "bench-%ld-%d-%u", (long)getpid(), w->id, i);
 
-    int rc = cli_connect(&cfg->cc, "bench", &w->c);
+    int rc = bench_connect(cfg, &w->cl);
     if (rc)
         return rc;
     /* Fresh sequences, filled to the prefill length (none when no request uses them). */
@@ -394,7 +461,7 @@ static int worker_setup(worker *w)
         while (w->len[i] < cfg->prefill) {
             rc = do_put(w, i);
             if (rc) {
-                fprintf(stderr, "dquant bench: prefill of %s failed: %s\n", w->keys[i], dqc_last_error(w->c));
+                fprintf(stderr, "dquant bench: prefill of %s failed: %s\n", w->keys[i], dqc_cluster_last_error(w->cl));
                 return rc;
             }
         }
@@ -416,20 +483,25 @@ static void *worker_main(void *arg)
         run_one(w, r, 0);
     pthread_barrier_wait(&start_barrier); /* warmed up */
     pthread_barrier_wait(&start_barrier); /* the clock starts */
-    for (uint64_t r = 0; r < w->cfg->requests; r++)
-        run_one(w, r, 1);
+    if (w->cfg->duration > 0) {
+        for (uint64_t r = 0; cli_now_ns() < run_deadline; r++)
+            run_one(w, r, 1);
+    } else {
+        for (uint64_t r = 0; r < w->cfg->requests; r++)
+            run_one(w, r, 1);
+    }
     return NULL;
 }
 
 static void worker_cleanup(worker *w)
 {
-    if (w->c && w->keys) {
+    if (w->cl && w->keys) {
         for (uint32_t i = 0; i < w->cfg->seqs; i++) {
             dqc_seq s = seq_ref(w, i);
-            dqc_delete(w->c, &s);
+            dqc_cluster_delete(w->cl, &s);
         }
     }
-    dqc_free(w->c);
+    dqc_cluster_free(w->cl);
     dqc_get_result_free(&w->get);
     dqc_raw_result_free(&w->raw);
     dqc_stats_result_free(&w->stats);
@@ -442,7 +514,9 @@ static void worker_cleanup(worker *w)
     free(w->items);
     free(w->ping);
     free(w->lat);
+    free(w->start);
     free(w->op);
+    free(w->outcome);
     free(w->prompt);
     free(w->ckeys);
     free(w->ckv);
@@ -463,6 +537,37 @@ static double pct(const uint64_t *v, size_t n, double p)
     if (k < 1)
         k = 1;
     return (double)v[k - 1];
+}
+
+/* Per interval of --timeline ms (by each request's start): requests, errors, misses and the
+ * latency of the answered ones. lat: scratch of at least every record. */
+static void print_timeline(const bench_cfg *cfg, const worker *ws, double wall, uint64_t *lat)
+{
+    uint64_t step = (uint64_t)cfg->timeline_ms * 1000000ull;
+    uint64_t nint = (uint64_t)(wall * 1e9) / step + 1;
+    printf("timeline (%u ms intervals):\n%-8s %8s %8s %7s %7s %10s %10s %10s\n", cfg->timeline_ms, "t_s", "requests",
+           "req/s", "errors", "misses", "p50 us", "p99 us", "max us");
+    for (uint64_t k = 0; k < nint; k++) {
+        size_t n = 0;
+        uint64_t all = 0, errs = 0, miss = 0;
+        for (uint32_t i = 0; i < cfg->connections; i++)
+            for (uint64_t r = 0; r < ws[i].nrec; r++) {
+                if (ws[i].start[r] / step != k)
+                    continue;
+                all++;
+                errs += ws[i].outcome[r] == OUT_ERROR;
+                miss += ws[i].outcome[r] == OUT_MISS;
+                if (ws[i].outcome[r] != OUT_ERROR)
+                    lat[n++] = ws[i].lat[r];
+            }
+        if (!all)
+            continue;
+        qsort(lat, n, sizeof *lat, cmp_u64);
+        printf("%-8.1f %8llu %8.0f %7llu %7llu %10.1f %10.1f %10.1f\n", (double)(k * step) / 1e9,
+               (unsigned long long)all, (double)all / ((double)step / 1e9), (unsigned long long)errs,
+               (unsigned long long)miss, pct(lat, n, 50) / 1e3, pct(lat, n, 99) / 1e3,
+               n ? (double)lat[n - 1] / 1e3 : 0.0);
+    }
 }
 
 static int parse_mix(const char *s, bench_cfg *cfg)
@@ -498,6 +603,7 @@ static const char bench_help[] =
     "SYNOPSIS\n"
     "       dquant bench [-c N] [-n M] [--mix put=W,get=W,attend=W,ping=W,stats=W,prefix=W] [SHAPE OPTIONS]\n"
     "       dquant bench [-c N] [-n M] --prefix-share P [--prompts N] [--prompt-tokens T] [--lease-ms MS]\n"
+    "       dquant bench --connect ADDR --connect ADDR ... [--replicas R] [--write-quorum W] [--duration S]\n"
     "\n"
     "DESCRIPTION\n"
     "       Opens N connections, one thread each; every connection registers nothing but uses the\n"
@@ -527,11 +633,20 @@ static const char bench_help[] =
     "       (lookups, lookup_hit_tokens, lookup_missed_tokens, their hit rate, chunks_put,\n"
     "       chunk_dedupe_hits; /metrics exports them as dquant_lookup_* and\n"
     "       dquant_chunk_dedupe_hits_total); they agree when no other client uses the daemon.\n"
-    "       Prints per kind and in total: requests, errors, requests/s, MB/s of tensor payload\n"
-    "       (PUT: raw K+V sent; GET: K+V received; ATTEND: queries sent + outputs received) and\n"
-    "       latency p50/p99/p999/max of the successful requests. A progress line goes to stderr\n"
-    "       every second while the run lasts (on a terminal; every 10 s otherwise).\n"
+    "       Prints per kind and in total: requests, errors, misses, requests/s, MB/s of tensor\n"
+    "       payload (PUT: raw K+V sent; GET: K+V received; ATTEND: queries sent + outputs\n"
+    "       received) and latency p50/p99/p999/max of the answered requests (misses included). A\n"
+    "       progress line goes to stderr every second while the run lasts (on a terminal; every\n"
+    "       10 s otherwise).\n"
     "       The connections' sequences are deleted at the end.\n"
+    "       Every connection is a multi-node client (dqc_cluster, see client.h): with --connect given\n"
+    "       more than once, or as srv:NAME / dns:NAME:PORT, the keys are spread over the daemons\n"
+    "       by rendezvous hashing with --replicas copies each; a daemon that fails is skipped and\n"
+    "       the next one answers. A request answered NOT_FOUND (a sequence or chunk not held:\n"
+    "       evicted, or lost with a daemon) is counted as a miss, apart from the errors. At the end\n"
+    "       a line sums what the clients' cluster handles did (failovers, members marked down,\n"
+    "       degraded writes, chunks repaired); the daemon counters of the PREFIX lines are summed\n"
+    "       over the members.\n"
     "\n"
     "OPTIONS\n"
     "   -c, --connections N\n"
@@ -551,6 +666,16 @@ static const char bench_help[] =
     "   --chunk-tokens C\n"
     "       PREFIX: chunk size asked for when the model is registered (default 0: the daemon's,\n"
     "       256; a multiple of the profile's window).\n"
+    "   --duration SECONDS\n"
+    "       Measure for this long instead of --requests per connection.\n"
+    "   --timeline MS\n"
+    "       Also print, per interval of MS milliseconds of the measured run, the requests, errors,\n"
+    "       misses and latency p50/p99/max (a failover shows as the intervals it slows down).\n"
+    "   --replicas R, --write-quorum W, --read-spares S\n"
+    "       Copies of every key (default 1), acknowledgements a write needs (default R), members\n"
+    "       past the R replicas a read asks and a failed write falls back to (default 1).\n"
+    "   --dns-server IP[:PORT]\n"
+    "       The DNS server asked for srv:NAME / dns:NAME:PORT members (default: the system's).\n"
     "   --lease-ms MS\n"
     "       PREFIX: lease the hit chunks for MS ms between LOOKUP and the end of the request\n"
     "       (default 0: no lease).\n"
@@ -582,15 +707,20 @@ static const char bench_help[] =
     "   --seed S\n"
     "       Seed of the data and of the request mix (default 1).\n"
     "   --quiet\n"
-    "       No progress line.\n" CLI_CONN_HELP "\n"
+    "       No progress line.\n"
+    "   --connect ADDR (repeated), --connect srv:NAME, --connect dns:NAME:PORT\n"
+    "       The daemons of a cluster: a list, or a DNS name whose SRV (or A/AAAA) records list\n"
+    "       them (a Kubernetes headless Service), re-resolved every 10 s.\n" CLI_CONN_HELP "\n"
     "EXIT STATUS\n"
-    "       0 when every request succeeded, 1 when any failed (see the error summary) or the\n"
-    "       setup failed, 2 on a usage error.\n"
+    "       0 when every request was answered (misses included), 1 when any failed (see the error\n"
+    "       summary) or the setup failed, 2 on a usage error.\n"
     "\n"
     "EXAMPLES\n"
     "       dquant bench -c 2 -n 5000 --mix put=10,get=45,attend=45 --batch 32\n"
     "       dquant bench -c 4 -n 100000 --mix ping=1 --connect tcp://127.0.0.1:7733\n"
-    "       dquant bench -c 2 -n 300 --prefix-share 0.7 --prompts 8 --lease-ms 1000 --get-hit\n";
+    "       dquant bench -c 2 -n 300 --prefix-share 0.7 --prompts 8 --lease-ms 1000 --get-hit\n"
+    "       dquant bench -c 8 --duration 60 --timeline 1000 --replicas 2 --write-quorum 1 \\\n"
+    "           --connect tcp://10.0.0.1:7733 --connect tcp://10.0.0.2:7733 --connect tcp://10.0.0.3:7733\n";
 
 enum {
     BO_WARMUP = CLI_OPT_FIRST_OWN,
@@ -620,6 +750,12 @@ enum {
     BO_CHUNK_TOKENS,
     BO_LEASE_MS,
     BO_GET_HIT,
+    BO_REPLICAS,
+    BO_WRITE_QUORUM,
+    BO_READ_SPARES,
+    BO_DNS_SERVER,
+    BO_DURATION,
+    BO_TIMELINE,
 };
 
 static int parse_args(int argc, char **argv, bench_cfg *cfg)
@@ -655,6 +791,12 @@ static int parse_args(int argc, char **argv, bench_cfg *cfg)
         {"chunk-tokens", required_argument, NULL, BO_CHUNK_TOKENS},
         {"lease-ms", required_argument, NULL, BO_LEASE_MS},
         {"get-hit", no_argument, NULL, BO_GET_HIT},
+        {"replicas", required_argument, NULL, BO_REPLICAS},
+        {"write-quorum", required_argument, NULL, BO_WRITE_QUORUM},
+        {"read-spares", required_argument, NULL, BO_READ_SPARES},
+        {"dns-server", required_argument, NULL, BO_DNS_SERVER},
+        {"duration", required_argument, NULL, BO_DURATION},
+        {"timeline", required_argument, NULL, BO_TIMELINE},
         {NULL, 0, NULL, 0},
     };
     const char *prog = "bench";
@@ -763,9 +905,37 @@ static int parse_args(int argc, char **argv, bench_cfg *cfg)
         case BO_QUIET:
             cfg->quiet = 1;
             break;
+        case BO_REPLICAS:
+            bad = cli_u32(optarg, &cfg->copts.replicas) || !cfg->copts.replicas || cfg->copts.replicas > 64;
+            break;
+        case BO_WRITE_QUORUM:
+            bad = cli_u32(optarg, &cfg->copts.write_quorum) || !cfg->copts.write_quorum;
+            break;
+        case BO_READ_SPARES:
+            bad = cli_u32(optarg, &cfg->copts.read_spares) || cfg->copts.read_spares > 64;
+            break;
+        case BO_DNS_SERVER:
+            cfg->copts.dns_server = optarg;
+            break;
+        case BO_DURATION:
+            bad = cli_double(optarg, &cfg->duration) || !(cfg->duration > 0 && cfg->duration <= 86400);
+            break;
+        case BO_TIMELINE:
+            bad = cli_u32(optarg, &cfg->timeline_ms) || !cfg->timeline_ms;
+            break;
         case CLI_OPT_HELP:
             fputs(bench_help, stdout);
             return CLI_OK;
+        case CLI_OPT_CONNECT: { /* repeated: the members of a cluster */
+            size_t have = cfg->members ? strlen(cfg->members) : 0;
+            char *m = realloc(cfg->members, have + strlen(optarg) + 2);
+            if (!m)
+                return cli_error(CLI_FAILED, prog, "out of memory");
+            snprintf(m + have, strlen(optarg) + 2, "%s%s", have ? "," : "", optarg);
+            cfg->members = m;
+            cfg->cc.addr = m;
+            break;
+        }
         default: {
             int rc;
             if (!cli_conn_option(&cfg->cc, opt, optarg, &rc))
@@ -787,20 +957,39 @@ static int parse_args(int argc, char **argv, bench_cfg *cfg)
         cfg->prefill += cfg->tokens - cfg->prefill % cfg->tokens;
     if (cfg->max_seq_tokens < cfg->prefill + cfg->tokens)
         return cli_error(CLI_USAGE, prog, "--max-seq-tokens must leave room for --prefill plus one PUT");
+    if (cfg->copts.write_quorum > cfg->copts.replicas)
+        return cli_error(CLI_USAGE, prog, "--write-quorum %u exceeds --replicas %u", cfg->copts.write_quorum,
+                         cfg->copts.replicas);
     return -1;
 }
 
-static uint64_t stat_delta(const dqc_stats_result *a, const dqc_stats_result *b, const char *name)
+/* The daemon counters of the PREFIX report, summed over the members that answer STATS. */
+enum { PC_LOOKUPS, PC_HIT, PC_MISSED, PC_PUT, PC_DEDUPE, NPC };
+static const char *const pc_names[NPC] = {"lookups", "lookup_hit_tokens", "lookup_missed_tokens", "chunks_put",
+                                          "chunk_dedupe_hits"};
+
+static int daemon_counters(dqc_cluster *cl, uint64_t out[NPC])
 {
-    uint64_t x = 0, y = 0;
-    dqc_stats_counter(a, name, &x);
-    dqc_stats_counter(b, name, &y);
-    return y - x;
+    memset(out, 0, NPC * sizeof *out);
+    int answered = 0;
+    for (size_t i = 0; i < dqc_cluster_size(cl); i++) {
+        dqc_client *c = dqc_cluster_client(cl, i);
+        dqc_stats_result st = {0};
+        if (!c || dqc_stats(c, &st) != 0)
+            continue;
+        answered++;
+        for (int k = 0; k < NPC; k++) {
+            uint64_t v = 0;
+            dqc_stats_counter(&st, pc_names[k], &v);
+            out[k] += v;
+        }
+        dqc_stats_result_free(&st);
+    }
+    return answered ? 0 : DQ_CONNECTION;
 }
 
 /* The client's PREFIX figures and the daemon's counters over the measured run, as key=value. */
-static void print_prefix(const bench_cfg *cfg, const worker *ws, const dqc_stats_result *st0,
-                         const dqc_stats_result *st1)
+static void print_prefix(const bench_cfg *cfg, const worker *ws, const uint64_t st0[NPC], const uint64_t st1[NPC])
 {
     prefix_counts t = {0};
     for (uint32_t i = 0; i < cfg->connections; i++) {
@@ -821,12 +1010,12 @@ static void print_prefix(const bench_cfg *cfg, const worker *ws, const dqc_stats
            (unsigned long long)t.lookups, (unsigned long long)t.keys, (unsigned long long)t.hit_chunks,
            (unsigned long long)t.hit_tokens, (unsigned long long)t.missed_tokens, rate, (unsigned long long)t.stored,
            (unsigned long long)t.deduped, (unsigned long long)t.gets);
-    uint64_t dh = stat_delta(st0, st1, "lookup_hit_tokens"), dm = stat_delta(st0, st1, "lookup_missed_tokens");
+    uint64_t dh = st1[PC_HIT] - st0[PC_HIT], dm = st1[PC_MISSED] - st0[PC_MISSED];
     printf("prefix daemon: lookups=%llu lookup_hit_tokens=%llu lookup_missed_tokens=%llu hit_rate=%.4f "
            "chunks_put=%llu chunk_dedupe_hits=%llu\n",
-           (unsigned long long)stat_delta(st0, st1, "lookups"), (unsigned long long)dh, (unsigned long long)dm,
-           dh + dm ? (double)dh / (double)(dh + dm) : 0.0, (unsigned long long)stat_delta(st0, st1, "chunks_put"),
-           (unsigned long long)stat_delta(st0, st1, "chunk_dedupe_hits"));
+           (unsigned long long)(st1[PC_LOOKUPS] - st0[PC_LOOKUPS]), (unsigned long long)dh, (unsigned long long)dm,
+           dh + dm ? (double)dh / (double)(dh + dm) : 0.0, (unsigned long long)(st1[PC_PUT] - st0[PC_PUT]),
+           (unsigned long long)(st1[PC_DEDUPE] - st0[PC_DEDUPE]));
 }
 
 int dq_cmd_bench(int argc, char **argv)
@@ -854,20 +1043,22 @@ int dq_cmd_bench(int argc, char **argv)
         .prompt_tokens = 1024,
     };
     cli_conn_init(&cfg.cc);
+    dqc_cluster_options_default(&cfg.copts);
     parse_mix("put=30,get=40,attend=30", &cfg);
     int status = parse_args(argc, argv, &cfg);
     if (status >= 0) {
+        free(cfg.members);
         cli_conn_free(&cfg.cc);
         return status;
     }
     status = CLI_FAILED;
     worker *ws = NULL;
     uint64_t *lat = NULL;
-    dqc_stats_result st0 = {0}, st1 = {0};
+    uint64_t st0[NPC] = {0}, st1[NPC] = {0};
 
     /* The model, registered once (an identical earlier registration is fine). */
-    dqc_client *c = NULL;
-    if (cli_connect(&cfg.cc, "bench", &c))
+    dqc_cluster *c = NULL;
+    if (bench_connect(&cfg, &c))
         goto out;
     dqc_model_spec spec = {.name = cfg.model,
                            .layers = cfg.layers,
@@ -875,13 +1066,17 @@ int dq_cmd_bench(int argc, char **argv)
                            .kv_heads = cfg.kv_heads,
                            .head_dim = cfg.head_dim,
                            .profile_name = cfg.profile};
-    int rc = dqc_register_model_ex(c, &spec, cfg.chunk_tokens, NULL, &cfg.chunk);
+    int rc = dqc_cluster_register_model(c, &spec, cfg.chunk_tokens, NULL, &cfg.chunk);
     if (rc) {
-        cli_call_error("bench", "register model", c, rc);
+        fprintf(stderr, "dquant bench: register model: %s: %s\n", dqc_err_name(rc), dqc_cluster_last_error(c));
         goto out;
     }
-    dqc_server_info info;
-    dqc_server(c, &info);
+    dqc_server_info info = {0};
+    for (size_t i = 0; i < dqc_cluster_size(c) && !info.version; i++) {
+        dqc_client *mc = dqc_cluster_client(c, i);
+        if (mc)
+            dqc_server(mc, &info);
+    }
     if (info.max_batch_items && cfg.batch > info.max_batch_items) {
         cli_error(CLI_USAGE, "bench", "--batch %u exceeds the daemon's limit of %u", cfg.batch, info.max_batch_items);
         status = CLI_USAGE;
@@ -932,13 +1127,18 @@ int dq_cmd_bench(int argc, char **argv)
     pthread_barrier_wait(&start_barrier);
     if (!setup_failed) {
         pthread_barrier_wait(&start_barrier); /* warmed up */
-        int src = dqc_stats(c, &st0);
-        if (src)
-            cli_call_error("bench", "stats", c, src);
+        if (daemon_counters(c, st0))
+            fprintf(stderr, "dquant bench: stats: no member answered\n");
+        run_t0 = cli_now_ns();
+        run_deadline = run_t0 + (uint64_t)(cfg.duration * 1e9);
+        if (cfg.duration > 0) { /* a mark for whoever times events against the run (tests/tool) */
+            fprintf(stderr, "[bench] measuring for %.1f s\n", cfg.duration);
+            fflush(stderr);
+        }
         pthread_barrier_wait(&start_barrier);
     }
-    uint64_t t0 = cli_now_ns();
-    uint64_t total = cfg.requests * cfg.connections;
+    uint64_t t0 = run_t0 ? run_t0 : cli_now_ns();
+    uint64_t total = cfg.duration > 0 ? UINT64_MAX : cfg.requests * cfg.connections;
     int tty = isatty(2);
     uint64_t last_print = t0;
     int printed = 0;
@@ -947,13 +1147,13 @@ int dq_cmd_bench(int argc, char **argv)
         nanosleep(&ts, NULL);
         uint64_t done = atomic_load(&done_requests);
         uint64_t now = cli_now_ns();
-        if (done >= total)
+        if (done >= total || (cfg.duration > 0 && now >= run_deadline))
             break;
         uint64_t every = tty ? 1000000000ull : 10000000000ull;
         if (!cfg.quiet && now - last_print >= every) {
             double el = (double)(now - t0) / 1e9;
             fprintf(stderr, "%s[bench] %.1f s  %llu/%llu requests  %.0f req/s  %llu errors%s", tty ? "\r" : "", el,
-                    (unsigned long long)done, (unsigned long long)total, (double)done / el,
+                    (unsigned long long)done, (unsigned long long)(cfg.duration > 0 ? 0 : total), (double)done / el,
                     (unsigned long long)atomic_load(&failed_requests), tty ? "   " : "\n");
             last_print = now;
             printed = 1;
@@ -962,9 +1162,8 @@ int dq_cmd_bench(int argc, char **argv)
     for (uint32_t i = 0; i < cfg.connections; i++)
         pthread_join(ws[i].thread, NULL);
     double wall = cli_seconds_since(t0);
-    int src = setup_failed ? 0 : dqc_stats(c, &st1);
-    if (src)
-        cli_call_error("bench", "stats", c, src);
+    if (!setup_failed && daemon_counters(c, st1))
+        fprintf(stderr, "dquant bench: stats: no member answered\n");
     if (printed && tty)
         fputc('\n', stderr);
     pthread_barrier_destroy(&start_barrier);
@@ -980,27 +1179,32 @@ int dq_cmd_bench(int argc, char **argv)
     lat = malloc((nrec ? nrec : 1) * sizeof *lat);
     if (!lat)
         goto out;
-    printf("dquant bench: %u connections x %llu requests to %s (%.3f s)\n", cfg.connections,
-           (unsigned long long)cfg.requests, cfg.cc.addr, wall);
+    if (cfg.duration > 0)
+        printf("dquant bench: %u connections for %.1f s to %s (%.3f s)\n", cfg.connections, cfg.duration, cfg.cc.addr,
+               wall);
+    else
+        printf("dquant bench: %u connections x %llu requests to %s (%.3f s)\n", cfg.connections,
+               (unsigned long long)cfg.requests, cfg.cc.addr, wall);
     printf("  shape: %u layers, %u q heads, %u kv heads x %u, %llu tokens per put, %s data; get %llu tokens as %s; "
            "attend batch %u\n",
            cfg.layers, cfg.q_heads, cfg.kv_heads, cfg.head_dim, (unsigned long long)cfg.tokens,
            dq_dtype_name(cfg.dtype), (unsigned long long)cfg.get_tokens,
            cfg.get_raw ? "raw" : dq_dtype_name(cfg.get_dtype), cfg.batch);
-    printf("%-8s %9s %7s %11s %10s %10s %10s %10s %10s\n", "op", "requests", "errors", "req/s", "MB/s", "p50 us",
-           "p99 us", "p999 us", "max us");
+    printf("%-8s %9s %7s %7s %11s %10s %10s %10s %10s %10s\n", "op", "requests", "errors", "misses", "req/s", "MB/s",
+           "p50 us", "p99 us", "p999 us", "max us");
     uint64_t all_err = 0;
     for (int op = -1; op < NOPS; op++) {
         size_t n = 0;
-        uint64_t bytes = 0, errs = 0;
+        uint64_t bytes = 0, errs = 0, miss = 0;
         for (uint32_t i = 0; i < cfg.connections; i++) {
             for (uint64_t r = 0; r < ws[i].nrec; r++)
-                if (op < 0 || ws[i].op[r] == op)
+                if ((op < 0 || ws[i].op[r] == op) && ws[i].outcome[r] != OUT_ERROR)
                     lat[n++] = ws[i].lat[r];
             for (int o = 0; o < NOPS; o++) {
                 if (op >= 0 && o != op)
                     continue;
                 bytes += ws[i].bytes[o];
+                miss += ws[i].misses[o];
                 for (int e = 0; e < NERR; e++)
                     errs += ws[i].errs[o][e];
             }
@@ -1010,11 +1214,32 @@ int dq_cmd_bench(int argc, char **argv)
         if (op < 0)
             all_err = errs;
         qsort(lat, n, sizeof *lat, cmp_u64);
-        printf("%-8s %9llu %7llu %11.1f %10.2f %10.1f %10.1f %10.1f %10.1f\n", op < 0 ? "total" : op_names[op],
-               (unsigned long long)(n + errs), (unsigned long long)errs, (double)n / wall, (double)bytes / wall / 1e6,
-               pct(lat, n, 50) / 1e3, pct(lat, n, 99) / 1e3, pct(lat, n, 99.9) / 1e3,
+        printf("%-8s %9llu %7llu %7llu %11.1f %10.2f %10.1f %10.1f %10.1f %10.1f\n", op < 0 ? "total" : op_names[op],
+               (unsigned long long)(n + errs), (unsigned long long)errs, (unsigned long long)miss, (double)n / wall,
+               (double)bytes / wall / 1e6, pct(lat, n, 50) / 1e3, pct(lat, n, 99) / 1e3, pct(lat, n, 99.9) / 1e3,
                n ? (double)lat[n - 1] / 1e3 : 0.0);
     }
+    if (cfg.timeline_ms)
+        print_timeline(&cfg, ws, wall, lat);
+    dqc_cluster_stats cs = {0};
+    for (uint32_t i = 0; i < cfg.connections; i++) {
+        dqc_cluster_stats one;
+        if (dqc_cluster_get_stats(ws[i].cl, &one) == 0) {
+            cs.failovers += one.failovers;
+            cs.marked_down += one.marked_down;
+            cs.degraded_writes += one.degraded_writes;
+            cs.repairs += one.repairs;
+            cs.repaired_chunks += one.repaired_chunks;
+            cs.dns_refreshes += one.dns_refreshes;
+            cs.member_changes += one.member_changes;
+        }
+    }
+    printf("cluster: members=%zu replicas=%u write_quorum=%u failovers=%llu marked_down=%llu degraded_writes=%llu "
+           "repairs=%llu repaired_chunks=%llu dns_refreshes=%llu\n",
+           dqc_cluster_size(c), cfg.copts.replicas,
+           cfg.copts.write_quorum ? cfg.copts.write_quorum : cfg.copts.replicas, (unsigned long long)cs.failovers,
+           (unsigned long long)cs.marked_down, (unsigned long long)cs.degraded_writes, (unsigned long long)cs.repairs,
+           (unsigned long long)cs.repaired_chunks, (unsigned long long)cs.dns_refreshes);
     if (all_err) {
         printf("errors:\n");
         for (int e = 0; e < NERR; e++) {
@@ -1031,12 +1256,10 @@ int dq_cmd_bench(int argc, char **argv)
         }
     }
     if (cfg.mix[OP_PREFIX])
-        print_prefix(&cfg, ws, &st0, &st1);
+        print_prefix(&cfg, ws, st0, st1);
     status = all_err ? CLI_FAILED : CLI_OK;
 out:
-    dqc_stats_result_free(&st0);
-    dqc_stats_result_free(&st1);
-    dqc_free(c);
+    dqc_cluster_free(c);
     free(cfg.pool);
     if (ws) {
         for (uint32_t i = 0; i < cfg.connections; i++)
@@ -1044,6 +1267,7 @@ out:
         free(ws);
     }
     free(lat);
+    free(cfg.members);
     cli_conn_free(&cfg.cc);
     return status;
 }

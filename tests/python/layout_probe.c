@@ -15,6 +15,16 @@
 
 int main(void)
 {
+    SIZE(dqc_cluster_options);
+    OFF(dqc_cluster_options, node);
+    OFF(dqc_cluster_options, replicas);
+    OFF(dqc_cluster_options, dns_server);
+    OFF(dqc_cluster_options, repair);
+    SIZE(dqc_cluster_member_info);
+    OFF(dqc_cluster_member_info, up);
+    OFF(dqc_cluster_member_info, requests);
+    SIZE(dqc_cluster_stats);
+    OFF(dqc_cluster_stats, member_changes);
     SIZE(dqc_options);
     OFF(dqc_options, client_name);
     OFF(dqc_options, secret_len);

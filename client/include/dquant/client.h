@@ -1,7 +1,7 @@
 /* libdquant-client — blocking C client for dquantd.
  *
  * One handle (dqc_client) is one connection to one daemon. Every call sends one request and waits
- * for its reply. Calls return 0 (DQ_OK) or a negative dq_error code (dquant/error.h): either the
+ * for its reply. Many daemons as one: dqc_cluster ("multi-node" below). Calls return 0 (DQ_OK) or a negative dq_error code (dquant/error.h): either the
  * code the server sent in its Error reply, or a local one (DQ_CONNECTION, DQ_TIMEOUT, DQ_IO,
  * DQ_PROTOCOL, DQ_INVALID_ARGUMENT, DQ_NOMEM, DQ_TOO_LARGE, ...). After a failure,
  * dqc_last_error() describes it in words.
@@ -519,6 +519,203 @@ DQC_API int dqc_unpin_chunk(dqc_client *client, const char *ns, const uint8_t *k
 
 /* Sends data (len bytes, may be 0) and checks that the server echoes it (DQ_PROTOCOL otherwise). */
 DQC_API int dqc_ping(dqc_client *client, const void *data, size_t len);
+
+/* ---- multi-node: dqc_cluster ----
+ *
+ * One dquantd holds what one machine holds; a cluster's shared KV tier is many. A dqc_cluster is
+ * one handle over a set of dquantd members with the operations of dqc_client: it holds one
+ * dqc_client per member (connected on first use) and places every key on members by rendezvous
+ * (highest random weight) hashing: the weight of member m for a key is XXH3 of the key's digest
+ * seeded with XXH3 of m's identity, and the key's preference list is every member by falling
+ * weight. A member added or removed moves only the keys it gains or loses (about 1/N of them).
+ *
+ * Placement keys. A sequence is placed by (namespace, key). A chunk of the shared tier is placed by
+ * (namespace, ROOT): the key of the first chunk of its prompt (keys[0] of dqc_chunk_keys with
+ * parent NULL). Every chunk of one prompt tree therefore lives on the same members, which is what
+ * PUT_CHUNKS (its parent must be held where it goes) and LOOKUP (leading keys held) need. The calls
+ * on chunks below take that root (LOOKUP: keys[0]; PUT_CHUNKS: the keys of the chunks before its
+ * own, from the prompt's first). A sequence built on prefix chunks (dqc_cluster_put_on_prefix)
+ * stays placed by its own key: the chunks it needs are copied, as stored (GET_CHUNKS_RAW then
+ * PUT_CHUNKS_RAW, deduplicated by the daemon), onto each of its replicas that lacks them, so that
+ * the sequence and its prefix sit on the same daemon. A tree whose first chunk is very popular puts
+ * all its load on R members: placement is per tree, not per chunk.
+ *
+ * Replication. A key's replicas are the first R members of its preference list that are not marked
+ * down (R = opts.replicas). A write (PUT, PUT_RAW, PUT_CHUNKS, PUT_CHUNKS_RAW, ATTEND with appends,
+ * put_on_prefix) goes to the replicas one after the other and succeeds when W of them acknowledged
+ * it (W = opts.write_quorum); a replica that fails takes the next member of the list in its place
+ * (at most opts.read_spares of them), so with a member down new data lands on the next one. A read
+ * (GET, GET_RAW, ATTEND, LOOKUP, GET_CHUNKS) asks the replicas in order and moves on when one fails
+ * or lacks the key (DQ_NOT_FOUND; LOOKUP: fewer hits than asked), up to R + read_spares members:
+ * absence is a miss, never an answer, so a member that came back empty does not serve a stale
+ * one. LOOKUP returns the most hits any member had and copies the chunks a replica lacked onto it
+ * from the member that had them (read repair, opts.repair); PUT_CHUNKS copies the prefix chunks onto
+ * a replica that lacks its parent. Sequences are not copied between members (GET_RAW carries
+ * neither the model nor the prefix a sequence was built on): an append that a replica refuses
+ * (DQ_NOT_FOUND, DQ_ORDER: it restarted, or missed appends while unreachable) leaves the sequence
+ * on its other replicas, and a replica with DQ_ORDER loses its stale copy (DELETE) so that it can
+ * never answer with it. A member that kept its data but missed appends while unreachable (a
+ * partition, not a restart) still holds its shorter copy until the next append to it; reads of an
+ * explicit token range never see it (DQ_OUT_OF_BOUNDS there moves the read on).
+ *
+ * Failures. A member whose call fails with DQ_CONNECTION, DQ_TIMEOUT, DQ_IO, DQ_PROTOCOL or
+ * DQ_SHUTTING_DOWN is marked down: skipped for down_backoff_ms, doubling after each failure up to
+ * down_backoff_max_ms, then tried again by the next call that needs it; one success marks it up.
+ * A dead member is found by opts.node.connect_timeout_ms (a refused connection: at once) and a hung
+ * one by opts.node.io_timeout_ms, so a read fails over within about that time. Registered models
+ * (dqc_cluster_register_model) are remembered and registered again on every member each time its
+ * connection is (re)established, so a member that restarts empty serves them at once. With R = 1 a
+ * dead member's keys become misses (DQ_NOT_FOUND, fewer LOOKUP hits), not other errors; with R >= 2
+ * and W = 1 reads and writes keep succeeding. When no member answers at all a call returns
+ * DQ_CONNECTION.
+ *
+ * Members. A members string is a comma-separated list of addresses ("tcp://10.0.0.1:7733,
+ * tcp://10.0.0.2:7733", unix: addresses too; a member's identity is its address as written), or
+ * one DNS name: "srv:_dquant._tcp.dquantd.ns.svc.cluster.local" (SRV records: one member per
+ * record, identity TARGET:PORT, connected at the target's A/AAAA address) or
+ * "dns:dquantd.ns.svc.cluster.local:7733" (A/AAAA records of a Kubernetes headless Service:
+ * identity IP:PORT, so a pod that changes its IP changes identity; prefer SRV records of a
+ * StatefulSet, whose names are stable). DNS membership is resolved at creation, again every
+ * dns_refresh_ms and, at most once a second, after a member was marked down; the resolution is
+ * done inside the next call (the library has no threads). A resolution that fails or finds no
+ * record keeps the current members. Members that stay keep their connection and state.
+ *
+ * Thread-safety and ownership: as dqc_client (one thread at a time per handle; distinct handles
+ * are independent). Errors of the last call: dqc_cluster_last_error. Every pointer argument is
+ * borrowed for the call; results as for the dqc_client calls of the same name. */
+
+typedef struct dqc_cluster dqc_cluster;
+
+typedef struct dqc_cluster_options {
+    uint32_t size;                /* sizeof(dqc_cluster_options); set by dqc_cluster_options_default */
+    dqc_options node;             /* each member's connection (copied, with what it points to); the
+                                     defaults of dqc_options_default except connect_timeout_ms 1000,
+                                     io_timeout_ms 10000 and reconnect_attempts 1 (the cluster
+                                     retries through other members, not by waiting) */
+    uint32_t replicas;            /* R: members each key is written to, >= 1; default 1 */
+    uint32_t write_quorum;        /* W: acknowledgements a write needs, 1..R; 0 (default): R */
+    uint32_t read_spares;         /* members past the R replicas that a read asks and a failed
+                                     write falls back to; default 1 */
+    uint32_t down_backoff_ms;     /* a failed member is skipped this long at first; default 250 */
+    uint32_t down_backoff_max_ms; /* ... doubling per failure up to this; default 8000 */
+    uint32_t dns_refresh_ms;      /* DNS members re-resolved this often; default 10000 */
+    const char *dns_server;       /* "IP" or "IP:PORT" (IPv4) of the DNS server to ask; NULL: the
+                                     system's resolver (/etc/resolv.conf); copied */
+    int connect_now;              /* 1 (default): dqc_cluster_create connects to every member and
+                                     fails when none answers; 0: members connect on first use */
+    int repair;                   /* 1 (default): LOOKUP copies chunks a replica lacked onto it */
+} dqc_cluster_options;
+
+/* Fills *opts with the defaults above. */
+DQC_API void dqc_cluster_options_default(dqc_cluster_options *opts);
+
+/* Creates a cluster handle over the members string (see above; copied). opts may be NULL. On
+ * success *out is owned by the caller (dqc_cluster_free). Returns 0, DQ_INVALID_ARGUMENT (bad
+ * string or option; errbuf says which), DQ_NOT_FOUND (DNS found no member), DQ_CONNECTION (with
+ * connect_now: no member answered), DQ_UNAUTHENTICATED, DQ_NOMEM. errbuf as for dqc_connect_ex. */
+DQC_API int dqc_cluster_create(const char *members, const dqc_cluster_options *opts, dqc_cluster **out, char *errbuf,
+                               size_t errbuf_len);
+/* Closes every member's connection and frees the handle. NULL is allowed. */
+DQC_API void dqc_cluster_free(dqc_cluster *cl);
+/* A message describing the last failure on this handle ("" if none); valid until the next call. */
+DQC_API const char *dqc_cluster_last_error(const dqc_cluster *cl);
+
+/* Replaces the members (a list or a DNS name, as for create); members whose identity stays keep
+ * their connection. Returns 0, DQ_INVALID_ARGUMENT, DQ_NOT_FOUND (DNS found none: nothing changed). */
+DQC_API int dqc_cluster_set_members(dqc_cluster *cl, const char *members);
+/* Resolves DNS members now (0 for a static list). DQ_NOT_FOUND / DQ_CONNECTION when the resolution
+ * failed (the members stay as they were). */
+DQC_API int dqc_cluster_refresh(dqc_cluster *cl);
+
+#define DQC_MEMBER_ID_MAX 256
+typedef struct dqc_cluster_member_info {
+    char id[DQC_MEMBER_ID_MAX];   /* identity: what placement hashes */
+    char addr[DQC_MEMBER_ID_MAX]; /* where it is connected: unix:PATH or tcp://HOST:PORT */
+    int up;                       /* 0: marked down */
+    uint32_t retry_in_ms;         /* when down: how long until it is tried again */
+    int connected;                /* a connection is open */
+    uint64_t requests;            /* calls made on it */
+    uint64_t failures;            /* times it was marked down */
+} dqc_cluster_member_info;
+
+/* Members now (their order is not placement's). */
+DQC_API size_t dqc_cluster_size(const dqc_cluster *cl);
+/* Member i (< dqc_cluster_size) into *out. 0 or DQ_INVALID_ARGUMENT. */
+DQC_API int dqc_cluster_member(const dqc_cluster *cl, size_t i, dqc_cluster_member_info *out);
+/* Member i's connection for the calls the cluster does not route (STATS, PING, COMPRESS of one
+ * daemon), connected now if need be; borrowed, valid until the members change or the handle is
+ * freed. NULL when i is out of range or the member cannot be reached (dqc_cluster_last_error). */
+DQC_API dqc_client *dqc_cluster_client(dqc_cluster *cl, size_t i);
+/* The preference list of a sequence / of the chunk tree rooted at root (16 bytes): up to n member
+ * indices, highest weight first, into out. Returns how many (min(n, members)). Pure placement:
+ * it ignores which members are down. */
+DQC_API size_t dqc_cluster_locate(const dqc_cluster *cl, const dqc_seq *seq, size_t *out, size_t n);
+DQC_API size_t dqc_cluster_locate_chunks(const dqc_cluster *cl, const char *ns, const uint8_t *root, size_t *out,
+                                         size_t n);
+
+/* What the handle did since it was created. */
+typedef struct dqc_cluster_stats {
+    uint64_t failovers;       /* reads answered by a member after another failed or lacked the key */
+    uint64_t marked_down;     /* members marked down */
+    uint64_t degraded_writes; /* writes acknowledged by fewer than R members (but W or more) */
+    uint64_t repairs;         /* copies of chunks onto a member that lacked them */
+    uint64_t repaired_chunks; /* chunks those copies carried */
+    uint64_t dns_refreshes;   /* DNS resolutions that succeeded */
+    uint64_t dns_failures;    /* ... that failed (members kept) */
+    uint64_t member_changes;  /* members added or removed */
+} dqc_cluster_stats;
+DQC_API int dqc_cluster_get_stats(const dqc_cluster *cl, dqc_cluster_stats *out);
+
+/* The operations. Each does what the dqc_client call of the same name does, routed as described
+ * at the top of this section, with the same arguments, results and error codes, and these
+ * additions: */
+
+/* On every member (each one is also asked again whenever it reconnects); the first answer fills
+ * info and *chunk_tokens_out. A member that cannot be reached now is skipped (it gets the model
+ * when it connects); DQ_CONNECTION when none could. */
+DQC_API int dqc_cluster_register_model(dqc_cluster *cl, const dqc_model_spec *spec, uint32_t chunk_tokens,
+                                       dqc_model_info *info, uint32_t *chunk_tokens_out);
+DQC_API int dqc_cluster_put(dqc_cluster *cl, const dqc_put_args *args, dqc_put_result *res);
+DQC_API int dqc_cluster_put_raw(dqc_cluster *cl, const dqc_put_raw_args *args, dqc_put_result *res);
+/* prefix_keys[0] is the prefix's root (its chunks are found where dqc_cluster_put_chunks put them);
+ * missing chunks are copied onto the sequence's replicas first. */
+DQC_API int dqc_cluster_put_on_prefix(dqc_cluster *cl, const dqc_put_args *args, const uint8_t *prefix_keys,
+                                      size_t nprefix, dqc_put_result *res);
+DQC_API int dqc_cluster_get(dqc_cluster *cl, const dqc_get_args *args, dqc_get_result *res);
+DQC_API int dqc_cluster_get_raw(dqc_cluster *cl, const dqc_seq *seq, uint32_t first_layer, uint32_t num_layers,
+                                dqc_raw_result *res);
+/* The items are grouped by member (one ATTEND per member, items in their order); a group that fails
+ * moves on to its items' next members. With appends every item is written to its R replicas. */
+DQC_API int dqc_cluster_attend(dqc_cluster *cl, const dqc_attend_args *args, float *out, float *lse);
+/* On every member that may hold the sequence (R + read_spares); DQ_NOT_FOUND when none did. */
+DQC_API int dqc_cluster_delete(dqc_cluster *cl, const dqc_seq *seq);
+DQC_API int dqc_cluster_pin(dqc_cluster *cl, const dqc_seq *seq);
+DQC_API int dqc_cluster_unpin(dqc_cluster *cl, const dqc_seq *seq);
+
+/* args->keys follow the nprefix keys prefix (prompt order, from the prompt's first chunk; borrowed),
+ * which decide placement: prefix[0], or args->keys[0] when nprefix is 0. args->parent must be NULL
+ * or the last prefix key (NULL is taken as that key). */
+DQC_API int dqc_cluster_put_chunks(dqc_cluster *cl, const dqc_put_chunks_args *args, const uint8_t *prefix,
+                                   size_t nprefix, dqc_put_chunks_result *res);
+DQC_API int dqc_cluster_put_chunks_raw(dqc_cluster *cl, const char *ns, const char *model, const uint8_t *prefix,
+                                       size_t nprefix, const uint8_t *keys, size_t nkeys, const dqc_raw_layer *layers,
+                                       size_t nlayers, const uint8_t *profile, size_t profile_len,
+                                       dqc_put_chunks_result *res);
+/* keys[0] is the root. The lease (lease_ms > 0) is taken on the member that answered with the most
+ * hits; its id names that member too (pass it to dqc_cluster_release_lease, not to dqc_release_lease). */
+DQC_API int dqc_cluster_lookup(dqc_cluster *cl, const char *ns, const char *model, const uint8_t *keys, size_t nkeys,
+                               uint32_t lease_ms, dqc_lookup_result *res);
+DQC_API int dqc_cluster_release_lease(dqc_cluster *cl, uint64_t lease_id);
+/* root: the 16-byte root of the keys' prompt tree; NULL: keys[0] (key for the one-chunk calls). */
+DQC_API int dqc_cluster_get_chunks(dqc_cluster *cl, const char *ns, const uint8_t *root, const uint8_t *keys,
+                                   size_t nkeys, dq_dtype dtype, dqc_get_result *res);
+DQC_API int dqc_cluster_get_chunks_raw(dqc_cluster *cl, const char *ns, const uint8_t *root, const uint8_t *keys,
+                                       size_t nkeys, dqc_raw_result *res);
+DQC_API int dqc_cluster_get_chunk(dqc_cluster *cl, const char *ns, const uint8_t *root, const uint8_t *key,
+                                  dq_dtype dtype, dqc_get_result *res);
+DQC_API int dqc_cluster_delete_chunk(dqc_cluster *cl, const char *ns, const uint8_t *root, const uint8_t *key);
+DQC_API int dqc_cluster_pin_chunk(dqc_cluster *cl, const char *ns, const uint8_t *root, const uint8_t *key);
+DQC_API int dqc_cluster_unpin_chunk(dqc_cluster *cl, const char *ns, const uint8_t *root, const uint8_t *key);
 
 #ifdef __cplusplus
 }

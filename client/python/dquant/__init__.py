@@ -4,6 +4,7 @@ libdquant-client (the dquantd daemon's client), over ctypes.
     import dquant
     xhat, stats = dquant.roundtrip(k, "dq226", kind="k")   # k: [tokens, kv_heads, head_dim]
     with dquant.Client("unix:/tmp/dquantd.sock") as c: ...
+    with dquant.Cluster(["tcp://10.0.0.1:7733", "tcp://10.0.0.2:7733"], replicas=2) as c: ...   # many daemons
     keys = dquant.chunk_keys("ns", token_ids, 256)         # the shared KV tier's chunk keys
     raw = dquant.RawKV.encode(k, v, profile)               # records PUT_RAW stores as they are
 
@@ -16,10 +17,11 @@ non-tensor calls. Failures raise DquantError (ClientError from the daemon client
 from ._errors import ClientError, DquantError, ErrorCode, UnsupportedError, error_name
 from .client import CHUNK_KEY_BYTES, Client, LookupResult, PutChunksResult, chunk_keys, has_symbols
 from .client import version as client_version
+from .cluster import Cluster
 from .codec import KIND_K, KIND_V, Codec, Layer, Profile, baseline_names, builtin_names, roundtrip
 from .raw import RawKV, RawLayer
 
 __all__ = ["KIND_K", "KIND_V", "Codec", "Layer", "Profile", "baseline_names", "builtin_names", "roundtrip",
-           "Client", "LookupResult", "PutChunksResult", "RawKV", "RawLayer", "chunk_keys", "CHUNK_KEY_BYTES",
+           "Client", "Cluster", "LookupResult", "PutChunksResult", "RawKV", "RawLayer", "chunk_keys", "CHUNK_KEY_BYTES",
            "has_symbols", "client_version", "DquantError", "ClientError", "UnsupportedError", "ErrorCode", "error_name"]
 __version__ = "0.1.0"

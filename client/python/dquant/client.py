@@ -348,6 +348,11 @@ class Client:
             detail = library().dqc_last_error(self._h).decode(errors="replace") if self._h else ""
             raise _error(rc, what, detail)
 
+    def _route(self, name: str, what: str):
+        """The C function `name` (a dqc_ call taking this handle first) with its prototype; Cluster
+        answers with its dqc_cluster_ counterpart of the same signature."""
+        return _chunk_fn(name, what) if name in _CHUNK_PROTOS else getattr(library(), name)
+
     @property
     def reconnects(self) -> int:
         """How many times the handle has reconnected (dqc_reconnect_count)."""
@@ -391,7 +396,7 @@ class Client:
         ct_out = None
         if chunk_tokens or has_symbols("dqc_register_model_ex"):
             ct = ctypes.c_uint32()
-            fn = _chunk_fn("dqc_register_model_ex", "register_model")
+            fn = self._route("dqc_register_model_ex", "register_model")
             self._check(fn(self.handle, ctypes.byref(spec), int(chunk_tokens or 0), ctypes.byref(info),
                            ctypes.byref(ct)), "register_model")
             ct_out = int(ct.value)
@@ -431,11 +436,11 @@ class Client:
         a.dtype, a.k, a.v = kin.dtype, kin.ptr, vin.ptr
         r = dqc_put_result()
         if prefix_chunks:
-            fn = _chunk_fn("dqc_put_on_prefix", "put")
+            fn = self._route("dqc_put_on_prefix", "put")
             pbuf, npre = _keys_buffer(prefix_chunks, "put")
             self._check(fn(self.handle, ctypes.byref(a), pbuf, npre, ctypes.byref(r)), "put")
         else:
-            self._check(library().dqc_put(self.handle, ctypes.byref(a), ctypes.byref(r)), "put")
+            self._check(self._route("dqc_put", "put")(self.handle, ctypes.byref(a), ctypes.byref(r)), "put")
         del kbuf
         return {"tokens": r.tokens, "stored_bytes": r.stored_bytes, "streams_encoded": r.streams_encoded,
                 "retries": r.retries}
@@ -451,7 +456,7 @@ class Client:
         r = dqc_get_result()
         lib = library()
         try:
-            self._check(lib.dqc_get(self.handle, ctypes.byref(a), ctypes.byref(r)), "get")
+            self._check(self._route("dqc_get", "get")(self.handle, ctypes.byref(a), ctypes.byref(r)), "get")
             shape = (r.num_layers, r.tokens, r.kv_heads, r.head_dim)
             k = T.from_buffer(r.k, r.bytes, shape, r.dtype, like)
             v = T.from_buffer(r.v, r.bytes, shape, r.dtype, like)
@@ -469,7 +474,8 @@ class Client:
         r = dqc_raw_result()
         lib = library()
         try:
-            self._check(lib.dqc_get_raw(self.handle, ctypes.byref(s), first_layer, num_layers, ctypes.byref(r)),
+            self._check(self._route("dqc_get_raw", "get_raw")(self.handle, ctypes.byref(s), first_layer, num_layers,
+                                                              ctypes.byref(r)),
                         "get_raw")
             return _raw_of(r)
         finally:
@@ -487,7 +493,7 @@ class Client:
         layers of different lengths), INVALID_ARGUMENT (records of another profile), NONFINITE (a
         NaN/Inf tail value), ORDER, NOT_FOUND (model), OUT_OF_BOUNDS (layers). Returns put's dict
         (streams_encoded 0)."""
-        fn = _chunk_fn("dqc_put_raw", "put_raw")
+        fn = self._route("dqc_put_raw", "put_raw")
         layers, keep = _raw_layers(raw, "put_raw")
         a = dqc_put_raw_args()
         a.seq, kbuf = _seq(key, ns)
@@ -545,22 +551,23 @@ class Client:
         a.kv_heads, a.dtype, a.scale = kv_heads, q0.dtype, scale
         out = T.Output((len(items),) + q0.shape, T.F32, q0)
         lse = T.Output((len(items), q0.shape[0]), T.F32, q0)
-        self._check(library().dqc_attend(self.handle, ctypes.byref(a), out.c_void_p(), lse.c_void_p()), "attend")
+        fn = self._route("dqc_attend", "attend")
+        self._check(fn(self.handle, ctypes.byref(a), out.c_void_p(), lse.c_void_p()), "attend")
         return out.result(), lse.result()
 
     def delete(self, key: Key, ns: Optional[str] = None) -> None:
         """Deletes a sequence (ClientError NOT_FOUND when there is none)."""
         s, kbuf = _seq(key, ns)
-        self._check(library().dqc_delete(self.handle, ctypes.byref(s)), "delete")
+        self._check(self._route("dqc_delete", "delete")(self.handle, ctypes.byref(s)), "delete")
 
     def pin(self, key: Key, ns: Optional[str] = None) -> None:
         """Pins a sequence: never evicted until unpinned."""
         s, kbuf = _seq(key, ns)
-        self._check(library().dqc_pin(self.handle, ctypes.byref(s)), "pin")
+        self._check(self._route("dqc_pin", "pin")(self.handle, ctypes.byref(s)), "pin")
 
     def unpin(self, key: Key, ns: Optional[str] = None) -> None:
         s, kbuf = _seq(key, ns)
-        self._check(library().dqc_unpin(self.handle, ctypes.byref(s)), "unpin")
+        self._check(self._route("dqc_unpin", "unpin")(self.handle, ctypes.byref(s)), "unpin")
 
     def stats(self) -> Dict[str, Dict[str, Union[int, float]]]:
         """The daemon's counters and gauges: {"counters": {name: int}, "gauges": {name: float}}."""
@@ -716,7 +723,7 @@ class Client:
         (not evicted until it expires, release_lease, or the connection closes; result.lease_id),
         where the daemon offers leases (else ClientError UNSUPPORTED). Raises UnsupportedError when
         the library lacks dqc_lookup, ClientError for the daemon's errors."""
-        fn = _chunk_fn("dqc_lookup", "lookup")
+        fn = self._route("dqc_lookup", "lookup")
         keys = list(keys)
         buf, n = _keys_buffer(keys, "lookup")
         r = dqc_lookup_result()
@@ -727,7 +734,7 @@ class Client:
     def release_lease(self, lease_id: int) -> None:
         """Ends a lease of this connection (LookupResult.lease_id) before it expires; ClientError
         NOT_FOUND when there is none (expired, released, or another connection's)."""
-        fn = _chunk_fn("dqc_release_lease", "release_lease")
+        fn = self._route("dqc_release_lease", "release_lease")
         self._check(fn(self.handle, int(lease_id)), "release_lease")
 
     def put_chunks(self, keys: Sequence[bytes], k: Array, v: Array, model: str, ns: Optional[str] = None,

@@ -117,10 +117,12 @@ class TestErrors(unittest.TestCase):
             name, value = line.split()
             if "." in name:
                 sname, field = name.split(".")
-                cls = getattr(dquant.client, sname, None) or getattr(dquant.codec, sname)
+                cls = (getattr(dquant.client, sname, None) or getattr(dquant.cluster, sname, None)
+                       or getattr(dquant.codec, sname))
                 self.assertEqual(getattr(cls, field).offset, int(value), name)
             else:
-                cls = getattr(dquant.client, name, None) or getattr(dquant.codec, name)
+                cls = (getattr(dquant.client, name, None) or getattr(dquant.cluster, name, None)
+                       or getattr(dquant.codec, name))
                 self.assertEqual(ctypes.sizeof(cls), int(value), f"sizeof({name})")
                 seen += 1
         self.assertGreaterEqual(seen, 10)
