@@ -9,6 +9,7 @@
 int dqd_access_init(dqd_access_set *as, size_t cap)
 {
     as->n = as->acquired = 0;
+    as->no_load = false;
     as->cap = cap ? cap : 1;
     as->ready = NULL;
     as->arg = NULL;
@@ -60,6 +61,7 @@ void dqd_access_start(dqd_access_set *as, dqd_access_ready_fn ready, void *arg)
     as->ready = ready;
     as->arg = arg;
     as->waiter.granted = on_granted;
+    as->waiter.no_load = as->no_load;
     as->acquired = 0;
     if (as->n > 1) {
         qsort(as->items, as->n, sizeof *as->items, cmp_item);
@@ -75,6 +77,8 @@ void dqd_access_start(dqd_access_set *as, dqd_access_ready_fn ready, void *arg)
         }
         as->n = m;
     }
+    for (size_t i = 0; i < as->n && !as->no_load; i++)
+        dqd_seq_prefetch(as->items[i].seq);
     step(as);
 }
 

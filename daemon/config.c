@@ -36,6 +36,8 @@ typedef enum opt_type {
     OPT_SECRET_FILE,
     OPT_KERNEL,
     OPT_SCHEDULE,
+    OPT_PATH,
+    OPT_BOOL,
 } opt_type;
 
 typedef struct dqd_option {
@@ -101,6 +103,17 @@ static const dqd_option options[] = {
      "GPU-memory budget of the store on the cuda backend (window records, tails and pointer arrays of "
      "GPU-resident layers). Least recently used unpinned sequences move to host memory when the host "
      "budget allows, else they are evicted; they come back to the GPU when next used by PUT or ATTEND."},
+    {"disk-dir", "store", "disk_dir", OPT_PATH, FIELD(disk_dir), 0, 0, "DIR", "none (no disk tier)",
+     "Disk tier: sequences and chunks evicted from host memory are written to record files in DIR (created "
+     "if missing) instead of being dropped, and read back transparently when next used; a restart finds "
+     "them there (models included), a clean shutdown writes every sequence held. Every record is checksummed "
+     "and checked when read: a bad one is a miss, never wrong data."},
+    {"disk-capacity", "store", "disk_capacity", OPT_SIZE, FIELD(disk_capacity), 1 * MiB, 1024 * TiB, "SIZE",
+     "80% of the free space of --disk-dir at start",
+     "Bytes of records the disk tier keeps; least recently used records are removed to stay within it."},
+    {"disk-sync", "store", "disk_sync", OPT_BOOL, FIELD(disk_sync), 0, 0, "on|off", "off",
+     "fsync each record before it is published and the directory after every change, so that records also "
+     "survive a power loss (a process crash loses nothing written either way)."},
     {"max-models", "store", "max_models", OPT_U32, FIELD(max_models), 1, 1u << 20, "N", "256",
      "Registered models at most."},
     {"max-models-per-client", "store", "max_models_per_client", OPT_U32, FIELD(max_models_per_client), 0, 1u << 20, "N",
@@ -194,6 +207,8 @@ void dqd_config_default(dqd_config *cfg)
 
 void dqd_config_free(dqd_config *cfg)
 {
+    free(cfg->disk_dir);
+    cfg->disk_dir = NULL;
     if (cfg->secret) {
         memset(cfg->secret, 0, cfg->secret_len);
         free(cfg->secret);
@@ -492,6 +507,29 @@ static int apply(dqd_config *cfg, const dqd_option *o, const char *value, bool f
             v = DQD_ENCODE_PLAIN;
         else
             return fail(err, errlen, "%s: unknown value '%s' (%s)", name, value, o->arg);
+        memcpy((char *)cfg + o->offset, &v, sizeof v);
+        return DQ_OK;
+    }
+    case OPT_PATH: {
+        size_t n = strlen(value);
+        if (n == 0 || n >= 4096)
+            return fail(err, errlen, "%s: the path must be 1..4095 bytes", name);
+        char *copy = strdup(value);
+        if (!copy)
+            return fail(err, errlen, "out of memory");
+        char **field = (char **)((char *)cfg + o->offset);
+        free(*field);
+        *field = copy;
+        return DQ_OK;
+    }
+    case OPT_BOOL: {
+        bool v;
+        if (strcasecmp(value, "on") == 0 || strcasecmp(value, "true") == 0 || strcmp(value, "1") == 0)
+            v = true;
+        else if (strcasecmp(value, "off") == 0 || strcasecmp(value, "false") == 0 || strcmp(value, "0") == 0)
+            v = false;
+        else
+            return fail(err, errlen, "%s: expected on or off, not '%s'", name, value);
         memcpy((char *)cfg + o->offset, &v, sizeof v);
         return DQ_OK;
     }

@@ -67,6 +67,9 @@ typedef struct dqd_config {
     uint32_t workers;
     uint32_t shutdown_timeout; /* seconds to finish in-flight work on SIGTERM */
     uint32_t nccl_timeout_ms;  /* NCCL communicator setup / transfer deadline (plus 1 s per GB) */
+    char *disk_dir;            /* the disk tier's directory (malloc'd); NULL: no disk tier */
+    uint64_t disk_capacity;    /* bytes of records at most; 0: 80% of the free space at start */
+    bool disk_sync;            /* fsync records and the directory (power-loss safe) */
 
     /* bookkeeping for "first listen replaces the defaults" */
     bool listen_from_file, listen_from_flags;
@@ -75,7 +78,7 @@ typedef struct dqd_config {
 typedef enum dqd_cli_action { DQD_CLI_RUN = 0, DQD_CLI_HELP = 1, DQD_CLI_VERSION = 2 } dqd_cli_action;
 
 void dqd_config_default(dqd_config *cfg);
-/* Frees the secret; the struct may be reused after dqd_config_default. */
+/* Frees the secret and the disk directory; the struct may be reused after dqd_config_default. */
 void dqd_config_free(dqd_config *cfg);
 
 /* Sets one key as if read from section [section] of the INI file (section may be NULL or "":

@@ -5,6 +5,7 @@
 #include <uv.h>
 
 #include "config.h"
+#include "disktier.h"
 #include "dquant/error.h"
 #include "dquant/version.h"
 #include "logging.h"
@@ -45,6 +46,7 @@ int main(int argc, char **argv)
     dqd_log_set_level(cfg.log_level);
     dqd_log_attach_lib();
     signal(SIGPIPE, SIG_IGN);
+    signal(SIGXFSZ, SIG_IGN); /* a disk tier write past RLIMIT_FSIZE fails with EFBIG instead */
 
     /* libuv sizes its thread pool, the daemon's workers, from this on first use. */
     char nthreads[16];
@@ -67,7 +69,13 @@ int main(int argc, char **argv)
         dqd_config_free(&cfg);
         return 1;
     }
-    if (dqd_server_start(&srv) < 0) {
+    /* The disk tier's records are back in the store before the first client is served. */
+    dqd_disktier *disk = NULL;
+    if (cfg.disk_dir && (rc = dqd_disktier_open(&srv.ctx, &disk)) < 0) {
+        DQD_ERROR("cannot start the disk tier: %s", dq_strerror(rc));
+        status = 1;
+        dqd_server_stop(&srv);
+    } else if (dqd_server_start(&srv) < 0) {
         status = 1;
         dqd_server_stop(&srv);
     } else {
@@ -76,7 +84,10 @@ int main(int argc, char **argv)
         dqd_notify("READY=1\nSTATUS=serving");
     }
     uv_run(&loop, UV_RUN_DEFAULT);
+    if (status == 0)
+        dqd_disktier_flush(disk);
     dqd_server_destroy(&srv);
+    dqd_disktier_free(disk);
     rc = uv_loop_close(&loop);
     if (rc < 0)
         DQD_WARN("event loop closed with handles still open: %s", uv_strerror(rc));

@@ -226,6 +226,29 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
     gauge(&b, "dquant_gpu_memory_reserved_bytes", "GPU budget reserved by writes in progress.",
           (double)g->store.gpu_reserved);
     gauge(&b, "dquant_gpu_sequences", "Sequences holding layers in GPU memory.", (double)g->store.gpu_sequences);
+    gauge(&b, "dquant_disk_records", "Records in the disk tier (sequences and chunks).", (double)g->store.disk_records);
+    gauge(&b, "dquant_disk_used_bytes", "Bytes of the disk tier's records.", (double)g->store.disk_bytes);
+    gauge(&b, "dquant_disk_capacity_bytes", "Capacity of the disk tier (0: none).", (double)g->store.disk_capacity);
+    gauge(&b, "dquant_disk_stubs", "Sequences and chunks held on disk only.", (double)g->store.disk_stubs);
+    counter(&b, "dquant_disk_spills_total", "Records written to disk (host eviction, shutdown).", g->store.disk_spills);
+    counter(&b, "dquant_disk_spill_bytes_total", "Bytes of records written to disk.", g->store.disk_spill_bytes);
+    counter(&b, "dquant_disk_clean_evictions_total", "Host evictions of sequences whose record was current (no write).",
+            g->store.disk_clean_evictions);
+    counter(&b, "dquant_disk_spill_failures_total",
+            "Records that could not be written (ENOSPC, EFBIG, I/O errors); the sequence was dropped.",
+            g->store.disk_spill_failures);
+    counter(&b, "dquant_disk_full_drops_total", "Evictions dropped because the disk tier could not make room.",
+            g->store.disk_full_drops);
+    counter(&b, "dquant_disk_loads_total", "Records read back into host memory.", g->store.disk_loads);
+    counter(&b, "dquant_disk_load_bytes_total", "Bytes of records read back.", g->store.disk_load_bytes);
+    counter(&b, "dquant_disk_corrupt_total", "Records that failed a checksum (read back or at start): dropped.",
+            g->store.disk_corrupt);
+    counter(&b, "dquant_disk_load_failures_total",
+            "Records that could not be read back otherwise (I/O error, no host room): dropped.",
+            g->store.disk_load_failures);
+    counter(&b, "dquant_disk_evictions_total", "Records removed to stay within the disk capacity.",
+            g->store.disk_evictions);
+    counter(&b, "dquant_disk_recovered_total", "Records found on disk at start.", g->store.disk_recovered);
     gauge(&b, "dquant_models", "Registered models.", (double)g->models);
     gauge(&b, "dquant_inflight_requests", "Requests in progress.", (double)g->inflight_requests);
     gauge(&b, "dquant_frame_cache_bytes", "Freed large frame buffers kept for the next frames.",
@@ -300,7 +323,7 @@ static void add_gauge(kv_builder *kb, const char *name, double v)
 int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsReply *out)
 {
     dquant__stats_reply__init(out);
-    kv_builder kb = {out, 3 * DQD_OP_COUNT + DQD_ERR_SLOTS + 32, DQD_OP_COUNT + 32, 0};
+    kv_builder kb = {out, 3 * DQD_OP_COUNT + DQD_ERR_SLOTS + 48, DQD_OP_COUNT + 40, 0};
     out->counters = calloc(kb.cap_c, sizeof *out->counters);
     out->gauges = calloc(kb.cap_g, sizeof *out->gauges);
     if (!out->counters || !out->gauges) {
@@ -362,6 +385,17 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_counter(&kb, "gpu_promotions", g->store.gpu_promotions);
     add_counter(&kb, "gpu_drops", g->store.gpu_drops);
     add_counter(&kb, "gpu_spills", g->store.gpu_spills);
+    add_counter(&kb, "disk_spills", g->store.disk_spills);
+    add_counter(&kb, "disk_spill_bytes", g->store.disk_spill_bytes);
+    add_counter(&kb, "disk_clean_evictions", g->store.disk_clean_evictions);
+    add_counter(&kb, "disk_spill_failures", g->store.disk_spill_failures);
+    add_counter(&kb, "disk_full_drops", g->store.disk_full_drops);
+    add_counter(&kb, "disk_loads", g->store.disk_loads);
+    add_counter(&kb, "disk_load_bytes", g->store.disk_load_bytes);
+    add_counter(&kb, "disk_corrupt", g->store.disk_corrupt);
+    add_counter(&kb, "disk_load_failures", g->store.disk_load_failures);
+    add_counter(&kb, "disk_evictions", g->store.disk_evictions);
+    add_counter(&kb, "disk_recovered", g->store.disk_recovered);
     add_counter(&kb, "frame_buffers_reused", g->frame_buffers_reused);
     add_counter(&kb, "frame_buffers_fresh", g->frame_buffers_fresh);
 
@@ -380,6 +414,10 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_gauge(&kb, "gpu_budget", (double)g->store.gpu_budget);
     add_gauge(&kb, "gpu_memory_reserved", (double)g->store.gpu_reserved);
     add_gauge(&kb, "gpu_sequences", (double)g->store.gpu_sequences);
+    add_gauge(&kb, "disk_records", (double)g->store.disk_records);
+    add_gauge(&kb, "disk_bytes", (double)g->store.disk_bytes);
+    add_gauge(&kb, "disk_capacity", (double)g->store.disk_capacity);
+    add_gauge(&kb, "disk_stubs", (double)g->store.disk_stubs);
     add_gauge(&kb, "connections_open", (double)m->conns_open);
     add_gauge(&kb, "models", (double)g->models);
     add_gauge(&kb, "inflight_requests", (double)g->inflight_requests);

@@ -336,10 +336,12 @@ void dqd_op_lookup(dqd_req *req)
         if (!seq)
             break;
         dqd_store_touch(ctx->store, seq);
-        if (held)
-            held[hits] = seq; /* the lease takes the reference over */
-        else
+        if (held) {
+            dqd_seq_prefetch(seq); /* leased to be read soon: a chunk on disk comes back meanwhile */
+            held[hits] = seq;      /* the lease takes the reference over */
+        } else {
             dqd_seq_unref(seq);
+        }
     }
     if (held && hits) {
         int rc = dqd_lease_add(&ctx->leases, req->sess, &req->sess->leases, held, hits,

@@ -420,6 +420,9 @@ static void put_lookup(put_op *op)
         return;
     }
     op->as_live = true;
+    /* A chunk held already is acknowledged without its layers (put_check), so one on disk stays
+     * there; a chunk not committed yet is not on disk. */
+    op->as.no_load = op->chunk != NULL;
     dqd_access_add(&op->as, op->seq, DQD_ACCESS_WRITE);
     dqd_access_start(&op->as, access_ready, op);
 }

@@ -216,6 +216,8 @@ static void op_seq(dqd_req *req, const Dquant__SeqRef *ref, dqd_access mode)
         return;
     }
     op->req = req;
+    /* Only PIN needs the layers in memory: DELETE and UNPIN leave a sequence on disk there. */
+    op->as.no_load = req->op != DQD_OP_PIN;
     dqd_access_add(&op->as, seq, mode);
     dqd_access_start(&op->as, seq_op_ready, op);
 }

@@ -33,6 +33,18 @@ struct dqd_store {
     uint64_t gpu_seqs, gpu_demotions, gpu_promotions, gpu_drops, gpu_spills;
     void (*gpu_free)(void *arg, dqd_seq *seq);
     void *gpu_ctx;
+
+    /* disk tier */
+    bool disk_on;
+    bool closing;      /* being destroyed: records stay on disk */
+    uint64_t spilling; /* host bytes the spills in progress free (counted as free already) */
+    uint64_t disk_capacity, disk_used, disk_reserved;
+    dqd_seq *dlru_head, *dlru_tail;
+    uint64_t disk_records, disk_stubs, disk_spills, disk_spill_bytes, disk_clean_evictions, disk_spill_failures;
+    uint64_t disk_full_drops, disk_loads, disk_load_bytes, disk_corrupt, disk_load_failures, disk_evictions;
+    uint64_t disk_recovered;
+    dqd_store_disk_ops dops;
+    void *darg;
 };
 
 static uint64_t seq_hash(const char *ns, size_t ns_len, const uint8_t *key, size_t key_len, uint8_t kind)
@@ -93,6 +105,9 @@ static void seq_free(dqd_store *s, dqd_seq *seq)
 
 static void lru_unlink(dqd_store *s, dqd_seq *seq)
 {
+    if (!seq->in_lru)
+        return;
+    seq->in_lru = false;
     if (seq->lru_prev)
         seq->lru_prev->lru_next = seq->lru_next;
     else
@@ -106,6 +121,8 @@ static void lru_unlink(dqd_store *s, dqd_seq *seq)
 
 static void lru_push_front(dqd_store *s, dqd_seq *seq)
 {
+    assert(!seq->in_lru);
+    seq->in_lru = true;
     seq->lru_prev = NULL;
     seq->lru_next = s->lru_head;
     if (s->lru_head)
@@ -145,6 +162,34 @@ static void glru_push_front(dqd_store *s, dqd_seq *seq)
     s->gpu_seqs++;
 }
 
+static void dlru_unlink(dqd_store *s, dqd_seq *seq)
+{
+    if (!seq->in_dlru)
+        return;
+    if (seq->dlru_prev)
+        seq->dlru_prev->dlru_next = seq->dlru_next;
+    else
+        s->dlru_head = seq->dlru_next;
+    if (seq->dlru_next)
+        seq->dlru_next->dlru_prev = seq->dlru_prev;
+    else
+        s->dlru_tail = seq->dlru_prev;
+    seq->dlru_prev = seq->dlru_next = NULL;
+    seq->in_dlru = false;
+}
+
+static void dlru_push_front(dqd_store *s, dqd_seq *seq)
+{
+    seq->dlru_prev = NULL;
+    seq->dlru_next = s->dlru_head;
+    if (s->dlru_head)
+        s->dlru_head->dlru_prev = seq;
+    s->dlru_head = seq;
+    if (!s->dlru_tail)
+        s->dlru_tail = seq;
+    seq->in_dlru = true;
+}
+
 static void account_sub(dqd_store *s, const dqd_seq *seq)
 {
     s->token_layers -= seq->token_layers;
@@ -161,7 +206,24 @@ static void account_add(dqd_store *s, const dqd_seq *seq)
     s->seq_bytes += seq->bytes;
 }
 
-/* Takes seq out of the hash table and LRU list and out of the totals. */
+/* Lets go of seq's record: its file is removed, unless the store is closing (records outlive it). */
+static void forget_record(dqd_store *s, dqd_seq *seq)
+{
+    if (!seq->drec)
+        return;
+    dlru_unlink(s, seq);
+    s->disk_used -= seq->disk_bytes;
+    s->disk_records--;
+    s->dops.forget(s->darg, seq, !s->closing);
+    assert(!seq->drec);
+    seq->disk_bytes = 0;
+    seq->overhead -= seq->drec_cost;
+    seq->bytes -= seq->drec_cost;
+    s->seq_bytes -= seq->drec_cost;
+    seq->drec_cost = 0;
+}
+
+/* Takes seq out of the hash table and LRU lists and out of the totals. */
 static void unindex(dqd_store *s, dqd_seq *seq)
 {
     if (!seq->in_index)
@@ -173,6 +235,8 @@ static void unindex(dqd_store *s, dqd_seq *seq)
     seq->hnext = NULL;
     lru_unlink(s, seq);
     glru_unlink(s, seq);
+    forget_record(s, seq);
+    s->disk_stubs -= seq->on_disk;
     account_sub(s, seq);
     if (seq->pinned)
         s->pinned--;
@@ -185,17 +249,21 @@ void dqd_store_destroy(dqd_store *s)
 {
     if (!s)
         return;
-    /* Every reservation (PUT, ATTEND, moves between tiers) has been released by now. */
-    assert(s->reserved == 0 && s->gpu_reserved == 0);
+    /* Every reservation (PUT, ATTEND, moves between tiers, spills) has been released by now. */
+    assert(s->reserved == 0 && s->gpu_reserved == 0 && s->spilling == 0 && s->disk_reserved == 0);
+    s->closing = true;
     /* Sequences let go of their prefix chunks first, whatever the order below frees them in. */
-    for (dqd_seq *seq = s->lru_head; seq; seq = seq->lru_next)
-        drop_prefix(seq);
-    while (s->lru_head) {
-        dqd_seq *seq = s->lru_head;
-        if (seq->refs)
-            DQD_WARN("sequence still referenced (%d) at shutdown", seq->refs);
-        unindex(s, seq);
-        seq_free(s, seq);
+    for (size_t b = 0; b < s->nbuckets; b++)
+        for (dqd_seq *seq = s->buckets[b]; seq; seq = seq->hnext)
+            drop_prefix(seq);
+    for (size_t b = 0; b < s->nbuckets; b++) {
+        while (s->buckets[b]) {
+            dqd_seq *seq = s->buckets[b];
+            if (seq->refs)
+                DQD_WARN("sequence still referenced (%d) at shutdown", seq->refs);
+            unindex(s, seq);
+            seq_free(s, seq);
+        }
     }
     free(s->buckets);
     free(s);
@@ -340,10 +408,23 @@ static void take(dqd_seq *seq, dqd_access mode)
         seq->writer = true;
 }
 
+/* Whether w must wait for seq's layers to be read back from disk. */
+static bool needs_load(const dqd_seq *seq, const dqd_waiter *w)
+{
+    return seq->on_disk && seq->in_index && !w->no_load;
+}
+
+static bool idle(const dqd_seq *seq)
+{
+    return !seq->writer && seq->readers == 0;
+}
+
+static void start_load(dqd_store *s, dqd_seq *seq);
+
 bool dqd_seq_acquire(dqd_seq *seq, dqd_waiter *w)
 {
     w->next = NULL;
-    if (!seq->wait_head && compatible(seq, w->mode)) {
+    if (!seq->wait_head && compatible(seq, w->mode) && !needs_load(seq, w)) {
         take(seq, w->mode);
         return true;
     }
@@ -352,6 +433,9 @@ bool dqd_seq_acquire(dqd_seq *seq, dqd_waiter *w)
     else
         seq->wait_head = w;
     seq->wait_tail = w;
+    /* First in line for a stub: read it back; the load's end grants w. Nothing touches w after. */
+    if (seq->wait_head == w && needs_load(seq, w) && idle(seq))
+        start_load(seq->store, seq);
     return false;
 }
 
@@ -381,6 +465,11 @@ void dqd_seq_release(dqd_seq *seq, dqd_access mode)
     else
         seq->writer = false;
     while (seq->wait_head && compatible(seq, seq->wait_head->mode)) {
+        if (needs_load(seq, seq->wait_head)) {
+            if (idle(seq))
+                start_load(s, seq);
+            break;
+        }
         dqd_waiter *w = seq->wait_head;
         seq->wait_head = w->next;
         if (!seq->wait_head)
@@ -396,18 +485,43 @@ void dqd_seq_release(dqd_seq *seq, dqd_access mode)
     run_ready(s);
 }
 
+static void recount(dqd_store *s, dqd_seq *seq);
+
 /* Sequences holding GPU layers belong to the GPU tier's eviction (see store.h). */
 static bool evictable(const dqd_seq *seq, const dqd_seq *keep)
 {
     return seq != keep && seq->refs == 0 && !seq->pinned && seq->visible && seq->in_index && !seq->moving &&
-           seq->gpu_bytes == 0;
+           seq->gpu_bytes == 0 && seq->in_lru;
+}
+
+/* Host bytes in use or promised: what the spills in progress will free counts as free already. */
+static uint64_t committed(const dqd_store *s)
+{
+    uint64_t used = dqd_hostmem_used(s->mem);
+    used = used > s->spilling ? used - s->spilling : 0;
+    return used + s->reserved;
 }
 
 static uint64_t available(const dqd_store *s)
 {
-    uint64_t used = dqd_hostmem_used(s->mem) + s->reserved;
+    uint64_t used = committed(s);
     return used < s->budget ? s->budget - used : 0;
 }
+
+/* Frees a resident sequence's layers: it stays in the index, on disk only. */
+static void make_stub(dqd_store *s, dqd_seq *seq)
+{
+    for (uint32_t i = 0; i < seq->model->layers; i++) {
+        dq_layer_free(seq->layers[i]);
+        seq->layers[i] = NULL;
+    }
+    lru_unlink(s, seq);
+    seq->on_disk = true;
+    s->disk_stubs++;
+    recount(s, seq);
+}
+
+static bool start_spill(dqd_store *s, dqd_seq *seq);
 
 static void evict(dqd_store *s, dqd_seq *seq)
 {
@@ -415,6 +529,15 @@ static void evict(dqd_store *s, dqd_seq *seq)
               (unsigned long long)seq->token_layers);
     s->evictions++;
     s->evicted_bytes += seq->bytes;
+    if (s->disk_on && seq->gpu_bytes == 0) {
+        if (seq->drec) {
+            s->disk_clean_evictions++;
+            make_stub(s, seq);
+            return;
+        }
+        if (start_spill(s, seq))
+            return;
+    }
     unindex(s, seq);
     seq_free(s, seq);
 }
@@ -430,7 +553,7 @@ int dqd_store_reserve(dqd_store *s, uint64_t need, const dqd_seq *requester)
     uint64_t could = 0;
     for (dqd_seq *seq = s->lru_tail; seq && avail + could < need; seq = seq->lru_prev)
         if (evictable(seq, requester))
-            could += seq->bytes;
+            could += s->disk_on ? seq->bytes - seq->overhead : seq->bytes; /* a spill leaves a stub */
     if (avail + could < need)
         return DQ_RESOURCE_EXHAUSTED;
     for (dqd_seq *seq = s->lru_tail; seq && available(s) < need;) {
@@ -456,7 +579,7 @@ void dqd_store_unreserve(dqd_store *s, uint64_t need)
 
 void dqd_store_enforce(dqd_store *s, const dqd_seq *keep)
 {
-    for (dqd_seq *seq = s->lru_tail; seq && dqd_hostmem_used(s->mem) + s->reserved > s->budget;) {
+    for (dqd_seq *seq = s->lru_tail; seq && committed(s) > s->budget;) {
         dqd_seq *prev = seq->lru_prev;
         if (evictable(seq, keep))
             evict(s, seq);
@@ -503,6 +626,7 @@ void dqd_store_commit(dqd_store *s, dqd_seq *seq)
 {
     if (!seq->in_index)
         return;
+    forget_record(s, seq); /* written to: the record on disk is stale */
     recount(s, seq);
     seq->visible = true;
     dqd_store_touch(s, seq);
@@ -512,9 +636,13 @@ void dqd_store_touch(dqd_store *s, dqd_seq *seq)
 {
     if (!seq->in_index)
         return;
-    if (s->lru_head != seq) {
+    if (seq->in_lru && s->lru_head != seq) {
         lru_unlink(s, seq);
         lru_push_front(s, seq);
+    }
+    if (seq->in_dlru && s->dlru_head != seq) {
+        dlru_unlink(s, seq);
+        dlru_push_front(s, seq);
     }
     if (seq->in_glru && s->glru_head != seq) {
         glru_unlink(s, seq);
@@ -576,6 +704,22 @@ void dqd_store_get_stats(const dqd_store *s, dqd_store_stats *out)
     out->gpu_promotions = s->gpu_promotions;
     out->gpu_drops = s->gpu_drops;
     out->gpu_spills = s->gpu_spills;
+    out->disk_records = s->disk_records;
+    out->disk_bytes = s->disk_used;
+    out->disk_capacity = s->disk_capacity;
+    out->disk_reserved = s->disk_reserved;
+    out->disk_stubs = s->disk_stubs;
+    out->disk_spills = s->disk_spills;
+    out->disk_spill_bytes = s->disk_spill_bytes;
+    out->disk_clean_evictions = s->disk_clean_evictions;
+    out->disk_spill_failures = s->disk_spill_failures;
+    out->disk_full_drops = s->disk_full_drops;
+    out->disk_loads = s->disk_loads;
+    out->disk_load_bytes = s->disk_load_bytes;
+    out->disk_corrupt = s->disk_corrupt;
+    out->disk_load_failures = s->disk_load_failures;
+    out->disk_evictions = s->disk_evictions;
+    out->disk_recovered = s->disk_recovered;
 }
 
 uint64_t dqd_store_budget(const dqd_store *s)
@@ -794,4 +938,206 @@ void dqd_store_gpu_promoted(dqd_store *s, uint64_t layers)
 void dqd_store_gpu_spilled(dqd_store *s, uint64_t layers)
 {
     s->gpu_spills += layers;
+}
+
+/* ---- disk tier ---- */
+
+void dqd_store_disk_enable(dqd_store *s, uint64_t capacity, const dqd_store_disk_ops *ops, void *arg)
+{
+    s->disk_on = true;
+    s->disk_capacity = capacity;
+    s->dops = *ops;
+    s->darg = arg;
+}
+
+bool dqd_store_disk_enabled(const dqd_store *s)
+{
+    return s->disk_on;
+}
+
+static void attach_record(dqd_store *s, dqd_seq *seq, dqd_drec *drec, uint64_t drec_cost, uint64_t bytes)
+{
+    assert(!seq->drec && bytes <= s->disk_reserved);
+    seq->drec = drec;
+    seq->drec_cost = drec_cost;
+    seq->disk_bytes = bytes;
+    seq->overhead += drec_cost;
+    seq->bytes += drec_cost;
+    s->seq_bytes += drec_cost;
+    s->disk_reserved -= bytes;
+    s->disk_used += bytes;
+    s->disk_records++;
+    dlru_push_front(s, seq);
+}
+
+/* A record that may go to make room: not being written or read; a stub only when nothing refers to
+ * it (a request, a lease, a sequence built on the chunk). */
+static bool disk_victim(const dqd_seq *seq)
+{
+    if (seq->loading || seq->spilling)
+        return false;
+    return !seq->on_disk || seq->refs == 0;
+}
+
+static void disk_evict(dqd_store *s, dqd_seq *seq)
+{
+    DQD_DEBUG("disk eviction of ns='%s' (%llu bytes on disk)", seq->ns, (unsigned long long)seq->disk_bytes);
+    s->disk_evictions++;
+    if (seq->on_disk) {
+        unindex(s, seq);
+        seq_free(s, seq);
+    } else {
+        forget_record(s, seq);
+    }
+}
+
+int dqd_store_disk_reserve(dqd_store *s, uint64_t bytes)
+{
+    if (bytes > s->disk_capacity)
+        return DQ_RESOURCE_EXHAUSTED;
+    const uint64_t limit = s->disk_capacity - bytes;
+    if (s->disk_used + s->disk_reserved > limit) {
+        uint64_t could = 0;
+        for (dqd_seq *seq = s->dlru_tail; seq && s->disk_used + s->disk_reserved > limit + could; seq = seq->dlru_prev)
+            if (disk_victim(seq))
+                could += seq->disk_bytes;
+        if (s->disk_used + s->disk_reserved > limit + could)
+            return DQ_RESOURCE_EXHAUSTED;
+        for (dqd_seq *seq = s->dlru_tail; seq && s->disk_used + s->disk_reserved > limit;) {
+            dqd_seq *prev = seq->dlru_prev; /* in the index, so not freed by the eviction below */
+            if (disk_victim(seq))
+                disk_evict(s, seq);
+            seq = prev;
+        }
+    }
+    s->disk_reserved += bytes;
+    return DQ_OK;
+}
+
+void dqd_store_disk_unreserve(dqd_store *s, uint64_t bytes)
+{
+    assert(bytes <= s->disk_reserved && "disk capacity released that was never reserved");
+    s->disk_reserved -= bytes;
+}
+
+static bool start_spill(dqd_store *s, dqd_seq *seq)
+{
+    seq->spilling = true;
+    seq->writer = true;
+    seq->refs++;
+    seq->spill_frees = seq->bytes - seq->overhead;
+    s->spilling += seq->spill_frees;
+    lru_unlink(s, seq);
+    int rc = s->dops.spill(s->darg, seq);
+    if (rc == DQ_OK)
+        return true; /* it may have finished already: seq is not touched any more here */
+    s->spilling -= seq->spill_frees;
+    seq->spill_frees = 0;
+    seq->spilling = false;
+    seq->writer = false;
+    seq->refs--;
+    if (rc == DQ_RESOURCE_EXHAUSTED)
+        s->disk_full_drops++;
+    else
+        s->disk_spill_failures++;
+    DQD_DEBUG("spilling ns='%s' failed to start (%s); dropping it", seq->ns, dq_strerror(rc));
+    return false;
+}
+
+void dqd_store_spill_done(dqd_store *s, dqd_seq *seq, int rc, dqd_drec *drec, uint64_t drec_cost, uint64_t bytes)
+{
+    assert(seq->spilling);
+    s->spilling -= seq->spill_frees;
+    seq->spill_frees = 0;
+    seq->spilling = false;
+    if (rc == DQ_OK) {
+        attach_record(s, seq, drec, drec_cost, bytes);
+        s->disk_spills++;
+        s->disk_spill_bytes += bytes;
+        if (seq->in_index)
+            make_stub(s, seq);
+        else
+            forget_record(s, seq);
+    } else {
+        dqd_store_disk_unreserve(s, bytes);
+        s->disk_spill_failures++;
+        DQD_WARN("writing ns='%s' to disk failed (%s); evicted without a record", seq->ns, dq_strerror(rc));
+        unindex(s, seq);
+    }
+    dqd_seq_release(seq, DQD_ACCESS_WRITE);
+    dqd_seq_unref(seq);
+}
+
+static void start_load(dqd_store *s, dqd_seq *seq)
+{
+    seq->loading = true;
+    seq->writer = true;
+    seq->refs++;
+    int rc = s->dops.load(s->darg, seq);
+    if (rc < 0)
+        dqd_store_load_done(s, seq, rc, NULL);
+}
+
+void dqd_store_load_done(dqd_store *s, dqd_seq *seq, int rc, dq_layer **layers)
+{
+    assert(seq->loading && seq->on_disk);
+    seq->loading = false;
+    if (rc == DQ_OK && seq->in_index) {
+        for (uint32_t i = 0; i < seq->model->layers; i++)
+            seq->layers[i] = layers[i];
+        seq->on_disk = false;
+        s->disk_stubs--;
+        lru_push_front(s, seq);
+        recount(s, seq);
+        dqd_store_touch(s, seq);
+        s->disk_loads++;
+        s->disk_load_bytes += seq->disk_bytes;
+    } else {
+        for (uint32_t i = 0; layers && i < seq->model->layers; i++)
+            dq_layer_free(layers[i]);
+        if (rc == DQ_CORRUPT)
+            s->disk_corrupt++;
+        else
+            s->disk_load_failures++;
+        DQD_WARN("reading ns='%s' back from disk failed (%s); dropping it", seq->ns,
+                 rc < 0 ? dq_strerror(rc) : "deleted meanwhile");
+        unindex(s, seq);
+    }
+    dqd_seq_release(seq, DQD_ACCESS_WRITE);
+    dqd_seq_unref(seq);
+}
+
+void dqd_seq_prefetch(dqd_seq *seq)
+{
+    if (seq->on_disk && seq->in_index && idle(seq) && !seq->wait_head)
+        start_load(seq->store, seq);
+}
+
+void dqd_store_disk_attach(dqd_store *s, dqd_seq *seq, dqd_drec *drec, uint64_t drec_cost, uint64_t bytes, bool stub)
+{
+    attach_record(s, seq, drec, drec_cost, bytes);
+    if (stub) {
+        assert(!seq->visible && seq->token_layers == 0);
+        lru_unlink(s, seq);
+        seq->on_disk = true;
+        s->disk_stubs++;
+        seq->visible = true;
+        recount(s, seq);
+    }
+}
+
+void dqd_store_disk_counted(dqd_store *s, uint64_t corrupt, uint64_t recovered)
+{
+    s->disk_corrupt += corrupt;
+    s->disk_recovered += recovered;
+}
+
+void dqd_store_foreach_resident(dqd_store *s, void (*fn)(void *arg, dqd_seq *seq), void *arg)
+{
+    for (dqd_seq *seq = s->lru_tail; seq;) {
+        dqd_seq *prev = seq->lru_prev;
+        if (seq->visible && seq->in_index)
+            fn(arg, seq);
+        seq = prev;
+    }
 }

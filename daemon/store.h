@@ -24,7 +24,21 @@
  * held exclusively until dqd_store_gpu_moves_finish); one that does not fit is dropped at once (counted
  * as an eviction). Host eviction never picks a sequence holding GPU layers: its host footprint is
  * only the shadow, and the GPU tier decides its fate. The store itself never calls CUDA: freeing a
- * sequence's GPU layers goes through the hook of dqd_store_gpu_enable. */
+ * sequence's GPU layers goes through the hook of dqd_store_gpu_enable.
+ *
+ * Disk tier (--disk-dir; disktier.h does the files through the hooks of dqd_store_disk_enable).
+ * Host eviction then spills instead of dropping: the victim is held exclusively while its record
+ * is written (its host bytes count as free from the start), then its layers are freed and it stays
+ * in the index as a stub (on_disk) with its record (drec), out of the host LRU list. A request that
+ * needs the layers of a stub reads them back first: its access is granted only after a load (held
+ * exclusively, host room reserved) put them back in host memory; waiters that need no layers
+ * (DELETE, UNPIN, the dedupe of a chunk PUT: dqd_waiter.no_load) do not load. A loaded sequence keeps
+ * its record as a clean copy (evicting it again costs no write) until its next write commits: the
+ * record is removed then, before that write is acknowledged, as it is by DELETE. A spill or load
+ * that fails (I/O error, ENOSPC, a checksum, no host room) drops the sequence: a miss, counted.
+ * Records have their own LRU list (stubs and clean copies) and a capacity: making room for a record
+ * evicts the least recently used records (stubs nothing references, clean copies of anything not
+ * being spilled or loaded). */
 #ifndef DQD_STORE_H
 #define DQD_STORE_H
 
@@ -49,9 +63,11 @@ typedef struct dqd_waiter {
     struct dqd_waiter *next;
     dqd_access mode;
     void (*granted)(struct dqd_waiter *w);
+    bool no_load; /* needs no layers: a sequence on disk is not read back for it */
 } dqd_waiter;
 
 typedef struct dqd_store dqd_store;
+typedef struct dqd_drec dqd_drec; /* a record of the disk tier (disktier.c) */
 
 typedef struct dqd_seq {
     dqd_store *store;
@@ -78,6 +94,12 @@ typedef struct dqd_seq {
                                thread while a request's workers change them */
     uint64_t move_reserved; /* host budget held for its move to the host tier */
 
+    /* disk tier */
+    dqd_drec *drec;       /* its record on disk (what it holds, all of it when on_disk), or NULL */
+    uint64_t disk_bytes;  /* the record's bytes on disk */
+    uint64_t drec_cost;   /* host bytes of drec (in overhead) */
+    uint64_t spill_frees; /* host bytes the spill in progress frees */
+
     int refs;
     int readers;
     bool writer;
@@ -86,9 +108,15 @@ typedef struct dqd_seq {
     bool in_index; /* false once deleted or evicted */
     bool moving;   /* held by a move of its GPU layers to the host */
     bool in_glru;  /* on the GPU LRU list (holds GPU layers, in the index) */
+    bool in_lru;   /* on the host LRU list (in the index, layers in memory, not spilling) */
+    bool in_dlru;  /* on the disk LRU list (has a record) */
+    bool on_disk;  /* a stub: its layers are on disk only (layers[] all NULL) */
+    bool spilling; /* held by the write of its record */
+    bool loading;  /* held by the read of its record */
     dqd_waiter *wait_head, *wait_tail;
     struct dqd_seq *hnext, *lru_prev, *lru_next;
     struct dqd_seq *glru_prev, *glru_next;
+    struct dqd_seq *dlru_prev, *dlru_next;
 } dqd_seq;
 
 typedef struct dqd_store_stats {
@@ -107,6 +135,20 @@ typedef struct dqd_store_stats {
     uint64_t gpu_promotions; /* layers moved from the host to the GPU tier */
     uint64_t gpu_drops;      /* GPU sequences evicted outright (host budget full); in evictions */
     uint64_t gpu_spills;     /* layers moved to the host by a write the GPU had no room for */
+    /* disk tier (zero without one) */
+    uint64_t disk_records, disk_bytes, disk_capacity, disk_reserved;
+    uint64_t disk_stubs;           /* entries whose layers are on disk only */
+    uint64_t disk_spills;          /* records written by host eviction (and at shutdown) */
+    uint64_t disk_spill_bytes;     /* their bytes */
+    uint64_t disk_clean_evictions; /* host evictions that kept a clean record (no write) */
+    uint64_t disk_spill_failures;  /* writes that failed (ENOSPC, EFBIG, EIO, ...): dropped */
+    uint64_t disk_full_drops;      /* evictions dropped for want of disk capacity */
+    uint64_t disk_loads;           /* records read back into host memory */
+    uint64_t disk_load_bytes;
+    uint64_t disk_corrupt;       /* records failing a checksum (read back or at start): dropped */
+    uint64_t disk_load_failures; /* reads that failed otherwise (I/O error, no host room): dropped */
+    uint64_t disk_evictions;     /* records removed to stay within the capacity */
+    uint64_t disk_recovered;     /* records indexed at start */
 } dqd_store_stats;
 
 int dqd_store_create(dqd_hostmem *mem, uint64_t budget, dqd_store **out);
@@ -189,6 +231,44 @@ void dqd_store_gpu_moves_finish(dqd_store *s, dqd_gpu_moves *mv);
  * nothing on the GPU could make room for it (every other sequence pinned or in use). */
 void dqd_store_gpu_promoted(dqd_store *s, uint64_t layers);
 void dqd_store_gpu_spilled(dqd_store *s, uint64_t layers);
+
+/* ---- disk tier ---- */
+
+/* The disk tier's side (disktier.c), called on the loop thread. spill and load start the work on
+ * seq, which the store holds exclusively for it, and return 0 (dqd_store_spill_done /
+ * dqd_store_load_done follow, possibly before they return) or an error (nothing started). forget
+ * frees seq->drec; remove: its file is removed first (synchronously: before whatever made the
+ * record stale is acknowledged); else (shutdown) the file stays. */
+typedef struct dqd_store_disk_ops {
+    int (*spill)(void *arg, dqd_seq *seq);
+    int (*load)(void *arg, dqd_seq *seq);
+    void (*forget)(void *arg, dqd_seq *seq, bool remove);
+} dqd_store_disk_ops;
+
+void dqd_store_disk_enable(dqd_store *s, uint64_t capacity, const dqd_store_disk_ops *ops, void *arg);
+bool dqd_store_disk_enabled(const dqd_store *s);
+/* Room for a record of bytes: evicts least recently used records when needed (see above). Holds
+ * the bytes until dqd_store_spill_done / dqd_store_disk_attach take them or dqd_store_disk_unreserve
+ * gives them back. DQ_RESOURCE_EXHAUSTED when not even evicting can make room. */
+int dqd_store_disk_reserve(dqd_store *s, uint64_t bytes);
+void dqd_store_disk_unreserve(dqd_store *s, uint64_t bytes);
+/* The spill of seq finished: rc 0 with its record (drec of drec_cost host bytes, bytes on disk,
+ * reserved with dqd_store_disk_reserve) — seq becomes a stub — or the error: seq is dropped. */
+void dqd_store_spill_done(dqd_store *s, dqd_seq *seq, int rc, dqd_drec *drec, uint64_t drec_cost, uint64_t bytes);
+/* The load of seq finished: rc 0 with layers[model->layers] (taken over; NULL entries for layers
+ * never written), or the error (DQ_CORRUPT for a checksum): seq is dropped. */
+void dqd_store_load_done(dqd_store *s, dqd_seq *seq, int rc, dq_layer **layers);
+/* Gives seq its record (disk bytes reserved): a resident sequence written at shutdown, or, with
+ * stub, a sequence fresh from dqd_store_insert_kind found on disk at start, which becomes a
+ * committed stub. */
+void dqd_store_disk_attach(dqd_store *s, dqd_seq *seq, dqd_drec *drec, uint64_t drec_cost, uint64_t bytes, bool stub);
+/* Counts records found bad at start (checksum) and recovered. */
+void dqd_store_disk_counted(dqd_store *s, uint64_t corrupt, uint64_t recovered);
+/* Starts reading seq back now if it is a stub nobody holds (a request about to need it). */
+void dqd_seq_prefetch(dqd_seq *seq);
+/* Calls fn for every committed sequence whose layers are in memory, least recently used first
+ * (fn must not change the store's lists other than through dqd_store_disk_attach). */
+void dqd_store_foreach_resident(dqd_store *s, void (*fn)(void *arg, dqd_seq *seq), void *arg);
 
 /* Layer i of seq, whichever tier holds it (0 for a layer never written). */
 uint64_t dqd_seq_layer_tokens(const dqd_seq *seq, uint32_t i);

@@ -394,15 +394,15 @@ int dq_layer_append_windows(dq_layer *layer, const uint8_t *windows, size_t nwin
     return DQ_OK;
 }
 
-int dq_layer_restore(const dq_codec *codec, const uint8_t *windows, size_t nwin, const uint16_t *tail_k,
-                     const uint16_t *tail_v, size_t tail_tokens, dq_layer **out)
+static int restore(const dq_codec *codec, const uint8_t *windows, size_t nwin, const uint16_t *tail_k,
+                   const uint16_t *tail_v, size_t tail_tokens, bool check, dq_layer **out)
 {
     DQ_RETURN_IF(!codec || !out || (nwin && !windows) || (tail_tokens && (!tail_k || !tail_v)), DQ_INVALID_ARGUMENT);
     *out = NULL;
     const size_t n = codec->n;
     DQ_RETURN_IF(tail_tokens >= codec->profile.residual, DQ_SHAPE);
     /* Verify every container before taking anything. */
-    for (size_t w = 0; w < nwin; w++)
+    for (size_t w = 0; check && w < nwin; w++)
         DQ_FORWARD_IF_ERROR(dq_window_check(codec, windows + w * codec->window_bytes));
     DQ_RETURN_IF(dq_check_finite(tail_k, DQ_DTYPE_BF16, tail_tokens * n) ||
                      dq_check_finite(tail_v, DQ_DTYPE_BF16, tail_tokens * n),
@@ -433,4 +433,16 @@ int dq_layer_restore(const dq_codec *codec, const uint8_t *windows, size_t nwin,
     l->tail_len = tail_tokens;
     *out = l;
     return DQ_OK;
+}
+
+int dq_layer_restore(const dq_codec *codec, const uint8_t *windows, size_t nwin, const uint16_t *tail_k,
+                     const uint16_t *tail_v, size_t tail_tokens, dq_layer **out)
+{
+    return restore(codec, windows, nwin, tail_k, tail_v, tail_tokens, true, out);
+}
+
+int dq_layer_restore_unchecked(const dq_codec *codec, const uint8_t *windows, size_t nwin, const uint16_t *tail_k,
+                               const uint16_t *tail_v, size_t tail_tokens, dq_layer **out)
+{
+    return restore(codec, windows, nwin, tail_k, tail_v, tail_tokens, false, out);
 }

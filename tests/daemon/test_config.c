@@ -317,3 +317,48 @@ Test(config, shipped_example_parses)
     cr_assert_eq(cfg.frame_cache, 512ull << 20);
     cr_assert(cfg.metrics_enabled);
 }
+
+/* The disk tier's settings: off by default; the directory, capacity and fsync from the file, the
+ * flags winning; bad values refused; --help documents them. */
+Test(config, disk_tier)
+{
+    dqd_cli_action a;
+    char *plain[] = {"dquantd", NULL};
+    cr_assert_eq(from_args(1, plain, &a), 0, "%s", err);
+    cr_assert_null(cfg.disk_dir);
+    cr_assert_eq(cfg.disk_capacity, 0);
+    cr_assert_not(cfg.disk_sync);
+
+    const char *path = write_ini("[store]\n"
+                                 "disk_dir = /var/lib/dquantd/disk\n"
+                                 "disk_capacity = 200G\n"
+                                 "disk_sync = on\n");
+    char *argv[] = {"dquantd", "--config", (char *)path, "--disk-dir", "/mnt/nvme/dq", NULL};
+    cr_assert_eq(from_args(5, argv, &a), 0, "%s", err);
+    unlink(path);
+    cr_assert_str_eq(cfg.disk_dir, "/mnt/nvme/dq", "flag beats file");
+    cr_assert_eq(cfg.disk_capacity, 200ull << 30);
+    cr_assert(cfg.disk_sync);
+    char *off[] = {"dquantd", "--disk-dir=/d", "--disk-sync", "off", "--disk-capacity", "1M", NULL};
+    cr_assert_eq(from_args(6, off, &a), 0, "%s", err);
+    cr_assert_not(cfg.disk_sync);
+    cr_assert_eq(cfg.disk_capacity, 1ull << 20);
+
+    char *bad_sync[] = {"dquantd", "--disk-sync", "maybe", NULL};
+    cr_assert_eq(from_args(3, bad_sync, &a), DQ_INVALID_ARGUMENT);
+    cr_assert(strstr(err, "--disk-sync"), "%s", err);
+    char *small[] = {"dquantd", "--disk-capacity", "64K", NULL};
+    cr_assert_eq(from_args(3, small, &a), DQ_INVALID_ARGUMENT, "below 1 MiB");
+    char *empty[] = {"dquantd", "--disk-dir", "", NULL};
+    cr_assert_eq(from_args(3, empty, &a), DQ_INVALID_ARGUMENT);
+
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    dqd_config_print_help(f);
+    fclose(f);
+    cr_assert(strstr(text, "--disk-dir DIR") && strstr(text, "--disk-capacity SIZE") &&
+              strstr(text, "--disk-sync on|off"));
+    cr_assert(strstr(text, "INI: [store] disk_dir."));
+    free(text);
+}

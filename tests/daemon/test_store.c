@@ -282,11 +282,11 @@ Test(store, fifo_access)
     dqd_seq *s;
     cr_assert_eq(dqd_store_insert(store, "ns", 2, (const uint8_t *)"q", 1, model, &s), 0);
     norder = 0;
-    rec_waiter w1 = {{NULL, DQD_ACCESS_WRITE, granted}, 1};
-    rec_waiter r2 = {{NULL, DQD_ACCESS_READ, granted}, 2};
-    rec_waiter r3 = {{NULL, DQD_ACCESS_READ, granted}, 3};
-    rec_waiter w4 = {{NULL, DQD_ACCESS_WRITE, granted}, 4};
-    rec_waiter r5 = {{NULL, DQD_ACCESS_READ, granted}, 5};
+    rec_waiter w1 = {{NULL, DQD_ACCESS_WRITE, granted, false}, 1};
+    rec_waiter r2 = {{NULL, DQD_ACCESS_READ, granted, false}, 2};
+    rec_waiter r3 = {{NULL, DQD_ACCESS_READ, granted, false}, 3};
+    rec_waiter w4 = {{NULL, DQD_ACCESS_WRITE, granted, false}, 4};
+    rec_waiter r5 = {{NULL, DQD_ACCESS_READ, granted, false}, 5};
     cr_assert(dqd_seq_acquire(s, &w1.w), "free: granted at once");
     cr_assert_not(dqd_seq_acquire(s, &r2.w));
     cr_assert_not(dqd_seq_acquire(s, &r3.w));
@@ -426,4 +426,285 @@ Test(store, register_again)
     other = spec;
     other.profile_name = "dq196";
     cr_assert_eq(dqd_registry_register(reg, &other, &m, &existed, msg, sizeof msg), DQ_EXISTS, "%s", msg);
+}
+
+/* ---- the disk tier's state machine, with fake record I/O ----
+ *
+ * The hooks record what the store asks for; the test then finishes the spill or the load by hand,
+ * as disktier.c does from its workers' completion. A "record" keeps the layers' raw parts, so that
+ * a load restores exactly what was spilled. */
+
+typedef struct fake_rec {
+    uint8_t *windows[2];
+    uint16_t *tk[2], *tv[2];
+    size_t nwin[2], tail[2];
+    bool present[2];
+} fake_rec;
+
+static struct {
+    dqd_seq *spilling, *loading;
+    int spills, loads, forgets, removes;
+    int spill_rc, load_rc;
+} fk;
+
+static int fake_spill(void *arg, dqd_seq *seq)
+{
+    (void)arg;
+    if (fk.spill_rc)
+        return fk.spill_rc;
+    cr_assert(seq->spilling && seq->writer, "held exclusively while written");
+    cr_assert_eq(dqd_store_disk_reserve(store, 4096), 0);
+    fk.spilling = seq;
+    fk.spills++;
+    return 0;
+}
+
+static int fake_load(void *arg, dqd_seq *seq)
+{
+    (void)arg;
+    if (fk.load_rc)
+        return fk.load_rc;
+    cr_assert(seq->loading && seq->writer && seq->on_disk);
+    fk.loading = seq;
+    fk.loads++;
+    return 0;
+}
+
+static void fake_forget(void *arg, dqd_seq *seq, bool remove)
+{
+    (void)arg;
+    fake_rec *r = (fake_rec *)seq->drec;
+    for (int l = 0; l < 2; l++) {
+        free(r->windows[l]);
+        free(r->tk[l]);
+        free(r->tv[l]);
+    }
+    free(r);
+    seq->drec = NULL;
+    fk.forgets++;
+    fk.removes += remove;
+}
+
+static const dqd_store_disk_ops fake_ops = {fake_spill, fake_load, fake_forget};
+
+static void disk_setup(void)
+{
+    setup();
+    memset(&fk, 0, sizeof fk);
+    dqd_store_disk_enable(store, 3 * 4096, &fake_ops, NULL);
+}
+
+TestSuite(store_disk, .init = disk_setup, .fini = teardown);
+
+/* Finishes the spill in progress: the layers' parts become its record. */
+static void finish_spill(int rc)
+{
+    dqd_seq *seq = fk.spilling;
+    cr_assert_not_null(seq);
+    fk.spilling = NULL;
+    fake_rec *r = NULL;
+    if (rc == 0) {
+        r = calloc(1, sizeof *r);
+        const size_t wb = model->codec->window_bytes;
+        for (int l = 0; l < 2; l++) {
+            const dq_layer *dl = seq->layers[l];
+            if (!(r->present[l] = dl != NULL))
+                continue;
+            r->nwin[l] = dq_layer_window_count(dl);
+            r->tail[l] = dq_layer_tail_tokens(dl);
+            r->windows[l] = malloc(r->nwin[l] * wb + 1);
+            for (size_t w = 0; w < r->nwin[l]; w++)
+                memcpy(r->windows[l] + w * wb, dq_layer_window(dl, w), wb);
+            size_t tb = r->tail[l] * N * sizeof(uint16_t);
+            r->tk[l] = malloc(tb + 2);
+            r->tv[l] = malloc(tb + 2);
+            memcpy(r->tk[l], dq_layer_tail(dl, DQ_KIND_K), tb);
+            memcpy(r->tv[l], dq_layer_tail(dl, DQ_KIND_V), tb);
+        }
+    }
+    dqd_store_spill_done(store, seq, rc, (dqd_drec *)r, 64, 4096);
+}
+
+static void finish_load(int rc)
+{
+    dqd_seq *seq = fk.loading;
+    cr_assert_not_null(seq);
+    fk.loading = NULL;
+    dq_layer *layers[2] = {NULL, NULL};
+    const fake_rec *r = (const fake_rec *)seq->drec;
+    for (int l = 0; rc == 0 && l < 2; l++)
+        if (r->present[l])
+            cr_assert_eq(dq_layer_restore(model->codec->codec, r->windows[l], r->nwin[l], r->tk[l], r->tv[l],
+                                          r->tail[l], &layers[l]),
+                         0);
+    dqd_store_load_done(store, seq, rc, rc == 0 ? layers : NULL);
+}
+
+static dqd_seq *find(const char *key)
+{
+    return dqd_store_lookup(store, "ns", 2, (const uint8_t *)key, strlen(key));
+}
+
+static dqd_store_stats stats(void)
+{
+    dqd_store_stats st;
+    dqd_store_get_stats(store, &st);
+    return st;
+}
+
+/* Eviction spills: the victim's bytes count as free at once, it is held until written, then it is
+ * a stub (no layers, still found, still alive) whose next reader waits for a load; the load keeps
+ * the record as a clean copy, so the next eviction writes nothing. */
+Test(store_disk, spill_stub_load_clean_copy)
+{
+    make_seq("a", 300);
+    make_seq("b", 300);
+    dqd_seq *held = find("a");
+    uint16_t *k0 = decode_all(held->layers[0], DQ_KIND_K);
+    dqd_seq_unref(held);
+    uint64_t before = available();
+    cr_assert_eq(dqd_store_reserve(store, before + 1, NULL), 0, "a spill makes room before it is written");
+    cr_assert_eq(fk.spills, 1);
+    dqd_seq *a = fk.spilling;
+    cr_assert(a->key[0] == 'a' && a->layers[0], "the least recently used, layers still there while written");
+    dqd_store_unreserve(store, stats().reserved);
+
+    /* A reader arriving meanwhile waits behind the write, then behind the load. */
+    norder = 0;
+    rec_waiter r1 = {{NULL, DQD_ACCESS_READ, granted, false}, 1};
+    dqd_seq *ref = find("a");
+    cr_assert_eq(ref, a);
+    cr_assert_not(dqd_seq_acquire(a, &r1.w));
+    finish_spill(0);
+    cr_assert(a->on_disk && !a->layers[0] && dqd_seq_alive(a), "a stub");
+    cr_assert_eq(stats().disk_records, 1);
+    cr_assert_eq(stats().disk_stubs, 1);
+    cr_assert_eq(fk.loads, 1, "the waiting reader asked for a load");
+    cr_assert_eq(norder, 0);
+    finish_load(0);
+    cr_assert_eq(norder, 1, "granted once the layers are back");
+    cr_assert(!a->on_disk && a->layers[0] && a->drec, "back in memory, the record kept");
+    uint16_t *k1 = decode_all(a->layers[0], DQ_KIND_K);
+    cr_assert_eq(memcmp(k0, k1, 300 * N * 2), 0);
+    dqd_seq_release(a, DQD_ACCESS_READ);
+    dqd_seq_unref(ref);
+
+    /* b is older now: evict both; a goes without a write. */
+    dqd_seq *b = find("b");
+    dqd_store_touch(store, b);
+    dqd_seq_unref(b);
+    cr_assert_eq(dqd_store_reserve(store, available() + 1, NULL), 0);
+    dqd_store_unreserve(store, stats().reserved);
+    cr_assert(a->on_disk);
+    cr_assert_eq(fk.spills, 1, "a clean copy needs no write");
+    cr_assert_eq(stats().disk_clean_evictions, 1);
+    cr_assert_eq(stats().disk_loads, 1);
+    free(k0);
+    free(k1);
+}
+
+/* A write to a sequence read back from disk removes its record before it commits; DELETE (no
+ * load) removes the record of a stub without reading it. */
+Test(store_disk, writes_and_deletes_remove_the_record)
+{
+    make_seq("a", 200);
+    cr_assert_eq(dqd_store_reserve(store, available() + 1, NULL), 0);
+    dqd_store_unreserve(store, stats().reserved);
+    finish_spill(0);
+    dqd_seq *a = find("a");
+    rec_waiter w = {{NULL, DQD_ACCESS_WRITE, granted, false}, 1};
+    norder = 0;
+    cr_assert_not(dqd_seq_acquire(a, &w.w));
+    finish_load(0);
+    cr_assert_eq(norder, 1);
+    append_commit(a, 1, 10, 5);
+    cr_assert_eq(fk.removes, 1, "the stale record goes with the commit");
+    cr_assert_null(a->drec);
+    cr_assert_eq(stats().disk_records, 0);
+    dqd_seq_release(a, DQD_ACCESS_WRITE);
+    dqd_seq_unref(a);
+
+    cr_assert_eq(dqd_store_reserve(store, available() + 1, NULL), 0);
+    dqd_store_unreserve(store, stats().reserved);
+    cr_assert_eq(fk.spills, 2, "written again");
+    finish_spill(0);
+    a = find("a");
+    rec_waiter del = {{NULL, DQD_ACCESS_WRITE, granted, true}, 2};
+    cr_assert(dqd_seq_acquire(a, &del.w), "no load for a waiter that needs no layers");
+    cr_assert_eq(fk.loads, 1);
+    dqd_store_remove(store, a);
+    cr_assert_eq(fk.removes, 2);
+    dqd_seq_release(a, DQD_ACCESS_WRITE);
+    dqd_seq_unref(a);
+    cr_assert_null(find("a"));
+    cr_assert_eq(stats().disk_records, 0);
+    cr_assert_eq(stats().sequences, 0);
+}
+
+/* A record that fails its read (a checksum) is a miss: the waiters are granted a sequence that is
+ * gone, it is counted, and its record removed. A failed write drops the sequence, counted. */
+Test(store_disk, failures_are_misses)
+{
+    make_seq("a", 200);
+    make_seq("b", 200);
+    cr_assert_eq(dqd_store_reserve(store, available() + 1, NULL), 0);
+    dqd_store_unreserve(store, stats().reserved);
+    finish_spill(0);
+    dqd_seq *a = find("a");
+    rec_waiter r = {{NULL, DQD_ACCESS_READ, granted, false}, 1};
+    norder = 0;
+    cr_assert_not(dqd_seq_acquire(a, &r.w));
+    finish_load(DQ_CORRUPT);
+    cr_assert_eq(norder, 1);
+    cr_assert_not(dqd_seq_alive(a), "the request finds it gone");
+    cr_assert_eq(stats().disk_corrupt, 1);
+    cr_assert_eq(fk.removes, 1);
+    dqd_seq_release(a, DQD_ACCESS_READ);
+    dqd_seq_unref(a);
+    cr_assert_null(find("a"));
+
+    cr_assert_eq(dqd_store_reserve(store, available() + 1, NULL), 0);
+    dqd_store_unreserve(store, stats().reserved);
+    finish_spill(DQ_IO);
+    cr_assert_null(find("b"));
+    cr_assert_eq(stats().disk_spill_failures, 1);
+    cr_assert_eq(stats().disk_reserved, 0, "the failed write's capacity is given back");
+
+    make_seq("c", 200);
+    fk.spill_rc = DQ_RESOURCE_EXHAUSTED; /* no disk room: evicted as before */
+    cr_assert_eq(dqd_store_reserve(store, available() + 1, NULL), 0);
+    dqd_store_unreserve(store, stats().reserved);
+    cr_assert_null(find("c"));
+    cr_assert_eq(stats().disk_full_drops, 1);
+}
+
+/* The capacity (3 records here): making room removes the least recently used records nothing
+ * refers to; a stub in use stays. */
+Test(store_disk, capacity_evicts_least_recently_used_records)
+{
+    const char *keys[] = {"a", "b", "c", "d"};
+    for (int i = 0; i < 3; i++) {
+        make_seq(keys[i], 150);
+        cr_assert_eq(dqd_store_reserve(store, available() + 1, NULL), 0);
+        dqd_store_unreserve(store, stats().reserved);
+        finish_spill(0);
+    }
+    cr_assert_eq(stats().disk_records, 3);
+    dqd_seq *a = find("a"); /* held by a request: not a victim */
+    dqd_store_touch(store, a);
+    make_seq("d", 150);
+    cr_assert_eq(dqd_store_reserve(store, available() + 1, NULL), 0);
+    dqd_store_unreserve(store, stats().reserved);
+    finish_spill(0);
+    cr_assert_eq(stats().disk_records, 3);
+    cr_assert_eq(stats().disk_evictions, 1);
+    cr_assert_null(find("b"), "the least recently used record went");
+    dqd_seq *c = find("c");
+    cr_assert_not_null(c);
+    dqd_seq_unref(c);
+    dqd_seq_unref(a);
+    cr_assert_eq(dqd_store_disk_reserve(store, 4 * 4096), DQ_RESOURCE_EXHAUSTED, "larger than the capacity");
+    cr_assert_eq(dqd_store_disk_reserve(store, 2 * 4096), 0);
+    cr_assert_eq(stats().disk_records, 1);
+    dqd_store_disk_unreserve(store, 2 * 4096);
 }

@@ -361,8 +361,11 @@ Test(layer, restore)
     memcpy(tk, dq_layer_tail(a, DQ_KIND_K), tail * n * 2);
     memcpy(tv, dq_layer_tail(a, DQ_KIND_V), tail * n * 2);
 
-    dq_layer *r = NULL;
+    dq_layer *r = NULL, *u = NULL;
     cr_assert_eq(dq_layer_restore(codec, raw, nwin, tk, tv, tail, &r), DQ_OK);
+    cr_assert_eq(dq_layer_restore_unchecked(codec, raw, nwin, tk, tv, tail, &u), DQ_OK);
+    check_same_layer(a, u, "layer restored unchecked");
+    dq_layer_free(u);
     /* A copy is made: scribbling over the parts changes nothing. */
     memset(raw, 0, nwin * wb);
     memset(tk, 0, tail * n * 2);
@@ -388,9 +391,18 @@ Test(layer, restore)
     dq_layer *x = NULL;
     cr_assert_eq(dq_layer_restore(codec, raw, nwin, tk, tv, tail, &x), DQ_CORRUPT);
     cr_assert(x == NULL, "a failed restore handed out a layer");
+    /* Unchecked, the damaged record is taken; its decode reports it and stays in bounds. */
+    cr_assert_eq(dq_layer_restore_unchecked(codec, raw, nwin, tk, tv, tail, &x), DQ_OK);
+    cr_assert_eq(dq_layer_decode(x, ws, DQ_KIND_K, 0, T, dr, DQ_DTYPE_F32), DQ_CORRUPT);
+    cr_assert_eq(dq_layer_decode(x, ws, DQ_KIND_V, 0, T, dr, DQ_DTYPE_F32), DQ_OK, "the values are intact");
+    dq_layer_free(x);
+    x = NULL;
     uint16_t *full = dqt_xmalloc((size_t)W * n * 2);
     memset(full, 0, (size_t)W * n * 2);
     cr_assert_lt(dq_layer_restore(codec, NULL, 0, full, full, W, &x), 0, "a tail of R tokens accepted");
+    cr_assert_eq(dq_layer_restore_unchecked(codec, NULL, 0, full, full, W, &x), DQ_SHAPE);
+    full[3] = 0x7fc0; /* a NaN in the tail */
+    cr_assert_eq(dq_layer_restore_unchecked(codec, NULL, 0, full, full, 5, &x), DQ_CORRUPT, "the tail is checked");
     free(full);
 
     dq_layer *e = NULL;

@@ -59,6 +59,14 @@ DQ_API const uint16_t *dq_layer_tail(const dq_layer *layer, dq_kind kind);
  * tail of tail_tokens (< R) tokens for K and V. Every record is checked (DQ_CORRUPT). */
 DQ_API int dq_layer_restore(const dq_codec *codec, const uint8_t *windows, size_t nwin, const uint16_t *tail_k,
                             const uint16_t *tail_v, size_t tail_tokens, dq_layer **out);
+/* The same without checking the window records (the tail is still checked): for parts whose
+ * integrity the caller has established otherwise, e.g. read back from storage that checksums
+ * records which passed the check when they were first stored. dq_window_check decodes every
+ * stream; this costs a copy. A record that is not valid anyway decodes to garbage, never to a
+ * read outside the layer (DESIGN 2.3), and is reported as DQ_CORRUPT by the decode. */
+DQ_API int dq_layer_restore_unchecked(const dq_codec *codec, const uint8_t *windows, size_t nwin,
+                                      const uint16_t *tail_k, const uint16_t *tail_v, size_t tail_tokens,
+                                      dq_layer **out);
 
 /* Appends nwin whole window records (back to back, dq_codec_window_bytes each, made with this
  * layer's profile) as they are: no re-encoding. The layer must hold no tail (DQ_ORDER), i.e. its
