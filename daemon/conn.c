@@ -413,7 +413,10 @@ static void frame_ready(dqd_conn *c, uint8_t *buf, size_t pad, size_t total)
     dqd_pbmem_init(&req->pbmem, dqd_pbmem_cap(f.hdr.header_len));
     req->msg = dquant__request__unpack(&req->pbmem.a, f.hdr.header_len, f.header);
     if (!req->msg) {
-        dqd_req_fail(req, DQ_PROTOCOL, "the header message is not a valid dquant.Request");
+        if (req->pbmem.nomem)
+            dqd_req_fail(req, DQ_NOMEM, "out of memory unpacking the header");
+        else
+            dqd_req_fail(req, DQ_PROTOCOL, "the header message is not a valid dquant.Request");
         return;
     }
     dqd_ops_dispatch(req);

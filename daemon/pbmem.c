@@ -15,8 +15,10 @@ static void *pb_alloc(void *data, size_t size)
         return NULL;
     size_t need = size + PB_HDR;
     uint8_t *p = malloc(need);
-    if (!p)
+    if (!p) {
+        m->nomem = 1;
         return NULL;
+    }
     memcpy(p, &need, sizeof need);
     m->used += need;
     return p + PB_HDR;
@@ -46,5 +48,6 @@ void dqd_pbmem_init(dqd_pbmem *m, size_t cap)
     m->a.free = pb_free;
     m->a.allocator_data = m;
     m->used = 0;
+    m->nomem = 0;
     m->cap = cap;
 }

@@ -11,6 +11,7 @@
 typedef struct dqd_pbmem {
     ProtobufCAllocator a; /* pass &a to dquant__request__unpack / __free_unpacked */
     size_t used, cap;     /* bytes allocated now (with headers), the limit */
+    int nomem;            /* malloc failed (not the cap): the unpack failed for want of memory */
 } dqd_pbmem;
 
 /* The limit for unpacking a header of header_len bytes. */
