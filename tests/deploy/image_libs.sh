@@ -3,7 +3,7 @@
 # dquantd, dquant and our libraries need (readelf -d), the Debian 12 package holding it here
 # (dpkg -S; the cpu image is Debian 12 too) must be installed by deploy/Dockerfile's stage cpu,
 # and stage cuda (Ubuntu 24.04) must install the same set under Ubuntu's names (libuv1 is
-# libuv1t64 there). Left out: our own libraries (copied in), libc/libm/libgcc/libstdc++ (in every
+# libuv1t64 there). Left out: our own libraries (copied in), libc/libm/libresolv/libgcc/libstdc++ (in every
 # base image), CUDA and NCCL (the cuda base image), libsystemd (the images build -Dsystemd=disabled).
 #   image_libs.sh SOURCE_ROOT FILE...
 set -eu
@@ -23,7 +23,7 @@ cpu=$("$here/node_check.sh" check_dockerfile.mjs --apt "$DF" cpu) || rc=$?
 cuda=$("$here/node_check.sh" check_dockerfile.mjs --apt "$DF" cuda)
 
 needed=$(for f in "$@"; do readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'; done | sort -u |
-    grep -v -E '^(libdquant|libcudart|libcuda\.|libnccl|libsystemd|libc\.so|libm\.so|libgcc_s|libstdc\+\+|ld-linux)' || true)
+    grep -v -E '^(libdquant|libcudart|libcuda\.|libnccl|libsystemd|libc\.so|libm\.so|libresolv\.so|libgcc_s|libstdc\+\+|ld-linux)' || true)
 [ -n "$needed" ] || fail "no libraries found to check"
 pkgs=
 for so in $needed; do

@@ -111,6 +111,8 @@ class TestCluster(unittest.TestCase):
             self.assertEqual(c.cluster_stats()["repaired_chunks"], 3)
             # One batch over every member equals each member's own answer.
             names = [key] + [f"p{i}" for i in range(6)]
+            for m in {m["id"] for m in c.members()} - {c.locate(n, ns="t")[0] for n in names}:  # random paths
+                names.append(next(f"q{i}" for i in range(1000) if c.locate(f"q{i}", ns="t")[0] == m))
             for i, n in enumerate(names[1:]):
                 c.put(n, *kv(10 + i, 96), model="m", ns="t")
             rng = np.random.default_rng(3)
