@@ -57,11 +57,24 @@ typedef struct dqd_option {
 static const dqd_option options[] = {
     {"listen", "server", "listen", OPT_LISTEN, 0, 0, 0, "ADDR", "unix:/tmp/dquantd.sock, tcp://127.0.0.1:7733",
      "Listen on ADDR: unix:/path or tcp://host:port (IPv6: tcp://[::1]:7733). Repeatable; the first "
-     "one replaces the defaults. TCP on a non-loopback address requires a secret."},
+     "one replaces the defaults. TCP on a non-loopback address requires TLS (--tls-cert) or "
+     "--allow-plaintext, and a secret or client certificates (--tls-client-ca)."},
     {"secret", "server", "secret", OPT_SECRET, 0, 0, 0, "SECRET", "none",
      "Shared secret every TCP client must present in HELLO (compared in constant time)."},
     {"secret-file", "server", "secret_file", OPT_SECRET_FILE, 0, 0, 0, "FILE", "none",
      "Read the shared secret from FILE (one trailing newline is stripped); keeps it out of ps."},
+    {"tls-cert", "server", "tls_cert", OPT_PATH, FIELD(tls_cert), 0, 0, "FILE", "none (plaintext TCP)",
+     "TLS for every TCP listener: the server's certificate chain (PEM, leaf first). Unix sockets stay "
+     "plaintext; the metrics listener too."},
+    {"tls-key", "server", "tls_key", OPT_PATH, FIELD(tls_key), 0, 0, "FILE", "in --tls-cert",
+     "The private key (PEM) of --tls-cert."},
+    {"tls-client-ca", "server", "tls_client_ca", OPT_PATH, FIELD(tls_client_ca), 0, 0, "FILE", "none",
+     "Mutual TLS: TCP clients must present a certificate signed by a CA in FILE (PEM) or the handshake "
+     "fails. A verified client certificate authenticates the connection instead of the shared secret: "
+     "HELLO on such a listener needs no secret (the secret still guards nothing else there)."},
+    {"allow-plaintext", "server", "allow_plaintext", OPT_BOOL, FIELD(allow_plaintext), 0, 0, "[on|off]", "off",
+     "Allow plaintext TCP (no --tls-cert) on a non-loopback address, which is refused otherwise (a shared "
+     "secret is still required there)."},
     {"workers", "server", "workers", OPT_U32, FIELD(workers), 1, 256, "N", "number of CPUs",
      "Worker threads for encoding, decoding and attention."},
     {"backend", "server", "backend", OPT_BACKEND, 0, 0, 0, "cpu|cuda", "cpu",
@@ -205,16 +218,25 @@ void dqd_config_default(dqd_config *cfg)
     cfg->gpu_spin_us = 200;
 }
 
-void dqd_config_free(dqd_config *cfg)
+static void free_secret(dqd_config *cfg)
 {
-    free(cfg->disk_dir);
-    cfg->disk_dir = NULL;
     if (cfg->secret) {
         memset(cfg->secret, 0, cfg->secret_len);
         free(cfg->secret);
     }
     cfg->secret = NULL;
     cfg->secret_len = 0;
+}
+
+void dqd_config_free(dqd_config *cfg)
+{
+    free(cfg->disk_dir);
+    cfg->disk_dir = NULL;
+    free(cfg->tls_cert);
+    free(cfg->tls_key);
+    free(cfg->tls_client_ca);
+    cfg->tls_cert = cfg->tls_key = cfg->tls_client_ca = NULL;
+    free_secret(cfg);
 }
 
 int dqd_parse_size(const char *s, uint64_t *out)
@@ -380,7 +402,7 @@ static int set_secret(dqd_config *cfg, const char *s, size_t n, char *err, size_
         return fail(err, errlen, "out of memory");
     memcpy(copy, s, n);
     copy[n] = 0;
-    dqd_config_free(cfg);
+    free_secret(cfg); /* only the secret: the other settings stay */
     cfg->secret = copy;
     cfg->secret_len = n;
     return DQ_OK;
@@ -647,6 +669,8 @@ int dqd_config_finish(dqd_config *cfg, char *err, size_t errlen)
                     (unsigned long long)cfg->max_header, (unsigned long long)cfg->max_frame);
     if (cfg->nlisten == 0)
         return fail(err, errlen, "no listener configured");
+    if ((cfg->tls_key || cfg->tls_client_ca) && !cfg->tls_cert)
+        return fail(err, errlen, "tls_key and tls_client_ca need tls_cert");
     for (uint32_t i = 0; i < cfg->nlisten; i++) {
         const dqd_listen_addr *a = &cfg->listen[i];
         char name[160];
@@ -654,10 +678,16 @@ int dqd_config_finish(dqd_config *cfg, char *err, size_t errlen)
         for (uint32_t j = 0; j < i; j++)
             if (listen_equal(a, &cfg->listen[j]))
                 return fail(err, errlen, "listener %s is given twice", name);
-        if (a->kind == DQD_LISTEN_TCP && !dqd_host_is_loopback(a->host) && !cfg->secret)
+        if (a->kind == DQD_LISTEN_TCP && !dqd_host_is_loopback(a->host) && !cfg->secret && !cfg->tls_client_ca)
             return fail(err, errlen,
                         "refusing to listen on %s: a non-loopback TCP listener needs a shared secret "
-                        "(secret/secret_file in [server], or --secret/--secret-file)",
+                        "(secret/secret_file in [server], or --secret/--secret-file) or client certificates "
+                        "(--tls-client-ca)",
+                        name);
+        if (a->kind == DQD_LISTEN_TCP && !dqd_host_is_loopback(a->host) && !cfg->tls_cert && !cfg->allow_plaintext)
+            return fail(err, errlen,
+                        "refusing plaintext TCP on %s: give a certificate (--tls-cert/--tls-key) or allow it "
+                        "explicitly (--allow-plaintext)",
                         name);
     }
     return DQ_OK;
@@ -671,7 +701,8 @@ static const dqd_option *find_flag(const char *name, size_t len)
     return NULL;
 }
 
-/* Splits "--name=value" / "--name value". Returns the number of argv entries used, or -1. */
+/* Splits "--name=value" / "--name value" ("--name" alone for an on|off option: on). Returns the
+ * number of argv entries used. */
 static int split_flag(int argc, char *const argv[], int i, const char **name, size_t *name_len, const char **value)
 {
     const char *a = argv[i] + 2;
@@ -683,6 +714,11 @@ static int split_flag(int argc, char *const argv[], int i, const char **name, si
         return 1;
     }
     *name_len = strlen(a);
+    const dqd_option *o = find_flag(a, *name_len);
+    if (o && o->type == OPT_BOOL && (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)) {
+        *value = "on";
+        return 1;
+    }
     *value = i + 1 < argc ? argv[i + 1] : NULL;
     return 2;
 }
@@ -811,5 +847,8 @@ void dqd_config_print_help(FILE *out)
                  "\nEXAMPLES\n"
                  "       dquantd --listen unix:/run/dquantd.sock --host-memory 16G\n"
                  "       dquantd --config /etc/dquantd.ini --log-level debug\n"
-                 "       dquantd --listen tcp://0.0.0.0:7733 --secret-file /etc/dquantd.secret\n");
+                 "       dquantd --listen tcp://0.0.0.0:7733 --secret-file /etc/dquantd.secret \\\n"
+                 "               --tls-cert /etc/dquantd/server.pem --tls-key /etc/dquantd/server.key\n"
+                 "       dquantd --listen tcp://0.0.0.0:7733 --tls-cert server.pem --tls-key server.key \\\n"
+                 "               --tls-client-ca engines-ca.pem\n");
 }

@@ -70,6 +70,10 @@ typedef struct dqd_config {
     char *disk_dir;            /* the disk tier's directory (malloc'd); NULL: no disk tier */
     uint64_t disk_capacity;    /* bytes of records at most; 0: 80% of the free space at start */
     bool disk_sync;            /* fsync records and the directory (power-loss safe) */
+    char *tls_cert;            /* TLS on every TCP listener: certificate chain file (malloc'd); NULL: plaintext */
+    char *tls_key;             /* its key file; NULL: in tls_cert */
+    char *tls_client_ca;       /* mutual TLS: CA file client certificates must chain to; NULL: none */
+    bool allow_plaintext;      /* plaintext TCP on a non-loopback address is allowed */
 
     /* bookkeeping for "first listen replaces the defaults" */
     bool listen_from_file, listen_from_flags;

@@ -14,12 +14,14 @@
 #include "logging.h"
 #include "ncclpath.h"
 #include "ops.h"
+#include "tls.h"
 
 #define RBUF_SIZE (64u * 1024u)
 #define OFFLOAD_MIN (1u << 20) /* bytes of a frame still to come worth an I/O thread */
 #define RD_STALL_MS 5          /* an I/O thread gives the connection back after this long without data */
 #define DRAIN_MS 10000u
 #define UNIX_SNDBUF (4 << 20) /* bytes asked for a Unix connection's send buffer */
+#define TLS_HANDSHAKE_MS 10000u
 
 typedef struct dqd_write {
     uv_write_t w;
@@ -32,6 +34,8 @@ typedef struct dqd_write {
 static void process_input(dqd_conn *c);
 static void flush(dqd_conn *c);
 static void req_done(dqd_req *req);
+static void tls_pump(dqd_conn *c);
+static bool tls_send_output(dqd_conn *c);
 
 /* The only way a connection changes state: forward, one of OPEN → DRAINING → CLOSING → CLOSED or
  * OPEN → CLOSING (see conn.h). */
@@ -108,6 +112,7 @@ bool dqd_conn_reapable(const dqd_conn *c)
 void dqd_conn_free(dqd_conn *c)
 {
     free(c->rbuf);
+    dqd_tls_free(c->tls);
     dqd_framebuf_put(&c->ctx->frames, c->fbuf);
     free(c);
 }
@@ -118,10 +123,9 @@ static bool over_limits(const dqd_conn *c)
     return c->nreqs >= cfg->max_inflight || c->held >= cfg->max_output_queue;
 }
 
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+/* Where the next plaintext bytes go: the large frame in progress, else the staging buffer. */
+static void plain_dest(dqd_conn *c, uv_buf_t *buf)
 {
-    dqd_conn *c = h->data;
-    (void)suggested;
     if (c->fbuf) {
         buf->base = (char *)c->fbuf + c->fpad + c->fhave;
         buf->len = c->ftotal - c->fhave;
@@ -136,6 +140,16 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     }
     buf->base = (char *)c->rbuf + c->rlen;
     buf->len = RBUF_SIZE - c->rlen;
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    dqd_conn *c = h->data;
+    (void)suggested;
+    if (c->tls)
+        dqd_tls_inbuf(c->tls, &buf->base, &buf->len);
+    else
+        plain_dest(c, buf);
 }
 
 static void start_reading(dqd_conn *c);
@@ -157,6 +171,14 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     if (nread == 0)
         return;
+    if (c->tls) {
+        if (dqd_tls_feed(c->tls, (size_t)nread) < 0) {
+            dqd_conn_close(c);
+            return;
+        }
+        tls_pump(c);
+        return;
+    }
     c->rd_stalled = false;
     c->ctx->metrics.bytes_in += (uint64_t)nread;
     if (c->fbuf)
@@ -250,7 +272,7 @@ static void rd_done(void *arg)
 static bool offload(dqd_conn *c)
 {
     dqd_ctx *ctx = c->ctx;
-    if (!c->fbuf || c->ftotal - c->fhave < OFFLOAD_MIN || c->rd_stalled || !ctx->io_lane ||
+    if (c->tls || !c->fbuf || c->ftotal - c->fhave < OFFLOAD_MIN || c->rd_stalled || !ctx->io_lane ||
         ctx->io_busy >= ctx->cfg->io_threads || c->state != DQD_CONN_OPEN || c->paused)
         return false;
     uv_os_fd_t fd;
@@ -288,6 +310,8 @@ static void start_reading(dqd_conn *c)
         return;
     }
     c->reading = true;
+    if (c->tls)
+        tls_pump(c); /* plaintext the session decrypted while reading was paused */
 }
 
 static void pause_reading(dqd_conn *c)
@@ -507,7 +531,7 @@ static void on_write(uv_write_t *w, int status)
     dqd_conn *c = wr->c;
     c->writes--;
     c->held -= wr->bytes;
-    if (status == 0) {
+    if (status == 0 && wr->bytes) {
         c->ctx->metrics.bytes_out += wr->bytes;
         c->ctx->metrics.frames_out++;
     }
@@ -543,6 +567,28 @@ static void send_reply(dqd_conn *c, dqd_req *req)
     bufs[1].base = (char *)wr->out;
     bufs[1].len = req->out_len;
     unsigned nbufs = req->out_len ? 2 : 1;
+    if (c->tls) {
+        /* The reply goes out sealed; wr->bytes keeps counting its plaintext against the queue. */
+        const void *base[2] = {wr->head, wr->out};
+        size_t len[2] = {req->head_len, req->out_len};
+        size_t ctlen;
+        uint8_t *ct = NULL;
+        if (dqd_tls_seal(c->tls, base, len, nbufs) == 0)
+            ct = dqd_tls_take_output(c->tls, &ctlen);
+        free(wr->head);
+        free(wr->out);
+        wr->head = ct;
+        wr->out = NULL;
+        if (!ct) {
+            free(wr);
+            c->held -= bytes;
+            dqd_conn_close(c);
+            return;
+        }
+        bufs[0].base = (char *)ct;
+        bufs[0].len = ctlen;
+        nbufs = 1;
+    }
     int rc = uv_write(&wr->w, &c->h.stream, bufs, nbufs, on_write);
     if (rc < 0) {
         DQD_DEBUG("conn %llu: uv_write: %s", (unsigned long long)c->id, uv_strerror(rc));
@@ -577,7 +623,8 @@ static void flush(dqd_conn *c)
         if (close_after && c->state == DQD_CONN_OPEN)
             dqd_conn_drain(c, DRAIN_MS);
     }
-    if (c->state == DQD_CONN_DRAINING && !c->q_head && !c->writes)
+    if (c->state == DQD_CONN_DRAINING && !c->q_head && !c->writes &&
+        !(c->tls && dqd_tls_close_notify(c->tls) && tls_send_output(c)))
         dqd_conn_close(c);
     if (c->state == DQD_CONN_OPEN)
         maybe_resume(c);
@@ -601,6 +648,100 @@ static void req_done(dqd_req *req)
     req->frame_bytes = 0;
     c->held += req->head_len + req->out_len;
     flush(c);
+}
+
+/* ---- TLS (tls.h): ciphertext in through on_read, plaintext into the frame buffers ---- */
+
+/* Writes the session's pending ciphertext (handshake, alerts, close_notify): true when a write is
+ * now in flight. A failure closes the connection. */
+static bool tls_send_output(dqd_conn *c)
+{
+    size_t n;
+    uint8_t *ct = dqd_tls_take_output(c->tls, &n);
+    if (!ct) {
+        if (n)
+            dqd_conn_close(c);
+        return false;
+    }
+    dqd_write *wr = calloc(1, sizeof *wr);
+    if (!wr) {
+        free(ct);
+        dqd_conn_close(c);
+        return false;
+    }
+    wr->c = c;
+    wr->head = ct;
+    wr->w.data = wr;
+    uv_buf_t b = {.base = (char *)ct, .len = n};
+    int rc = uv_write(&wr->w, &c->h.stream, &b, 1, on_write);
+    if (rc < 0) {
+        free(ct);
+        free(wr);
+        dqd_conn_close(c);
+        return false;
+    }
+    c->writes++;
+    return true;
+}
+
+/* Decrypts what the session holds into the frame buffers and processes it, as on_read does with
+ * plaintext, until it needs more ciphertext or reading pauses. */
+static void tls_pump(dqd_conn *c)
+{
+    if (c->tls_pumping)
+        return;
+    c->tls_pumping = true;
+    while (c->state == DQD_CONN_OPEN && !c->paused) {
+        uv_buf_t b;
+        plain_dest(c, &b);
+        if (!b.base) {
+            dqd_conn_close(c);
+            break;
+        }
+        ssize_t n = dqd_tls_read(c->tls, b.base, b.len);
+        tls_send_output(c);
+        if (dqd_tls_just_established(c->tls))
+            uv_timer_stop(&c->timer); /* the handshake deadline */
+        if (n == DQD_TLS_AGAIN)
+            break;
+        if (n == DQD_TLS_EOF) {
+            dqd_conn_drain(c, DRAIN_MS);
+            break;
+        }
+        if (n < 0) {
+            /* Logged once by tls.c; draining lets the alert go out before the close. */
+            c->ctx->metrics.protocol_closes++;
+            dqd_conn_drain(c, DRAIN_MS);
+            break;
+        }
+        c->ctx->metrics.bytes_in += (uint64_t)n;
+        if (c->fbuf)
+            c->fhave += (size_t)n;
+        else
+            c->rlen += (size_t)n;
+        process_input(c);
+    }
+    c->tls_pumping = false;
+}
+
+static void on_handshake_timeout(uv_timer_t *t)
+{
+    dqd_conn *c = t->data;
+    DQD_WARN("conn %llu: TLS handshake not done after %u ms; closing", (unsigned long long)c->id, TLS_HANDSHAKE_MS);
+    dqd_conn_close(c);
+}
+
+/* A TCP connection of a TLS daemon: its session and handshake deadline. False: closed. */
+static bool tls_start(dqd_conn *c)
+{
+    c->tls = dqd_tls_new(c->ctx->tls, c->id);
+    if (!c->tls) {
+        DQD_ERROR("conn %llu: out of memory for a TLS session", (unsigned long long)c->id);
+        dqd_conn_close(c);
+        return false;
+    }
+    uv_timer_start(&c->timer, on_handshake_timeout, TLS_HANDSHAKE_MS, 0);
+    return true;
 }
 
 dqd_conn *dqd_conn_create(dqd_ctx *ctx, bool tcp, bool require_secret, uint64_t id, dqd_conn_closed_fn on_closed,
@@ -660,5 +801,7 @@ void dqd_conn_accept(dqd_conn *c, uv_stream_t *listener)
     }
     ctx->metrics.conns_accepted++;
     DQD_DEBUG("conn %llu accepted on %s", (unsigned long long)c->id, c->tcp ? "tcp" : "unix");
+    if (c->tcp && ctx->tls && !tls_start(c))
+        return;
     start_reading(c);
 }

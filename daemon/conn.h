@@ -72,6 +72,9 @@ struct dqd_conn {
     size_t rd_got;
     int rd_status;
 
+    struct dqd_tls *tls; /* TLS session (tls.h); NULL: plaintext */
+    bool tls_pumping;    /* inside tls_pump (no re-entry) */
+
     dqd_req *q_head, *q_tail; /* requests in arrival order, until their reply is written out */
     uint32_t nreqs;
     uint64_t held;   /* bytes of frames in progress and replies not yet written */

@@ -35,11 +35,12 @@ typedef struct dqd_ctx {
     dqd_store *store;
     dqd_leases leases; /* LOOKUP leases on chunks (lease.h) */
     dqd_metrics metrics;
-    dqd_framebufs frames; /* every frame's buffer (framebuf.h) */
-    dqd_gpu *gpu;         /* the cuda backend; NULL on the cpu backend */
-    dqd_lane *lane;       /* GPU threads (lane.h); NULL without the cuda backend or with gpu_threads 0 */
-    dqd_lane *io_lane;    /* I/O threads reading large frames (conn.c); NULL with io_threads 0 */
-    uint32_t io_busy;     /* connections an I/O thread is reading for */
+    dqd_framebufs frames;    /* every frame's buffer (framebuf.h) */
+    dqd_gpu *gpu;            /* the cuda backend; NULL on the cpu backend */
+    dqd_lane *lane;          /* GPU threads (lane.h); NULL without the cuda backend or with gpu_threads 0 */
+    dqd_lane *io_lane;       /* I/O threads reading large frames (conn.c); NULL with io_threads 0 */
+    uint32_t io_busy;        /* connections an I/O thread is reading for */
+    struct dqd_tls_ctx *tls; /* TLS of the TCP listeners (tls.h); NULL: plaintext */
     const char *backend_name;
     uint64_t start_ns;
 

@@ -16,6 +16,7 @@
 #include "lane.h"
 #include "logging.h"
 #include "notify.h"
+#include "tls.h"
 
 static void check_idle(void *arg);
 
@@ -101,7 +102,8 @@ static int open_listener(dqd_server *srv, dqd_listener *l)
                                        : uv_ip4_addr(l->addr.host, l->addr.port, &addr.in4);
         if (rc == 0)
             rc = uv_tcp_bind(&l->h.tcp, &addr.sa, 0);
-        l->require_secret = srv->ctx.cfg->secret != NULL;
+        /* A verified client certificate authenticates in place of the secret (tls.h). */
+        l->require_secret = srv->ctx.cfg->secret != NULL && !dqd_tls_ctx_mutual(srv->ctx.tls);
     }
     l->h.handle.data = l;
     if (rc == 0)
@@ -110,7 +112,10 @@ static int open_listener(dqd_server *srv, dqd_listener *l)
         DQD_ERROR("cannot listen on %s: %s", name, uv_strerror(rc));
         return DQ_IO;
     }
-    DQD_INFO("listening on %s%s", name, l->require_secret ? " (secret required)" : "");
+    bool tls = l->addr.kind == DQD_LISTEN_TCP && srv->ctx.tls;
+    DQD_INFO("listening on %s%s%s", name,
+             tls ? (dqd_tls_ctx_mutual(srv->ctx.tls) ? " (TLS, client certificate required)" : " (TLS)") : "",
+             l->require_secret ? " (secret required)" : "");
     return DQ_OK;
 }
 
@@ -170,6 +175,8 @@ int dqd_server_start(dqd_server *srv)
     uv_signal_start(&srv->sig_term, on_signal, SIGTERM);
     uv_signal_start(&srv->sig_int, on_signal, SIGINT);
 
+    if (dqd_tls_ctx_create(cfg, &srv->ctx.tls) < 0)
+        return DQ_IO;
     for (uint32_t i = 0; i < cfg->nlisten; i++) {
         dqd_listener *l = &srv->listeners[srv->nlisteners++];
         l->srv = srv;
@@ -255,5 +262,7 @@ void dqd_server_stop(dqd_server *srv)
 
 void dqd_server_destroy(dqd_server *srv)
 {
+    dqd_tls_ctx_free(srv->ctx.tls);
+    srv->ctx.tls = NULL;
     dqd_ctx_destroy(&srv->ctx);
 }

@@ -11,7 +11,7 @@ MODE=${1:-all}
 # The build: compilers, meson, the libraries; criterion because configuring declares the tests.
 PKGS=(build-essential meson ninja-build pkg-config python3 curl
       libuv1-dev libprotobuf-c-dev protobuf-c-compiler libcriterion-dev libinih-dev libxxhash-dev
-      libzstd-dev libsystemd-dev)
+      libzstd-dev libsystemd-dev libssl-dev openssl)
 if [ "$MODE" != --demo ]; then
   # The tests and checks: sanitizers, formatters, the baselines' servers, Python, man pages, netns.
   PKGS+=(clang clang-format cppcheck xxhash redis-server redis-tools libclang-rt-14-dev python3-numpy

@@ -161,6 +161,11 @@ static int wait_fd(int fd, short events, int timeout_ms)
     }
 }
 
+int dqc__wait_fd(int fd, short events, int timeout_ms)
+{
+    return wait_fd(fd, events, timeout_ms);
+}
+
 /* ---- addresses ---- */
 
 static char *dup_n(const char *s, size_t n)
@@ -173,7 +178,7 @@ static char *dup_n(const char *s, size_t n)
     return d;
 }
 
-/* "unix:PATH", "unix://PATH", "/PATH", "tcp://HOST:PORT", "tcp://[V6]:PORT". */
+/* "unix:PATH", "unix://PATH", "/PATH", "tcp://HOST:PORT", "tcp://[V6]:PORT", "tls://" likewise. */
 static int parse_addr(dqc_client *c, const char *addr)
 {
     if (strncmp(addr, "unix:", 5) == 0 || addr[0] == '/') {
@@ -187,7 +192,8 @@ static int parse_addr(dqc_client *c, const char *addr)
         c->path = dup_n(p, n);
         return c->path ? 0 : DQ_NOMEM;
     }
-    if (strncmp(addr, "tcp://", 6) == 0) {
+    c->use_tls = strncmp(addr, "tls://", 6) == 0;
+    if (strncmp(addr, "tcp://", 6) == 0 || c->use_tls) {
         const char *h = addr + 6, *hend, *port;
         if (*h == '[') {
             hend = strchr(h, ']');
@@ -207,7 +213,8 @@ static int parse_addr(dqc_client *c, const char *addr)
         c->port = dup_n(port, strlen(port));
         return c->host && c->port ? 0 : DQ_NOMEM;
     }
-    return dqc__fail(c, DQ_INVALID_ARGUMENT, "address \"%s\": expected unix:/path or tcp://host:port", addr);
+    return dqc__fail(c, DQ_INVALID_ARGUMENT, "address \"%s\": expected unix:/path, tcp://host:port or tls://host:port",
+                     addr);
 }
 
 /* ---- connecting ---- */
@@ -215,6 +222,7 @@ static int parse_addr(dqc_client *c, const char *addr)
 static void close_conn(dqc_client *c)
 {
     if (c->fd >= 0) {
+        dqc__tls_close(c);
         close(c->fd);
         c->fd = -1;
     }
@@ -382,7 +390,9 @@ static int connect_once(dqc_client *c)
 {
     close_conn(c);
     DQC_FORWARD(open_socket(c));
-    int rc = do_hello(c);
+    int rc = c->use_tls ? dqc__tls_open(c) : 0;
+    if (rc == 0)
+        rc = do_hello(c);
     if (rc) {
         close_conn(c);
         return rc;
@@ -433,6 +443,8 @@ int dqc_reconnect(dqc_client *client)
  * readable while no reply is due means the server closed it (or sent something out of turn). */
 static int conn_alive(dqc_client *c)
 {
+    if (c->tls)
+        return dqc__tls_alive(c);
     struct pollfd p = {.fd = c->fd, .events = POLLIN};
     int n;
     do {
@@ -465,6 +477,9 @@ void dqc_free(dqc_client *client)
     free(client->host);
     free(client->port);
     free(client->client_name);
+    dqc__tls_free(client);
+    for (int i = 0; i < 4; i++)
+        free(client->tls_paths[i]);
     if (client->secret) {
         explicit_bzero(client->secret, client->opts.secret_len);
         free(client->secret);
@@ -520,6 +535,15 @@ int dqc_connect_ex(const char *addr, const dqc_options *opts, dqc_client **out, 
         c->opts.secret = NULL;
         c->opts.secret_len = 0;
     }
+    const char **tls_opt[4] = {&c->opts.tls_ca, &c->opts.tls_cert, &c->opts.tls_key, &c->opts.tls_server_name};
+    for (int i = 0; i < 4; i++) {
+        if (!*tls_opt[i])
+            continue;
+        c->tls_paths[i] = dup_n(*tls_opt[i], strlen(*tls_opt[i]));
+        if (!c->tls_paths[i])
+            goto fail;
+        *tls_opt[i] = c->tls_paths[i];
+    }
     rc = parse_addr(c, addr);
     if (rc)
         goto fail;
@@ -568,6 +592,8 @@ static int grow(void **buf, size_t *cap, size_t need)
  * *sent becomes 1 once any byte has been accepted by the kernel. */
 static int send_all(dqc_client *c, struct iovec *iov, size_t niov, int *sent)
 {
+    if (c->tls)
+        return dqc__tls_send(c, iov, niov, sent);
     size_t i = 0;
     while (i < niov) {
         if (iov[i].iov_len == 0) {
@@ -611,6 +637,8 @@ static int send_all(dqc_client *c, struct iovec *iov, size_t niov, int *sent)
 /* Reads exactly len bytes into buf. */
 static int recv_all(dqc_client *c, void *buf, size_t len, int timeout_ms)
 {
+    if (c->tls)
+        return dqc__tls_recv(c, buf, len, timeout_ms);
     uint8_t *p = buf;
     while (len) {
         ssize_t n = recv(c->fd, p, len, 0);

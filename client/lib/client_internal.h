@@ -38,7 +38,10 @@ struct dqc_client {
     char *client_name;
     uint8_t *secret;
 
-    int fd; /* -1: not connected */
+    int use_tls;          /* a tls:// address */
+    struct dqc__tls *tls; /* client_tls.c: the context (per handle) and the session (per connection) */
+    char *tls_paths[4];   /* copies of opts.tls_ca, tls_cert, tls_key, tls_server_name */
+    int fd;               /* -1: not connected */
     uint64_t next_id;
     uint64_t reconnects;
     uint64_t conn_gen;                /* counts established connections: state tied to one connection (the
@@ -118,6 +121,24 @@ typedef struct dqc__xfer {
 DQC_PRIVATE int dqc__call_xfer(dqc_client *c, const Dquant__Request *req, const struct iovec *iov, size_t niov,
                                Dquant__Response__BodyCase want, void **blk, size_t *blk_cap, dqc__reply *rep,
                                const dqc__xfer *x);
+
+/* ---- TLS (client_tls.c) ---- */
+
+/* Handshakes on the connected c->fd (connect timeout), verifying the server. 0 or an error set
+ * with dqc__fail (DQ_UNAUTHENTICATED for certificate failures). */
+int dqc__tls_open(dqc_client *c);
+/* Sends close_notify (best effort) and frees the session; the handle's context stays. */
+void dqc__tls_close(dqc_client *c);
+/* Frees the context too (dqc_free). */
+void dqc__tls_free(dqc_client *c);
+/* send_all / recv_all / conn_alive over the session. */
+int dqc__tls_send(dqc_client *c, struct iovec *iov, size_t niov, int *sent);
+int dqc__tls_recv(dqc_client *c, void *buf, size_t len, int timeout_ms);
+int dqc__tls_alive(dqc_client *c);
+
+/* Waits until fd is ready for events, at most timeout_ms (<= 0: forever): 0, DQ_TIMEOUT, or an
+ * errno-derived code. */
+int dqc__wait_fd(int fd, short events, int timeout_ms);
 
 /* Element size of a wire dtype (RAW: 1), 0 when invalid. */
 size_t dqc__wire_dtype_size(int dtype);

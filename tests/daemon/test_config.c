@@ -256,8 +256,9 @@ Test(config, empty_secret)
 Test(config, secret_allows_public_tcp)
 {
     dqd_cli_action a;
-    char *argv[] = {"dquantd", "--listen", "tcp://0.0.0.0:7733", "--secret", "s3cr3t", NULL};
-    cr_assert_eq(from_args(5, argv, &a), 0, "%s", err);
+    char *argv[] = {"dquantd", "--listen", "tcp://0.0.0.0:7733", "--secret", "s3cr3t", "--allow-plaintext", NULL};
+    cr_assert_eq(from_args(6, argv, &a), 0, "%s", err);
+    cr_assert(cfg.allow_plaintext);
     cr_assert_eq(cfg.secret_len, 6);
     cr_assert_str_eq(cfg.secret, "s3cr3t");
 }

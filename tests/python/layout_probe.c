@@ -29,6 +29,8 @@ int main(void)
     OFF(dqc_options, client_name);
     OFF(dqc_options, secret_len);
     OFF(dqc_options, max_reply_payload);
+    OFF(dqc_options, tls_ca);
+    OFF(dqc_options, tls_server_name);
     SIZE(dqc_seq);
     OFF(dqc_seq, key_len);
     SIZE(dqc_server_info);

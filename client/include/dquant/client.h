@@ -84,12 +84,22 @@ typedef struct dqc_options {
     uint32_t reconnect_backoff_ms; /* delay before the 2nd attempt, doubling after; default 20 */
     uint32_t max_reply_header;     /* largest protobuf reply header accepted; default 64 MiB */
     uint64_t max_reply_payload;    /* largest reply payload accepted; default 64 GiB */
+    /* TLS, for "tls://host:port" addresses only (OpenSSL; TLS 1.2 or later). The server's
+     * certificate is always verified, against tls_ca and the address's host (or tls_server_name);
+     * a failed verification, or a server that refuses the client's certificate, fails the connect
+     * with DQ_UNAUTHENTICATED. The paths are copied by dqc_connect and read at connect time. */
+    const char *tls_ca;          /* PEM file of the CA(s) trusted for the server; NULL: the system's store */
+    const char *tls_cert;        /* client certificate chain (PEM) for mutual TLS; NULL: none */
+    const char *tls_key;         /* its private key (PEM); NULL: in tls_cert */
+    const char *tls_server_name; /* name (or IP address) the server's certificate must carry, also
+                                    sent as SNI; NULL: the address's host */
 } dqc_options;
 
 /* Fills *opts with the defaults above. */
 DQC_API void dqc_options_default(dqc_options *opts);
 
-/* Connects to addr, sends HELLO (version 1) and waits for the reply. opts may be NULL (defaults);
+/* Connects to addr ("unix:/path", "tcp://host:port", or "tls://host:port" for TLS, see the tls_
+ * options above), sends HELLO (version 1) and waits for the reply. opts may be NULL (defaults);
  * it and everything it points to are copied. On success *out is a new handle owned by the caller
  * (release with dqc_free). On failure *out is NULL and the code is returned; the message of a
  * failed connect is available only through errbuf (may be NULL; errbuf_len bytes, NUL-terminated).

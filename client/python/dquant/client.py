@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _device as D
@@ -40,6 +41,8 @@ class dqc_options(ctypes.Structure):
         ("auto_reconnect", ctypes.c_int), ("reconnect_attempts", ctypes.c_uint32),
         ("reconnect_backoff_ms", ctypes.c_uint32), ("max_reply_header", ctypes.c_uint32),
         ("max_reply_payload", ctypes.c_uint64),
+        ("tls_ca", ctypes.c_char_p), ("tls_cert", ctypes.c_char_p), ("tls_key", ctypes.c_char_p),
+        ("tls_server_name", ctypes.c_char_p),
     ]
 
 
@@ -286,13 +289,18 @@ def _seq(key: Key, ns: Optional[str] = None):
 
 
 class Client:
-    """One connection to dquantd (blocking). addr: "unix:/path" or "tcp://host:port"."""
+    """One connection to dquantd (blocking). addr: "unix:/path", "tcp://host:port" or
+    "tls://host:port"."""
 
     def __init__(self, addr: str = "unix:/tmp/dquantd.sock", secret: Union[str, bytes, None] = None,
                  timeout_ms: Optional[int] = None, client_name: str = "dquant-python",
-                 auto_reconnect: bool = True) -> None:
+                 auto_reconnect: bool = True, tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
+                 tls_key: Optional[str] = None, tls_server_name: Optional[str] = None) -> None:
         """Connects and sends HELLO. secret: the daemon's shared secret; timeout_ms: both the connect
-        and the I/O timeout (None: the library's defaults, 5 s and 60 s). Raises ClientError
+        and the I/O timeout (None: the library's defaults, 5 s and 60 s). For a tls:// address:
+        tls_ca, the PEM file of the CA the server's certificate must chain to (None: the system's
+        store); tls_cert and tls_key, a client certificate for mutual TLS; tls_server_name, the name
+        the server's certificate must carry (None: the address's host). Raises ClientError
         (CONNECTION, TIMEOUT, UNAUTHENTICATED, VERSION, ...)."""
         lib = library()
         self._h = ctypes.c_void_p()
@@ -308,6 +316,8 @@ class Client:
         if timeout_ms is not None:
             o.connect_timeout_ms = o.io_timeout_ms = int(timeout_ms)
         o.auto_reconnect = 1 if auto_reconnect else 0
+        self._tls = [None if v is None else os.fsencode(v) for v in (tls_ca, tls_cert, tls_key, tls_server_name)]
+        o.tls_ca, o.tls_cert, o.tls_key, o.tls_server_name = self._tls
         err = ctypes.create_string_buffer(512)
         rc = lib.dqc_connect_ex(addr.encode(), ctypes.byref(o), ctypes.byref(self._h), err, len(err))
         if rc:
