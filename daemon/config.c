@@ -113,6 +113,13 @@ static const dqd_option options[] = {
      "Client connections at most; further ones are closed at once."},
     {"max-output-queue", "limits", "max_output_queue", OPT_SIZE, FIELD(max_output_queue), 1 * KiB, 1 * TiB, "SIZE",
      "64M", "Reply bytes queued on one connection before the daemon stops reading from it."},
+    {"max-io-memory", "limits", "max_io_memory", OPT_SIZE, FIELD(max_io_memory), 1 * MiB, 64 * TiB, "SIZE",
+     "1G, or twice max-frame when that is larger",
+     "Bytes all client connections together may make the daemon hold: request frames being received or "
+     "waiting for their operation, reply buffers of operations in progress, replies queued for sending. "
+     "Past it connections stop being read until bytes are released, and a reply that does not fit fails "
+     "with RESOURCE_EXHAUSTED; the last eighth is kept for connections that hold nothing else. At least "
+     "max-frame."},
     {"frame-cache", "limits", "frame_cache", OPT_SIZE, FIELD(frame_cache), 0, 64 * TiB, "SIZE", "512M",
      "Freed buffers of large frames (1 MiB and up) kept for the next ones: a fresh buffer costs the "
      "socket read a page fault per 4 KB it fills. 0 keeps none."},
@@ -602,6 +609,11 @@ int dqd_config_finish(dqd_config *cfg, char *err, size_t errlen)
     if (cfg->max_header + 32 > cfg->max_frame)
         return fail(err, errlen, "max_header (%llu) does not fit in max_frame (%llu)",
                     (unsigned long long)cfg->max_header, (unsigned long long)cfg->max_frame);
+    if (cfg->max_io_memory == 0)
+        cfg->max_io_memory = cfg->max_frame > 512 * MiB ? 2 * cfg->max_frame : 1 * GiB;
+    if (cfg->max_io_memory < cfg->max_frame)
+        return fail(err, errlen, "max_io_memory (%llu) must hold at least one max_frame (%llu)",
+                    (unsigned long long)cfg->max_io_memory, (unsigned long long)cfg->max_frame);
     if (cfg->nlisten == 0)
         return fail(err, errlen, "no listener configured");
     for (uint32_t i = 0; i < cfg->nlisten; i++) {

@@ -55,6 +55,7 @@ typedef struct dqd_config {
     uint64_t max_header;
     uint64_t max_payload;
     uint64_t max_output_queue; /* reply bytes queued per connection before reading pauses */
+    uint64_t max_io_memory;    /* bytes all connections may hold (iomem.h); 0 until dqd_config_finish */
     uint64_t frame_cache;      /* bytes of freed large frame buffers kept for the next frames */
     uint32_t max_connections;
     uint32_t max_inflight;    /* requests per connection before reading pauses */

@@ -33,6 +33,21 @@ static void process_input(dqd_conn *c);
 static void flush(dqd_conn *c);
 static void req_done(dqd_req *req);
 
+/* Every byte a connection holds is counted twice: in c->held, its own backpressure, and in the
+ * daemon's client I/O memory (iomem.h), the sum over all connections. */
+static void hold(dqd_conn *c, uint64_t n)
+{
+    c->held += n;
+    dqd_iomem_charge(&c->ctx->iomem, n);
+}
+
+static void unhold(dqd_conn *c, uint64_t n)
+{
+    assert(c->held >= n);
+    c->held -= n;
+    dqd_iomem_release(&c->ctx->iomem, n);
+}
+
 /* The only way a connection changes state: forward, one of OPEN → DRAINING → CLOSING → CLOSED or
  * OPEN → CLOSING (see conn.h). */
 static void set_state(dqd_conn *c, dqd_conn_state to)
@@ -65,6 +80,7 @@ void dqd_conn_close(dqd_conn *c)
     if (c->state >= DQD_CONN_CLOSING)
         return;
     set_state(c, DQD_CONN_CLOSING);
+    dqd_iomem_cancel(&c->ctx->iomem, &c->mem_waiter);
     dqd_nccl_conn_closed(&c->sess);
     dqd_leases_release_owner(&c->ctx->leases, &c->sess); /* leases die with their connection */
     if (c->reading)
@@ -107,6 +123,8 @@ bool dqd_conn_reapable(const dqd_conn *c)
 
 void dqd_conn_free(dqd_conn *c)
 {
+    assert(c->held == (c->fbuf ? c->ftotal : 0)); /* only a frame cut short is left */
+    unhold(c, c->held);
     free(c->rbuf);
     dqd_framebuf_put(&c->ctx->frames, c->fbuf);
     free(c);
@@ -277,7 +295,7 @@ static bool offload(dqd_conn *c)
 /* Reading goes on: by an I/O thread if offload() hands it one, else by the loop. */
 static void start_reading(dqd_conn *c)
 {
-    if (c->state != DQD_CONN_OPEN || c->paused || c->offloaded)
+    if (c->state != DQD_CONN_OPEN || c->paused || c->mem_wait || c->offloaded)
         return;
     if (offload(c) || c->reading)
         return;
@@ -311,6 +329,42 @@ static void maybe_resume(dqd_conn *c)
     process_input(c);
 }
 
+/* The daemon's client I/O memory has no room for the next frame: stop reading until bytes are
+ * released (mem_woken). */
+static void wait_for_memory(dqd_conn *c)
+{
+    c->mem_wait = true;
+    if (c->reading)
+        uv_read_stop(&c->h.stream);
+    c->reading = false;
+    dqd_iomem_wait(&c->ctx->iomem, &c->mem_waiter);
+}
+
+static void mem_woken(dqd_iomem_waiter *w)
+{
+    dqd_conn *c = (dqd_conn *)((char *)w - offsetof(dqd_conn, mem_waiter));
+    c->mem_wait = false;
+    if (c->state == DQD_CONN_OPEN && !c->in_process)
+        process_input(c);
+}
+
+/* req's operation asks for a reply buffer of bytes: counted against the connection and the daemon's
+ * client I/O memory, refused when the latter has no room (this request's own frame aside, a
+ * connection that holds nothing else may use the reserve). */
+static int charge_reply(dqd_req *req, size_t bytes)
+{
+    dqd_conn *c = req->owner;
+    dqd_iomem *m = &c->ctx->iomem;
+    const bool holder = c->held > req->frame_bytes + req->charged;
+    if (!dqd_iomem_fits(m, bytes, holder)) {
+        m->refused++;
+        return DQ_RESOURCE_EXHAUSTED;
+    }
+    hold(c, bytes);
+    req->charged += bytes;
+    return DQ_OK;
+}
+
 static void enqueue(dqd_conn *c, dqd_req *req)
 {
     req->next = NULL;
@@ -335,7 +389,7 @@ static void fail_and_drain(dqd_conn *c, int code, uint64_t request_id, const cha
         req->err = code;
         req->close_after = 1;
         if (dqd_error_frame(request_id, code, what, &req->head, &req->head_len) == 0)
-            c->held += req->head_len;
+            hold(c, req->head_len);
         enqueue(c, req);
     }
     dqd_conn_drain(c, DRAIN_MS);
@@ -365,12 +419,23 @@ static size_t payload_pad(uint32_t header_len)
     return (64u - ((DQ_FRAME_HEADER_BYTES + header_len) & 63u)) & 63u;
 }
 
+/* A buffer for a frame of total bytes, held by the connection; NULL when out of memory. */
 static uint8_t *frame_alloc(dqd_conn *c, size_t pad, size_t total)
 {
-    return dqd_framebuf_get(&c->ctx->frames, pad + total);
+    uint8_t *buf = dqd_framebuf_get(&c->ctx->frames, pad + total);
+    if (buf)
+        hold(c, total);
+    return buf;
 }
 
-/* A whole frame at buf + pad: check it, make the request and dispatch it. Takes buf. */
+static void frame_free(dqd_conn *c, uint8_t *buf, size_t total)
+{
+    dqd_framebuf_put(&c->ctx->frames, buf);
+    unhold(c, total);
+}
+
+/* A whole frame at buf + pad: check it, make the request and dispatch it. Takes buf and the
+ * connection's hold on its total bytes. */
 static void frame_ready(dqd_conn *c, uint8_t *buf, size_t pad, size_t total)
 {
     dqd_ctx *ctx = c->ctx;
@@ -380,14 +445,14 @@ static void frame_ready(dqd_conn *c, uint8_t *buf, size_t pad, size_t total)
     dq_frame_status st = dq_frame_parse(buf + pad, total, &ctx->frame_limits, &f, &consumed, &err);
     if (st != DQ_FRAME_OK || consumed != total) {
         uint64_t id = peek_request_id(buf + pad, total);
-        dqd_framebuf_put(&ctx->frames, buf);
+        frame_free(c, buf, total);
         protocol_error(c, err < 0 ? err : DQ_PROTOCOL, id,
                        err == DQ_CORRUPT ? "header checksum mismatch" : "malformed frame");
         return;
     }
     dqd_req *req = calloc(1, sizeof *req);
     if (!req) {
-        dqd_framebuf_put(&ctx->frames, buf);
+        frame_free(c, buf, total);
         protocol_error(c, DQ_NOMEM, f.hdr.request_id, "out of memory");
         return;
     }
@@ -395,6 +460,7 @@ static void frame_ready(dqd_conn *c, uint8_t *buf, size_t pad, size_t total)
     req->sess = &c->sess;
     req->owner = c;
     req->on_done = req_done;
+    req->charge = charge_reply;
     req->ctx = ctx;
     req->id = f.hdr.request_id;
     req->t0_ns = dqd_now_ns();
@@ -403,7 +469,6 @@ static void frame_ready(dqd_conn *c, uint8_t *buf, size_t pad, size_t total)
     req->payload = f.payload;
     req->payload_len = f.hdr.payload_len;
     enqueue(c, req);
-    c->held += total;
     ctx->reqs_inflight++;
 
     /* A real request unpacks into at most ~15x its encoded size (many tiny items); beyond this
@@ -431,7 +496,6 @@ static void process_input(dqd_conn *c)
             uint8_t *buf = c->fbuf;
             size_t pad = c->fpad, total = c->ftotal;
             c->fbuf = NULL;
-            c->held -= total; /* frame_ready accounts it again as a request */
             frame_ready(c, buf, pad, total);
         } else {
             const uint8_t *p = c->rbuf + off;
@@ -457,6 +521,13 @@ static void process_input(dqd_conn *c)
             }
             size_t total = (size_t)total64;
             size_t pad = payload_pad(hdr.header_len);
+            if (total > RBUF_SIZE || avail >= total) {
+                /* Its bytes are held from here on: they must fit the client I/O memory first. */
+                if (!dqd_iomem_fits(&ctx->iomem, total, c->held > 0)) {
+                    wait_for_memory(c);
+                    break;
+                }
+            }
             if (total > RBUF_SIZE) {
                 /* Large frame: give it its own buffer and let the socket fill it in place. */
                 uint8_t *buf = frame_alloc(c, pad, total);
@@ -469,7 +540,6 @@ static void process_input(dqd_conn *c)
                 c->fpad = pad;
                 c->ftotal = total;
                 c->fhave = avail;
-                c->held += total;
                 off += avail;
                 continue;
             }
@@ -501,7 +571,7 @@ static void on_write(uv_write_t *w, int status)
     dqd_write *wr = w->data;
     dqd_conn *c = wr->c;
     c->writes--;
-    c->held -= wr->bytes;
+    unhold(c, wr->bytes);
     if (status == 0) {
         c->ctx->metrics.bytes_out += wr->bytes;
         c->ctx->metrics.frames_out++;
@@ -521,7 +591,7 @@ static void send_reply(dqd_conn *c, dqd_req *req)
     size_t bytes = req->head_len + req->out_len;
     dqd_write *wr = malloc(sizeof *wr);
     if (!wr) {
-        c->held -= bytes;
+        unhold(c, bytes);
         dqd_conn_close(c);
         return;
     }
@@ -544,7 +614,7 @@ static void send_reply(dqd_conn *c, dqd_req *req)
         free(wr->head);
         free(wr->out);
         free(wr);
-        c->held -= bytes;
+        unhold(c, bytes);
         dqd_conn_close(c);
         return;
     }
@@ -564,7 +634,7 @@ static void flush(dqd_conn *c)
         if (writable && req->head) {
             send_reply(c, req);
         } else {
-            c->held -= req->head_len + req->out_len;
+            unhold(c, req->head_len + req->out_len);
             if (writable && !req->head)
                 dqd_conn_close(c); /* the reply could not even be built */
         }
@@ -592,9 +662,11 @@ static void req_done(dqd_req *req)
     req->nccl_reply.buf = NULL;
     req->nccl_reply.segs = NULL;
     req->done = 1;
-    c->held -= req->frame_bytes;
+    /* The reply takes the place of the request's frame and of the reply buffer charged for it. */
+    hold(c, req->head_len + req->out_len);
+    unhold(c, req->frame_bytes + req->charged);
     req->frame_bytes = 0;
-    c->held += req->head_len + req->out_len;
+    req->charged = 0;
     flush(c);
 }
 
@@ -622,6 +694,7 @@ dqd_conn *dqd_conn_create(dqd_ctx *ctx, bool tcp, bool require_secret, uint64_t 
     uv_timer_init(ctx->loop, &c->timer);
     c->h.handle.data = c;
     c->timer.data = c;
+    c->mem_waiter.wake = mem_woken;
     return c;
 }
 

@@ -232,6 +232,15 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
           (double)g->frame_cache_bytes);
     counter(&b, "dquant_frame_buffers_reused_total", "Large frames read into a kept buffer.", g->frame_buffers_reused);
     counter(&b, "dquant_frame_buffers_fresh_total", "Large frames that needed a new buffer.", g->frame_buffers_fresh);
+    gauge(&b, "dquant_io_memory_used_bytes",
+          "Bytes client connections hold: frames received or waiting, reply buffers, queued replies.",
+          (double)g->io_used);
+    gauge(&b, "dquant_io_memory_budget_bytes", "Client I/O memory budget (max_io_memory).", (double)g->io_limit);
+    gauge(&b, "dquant_io_memory_peak_bytes", "Most bytes client connections held at once.", (double)g->io_peak);
+    counter(&b, "dquant_io_memory_waits_total", "Times a connection stopped reading until I/O memory was free.",
+            g->io_waits);
+    counter(&b, "dquant_io_memory_refused_total",
+            "Reply buffers refused (RESOURCE_EXHAUSTED) because client I/O memory was full.", g->io_refused);
     gauge(&b, "dquant_workers", "Worker threads.", (double)g->workers);
     gauge(&b, "dquant_uptime_seconds", "Seconds since start.", g->uptime_seconds);
 
@@ -300,7 +309,7 @@ static void add_gauge(kv_builder *kb, const char *name, double v)
 int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsReply *out)
 {
     dquant__stats_reply__init(out);
-    kv_builder kb = {out, 3 * DQD_OP_COUNT + DQD_ERR_SLOTS + 32, DQD_OP_COUNT + 32, 0};
+    kv_builder kb = {out, 3 * DQD_OP_COUNT + DQD_ERR_SLOTS + 64, DQD_OP_COUNT + 48, 0};
     out->counters = calloc(kb.cap_c, sizeof *out->counters);
     out->gauges = calloc(kb.cap_g, sizeof *out->gauges);
     if (!out->counters || !out->gauges) {
@@ -364,6 +373,8 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_counter(&kb, "gpu_spills", g->store.gpu_spills);
     add_counter(&kb, "frame_buffers_reused", g->frame_buffers_reused);
     add_counter(&kb, "frame_buffers_fresh", g->frame_buffers_fresh);
+    add_counter(&kb, "io_memory_waits", g->io_waits);
+    add_counter(&kb, "io_memory_refused", g->io_refused);
 
     add_gauge(&kb, "sequences", (double)g->store.sequences);
     add_gauge(&kb, "sequences_pinned", (double)g->store.pinned);
@@ -384,6 +395,9 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_gauge(&kb, "models", (double)g->models);
     add_gauge(&kb, "inflight_requests", (double)g->inflight_requests);
     add_gauge(&kb, "frame_cache_bytes", (double)g->frame_cache_bytes);
+    add_gauge(&kb, "io_memory_used", (double)g->io_used);
+    add_gauge(&kb, "io_memory_budget", (double)g->io_limit);
+    add_gauge(&kb, "io_memory_peak", (double)g->io_peak);
     add_gauge(&kb, "workers", (double)g->workers);
     add_gauge(&kb, "uptime_seconds", g->uptime_seconds);
     for (int op = 1; op < DQD_OP_COUNT; op++) {

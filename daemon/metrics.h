@@ -49,6 +49,9 @@ typedef struct dqd_gauges {
     uint64_t inflight_requests;
     uint64_t frame_cache_bytes; /* freed frame buffers kept (framebuf.h) */
     uint64_t frame_buffers_reused, frame_buffers_fresh;
+    /* client I/O memory (iomem.h): bytes held now, the budget, the most held, connections that
+     * waited for room, reply buffers refused */
+    uint64_t io_used, io_limit, io_peak, io_waits, io_refused;
     uint64_t workers;
     double uptime_seconds;
     const char *backend;

@@ -140,6 +140,8 @@ static double fresh_ping(const dqd_daemon *d, int timeout_ms, const char *secret
             r->body_case == DQUANT__RESPONSE__BODY_PONG)
             result = now_s() - t0;
     }
+    if (result < 0)
+        fprintf(stderr, "fresh ping: %s\n", r ? (r->error ? r->error->message : "unexpected reply") : "no reply");
     if (r)
         dquant__response__free_unpacked(r, NULL);
     close(fd);

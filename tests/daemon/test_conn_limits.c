@@ -1,0 +1,246 @@
+/* dquantd under hostile or broken clients (issue 18): what a connection may make the daemon hold,
+ * before and after HELLO, how long it may stay silent or slow, what the metrics endpoint and the
+ * authentication do under floods. Each test starts its own daemon with small limits; the full-size
+ * figures come from dqd_abuse (abuse.c). */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dqd_child.h"
+#include "dquant/codec.h"
+#include "dquant/error.h"
+#include "dquant/profile.h"
+#include "frame.h"
+#include "wire.h"
+
+/* Under AddressSanitizer freed memory waits in a quarantine, so the daemon's RSS says nothing about
+ * what it holds: the RSS checks are left to the other builds (STATS still is checked). */
+#if defined(__SANITIZE_ADDRESS__)
+#define RSS_MEANINGFUL 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RSS_MEANINGFUL 0
+#endif
+#endif
+#ifndef RSS_MEANINGFUL
+#define RSS_MEANINGFUL 1
+#endif
+
+static dqd_daemon D;
+
+static void start(const char *const extra[], int tcp)
+{
+    const dqd_opts o = {.tcp = tcp, .extra = extra, .stop_timeout_ms = 30000};
+    cr_assert_eq(dqd_start(&D, &o), 0, "dquantd did not come up");
+}
+
+static void stop(void)
+{
+    if (!D.pid)
+        return;
+    int st = dqd_stop(&D);
+    cr_assert_eq(st, 0, "dquantd must exit 0 on SIGTERM (no leaks, no crash), got %d", st);
+}
+
+TestSuite(connlimits, .fini = stop, .timeout = 120);
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void nap_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static int connect_unix(void)
+{
+    int fd = wire_connect_unix(D.sock);
+    cr_assert_geq(fd, 0);
+    return fd;
+}
+
+static int session(void)
+{
+    int fd = connect_unix();
+    cr_assert_eq(wire_hello(fd, 1, NULL), 0);
+    return fd;
+}
+
+/* One STATS value (counter or gauge) over fd. */
+static double stat_of(int fd, const char *name)
+{
+    Dquant__Stats s = DQUANT__STATS__INIT;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_STATS;
+    req.stats = &s;
+    Dquant__Response *r;
+    cr_assert_eq(wire_call(fd, &req, NULL, &r, NULL, NULL), 0, "no STATS reply");
+    cr_assert_eq(r->body_case, DQUANT__RESPONSE__BODY_STATS, "STATS failed: %d", wire_error(r));
+    double v = -1;
+    for (size_t i = 0; i < r->stats->n_counters; i++)
+        if (strcmp(r->stats->counters[i]->key, name) == 0)
+            v = (double)r->stats->counters[i]->value;
+    for (size_t i = 0; i < r->stats->n_gauges; i++)
+        if (strcmp(r->stats->gauges[i]->key, name) == 0)
+            v = r->stats->gauges[i]->value;
+    dquant__response__free_unpacked(r, NULL);
+    cr_assert_geq(v, 0, "STATS has no %s", name);
+    return v;
+}
+
+/* A PING round trip. */
+static void ping(int fd)
+{
+    Dquant__Ping p = DQUANT__PING__INIT;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_PING;
+    req.ping = &p;
+    Dquant__Response *r;
+    cr_assert_eq(wire_call(fd, &req, NULL, &r, NULL, NULL), 0, "no PONG");
+    cr_assert_eq(r->body_case, DQUANT__RESPONSE__BODY_PONG, "PING failed: %d", wire_error(r));
+    dquant__response__free_unpacked(r, NULL);
+}
+
+/* A DECOMPRESS frame of one value token under a profile of 8 x 1024 values with a container as small
+ * as it allows: ~40 bytes of records in, 32 KiB of f32 out. */
+static uint8_t *amplifying_frame(size_t *len, size_t *reply_bytes)
+{
+    dq_profile_params pp;
+    dq_profile_params_default(&pp);
+    pp.kv_heads = 8;
+    pp.head_dim = 1024;
+    pp.levels[0] = pp.levels[1] = 3;
+    pp.alpha = 8.0f;
+    dq_profile prof;
+    int rc = DQ_CONTAINER_TOO_SMALL;
+    for (uint32_t cb = 8; rc == DQ_CONTAINER_TOO_SMALL && cb < 4096; cb += 4) {
+        pp.container_bytes[0] = pp.container_bytes[1] = cb;
+        rc = dq_profile_make(&pp, &prof);
+    }
+    cr_assert_eq(rc, 0);
+    dq_codec *codec;
+    dq_workspace *ws;
+    cr_assert_eq(dq_codec_create(&prof, NULL, &codec), 0);
+    cr_assert_eq(dq_workspace_create(codec, &ws), 0);
+    const size_t n = dq_codec_stream_len(codec), rb = dq_codec_record_bytes(codec, DQ_KIND_V);
+    float *x = calloc(n, sizeof *x);
+    uint8_t *rec = calloc(1, rb);
+    cr_assert_eq(dq_tokens_encode(codec, ws, DQ_KIND_V, x, DQ_DTYPE_F32, 1, NULL, rec, rb, NULL), 0);
+    uint8_t pbytes[DQ_PROFILE_SERIALIZED_MAX];
+    size_t plen;
+    cr_assert_eq(dq_profile_serialize(&prof, pbytes, sizeof pbytes, &plen), 0);
+    wire_payload pl = {0};
+    Dquant__Tensor tr;
+    uint64_t shape[1] = {rb};
+    wire_tensor(&pl, &tr, DQUANT__DTYPE__RAW, shape, 1, rec, rb);
+    Dquant__Decompress dm = DQUANT__DECOMPRESS__INIT;
+    dm.profile.data = pbytes;
+    dm.profile.len = plen;
+    dm.kind = 1;
+    dm.tokens = 1;
+    dm.records = &tr;
+    dm.out_dtype = DQUANT__DTYPE__F32;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_DECOMPRESS;
+    req.decompress = &dm;
+    uint8_t *f = wire_frame(&req, pl.p, pl.len, 7, len);
+    *reply_bytes = n * sizeof(float);
+    wire_payload_free(&pl);
+    free(x);
+    free(rec);
+    dq_workspace_free(ws);
+    dq_codec_free(codec);
+    return f;
+}
+
+/* Sends frame up to count times on fd while the daemon takes it within wait_ms each; whole frames
+ * sent. */
+static int send_while_taken(int fd, const uint8_t *frame, size_t len, int count, int wait_ms)
+{
+    int sent = 0;
+    for (; sent < count; sent++) {
+        struct pollfd p = {fd, POLLOUT, 0};
+        if (poll(&p, 1, wait_ms) <= 0)
+            break;
+        cr_assert_eq(wire_send_all(fd, frame, len), 0);
+    }
+    return sent;
+}
+
+/* ================= item 1: memory that replies make the daemon hold ================= */
+
+/* 16 connections pipeline requests with 32 KiB replies and never read. Each may queue 4 MiB before
+ * the daemon stops reading it (64 MiB together); the client I/O budget of 8 MiB bounds them all. */
+Test(connlimits, io_memory_bounds_what_all_connections_hold)
+{
+    const char *extra[] = {"--max-payload", "1M", "--max-io-memory", "8M", "--max-output-queue", "4M", NULL};
+    start(extra, 0);
+    size_t flen, reply;
+    uint8_t *frame = amplifying_frame(&flen, &reply);
+    enum { CONNS = 16, PER_CONN = 1024 };
+    int fds[CONNS];
+    for (int i = 0; i < CONNS; i++)
+        fds[i] = session();
+    const long rss0 = dqd_rss_kb(&D);
+    int sent[CONNS];
+    for (int i = 0; i < CONNS; i++)
+        sent[i] = send_while_taken(fds[i], frame, flen, PER_CONN, 500);
+    nap_ms(1500);
+    const long rss1 = dqd_rss_kb(&D);
+
+    /* A fresh client is served meanwhile (the reserve for connections that hold nothing). */
+    double t0 = now_s();
+    int fd = session();
+    ping(fd);
+    cr_assert_lt(now_s() - t0, 10.0);
+    if (RSS_MEANINGFUL)
+        cr_assert_lt(rss1 - rss0, 32 * 1024, "RSS grew by %ld KiB for unread replies", rss1 - rss0);
+    const double peak = stat_of(fd, "io_memory_peak"), budget = stat_of(fd, "io_memory_budget");
+    cr_assert_eq(budget, 8 << 20);
+    cr_assert_leq(peak, 8 << 20, "the daemon held %.0f bytes for clients, over its budget", peak);
+    cr_assert_gt(stat_of(fd, "io_memory_waits") + stat_of(fd, "io_memory_refused"), 0);
+
+    /* Every request is answered in order, with its reply or RESOURCE_EXHAUSTED, once read. */
+    int replies = 0, refused = 0;
+    for (int i = 0; i < sent[0]; i++) {
+        Dquant__Response *r;
+        size_t plen = 0;
+        uint8_t *payload = NULL;
+        cr_assert_eq(wire_recv_within(fds[0], 10000, NULL, &r, &payload, &plen), 0, "reply %d of %d", i, sent[0]);
+        if (r->body_case == DQUANT__RESPONSE__BODY_DECOMPRESS) {
+            cr_assert_eq(plen, reply);
+            replies++;
+        } else {
+            cr_assert_eq(wire_error(r), DQ_RESOURCE_EXHAUSTED, "got %d", wire_error(r));
+            cr_assert(strstr(r->error->message, "max_io_memory"), "%s", r->error->message);
+            refused++;
+        }
+        free(payload);
+        dquant__response__free_unpacked(r, NULL);
+    }
+    cr_assert_gt(replies, 0);
+    for (int i = 0; i < CONNS; i++)
+        close(fds[i]);
+    /* What the closed connections held comes back. */
+    double used = 0;
+    for (int tries = 0; tries < 50; tries++) {
+        used = stat_of(fd, "io_memory_used");
+        if (used < 64 * 1024)
+            break;
+        nap_ms(100);
+    }
+    cr_assert_lt(used, 64 * 1024, "%.0f bytes still held after every abuser closed", used);
+    close(fd);
+    free(frame);
+}
