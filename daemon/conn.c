@@ -20,6 +20,7 @@
 #define RD_STALL_MS 5          /* an I/O thread gives the connection back after this long without data */
 #define DRAIN_MS 10000u
 #define UNIX_SNDBUF (4 << 20) /* bytes asked for a Unix connection's send buffer */
+#define PREAUTH_FRAME 8192u   /* largest frame before HELLO has succeeded: a HELLO with its secret */
 
 typedef struct dqd_write {
     uv_write_t w;
@@ -130,10 +131,12 @@ void dqd_conn_free(dqd_conn *c)
     free(c);
 }
 
+/* Before HELLO has succeeded a connection is read one frame at a time: nothing it sends after its
+ * HELLO is buffered until that HELLO is answered. */
 static bool over_limits(const dqd_conn *c)
 {
     const dqd_config *cfg = c->ctx->cfg;
-    return c->nreqs >= cfg->max_inflight || c->held >= cfg->max_output_queue;
+    return c->nreqs >= cfg->max_inflight || c->held >= cfg->max_output_queue || (!c->sess.authed && c->nreqs);
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -154,6 +157,12 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     }
     buf->base = (char *)c->rbuf + c->rlen;
     buf->len = RBUF_SIZE - c->rlen;
+    if (!c->sess.authed) {
+        /* Never more than one frame's worth before HELLO: a longer frame is refused from its header
+         * (process_input), a whole one stops reading until it is answered (over_limits). */
+        assert(c->rlen < PREAUTH_FRAME);
+        buf->len = c->rlen < PREAUTH_FRAME ? PREAUTH_FRAME - c->rlen : 0; /* 0: UV_ENOBUFS, closed */
+    }
 }
 
 static void start_reading(dqd_conn *c);
@@ -517,6 +526,11 @@ static void process_input(dqd_conn *c)
             uint64_t total64 = DQ_FRAME_HEADER_BYTES + (uint64_t)hdr.header_len + hdr.payload_len;
             if (total64 > ctx->cfg->max_frame) {
                 protocol_error(c, DQ_TOO_LARGE, hdr.request_id, "frame exceeds max_frame");
+                break;
+            }
+            if (!c->sess.authed && total64 > PREAUTH_FRAME) {
+                protocol_error(c, DQ_TOO_LARGE, hdr.request_id,
+                               "a frame before a successful HELLO is limited to 8192 bytes");
                 break;
             }
             size_t total = (size_t)total64;

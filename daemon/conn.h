@@ -7,7 +7,13 @@
  * Backpressure: reading stops while the connection holds max_inflight unanswered requests or
  * max_output_queue bytes (frames in progress + reply buffers of its requests + replies not yet
  * written), and resumes when it drains; it also stops while the daemon's client I/O memory
- * (iomem.h: the same bytes, summed over every connection) has no room for the next frame. Frames are assembled in a 64 KiB staging buffer, or directly in their own buffer when
+ * (iomem.h: the same bytes, summed over every connection) has no room for the next frame.
+ *
+ * Before HELLO has succeeded a connection may send one frame of at most 8 KiB (a HELLO and its
+ * secret) and nothing else is read until it is answered; anything but HELLO is answered
+ * UNAUTHENTICATED and the connection closed (ops.c).
+ *
+ * Frames are assembled in a 64 KiB staging buffer, or directly in their own buffer when
  * larger, sized only from a fixed header that dq_frame_parse_header has checked against the limits.
  * While 1 MiB or more of such a frame is still to come and an I/O thread is idle (io_threads), that
  * thread reads it straight from the socket, so one event loop does not copy every connection's

@@ -236,7 +236,9 @@ void dqd_ops_dispatch(dqd_req *req)
     req->op = (unsigned)msg->body_case < DQD_OP_COUNT ? (dqd_op)msg->body_case : DQD_OP_UNKNOWN;
 
     if (!req->sess->authed && msg->body_case != DQUANT__REQUEST__BODY_HELLO) {
-        dqd_req_fail(req, DQ_UNAUTHENTICATED, "the first request must be a successful HELLO");
+        /* Nothing but HELLO is answered before it succeeds, and only once. */
+        req->close_after = 1;
+        dqd_req_fail(req, DQ_UNAUTHENTICATED, "the first request must be a successful HELLO; closing");
         return;
     }
     dqd_leases_expire(&ctx->leases, dqd_now_ns());

@@ -244,3 +244,100 @@ Test(connlimits, io_memory_bounds_what_all_connections_hold)
     close(fd);
     free(frame);
 }
+
+/* ================= item 2: what a connection may send before HELLO ================= */
+
+#define SECRET "s3cret-of-the-tests"
+
+/* 1 when the peer closes (EOF or reset) within timeout_ms, after whatever it sends first. */
+static int closed_within(int fd, int timeout_ms)
+{
+    return wire_wait_eof(fd, timeout_ms) == 0;
+}
+
+/* The fixed header of a HELLO frame (wrong secret when secret is NULL) announcing payload bytes after
+ * its header message; the header message follows in *msg (hlen bytes). */
+static size_t hello_head(uint8_t *out, size_t cap, const char *secret, uint64_t payload, uint64_t id)
+{
+    Dquant__Hello h = DQUANT__HELLO__INIT;
+    h.min_version = h.max_version = 1;
+    h.secret.data = (uint8_t *)(secret ? secret : "wrong");
+    h.secret.len = strlen(secret ? secret : "wrong");
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_HELLO;
+    req.hello = &h;
+    size_t hlen = dquant__request__get_packed_size(&req);
+    cr_assert_leq(DQ_FRAME_HEADER_BYTES + hlen, cap);
+    dquant__request__pack(&req, out + DQ_FRAME_HEADER_BYTES);
+    dq_frame_write_header(out, out + DQ_FRAME_HEADER_BYTES, (uint32_t)hlen, payload, id);
+    return DQ_FRAME_HEADER_BYTES + hlen;
+}
+
+/* A connection that has not said HELLO announces a 256 MiB frame on a secret-protected listener: it is
+ * refused from the header, before anything is allocated. */
+Test(connlimits, large_frame_before_hello_is_refused_from_its_header)
+{
+    const char *extra[] = {"--secret", SECRET, NULL};
+    start(extra, 1);
+    uint8_t head[256];
+    enum { CONNS = 4 };
+    int fds[CONNS];
+    for (int i = 0; i < CONNS; i++) {
+        fds[i] = wire_connect_tcp(D.port);
+        cr_assert_geq(fds[i], 0);
+        size_t n = hello_head(head, sizeof head, NULL, 256u << 20, 5);
+        cr_assert_eq(wire_send_all(fds[i], head, n), 0);
+    }
+    for (int i = 0; i < CONNS; i++) {
+        Dquant__Response *r;
+        uint64_t id;
+        cr_assert_eq(wire_recv_within(fds[i], 5000, &id, &r, NULL, NULL), 0, "no answer to the header");
+        cr_assert_eq(wire_error(r), DQ_TOO_LARGE);
+        cr_assert_eq(id, 5);
+        cr_assert(strstr(r->error->message, "before a successful HELLO"), "%s", r->error->message);
+        dquant__response__free_unpacked(r, NULL);
+        cr_assert(closed_within(fds[i], 5000));
+        close(fds[i]);
+    }
+    /* Once authenticated, the same size is fine. */
+    int fd = wire_connect_tcp(D.port);
+    cr_assert_eq(wire_hello(fd, 1, SECRET), 0);
+    cr_assert_lt(stat_of(fd, "io_memory_peak"), 64 * 1024, "nothing of the announced frames was held");
+    close(fd);
+}
+
+/* ================= item 5: requests before HELLO ================= */
+
+/* 20 PINGs pipelined before any HELLO (a listener without a secret): one UNAUTHENTICATED answer, then
+ * the connection closes. */
+Test(connlimits, requests_before_hello_are_answered_once_and_closed)
+{
+    start(NULL, 0);
+    Dquant__Ping p = DQUANT__PING__INIT;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_PING;
+    req.ping = &p;
+    size_t flen;
+    uint8_t *f = wire_frame(&req, NULL, 0, 3, &flen);
+    uint8_t *all = malloc(20 * flen);
+    for (int i = 0; i < 20; i++)
+        memcpy(all + (size_t)i * flen, f, flen);
+    int fd = connect_unix();
+    cr_assert_eq(wire_send_all(fd, all, 20 * flen), 0);
+    int answered = 0;
+    for (;;) {
+        Dquant__Response *r;
+        if (wire_recv_within(fd, 3000, NULL, &r, NULL, NULL) != 0)
+            break;
+        cr_assert_eq(wire_error(r), DQ_UNAUTHENTICATED);
+        answered++;
+        dquant__response__free_unpacked(r, NULL);
+    }
+    cr_assert_eq(answered, 1, "%d requests answered before HELLO", answered);
+    close(fd);
+    free(all);
+    free(f);
+    fd = session();
+    cr_assert_eq(stat_of(fd, "errors.UNAUTHENTICATED"), 1);
+    close(fd);
+}
