@@ -125,6 +125,20 @@ static const dqd_option options[] = {
      "socket read a page fault per 4 KB it fills. 0 keeps none."},
     {"max-inflight", "limits", "max_inflight", OPT_U32, FIELD(max_inflight), 1, 1u << 16, "N", "64",
      "Requests of one connection in progress before the daemon stops reading from it."},
+    {"handshake-timeout", "limits", "handshake_timeout", OPT_U32, FIELD(handshake_timeout), 1, 3600, "SECONDS", "10",
+     "A connection must complete a successful HELLO within this long of being accepted, else it is closed "
+     "(silent connections cannot hold the max-connections slots)."},
+    {"idle-timeout", "limits", "idle_timeout", OPT_U32, FIELD(idle_timeout), 0, 86400, "SECONDS", "300",
+     "A connection with no request in progress, no reply to send and no frame started for this long is "
+     "closed (libdquant-client reconnects transparently); one with an NCCL communicator is kept. 0: never."},
+    {"frame-timeout", "limits", "frame_timeout", OPT_U32, FIELD(frame_timeout), 1, 3600, "SECONDS", "30",
+     "A frame whose first byte has arrived must be complete within this long, plus its size over "
+     "frame-min-rate, else the connection is closed (time the daemon itself stops reading does not count)."},
+    {"frame-min-rate", "limits", "frame_min_rate", OPT_SIZE, FIELD(frame_min_rate), 1 * KiB, 1 * TiB, "SIZE", "1M",
+     "Bytes per second a frame is given on top of frame-timeout: a 256 MiB PUT gets 30 + 256 s."},
+    {"write-timeout", "limits", "write_timeout", OPT_U32, FIELD(write_timeout), 1, 3600, "SECONDS", "60",
+     "A connection whose replies are queued and that takes none of their bytes for this long is closed, "
+     "so that clients which stop reading give their memory back."},
     {"max-batch-items", "limits", "max_batch_items", OPT_U32, FIELD(max_batch_items), 1, 1u << 20, "N", "4096",
      "Items of one ATTEND request at most."},
     {"max-lookup-keys", "limits", "max_lookup_keys", OPT_U32, FIELD(max_lookup_keys), 1, 1u << 24, "N", "65536",
@@ -180,6 +194,11 @@ void dqd_config_default(dqd_config *cfg)
     cfg->frame_cache = 512 * MiB;
     cfg->max_connections = 1024;
     cfg->max_inflight = 64;
+    cfg->handshake_timeout = 10;
+    cfg->idle_timeout = 300;
+    cfg->frame_timeout = 30;
+    cfg->frame_min_rate = 1 * MiB;
+    cfg->write_timeout = 60;
     cfg->max_batch_items = 4096;
     cfg->max_lookup_keys = 65536;
     cfg->max_lease_ms = 60000;

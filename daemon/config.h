@@ -58,7 +58,12 @@ typedef struct dqd_config {
     uint64_t max_io_memory;    /* bytes all connections may hold (iomem.h); 0 until dqd_config_finish */
     uint64_t frame_cache;      /* bytes of freed large frame buffers kept for the next frames */
     uint32_t max_connections;
-    uint32_t max_inflight;    /* requests per connection before reading pauses */
+    uint32_t max_inflight; /* requests per connection before reading pauses */
+    /* connection deadlines (conn.c), seconds: HELLO after accept; no request, reply or byte in
+     * flight (0: never); a frame once started (plus its bytes / frame_min_rate); replies queued
+     * without a byte going out */
+    uint32_t handshake_timeout, idle_timeout, frame_timeout, write_timeout;
+    uint64_t frame_min_rate;  /* bytes per second a large frame is given on top of frame_timeout */
     uint32_t max_batch_items; /* ATTEND items */
     uint32_t max_lookup_keys; /* chunk keys of one LOOKUP / PUT_CHUNKS */
     uint32_t max_lease_ms;    /* longest LOOKUP lease */

@@ -96,6 +96,133 @@ void dqd_conn_close(dqd_conn *c)
     close_handles(c);
 }
 
+/* ---- deadlines: HELLO, a frame in progress, queued replies, idleness ----
+ *
+ * One timer per connection, armed for the earliest deadline; deadlines only move later with
+ * activity, so the timer is not moved for every byte: when it fires the deadlines are computed
+ * again, and it is re-armed earlier only where a new one may come first (a frame starts, replies
+ * get queued, reading resumes). */
+
+enum { DL_NONE, DL_HANDSHAKE, DL_FRAME, DL_WRITE, DL_IDLE };
+
+static uint64_t now_ms(const dqd_conn *c)
+{
+    return uv_now(c->ctx->loop);
+}
+
+static bool frame_in_progress(const dqd_conn *c)
+{
+    return c->fbuf || c->rlen;
+}
+
+/* The earliest of c's deadlines (absolute ms in *at) and which one; DL_NONE when there is none. */
+static int next_deadline(const dqd_conn *c, uint64_t *at)
+{
+    const dqd_config *cfg = c->ctx->cfg;
+    int which = DL_NONE;
+    uint64_t best = UINT64_MAX;
+    uint64_t t[5] = {0};
+    if (!c->sess.authed)
+        t[DL_HANDSHAKE] = c->accepted_ms + cfg->handshake_timeout * 1000ull;
+    if (frame_in_progress(c) && !c->stopped_ms)
+        t[DL_FRAME] = c->frame_start_ms + cfg->frame_timeout * 1000ull +
+                      (c->fbuf ? c->ftotal * 1000ull / cfg->frame_min_rate : 0);
+    if (c->writes)
+        t[DL_WRITE] = c->tx_ms + cfg->write_timeout * 1000ull;
+    else if (cfg->idle_timeout && c->sess.authed && !c->q_head && !frame_in_progress(c) && !c->sess.nchan)
+        t[DL_IDLE] = c->active_ms + cfg->idle_timeout * 1000ull;
+    for (int i = DL_HANDSHAKE; i <= DL_IDLE; i++) {
+        if (t[i] && t[i] < best) {
+            best = t[i];
+            which = i;
+        }
+    }
+    *at = best;
+    return which;
+}
+
+static void on_deadline(uv_timer_t *t);
+
+/* Makes sure the timer fires by at (absolute ms). */
+static void arm(dqd_conn *c, uint64_t at)
+{
+    if (c->state != DQD_CONN_OPEN || (c->timer_due_ms && c->timer_due_ms <= at))
+        return;
+    const uint64_t now = now_ms(c);
+    c->timer_due_ms = at;
+    uv_timer_start(&c->timer, on_deadline, at > now ? at - now : 0, 0);
+}
+
+/* After an event that may have brought a deadline forward. */
+static void rearm(dqd_conn *c)
+{
+    uint64_t at;
+    if (next_deadline(c, &at) != DL_NONE)
+        arm(c, at);
+}
+
+/* Reply bytes written since the last look count as progress of the queued replies. */
+static void observe_tx(dqd_conn *c, uint64_t now)
+{
+    const uint64_t written = c->tx_submitted - uv_stream_get_write_queue_size(&c->h.stream);
+    if (written != c->tx_seen)
+        c->tx_ms = now;
+    c->tx_seen = written;
+}
+
+static void fail_and_drain(dqd_conn *c, int code, uint64_t request_id, const char *what);
+
+static void timed_out(dqd_conn *c, int which)
+{
+    dqd_metrics *m = &c->ctx->metrics;
+    const dqd_config *cfg = c->ctx->cfg;
+    char what[128];
+    switch (which) {
+    case DL_HANDSHAKE:
+        m->handshake_timeouts++;
+        snprintf(what, sizeof what, "no successful HELLO within %u s", cfg->handshake_timeout);
+        break;
+    case DL_FRAME:
+        m->frame_timeouts++;
+        snprintf(what, sizeof what, "a frame not complete within %u s + %llu B/s", cfg->frame_timeout,
+                 (unsigned long long)cfg->frame_min_rate);
+        break;
+    case DL_WRITE:
+        m->write_timeouts++;
+        snprintf(what, sizeof what, "queued replies not read for %u s", cfg->write_timeout);
+        break;
+    default:
+        m->idle_timeouts++;
+        snprintf(what, sizeof what, "idle for %u s", cfg->idle_timeout);
+        break;
+    }
+    DQD_INFO_LIMITED("conn %llu: %s; closing", (unsigned long long)c->id, what);
+    dqd_metrics_count_error(m, DQ_TIMEOUT);
+    if (which == DL_HANDSHAKE || which == DL_FRAME)
+        fail_and_drain(c, DQ_TIMEOUT, 0, what); /* it may still read why */
+    else
+        dqd_conn_close(c);
+}
+
+static void on_deadline(uv_timer_t *t)
+{
+    dqd_conn *c = t->data;
+    c->timer_due_ms = 0;
+    if (c->state != DQD_CONN_OPEN)
+        return;
+    const uint64_t now = now_ms(c);
+    observe_tx(c, now);
+    uint64_t at;
+    int which = next_deadline(c, &at);
+    if (which == DL_NONE)
+        return;
+    if (at <= now) {
+        timed_out(c, which);
+        return;
+    }
+    arm(c, at);
+}
+
 static void on_drain_timeout(uv_timer_t *t)
 {
     dqd_conn *c = t->data;
@@ -113,6 +240,7 @@ void dqd_conn_drain(dqd_conn *c, uint64_t deadline_ms)
     c->reading = false;
     if (c->offloaded)
         atomic_store_explicit(&c->rd_cancel, true, memory_order_relaxed);
+    c->timer_due_ms = 0;
     uv_timer_start(&c->timer, on_drain_timeout, deadline_ms, 0);
     flush(c);
 }
@@ -186,11 +314,17 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     c->rd_stalled = false;
     c->ctx->metrics.bytes_in += (uint64_t)nread;
+    c->active_ms = now_ms(c);
+    const bool started = !frame_in_progress(c);
+    if (started)
+        c->frame_start_ms = c->active_ms;
     if (c->fbuf)
         c->fhave += (size_t)nread;
     else
         c->rlen += (size_t)nread;
     process_input(c);
+    if (started || c->frame_start_ms == c->active_ms)
+        rearm(c); /* a frame started with these bytes: its deadline may come first */
 }
 
 /* ---- I/O threads: the rest of a large frame ---- */
@@ -252,6 +386,8 @@ static void rd_done(void *arg)
     ctx->io_busy--;
     c->fhave += c->rd_got;
     ctx->metrics.bytes_in += c->rd_got;
+    if (c->rd_got)
+        c->active_ms = now_ms(c);
     if (c->close_deferred) {
         c->close_deferred = false;
         close_handles(c);
@@ -306,6 +442,12 @@ static void start_reading(dqd_conn *c)
 {
     if (c->state != DQD_CONN_OPEN || c->paused || c->mem_wait || c->offloaded)
         return;
+    if (c->stopped_ms) {
+        /* The frame in progress is not late by the time the daemon did not read it. */
+        c->frame_start_ms += now_ms(c) - c->stopped_ms;
+        c->stopped_ms = 0;
+        rearm(c);
+    }
     if (offload(c) || c->reading)
         return;
     int rc = uv_read_start(&c->h.stream, on_alloc, on_read);
@@ -326,6 +468,8 @@ static void pause_reading(dqd_conn *c)
     if (c->reading)
         uv_read_stop(&c->h.stream);
     c->reading = false;
+    if (!c->stopped_ms)
+        c->stopped_ms = now_ms(c);
 }
 
 static void maybe_resume(dqd_conn *c)
@@ -346,6 +490,8 @@ static void wait_for_memory(dqd_conn *c)
     if (c->reading)
         uv_read_stop(&c->h.stream);
     c->reading = false;
+    if (!c->stopped_ms)
+        c->stopped_ms = now_ms(c);
     dqd_iomem_wait(&c->ctx->iomem, &c->mem_waiter);
 }
 
@@ -407,7 +553,7 @@ static void fail_and_drain(dqd_conn *c, int code, uint64_t request_id, const cha
 /* A framing error: the stream cannot be resynchronized. */
 static void protocol_error(dqd_conn *c, int code, uint64_t request_id, const char *what)
 {
-    DQD_INFO("conn %llu: %s (%s); closing", (unsigned long long)c->id, what, dq_err_name(code));
+    DQD_INFO_LIMITED("conn %llu: %s (%s); closing", (unsigned long long)c->id, what, dq_err_name(code));
     c->ctx->metrics.protocol_closes++;
     dqd_metrics_count_error(&c->ctx->metrics, code);
     fail_and_drain(c, code, request_id, what);
@@ -505,6 +651,7 @@ static void process_input(dqd_conn *c)
             uint8_t *buf = c->fbuf;
             size_t pad = c->fpad, total = c->ftotal;
             c->fbuf = NULL;
+            c->frame_start_ms = now_ms(c); /* the next frame's bytes, if any, came with this one's */
             frame_ready(c, buf, pad, total);
         } else {
             const uint8_t *p = c->rbuf + off;
@@ -566,6 +713,7 @@ static void process_input(dqd_conn *c)
             }
             memcpy(buf + pad, p, total);
             off += total;
+            c->frame_start_ms = now_ms(c);
             frame_ready(c, buf, pad, total);
         }
         if (c->state == DQD_CONN_OPEN && over_limits(c))
@@ -586,6 +734,9 @@ static void on_write(uv_write_t *w, int status)
     dqd_conn *c = wr->c;
     c->writes--;
     unhold(c, wr->bytes);
+    c->active_ms = c->tx_ms = now_ms(c);
+    if (!c->writes)
+        rearm(c); /* idle from now: its deadline may come before the one armed */
     if (status == 0) {
         c->ctx->metrics.bytes_out += wr->bytes;
         c->ctx->metrics.frames_out++;
@@ -622,6 +773,8 @@ static void send_reply(dqd_conn *c, dqd_req *req)
     bufs[1].base = (char *)wr->out;
     bufs[1].len = req->out_len;
     unsigned nbufs = req->out_len ? 2 : 1;
+    if (!c->writes)
+        c->tx_ms = now_ms(c); /* the write deadline runs from here */
     int rc = uv_write(&wr->w, &c->h.stream, bufs, nbufs, on_write);
     if (rc < 0) {
         DQD_DEBUG("conn %llu: uv_write: %s", (unsigned long long)c->id, uv_strerror(rc));
@@ -633,6 +786,8 @@ static void send_reply(dqd_conn *c, dqd_req *req)
         return;
     }
     c->writes++;
+    c->tx_submitted += bytes;
+    rearm(c);
 }
 
 static void flush(dqd_conn *c)
@@ -735,12 +890,14 @@ void dqd_conn_accept(dqd_conn *c, uv_stream_t *listener)
         ctx->metrics.conns_rejected++;
         int code = ctx->stopping ? DQ_SHUTTING_DOWN : DQ_RESOURCE_EXHAUSTED;
         dqd_metrics_count_error(&ctx->metrics, code);
-        DQD_WARN("refusing connection %llu: %s", (unsigned long long)c->id,
-                 ctx->stopping ? "shutting down" : "max_connections reached");
+        DQD_WARN_LIMITED("refusing connection %llu: %s", (unsigned long long)c->id,
+                         ctx->stopping ? "shutting down" : "max_connections reached");
         fail_and_drain(c, code, 0, ctx->stopping ? "the server is shutting down" : "too many connections");
         return;
     }
     ctx->metrics.conns_accepted++;
     DQD_DEBUG("conn %llu accepted on %s", (unsigned long long)c->id, c->tcp ? "tcp" : "unix");
+    c->accepted_ms = c->active_ms = now_ms(c);
     start_reading(c);
+    rearm(c);
 }

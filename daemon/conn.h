@@ -51,7 +51,7 @@ struct dqd_conn {
         uv_tcp_t tcp;
         uv_pipe_t pipe;
     } h;
-    uv_timer_t timer; /* drain deadline */
+    uv_timer_t timer; /* OPEN: the next deadline (conn.c); DRAINING: the drain deadline */
     dqd_ctx *ctx;
     dqd_conn_closed_fn on_closed;
     void *owner; /* on_closed's argument */
@@ -86,6 +86,16 @@ struct dqd_conn {
     uint32_t nreqs;
     uint64_t held;   /* bytes of frames in progress, reply buffers charged and replies not yet written */
     uint32_t writes; /* uv_write requests in flight */
+
+    /* Deadlines (conn.c), in uv_now() milliseconds. */
+    uint64_t accepted_ms;    /* HELLO must succeed by accepted_ms + handshake_timeout */
+    uint64_t active_ms;      /* the last byte in or out: idle_timeout runs from it */
+    uint64_t frame_start_ms; /* the frame in progress started (shifted by the time reading stopped) */
+    uint64_t stopped_ms;     /* reading stopped by the daemon (backpressure) since; 0: reading */
+    uint64_t tx_ms;          /* the last time queued reply bytes went out, or were first queued */
+    uint64_t tx_submitted;   /* reply bytes handed to uv_write */
+    uint64_t tx_seen;        /* of them written when last looked at */
+    uint64_t timer_due_ms;   /* when the deadline timer fires; 0: not armed */
 
     struct dqd_conn *prev, *next; /* the owner's list */
     struct dqd_conn *reap_next;

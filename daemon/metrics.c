@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "dquant/error.h"
+#include "logging.h"
 
 static const double bucket_le[DQD_LAT_BUCKETS] = {
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -164,6 +165,15 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
     counter(&b, "dquant_auth_failures_total", "HELLOs refused for a wrong or missing secret.", m->auth_failures);
     counter(&b, "dquant_backpressure_pauses_total", "Times reading from a client paused for its queue.",
             m->backpressure_pauses);
+    counter(&b, "dquant_handshake_timeouts_total", "Connections closed without a successful HELLO in time.",
+            m->handshake_timeouts);
+    counter(&b, "dquant_frame_timeouts_total", "Connections closed for a frame that did not arrive in time.",
+            m->frame_timeouts);
+    counter(&b, "dquant_write_timeouts_total", "Connections closed for not reading their queued replies.",
+            m->write_timeouts);
+    counter(&b, "dquant_idle_timeouts_total", "Idle connections closed.", m->idle_timeouts);
+    counter(&b, "dquant_log_lines_suppressed_total", "Log lines a client caused that were left out (rate limit).",
+            dqd_log_suppressed_total());
     counter(&b, "dquant_frame_reads_offloaded_total",
             "Times an I/O thread took over reading the rest of a large frame from its socket.",
             m->frame_reads_offloaded);
@@ -339,6 +349,11 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_counter(&kb, "protocol_closes", m->protocol_closes);
     add_counter(&kb, "auth_failures", m->auth_failures);
     add_counter(&kb, "backpressure_pauses", m->backpressure_pauses);
+    add_counter(&kb, "handshake_timeouts", m->handshake_timeouts);
+    add_counter(&kb, "frame_timeouts", m->frame_timeouts);
+    add_counter(&kb, "write_timeouts", m->write_timeouts);
+    add_counter(&kb, "idle_timeouts", m->idle_timeouts);
+    add_counter(&kb, "log_lines_suppressed", dqd_log_suppressed_total());
     add_counter(&kb, "frame_reads_offloaded", m->frame_reads_offloaded);
     add_counter(&kb, "tokens_put", m->tokens_put);
     add_counter(&kb, "streams_encoded", m->streams_encoded);

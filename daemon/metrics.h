@@ -28,6 +28,9 @@ typedef struct dqd_metrics {
     uint64_t bytes_in, bytes_out, frames_in, frames_out;
     uint64_t conns_accepted, conns_rejected, conns_open;
     uint64_t protocol_closes, auth_failures, backpressure_pauses;
+    /* connections closed by a deadline (conn.c): no HELLO in time, a frame too slow, queued replies
+     * not read, idle */
+    uint64_t handshake_timeouts, frame_timeouts, write_timeouts, idle_timeouts;
     uint64_t frame_reads_offloaded; /* large frames' payload reads handed to an I/O thread (conn.c) */
     uint64_t tokens_put, streams_encoded, encode_retries, rollbacks;
     uint64_t nccl_setups, nccl_failures, nccl_bytes_in, nccl_bytes_out;

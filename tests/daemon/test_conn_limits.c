@@ -2,6 +2,7 @@
  * before and after HELLO, how long it may stay silent or slow, what the metrics endpoint and the
  * authentication do under floods. Each test starts its own daemon with small limits; the full-size
  * figures come from dqd_abuse (abuse.c). */
+#define _GNU_SOURCE /* POLLRDHUP */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <poll.h>
@@ -34,10 +35,15 @@
 
 static dqd_daemon D;
 
+static void nap_ms(long ms);
+
+/* Starts a daemon and waits until the connections dqd_start made to see it come up are gone, so that
+ * tests of --max-connections count their own only. */
 static void start(const char *const extra[], int tcp)
 {
     const dqd_opts o = {.tcp = tcp, .extra = extra, .stop_timeout_ms = 30000};
     cr_assert_eq(dqd_start(&D, &o), 0, "dquantd did not come up");
+    nap_ms(200);
 }
 
 static void stop(void)
@@ -340,4 +346,229 @@ Test(connlimits, requests_before_hello_are_answered_once_and_closed)
     fd = session();
     cr_assert_eq(stat_of(fd, "errors.UNAUTHENTICATED"), 1);
     close(fd);
+}
+
+/* ================= item 3: silent, slow and idle connections ================= */
+
+static long count_log(const char *needle)
+{
+    FILE *f = fopen(D.log, "r");
+    cr_assert_not_null(f);
+    char line[4096];
+    long n = 0;
+    while (fgets(line, sizeof line, f))
+        n += strstr(line, needle) != NULL;
+    fclose(f);
+    return n;
+}
+
+/* A HELLO + PING on a fresh connection: 1 when both are answered within timeout_ms. */
+static int real_client_served(int timeout_ms)
+{
+    int fd = wire_connect_unix(D.sock);
+    if (fd < 0)
+        return 0;
+    int ok = 0;
+    Dquant__Response *r = NULL;
+    Dquant__Hello h = DQUANT__HELLO__INIT;
+    h.min_version = h.max_version = 1;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_HELLO;
+    req.hello = &h;
+    if (wire_send(fd, &req, NULL, 1) == 0 && wire_recv_within(fd, timeout_ms, NULL, &r, NULL, NULL) == 0)
+        ok = r->body_case == DQUANT__RESPONSE__BODY_HELLO;
+    if (r)
+        dquant__response__free_unpacked(r, NULL);
+    close(fd);
+    return ok;
+}
+
+/* max-connections silent connections: a real client gets a slot once the handshake timeout has
+ * closed them, each with a TIMEOUT error it may read. */
+Test(connlimits, silent_connections_give_their_slots_back)
+{
+    const char *extra[] = {"--max-connections", "8", "--handshake-timeout", "1", NULL};
+    start(extra, 0);
+    int fds[8];
+    for (int i = 0; i < 8; i++)
+        fds[i] = connect_unix();
+    nap_ms(100);
+    for (int i = 0; i < 8; i++) {
+        struct pollfd p = {fds[i], POLLIN, 0};
+        cr_assert_eq(poll(&p, 1, 0), 0, "silent connection %d was refused", i);
+    }
+    const double t0 = now_s();
+    cr_assert_not(real_client_served(300), "the slots are all taken");
+    double got = -1;
+    while (now_s() - t0 < 6) {
+        if (real_client_served(500)) {
+            got = now_s() - t0;
+            break;
+        }
+        nap_ms(50);
+    }
+    cr_assert_geq(got, 0, "no slot for a real client within 6 s");
+    cr_assert_lt(got, 4.0, "a slot after %.2f s", got);
+    for (int i = 0; i < 8; i++) {
+        Dquant__Response *r;
+        cr_assert_eq(wire_recv_within(fds[i], 2000, NULL, &r, NULL, NULL), 0);
+        cr_assert_eq(wire_error(r), DQ_TIMEOUT);
+        cr_assert(strstr(r->error->message, "HELLO"), "%s", r->error->message);
+        dquant__response__free_unpacked(r, NULL);
+        cr_assert(closed_within(fds[i], 2000));
+        close(fds[i]);
+    }
+    int fd = session();
+    cr_assert_eq(stat_of(fd, "handshake_timeouts"), 8);
+    close(fd);
+}
+
+/* The lines for refused connections are limited: 40 refusals, at most DQD_LOGRATE_BURST (5) lines and
+ * the rest counted. */
+Test(connlimits, refusals_cannot_flood_the_log)
+{
+    const char *extra[] = {"--max-connections", "1", NULL};
+    start(extra, 0);
+    int holder = session();
+    for (int i = 0; i < 40; i++) {
+        int fd = connect_unix();
+        Dquant__Response *r;
+        cr_assert_eq(wire_recv_within(fd, 2000, NULL, &r, NULL, NULL), 0);
+        cr_assert_eq(wire_error(r), DQ_RESOURCE_EXHAUSTED);
+        dquant__response__free_unpacked(r, NULL);
+        close(fd);
+    }
+    const long lines = count_log("refusing connection");
+    cr_assert_leq(lines, 5, "%ld refusal lines", lines);
+    cr_assert_geq(stat_of(holder, "log_lines_suppressed"), 35);
+    cr_assert_eq(stat_of(holder, "connections_rejected"), 40);
+    close(holder);
+}
+
+/* A frame whose bytes come one per 100 ms: closed once the frame timeout (1 s, plus its 64 KiB at
+ * 1 MiB/s) has passed, for a frame in the staging buffer and for one in its own buffer. */
+Test(connlimits, slow_frames_are_closed)
+{
+    const char *extra[] = {"--frame-timeout", "1", "--frame-min-rate", "1M", NULL};
+    start(extra, 0);
+    for (int big = 0; big < 2; big++) {
+        int fd = session();
+        uint8_t head[256];
+        size_t n = hello_head(head, sizeof head, NULL, big ? 64u << 10 : 0, 9);
+        const double t0 = now_s();
+        double closed = -1;
+        for (size_t i = 0; now_s() - t0 < 6; i++) {
+            const uint8_t b = i < n ? head[i] : 0;
+            if (send(fd, &b, 1, MSG_NOSIGNAL) != 1) {
+                closed = now_s() - t0;
+                break;
+            }
+            struct pollfd p = {fd, POLLIN, 0};
+            if (poll(&p, 1, 100) > 0) {
+                Dquant__Response *r;
+                cr_assert_eq(wire_recv_within(fd, 1000, NULL, &r, NULL, NULL), 0);
+                cr_assert_eq(wire_error(r), DQ_TIMEOUT, "got %d", wire_error(r));
+                dquant__response__free_unpacked(r, NULL);
+                cr_assert(closed_within(fd, 2000));
+                closed = now_s() - t0;
+                break;
+            }
+        }
+        cr_assert_geq(closed, 0.9, "closed after %.2f s", closed);
+        cr_assert_lt(closed, 4.0, "closed after %.2f s (-1: still open after 6 s)", closed);
+        close(fd);
+    }
+    int fd = session();
+    cr_assert_eq(stat_of(fd, "frame_timeouts"), 2);
+    close(fd);
+}
+
+/* An idle connection is closed after the idle timeout; one that keeps asking is not. */
+Test(connlimits, idle_connections_are_closed)
+{
+    const char *extra[] = {"--idle-timeout", "1", NULL};
+    start(extra, 0);
+    int idle = session(), busy = session();
+    const double t0 = now_s();
+    while (now_s() - t0 < 2.5) {
+        ping(busy);
+        nap_ms(250);
+    }
+    cr_assert(closed_within(idle, 100), "the idle connection is closed");
+    ping(busy);
+    cr_assert_eq(stat_of(busy, "idle_timeouts"), 1);
+    close(idle);
+    close(busy);
+}
+
+/* 1 when the peer closes within timeout_ms, seen without reading what it sent (reading would let the
+ * daemon write again). */
+static int hung_up_within(int fd, int timeout_ms)
+{
+    struct pollfd p = {fd, POLLRDHUP, 0};
+    return poll(&p, 1, timeout_ms) > 0 && (p.revents & (POLLRDHUP | POLLHUP));
+}
+
+/* Pushes what the socket takes now of buf[*off, len). */
+static void push(int fd, const uint8_t *buf, size_t len, size_t *off)
+{
+    while (*off < len) {
+        ssize_t w = send(fd, buf + *off, len - *off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w <= 0)
+            return;
+        *off += (size_t)w;
+    }
+}
+
+/* A client that asks for replies and stops reading them is closed after the write timeout, and what
+ * its replies held comes back; one that reads slowly but steadily is not. */
+Test(connlimits, unread_replies_are_closed_after_the_write_timeout)
+{
+    const char *extra[] = {"--write-timeout", "3", "--max-payload", "1M", "--max-output-queue", "16M", NULL};
+    start(extra, 0);
+    size_t flen, reply;
+    uint8_t *frame = amplifying_frame(&flen, &reply);
+    int slow = session(), stuck = session();
+    /* Far more than the kernel buffers take (8 MiB here): the rest waits in the daemon. */
+    const int count = (int)((48u << 20) / reply);
+    const size_t total = (size_t)count * flen;
+    uint8_t *all = malloc(total);
+    for (int i = 0; i < count; i++)
+        memcpy(all + (size_t)i * flen, frame, flen);
+    /* slow reads 32 replies (1 MiB) every 200 ms for 5 s, then the rest. A Unix socket turns writable
+     * again only once 3/4 of its send buffer has been read, so the daemon sees progress every 1.2 s
+     * of that, within the 3 s. */
+    size_t soff = 0, toff = 0;
+    int replies = 0;
+    const double t0 = now_s();
+    while (replies < count && now_s() - t0 < 60) {
+        const bool first_phase = now_s() - t0 < 5;
+        if (first_phase)
+            push(stuck, all, total, &toff);
+        push(slow, all, total, &soff);
+        for (int k = 0; k < 32 && replies < (int)(soff / flen); k++) {
+            Dquant__Response *r;
+            uint8_t *payload = NULL;
+            size_t plen = 0;
+            cr_assert_eq(wire_recv_within(slow, 5000, NULL, &r, &payload, &plen), 0,
+                         "the slow reader lost its connection after %d replies", replies);
+            cr_assert_eq(r->body_case, DQUANT__RESPONSE__BODY_DECOMPRESS, "%d", wire_error(r));
+            cr_assert_eq(plen, reply);
+            free(payload);
+            dquant__response__free_unpacked(r, NULL);
+            replies++;
+        }
+        if (first_phase)
+            nap_ms(200);
+    }
+    cr_assert_eq(replies, count);
+    cr_assert(hung_up_within(stuck, 8000), "the client that reads nothing is closed");
+    int fd = session();
+    cr_assert_eq(stat_of(fd, "write_timeouts"), 1);
+    cr_assert_lt(stat_of(fd, "io_memory_used"), 1 << 20);
+    close(fd);
+    close(slow);
+    close(stuck);
+    free(all);
+    free(frame);
 }
