@@ -60,6 +60,11 @@ static const dqd_option options[] = {
      "Shared secret every TCP client must present in HELLO (compared in constant time)."},
     {"secret-file", "server", "secret_file", OPT_SECRET_FILE, 0, 0, 0, "FILE", "none",
      "Read the shared secret from FILE (one trailing newline is stripped); keeps it out of ps."},
+    {"auth-fail-burst", "server", "auth_fail_burst", OPT_U32, FIELD(auth_fail_burst), 1, 1000000, "N", "10",
+     "HELLOs with a wrong or missing secret one peer address (an IPv6 /64) may send before it is throttled; "
+     "a throttled address has its HELLOs refused unchecked, and logged at most 5 times in 10 s."},
+    {"auth-fail-per-min", "server", "auth_fail_per_min", OPT_U32, FIELD(auth_fail_per_min), 1, 10000000, "N", "60",
+     "Failed HELLOs a peer address is given back per minute once throttled."},
     {"workers", "server", "workers", OPT_U32, FIELD(workers), 1, 256, "N", "number of CPUs",
      "Worker threads for encoding, decoding and attention."},
     {"backend", "server", "backend", OPT_BACKEND, 0, 0, 0, "cpu|cuda", "cpu",
@@ -194,6 +199,8 @@ void dqd_config_default(dqd_config *cfg)
     cfg->frame_cache = 512 * MiB;
     cfg->max_connections = 1024;
     cfg->max_inflight = 64;
+    cfg->auth_fail_burst = 10;
+    cfg->auth_fail_per_min = 60;
     cfg->handshake_timeout = 10;
     cfg->idle_timeout = 300;
     cfg->frame_timeout = 30;

@@ -51,6 +51,8 @@ typedef struct dqd_config {
     dq_log_level log_level;
     char *secret; /* NULL: none; when set, every TCP listener requires it */
     size_t secret_len;
+    uint32_t auth_fail_burst;   /* failed HELLOs a peer address may make at once (authlimit.h) */
+    uint32_t auth_fail_per_min; /* and then per minute */
     uint64_t max_frame; /* 0 until dqd_config_finish: 32 + max_header + max_payload */
     uint64_t max_header;
     uint64_t max_payload;

@@ -878,6 +878,10 @@ void dqd_conn_accept(dqd_conn *c, uv_stream_t *listener)
     }
     if (c->tcp) {
         uv_tcp_nodelay(&c->h.tcp, 1);
+        struct sockaddr_storage ss;
+        int sl = (int)sizeof ss;
+        if (uv_tcp_getpeername(&c->h.tcp, (struct sockaddr *)&ss, &sl) == 0)
+            dqd_peer_from_sockaddr(&ss, &c->sess.peer);
     } else {
         /* A Unix stream holds at most the sender's send buffer in flight (212,992 bytes by
          * default): a larger one lets a large reply go out in fewer writes and wake-ups (the kernel

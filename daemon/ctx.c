@@ -49,6 +49,7 @@ int dqd_ctx_init(dqd_ctx *ctx, uv_loop_t *loop, const dqd_config *cfg)
     ctx->metrics.leases = &ctx->leases;
     dqd_framebufs_init(&ctx->frames, cfg->frame_cache);
     dqd_iomem_init(&ctx->iomem, cfg->max_io_memory);
+    dqd_authlimit_init(&ctx->auth, cfg->auth_fail_burst, cfg->auth_fail_per_min);
 
     int rc = dqd_registry_create(&ctx->mem, cfg->max_models, &ctx->reg);
     if (rc < 0)

@@ -163,6 +163,8 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
     gauge(&b, "dquant_connections", "Client connections open.", (double)m->conns_open);
     counter(&b, "dquant_protocol_closes_total", "Connections closed for unparseable framing.", m->protocol_closes);
     counter(&b, "dquant_auth_failures_total", "HELLOs refused for a wrong or missing secret.", m->auth_failures);
+    counter(&b, "dquant_auth_throttled_total", "HELLOs refused unchecked: their address failed too often.",
+            m->auth_throttled);
     counter(&b, "dquant_backpressure_pauses_total", "Times reading from a client paused for its queue.",
             m->backpressure_pauses);
     counter(&b, "dquant_handshake_timeouts_total", "Connections closed without a successful HELLO in time.",
@@ -348,6 +350,7 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_counter(&kb, "connections_rejected", m->conns_rejected);
     add_counter(&kb, "protocol_closes", m->protocol_closes);
     add_counter(&kb, "auth_failures", m->auth_failures);
+    add_counter(&kb, "auth_throttled", m->auth_throttled);
     add_counter(&kb, "backpressure_pauses", m->backpressure_pauses);
     add_counter(&kb, "handshake_timeouts", m->handshake_timeouts);
     add_counter(&kb, "frame_timeouts", m->frame_timeouts);

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "authlimit.h"
 #include "dquant.pb-c.h"
 #include "opcode.h"
 #include "pbmem.h"
@@ -26,6 +27,7 @@ typedef struct dqd_session {
     uint64_t id;             /* the connection's id, for logs */
     bool require_secret;     /* its listener wants HELLO with the shared secret */
     bool authed;             /* HELLO succeeded */
+    dqd_peer peer;           /* the TCP peer's address (authlimit.h); family 0 on a Unix socket */
     struct dqd_nchan *nchan; /* NCCL data path (ncclpath.h), NULL until NCCL_SETUP */
     uint32_t leases;         /* live LOOKUP leases (lease.h), owned by this session */
 } dqd_session;

@@ -16,11 +16,14 @@
  *              100 ms stays open.
  *   metrics    70 idle connections to the metrics port re-opened every 4.5 s; /healthz probed once a
  *              second for 12 s: probes answered.
- *   auth       wrong-secret HELLOs from 4 threads for 3 s: failures answered per second and WARN
- *              lines logged; then 200 pipelined PINGs before HELLO: how many were answered.
+ *   auth       wrong-secret HELLOs from 4 threads for 3 s: failures answered per second, how many
+ *              were checked against the secret, WARN lines logged, and whether a client with the
+ *              right secret from another address (127.0.0.2) gets in; then 200 pipelined PINGs
+ *              before HELLO: how many were answered.
  *   bench      `dquant bench` against a daemon killed after 1 s: seconds until bench exits, and
  *              its exit status. */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -109,12 +112,29 @@ static long settle_rss(const dqd_daemon *d, int stable_ms, int max_ms)
     return peak;
 }
 
+/* A TCP connection to the daemon's loopback port from another loopback address (127.0.0.2): another
+ * peer as far as the daemon can tell. */
+static int connect_from_other_address(const dqd_daemon *d)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in src = {.sin_family = AF_INET}, dst = {.sin_family = AF_INET, .sin_port = htons(d->port)};
+    inet_pton(AF_INET, "127.0.0.2", &src.sin_addr);
+    inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&src, sizeof src) < 0 ||
+        connect(fd, (struct sockaddr *)&dst, sizeof dst) < 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 /* A PING round trip on a fresh connection (HELLO first): seconds, or -1 when it failed within
- * timeout_ms. */
+ * timeout_ms. tcp: 1 over TCP, 2 over TCP from another address. */
 static double fresh_ping(const dqd_daemon *d, int timeout_ms, const char *secret, int tcp)
 {
     double t0 = now_s();
-    int fd = tcp ? wire_connect_tcp(d->port) : wire_connect_unix(d->sock);
+    int fd = tcp == 2 ? connect_from_other_address(d) : tcp ? wire_connect_tcp(d->port) : wire_connect_unix(d->sock);
     if (fd < 0)
         return -1;
     Dquant__Hello h = DQUANT__HELLO__INIT;
@@ -547,7 +567,23 @@ static void scenario_auth(void)
         pthread_join(th[i], NULL);
     double secs = now_s() - t0;
     long warn_lines = count_log_lines(&d, "WARN");
-    double good = fresh_ping(&d, 5000, "s3cret-for-abuse", 1);
+    double good = fresh_ping(&d, 5000, "s3cret-for-abuse", 2);
+    /* How many of the guesses were checked against the secret (STATS over the Unix socket). */
+    long checked = -1;
+    int sfd = wire_connect_unix(d.sock);
+    Dquant__Stats st = DQUANT__STATS__INIT;
+    Dquant__Request sreq = DQUANT__REQUEST__INIT;
+    sreq.body_case = DQUANT__REQUEST__BODY_STATS;
+    sreq.stats = &st;
+    Dquant__Response *sr = NULL;
+    if (wire_hello(sfd, 1, NULL) == 0 && wire_call(sfd, &sreq, NULL, &sr, NULL, NULL) == 0 &&
+        sr->body_case == DQUANT__RESPONSE__BODY_STATS)
+        for (size_t i = 0; i < sr->stats->n_counters; i++)
+            if (!strcmp(sr->stats->counters[i]->key, "auth_failures"))
+                checked = (long)sr->stats->counters[i]->value;
+    if (sr)
+        dquant__response__free_unpacked(sr, NULL);
+    close(sfd);
 
     /* 200 PINGs before any HELLO, in one write, on the Unix socket (no secret there). */
     Dquant__Ping p = DQUANT__PING__INIT;
@@ -573,10 +609,10 @@ static void scenario_auth(void)
     free(all);
     free(f);
     printf("{\"scenario\":\"auth\",\"seconds\":%.2f,\"failures_answered\":%ld,\"failures_per_s\":%.0f,"
-           "\"closed_without_answer\":%ld,\"warn_lines\":%ld,\"right_secret_ping_s\":%.4f,"
-           "\"pre_hello_pings_answered\":%d}\n",
-           secs, atomic_load(&a.answered), (double)atomic_load(&a.answered) / secs, atomic_load(&a.closed_early),
-           warn_lines, good, answered);
+           "\"secrets_checked\":%ld,\"closed_without_answer\":%ld,\"warn_lines\":%ld,"
+           "\"other_address_right_secret_ping_s\":%.4f,\"pre_hello_pings_answered\":%d}\n",
+           secs, atomic_load(&a.answered), (double)atomic_load(&a.answered) / secs, checked,
+           atomic_load(&a.closed_early), warn_lines, good, answered);
     fflush(stdout);
     dqd_stop(&d);
 }

@@ -572,3 +572,58 @@ Test(connlimits, unread_replies_are_closed_after_the_write_timeout)
     free(all);
     free(frame);
 }
+
+/* ================= item 5: failed HELLOs ================= */
+
+/* HELLO over a fresh TCP connection; returns its error code (0: accepted) and the message in msg. */
+static int tcp_hello(const char *secret, char *msg, size_t msglen)
+{
+    int fd = wire_connect_tcp(D.port);
+    cr_assert_geq(fd, 0);
+    Dquant__Hello h = DQUANT__HELLO__INIT;
+    h.min_version = h.max_version = 1;
+    h.secret.data = (uint8_t *)secret;
+    h.secret.len = strlen(secret);
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_HELLO;
+    req.hello = &h;
+    Dquant__Response *r;
+    cr_assert_eq(wire_send(fd, &req, NULL, 1), 0);
+    cr_assert_eq(wire_recv_within(fd, 3000, NULL, &r, NULL, NULL), 0, "no answer to HELLO");
+    const int err = wire_error(r);
+    snprintf(msg, msglen, "%s", err ? r->error->message : "");
+    dquant__response__free_unpacked(r, NULL);
+    if (err)
+        cr_assert(closed_within(fd, 2000), "a failed HELLO closes the connection");
+    close(fd);
+    return err;
+}
+
+/* Wrong secrets from one address: 3 are checked, then HELLOs are refused unchecked (the right secret
+ * too) until a token comes back (one a second here); their log lines are limited. */
+Test(connlimits, failed_hellos_are_throttled_per_address)
+{
+    const char *extra[] = {"--secret", SECRET, "--auth-fail-burst", "3", "--auth-fail-per-min", "60", NULL};
+    start(extra, 1);
+    char msg[256];
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(tcp_hello("guess", msg, sizeof msg), DQ_UNAUTHENTICATED);
+        cr_assert(strstr(msg, "wrong or missing secret"), "%s", msg);
+    }
+    const double t0 = now_s();
+    cr_assert_eq(tcp_hello("guess", msg, sizeof msg), DQ_UNAUTHENTICATED);
+    cr_assert(strstr(msg, "too many failed authentications"), "%s", msg);
+    cr_assert_eq(tcp_hello(SECRET, msg, sizeof msg), DQ_UNAUTHENTICATED, "throttled: unchecked");
+    cr_assert(strstr(msg, "too many failed authentications"), "%s", msg);
+    nap_ms((long)(1000 * (1.15 - (now_s() - t0))));
+    cr_assert_eq(tcp_hello(SECRET, msg, sizeof msg), 0, "a token is back after a second: %s", msg);
+    for (int i = 0; i < 30; i++)
+        cr_assert_eq(tcp_hello("guess", msg, sizeof msg), DQ_UNAUTHENTICATED);
+    const long lines = count_log("HELLO from");
+    cr_assert_leq(lines, 10, "%ld lines for %d failed HELLOs", lines, 35);
+    int fd = session(); /* the Unix socket needs no secret */
+    cr_assert_leq(stat_of(fd, "auth_failures"), 5);
+    cr_assert_geq(stat_of(fd, "auth_throttled"), 30);
+    cr_assert_geq(stat_of(fd, "log_lines_suppressed"), 25);
+    close(fd);
+}
