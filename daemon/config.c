@@ -34,6 +34,8 @@ typedef enum opt_type {
     OPT_LOG_LEVEL,
     OPT_SECRET,
     OPT_SECRET_FILE,
+    OPT_TOKEN,
+    OPT_TOKEN_FILE,
     OPT_KERNEL,
     OPT_SCHEDULE,
 } opt_type;
@@ -154,6 +156,17 @@ static const dqd_option options[] = {
      "Live LOOKUP leases of one connection at most."},
     {"metrics", "metrics", "listen", OPT_METRICS, 0, 0, 0, "HOST:PORT|off", "127.0.0.1:9733",
      "Prometheus endpoint (GET /metrics, GET /healthz); off disables it."},
+    {"metrics-max-connections", "metrics", "max_connections", OPT_U32, FIELD(metrics_max_connections), 2, 4096, "N",
+     "16",
+     "Connections the metrics endpoint serves at once. A new one is always accepted: the oldest that has not "
+     "sent its request yet is closed to make room, so idle connections cannot keep a health probe out."},
+    {"metrics-timeout-ms", "metrics", "timeout_ms", OPT_U32, FIELD(metrics_timeout_ms), 100, 60000, "MS", "2000",
+     "How long a metrics connection may take to send its request and read the answer."},
+    {"metrics-token", "metrics", "token", OPT_TOKEN, 0, 0, 0, "TOKEN", "none",
+     "Bearer token GET /metrics must present (Authorization: Bearer TOKEN; compared in constant time); "
+     "/healthz stays open to probes."},
+    {"metrics-token-file", "metrics", "token_file", OPT_TOKEN_FILE, 0, 0, 0, "FILE", "none",
+     "Read the metrics bearer token from FILE (one trailing newline is stripped)."},
 };
 
 #define NOPTIONS (sizeof options / sizeof options[0])
@@ -189,6 +202,8 @@ void dqd_config_default(dqd_config *cfg)
     cfg->metrics_enabled = true;
     snprintf(cfg->metrics_host, sizeof cfg->metrics_host, "127.0.0.1");
     cfg->metrics_port = 9733;
+    cfg->metrics_max_connections = 16;
+    cfg->metrics_timeout_ms = 2000;
     cfg->host_memory = 4 * GiB;
     cfg->backend = DQD_BACKEND_CPU;
     cfg->log_level = DQ_LOG_INFO;
@@ -220,14 +235,20 @@ void dqd_config_default(dqd_config *cfg)
     cfg->gpu_spin_us = 200;
 }
 
+static void drop_secret(char **s, size_t *len)
+{
+    if (*s) {
+        memset(*s, 0, *len);
+        free(*s);
+    }
+    *s = NULL;
+    *len = 0;
+}
+
 void dqd_config_free(dqd_config *cfg)
 {
-    if (cfg->secret) {
-        memset(cfg->secret, 0, cfg->secret_len);
-        free(cfg->secret);
-    }
-    cfg->secret = NULL;
-    cfg->secret_len = 0;
+    drop_secret(&cfg->secret, &cfg->secret_len);
+    drop_secret(&cfg->metrics_token, &cfg->metrics_token_len);
 }
 
 int dqd_parse_size(const char *s, uint64_t *out)
@@ -382,7 +403,8 @@ void dqd_listen_format(const dqd_listen_addr *a, char *buf, size_t len)
         snprintf(buf, len, "tcp://%s:%u", a->host, a->port);
 }
 
-static int set_secret(dqd_config *cfg, const char *s, size_t n, char *err, size_t errlen)
+/* Replaces *dst (the shared secret or the metrics token) with a copy of s[0..n). */
+static int set_secret(char **dst, size_t *dst_len, const char *s, size_t n, char *err, size_t errlen)
 {
     if (n == 0)
         return fail(err, errlen, "the secret must not be empty");
@@ -393,13 +415,13 @@ static int set_secret(dqd_config *cfg, const char *s, size_t n, char *err, size_
         return fail(err, errlen, "out of memory");
     memcpy(copy, s, n);
     copy[n] = 0;
-    dqd_config_free(cfg);
-    cfg->secret = copy;
-    cfg->secret_len = n;
+    drop_secret(dst, dst_len);
+    *dst = copy;
+    *dst_len = n;
     return DQ_OK;
 }
 
-static int read_secret_file(dqd_config *cfg, const char *path, char *err, size_t errlen)
+static int read_secret_file(char **dst, size_t *dst_len, const char *path, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "rb");
     if (!f)
@@ -416,7 +438,7 @@ static int read_secret_file(dqd_config *cfg, const char *path, char *err, size_t
         n--;
     if (n && buf[n - 1] == '\r')
         n--;
-    int rc = set_secret(cfg, buf, n, err, errlen);
+    int rc = set_secret(dst, dst_len, buf, n, err, errlen);
     memset(buf, 0, sizeof buf);
     return rc;
 }
@@ -527,15 +549,21 @@ static int apply(dqd_config *cfg, const dqd_option *o, const char *value, bool f
         if (dqd_log_level_parse(value, &cfg->log_level) < 0)
             return fail(err, errlen, "%s: unknown level '%s' (error, warn, info or debug)", name, value);
         return DQ_OK;
-    case OPT_SECRET: {
+    case OPT_SECRET:
+    case OPT_TOKEN: {
         char why[256];
-        if (set_secret(cfg, value, strlen(value), why, sizeof why) < 0)
+        char **dst = o->type == OPT_SECRET ? &cfg->secret : &cfg->metrics_token;
+        size_t *dst_len = o->type == OPT_SECRET ? &cfg->secret_len : &cfg->metrics_token_len;
+        if (set_secret(dst, dst_len, value, strlen(value), why, sizeof why) < 0)
             return fail(err, errlen, "%s: %s", name, why);
         return DQ_OK;
     }
-    case OPT_SECRET_FILE: {
+    case OPT_SECRET_FILE:
+    case OPT_TOKEN_FILE: {
         char why[512];
-        if (read_secret_file(cfg, value, why, sizeof why) < 0)
+        char **dst = o->type == OPT_SECRET_FILE ? &cfg->secret : &cfg->metrics_token;
+        size_t *dst_len = o->type == OPT_SECRET_FILE ? &cfg->secret_len : &cfg->metrics_token_len;
+        if (read_secret_file(dst, dst_len, value, why, sizeof why) < 0)
             return fail(err, errlen, "%s: %s", name, why);
         return DQ_OK;
     }

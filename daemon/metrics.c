@@ -176,6 +176,12 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
     counter(&b, "dquant_idle_timeouts_total", "Idle connections closed.", m->idle_timeouts);
     counter(&b, "dquant_log_lines_suppressed_total", "Log lines a client caused that were left out (rate limit).",
             dqd_log_suppressed_total());
+    counter(&b, "dquant_metrics_connections_evicted_total",
+            "Metrics connections closed before their request to make room for a new one.", m->http_evicted);
+    counter(&b, "dquant_metrics_connections_timed_out_total", "Metrics connections closed at metrics_timeout_ms.",
+            m->http_timeouts);
+    counter(&b, "dquant_metrics_unauthorized_total", "GET /metrics refused for a missing or wrong bearer token.",
+            m->http_unauthorized);
     counter(&b, "dquant_frame_reads_offloaded_total",
             "Times an I/O thread took over reading the rest of a large frame from its socket.",
             m->frame_reads_offloaded);
@@ -351,6 +357,9 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_counter(&kb, "protocol_closes", m->protocol_closes);
     add_counter(&kb, "auth_failures", m->auth_failures);
     add_counter(&kb, "auth_throttled", m->auth_throttled);
+    add_counter(&kb, "metrics_connections_evicted", m->http_evicted);
+    add_counter(&kb, "metrics_connections_timed_out", m->http_timeouts);
+    add_counter(&kb, "metrics_unauthorized", m->http_unauthorized);
     add_counter(&kb, "backpressure_pauses", m->backpressure_pauses);
     add_counter(&kb, "handshake_timeouts", m->handshake_timeouts);
     add_counter(&kb, "frame_timeouts", m->frame_timeouts);

@@ -29,6 +29,9 @@ typedef struct dqd_metrics {
     uint64_t conns_accepted, conns_rejected, conns_open;
     uint64_t protocol_closes, auth_failures, backpressure_pauses;
     uint64_t auth_throttled; /* HELLOs refused unchecked: their address failed too often (authlimit.h) */
+    /* metrics endpoint (http.c): connections closed to make room or for their time, /metrics
+     * requests without the bearer token */
+    uint64_t http_evicted, http_timeouts, http_unauthorized;
     /* connections closed by a deadline (conn.c): no HELLO in time, a frame too slow, queued replies
      * not read, idle */
     uint64_t handshake_timeouts, frame_timeouts, write_timeouts, idle_timeouts;

@@ -627,3 +627,103 @@ Test(connlimits, failed_hellos_are_throttled_per_address)
     cr_assert_geq(stat_of(fd, "log_lines_suppressed"), 25);
     close(fd);
 }
+
+/* ================= item 4: the metrics endpoint ================= */
+
+/* Sends request on a fresh connection to the metrics port and reads the answer until the server
+ * closes (at most timeout_ms); malloc'd text, "" when nothing came. */
+static char *http_exchange(uint16_t port, const char *request, int timeout_ms)
+{
+    int fd = wire_connect_tcp(port);
+    cr_assert_geq(fd, 0);
+    size_t len = 0, cap = 1 << 16;
+    char *buf = malloc(cap);
+    buf[0] = 0;
+    if (wire_send_all(fd, request, strlen(request)) == 0) {
+        const double t0 = now_s();
+        for (;;) {
+            const int left = timeout_ms - (int)((now_s() - t0) * 1000);
+            struct pollfd p = {fd, POLLIN, 0};
+            if (left <= 0 || poll(&p, 1, left) <= 0)
+                break;
+            ssize_t n = recv(fd, buf + len, cap - len - 1, 0);
+            if (n <= 0)
+                break;
+            len += (size_t)n;
+            if (len + 1 >= cap) {
+                cap *= 2;
+                buf = realloc(buf, cap);
+            }
+        }
+    }
+    buf[len] = 0;
+    close(fd);
+    return buf;
+}
+
+static uint16_t metrics_port;
+
+static void start_with_metrics(const char *const more[])
+{
+    metrics_port = dqd_free_port();
+    static char hp[64];
+    snprintf(hp, sizeof hp, "127.0.0.1:%u", metrics_port);
+    static const char *argv[16];
+    int n = 0;
+    argv[n++] = "--metrics";
+    argv[n++] = hp;
+    for (int i = 0; more && more[i] && n < 15; i++)
+        argv[n++] = more[i];
+    argv[n] = NULL;
+    start(argv, 0);
+}
+
+/* 70 connections that send nothing (more than the old limit of 64): a /healthz probe is still
+ * answered every time, and the idle ones are closed after the timeout. */
+Test(connlimits, healthz_probe_gets_in_past_idle_connections)
+{
+    const char *more[] = {"--metrics-max-connections", "8", "--metrics-timeout-ms", "1000", NULL};
+    start_with_metrics(more);
+    enum { IDLE = 70 };
+    int fds[IDLE];
+    for (int i = 0; i < IDLE; i++) {
+        fds[i] = wire_connect_tcp(metrics_port);
+        cr_assert_geq(fds[i], 0);
+    }
+    nap_ms(100);
+    for (int i = 0; i < 5; i++) {
+        char *r = http_exchange(metrics_port, "GET /healthz HTTP/1.1\r\nHost: probe\r\n\r\n", 1000);
+        cr_assert(strstr(r, "HTTP/1.1 200 OK") && strstr(r, "\r\n\r\nok\n"), "probe %d: '%s'", i, r);
+        free(r);
+    }
+    /* the newest idle ones were evicted by the probes or closed by their time */
+    for (int i = 0; i < IDLE; i++) {
+        cr_assert(closed_within(fds[i], 2000), "idle metrics connection %d still open", i);
+        close(fds[i]);
+    }
+    int fd = session();
+    cr_assert_geq(stat_of(fd, "metrics_connections_evicted"), IDLE - 8);
+    cr_assert_geq(stat_of(fd, "metrics_connections_timed_out"), 1);
+    close(fd);
+}
+
+/* With a token, /metrics wants it and /healthz does not. */
+Test(connlimits, metrics_token_guards_metrics_not_healthz)
+{
+    const char *more[] = {"--metrics-token", "t0ken-of-the-tests", NULL};
+    start_with_metrics(more);
+    char *r = http_exchange(metrics_port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", 2000);
+    cr_assert(strstr(r, "HTTP/1.1 401 Unauthorized") && strstr(r, "WWW-Authenticate: Bearer"), "%s", r);
+    cr_assert_null(strstr(r, "dquant_"), "no metrics without the token");
+    free(r);
+    r = http_exchange(metrics_port, "GET /metrics HTTP/1.1\r\nAuthorization: Bearer t0ken-of-the-test\r\n\r\n", 2000);
+    cr_assert(strstr(r, "401"), "a prefix of the token is not the token: %s", r);
+    free(r);
+    r = http_exchange(metrics_port,
+                      "GET /metrics HTTP/1.1\r\nHost: x\r\nauthorization: bearer t0ken-of-the-tests\r\n\r\n", 2000);
+    cr_assert(strstr(r, "HTTP/1.1 200 OK") && strstr(r, "dquant_metrics_unauthorized_total 2"), "%.300s", r);
+    free(r);
+    r = http_exchange(metrics_port, "GET /healthz HTTP/1.1\r\n\r\n", 2000);
+    cr_assert(strstr(r, "HTTP/1.1 200 OK"), "%s", r);
+    free(r);
+}
