@@ -34,6 +34,8 @@ typedef enum opt_type {
     OPT_LOG_LEVEL,
     OPT_SECRET,
     OPT_SECRET_FILE,
+    OPT_TOKEN,
+    OPT_TOKEN_FILE,
     OPT_KERNEL,
     OPT_SCHEDULE,
     OPT_PATH,
@@ -75,6 +77,11 @@ static const dqd_option options[] = {
     {"allow-plaintext", "server", "allow_plaintext", OPT_BOOL, FIELD(allow_plaintext), 0, 0, "[on|off]", "off",
      "Allow plaintext TCP (no --tls-cert) on a non-loopback address, which is refused otherwise (a shared "
      "secret is still required there)."},
+    {"auth-fail-burst", "server", "auth_fail_burst", OPT_U32, FIELD(auth_fail_burst), 1, 1000000, "N", "10",
+     "HELLOs with a wrong or missing secret one peer address (an IPv6 /64) may send before it is throttled; "
+     "a throttled address has its HELLOs refused unchecked, and logged at most 5 times in 10 s."},
+    {"auth-fail-per-min", "server", "auth_fail_per_min", OPT_U32, FIELD(auth_fail_per_min), 1, 10000000, "N", "60",
+     "Failed HELLOs a peer address is given back per minute once throttled."},
     {"workers", "server", "workers", OPT_U32, FIELD(workers), 1, 256, "N", "number of CPUs",
      "Worker threads for encoding, decoding and attention."},
     {"backend", "server", "backend", OPT_BACKEND, 0, 0, 0, "cpu|cuda", "cpu",
@@ -143,11 +150,32 @@ static const dqd_option options[] = {
      "Client connections at most; further ones are closed at once."},
     {"max-output-queue", "limits", "max_output_queue", OPT_SIZE, FIELD(max_output_queue), 1 * KiB, 1 * TiB, "SIZE",
      "64M", "Reply bytes queued on one connection before the daemon stops reading from it."},
+    {"max-io-memory", "limits", "max_io_memory", OPT_SIZE, FIELD(max_io_memory), 1 * MiB, 64 * TiB, "SIZE",
+     "1G, or twice max-frame when that is larger",
+     "Bytes all client connections together may make the daemon hold: request frames being received or "
+     "waiting for their operation, reply buffers of operations in progress, replies queued for sending. "
+     "Past it connections stop being read until bytes are released, and a reply that does not fit fails "
+     "with RESOURCE_EXHAUSTED; the last eighth is kept for connections that hold nothing else. At least "
+     "max-frame."},
     {"frame-cache", "limits", "frame_cache", OPT_SIZE, FIELD(frame_cache), 0, 64 * TiB, "SIZE", "512M",
      "Freed buffers of large frames (1 MiB and up) kept for the next ones: a fresh buffer costs the "
      "socket read a page fault per 4 KB it fills. 0 keeps none."},
     {"max-inflight", "limits", "max_inflight", OPT_U32, FIELD(max_inflight), 1, 1u << 16, "N", "64",
      "Requests of one connection in progress before the daemon stops reading from it."},
+    {"handshake-timeout", "limits", "handshake_timeout", OPT_U32, FIELD(handshake_timeout), 1, 3600, "SECONDS", "10",
+     "A connection must complete a successful HELLO within this long of being accepted, else it is closed "
+     "(silent connections cannot hold the max-connections slots)."},
+    {"idle-timeout", "limits", "idle_timeout", OPT_U32, FIELD(idle_timeout), 0, 86400, "SECONDS", "300",
+     "A connection with no request in progress, no reply to send and no frame started for this long is "
+     "closed (libdquant-client reconnects transparently); one with an NCCL communicator is kept. 0: never."},
+    {"frame-timeout", "limits", "frame_timeout", OPT_U32, FIELD(frame_timeout), 1, 3600, "SECONDS", "30",
+     "A frame whose first byte has arrived must be complete within this long, plus its size over "
+     "frame-min-rate, else the connection is closed (time the daemon itself stops reading does not count)."},
+    {"frame-min-rate", "limits", "frame_min_rate", OPT_SIZE, FIELD(frame_min_rate), 1 * KiB, 1 * TiB, "SIZE", "1M",
+     "Bytes per second a frame is given on top of frame-timeout: a 256 MiB PUT gets 30 + 256 s."},
+    {"write-timeout", "limits", "write_timeout", OPT_U32, FIELD(write_timeout), 1, 3600, "SECONDS", "60",
+     "A connection whose replies are queued and that takes none of their bytes for this long is closed, "
+     "so that clients which stop reading give their memory back."},
     {"max-batch-items", "limits", "max_batch_items", OPT_U32, FIELD(max_batch_items), 1, 1u << 20, "N", "4096",
      "Items of one ATTEND request at most."},
     {"max-lookup-keys", "limits", "max_lookup_keys", OPT_U32, FIELD(max_lookup_keys), 1, 1u << 24, "N", "65536",
@@ -158,6 +186,17 @@ static const dqd_option options[] = {
      "Live LOOKUP leases of one connection at most."},
     {"metrics", "metrics", "listen", OPT_METRICS, 0, 0, 0, "HOST:PORT|off", "127.0.0.1:9733",
      "Prometheus endpoint (GET /metrics, GET /healthz); off disables it."},
+    {"metrics-max-connections", "metrics", "max_connections", OPT_U32, FIELD(metrics_max_connections), 2, 4096, "N",
+     "16",
+     "Connections the metrics endpoint serves at once. A new one is always accepted: the oldest that has not "
+     "sent its request yet is closed to make room, so idle connections cannot keep a health probe out."},
+    {"metrics-timeout-ms", "metrics", "timeout_ms", OPT_U32, FIELD(metrics_timeout_ms), 100, 60000, "MS", "2000",
+     "How long a metrics connection may take to send its request and read the answer."},
+    {"metrics-token", "metrics", "token", OPT_TOKEN, 0, 0, 0, "TOKEN", "none",
+     "Bearer token GET /metrics must present (Authorization: Bearer TOKEN; compared in constant time); "
+     "/healthz stays open to probes."},
+    {"metrics-token-file", "metrics", "token_file", OPT_TOKEN_FILE, 0, 0, 0, "FILE", "none",
+     "Read the metrics bearer token from FILE (one trailing newline is stripped)."},
 };
 
 #define NOPTIONS (sizeof options / sizeof options[0])
@@ -193,6 +232,8 @@ void dqd_config_default(dqd_config *cfg)
     cfg->metrics_enabled = true;
     snprintf(cfg->metrics_host, sizeof cfg->metrics_host, "127.0.0.1");
     cfg->metrics_port = 9733;
+    cfg->metrics_max_connections = 16;
+    cfg->metrics_timeout_ms = 2000;
     cfg->host_memory = 4 * GiB;
     cfg->backend = DQD_BACKEND_CPU;
     cfg->log_level = DQ_LOG_INFO;
@@ -203,6 +244,13 @@ void dqd_config_default(dqd_config *cfg)
     cfg->frame_cache = 512 * MiB;
     cfg->max_connections = 1024;
     cfg->max_inflight = 64;
+    cfg->auth_fail_burst = 10;
+    cfg->auth_fail_per_min = 60;
+    cfg->handshake_timeout = 10;
+    cfg->idle_timeout = 300;
+    cfg->frame_timeout = 30;
+    cfg->frame_min_rate = 1 * MiB;
+    cfg->write_timeout = 60;
     cfg->max_batch_items = 4096;
     cfg->max_lookup_keys = 65536;
     cfg->max_lease_ms = 60000;
@@ -218,14 +266,14 @@ void dqd_config_default(dqd_config *cfg)
     cfg->gpu_spin_us = 200;
 }
 
-static void free_secret(dqd_config *cfg)
+static void drop_secret(char **s, size_t *len)
 {
-    if (cfg->secret) {
-        memset(cfg->secret, 0, cfg->secret_len);
-        free(cfg->secret);
+    if (*s) {
+        memset(*s, 0, *len);
+        free(*s);
     }
-    cfg->secret = NULL;
-    cfg->secret_len = 0;
+    *s = NULL;
+    *len = 0;
 }
 
 void dqd_config_free(dqd_config *cfg)
@@ -236,7 +284,8 @@ void dqd_config_free(dqd_config *cfg)
     free(cfg->tls_key);
     free(cfg->tls_client_ca);
     cfg->tls_cert = cfg->tls_key = cfg->tls_client_ca = NULL;
-    free_secret(cfg);
+    drop_secret(&cfg->secret, &cfg->secret_len);
+    drop_secret(&cfg->metrics_token, &cfg->metrics_token_len);
 }
 
 int dqd_parse_size(const char *s, uint64_t *out)
@@ -391,7 +440,8 @@ void dqd_listen_format(const dqd_listen_addr *a, char *buf, size_t len)
         snprintf(buf, len, "tcp://%s:%u", a->host, a->port);
 }
 
-static int set_secret(dqd_config *cfg, const char *s, size_t n, char *err, size_t errlen)
+/* Replaces *dst (the shared secret or the metrics token) with a copy of s[0..n). */
+static int set_secret(char **dst, size_t *dst_len, const char *s, size_t n, char *err, size_t errlen)
 {
     if (n == 0)
         return fail(err, errlen, "the secret must not be empty");
@@ -402,13 +452,13 @@ static int set_secret(dqd_config *cfg, const char *s, size_t n, char *err, size_
         return fail(err, errlen, "out of memory");
     memcpy(copy, s, n);
     copy[n] = 0;
-    free_secret(cfg); /* only the secret: the other settings stay */
-    cfg->secret = copy;
-    cfg->secret_len = n;
+    drop_secret(dst, dst_len);
+    *dst = copy;
+    *dst_len = n;
     return DQ_OK;
 }
 
-static int read_secret_file(dqd_config *cfg, const char *path, char *err, size_t errlen)
+static int read_secret_file(char **dst, size_t *dst_len, const char *path, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "rb");
     if (!f)
@@ -425,7 +475,7 @@ static int read_secret_file(dqd_config *cfg, const char *path, char *err, size_t
         n--;
     if (n && buf[n - 1] == '\r')
         n--;
-    int rc = set_secret(cfg, buf, n, err, errlen);
+    int rc = set_secret(dst, dst_len, buf, n, err, errlen);
     memset(buf, 0, sizeof buf);
     return rc;
 }
@@ -559,15 +609,21 @@ static int apply(dqd_config *cfg, const dqd_option *o, const char *value, bool f
         if (dqd_log_level_parse(value, &cfg->log_level) < 0)
             return fail(err, errlen, "%s: unknown level '%s' (error, warn, info or debug)", name, value);
         return DQ_OK;
-    case OPT_SECRET: {
+    case OPT_SECRET:
+    case OPT_TOKEN: {
         char why[256];
-        if (set_secret(cfg, value, strlen(value), why, sizeof why) < 0)
+        char **dst = o->type == OPT_SECRET ? &cfg->secret : &cfg->metrics_token;
+        size_t *dst_len = o->type == OPT_SECRET ? &cfg->secret_len : &cfg->metrics_token_len;
+        if (set_secret(dst, dst_len, value, strlen(value), why, sizeof why) < 0)
             return fail(err, errlen, "%s: %s", name, why);
         return DQ_OK;
     }
-    case OPT_SECRET_FILE: {
+    case OPT_SECRET_FILE:
+    case OPT_TOKEN_FILE: {
         char why[512];
-        if (read_secret_file(cfg, value, why, sizeof why) < 0)
+        char **dst = o->type == OPT_SECRET_FILE ? &cfg->secret : &cfg->metrics_token;
+        size_t *dst_len = o->type == OPT_SECRET_FILE ? &cfg->secret_len : &cfg->metrics_token_len;
+        if (read_secret_file(dst, dst_len, value, why, sizeof why) < 0)
             return fail(err, errlen, "%s: %s", name, why);
         return DQ_OK;
     }
@@ -667,6 +723,11 @@ int dqd_config_finish(dqd_config *cfg, char *err, size_t errlen)
     if (cfg->max_header + 32 > cfg->max_frame)
         return fail(err, errlen, "max_header (%llu) does not fit in max_frame (%llu)",
                     (unsigned long long)cfg->max_header, (unsigned long long)cfg->max_frame);
+    if (cfg->max_io_memory == 0)
+        cfg->max_io_memory = cfg->max_frame > 512 * MiB ? 2 * cfg->max_frame : 1 * GiB;
+    if (cfg->max_io_memory < cfg->max_frame)
+        return fail(err, errlen, "max_io_memory (%llu) must hold at least one max_frame (%llu)",
+                    (unsigned long long)cfg->max_io_memory, (unsigned long long)cfg->max_frame);
     if (cfg->nlisten == 0)
         return fail(err, errlen, "no listener configured");
     if ((cfg->tls_key || cfg->tls_client_ca) && !cfg->tls_cert)

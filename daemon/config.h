@@ -38,6 +38,10 @@ typedef struct dqd_config {
     bool metrics_enabled;
     char metrics_host[DQD_HOST_MAX];
     uint16_t metrics_port;
+    uint32_t metrics_max_connections; /* metrics endpoint (http.c): connections at once */
+    uint32_t metrics_timeout_ms;      /* and how long one may stay open */
+    char *metrics_token;              /* NULL: /metrics needs no Authorization; /healthz never does */
+    size_t metrics_token_len;
     uint64_t host_memory;   /* store budget, bytes */
     uint64_t gpu_memory;    /* GPU tier budget (cuda backend), bytes; 0: 80% of the free memory */
     uint32_t gpu_device;    /* CUDA device ordinal (cuda backend) */
@@ -51,13 +55,21 @@ typedef struct dqd_config {
     dq_log_level log_level;
     char *secret; /* NULL: none; when set, every TCP listener requires it */
     size_t secret_len;
-    uint64_t max_frame; /* 0 until dqd_config_finish: 32 + max_header + max_payload */
+    uint32_t auth_fail_burst;   /* failed HELLOs a peer address may make at once (authlimit.h) */
+    uint32_t auth_fail_per_min; /* and then per minute */
+    uint64_t max_frame;         /* 0 until dqd_config_finish: 32 + max_header + max_payload */
     uint64_t max_header;
     uint64_t max_payload;
     uint64_t max_output_queue; /* reply bytes queued per connection before reading pauses */
+    uint64_t max_io_memory;    /* bytes all connections may hold (iomem.h); 0 until dqd_config_finish */
     uint64_t frame_cache;      /* bytes of freed large frame buffers kept for the next frames */
     uint32_t max_connections;
-    uint32_t max_inflight;    /* requests per connection before reading pauses */
+    uint32_t max_inflight; /* requests per connection before reading pauses */
+    /* connection deadlines (conn.c), seconds: HELLO after accept; no request, reply or byte in
+     * flight (0: never); a frame once started (plus its bytes / frame_min_rate); replies queued
+     * without a byte going out */
+    uint32_t handshake_timeout, idle_timeout, frame_timeout, write_timeout;
+    uint64_t frame_min_rate;  /* bytes per second a large frame is given on top of frame_timeout */
     uint32_t max_batch_items; /* ATTEND items */
     uint32_t max_lookup_keys; /* chunk keys of one LOOKUP / PUT_CHUNKS */
     uint32_t max_lease_ms;    /* longest LOOKUP lease */
@@ -82,7 +94,8 @@ typedef struct dqd_config {
 typedef enum dqd_cli_action { DQD_CLI_RUN = 0, DQD_CLI_HELP = 1, DQD_CLI_VERSION = 2 } dqd_cli_action;
 
 void dqd_config_default(dqd_config *cfg);
-/* Frees the secret and the disk directory; the struct may be reused after dqd_config_default. */
+/* Frees the secret, the disk directory and the metrics token; the struct may be reused after
+ * dqd_config_default. */
 void dqd_config_free(dqd_config *cfg);
 
 /* Sets one key as if read from section [section] of the INI file (section may be NULL or "":

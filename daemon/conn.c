@@ -21,7 +21,7 @@
 #define RD_STALL_MS 5          /* an I/O thread gives the connection back after this long without data */
 #define DRAIN_MS 10000u
 #define UNIX_SNDBUF (4 << 20) /* bytes asked for a Unix connection's send buffer */
-#define TLS_HANDSHAKE_MS 10000u
+#define PREAUTH_FRAME 8192u   /* largest frame before HELLO has succeeded: a HELLO with its secret */
 
 typedef struct dqd_write {
     uv_write_t w;
@@ -36,6 +36,21 @@ static void flush(dqd_conn *c);
 static void req_done(dqd_req *req);
 static void tls_pump(dqd_conn *c);
 static bool tls_send_output(dqd_conn *c);
+
+/* Every byte a connection holds is counted twice: in c->held, its own backpressure, and in the
+ * daemon's client I/O memory (iomem.h), the sum over all connections. */
+static void hold(dqd_conn *c, uint64_t n)
+{
+    c->held += n;
+    dqd_iomem_charge(&c->ctx->iomem, n);
+}
+
+static void unhold(dqd_conn *c, uint64_t n)
+{
+    assert(c->held >= n);
+    c->held -= n;
+    dqd_iomem_release(&c->ctx->iomem, n);
+}
 
 /* The only way a connection changes state: forward, one of OPEN → DRAINING → CLOSING → CLOSED or
  * OPEN → CLOSING (see conn.h). */
@@ -69,6 +84,7 @@ void dqd_conn_close(dqd_conn *c)
     if (c->state >= DQD_CONN_CLOSING)
         return;
     set_state(c, DQD_CONN_CLOSING);
+    dqd_iomem_cancel(&c->ctx->iomem, &c->mem_waiter);
     dqd_nccl_conn_closed(&c->sess);
     dqd_leases_release_owner(&c->ctx->leases, &c->sess); /* leases die with their connection */
     if (c->reading)
@@ -81,6 +97,133 @@ void dqd_conn_close(dqd_conn *c)
         return;
     }
     close_handles(c);
+}
+
+/* ---- deadlines: HELLO, a frame in progress, queued replies, idleness ----
+ *
+ * One timer per connection, armed for the earliest deadline; deadlines only move later with
+ * activity, so the timer is not moved for every byte: when it fires the deadlines are computed
+ * again, and it is re-armed earlier only where a new one may come first (a frame starts, replies
+ * get queued, reading resumes). */
+
+enum { DL_NONE, DL_HANDSHAKE, DL_FRAME, DL_WRITE, DL_IDLE };
+
+static uint64_t now_ms(const dqd_conn *c)
+{
+    return uv_now(c->ctx->loop);
+}
+
+static bool frame_in_progress(const dqd_conn *c)
+{
+    return c->fbuf || c->rlen;
+}
+
+/* The earliest of c's deadlines (absolute ms in *at) and which one; DL_NONE when there is none. */
+static int next_deadline(const dqd_conn *c, uint64_t *at)
+{
+    const dqd_config *cfg = c->ctx->cfg;
+    int which = DL_NONE;
+    uint64_t best = UINT64_MAX;
+    uint64_t t[5] = {0};
+    if (!c->sess.authed)
+        t[DL_HANDSHAKE] = c->accepted_ms + cfg->handshake_timeout * 1000ull;
+    if (frame_in_progress(c) && !c->stopped_ms)
+        t[DL_FRAME] = c->frame_start_ms + cfg->frame_timeout * 1000ull +
+                      (c->fbuf ? c->ftotal * 1000ull / cfg->frame_min_rate : 0);
+    if (c->writes)
+        t[DL_WRITE] = c->tx_ms + cfg->write_timeout * 1000ull;
+    else if (cfg->idle_timeout && c->sess.authed && !c->q_head && !frame_in_progress(c) && !c->sess.nchan)
+        t[DL_IDLE] = c->active_ms + cfg->idle_timeout * 1000ull;
+    for (int i = DL_HANDSHAKE; i <= DL_IDLE; i++) {
+        if (t[i] && t[i] < best) {
+            best = t[i];
+            which = i;
+        }
+    }
+    *at = best;
+    return which;
+}
+
+static void on_deadline(uv_timer_t *t);
+
+/* Makes sure the timer fires by at (absolute ms). */
+static void arm(dqd_conn *c, uint64_t at)
+{
+    if (c->state != DQD_CONN_OPEN || (c->timer_due_ms && c->timer_due_ms <= at))
+        return;
+    const uint64_t now = now_ms(c);
+    c->timer_due_ms = at;
+    uv_timer_start(&c->timer, on_deadline, at > now ? at - now : 0, 0);
+}
+
+/* After an event that may have brought a deadline forward. */
+static void rearm(dqd_conn *c)
+{
+    uint64_t at;
+    if (next_deadline(c, &at) != DL_NONE)
+        arm(c, at);
+}
+
+/* Reply bytes written since the last look count as progress of the queued replies. */
+static void observe_tx(dqd_conn *c, uint64_t now)
+{
+    const uint64_t written = c->tx_submitted - uv_stream_get_write_queue_size(&c->h.stream);
+    if (written != c->tx_seen)
+        c->tx_ms = now;
+    c->tx_seen = written;
+}
+
+static void fail_and_drain(dqd_conn *c, int code, uint64_t request_id, const char *what);
+
+static void timed_out(dqd_conn *c, int which)
+{
+    dqd_metrics *m = &c->ctx->metrics;
+    const dqd_config *cfg = c->ctx->cfg;
+    char what[128];
+    switch (which) {
+    case DL_HANDSHAKE:
+        m->handshake_timeouts++;
+        snprintf(what, sizeof what, "no successful HELLO within %u s", cfg->handshake_timeout);
+        break;
+    case DL_FRAME:
+        m->frame_timeouts++;
+        snprintf(what, sizeof what, "a frame not complete within %u s + %llu B/s", cfg->frame_timeout,
+                 (unsigned long long)cfg->frame_min_rate);
+        break;
+    case DL_WRITE:
+        m->write_timeouts++;
+        snprintf(what, sizeof what, "queued replies not read for %u s", cfg->write_timeout);
+        break;
+    default:
+        m->idle_timeouts++;
+        snprintf(what, sizeof what, "idle for %u s", cfg->idle_timeout);
+        break;
+    }
+    DQD_INFO_LIMITED("conn %llu: %s; closing", (unsigned long long)c->id, what);
+    dqd_metrics_count_error(m, DQ_TIMEOUT);
+    if (which == DL_HANDSHAKE || which == DL_FRAME)
+        fail_and_drain(c, DQ_TIMEOUT, 0, what); /* it may still read why */
+    else
+        dqd_conn_close(c);
+}
+
+static void on_deadline(uv_timer_t *t)
+{
+    dqd_conn *c = t->data;
+    c->timer_due_ms = 0;
+    if (c->state != DQD_CONN_OPEN)
+        return;
+    const uint64_t now = now_ms(c);
+    observe_tx(c, now);
+    uint64_t at;
+    int which = next_deadline(c, &at);
+    if (which == DL_NONE)
+        return;
+    if (at <= now) {
+        timed_out(c, which);
+        return;
+    }
+    arm(c, at);
 }
 
 static void on_drain_timeout(uv_timer_t *t)
@@ -100,6 +243,7 @@ void dqd_conn_drain(dqd_conn *c, uint64_t deadline_ms)
     c->reading = false;
     if (c->offloaded)
         atomic_store_explicit(&c->rd_cancel, true, memory_order_relaxed);
+    c->timer_due_ms = 0;
     uv_timer_start(&c->timer, on_drain_timeout, deadline_ms, 0);
     flush(c);
 }
@@ -111,16 +255,20 @@ bool dqd_conn_reapable(const dqd_conn *c)
 
 void dqd_conn_free(dqd_conn *c)
 {
+    assert(c->held == (c->fbuf ? c->ftotal : 0)); /* only a frame cut short is left */
+    unhold(c, c->held);
     free(c->rbuf);
     dqd_tls_free(c->tls);
     dqd_framebuf_put(&c->ctx->frames, c->fbuf);
     free(c);
 }
 
+/* Before HELLO has succeeded a connection is read one frame at a time: nothing it sends after its
+ * HELLO is buffered until that HELLO is answered. */
 static bool over_limits(const dqd_conn *c)
 {
     const dqd_config *cfg = c->ctx->cfg;
-    return c->nreqs >= cfg->max_inflight || c->held >= cfg->max_output_queue;
+    return c->nreqs >= cfg->max_inflight || c->held >= cfg->max_output_queue || (!c->sess.authed && c->nreqs);
 }
 
 /* Where the next plaintext bytes go: the large frame in progress, else the staging buffer. */
@@ -140,6 +288,12 @@ static void plain_dest(dqd_conn *c, uv_buf_t *buf)
     }
     buf->base = (char *)c->rbuf + c->rlen;
     buf->len = RBUF_SIZE - c->rlen;
+    if (!c->sess.authed) {
+        /* Never more than one frame's worth before HELLO: a longer frame is refused from its header
+         * (process_input), a whole one stops reading until it is answered (over_limits). */
+        assert(c->rlen < PREAUTH_FRAME);
+        buf->len = c->rlen < PREAUTH_FRAME ? PREAUTH_FRAME - c->rlen : 0; /* 0: UV_ENOBUFS, closed */
+    }
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -181,11 +335,17 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     c->rd_stalled = false;
     c->ctx->metrics.bytes_in += (uint64_t)nread;
+    c->active_ms = now_ms(c);
+    const bool started = !frame_in_progress(c);
+    if (started)
+        c->frame_start_ms = c->active_ms;
     if (c->fbuf)
         c->fhave += (size_t)nread;
     else
         c->rlen += (size_t)nread;
     process_input(c);
+    if (started || c->frame_start_ms == c->active_ms)
+        rearm(c); /* a frame started with these bytes: its deadline may come first */
 }
 
 /* ---- I/O threads: the rest of a large frame ---- */
@@ -247,6 +407,8 @@ static void rd_done(void *arg)
     ctx->io_busy--;
     c->fhave += c->rd_got;
     ctx->metrics.bytes_in += c->rd_got;
+    if (c->rd_got)
+        c->active_ms = now_ms(c);
     if (c->close_deferred) {
         c->close_deferred = false;
         close_handles(c);
@@ -299,8 +461,14 @@ static bool offload(dqd_conn *c)
 /* Reading goes on: by an I/O thread if offload() hands it one, else by the loop. */
 static void start_reading(dqd_conn *c)
 {
-    if (c->state != DQD_CONN_OPEN || c->paused || c->offloaded)
+    if (c->state != DQD_CONN_OPEN || c->paused || c->mem_wait || c->offloaded)
         return;
+    if (c->stopped_ms) {
+        /* The frame in progress is not late by the time the daemon did not read it. */
+        c->frame_start_ms += now_ms(c) - c->stopped_ms;
+        c->stopped_ms = 0;
+        rearm(c);
+    }
     if (offload(c) || c->reading)
         return;
     int rc = uv_read_start(&c->h.stream, on_alloc, on_read);
@@ -323,6 +491,8 @@ static void pause_reading(dqd_conn *c)
     if (c->reading)
         uv_read_stop(&c->h.stream);
     c->reading = false;
+    if (!c->stopped_ms)
+        c->stopped_ms = now_ms(c);
 }
 
 static void maybe_resume(dqd_conn *c)
@@ -333,6 +503,44 @@ static void maybe_resume(dqd_conn *c)
     if (c->in_process)
         return; /* the outer process_input goes on and restarts reading */
     process_input(c);
+}
+
+/* The daemon's client I/O memory has no room for the next frame: stop reading until bytes are
+ * released (mem_woken). */
+static void wait_for_memory(dqd_conn *c)
+{
+    c->mem_wait = true;
+    if (c->reading)
+        uv_read_stop(&c->h.stream);
+    c->reading = false;
+    if (!c->stopped_ms)
+        c->stopped_ms = now_ms(c);
+    dqd_iomem_wait(&c->ctx->iomem, &c->mem_waiter);
+}
+
+static void mem_woken(dqd_iomem_waiter *w)
+{
+    dqd_conn *c = (dqd_conn *)((char *)w - offsetof(dqd_conn, mem_waiter));
+    c->mem_wait = false;
+    if (c->state == DQD_CONN_OPEN && !c->in_process)
+        process_input(c);
+}
+
+/* req's operation asks for a reply buffer of bytes: counted against the connection and the daemon's
+ * client I/O memory, refused when the latter has no room (this request's own frame aside, a
+ * connection that holds nothing else may use the reserve). */
+static int charge_reply(dqd_req *req, size_t bytes)
+{
+    dqd_conn *c = req->owner;
+    dqd_iomem *m = &c->ctx->iomem;
+    const bool holder = c->held > req->frame_bytes + req->charged;
+    if (!dqd_iomem_fits(m, bytes, holder)) {
+        m->refused++;
+        return DQ_RESOURCE_EXHAUSTED;
+    }
+    hold(c, bytes);
+    req->charged += bytes;
+    return DQ_OK;
 }
 
 static void enqueue(dqd_conn *c, dqd_req *req)
@@ -359,7 +567,7 @@ static void fail_and_drain(dqd_conn *c, int code, uint64_t request_id, const cha
         req->err = code;
         req->close_after = 1;
         if (dqd_error_frame(request_id, code, what, &req->head, &req->head_len) == 0)
-            c->held += req->head_len;
+            hold(c, req->head_len);
         enqueue(c, req);
     }
     dqd_conn_drain(c, DRAIN_MS);
@@ -368,7 +576,7 @@ static void fail_and_drain(dqd_conn *c, int code, uint64_t request_id, const cha
 /* A framing error: the stream cannot be resynchronized. */
 static void protocol_error(dqd_conn *c, int code, uint64_t request_id, const char *what)
 {
-    DQD_INFO("conn %llu: %s (%s); closing", (unsigned long long)c->id, what, dq_err_name(code));
+    DQD_INFO_LIMITED("conn %llu: %s (%s); closing", (unsigned long long)c->id, what, dq_err_name(code));
     c->ctx->metrics.protocol_closes++;
     dqd_metrics_count_error(&c->ctx->metrics, code);
     fail_and_drain(c, code, request_id, what);
@@ -389,12 +597,23 @@ static size_t payload_pad(uint32_t header_len)
     return (64u - ((DQ_FRAME_HEADER_BYTES + header_len) & 63u)) & 63u;
 }
 
+/* A buffer for a frame of total bytes, held by the connection; NULL when out of memory. */
 static uint8_t *frame_alloc(dqd_conn *c, size_t pad, size_t total)
 {
-    return dqd_framebuf_get(&c->ctx->frames, pad + total);
+    uint8_t *buf = dqd_framebuf_get(&c->ctx->frames, pad + total);
+    if (buf)
+        hold(c, total);
+    return buf;
 }
 
-/* A whole frame at buf + pad: check it, make the request and dispatch it. Takes buf. */
+static void frame_free(dqd_conn *c, uint8_t *buf, size_t total)
+{
+    dqd_framebuf_put(&c->ctx->frames, buf);
+    unhold(c, total);
+}
+
+/* A whole frame at buf + pad: check it, make the request and dispatch it. Takes buf and the
+ * connection's hold on its total bytes. */
 static void frame_ready(dqd_conn *c, uint8_t *buf, size_t pad, size_t total)
 {
     dqd_ctx *ctx = c->ctx;
@@ -404,14 +623,14 @@ static void frame_ready(dqd_conn *c, uint8_t *buf, size_t pad, size_t total)
     dq_frame_status st = dq_frame_parse(buf + pad, total, &ctx->frame_limits, &f, &consumed, &err);
     if (st != DQ_FRAME_OK || consumed != total) {
         uint64_t id = peek_request_id(buf + pad, total);
-        dqd_framebuf_put(&ctx->frames, buf);
+        frame_free(c, buf, total);
         protocol_error(c, err < 0 ? err : DQ_PROTOCOL, id,
                        err == DQ_CORRUPT ? "header checksum mismatch" : "malformed frame");
         return;
     }
     dqd_req *req = calloc(1, sizeof *req);
     if (!req) {
-        dqd_framebuf_put(&ctx->frames, buf);
+        frame_free(c, buf, total);
         protocol_error(c, DQ_NOMEM, f.hdr.request_id, "out of memory");
         return;
     }
@@ -419,6 +638,7 @@ static void frame_ready(dqd_conn *c, uint8_t *buf, size_t pad, size_t total)
     req->sess = &c->sess;
     req->owner = c;
     req->on_done = req_done;
+    req->charge = charge_reply;
     req->ctx = ctx;
     req->id = f.hdr.request_id;
     req->t0_ns = dqd_now_ns();
@@ -429,7 +649,6 @@ static void frame_ready(dqd_conn *c, uint8_t *buf, size_t pad, size_t total)
     req->header = f.header;
     req->header_len = f.hdr.header_len;
     enqueue(c, req);
-    c->held += total;
     ctx->reqs_inflight++;
 
     /* A real request unpacks into at most ~15x its encoded size (many tiny items); beyond this
@@ -460,7 +679,7 @@ static void process_input(dqd_conn *c)
             uint8_t *buf = c->fbuf;
             size_t pad = c->fpad, total = c->ftotal;
             c->fbuf = NULL;
-            c->held -= total; /* frame_ready accounts it again as a request */
+            c->frame_start_ms = now_ms(c); /* the next frame's bytes, if any, came with this one's */
             frame_ready(c, buf, pad, total);
         } else {
             const uint8_t *p = c->rbuf + off;
@@ -484,8 +703,20 @@ static void process_input(dqd_conn *c)
                 protocol_error(c, DQ_TOO_LARGE, hdr.request_id, "frame exceeds max_frame");
                 break;
             }
+            if (!c->sess.authed && total64 > PREAUTH_FRAME) {
+                protocol_error(c, DQ_TOO_LARGE, hdr.request_id,
+                               "a frame before a successful HELLO is limited to 8192 bytes");
+                break;
+            }
             size_t total = (size_t)total64;
             size_t pad = payload_pad(hdr.header_len);
+            if (total > RBUF_SIZE || avail >= total) {
+                /* Its bytes are held from here on: they must fit the client I/O memory first. */
+                if (!dqd_iomem_fits(&ctx->iomem, total, c->held > 0)) {
+                    wait_for_memory(c);
+                    break;
+                }
+            }
             if (total > RBUF_SIZE) {
                 /* Large frame: give it its own buffer and let the socket fill it in place. */
                 uint8_t *buf = frame_alloc(c, pad, total);
@@ -498,7 +729,6 @@ static void process_input(dqd_conn *c)
                 c->fpad = pad;
                 c->ftotal = total;
                 c->fhave = avail;
-                c->held += total;
                 off += avail;
                 continue;
             }
@@ -511,6 +741,7 @@ static void process_input(dqd_conn *c)
             }
             memcpy(buf + pad, p, total);
             off += total;
+            c->frame_start_ms = now_ms(c);
             frame_ready(c, buf, pad, total);
         }
         if (c->state == DQD_CONN_OPEN && over_limits(c))
@@ -530,8 +761,11 @@ static void on_write(uv_write_t *w, int status)
     dqd_write *wr = w->data;
     dqd_conn *c = wr->c;
     c->writes--;
-    c->held -= wr->bytes;
-    if (status == 0 && wr->bytes) {
+    unhold(c, wr->bytes);
+    c->active_ms = c->tx_ms = now_ms(c);
+    if (!c->writes)
+        rearm(c); /* idle from now: its deadline may come before the one armed */
+    if (status == 0 && wr->bytes) { /* a reply (TLS handshake and alert writes carry no bytes) */
         c->ctx->metrics.bytes_out += wr->bytes;
         c->ctx->metrics.frames_out++;
     }
@@ -550,7 +784,7 @@ static void send_reply(dqd_conn *c, dqd_req *req)
     size_t bytes = req->head_len + req->out_len;
     dqd_write *wr = malloc(sizeof *wr);
     if (!wr) {
-        c->held -= bytes;
+        unhold(c, bytes);
         dqd_conn_close(c);
         return;
     }
@@ -567,8 +801,9 @@ static void send_reply(dqd_conn *c, dqd_req *req)
     bufs[1].base = (char *)wr->out;
     bufs[1].len = req->out_len;
     unsigned nbufs = req->out_len ? 2 : 1;
+    size_t wire = bytes;
     if (c->tls) {
-        /* The reply goes out sealed; wr->bytes keeps counting its plaintext against the queue. */
+        /* The reply goes out sealed; wr->bytes keeps counting its plaintext against the budget. */
         const void *base[2] = {wr->head, wr->out};
         size_t len[2] = {req->head_len, req->out_len};
         size_t ctlen;
@@ -581,25 +816,30 @@ static void send_reply(dqd_conn *c, dqd_req *req)
         wr->out = NULL;
         if (!ct) {
             free(wr);
-            c->held -= bytes;
+            unhold(c, bytes);
             dqd_conn_close(c);
             return;
         }
         bufs[0].base = (char *)ct;
         bufs[0].len = ctlen;
         nbufs = 1;
+        wire = ctlen;
     }
+    if (!c->writes)
+        c->tx_ms = now_ms(c); /* the write deadline runs from here */
     int rc = uv_write(&wr->w, &c->h.stream, bufs, nbufs, on_write);
     if (rc < 0) {
         DQD_DEBUG("conn %llu: uv_write: %s", (unsigned long long)c->id, uv_strerror(rc));
         free(wr->head);
         free(wr->out);
         free(wr);
-        c->held -= bytes;
+        unhold(c, bytes);
         dqd_conn_close(c);
         return;
     }
     c->writes++;
+    c->tx_submitted += wire; /* observe_tx compares it with libuv's queue, which holds what goes out */
+    rearm(c);
 }
 
 static void flush(dqd_conn *c)
@@ -615,7 +855,7 @@ static void flush(dqd_conn *c)
         if (writable && req->head) {
             send_reply(c, req);
         } else {
-            c->held -= req->head_len + req->out_len;
+            unhold(c, req->head_len + req->out_len);
             if (writable && !req->head)
                 dqd_conn_close(c); /* the reply could not even be built */
         }
@@ -644,9 +884,11 @@ static void req_done(dqd_req *req)
     req->nccl_reply.buf = NULL;
     req->nccl_reply.segs = NULL;
     req->done = 1;
-    c->held -= req->frame_bytes;
+    /* The reply takes the place of the request's frame and of the reply buffer charged for it. */
+    hold(c, req->head_len + req->out_len);
+    unhold(c, req->frame_bytes + req->charged);
     req->frame_bytes = 0;
-    c->held += req->head_len + req->out_len;
+    req->charged = 0;
     flush(c);
 }
 
@@ -700,8 +942,6 @@ static void tls_pump(dqd_conn *c)
         }
         ssize_t n = dqd_tls_read(c->tls, b.base, b.len);
         tls_send_output(c);
-        if (dqd_tls_just_established(c->tls))
-            uv_timer_stop(&c->timer); /* the handshake deadline */
         if (n == DQD_TLS_AGAIN)
             break;
         if (n == DQD_TLS_EOF) {
@@ -715,23 +955,23 @@ static void tls_pump(dqd_conn *c)
             break;
         }
         c->ctx->metrics.bytes_in += (uint64_t)n;
+        c->active_ms = now_ms(c);
+        const bool started = !frame_in_progress(c);
+        if (started)
+            c->frame_start_ms = c->active_ms;
         if (c->fbuf)
             c->fhave += (size_t)n;
         else
             c->rlen += (size_t)n;
         process_input(c);
+        if (started || c->frame_start_ms == c->active_ms)
+            rearm(c);
     }
     c->tls_pumping = false;
 }
 
-static void on_handshake_timeout(uv_timer_t *t)
-{
-    dqd_conn *c = t->data;
-    DQD_WARN("conn %llu: TLS handshake not done after %u ms; closing", (unsigned long long)c->id, TLS_HANDSHAKE_MS);
-    dqd_conn_close(c);
-}
-
-/* A TCP connection of a TLS daemon: its session and handshake deadline. False: closed. */
+/* A TCP connection of a TLS daemon: its session (the handshake runs under the HELLO deadline,
+ * --handshake-timeout). False: closed. */
 static bool tls_start(dqd_conn *c)
 {
     c->tls = dqd_tls_new(c->ctx->tls, c->id);
@@ -740,7 +980,6 @@ static bool tls_start(dqd_conn *c)
         dqd_conn_close(c);
         return false;
     }
-    uv_timer_start(&c->timer, on_handshake_timeout, TLS_HANDSHAKE_MS, 0);
     return true;
 }
 
@@ -768,6 +1007,7 @@ dqd_conn *dqd_conn_create(dqd_ctx *ctx, bool tcp, bool require_secret, uint64_t 
     uv_timer_init(ctx->loop, &c->timer);
     c->h.handle.data = c;
     c->timer.data = c;
+    c->mem_waiter.wake = mem_woken;
     return c;
 }
 
@@ -782,6 +1022,10 @@ void dqd_conn_accept(dqd_conn *c, uv_stream_t *listener)
     }
     if (c->tcp) {
         uv_tcp_nodelay(&c->h.tcp, 1);
+        struct sockaddr_storage ss;
+        int sl = (int)sizeof ss;
+        if (uv_tcp_getpeername(&c->h.tcp, (struct sockaddr *)&ss, &sl) == 0)
+            dqd_peer_from_sockaddr(&ss, &c->sess.peer);
     } else {
         /* A Unix stream holds at most the sender's send buffer in flight (212,992 bytes by
          * default): a larger one lets a large reply go out in fewer writes and wake-ups (the kernel
@@ -794,14 +1038,16 @@ void dqd_conn_accept(dqd_conn *c, uv_stream_t *listener)
         ctx->metrics.conns_rejected++;
         int code = ctx->stopping ? DQ_SHUTTING_DOWN : DQ_RESOURCE_EXHAUSTED;
         dqd_metrics_count_error(&ctx->metrics, code);
-        DQD_WARN("refusing connection %llu: %s", (unsigned long long)c->id,
-                 ctx->stopping ? "shutting down" : "max_connections reached");
+        DQD_WARN_LIMITED("refusing connection %llu: %s", (unsigned long long)c->id,
+                         ctx->stopping ? "shutting down" : "max_connections reached");
         fail_and_drain(c, code, 0, ctx->stopping ? "the server is shutting down" : "too many connections");
         return;
     }
     ctx->metrics.conns_accepted++;
     DQD_DEBUG("conn %llu accepted on %s", (unsigned long long)c->id, c->tcp ? "tcp" : "unix");
+    c->accepted_ms = c->active_ms = now_ms(c);
     if (c->tcp && ctx->tls && !tls_start(c))
         return;
     start_reading(c);
+    rearm(c);
 }

@@ -5,8 +5,15 @@
  * freed once no request refers to it). A connection is never freed inside one of its callbacks.
  *
  * Backpressure: reading stops while the connection holds max_inflight unanswered requests or
- * max_output_queue bytes (frames in progress + replies not yet written), and resumes when it
- * drains. Frames are assembled in a 64 KiB staging buffer, or directly in their own buffer when
+ * max_output_queue bytes (frames in progress + reply buffers of its requests + replies not yet
+ * written), and resumes when it drains; it also stops while the daemon's client I/O memory
+ * (iomem.h: the same bytes, summed over every connection) has no room for the next frame.
+ *
+ * Before HELLO has succeeded a connection may send one frame of at most 8 KiB (a HELLO and its
+ * secret) and nothing else is read until it is answered; anything but HELLO is answered
+ * UNAUTHENTICATED and the connection closed (ops.c).
+ *
+ * Frames are assembled in a 64 KiB staging buffer, or directly in their own buffer when
  * larger, sized only from a fixed header that dq_frame_parse_header has checked against the limits.
  * While 1 MiB or more of such a frame is still to come and an I/O thread is idle (io_threads), that
  * thread reads it straight from the socket, so one event loop does not copy every connection's
@@ -21,6 +28,7 @@
 #include <uv.h>
 
 #include "frame.h"
+#include "iomem.h"
 #include "request.h"
 
 typedef struct dqd_ctx dqd_ctx;
@@ -43,7 +51,7 @@ struct dqd_conn {
         uv_tcp_t tcp;
         uv_pipe_t pipe;
     } h;
-    uv_timer_t timer; /* drain deadline */
+    uv_timer_t timer; /* OPEN: the next deadline (conn.c); DRAINING: the drain deadline */
     dqd_ctx *ctx;
     dqd_conn_closed_fn on_closed;
     void *owner; /* on_closed's argument */
@@ -51,8 +59,10 @@ struct dqd_conn {
     uint64_t id;
     dqd_conn_state state;
     int handles_open;
-    bool reading;     /* uv_read_start active */
-    bool paused;      /* backpressure */
+    bool reading;  /* uv_read_start active */
+    bool paused;   /* backpressure */
+    bool mem_wait; /* waiting for room in the client I/O memory */
+    dqd_iomem_waiter mem_waiter;
     bool in_process;  /* inside process_input (no re-entry) */
     dqd_session sess; /* what its requests' operations see (request.h) */
     bool reap_queued;
@@ -77,8 +87,18 @@ struct dqd_conn {
 
     dqd_req *q_head, *q_tail; /* requests in arrival order, until their reply is written out */
     uint32_t nreqs;
-    uint64_t held;   /* bytes of frames in progress and replies not yet written */
+    uint64_t held;   /* bytes of frames in progress, reply buffers charged and replies not yet written */
     uint32_t writes; /* uv_write requests in flight */
+
+    /* Deadlines (conn.c), in uv_now() milliseconds. */
+    uint64_t accepted_ms;    /* HELLO must succeed by accepted_ms + handshake_timeout */
+    uint64_t active_ms;      /* the last byte in or out: idle_timeout runs from it */
+    uint64_t frame_start_ms; /* the frame in progress started (shifted by the time reading stopped) */
+    uint64_t stopped_ms;     /* reading stopped by the daemon (backpressure) since; 0: reading */
+    uint64_t tx_ms;          /* the last time queued reply bytes went out, or were first queued */
+    uint64_t tx_submitted;   /* reply bytes handed to uv_write */
+    uint64_t tx_seen;        /* of them written when last looked at */
+    uint64_t timer_due_ms;   /* when the deadline timer fires; 0: not armed */
 
     struct dqd_conn *prev, *next; /* the owner's list */
     struct dqd_conn *reap_next;

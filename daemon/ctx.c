@@ -48,6 +48,8 @@ int dqd_ctx_init(dqd_ctx *ctx, uv_loop_t *loop, const dqd_config *cfg)
     dqd_leases_init(&ctx->leases);
     ctx->metrics.leases = &ctx->leases;
     dqd_framebufs_init(&ctx->frames, cfg->frame_cache);
+    dqd_iomem_init(&ctx->iomem, cfg->max_io_memory);
+    dqd_authlimit_init(&ctx->auth, cfg->auth_fail_burst, cfg->auth_fail_per_min);
 
     int rc = dqd_registry_create(&ctx->mem, cfg->max_models, &ctx->reg);
     if (rc < 0)
@@ -106,6 +108,11 @@ void dqd_ctx_gauges(const dqd_ctx *ctx, dqd_gauges *g)
     g->inflight_requests = ctx->reqs_inflight;
     dqd_framebufs_stats((dqd_framebufs *)&ctx->frames, &g->frame_cache_bytes, &g->frame_buffers_reused,
                         &g->frame_buffers_fresh);
+    g->io_used = ctx->iomem.used;
+    g->io_limit = ctx->iomem.limit;
+    g->io_peak = ctx->iomem.peak;
+    g->io_waits = ctx->iomem.waits;
+    g->io_refused = ctx->iomem.refused;
     g->workers = ctx->cfg->workers;
     g->uptime_seconds = (double)(dqd_now_ns() - ctx->start_ns) * 1e-9;
     g->backend = ctx->backend_name;

@@ -15,7 +15,9 @@
 #include "config.h"
 #include "frame.h"
 #include "framebuf.h"
+#include "authlimit.h"
 #include "hostmem.h"
+#include "iomem.h"
 #include "lease.h"
 #include "metrics.h"
 #include "registry.h"
@@ -36,6 +38,8 @@ typedef struct dqd_ctx {
     dqd_leases leases; /* LOOKUP leases on chunks (lease.h) */
     dqd_metrics metrics;
     dqd_framebufs frames;    /* every frame's buffer (framebuf.h) */
+    dqd_iomem iomem;         /* what client connections hold (iomem.h) */
+    dqd_authlimit auth;      /* failed HELLOs per peer address (authlimit.h) */
     dqd_gpu *gpu;            /* the cuda backend; NULL on the cpu backend */
     dqd_lane *lane;          /* GPU threads (lane.h); NULL without the cuda backend or with gpu_threads 0 */
     dqd_lane *io_lane;       /* I/O threads reading large frames (conn.c); NULL with io_threads 0 */

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <uv.h>
 
 #include "ctx.h"
@@ -13,15 +14,13 @@
 #include "metrics.h"
 
 #define HTTP_MAX_REQUEST 8192
-#define HTTP_MAX_CONNS 64
-#define HTTP_TIMEOUT_MS 5000
 
 typedef struct http_conn http_conn;
 
 struct dqd_http {
     uv_tcp_t listener;
     dqd_ctx *ctx;
-    http_conn *conns;
+    http_conn *conns, *oldest; /* newest first */
     unsigned nconns;
     bool listener_open;
     bool stopping;
@@ -58,6 +57,8 @@ static void on_conn_handle_closed(uv_handle_t *handle)
         h->conns = c->next;
     if (c->next)
         c->next->prev = c->prev;
+    else
+        h->oldest = c->prev;
     h->nconns--;
     free(c->resp);
     free(c);
@@ -80,17 +81,17 @@ static void on_written(uv_write_t *w, int status)
     conn_close(w->data);
 }
 
-static void respond(http_conn *c, int code, const char *reason, const char *ctype, const char *body, size_t blen,
-                    bool head_only)
+static void respond_with(http_conn *c, int code, const char *reason, const char *ctype, const char *extra,
+                         const char *body, size_t blen, bool head_only)
 {
     if (c->responded)
         return;
     c->responded = true;
     uv_read_stop((uv_stream_t *)&c->tcp);
-    char hdr[256];
+    char hdr[384];
     int n = snprintf(hdr, sizeof hdr,
-                     "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n", code,
-                     reason, ctype, blen);
+                     "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: close\r\n\r\n", code,
+                     reason, ctype, blen, extra);
     size_t total = (size_t)n + (head_only ? 0 : blen);
     c->resp = malloc(total);
     if (!c->resp) {
@@ -106,9 +107,48 @@ static void respond(http_conn *c, int code, const char *reason, const char *ctyp
         conn_close(c);
 }
 
+static void respond(http_conn *c, int code, const char *reason, const char *ctype, const char *body, size_t blen,
+                    bool head_only)
+{
+    respond_with(c, code, reason, ctype, "", body, blen, head_only);
+}
+
 static void respond_text(http_conn *c, int code, const char *reason, const char *body)
 {
     respond(c, code, reason, "text/plain; charset=utf-8", body, strlen(body), false);
+}
+
+/* Whether the request's headers carry "Authorization: Bearer <token>" with the configured token
+ * (compared in constant time, whatever the input). */
+static bool authorized(const http_conn *c, const char *token, size_t token_len)
+{
+    const char *p = c->buf, *end = c->buf + c->len;
+    while (p < end) {
+        const char *eol = memchr(p, '\n', (size_t)(end - p));
+        if (!eol)
+            break;
+        size_t len = (size_t)(eol - p);
+        if (len && p[len - 1] == '\r')
+            len--;
+        static const char name[] = "authorization:";
+        if (len > sizeof name - 1 && strncasecmp(p, name, sizeof name - 1) == 0) {
+            const char *v = p + sizeof name - 1, *vend = p + len;
+            while (v < vend && (*v == ' ' || *v == '\t'))
+                v++;
+            if (vend - v > 7 && strncasecmp(v, "bearer ", 7) == 0) {
+                v += 7;
+                while (v < vend && *v == ' ')
+                    v++;
+                const size_t given = (size_t)(vend - v);
+                volatile uint8_t diff = (uint8_t)(given != token_len);
+                for (size_t i = 0; i < token_len; i++)
+                    diff |= (uint8_t)((i < given ? (uint8_t)v[i] : 0) ^ (uint8_t)token[i]);
+                return diff == 0;
+            }
+        }
+        p = eol + 1;
+    }
+    return false;
 }
 
 /* Parses the request line once the header block is complete. */
@@ -162,6 +202,13 @@ static void handle_request(http_conn *c)
         respond(c, 200, "OK", "text/plain; charset=utf-8", "ok\n", 3, head);
     } else if (strcmp(path, "/metrics") == 0) {
         dqd_ctx *ctx = c->http->ctx;
+        if (ctx->cfg->metrics_token && !authorized(c, ctx->cfg->metrics_token, ctx->cfg->metrics_token_len)) {
+            ctx->metrics.http_unauthorized++;
+            respond_with(c, 401, "Unauthorized", "text/plain; charset=utf-8",
+                         "WWW-Authenticate: Bearer realm=\"dquantd\"\r\n", "a bearer token is required\n",
+                         strlen("a bearer token is required\n"), head);
+            return;
+        }
         dqd_gauges g;
         dqd_ctx_gauges(ctx, &g);
         char *text;
@@ -213,7 +260,22 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 
 static void on_timeout(uv_timer_t *t)
 {
-    conn_close(t->data);
+    http_conn *c = t->data;
+    c->http->ctx->metrics.http_timeouts++;
+    conn_close(c);
+}
+
+/* Makes room for a new connection: closes the oldest that has not sent its request yet (the ones
+ * answering are about to go by themselves). */
+static void evict_one(dqd_http *h)
+{
+    for (http_conn *c = h->oldest; c; c = c->prev) {
+        if (!c->closing && !c->responded) {
+            h->ctx->metrics.http_evicted++;
+            conn_close(c);
+            return;
+        }
+    }
 }
 
 static void on_connection(uv_stream_t *server, int status)
@@ -224,6 +286,12 @@ static void on_connection(uv_stream_t *server, int status)
     http_conn *c = calloc(1, sizeof *c);
     if (!c)
         return;
+    const dqd_config *cfg = h->ctx->cfg;
+    unsigned open = 0;
+    for (const http_conn *o = h->conns; o; o = o->next)
+        open += !o->closing;
+    if (open >= cfg->metrics_max_connections)
+        evict_one(h);
     c->http = h;
     uv_tcp_init(server->loop, &c->tcp);
     uv_timer_init(server->loop, &c->timer);
@@ -232,13 +300,15 @@ static void on_connection(uv_stream_t *server, int status)
     c->next = h->conns;
     if (h->conns)
         h->conns->prev = c;
+    else
+        h->oldest = c;
     h->conns = c;
     h->nconns++;
-    if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0 || h->nconns > HTTP_MAX_CONNS) {
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0) {
         conn_close(c);
         return;
     }
-    uv_timer_start(&c->timer, on_timeout, HTTP_TIMEOUT_MS, 0);
+    uv_timer_start(&c->timer, on_timeout, cfg->metrics_timeout_ms, 0);
     if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) < 0)
         conn_close(c);
 }
@@ -268,7 +338,7 @@ int dqd_http_start(dqd_ctx *ctx, const char *host, uint16_t port, dqd_http **out
     if (rc == 0)
         rc = uv_tcp_bind(&h->listener, &addr.sa, 0);
     if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&h->listener, 64, on_connection);
+        rc = uv_listen((uv_stream_t *)&h->listener, 128, on_connection);
     if (rc < 0) {
         DQD_ERROR("cannot serve metrics on %s:%u: %s", host, port, uv_strerror(rc));
         h->stopping = true;

@@ -4,8 +4,12 @@
  *   GET /healthz  → 200 "ok"
  *   anything else → 404 / 405 / 400 / 431, then the connection closes.
  *
- * One request per connection, requests larger than 8 KiB are refused, a client gets 5 seconds to
- * send its request, and at most 64 are served at once: garbage costs nothing but a closed socket. */
+ * One request per connection, requests larger than 8 KiB are refused, and a connection is closed
+ * after metrics_timeout_ms whatever it did. At most metrics_max_connections are open at once, and a
+ * new one is always accepted: the oldest that has not sent its request yet is closed to make room,
+ * so that connections which send nothing cannot keep a liveness probe of /healthz out. With
+ * metrics_token set, /metrics answers 401 unless the request carries "Authorization: Bearer TOKEN";
+ * /healthz never asks for it. Garbage costs nothing but a closed socket. */
 #ifndef DQD_HTTP_H
 #define DQD_HTTP_H
 

@@ -79,6 +79,40 @@ void dqd_log_write(dq_log_level level, const char *file, int line, const char *f
     va_end(ap);
 }
 
+static uint64_t suppressed_total;
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+bool dqd_lograte_allow(dqd_lograte *r, dq_log_level level, const char *file, int line)
+{
+    const uint64_t now = mono_ms();
+    if (r->window_start_ms == 0 || now - r->window_start_ms >= DQD_LOGRATE_MS) {
+        if (r->suppressed)
+            dqd_log_write(level, file, line, "%llu more lines like the next were suppressed in %.0f s",
+                          (unsigned long long)r->suppressed, (double)(now - r->window_start_ms) / 1000.0);
+        r->window_start_ms = now ? now : 1;
+        r->in_window = 0;
+        r->suppressed = 0;
+    }
+    if (r->in_window < DQD_LOGRATE_BURST) {
+        r->in_window++;
+        return true;
+    }
+    r->suppressed++;
+    suppressed_total++;
+    return false;
+}
+
+uint64_t dqd_log_suppressed_total(void)
+{
+    return suppressed_total;
+}
+
 static void lib_log(void *opaque, dq_log_level level, const char *file, int line, const char *msg)
 {
     (void)opaque;

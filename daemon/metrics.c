@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "dquant/error.h"
+#include "logging.h"
 
 static const double bucket_le[DQD_LAT_BUCKETS] = {
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -162,8 +163,25 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
     gauge(&b, "dquant_connections", "Client connections open.", (double)m->conns_open);
     counter(&b, "dquant_protocol_closes_total", "Connections closed for unparseable framing.", m->protocol_closes);
     counter(&b, "dquant_auth_failures_total", "HELLOs refused for a wrong or missing secret.", m->auth_failures);
+    counter(&b, "dquant_auth_throttled_total", "HELLOs refused unchecked: their address failed too often.",
+            m->auth_throttled);
     counter(&b, "dquant_backpressure_pauses_total", "Times reading from a client paused for its queue.",
             m->backpressure_pauses);
+    counter(&b, "dquant_handshake_timeouts_total", "Connections closed without a successful HELLO in time.",
+            m->handshake_timeouts);
+    counter(&b, "dquant_frame_timeouts_total", "Connections closed for a frame that did not arrive in time.",
+            m->frame_timeouts);
+    counter(&b, "dquant_write_timeouts_total", "Connections closed for not reading their queued replies.",
+            m->write_timeouts);
+    counter(&b, "dquant_idle_timeouts_total", "Idle connections closed.", m->idle_timeouts);
+    counter(&b, "dquant_log_lines_suppressed_total", "Log lines a client caused that were left out (rate limit).",
+            dqd_log_suppressed_total());
+    counter(&b, "dquant_metrics_connections_evicted_total",
+            "Metrics connections closed before their request to make room for a new one.", m->http_evicted);
+    counter(&b, "dquant_metrics_connections_timed_out_total", "Metrics connections closed at metrics_timeout_ms.",
+            m->http_timeouts);
+    counter(&b, "dquant_metrics_unauthorized_total", "GET /metrics refused for a missing or wrong bearer token.",
+            m->http_unauthorized);
     counter(&b, "dquant_frame_reads_offloaded_total",
             "Times an I/O thread took over reading the rest of a large frame from its socket.",
             m->frame_reads_offloaded);
@@ -255,6 +273,15 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
           (double)g->frame_cache_bytes);
     counter(&b, "dquant_frame_buffers_reused_total", "Large frames read into a kept buffer.", g->frame_buffers_reused);
     counter(&b, "dquant_frame_buffers_fresh_total", "Large frames that needed a new buffer.", g->frame_buffers_fresh);
+    gauge(&b, "dquant_io_memory_used_bytes",
+          "Bytes client connections hold: frames received or waiting, reply buffers, queued replies.",
+          (double)g->io_used);
+    gauge(&b, "dquant_io_memory_budget_bytes", "Client I/O memory budget (max_io_memory).", (double)g->io_limit);
+    gauge(&b, "dquant_io_memory_peak_bytes", "Most bytes client connections held at once.", (double)g->io_peak);
+    counter(&b, "dquant_io_memory_waits_total", "Times a connection stopped reading until I/O memory was free.",
+            g->io_waits);
+    counter(&b, "dquant_io_memory_refused_total",
+            "Reply buffers refused (RESOURCE_EXHAUSTED) because client I/O memory was full.", g->io_refused);
     gauge(&b, "dquant_workers", "Worker threads.", (double)g->workers);
     gauge(&b, "dquant_uptime_seconds", "Seconds since start.", g->uptime_seconds);
 
@@ -323,7 +350,7 @@ static void add_gauge(kv_builder *kb, const char *name, double v)
 int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsReply *out)
 {
     dquant__stats_reply__init(out);
-    kv_builder kb = {out, 3 * DQD_OP_COUNT + DQD_ERR_SLOTS + 48, DQD_OP_COUNT + 40, 0};
+    kv_builder kb = {out, 3 * DQD_OP_COUNT + DQD_ERR_SLOTS + 80, DQD_OP_COUNT + 56, 0};
     out->counters = calloc(kb.cap_c, sizeof *out->counters);
     out->gauges = calloc(kb.cap_g, sizeof *out->gauges);
     if (!out->counters || !out->gauges) {
@@ -352,7 +379,16 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_counter(&kb, "connections_rejected", m->conns_rejected);
     add_counter(&kb, "protocol_closes", m->protocol_closes);
     add_counter(&kb, "auth_failures", m->auth_failures);
+    add_counter(&kb, "auth_throttled", m->auth_throttled);
+    add_counter(&kb, "metrics_connections_evicted", m->http_evicted);
+    add_counter(&kb, "metrics_connections_timed_out", m->http_timeouts);
+    add_counter(&kb, "metrics_unauthorized", m->http_unauthorized);
     add_counter(&kb, "backpressure_pauses", m->backpressure_pauses);
+    add_counter(&kb, "handshake_timeouts", m->handshake_timeouts);
+    add_counter(&kb, "frame_timeouts", m->frame_timeouts);
+    add_counter(&kb, "write_timeouts", m->write_timeouts);
+    add_counter(&kb, "idle_timeouts", m->idle_timeouts);
+    add_counter(&kb, "log_lines_suppressed", dqd_log_suppressed_total());
     add_counter(&kb, "frame_reads_offloaded", m->frame_reads_offloaded);
     add_counter(&kb, "tokens_put", m->tokens_put);
     add_counter(&kb, "streams_encoded", m->streams_encoded);
@@ -398,6 +434,8 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_counter(&kb, "disk_recovered", g->store.disk_recovered);
     add_counter(&kb, "frame_buffers_reused", g->frame_buffers_reused);
     add_counter(&kb, "frame_buffers_fresh", g->frame_buffers_fresh);
+    add_counter(&kb, "io_memory_waits", g->io_waits);
+    add_counter(&kb, "io_memory_refused", g->io_refused);
 
     add_gauge(&kb, "sequences", (double)g->store.sequences);
     add_gauge(&kb, "sequences_pinned", (double)g->store.pinned);
@@ -422,6 +460,9 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_gauge(&kb, "models", (double)g->models);
     add_gauge(&kb, "inflight_requests", (double)g->inflight_requests);
     add_gauge(&kb, "frame_cache_bytes", (double)g->frame_cache_bytes);
+    add_gauge(&kb, "io_memory_used", (double)g->io_used);
+    add_gauge(&kb, "io_memory_budget", (double)g->io_limit);
+    add_gauge(&kb, "io_memory_peak", (double)g->io_peak);
     add_gauge(&kb, "workers", (double)g->workers);
     add_gauge(&kb, "uptime_seconds", g->uptime_seconds);
     for (int op = 1; op < DQD_OP_COUNT; op++) {

@@ -28,6 +28,13 @@ typedef struct dqd_metrics {
     uint64_t bytes_in, bytes_out, frames_in, frames_out;
     uint64_t conns_accepted, conns_rejected, conns_open;
     uint64_t protocol_closes, auth_failures, backpressure_pauses;
+    uint64_t auth_throttled; /* HELLOs refused unchecked: their address failed too often (authlimit.h) */
+    /* metrics endpoint (http.c): connections closed to make room or for their time, /metrics
+     * requests without the bearer token */
+    uint64_t http_evicted, http_timeouts, http_unauthorized;
+    /* connections closed by a deadline (conn.c): no HELLO in time, a frame too slow, queued replies
+     * not read, idle */
+    uint64_t handshake_timeouts, frame_timeouts, write_timeouts, idle_timeouts;
     uint64_t frame_reads_offloaded; /* large frames' payload reads handed to an I/O thread (conn.c) */
     uint64_t tokens_put, streams_encoded, encode_retries, rollbacks;
     uint64_t nccl_setups, nccl_failures, nccl_bytes_in, nccl_bytes_out;
@@ -49,6 +56,9 @@ typedef struct dqd_gauges {
     uint64_t inflight_requests;
     uint64_t frame_cache_bytes; /* freed frame buffers kept (framebuf.h) */
     uint64_t frame_buffers_reused, frame_buffers_fresh;
+    /* client I/O memory (iomem.h): bytes held now, the budget, the most held, connections that
+     * waited for room, reply buffers refused */
+    uint64_t io_used, io_limit, io_peak, io_waits, io_refused;
     uint64_t workers;
     double uptime_seconds;
     const char *backend;

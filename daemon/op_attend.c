@@ -361,7 +361,7 @@ static int att_check(att_op *op)
         return -1;
     }
     op->qf = malloc(qbytes);
-    op->out = dqd_out_alloc(op->out_len);
+    op->out = dqd_req_out_alloc(op->req, op->out_len);
     if (!op->qf || !op->out) {
         att_fail(op, DQ_NOMEM, "out of memory");
         return -1;
@@ -809,7 +809,7 @@ static int merge_prefix(att_op *op)
     const size_t qs = qsize(op), qh = op->q_heads, hd = op->head_dim;
     const float *out = (const float *)op->out, *lse = out + op->n * qs;
     const size_t len = op->n_req * (qs + qh) * sizeof(float);
-    uint8_t *buf = dqd_out_alloc(len);
+    uint8_t *buf = dqd_req_out_alloc(op->req, len);
     if (!buf)
         return DQ_NOMEM;
     float *mo = (float *)buf, *ml = mo + op->n_req * qs;

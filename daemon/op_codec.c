@@ -202,7 +202,7 @@ void dqd_op_compress(dqd_req *req)
     }
     op->out_len = op->means_len + (size_t)(op->tokens * rb);
     op->nchunks = dqd_tasks_split(ctx, (size_t)op->blocks);
-    op->out = dqd_out_alloc(op->out_len);
+    op->out = dqd_req_out_alloc(op->req, op->out_len);
     op->rc = calloc(op->nchunks, sizeof *op->rc);
     op->stats = calloc(op->nchunks, sizeof *op->stats);
     if (!op->out || !op->rc || !op->stats || dqd_tasks_run(ctx, op->nchunks, compress_task, compress_done, op) < 0)
@@ -294,7 +294,7 @@ void dqd_op_decompress(dqd_req *req)
     op->blocks = op->tokens / W + (op->tokens % W != 0);
     op->out_len = (size_t)(op->tokens * per);
     op->nchunks = dqd_tasks_split(ctx, (size_t)op->blocks);
-    op->out = dqd_out_alloc(op->out_len);
+    op->out = dqd_req_out_alloc(op->req, op->out_len);
     op->rc = calloc(op->nchunks, sizeof *op->rc);
     if (!op->out || !op->rc || dqd_tasks_run(ctx, op->nchunks, decompress_task, decompress_done, op) < 0)
         codec_op_fail(op, DQ_NOMEM, "out of memory");

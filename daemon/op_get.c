@@ -154,7 +154,7 @@ static void get_step(get_op *op)
             return;
         case GET_DECODE:
             if (!op->dout)
-                op->out = dqd_out_alloc(op->out_len);
+                op->out = dqd_req_out_alloc(op->req, op->out_len);
             if ((!op->dout && !op->out) || dqd_tasks_run(ctx, ntasks(op), decode_task, decode_done, op) < 0)
                 get_fail(op, DQ_NOMEM, "out of memory");
             return;
@@ -164,7 +164,7 @@ static void get_step(get_op *op)
             op->state = op->out_len ? GET_RAW_COPY : GET_REPLY;
             break;
         case GET_RAW_COPY:
-            op->out = dqd_out_alloc(op->out_len);
+            op->out = dqd_req_out_alloc(op->req, op->out_len);
             op->rc = calloc(op->num * raw_parts(op), sizeof *op->rc);
             if (!op->out || !op->rc || dqd_tasks_run(ctx, op->num * raw_parts(op), copy_task, copy_done, op) < 0)
                 get_fail(op, DQ_NOMEM, "out of memory");

@@ -65,12 +65,28 @@ static void op_hello(dqd_req *req)
         dqd_req_fail(req, DQ_VERSION, "client speaks versions %u..%u, the server speaks %u", lo, hi, DQ_WIRE_VERSION);
         return;
     }
-    if (c->require_secret && !secret_matches(h->secret.data, h->secret.len, ctx->cfg->secret, ctx->cfg->secret_len)) {
-        ctx->metrics.auth_failures++;
-        DQD_WARN("conn %llu: HELLO with a wrong or missing secret; closing", (unsigned long long)c->id);
-        req->close_after = 1;
-        dqd_req_fail(req, DQ_UNAUTHENTICATED, "wrong or missing secret");
-        return;
+    if (c->require_secret) {
+        const uint64_t now = dqd_now_ns() / 1000000u;
+        char peer[64];
+        if (!dqd_authlimit_allowed(&ctx->auth, &c->peer, now)) {
+            ctx->metrics.auth_throttled++;
+            dqd_peer_format(&c->peer, peer, sizeof peer);
+            DQD_WARN_LIMITED("conn %llu: HELLO from %s refused unchecked: too many failed authentications; closing",
+                             (unsigned long long)c->id, peer);
+            req->close_after = 1;
+            dqd_req_fail(req, DQ_UNAUTHENTICATED, "too many failed authentications from this address; retry later");
+            return;
+        }
+        if (!secret_matches(h->secret.data, h->secret.len, ctx->cfg->secret, ctx->cfg->secret_len)) {
+            ctx->metrics.auth_failures++;
+            dqd_authlimit_failed(&ctx->auth, &c->peer, now);
+            dqd_peer_format(&c->peer, peer, sizeof peer);
+            DQD_WARN_LIMITED("conn %llu: HELLO from %s with a wrong or missing secret; closing",
+                             (unsigned long long)c->id, peer);
+            req->close_after = 1;
+            dqd_req_fail(req, DQ_UNAUTHENTICATED, "wrong or missing secret");
+            return;
+        }
     }
     c->authed = true;
     snprintf(c->client_name, sizeof c->client_name, "%s", h->client_name ? h->client_name : "");
@@ -257,7 +273,9 @@ void dqd_ops_dispatch(dqd_req *req)
     req->op = (unsigned)msg->body_case < DQD_OP_COUNT ? (dqd_op)msg->body_case : DQD_OP_UNKNOWN;
 
     if (!req->sess->authed && msg->body_case != DQUANT__REQUEST__BODY_HELLO) {
-        dqd_req_fail(req, DQ_UNAUTHENTICATED, "the first request must be a successful HELLO");
+        /* Nothing but HELLO is answered before it succeeds, and only once. */
+        req->close_after = 1;
+        dqd_req_fail(req, DQ_UNAUTHENTICATED, "the first request must be a successful HELLO; closing");
         return;
     }
     dqd_leases_expire(&ctx->leases, dqd_now_ns());

@@ -20,6 +20,15 @@ uint8_t *dqd_out_alloc(size_t len)
     return aligned_alloc(64, (len + 63u) & ~(size_t)63u);
 }
 
+uint8_t *dqd_req_out_alloc(dqd_req *req, size_t len)
+{
+    if (len && req->charge && req->charge(req, len) < 0) {
+        req->out_refused = true;
+        return NULL;
+    }
+    return dqd_out_alloc(len);
+}
+
 void dqd_reply_tensor(Dquant__Tensor *t, uint64_t *shape_store, Dquant__DType dtype, const uint64_t *shape, size_t ndim,
                       uint64_t offset, uint64_t length)
 {
@@ -194,6 +203,13 @@ void dqd_req_fail(dqd_req *req, int code, const char *fmt, ...)
     va_end(ap);
     if (code >= 0)
         code = DQ_INTERNAL;
+    if (code == DQ_NOMEM && req->out_refused) {
+        code = DQ_RESOURCE_EXHAUSTED;
+        snprintf(msg, sizeof msg,
+                 "the reply does not fit in the daemon's client I/O memory now (max_io_memory %llu bytes); "
+                 "retry later",
+                 (unsigned long long)req->ctx->cfg->max_io_memory);
+    }
     DQD_DEBUG("request %llu (%s) failed: %s: %s", (unsigned long long)req->id, dqd_op_name(req->op), dq_err_name(code),
               msg);
     release_input(req);

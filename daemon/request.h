@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "authlimit.h"
 #include "dquant.pb-c.h"
 #include "opcode.h"
 #include "pbmem.h"
@@ -26,6 +27,7 @@ typedef struct dqd_session {
     uint64_t id;             /* the connection's id, for logs */
     bool require_secret;     /* its listener wants HELLO with the shared secret */
     bool authed;             /* HELLO succeeded */
+    dqd_peer peer;           /* the TCP peer's address (authlimit.h); family 0 on a Unix socket */
     struct dqd_nchan *nchan; /* NCCL data path (ncclpath.h), NULL until NCCL_SETUP */
     uint32_t leases;         /* live LOOKUP leases (lease.h), owned by this session */
     char client_name[129];   /* HELLO's client_name (validated: UTF-8, no NUL, <= 128 bytes) */
@@ -37,6 +39,11 @@ struct dqd_req {
     /* Called once when the request is finished (reply or error frame in head/out); set by the
      * connection, which queues the reply. */
     void (*on_done)(dqd_req *req);
+    /* Set by the connection: counts bytes of a reply buffer against its memory (iomem.h) before
+     * dqd_req_out_alloc allocates them; DQ_RESOURCE_EXHAUSTED when they do not fit. NULL: no limit. */
+    int (*charge)(dqd_req *req, size_t bytes);
+    uint64_t charged;     /* bytes charged so far; the connection settles them with the reply */
+    bool out_refused;     /* a reply buffer did not fit: a DQ_NOMEM failure says so instead */
     void *owner;          /* the connection */
     struct dqd_req *next; /* connection queue, arrival order */
     uint64_t id;
@@ -96,6 +103,9 @@ void dqd_reply_tensor(Dquant__Tensor *t, uint64_t *shape_store, Dquant__DType dt
                       uint64_t offset, uint64_t length);
 /* 64-byte aligned output buffer for replies (free with free()); NULL if len is 0 or no memory. */
 uint8_t *dqd_out_alloc(size_t len);
+/* dqd_out_alloc for req's reply, charged to its connection's memory first: NULL when the bytes do not
+ * fit there (then a DQ_NOMEM failure of req is sent as DQ_RESOURCE_EXHAUSTED) or no memory. */
+uint8_t *dqd_req_out_alloc(dqd_req *req, size_t len);
 
 /* Builds a complete error frame in head (used where no request exists, e.g. framing errors). */
 int dqd_error_frame(uint64_t request_id, int code, const char *message, uint8_t **head, size_t *head_len);

@@ -19,6 +19,7 @@
 #include "tls.h"
 
 static void check_idle(void *arg);
+static void kick_housekeeping(void *arg);
 
 int dqd_server_init(dqd_server *srv, uv_loop_t *loop, const dqd_config *cfg)
 {
@@ -26,6 +27,8 @@ int dqd_server_init(dqd_server *srv, uv_loop_t *loop, const dqd_config *cfg)
     int rc = dqd_ctx_init(&srv->ctx, loop, cfg);
     srv->ctx.on_idle = check_idle;
     srv->ctx.idle_arg = srv;
+    srv->ctx.iomem.kick = kick_housekeeping;
+    srv->ctx.iomem.kick_arg = srv;
     return rc;
 }
 
@@ -126,6 +129,8 @@ static void on_signal(uv_signal_t *s, int signum)
     dqd_server_stop(srv);
 }
 
+/* Housekeeping on the loop, between callbacks: free closed connections, wake those waiting for
+ * client I/O memory. */
 static void on_reap(uv_idle_t *idle)
 {
     dqd_server *srv = idle->data;
@@ -147,7 +152,15 @@ static void on_reap(uv_idle_t *idle)
         dqd_conn_free(c);
     }
     uv_idle_stop(idle);
+    dqd_iomem_wake(&srv->ctx.iomem);
     check_idle(srv);
+}
+
+static void kick_housekeeping(void *arg)
+{
+    dqd_server *srv = arg;
+    if (srv->handles_ready && !srv->finished)
+        uv_idle_start(&srv->reaper, on_reap);
 }
 
 /* A connection has closed and no request refers to it any more: free it on the reaper. */

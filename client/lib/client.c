@@ -24,6 +24,7 @@
 #define DQC_VERSION_STRING "0.1.0"
 #define DQC_HELLO_TIMEOUT_MS 10000
 #define DQC_UNIX_SNDBUF (4 << 20) /* bytes asked for a Unix socket's send buffer */
+#define DQC_HOLDOFF_MAX_MS 30000  /* longest wait between automatic reconnects that keep failing */
 
 /* ---- errors ---- */
 
@@ -410,7 +411,9 @@ static int connect_once(dqc_client *c)
 }
 
 /* Reconnects with the configured attempts and backoff. Errors that another attempt cannot fix
- * (authentication, version) end it early. */
+ * (authentication, version) end it early. When every attempt fails a second time in a row, the
+ * backoff goes on doubling past this call: until it has passed (retry_at_ms), automatic reconnects
+ * are not tried. */
 static int reconnect(dqc_client *c)
 {
     uint32_t attempts = c->opts.reconnect_attempts ? c->opts.reconnect_attempts : 1;
@@ -424,11 +427,27 @@ static int reconnect(dqc_client *c)
         rc = connect_once(c);
         if (rc == 0) {
             c->reconnects++;
+            c->failed_cycles = 0;
+            c->retry_at_ms = 0;
             return 0;
         }
         if (rc == DQ_UNAUTHENTICATED || rc == DQ_VERSION || rc == DQ_NOMEM || rc == DQ_PERMISSION)
             break;
     }
+    /* After the first failed reconnect the next call tries again at once (a daemon that restarts
+     * is found); after k >= 2 in a row, not for backoff x 2^(attempts + k - 2), at most
+     * DQC_HOLDOFF_MAX_MS. */
+    c->failed_cycles++;
+    uint64_t hold = c->failed_cycles >= 2 ? c->opts.reconnect_backoff_ms : 0;
+    for (uint32_t k = 0; k < attempts + c->failed_cycles - 2 && hold < DQC_HOLDOFF_MAX_MS; k++)
+        hold *= 2;
+    if (hold > DQC_HOLDOFF_MAX_MS)
+        hold = DQC_HOLDOFF_MAX_MS;
+    c->retry_at_ms = hold ? now_ms() + (int64_t)hold : 0;
+    c->reconnect_rc = rc;
+    const size_t n = strnlen(c->err, sizeof c->reconnect_err - 1);
+    memcpy(c->reconnect_err, c->err, n);
+    c->reconnect_err[n] = 0;
     return rc;
 }
 
@@ -462,6 +481,12 @@ static int ensure_connected(dqc_client *c)
     close_conn(c);
     if (!c->opts.auto_reconnect)
         return dqc__fail(c, DQ_CONNECTION, "not connected to %s (auto-reconnect is off)", c->addr);
+    const int64_t now = now_ms();
+    if (c->retry_at_ms && now < c->retry_at_ms)
+        return dqc__fail(
+            c, c->reconnect_rc == DQ_UNAUTHENTICATED || c->reconnect_rc == DQ_VERSION ? c->reconnect_rc : DQ_CONNECTION,
+            "not connected to %s: %u reconnects failed, the last with: %s; next one in %lld ms", c->addr,
+            c->failed_cycles, c->reconnect_err, (long long)(c->retry_at_ms - now));
     return reconnect(c);
 }
 

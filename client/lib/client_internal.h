@@ -44,6 +44,13 @@ struct dqc_client {
     int fd;               /* -1: not connected */
     uint64_t next_id;
     uint64_t reconnects;
+    /* Automatic reconnection after failed ones (client.c): calls fail at once until retry_at_ms,
+     * the backoff having gone on doubling over failed_cycles reconnects; reconnect_err is why the
+     * last one failed. */
+    int64_t retry_at_ms;
+    uint32_t failed_cycles;
+    int reconnect_rc;
+    char reconnect_err[256];
     uint64_t conn_gen;                /* counts established connections: state tied to one connection (the
                                          NCCL communicator) remembers it and is void once it changes */
     struct dqc__nccl *nccl;           /* NULL until dqc_nccl_setup (libdquant-client-nccl) */

@@ -98,6 +98,7 @@ typedef struct worker {
     uint64_t errs[NOPS][NERR];
     char first_err[NERR][200];
     int setup_rc;
+    uint32_t conn_errors; /* consecutive requests that failed for want of the daemon */
 } worker;
 
 enum { OUT_OK, OUT_MISS, OUT_ERROR };
@@ -107,6 +108,12 @@ static uint64_t run_t0, run_deadline; /* ns; set before the measured run starts 
 static _Atomic uint64_t done_requests;
 static _Atomic uint64_t failed_requests;
 static _Atomic int abort_run;
+/* A worker saw LOST_AFTER requests in a row fail for want of the daemon (the client's reconnects
+ * failed): every worker stops, and the run fails. */
+#define LOST_AFTER 3
+static _Atomic int lost_daemon;
+static char lost_why[256];
+static pthread_mutex_t lost_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static dqc_seq seq_ref(const worker *w, uint32_t i)
 {
@@ -352,6 +359,15 @@ static void run_one(worker *w, uint64_t r, int measure)
         break;
     }
     uint64_t dt = cli_now_ns() - t0;
+    if (rc == DQ_CONNECTION || rc == DQ_TIMEOUT || rc == DQ_SHUTTING_DOWN || rc == DQ_UNAUTHENTICATED) {
+        if (++w->conn_errors >= LOST_AFTER && !atomic_exchange(&lost_daemon, 1)) {
+            pthread_mutex_lock(&lost_mu);
+            snprintf(lost_why, sizeof lost_why, "%s: %s", dqc_err_name(rc), dqc_cluster_last_error(w->cl));
+            pthread_mutex_unlock(&lost_mu);
+        }
+    } else {
+        w->conn_errors = 0;
+    }
     if (!measure)
         return;
     if (w->nrec == w->cap) { /* --duration: the run's length is not known in requests */
@@ -479,15 +495,15 @@ static void *worker_main(void *arg)
     pthread_barrier_wait(&start_barrier);
     if (atomic_load(&abort_run))
         return NULL;
-    for (uint64_t r = 0; r < w->cfg->warmup; r++)
+    for (uint64_t r = 0; r < w->cfg->warmup && !atomic_load(&lost_daemon); r++)
         run_one(w, r, 0);
     pthread_barrier_wait(&start_barrier); /* warmed up */
     pthread_barrier_wait(&start_barrier); /* the clock starts */
     if (w->cfg->duration > 0) {
-        for (uint64_t r = 0; cli_now_ns() < run_deadline; r++)
+        for (uint64_t r = 0; cli_now_ns() < run_deadline && !atomic_load(&lost_daemon); r++)
             run_one(w, r, 1);
     } else {
-        for (uint64_t r = 0; r < w->cfg->requests; r++)
+        for (uint64_t r = 0; r < w->cfg->requests && !atomic_load(&lost_daemon); r++)
             run_one(w, r, 1);
     }
     return NULL;
@@ -647,6 +663,9 @@ static const char bench_help[] =
     "       a line sums what the clients' cluster handles did (failovers, members marked down,\n"
     "       degraded writes, chunks repaired); the daemon counters of the PREFIX lines are summed\n"
     "       over the members.\n"
+    "       When 3 requests in a row of one connection fail for want of the daemon (CONNECTION,\n"
+    "       TIMEOUT, SHUTTING_DOWN or UNAUTHENTICATED: the client's reconnects failed), every\n"
+    "       connection stops and the bench exits with status 1.\n"
     "\n"
     "OPTIONS\n"
     "   -c, --connections N\n"
@@ -1105,6 +1124,7 @@ int dq_cmd_bench(int argc, char **argv)
     atomic_store(&done_requests, 0);
     atomic_store(&failed_requests, 0);
     atomic_store(&abort_run, 0);
+    atomic_store(&lost_daemon, 0);
     pthread_barrier_init(&start_barrier, NULL, cfg.connections + 1);
     uint32_t started = 0;
     for (uint32_t i = 0; i < cfg.connections; i++) {
@@ -1147,7 +1167,7 @@ int dq_cmd_bench(int argc, char **argv)
         nanosleep(&ts, NULL);
         uint64_t done = atomic_load(&done_requests);
         uint64_t now = cli_now_ns();
-        if (done >= total || (cfg.duration > 0 && now >= run_deadline))
+        if (done >= total || (cfg.duration > 0 && now >= run_deadline) || atomic_load(&lost_daemon))
             break;
         uint64_t every = tty ? 1000000000ull : 10000000000ull;
         if (!cfg.quiet && now - last_print >= every) {
@@ -1169,6 +1189,11 @@ int dq_cmd_bench(int argc, char **argv)
     pthread_barrier_destroy(&start_barrier);
     if (setup_failed) {
         fprintf(stderr, "dquant bench: setup failed\n");
+        goto out;
+    }
+    if (atomic_load(&lost_daemon)) {
+        fprintf(stderr, "dquant bench: stopped after %llu of %llu requests: the daemon at %s is gone (%s)\n",
+                (unsigned long long)atomic_load(&done_requests), (unsigned long long)total, cfg.cc.addr, lost_why);
         goto out;
     }
 

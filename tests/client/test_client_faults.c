@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dquant.pb-c.h"
@@ -761,5 +762,47 @@ Test(client_faults, limits_are_enforced_on_both_sides)
     cr_assert_eq(dqc_get(c, &ga, &g), 0, "%s", dqc_last_error(c));
     cr_assert_eq(dqc_reconnect_count(c), 1);
     dqc_get_result_free(&g);
+    dqc_free(c);
+}
+
+/* The daemon goes away: the first call after the break and the next each try a whole reconnect;
+ * then calls fail at once until the backoff (here 10 ms x 2^5) has passed, instead of each sleeping
+ * through 5 attempts again; once the server is back, the handle reconnects by itself. */
+Test(client_faults, repeated_reconnect_failures_hold_off)
+{
+    char addr[128];
+    snprintf(addr, sizeof addr, "unix:%s", srv.path);
+    dqc_options o;
+    dqc_options_default(&o);
+    o.reconnect_backoff_ms = 10;
+    dqc_client *c = NULL;
+    cr_assert_eq(dqc_connect(addr, &o, &c), 0);
+    cr_assert_eq(dqc_ping(c, "x", 1), 0);
+    stop_server();
+
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    cr_assert_eq(dqc_ping(c, "x", 1), DQ_CONNECTION);
+    cr_assert_eq(dqc_ping(c, "x", 1), DQ_CONNECTION, "a second whole reconnect");
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double two = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    cr_assert_geq(two, 0.29, "two reconnects of 5 attempts, 10+20+40+80 ms apart: %.3f s", two);
+
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < 20; i++) {
+        cr_assert_eq(dqc_ping(c, "x", 1), DQ_CONNECTION);
+        cr_assert(strstr(dqc_last_error(c), "2 reconnects failed") && strstr(dqc_last_error(c), "next one in"), "%s",
+                  dqc_last_error(c));
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double twenty = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    cr_assert_lt(twenty, 0.1, "20 calls within the hold-off took %.3f s", twenty);
+
+    start_server();
+    struct timespec nap = {0, 400 * 1000000L};
+    nanosleep(&nap, NULL); /* past the 320 ms */
+    uint64_t before = dqc_reconnect_count(c);
+    cr_assert_eq(dqc_ping(c, "x", 1), 0, "%s", dqc_last_error(c));
+    cr_assert_eq(dqc_reconnect_count(c), before + 1);
     dqc_free(c);
 }

@@ -363,3 +363,51 @@ Test(config, disk_tier)
     cr_assert(strstr(text, "INI: [store] disk_dir."));
     free(text);
 }
+
+/* The limits on what clients may hold and for how long (issue 18): defaults, INI keys, flags. */
+Test(config, connection_limits)
+{
+    dqd_cli_action a;
+    char *argv[] = {"dquantd", NULL};
+    cr_assert_eq(from_args(1, argv, &a), 0, "%s", err);
+    cr_assert_eq(cfg.max_io_memory, 1ull << 30, "1G when max_frame is the default");
+    cr_assert_eq(cfg.handshake_timeout, 10);
+    cr_assert_eq(cfg.idle_timeout, 300);
+    cr_assert_eq(cfg.frame_timeout, 30);
+    cr_assert_eq(cfg.frame_min_rate, 1u << 20);
+    cr_assert_eq(cfg.write_timeout, 60);
+    cr_assert_eq(cfg.auth_fail_burst, 10);
+    cr_assert_eq(cfg.auth_fail_per_min, 60);
+    cr_assert_eq(cfg.metrics_max_connections, 16);
+    cr_assert_eq(cfg.metrics_timeout_ms, 2000);
+    cr_assert_null(cfg.metrics_token);
+
+    char *big[] = {"dquantd", "--max-payload", "2G", NULL};
+    cr_assert_eq(from_args(3, big, &a), 0, "%s", err);
+    cr_assert_eq(cfg.max_io_memory, 2 * cfg.max_frame, "twice max_frame when that is larger");
+    char *small[] = {"dquantd", "--max-io-memory", "64M", NULL};
+    cr_assert_lt(from_args(3, small, &a), 0);
+    cr_assert(strstr(err, "must hold at least one max_frame"), "%s", err);
+
+    const char *path = write_ini("[limits]\nmax_payload = 1M\nmax_io_memory = 8M\nhandshake_timeout = 3\n"
+                                 "idle_timeout = 0\nframe_timeout = 5\nframe_min_rate = 64K\nwrite_timeout = 7\n"
+                                 "[server]\nauth_fail_burst = 4\nauth_fail_per_min = 6\n"
+                                 "[metrics]\nmax_connections = 4\ntimeout_ms = 500\ntoken = from-ini\n");
+    char arg[128];
+    snprintf(arg, sizeof arg, "--config=%s", path);
+    char *flags[] = {"dquantd", arg, "--write-timeout", "9", "--secret", "s", NULL};
+    cr_assert_eq(from_args(6, flags, &a), 0, "%s", err);
+    unlink(path);
+    cr_assert_eq(cfg.max_io_memory, 8u << 20);
+    cr_assert_eq(cfg.handshake_timeout, 3);
+    cr_assert_eq(cfg.idle_timeout, 0);
+    cr_assert_eq(cfg.frame_timeout, 5);
+    cr_assert_eq(cfg.frame_min_rate, 64u << 10);
+    cr_assert_eq(cfg.write_timeout, 9, "the flag wins");
+    cr_assert_eq(cfg.auth_fail_burst, 4);
+    cr_assert_eq(cfg.auth_fail_per_min, 6);
+    cr_assert_eq(cfg.metrics_max_connections, 4);
+    cr_assert_eq(cfg.metrics_timeout_ms, 500);
+    cr_assert_str_eq(cfg.metrics_token, "from-ini", "setting the secret leaves the metrics token alone");
+    cr_assert_str_eq(cfg.secret, "s");
+}

@@ -263,7 +263,11 @@ Test(server, hello_first)
     cr_assert_eq(wire_error(r), DQ_UNAUTHENTICATED);
     cr_assert_str_eq(r->error->name, "UNAUTHENTICATED");
     dquant__response__free_unpacked(r, NULL);
+    cr_assert(peer_closed(fd), "a request before HELLO closes the connection");
+    close(fd);
 
+    /* a HELLO of versions the server does not speak fails, and another may follow */
+    fd = connect_daemon();
     Dquant__Hello h = DQUANT__HELLO__INIT;
     h.min_version = 2;
     h.max_version = 3;

@@ -40,7 +40,7 @@ for so in $needed; do
 done
 want=$(echo $pkgs | tr ' ' '\n' | sort -u)
 have_cpu=$(echo "$cpu" | sort -u)
-have_cuda=$(echo "$cuda" | sed 's/^libuv1t64$/libuv1/' | sort -u)
+have_cuda=$(echo "$cuda" | sed -e 's/^libuv1t64$/libuv1/' -e 's/^libssl3t64$/libssl3/' | sort -u)
 [ "$want" = "$have_cpu" ] || fail "stage cpu installs $(echo $have_cpu), the programs need $(echo $want)"
 [ "$want" = "$have_cuda" ] || fail "stage cuda installs $(echo $cuda), expected the Ubuntu names of $(echo $want)"
 echo "stages cpu and cuda install exactly the libraries the programs load: $(echo $want)"

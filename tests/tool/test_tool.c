@@ -2,6 +2,9 @@
  * loopback TCP port): every operator subcommand, the load generator, the manual pages and the
  * exit status of usage errors. Skipped when either is unset. */
 #include <criterion/criterion.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,4 +136,74 @@ Test(tool, subcommands_against_a_daemon)
     cr_assert_eq(run_cli(cmd, out, sizeof out), 2, "%s", out);
     snprintf(cmd, sizeof cmd, "%s frobnicate 2>&1", tool);
     cr_assert_eq(run_cli(cmd, out, sizeof out), 2, "%s", out);
+}
+
+/* Sockets process pid has open (listeners and connections). */
+static int count_sockets(pid_t pid)
+{
+    char dir[64], path[320], link[64];
+    snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        ssize_t len = readlink(path, link, sizeof link - 1);
+        if (len > 0) {
+            link[len] = 0;
+            n += strncmp(link, "socket:", 7) == 0;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+/* The daemon is killed under a bench that would run for hours: the bench stops within seconds and
+ * exits 1, saying why (libdquant-client stops retrying at once after repeated failed reconnects). */
+Test(tool, bench_stops_when_the_daemon_goes)
+{
+    const char *tool = getenv("DQUANT_CLI");
+    if (!tool || access(tool, X_OK) != 0)
+        cr_skip_test("$DQUANT_CLI is not set");
+    start_daemon();
+    int err[2];
+    cr_assert_eq(pipe(err), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        dup2(err[1], 2);
+        int nul = open("/dev/null", O_WRONLY);
+        dup2(nul, 1);
+        execl(tool, tool, "bench", "--connect", D.addr, "-c", "2", "-n", "100000000", "--mix", "ping=1", (char *)NULL);
+        _exit(127);
+    }
+    close(err[1]);
+    /* Until its three connections (the registering one and two workers) are up, then a little longer. */
+    const int base = count_sockets(D.pid);
+    for (int i = 0; i < 200 && count_sockets(D.pid) < base + 3; i++)
+        usleep(50000);
+    usleep(300000);
+    kill(D.pid, SIGKILL);
+    waitpid(D.pid, NULL, 0);
+    D.pid = 0;
+    int st = -1;
+    for (int i = 0; i < 200; i++) {
+        int s;
+        if (waitpid(pid, &s, WNOHANG) == pid) {
+            st = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
+            break;
+        }
+        usleep(50000);
+    }
+    if (st < 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    char *text = dqd_read_all(err[0]);
+    cr_assert_eq(st, 1, "bench still running 10 s after the daemon died (status %d): %s", st, text);
+    cr_assert(strstr(text, "the daemon at") && strstr(text, "is gone"), "%s", text);
+    free(text);
+    dqd_stop(&D); /* removes its directory */
 }

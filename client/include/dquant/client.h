@@ -16,7 +16,14 @@
  * compress, decompress, delete, pin, unpin, stats, ping. A PUT or an ATTEND with appends that
  * breaks in flight returns DQ_CONNECTION (it may or may not have been applied); the next call
  * reconnects first. A connection known to be closed is always re-established before sending
- * anything, so even PUT never fails just because an idle connection went stale. Timeouts
+ * anything, so even PUT never fails just because an idle connection went stale. A reconnect makes
+ * opts.reconnect_attempts attempts, the delay between them starting at opts.reconnect_backoff_ms
+ * and doubling; when all of them fail, the call fails. The next call tries a whole reconnect again;
+ * when that fails too, the doubling goes on across calls: until the next delay has passed (at most
+ * 30 s), calls fail at once with DQ_CONNECTION (or the DQ_UNAUTHENTICATED / DQ_VERSION that ended
+ * the last reconnect) instead of trying again, so that a handle used in a loop against a daemon that
+ * has gone away neither spins nor blocks for long. A successful reconnect ends this;
+ * dqc_reconnect() always tries at once. Timeouts
  * (DQ_TIMEOUT) are not retried; they close the connection, since a late reply could otherwise be
  * taken for the answer to the next request.
  *
@@ -81,7 +88,8 @@ typedef struct dqc_options {
     int auto_reconnect;            /* default 1; 0: a broken handle fails with DQ_CONNECTION until
                                       dqc_reconnect() */
     uint32_t reconnect_attempts;   /* connection attempts per reconnect; default 5 */
-    uint32_t reconnect_backoff_ms; /* delay before the 2nd attempt, doubling after; default 20 */
+    uint32_t reconnect_backoff_ms; /* delay before the 2nd attempt, doubling after, and on across
+                                      failed reconnects (at most 30 s); default 20 */
     uint32_t max_reply_header;     /* largest protobuf reply header accepted; default 64 MiB */
     uint64_t max_reply_payload;    /* largest reply payload accepted; default 64 GiB */
     /* TLS, for "tls://host:port" addresses only (OpenSSL; TLS 1.2 or later). The server's
