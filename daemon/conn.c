@@ -764,7 +764,7 @@ static void on_write(uv_write_t *w, int status)
     unhold(c, wr->bytes);
     c->active_ms = c->tx_ms = now_ms(c);
     if (!c->writes)
-        rearm(c); /* idle from now: its deadline may come before the one armed */
+        rearm(c);                   /* idle from now: its deadline may come before the one armed */
     if (status == 0 && wr->bytes) { /* a reply (TLS handshake and alert writes carry no bytes) */
         c->ctx->metrics.bytes_out += wr->bytes;
         c->ctx->metrics.frames_out++;

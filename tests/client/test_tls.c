@@ -362,8 +362,9 @@ Test(tls, put_throughput)
     double plain2 = put_mbps(P.tcp_addr, NULL), tls2 = put_mbps(tls_addr, cpath("ca.pem"));
     (void)plain2;
     (void)tls2;
-    fprintf(stderr, "tls: PUT throughput on loopback (BF16, 8 layers x 1024 tokens x 8x128, 6 PUTs): "
-                    "plaintext TCP %.0f MB/s, TLS %.0f MB/s (ratio %.2f)\n",
+    fprintf(stderr,
+            "tls: PUT throughput on loopback (BF16, 8 layers x 1024 tokens x 8x128, 6 PUTs): "
+            "plaintext TCP %.0f MB/s, TLS %.0f MB/s (ratio %.2f)\n",
             plain, tls, tls / plain);
     cr_assert_gt(tls, plain / 10, "TLS %.0f MB/s vs plaintext %.0f MB/s", tls, plain);
 }
