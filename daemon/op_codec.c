@@ -46,15 +46,9 @@ static void codec_op_fail(codec_op *op, int code, const char *msg)
     codec_op_free(op);
 }
 
-/* The op for req with the codec of profile p; on failure replies to req and returns NULL. */
-static codec_op *codec_op_new(dqd_req *req, const dq_profile *p, dq_kind kind)
+/* The op for req with codec (referenced: given back by codec_op_free); NULL after replying to req. */
+static codec_op *codec_op_with(dqd_req *req, dqd_codec *codec, dq_kind kind)
 {
-    dqd_codec *codec;
-    int rc = dqd_registry_codec(req->ctx->reg, p, &codec);
-    if (rc < 0) {
-        dqd_req_fail(req, rc, "cannot create the codec: %s", dq_strerror(rc));
-        return NULL;
-    }
     codec_op *op = calloc(1, sizeof *op);
     if (!op) {
         dqd_registry_codec_release(req->ctx->reg, codec);
@@ -66,6 +60,18 @@ static codec_op *codec_op_new(dqd_req *req, const dq_profile *p, dq_kind kind)
     op->codec = codec;
     op->kind = kind;
     return op;
+}
+
+/* The op for req with the codec of profile p; on failure replies to req and returns NULL. */
+static codec_op *codec_op_new(dqd_req *req, const dq_profile *p, dq_kind kind)
+{
+    dqd_codec *codec;
+    int rc = dqd_registry_codec(req->ctx->reg, p, &codec);
+    if (rc < 0) {
+        dqd_req_fail(req, rc, "cannot create the codec: %s", dq_strerror(rc));
+        return NULL;
+    }
+    return codec_op_with(req, codec, kind);
 }
 
 /* Replies with op->out as the payload and frees op. */
@@ -262,13 +268,13 @@ void dqd_op_decompress(dqd_req *req)
 {
     dqd_ctx *ctx = req->ctx;
     const Dquant__Decompress *d = req->msg->decompress;
-    dq_profile p;
-    int rc = dq_profile_deserialize(d->profile.data, d->profile.len, &p);
+    dqd_codec *cached;
+    int rc = dqd_registry_codec_bytes(ctx->reg, d->profile.data, d->profile.len, &cached);
     if (rc < 0) {
         dqd_req_fail(req, rc, "profile rejected: %s", dq_strerror(rc));
         return;
     }
-    codec_op *op = codec_op_new(req, &p, d->kind ? DQ_KIND_V : DQ_KIND_K);
+    codec_op *op = codec_op_with(req, cached, d->kind ? DQ_KIND_V : DQ_KIND_K);
     if (!op)
         return;
     const dqd_codec *codec = op->codec;

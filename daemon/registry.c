@@ -93,6 +93,30 @@ static void codec_trim(dqd_registry *reg)
     }
 }
 
+/* The cached codec whose canonical serialization is key[0..klen), referenced; NULL if none. */
+static dqd_codec *codec_find(dqd_registry *reg, const uint8_t *key, size_t klen)
+{
+    for (dqd_codec *c = reg->codecs; c; c = c->next) {
+        if (c->plen == klen && memcmp(c->pbytes, key, klen) == 0) {
+            c->refs++;
+            c->last_use = ++reg->clock;
+            return c;
+        }
+    }
+    return NULL;
+}
+
+int dqd_registry_codec_bytes(dqd_registry *reg, const uint8_t *bytes, size_t len, dqd_codec **out)
+{
+    if (bytes && len && (*out = codec_find(reg, bytes, len)) != NULL)
+        return DQ_OK;
+    dq_profile p;
+    int rc = dq_profile_deserialize(bytes, len, &p);
+    if (rc < 0)
+        return rc;
+    return dqd_registry_codec(reg, &p, out);
+}
+
 int dqd_registry_codec(dqd_registry *reg, const dq_profile *profile, dqd_codec **out)
 {
     uint8_t key[DQ_PROFILE_SERIALIZED_MAX];
@@ -100,14 +124,8 @@ int dqd_registry_codec(dqd_registry *reg, const dq_profile *profile, dqd_codec *
     int rc = dq_profile_serialize(profile, key, sizeof key, &klen);
     if (rc < 0)
         return rc;
-    for (dqd_codec *c = reg->codecs; c; c = c->next) {
-        if (c->plen == klen && memcmp(c->pbytes, key, klen) == 0) {
-            c->refs++;
-            c->last_use = ++reg->clock;
-            *out = c;
-            return DQ_OK;
-        }
-    }
+    if ((*out = codec_find(reg, key, klen)) != NULL)
+        return DQ_OK;
     dqd_codec *c = calloc(1, sizeof *c);
     if (!c)
         return DQ_NOMEM;

@@ -104,6 +104,11 @@ void dqd_model_drop(dqd_model *m);
 
 /* A referenced codec for a (validated) profile; release it with dqd_registry_codec_release. */
 int dqd_registry_codec(dqd_registry *reg, const dq_profile *profile, dqd_codec **out);
+/* The same for a serialized profile a client sent: bytes equal to a cached codec's canonical
+ * serialization find it without deserializing and validating them again (a DECOMPRESS flood under
+ * one profile spent most of the loop thread there); other bytes are deserialized (validated) first.
+ * Errors: as dq_profile_deserialize, and as dqd_registry_codec. */
+int dqd_registry_codec_bytes(dqd_registry *reg, const uint8_t *bytes, size_t len, dqd_codec **out);
 void dqd_registry_codec_release(dqd_registry *reg, dqd_codec *codec);
 
 /* A workspace for the calling thread (any thread); NULL when out of memory. Give it back after use. */

@@ -708,3 +708,19 @@ Test(store_disk, capacity_evicts_least_recently_used_records)
     cr_assert_eq(stats().disk_records, 1);
     dqd_store_disk_unreserve(store, 2 * 4096);
 }
+
+/* A client's serialized profile: the canonical bytes of a cached codec find that codec without
+ * being deserialized again; anything else is deserialized and validated first. */
+Test(store, codec_by_bytes)
+{
+    dqd_codec *c = NULL;
+    cr_assert_eq(dqd_registry_codec_bytes(reg, model->codec->pbytes, model->codec->plen, &c), DQ_OK);
+    cr_assert_eq(c, model->codec, "the cached codec itself");
+    dqd_registry_codec_release(reg, c);
+    uint8_t bad[DQ_PROFILE_SERIALIZED_MAX];
+    memcpy(bad, model->codec->pbytes, model->codec->plen);
+    bad[0] ^= 0xff;
+    cr_assert_lt(dqd_registry_codec_bytes(reg, bad, model->codec->plen, &c), 0, "not a profile");
+    cr_assert_lt(dqd_registry_codec_bytes(reg, model->codec->pbytes, 3, &c), 0, "truncated");
+    cr_assert_lt(dqd_registry_codec_bytes(reg, NULL, 0, &c), 0, "none");
+}
