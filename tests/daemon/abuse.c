@@ -43,6 +43,7 @@
 #include "dquant/error.h"
 #include "dquant/profile.h"
 #include "frame.h"
+#include "amplify.h"
 #include "wire.h"
 
 #define MAX_DAEMON_ARGS 32
@@ -174,55 +175,13 @@ static double fresh_ping(const dqd_daemon *d, int timeout_ms, const char *secret
  * the profile allows: ~100 bytes of records in, 256 KiB of f32 out. */
 static uint8_t *decompress_frame(size_t *len)
 {
-    dq_profile_params pp;
-    dq_profile_params_default(&pp);
-    pp.kv_heads = 64;
-    pp.head_dim = 1024;
-    pp.levels[0] = pp.levels[1] = 3;
-    pp.alpha = 8.0f;
-    dq_profile prof;
-    int rc = DQ_CONTAINER_TOO_SMALL;
-    for (uint32_t cb = 16; rc == DQ_CONTAINER_TOO_SMALL && cb < 65536; cb += 8) {
-        pp.container_bytes[0] = pp.container_bytes[1] = cb;
-        rc = dq_profile_make(&pp, &prof);
-    }
-    dq_codec *codec;
-    dq_workspace *ws;
-    if (rc < 0 || dq_codec_create(&prof, NULL, &codec) < 0 || dq_workspace_create(codec, &ws) < 0) {
-        fprintf(stderr, "dqd_abuse: cannot make the profile: %d\n", rc);
+    size_t reply, rb;
+    uint8_t *f = amplify_decompress_frame(64, 7, len, &reply, &rb);
+    if (!f) {
+        fprintf(stderr, "dqd_abuse: cannot build the DECOMPRESS frame\n");
         exit(1);
     }
-    const size_t n = dq_codec_stream_len(codec), rb = dq_codec_record_bytes(codec, DQ_KIND_V);
-    float *x = calloc(n, sizeof *x);
-    uint8_t *rec = calloc(1, rb);
-    uint8_t pbytes[DQ_PROFILE_SERIALIZED_MAX];
-    size_t plen;
-    if (!x || !rec || dq_tokens_encode(codec, ws, DQ_KIND_V, x, DQ_DTYPE_F32, 1, NULL, rec, rb, NULL) < 0 ||
-        dq_profile_serialize(&prof, pbytes, sizeof pbytes, &plen) < 0) {
-        fprintf(stderr, "dqd_abuse: cannot encode the record\n");
-        exit(1);
-    }
-    wire_payload pl = {0};
-    Dquant__Tensor tr;
-    uint64_t shape[1] = {rb};
-    wire_tensor(&pl, &tr, DQUANT__DTYPE__RAW, shape, 1, rec, rb);
-    Dquant__Decompress dm = DQUANT__DECOMPRESS__INIT;
-    dm.profile.data = pbytes;
-    dm.profile.len = plen;
-    dm.kind = 1;
-    dm.tokens = 1;
-    dm.records = &tr;
-    dm.out_dtype = DQUANT__DTYPE__F32;
-    Dquant__Request req = DQUANT__REQUEST__INIT;
-    req.body_case = DQUANT__REQUEST__BODY_DECOMPRESS;
-    req.decompress = &dm;
-    uint8_t *f = wire_frame(&req, pl.p, pl.len, 7, len);
-    fprintf(stderr, "replies: %zu-byte frames (%zu bytes of records) -> %zu-byte replies\n", *len, rb, n * 4);
-    wire_payload_free(&pl);
-    free(x);
-    free(rec);
-    dq_workspace_free(ws);
-    dq_codec_free(codec);
+    fprintf(stderr, "replies: %zu-byte frames (%zu bytes of records) -> %zu-byte replies\n", *len, rb, reply);
     return f;
 }
 

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "amplify.h"
 #include "dqd_child.h"
 #include "dquant/codec.h"
 #include "dquant/error.h"
@@ -122,51 +123,9 @@ static void ping(int fd)
  * as it allows: ~40 bytes of records in, 32 KiB of f32 out. */
 static uint8_t *amplifying_frame(size_t *len, size_t *reply_bytes)
 {
-    dq_profile_params pp;
-    dq_profile_params_default(&pp);
-    pp.kv_heads = 8;
-    pp.head_dim = 1024;
-    pp.levels[0] = pp.levels[1] = 3;
-    pp.alpha = 8.0f;
-    dq_profile prof;
-    int rc = DQ_CONTAINER_TOO_SMALL;
-    for (uint32_t cb = 8; rc == DQ_CONTAINER_TOO_SMALL && cb < 4096; cb += 4) {
-        pp.container_bytes[0] = pp.container_bytes[1] = cb;
-        rc = dq_profile_make(&pp, &prof);
-    }
-    cr_assert_eq(rc, 0);
-    dq_codec *codec;
-    dq_workspace *ws;
-    cr_assert_eq(dq_codec_create(&prof, NULL, &codec), 0);
-    cr_assert_eq(dq_workspace_create(codec, &ws), 0);
-    const size_t n = dq_codec_stream_len(codec), rb = dq_codec_record_bytes(codec, DQ_KIND_V);
-    float *x = calloc(n, sizeof *x);
-    uint8_t *rec = calloc(1, rb);
-    cr_assert_eq(dq_tokens_encode(codec, ws, DQ_KIND_V, x, DQ_DTYPE_F32, 1, NULL, rec, rb, NULL), 0);
-    uint8_t pbytes[DQ_PROFILE_SERIALIZED_MAX];
-    size_t plen;
-    cr_assert_eq(dq_profile_serialize(&prof, pbytes, sizeof pbytes, &plen), 0);
-    wire_payload pl = {0};
-    Dquant__Tensor tr;
-    uint64_t shape[1] = {rb};
-    wire_tensor(&pl, &tr, DQUANT__DTYPE__RAW, shape, 1, rec, rb);
-    Dquant__Decompress dm = DQUANT__DECOMPRESS__INIT;
-    dm.profile.data = pbytes;
-    dm.profile.len = plen;
-    dm.kind = 1;
-    dm.tokens = 1;
-    dm.records = &tr;
-    dm.out_dtype = DQUANT__DTYPE__F32;
-    Dquant__Request req = DQUANT__REQUEST__INIT;
-    req.body_case = DQUANT__REQUEST__BODY_DECOMPRESS;
-    req.decompress = &dm;
-    uint8_t *f = wire_frame(&req, pl.p, pl.len, 7, len);
-    *reply_bytes = n * sizeof(float);
-    wire_payload_free(&pl);
-    free(x);
-    free(rec);
-    dq_workspace_free(ws);
-    dq_codec_free(codec);
+    size_t rb;
+    uint8_t *f = amplify_decompress_frame(8, 7, len, reply_bytes, &rb);
+    cr_assert_not_null(f, "cannot build the DECOMPRESS frame");
     return f;
 }
 
