@@ -315,3 +315,101 @@ done:
         cudaEventDestroy(join);
     return rc;
 }
+
+/* ---- attention over hot windows (attend_hot.cu) ---- */
+
+/* The hot kernel's plan: tiles of 128 tokens split into chunks and KV heads into nhg groups, the
+ * fewest groups (a power of two dividing kv_heads) whose blocks fill one round of the GPU's slots;
+ * split nsplit is the tail. The same in dqcu_attend_hot_workspace_size and dqcu_attend_hot. */
+static int hot_plan_for(const dqcu_codec *dc, uint32_t nseq, uint32_t QH, uint32_t max_tokens, att_plan *pl,
+                        uint32_t *nhg_out)
+{
+    att_fit f;
+    if (!dqcu__attend_hot_fit(dc, QH, dc->kv_heads, &f))
+        return DQ_UNSUPPORTED;
+    const uint32_t tpw = (dc->W + ATT_T - 1) / ATT_T;
+    const uint64_t tiles = (uint64_t)(max_tokens / dc->W) * tpw;
+    const uint64_t slots = (uint64_t)(dc->sm_count > 0 ? dc->sm_count : 1) * f.per_sm;
+    uint32_t nhg = 1;
+    while (nhg < dc->kv_heads && dc->kv_heads % (2 * nhg) == 0 && tiles * nseq * nhg < slots)
+        nhg *= 2;
+    if (!dqcu__attend_hot_fit(dc, QH, dc->kv_heads / nhg, &f))
+        return DQ_UNSUPPORTED;
+    const uint64_t slots2 = (uint64_t)(dc->sm_count > 0 ? dc->sm_count : 1) * f.per_sm;
+    uint64_t chunk = (tiles * nseq * nhg + slots2 - 1) / slots2;
+    if (chunk < 1)
+        chunk = 1;
+    if ((tiles + chunk - 1) / chunk > 8191) /* the merge keeps a weight per split in shared memory */
+        chunk = (tiles + 8190) / 8191;
+    pl->tpw = tpw;
+    pl->chunk = (uint32_t)chunk;
+    pl->nsplit = (uint32_t)((tiles + chunk - 1) / chunk);
+    pl->smem = f.smem;
+    pl->ws_bytes = (size_t)nseq * (pl->nsplit + 1) * QH * (dc->d + 2) * sizeof(float);
+    pl->prep_off = 0;
+    *nhg_out = nhg;
+    return DQ_OK;
+}
+
+extern "C" int dqcu_attend_hot_check(const dqcu_codec *dc, uint32_t q_heads)
+{
+    int rc = dqcu_attend_check(dc, q_heads);
+    if (rc)
+        return rc;
+    att_fit f;
+    return dqcu__attend_hot_fit(dc, q_heads, dc->kv_heads, &f) ? DQ_OK : DQ_UNSUPPORTED;
+}
+
+extern "C" size_t dqcu_attend_hot_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq,
+                                                 uint32_t max_tokens)
+{
+    if (!dc || !q_heads || dqcu_attend_hot_check(dc, q_heads))
+        return 0;
+    att_plan pl;
+    uint32_t nhg;
+    return hot_plan_for(dc, nseq, q_heads, max_tokens, &pl, &nhg) ? 0 : pl.ws_bytes;
+}
+
+extern "C" int dqcu_attend_hot(const dqcu_codec *dc, uint32_t q_heads, float scale, const dqcu_attn_seq *seqs,
+                               uint32_t nseq, uint32_t max_tokens, const float *q, float *out, float *lse,
+                               void *workspace, size_t workspace_bytes, cudaStream_t stream)
+{
+    if (!dc || (nseq && (!seqs || !q || !out || !workspace)) || !isfinite(scale))
+        return DQ_INVALID_ARGUMENT;
+    int rc = dqcu_attend_hot_check(dc, q_heads);
+    if (rc)
+        return rc;
+    if (nseq > 0x7fffffffu)
+        return DQ_INVALID_ARGUMENT;
+    rc = dqcu__use_device(dc);
+    if (rc || nseq == 0)
+        return rc;
+    att_plan pl;
+    uint32_t nhg;
+    rc = hot_plan_for(dc, nseq, q_heads, max_tokens, &pl, &nhg);
+    if (rc)
+        return rc;
+    if (workspace_bytes < pl.ws_bytes || ((uintptr_t)workspace & 15))
+        return DQ_INVALID_ARGUMENT;
+    if ((uint64_t)(pl.nsplit + 1) * nhg > 65535)
+        return DQ_UNSUPPORTED;
+    att_params p = {};
+    p.tab = dc->tab;
+    p.seqs = seqs;
+    p.q = q;
+    p.part = (float *)workspace;
+    p.QH = q_heads;
+    p.G = q_heads / dc->kv_heads;
+    p.chunk = pl.chunk;
+    p.nsplit = pl.nsplit;
+    p.tpw = pl.tpw;
+    p.scale = scale;
+    rc = dqcu__attend_hot_launch(dc, p, pl, nhg, nseq, stream);
+    if (rc)
+        return rc;
+    dim3 mgrid(nseq, q_heads, (dc->d + 31) / 32);
+    attend_merge_kernel<<<mgrid, MERGE_THREADS, sizeof(float) * (pl.nsplit + 1), stream>>>(
+        (const float *)workspace, pl.nsplit + 1, q_heads, dc->d, out, lse);
+    DQCU_CHECK_LAUNCH();
+    return DQ_OK;
+}
