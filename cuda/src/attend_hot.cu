@@ -21,7 +21,7 @@
  *      partial rows in global memory (as v7).
  * No rANS, no decode table: per token and KV head ~25 warp-instructions of unpacking against v7's
  * ~180 of rANS. A tail block attends its ≤ 127 BF16 tokens exactly on CUDA cores in the original
- * domain (scores by warps over tokens, values by threads over channels). */
+ * domain (scores by threads over tokens, values by threads over channels, loads batched 8 deep). */
 #include "attend_internal.cuh"
 #include "hot_cuda.cuh"
 
@@ -50,7 +50,8 @@ __host__ __device__ inline hot_layout hot_plan(uint32_t QH, uint32_t d, uint32_t
     L.qf = b;
     b = hot_align(b + (size_t)hpb * NT * KS * 32 * sizeof(uint2)); /* the block's query fragments */
     L.small = b;
-    b = hot_align(b + 7 * (size_t)QH * sizeof(float)); /* qsum, m, l, off, alpha, weight scale, query scale */
+    b = hot_align(b + 8 * (size_t)QH * sizeof(float)); /* qsum, m, l, off, alpha, weight scale, query scale,
+                                                          key-mean term */
     L.lg = b;
     const size_t lgb = (size_t)G * ATT_T * sizeof(float), tq = (size_t)G * d * sizeof(float);
     b = hot_align(b + (lgb > tq ? lgb : tq) + (size_t)G * ATT_T * sizeof(float)); /* logits (tail: + queries) */
@@ -102,6 +103,8 @@ __device__ __forceinline__ void hot_scores(const hot_params &p, const uint8_t *w
         /* tokens past the window (a partial last tile) read a clamped token: their logits are ignored */
         const uint32_t t0 = 16u * mt + r, t1 = t0 + 8u;
         const uint32_t g0 = min(tbase + t0, W - 1), g1 = min(tbase + t1, W - 1);
+        /* the tokens' (s, o) first: their load overlaps the code words' */
+        const uint32_t sok0 = __ldg(so + g0), sok1 = __ldg(so + g1);
         float dc[NT][4];
 #pragma unroll
         for (uint32_t nt = 0; nt < NT; nt++)
@@ -127,7 +130,6 @@ __device__ __forceinline__ void hot_scores(const hot_params &p, const uint8_t *w
                     att_mma(dc[nt], a0, a1, a2, a3, qfs[(((size_t)kvl * NT + nt) * KS + ks) * 32 + lane]);
             }
         }
-        const uint32_t sok0 = __ldg(so + g0), sok1 = __ldg(so + g1);
         const float s0 = dqcu_f16_to_f32((uint16_t)sok0), o0 = dqcu_f16_to_f32((uint16_t)(sok0 >> 16));
         const float s1 = dqcu_f16_to_f32((uint16_t)sok1), o1 = dqcu_f16_to_f32((uint16_t)(sok1 >> 16));
         const float mid0 = __fmaf_rn(s0, ck, o0), mid1 = __fmaf_rn(s1, ck, o1);
@@ -172,6 +174,39 @@ __device__ __forceinline__ void hot_values(const hot_params &p, const uint8_t *w
             else
                 x = __funnelshift_r(w[i], w[i + 1], s - 1);
             dst[(size_t)cc * ATT_VSTR] = (uint8_t)(x & m1);
+        }
+    }
+}
+
+__device__ __forceinline__ void hot_prefetch_l2(const void *a)
+{
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+}
+
+/* Brings the code rows of KV head kvh of the tile at tbase (and with so, the tile's (s, o) rows and
+ * the window's key means) into L2, a 128-byte line per thread: issued one head-tile ahead, so that
+ * phase 1's loads, which the block waits for between its barriers, find L2 instead of DRAM. */
+__device__ __forceinline__ void hot_prefetch_tile_head(const hot_params &p, const uint8_t *win, uint32_t tbase,
+                                                       uint32_t cnt, uint32_t kvh, bool so, uint32_t tid)
+{
+    const dqcu_tables &tb = *p.a.tab;
+    const uint32_t gph = tb.d / 32, W = tb.W, lpr = (cnt * 4u + 127u) / 128u + 1u; /* lines per row, misaligned */
+    const uint32_t rk = gph * p.bk, rows = rk + gph * p.bv;
+    for (uint32_t i = tid; i < rows * lpr; i += ATT_THREADS) {
+        const uint32_t row = i / lpr, l = i % lpr;
+        const uint32_t kind = row < rk ? 0u : 1u, rr = row < rk ? row : row - rk, b = kind ? p.bv : p.bk;
+        const uint32_t grp = kvh * gph + rr / b, wi = rr % b;
+        /* (selects, not p.off[2 + kind]: a parameter indexed at run time would be copied to the stack) */
+        const uint8_t *a = win + (kind ? p.off[3] : p.off[2]) + (((size_t)grp * b + wi) * W + tbase) * 4u;
+        hot_prefetch_l2(a + 128u * l);
+    }
+    if (so) {
+        /* (s, o) rows of both kinds: 4·cnt bytes each; the key means: 2 + n bytes */
+        const uint32_t lso = (cnt * 4u + 127u) / 128u + 1u, lmu = (2u + tb.n + 127u) / 128u;
+        for (uint32_t i = tid; i < 2 * lso + lmu; i += ATT_THREADS) {
+            const uint8_t *a = i < 2 * lso ? win + (i < lso ? p.off[0] : p.off[1]) + tbase * 4u + 128u * (i % lso)
+                                           : win + 128u * (i - 2 * lso);
+            hot_prefetch_l2(a);
         }
     }
 }
@@ -237,25 +272,37 @@ __device__ void hot_tail(const hot_params &p, const dqcu_attn_seq &sq, float *pa
         __syncthreads();
         for (uint32_t t0 = 0; t0 < T; t0 += ATT_T) {
             const uint32_t cnt = min((uint32_t)ATT_T, T - t0);
-            /* scores: a warp per token, lanes over channels */
-            for (uint32_t u = warp; u < cnt; u += nwarps) {
-                const uint16_t *kr = sq.tail_k + ((size_t)(t0 + u) * KVH + kvh) * d;
+            /* scores: a thread per token, its key row read 64 channels (8 × 16 bytes) at a time, the
+             * queries broadcast from shared memory */
+            if (tid < cnt) {
+                const uint4 *kr = (const uint4 *)(const void *)(sq.tail_k + ((size_t)(t0 + tid) * KVH + kvh) * d);
                 float sg[G];
 #pragma unroll
                 for (int g = 0; g < G; g++)
                     sg[g] = 0.0f;
-                for (uint32_t e = lane; e < d; e += 32) {
-                    const float kv = dqcu_bf16_to_f32(kr[e]);
+                for (uint32_t c0 = 0; c0 < d / 8; c0 += 8) {
+                    uint4 kw[8];
 #pragma unroll
-                    for (int g = 0; g < G; g++)
-                        sg[g] = __fmaf_rn(qs[(size_t)g * d + e], kv, sg[g]);
+                    for (uint32_t j = 0; j < 8; j++)
+                        kw[j] = c0 + j < d / 8 ? __ldg(kr + c0 + j) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+                    for (uint32_t j = 0; j < 8; j++) {
+                        const uint32_t wv[4] = {kw[j].x, kw[j].y, kw[j].z, kw[j].w};
+#pragma unroll
+                        for (uint32_t k = 0; k < 8; k++) {
+                            const uint32_t e = (c0 + j) * 8u + k;
+                            const float kv = dqcu_bitsf(k & 1u ? wv[k / 2] & 0xffff0000u : wv[k / 2] << 16);
+                            if (e < d) {
+#pragma unroll
+                                for (int g = 0; g < G; g++)
+                                    sg[g] = __fmaf_rn(qs[(size_t)g * d + e], kv, sg[g]);
+                            }
+                        }
+                    }
                 }
 #pragma unroll
-                for (int g = 0; g < G; g++) {
-                    const float v = dqcu_warp_sum(sg[g]);
-                    if (lane == 0)
-                        wt[(size_t)g * ATT_T + u] = p.a.scale * v;
-                }
+                for (int g = 0; g < G; g++)
+                    wt[(size_t)g * ATT_T + tid] = p.a.scale * sg[g];
             }
             __syncthreads();
             /* softmax: a warp per query head */
@@ -289,11 +336,21 @@ __device__ void hot_tail(const hot_params &p, const dqcu_attn_seq &sq, float *pa
 #pragma unroll
                     for (int g = 0; g < G; g++)
                         acc[g][i] *= st[2 * G + g];
-                    for (uint32_t u = 0; u < cnt; u++) {
-                        const float v = dqcu_bf16_to_f32(sq.tail_v[((size_t)(t0 + u) * KVH + kvh) * d + e]);
+                    /* 8 tokens' values loaded before they are used: 8 loads in flight per thread */
+                    for (uint32_t u0 = 0; u0 < cnt; u0 += 8) {
+                        float v[8];
 #pragma unroll
-                        for (int g = 0; g < G; g++)
-                            acc[g][i] = __fmaf_rn(wt[(size_t)g * ATT_T + u], v, acc[g][i]);
+                        for (uint32_t j = 0; j < 8; j++)
+                            v[j] = u0 + j < cnt
+                                       ? dqcu_bf16_to_f32(__ldg(sq.tail_v + ((size_t)(t0 + u0 + j) * KVH + kvh) * d + e))
+                                       : 0.0f;
+#pragma unroll
+                        for (uint32_t j = 0; j < 8; j++)
+                            if (u0 + j < cnt) {
+#pragma unroll
+                                for (int g = 0; g < G; g++)
+                                    acc[g][i] = __fmaf_rn(wt[(size_t)g * ATT_T + u0 + j], v[j], acc[g][i]);
+                            }
                     }
                 }
             }
@@ -318,7 +375,9 @@ __device__ void hot_tail(const hot_params &p, const dqcu_attn_seq &sq, float *pa
 }
 
 template <int G, int BK, int BV>
-__global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 5) attend_hot_kernel(hot_params p)
+/* 80 registers (G 8: 128) without spills: 6 blocks (24 warps) per SM where shared memory allows,
+ * i.e. with at most 4 KV heads' query fragments per block (the plan picks such head groups) */
+__global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 6) attend_hot_kernel(hot_params p)
 {
     constexpr uint32_t NT = (2 * G + 7) / 8;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -415,9 +474,12 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 5) attend_hot_kernel
     const __half2 c2vh = __floats2half2_rn(512.0f + cv, 512.0f + cv);
     const uint32_t c2k = *(const uint32_t *)(const void *)&c2kh, c2v = *(const uint32_t *)(const void *)&c2vh;
     const uint32_t t = tid;
+    float *qmt = qex + QH; /* Σ q'·μ of the tile's window per head, scaled (phase 1 → softmax) */
     for (uint32_t tile = tile0; tile < tile1; tile++) {
         const uint32_t tbase = (tile % p.a.tpw) * ATT_T, cnt = min((uint32_t)ATT_T, W - tbase);
         const uint8_t *win = sq.windows[tile / p.a.tpw];
+        if (tile == tile0)
+            hot_prefetch_tile_head(p, win, tbase, cnt, kv0, true, tid);
         const float sfm = dqcu_f16_le(win);
         /* sv/midv of the previous tile were last read before its final barrier */
         if (t < cnt) {
@@ -427,31 +489,68 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 5) attend_hot_kernel
             midv[t] = __fmaf_rn(s2, cv, o2);
         }
         for (uint32_t kvh = kv0; kvh < kv1; kvh++) {
-            /* ---- 1. values of token t into the level buffer; the keys' scores on tensor cores ---- */
+            /* the next head-tile's lines into L2 while this one is computed */
+            if (kvh + 1 < kv1)
+                hot_prefetch_tile_head(p, win, tbase, cnt, kvh + 1, false, tid);
+            else if (tile + 1 < tile1) {
+                const uint32_t nb = ((tile + 1) % p.a.tpw) * ATT_T;
+                hot_prefetch_tile_head(p, sq.windows[(tile + 1) / p.a.tpw], nb, min((uint32_t)ATT_T, W - nb), kv0,
+                                       true, tid);
+            }
+            /* ---- 1. values of token t into the level buffer; the keys' scores on tensor cores;
+             * the key-mean term Σ_j q'_j μ_j of the group's heads (warp g), its means loaded first ---- */
+            const uint8_t *mu = win + 2u + kvh * d;
+            /* GI heads per warp; d <= 256: KS <= 16, two k-steps per lane; 4 means per word */
+            constexpr int GI = (G + 3) / 4;
+            uint32_t muw[GI][2];
+#pragma unroll
+            for (int gi = 0; gi < GI; gi++) {
+                const uint32_t g = warp + nwarps * (uint32_t)gi, cq = lane & 3u;
+#pragma unroll
+                for (int it = 0; it < 2; it++) {
+                    const uint32_t ks = (lane >> 2) + 8u * (uint32_t)it, w = KS * cq + ks;
+                    uint32_t v = 0;
+                    if (g < (uint32_t)G && ks < KS)
+                        for (int i = 0; i < 4; i++)
+                            v |= (uint32_t)__ldg(mu + 4u * w + i) << (8 * i);
+                    muw[gi][it] = v;
+                }
+            }
             if (t < cnt)
                 hot_values<BV>(p, win, tbase + t, kvh, lv + t);
             hot_scores<G, BK>(p, win, tbase, kvh, kvh - kv0, qfs, qsum, qex, lg, ck, c2k, warp, lane);
-            __syncthreads(); /* A: logits and value levels of head kvh are in place */
+#pragma unroll
+            for (int gi = 0; gi < GI; gi++) {
+                const uint32_t g = warp + nwarps * (uint32_t)gi;
+                if (g < (uint32_t)G) {
+                    /* from the hi and lo fragments (as v7) */
+                    const __half *fh =
+                        (const __half *)(const void *)(qfs + ((size_t)(kvh - kv0) * NT + g / 4u) * KS * 32);
+                    const uint32_t col = 2u * (g & 3u), cq = lane & 3u;
+                    float qm = 0;
+#pragma unroll
+                    for (int it = 0; it < 2; it++) {
+                        const uint32_t ks = (lane >> 2) + 8u * (uint32_t)it;
+                        if (ks < KS) {
+                            const size_t at = ((size_t)ks * 32 + 4u * col + cq) * 4;
+#pragma unroll
+                            for (int i = 0; i < 4; i++) {
+                                const float q = __half2float(fh[at + i]) + __half2float(fh[at + 16 + i]);
+                                qm = __fmaf_rn(q, (float)(int8_t)(uint8_t)(muw[gi][it] >> (8 * i)), qm);
+                            }
+                        }
+                    }
+                    qm = dqcu_warp_sum(qm);
+                    if (lane == 0)
+                        qmt[kvh * G + g] = p.a.scale * ((qm * qex[kvh * G + g]) * sfm);
+                }
+            }
+            __syncthreads(); /* A: logits, value levels and key-mean terms of head kvh are in place */
 
             /* ---- 2. softmax of the group's query heads over this tile, one warp per head ---- */
             for (uint32_t g = warp; g < (uint32_t)G; g += nwarps) {
                 const uint32_t h = kvh * G + g;
-                /* Σ_j q'_j μ_j from the hi and lo fragments (as v7) */
-                const __half *fh = (const __half *)(const void *)(qfs + ((size_t)(kvh - kv0) * NT + g / 4u) * KS * 32);
-                const uint32_t col = 2u * (g & 3u), cq = lane & 3u;
-                const uint8_t *mu = win + 2u + kvh * d;
-                float qm = 0;
-                for (uint32_t ks = lane >> 2; ks < KS; ks += 8) {
-                    const uint32_t w = KS * cq + ks;
-                    const size_t at = ((size_t)ks * 32 + 4u * col + cq) * 4;
-#pragma unroll
-                    for (uint32_t i = 0; i < 4; i++) {
-                        const float q = __half2float(fh[at + i]) + __half2float(fh[at + 16 + i]);
-                        qm = __fmaf_rn(q, (float)(int8_t)mu[4u * w + i], qm);
-                    }
-                }
-                qm = dqcu_warp_sum(qm) * qex[h];
-                const float sh = p.a.scale * (qm * sfm);
+                const float sh = qmt[h];
                 att_softmax<NT>(lg + (size_t)g * ATT_T, sh, cnt, h, g, m_run, l_run, off_run, alpha_s, wsc, sv, midv,
                                 wfr, lane);
             }

@@ -232,7 +232,8 @@ DQCU_API size_t dqcu_attend_hot_workspace_size(const dqcu_codec *dc, uint32_t q_
                                                uint32_t max_tokens);
 
 /* dqcu_attend over hot windows: the same arguments, except that each dqcu_attn_seq's windows point
- * to hot windows (dqcu_transcode_hot, dq_hot_transcode; 16-byte aligned). Matches dq_hot_attend
+ * to hot windows (dqcu_transcode_hot, dq_hot_transcode; 16-byte aligned) and its tails must be
+ * 16-byte aligned (as cudaMalloc gives them). Matches dq_hot_attend
  * (and dq_attend of the records they came from) within float rounding. One launch runs the
  * windows and the BF16 tail (split over the context and over groups of KV heads, so one sequence
  * fills the GPU), a second merges the splits. Returns 0, DQ_INVALID_ARGUMENT, DQ_SHAPE,
