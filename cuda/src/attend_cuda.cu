@@ -378,9 +378,8 @@ static int hot_plan_for(const dqcu_codec *dc, uint32_t nseq, uint32_t QH, uint32
  * holding split s's max and sum, the weighted rows added split by split (independent loads) with
  * the lanes over channels. attend_merge_kernel's 1024 threads per head would be mostly idle. */
 #define MERGE_WARP_MAX 32
-__global__ void __launch_bounds__(128)
-    attend_merge_warp_kernel(const float *part, uint32_t nsplit_total, uint32_t QH, uint32_t d, uint32_t nitems,
-                             float *out, float *lse)
+__global__ void __launch_bounds__(128) attend_merge_warp_kernel(const float *part, uint32_t nsplit_total, uint32_t QH,
+                                                                uint32_t d, uint32_t nitems, float *out, float *lse)
 {
     const uint32_t lane = threadIdx.x & 31u, item = blockIdx.x * 4u + (threadIdx.x >> 5);
     if (item >= nitems)

@@ -27,10 +27,10 @@
 
 struct hot_params {
     att_params a;
-    uint32_t off[4];   /* dq_hot_offsets */
-    uint32_t bk, bv;   /* bits per key / value code */
-    uint32_t hpb;      /* KV heads per block (KVH / nhg) */
-    uint32_t nhg;      /* head groups */
+    uint32_t off[4]; /* dq_hot_offsets */
+    uint32_t bk, bv; /* bits per key / value code */
+    uint32_t hpb;    /* KV heads per block (KVH / nhg) */
+    uint32_t nhg;    /* head groups */
 };
 
 __host__ __device__ inline size_t hot_align(size_t b)
@@ -252,8 +252,8 @@ __device__ void hot_tail(const hot_params &p, const dqcu_attn_seq &sq, float *pa
     const dqcu_tables &tb = *p.a.tab;
     const uint32_t d = tb.d, KVH = tb.kv_heads, QH = p.a.QH, T = sq.tail_tokens, accs = d + 2;
     const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5, nwarps = ATT_THREADS / 32;
-    float *qs = (float *)(void *)(smem + L.lg);  /* [G][d] this KV head's queries */
-    float *wt = qs + (size_t)G * d;               /* [G][ATT_T] logits, then weights */
+    float *qs = (float *)(void *)(smem + L.lg);    /* [G][d] this KV head's queries */
+    float *wt = qs + (size_t)G * d;                /* [G][ATT_T] logits, then weights */
     float *st = (float *)(void *)(smem + L.small); /* m, l, alpha per group column */
     const float *qb = p.a.q + (size_t)blockIdx.x * QH * d;
     for (uint32_t kvh = kv0; kvh < kv1; kvh++) {
@@ -341,9 +341,9 @@ __device__ void hot_tail(const hot_params &p, const dqcu_attn_seq &sq, float *pa
                         float v[8];
 #pragma unroll
                         for (uint32_t j = 0; j < 8; j++)
-                            v[j] = u0 + j < cnt
-                                       ? dqcu_bf16_to_f32(__ldg(sq.tail_v + ((size_t)(t0 + u0 + j) * KVH + kvh) * d + e))
-                                       : 0.0f;
+                            v[j] = u0 + j < cnt ? dqcu_bf16_to_f32(
+                                                      __ldg(sq.tail_v + ((size_t)(t0 + u0 + j) * KVH + kvh) * d + e))
+                                                : 0.0f;
 #pragma unroll
                         for (uint32_t j = 0; j < 8; j++)
                             if (u0 + j < cnt) {
@@ -413,7 +413,7 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 6) attend_hot_kernel
     float *alpha_s = off_run + QH, *wsc = alpha_s + QH, *qex = wsc + QH;
     float *lg = (float *)(void *)(smem + L.lg); /* [G][ATT_T] */
     float *sv = (float *)(void *)(smem + L.sv), *midv = sv + ATT_T;
-    uint8_t *lv = smem + L.lv;                   /* [d][ATT_VSTR] */
+    uint8_t *lv = smem + L.lv;                    /* [d][ATT_VSTR] */
     uint2 *wfr = (uint2 *)(void *)(smem + L.wfr); /* [ATT_T / 16][NT][32] */
 
     const dqcu_kind_tab &kk = tb.kind[0], &kv_ = tb.kind[1];
@@ -494,8 +494,8 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 6) attend_hot_kernel
                 hot_prefetch_tile_head(p, win, tbase, cnt, kvh + 1, false, tid);
             else if (tile + 1 < tile1) {
                 const uint32_t nb = ((tile + 1) % p.a.tpw) * ATT_T;
-                hot_prefetch_tile_head(p, sq.windows[(tile + 1) / p.a.tpw], nb, min((uint32_t)ATT_T, W - nb), kv0,
-                                       true, tid);
+                hot_prefetch_tile_head(p, sq.windows[(tile + 1) / p.a.tpw], nb, min((uint32_t)ATT_T, W - nb), kv0, true,
+                                       tid);
             }
             /* ---- 1. values of token t into the level buffer; the keys' scores on tensor cores;
              * the key-mean term Σ_j q'_j μ_j of the group's heads (warp g), its means loaded first ---- */
@@ -524,8 +524,8 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 6) attend_hot_kernel
                 const uint32_t g = warp + nwarps * (uint32_t)gi;
                 if (g < (uint32_t)G) {
                     /* from the hi and lo fragments (as v7) */
-                    const __half *fh =
-                        (const __half *)(const void *)(qfs + ((size_t)(kvh - kv0) * NT + g / 4u) * KS * 32);
+                    const __half *fh = (const __half *)(const void *)(qfs +
+                                                                      ((size_t)(kvh - kv0) * NT + g / 4u) * KS * 32);
                     const uint32_t col = 2u * (g & 3u), cq = lane & 3u;
                     float qm = 0;
 #pragma unroll
@@ -578,7 +578,9 @@ static att_attr hot_attr()
 
 static bool hot_widths_ok(uint32_t bk, uint32_t bv)
 {
-#define HOT_W_OK(a, b) if (bk == a && bv == b) return true;
+#define HOT_W_OK(a, b)      \
+    if (bk == a && bv == b) \
+        return true;
     HOT_WIDTHS(HOT_W_OK)
 #undef HOT_W_OK
     return false;
@@ -587,7 +589,9 @@ static bool hot_widths_ok(uint32_t bk, uint32_t bv)
 template <int G>
 static att_attr hot_attr_g(uint32_t bk, uint32_t bv)
 {
-#define HOT_W_ATTR(a, b) if (bk == a && bv == b) return hot_attr<G, a, b>();
+#define HOT_W_ATTR(a, b)    \
+    if (bk == a && bv == b) \
+        return hot_attr<G, a, b>();
     HOT_WIDTHS(HOT_W_ATTR)
 #undef HOT_W_ATTR
     return att_attr{};
@@ -640,7 +644,7 @@ static int launch_hot(const hot_params &p, size_t smem, uint32_t nseq, uint32_t 
 template <int G>
 static int launch_hot_g(const hot_params &p, size_t smem, uint32_t nseq, uint32_t nblk_y, cudaStream_t stream)
 {
-#define HOT_W_LAUNCH(a, b) \
+#define HOT_W_LAUNCH(a, b)      \
     if (p.bk == a && p.bv == b) \
         return launch_hot<G, a, b>(p, smem, nseq, nblk_y, stream);
     HOT_WIDTHS(HOT_W_LAUNCH)

@@ -62,8 +62,8 @@ __global__ void __launch_bounds__(HOT_THREADS) hot_transcode_kernel(hot_tc_param
     for (uint32_t t = threadIdx.x; t < W; t += blockDim.x) {
         const uint8_t *rec = kind == 0 ? dqcu_krec(win, n, rk, t) : dqcu_vrec(win, n, W, rk, rv, t);
         /* s and o as they are: the record is not 4-byte aligned, the pair is */
-        *(uint32_t *)(void *)(so + 4u * t) =
-            (uint32_t)rec[0] | (uint32_t)rec[1] << 8 | (uint32_t)rec[2] << 16 | (uint32_t)rec[3] << 24;
+        *(uint32_t *)(void *)(so + 4u * t) = (uint32_t)rec[0] | (uint32_t)rec[1] << 8 | (uint32_t)rec[2] << 16 |
+                                             (uint32_t)rec[3] << 24;
         dqcu_rans_in in;
         uint32_t x = dqcu_rans_open(in, rec + 4, C);
         const bool valid_state = x >= DQCU_RANS_L && x < (DQCU_RANS_L << 8);

@@ -106,8 +106,8 @@ static const uint8_t *window_levels(const dq_codec *c, dq_workspace *ws, const d
     return src->hot[w] + off[kind];
 }
 
-static void attend_windows(const dq_codec *c, dq_workspace *ws, const dq__dsp *dsp, const attn_src *src,
-                           attn_state *st, uint32_t qh0, uint32_t G, float scale)
+static void attend_windows(const dq_codec *c, dq_workspace *ws, const dq__dsp *dsp, const attn_src *src, attn_state *st,
+                           uint32_t qh0, uint32_t G, float scale)
 {
     const uint32_t n = c->n, d = c->head_dim, W = c->profile.window;
     const dq__kind_tables *ktk = &c->kt[DQ_KIND_K], *ktv = &c->kt[DQ_KIND_V];
@@ -451,8 +451,8 @@ int dq_hot_attend(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float s
     const uint32_t qc = heads_per_pass(c, ws, q_heads);
     for (size_t i = 0; i < nitems && rc == DQ_OK; i++) {
         const dq_hot_item *it = &items[i];
-        const attn_src src = {.hot = it->windows, .nwin = it->nwin, .tk = it->tail_k, .tv = it->tail_v,
-                              .T = it->tail_tokens};
+        const attn_src src = {
+            .hot = it->windows, .nwin = it->nwin, .tk = it->tail_k, .tv = it->tail_v, .T = it->tail_tokens};
         rc = attend_item(c, ws, dsp, q_heads, qc, scale, &src, it->q, it->out, it->lse, NULL);
     }
     return rc;

@@ -942,8 +942,14 @@ static void test_hot(Codecs &cs, Rng &r, const std::vector<uint32_t> &lens, uint
             seqs[b].tail_v = dtv[b]->p;
             seqs[b].nwin = (uint32_t)nw;
             seqs[b].tail_tokens = (uint32_t)tail;
-            items[b] = {cpu_ptrs.data() + w0,  nw, dq_layer_tail(layers[b], DQ_KIND_K),
-                        dq_layer_tail(layers[b], DQ_KIND_V), tail, &q[b * QH * d], &oc[b * QH * d], &lc[b * QH]};
+            items[b] = {cpu_ptrs.data() + w0,
+                        nw,
+                        dq_layer_tail(layers[b], DQ_KIND_K),
+                        dq_layer_tail(layers[b], DQ_KIND_V),
+                        tail,
+                        &q[b * QH * d],
+                        &oc[b * QH * d],
+                        &lc[b * QH]};
             items_ref[b] = {layers[b], &q[b * QH * d], &orf[b * QH * d], &lrf[b * QH]};
             w0 += nw;
         }
@@ -957,8 +963,7 @@ static void test_hot(Codecs &cs, Rng &r, const std::vector<uint32_t> &lens, uint
         DevBuf<uint8_t> dws(std::max<size_t>(wsb, 16));
         dout.fill_bytes(0xff);
         dlse.fill_bytes(0xff);
-        DQ(dqcu_attend_hot(cs.g, QH, scale, dseqs.p, (uint32_t)nseq, max_tokens, dq_.p, dout.p, dlse.p, dws.p, wsb,
-                           0));
+        DQ(dqcu_attend_hot(cs.g, QH, scale, dseqs.p, (uint32_t)nseq, max_tokens, dq_.p, dout.p, dlse.p, dws.p, wsb, 0));
         CK(cudaDeviceSynchronize());
         std::vector<float> og(q.size()), lg(nseq * QH);
         dout.download(og.data(), og.size());
@@ -1000,7 +1005,8 @@ static void test_hot(Codecs &cs, Rng &r, const std::vector<uint32_t> &lens, uint
         std::string ls;
         for (size_t b = 0; b < nseq; b++)
             ls += (b ? "," : "") + std::to_string(lens[b]);
-        report(ok, "attend_hot %s QH=%u (G=%u) lens [%s]: rel err vs dq_hot_attend %.2e, vs f64 reference %.2e, lse %.2e",
+        report(ok,
+               "attend_hot %s QH=%u (G=%u) lens [%s]: rel err vs dq_hot_attend %.2e, vs f64 reference %.2e, lse %.2e",
                cs.name.c_str(), QH, G, ls.c_str(), worst, worst_ref, worst_lse);
         for (size_t b = 0; b < nseq; b++) {
             delete dtk[b];
@@ -1207,13 +1213,13 @@ int main(int argc, char **argv)
     if (hot_only) {
         /* the hot layout alone, with the container attention of att_list on the same shapes */
         const Cfg hcfgs[] = {
-            {8, 128, 0, 0, 128, 128, 0, 0, 0, "dq226"},      /* production: n = 1024, 3 + 3 bits */
-            {2, 128, 0, 0, 128, 128, 0, 0, 0, "dq196"},      /* M 7/5 */
-            {4, 256, 8, 6, 128, 128, 2.5, 1.8, 0x77, NULL},  /* d = 256: two groups per lane quad */
-            {2, 128, 16, 12, 64, 64, 3.5, 3.0, 0x5, NULL},   /* 4 + 4 bits, W = 64: half tiles */
-            {2, 128, 8, 6, 256, 256, 2.5, 1.8, 0x9, NULL},   /* W = 256: two tiles per window */
-            {2, 128, 8, 12, 128, 128, 2.5, 3.0, 0x3, NULL},  /* 3 + 4 bits: not taken */
-            {4, 64, 8, 6, 128, 128, 2.5, 1.8, 0x3, NULL},    /* d = 64: not taken */
+            {8, 128, 0, 0, 128, 128, 0, 0, 0, "dq226"},     /* production: n = 1024, 3 + 3 bits */
+            {2, 128, 0, 0, 128, 128, 0, 0, 0, "dq196"},     /* M 7/5 */
+            {4, 256, 8, 6, 128, 128, 2.5, 1.8, 0x77, NULL}, /* d = 256: two groups per lane quad */
+            {2, 128, 16, 12, 64, 64, 3.5, 3.0, 0x5, NULL},  /* 4 + 4 bits, W = 64: half tiles */
+            {2, 128, 8, 6, 256, 256, 2.5, 1.8, 0x9, NULL},  /* W = 256: two tiles per window */
+            {2, 128, 8, 12, 128, 128, 2.5, 3.0, 0x3, NULL}, /* 3 + 4 bits: not taken */
+            {4, 64, 8, 6, 128, 128, 2.5, 1.8, 0x3, NULL},   /* d = 64: not taken */
         };
         for (const Cfg &cfg : hcfgs) {
             Codecs cs;

@@ -57,11 +57,11 @@ static void random_window(uint32_t n, size_t W, float *k, float *v)
 ParameterizedTestParameters(hot, round_trip)
 {
     static hot_shape shapes[] = {
-        {0, 8, 128, 0, 0},  /* dq226 in production: n = 1024, 3 + 3 bits */
-        {1, 2, 64, 0, 0},   /* dq196: M 7/5, 3 bits each */
-        {0, 1, 16, 0, 0},   /* n = 16: half a group, zero-padded */
-        {0, 2, 32, 32, 2},  /* 5 and 1 bits: codes straddling words, one-bit codes */
-        {0, 1, 64, 16, 9},  /* 4 bits, and 4 bits for M = 9 */
+        {0, 8, 128, 0, 0}, /* dq226 in production: n = 1024, 3 + 3 bits */
+        {1, 2, 64, 0, 0},  /* dq196: M 7/5, 3 bits each */
+        {0, 1, 16, 0, 0},  /* n = 16: half a group, zero-padded */
+        {0, 2, 32, 32, 2}, /* 5 and 1 bits: codes straddling words, one-bit codes */
+        {0, 1, 64, 16, 9}, /* 4 bits, and 4 bits for M = 9 */
     };
     return cr_make_param_array(hot_shape, shapes, sizeof shapes / sizeof shapes[0]);
 }
@@ -181,8 +181,8 @@ Test(hot, attention_matches_records)
         cr_assert_eq(dq_attend(codec, ws, QH, scale, it, 2), DQ_OK);
         /* item 0 over the windows and the tail; item 1 over the windows alone */
         dq_hot_item hi[2] = {
-            {hp, nwin, dq_layer_tail(layer, DQ_KIND_K), dq_layer_tail(layer, DQ_KIND_V), dq_layer_tail_tokens(layer),
-             q, o2, l2},
+            {hp, nwin, dq_layer_tail(layer, DQ_KIND_K), dq_layer_tail(layer, DQ_KIND_V), dq_layer_tail_tokens(layer), q,
+             o2, l2},
             {hp, nwin, NULL, NULL, 0, q + QH * D, o2 + QH * D, l2 + QH},
         };
         cr_assert_eq(dq_hot_attend(codec, ws, QH, scale, hi, 2), DQ_OK);
