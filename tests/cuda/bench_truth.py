@@ -1540,15 +1540,17 @@ def orchestrate(args: argparse.Namespace) -> int:
 
 def dry_run(args: argparse.Namespace) -> int:
     """The plan without a GPU: shapes, sets, bytes, batches, memory."""
-    wb, W, R = DQ226_WINDOW_BYTES, DQ226_W, DQ226_R
+    wb, W, R, hb = DQ226_WINDOW_BYTES, DQ226_W, DQ226_R, DQ226_HOT_BYTES
     src = "built-in table"
     try:
         hc = dqc.HostCodec(dqc.HostLib(args.build), PROFILE, MODEL["kv_heads"], MODEL["head_dim"])
         wb, W, R, src = hc.window_bytes, hc.window, hc.residual, f"libdquant in {args.build}"
+        hb = hc.hot_window_bytes
     except OSError:
         pass
     rot = max(args.rot_mb * 1e6, 4 * 60 * 2**20)
-    log(f"{PROFILE}: window record {wb} B per {W} tokens, tail buffer R = {R} ({src}); rotation >= {rot / 1e6:.0f} MB")
+    log(f"{PROFILE}: window record {wb} B per {W} tokens, hot window {hb} B, tail buffer R = {R} ({src}); "
+        f"rotation >= {rot / 1e6:.0f} MB")
     log(f"{'batch':>6} {'context':>8} {'nwin':>5} {'tail':>5} | {'dq MB/call':>10} {'sets':>5} | "
         f"{'bf16 MB/call':>12} {'sets':>5}")
     for B, T in parse_shapes(args.shapes):
@@ -1559,8 +1561,10 @@ def dry_run(args: argparse.Namespace) -> int:
     log(f"end to end, {args.budget_gb:g} GB of KV; weights {weight_bytes() / 1e9:.2f} GB")
     for ctx in parse_contexts(args.e2e):
         p = e2e_plan(ctx, args.budget_gb * 1e9, wb, W, R)
+        ph = e2e_plan(ctx, args.budget_gb * 1e9, hb, W, R)
         log(f"  context {ctx}: D-Quant batch {p['batch']} ({p['dq_kv_bytes'] / 1e9:.1f} GB, {p['windows']} windows, "
-            f"{p['dq_bytes_per_token']:.1f} B/token of containers), BF16 batch {p['bf16_batch']} "
+            f"{p['dq_bytes_per_token']:.1f} B/token of containers), hot batch {ph['batch']} "
+            f"({ph['dq_bytes_per_token']:.1f} B/token), BF16 batch {p['bf16_batch']} "
             f"({p['bf16_kv_bytes'] / 1e9:.1f} GB)")
     return 0
 
@@ -1616,6 +1620,7 @@ def self_test(args: argparse.Namespace) -> int:
             check(hc.window_bytes == DQ226_WINDOW_BYTES and hc.window == DQ226_W and hc.residual == DQ226_R
                   and hc.container_bytes == (331, 231), f"dq226 via libdquant: {hc.window_bytes} {hc.window} "
                                                         f"{hc.residual} {hc.container_bytes}")
+            check(hc.hot_window_bytes == DQ226_HOT_BYTES, f"dq226 hot window via libdquant: {hc.hot_window_bytes}")
             log(f"libdquant: dq226 window record {hc.window_bytes} B, W {hc.window}, R {hc.residual}")
         except OSError as e:
             log(f"libdquant not loadable from {args.build}, binding check skipped: {e}")

@@ -90,6 +90,8 @@ class HostLib:
         d.dq_codec_window_bytes.restype = _SZ
         d.dq_codec_record_bytes.argtypes = [_P, _I]
         d.dq_codec_record_bytes.restype = _SZ
+        d.dq_hot_window_bytes.argtypes = [_P]
+        d.dq_hot_window_bytes.restype = _SZ
         d.dq_err_name.argtypes = [_I]
         d.dq_err_name.restype = ctypes.c_char_p
 
@@ -120,6 +122,7 @@ class HostCodec:
         self.container_bytes = tuple(self.prof.container_bytes)
         self.window_bytes = host.dq.dq_codec_window_bytes(h)
         self.record_bytes = (host.dq.dq_codec_record_bytes(h, KIND_K), host.dq.dq_codec_record_bytes(h, KIND_V))
+        self.hot_window_bytes = host.dq.dq_hot_window_bytes(h)  # dquant/hot.h
 
     def free(self) -> None:
         if self.handle:
