@@ -474,3 +474,33 @@ int dq__kvq_gauss_codebook(uint32_t bits, uint32_t dim, float *centroids)
         centroids[i] = (float)(c[i] * sigma);
     return DQ_OK;
 }
+
+/* ---- randomized Hadamard rotation ------------------------------------------------------------------ */
+
+int dq__kvq_rht_signs(uint32_t d, uint64_t seed, float *signs)
+{
+    DQ_RETURN_IF(!signs || d == 0 || (d & (d - 1)) != 0, DQ_INVALID_ARGUMENT);
+    dq__kvq_rng r;
+    dq__kvq_rng_seed(&r, seed);
+    for (uint32_t i = 0; i < d; i++)
+        signs[i] = dq__kvq_rng_next(&r) >> 63 ? -1.0f : 1.0f;
+    return DQ_OK;
+}
+
+void dq__kvq_rht_apply(float *x, const float *signs, uint32_t d)
+{
+    const float scale = (float)(1.0 / sqrt((double)d));
+    for (uint32_t i = 0; i < d; i++)
+        x[i] *= signs[i];
+    dq__fwht(x, d);
+    for (uint32_t i = 0; i < d; i++)
+        x[i] *= scale;
+}
+
+void dq__kvq_rht_inverse(float *x, const float *signs, uint32_t d)
+{
+    const float scale = (float)(1.0 / sqrt((double)d));
+    dq__fwht(x, d);
+    for (uint32_t i = 0; i < d; i++)
+        x[i] *= scale * signs[i];
+}

@@ -297,3 +297,174 @@ Test(kvq_math, codebook_stationary)
         }
     }
 }
+
+/* ---- Haar rotations, determinants, the randomized Hadamard rotation ------------------------------ */
+
+static double orth_error(const float *q, uint32_t d)
+{
+    double worst = 0;
+    for (uint32_t i = 0; i < d; i++)
+        for (uint32_t j = 0; j < d; j++) {
+            double s = 0;
+            for (uint32_t l = 0; l < d; l++)
+                s += (double)q[i * d + l] * q[j * d + l];
+            worst = fmax(worst, fabs(s - (i == j)));
+        }
+    return worst;
+}
+
+Test(kvq_math, haar_orthonormal_deterministic)
+{
+    static const uint32_t dims[] = {1, 2, 3, 7, 16, 64, 128, 256};
+    float *q = dqt_xmalloc(256 * 256 * sizeof *q), *q2 = dqt_xmalloc(256 * 256 * sizeof *q2);
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+        const uint32_t d = dims[di];
+        for (uint64_t seed = 0; seed < 3; seed++) {
+            cr_assert_eq(dq_kvq_haar(d, seed, q), DQ_OK);
+            const double e = orth_error(q, d);
+            cr_assert_lt(e, 1e-5, "d=%u seed=%llu: |QQᵀ − I| = %g", d, (unsigned long long)seed, e);
+            cr_assert_eq(dq_kvq_haar(d, seed, q2), DQ_OK);
+            cr_assert_eq(memcmp(q, q2, (size_t)d * d * sizeof *q), 0, "deterministic");
+            if (d > 1) {
+                cr_assert_eq(dq_kvq_haar(d, seed + 100, q2), DQ_OK);
+                cr_assert_neq(memcmp(q, q2, (size_t)d * d * sizeof *q), 0, "seed changes the rotation");
+            }
+        }
+    }
+    /* a fixed value of the stream: the generator and the QR are the same on every platform */
+    cr_assert_eq(dq_kvq_haar(2, 1, q), DQ_OK);
+    cr_assert(fabsf(q[0] * q[3] - q[1] * q[2] - 1) < 1e-6 && fabsf(q[0] - q[3]) < 1e-7 && fabsf(q[1] + q[2]) < 1e-7,
+              "a 2-D rotation is [[c, −s], [s, c]]");
+    cr_assert_eq(dq_kvq_haar(0, 1, q), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_kvq_haar(4, 1, NULL), DQ_INVALID_ARGUMENT);
+    free(q);
+    free(q2);
+}
+
+/* det(Q) = +1 always (200 seeds for every dim 2..32, 25 seeds at larger dims up to 128: the O(d³)
+ * QR keeps the test short); without the fix about half are reflections. */
+Test(kvq_math, haar_is_rotation)
+{
+    float *q = dqt_xmalloc(128 * 128 * sizeof *q), *u = dqt_xmalloc(128 * 128 * sizeof *u);
+    uint32_t reflections = 0, total = 0;
+    static const uint32_t big[] = {33, 47, 64, 100, 127, 128};
+    for (uint32_t di = 0; di < 31 + 6; di++) {
+        const uint32_t d = di < 31 ? 2 + di : big[di - 31];
+        const uint32_t seeds = d <= 32 ? 200 : 25;
+        for (uint32_t s = 0; s < seeds; s++) {
+            const uint64_t seed = 0x4a4a0000ull + s * 7919u + d;
+            int sg;
+            cr_assert_eq(dq_kvq_haar(d, seed, q), DQ_OK);
+            cr_assert_eq(dq_kvq_det_sign(q, d, &sg), DQ_OK);
+            cr_assert_eq(sg, 1, "d=%u seed=%llu: det sign %d", d, (unsigned long long)seed, sg);
+            cr_assert_eq(dq__kvq_haar_unfixed(d, seed, u), DQ_OK);
+            cr_assert_eq(dq_kvq_det_sign(u, d, &sg), DQ_OK);
+            cr_assert(sg == 1 || sg == -1);
+            reflections += sg < 0;
+            total++;
+            /* the fix touches only the first column, and only of reflections */
+            for (uint32_t i = 0; i < d; i++)
+                for (uint32_t j = 0; j < d; j++)
+                    cr_assert_eq(q[i * d + j], (sg < 0 && j == 0) ? -u[i * d + j] : u[i * d + j]);
+        }
+    }
+    const double frac = (double)reflections / total, sd = sqrt(0.25 / total);
+    fprintf(stderr, "kvq haar: without the determinant fix %u of %u (%.1f%%) are reflections\n", reflections, total,
+            100 * frac);
+    cr_assert(fabs(frac - 0.5) < 4 * sd, "reflections %.3f of the unfixed Q", frac);
+    free(q);
+    free(u);
+}
+
+/* Haar on SO(d): Q·e1 is uniform on the sphere (E[q00] = 0, E[q00²] = 1/d), for d = 3 and 8. */
+Test(kvq_math, haar_first_column_uniform)
+{
+    float q[64];
+    static const uint32_t dims[] = {3, 8};
+    for (int di = 0; di < 2; di++) {
+        const uint32_t d = dims[di], n = 4000;
+        double m1 = 0, m2 = 0;
+        for (uint32_t s = 0; s < n; s++) {
+            cr_assert_eq(dq_kvq_haar(d, 0xc0105 + s, q), DQ_OK);
+            m1 += q[0];
+            m2 += (double)q[0] * q[0];
+        }
+        m1 /= n;
+        m2 /= n;
+        const double se = sqrt(1.0 / d / n);
+        cr_assert(fabs(m1) < 4 * se, "d=%u E[q00] = %g", d, m1);
+        cr_assert(fabs(m2 - 1.0 / d) < 0.1 / d, "d=%u E[q00²] = %g vs %g", d, m2, 1.0 / d);
+    }
+}
+
+Test(kvq_math, det_sign)
+{
+    float m[16] = {0};
+    int sg;
+    for (int i = 0; i < 4; i++)
+        m[i * 4 + i] = 1;
+    cr_assert_eq(dq_kvq_det_sign(m, 4, &sg), DQ_OK);
+    cr_assert_eq(sg, 1);
+    m[0] = -2; /* diag(−2, 1, 1, 1) */
+    cr_assert_eq(dq_kvq_det_sign(m, 4, &sg), DQ_OK);
+    cr_assert_eq(sg, -1);
+    /* a row swap of I: −1 */
+    const float swap[9] = {0, 1, 0, 1, 0, 0, 0, 0, 1};
+    cr_assert_eq(dq_kvq_det_sign(swap, 3, &sg), DQ_OK);
+    cr_assert_eq(sg, -1);
+    /* [[1, 2], [3, 4]]: det −2; [[2, 1], [1, 2]]: +3; a rank-1 matrix: 0 */
+    const float a[4] = {1, 2, 3, 4}, b[4] = {2, 1, 1, 2}, c[9] = {1, 2, 3, 2, 4, 6, -1, -2, -3};
+    cr_assert_eq(dq_kvq_det_sign(a, 2, &sg), DQ_OK);
+    cr_assert_eq(sg, -1);
+    cr_assert_eq(dq_kvq_det_sign(b, 2, &sg), DQ_OK);
+    cr_assert_eq(sg, 1);
+    cr_assert_eq(dq_kvq_det_sign(c, 3, &sg), DQ_OK);
+    cr_assert_eq(sg, 0);
+    const float bad[4] = {1, NAN, 0, 1};
+    cr_assert_eq(dq_kvq_det_sign(bad, 2, &sg), DQ_NONFINITE);
+    cr_assert_eq(dq_kvq_det_sign(a, 0, &sg), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_kvq_det_sign(a, 2, NULL), DQ_INVALID_ARGUMENT);
+}
+
+Test(kvq_math, randomized_hadamard)
+{
+    dqt_rng r;
+    dqt_rng_seed(&r, 0x4ad);
+    static const uint32_t dims[] = {1, 2, 8, 64, 128, 256};
+    float signs[256], x[256], y[256], s2[256];
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+        const uint32_t d = dims[di];
+        cr_assert_eq(dq__kvq_rht_signs(d, 0x5eed + d, signs), DQ_OK);
+        cr_assert_eq(dq__kvq_rht_signs(d, 0x5eed + d, s2), DQ_OK);
+        cr_assert_eq(memcmp(signs, s2, d * sizeof *signs), 0);
+        uint32_t neg = 0;
+        for (uint32_t i = 0; i < d; i++) {
+            cr_assert(signs[i] == 1.0f || signs[i] == -1.0f);
+            neg += signs[i] < 0;
+        }
+        if (d >= 64)
+            cr_assert(neg > d / 4 && neg < 3 * d / 4, "d=%u: %u negative signs", d, neg);
+        double n0 = 0, n1 = 0;
+        for (uint32_t i = 0; i < d; i++) {
+            x[i] = y[i] = (float)dqt_normal(&r);
+            n0 += (double)x[i] * x[i];
+        }
+        dq__kvq_rht_apply(y, signs, d);
+        for (uint32_t i = 0; i < d; i++)
+            n1 += (double)y[i] * y[i];
+        cr_assert(fabs(n1 - n0) < 1e-5 * n0, "d=%u: norm %g vs %g", d, n1, n0);
+        if (d == 8) { /* H[i][j] = (−1)^popcount(i & j) */
+            for (uint32_t i = 0; i < 8; i++) {
+                double s = 0;
+                for (uint32_t j = 0; j < 8; j++)
+                    s += (__builtin_popcount(i & j) & 1 ? -1.0 : 1.0) * signs[j] * x[j];
+                cr_assert(fabs(s / sqrt(8.0) - y[i]) < 1e-6, "explicit H·D/√d row %u", i);
+            }
+        }
+        dq__kvq_rht_inverse(y, signs, d);
+        for (uint32_t i = 0; i < d; i++)
+            cr_assert(fabsf(y[i] - x[i]) < 1e-5f, "d=%u round trip %u: %g vs %g", d, i, y[i], x[i]);
+    }
+    cr_assert_eq(dq__kvq_rht_signs(12, 1, signs), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq__kvq_rht_signs(0, 1, signs), DQ_INVALID_ARGUMENT);
+}

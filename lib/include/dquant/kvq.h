@@ -62,12 +62,16 @@ DQ_API uint32_t dq_kvq_bucketize(float x, const float *boundaries, uint32_t coun
  * the last / first, NaN gives 0. Equal to dq_kvq_bucketize with dq_kvq_codebook's boundaries. */
 DQ_API uint32_t dq_kvq_nearest_argmin(float x, const float *centroids, uint32_t count);
 
-/* Haar-random rotation of R^dim from the seed: QR of a Gaussian matrix with R's diagonal made
- * positive and, when det(Q) < 0, the first column negated, so Q ∈ SO(d). out: dim × dim row-major.
- * Deterministic for (dim, seed). */
+/* Haar-random rotation of R^dim from the seed: QR (Householder, double) of a dim × dim standard
+ * Gaussian matrix (xoshiro256** seeded by splitmix64, Box–Muller; the same on every platform), Q's
+ * columns multiplied by sign(R_jj) (Haar on O(d)) and, when det(Q) < 0, the first column negated,
+ * so Q ∈ SO(d) — never a reflection. out: dim × dim row-major (y = out·x rotates x). Deterministic
+ * for (dim, seed). dim 1..65535 (else DQ_INVALID_ARGUMENT); DQ_NOMEM. */
 DQ_API int dq_kvq_haar(uint32_t dim, uint64_t seed, float *out);
-/* Determinant sign of a dim × dim row-major matrix (+1 / −1 / 0), for tests. */
-DQ_API int dq_kvq_det_sign(const float *m, uint32_t dim);
+/* Sign of the determinant of a dim × dim row-major matrix into *sign (+1 / −1, or 0 when a pivot of
+ * LU with partial pivoting falls below dim·2^−52·max|m|), for tests. DQ_INVALID_ARGUMENT,
+ * DQ_NONFINITE for NaN/Inf entries, DQ_NOMEM. */
+DQ_API int dq_kvq_det_sign(const float *m, uint32_t dim, int *sign);
 
 /* k-means++ seeding then Lloyd iterations of k centroids of dim-dimensional points (count × dim,
  * row-major). seeding only (iters = 0) is what the seed's initialisation claim measures. Returns
