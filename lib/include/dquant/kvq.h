@@ -73,14 +73,37 @@ DQ_API int dq_kvq_haar(uint32_t dim, uint64_t seed, float *out);
  * DQ_NONFINITE for NaN/Inf entries, DQ_NOMEM. */
 DQ_API int dq_kvq_det_sign(const float *m, uint32_t dim, int *sign);
 
-/* k-means++ seeding then Lloyd iterations of k centroids of dim-dimensional points (count × dim,
- * row-major). seeding only (iters = 0) is what the seed's initialisation claim measures. Returns
- * the final mean squared error per point in *mse (may be NULL). */
+/* k-means++ seeding (first centroid uniform, then D²-weighted draws from the seeded generator) and
+ * `iters` Lloyd iterations (assignment to the nearest centroid, centroid = mean; an empty cluster
+ * takes the point farthest from its centroid; stops early when no assignment changes) of k
+ * centroids (k × dim, row-major, written) of count points (count × dim, row-major). iters = 0 is
+ * seeding only (what the seed's initialisation claim measures). *mse (may be NULL): the mean over
+ * points of the squared distance to the nearest final centroid. Deterministic for the seed.
+ * DQ_INVALID_ARGUMENT for count 0, dim 0, k 0 or k > count; DQ_NONFINITE; DQ_NOMEM. */
 DQ_API int dq_kvq_kmeans(const float *points, size_t count, uint32_t dim, uint32_t k, uint32_t iters, uint64_t seed,
                          float *centroids, double *mse);
-/* The same with centroids seeded uniformly on [min, max] per coordinate (the seed's "before"). */
+/* The same with centroids seeded uniformly on [min, max] per coordinate (the seed's "before":
+ * centroid m at min + (max − min)·m/(k − 1)). */
 DQ_API int dq_kvq_kmeans_linspace(const float *points, size_t count, uint32_t dim, uint32_t k, uint32_t iters,
                                   float *centroids, double *mse);
+
+/* QJL (1-bit quantized Johnson–Lindenstrauss) sketch of a residual r ∈ R^dim for the inner-product
+ * quantizer: S is dim × dim with i.i.d. N(0, 1) entries (row-major, from the seed by
+ * dq_kvq_qjl_matrix: callers keep it), the sketch is sign(S·r) — bit i of bits (LSB-first, (dim + 7)/8
+ * bytes) set when (S·r)_i >= 0 — plus ‖r‖, and
+ *     <y, r> ≈ sqrt(π/2)/dim · ‖r‖ · <S·y, sign(S·r)>
+ * is unbiased (E over S) with variance (π/2·‖y‖²‖r‖² − <y, r>²)/dim.
+ * DQ_INVALID_ARGUMENT for dim 0 (> 65535 for the matrix) or NULL; DQ_NONFINITE for NaN/Inf in r, y
+ * or norm. */
+DQ_API int dq_kvq_qjl_matrix(uint32_t dim, uint64_t seed, float *s);
+/* The sketch of r: bits, and ‖r‖ in *norm (may be NULL). */
+DQ_API int dq_kvq_qjl_sign(const float *s, uint32_t dim, const float *r, uint8_t *bits, float *norm);
+/* The estimate of <y, r> from the sketch (bits, norm >= 0) into *out. */
+DQ_API int dq_kvq_qjl_dot(const float *s, uint32_t dim, const float *y, const uint8_t *bits, float norm, float *out);
+/* The same split for attention: sy = S·y once per query, then dq_kvq_qjl_estimate per key (no
+ * checks: sy from dq_kvq_qjl_project, bits and norm from dq_kvq_qjl_sign). */
+DQ_API int dq_kvq_qjl_project(const float *s, uint32_t dim, const float *y, float *sy);
+DQ_API float dq_kvq_qjl_estimate(const float *sy, uint32_t dim, const uint8_t *bits, float norm);
 
 /* Randomized SVD (Halko–Martinsson–Tropp, oversampling 10, power iterations `power`) of A
  * (rows × cols, row-major): the top `rank` singular triplets. u: rows × rank, s: rank, vt:
