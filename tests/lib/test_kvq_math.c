@@ -693,3 +693,151 @@ Test(kvq_math, qjl_errors_and_zero)
     cr_assert_eq(dq_kvq_qjl_matrix(0, 1, s), DQ_INVALID_ARGUMENT);
     cr_assert_eq(dq_kvq_qjl_sign(s, 0, y, bits, &norm), DQ_INVALID_ARGUMENT);
 }
+
+/* ---- randomized SVD ----------------------------------------------------------------------------- */
+
+/* rows × cols: a rank-`rank` product with decaying column scales plus N(0, noise²) entries. */
+static float *lowrank_noise(uint32_t rows, uint32_t cols, uint32_t rank, double noise, uint64_t seed)
+{
+    dqt_rng r;
+    dqt_rng_seed(&r, seed);
+    double *l = dqt_xmalloc((size_t)rows * rank * sizeof *l), *rt = dqt_xmalloc((size_t)cols * rank * sizeof *rt);
+    for (size_t i = 0; i < (size_t)rows * rank; i++)
+        l[i] = dqt_normal(&r);
+    for (size_t i = 0; i < (size_t)cols * rank; i++)
+        rt[i] = dqt_normal(&r) * pow(0.7, (double)(i % rank));
+    float *a = dqt_xmalloc((size_t)rows * cols * sizeof *a);
+    for (uint32_t i = 0; i < rows; i++)
+        for (uint32_t j = 0; j < cols; j++) {
+            double s = noise * dqt_normal(&r);
+            for (uint32_t t = 0; t < rank; t++)
+                s += l[(size_t)i * rank + t] * rt[(size_t)j * rank + t];
+            a[(size_t)i * cols + j] = (float)s;
+        }
+    free(l);
+    free(rt);
+    return a;
+}
+
+/* ‖A − U·diag(s)·Vᵀ‖_F for rank triplets (floats). */
+static double recon_error(const float *a, uint32_t rows, uint32_t cols, const float *u, const float *s, const float *vt,
+                          uint32_t rank)
+{
+    double e = 0;
+    for (uint32_t i = 0; i < rows; i++)
+        for (uint32_t j = 0; j < cols; j++) {
+            double x = a[(size_t)i * cols + j];
+            for (uint32_t t = 0; t < rank; t++)
+                x -= (double)u[(size_t)i * rank + t] * s[t] * vt[(size_t)t * cols + j];
+            e += x * x;
+        }
+    return sqrt(e);
+}
+
+/* The reference: dq__kvq_svd_exact, itself checked (A = UΣVᵀ, orthonormal factors, descending). */
+static void exact_svd(const float *a, uint32_t rows, uint32_t cols, double *u, double *s, double *vt)
+{
+    const uint32_t r = rows < cols ? rows : cols;
+    double *ad = dqt_xmalloc((size_t)rows * cols * sizeof *ad), norm = 0;
+    for (size_t i = 0; i < (size_t)rows * cols; i++) {
+        ad[i] = a[i];
+        norm += ad[i] * ad[i];
+    }
+    cr_assert_eq(dq__kvq_svd_exact(ad, rows, cols, u, s, vt), DQ_OK);
+    double e = 0;
+    for (uint32_t i = 0; i < rows; i++)
+        for (uint32_t j = 0; j < cols; j++) {
+            double x = ad[(size_t)i * cols + j];
+            for (uint32_t t = 0; t < r; t++)
+                x -= u[(size_t)i * r + t] * s[t] * vt[(size_t)t * cols + j];
+            e += x * x;
+        }
+    cr_assert_lt(sqrt(e / norm), 1e-10, "exact SVD reconstructs A");
+    for (uint32_t p = 0; p < r; p++) {
+        if (p + 1 < r)
+            cr_assert_geq(s[p], s[p + 1]);
+        for (uint32_t q = p; q < r; q++) {
+            double du = 0, dv = 0;
+            for (uint32_t i = 0; i < rows; i++)
+                du += u[(size_t)i * r + p] * u[(size_t)i * r + q];
+            for (uint32_t j = 0; j < cols; j++)
+                dv += vt[(size_t)p * cols + j] * vt[(size_t)q * cols + j];
+            if (s[q] > 1e-9 * s[0])
+                cr_assert(fabs(du - (p == q)) < 1e-9, "UᵀU [%u][%u] = %g", p, q, du);
+            cr_assert(fabs(dv - (p == q)) < 1e-9, "VᵀV [%u][%u] = %g", p, q, dv);
+        }
+    }
+    free(ad);
+}
+
+struct rsvd_case {
+    uint32_t rows, cols, true_rank, rank, power;
+};
+
+ParameterizedTestParameters(kvq_math, rsvd_vs_exact)
+{
+    static struct rsvd_case c[] = {
+        {256, 96, 8, 8, 2}, {128, 256, 6, 4, 2},  {512, 64, 4, 4, 1},    {40, 100, 5, 5, 0},
+        {63, 20, 3, 3, 2},  {256, 128, 24, 8, 1}, {300, 200, 40, 12, 2},
+    };
+    return cr_make_param_array(struct rsvd_case, c, sizeof c / sizeof c[0]);
+}
+
+ParameterizedTest(struct rsvd_case *c, kvq_math, rsvd_vs_exact)
+{
+    const uint32_t rows = c->rows, cols = c->cols, r = rows < cols ? rows : cols, k = c->rank;
+    float *a = lowrank_noise(rows, cols, c->true_rank, 0.05, 0x5fd + rows + cols);
+    double *eu = dqt_xmalloc((size_t)rows * r * sizeof *eu), *es = dqt_xmalloc(r * sizeof *es),
+           *evt = dqt_xmalloc((size_t)r * cols * sizeof *evt);
+    exact_svd(a, rows, cols, eu, es, evt);
+    float *u = dqt_xmalloc((size_t)rows * k * sizeof *u), *s = dqt_xmalloc(k * sizeof *s),
+          *vt = dqt_xmalloc((size_t)k * cols * sizeof *vt);
+    float *u2 = dqt_xmalloc((size_t)rows * k * sizeof *u2), *s2 = dqt_xmalloc(k * sizeof *s2),
+          *vt2 = dqt_xmalloc((size_t)k * cols * sizeof *vt2);
+    cr_assert_eq(dq_kvq_rsvd(a, rows, cols, k, c->power, 77, u, s, vt), DQ_OK);
+    for (uint32_t t = 0; t < k; t++)
+        cr_assert(fabs(s[t] - es[t]) < 0.01 * es[t], "%ux%u σ%u: %g vs exact %g", rows, cols, t, s[t], es[t]);
+    double tail = 0;
+    for (uint32_t t = k; t < r; t++)
+        tail += es[t] * es[t];
+    tail = sqrt(tail);
+    const double err = recon_error(a, rows, cols, u, s, vt, k);
+    fprintf(stderr, "kvq rsvd %ux%u rank %u power %u: σ1 %.4f (exact %.4f), error %.5f vs truncated SVD %.5f\n", rows,
+            cols, k, c->power, s[0], es[0], err, tail);
+    cr_assert(err <= 1.01 * tail + 1e-4, "reconstruction %g vs optimal %g", err, tail);
+    cr_assert_eq(dq_kvq_rsvd(a, rows, cols, k, c->power, 77, u2, s2, vt2), DQ_OK);
+    cr_assert(!memcmp(u, u2, (size_t)rows * k * sizeof *u) && !memcmp(s, s2, k * sizeof *s) &&
+                  !memcmp(vt, vt2, (size_t)k * cols * sizeof *vt),
+              "deterministic");
+    free(a);
+    free(eu);
+    free(es);
+    free(evt);
+    free(u);
+    free(s);
+    free(vt);
+    free(u2);
+    free(s2);
+    free(vt2);
+}
+
+Test(kvq_math, rsvd_rank_deficient_and_errors)
+{
+    /* exactly rank 3, asked for 6: three zero singular values, exact reconstruction */
+    float *a = lowrank_noise(100, 40, 3, 0.0, 0x3d), u[600], s[6], vt[240];
+    cr_assert_eq(dq_kvq_rsvd(a, 100, 40, 6, 1, 5, u, s, vt), DQ_OK);
+    for (int t = 3; t < 6; t++)
+        cr_assert_lt(s[t], 1e-4 * s[0], "σ%d = %g", t, s[t]);
+    double n = 0;
+    for (int i = 0; i < 4000; i++)
+        n += (double)a[i] * a[i];
+    cr_assert_lt(recon_error(a, 100, 40, u, s, vt, 6), 1e-5 * sqrt(n));
+    cr_assert_eq(dq_kvq_rsvd(a, 100, 40, 0, 1, 5, u, s, vt), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_kvq_rsvd(a, 100, 40, 41, 1, 5, u, s, vt), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_kvq_rsvd(a, 0, 40, 1, 1, 5, u, s, vt), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_kvq_rsvd(a, 100, 0, 1, 1, 5, u, s, vt), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_kvq_rsvd(a, 100, 40, 2, 1, 5, NULL, s, vt), DQ_INVALID_ARGUMENT);
+    a[17] = NAN;
+    cr_assert_eq(dq_kvq_rsvd(a, 100, 40, 2, 1, 5, u, s, vt), DQ_NONFINITE);
+    free(a);
+}

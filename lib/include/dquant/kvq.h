@@ -105,9 +105,13 @@ DQ_API int dq_kvq_qjl_dot(const float *s, uint32_t dim, const float *y, const ui
 DQ_API int dq_kvq_qjl_project(const float *s, uint32_t dim, const float *y, float *sy);
 DQ_API float dq_kvq_qjl_estimate(const float *sy, uint32_t dim, const uint8_t *bits, float norm);
 
-/* Randomized SVD (Halko–Martinsson–Tropp, oversampling 10, power iterations `power`) of A
- * (rows × cols, row-major): the top `rank` singular triplets. u: rows × rank, s: rank, vt:
- * rank × cols. Deterministic for the seed. For rows < 64 an exact SVD (one-sided Jacobi). */
+/* Randomized SVD (Halko–Martinsson–Tropp 2011: Gaussian sketch of rank + 10 columns, `power`
+ * power iterations each re-orthonormalized by Householder QR, then the exact SVD of the small
+ * B = QᵀA by one-sided Jacobi; all in double) of A (rows × cols, row-major): the top `rank`
+ * singular triplets, descending, each signed so that the largest |entry| of its u column is
+ * positive. u: rows × rank, s: rank, vt: rank × cols (row-major). Deterministic for the seed. For
+ * rows < 64 an exact SVD (one-sided Jacobi on A). DQ_INVALID_ARGUMENT for rows or cols 0, rank 0 or
+ * > min(rows, cols), power > 64, rows·cols > 2^31 or NULL; DQ_NONFINITE; DQ_NOMEM. */
 DQ_API int dq_kvq_rsvd(const float *a, uint32_t rows, uint32_t cols, uint32_t rank, uint32_t power, uint64_t seed,
                        float *u, float *s, float *vt);
 
