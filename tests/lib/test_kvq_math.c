@@ -1083,3 +1083,107 @@ Test(kvq_math, huffman_corrupt_and_errors)
     cr_assert_eq(dq_kvq_huffman_lengths(none, 2, 8, len, &bits), DQ_OK);
     cr_assert(len[0] == 0 && len[1] == 0 && bits == 0);
 }
+
+/* ---- attention-weighted bit assignment ---------------------------------------------------------- */
+
+/* 64 tokens, 2 KV heads, 4 query heads (GQA: heads 0, 1 read KV head 0; heads 2, 3 read KV head 1),
+ * head_dim 16, keys of small random norm. Tokens 5, 17 and 40 carry a large key along a direction
+ * that one query head looks along: they are the most attended, and the only tier-1 tokens at
+ * frac_hi = 3/64. Token 40's key sits on KV head 1 and only query head 2 looks for it: GQA's h/2
+ * mapping finds it (h % kv_heads would pair head 2 with KV head 0). */
+Test(kvq_math, assign_bits_most_attended)
+{
+    enum { T = 64, KVH = 2, QH = 4, D = 16, NQ = 3 };
+    static float k[T * KVH * D], q[NQ * QH * D];
+    dqt_rng r;
+    dqt_rng_seed(&r, 0xa7);
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        k[i] = 0.1f * (float)dqt_normal(&r);
+    for (size_t i = 0; i < sizeof q / sizeof q[0]; i++)
+        q[i] = 0.1f * (float)dqt_normal(&r);
+    /* token 5: KV head 0 along e0, wanted by query head 0 (query 0); token 17: KV head 0 along e1,
+     * query head 1 (query 1); token 40: KV head 1 along e2, query head 2 (query 2) */
+    static const int tok[3] = {5, 17, 40}, kvh[3] = {0, 0, 1}, qh[3] = {0, 1, 2};
+    for (int i = 0; i < 3; i++) {
+        k[(size_t)tok[i] * KVH * D + (size_t)kvh[i] * D + i] = 6.0f;
+        q[(size_t)i * QH * D + (size_t)qh[i] * D + i] = 6.0f;
+    }
+    uint8_t tier[T];
+    cr_assert_eq(dq_kvq_assign_bits(k, T, KVH, D, q, QH, NQ, 3.0f / T, tier), DQ_OK);
+    for (int t = 0; t < T; t++)
+        cr_assert_eq(tier[t], t == 5 || t == 17 || t == 40, "token %d tier %u", t, tier[t]);
+    /* frac 0: none; frac 1: all */
+    cr_assert_eq(dq_kvq_assign_bits(k, T, KVH, D, q, QH, NQ, 0.0f, tier), DQ_OK);
+    for (int t = 0; t < T; t++)
+        cr_assert_eq(tier[t], 0);
+    cr_assert_eq(dq_kvq_assign_bits(k, T, KVH, D, q, QH, NQ, 1.0f, tier), DQ_OK);
+    for (int t = 0; t < T; t++)
+        cr_assert_eq(tier[t], 1);
+}
+
+/* The count of tier-1 tokens is exactly round(frac · tokens), and the tiers split the tokens by
+ * importance: every tier-1 token is attended at least as much as every tier-0 one. */
+Test(kvq_math, assign_bits_fraction_exact)
+{
+    enum { KVH = 2, QH = 8, D = 32, NQ = 4 };
+    const size_t T = 203;
+    float *k = dqt_xmalloc(T * KVH * D * sizeof *k), *q = dqt_xmalloc(NQ * QH * D * sizeof *q);
+    dqt_rng r;
+    dqt_rng_seed(&r, 0xf4);
+    for (size_t i = 0; i < T * KVH * D; i++)
+        k[i] = (float)dqt_normal(&r);
+    for (size_t i = 0; i < NQ * QH * D; i++)
+        q[i] = (float)dqt_normal(&r);
+    /* reference importance */
+    double *imp = dqt_xmalloc(T * sizeof *imp), *lg = dqt_xmalloc(T * sizeof *lg);
+    for (size_t t = 0; t < T; t++)
+        imp[t] = 0;
+    for (int iq = 0; iq < NQ; iq++)
+        for (int h = 0; h < QH; h++) {
+            double mx = -1e300, sum = 0;
+            for (size_t t = 0; t < T; t++) {
+                double s = 0;
+                for (int j = 0; j < D; j++)
+                    s += (double)q[(iq * QH + h) * D + j] * k[(t * KVH + h / (QH / KVH)) * D + j];
+                lg[t] = s / sqrt((double)D);
+                mx = fmax(mx, lg[t]);
+            }
+            for (size_t t = 0; t < T; t++)
+                sum += (lg[t] = exp(lg[t] - mx));
+            for (size_t t = 0; t < T; t++)
+                imp[t] = fmax(imp[t], lg[t] / sum);
+        }
+    static const float fracs[] = {0.1f, 0.25f, 0.5f, 0.013f, 0.9f};
+    uint8_t *tier = dqt_xmalloc(T);
+    for (int f = 0; f < 5; f++) {
+        cr_assert_eq(dq_kvq_assign_bits(k, T, KVH, D, q, QH, NQ, fracs[f], tier), DQ_OK);
+        size_t n = 0;
+        double lo1 = 1e300, hi0 = -1;
+        for (size_t t = 0; t < T; t++) {
+            n += tier[t];
+            if (tier[t])
+                lo1 = fmin(lo1, imp[t]);
+            else
+                hi0 = fmax(hi0, imp[t]);
+        }
+        cr_assert_eq(n, (size_t)floor(fracs[f] * (double)T + 0.5), "frac %g: %zu tier-1 tokens", fracs[f], n);
+        cr_assert_geq(lo1, hi0 - 1e-12, "frac %g: tier 1 is the most attended", fracs[f]);
+    }
+    /* errors */
+    cr_assert_eq(dq_kvq_assign_bits(k, T, KVH, D, q, 7, NQ, 0.5f, tier), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_kvq_assign_bits(k, T, KVH, D, q, QH, NQ, 1.5f, tier), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_kvq_assign_bits(k, T, KVH, D, q, QH, NQ, NAN, tier), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_kvq_assign_bits(k, 0, KVH, D, q, QH, NQ, 0.5f, tier), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_kvq_assign_bits(k, T, KVH, 0, q, QH, NQ, 0.5f, tier), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_kvq_assign_bits(k, T, KVH, D, q, QH, 0, 0.5f, tier), DQ_INVALID_ARGUMENT);
+    k[77] = INFINITY;
+    cr_assert_eq(dq_kvq_assign_bits(k, T, KVH, D, q, QH, NQ, 0.5f, tier), DQ_NONFINITE);
+    k[77] = 0;
+    q[5] = NAN;
+    cr_assert_eq(dq_kvq_assign_bits(k, T, KVH, D, q, QH, NQ, 0.5f, tier), DQ_NONFINITE);
+    free(k);
+    free(q);
+    free(imp);
+    free(lg);
+    free(tier);
+}

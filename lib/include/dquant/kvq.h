@@ -165,9 +165,15 @@ DQ_API int dq_codec_create_calibrated(const dq_profile *profile, const uint8_t *
  * tables. */
 DQ_API const dq_codec *dq_codec_layer(const dq_codec *codec, uint32_t layer);
 
-/* Attention-weighted bit assignment (seed §3.1): tokens ranked by the attention the queries q
- * ([nq][head_dim] per KV head group, f32) give them, the top `frac_hi` at bits_hi, the rest at
- * bits_lo; tier[t] = 1 for high. Returns the average bits in *avg_bits. */
+/* Attention-weighted bit assignment (seed §3.1): k is [tokens][kv_heads][head_dim] and q is
+ * [nq][q_heads][head_dim] (f32, rotated or not, as long as both alike). For each query and query head
+ * h, softmax(q·kᵀ/sqrt(head_dim)) over all the tokens (no causal mask) with KV head
+ * h / (q_heads / kv_heads) (GQA); a token's importance is the MAX of its weights over queries and
+ * heads (a token one head relies on is kept sharp even if the others ignore it). The
+ * round(frac_hi · tokens) (half up) most important tokens get tier[t] = 1 (bits_hi), the others 0;
+ * ties go to the earlier token. The caller's average bits: lo + (hi − lo)·n_hi/tokens.
+ * DQ_INVALID_ARGUMENT for tokens, nq, heads or head_dim 0, q_heads not a multiple of kv_heads,
+ * frac_hi outside [0, 1] or NaN, NULL; DQ_NONFINITE for NaN/Inf in k or q; DQ_NOMEM. */
 DQ_API int dq_kvq_assign_bits(const float *k, size_t tokens, uint32_t kv_heads, uint32_t head_dim, const float *q,
                               uint32_t q_heads, size_t nq, float frac_hi, uint8_t *tier);
 
