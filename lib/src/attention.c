@@ -240,7 +240,7 @@ static int attend_kvq_windows(const dq_codec *c, dq_workspace *ws, const dq_laye
     const size_t nwin = dq_layer_window_count(layer);
     for (size_t w = 0; w < nwin; w++) {
         const uint8_t *win = dq_layer_window(layer, w);
-        DQ_FORWARD_IF_ERROR(dq__kvq_window_logits(c, ws, win, q, qh0, st->qn, G, scale, st->logit, W, blk));
+        DQ_FORWARD_IF_ERROR(dq__kvq_window_logits(c, ws, win, q, qh0, st->qn, G, scale, st->logit, W));
         softmax_block(st, W);
         DQ_FORWARD_IF_ERROR(dq__kvq_decode(c, ws, DQ_KIND_V, NULL, dq_window_record(c, win, DQ_KIND_V, 0),
                                            c->record_bytes[1], 0, W, blk, DQ_DTYPE_F32, 1));

@@ -220,10 +220,10 @@ int dq__kvq_encode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const void
 int dq__kvq_decode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const uint8_t *header, const uint8_t *records,
                    size_t stride, size_t first, size_t count, void *out, dq_dtype dtype, int lowrank);
 /* Logits scale · q·k̂ of the W keys of one window for query heads [qh0, qh0 + qn) (group G), into
- * logit[h · ld + t]: PQ through per-query lookup tables, the low-rank term in factored form,
- * otherwise from the decoded keys (blk: W · n floats of scratch). */
+ * logit[h · ld + t], in each head's rotated domain: PQ through per-query lookup tables, IP keys'
+ * QJL term as (S·q_rot)·z, the low-rank term as (q·V_rᵀ)·U_sᵀ; deltas accumulate. */
 int dq__kvq_window_logits(const dq_codec *c, dq_workspace *ws, const uint8_t *window, const float *q, uint32_t qh0,
-                          uint32_t qn, uint32_t G, float scale, float *logit, size_t ld, float *blk);
+                          uint32_t qn, uint32_t G, float scale, float *logit, size_t ld);
 /* dq_window_check for KVQ records: every fp16 field finite, norms not negative, the first record
  * of each kind an anchor for delta profiles. */
 int dq__kvq_window_check(const dq_codec *c, const uint8_t *window);

@@ -241,8 +241,8 @@ static void gaussian_fill(float *out, size_t count, uint64_t seed)
 size_t dq__kvq_scratch_floats(const dq_codec *c)
 {
     const size_t n = c->n, d = c->head_dim, W = c->profile.window;
-    /* token buffers, head buffers, window buffers (low rank), rSVD factors, PQ tables */
-    return 4 * n + 8 * d + 2 * W * n + W * KVQ_MAX_RANK + KVQ_MAX_RANK + KVQ_MAX_RANK * n + 256 * d + 64;
+    /* token buffers, head buffers, the window residual (low rank), rSVD factors, PQ tables */
+    return 4 * n + 8 * d + W * n + W * KVQ_MAX_RANK + KVQ_MAX_RANK + KVQ_MAX_RANK * n + 256 * d + 64;
 }
 
 void dq__kvq_release(dq_codec *c)
@@ -485,8 +485,9 @@ static int enc_head(const dq_codec *c, int kind, uint32_t h, const float *xh, ui
     return DQ_OK;
 }
 
-/* Decodes head h of rec to the rotated parts y (d floats). tmp: d floats. */
-static void dec_head(const dq_codec *c, int kind, uint32_t h, const uint8_t *rec, float *y, float *tmp)
+/* Decodes head h of rec to the rotated parts y (d floats). tmp: d floats. qjl = 0 leaves out the
+ * QJL term of IP keys (attention adds it as a dot product with S·q). */
+static void dec_head(const dq_codec *c, int kind, uint32_t h, const uint8_t *rec, float *y, float *tmp, int qjl)
 {
     const dq_profile *p = &c->profile;
     const uint32_t d = c->head_dim;
@@ -507,7 +508,7 @@ static void dec_head(const dq_codec *c, int kind, uint32_t h, const uint8_t *rec
             const float *cent = c->kvq_cent[kind][q];
             for (uint32_t j = 0; j < dp; j++, pos += b)
                 yp[j] = cent[get_bits(rec, pos, b)];
-            if (c->kvq_ip[kind]) {
+            if (c->kvq_ip[kind] && qjl) {
                 const float g = (float)(sqrt(M_PI / 2) / d) * get16f(rec + c->kvq_off_rnorm[kind] + 2 * h);
                 for (uint32_t i = 0; i < d; i++, pos++)
                     tmp[i] = get_bits(rec, pos, 1) ? g : -g;
@@ -528,7 +529,7 @@ static void dec_head(const dq_codec *c, int kind, uint32_t h, const uint8_t *rec
 
 /* Token scratch inside ws->kvq. */
 typedef struct kvq_scratch {
-    float *x, *prev, *cur, *hy, *hu, *ht, *X, *Khat, *su, *ss, *svt, *lut;
+    float *x, *prev, *cur, *hy, *hu, *ht, *X, *su, *ss, *svt, *lut;
 } kvq_scratch;
 
 static void scratch(const dq_codec *c, dq_workspace *ws, kvq_scratch *s)
@@ -542,8 +543,7 @@ static void scratch(const dq_codec *c, dq_workspace *ws, kvq_scratch *s)
     s->hu = s->hy + 2 * d;
     s->ht = s->hu + 2 * d;
     s->X = s->ht + 2 * d + n;
-    s->Khat = s->X + W * n;
-    s->su = s->Khat + W * n;
+    s->su = s->X + W * n;
     s->ss = s->su + W * KVQ_MAX_RANK;
     s->svt = s->ss + KVQ_MAX_RANK;
     s->lut = s->svt + KVQ_MAX_RANK * n;
@@ -562,7 +562,7 @@ static void dec_token(const dq_codec *c, const kvq_scratch *s, int kind, const u
 {
     const uint32_t d = c->head_dim;
     for (uint32_t h = 0; h < c->profile.kv_heads; h++) {
-        dec_head(c, kind, h, rec, s->hy, s->ht);
+        dec_head(c, kind, h, rec, s->hy, s->ht, 1);
         head_inverse(c, kind, h, s->hy, out + (size_t)h * d, s->ht);
     }
 }
@@ -611,7 +611,6 @@ int dq__kvq_encode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const void
                 s.cur[j] += s.prev[j];
         memcpy(s.prev, s.cur, n * sizeof(float));
         if (lowrank) {
-            memcpy(s.Khat + t * n, s.cur, n * sizeof(float));
             for (size_t j = 0; j < n; j++)
                 s.X[t * n + j] = s.x[j] - s.cur[j];
         }
@@ -724,7 +723,7 @@ int dq__kvq_window_check(const dq_codec *c, const uint8_t *window)
 /* ---- attention ---- */
 
 int dq__kvq_window_logits(const dq_codec *c, dq_workspace *ws, const uint8_t *window, const float *q, uint32_t qh0,
-                          uint32_t qn, uint32_t G, float scale, float *logit, size_t ld, float *blk)
+                          uint32_t qn, uint32_t G, float scale, float *logit, size_t ld)
 {
     const dq_profile *p = &c->profile;
     const uint32_t n = c->n, d = c->head_dim, W = p->window;
@@ -763,19 +762,41 @@ int dq__kvq_window_logits(const dq_codec *c, dq_workspace *ws, const uint8_t *wi
                 logit[(size_t)h * ld + t] = a;
             }
         }
-        if (delta_on(c) && !rec_anchor(krec))
-            return DQ_CORRUPT;
     } else {
-        DQ_FORWARD_IF_ERROR(dq__kvq_decode(c, ws, DQ_KIND_K, hdr, krec, rb, 0, W, blk, DQ_DTYPE_F32, 0));
-        for (uint32_t t = 0; t < W; t++)
-            for (uint32_t h = 0; h < qn; h++) {
-                const float *qq = q + (size_t)(qh0 + h) * d, *kk = blk + (size_t)t * n + (size_t)((qh0 + h) / G) * d;
+        /* in the rotated domain of each head: q_rot · ŷ, and for IP keys the QJL term
+         * nf·g·(S·q_rot)·z, so that S is applied once per query head instead of once per token */
+        const int ip = c->kvq_ip[0];
+        const float g0 = (float)(sqrt(M_PI / 2) / d);
+        float *qr = s.lut, *qs = s.lut + d;
+        for (uint32_t h = 0; h < qn; h++) {
+            const uint32_t kv = (qh0 + h) / G;
+            dq__kvq_head_forward(c, DQ_KIND_K, kv, q + (size_t)(qh0 + h) * d, qr, s.ht);
+            if (ip)
+                matvec(c->kvq_qjl, qr, qs, d);
+            float prev = 0;
+            for (uint32_t t = 0; t < W; t++) {
+                const uint8_t *rec = krec + (size_t)t * rb;
+                dec_head(c, DQ_KIND_K, kv, rec, s.hy, s.ht, 0);
                 float a = 0;
                 for (uint32_t j = 0; j < d; j++)
-                    a += qq[j] * kk[j];
+                    a += qr[j] * s.hy[j];
+                if (ip) {
+                    size_t pos = c->kvq_off_bits[0] * 8 + (size_t)kv * c->kvq_head_bits[0] +
+                                 (size_t)d * c->kvq_pbits[0][0];
+                    float z = 0;
+                    for (uint32_t i = 0; i < d; i++, pos++)
+                        z += get_bits(rec, pos, 1) ? qs[i] : -qs[i];
+                    a += rec_norm(c, rec, kv, 0) * g0 * get16f(rec + c->kvq_off_rnorm[0] + 2 * kv) * z;
+                }
+                if (delta_on(c) && !rec_anchor(rec))
+                    a += prev;
+                prev = a;
                 logit[(size_t)h * ld + t] = a;
             }
+        }
     }
+    if (delta_on(c) && !rec_anchor(krec))
+        return DQ_CORRUPT;
     if (p->kvq_rank && hdr) {
         /* + (q·V_rᵀ)·U_sᵀ: R dot products per query head, then R terms per token */
         const uint32_t R = p->kvq_rank;

@@ -53,9 +53,10 @@
  * Key window header ("+lrR" only, else none): V_r, R × n fp16, row-major.
  * dq_tokens_decode of a "+dN" run must start at an anchor (DQ_CORRUPT otherwise);
  * dq_layer_decode finds the anchor itself. dq_window_check checks every fp16 field and the anchor
- * flags. dq_attend computes PQ logits through per-query lookup tables (q_rot · codebook entries)
- * and the low-rank term as (q·V_rᵀ)·U_sᵀ without materializing corrected keys; other KVQ keys and
- * all values are decoded per window. Each item is decoded with its layer's codec (view).
+ * flags. dq_attend scores keys in each head's rotated domain (the query rotated per head and window): PQ
+ * through per-query lookup tables (q_rot · codebook entries), IP keys' QJL term as (S·q_rot)·z,
+ * the low-rank term as (q·V_rᵀ)·U_sᵀ without materializing corrected keys, deltas accumulated;
+ * values are decoded per window. Each item is decoded with its layer's codec (view).
  * Every byte is counted in dq_profile_bits_per_value. */
 #ifndef DQUANT_KVQ_H
 #define DQUANT_KVQ_H
