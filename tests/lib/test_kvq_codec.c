@@ -786,3 +786,41 @@ Test(kvq, window_check_and_restore)
     free(a);
     free(b);
 }
+
+Test(kvq, pq_views_have_their_own_codebooks)
+{
+    /* two layers of different statistics: each view's codebook fits its own layer better; the
+     * root encodes as layer 0 */
+    const size_t T = 256;
+    float *k = outlier_data(2, T, 0), *v = outlier_data(2, T, 6);
+    for (size_t i = 0; i < T * N; i++) /* layer 1: isotropic */
+        k[T * N + i] = (float)dqt_normal(&rng);
+    dq_codec *c = make_codec("pq16x4", 2, k, v, T, NULL);
+    dq_workspace *ws = NULL;
+    cr_assert_eq(dq_workspace_create(c, &ws), DQ_OK);
+    const size_t rb = dq_codec_record_bytes(c, DQ_KIND_K);
+    uint8_t *r0 = dqt_xmalloc(W * rb), *r1 = dqt_xmalloc(W * rb), *rr = dqt_xmalloc(W * rb);
+    float *out = dqt_xmalloc(W * N * 4);
+    double e[2][2];
+    for (int l = 0; l < 2; l++)
+        for (int cv = 0; cv < 2; cv++) {
+            roundtrip(dq_codec_layer(c, (uint32_t)cv), ws, DQ_KIND_K, k + (size_t)l * T * N, W, out);
+            e[l][cv] = mse(k + (size_t)l * T * N, out, W * N);
+        }
+    cr_log_info("pq16x4 mse: layer 0 by views 0/1 %.4f/%.4f, layer 1 %.4f/%.4f", e[0][0], e[0][1], e[1][0], e[1][1]);
+    cr_assert_lt(e[0][0], e[0][1]);
+    cr_assert_lt(e[1][1], e[1][0]);
+    cr_assert_eq(dq_tokens_encode(dq_codec_layer(c, 0), ws, DQ_KIND_K, k, DQ_DTYPE_F32, W, NULL, r0, rb, NULL), DQ_OK);
+    cr_assert_eq(dq_tokens_encode(dq_codec_layer(c, 1), ws, DQ_KIND_K, k, DQ_DTYPE_F32, W, NULL, r1, rb, NULL), DQ_OK);
+    cr_assert_eq(dq_tokens_encode(c, ws, DQ_KIND_K, k, DQ_DTYPE_F32, W, NULL, rr, rb, NULL), DQ_OK);
+    cr_assert(memcmp(r0, r1, W * rb) != 0);
+    cr_assert(memcmp(r0, rr, W * rb) == 0);
+    free(r0);
+    free(r1);
+    free(rr);
+    free(out);
+    dq_workspace_free(ws);
+    dq_codec_free(c);
+    free(k);
+    free(v);
+}
