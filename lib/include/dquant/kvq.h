@@ -74,14 +74,22 @@ extern "C" {
 
 /* ---- 1. Toolbox ------------------------------------------------------------------------------ */
 
-/* Lloyd–Max codebook of 2^bits centroids (ascending) and 2^bits − 1 boundaries (midpoints) for one
+/* Lloyd–Max codebook of 2^bits centroids (ascending, symmetric) and 2^bits − 1 boundaries for one
  * coordinate of a uniformly random unit vector in R^dim: density ∝ (1 − t²)^((dim−3)/2) on [−1, 1]
- * (computed by quadrature on that density, not a Gaussian approximation). bits 1..8, dim >= 2.
- * Computed once per (bits, dim) and cached (thread-safe); the pointers stay valid until exit. */
+ * (computed by Gauss–Legendre quadrature on that density with t = sin θ, which also covers dim = 2
+ * where the density is singular at ±1; not a Gaussian approximation), converged to the fixed point
+ * centroid = conditional mean of its cell. boundaries[i] is the largest float not strictly closer to
+ * centroids[i+1] than to centroids[i], so bucketize and argmin agree on every float. bits 1..8,
+ * dim >= 2 (else DQ_INVALID_ARGUMENT); DQ_NOMEM. Computed once per (bits, dim) and cached
+ * (thread-safe); the pointers stay valid until exit. Either output pointer may be NULL. */
 DQ_API int dq_kvq_codebook(uint32_t bits, uint32_t dim, const float **centroids, const float **boundaries);
-/* Index of the interval of x among count ascending boundaries (0..count): binary search. */
+/* Index of the interval of x among count ascending boundaries (0..count): the number of boundaries
+ * < x, by binary search (a value equal to a boundary goes to the lower cell). ±inf give count / 0;
+ * NaN gives 0 (callers reject NaN before: the codecs return DQ_NONFINITE). */
 DQ_API uint32_t dq_kvq_bucketize(float x, const float *boundaries, uint32_t count);
-/* The same by an argmin over all centroids (the seed's "before"; kept for the benchmark). */
+/* The nearest of count ascending centroids by an argmin of |x − c| over all of them (the seed's
+ * "before"; kept for the benchmark): distances compared exactly, ties to the lower index; ±inf give
+ * the last / first, NaN gives 0. Equal to dq_kvq_bucketize with dq_kvq_codebook's boundaries. */
 DQ_API uint32_t dq_kvq_nearest_argmin(float x, const float *centroids, uint32_t count);
 
 /* Haar-random rotation of R^dim from the seed: QR of a Gaussian matrix with R's diagonal made
