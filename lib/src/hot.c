@@ -167,7 +167,7 @@ int dq_hot_levels(const dq_codec *codec, const uint8_t *hot, dq_kind kind, size_
 int dq_hot_decode(const dq_codec *codec, dq_workspace *ws, const uint8_t *hot, dq_kind kind, size_t first, size_t count,
                   void *out, dq_dtype dtype)
 {
-    DQ_RETURN_IF(!codec || !ws || ws->codec != codec || !hot || (count && !out) ||
+    DQ_RETURN_IF(!codec || !ws || !dq__ws_fits(ws, codec) || !hot || (count && !out) ||
                      (kind != DQ_KIND_K && kind != DQ_KIND_V),
                  DQ_INVALID_ARGUMENT);
     DQ_RETURN_IF(!dq_dtype_size(dtype), DQ_DTYPE);

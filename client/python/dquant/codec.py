@@ -27,7 +27,7 @@ DQ_PROFILE_NAME_MAX = 32
 DQ_PROFILE_SERIALIZED_MAX = 512
 
 KIND_K, KIND_V = 0, 1
-CODEC_TYPES = {0: "dquant", 1: "bf16", 2: "int", 3: "kivi", 4: "turbo"}
+CODEC_TYPES = {0: "dquant", 1: "bf16", 2: "int", 3: "kivi", 4: "turbo", 5: "kvq"}
 
 
 class dq_profile(ctypes.Structure):
@@ -47,6 +47,15 @@ class dq_profile(ctypes.Structure):
         ("bits", ctypes.c_uint32 * 2),
         ("group", ctypes.c_uint32),
         ("rotate", ctypes.c_uint32),
+        ("kvq_variant", ctypes.c_uint32),
+        ("kvq_rotation", ctypes.c_uint32),
+        ("kvq_outliers", ctypes.c_uint32),
+        ("kvq_pq_m", ctypes.c_uint32),
+        ("kvq_rank", ctypes.c_uint32),
+        ("kvq_anchor", ctypes.c_uint32),
+        ("kvq_tau", ctypes.c_float),
+        ("kvq_layers", ctypes.c_uint32),
+        ("kvq_calib_hash", ctypes.c_uint64),
     ]
 
 

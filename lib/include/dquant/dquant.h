@@ -6,6 +6,7 @@
 #include "dquant/codec.h"
 #include "dquant/error.h"
 #include "dquant/hot.h"
+#include "dquant/kvq.h"
 #include "dquant/layer.h"
 #include "dquant/log.h"
 #include "dquant/profile.h"

@@ -43,7 +43,16 @@ typedef enum dq_codec_type {
                             `group` channels), INT-b, fp16 scale/zero */
     DQ_CODEC_TURBO = 4,  /* TurboQuant-MSE: keys rotated, per-head norm (fp16), Lloyd–Max b-bit scalar
                             codebook for N(0,1); values per-token affine INT-b (groups of `group`) */
+    DQ_CODEC_KVQ = 5,    /* the KVQuant++ family (dquant/kvq.h): fields kvq_* below */
 } dq_codec_type;
+
+/* Quantizer of a DQ_CODEC_KVQ profile (dquant/kvq.h). */
+typedef enum dq_kvq_variant {
+    DQ_KVQ_LM = 0,      /* scalar Lloyd–Max on the Beta marginal, keys and values */
+    DQ_KVQ_IP = 1,      /* keys: Lloyd–Max at bits−1 + 1-bit QJL of the residual; values: Lloyd–Max */
+    DQ_KVQ_OUTLIER = 2, /* calibrated outlier channels at more bits, the rest at fewer */
+    DQ_KVQ_PQ = 3,      /* product quantization with calibrated codebooks */
+} dq_kvq_variant;
 
 typedef struct dq_profile {
     uint32_t format_version;        /* DQ_FORMAT_VERSION */
@@ -64,6 +73,17 @@ typedef struct dq_profile {
     uint32_t bits[2];
     uint32_t group;
     uint32_t rotate;
+    /* KVQ family (codec_type DQ_CODEC_KVQ; zero otherwise). bits[] are the per-coordinate bits of
+     * keys and values (for DQ_KVQ_PQ: bits per code). */
+    uint32_t kvq_variant;    /* dq_kvq_variant */
+    uint32_t kvq_rotation;   /* 0: randomized Hadamard, 1: Haar-random SO(head_dim) */
+    uint32_t kvq_outliers;   /* DQ_KVQ_OUTLIER: outlier channels per head */
+    uint32_t kvq_pq_m;       /* DQ_KVQ_PQ: subspaces per head */
+    uint32_t kvq_rank;       /* low-rank correction rank per window; 0: none */
+    uint32_t kvq_anchor;     /* delta coding: an anchor every N tokens (window starts always); 0: no delta */
+    float kvq_tau;           /* delta coding: anchor when |delta| / |x| > tau; 0: off */
+    uint32_t kvq_layers;     /* layers of the calibration; 0: none */
+    uint64_t kvq_calib_hash; /* xxHash64 of the serialized calibration; 0: none */
 } dq_profile;
 
 /* What dq_profile_make needs; fill with dq_profile_params_default() then change fields. */
