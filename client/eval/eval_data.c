@@ -21,8 +21,7 @@ int eval_fail(char *err, size_t errlen, int rc, const char *fmt, ...)
     return rc;
 }
 
-/* Reads a whole file into a new buffer. Returns 0, DQ_NOT_FOUND, DQ_IO, DQ_NOMEM. */
-static int slurp(const char *path, void **buf, size_t *len)
+int eval_read_file(const char *path, void **buf, size_t *len)
 {
     FILE *f = fopen(path, "rb");
     if (!f)
@@ -52,7 +51,7 @@ static int load_array(const char *path, dq_dtype dtype, size_t count, float **ou
 {
     void *raw = NULL;
     size_t len = 0;
-    int rc = slurp(path, &raw, &len);
+    int rc = eval_read_file(path, &raw, &len);
     if (rc != DQ_OK)
         return eval_fail(err, errlen, rc, "%s: %s", path, rc == DQ_NOT_FOUND ? "not found" : dq_strerror(rc));
     const size_t esz = dq_dtype_size(dtype);

@@ -37,6 +37,10 @@ int eval_data_load_files(const char *k, const char *v, const char *q, uint32_t k
 
 void eval_data_free(eval_data *d);
 
+/* Reads a whole file into a new buffer (free with free(); one spare byte past len). Returns 0,
+ * DQ_NOT_FOUND, DQ_IO, DQ_NOMEM. */
+int eval_read_file(const char *path, void **buf, size_t *len);
+
 /* The eval functions' error convention: formats a message into err (errlen bytes; err may be NULL)
  * and returns rc. */
 int eval_fail(char *err, size_t errlen, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
