@@ -112,6 +112,7 @@ typedef struct named_layout {
 } named_layout;
 
 static const named_layout g_layouts[] = {
+    {"bytellama-n1024", "bytellama-n1024/kv_f16.bin", "bytellama-n1024/q_f16.bin", 1, 4, 512, 8, 128, 16},
     {"bytellama-19m", "bytellama-19m/kv_f16.bin", "bytellama-19m/q_f16.bin", 2, 6, 1024, 2, 128, 4},
     {"tinystories-656k", "tinystories-656k/kv/kv_f16.bin", "tinystories-656k/kv/q_f16.bin", 1, 2, 495, 4, 16, 8},
 };
@@ -124,8 +125,8 @@ int eval_data_load_named(const char *name, const char *dir, eval_data *d, char *
         if (name && strcmp(name, g_layouts[i].name) == 0)
             l = &g_layouts[i];
     if (!l)
-        return eval_fail(err, errlen, DQ_NOT_FOUND, "unknown dataset '%s' (bytellama-19m, tinystories-656k)",
-                         name ? name : "");
+        return eval_fail(err, errlen, DQ_NOT_FOUND,
+                         "unknown dataset '%s' (bytellama-n1024, bytellama-19m, tinystories-656k)", name ? name : "");
     snprintf(d->name, sizeof d->name, "%s", l->name);
     d->seqs = l->seqs;
     d->layers = l->layers;

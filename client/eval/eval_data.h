@@ -1,6 +1,8 @@
 /* dquant eval: the KV (and query) arrays an evaluation runs on.
  *
- * Two real datasets of ../shared/data (README there) have built-in layouts:
+ * Three real datasets of ../shared/data (README there) have built-in layouts:
+ *   bytellama-n1024   kv_f16.bin  f16 [2 (K,V), 4 layers, 512 tok, 8 kv_heads, 128] (n = 1024)
+ *                     q_f16.bin   f16 [4 layers, 512 tok, 16 q_heads, 128]
  *   bytellama-19m     kv_f16.bin  f16 [2 seq, 2 (K,V), 6 layers, 1024 tok, 2 kv_heads, 128]
  *                     q_f16.bin   f16 [1 seq, 6 layers, 1024 tok, 4 q_heads, 128] (sequence 0)
  *   tinystories-656k  kv/kv_f16.bin f16 [2 (K,V), 2 layers, 495 tok, 4 kv_heads, 16]
@@ -24,7 +26,7 @@ typedef struct eval_data {
     float *q;                             /* [layers][tokens][q_heads · head_dim] of sequence 0, or NULL */
 } eval_data;
 
-/* Loads "bytellama-19m" or "tinystories-656k" from dir (NULL: ../shared/data). Returns 0,
+/* Loads "bytellama-n1024", "bytellama-19m" or "tinystories-656k" from dir (NULL: ../shared/data). Returns 0,
  * DQ_NOT_FOUND (unknown name, or its KV file absent), DQ_SHAPE (a file of the wrong size),
  * DQ_IO, DQ_NOMEM; err (errlen bytes) says which file. Queries are optional: a missing query file
  * leaves q NULL. */
