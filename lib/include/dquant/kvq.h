@@ -92,25 +92,56 @@ DQ_API uint32_t dq_kvq_bucketize(float x, const float *boundaries, uint32_t coun
  * the last / first, NaN gives 0. Equal to dq_kvq_bucketize with dq_kvq_codebook's boundaries. */
 DQ_API uint32_t dq_kvq_nearest_argmin(float x, const float *centroids, uint32_t count);
 
-/* Haar-random rotation of R^dim from the seed: QR of a Gaussian matrix with R's diagonal made
- * positive and, when det(Q) < 0, the first column negated, so Q ∈ SO(d). out: dim × dim row-major.
- * Deterministic for (dim, seed). */
+/* Haar-random rotation of R^dim from the seed: QR (Householder, double) of a dim × dim standard
+ * Gaussian matrix (xoshiro256** seeded by splitmix64, Box–Muller; the same on every platform), Q's
+ * columns multiplied by sign(R_jj) (Haar on O(d)) and, when det(Q) < 0, the first column negated,
+ * so Q ∈ SO(d) — never a reflection. out: dim × dim row-major (y = out·x rotates x). Deterministic
+ * for (dim, seed). dim 1..65535 (else DQ_INVALID_ARGUMENT); DQ_NOMEM. */
 DQ_API int dq_kvq_haar(uint32_t dim, uint64_t seed, float *out);
-/* Determinant sign of a dim × dim row-major matrix (+1 / −1 / 0), for tests. */
-DQ_API int dq_kvq_det_sign(const float *m, uint32_t dim);
+/* Sign of the determinant of a dim × dim row-major matrix into *sign (+1 / −1, or 0 when a pivot of
+ * LU with partial pivoting falls below dim·2^−52·max|m|), for tests. DQ_INVALID_ARGUMENT,
+ * DQ_NONFINITE for NaN/Inf entries, DQ_NOMEM. */
+DQ_API int dq_kvq_det_sign(const float *m, uint32_t dim, int *sign);
 
-/* k-means++ seeding then Lloyd iterations of k centroids of dim-dimensional points (count × dim,
- * row-major). seeding only (iters = 0) is what the seed's initialisation claim measures. Returns
- * the final mean squared error per point in *mse (may be NULL). */
+/* k-means++ seeding (first centroid uniform, then D²-weighted draws from the seeded generator) and
+ * `iters` Lloyd iterations (assignment to the nearest centroid, centroid = mean; an empty cluster
+ * takes the point farthest from its centroid; stops early when no assignment changes) of k
+ * centroids (k × dim, row-major, written) of count points (count × dim, row-major). iters = 0 is
+ * seeding only (what the seed's initialisation claim measures). *mse (may be NULL): the mean over
+ * points of the squared distance to the nearest final centroid. Deterministic for the seed.
+ * DQ_INVALID_ARGUMENT for count 0, dim 0, k 0 or k > count; DQ_NONFINITE; DQ_NOMEM. */
 DQ_API int dq_kvq_kmeans(const float *points, size_t count, uint32_t dim, uint32_t k, uint32_t iters, uint64_t seed,
                          float *centroids, double *mse);
-/* The same with centroids seeded uniformly on [min, max] per coordinate (the seed's "before"). */
+/* The same with centroids seeded uniformly on [min, max] per coordinate (the seed's "before":
+ * centroid m at min + (max − min)·m/(k − 1)). */
 DQ_API int dq_kvq_kmeans_linspace(const float *points, size_t count, uint32_t dim, uint32_t k, uint32_t iters,
                                   float *centroids, double *mse);
 
-/* Randomized SVD (Halko–Martinsson–Tropp, oversampling 10, power iterations `power`) of A
- * (rows × cols, row-major): the top `rank` singular triplets. u: rows × rank, s: rank, vt:
- * rank × cols. Deterministic for the seed. For rows < 64 an exact SVD (one-sided Jacobi). */
+/* QJL (1-bit quantized Johnson–Lindenstrauss) sketch of a residual r ∈ R^dim for the inner-product
+ * quantizer: S is dim × dim with i.i.d. N(0, 1) entries (row-major, from the seed by
+ * dq_kvq_qjl_matrix: callers keep it), the sketch is sign(S·r) — bit i of bits (LSB-first, (dim + 7)/8
+ * bytes) set when (S·r)_i >= 0 — plus ‖r‖, and
+ *     <y, r> ≈ sqrt(π/2)/dim · ‖r‖ · <S·y, sign(S·r)>
+ * is unbiased (E over S) with variance (π/2·‖y‖²‖r‖² − <y, r>²)/dim.
+ * DQ_INVALID_ARGUMENT for dim 0 (> 65535 for the matrix) or NULL; DQ_NONFINITE for NaN/Inf in r, y
+ * or norm. */
+DQ_API int dq_kvq_qjl_matrix(uint32_t dim, uint64_t seed, float *s);
+/* The sketch of r: bits, and ‖r‖ in *norm (may be NULL). */
+DQ_API int dq_kvq_qjl_sign(const float *s, uint32_t dim, const float *r, uint8_t *bits, float *norm);
+/* The estimate of <y, r> from the sketch (bits, norm >= 0) into *out. */
+DQ_API int dq_kvq_qjl_dot(const float *s, uint32_t dim, const float *y, const uint8_t *bits, float norm, float *out);
+/* The same split for attention: sy = S·y once per query, then dq_kvq_qjl_estimate per key (no
+ * checks: sy from dq_kvq_qjl_project, bits and norm from dq_kvq_qjl_sign). */
+DQ_API int dq_kvq_qjl_project(const float *s, uint32_t dim, const float *y, float *sy);
+DQ_API float dq_kvq_qjl_estimate(const float *sy, uint32_t dim, const uint8_t *bits, float norm);
+
+/* Randomized SVD (Halko–Martinsson–Tropp 2011: Gaussian sketch of rank + 10 columns, `power`
+ * power iterations each re-orthonormalized by Householder QR, then the exact SVD of the small
+ * B = QᵀA by one-sided Jacobi; all in double) of A (rows × cols, row-major): the top `rank`
+ * singular triplets, descending, each signed so that the largest |entry| of its u column is
+ * positive. u: rows × rank, s: rank, vt: rank × cols (row-major). Deterministic for the seed. For
+ * rows < 64 an exact SVD (one-sided Jacobi on A). DQ_INVALID_ARGUMENT for rows or cols 0, rank 0 or
+ * > min(rows, cols), power > 64, rows·cols > 2^31 or NULL; DQ_NONFINITE; DQ_NOMEM. */
 DQ_API int dq_kvq_rsvd(const float *a, uint32_t rows, uint32_t cols, uint32_t rank, uint32_t power, uint64_t seed,
                        float *u, float *s, float *vt);
 
