@@ -7,6 +7,7 @@
 
 #include "codec_run.h"
 #include "dquant/error.h"
+#include "dquant/kvq.h"
 #include "eval_data.h"
 #include "eval_ppl.h"
 #include "eval_rng.h"
@@ -200,7 +201,8 @@ static int apply_codec(const eval_ppl_codec *pc, codec_state *st, eval_kv_cache 
                     fixedwidth_bits_per_value(&pc->codec.profile, (dq_kind)kind) * (double)per);
             } else {
                 codec_rt_result rt;
-                rc = codec_roundtrip_codec(st->codec, (dq_kind)kind, x, ctx, xhat, NULL, &rt);
+                const dq_codec *lc = dq_codec_layer(st->codec, l);
+                rc = codec_roundtrip_codec(lc ? lc : st->codec, (dq_kind)kind, x, ctx, xhat, NULL, &rt);
                 st->stored_bits[kind] += 8 * rt.stored_bytes;
             }
             if (rc != DQ_OK)
@@ -286,6 +288,8 @@ int eval_ppl_run(const eval_model *m, const eval_text *t, const eval_ppl_codec *
     double *lpr = malloc((size_t)T * V * sizeof *lpr), *lpc = malloc((size_t)V * sizeof *lpc);
     double *nll_ref = calloc(o->chunks, sizeof *nll_ref);
     eval_kv_cache c = {0};
+    float *calib_k = NULL, *calib_v = NULL;
+    size_t calib_tokens = 0;
     if (!st || !ref || !lref || !lc || !lpr || !lpc || !nll_ref) {
         rc = eval_fail(err, errlen, DQ_NOMEM, "out of memory");
         goto out;
@@ -306,6 +310,22 @@ int eval_ppl_run(const eval_model *m, const eval_text *t, const eval_ppl_codec *
         if (codecs[i].unavailable) {
             res[i].rc = DQ_CONTAINER_TOO_SMALL;
             snprintf(res[i].why, sizeof res[i].why, "%s", codecs[i].unavailable);
+        } else if (!codecs[i].identity && codecs[i].codec.type == EVAL_CODEC_LIB &&
+                   dq_profile_needs_calibration(&codecs[i].codec.profile)) {
+            /* per-layer calibration on the calibration sequences' float32 prefill K/V */
+            if (!calib_k &&
+                (rc = eval_ppl_calibration(m, t, o, &calib_k, &calib_v, &calib_tokens, err, errlen)) != DQ_OK)
+                goto out;
+            dq_profile p = codecs[i].codec.profile;
+            uint8_t *blob = NULL;
+            size_t blob_len = 0;
+            res[i].rc = dq_kvq_calibrate(&p, cfg->layers, calib_k, calib_v, calib_tokens, o->seed, &blob, &blob_len);
+            if (res[i].rc == DQ_OK)
+                res[i].rc = dq_codec_create_calibrated(&p, blob, blob_len, NULL, &st[i].codec);
+            dq_kvq_free(blob);
+            if (res[i].rc != DQ_OK)
+                snprintf(res[i].why, sizeof res[i].why, "calibration on %zu tokens: %s", calib_tokens,
+                         dq_strerror(res[i].rc));
         } else if (!codecs[i].identity && codecs[i].codec.type == EVAL_CODEC_LIB) {
             res[i].rc = dq_codec_create(&codecs[i].codec.profile, NULL, &st[i].codec);
             if (res[i].rc != DQ_OK)
@@ -403,6 +423,8 @@ out:
     free(lpr);
     free(lpc);
     free(nll_ref);
+    free(calib_k);
+    free(calib_v);
     eval_kv_cache_free(&c);
     return rc;
 }
