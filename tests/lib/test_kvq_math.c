@@ -841,3 +841,349 @@ Test(kvq_math, rsvd_rank_deficient_and_errors)
     cr_assert_eq(dq_kvq_rsvd(a, 100, 40, 2, 1, 5, u, s, vt), DQ_NONFINITE);
     free(a);
 }
+
+/* ---- Huffman ------------------------------------------------------------------------------------ */
+
+static double kraft(const uint8_t *len, uint32_t n)
+{
+    double k = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (len[i])
+            k += ldexp(1.0, -len[i]);
+    return k;
+}
+
+/* Plain (unbounded) Huffman cost by repeated merging of the two lightest weights: the optimum. */
+static uint64_t huffman_cost(const uint64_t *freq, uint32_t n)
+{
+    uint64_t w[256], cost = 0;
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (freq[i])
+            w[m++] = freq[i];
+    if (m == 1)
+        return w[0];
+    while (m > 1) {
+        uint32_t a = 0, b = 1;
+        if (w[b] < w[a])
+            a = 1, b = 0;
+        for (uint32_t i = 2; i < m; i++) {
+            if (w[i] < w[a]) {
+                b = a;
+                a = i;
+            } else if (w[i] < w[b]) {
+                b = i;
+            }
+        }
+        const uint64_t s = w[a] + w[b];
+        cost += s;
+        w[a < b ? a : b] = s;
+        w[a < b ? b : a] = w[--m];
+    }
+    return cost;
+}
+
+static double entropy_bits(const uint64_t *freq, uint32_t n)
+{
+    double t = 0, h = 0;
+    for (uint32_t i = 0; i < n; i++)
+        t += (double)freq[i];
+    for (uint32_t i = 0; i < n; i++)
+        if (freq[i])
+            h -= (double)freq[i] * log2((double)freq[i] / t);
+    return h;
+}
+
+Test(kvq_math, huffman_round_trip)
+{
+    dqt_rng r;
+    dqt_rng_seed(&r, 0x4f);
+    const size_t nsym = 20000;
+    uint8_t *sym = dqt_xmalloc(nsym), *back = dqt_xmalloc(nsym), *buf = dqt_xmalloc(nsym * 3 + 8);
+    for (int trial = 0; trial < 40; trial++) {
+        const uint32_t count = 2 + dqt_below(&r, 255);
+        /* a skewed distribution: geometric-ish weights, some symbols unused */
+        double w[256], tw = 0;
+        for (uint32_t i = 0; i < count; i++) {
+            w[i] = dqt_below(&r, 5) == 0 ? 0 : pow(dqt_uniform(&r), 4.0);
+            tw += w[i];
+        }
+        if (tw == 0)
+            w[0] = tw = 1;
+        uint64_t freq[256] = {0};
+        for (size_t i = 0; i < nsym; i++) {
+            double u = dqt_uniform(&r) * tw;
+            uint32_t s = 0;
+            while (s + 1 < count && (u >= w[s] || w[s] == 0)) {
+                u -= w[s];
+                s++;
+            }
+            if (w[s] == 0) /* rounding at the top end: the last used symbol */
+                for (s = count - 1; w[s] == 0; s--)
+                    ;
+            sym[i] = (uint8_t)s;
+            freq[s]++;
+        }
+        uint32_t used = 0;
+        for (uint32_t i = 0; i < count; i++)
+            used += freq[i] != 0;
+        uint32_t min_len = 0;
+        while ((1u << min_len) < used)
+            min_len++;
+        const uint32_t max_len = (min_len < 1 ? 1 : min_len) + dqt_below(&r, 24 - (min_len < 1 ? 1 : min_len) + 1);
+        uint8_t len[256];
+        uint64_t bits;
+        cr_assert_eq(dq_kvq_huffman_lengths(freq, count, max_len, len, &bits), DQ_OK, "max_len %u used %u", max_len,
+                     used);
+        uint64_t check = 0;
+        for (uint32_t i = 0; i < count; i++) {
+            cr_assert_leq(len[i], max_len);
+            cr_assert_eq(len[i] == 0, freq[i] == 0, "a code exactly for the used symbols");
+            check += freq[i] * len[i];
+        }
+        cr_assert_eq(bits, check);
+        cr_assert_leq(kraft(len, count), 1.0);
+        const double h = entropy_bits(freq, count);
+        cr_assert_geq((double)bits, h - 1e-6);
+        if (max_len >= 20) { /* the bound does not bind: optimal, within 1 bit/symbol of the entropy */
+            cr_assert_eq(bits, huffman_cost(freq, count), "package-merge = Huffman without a binding bound");
+            cr_assert_lt((double)bits, h + nsym);
+        }
+        size_t nbits;
+        cr_assert_eq(dq_kvq_huffman_encode(len, count, sym, nsym, buf, nsym * 3 + 8, &nbits), DQ_OK);
+        cr_assert_eq(nbits, bits);
+        memset(back, 0xee, nsym);
+        cr_assert_eq(dq_kvq_huffman_decode(len, count, buf, nbits, back, nsym), DQ_OK);
+        cr_assert_eq(memcmp(sym, back, nsym), 0, "round trip, trial %d", trial);
+    }
+    free(sym);
+    free(back);
+    free(buf);
+}
+
+/* Fibonacci frequencies make the unbounded Huffman tree a chain (depth n − 1): the bound binds. */
+Test(kvq_math, huffman_length_limit_binds)
+{
+    uint64_t f[30];
+    f[0] = f[1] = 1;
+    for (int i = 2; i < 30; i++)
+        f[i] = f[i - 1] + f[i - 2];
+    uint8_t len[30];
+    uint64_t bits, prev = UINT64_MAX;
+    /* 20 symbols: depth 19 fits under 24, so the result is the unbounded optimum */
+    cr_assert_eq(dq_kvq_huffman_lengths(f, 20, 24, len, &bits), DQ_OK);
+    cr_assert_eq(bits, huffman_cost(f, 20));
+    cr_assert_eq(len[0], 19);
+    /* 30 symbols: depth 29 > 24, the bound binds and costs a little */
+    cr_assert_eq(dq_kvq_huffman_lengths(f, 30, 24, len, &bits), DQ_OK);
+    cr_assert_gt(bits, huffman_cost(f, 30));
+    for (uint32_t L = 5; L <= 12; L++) {
+        cr_assert_eq(dq_kvq_huffman_lengths(f, 30, L, len, &bits), DQ_OK);
+        uint32_t mx = 0;
+        for (int i = 0; i < 30; i++)
+            mx = len[i] > mx ? len[i] : mx;
+        cr_assert_leq(mx, L);
+        cr_assert_leq(kraft(len, 30), 1.0);
+        cr_assert_geq(bits, huffman_cost(f, 30));
+        cr_assert_leq(bits, prev, "a looser bound never costs more");
+        prev = bits;
+        /* exhaustive check of optimality is out of reach; the flat 5-bit code bounds it */
+        uint64_t flat = 0;
+        for (int i = 0; i < 30; i++)
+            flat += 5 * f[i];
+        cr_assert_leq(bits, flat);
+    }
+    cr_assert_eq(dq_kvq_huffman_lengths(f, 30, 4, len, &bits), DQ_INVALID_ARGUMENT, "30 symbols need 5 bits");
+}
+
+/* The seed's §2.2 claim: Lloyd–Max indices at b = 4, d = 128 have entropy 3.816 bits (about 4%
+ * below 4 raw bits); a Huffman code gets close to it. */
+Test(kvq_math, huffman_lloyd_max_indices)
+{
+    const uint32_t d = 128, nvec = 4000;
+    const float *c, *bd;
+    cr_assert_eq(dq_kvq_codebook(4, d, &c, &bd), DQ_OK);
+    float x[128];
+    uint8_t *idx = dqt_xmalloc((size_t)nvec * d), *back = dqt_xmalloc((size_t)nvec * d);
+    uint8_t *buf = dqt_xmalloc((size_t)nvec * d);
+    uint64_t freq[16] = {0};
+    dqt_rng r;
+    dqt_rng_seed(&r, 0x4b);
+    for (uint32_t v = 0; v < nvec; v++) {
+        unit_vector(&r, x, d);
+        for (uint32_t j = 0; j < d; j++) {
+            idx[(size_t)v * d + j] = (uint8_t)dq_kvq_bucketize(x[j], bd, 15);
+            freq[idx[(size_t)v * d + j]]++;
+        }
+    }
+    const size_t n = (size_t)nvec * d;
+    uint8_t len[16];
+    uint64_t bits;
+    cr_assert_eq(dq_kvq_huffman_lengths(freq, 16, 16, len, &bits), DQ_OK);
+    const double h = entropy_bits(freq, 16) / n, b = (double)bits / n;
+    fprintf(stderr,
+            "kvq Huffman of 4-bit Lloyd–Max indices (d=128): entropy %.3f bits, Huffman %.3f bits/index "
+            "(%.1f%% below 4; paper: entropy 3.816, ~4%%)\n",
+            h, b, 100 * (1 - b / 4));
+    cr_assert(h > 3.7 && h < 3.9, "entropy %g", h);
+    cr_assert(b < 4 && b < h + 0.05, "Huffman %g bits vs entropy %g", b, h);
+    size_t nbits;
+    cr_assert_eq(dq_kvq_huffman_encode(len, 16, idx, n, buf, n, &nbits), DQ_OK);
+    cr_assert_eq(nbits, bits);
+    cr_assert_eq(dq_kvq_huffman_decode(len, 16, buf, nbits, back, n), DQ_OK);
+    cr_assert_eq(memcmp(idx, back, n), 0);
+    free(idx);
+    free(back);
+    free(buf);
+}
+
+Test(kvq_math, huffman_corrupt_and_errors)
+{
+    /* an incomplete code: lengths 1, 2 (Kraft 3/4), codes "0" and "10": "11" is no code */
+    const uint8_t inc[2] = {1, 2};
+    const uint8_t good[1] = {0x80}; /* "10" = symbol 1 ("0" is symbol 0) */
+    uint8_t s[4], out[8];
+    cr_assert_eq(dq_kvq_huffman_decode(inc, 2, good, 2, s, 1), DQ_OK);
+    cr_assert_eq(s[0], 1);
+    const uint8_t bad[1] = {0xc0}; /* "11" */
+    cr_assert_eq(dq_kvq_huffman_decode(inc, 2, bad, 2, s, 1), DQ_CORRUPT);
+    cr_assert_eq(dq_kvq_huffman_decode(inc, 2, good, 3, s, 1), DQ_CORRUPT, "a bit left over");
+    cr_assert_eq(dq_kvq_huffman_decode(inc, 2, good, 1, s, 1), DQ_TRUNCATED);
+    cr_assert_eq(dq_kvq_huffman_decode(inc, 2, good, 2, s, 2), DQ_TRUNCATED);
+    /* a single used symbol has the code "0"; "1" is corrupt */
+    const uint8_t one[3] = {0, 1, 0};
+    const uint8_t ones[1] = {0xff};
+    cr_assert_eq(dq_kvq_huffman_decode(one, 3, ones, 1, s, 1), DQ_CORRUPT);
+    /* bad code tables and symbols */
+    const uint8_t over[3] = {1, 1, 1}, big[2] = {25, 1};
+    const uint8_t sym[2] = {0, 1};
+    size_t nb;
+    cr_assert_eq(dq_kvq_huffman_encode(over, 3, sym, 2, out, 8, &nb), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_kvq_huffman_decode(over, 3, good, 2, s, 1), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_kvq_huffman_encode(big, 2, sym, 2, out, 8, &nb), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_kvq_huffman_encode(one, 3, sym, 2, out, 8, &nb), DQ_INVALID_ARGUMENT, "symbol 0 has no code");
+    const uint8_t three[1] = {3};
+    cr_assert_eq(dq_kvq_huffman_encode(inc, 2, three, 1, out, 8, &nb), DQ_INVALID_ARGUMENT, "symbol out of range");
+    cr_assert_eq(dq_kvq_huffman_encode(inc, 2, sym, 2, out, 0, &nb), DQ_INVALID_ARGUMENT, "cap too small");
+    cr_assert_eq(dq_kvq_huffman_encode(inc, 2, sym, 2, out, 1, &nb), DQ_OK);
+    cr_assert_eq(nb, 3);
+    cr_assert_eq(out[0], 0x40, "\"0\" then \"10\": 010 MSB-first");
+    /* lengths */
+    uint64_t f[3] = {5, 0, 7}, bits;
+    uint8_t len[3];
+    cr_assert_eq(dq_kvq_huffman_lengths(f, 0, 8, len, &bits), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_kvq_huffman_lengths(f, 257, 8, len, &bits), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_kvq_huffman_lengths(f, 3, 0, len, &bits), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_kvq_huffman_lengths(f, 3, 25, len, &bits), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_kvq_huffman_lengths(f, 3, 1, len, &bits), DQ_OK);
+    cr_assert(len[0] == 1 && len[1] == 0 && len[2] == 1 && bits == 12);
+    const uint64_t single[2] = {0, 9}, none[2] = {0, 0};
+    cr_assert_eq(dq_kvq_huffman_lengths(single, 2, 8, len, &bits), DQ_OK);
+    cr_assert(len[0] == 0 && len[1] == 1 && bits == 9);
+    cr_assert_eq(dq_kvq_huffman_lengths(none, 2, 8, len, &bits), DQ_OK);
+    cr_assert(len[0] == 0 && len[1] == 0 && bits == 0);
+}
+
+/* ---- attention-weighted bit assignment ---------------------------------------------------------- */
+
+/* 64 tokens, 2 KV heads, 4 query heads (GQA: heads 0, 1 read KV head 0; heads 2, 3 read KV head 1),
+ * head_dim 16, keys of small random norm. Tokens 5, 17 and 40 carry a large key along a direction
+ * that one query head looks along: they are the most attended, and the only tier-1 tokens at
+ * frac_hi = 3/64. Token 40's key sits on KV head 1 and only query head 2 looks for it: GQA's h/2
+ * mapping finds it (h % kv_heads would pair head 2 with KV head 0). */
+Test(kvq_math, assign_bits_most_attended)
+{
+    enum { T = 64, KVH = 2, QH = 4, D = 16, NQ = 3 };
+    static float k[T * KVH * D], q[NQ * QH * D];
+    dqt_rng r;
+    dqt_rng_seed(&r, 0xa7);
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        k[i] = 0.1f * (float)dqt_normal(&r);
+    for (size_t i = 0; i < sizeof q / sizeof q[0]; i++)
+        q[i] = 0.1f * (float)dqt_normal(&r);
+    /* token 5: KV head 0 along e0, wanted by query head 0 (query 0); token 17: KV head 0 along e1,
+     * query head 1 (query 1); token 40: KV head 1 along e2, query head 2 (query 2) */
+    static const int tok[3] = {5, 17, 40}, kvh[3] = {0, 0, 1}, qh[3] = {0, 1, 2};
+    for (int i = 0; i < 3; i++) {
+        k[(size_t)tok[i] * KVH * D + (size_t)kvh[i] * D + i] = 6.0f;
+        q[(size_t)i * QH * D + (size_t)qh[i] * D + i] = 6.0f;
+    }
+    uint8_t tier[T];
+    cr_assert_eq(dq_kvq_assign_bits(k, T, KVH, D, q, QH, NQ, 3.0f / T, tier), DQ_OK);
+    for (int t = 0; t < T; t++)
+        cr_assert_eq(tier[t], t == 5 || t == 17 || t == 40, "token %d tier %u", t, tier[t]);
+    /* frac 0: none; frac 1: all */
+    cr_assert_eq(dq_kvq_assign_bits(k, T, KVH, D, q, QH, NQ, 0.0f, tier), DQ_OK);
+    for (int t = 0; t < T; t++)
+        cr_assert_eq(tier[t], 0);
+    cr_assert_eq(dq_kvq_assign_bits(k, T, KVH, D, q, QH, NQ, 1.0f, tier), DQ_OK);
+    for (int t = 0; t < T; t++)
+        cr_assert_eq(tier[t], 1);
+}
+
+/* The count of tier-1 tokens is exactly round(frac · tokens), and the tiers split the tokens by
+ * importance: every tier-1 token is attended at least as much as every tier-0 one. */
+Test(kvq_math, assign_bits_fraction_exact)
+{
+    enum { KVH = 2, QH = 8, D = 32, NQ = 4 };
+    const size_t T = 203;
+    float *k = dqt_xmalloc(T * KVH * D * sizeof *k), *q = dqt_xmalloc(NQ * QH * D * sizeof *q);
+    dqt_rng r;
+    dqt_rng_seed(&r, 0xf4);
+    for (size_t i = 0; i < T * KVH * D; i++)
+        k[i] = (float)dqt_normal(&r);
+    for (size_t i = 0; i < NQ * QH * D; i++)
+        q[i] = (float)dqt_normal(&r);
+    /* reference importance */
+    double *imp = dqt_xmalloc(T * sizeof *imp), *lg = dqt_xmalloc(T * sizeof *lg);
+    for (size_t t = 0; t < T; t++)
+        imp[t] = 0;
+    for (int iq = 0; iq < NQ; iq++)
+        for (int h = 0; h < QH; h++) {
+            double mx = -1e300, sum = 0;
+            for (size_t t = 0; t < T; t++) {
+                double s = 0;
+                for (int j = 0; j < D; j++)
+                    s += (double)q[(iq * QH + h) * D + j] * k[(t * KVH + h / (QH / KVH)) * D + j];
+                lg[t] = s / sqrt((double)D);
+                mx = fmax(mx, lg[t]);
+            }
+            for (size_t t = 0; t < T; t++)
+                sum += (lg[t] = exp(lg[t] - mx));
+            for (size_t t = 0; t < T; t++)
+                imp[t] = fmax(imp[t], lg[t] / sum);
+        }
+    static const float fracs[] = {0.1f, 0.25f, 0.5f, 0.013f, 0.9f};
+    uint8_t *tier = dqt_xmalloc(T);
+    for (int f = 0; f < 5; f++) {
+        cr_assert_eq(dq_kvq_assign_bits(k, T, KVH, D, q, QH, NQ, fracs[f], tier), DQ_OK);
+        size_t n = 0;
+        double lo1 = 1e300, hi0 = -1;
+        for (size_t t = 0; t < T; t++) {
+            n += tier[t];
+            if (tier[t])
+                lo1 = fmin(lo1, imp[t]);
+            else
+                hi0 = fmax(hi0, imp[t]);
+        }
+        cr_assert_eq(n, (size_t)floor(fracs[f] * (double)T + 0.5), "frac %g: %zu tier-1 tokens", fracs[f], n);
+        cr_assert_geq(lo1, hi0 - 1e-12, "frac %g: tier 1 is the most attended", fracs[f]);
+    }
+    /* errors */
+    cr_assert_eq(dq_kvq_assign_bits(k, T, KVH, D, q, 7, NQ, 0.5f, tier), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_kvq_assign_bits(k, T, KVH, D, q, QH, NQ, 1.5f, tier), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_kvq_assign_bits(k, T, KVH, D, q, QH, NQ, NAN, tier), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_kvq_assign_bits(k, 0, KVH, D, q, QH, NQ, 0.5f, tier), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_kvq_assign_bits(k, T, KVH, 0, q, QH, NQ, 0.5f, tier), DQ_INVALID_ARGUMENT);
+    cr_assert_eq(dq_kvq_assign_bits(k, T, KVH, D, q, QH, 0, 0.5f, tier), DQ_INVALID_ARGUMENT);
+    k[77] = INFINITY;
+    cr_assert_eq(dq_kvq_assign_bits(k, T, KVH, D, q, QH, NQ, 0.5f, tier), DQ_NONFINITE);
+    k[77] = 0;
+    q[5] = NAN;
+    cr_assert_eq(dq_kvq_assign_bits(k, T, KVH, D, q, QH, NQ, 0.5f, tier), DQ_NONFINITE);
+    free(k);
+    free(q);
+    free(imp);
+    free(lg);
+    free(tier);
+}

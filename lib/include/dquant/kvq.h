@@ -145,12 +145,19 @@ DQ_API float dq_kvq_qjl_estimate(const float *sy, uint32_t dim, const uint8_t *b
 DQ_API int dq_kvq_rsvd(const float *a, uint32_t rows, uint32_t cols, uint32_t rank, uint32_t power, uint64_t seed,
                        float *u, float *s, float *vt);
 
-/* Canonical Huffman code of `count` symbols with frequencies freq (0 allowed), code lengths
- * bounded by max_len (<= 24): lengths out. Returns total bits for the frequencies in *bits. */
+/* Length-limited Huffman code lengths of `count` (1..256) symbols with frequencies freq (0 allowed:
+ * length 0, no code), bounded by max_len (1..24), by package-merge (optimal under the bound; a
+ * single used symbol gets length 1): lengths out. The total bits for the frequencies in *bits (may
+ * be NULL). DQ_INVALID_ARGUMENT for sizes out of range, more used symbols than 2^max_len, or a total
+ * frequency >= 2^58; DQ_NOMEM. */
 DQ_API int dq_kvq_huffman_lengths(const uint64_t *freq, uint32_t count, uint32_t max_len, uint8_t *lengths,
                                   uint64_t *bits);
-/* Encodes / decodes symbols with canonical codes of these lengths (MSB-first bit order).
- * encode: DQ_INVALID_ARGUMENT when cap is too small; decode: DQ_CORRUPT on an invalid code. */
+/* Encodes / decodes symbols with the canonical code of these lengths (deflate's order: shorter codes
+ * first, then by symbol; bits MSB-first in each byte, the last byte zero-padded). Lengths > 24 or a
+ * Kraft sum > 1: DQ_INVALID_ARGUMENT. encode: *bits receives the bit count; DQ_INVALID_ARGUMENT when
+ * cap (bytes) is too small or a symbol has no code. decode: exactly nsym symbols from exactly `bits`
+ * bits: DQ_CORRUPT on a bit string that is no code (incomplete codes) or on bits left over,
+ * DQ_TRUNCATED when the bits end inside the nsym symbols. */
 DQ_API int dq_kvq_huffman_encode(const uint8_t *lengths, uint32_t count, const uint8_t *symbols, size_t nsym,
                                  uint8_t *out, size_t cap, size_t *bits);
 DQ_API int dq_kvq_huffman_decode(const uint8_t *lengths, uint32_t count, const uint8_t *in, size_t bits,
@@ -207,9 +214,15 @@ DQ_API int dq_codec_create_calibrated(const dq_profile *profile, const uint8_t *
  * as long as its codec; dq_codec_free(view) does nothing. */
 DQ_API const dq_codec *dq_codec_layer(const dq_codec *codec, uint32_t layer);
 
-/* Attention-weighted bit assignment (seed §3.1): tokens ranked by the attention the queries q
- * ([nq][head_dim] per KV head group, f32) give them, the top `frac_hi` at bits_hi, the rest at
- * bits_lo; tier[t] = 1 for high. Returns the average bits in *avg_bits. */
+/* Attention-weighted bit assignment (seed §3.1): k is [tokens][kv_heads][head_dim] and q is
+ * [nq][q_heads][head_dim] (f32, rotated or not, as long as both alike). For each query and query head
+ * h, softmax(q·kᵀ/sqrt(head_dim)) over all the tokens (no causal mask) with KV head
+ * h / (q_heads / kv_heads) (GQA); a token's importance is the MAX of its weights over queries and
+ * heads (a token one head relies on is kept sharp even if the others ignore it). The
+ * round(frac_hi · tokens) (half up) most important tokens get tier[t] = 1 (bits_hi), the others 0;
+ * ties go to the earlier token. The caller's average bits: lo + (hi − lo)·n_hi/tokens.
+ * DQ_INVALID_ARGUMENT for tokens, nq, heads or head_dim 0, q_heads not a multiple of kv_heads,
+ * frac_hi outside [0, 1] or NaN, NULL; DQ_NONFINITE for NaN/Inf in k or q; DQ_NOMEM. */
 DQ_API int dq_kvq_assign_bits(const float *k, size_t tokens, uint32_t kv_heads, uint32_t head_dim, const float *q,
                               uint32_t q_heads, size_t nq, float frac_hi, uint8_t *tier);
 
