@@ -93,17 +93,16 @@ int eval_ppl_fit(eval_ppl_opts *o, size_t text_len)
 {
     if (!o->context || !o->targets || !o->chunks)
         return DQ_INVALID_ARGUMENT;
-    /* at least one chunk; calibration gets what is left up to calib_seqs */
+    /* the chunks first (as many as asked for and fit), calibration from what is left */
     if (text_len < chunk_len(o))
         return DQ_OUT_OF_BOUNDS;
-    const size_t room = text_len - chunk_len(o);
+    if (o->chunks > text_len / chunk_len(o))
+        o->chunks = (uint32_t)(text_len / chunk_len(o));
+    const size_t room = text_len - (size_t)o->chunks * chunk_len(o);
     if ((size_t)o->calib_seqs * o->context > room)
         o->calib_seqs = (uint32_t)(room / o->context);
     o->calib_offset = 0;
     o->offset = (uint64_t)o->calib_seqs * o->context;
-    const size_t fit = (text_len - o->offset) / chunk_len(o);
-    if (o->chunks > fit)
-        o->chunks = (uint32_t)fit;
     return DQ_OK;
 }
 

@@ -45,8 +45,8 @@ typedef struct eval_ppl_opts {
 /* 128 + 64, 50 chunks from offset 0, 8 calibration sequences, 2000 resamples. eval_ppl_fit then
  * places them in a text. */
 void eval_ppl_opts_default(eval_ppl_opts *o);
-/* Places calibration at the start of the text and the chunks after it, reducing chunks (and then
- * calibration sequences) to what the text holds. DQ_OUT_OF_BOUNDS when not even one chunk fits. */
+/* Places calibration at the start of the text and the chunks after it: chunks reduced to what the
+ * text holds, calibration sequences to what is left. DQ_OUT_OF_BOUNDS when not even one chunk fits. */
 int eval_ppl_fit(eval_ppl_opts *o, size_t text_len);
 
 /* The float32 prefill K/V of the calibration sequences, concatenated per layer:
