@@ -261,7 +261,7 @@ static int claim_awq(const claim_ctx *c, eval_claim *r)
     if (rc != DQ_OK)
         return rc;
     const double mean = sum / d->layers;
-    snprintf(r->ours, sizeof r->ours, "%.1f%% to %.1f%% per layer (mean %.1f%%), lm4/lm2 split vs lm3, %u layers",
+    snprintf(r->ours, sizeof r->ours, "%+.1f%% to %+.1f%% per layer (mean %+.1f%%), lm4/lm2 split vs lm3, %u layers",
              -100 * hi, -100 * lo, -100 * mean, d->layers);
     add_value(r, "reduction_min", lo);
     add_value(r, "reduction_max", hi);
@@ -404,7 +404,7 @@ static int claim_lowrank_tensor(const claim_ctx *c, eval_claim *r, double *red_m
     const double W = 128, nn = (double)c->n, R = 4;
     const double vs_float = R * (W + nn) / (W * nn);
     snprintf(r->ours, sizeof r->ours,
-             "K MSE %.1f%% to %.1f%% (mean %.1f%%) at +%.1f%% key storage (%.4f -> %.4f bits/value; r(W+n)/(Wn) = "
+             "K MSE %+.1f%% to %+.1f%% (mean %+.1f%%) at %+.1f%% key storage (%.4f -> %.4f bits/value; r(W+n)/(Wn) = "
              "%.1f%%)",
              -100 * hi, -100 * lo, -100 * *red_mean, 100 * (bits1 / bits0 - 1), bits0, bits1, 100 * vs_float);
     add_value(r, "k_mse_reduction_mean", *red_mean);
