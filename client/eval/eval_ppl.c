@@ -289,6 +289,8 @@ int eval_ppl_run(const eval_model *m, const eval_text *t, const eval_ppl_codec *
     eval_kv_cache c = {0};
     float *calib_k = NULL, *calib_v = NULL;
     size_t calib_tokens = 0;
+    int calib_rc = DQ_OK;
+    char calib_err[200] = "";
     if (!st || !ref || !lref || !lc || !lpr || !lpc || !nll_ref) {
         rc = eval_fail(err, errlen, DQ_NOMEM, "out of memory");
         goto out;
@@ -312,9 +314,14 @@ int eval_ppl_run(const eval_model *m, const eval_text *t, const eval_ppl_codec *
         } else if (!codecs[i].identity && codecs[i].codec.type == EVAL_CODEC_LIB &&
                    dq_profile_needs_calibration(&codecs[i].codec.profile)) {
             /* per-layer calibration on the calibration sequences' float32 prefill K/V */
-            if (!calib_k &&
-                (rc = eval_ppl_calibration(m, t, o, &calib_k, &calib_v, &calib_tokens, err, errlen)) != DQ_OK)
-                goto out;
+            if (!calib_k && !calib_rc)
+                calib_rc = eval_ppl_calibration(m, t, o, &calib_k, &calib_v, &calib_tokens, calib_err,
+                                                sizeof calib_err);
+            if (calib_rc != DQ_OK) {
+                res[i].rc = calib_rc;
+                snprintf(res[i].why, sizeof res[i].why, "needs calibration: %s", calib_err);
+                continue;
+            }
             dq_profile p = codecs[i].codec.profile;
             uint8_t *blob = NULL;
             size_t blob_len = 0;
