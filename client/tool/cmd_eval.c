@@ -169,16 +169,16 @@ static int parse_args(int argc, char **argv, eval_args *a)
         return status;
     if (optind < argc)
         return cli_error(CLI_USAGE, PROG, "unexpected argument '%s'", argv[optind]);
-    if (!a->dataset == !a->k)
-        return cli_error(CLI_USAGE, PROG, "give either --dataset NAME or --k/--v files (see dquant eval --help)");
-    if (a->k && (!a->v || !a->kv_heads || !a->head_dim || !a->have_dtype))
-        return cli_error(CLI_USAGE, PROG, "--k needs --v, --kv-heads, --head-dim and --dtype");
     if (a->claims && (!a->dataset || a->ppl || a->ablation))
         return cli_error(CLI_USAGE, PROG, "--claims needs --dataset NAME and runs alone (not with --ppl/--ablation)");
     if (a->ppl && !a->dataset)
         return cli_error(CLI_USAGE, PROG, "--ppl needs --dataset NAME (a model folder under --data)");
     if (a->ppl && a->ablation)
         return cli_error(CLI_USAGE, PROG, "--ppl and --ablation are separate runs");
+    if (!a->dataset == !a->k)
+        return cli_error(CLI_USAGE, PROG, "give either --dataset NAME or --k/--v files (see dquant eval --help)");
+    if (a->k && (!a->v || !a->kv_heads || !a->head_dim || !a->have_dtype))
+        return cli_error(CLI_USAGE, PROG, "--k needs --v, --kv-heads, --head-dim and --dtype");
     if (a->q && !a->q_heads)
         return cli_error(CLI_USAGE, PROG, "--q needs --q-heads");
     return CLI_CONTINUE;
