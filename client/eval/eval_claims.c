@@ -658,8 +658,9 @@ static int claim_bucketize(const claim_ctx *c, const eval_claims_opts *o, eval_c
     r->verdict = speed[0] >= 10 && speed[1] >= 10 ? EVAL_AGREES : speed[1] > 1.2 ? EVAL_PARTLY : EVAL_DISAGREES;
     say(r->note, sizeof r->note,
         "Both paths give the same indices (sums %llu/%llu at 4 bits). The paper's argmin built an (N, d, k) PyTorch "
-        "tensor; a C argmin over k <= 16 centroids allocates nothing, so what is left is log2(k) compares against "
-        "k distance evaluations. ",
+        "tensor; a C argmin over k <= 16 centroids allocates nothing, so what is left is a branch-free search "
+        "(log2 k conditional moves) against k exact distances with data-dependent branches; the ratio moves with "
+        "the machine's branch predictor and load. ",
         (unsigned long long)check[1][0], (unsigned long long)check[1][1]);
     if (check[0][0] != check[0][1] || check[1][0] != check[1][1])
         say(r->note, sizeof r->note, "WARNING: the two paths disagree. ");
