@@ -302,9 +302,9 @@ static int huffman_bits(const float *x, size_t count, uint32_t dim, double *entr
     return DQ_OK;
 }
 
-static int claim_huffman(const claim_ctx *c, eval_claim *r)
+static int claim_huffman(const claim_ctx *c, const eval_claims_opts *o, eval_claim *r)
 {
-    const size_t count = 200000;
+    const size_t count = 2 * (size_t)o->kmeans_samples;
     float *syn = malloc(count * sizeof *syn), *real = malloc(count * sizeof *real);
     int rc = syn && real ? DQ_OK : DQ_NOMEM;
     uint64_t st = (c->seed ^ 0x9e37) | 1;
@@ -701,6 +701,8 @@ int eval_claims_run(const eval_data *d, const eval_model *m, const struct eval_t
         rows[i].paper = g_claims[i].paper;
         rows[i].verdict = EVAL_NOT_RUN;
     }
+    if (o->kmeans_samples < 1000)
+        return eval_fail(err, errlen, DQ_INVALID_ARGUMENT, "kmeans_samples %u: at least 1000", o->kmeans_samples);
     if (d->tokens < 128)
         return eval_fail(err, errlen, DQ_SHAPE, "%s: %u tokens, the claims need >= 128", d->name, d->tokens);
     /* PQ calibration wants at least 2^8 tokens */
@@ -709,7 +711,7 @@ int eval_claims_run(const eval_data *d, const eval_model *m, const struct eval_t
     int rc;
     if ((rc = claim_awq(&c, &rows[CLAIM_AWQ])) != DQ_OK)
         return rc;
-    if ((rc = claim_huffman(&c, &rows[CLAIM_HUFFMAN])) != DQ_OK)
+    if ((rc = claim_huffman(&c, o, &rows[CLAIM_HUFFMAN])) != DQ_OK)
         return rc;
     if ((rc = claim_delta(&c, &rows[CLAIM_DELTA])) != DQ_OK)
         return rc;

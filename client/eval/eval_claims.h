@@ -40,9 +40,9 @@ typedef struct eval_claim {
 } eval_claim;
 
 typedef struct eval_claims_opts {
-    uint32_t ppl_chunks; /* chunks of the ΔPPL rows (0: not run) */
-    uint32_t bench_reps; /* bucketize benchmark repetitions */
-    uint32_t kmeans_samples;
+    uint32_t ppl_chunks;     /* chunks of the ΔPPL rows (0: not run) */
+    uint32_t bench_reps;     /* bucketize benchmark repetitions */
+    uint32_t kmeans_samples; /* k-means claim; the Huffman claim takes twice as many */
     uint64_t seed;
 } eval_claims_opts;
 
