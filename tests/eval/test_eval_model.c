@@ -296,7 +296,10 @@ Test(eval_ppl, one_chunk_dquant_and_a_baseline, .timeout = 300)
     cr_assert_eq(r[1].bits_mean, 16.0);
     cr_assert(r[1].kl.est > 0 && r[1].kl.est < 1e-4, "bf16 KL %g", r[1].kl.est);
     /* every stored byte: dq226 at n = 1024 is 2.26 bits/value; INT2 (group 128) 2.25 */
-    cr_assert(fabs(r[2].bits_mean - 2.2579) < 0.01, "dq226 %.4f bits", r[2].bits_mean);
+    if (o.context == 128)
+        cr_assert(fabs(r[2].bits_mean - 2.2579) < 0.01, "dq226 %.4f bits", r[2].bits_mean);
+    else /* the key window mean amortized over a partial window */
+        cr_assert(r[2].bits_mean > 2.2579 && r[2].bits_mean < 2.5, "dq226 %.4f bits", r[2].bits_mean);
     cr_assert(fabs(r[3].bits_mean - 2.25) < 1e-9, "int2 %.4f bits", r[3].bits_mean);
     cr_assert(r[2].kl.est > r[1].kl.est, "dq226 KL %g vs bf16 %g", r[2].kl.est, r[1].kl.est);
     cr_assert(r[2].kl.est < r[3].kl.est, "dq226 KL %g vs int2 %g at the same storage", r[2].kl.est, r[3].kl.est);
