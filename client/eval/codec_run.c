@@ -14,14 +14,25 @@ static double seconds_between(const struct timespec *a, const struct timespec *b
 int codec_roundtrip_f32(const dq_profile *p, dq_kind kind, const float *x, size_t ntok, float *xhat, uint8_t *levels,
                         codec_rt_result *res)
 {
-    if (!p || !x || !xhat || !res || !ntok || (kind != DQ_KIND_K && kind != DQ_KIND_V))
+    if (!p)
         return DQ_INVALID_ARGUMENT;
     dq_codec *c = NULL;
-    dq_workspace *ws = NULL;
-    uint8_t *records = NULL, *means = NULL;
     int rc = dq_codec_create(p, NULL, &c);
     if (rc == DQ_OK)
-        rc = dq_workspace_create(c, &ws);
+        rc = codec_roundtrip_codec(c, kind, x, ntok, xhat, levels, res);
+    dq_codec_free(c);
+    return rc;
+}
+
+int codec_roundtrip_codec(const dq_codec *c, dq_kind kind, const float *x, size_t ntok, float *xhat, uint8_t *levels,
+                          codec_rt_result *res)
+{
+    if (!c || !x || !xhat || !res || !ntok || (kind != DQ_KIND_K && kind != DQ_KIND_V))
+        return DQ_INVALID_ARGUMENT;
+    const dq_profile *p = dq_codec_profile(c);
+    dq_workspace *ws = NULL;
+    uint8_t *records = NULL, *means = NULL;
+    int rc = dq_workspace_create(c, &ws);
     if (rc != DQ_OK)
         goto out;
     const size_t n = dq_codec_stream_len(c), W = p->window, rb = dq_codec_record_bytes(c, kind);
@@ -75,6 +86,5 @@ out:
     free(records);
     free(means);
     dq_workspace_free(ws);
-    dq_codec_free(c);
     return rc;
 }

@@ -30,4 +30,8 @@ typedef struct codec_rt_result {
 int codec_roundtrip_f32(const dq_profile *p, dq_kind kind, const float *x, size_t ntok, float *xhat, uint8_t *levels,
                         codec_rt_result *res);
 
+/* The same with an existing codec (a calibrated codec's per-layer view, dq_codec_layer). */
+int codec_roundtrip_codec(const dq_codec *c, dq_kind kind, const float *x, size_t ntok, float *xhat, uint8_t *levels,
+                          codec_rt_result *res);
+
 #endif

@@ -21,8 +21,7 @@ int eval_fail(char *err, size_t errlen, int rc, const char *fmt, ...)
     return rc;
 }
 
-/* Reads a whole file into a new buffer. Returns 0, DQ_NOT_FOUND, DQ_IO, DQ_NOMEM. */
-static int slurp(const char *path, void **buf, size_t *len)
+int eval_read_file(const char *path, void **buf, size_t *len)
 {
     FILE *f = fopen(path, "rb");
     if (!f)
@@ -52,7 +51,7 @@ static int load_array(const char *path, dq_dtype dtype, size_t count, float **ou
 {
     void *raw = NULL;
     size_t len = 0;
-    int rc = slurp(path, &raw, &len);
+    int rc = eval_read_file(path, &raw, &len);
     if (rc != DQ_OK)
         return eval_fail(err, errlen, rc, "%s: %s", path, rc == DQ_NOT_FOUND ? "not found" : dq_strerror(rc));
     const size_t esz = dq_dtype_size(dtype);
@@ -113,6 +112,7 @@ typedef struct named_layout {
 } named_layout;
 
 static const named_layout g_layouts[] = {
+    {"bytellama-n1024", "bytellama-n1024/kv_f16.bin", "bytellama-n1024/q_f16.bin", 1, 4, 512, 8, 128, 16},
     {"bytellama-19m", "bytellama-19m/kv_f16.bin", "bytellama-19m/q_f16.bin", 2, 6, 1024, 2, 128, 4},
     {"tinystories-656k", "tinystories-656k/kv/kv_f16.bin", "tinystories-656k/kv/q_f16.bin", 1, 2, 495, 4, 16, 8},
 };
@@ -125,8 +125,8 @@ int eval_data_load_named(const char *name, const char *dir, eval_data *d, char *
         if (name && strcmp(name, g_layouts[i].name) == 0)
             l = &g_layouts[i];
     if (!l)
-        return eval_fail(err, errlen, DQ_NOT_FOUND, "unknown dataset '%s' (bytellama-19m, tinystories-656k)",
-                         name ? name : "");
+        return eval_fail(err, errlen, DQ_NOT_FOUND,
+                         "unknown dataset '%s' (bytellama-n1024, bytellama-19m, tinystories-656k)", name ? name : "");
     snprintf(d->name, sizeof d->name, "%s", l->name);
     d->seqs = l->seqs;
     d->layers = l->layers;

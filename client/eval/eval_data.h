@@ -1,6 +1,8 @@
 /* dquant eval: the KV (and query) arrays an evaluation runs on.
  *
- * Two real datasets of ../shared/data (README there) have built-in layouts:
+ * Three real datasets of ../shared/data (README there) have built-in layouts:
+ *   bytellama-n1024   kv_f16.bin  f16 [2 (K,V), 4 layers, 512 tok, 8 kv_heads, 128] (n = 1024)
+ *                     q_f16.bin   f16 [4 layers, 512 tok, 16 q_heads, 128]
  *   bytellama-19m     kv_f16.bin  f16 [2 seq, 2 (K,V), 6 layers, 1024 tok, 2 kv_heads, 128]
  *                     q_f16.bin   f16 [1 seq, 6 layers, 1024 tok, 4 q_heads, 128] (sequence 0)
  *   tinystories-656k  kv/kv_f16.bin f16 [2 (K,V), 2 layers, 495 tok, 4 kv_heads, 16]
@@ -24,7 +26,7 @@ typedef struct eval_data {
     float *q;                             /* [layers][tokens][q_heads · head_dim] of sequence 0, or NULL */
 } eval_data;
 
-/* Loads "bytellama-19m" or "tinystories-656k" from dir (NULL: ../shared/data). Returns 0,
+/* Loads "bytellama-n1024", "bytellama-19m" or "tinystories-656k" from dir (NULL: ../shared/data). Returns 0,
  * DQ_NOT_FOUND (unknown name, or its KV file absent), DQ_SHAPE (a file of the wrong size),
  * DQ_IO, DQ_NOMEM; err (errlen bytes) says which file. Queries are optional: a missing query file
  * leaves q NULL. */
@@ -36,6 +38,10 @@ int eval_data_load_files(const char *k, const char *v, const char *q, uint32_t k
                          uint32_t q_heads, dq_dtype dtype, eval_data *d, char *err, size_t errlen);
 
 void eval_data_free(eval_data *d);
+
+/* Reads a whole file into a new buffer (free with free(); one spare byte past len). Returns 0,
+ * DQ_NOT_FOUND, DQ_IO, DQ_NOMEM. */
+int eval_read_file(const char *path, void **buf, size_t *len);
 
 /* The eval functions' error convention: formats a message into err (errlen bytes; err may be NULL)
  * and returns rc. */

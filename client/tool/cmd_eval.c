@@ -13,11 +13,15 @@
 #include "commands.h"
 #include "dquant/error.h"
 #include "eval_ablation.h"
+#include "eval_claims.h"
 #include "eval_core.h"
+#include "eval_model.h"
+#include "eval_ppl.h"
 #include "fixedwidth.h"
 
 #define PROG "eval"
 #define DEFAULT_CODECS "dq226,dq196,int2,quarot2,kivi2,turbo2,bf16"
+#define DEFAULT_PPL_CODECS "fp32,bf16,dq226,dq196,fixed226,int2,quarot2,kivi2,turbo2,int3,quarot3,int4,quarot4"
 #define MAX_CODECS 64
 
 static const char g_eval_help[] =
@@ -25,7 +29,9 @@ static const char g_eval_help[] =
     "   dquant eval - KV-cache codec quality on real keys, values and queries\n"
     "\n"
     "SYNOPSIS\n"
-    "   dquant eval --dataset bytellama-19m|tinystories-656k [--data DIR] [OPTIONS]\n"
+    "   dquant eval --dataset bytellama-n1024|bytellama-19m|tinystories-656k [--data DIR] [OPTIONS]\n"
+    "   dquant eval --claims --dataset NAME [--data DIR] [--claims-chunks N] [--json]\n"
+    "   dquant eval --ppl --dataset NAME [--data DIR] [--chunks N] [--context C] [--targets T] [OPTIONS]\n"
     "   dquant eval --k FILE --v FILE [--q FILE --q-heads QH] --kv-heads H --head-dim D --dtype f16|bf16|f32\n"
     "               [OPTIONS]\n"
     "\n"
@@ -41,7 +47,28 @@ static const char g_eval_help[] =
     "   original keys and p^ with the reconstructed ones; KL(p || p^) in nats, and ||o - o^|| / ||o||\n"
     "   with o = sum p_s v_s, o^ = sum p^_s v^_s. Positions T-1, T-1-S, ... are evaluated (stride S).\n"
     "\n"
-    "   Datasets (DIR default ../shared/data): bytellama-19m (2 sequences x 6 layers x 1024 tokens,\n"
+    "   With --ppl, the KVQuant++ paper's protocol (seed 001, section 5.1) on the model itself: a float32\n"
+    "   C forward of the Llama model in DIR/NAME (config.json, model.safetensors) prefills C context\n"
+    "   tokens (default 128) of held-out text at full precision; the whole prefill cache (every token of\n"
+    "   every layer, keys after RoPE; no BF16 tail) is replaced by each codec's reconstruction; then T\n"
+    "   tokens (default 64) run teacher-forced on it and their predictions of the next T tokens are\n"
+    "   scored. Per codec: bits/value of the stored prefill cache, key/value NMSE, perplexity, dPPL =\n"
+    "   PPL_codec - PPL_fp32 and the mean KL(p_fp32 || p_codec) in nats over scored positions, with 95%%\n"
+    "   bootstrap intervals over chunks. Chunks are non-overlapping (C + T + 1 tokens each) and follow\n"
+    "   the calibration sequences (--calib-seqs, default 8 of C tokens, at the start of the text).\n"
+    "   Text: heldout.txt (byte models) or kv/tokens_i32.bin (tinystories-656k: 495 tokens, 2 chunks).\n"
+    "   Codec 'fp32' is the identity through the same cache hook (dPPL and KL exactly 0).\n"
+    "\n"
+    "   With --claims, each quantitative claim of the KVQuant++ paper (seed 001) next to our figure on\n"
+    "   the dataset's real K/V (and queries), with a verdict (agrees / partly / disagrees) and a note on\n"
+    "   why ours differs: attention-weighted bit assignment, delta coding, rank-4 correction (MSE,\n"
+    "   storage, and dPPL/KL recovery at 2 bits through the --ppl protocol on --claims-chunks chunks,\n"
+    "   default 8), PQ at 2 bits/dim vs 3-bit scalar, k-means++ seeding, K/V asymmetric +\n"
+    "   delta + outlier values, bucketize vs argmin speed, Huffman at 4 bits. Calibrated codecs learn\n"
+    "   on the first half of the tokens (256 of tinystories-656k's 495) and all are measured on the rest.\n"
+    "\n"
+    "   Datasets (DIR default ../shared/data): bytellama-n1024 (1 x 4 layers x 512 tokens, 8 KV heads\n"
+    "   x 128: n = 1024 as in Qwen3-8B; queries 16 heads), bytellama-19m (2 sequences x 6 layers x 1024 tokens,\n"
     "   2 KV heads x 128; queries of sequence 0, 4 heads) and tinystories-656k (1 x 2 x 495, 4 KV heads\n"
     "   x 16; 8 query heads). --k/--v/--q read one layer of raw little-endian [tokens, heads, head_dim].\n"
     "\n"
@@ -58,6 +85,10 @@ static const char g_eval_help[] =
     "                               nearest rounding, least-squares refit, fp16 s/o, charged log2(M)\n"
     "                               bits per symbol plus the same metadata (eval only, not a storage\n"
     "                               format); fixed226@BITS matches dq226@BITS\n"
+    "         lmB, lmhB, ipB, olB, pqMxB, suffixes +oO +lrR +dN   the KVQuant++ family (dquant/kvq.h,\n"
+    "                               e.g. lm3, ip3, lm2+lr4, ol3+d16, pq32x8); olB and pqMxB need\n"
+    "                               calibration: --ppl calibrates them per layer on its calibration\n"
+    "                               sequences, the tensor evaluation cannot run them\n"
     "   --ablation levels|budget|split|alpha|drift\n"
     "       levels: (M_K, M_V) at dq226's containers; budget: containers x0.7..x1.5 (M 8/6); split:\n"
     "       C_K + C_V = 562 bytes at n = 1024; alpha: sharpening 1.0..2.0; drift: per D-Quant codec of\n"
@@ -65,6 +96,11 @@ static const char g_eval_help[] =
     "       excess rate of the coding table over the empirical symbol entropy (bits/value).\n"
     "   --query-stride S\n"
     "       Evaluate every S-th query position counted back from the last (default: tokens / 128).\n"
+    "   --claims           the claims table above\n"
+    "   --claims-chunks N  --claims: chunks of the dPPL/KL parts (default 8; 0: tensor figures only)\n"
+    "   --ppl              the perplexity / KL protocol above (default codecs " DEFAULT_PPL_CODECS ")\n"
+    "   --chunks N         --ppl: scored chunks (default 50, the paper's; fewer when the text is short)\n"
+    "   --context C, --targets T, --calib-seqs S   --ppl: 128, 64, 8\n"
     "   --resamples R      bootstrap resamples (default 2000, at least 1000 recommended)\n"
     "   --seed N           bootstrap seed (default fixed: runs are reproducible)\n"
     "   --json             one JSON object per codec (or ablation row) instead of the table\n"
@@ -80,7 +116,9 @@ static const char g_eval_help[] =
 typedef struct eval_args {
     const char *dataset, *data, *k, *v, *q, *codecs, *ablation;
     uint32_t kv_heads, head_dim, q_heads;
-    int have_dtype, json;
+    int have_dtype, json, ppl, claims;
+    eval_claims_opts claims_opts;
+    eval_ppl_opts ppl_opts;
     dq_dtype dtype;
     eval_opts opts;
 } eval_args;
@@ -99,6 +137,8 @@ static int parse_args(int argc, char **argv, eval_args *a)
 {
     memset(a, 0, sizeof *a);
     eval_opts_default(&a->opts);
+    eval_ppl_opts_default(&a->ppl_opts);
+    eval_claims_opts_default(&a->claims_opts);
     const cli_opt opts[] = {
         CLI_STR("dataset", &a->dataset),
         CLI_STR("data", &a->data),
@@ -115,6 +155,13 @@ static int parse_args(int argc, char **argv, eval_args *a)
         CLI_U32("resamples", &a->opts.resamples, 10),
         CLI_FN("seed", seed_arg, &a->opts.seed),
         CLI_FLAG("json", &a->json),
+        CLI_FLAG("ppl", &a->ppl),
+        CLI_FLAG("claims", &a->claims),
+        CLI_U32("claims-chunks", &a->claims_opts.ppl_chunks, 0),
+        CLI_U32("chunks", &a->ppl_opts.chunks, 1),
+        CLI_U32("context", &a->ppl_opts.context, 1),
+        CLI_U32("targets", &a->ppl_opts.targets, 1),
+        CLI_U32("calib-seqs", &a->ppl_opts.calib_seqs, 0),
         CLI_OPT_END,
     };
     int status = cli_parse_local(argc, argv, PROG, g_eval_help, opts);
@@ -122,6 +169,12 @@ static int parse_args(int argc, char **argv, eval_args *a)
         return status;
     if (optind < argc)
         return cli_error(CLI_USAGE, PROG, "unexpected argument '%s'", argv[optind]);
+    if (a->claims && (!a->dataset || a->ppl || a->ablation))
+        return cli_error(CLI_USAGE, PROG, "--claims needs --dataset NAME and runs alone (not with --ppl/--ablation)");
+    if (a->ppl && !a->dataset)
+        return cli_error(CLI_USAGE, PROG, "--ppl needs --dataset NAME (a model folder under --data)");
+    if (a->ppl && a->ablation)
+        return cli_error(CLI_USAGE, PROG, "--ppl and --ablation are separate runs");
     if (!a->dataset == !a->k)
         return cli_error(CLI_USAGE, PROG, "give either --dataset NAME or --k/--v files (see dquant eval --help)");
     if (a->k && (!a->v || !a->kv_heads || !a->head_dim || !a->have_dtype))
@@ -450,16 +503,215 @@ out:
     return status;
 }
 
+/* ---- the perplexity / KL protocol ---- */
+
+static int run_ppl(const eval_args *a)
+{
+    char dir[4096], err[512];
+    snprintf(dir, sizeof dir, "%s/%s", a->data ? a->data : "../shared/data", a->dataset);
+    eval_model *m = NULL;
+    eval_text text = {0};
+    eval_ppl_codec *codecs = NULL;
+    eval_ppl_result *res = NULL;
+    codec_list l = {0};
+    int status = CLI_OK;
+    if (eval_model_load(dir, &m, err, sizeof err) != DQ_OK ||
+        eval_text_load(dir, eval_model_cfg(m)->vocab, &text, err, sizeof err) != DQ_OK) {
+        status = cli_error(CLI_FAILED, PROG, "%s", err);
+        goto out;
+    }
+    const eval_model_config *cfg = eval_model_cfg(m);
+    eval_ppl_opts o = a->ppl_opts;
+    o.resamples = a->opts.resamples;
+    o.seed = a->opts.seed;
+    if (eval_ppl_fit(&o, text.len) != DQ_OK) {
+        status = cli_error(CLI_FAILED, PROG, "%s: %zu tokens hold no chunk of %u + %u + 1", text.source, text.len,
+                           o.context, o.targets);
+        goto out;
+    }
+    /* "fp32" is the protocol's own; the rest resolve like the tensor evaluation's codecs */
+    const char *list = a->codecs ? a->codecs : DEFAULT_PPL_CODECS;
+    char buf[1024], rest[1024] = "";
+    if (strlen(list) >= sizeof buf) {
+        status = cli_error(CLI_USAGE, PROG, "--codecs list too long");
+        goto out;
+    }
+    snprintf(buf, sizeof buf, "%s", list);
+    size_t nid = 0, order = 0;
+    int identity_at[MAX_CODECS];
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save), order++) {
+        if (order == MAX_CODECS) {
+            status = cli_error(CLI_USAGE, PROG, "at most %d codecs", MAX_CODECS);
+            goto out;
+        }
+        identity_at[order] = strcmp(tok, "fp32") == 0;
+        if (identity_at[order])
+            nid++;
+        else
+            snprintf(rest + strlen(rest), sizeof rest - strlen(rest), "%s%s", rest[0] ? "," : "", tok);
+    }
+    eval_data shape = {.kv_heads = cfg->kv_heads, .head_dim = cfg->head_dim};
+    if (rest[0] && (status = codec_list_parse(rest, &shape, &l)) != 0)
+        goto out;
+    codecs = calloc(order ? order : 1, sizeof *codecs);
+    res = calloc(order ? order : 1, sizeof *res);
+    if (!codecs || !res) {
+        status = cli_error(CLI_FAILED, PROG, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0, j = 0; i < order; i++) {
+        if (identity_at[i]) {
+            codecs[i].identity = 1;
+            continue;
+        }
+        if (l.why[j][0])
+            codecs[i].unavailable = l.why[j];
+        codecs[i].codec = l.codecs[j++];
+    }
+    if (!a->json) {
+        printf("Perplexity / KL protocol (KVQuant++ seed section 5.1) on %s: %u layers, %u KV heads x %u (n = %u), "
+               "%llu parameters, float32 C forward.\n",
+               a->dataset, cfg->layers, cfg->kv_heads, cfg->head_dim, cfg->kv_heads * cfg->head_dim,
+               (unsigned long long)eval_model_params(m));
+        printf("%u chunks of %u prefill + %u teacher-forced tokens (%u scored each) from %s tokens [%llu, %llu); "
+               "calibration: %u sequences of %u at [%llu, %llu).\n",
+               o.chunks, o.context, o.targets, o.targets, text.source, (unsigned long long)o.offset,
+               (unsigned long long)(o.offset + (uint64_t)o.chunks * (o.context + o.targets + 1)), o.calib_seqs,
+               o.context, (unsigned long long)o.calib_offset,
+               (unsigned long long)(o.calib_offset + (uint64_t)o.calib_seqs * o.context));
+        printf("Every prefill token quantized (no BF16 tail); targets' own K/V float32. 95%% intervals: bootstrap "
+               "over chunks, %u resamples.\n\n",
+               o.resamples);
+    }
+    if (eval_ppl_run(m, &text, codecs, order, &o, res, err, sizeof err) != DQ_OK) {
+        status = cli_error(CLI_FAILED, PROG, "%s", err);
+        goto out;
+    }
+    if (!a->json) {
+        printf(
+            "| codec | bits/value | K bits | V bits | K NMSE | V NMSE | PPL | dPPL [95%% CI] | KL, nats [95%% CI] |\n");
+        printf("|---|---:|---:|---:|---:|---:|---:|---|---|\n");
+    }
+    for (size_t i = 0; i < order; i++) {
+        const eval_ppl_result *r = &res[i];
+        if (a->json) {
+            printf("{\"dataset\":\"%s\",\"protocol\":\"ppl\",\"codec\":\"%s\"", a->dataset, r->label);
+            if (r->rc != DQ_OK) {
+                printf(",\"error\":\"%s\",\"why\":\"%s\"}\n", dq_err_name(r->rc), r->why);
+                continue;
+            }
+            printf(",\"stream_values\":%u,\"chunks\":%u,\"context\":%u,\"targets\":%u,\"bits_per_value\":%.6f,"
+                   "\"bits_k\":%.6f,\"bits_v\":%.6f,\"nmse_k\":%.9g,\"nmse_v\":%.9g,\"ppl_fp32\":%.9g,\"ppl\":%.9g,"
+                   "\"dppl\":{\"est\":%.9g,\"lo\":%.9g,\"hi\":%.9g},\"kl\":{\"est\":%.9g,\"lo\":%.9g,\"hi\":%.9g},"
+                   "\"seconds\":%.3f}\n",
+                   cfg->kv_heads * cfg->head_dim, r->chunks, o.context, r->targets, r->bits_mean, r->bits[0],
+                   r->bits[1], r->nmse[0], r->nmse[1], r->ppl_ref, r->ppl, r->dppl_ci.est, r->dppl_ci.lo, r->dppl_ci.hi,
+                   r->kl.est, r->kl.lo, r->kl.hi, r->seconds);
+        } else if (r->rc != DQ_OK) {
+            printf("| %s | - | - | - | - | - | - | cannot run: %s | |\n", r->label, r->why);
+        } else {
+            printf("| %s | %.4f | %.4f | %.4f | %.4g | %.4g | %.4f | %+.4g [%+.4g, %+.4g] | %.4g [%.4g, %.4g] |\n",
+                   r->label, r->bits_mean, r->bits[0], r->bits[1], r->nmse[0], r->nmse[1], r->ppl, r->dppl_ci.est,
+                   r->dppl_ci.lo, r->dppl_ci.hi, r->kl.est, r->kl.lo, r->kl.hi);
+        }
+        fflush(stdout);
+    }
+    if (!a->json && order)
+        printf("\nPPL_fp32 = %.4f (%.4f bits/token over %u scored targets).\n", res[0].ppl_ref,
+               res[0].nll_ref / log(2.0), o.chunks * o.targets);
+out:
+    if (l.codecs)
+        codec_list_free(&l);
+    free(codecs);
+    free(res);
+    eval_text_free(&text);
+    eval_model_free(m);
+    return status;
+}
+
+/* ---- the claims table ---- */
+
+static void json_str(const char *key, const char *v)
+{
+    printf(",\"%s\":\"", key);
+    for (const char *p = v; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            printf("\\%c", *p);
+        else if ((unsigned char)*p < 0x20)
+            printf("\\u%04x", (unsigned char)*p);
+        else
+            putchar(*p);
+    }
+    putchar('"');
+}
+
+static int run_claims(const eval_args *a, const eval_data *d)
+{
+    char dir[4096], err[512];
+    snprintf(dir, sizeof dir, "%s/%s", a->data ? a->data : "../shared/data", a->dataset);
+    eval_model *m = NULL;
+    eval_text text = {0};
+    int status = CLI_OK;
+    if (a->claims_opts.ppl_chunks && (eval_model_load(dir, &m, err, sizeof err) != DQ_OK ||
+                                      eval_text_load(dir, eval_model_cfg(m)->vocab, &text, err, sizeof err) != DQ_OK)) {
+        status = cli_error(CLI_FAILED, PROG, "%s (--claims-chunks 0 runs the tensor figures without the model)", err);
+        goto out;
+    }
+    eval_claim rows[16];
+    if (eval_claims_count() > sizeof rows / sizeof rows[0] ||
+        eval_claims_run(d, m, &text, &a->claims_opts, rows, err, sizeof err) != DQ_OK) {
+        status = cli_error(CLI_FAILED, PROG, "%s", err);
+        goto out;
+    }
+    const size_t n = eval_claims_count();
+    if (a->json) {
+        for (size_t i = 0; i < n; i++) {
+            printf("{\"dataset\":\"%s\",\"claim_id\":\"%s\"", d->name, rows[i].id);
+            json_str("claim", rows[i].claim);
+            json_str("paper", rows[i].paper);
+            json_str("ours", rows[i].ours);
+            json_str("verdict", eval_verdict_name(rows[i].verdict));
+            json_str("note", rows[i].note);
+            printf(",\"values\":{");
+            for (size_t j = 0; j < rows[i].nvalues; j++)
+                printf("%s\"%s\":%.9g", j ? "," : "", rows[i].values[j].key,
+                       isfinite(rows[i].values[j].value) ? rows[i].values[j].value : 0.0);
+            printf("}}\n");
+        }
+        goto out;
+    }
+    printf("KVQuant++ claims on %s (%u layers x %u tokens, %u KV heads x %u; calibrated codecs learn on tokens "
+           "[0, %u), all measured on [%u, %u))%s.\n\n",
+           d->name, d->layers, d->tokens, d->kv_heads, d->head_dim, eval_claims_split(d->tokens),
+           eval_claims_split(d->tokens), d->tokens, m ? "; dPPL/KL through the --ppl protocol" : "");
+    printf("| # | claim | paper | ours | verdict |\n|---|---|---|---|---|\n");
+    for (size_t i = 0; i < n; i++)
+        printf("| %zu | %s | %s | %s | %s |\n", i + 1, rows[i].claim, rows[i].paper, rows[i].ours,
+               eval_verdict_name(rows[i].verdict));
+    printf("\nNotes:\n");
+    for (size_t i = 0; i < n; i++)
+        if (rows[i].note[0])
+            printf("%zu. (%s) %s\n", i + 1, rows[i].id, rows[i].note);
+out:
+    eval_text_free(&text);
+    eval_model_free(m);
+    return status;
+}
+
 int dq_cmd_eval(int argc, char **argv)
 {
     eval_args a;
     int rc = parse_args(argc, argv, &a);
     if (rc != CLI_CONTINUE)
         return rc;
+    if (a.ppl)
+        return run_ppl(&a);
     eval_data d;
     if ((rc = load_data(&a, &d)) != 0)
         return rc;
-    if (!a.ablation)
+    if (a.claims)
+        rc = run_claims(&a, &d);
+    else if (!a.ablation)
         rc = run_codecs(&a, &d);
     else if (strcmp(a.ablation, "drift") == 0)
         rc = run_drift(&a, &d);

@@ -207,3 +207,34 @@ Test(tool, bench_stops_when_the_daemon_goes)
     free(text);
     dqd_stop(&D); /* removes its directory */
 }
+
+/* `dquant eval --claims` prints every claim row (table and JSON), and the protocol's usage errors
+ * exit 2. Needs no daemon; the data cases skip without $DQ_DATA_DIR/tinystories-656k. */
+Test(tool, eval_claims_prints_every_row)
+{
+    const char *tool = getenv("DQUANT_CLI");
+    if (!tool || access(tool, X_OK) != 0)
+        cr_skip_test("$DQUANT_CLI is not set");
+    char cmd[4096], out[65536], path[2048];
+    snprintf(cmd, sizeof cmd, "%s eval --ppl 2>&1", tool);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "--ppl needs --dataset"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s eval --claims --ppl --dataset x 2>&1", tool);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 2, "%s", out);
+    const char *data = getenv("DQ_DATA_DIR");
+    snprintf(path, sizeof path, "%s/tinystories-656k/kv/kv_f16.bin", data ? data : "../shared/data");
+    if (access(path, R_OK) != 0)
+        cr_skip_test("%s absent (real-model data not available)", path);
+    snprintf(cmd, sizeof cmd, "%s eval --claims --dataset tinystories-656k --data %s --claims-chunks 0 2>&1", tool,
+             data ? data : "../shared/data");
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
+    const char *ids[] = {"awq", "delta", "lowrank", "pq", "kmeans", "kv_asym", "bucketize", "huffman"};
+    for (int i = 0; i < 8; i++) {
+        char row[16], note[32];
+        snprintf(row, sizeof row, "| %d | ", i + 1);
+        snprintf(note, sizeof note, "%d. (%s) ", i + 1, ids[i]);
+        cr_assert(strstr(out, row), "row %d missing:\n%s", i + 1, out);
+        cr_assert(strstr(out, note), "note of %s missing:\n%s", ids[i], out);
+    }
+    cr_assert_null(strstr(out, "| not run |"), "%s", out);
+}
