@@ -231,6 +231,31 @@ static int attend_decoded_windows(const dq_codec *c, dq_workspace *ws, const dq_
     return DQ_OK;
 }
 
+/* KVQ codecs: logits per window from dq__kvq_window_logits (PQ lookup tables, the factored
+ * low-rank term), values decoded. c is the item's layer's codec (a per-layer view). */
+static int attend_kvq_windows(const dq_codec *c, dq_workspace *ws, const dq_layer *layer, attn_state *st,
+                              const float *q, uint32_t qh0, uint32_t G, float scale, float *blk)
+{
+    const uint32_t n = c->n, d = c->head_dim, W = c->profile.window;
+    const size_t nwin = dq_layer_window_count(layer);
+    for (size_t w = 0; w < nwin; w++) {
+        const uint8_t *win = dq_layer_window(layer, w);
+        DQ_FORWARD_IF_ERROR(dq__kvq_window_logits(c, ws, win, q, qh0, st->qn, G, scale, st->logit, W));
+        softmax_block(st, W);
+        DQ_FORWARD_IF_ERROR(dq__kvq_decode(c, ws, DQ_KIND_V, NULL, dq_window_record(c, win, DQ_KIND_V, 0),
+                                           c->record_bytes[1], 0, W, blk, DQ_DTYPE_F32, 1));
+        for (uint32_t t = 0; t < W; t++)
+            for (uint32_t h = 0; h < st->qn; h++) {
+                double p = st->logit[(size_t)h * W + t];
+                double *acc = st->acc + (size_t)h * d;
+                const float *vv = blk + (size_t)t * n + (size_t)((qh0 + h) / G) * d;
+                for (uint32_t j = 0; j < d; j++)
+                    acc[j] += p * vv[j];
+            }
+    }
+    return DQ_OK;
+}
+
 int dq_attend_check_query(const float *q, uint32_t q_heads, uint32_t head_dim, float scale, uint32_t *bad_head,
                           double *norm)
 {
@@ -284,12 +309,15 @@ int dq_attend_check_query(const float *q, uint32_t q_heads, uint32_t head_dim, f
 static int check_items(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale, const dq_attn_item *items,
                        size_t nitems)
 {
-    DQ_RETURN_IF(!c || !ws || ws->codec != c || (nitems && !items), DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(!c || !ws || !dq__ws_fits(ws, c) || (nitems && !items), DQ_INVALID_ARGUMENT);
     DQ_RETURN_IF(!q_heads || q_heads % c->profile.kv_heads, DQ_SHAPE);
     DQ_RETURN_IF(!isfinite(scale), DQ_INVALID_ARGUMENT);
     int rc = DQ_OK;
     for (size_t i = 0; i < nitems; i++) {
         DQ_RETURN_IF(!items[i].layer || !items[i].q || !items[i].out, DQ_INVALID_ARGUMENT);
+        /* a layer of this codec or of another view of its root (per-layer calibration) */
+        const dq_codec *lc = dq__layer_codec(items[i].layer);
+        DQ_RETURN_IF(lc != c && lc->root != c->root, DQ_INVALID_ARGUMENT);
         int r = dq_attend_check_query(items[i].q, q_heads, c->head_dim, scale, NULL, NULL);
         DQ_RETURN_IF(r == DQ_NONFINITE, r); /* NaN/Inf anywhere in the batch wins over a range error */
         if (r < 0 && rc == DQ_OK)
@@ -357,7 +385,10 @@ int dq_attend(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale
                     unrotate_acc(c, &st, qh0, G);
                 }
             } else {
-                int rc = attend_decoded_windows(c, ws, it->layer, &st, it->q, qh0, G, scale, blk);
+                const dq_codec *lc = dq__layer_codec(it->layer);
+                int rc = c->profile.codec_type == DQ_CODEC_KVQ
+                             ? attend_kvq_windows(lc, ws, it->layer, &st, it->q, qh0, G, scale, blk)
+                             : attend_decoded_windows(c, ws, it->layer, &st, it->q, qh0, G, scale, blk);
                 if (rc < 0) {
                     dq__free(&c->alloc, blk);
                     return rc;

@@ -6,6 +6,7 @@
 
 #include "codec_internal.h"
 #include "drift.h"
+#include "dquant/kvq.h"
 
 static void *default_alloc(void *opaque, size_t size)
 {
@@ -38,6 +39,16 @@ int dq_codec_create(const dq_profile *profile, const dq_allocator *alloc, dq_cod
     DQ_RETURN_IF(!profile || !out, DQ_INVALID_ARGUMENT);
     *out = NULL;
     DQ_FORWARD_IF_ERROR(dq_profile_validate(profile));
+    /* outliers and PQ need their tables: dq_codec_create_calibrated */
+    DQ_RETURN_IF(dq_profile_needs_calibration(profile), DQ_PROFILE);
+    return dq__codec_make(profile, alloc, out);
+}
+
+int dq__codec_make(const dq_profile *profile, const dq_allocator *alloc, dq_codec **out)
+{
+    DQ_RETURN_IF(!profile || !out, DQ_INVALID_ARGUMENT);
+    *out = NULL;
+    DQ_FORWARD_IF_ERROR(dq_profile_validate(profile));
     dq_allocator a = {default_alloc, default_free, NULL};
     if (alloc && alloc->alloc && alloc->free)
         a = *alloc;
@@ -46,6 +57,7 @@ int dq_codec_create(const dq_profile *profile, const dq_allocator *alloc, dq_cod
     memset(c, 0, sizeof *c);
     c->profile = *profile;
     c->alloc = a;
+    c->root = c;
     c->n = profile->kv_heads * profile->head_dim;
     c->head_dim = profile->head_dim;
     c->log2_head_dim = (uint32_t)__builtin_ctz(profile->head_dim);
@@ -71,6 +83,13 @@ int dq_codec_create(const dq_profile *profile, const dq_allocator *alloc, dq_cod
             c->record_bytes[k] = 4u + profile->container_bytes[k];
         }
         c->mean_bytes = 2u + c->n;
+    } else if (profile->codec_type == DQ_CODEC_KVQ) {
+        int rc = dq__kvq_setup(c);
+        if (rc != DQ_OK) {
+            dq__free(&a, c->signs);
+            dq__free(&a, c);
+            return rc;
+        }
     } else {
         dq__baseline_setup(c);
     }
@@ -82,8 +101,9 @@ int dq_codec_create(const dq_profile *profile, const dq_allocator *alloc, dq_cod
 
 void dq_codec_free(dq_codec *codec)
 {
-    if (!codec)
+    if (!codec || codec->root != codec) /* NULL, or a layer view: its root owns it */
         return;
+    dq__kvq_release(codec);
     dq_allocator a = codec->alloc;
     dq__free(&a, codec->signs);
     dq__free(&a, codec);
@@ -150,6 +170,15 @@ int dq_workspace_create(const dq_codec *codec, dq_workspace **out)
 #undef DQ_TAKE
     ws->codec = codec;
     ws->big_len = big;
+    if (codec->profile.codec_type == DQ_CODEC_KVQ) {
+        ws->kvq_len = dq__kvq_scratch_floats(codec);
+        ws->kvq = dq__alloc(a, ws->kvq_len * sizeof(float));
+        if (!ws->kvq) {
+            dq__free(a, blk);
+            return DQ_NOMEM;
+        }
+        memset(ws->kvq, 0, ws->kvq_len * sizeof(float));
+    }
     *out = ws;
     return DQ_OK;
 }
@@ -159,5 +188,6 @@ void dq_workspace_free(dq_workspace *ws)
     if (!ws)
         return;
     const dq_allocator *a = &ws->codec->alloc;
+    dq__free(a, ws->kvq);
     dq__free(a, ws);
 }

@@ -44,6 +44,27 @@ struct dq_codec {
     uint32_t group;  /* channels per scale/zero group */
     float lm_c[256]; /* TurboQuant: Lloyd–Max centroids for N(0,1), 2^bits of them */
     float lm_t[256]; /* decision thresholds between consecutive centroids */
+    /* KVQ family (kvq_codec.c). A calibrated codec owns one view per layer: a copy of this struct
+     * whose per-layer tables point into the root's memory; views are never freed on their own. */
+    const dq_codec *root; /* the codec that owns the views and the shared tables (itself if none) */
+    dq_codec *views;      /* kvq_layers views, or NULL */
+    uint32_t nviews;
+    void *kvq_mem;               /* root only: per-layer tables of every layer */
+    float *kvq_haar;             /* root only: d × d Haar rotation (kvq_rotation 1), or NULL */
+    float *kvq_ol_rot[2];        /* root only: Haar rotations of the outlier / regular parts */
+    float *kvq_qjl;              /* root only: d × d Gaussian QJL projection S (IP keys) */
+    uint32_t kvq_parts;          /* parts per head: 2 for outliers (outlier, regular), else 1 */
+    uint32_t kvq_pdim[2];        /* coordinates of each part */
+    uint32_t kvq_pbits[2][2];    /* [kind][part] bits per coordinate (PQ: bits per code) */
+    const float *kvq_cent[2][2]; /* [kind][part] Lloyd–Max centroids */
+    const float *kvq_bnd[2][2];  /* [kind][part] Lloyd–Max boundaries */
+    uint32_t kvq_ip[2];          /* [kind] inner-product quantizer (QJL residual) */
+    size_t kvq_off_rnorm[2];     /* [kind] byte offset of the residual norms (IP) */
+    size_t kvq_off_lr[2];        /* [kind] byte offset of the U_s row (low rank, keys) */
+    size_t kvq_off_bits[2];      /* [kind] byte offset of the packed indices */
+    size_t kvq_head_bits[2];     /* [kind] packed bits per head */
+    const uint16_t *kvq_perm[2]; /* [kind] outliers: H × d channel order, outliers first */
+    const float *kvq_pq[2];      /* [kind] PQ: M × 2^B × (d / M) codebook */
 };
 
 struct dq_workspace {
@@ -56,7 +77,15 @@ struct dq_workspace {
     uint8_t *levels;     /* window scratch: W · n levels */
     uint16_t *stage;     /* window staging: 2 · W · n BF16 (K then V) */
     size_t big_len;
+    float *kvq; /* KVQ codecs: scratch of kvq_len floats (dq__kvq_scratch_floats), else NULL */
+    size_t kvq_len;
 };
+
+/* Whether ws may serve codec: made for it, or for another view of the same root. */
+static inline int dq__ws_fits(const dq_workspace *ws, const dq_codec *codec)
+{
+    return ws->codec == codec || (ws->codec->root && ws->codec->root == codec->root);
+}
 
 /* Little-endian 16-bit fields of records, and element access by dtype. */
 static inline void dq__put_u16(uint8_t *p, uint16_t v)
@@ -169,6 +198,38 @@ int dq__baseline_encode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const
                         uint8_t *header, uint8_t *records, size_t stride);
 int dq__baseline_decode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const uint8_t *header,
                         const uint8_t *records, size_t stride, size_t ntok, void *out, dq_dtype dtype);
+
+/* The KVQuant++ family (kvq_codec.c, kvq_calib.c). */
+int dq__kvq_validate(const dq_profile *p);
+size_t dq__kvq_record_bytes(const dq_profile *p, int kind);
+size_t dq__kvq_header_bytes(const dq_profile *p);
+/* Fills the codec's shared KVQ state (rotations, codebooks, record layout); tables stay NULL until
+ * dq__kvq_bind sets them from a calibration. Frees what it made on failure. */
+int dq__kvq_setup(dq_codec *c);
+void dq__kvq_release(dq_codec *c);
+size_t dq__kvq_scratch_floats(const dq_codec *c);
+/* The rotated parts (back to back, d floats) of head h of a token (xh: d original channels). */
+void dq__kvq_head_forward(const dq_codec *c, int kind, uint32_t h, const float *xh, float *y, float *tmp);
+/* Makes a codec without requiring calibration tables (calibration itself, and create_calibrated). */
+int dq__codec_make(const dq_profile *profile, const dq_allocator *alloc, dq_codec **out);
+int dq__kvq_encode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const void *x, dq_dtype dtype, size_t ntok,
+                   uint8_t *header, uint8_t *records, size_t stride);
+/* Decodes records [first, first + count) of a run that starts at records (a window's first record):
+ * delta profiles decode from the nearest anchor at or before first. lowrank = 0 leaves out the
+ * low-rank correction (attention adds it in factored form). out: f32 when dtype is F32. */
+int dq__kvq_decode(const dq_codec *c, dq_workspace *ws, dq_kind kind, const uint8_t *header, const uint8_t *records,
+                   size_t stride, size_t first, size_t count, void *out, dq_dtype dtype, int lowrank);
+/* Logits scale · q·k̂ of the W keys of one window for query heads [qh0, qh0 + qn) (group G), into
+ * logit[h · ld + t], in each head's rotated domain: PQ through per-query lookup tables, IP keys'
+ * QJL term as (S·q_rot)·z, the low-rank term as (q·V_rᵀ)·U_sᵀ; deltas accumulate. */
+int dq__kvq_window_logits(const dq_codec *c, dq_workspace *ws, const uint8_t *window, const float *q, uint32_t qh0,
+                          uint32_t qn, uint32_t G, float scale, float *logit, size_t ld);
+/* dq_window_check for KVQ records: every fp16 field finite, norms not negative, the first record
+ * of each kind an anchor for delta profiles. */
+int dq__kvq_window_check(const dq_codec *c, const uint8_t *window);
+/* The codec of a layer (layer.c). */
+struct dq_layer;
+const dq_codec *dq__layer_codec(const struct dq_layer *layer);
 
 /* Key-mean block helpers (window of ntok rotated tokens, token-major [ntok][n]; sum: n floats of
  * scratch). */

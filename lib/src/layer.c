@@ -19,6 +19,11 @@ struct dq_layer {
     size_t tail_len;
 };
 
+const dq_codec *dq__layer_codec(const dq_layer *layer)
+{
+    return layer->codec;
+}
+
 int dq_layer_create(const dq_codec *codec, dq_layer **out)
 {
     DQ_RETURN_IF(!codec || !out, DQ_INVALID_ARGUMENT);
@@ -175,7 +180,7 @@ int dq_check_tokens(dq_workspace *ws, const void *x, dq_dtype dtype, size_t ntok
 int dq_layer_append(dq_layer *layer, dq_workspace *ws, const void *k, const void *v, dq_dtype dtype, size_t ntok,
                     dq_encode_stats *stats)
 {
-    DQ_RETURN_IF(!layer || !ws || ws->codec != layer->codec || (ntok && (!k || !v)), DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(!layer || !ws || !dq__ws_fits(ws, layer->codec) || (ntok && (!k || !v)), DQ_INVALID_ARGUMENT);
     DQ_RETURN_IF(!dq_dtype_size(dtype), DQ_DTYPE);
     if (ntok == 0)
         return DQ_OK;
@@ -278,7 +283,7 @@ int dq_layer_append(dq_layer *layer, dq_workspace *ws, const void *k, const void
 int dq_layer_decode(const dq_layer *layer, dq_workspace *ws, dq_kind kind, size_t first, size_t count, void *out,
                     dq_dtype dtype)
 {
-    DQ_RETURN_IF(!layer || !ws || ws->codec != layer->codec || (count && !out) ||
+    DQ_RETURN_IF(!layer || !ws || !dq__ws_fits(ws, layer->codec) || (count && !out) ||
                      (kind != DQ_KIND_K && kind != DQ_KIND_V),
                  DQ_INVALID_ARGUMENT);
     DQ_RETURN_IF(!dq_dtype_size(dtype), DQ_DTYPE);
@@ -292,7 +297,13 @@ int dq_layer_decode(const dq_layer *layer, dq_workspace *ws, dq_kind kind, size_
         size_t w = t / W, off = t % W;
         size_t cnt = W - off < end - t ? W - off : end - t;
         const uint8_t *win = layer->windows[w];
-        int r = dq_tokens_decode(c, ws, kind, kind == DQ_KIND_K ? dq_window_mean(c, win) : NULL,
+        int r;
+        if (c->profile.codec_type == DQ_CODEC_KVQ) /* from the window's first record: delta anchors */
+            r = dq__kvq_decode(c, ws, kind, kind == DQ_KIND_K && c->mean_bytes ? dq_window_mean(c, win) : NULL,
+                               dq_window_record(c, win, kind, 0), c->record_bytes[kind], off, cnt,
+                               (uint8_t *)out + (t - first) * n * esz, dtype, 1);
+        else
+            r = dq_tokens_decode(c, ws, kind, kind == DQ_KIND_K ? dq_window_mean(c, win) : NULL,
                                  dq_window_record(c, win, kind, off), c->record_bytes[kind], cnt,
                                  (uint8_t *)out + (t - first) * n * esz, dtype);
         if (r == DQ_CORRUPT)
@@ -311,6 +322,8 @@ int dq_layer_decode(const dq_layer *layer, dq_workspace *ws, dq_kind kind, size_
 int dq_window_check(const dq_codec *codec, const uint8_t *window)
 {
     DQ_RETURN_IF(!codec || !window, DQ_INVALID_ARGUMENT);
+    if (codec->profile.codec_type == DQ_CODEC_KVQ)
+        return dq__kvq_window_check(codec, window);
     if (codec->profile.codec_type != DQ_CODEC_DQUANT)
         return DQ_OK; /* baselines have no redundancy to check */
     const size_t n = codec->n, W = codec->profile.window;

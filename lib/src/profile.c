@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "codec_internal.h"
+#include "dquant/kvq.h"
 
 static const char *const g_builtin_names[] = {"dq226", "dq196", NULL};
 
@@ -86,6 +87,11 @@ int dq_profile_validate(const dq_profile *p)
     DQ_FORWARD_IF_ERROR(validate_shape(p->kv_heads, p->head_dim));
     DQ_RETURN_IF(memchr(p->name, 0, sizeof p->name) == NULL, DQ_PROFILE);
     DQ_RETURN_IF(p->window < 1 || p->residual < p->window || p->window > 65536 || p->residual > 65536, DQ_PROFILE);
+    const int kvq_zero = !p->kvq_variant && !p->kvq_rotation && !p->kvq_outliers && !p->kvq_pq_m && !p->kvq_rank &&
+                         !p->kvq_anchor && p->kvq_tau == 0 && !p->kvq_layers && !p->kvq_calib_hash;
+    if (p->codec_type == DQ_CODEC_KVQ)
+        return dq__kvq_validate(p);
+    DQ_RETURN_IF(!kvq_zero, DQ_PROFILE);
     if (p->codec_type != DQ_CODEC_DQUANT)
         return dq__baseline_validate(p);
     DQ_RETURN_IF(p->bits[0] || p->bits[1] || p->group || p->rotate, DQ_PROFILE);
@@ -165,7 +171,9 @@ int dq_profile_builtin(const char *name, uint32_t kv_heads, uint32_t head_dim, d
         }
         return dq_profile_make(&pp, out);
     }
-    return dq__baseline_profile(name, kv_heads, head_dim, out);
+    if (dq__baseline_profile(name, kv_heads, head_dim, out) == DQ_OK)
+        return DQ_OK;
+    return dq_profile_kvq(name, kv_heads, head_dim, out);
 }
 
 int dq_profile_baseline(const char *name, uint32_t kv_heads, uint32_t head_dim, dq_profile *out)
@@ -184,6 +192,12 @@ const char *const *dq_profile_baseline_names(void)
 double dq_profile_bits_per_value(const dq_profile *p, dq_kind kind)
 {
     const double n = (double)p->kv_heads * p->head_dim;
+    if (p->codec_type == DQ_CODEC_KVQ) {
+        double b = 8.0 * (double)dq__kvq_record_bytes(p, kind) / n;
+        if (kind == DQ_KIND_K)
+            b += 8.0 * (double)dq__kvq_header_bytes(p) / (n * p->window);
+        return b;
+    }
     if (p->codec_type != DQ_CODEC_DQUANT) {
         double b = 8.0 * (double)dq__baseline_record_bytes(p, kind) / n;
         if (kind == DQ_KIND_K)
@@ -226,12 +240,19 @@ static uint32_t r32(const uint8_t *p)
 }
 
 #define DQ_PROFILE_FIXED_BYTES 108u
+/* codec_type DQ_CODEC_KVQ appends, before the checksum: variant, rotation, outliers, pq_m, rank,
+ * anchor, tau (float bits), layers, calibration hash (low, high word): 40 bytes */
+#define DQ_PROFILE_KVQ_BYTES 40u
+_Static_assert(DQ_PROFILE_FIXED_BYTES + 4u * DQ_MAX_LEVELS <= DQ_PROFILE_SERIALIZED_MAX &&
+                   DQ_PROFILE_FIXED_BYTES + DQ_PROFILE_KVQ_BYTES <= DQ_PROFILE_SERIALIZED_MAX,
+               "a serialized profile fits DQ_PROFILE_SERIALIZED_MAX");
 
 int dq_profile_serialize(const dq_profile *p, uint8_t *buf, size_t cap, size_t *len)
 {
     DQ_RETURN_IF(!p || !buf || !len, DQ_INVALID_ARGUMENT);
     DQ_FORWARD_IF_ERROR(dq_profile_validate(p));
-    size_t need = DQ_PROFILE_FIXED_BYTES + (p->codec_type == DQ_CODEC_DQUANT ? 2u * (p->levels[0] + p->levels[1]) : 0);
+    size_t need = DQ_PROFILE_FIXED_BYTES + (p->codec_type == DQ_CODEC_DQUANT ? 2u * (p->levels[0] + p->levels[1]) : 0) +
+                  (p->codec_type == DQ_CODEC_KVQ ? DQ_PROFILE_KVQ_BYTES : 0);
     DQ_RETURN_IF(cap < need, DQ_INVALID_ARGUMENT);
     uint8_t *q = buf;
     memcpy(q, "DQPF", 4);
@@ -263,6 +284,20 @@ int dq_profile_serialize(const dq_profile *p, uint8_t *buf, size_t cap, size_t *
             q[1] = (uint8_t)(p->freq[k][m] >> 8);
             q += 2;
         }
+    if (p->codec_type == DQ_CODEC_KVQ) {
+        uint32_t tb;
+        memcpy(&tb, &p->kvq_tau, 4);
+        q = w32(q, p->kvq_variant);
+        q = w32(q, p->kvq_rotation);
+        q = w32(q, p->kvq_outliers);
+        q = w32(q, p->kvq_pq_m);
+        q = w32(q, p->kvq_rank);
+        q = w32(q, p->kvq_anchor);
+        q = w32(q, tb);
+        q = w32(q, p->kvq_layers);
+        q = w32(q, (uint32_t)p->kvq_calib_hash);
+        q = w32(q, (uint32_t)(p->kvq_calib_hash >> 32));
+    }
     q = w32(q, fnv1a32(buf, (size_t)(q - buf)));
     *len = (size_t)(q - buf);
     return DQ_OK;
@@ -318,13 +353,28 @@ int dq_profile_deserialize(const uint8_t *buf, size_t len, dq_profile *out)
     if (dquant && (p.levels[0] < DQ_MIN_LEVELS || p.levels[0] > DQ_MAX_LEVELS || p.levels[1] < DQ_MIN_LEVELS ||
                    p.levels[1] > DQ_MAX_LEVELS))
         return DQ_CORRUPT;
-    size_t need = DQ_PROFILE_FIXED_BYTES + (dquant ? 2u * (p.levels[0] + p.levels[1]) : 0);
+    const int kvq = p.codec_type == DQ_CODEC_KVQ;
+    size_t need = DQ_PROFILE_FIXED_BYTES + (dquant ? 2u * (p.levels[0] + p.levels[1]) : 0) +
+                  (kvq ? DQ_PROFILE_KVQ_BYTES : 0);
     DQ_RETURN_IF(len < need, DQ_TRUNCATED);
     for (int k = 0; k < 2; k++)
         for (uint32_t m = 0; m < p.levels[k] && dquant; m++) {
             p.freq[k][m] = (uint16_t)(q[0] | q[1] << 8);
             q += 2;
         }
+    if (kvq) {
+        p.kvq_variant = r32(q);
+        p.kvq_rotation = r32(q + 4);
+        p.kvq_outliers = r32(q + 8);
+        p.kvq_pq_m = r32(q + 12);
+        p.kvq_rank = r32(q + 16);
+        p.kvq_anchor = r32(q + 20);
+        uint32_t tb = r32(q + 24);
+        memcpy(&p.kvq_tau, &tb, 4);
+        p.kvq_layers = r32(q + 28);
+        p.kvq_calib_hash = r32(q + 32) | (uint64_t)r32(q + 36) << 32;
+        q += DQ_PROFILE_KVQ_BYTES;
+    }
     DQ_RETURN_IF(r32(q) != fnv1a32(buf, (size_t)(q - buf)), DQ_CORRUPT);
     DQ_FORWARD_IF_ERROR(dq_profile_validate(&p));
     *out = p;

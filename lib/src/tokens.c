@@ -66,13 +66,15 @@ void dq__mean_dequant(const dq_codec *codec, const uint8_t *mean_block, float *m
 int dq_tokens_encode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const void *x, dq_dtype dtype, size_t ntok,
                      uint8_t *mean, uint8_t *records, size_t record_stride, dq_encode_stats *stats)
 {
-    DQ_RETURN_IF(!codec || !ws || ws->codec != codec || !x || !records || (kind != DQ_KIND_K && kind != DQ_KIND_V),
+    DQ_RETURN_IF(!codec || !ws || !dq__ws_fits(ws, codec) || !x || !records || (kind != DQ_KIND_K && kind != DQ_KIND_V),
                  DQ_INVALID_ARGUMENT);
     DQ_RETURN_IF(!dq_dtype_size(dtype), DQ_DTYPE);
     const uint32_t n = codec->n, W = codec->profile.window;
     DQ_RETURN_IF(record_stride < codec->record_bytes[kind], DQ_INVALID_ARGUMENT);
     DQ_RETURN_IF(kind == DQ_KIND_K && (!mean || ntok < 1 || ntok > W) && codec->mean_bytes, DQ_SHAPE);
     DQ_RETURN_IF(kind == DQ_KIND_V && mean, DQ_INVALID_ARGUMENT);
+    if (codec->profile.codec_type == DQ_CODEC_KVQ)
+        return dq__kvq_encode(codec, ws, kind, x, dtype, ntok, mean, records, record_stride);
     if (codec->profile.codec_type != DQ_CODEC_DQUANT)
         return dq__baseline_encode(codec, ws, kind, x, dtype, ntok, mean, records, record_stride);
     DQ_FORWARD_IF_ERROR(dq_check_finite(x, dtype, ntok * n));
@@ -109,11 +111,14 @@ int dq_tokens_encode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, cons
 int dq_tokens_decode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const uint8_t *mean, const uint8_t *records,
                      size_t record_stride, size_t ntok, void *out, dq_dtype dtype)
 {
-    DQ_RETURN_IF(!codec || !ws || ws->codec != codec || !records || !out || (kind != DQ_KIND_K && kind != DQ_KIND_V),
+    DQ_RETURN_IF(!codec || !ws || !dq__ws_fits(ws, codec) || !records || !out ||
+                     (kind != DQ_KIND_K && kind != DQ_KIND_V),
                  DQ_INVALID_ARGUMENT);
     DQ_RETURN_IF(!dq_dtype_size(dtype), DQ_DTYPE);
     DQ_RETURN_IF(kind == DQ_KIND_K && !mean && codec->mean_bytes, DQ_INVALID_ARGUMENT);
     DQ_RETURN_IF(record_stride < codec->record_bytes[kind], DQ_INVALID_ARGUMENT);
+    if (codec->profile.codec_type == DQ_CODEC_KVQ)
+        return dq__kvq_decode(codec, ws, kind, mean, records, record_stride, 0, ntok, out, dtype, 1);
     if (codec->profile.codec_type != DQ_CODEC_DQUANT)
         return dq__baseline_decode(codec, ws, kind, mean, records, record_stride, ntok, out, dtype);
     const dq__kind_tables *kt = &codec->kt[kind];
