@@ -62,7 +62,7 @@ def calibrate(p: Profile, k: Array, v: Array, seed: int = 0) -> Tuple[Profile, b
     try:
         data = ctypes.string_at(buf, n.value)
     finally:
-        _kvq_fn("dq_kvq_free")(buf)
+        _kvq_fn("dq_kvq_free")(ctypes.cast(buf, ctypes.c_void_p))
     return Profile(out), data
 
 
