@@ -474,3 +474,272 @@ int dq__kvq_gauss_codebook(uint32_t bits, uint32_t dim, float *centroids)
         centroids[i] = (float)(c[i] * sigma);
     return DQ_OK;
 }
+
+/* ---- randomized Hadamard rotation ------------------------------------------------------------------ */
+
+int dq__kvq_rht_signs(uint32_t d, uint64_t seed, float *signs)
+{
+    DQ_RETURN_IF(!signs || d == 0 || (d & (d - 1)) != 0, DQ_INVALID_ARGUMENT);
+    dq__kvq_rng r;
+    dq__kvq_rng_seed(&r, seed);
+    for (uint32_t i = 0; i < d; i++)
+        signs[i] = dq__kvq_rng_next(&r) >> 63 ? -1.0f : 1.0f;
+    return DQ_OK;
+}
+
+void dq__kvq_rht_apply(float *x, const float *signs, uint32_t d)
+{
+    const float scale = (float)(1.0 / sqrt((double)d));
+    for (uint32_t i = 0; i < d; i++)
+        x[i] *= signs[i];
+    dq__fwht(x, d);
+    for (uint32_t i = 0; i < d; i++)
+        x[i] *= scale;
+}
+
+void dq__kvq_rht_inverse(float *x, const float *signs, uint32_t d)
+{
+    const float scale = (float)(1.0 / sqrt((double)d));
+    dq__fwht(x, d);
+    for (uint32_t i = 0; i < d; i++)
+        x[i] *= scale * signs[i];
+}
+
+/* ---- k-means ------------------------------------------------------------------------------------- */
+
+static int finite_f(const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            return 0;
+    return 1;
+}
+
+static double dist2(const float *a, const float *b, uint32_t dim)
+{
+    double s = 0;
+    for (uint32_t j = 0; j < dim; j++) {
+        const double t = (double)a[j] - b[j];
+        s += t * t;
+    }
+    return s;
+}
+
+/* Nearest centroid of p (squared distance; ties to the lower index). */
+static uint32_t nearest(const float *p, const float *c, uint32_t k, uint32_t dim, double *d2)
+{
+    uint32_t best = 0;
+    double bd = dist2(p, c, dim);
+    for (uint32_t j = 1; j < k; j++) {
+        const double d = dist2(p, c + (size_t)j * dim, dim);
+        if (d < bd) {
+            bd = d;
+            best = j;
+        }
+    }
+    *d2 = bd;
+    return best;
+}
+
+/* Lloyd iterations from the centroids given, then the MSE per point of the final centroids. An
+ * empty cluster takes the point farthest from its centroid (deterministic). */
+static int lloyd(const float *pts, size_t count, uint32_t dim, uint32_t k, uint32_t iters, float *c, double *mse)
+{
+    uint32_t *as = malloc(count * sizeof *as);
+    double *sum = malloc((size_t)k * dim * sizeof *sum), *d2 = malloc(count * sizeof *d2);
+    size_t *cnt = malloc(k * sizeof *cnt);
+    if (!as || !sum || !d2 || !cnt) {
+        free(as);
+        free(sum);
+        free(d2);
+        free(cnt);
+        return DQ_NOMEM;
+    }
+    for (uint32_t it = 0; it <= iters; it++) {
+        int changed = 0;
+        double err = 0;
+        for (size_t i = 0; i < count; i++) {
+            const uint32_t a = nearest(pts + i * dim, c, k, dim, &d2[i]);
+            changed |= it == 0 || a != as[i];
+            as[i] = a;
+            err += d2[i];
+        }
+        *mse = err / (double)count;
+        if (it == iters || !changed)
+            break;
+        memset(sum, 0, (size_t)k * dim * sizeof *sum);
+        memset(cnt, 0, k * sizeof *cnt);
+        for (size_t i = 0; i < count; i++) {
+            double *s = sum + (size_t)as[i] * dim;
+            for (uint32_t j = 0; j < dim; j++)
+                s[j] += pts[i * dim + j];
+            cnt[as[i]]++;
+        }
+        for (uint32_t m = 0; m < k; m++) {
+            float *cm = c + (size_t)m * dim;
+            if (cnt[m]) {
+                for (uint32_t j = 0; j < dim; j++)
+                    cm[j] = (float)(sum[(size_t)m * dim + j] / (double)cnt[m]);
+                continue;
+            }
+            size_t far = 0;
+            for (size_t i = 1; i < count; i++)
+                if (d2[i] > d2[far])
+                    far = i;
+            memcpy(cm, pts + far * dim, dim * sizeof *cm);
+            d2[far] = 0;
+        }
+    }
+    free(as);
+    free(sum);
+    free(d2);
+    free(cnt);
+    return DQ_OK;
+}
+
+static int kmeans_check(const float *points, size_t count, uint32_t dim, uint32_t k, const float *centroids)
+{
+    DQ_RETURN_IF(!points || !centroids || count == 0 || dim == 0 || k == 0 || k > count, DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(count > SIZE_MAX / sizeof(double) / dim, DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(!finite_f(points, count * dim), DQ_NONFINITE);
+    return DQ_OK;
+}
+
+int dq_kvq_kmeans(const float *points, size_t count, uint32_t dim, uint32_t k, uint32_t iters, uint64_t seed,
+                  float *centroids, double *mse)
+{
+    DQ_FORWARD_IF_ERROR(kmeans_check(points, count, dim, k, centroids));
+    double *d2 = malloc(count * sizeof *d2);
+    DQ_RETURN_IF(!d2, DQ_NOMEM);
+    dq__kvq_rng r;
+    dq__kvq_rng_seed(&r, seed);
+    /* k-means++ (Arthur & Vassilvitskii 2007): the first centroid uniformly, each next one with
+     * probability ∝ D²(x), the squared distance to the nearest chosen centroid */
+    size_t pick = (size_t)(dq__kvq_rng_uniform(&r) * (double)count);
+    memcpy(centroids, points + pick * dim, dim * sizeof *centroids);
+    for (size_t i = 0; i < count; i++)
+        d2[i] = dist2(points + i * dim, centroids, dim);
+    for (uint32_t m = 1; m < k; m++) {
+        double total = 0;
+        for (size_t i = 0; i < count; i++)
+            total += d2[i];
+        if (total > 0) {
+            const double target = dq__kvq_rng_uniform(&r) * total;
+            double acc = 0;
+            pick = count;
+            for (size_t i = 0; i < count; i++) {
+                if (d2[i] <= 0)
+                    continue;
+                pick = i; /* the last point with weight, should rounding leave target unreached */
+                acc += d2[i];
+                if (acc > target)
+                    break;
+            }
+        } else { /* fewer distinct points than k: duplicates */
+            pick = (size_t)(dq__kvq_rng_uniform(&r) * (double)count);
+        }
+        float *cm = centroids + (size_t)m * dim;
+        memcpy(cm, points + pick * dim, dim * sizeof *cm);
+        for (size_t i = 0; i < count; i++)
+            d2[i] = fmin(d2[i], dist2(points + i * dim, cm, dim));
+    }
+    free(d2);
+    double e;
+    DQ_FORWARD_IF_ERROR(lloyd(points, count, dim, k, iters, centroids, &e));
+    if (mse)
+        *mse = e;
+    return DQ_OK;
+}
+
+int dq_kvq_kmeans_linspace(const float *points, size_t count, uint32_t dim, uint32_t k, uint32_t iters,
+                           float *centroids, double *mse)
+{
+    DQ_FORWARD_IF_ERROR(kmeans_check(points, count, dim, k, centroids));
+    for (uint32_t j = 0; j < dim; j++) {
+        float lo = points[j], hi = points[j];
+        for (size_t i = 1; i < count; i++) {
+            lo = fminf(lo, points[i * dim + j]);
+            hi = fmaxf(hi, points[i * dim + j]);
+        }
+        for (uint32_t m = 0; m < k; m++)
+            centroids[(size_t)m * dim + j] = k == 1 ? (float)(0.5 * ((double)lo + hi))
+                                                    : (float)(lo + ((double)hi - lo) * m / (k - 1));
+    }
+    double e;
+    DQ_FORWARD_IF_ERROR(lloyd(points, count, dim, k, iters, centroids, &e));
+    if (mse)
+        *mse = e;
+    return DQ_OK;
+}
+
+/* ---- QJL ------------------------------------------------------------------------------------------ */
+
+int dq_kvq_qjl_matrix(uint32_t dim, uint64_t seed, float *s)
+{
+    DQ_RETURN_IF(!s || dim == 0 || dim > 65535, DQ_INVALID_ARGUMENT);
+    dq__kvq_rng r;
+    dq__kvq_rng_seed(&r, seed);
+    for (size_t i = 0; i < (size_t)dim * dim; i++)
+        s[i] = (float)dq__kvq_rng_normal(&r);
+    return DQ_OK;
+}
+
+int dq_kvq_qjl_sign(const float *s, uint32_t dim, const float *r, uint8_t *bits, float *norm)
+{
+    DQ_RETURN_IF(!s || !r || !bits || dim == 0, DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(!finite_f(r, dim), DQ_NONFINITE);
+    double n2 = 0;
+    for (uint32_t j = 0; j < dim; j++)
+        n2 += (double)r[j] * r[j];
+    memset(bits, 0, (dim + 7) / 8);
+    for (uint32_t i = 0; i < dim; i++) {
+        const float *si = s + (size_t)i * dim;
+        double p = 0;
+        for (uint32_t j = 0; j < dim; j++)
+            p += (double)si[j] * r[j];
+        if (p >= 0)
+            bits[i >> 3] |= (uint8_t)(1u << (i & 7));
+    }
+    if (norm)
+        *norm = (float)sqrt(n2);
+    return DQ_OK;
+}
+
+int dq_kvq_qjl_project(const float *s, uint32_t dim, const float *y, float *sy)
+{
+    DQ_RETURN_IF(!s || !y || !sy || dim == 0, DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(!finite_f(y, dim), DQ_NONFINITE);
+    for (uint32_t i = 0; i < dim; i++) {
+        const float *si = s + (size_t)i * dim;
+        double p = 0;
+        for (uint32_t j = 0; j < dim; j++)
+            p += (double)si[j] * y[j];
+        sy[i] = (float)p;
+    }
+    return DQ_OK;
+}
+
+float dq_kvq_qjl_estimate(const float *sy, uint32_t dim, const uint8_t *bits, float norm)
+{
+    double acc = 0;
+    for (uint32_t i = 0; i < dim; i++)
+        acc += (bits[i >> 3] >> (i & 7) & 1) ? sy[i] : -(double)sy[i];
+    return (float)(sqrt(M_PI / 2) / dim * norm * acc);
+}
+
+int dq_kvq_qjl_dot(const float *s, uint32_t dim, const float *y, const uint8_t *bits, float norm, float *out)
+{
+    DQ_RETURN_IF(!s || !y || !bits || !out || dim == 0, DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(!finite_f(y, dim) || !isfinite(norm), DQ_NONFINITE);
+    DQ_RETURN_IF(norm < 0, DQ_INVALID_ARGUMENT);
+    double acc = 0;
+    for (uint32_t i = 0; i < dim; i++) {
+        const float *si = s + (size_t)i * dim;
+        double p = 0;
+        for (uint32_t j = 0; j < dim; j++)
+            p += (double)si[j] * y[j];
+        acc += (bits[i >> 3] >> (i & 7) & 1) ? p : -p;
+    }
+    *out = (float)(sqrt(M_PI / 2) / dim * norm * acc);
+    return DQ_OK;
+}

@@ -92,34 +92,72 @@ DQ_API uint32_t dq_kvq_bucketize(float x, const float *boundaries, uint32_t coun
  * the last / first, NaN gives 0. Equal to dq_kvq_bucketize with dq_kvq_codebook's boundaries. */
 DQ_API uint32_t dq_kvq_nearest_argmin(float x, const float *centroids, uint32_t count);
 
-/* Haar-random rotation of R^dim from the seed: QR of a Gaussian matrix with R's diagonal made
- * positive and, when det(Q) < 0, the first column negated, so Q ∈ SO(d). out: dim × dim row-major.
- * Deterministic for (dim, seed). */
+/* Haar-random rotation of R^dim from the seed: QR (Householder, double) of a dim × dim standard
+ * Gaussian matrix (xoshiro256** seeded by splitmix64, Box–Muller; the same on every platform), Q's
+ * columns multiplied by sign(R_jj) (Haar on O(d)) and, when det(Q) < 0, the first column negated,
+ * so Q ∈ SO(d) — never a reflection. out: dim × dim row-major (y = out·x rotates x). Deterministic
+ * for (dim, seed). dim 1..65535 (else DQ_INVALID_ARGUMENT); DQ_NOMEM. */
 DQ_API int dq_kvq_haar(uint32_t dim, uint64_t seed, float *out);
-/* Determinant sign of a dim × dim row-major matrix (+1 / −1 / 0), for tests. */
-DQ_API int dq_kvq_det_sign(const float *m, uint32_t dim);
+/* Sign of the determinant of a dim × dim row-major matrix into *sign (+1 / −1, or 0 when a pivot of
+ * LU with partial pivoting falls below dim·2^−52·max|m|), for tests. DQ_INVALID_ARGUMENT,
+ * DQ_NONFINITE for NaN/Inf entries, DQ_NOMEM. */
+DQ_API int dq_kvq_det_sign(const float *m, uint32_t dim, int *sign);
 
-/* k-means++ seeding then Lloyd iterations of k centroids of dim-dimensional points (count × dim,
- * row-major). seeding only (iters = 0) is what the seed's initialisation claim measures. Returns
- * the final mean squared error per point in *mse (may be NULL). */
+/* k-means++ seeding (first centroid uniform, then D²-weighted draws from the seeded generator) and
+ * `iters` Lloyd iterations (assignment to the nearest centroid, centroid = mean; an empty cluster
+ * takes the point farthest from its centroid; stops early when no assignment changes) of k
+ * centroids (k × dim, row-major, written) of count points (count × dim, row-major). iters = 0 is
+ * seeding only (what the seed's initialisation claim measures). *mse (may be NULL): the mean over
+ * points of the squared distance to the nearest final centroid. Deterministic for the seed.
+ * DQ_INVALID_ARGUMENT for count 0, dim 0, k 0 or k > count; DQ_NONFINITE; DQ_NOMEM. */
 DQ_API int dq_kvq_kmeans(const float *points, size_t count, uint32_t dim, uint32_t k, uint32_t iters, uint64_t seed,
                          float *centroids, double *mse);
-/* The same with centroids seeded uniformly on [min, max] per coordinate (the seed's "before"). */
+/* The same with centroids seeded uniformly on [min, max] per coordinate (the seed's "before":
+ * centroid m at min + (max − min)·m/(k − 1)). */
 DQ_API int dq_kvq_kmeans_linspace(const float *points, size_t count, uint32_t dim, uint32_t k, uint32_t iters,
                                   float *centroids, double *mse);
 
-/* Randomized SVD (Halko–Martinsson–Tropp, oversampling 10, power iterations `power`) of A
- * (rows × cols, row-major): the top `rank` singular triplets. u: rows × rank, s: rank, vt:
- * rank × cols. Deterministic for the seed. For rows < 64 an exact SVD (one-sided Jacobi). */
+/* QJL (1-bit quantized Johnson–Lindenstrauss) sketch of a residual r ∈ R^dim for the inner-product
+ * quantizer: S is dim × dim with i.i.d. N(0, 1) entries (row-major, from the seed by
+ * dq_kvq_qjl_matrix: callers keep it), the sketch is sign(S·r) — bit i of bits (LSB-first, (dim + 7)/8
+ * bytes) set when (S·r)_i >= 0 — plus ‖r‖, and
+ *     <y, r> ≈ sqrt(π/2)/dim · ‖r‖ · <S·y, sign(S·r)>
+ * is unbiased (E over S) with variance (π/2·‖y‖²‖r‖² − <y, r>²)/dim.
+ * DQ_INVALID_ARGUMENT for dim 0 (> 65535 for the matrix) or NULL; DQ_NONFINITE for NaN/Inf in r, y
+ * or norm. */
+DQ_API int dq_kvq_qjl_matrix(uint32_t dim, uint64_t seed, float *s);
+/* The sketch of r: bits, and ‖r‖ in *norm (may be NULL). */
+DQ_API int dq_kvq_qjl_sign(const float *s, uint32_t dim, const float *r, uint8_t *bits, float *norm);
+/* The estimate of <y, r> from the sketch (bits, norm >= 0) into *out. */
+DQ_API int dq_kvq_qjl_dot(const float *s, uint32_t dim, const float *y, const uint8_t *bits, float norm, float *out);
+/* The same split for attention: sy = S·y once per query, then dq_kvq_qjl_estimate per key (no
+ * checks: sy from dq_kvq_qjl_project, bits and norm from dq_kvq_qjl_sign). */
+DQ_API int dq_kvq_qjl_project(const float *s, uint32_t dim, const float *y, float *sy);
+DQ_API float dq_kvq_qjl_estimate(const float *sy, uint32_t dim, const uint8_t *bits, float norm);
+
+/* Randomized SVD (Halko–Martinsson–Tropp 2011: Gaussian sketch of rank + 10 columns, `power`
+ * power iterations each re-orthonormalized by Householder QR, then the exact SVD of the small
+ * B = QᵀA by one-sided Jacobi; all in double) of A (rows × cols, row-major): the top `rank`
+ * singular triplets, descending, each signed so that the largest |entry| of its u column is
+ * positive. u: rows × rank, s: rank, vt: rank × cols (row-major). Deterministic for the seed. For
+ * rows < 64 an exact SVD (one-sided Jacobi on A). DQ_INVALID_ARGUMENT for rows or cols 0, rank 0 or
+ * > min(rows, cols), power > 64, rows·cols > 2^31 or NULL; DQ_NONFINITE; DQ_NOMEM. */
 DQ_API int dq_kvq_rsvd(const float *a, uint32_t rows, uint32_t cols, uint32_t rank, uint32_t power, uint64_t seed,
                        float *u, float *s, float *vt);
 
-/* Canonical Huffman code of `count` symbols with frequencies freq (0 allowed), code lengths
- * bounded by max_len (<= 24): lengths out. Returns total bits for the frequencies in *bits. */
+/* Length-limited Huffman code lengths of `count` (1..256) symbols with frequencies freq (0 allowed:
+ * length 0, no code), bounded by max_len (1..24), by package-merge (optimal under the bound; a
+ * single used symbol gets length 1): lengths out. The total bits for the frequencies in *bits (may
+ * be NULL). DQ_INVALID_ARGUMENT for sizes out of range, more used symbols than 2^max_len, or a total
+ * frequency >= 2^58; DQ_NOMEM. */
 DQ_API int dq_kvq_huffman_lengths(const uint64_t *freq, uint32_t count, uint32_t max_len, uint8_t *lengths,
                                   uint64_t *bits);
-/* Encodes / decodes symbols with canonical codes of these lengths (MSB-first bit order).
- * encode: DQ_INVALID_ARGUMENT when cap is too small; decode: DQ_CORRUPT on an invalid code. */
+/* Encodes / decodes symbols with the canonical code of these lengths (deflate's order: shorter codes
+ * first, then by symbol; bits MSB-first in each byte, the last byte zero-padded). Lengths > 24 or a
+ * Kraft sum > 1: DQ_INVALID_ARGUMENT. encode: *bits receives the bit count; DQ_INVALID_ARGUMENT when
+ * cap (bytes) is too small or a symbol has no code. decode: exactly nsym symbols from exactly `bits`
+ * bits: DQ_CORRUPT on a bit string that is no code (incomplete codes) or on bits left over,
+ * DQ_TRUNCATED when the bits end inside the nsym symbols. */
 DQ_API int dq_kvq_huffman_encode(const uint8_t *lengths, uint32_t count, const uint8_t *symbols, size_t nsym,
                                  uint8_t *out, size_t cap, size_t *bits);
 DQ_API int dq_kvq_huffman_decode(const uint8_t *lengths, uint32_t count, const uint8_t *in, size_t bits,
@@ -176,9 +214,15 @@ DQ_API int dq_codec_create_calibrated(const dq_profile *profile, const uint8_t *
  * as long as its codec; dq_codec_free(view) does nothing. */
 DQ_API const dq_codec *dq_codec_layer(const dq_codec *codec, uint32_t layer);
 
-/* Attention-weighted bit assignment (seed §3.1): tokens ranked by the attention the queries q
- * ([nq][head_dim] per KV head group, f32) give them, the top `frac_hi` at bits_hi, the rest at
- * bits_lo; tier[t] = 1 for high. Returns the average bits in *avg_bits. */
+/* Attention-weighted bit assignment (seed §3.1): k is [tokens][kv_heads][head_dim] and q is
+ * [nq][q_heads][head_dim] (f32, rotated or not, as long as both alike). For each query and query head
+ * h, softmax(q·kᵀ/sqrt(head_dim)) over all the tokens (no causal mask) with KV head
+ * h / (q_heads / kv_heads) (GQA); a token's importance is the MAX of its weights over queries and
+ * heads (a token one head relies on is kept sharp even if the others ignore it). The
+ * round(frac_hi · tokens) (half up) most important tokens get tier[t] = 1 (bits_hi), the others 0;
+ * ties go to the earlier token. The caller's average bits: lo + (hi − lo)·n_hi/tokens.
+ * DQ_INVALID_ARGUMENT for tokens, nq, heads or head_dim 0, q_heads not a multiple of kv_heads,
+ * frac_hi outside [0, 1] or NaN, NULL; DQ_NONFINITE for NaN/Inf in k or q; DQ_NOMEM. */
 DQ_API int dq_kvq_assign_bits(const float *k, size_t tokens, uint32_t kv_heads, uint32_t head_dim, const float *q,
                               uint32_t q_heads, size_t nq, float frac_hi, uint8_t *tier);
 
