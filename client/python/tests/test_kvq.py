@@ -168,6 +168,32 @@ class TestKvqDaemon(DaemonTest):
     def test_ip3_lowrank4(self):
         self.serve("ip3+lr4")
 
+    def test_chunks_of_a_calibrated_model(self):
+        # the shared KV tier: chunks encoded by the daemon (put_chunks) and by the client
+        # (put_chunks_raw through the calibrated codec's views) decode as the local views do
+        p, calib = make("pq16x8")
+        W = p.window
+        k, v = layered(L, 2 * W, 21)
+        keys = dquant.chunk_keys("kvq", np.arange(2 * W), W)
+        keys2 = dquant.chunk_keys("kvq2", np.arange(2 * W), W)
+        with self.daemon.client() as c, kvq.codec(p, calib) as codec:
+            c.register_model("chunky", L, QH, KVH, HD, profile=p, calibration=calib, chunk_tokens=W)
+            self.assertEqual(c.put_chunks(keys, k, v, model="chunky", ns="kvq").stored, 2)
+            raw = dquant.RawKV.encode(k, v, codec)
+            self.assertEqual(c.put_chunks_raw(keys2, raw, model="chunky", ns="kvq2").stored, 2)
+            self.assertEqual(c.get_chunks_raw(keys, ns="kvq"), raw, "the daemon's records are the views' records")
+            gk, gv = c.get_chunks(keys2, ns="kvq2")
+            for l in range(L):
+                with codec.view(l).layer() as lay:
+                    lay.append(k[l], v[l])
+                    self.assertEqual(gk[l].tobytes(), lay.decode("k").tobytes(), f"layer {l}")
+                    self.assertEqual(gv[l].tobytes(), lay.decode("v").tobytes(), f"layer {l}")
+            for key in keys:
+                c.delete_chunk(key, ns="kvq")
+            for key in keys2:
+                c.delete_chunk(key, ns="kvq2")
+            c.unregister_model("chunky")
+
     def alive(self, c):
         c.register_model("alive", 1, QH, KVH, HD, profile="lm3")
         k, v = layered(1, 5, 1)
