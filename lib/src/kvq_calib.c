@@ -354,7 +354,7 @@ int dq_codec_create_calibrated(const dq_profile *profile, const uint8_t *calib, 
         vw->views = NULL;
         vw->nviews = 0;
         vw->kvq_mem = NULL;
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < 2 && per_layer; k++) {
             uint8_t *tab = mem + (size_t)l * per_layer + (k ? per_kind[0] : 0);
             if (h.variant == DQ_KVQ_OUTLIER) {
                 uint16_t *perm = (uint16_t *)(void *)tab;

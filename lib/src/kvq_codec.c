@@ -216,28 +216,6 @@ int dq_profile_needs_calibration(const dq_profile *p)
 
 /* ---- codec state ---- */
 
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-/* Standard normals by Box–Muller from a splitmix64 stream. */
-static void gaussian_fill(float *out, size_t count, uint64_t seed)
-{
-    uint64_t s = seed;
-    for (size_t i = 0; i < count; i += 2) {
-        double u1 = ((double)(splitmix(&s) >> 11) + 1.0) / 9007199254740993.0;
-        double u2 = (double)(splitmix(&s) >> 11) / 9007199254740992.0;
-        double r = sqrt(-2.0 * log(u1));
-        out[i] = (float)(r * cos(2 * M_PI * u2));
-        if (i + 1 < count)
-            out[i + 1] = (float)(r * sin(2 * M_PI * u2));
-    }
-}
-
 size_t dq__kvq_scratch_floats(const dq_codec *c)
 {
     const size_t n = c->n, d = c->head_dim, W = c->profile.window;
@@ -298,10 +276,7 @@ int dq__kvq_setup(dq_codec *c)
     }
     if (rc == DQ_OK && p->kvq_variant == DQ_KVQ_IP) {
         c->kvq_qjl = dq__alloc(a, sizeof(float) * d * d);
-        if (c->kvq_qjl)
-            gaussian_fill(c->kvq_qjl, (size_t)d * d, p->rotation_seed ^ 0x514a4cull);
-        else
-            rc = DQ_NOMEM;
+        rc = c->kvq_qjl ? dq_kvq_qjl_matrix(d, p->rotation_seed ^ 0x514a4cull, c->kvq_qjl) : DQ_NOMEM;
     }
     if (rc != DQ_OK)
         dq__kvq_release(c);
@@ -772,7 +747,7 @@ int dq__kvq_window_logits(const dq_codec *c, dq_workspace *ws, const uint8_t *wi
             const uint32_t kv = (qh0 + h) / G;
             dq__kvq_head_forward(c, DQ_KIND_K, kv, q + (size_t)(qh0 + h) * d, qr, s.ht);
             if (ip)
-                matvec(c->kvq_qjl, qr, qs, d);
+                dq_kvq_qjl_project(c->kvq_qjl, d, qr, qs);
             float prev = 0;
             for (uint32_t t = 0; t < W; t++) {
                 const uint8_t *rec = krec + (size_t)t * rb;

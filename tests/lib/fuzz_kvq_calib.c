@@ -1,9 +1,11 @@
 /* Fuzz target for untrusted KVQ calibrations (dq_kvq_calibration_check, dq_codec_create_calibrated):
  * whatever the bytes, a clean error or a codec that encodes and decodes, never a crash.
  *
- * Input: byte 0 picks a profile (kv_heads 2, head_dim 16); the rest is the calibration. The
- * profile takes its layer count and hash from the input itself (the layers field and the trailing
- * 8 bytes), so that well-formed inputs reach the tables. A calibration the check accepts must make
+ * Input: byte 0 picks a profile (kv_heads 2, head_dim 16, low bits) and, with bit 7 set, has the
+ * input's trailing 8 bytes rewritten to the xxHash64 of the rest, so that mutated tables get past
+ * the checksum; the rest is the calibration. The profile takes its layer count and hash from the
+ * input itself (the layers field and the trailing 8 bytes), so that well-formed inputs reach the
+ * tables. A calibration the check accepts must make
  * a codec whose first and last layer views encode and decode a few tokens to finite values; one it
  * refuses must be refused by dq_codec_create_calibrated with the same code.
  *
@@ -15,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <xxhash.h>
 
 #include "dquant/dquant.h"
 #include "dquant/kvq.h"
@@ -67,9 +71,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1)
         return 0;
     dq_profile p;
-    FUZZ_CHECK(dq_profile_kvq(fz_names[data[0] % FZ_NPROFILES], FZ_H, FZ_D, &p) == DQ_OK);
-    const uint8_t *blob = data + 1;
+    FUZZ_CHECK(dq_profile_kvq(fz_names[(data[0] & 0x7f) % FZ_NPROFILES], FZ_H, FZ_D, &p) == DQ_OK);
     const size_t len = size - 1;
+    uint8_t *copy = malloc(len ? len : 1); /* exact size, so a sanitizer sees any overread */
+    FUZZ_CHECK(copy);
+    memcpy(copy, data + 1, len);
+    const uint8_t *blob = copy;
+    if ((data[0] & 0x80) && len >= 8) {
+        const uint64_t h = XXH64(copy, len - 8, 0);
+        for (int i = 0; i < 8; i++)
+            copy[len - 8 + i] = (uint8_t)(h >> (8 * i));
+    }
     if (len >= 56) {
         uint64_t hash = (uint64_t)rd32(blob + len - 8) | (uint64_t)rd32(blob + len - 4) << 32;
         uint32_t layers = rd32(blob + 8);
@@ -78,9 +90,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             p.kvq_calib_hash = hash;
         }
     }
-    uint8_t *copy = malloc(len ? len : 1); /* exact size, so a sanitizer sees any overread */
-    FUZZ_CHECK(copy);
-    memcpy(copy, blob, len);
     uint32_t layers = 0;
     const int rc = dq_profile_validate(&p) == DQ_OK ? dq_kvq_calibration_check(&p, copy, len, &layers) : -1;
     dq_codec *c = NULL;
@@ -152,6 +161,20 @@ int main(int argc, char **argv)
             d[8] = 7; /* a lying layer count */
             snprintf(name, sizeof name, "layers-%u-l%u", sel, layers);
             fail |= write_seed(argv[1], name, sel, d, len);
+            /* rehashed (selector bit 7): damaged tables behind a valid checksum */
+            memcpy(d, blob, len);
+            d[48] ^= 0x0f; /* first outlier index or codebook entry */
+            snprintf(name, sizeof name, "table-%u-l%u", sel, layers);
+            fail |= write_seed(argv[1], name, (uint8_t)(sel | 0x80), d, len);
+            memcpy(d, blob, len);
+            if (len > 58) {
+                d[49] = 0x7c; /* an fp16 infinity, or an index past head_dim */
+                d[48] = 0;
+            }
+            snprintf(name, sizeof name, "inf-%u-l%u", sel, layers);
+            fail |= write_seed(argv[1], name, (uint8_t)(sel | 0x80), d, len);
+            snprintf(name, sizeof name, "rehash-%u-l%u", sel, layers);
+            fail |= write_seed(argv[1], name, (uint8_t)(sel | 0x80), blob, len);
             free(d);
             dq_kvq_free(blob);
         }
