@@ -713,6 +713,11 @@ DQC_API int dqc_cluster_get_stats(const dqc_cluster *cl, dqc_cluster_stats *out)
  * when it connects); DQ_CONNECTION when none could. */
 DQC_API int dqc_cluster_register_model(dqc_cluster *cl, const dqc_model_spec *spec, uint32_t chunk_tokens,
                                        dqc_model_info *info, uint32_t *chunk_tokens_out);
+/* The same with a KVQ calibration (dqc_register_model_calibrated; copied: every member gets it,
+ * also when it reconnects). */
+DQC_API int dqc_cluster_register_model_calibrated(dqc_cluster *cl, const dqc_model_spec *spec, uint32_t chunk_tokens,
+                                                  const void *calibration, size_t calibration_len, dqc_model_info *info,
+                                                  uint32_t *chunk_tokens_out);
 DQC_API int dqc_cluster_put(dqc_cluster *cl, const dqc_put_args *args, dqc_put_result *res);
 DQC_API int dqc_cluster_put_raw(dqc_cluster *cl, const dqc_put_raw_args *args, dqc_put_result *res);
 /* prefix_keys[0] is the prefix's root (its chunks are found where dqc_cluster_put_chunks put them);

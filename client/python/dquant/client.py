@@ -393,9 +393,10 @@ class Client:
         (dquant.kvq.calibrate returns both; the daemon checks one against the other: CORRUPT,
         TRUNCATED, PROFILE, SHAPE for a layer count other than layers, TOO_LARGE past its
         max_calibration_bytes; UnsupportedError from a library without
-        dqc_register_model_calibrated). Returns {"existed", "bits_per_value", "profile" (serialized
-        bytes the server uses), "chunk_tokens" (the model's; None from a library without
-        dqc_register_model_ex, where asking for a size raises UnsupportedError)}."""
+        dqc_register_model_calibrated; a Cluster registers both on every member). Returns
+        {"existed", "bits_per_value", "profile" (serialized bytes the server uses), "chunk_tokens"
+        (the model's; None from a library without dqc_register_model_ex, where asking for a size
+        raises UnsupportedError)}."""
         spec = dqc_model_spec()
         nb = _text(name, "model name")
         spec.name, spec.layers, spec.q_heads, spec.kv_heads, spec.head_dim = nb, layers, q_heads, kv_heads, head_dim
