@@ -8,7 +8,7 @@ import unittest
 
 import dquant
 from dquant import ClientError, DquantError, ErrorCode, kvq
-from dqtest import DaemonTest, need_numpy, nmse, np
+from dqtest import Daemon, DaemonTest, need_numpy, nmse, np
 
 L, QH, KVH, HD = 3, 4, 2, 64
 CAL_TOKENS = 512
@@ -234,6 +234,38 @@ class TestKvqDaemon(DaemonTest):
             self.assertTrue(reg("b", L, QH, KVH, HD, profile=p, calibration=calib)["existed"])
             c.unregister_model("b")
             self.alive(c)
+
+
+class TestKvqCluster(unittest.TestCase):
+    """A calibrated model through dquant.Cluster: registered on every member with its calibration."""
+
+    def setUp(self):
+        need_numpy()
+        need_kvq()
+        if not dquant.has_symbols("dqc_cluster_register_model_calibrated"):
+            self.skipTest("libdquant-client lacks dqc_cluster_register_model_calibrated")
+        self.daemons = [Daemon() for _ in range(2)]
+
+    def tearDown(self):
+        for d in self.daemons:
+            d.stop()
+
+    def test_register_put_get(self):
+        p, calib = make("pq16x8")
+        k, v = layered(L, p.window + 9, 31)
+        with dquant.Cluster([d.addr for d in self.daemons], replicas=2) as cl:
+            cl.register_model("m", L, QH, KVH, HD, profile=p, calibration=calib)
+            cl.put("s", k, v, model="m")
+            gk, _ = cl.get("s")
+        with kvq.codec(p, calib) as codec:
+            for l in range(L):
+                with codec.view(l).layer() as lay:
+                    lay.append(k[l], v[l])
+                    self.assertEqual(gk[l].tobytes(), lay.decode("k").tobytes(), f"layer {l}")
+        for d in self.daemons:
+            with d.client() as one:
+                self.assertTrue(one.register_model("m", L, QH, KVH, HD, profile=p, calibration=calib)["existed"])
+                self.assertEqual(one.get("s")[0].tobytes(), gk.tobytes(), "both replicas hold it")
 
 
 if __name__ == "__main__":
