@@ -195,17 +195,23 @@ static void jacobi_svd(double *w, uint32_t m, uint32_t n, double *v, double *sv)
     memset(v, 0, (size_t)n * n * sizeof *v);
     for (uint32_t j = 0; j < n; j++)
         v[(size_t)j * n + j] = 1;
+    double *nrm = sv; /* squared column norms, kept up to date by the rotations */
     for (int sweep = 0; sweep < 80; sweep++) {
         int rotated = 0;
+        for (uint32_t j = 0; j < n; j++) { /* exact again at each sweep: no drift */
+            const double *wj = w + (size_t)j * m;
+            double t = 0;
+            for (uint32_t i = 0; i < m; i++)
+                t += wj[i] * wj[i];
+            nrm[j] = t;
+        }
         for (uint32_t p = 0; p + 1 < n; p++) {
             for (uint32_t qi = p + 1; qi < n; qi++) {
                 double *wp = w + (size_t)p * m, *wq = w + (size_t)qi * m;
-                double al = 0, be = 0, ga = 0;
-                for (uint32_t i = 0; i < m; i++) {
-                    al += wp[i] * wp[i];
-                    be += wq[i] * wq[i];
+                const double al = nrm[p], be = nrm[qi];
+                double ga = 0;
+                for (uint32_t i = 0; i < m; i++)
                     ga += wp[i] * wq[i];
-                }
                 if (ga == 0 || fabs(ga) <= 1e-15 * sqrt(al * be))
                     continue;
                 rotated = 1;
@@ -217,6 +223,9 @@ static void jacobi_svd(double *w, uint32_t m, uint32_t n, double *v, double *sv)
                     wp[i] = c * x - s * y;
                     wq[i] = s * x + c * y;
                 }
+                /* the rotation that annihilates γ moves t·γ of squared norm from p to q */
+                nrm[p] = al - t * ga;
+                nrm[qi] = be + t * ga;
                 double *vp = v + (size_t)p * n, *vq = v + (size_t)qi * n;
                 for (uint32_t i = 0; i < n; i++) {
                     const double x = vp[i], y = vq[i];

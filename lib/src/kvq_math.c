@@ -103,18 +103,18 @@ void dq__kvq_boundaries(const float *c, uint32_t k, float *boundaries)
 
 uint32_t dq_kvq_bucketize(float x, const float *boundaries, uint32_t count)
 {
-    /* number of boundaries < x (lower bound); NaN compares false everywhere and lands in 0 */
-    uint32_t lo = 0, n = count;
-    while (n > 0) {
+    /* the number of boundaries < x, branch-free (the answer stays in [base, base + n]); NaN compares
+     * false everywhere and lands in 0 */
+    if (count == 0)
+        return 0;
+    const float *base = boundaries;
+    uint32_t n = count;
+    while (n > 1) {
         const uint32_t half = n >> 1;
-        if (boundaries[lo + half] < x) {
-            lo += half + 1;
-            n -= half + 1;
-        } else {
-            n = half;
-        }
+        base = base[half] < x ? base + half : base;
+        n -= half;
     }
-    return lo;
+    return (uint32_t)(base - boundaries) + (base[0] < x);
 }
 
 uint32_t dq_kvq_nearest_argmin(float x, const float *centroids, uint32_t count)

@@ -830,3 +830,34 @@ Test(kvq, pq_views_have_their_own_codebooks)
     free(k);
     free(v);
 }
+
+Test(kvq, delta_profiles_calibrate_outliers_on_deltas)
+{
+    /* channel 5: a slow drift of large amplitude (large variance, small deltas); channel 9: fast
+     * noise of moderate amplitude (the largest deltas). One outlier per head: "ol3+o1" picks 5,
+     * "ol3+o1+d8" picks 9 (blob offset 48: layer 0, keys, head 0's channel, u16). */
+    const size_t T = 200;
+    float *k = gauss(T * N, 0.1), *v = gauss(T * N, 0.1);
+    for (size_t t = 0; t < T; t++)
+        for (uint32_t h = 0; h < H; h++) {
+            k[t * N + h * D + 5] += (float)(20.0 * sin((double)t / 40.0));
+            k[t * N + h * D + 9] += (float)(2.0 * dqt_normal(&rng));
+        }
+    static const struct {
+        const char *name;
+        uint16_t want;
+    } cases[] = {{"ol3+o1", 5}, {"ol3+o1+d8", 9}};
+    for (size_t i = 0; i < 2; i++) {
+        dq_profile p = profile(cases[i].name);
+        uint8_t *blob = NULL;
+        size_t len = 0;
+        cr_assert_eq(dq_kvq_calibrate(&p, 1, k, v, T, 1, &blob, &len), DQ_OK);
+        cr_assert_eq(len, 48u + 2 * 2 * H + 8);
+        const uint16_t ch = (uint16_t)(blob[48] | blob[49] << 8), ch1 = (uint16_t)(blob[50] | blob[51] << 8);
+        cr_assert_eq(ch, cases[i].want, "%s picked channel %u", cases[i].name, ch);
+        cr_assert_eq(ch1, cases[i].want, "%s head 1 picked channel %u", cases[i].name, ch1);
+        dq_kvq_free(blob);
+    }
+    free(k);
+    free(v);
+}

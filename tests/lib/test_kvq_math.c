@@ -125,7 +125,8 @@ Test(kvq_math, codebook_threads)
 }
 
 /* Monte-Carlo MSE of nearest-centroid quantization of every coordinate of n random unit vectors,
- * with its standard error. */
+ * with its standard error (from the per-vector totals: a vector's coordinates are dependent, the
+ * vectors are not). */
 static void mc_mse(uint32_t d, const float *c, uint32_t k, size_t n, uint64_t seed, double *mse, double *se)
 {
     float bd[255], x[1024];
@@ -135,16 +136,16 @@ static void mc_mse(uint32_t d, const float *c, uint32_t k, size_t n, uint64_t se
     double s = 0, s2 = 0;
     for (size_t v = 0; v < n; v++) {
         unit_vector(&r, x, d);
+        double ev = 0;
         for (uint32_t j = 0; j < d; j++) {
             const double e = (double)x[j] - c[dq_kvq_bucketize(x[j], bd, k - 1)];
-            s += e * e;
-            s2 += e * e * e * e;
+            ev += e * e;
         }
+        s += ev;
+        s2 += ev * ev;
     }
-    const double m = (double)n * d;
-    *mse = s / m;
-    /* coordinates of one vector are dependent; the per-vector sums would be exact, this is close */
-    *se = sqrt((s2 / m - *mse * *mse) / m) * 2;
+    *mse = s / n / d;
+    *se = sqrt((s2 / n - (s / n) * (s / n)) / n) / d;
 }
 
 Test(kvq_math, codebook_mse_matches_monte_carlo)
@@ -159,6 +160,41 @@ Test(kvq_math, codebook_mse_matches_monte_carlo)
         mc_mse(d, c, k, 200000 / d + 2000, 0x6d5e + i, &mc, &se);
         fprintf(stderr, "kvq codebook b=%u d=%u: MSE quadrature %.6g, Monte-Carlo %.6g ± %.2g\n", b, d, num, mc, se);
         cr_assert(fabs(num - mc) < 4 * se, "b=%u d=%u: %g vs %g ± %g", b, d, num, mc, se);
+    }
+}
+
+/* The same through the library's own rotations: one fixed unit vector rotated by dq_kvq_haar for
+ * many seeds (the coordinates of Q·x0 follow the marginal when Q is Haar on SO(d)). */
+Test(kvq_math, codebook_mse_haar_rotated)
+{
+    static const uint32_t cases[][2] = {{2, 16}, {1, 5}, {3, 32}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const uint32_t b = cases[ci][0], d = cases[ci][1], k = 1u << b, n = 4000;
+        const float *c, *bd;
+        float q[32 * 32], x0[32];
+        dqt_rng r;
+        dqt_rng_seed(&r, 0x4a + ci);
+        unit_vector(&r, x0, d);
+        cr_assert_eq(dq_kvq_codebook(b, d, &c, &bd), DQ_OK);
+        double s = 0, s2 = 0, num;
+        for (uint32_t t = 0; t < n; t++) {
+            cr_assert_eq(dq_kvq_haar(d, 0x600d + t, q), DQ_OK);
+            double ev = 0; /* one vector's error: its coordinates are dependent, its total is not */
+            for (uint32_t i = 0; i < d; i++) {
+                double y = 0;
+                for (uint32_t j = 0; j < d; j++)
+                    y += (double)q[i * d + j] * x0[j];
+                const double e = y - c[dq_kvq_bucketize((float)y, bd, k - 1)];
+                ev += e * e;
+            }
+            s += ev;
+            s2 += ev * ev;
+        }
+        const double mean = s / n / d, se = sqrt((s2 / n - (s / n) * (s / n)) / n) / d;
+        cr_assert_eq(dq__kvq_marginal_mse(d, c, k, &num), DQ_OK);
+        fprintf(stderr, "kvq codebook b=%u d=%u through dq_kvq_haar: MSE %.6g ± %.2g, quadrature %.6g\n", b, d, mean,
+                se, num);
+        cr_assert(fabs(mean - num) < 4 * se, "b=%u d=%u: %g vs %g ± %g", b, d, num, mean, se);
     }
 }
 
