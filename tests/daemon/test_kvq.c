@@ -1,8 +1,8 @@
 /* The KVQuant++ codec family (dquant/kvq.h) served by a real dquantd ($DQUANTD), through
  * libdquant-client, against the same codec in-process (libdquant: dq_codec_create_calibrated and
  * the per-layer views of dq_codec_layer) as the reference:
- *   - models of "lm3", "ip3", "pq16x8" (with a per-layer calibration sent by REGISTER_MODEL) and
- *     "ip3+lr4": PUT then GET (bit-exact with dq_layer_decode of the same tokens), GET_RAW (the
+ *   - models of "lm3", "ip3", "pq16x8" (with a per-layer calibration sent by REGISTER_MODEL),
+ *     "ip3+lr4", "ol3+d16" (calibrated outliers, delta coding) and "lmh2" (Haar rotation): PUT then GET (bit-exact with dq_layer_decode of the same tokens), GET_RAW (the
  *     same window records and tails), ATTEND over every layer in one request (bit-exact with
  *     dq_attend of the layer's view), COMPRESS / DECOMPRESS of a model layer (the same records as
  *     dq_tokens_encode of that layer's view, decoded as dq_tokens_decode does);
@@ -458,6 +458,18 @@ Test(kvq, serves_pq16x8_calibrated)
 Test(kvq, serves_ip3_lowrank4)
 {
     serve("ip3+lr4");
+}
+
+/* Beyond the four the issue names: calibrated outlier channels with delta coding in windows, and
+ * the Haar rotation. */
+Test(kvq, serves_ol3_delta16_calibrated)
+{
+    serve("ol3+d16");
+}
+
+Test(kvq, serves_lmh2_haar)
+{
+    serve("lmh2");
 }
 
 /* The daemon answers a PUT/GET of a fresh model after each refusal. */
