@@ -262,8 +262,9 @@ static void decompress_task(void *arg, size_t c)
     for (uint64_t b = lo; b < hi; b++) {
         uint64_t t0 = b * p->window;
         size_t ntok = (size_t)(op->tokens - t0 < p->window ? op->tokens - t0 : p->window);
-        const uint8_t *mean =
-            op->kind == DQ_KIND_K && op->codec->mean_bytes ? op->means.data + b * op->codec->mean_bytes : NULL;
+        const uint8_t *mean = op->kind == DQ_KIND_K && op->codec->mean_bytes
+                                  ? op->means.data + b * op->codec->mean_bytes
+                                  : NULL;
         int rc = dq_tokens_decode(op->view, ws, op->kind, mean, op->records.data + t0 * rb, rb, ntok,
                                   op->out + t0 * n * esize, op->out_dtype);
         if (rc < 0 && op->rc[c] == 0)
