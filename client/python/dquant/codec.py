@@ -543,9 +543,9 @@ class Codec:
         for w in range(nwin):
             first, cnt = w * W, min(W, ntok - w * W)
             mean = ctypes.c_void_p(ctypes.addressof(mbuf) + w * mb) if header else None
-            _check(lib.dq_tokens_decode(self._v, self._ws, kind, mean, ctypes.c_void_p(ctypes.addressof(rbuf) + first * rb),
-                                        rb, cnt, ctypes.c_void_p(out.ptr + first * self.stream_len * osz), odt),
-                   "decode")
+            rec = ctypes.c_void_p(ctypes.addressof(rbuf) + first * rb)
+            _check(lib.dq_tokens_decode(self._v, self._ws, kind, mean, rec, rb, cnt,
+                                        ctypes.c_void_p(out.ptr + first * self.stream_len * osz), odt), "decode")
         return out.result()
 
     def layer(self) -> "Layer":
