@@ -315,3 +315,178 @@ done:
         cudaEventDestroy(join);
     return rc;
 }
+
+/* ---- attention over hot windows (attend_hot.cu) ---- */
+
+/* The hot kernel's plan: tiles of 128 tokens split into chunks and KV heads into nhg groups, the
+ * fewest groups (a power of two dividing kv_heads) whose blocks fill one round of the GPU's slots;
+ * split nsplit is the tail. The same in dqcu_attend_hot_workspace_size and dqcu_attend_hot. */
+static int hot_plan_for(const dqcu_codec *dc, uint32_t nseq, uint32_t QH, uint32_t max_tokens, att_plan *pl,
+                        uint32_t *nhg_out)
+{
+    /* Head groups (blocks of hpb = kv_heads / nhg KV heads) and chunks (c tiles per block) by a cost
+     * model: the rounds of blocks the GPU's slots run times a block's work in quarter head-tiles,
+     * c·(4·hpb + 1) + 4·hpb (a quarter per tile for its (s, o) and prefetches, one head-tile per KV
+     * head for the query preparation and the finish). Rounds, not blocks: 798 blocks on 792 slots
+     * take two rounds (run 80: e2e at batch 399 lost 10% to that). The fewest splits and groups win
+     * ties; no more splits than eight rounds' worth (no quantization left to gain). */
+    const uint32_t tpw = (dc->W + ATT_T - 1) / ATT_T;
+    const uint64_t tiles = (uint64_t)(max_tokens / dc->W) * tpw;
+    const uint64_t sms = dc->sm_count > 0 ? (uint64_t)dc->sm_count : 1;
+    uint64_t best = UINT64_MAX, best_c = 1;
+    uint32_t best_g = 0;
+    att_fit bf = {};
+    for (uint32_t g = 1; g <= dc->kv_heads && dc->kv_heads % g == 0; g *= 2) {
+        att_fit f;
+        if (!dqcu__attend_hot_fit(dc, QH, dc->kv_heads / g, &f))
+            continue;
+        const uint64_t slots = sms * f.per_sm, hpb = dc->kv_heads / g, units = (uint64_t)nseq * g;
+        if (tiles == 0) {
+            /* the tail alone: the most groups (the last fitting g) */
+            best_g = g;
+            bf = f;
+            continue;
+        }
+        uint64_t max_ns = 8 * slots / units;
+        max_ns = max_ns < 1 ? 1 : max_ns > tiles ? tiles : max_ns > 8191 ? 8191 : max_ns;
+        for (uint64_t ns = 1; ns <= max_ns; ns++) {
+            const uint64_t c = (tiles + ns - 1) / ns;
+            if ((tiles + c - 1) / c != ns)
+                continue; /* ns splits of c tiles are not ns: a smaller ns has this c */
+            const uint64_t cost = (units * ns + slots - 1) / slots * (c * (4 * hpb + 1) + 4 * hpb);
+            if (cost < best) {
+                best = cost;
+                best_c = c;
+                best_g = g;
+                bf = f;
+            }
+        }
+    }
+    if (!best_g)
+        return DQ_UNSUPPORTED;
+    pl->tpw = tpw;
+    pl->chunk = (uint32_t)best_c;
+    pl->nsplit = (uint32_t)((tiles + best_c - 1) / best_c);
+    pl->smem = bf.smem;
+    pl->ws_bytes = (size_t)nseq * (pl->nsplit + 1) * QH * (dc->d + 2) * sizeof(float);
+    pl->prep_off = 0;
+    *nhg_out = best_g;
+    return DQ_OK;
+}
+
+/* The merge of few splits (at most 32, large batches): a warp per (sequence, query head), lane s
+ * holding split s's max and sum, the weighted rows added split by split (independent loads) with
+ * the lanes over channels. attend_merge_kernel's 1024 threads per head would be mostly idle. */
+#define MERGE_WARP_MAX 32
+__global__ void __launch_bounds__(128) attend_merge_warp_kernel(const float *part, uint32_t nsplit_total, uint32_t QH,
+                                                                uint32_t d, uint32_t nitems, float *out, float *lse)
+{
+    const uint32_t lane = threadIdx.x & 31u, item = blockIdx.x * 4u + (threadIdx.x >> 5);
+    if (item >= nitems)
+        return;
+    const size_t b = item / QH, stride = (size_t)QH * (d + 2);
+    const uint32_t h = item % QH;
+    const float *ph = part + b * nsplit_total * stride + (size_t)h * (d + 2);
+    const float ms = lane < nsplit_total ? ph[lane * stride + d] : -INFINITY;
+    const float ls = lane < nsplit_total ? ph[lane * stride + d + 1] : 0.0f;
+    const float M = dqcu_warp_max(ms);
+    const float w = ms == -INFINITY ? 0.0f : expf(ms - M);
+    const float L = dqcu_warp_sum(w * ls);
+    float v[ATT_DVMAX / 2];
+#pragma unroll
+    for (int k = 0; k < ATT_DVMAX / 2; k++)
+        v[k] = 0.0f;
+#pragma unroll 4
+    for (uint32_t s = 0; s < nsplit_total; s++) {
+        const float ws = __shfl_sync(DQCU_FULL, w, (int)s);
+        if (ws != 0.0f) {
+#pragma unroll
+            for (int k = 0; k < ATT_DVMAX / 2; k++) {
+                const uint32_t e = lane + 32u * (uint32_t)k;
+                if (e < d)
+                    v[k] = __fmaf_rn(ws, ph[s * stride + e], v[k]);
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < ATT_DVMAX / 2; k++) {
+        const uint32_t e = lane + 32u * (uint32_t)k;
+        if (e < d)
+            out[((size_t)b * QH + h) * d + e] = L > 0 ? v[k] / L : 0.0f;
+    }
+    if (lse && lane == 0)
+        lse[(size_t)b * QH + h] = L > 0 ? M + logf(L) : -INFINITY;
+}
+
+extern "C" int dqcu_attend_hot_check(const dqcu_codec *dc, uint32_t q_heads)
+{
+    int rc = dqcu_attend_check(dc, q_heads);
+    if (rc)
+        return rc;
+    att_fit f;
+    for (uint32_t g = 1; g <= dc->kv_heads && dc->kv_heads % g == 0; g *= 2)
+        if (dqcu__attend_hot_fit(dc, q_heads, dc->kv_heads / g, &f))
+            return DQ_OK;
+    return DQ_UNSUPPORTED;
+}
+
+extern "C" size_t dqcu_attend_hot_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq,
+                                                 uint32_t max_tokens)
+{
+    if (!dc || !q_heads || dqcu_attend_hot_check(dc, q_heads))
+        return 0;
+    att_plan pl;
+    uint32_t nhg;
+    return hot_plan_for(dc, nseq, q_heads, max_tokens, &pl, &nhg) ? 0 : pl.ws_bytes;
+}
+
+extern "C" int dqcu_attend_hot(const dqcu_codec *dc, uint32_t q_heads, float scale, const dqcu_attn_seq *seqs,
+                               uint32_t nseq, uint32_t max_tokens, const float *q, float *out, float *lse,
+                               void *workspace, size_t workspace_bytes, cudaStream_t stream)
+{
+    if (!dc || (nseq && (!seqs || !q || !out || !workspace)) || !isfinite(scale))
+        return DQ_INVALID_ARGUMENT;
+    int rc = dqcu_attend_hot_check(dc, q_heads);
+    if (rc)
+        return rc;
+    if (nseq > 0x7fffffffu)
+        return DQ_INVALID_ARGUMENT;
+    rc = dqcu__use_device(dc);
+    if (rc || nseq == 0)
+        return rc;
+    att_plan pl;
+    uint32_t nhg;
+    rc = hot_plan_for(dc, nseq, q_heads, max_tokens, &pl, &nhg);
+    if (rc)
+        return rc;
+    if (workspace_bytes < pl.ws_bytes || ((uintptr_t)workspace & 15))
+        return DQ_INVALID_ARGUMENT;
+    if ((uint64_t)(pl.nsplit + 1) * nhg > 65535)
+        return DQ_UNSUPPORTED;
+    att_params p = {};
+    p.tab = dc->tab;
+    p.seqs = seqs;
+    p.q = q;
+    p.part = (float *)workspace;
+    p.QH = q_heads;
+    p.G = q_heads / dc->kv_heads;
+    p.chunk = pl.chunk;
+    p.nsplit = pl.nsplit;
+    p.tpw = pl.tpw;
+    p.scale = scale;
+    rc = dqcu__attend_hot_launch(dc, p, pl, nhg, nseq, stream);
+    if (rc)
+        return rc;
+    if (pl.nsplit + 1 <= MERGE_WARP_MAX) {
+        const uint64_t items = (uint64_t)nseq * q_heads;
+        attend_merge_warp_kernel<<<(unsigned)((items + 3) / 4), 128, 0, stream>>>(
+            (const float *)workspace, pl.nsplit + 1, q_heads, dc->d, (uint32_t)items, out, lse);
+        DQCU_CHECK_LAUNCH();
+        return DQ_OK;
+    }
+    dim3 mgrid(nseq, q_heads, (dc->d + 31) / 32);
+    attend_merge_kernel<<<mgrid, MERGE_THREADS, sizeof(float) * (pl.nsplit + 1), stream>>>(
+        (const float *)workspace, pl.nsplit + 1, q_heads, dc->d, out, lse);
+    DQCU_CHECK_LAUNCH();
+    return DQ_OK;
+}

@@ -86,6 +86,11 @@ bool dqcu__attend5_fit(const dqcu_codec *dc, uint32_t QH, att_fit *f);
 int dqcu__attend5_launch(const att_params &p, const att_plan &pl, uint32_t nseq, cudaStream_t stream);
 bool dqcu__attend7_fit(const dqcu_codec *dc, uint32_t QH, att_fit *f);
 int dqcu__attend7_launch(const att_params &p, const att_plan &pl, uint32_t nseq, cudaStream_t stream);
+/* attend_hot.cu (hot windows, dquant/hot.h): fit for blocks of hpb KV heads; launch runs the
+ * window splits and the tail split of nhg head groups (grid y = (pl.nsplit + 1)·nhg). */
+bool dqcu__attend_hot_fit(const dqcu_codec *dc, uint32_t QH, uint32_t hpb, att_fit *f);
+int dqcu__attend_hot_launch(const dqcu_codec *dc, const att_params &p, const att_plan &pl, uint32_t nhg, uint32_t nseq,
+                            cudaStream_t stream);
 
 /* Lets kernel K use all the dynamic shared memory a block may opt in to, once per device (the
  * attribute is per device) instead of a cudaFuncSetAttribute before every launch: run 24 measured

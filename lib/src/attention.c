@@ -13,6 +13,7 @@
 
 #include "codec_internal.h"
 #include "dquant/attention.h"
+#include "dquant/hot.h"
 #include "dsp.h"
 
 /* dq_layer is opaque even inside the library; attention reads it through the public accessors. */
@@ -74,18 +75,48 @@ static void softmax_block(attn_state *st, uint32_t cnt)
     }
 }
 
-static void attend_windows(const dq_codec *c, dq_workspace *ws, const dq__dsp *dsp, const dq_layer *layer,
-                           attn_state *st, uint32_t qh0, uint32_t G, float scale)
+/* Where a layer's sealed windows and tail come from: window records (layer) or hot windows (hot,
+ * dquant/hot.h); both give the same levels, scales and means, so the same computation. */
+typedef struct attn_src {
+    const dq_layer *layer; /* NULL: hot windows */
+    const uint8_t *const *hot;
+    size_t nwin;
+    const uint16_t *tk, *tv;
+    size_t T;
+} attn_src;
+
+/* The W tokens' levels of one kind of window w into ws->levels ([W][n]); returns the first
+ * token's (fp16 s, fp16 o) pair, *stride the bytes from one token's pair to the next. */
+static const uint8_t *window_levels(const dq_codec *c, dq_workspace *ws, const dq__dsp *dsp, const attn_src *src,
+                                    size_t w, dq_kind kind, size_t *stride)
+{
+    const uint32_t n = c->n, W = c->profile.window;
+    const dq__kind_tables *kt = &c->kt[kind];
+    if (src->layer) {
+        const uint8_t *rec = dq_window_record(c, dq_layer_window(src->layer, w), kind, 0);
+        dsp->decode_levels(&kt->dec, rec, c->record_bytes[kind], W, kt->container, n, ws->levels);
+        *stride = c->record_bytes[kind];
+        return rec;
+    }
+    size_t off[4];
+    dq_hot_offsets(c, off);
+    for (uint32_t t = 0; t < W; t++)
+        dq_hot_levels(c, src->hot[w], kind, t, ws->levels + (size_t)t * n);
+    *stride = 4;
+    return src->hot[w] + off[kind];
+}
+
+static void attend_windows(const dq_codec *c, dq_workspace *ws, const dq__dsp *dsp, const attn_src *src, attn_state *st,
+                           uint32_t qh0, uint32_t G, float scale)
 {
     const uint32_t n = c->n, d = c->head_dim, W = c->profile.window;
     const dq__kind_tables *ktk = &c->kt[DQ_KIND_K], *ktv = &c->kt[DQ_KIND_V];
     /* levels are centered on the middle of the grid: m - c with c = (M - 1)/2 (exact in float) */
     const float ck = 0.5f * (float)(ktk->levels - 1), cv = 0.5f * (float)(ktv->levels - 1);
     float *mu = ws->f1;
-    const size_t nwin = dq_layer_window_count(layer);
-    for (size_t w = 0; w < nwin; w++) {
-        const uint8_t *win = dq_layer_window(layer, w);
-        dq__mean_dequant(c, dq_window_mean(c, win), mu);
+    for (size_t w = 0; w < src->nwin; w++) {
+        /* the key-mean block heads both a window record and a hot window */
+        dq__mean_dequant(c, src->layer ? dq_window_mean(c, dq_layer_window(src->layer, w)) : src->hot[w], mu);
         for (uint32_t h = 0; h < st->qn; h++) {
             uint32_t kv = (qh0 + h) / G;
             float s = 0;
@@ -94,10 +125,10 @@ static void attend_windows(const dq_codec *c, dq_workspace *ws, const dq__dsp *d
                 s += q[j] * mu[kv * d + j];
             st->qmu[h] = s;
         }
-        const uint8_t *krec = dq_window_record(c, win, DQ_KIND_K, 0);
-        dsp->decode_levels(&ktk->dec, krec, c->record_bytes[0], W, ktk->container, n, ws->levels);
+        size_t stride;
+        const uint8_t *krec = window_levels(c, ws, dsp, src, w, DQ_KIND_K, &stride);
         for (uint32_t t = 0; t < W; t++) {
-            const uint8_t *rec = krec + (size_t)t * c->record_bytes[0];
+            const uint8_t *rec = krec + (size_t)t * stride;
             const float s = dq_f16_to_f32(dq__get_u16(rec)), o = dq_f16_to_f32(dq__get_u16(rec + 2));
             const float mid = o + s * ck;
             const uint8_t *lev = ws->levels + (size_t)t * n;
@@ -110,10 +141,9 @@ static void attend_windows(const dq_codec *c, dq_workspace *ws, const dq__dsp *d
         softmax_block(st, W);
         memset(st->accw, 0, sizeof(float) * st->qn * d);
         memset(st->offw, 0, sizeof(float) * st->qn);
-        const uint8_t *vrec = dq_window_record(c, win, DQ_KIND_V, 0);
-        dsp->decode_levels(&ktv->dec, vrec, c->record_bytes[1], W, ktv->container, n, ws->levels);
+        const uint8_t *vrec = window_levels(c, ws, dsp, src, w, DQ_KIND_V, &stride);
         for (uint32_t t = 0; t < W; t++) {
-            const uint8_t *rec = vrec + (size_t)t * c->record_bytes[1];
+            const uint8_t *rec = vrec + (size_t)t * stride;
             const float s = dq_f16_to_f32(dq__get_u16(rec)), o = dq_f16_to_f32(dq__get_u16(rec + 2));
             const float mid = o + s * cv;
             const uint8_t *lev = ws->levels + (size_t)t * n;
@@ -164,12 +194,12 @@ static void unrotate_acc(const dq_codec *c, attn_state *st, uint32_t qh0, uint32
 
 /* The BF16 tail, exactly, in blocks of W tokens (each block's weighted values summed in float, then
  * into the double accumulator, as attend_windows does per window). */
-static void attend_tail(const dq_codec *c, const dq__dsp *dsp, const dq_layer *layer, attn_state *st, const float *q,
+static void attend_tail(const dq_codec *c, const dq__dsp *dsp, const attn_src *src, attn_state *st, const float *q,
                         uint32_t qh0, uint32_t G, float scale)
 {
     const uint32_t n = c->n, d = c->head_dim, W = st->W;
-    const size_t T = dq_layer_tail_tokens(layer);
-    const uint16_t *tk = dq_layer_tail(layer, DQ_KIND_K), *tv = dq_layer_tail(layer, DQ_KIND_V);
+    const size_t T = src->T;
+    const uint16_t *tk = src->tk, *tv = src->tv;
     for (size_t t0 = 0; t0 < T; t0 += W) {
         uint32_t cnt = (uint32_t)(T - t0 < W ? T - t0 : W);
         for (uint32_t t = 0; t < cnt; t++) {
@@ -335,84 +365,130 @@ static bool head_finite(const float *out, float lse, double l, uint32_t d)
     return l > 0 ? isfinite(lse) : true;
 }
 
+/* One item: src's windows (records or hot windows, or baseline records through layer) and tail. */
+static int attend_item(const dq_codec *c, dq_workspace *ws, const dq__dsp *dsp, uint32_t q_heads, uint32_t qc,
+                       float scale, const attn_src *src, const float *q_in, float *out_all, float *lse_all, float *blk)
+{
+    const uint32_t d = c->head_dim, W = c->profile.window, G = q_heads / c->profile.kv_heads;
+    const int dquant = c->profile.codec_type == DQ_CODEC_DQUANT;
+    for (uint32_t qh0 = 0; qh0 < q_heads; qh0 += qc) {
+        attn_state st;
+        uint32_t qn = q_heads - qh0 < qc ? q_heads - qh0 : qc;
+        state_layout(&st, ws->big, qn, d, W);
+        /* the rotated queries serve the containers only: a layer that is all BF16 tail skips them */
+        const int windows = src->nwin > 0;
+        for (uint32_t h = 0; h < qn; h++) {
+            uint32_t kv = (qh0 + h) / G;
+            float *qr = st.qr + (size_t)h * d;
+            const float *q = q_in + (size_t)(qh0 + h) * d;
+            float s = 0;
+            if (windows) {
+                for (uint32_t j = 0; j < d; j++)
+                    qr[j] = c->signs ? q[j] * c->signs[kv * d + j] : q[j];
+                dq__fwht(qr, d);
+                for (uint32_t j = 0; j < d; j++) {
+                    qr[j] *= c->rot_scale;
+                    s += qr[j];
+                }
+            }
+            st.qsum[h] = s;
+            st.m[h] = -INFINITY;
+            st.l[h] = 0;
+            st.off[h] = 0;
+            memset(st.acc + (size_t)h * d, 0, sizeof(double) * d);
+        }
+        if (dquant) {
+            if (windows) {
+                attend_windows(c, ws, dsp, src, &st, qh0, G, scale);
+                unrotate_acc(c, &st, qh0, G);
+            }
+        } else {
+            /* baselines decode their windows; KVQ views score keys from their tables (a layer's codec
+             * may be another view of c's root: per-layer calibration) */
+            const dq_codec *lc = dq__layer_codec(src->layer);
+            DQ_FORWARD_IF_ERROR(c->profile.codec_type == DQ_CODEC_KVQ
+                                    ? attend_kvq_windows(lc, ws, src->layer, &st, q_in, qh0, G, scale, blk)
+                                    : attend_decoded_windows(c, ws, src->layer, &st, q_in, qh0, G, scale, blk));
+        }
+        attend_tail(c, dsp, src, &st, q_in, qh0, G, scale);
+        for (uint32_t h = 0; h < qn; h++) {
+            float *out = out_all + (size_t)(qh0 + h) * d;
+            const double *acc = st.acc + (size_t)h * d;
+            double inv = st.l[h] > 0 ? 1.0 / st.l[h] : 0.0;
+            for (uint32_t j = 0; j < d; j++)
+                out[j] = (float)(acc[j] * inv);
+            const float lse = st.l[h] > 0 ? (float)((double)st.m[h] + log(st.l[h])) : -INFINITY;
+            if (lse_all)
+                lse_all[qh0 + h] = lse;
+            if (!head_finite(out, lse, st.l[h], d))
+                return DQ_RANGE;
+        }
+    }
+    return DQ_OK;
+}
+
+/* Query heads of attention state that fit the workspace at once. */
+static uint32_t heads_per_pass(const dq_codec *c, const dq_workspace *ws, uint32_t q_heads)
+{
+    const uint32_t per_head = 4 * c->head_dim + c->profile.window + 16; /* floats of state per query head */
+    uint32_t qc = (uint32_t)(ws->big_len / per_head);
+    return qc > q_heads ? q_heads : qc;
+}
+
 int dq_attend(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale, const dq_attn_item *items,
               size_t nitems)
 {
     DQ_FORWARD_IF_ERROR(check_items(c, ws, q_heads, scale, items, nitems));
     const dq__dsp *dsp = dq__dsp_get();
-    const uint32_t d = c->head_dim, W = c->profile.window, G = q_heads / c->profile.kv_heads;
-    const uint32_t per_head = 4 * d + W + 16; /* floats of attention state per query head */
-    uint32_t qc = (uint32_t)(ws->big_len / per_head);
-    if (qc > q_heads)
-        qc = q_heads;
-    const int dquant = c->profile.codec_type == DQ_CODEC_DQUANT;
+    const uint32_t qc = heads_per_pass(c, ws, q_heads);
     float *blk = NULL;
-    if (!dquant) {
-        blk = dq__alloc(&c->alloc, sizeof(float) * (size_t)W * c->n);
+    if (c->profile.codec_type != DQ_CODEC_DQUANT) {
+        blk = dq__alloc(&c->alloc, sizeof(float) * (size_t)c->profile.window * c->n);
         DQ_RETURN_IF(!blk, DQ_NOMEM);
     }
-    for (size_t i = 0; i < nitems; i++) {
+    int rc = DQ_OK;
+    for (size_t i = 0; i < nitems && rc == DQ_OK; i++) {
         const dq_attn_item *it = &items[i];
-        for (uint32_t qh0 = 0; qh0 < q_heads; qh0 += qc) {
-            attn_state st;
-            uint32_t qn = q_heads - qh0 < qc ? q_heads - qh0 : qc;
-            state_layout(&st, ws->big, qn, d, W);
-            /* the rotated queries serve the containers only: a layer that is all BF16 tail skips them */
-            const int windows = dq_layer_window_count(it->layer) > 0;
-            for (uint32_t h = 0; h < qn; h++) {
-                uint32_t kv = (qh0 + h) / G;
-                float *qr = st.qr + (size_t)h * d;
-                const float *q = it->q + (size_t)(qh0 + h) * d;
-                float s = 0;
-                if (windows) {
-                    for (uint32_t j = 0; j < d; j++)
-                        qr[j] = c->signs ? q[j] * c->signs[kv * d + j] : q[j];
-                    dq__fwht(qr, d);
-                    for (uint32_t j = 0; j < d; j++) {
-                        qr[j] *= c->rot_scale;
-                        s += qr[j];
-                    }
-                }
-                st.qsum[h] = s;
-                st.m[h] = -INFINITY;
-                st.l[h] = 0;
-                st.off[h] = 0;
-                memset(st.acc + (size_t)h * d, 0, sizeof(double) * d);
-            }
-            if (dquant) {
-                if (windows) {
-                    attend_windows(c, ws, dsp, it->layer, &st, qh0, G, scale);
-                    unrotate_acc(c, &st, qh0, G);
-                }
-            } else {
-                const dq_codec *lc = dq__layer_codec(it->layer);
-                int rc = c->profile.codec_type == DQ_CODEC_KVQ
-                             ? attend_kvq_windows(lc, ws, it->layer, &st, it->q, qh0, G, scale, blk)
-                             : attend_decoded_windows(c, ws, it->layer, &st, it->q, qh0, G, scale, blk);
-                if (rc < 0) {
-                    dq__free(&c->alloc, blk);
-                    return rc;
-                }
-            }
-            attend_tail(c, dsp, it->layer, &st, it->q, qh0, G, scale);
-            for (uint32_t h = 0; h < qn; h++) {
-                float *out = it->out + (size_t)(qh0 + h) * d;
-                const double *acc = st.acc + (size_t)h * d;
-                double inv = st.l[h] > 0 ? 1.0 / st.l[h] : 0.0;
-                for (uint32_t j = 0; j < d; j++)
-                    out[j] = (float)(acc[j] * inv);
-                const float lse = st.l[h] > 0 ? (float)((double)st.m[h] + log(st.l[h])) : -INFINITY;
-                if (it->lse)
-                    it->lse[qh0 + h] = lse;
-                if (!head_finite(out, lse, st.l[h], d)) {
-                    dq__free(&c->alloc, blk);
-                    return DQ_RANGE;
-                }
-            }
-        }
+        const attn_src src = {.layer = it->layer,
+                              .nwin = dq_layer_window_count(it->layer),
+                              .tk = dq_layer_tail(it->layer, DQ_KIND_K),
+                              .tv = dq_layer_tail(it->layer, DQ_KIND_V),
+                              .T = dq_layer_tail_tokens(it->layer)};
+        rc = attend_item(c, ws, dsp, q_heads, qc, scale, &src, it->q, it->out, it->lse, blk);
     }
     dq__free(&c->alloc, blk);
-    return DQ_OK;
+    return rc;
+}
+
+int dq_hot_attend(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale, const dq_hot_item *items,
+                  size_t nitems)
+{
+    DQ_RETURN_IF(!c || !ws || !dq__ws_fits(ws, c) || (nitems && !items), DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(c->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
+    DQ_RETURN_IF(!q_heads || q_heads % c->profile.kv_heads, DQ_SHAPE);
+    DQ_RETURN_IF(!isfinite(scale), DQ_INVALID_ARGUMENT);
+    int rc = DQ_OK;
+    for (size_t i = 0; i < nitems; i++) {
+        const dq_hot_item *it = &items[i];
+        DQ_RETURN_IF(!it->q || !it->out || (it->nwin && !it->windows), DQ_INVALID_ARGUMENT);
+        DQ_RETURN_IF(it->tail_tokens && (!it->tail_k || !it->tail_v), DQ_INVALID_ARGUMENT);
+        for (size_t w = 0; w < it->nwin; w++)
+            DQ_RETURN_IF(!it->windows[w], DQ_INVALID_ARGUMENT);
+        int r = dq_attend_check_query(it->q, q_heads, c->head_dim, scale, NULL, NULL);
+        DQ_RETURN_IF(r == DQ_NONFINITE, r);
+        if (r < 0 && rc == DQ_OK)
+            rc = r;
+    }
+    DQ_FORWARD_IF_ERROR(rc);
+    const dq__dsp *dsp = dq__dsp_get();
+    const uint32_t qc = heads_per_pass(c, ws, q_heads);
+    for (size_t i = 0; i < nitems && rc == DQ_OK; i++) {
+        const dq_hot_item *it = &items[i];
+        const attn_src src = {
+            .hot = it->windows, .nwin = it->nwin, .tk = it->tail_k, .tv = it->tail_v, .T = it->tail_tokens};
+        rc = attend_item(c, ws, dsp, q_heads, qc, scale, &src, it->q, it->out, it->lse, NULL);
+    }
+    return rc;
 }
 
 int dq_attend_reference(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale, const dq_attn_item *items,

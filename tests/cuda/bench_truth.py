@@ -84,12 +84,17 @@ PROFILE = "dq226"
 # dq226 at n = 8 x 128, for --dry-run and --fake when libdquant is not at hand (checked against the
 # library whenever it is loaded)
 DQ226_WINDOW_BYTES, DQ226_W, DQ226_R = 73986, 128, 128
+# the same windows in the hot layout (dquant/hot.h: 3 + 3-bit codes, s/o, the key mean)
+DQ226_HOT_BYTES = 100368
+# how the sealed windows are held: "containers" (window records, attention v7 with rANS in its loop)
+# or "hot" (transcoded to fixed-width codes, dqcu_attend_hot)
+LAYOUTS = ("containers", "hot")
 
 DEFAULT_SHAPES = "1:8292,1:32868,1:131172,8:32825,32:32781,128:8292"  # 8K+100, 32K+100, 128K+100, ...
 DEFAULT_E2E = "8292,32868"
-PHASES = ("attn", "e2e-bf16", "e2e-dq")
+PHASES = ("attn", "e2e-bf16", "e2e-dq", "e2e-hot")
 # share of --time-budget a phase may take at most (the last takes what is left)
-PHASE_SHARE = {"attn": 0.45, "e2e-bf16": 0.25, "e2e-dq": 1.0}
+PHASE_SHARE = {"attn": 0.45, "e2e-bf16": 0.2, "e2e-dq": 0.3, "e2e-hot": 1.0}
 REL_TOL_BF16 = 2e-2  # a BF16 attention's output against float64 (BF16 rounding: ~4e-3)
 REL_TOL_DQ = 1e-3  # dqcu_attend against float64 attention over the decoded containers (checkcuda's)
 DEV = "cuda"  # torch device of every tensor ("cpu" in the --sim self-check)
@@ -306,12 +311,24 @@ def merge(args: argparse.Namespace, parts: Dict[str, Optional[Dict[str, Any]]], 
     attn = parts.get("attn") or {}
     out["rows"] += [r for r in attn.get("rows", [])]
     bf = {r["context"]: r for r in (parts.get("e2e-bf16") or {}).get("rows", [])}
-    dq = {r["context"]: r for r in (parts.get("e2e-dq") or {}).get("rows", [])}
+    for layout, phase in (("containers", "e2e-dq"), ("hot", "e2e-hot")):
+        _merge_e2e(args, out, bf, {r["context"]: r for r in (parts.get(phase) or {}).get("rows", [])}, layout,
+                   phase in parts)
+    return out
+
+
+def _merge_e2e(args: argparse.Namespace, out: Dict[str, Any], bf: Dict[int, Any], dq: Dict[int, Any], layout: str,
+               ran: bool) -> None:
+    """One e2e row per context of a D-Quant layout whose phase ran, with the BF16 side."""
+    if not ran and not dq:
+        return
     for ctx in sorted(set(bf) | set(dq)):
         b, d = bf.get(ctx, {}), dq.get(ctx, {})
+        what = "window records, attention v7" if layout == "containers" else "hot windows, dqcu_attend_hot"
         r: Dict[str, Any] = {"kind": "e2e",
+                             "layout": layout,
                              "config": f"{MODEL['name']} decode step, {args.budget_gb:g} GB KV budget, "
-                                       f"context {ctx}",
+                                       f"context {ctx}, dq226 {what}",
                              "context": ctx,
                              "batch": d.get("batch"),
                              "tokens_per_s": d.get("tokens_per_s"),
@@ -329,7 +346,6 @@ def merge(args: argparse.Namespace, parts: Dict[str, Optional[Dict[str, Any]]], 
         if errs:
             r["error"] = "; ".join(errs)
         out["rows"].append(r)
-    return out
 
 
 def print_tables(rep: Dict[str, Any]) -> None:
@@ -347,11 +363,11 @@ def print_tables(rep: Dict[str, Any]) -> None:
             f"{'bf16 GB/s':>9} | bf16 backend")
         for r in attn:
             if r.get("error") and r.get("ratio") is None:
-                log(f"{r['batch']:>6} {r['context']:>8} | FAILED: {r['error']}")
+                log(f"{r['batch']:>6} {r['context']:>8} | FAILED: {r['error']} [{r.get('layout', '-')}]")
                 continue
             log(f"{r['batch']:>6} {r['context']:>8} | {fmt_ms(r.get('dq_ms')):>8} {fmt_ms(r.get('bf16_ms')):>8} "
                 f"{fmt_num(r.get('ratio'), '.3f'):>8} | {fmt_num(r.get('dq_gbps'), '.0f'):>8} "
-                f"{fmt_num(r.get('bf16_gbps'), '.0f'):>9} | {r.get('bf16_backend') or '-'}")
+                f"{fmt_num(r.get('bf16_gbps'), '.0f'):>9} | {r.get('bf16_backend') or '-'} [{r.get('layout', '-')}]")
     e2e = [r for r in rep["rows"] if r.get("kind") == "e2e"]
     if e2e:
         log(f"\nEnd to end: {MODEL['name']}-shaped decode step ({MODEL['layers']} layers, BF16 weights, LM head), "
@@ -363,7 +379,8 @@ def print_tables(rep: Dict[str, Any]) -> None:
                 f"{fmt_num(r.get('step_ms'), '.2f'):>8} {fmt_num(r.get('attn_ms'), '.2f'):>7} "
                 f"{fmt_num(r.get('seal_ms'), '.2f'):>6} | {fmt_num(r.get('bf16_batch'), 'd'):>6} "
                 f"{fmt_num(r.get('bf16_tokens_per_s'), '.0f'):>10} {fmt_num(r.get('bf16_step_ms'), '.2f'):>8} "
-                f"{fmt_num(r.get('bf16_attn_ms'), '.2f'):>7} | {fmt_num(r.get('ratio'), '.3f'):>7}"
+                f"{fmt_num(r.get('bf16_attn_ms'), '.2f'):>7} | {fmt_num(r.get('ratio'), '.3f'):>7} "
+                f"[{r.get('layout', '-')}]"
                 + (f"  ERROR: {r['error']}" if r.get("error") else ""))
     for f in rep.get("failures", []):
         log(f"failure [{f.get('phase')}] {f.get('what')}: {f.get('error')}")
@@ -382,25 +399,28 @@ def fake_phase(args: argparse.Namespace, phase: str, part: Part) -> None:
     wb, W, R = DQ226_WINDOW_BYTES, DQ226_W, DQ226_R
     if phase == "attn":
         for B, T in parse_shapes(args.shapes):
-            if (B, T) in fail:
-                part.row({"kind": "attention", "batch": B, "context": T, "dq_ms": None, "bf16_ms": None,
-                          "bf16_backend": None, "ratio": None, "error": "RuntimeError: injected failure"})
-                part.fail(f"attention ({B}, {T})", "RuntimeError: injected failure")
-                continue
-            dq_ms = 0.02 + B * T * 2.6e-6
-            bf_ms = 0.005 + B * T * 0.98e-6
-            part.row({"kind": "attention", "batch": B, "context": T, "dq_ms": dq_ms, "bf16_ms": bf_ms,
-                      "bf16_backend": "fake", "ratio": bf_ms / dq_ms})
+            for layout, per_tok in (("containers", 2.6e-6), ("hot", 0.6e-6)):
+                if (B, T) in fail:
+                    part.row({"kind": "attention", "layout": layout, "batch": B, "context": T, "dq_ms": None,
+                              "bf16_ms": None, "bf16_backend": None, "ratio": None,
+                              "error": "RuntimeError: injected failure"})
+                    part.fail(f"attention ({B}, {T}) {layout}", "RuntimeError: injected failure")
+                    continue
+                dq_ms = 0.02 + B * T * per_tok
+                bf_ms = 0.005 + B * T * 0.98e-6
+                part.row({"kind": "attention", "layout": layout, "batch": B, "context": T, "dq_ms": dq_ms,
+                          "bf16_ms": bf_ms, "bf16_backend": "fake", "ratio": bf_ms / dq_ms})
     elif phase == "e2e-bf16":
         for ctx in parse_contexts(args.e2e):
             _, b = budget_batches(ctx, args.budget_gb * 1e9, wb, W, R)
             step = 3.6 + MODEL["layers"] * b * ctx * 0.98e-6
             part.row({"context": ctx, "bf16_batch": b, "bf16_step_ms": step, "bf16_attn_ms": step - 3.6,
                       "bf16_tokens_per_s": b / (step * 1e-3), "bf16_backend": "fake"})
-    elif phase == "e2e-dq":
+    elif phase in ("e2e-dq", "e2e-hot"):
+        hot = phase == "e2e-hot"
         for ctx in parse_contexts(args.e2e):
-            b, _ = budget_batches(ctx, args.budget_gb * 1e9, wb, W, R)
-            attn = MODEL["layers"] * b * ctx * 2.6e-6
+            b, _ = budget_batches(ctx, args.budget_gb * 1e9, DQ226_HOT_BYTES if hot else wb, W, R)
+            attn = MODEL["layers"] * b * ctx * (0.6e-6 if hot else 2.6e-6)
             step = 12.0 + attn
             part.row({"context": ctx, "batch": b, "step_ms": step, "attn_ms": attn, "seal_ms": 0.5,
                       "tokens_per_s": b / ((step + 0.5) * 1e-3)})
@@ -438,6 +458,10 @@ class Gpu:
             raise RuntimeError(f"dqcu_attend_check({self.QH} q heads): {self.lib.err_name(rc)}")
         self.kernel = self.dc.attend_kernel(self.QH)
         self.W, self.R, self.wb = self.hc.window, self.hc.residual, self.hc.window_bytes
+        self.hb = self.dc.hot_window_bytes()
+        rc = self.dc.attend_hot_check(self.QH)
+        if rc:
+            raise RuntimeError(f"dqcu_attend_hot_check({self.QH} q heads): {self.lib.err_name(rc)}")
         if self.W != DQ226_W or self.wb != DQ226_WINDOW_BYTES:
             part.note(f"{PROFILE}: W {self.W}, window record {self.wb} B (this script's table says "
                       f"{DQ226_W} / {DQ226_WINDOW_BYTES})")
@@ -446,7 +470,8 @@ class Gpu:
         self.copy_tbps = self.copy_bandwidth() / 1e12
         part.meta(device=self.dev, copy_tbps=round(self.copy_tbps, 3), attend_kernel=self.kernel,
                   window_bytes=self.wb, W=self.W, R=self.R, rot_bytes=self.rot,
-                  dq_bytes_per_token_layer=self.wb / self.W)
+                  dq_bytes_per_token_layer=self.wb / self.W, hot_window_bytes=self.hb,
+                  hot_bytes_per_token_layer=self.hb / self.W)
         log(f"device {self.dev['name']} ({self.dev['sms']} SMs, L2 {self.dev['l2_mb']} MB, "
             f"{self.dev['mem_gb']} GB), torch {torch.__version__} (CUDA {torch.version.cuda}); libdquant-cuda "
             f"attention v{self.kernel}; copy {self.copy_tbps:.2f} TB/s; inputs rotated over >= "
@@ -708,6 +733,63 @@ class Pool:
         return self.bases[idx // self.per_alloc] + (idx % self.per_alloc) * self.wb
 
 
+class HotPool:
+    """count windows in the hot layout (dqcu_transcode_hot), in allocations of ~1 GiB; ptrs() as Pool's.
+    From a Pool (records kept: rec_ptrs for any window) or encoded chunk by chunk into a scratch Pool
+    and transcoded (the first chunk's records kept: rec_ptrs for windows below it)."""
+
+    alloc_bytes = 1 << 30
+
+    def __init__(self, gpu: Gpu, count: int, records: Optional[Pool] = None, seed: int = 1234, chunk: int = 2048):
+        torch = gpu.torch
+        self.gpu, self.count, self.wb = gpu, count, gpu.hb
+        self.per_alloc = max(1, self.alloc_bytes // self.wb)
+        self.allocs = []
+        for s in range(0, count, self.per_alloc):
+            self.allocs.append(torch.empty(min(self.per_alloc, count - s) * self.wb, dtype=torch.uint8,
+                                           device=DEV))
+        self.bases = torch.tensor([a.data_ptr() for a in self.allocs], dtype=torch.int64, device=DEV)
+        corrupt = torch.zeros(1, dtype=torch.int32, device=DEV)
+        t0 = time.time()
+        self.records = records
+        self.kept = records.count if records is not None else 0
+        chunk = min(chunk, count)
+        for s in range(0, count, chunk):
+            c = min(chunk, count - s)
+            if records is not None:
+                src = records
+                rp = records.ptrs(torch.arange(s, s + c, device=DEV, dtype=torch.int64))
+            else:
+                src = Pool(gpu, c, seed=seed + s)
+                rp = src.ptrs(torch.arange(0, c, device=DEV, dtype=torch.int64))
+                if s == 0:
+                    self.records, self.kept = src, c
+            hp = self.ptrs(torch.arange(s, s + c, device=DEV, dtype=torch.int64))
+            gpu.dc.transcode_hot(rp.data_ptr(), c, hp.data_ptr(), corrupt.data_ptr(), gpu.stream())
+            if records is None and s > 0:
+                gpu.sync()
+                del src
+        gpu.sync()
+        bad = int(corrupt.sum())
+        if bad:
+            raise RuntimeError(f"{bad} corrupt containers while transcoding {count} windows")
+        self.transcode_s = time.time() - t0
+
+    @property
+    def bytes(self) -> int:
+        return self.count * self.wb
+
+    def ptrs(self, idx):
+        idx = idx % self.count
+        return self.bases[idx // self.per_alloc] + (idx % self.per_alloc) * self.wb
+
+    def rec_ptrs(self, idx):
+        """The records the windows idx were transcoded from, None where they are not kept."""
+        if int(idx.max()) >= self.kept:
+            return None
+        return self.records.ptrs(idx)
+
+
 def seq_table(gpu: Gpu, win, tails_k, tails_v, nwin: int, tail: int):
     """dqcu_attn_seq rows (int64 [..., 4]) for window pointer rows win [..., nwin] (contiguous) and
     tail buffers tails_k/v [..., R, KVH, D] (contiguous, same leading shape)."""
@@ -759,70 +841,96 @@ def phase_attn(args: argparse.Namespace, part: Part, deadline: float) -> None:
     pool = Pool(gpu, pool_n, seed=77)
     log(f"   {pool.encode_s:.2f} s ({pool_n * gpu.W * 2 / pool.encode_s / 1e6:.1f} M streams/s incl. generation)")
     part.meta(attn_pool_windows=pool_n)
+    layouts = [x for x in args.layouts.split(",") if x]
+    hot_pool = None
+    if "hot" in layouts:
+        hot_pool = HotPool(gpu, pool_n, records=pool)
+        log(f"   transcoded to the hot layout: {pool_n * gpu.hb / 1e9:.2f} GB in {hot_pool.transcode_s:.2f} s")
     for si, (B, T) in enumerate(shapes):
-        row: Dict[str, Any] = {"kind": "attention", "batch": B, "context": T, "dq_ms": None, "bf16_ms": None,
-                               "bf16_backend": None, "ratio": None}
+        rows: Dict[str, Dict[str, Any]] = {}
+        for lay in layouts:
+            rows[lay] = {"kind": "attention", "layout": lay, "batch": B, "context": T, "dq_ms": None,
+                         "bf16_ms": None, "bf16_backend": None, "ratio": None}
         pl = plans[(B, T)]
         if time.time() > deadline - 10:
-            row["error"] = "skipped: time budget spent"
-            part.row(row)
+            for row in rows.values():
+                row["error"] = "skipped: time budget spent"
+                part.row(row)
             continue
         log(f"\n== attention {si + 1}/{len(shapes)}: batch {B}, context {T} = {pl['nwin']} windows + "
             f"{pl['tail']} tail tokens")
         try:
-            attn_shape(gpu, pool, B, T, pl, cands, row)
+            attn_shape(gpu, pool, hot_pool, B, T, pl, cands, rows)
         except Exception as e:  # noqa: BLE001 - report and go on with the next shape
-            row["error"] = short_error(e)
-            part.fail(f"attention ({B}, {T})", row["error"])
+            for row in rows.values():
+                if row.get("ratio") is None:
+                    row["error"] = row.get("error") or short_error(e)
+            part.fail(f"attention ({B}, {T})", short_error(e))
             traceback.print_exc()
-        part.row(row)
+        for row in rows.values():
+            part.row(row)
         gpu.cleanup()
     part.finish()
 
 
-def attn_shape(gpu: Gpu, pool: Pool, B: int, T: int, pl: Dict[str, Any], cands, row: Dict[str, Any]) -> None:
+def attn_shape(gpu: Gpu, pool: Pool, hot_pool: Optional[HotPool], B: int, T: int, pl: Dict[str, Any], cands,
+               rows: Dict[str, Dict[str, Any]]) -> None:
+    """One shape: every layout of rows (containers: dqcu_attend on the pool's records; hot:
+    dqcu_attend_hot on the same windows transcoded), each checked and timed twice around the BF16
+    side, against the fastest correct BF16 attention."""
     torch = gpu.torch
     QH, KVH, D, R = gpu.QH, gpu.KVH, gpu.D, gpu.R
-    nwin, tail, S = pl["nwin"], pl["tail"], pl["sets"]
+    nwin, tail = pl["nwin"], pl["tail"]
     if tail > R:
         raise ValueError(f"tail {tail} > R {R}")
-    need = S * B * (R * gpu.n * 4 + nwin * 8 + QH * D * 4) + gpu.dc.workspace_size(QH, B, T)
     bplan = bf16_attn_plan(B, T, gpu.rot)
-    need += bplan["sets"] * bplan["bytes_per_call"] + 2 * 2 * KVH * T * D * 8  # + the float64 reference
-    if need > gpu.free_bytes() * 0.95:
-        raise MemoryError(f"needs ~{need / 1e9:.1f} GB, {gpu.free_bytes() / 1e9:.1f} GB free")
-    # D-Quant: S sets of B sequences, each its own windows (rotating through the pool) and tail
-    idx = torch.arange(S * B * max(nwin, 1), device=DEV, dtype=torch.int64).view(S, B, max(nwin, 1))
-    win = pool.ptrs(idx).contiguous()
-    tk = torch.randn(S, B, R, KVH, D, device=DEV, dtype=torch.bfloat16)
-    tv = torch.randn_like(tk)
-    seqs = seq_table(gpu, win, tk, tv, nwin, tail)
-    q = torch.randn(S, B, QH, D, device=DEV, dtype=torch.float32)
-    out = torch.empty(B, QH, D, device=DEV, dtype=torch.float32)
-    wsb = gpu.dc.workspace_size(QH, B, T)
-    ws = torch.empty(max(wsb, 16), dtype=torch.uint8, device=DEV)
-    seq_p = [seqs[s].data_ptr() for s in range(S)]
-    q_p = [q[s].data_ptr() for s in range(S)]
-    out_p, ws_p = out.data_ptr(), ws.data_ptr()
+    sides: Dict[str, Dict[str, Any]] = {}
+    for lay, row in rows.items():
+        hot = lay == "hot"
+        lp = dq_attn_plan(B, T, gpu.hb if hot else gpu.wb, gpu.W, R, gpu.rot)
+        S = lp["sets"]
+        wsb = gpu.dc.hot_workspace_size(QH, B, T) if hot else gpu.dc.workspace_size(QH, B, T)
+        need = S * B * (R * gpu.n * 4 + nwin * 8 + QH * D * 4) + wsb
+        need += bplan["sets"] * bplan["bytes_per_call"] + 2 * 2 * KVH * T * D * 8  # + the float64 reference
+        if need > gpu.free_bytes() * 0.95:
+            raise MemoryError(f"needs ~{need / 1e9:.1f} GB, {gpu.free_bytes() / 1e9:.1f} GB free")
+        # S sets of B sequences, each its own windows (rotating through the pool) and tail
+        idx = torch.arange(S * B * max(nwin, 1), device=DEV, dtype=torch.int64).view(S, B, max(nwin, 1))
+        win = (hot_pool if hot else pool).ptrs(idx).contiguous()
+        rec = pool.ptrs(idx).contiguous()
+        tk = torch.randn(S, B, R, KVH, D, device=DEV, dtype=torch.bfloat16)
+        tv = torch.randn_like(tk)
+        seqs = seq_table(gpu, win, tk, tv, nwin, tail)
+        q = torch.randn(S, B, QH, D, device=DEV, dtype=torch.float32)
+        out = torch.empty(B, QH, D, device=DEV, dtype=torch.float32)
+        ws = torch.empty(max(wsb, 16), dtype=torch.uint8, device=DEV)
+        seq_p = [seqs[s].data_ptr() for s in range(S)]
+        q_p = [q[s].data_ptr() for s in range(S)]
+        out_p, ws_p = out.data_ptr(), ws.data_ptr()
+        fn = gpu.dc.attend_hot if hot else gpu.dc.attend
 
-    def dq_issue(i: int) -> None:
-        s = i % S
-        gpu.dc.attend(QH, gpu.scale, seq_p[s], B, T, q_p[s], out_p, None, ws_p, wsb, gpu.stream())
+        def dq_issue(i: int, S=S, seq_p=seq_p, q_p=q_p, out_p=out_p, ws_p=ws_p, wsb=wsb, fn=fn) -> None:
+            s = i % S
+            fn(QH, gpu.scale, seq_p[s], B, T, q_p[s], out_p, None, ws_p, wsb, gpu.stream())
 
-    dq_issue(0)
-    gpu.sync()
-    nb = min(B, 2)
-    row["dq_rel_err"] = dq_check(gpu, win[0], tk[0], tv[0], nwin, tail, q[0], out, nb)
-    distinct = min(S * B * nwin, pool.count)
-    row.update(dq_kernel=gpu.kernel, nwin=nwin, tail=tail, dq_sets=S, dq_bytes_per_call=pl["bytes_per_call"],
-               dq_distinct_windows=distinct)
-    log(f"   dq check: rel err {row['dq_rel_err']:.2e} vs float64 over the decoded containers "
-        f"({nb} sequences)")
-    if not row["dq_rel_err"] < REL_TOL_DQ:
-        raise RuntimeError(f"dqcu_attend differs from the decoded containers: rel err {row['dq_rel_err']:.3e}")
-    d1 = gpu.time_calls(dq_issue, S)
-    log(f"   dq v{gpu.kernel}: {d1['ms']:.4f} ms/call ({d1['method']} of {d1['calls']} calls over {S} sets, "
-        f"{len(d1['times'])} replays)")
+        dq_issue(0)
+        gpu.sync()
+        nb = min(B, 2)
+        # the hot layout is lossless: the reference is the records' decoded values either way
+        row["dq_rel_err"] = dq_check(gpu, rec[0], tk[0], tv[0], nwin, tail, q[0], out, nb)
+        distinct = min(S * B * nwin, pool.count)
+        row.update(dq_kernel="hot" if hot else gpu.kernel, nwin=nwin, tail=tail, dq_sets=S,
+                   dq_bytes_per_call=lp["bytes_per_call"], dq_distinct_windows=distinct)
+        log(f"   dq [{lay}] check: rel err {row['dq_rel_err']:.2e} vs float64 over the decoded containers "
+            f"({nb} sequences)")
+        if not row["dq_rel_err"] < REL_TOL_DQ:
+            raise RuntimeError(f"[{lay}] attention differs from the decoded containers: rel err "
+                               f"{row['dq_rel_err']:.3e}")
+        d1 = gpu.time_calls(dq_issue, S)
+        log(f"   dq [{lay}]: {d1['ms']:.4f} ms/call ({d1['method']} of {d1['calls']} calls over {S} sets, "
+            f"{len(d1['times'])} replays)")
+        sides[lay] = {"issue": dq_issue, "S": S, "d1": d1, "plan": lp,
+                      "keep": (win, rec, tk, tv, seqs, q, out, ws)}
 
     # BF16: S' sets of K/V [B, KVH, T, D] and queries
     Sb = bplan["sets"]
@@ -840,33 +948,37 @@ def attn_shape(gpu: Gpu, pool: Pool, B: int, T: int, pl: Dict[str, Any], cands, 
         return issue
 
     best, res = pick_bf16(gpu, cands, qq[0], kk[0], vv[0], nbb, ref, issue_for, Sb)
-    row["bf16_candidates"] = res
     for name, r in res.items():
         msg = f"{r['ms']:.4f} ms/call ({r['method']} of {r['calls']} calls)" if "ms" in r else r["error"]
         log(f"   bf16 {name:<22} {msg}")
-    d2 = gpu.time_calls(dq_issue, S)
-    row["dq_ms_runs"] = [d1["ms"], d2["ms"]]
-    row["dq_ms"] = median(d1["times"] + d2["times"])
-    row["dq_method"] = d1["method"]
-    row["dq_calls_per_graph"] = d1["calls"]
-    row["dq_gbps"] = pl["bytes_per_call"] / (row["dq_ms"] * 1e6)
+    for lay, sd in sides.items():
+        row = rows[lay]
+        d1, d2 = sd["d1"], gpu.time_calls(sd["issue"], sd["S"])
+        row["dq_ms_runs"] = [d1["ms"], d2["ms"]]
+        row["dq_ms"] = median(d1["times"] + d2["times"])
+        row["dq_method"] = d1["method"]
+        row["dq_calls_per_graph"] = d1["calls"]
+        row["dq_gbps"] = sd["plan"]["bytes_per_call"] / (row["dq_ms"] * 1e6)
     if best is None:
         raise RuntimeError("no BF16 attention ran correctly at this shape")
     b2 = gpu.time_calls(issue_for(dict(cands)[best]), Sb)
     b1 = res[best]
-    row["bf16_backend"] = best
-    row["bf16_ms_runs"] = [b1["ms"], b2["ms"]]
-    row["bf16_ms"] = median(b1["times"] + b2["times"])
-    row["bf16_method"] = b2["method"]
-    row["bf16_sets"] = Sb
-    row["bf16_bytes_per_call"] = bplan["bytes_per_call"]
-    row["bf16_gbps"] = bplan["bytes_per_call"] / (row["bf16_ms"] * 1e6)
-    row["bf16_rel_err"] = b1["rel_err"]
-    row["ratio"] = row["bf16_ms"] / row["dq_ms"]
+    bf_ms = median(b1["times"] + b2["times"])
     for r in res.values():
         r.pop("times", None)
-    log(f"   dq {row['dq_ms']:.4f} ms (runs {d1['ms']:.4f} / {d2['ms']:.4f}), bf16 {best} {row['bf16_ms']:.4f} ms "
-        f"(runs {b1['ms']:.4f} / {b2['ms']:.4f}): bf16/dq {row['ratio']:.3f}")
+    for lay, row in rows.items():
+        row["bf16_candidates"] = res
+        row["bf16_backend"] = best
+        row["bf16_ms_runs"] = [b1["ms"], b2["ms"]]
+        row["bf16_ms"] = bf_ms
+        row["bf16_method"] = b2["method"]
+        row["bf16_sets"] = Sb
+        row["bf16_bytes_per_call"] = bplan["bytes_per_call"]
+        row["bf16_gbps"] = bplan["bytes_per_call"] / (row["bf16_ms"] * 1e6)
+        row["bf16_rel_err"] = b1["rel_err"]
+        row["ratio"] = row["bf16_ms"] / row["dq_ms"]
+        log(f"   [{lay}] dq {row['dq_ms']:.4f} ms (runs {row['dq_ms_runs'][0]:.4f} / {row['dq_ms_runs'][1]:.4f}), "
+            f"bf16 {best} {row['bf16_ms']:.4f} ms (runs {b1['ms']:.4f} / {b2['ms']:.4f}): bf16/dq {row['ratio']:.3f}")
 
 
 # -- the model of the end-to-end step
@@ -1025,16 +1137,21 @@ def e2e_bf16_context(gpu: Gpu, model: Model, cands, ctx: int, B: int, reps: int,
         f"{row['bf16_tokens_per_s']:.0f} tokens/s")
 
 
-def phase_e2e_dq(args: argparse.Namespace, part: Part, deadline: float) -> None:
+def phase_e2e_dq(args: argparse.Namespace, part: Part, deadline: float, layout: str = "containers") -> None:
+    """The D-Quant decode step at the budget's batch, windows held as records (containers, v7) or in
+    the hot layout (the batch from the hot windows' bytes)."""
     gpu = (SimGpu if args.sim else Gpu)(args, part)
     L, W, R = MODEL["layers"], gpu.W, gpu.R
-    plans = [e2e_plan(c, args.budget_gb * 1e9, gpu.wb, W, R) for c in parse_contexts(args.e2e)]
+    hot = layout == "hot"
+    wbx = gpu.hb if hot else gpu.wb
+    plans = [e2e_plan(c, args.budget_gb * 1e9, wbx, W, R) for c in parse_contexts(args.e2e)]
     log(f"building the model's weights ({weight_bytes() / 1e9:.1f} GB) ...")
     model = Model(gpu.torch, MODEL, device=DEV)
     gpu.cleanup()
     want = max([p["windows"] for p in plans] + [1])
     tails_max = max([L * p["batch"] * R * gpu.n * 2 * 2 for p in plans] + [0])
-    fit = int(max(0, gpu.free_bytes() - tails_max - 4e9) // gpu.wb)
+    # hot: the scratch records of a chunk besides
+    fit = int(max(0, gpu.free_bytes() - tails_max - 4e9 - (2 * 2048 * gpu.wb if hot else 0)) // wbx)
     count = want if args.e2e_pool <= 0 else min(want, args.e2e_pool)
     if count > fit:
         part.note(f"only {fit} of the {count} windows fit next to the tails and the weights: containers reused")
@@ -1042,14 +1159,16 @@ def phase_e2e_dq(args: argparse.Namespace, part: Part, deadline: float) -> None:
     if count < 1:
         raise MemoryError("no room for the D-Quant cache")
     if count < want:
-        part.note(f"D-Quant cache: {count} distinct windows ({count * gpu.wb / 1e6:.0f} MB, "
-                  f"{count * gpu.wb / gpu.l2:.0f}x L2) reused across layers and sequences for up to {want}")
+        part.note(f"D-Quant cache [{layout}]: {count} distinct windows ({count * wbx / 1e6:.0f} MB, "
+                  f"{count * wbx / gpu.l2:.0f}x L2) reused across layers and sequences for up to {want}")
     else:
-        part.note(f"D-Quant cache: every window distinct ({count} windows, {count * gpu.wb / 1e9:.1f} GB)")
-    log(f"encoding {count} windows ({count * gpu.wb / 1e9:.1f} GB) on the GPU ...")
-    pool = Pool(gpu, count, seed=99)
-    log(f"   {pool.encode_s:.1f} s")
-    part.meta(e2e_pool_windows=count, e2e_pool_distinct=count >= want, e2e_pool_encode_s=pool.encode_s)
+        part.note(f"D-Quant cache [{layout}]: every window distinct ({count} windows, {count * wbx / 1e9:.1f} GB)")
+    log(f"encoding {count} windows ({count * wbx / 1e9:.1f} GB, {layout}) on the GPU ...")
+    t0 = time.time()
+    pool = HotPool(gpu, count, seed=99) if hot else Pool(gpu, count, seed=99)
+    enc_s = time.time() - t0
+    log(f"   {enc_s:.1f} s")
+    part.meta(e2e_pool_windows=count, e2e_pool_distinct=count >= want, e2e_pool_encode_s=enc_s, e2e_layout=layout)
     for pl in plans:
         ctx, B = pl["context"], pl["batch"]
         row: Dict[str, Any] = {"context": ctx, "batch": B, "nwin": pl["nwin"], "tail": pl["tail"],
@@ -1062,7 +1181,7 @@ def phase_e2e_dq(args: argparse.Namespace, part: Part, deadline: float) -> None:
         log(f"\n== e2e D-Quant, context {ctx}: batch {B} ({pl['dq_kv_bytes'] / 1e9:.1f} GB: {pl['nwin']} windows + "
             f"{pl['tail']} tail tokens per sequence and layer)")
         try:
-            e2e_dq_context(gpu, model, pool, pl, args.reps, row, part)
+            e2e_dq_context(gpu, model, pool, pl, args.reps, row, part, layout)
         except Exception as e:  # noqa: BLE001
             row["error"] = "D-Quant: " + short_error(e)
             part.fail(f"e2e D-Quant context {ctx}", row["error"])
@@ -1072,8 +1191,8 @@ def phase_e2e_dq(args: argparse.Namespace, part: Part, deadline: float) -> None:
     part.finish()
 
 
-def e2e_dq_context(gpu: Gpu, model: Model, pool: Pool, pl: Dict[str, Any], reps: int, row: Dict[str, Any],
-                   part: Part) -> None:
+def e2e_dq_context(gpu: Gpu, model: Model, pool, pl: Dict[str, Any], reps: int, row: Dict[str, Any],
+                   part: Part, layout: str = "containers") -> None:
     """The D-Quant step at one context: per layer and sequence nwin windows of the pool and a BF16
     tail buffer of R tokens holding tail tokens (the new token's K/V written at tail - 1)."""
     torch = gpu.torch
@@ -1085,6 +1204,7 @@ def e2e_dq_context(gpu: Gpu, model: Model, pool: Pool, pl: Dict[str, Any], reps:
     if tail < 1 or tail > R:
         raise ValueError(f"tail {tail} outside 1..R: the step appends its token to the tail")
     e2e_check_memory(gpu, L * B * R * gpu.n * 4 + L * B * nwin * 8 + 1e9, "the tails")
+    hot = layout == "hot"
     idx = torch.arange(L * B * nwin, device=DEV, dtype=torch.int64).view(L, B, nwin)
     win = pool.ptrs(idx).contiguous()
     tk = torch.randn(L, B, R, KVH, D, device=DEV, dtype=torch.bfloat16)
@@ -1093,17 +1213,21 @@ def e2e_dq_context(gpu: Gpu, model: Model, pool: Pool, pl: Dict[str, Any], reps:
     seq_p = [seqs[li].data_ptr() for li in range(L)]
     qf = torch.randn(B, QH, D, device=DEV, dtype=torch.float32)
     outf = torch.empty(B, QH, D, device=DEV, dtype=torch.float32)
-    wsb = gpu.dc.workspace_size(QH, B, ctx)
+    wsb = gpu.dc.hot_workspace_size(QH, B, ctx) if hot else gpu.dc.workspace_size(QH, B, ctx)
     ws = torch.empty(max(wsb, 16), dtype=torch.uint8, device=DEV)
     qf_p, outf_p, ws_p = qf.data_ptr(), outf.data_ptr(), ws.data_ptr()
+    fn = gpu.dc.attend_hot if hot else gpu.dc.attend
 
     def dq_attn(li: int) -> None:
-        gpu.dc.attend(QH, gpu.scale, seq_p[li % L], B, ctx, qf_p, outf_p, None, ws_p, wsb, gpu.stream())
+        fn(QH, gpu.scale, seq_p[li % L], B, ctx, qf_p, outf_p, None, ws_p, wsb, gpu.stream())
 
     dq_attn(0)
     gpu.sync()
     nb = min(B, 2)
-    row["dq_rel_err"] = dq_check(gpu, win[0], tk[0], tv[0], nwin, tail, qf, outf, nb)
+    rec0 = pool.rec_ptrs(idx[0, :nb]) if hot else win[0]
+    if rec0 is None:
+        raise RuntimeError("the records of the checked windows are not kept")
+    row["dq_rel_err"] = dq_check(gpu, rec0.contiguous(), tk[0], tv[0], nwin, tail, qf, outf, nb)
     log(f"   check: rel err {row['dq_rel_err']:.2e} vs float64 over the decoded containers")
     if not row["dq_rel_err"] < REL_TOL_DQ:
         raise RuntimeError(f"dqcu_attend differs from the decoded containers: {row['dq_rel_err']:.3e}")
@@ -1118,11 +1242,16 @@ def e2e_dq_context(gpu: Gpu, model: Model, pool: Pool, pl: Dict[str, Any], reps:
         seal = torch.empty(L * nw * gpu.wb, dtype=torch.uint8, device=DEV)
         seal_ptr = seal.data_ptr() + torch.arange(L * nw, device=DEV, dtype=torch.int64) * gpu.wb
         st = torch.full((L * nw,), -999, dtype=torch.int32, device=DEV)
+        # hot: each sealed window is transcoded too (its records then go to the host tier)
+        hseal = torch.empty(L * nw * gpu.hb if hot else 1, dtype=torch.uint8, device=DEV)
+        hseal_ptr = hseal.data_ptr() + torch.arange(L * nw, device=DEV, dtype=torch.int64) * gpu.hb
 
         def seal_all(_i: int) -> None:
             for li in range(L):
                 gpu.dc.encode_windows(tk[li].data_ptr(), tv[li].data_ptr(), dqc.DTYPE_BF16, nw,
                                       seal_ptr.data_ptr() + 8 * li * nw, st.data_ptr() + 4 * li * nw, gpu.stream())
+            if hot:
+                gpu.dc.transcode_hot(seal_ptr.data_ptr(), L * nw, hseal_ptr.data_ptr(), None, gpu.stream())
         s = gpu.time_calls(seal_all, 1, est_ms=1e9, warm=1)
         gpu.sync()
         if int((st != 0).sum()):
@@ -1217,6 +1346,25 @@ class FakeCodec:
         K, V = self._layer(windows, nwin, tail, tail, tail_tokens)
         self._write(out, (K if kind == dqc.KIND_K else V)[first:first + count])
 
+    # the hot layout: a hot window stands for the record it was transcoded from
+    def hot_window_bytes(self) -> int:
+        return SIM_WB
+
+    def transcode_hot(self, windows, nwin, hot, corrupt, stream) -> None:
+        torch = self.gpu.torch
+        src, dst = self._read(windows, nwin, torch.int64), self._read(hot, nwin, torch.int64)
+        for w in range(nwin):
+            self.store[int(dst[w])] = self.store[int(src[w])]
+
+    def attend_hot_check(self, q_heads: int) -> int:
+        return 0
+
+    def hot_workspace_size(self, q_heads: int, nseq: int, max_tokens: int) -> int:
+        return self.workspace_size(q_heads, nseq, max_tokens)
+
+    def attend_hot(self, *a) -> None:
+        self.attend(*a)
+
     def attend(self, q_heads, scale, seqs, nseq, max_tokens, q, out, lse, ws, ws_bytes, stream) -> None:
         torch, g = self.gpu.torch, self.gpu
         assert ws_bytes >= self.workspace_size(q_heads, nseq, max_tokens) and q_heads == g.QH
@@ -1248,6 +1396,7 @@ class SimGpu(Gpu):
         self.dc = FakeCodec(self)
         self.kernel = 0
         self.W, self.R, self.wb = DQ226_W, DQ226_R, SIM_WB
+        self.hb = SIM_WB
         self.reps, self.target_ms = args.reps, args.target_ms
         self.copy_tbps = 0.0
         part.meta(device=self.dev, copy_tbps=0.0, attend_kernel=0, window_bytes=self.wb, W=self.W, R=self.R,
@@ -1307,6 +1456,8 @@ def run_phase(args: argparse.Namespace, phase: str) -> int:
             phase_e2e_bf16(args, part, deadline)
         elif phase == "e2e-dq":
             phase_e2e_dq(args, part, deadline)
+        elif phase == "e2e-hot":
+            phase_e2e_dq(args, part, deadline, "hot")
         else:
             raise ValueError(f"unknown phase {phase}")
     except Exception as e:  # noqa: BLE001 - whatever stops a phase is in its part
@@ -1321,7 +1472,7 @@ def child_args(args: argparse.Namespace, phase: str, part_path: str, deadline: f
          "--deadline", f"{deadline:.3f}", "--build", args.build, "--shapes", args.shapes, "--e2e", args.e2e,
          "--budget-gb", str(args.budget_gb), "--attend-kernel", str(args.attend_kernel), "--reps", str(args.reps),
          "--target-ms", str(args.target_ms), "--rot-mb", str(args.rot_mb), "--e2e-pool", str(args.e2e_pool),
-         "--attn-pool", str(args.attn_pool)]
+         "--attn-pool", str(args.attn_pool), "--layouts", args.layouts]
     if args.sim:
         a.append("--sim")
     if args.fake:
@@ -1389,15 +1540,17 @@ def orchestrate(args: argparse.Namespace) -> int:
 
 def dry_run(args: argparse.Namespace) -> int:
     """The plan without a GPU: shapes, sets, bytes, batches, memory."""
-    wb, W, R = DQ226_WINDOW_BYTES, DQ226_W, DQ226_R
+    wb, W, R, hb = DQ226_WINDOW_BYTES, DQ226_W, DQ226_R, DQ226_HOT_BYTES
     src = "built-in table"
     try:
         hc = dqc.HostCodec(dqc.HostLib(args.build), PROFILE, MODEL["kv_heads"], MODEL["head_dim"])
         wb, W, R, src = hc.window_bytes, hc.window, hc.residual, f"libdquant in {args.build}"
+        hb = hc.hot_window_bytes
     except OSError:
         pass
     rot = max(args.rot_mb * 1e6, 4 * 60 * 2**20)
-    log(f"{PROFILE}: window record {wb} B per {W} tokens, tail buffer R = {R} ({src}); rotation >= {rot / 1e6:.0f} MB")
+    log(f"{PROFILE}: window record {wb} B per {W} tokens, hot window {hb} B, tail buffer R = {R} ({src}); "
+        f"rotation >= {rot / 1e6:.0f} MB")
     log(f"{'batch':>6} {'context':>8} {'nwin':>5} {'tail':>5} | {'dq MB/call':>10} {'sets':>5} | "
         f"{'bf16 MB/call':>12} {'sets':>5}")
     for B, T in parse_shapes(args.shapes):
@@ -1408,8 +1561,10 @@ def dry_run(args: argparse.Namespace) -> int:
     log(f"end to end, {args.budget_gb:g} GB of KV; weights {weight_bytes() / 1e9:.2f} GB")
     for ctx in parse_contexts(args.e2e):
         p = e2e_plan(ctx, args.budget_gb * 1e9, wb, W, R)
+        ph = e2e_plan(ctx, args.budget_gb * 1e9, hb, W, R)
         log(f"  context {ctx}: D-Quant batch {p['batch']} ({p['dq_kv_bytes'] / 1e9:.1f} GB, {p['windows']} windows, "
-            f"{p['dq_bytes_per_token']:.1f} B/token of containers), BF16 batch {p['bf16_batch']} "
+            f"{p['dq_bytes_per_token']:.1f} B/token of containers), hot batch {ph['batch']} "
+            f"({ph['dq_bytes_per_token']:.1f} B/token), BF16 batch {p['bf16_batch']} "
             f"({p['bf16_kv_bytes'] / 1e9:.1f} GB)")
     return 0
 
@@ -1433,6 +1588,11 @@ def self_test(args: argparse.Namespace) -> int:
     check(b_bf == 81 and b_dq == 528, f"budget 8K+100: {b_dq}/{b_bf}, want 528/81")
     b_dq, b_bf = budget_batches(32868, 100e9, 73986, 128, 128)
     check(b_bf == 20 and b_dq == 142, f"budget 32K+100: {b_dq}/{b_bf}, want 142/20")
+    # the hot layout: 36 x (64 x 100368 + 128 x 4096) B per sequence at 8K+100, 256 windows at 32K+100
+    b_hot, _ = budget_batches(8292, 100e9, DQ226_HOT_BYTES, 128, 128)
+    check(b_hot == 399, f"hot budget 8K+100: {b_hot}, want 399")
+    b_hot, _ = budget_batches(32868, 100e9, DQ226_HOT_BYTES, 128, 128)
+    check(b_hot == 105, f"hot budget 32K+100: {b_hot}, want 105")
     check(sets_for(34e6, 400e6) == 12 and sets_for(5e9, 400e6) == 1 and sets_for(1, 1e12) == 256, "sets_for")
     check(calls_per_graph(0.15, 78, 20) == 156 and calls_per_graph(3.0, 1, 20) == 7, "calls_per_graph")
     check(calls_per_graph(1e-3, 200, 20, max_calls=1000) == 1000 and calls_per_graph(0.01, 3, 20, 1000) == 999,
@@ -1460,6 +1620,7 @@ def self_test(args: argparse.Namespace) -> int:
             check(hc.window_bytes == DQ226_WINDOW_BYTES and hc.window == DQ226_W and hc.residual == DQ226_R
                   and hc.container_bytes == (331, 231), f"dq226 via libdquant: {hc.window_bytes} {hc.window} "
                                                         f"{hc.residual} {hc.container_bytes}")
+            check(hc.hot_window_bytes == DQ226_HOT_BYTES, f"dq226 hot window via libdquant: {hc.hot_window_bytes}")
             log(f"libdquant: dq226 window record {hc.window_bytes} B, W {hc.window}, R {hc.residual}")
         except OSError as e:
             log(f"libdquant not loadable from {args.build}, binding check skipped: {e}")
@@ -1479,7 +1640,10 @@ def self_test(args: argparse.Namespace) -> int:
             rows = rep.get("rows", [])
             attn = [r for r in rows if r.get("kind") == "attention"]
             e2e = [r for r in rows if r.get("kind") == "e2e"]
-            check(len(attn) == 6, f"fake: {len(attn)} attention rows")
+            for lay in LAYOUTS:
+                check(len([r for r in attn if r.get("layout") == lay]) == 6, f"fake: attention rows of {lay}")
+                check(len([r for r in e2e if r.get("layout") == lay]) == 2, f"fake: e2e rows of {lay}")
+            check(len(attn) == 12, f"fake: {len(attn)} attention rows")
             for r in attn:
                 for k in ("batch", "context", "dq_ms", "bf16_ms", "bf16_backend", "ratio"):
                     check(k in r, f"attention row lacks {k}")
@@ -1487,7 +1651,7 @@ def self_test(args: argparse.Namespace) -> int:
                     check(r.get("error") and r["ratio"] is None, "the failing shape is reported as failed")
                 else:
                     check(abs(r["ratio"] - r["bf16_ms"] / r["dq_ms"]) < 1e-12, "attention ratio")
-            check(len(e2e) == 2, f"fake: {len(e2e)} e2e rows")
+            check(len(e2e) == 4, f"fake: {len(e2e)} e2e rows")
             for r in e2e:
                 for k in ("config", "context", "batch", "tokens_per_s", "bf16_tokens_per_s", "ratio"):
                     check(k in r, f"e2e row lacks {k}")
@@ -1496,7 +1660,8 @@ def self_test(args: argparse.Namespace) -> int:
                           "e2e with the BF16 phase crashed: D-Quant kept, no ratio")
                 else:
                     check(abs(r["ratio"] - r["tokens_per_s"] / r["bf16_tokens_per_s"]) < 1e-12, "e2e ratio")
-                    check(r["batch"] in (528, 142) and r["bf16_batch"] in (81, 20), "e2e batches")
+                    want = (528, 142) if r["layout"] == "containers" else (399, 105)
+                    check(r["batch"] in want and r["bf16_batch"] in (81, 20), "e2e batches")
             check("bf16/dq" in text and "dq/bf16" in text, "the tables are printed")
             check(("FAILED: RuntimeError: injected failure" in text), "the failed shape is in the table")
             if crash:
@@ -1566,7 +1731,8 @@ def sim_checks(check: Callable[[bool, str], None]) -> None:
             rows = rep.get("rows", [])
             attn = [r for r in rows if r.get("kind") == "attention"]
             e2e = [r for r in rows if r.get("kind") == "e2e"]
-            check(len(attn) == len(parse_shapes(SIM_SHAPES)) and len(e2e) == 2, f"sim rows {len(attn)}/{len(e2e)}")
+            check(len(attn) == len(LAYOUTS) * len(parse_shapes(SIM_SHAPES)) and len(e2e) == 2 * len(LAYOUTS),
+                  f"sim rows {len(attn)}/{len(e2e)}")
             for r in attn:
                 check(not r.get("error") and r.get("dq_rel_err", 1) < 1e-6 and r.get("bf16_backend") == "sim-fold"
                       and r.get("ratio") == 1.0, f"sim attention row {r}")
@@ -1592,6 +1758,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                                 f"{DEFAULT_E2E})")
     ap.add_argument("--budget-gb", type=float, default=None, help="KV budget of the end-to-end step (default 100 GB)")
     ap.add_argument("--phases", default=",".join(PHASES), help="which parts to run")
+    ap.add_argument("--layouts", default=",".join(LAYOUTS),
+                    help="D-Quant layouts of the attention rows (containers: records + v7; hot: dqcu_attend_hot)")
     ap.add_argument("--attend-kernel", default="auto", help="dqcu_settings.attend_kernel: auto or a version")
     ap.add_argument("--reps", type=int, default=0, help="graph replays timed per measurement (default 7, quick 3)")
     ap.add_argument("--target-ms", type=float, default=0.0, help="length of one graph (default 20 ms, quick 8)")

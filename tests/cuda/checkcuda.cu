@@ -9,8 +9,14 @@
  * dqcu_attend_kernels) is checked and timed in the same process: each through a device codec whose
  * dqcu_settings name it.
  *
- *   checkcuda [--seed N] [--small] [--no-timing] [--quiet] [--encode-kernel V,...] [--attend-kernel V,...]
+ *   hot layout: dqcu_transcode_hot byte-identical to dq_hot_transcode (corrupt containers too),
+ *   dqcu_attend_hot within 1e-3 relative of dq_hot_attend and of dq_attend_reference
+ *
+ *   checkcuda [--seed N] [--small] [--no-timing] [--quiet] [--hot] [--encode-kernel V,...] [--attend-kernel V,...]
  *   --small: a few small cases only (for compute-sanitizer memcheck / racecheck runs).
+ *   --hot: the hot layout alone on its shapes (production dq226 first), with the container
+ *   attention versions of --attend-kernel on the same inputs; with --small one GQA group per shape
+ *   and no container attention (for compute-sanitizer runs on the production shape).
  *   --encode-kernel, --attend-kernel: only these versions (default: every registered one, the
  *   default first).
  * Exit status: 0 all passed, 1 a check failed, 2 a setup error, 77 no suitable GPU (skipped). */
@@ -796,6 +802,221 @@ static void test_attention(Codecs &cs, Rng &r, const std::vector<uint32_t> &lens
     }
 }
 
+/* ---- the hot layout: dqcu_transcode_hot and dqcu_attend_hot ---- */
+
+/* Whether dqcu_attend_hot should take this shape (the limits stated in dquant/cuda.h). */
+static bool hot_expected(const Codecs &cs, uint32_t G)
+{
+    const uint32_t bk = dq_hot_bits(cs.c, DQ_KIND_K), bv = dq_hot_bits(cs.c, DQ_KIND_V);
+    return cs.d % 128 == 0 && cs.d <= 256 && (G == 1 || G == 2 || G == 4 || G == 8) &&
+           ((bk == 3 && bv == 3) || (bk == 4 && bv == 4)) && dqcu_attend_check(cs.g, cs.kvh * G) == DQ_OK;
+}
+
+/* Layers of these lengths built on the CPU: every window transcoded on the GPU equals
+ * dq_hot_transcode byte for byte (and a window with corrupt containers too, with the count);
+ * dqcu_attend_hot over the GPU's hot windows within 1e-3 of dq_hot_attend and of
+ * dq_attend_reference over the records, LSE too; an empty sequence gives 0 and -inf. */
+static void test_hot(Codecs &cs, Rng &r, const std::vector<uint32_t> &lens, uint32_t G)
+{
+    const uint32_t n = cs.n, d = cs.d, QH = cs.kvh * G;
+    const size_t nseq = lens.size(), wb = dq_codec_window_bytes(cs.c), hb = dq_hot_window_bytes(cs.c);
+    report(hb == dqcu_hot_window_bytes(cs.g), "hot %s: window bytes gpu %zu, cpu %zu", cs.name.c_str(),
+           dqcu_hot_window_bytes(cs.g), hb);
+    std::vector<dq_layer *> layers(nseq);
+    uint32_t max_tokens = 0;
+    for (size_t b = 0; b < nseq; b++) {
+        DQ(dq_layer_create(cs.c, &layers[b]));
+        std::vector<float> k, v;
+        gen_tokens(r, n, lens[b], true, k);
+        gen_tokens(r, n, lens[b], false, v);
+        std::vector<uint8_t> kb, vb;
+        to_dtype(k.data(), k.size(), DQ_DTYPE_BF16, kb);
+        to_dtype(v.data(), v.size(), DQ_DTYPE_BF16, vb);
+        if (lens[b])
+            DQ(dq_layer_append(layers[b], cs.ws, kb.data(), vb.data(), DQ_DTYPE_BF16, lens[b], NULL));
+        max_tokens = std::max(max_tokens, lens[b]);
+    }
+    /* every window of every sequence, records then hot windows, in one buffer each */
+    size_t total = 0;
+    for (size_t b = 0; b < nseq; b++)
+        total += dq_layer_window_count(layers[b]);
+    std::vector<uint8_t> recs(std::max<size_t>(total, 1) * wb), cpu_hot(std::max<size_t>(total, 1) * hb);
+    std::vector<const uint8_t *> cpu_ptrs(total);
+    {
+        size_t i = 0;
+        for (size_t b = 0; b < nseq; b++)
+            for (size_t w = 0; w < dq_layer_window_count(layers[b]); w++, i++) {
+                memcpy(&recs[i * wb], dq_layer_window(layers[b], w), wb);
+                DQ(dq_hot_transcode(cs.c, &recs[i * wb], &cpu_hot[i * hb]));
+                cpu_ptrs[i] = &cpu_hot[i * hb];
+            }
+    }
+    DevBuf<uint8_t> drec(recs.size()), dhot(cpu_hot.size());
+    drec.upload(recs.data(), recs.size());
+    dhot.fill_bytes(0x5a);
+    std::vector<const uint8_t *> rp(std::max<size_t>(total, 1)), hp(std::max<size_t>(total, 1));
+    for (size_t i = 0; i < total; i++) {
+        rp[i] = drec.p + i * wb;
+        hp[i] = dhot.p + i * hb;
+    }
+    DevBuf<const uint8_t *> drp(rp.size()), dhp(hp.size());
+    drp.upload(rp.data(), rp.size());
+    dhp.upload(hp.data(), hp.size());
+    DevBuf<uint32_t> dcorrupt(1);
+    dcorrupt.fill_bytes(0);
+    DQ(dqcu_transcode_hot(cs.g, drp.p, total, (uint8_t *const *)dhp.p, dcorrupt.p, 0));
+    CK(cudaDeviceSynchronize());
+    {
+        std::vector<uint8_t> gpu_hot(cpu_hot.size());
+        dhot.download(gpu_hot.data(), gpu_hot.size());
+        uint32_t corrupt = 0;
+        dcorrupt.download(&corrupt, 1);
+        size_t diff = SIZE_MAX;
+        for (size_t i = 0; i < total * hb && diff == SIZE_MAX; i++)
+            if (gpu_hot[i] != cpu_hot[i])
+                diff = i;
+        report(diff == SIZE_MAX && corrupt == 0, "hot transcode %s: %zu windows (%zu B each) %s, corrupt %u",
+               cs.name.c_str(), total, hb, diff == SIZE_MAX ? "identical" : "DIFFER", corrupt);
+        if (diff != SIZE_MAX)
+            printf("        first difference at byte %zu of window %zu (offset %zu)\n", diff, diff / hb, diff % hb);
+    }
+    if (total) {
+        /* corrupt containers: bytes flipped in three streams of the first window */
+        std::vector<uint8_t> bad(recs.begin(), recs.begin() + wb), cpu_bad(hb), gpu_bad(hb);
+        const size_t W = cs.W;
+        const size_t t1 = r.below((uint32_t)W), t2 = r.below((uint32_t)W);
+        uint8_t *k1 = (uint8_t *)dq_window_record(cs.c, bad.data(), DQ_KIND_K, t1);
+        uint8_t *v2 = (uint8_t *)dq_window_record(cs.c, bad.data(), DQ_KIND_V, t2);
+        k1[4 + r.below(4)] ^= 0x81;
+        v2[4] ^= 0xff; /* the state's low byte */
+        v2[5] ^= 0x3c;
+        const int crc = dq_hot_transcode(cs.c, bad.data(), cpu_bad.data());
+        size_t ncorrupt = 0;
+        std::vector<uint8_t> lev(n);
+        for (int kind = 0; kind < 2; kind++)
+            for (size_t t = 0; t < W; t++)
+                ncorrupt += dq_stream_decode_levels(cs.c, (dq_kind)kind,
+                                                    dq_window_record(cs.c, bad.data(), (dq_kind)kind, t),
+                                                    lev.data()) != DQ_OK;
+        drec.upload(bad.data(), wb);
+        dcorrupt.fill_bytes(0);
+        DQ(dqcu_transcode_hot(cs.g, drp.p, 1, (uint8_t *const *)dhp.p, dcorrupt.p, 0));
+        CK(cudaDeviceSynchronize());
+        dhot.download(gpu_bad.data(), hb);
+        uint32_t corrupt = 0;
+        dcorrupt.download(&corrupt, 1);
+        report(crc == (ncorrupt ? DQ_CORRUPT : DQ_OK) && corrupt == ncorrupt && gpu_bad == cpu_bad,
+               "hot transcode %s corrupt containers: cpu %s, %zu corrupt, gpu counted %u, bytes %s", cs.name.c_str(),
+               dq_err_name(crc), ncorrupt, corrupt, gpu_bad == cpu_bad ? "identical" : "DIFFER");
+        /* back to the valid window for the attention below */
+        drec.upload(recs.data(), wb);
+        DQ(dqcu_transcode_hot(cs.g, drp.p, 1, (uint8_t *const *)dhp.p, NULL, 0));
+    }
+
+    const int chk = dqcu_attend_hot_check(cs.g, QH);
+    const bool expect = hot_expected(cs, G);
+    report((chk == DQ_OK) == expect, "attend_hot_check %s QH=%u: %s (expected %s)", cs.name.c_str(), QH,
+           dq_err_name(chk), expect ? "OK" : "UNSUPPORTED");
+    if (chk == DQ_OK) {
+        std::vector<DevBuf<uint16_t> *> dtk(nseq), dtv(nseq);
+        std::vector<dqcu_attn_seq> seqs(nseq);
+        std::vector<dq_hot_item> items(nseq);
+        std::vector<dq_attn_item> items_ref(nseq);
+        const float scale = 1.0f / sqrtf((float)d);
+        std::vector<float> q(nseq * QH * d);
+        const double qs = 0.5 + 2.0 * r.uniform();
+        for (auto &x : q)
+            x = (float)(r.normal() * qs);
+        std::vector<float> oc(nseq * QH * d), lc(nseq * QH), orf(nseq * QH * d), lrf(nseq * QH);
+        size_t w0 = 0;
+        for (size_t b = 0; b < nseq; b++) {
+            const size_t nw = dq_layer_window_count(layers[b]), tail = dq_layer_tail_tokens(layers[b]);
+            dtk[b] = new DevBuf<uint16_t>(std::max<size_t>(tail * n, 1));
+            dtv[b] = new DevBuf<uint16_t>(std::max<size_t>(tail * n, 1));
+            if (tail) {
+                dtk[b]->upload(dq_layer_tail(layers[b], DQ_KIND_K), tail * n);
+                dtv[b]->upload(dq_layer_tail(layers[b], DQ_KIND_V), tail * n);
+            }
+            seqs[b].windows = dhp.p + w0;
+            seqs[b].tail_k = dtk[b]->p;
+            seqs[b].tail_v = dtv[b]->p;
+            seqs[b].nwin = (uint32_t)nw;
+            seqs[b].tail_tokens = (uint32_t)tail;
+            items[b] = {cpu_ptrs.data() + w0,
+                        nw,
+                        dq_layer_tail(layers[b], DQ_KIND_K),
+                        dq_layer_tail(layers[b], DQ_KIND_V),
+                        tail,
+                        &q[b * QH * d],
+                        &oc[b * QH * d],
+                        &lc[b * QH]};
+            items_ref[b] = {layers[b], &q[b * QH * d], &orf[b * QH * d], &lrf[b * QH]};
+            w0 += nw;
+        }
+        DQ(dq_hot_attend(cs.c, cs.ws, QH, scale, items.data(), nseq));
+        DQ(dq_attend_reference(cs.c, cs.ws, QH, scale, items_ref.data(), nseq));
+        DevBuf<dqcu_attn_seq> dseqs(nseq);
+        dseqs.upload(seqs.data(), nseq);
+        DevBuf<float> dq_(q.size()), dout(q.size()), dlse(nseq * QH);
+        dq_.upload(q.data(), q.size());
+        const size_t wsb = dqcu_attend_hot_workspace_size(cs.g, QH, (uint32_t)nseq, max_tokens);
+        DevBuf<uint8_t> dws(std::max<size_t>(wsb, 16));
+        dout.fill_bytes(0xff);
+        dlse.fill_bytes(0xff);
+        DQ(dqcu_attend_hot(cs.g, QH, scale, dseqs.p, (uint32_t)nseq, max_tokens, dq_.p, dout.p, dlse.p, dws.p, wsb, 0));
+        CK(cudaDeviceSynchronize());
+        std::vector<float> og(q.size()), lg(nseq * QH);
+        dout.download(og.data(), og.size());
+        dlse.download(lg.data(), lg.size());
+        double worst = 0, worst_ref = 0, worst_lse = 0;
+        bool ok = wsb > 0;
+        for (size_t b = 0; b < nseq; b++) {
+            const size_t o = b * QH * d;
+            if (lens[b] == 0) {
+                bool z = true;
+                for (size_t i = 0; i < (size_t)QH * d; i++)
+                    z &= og[o + i] == 0.0f;
+                for (uint32_t h = 0; h < QH; h++)
+                    z &= lg[b * QH + h] == -INFINITY;
+                if (!z) {
+                    ok = false;
+                    printf("        empty sequence %zu: output not 0 / lse not -inf\n", b);
+                }
+                continue;
+            }
+            const double e1 = rel_err(&og[o], &oc[o], (size_t)QH * d), e2 = rel_err(&og[o], &orf[o], (size_t)QH * d);
+            double el = 0;
+            for (uint32_t h = 0; h < QH; h++) {
+                const double a = lg[b * QH + h], ref = lrf[b * QH + h];
+                double e = fabs(a - ref) / std::max(1.0, fabs(ref));
+                if (!(e == e))
+                    e = INFINITY;
+                el = std::max(el, e);
+            }
+            if (!(e1 <= 1e-3) || !(e2 <= 1e-3) || !(el <= 1e-3)) {
+                ok = false;
+                printf("        sequence %zu (%u tokens): rel err vs dq_hot_attend %.3g, vs reference %.3g, lse %.3g\n",
+                       b, lens[b], e1, e2, el);
+            }
+            worst = std::max(worst, e1);
+            worst_ref = std::max(worst_ref, e2);
+            worst_lse = std::max(worst_lse, el);
+        }
+        std::string ls;
+        for (size_t b = 0; b < nseq; b++)
+            ls += (b ? "," : "") + std::to_string(lens[b]);
+        report(ok,
+               "attend_hot %s QH=%u (G=%u) lens [%s]: rel err vs dq_hot_attend %.2e, vs f64 reference %.2e, lse %.2e",
+               cs.name.c_str(), QH, G, ls.c_str(), worst, worst_ref, worst_lse);
+        for (size_t b = 0; b < nseq; b++) {
+            delete dtk[b];
+            delete dtv[b];
+        }
+    }
+    for (size_t b = 0; b < nseq; b++)
+        dq_layer_free(layers[b]);
+}
+
 /* ---- timing on the dq226 shape ---- */
 
 static void timing(Rng &r, const std::vector<int> &enc_list, const std::vector<int> &att_list)
@@ -928,7 +1149,7 @@ static void all_versions(const int *(*list)(size_t *), std::vector<int> &out)
 int main(int argc, char **argv)
 {
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-    bool small = false, do_timing = true;
+    bool small = false, do_timing = true, hot_only = false;
     std::vector<int> enc_list, att_list;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seed") && i + 1 < argc)
@@ -939,6 +1160,8 @@ int main(int argc, char **argv)
             do_timing = false;
         else if (!strcmp(argv[i], "--quiet"))
             g_quiet = 1;
+        else if (!strcmp(argv[i], "--hot"))
+            hot_only = true;
         else if (!strcmp(argv[i], "--encode-kernel") && i + 1 < argc) {
             if (!parse_versions(argv[++i], dqcu_encode_kernels, enc_list, "--encode-kernel"))
                 return 2;
@@ -947,7 +1170,7 @@ int main(int argc, char **argv)
                 return 2;
         } else {
             fprintf(stderr,
-                    "usage: %s [--seed N] [--small] [--no-timing] [--quiet] [--encode-kernel V,...] "
+                    "usage: %s [--seed N] [--small] [--no-timing] [--quiet] [--hot] [--encode-kernel V,...] "
                     "[--attend-kernel V,...]\n",
                     argv[0]);
             return 2;
@@ -987,6 +1210,39 @@ int main(int argc, char **argv)
     for (int v : att_list)
         printf(" %d", v);
     printf("\n");
+    if (hot_only) {
+        /* the hot layout alone, with the container attention of att_list on the same shapes */
+        const Cfg hcfgs[] = {
+            {8, 128, 0, 0, 128, 128, 0, 0, 0, "dq226"},     /* production: n = 1024, 3 + 3 bits */
+            {2, 128, 0, 0, 128, 128, 0, 0, 0, "dq196"},     /* M 7/5 */
+            {4, 256, 8, 6, 128, 128, 2.5, 1.8, 0x77, NULL}, /* d = 256: two groups per lane quad */
+            {2, 128, 16, 12, 64, 64, 3.5, 3.0, 0x5, NULL},  /* 4 + 4 bits, W = 64: half tiles */
+            {2, 128, 8, 6, 256, 256, 2.5, 1.8, 0x9, NULL},  /* W = 256: two tiles per window */
+            {2, 128, 8, 12, 128, 128, 2.5, 3.0, 0x3, NULL}, /* 3 + 4 bits: not taken */
+            {4, 64, 8, 6, 128, 128, 2.5, 1.8, 0x3, NULL},   /* d = 64: not taken */
+        };
+        for (const Cfg &cfg : hcfgs) {
+            Codecs cs;
+            make_codecs(cfg, cs);
+            printf("%s\n", cs.name.c_str());
+            const uint32_t W = cs.W;
+            std::vector<uint32_t> lens = {0, 1, W + 3, 3 * W + r.below(W), 20 * W + r.below(W)};
+            if (cfg.builtin && cs.n == 1024)
+                lens = {64 * 128 + 17, 0, 5 * 128, 130 * 128 + 100, 1, 128 * 8 + 127};
+            const uint32_t Gs[] = {4, 2, 1, 8};
+            for (uint32_t G : Gs) {
+                if (dqcu_attend_check(cs.g, cs.kvh * G) != DQ_OK)
+                    continue;
+                test_hot(cs, r, lens, G);
+                if (!small && (G == 4 || cs.n != 1024))
+                    test_attention(cs, r, lens, G, att_list);
+                if (small)
+                    break;
+            }
+        }
+        printf("\ncheckcuda: %d checks, %d failed (seed %llu)\n", g_checks, g_failures, (unsigned long long)seed);
+        return g_failures ? 1 : 0;
+    }
     std::vector<Cfg> cfgs;
     if (small) {
         cfgs.push_back({2, 128, 8, 6, 32, 32, 2.5, 1.8, 0x5eed, NULL});
@@ -1062,6 +1318,7 @@ int main(int argc, char **argv)
                 lens.resize(6);
         }
         test_attention(cs, r, lens, G, att_list);
+        test_hot(cs, r, lens, G);
     }
     if (!small) {
         Codecs cs;

@@ -90,6 +90,8 @@ class HostLib:
         d.dq_codec_window_bytes.restype = _SZ
         d.dq_codec_record_bytes.argtypes = [_P, _I]
         d.dq_codec_record_bytes.restype = _SZ
+        d.dq_hot_window_bytes.argtypes = [_P]
+        d.dq_hot_window_bytes.restype = _SZ
         d.dq_err_name.argtypes = [_I]
         d.dq_err_name.restype = ctypes.c_char_p
 
@@ -120,6 +122,7 @@ class HostCodec:
         self.container_bytes = tuple(self.prof.container_bytes)
         self.window_bytes = host.dq.dq_codec_window_bytes(h)
         self.record_bytes = (host.dq.dq_codec_record_bytes(h, KIND_K), host.dq.dq_codec_record_bytes(h, KIND_V))
+        self.hot_window_bytes = host.dq.dq_hot_window_bytes(h)  # dquant/hot.h
 
     def free(self) -> None:
         if self.handle:
@@ -162,6 +165,16 @@ class CudaLib(HostLib):
         c.dqcu_encode_windows.restype = _I
         c.dqcu_decompress.argtypes = [_P, _I, _P, _SZ, _P, _SZ, _SZ, _SZ, _P, _I, _P, _P]
         c.dqcu_decompress.restype = _I
+        c.dqcu_hot_window_bytes.argtypes = [_P]
+        c.dqcu_hot_window_bytes.restype = _SZ
+        c.dqcu_transcode_hot.argtypes = [_P, _P, _SZ, _P, _P, _P]
+        c.dqcu_transcode_hot.restype = _I
+        c.dqcu_attend_hot_check.argtypes = [_P, _U32]
+        c.dqcu_attend_hot_check.restype = _I
+        c.dqcu_attend_hot_workspace_size.argtypes = [_P, _U32, _U32, _U32]
+        c.dqcu_attend_hot_workspace_size.restype = _SZ
+        c.dqcu_attend_hot.argtypes = [_P, _U32, ctypes.c_float, _P, _U32, _U32, _P, _P, _P, _P, _SZ, _P]
+        c.dqcu_attend_hot.restype = _I
 
     def check_cuda(self, what: str, rc: int) -> int:
         if rc < 0:
@@ -214,6 +227,26 @@ class DeviceCodec:
         self.lib.check_cuda("dqcu_decompress", self.lib.cu.dqcu_decompress(
             self.handle, kind, windows, nwin, tail or None, tail_tokens, first, count, out, dtype, None,
             stream or None))
+
+    # the hot layout (dquant/hot.h): windows transcoded to fixed-width codes, attention on them
+
+    def hot_window_bytes(self) -> int:
+        return self.lib.cu.dqcu_hot_window_bytes(self.handle)
+
+    def transcode_hot(self, windows: int, nwin: int, hot: int, corrupt: Optional[int], stream: int) -> None:
+        self.lib.check_cuda("dqcu_transcode_hot", self.lib.cu.dqcu_transcode_hot(
+            self.handle, windows, nwin, hot, corrupt or None, stream or None))
+
+    def attend_hot_check(self, q_heads: int) -> int:
+        return self.lib.cu.dqcu_attend_hot_check(self.handle, q_heads)
+
+    def hot_workspace_size(self, q_heads: int, nseq: int, max_tokens: int) -> int:
+        return self.lib.cu.dqcu_attend_hot_workspace_size(self.handle, q_heads, nseq, max_tokens)
+
+    def attend_hot(self, q_heads: int, scale: float, seqs: int, nseq: int, max_tokens: int, q: int, out: int,
+                   lse: Optional[int], ws: int, ws_bytes: int, stream: int) -> None:
+        self.lib.check_cuda("dqcu_attend_hot", self.lib.cu.dqcu_attend_hot(
+            self.handle, q_heads, scale, seqs, nseq, max_tokens, q, out, lse or None, ws, ws_bytes, stream or None))
 
     def __del__(self):
         try:

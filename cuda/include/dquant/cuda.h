@@ -208,6 +208,40 @@ DQCU_API int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, co
                          uint32_t max_tokens, const float *q, float *out, float *lse, void *workspace,
                          size_t workspace_bytes, cudaStream_t stream);
 
+/* ---- the hot layout (dquant/hot.h): attention without rANS ---- */
+
+/* Bytes of one hot window of the codec's profile (dq_hot_window_bytes); 0 when dc is NULL. */
+DQCU_API size_t dqcu_hot_window_bytes(const dqcu_codec *dc);
+
+/* Transcodes nwin window records into hot windows, byte-identical to dq_hot_transcode: windows
+ * and hot are device arrays of nwin device pointers (records of dq_codec_window_bytes, hot windows
+ * of dqcu_hot_window_bytes, 4-byte aligned, not overlapping). corrupt (device, may be NULL) is
+ * incremented once per invalid container (its levels are still written, as libdquant does).
+ * Returns 0, DQ_INVALID_ARGUMENT, DQ_UNSUPPORTED (head_dim outside 32..512), DQ_INTERNAL. */
+DQCU_API int dqcu_transcode_hot(const dqcu_codec *dc, const uint8_t *const *windows, size_t nwin, uint8_t *const *hot,
+                                uint32_t *corrupt, cudaStream_t stream);
+
+/* 0 when dqcu_attend_hot takes q_heads query heads with this codec on its device: the limits of
+ * dqcu_attend_check, and besides head_dim a multiple of 128 up to 256, a GQA group of 1, 2, 4 or
+ * 8, and codes of 3 + 3 or 4 + 4 bits (M_K, M_V in 5..8, or both in 9..16: dq226 and dq196 take
+ * 3 + 3); DQ_UNSUPPORTED beyond them, DQ_SHAPE as dqcu_attend_check. */
+DQCU_API int dqcu_attend_hot_check(const dqcu_codec *dc, uint32_t q_heads);
+
+/* Bytes of workspace dqcu_attend_hot needs (0 when dqcu_attend_hot_check fails). */
+DQCU_API size_t dqcu_attend_hot_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq,
+                                               uint32_t max_tokens);
+
+/* dqcu_attend over hot windows: the same arguments, except that each dqcu_attn_seq's windows point
+ * to hot windows (dqcu_transcode_hot, dq_hot_transcode; 16-byte aligned) and its tails must be
+ * 16-byte aligned (as cudaMalloc gives them). Matches dq_hot_attend
+ * (and dq_attend of the records they came from) within float rounding. One launch runs the
+ * windows and the BF16 tail (split over the context and over groups of KV heads, so one sequence
+ * fills the GPU), a second merges the splits. Returns 0, DQ_INVALID_ARGUMENT, DQ_SHAPE,
+ * DQ_UNSUPPORTED (dqcu_attend_hot_check), DQ_INTERNAL. */
+DQCU_API int dqcu_attend_hot(const dqcu_codec *dc, uint32_t q_heads, float scale, const dqcu_attn_seq *seqs,
+                             uint32_t nseq, uint32_t max_tokens, const float *q, float *out, float *lse,
+                             void *workspace, size_t workspace_bytes, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,6 +5,7 @@
 #include "dquant/attention.h"
 #include "dquant/codec.h"
 #include "dquant/error.h"
+#include "dquant/hot.h"
 #include "dquant/kvq.h"
 #include "dquant/layer.h"
 #include "dquant/log.h"

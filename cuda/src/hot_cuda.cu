@@ -1,0 +1,135 @@
+/* The hot layout on the GPU (dquant/hot.h): window records transcoded to fixed-width codes, byte
+ * for byte what dq_hot_transcode writes.
+ *
+ * One block per (window, kind), a thread per token: the thread decodes its stream with the shared
+ * rANS step (rans_cuda.cuh, the decoder of dqcu_decompress) and packs each group of 32 levels into
+ * its b words as they come, so the words of consecutive tokens are written side by side (one
+ * coalesced line per word index and warp). Block (w, 0) also copies the key-mean block and zeroes
+ * its padding. A transcode runs once per window (when it is sealed or brought to the GPU tier);
+ * attention then never decodes rANS. */
+#include "hot_cuda.cuh"
+
+#include "rans_cuda.cuh"
+
+#define HOT_THREADS 128
+
+size_t dqcu__hot_offsets(const dqcu_codec *dc, size_t off[4])
+{
+    const size_t n = dc->n, W = dc->W, G = (n + 31) / 32;
+    const size_t A = (2 + n + 15) & ~(size_t)15, CK = (A + 8 * W + 15) & ~(size_t)15;
+    const size_t CV = CK + 4 * G * dqcu__hot_bits(dc->host.kind[0].M) * W;
+    if (off) {
+        off[0] = A;
+        off[1] = A + 4 * W;
+        off[2] = CK;
+        off[3] = CV;
+    }
+    return CV + 4 * G * dqcu__hot_bits(dc->host.kind[1].M) * W;
+}
+
+struct hot_tc_params {
+    const dqcu_tables *tab;
+    const uint8_t *const *windows;
+    uint8_t *const *hot;
+    uint32_t *corrupt;
+    uint32_t off[4];
+    uint32_t bits[2];
+};
+
+__global__ void __launch_bounds__(HOT_THREADS) hot_transcode_kernel(hot_tc_params p)
+{
+    __shared__ uint32_t dtab[256];
+    const dqcu_tables &tb = *p.tab;
+    const int kind = (int)blockIdx.y;
+    const dqcu_kind_tab &kt = tb.kind[kind];
+    for (uint32_t i = threadIdx.x; i < 256; i += blockDim.x)
+        dtab[i] = kt.dec[i];
+    __syncthreads();
+    const uint8_t *win = p.windows[blockIdx.x];
+    uint8_t *hot = p.hot[blockIdx.x];
+    const uint32_t n = tb.n, W = tb.W, C = kt.C, b = p.bits[kind], G = n / 32;
+    if (kind == 0) {
+        for (uint32_t i = threadIdx.x; i < p.off[0]; i += blockDim.x)
+            hot[i] = i < 2u + n ? win[i] : 0;
+        /* the padding between the value (s, o) pairs and the key codes (odd W) */
+        for (uint32_t i = p.off[1] + 4u * W + threadIdx.x; i < p.off[2]; i += blockDim.x)
+            hot[i] = 0;
+    }
+    const size_t rk = 4u + tb.kind[0].C, rv = 4u + tb.kind[1].C;
+    uint8_t *so = hot + p.off[kind];
+    uint32_t *codes = (uint32_t *)(void *)(hot + p.off[2 + kind]);
+    uint32_t nbad = 0;
+    for (uint32_t t = threadIdx.x; t < W; t += blockDim.x) {
+        const uint8_t *rec = kind == 0 ? dqcu_krec(win, n, rk, t) : dqcu_vrec(win, n, W, rk, rv, t);
+        /* s and o as they are: the record is not 4-byte aligned, the pair is */
+        *(uint32_t *)(void *)(so + 4u * t) = (uint32_t)rec[0] | (uint32_t)rec[1] << 8 | (uint32_t)rec[2] << 16 |
+                                             (uint32_t)rec[3] << 24;
+        dqcu_rans_in in;
+        uint32_t x = dqcu_rans_open(in, rec + 4, C);
+        const bool valid_state = x >= DQCU_RANS_L && x < (DQCU_RANS_L << 8);
+        for (uint32_t g = 0; g < G; g++) {
+            uint64_t acc = 0;
+            uint32_t nb = 0, wi = 0;
+            for (uint32_t j = 0; j < 32; j += 4) {
+                /* an invalid initial state decodes as zeros (lib's reference decoder writes zeros
+                 * too: dq__rans_decode fills the levels with 0 when the state is out of range) */
+                dqcu_rans_refill(in);
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const uint32_t e = valid_state ? dqcu_rans_step(x, dtab, in) : 0u;
+                    acc |= (uint64_t)(e >> 17) << nb;
+                    nb += b;
+                    if (nb >= 32) {
+                        codes[((size_t)g * b + wi) * W + t] = (uint32_t)acc;
+                        wi++;
+                        acc >>= 32;
+                        nb -= 32;
+                    }
+                }
+            }
+        }
+        bool bad = !valid_state;
+        if (!bad) {
+            const uint32_t pos = dqcu_rans_pos(in, rec + 4);
+            bad = pos > C || x != DQCU_RANS_L;
+            for (uint32_t i = pos; !bad && i < C; i++)
+                bad = rec[4 + i] != 0;
+        }
+        nbad += bad ? 1u : 0u;
+    }
+    if (p.corrupt && nbad)
+        atomicAdd(p.corrupt, nbad);
+}
+
+extern "C" size_t dqcu_hot_window_bytes(const dqcu_codec *dc)
+{
+    return dc ? dqcu__hot_offsets(dc, NULL) : 0;
+}
+
+extern "C" int dqcu_transcode_hot(const dqcu_codec *dc, const uint8_t *const *windows, size_t nwin, uint8_t *const *hot,
+                                  uint32_t *corrupt, cudaStream_t stream)
+{
+    if (!dc || (nwin && (!windows || !hot)))
+        return DQ_INVALID_ARGUMENT;
+    if (dc->d < 32 || dc->d > 512)
+        return DQ_UNSUPPORTED;
+    if (nwin > 0x7fffffffu)
+        return DQ_INVALID_ARGUMENT;
+    int rc = dqcu__use_device(dc);
+    if (rc || !nwin)
+        return rc;
+    hot_tc_params p = {};
+    p.tab = dc->tab;
+    p.windows = windows;
+    p.hot = hot;
+    p.corrupt = corrupt;
+    size_t off[4];
+    dqcu__hot_offsets(dc, off);
+    for (int i = 0; i < 4; i++)
+        p.off[i] = (uint32_t)off[i];
+    p.bits[0] = dqcu__hot_bits(dc->host.kind[0].M);
+    p.bits[1] = dqcu__hot_bits(dc->host.kind[1].M);
+    hot_transcode_kernel<<<dim3((unsigned)nwin, 2), HOT_THREADS, 0, stream>>>(p);
+    DQCU_CHECK_LAUNCH();
+    return DQ_OK;
+}

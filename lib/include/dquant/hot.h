@@ -1,0 +1,104 @@
+/* dquant — the hot layout: a window's levels at fixed width, for attention without rANS.
+ *
+ * Why. Decode attention on the containers (attention.h) decodes 2·n rANS symbols per token, one
+ * dependent step after another; on a GPU that loop, not memory, bounds the speed (issue 19,
+ * tests/bench/GPU_NOTES.md). A *hot window* holds the same window with each stream's levels
+ * written as fixed-width codes, so attention reads them with shifts and masks. It is a lossless
+ * transcoding of a D-Quant window record (dq_hot_transcode): the same levels, the same fp16 scale
+ * and offset per stream, the same INT8 key mean, so it reconstructs exactly what the record does
+ * (dq_hot_decode equals dq_tokens_decode bit for bit) and attention over it gives dq_attend's
+ * result. It costs memory: b = ceil(log2 M) bits per value instead of the container's ~C·8/n
+ * (dq226, n = 1024: 3 + 3 bits; 784 B per token and layer against the record's 578 B, 1.36×;
+ * BF16 takes 4096 B, 5.2× more). A store keeps hot windows as a speed tier beside (or instead
+ * of) the records, which stay the format that travels and persists.
+ *
+ * Layout of a hot window (W tokens of one layer; n = kv_heads × head_dim; G = ceil(n / 32) groups
+ * of 32 channels; b_K, b_V = dq_hot_bits of keys and values; all fields little endian):
+ *
+ *   offset 0        the window record's key-mean block as it is (fp16 scale, n int8 means),
+ *                   zero-padded to A = 16·ceil((2 + n) / 16) bytes
+ *   offset A        W key (s, o) pairs: fp16 s, fp16 o of token t at A + 4t
+ *   offset A + 4W   W value (s, o) pairs, likewise
+ *   offset CK       key codes, CK = 16·ceil((A + 8W) / 16): G·b_K·W words of 32 bits;
+ *                   word i (0 <= i < b_K) of group g for token t at CK + 4·((g·b_K + i)·W + t)
+ *   offset CV       value codes, CV = CK + 4·G·b_K·W, likewise with b_V
+ *   total           CV + 4·G·b_V·W bytes (dq_hot_window_bytes)
+ *
+ * The b words of (group g, token t) are one 32b-bit little-endian bit string (bit p is bit p % 32
+ * of word p / 32); channel c of the group (stream index 32g + c) has its level at bits
+ * [c·b, c·b + b). Channels past n (when n is not a multiple of 32) and every bit past M's codes are
+ * zero. Consecutive tokens' words are adjacent, so a GPU warp with a token per lane reads each word
+ * index as one coalesced 128-byte line.
+ *
+ * Only D-Quant profiles have a hot layout (baseline codecs: DQ_UNSUPPORTED, window bytes 0).
+ * Thread-safety: every function only reads the codec; a workspace is for one thread at a time. */
+#ifndef DQUANT_HOT_H
+#define DQUANT_HOT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dquant/codec.h"
+#include "dquant/export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bytes of one hot window of the codec's profile; 0 when the codec is not D-Quant. */
+DQ_API size_t dq_hot_window_bytes(const dq_codec *codec);
+/* Bits per code of a kind: ceil(log2 M), at least 1; 0 for a codec that is not D-Quant or a bad
+ * kind. */
+DQ_API uint32_t dq_hot_bits(const dq_codec *codec, dq_kind kind);
+/* Offsets (see the layout above) of the key (s, o) pairs, the value (s, o) pairs, the key codes
+ * and the value codes, in that order, in off[4]; returns dq_hot_window_bytes (0: not D-Quant). */
+DQ_API size_t dq_hot_offsets(const dq_codec *codec, size_t off[4]);
+
+/* Transcodes a window record (dq_codec_window_bytes, borrowed) into a hot window
+ * (dq_hot_window_bytes, written; must not overlap it). Every stream's levels come from the
+ * reference decoder (dq_stream_decode_levels). Returns 0, DQ_INVALID_ARGUMENT, DQ_UNSUPPORTED
+ * (not D-Quant), or DQ_CORRUPT when a container is not a valid stream (the hot window is still
+ * written in full, with the levels the decoder produced: it reconstructs what the record does). */
+DQ_API int dq_hot_transcode(const dq_codec *codec, const uint8_t *window, uint8_t *hot);
+
+/* Checks bytes bytes at hot as a hot window of the codec: DQ_TRUNCATED when bytes is below
+ * dq_hot_window_bytes, DQ_CORRUPT when the key-mean scale is not finite, a stream's s is negative
+ * or not finite, an o is not finite, a code is >= M, or padding (the mean block's, a group's bits
+ * past its channels or past b·32) is not zero. Returns 0 when it is a window dq_hot_transcode can
+ * produce from a valid record. */
+DQ_API int dq_hot_check(const dq_codec *codec, const uint8_t *hot, size_t bytes);
+
+/* The levels (n bytes) of token t's stream of a kind. Returns 0, DQ_INVALID_ARGUMENT (t >= W). */
+DQ_API int dq_hot_levels(const dq_codec *codec, const uint8_t *hot, dq_kind kind, size_t t, uint8_t *levels);
+
+/* Decodes tokens [first, first + count) of a hot window (first + count <= W) to out
+ * ([count, kv_heads, head_dim] of dtype, original domain): bit-identical to dq_tokens_decode of
+ * the record it was transcoded from. Returns 0, DQ_INVALID_ARGUMENT, DQ_DTYPE, DQ_OUT_OF_BOUNDS,
+ * DQ_UNSUPPORTED. */
+DQ_API int dq_hot_decode(const dq_codec *codec, dq_workspace *ws, const uint8_t *hot, dq_kind kind, size_t first,
+                         size_t count, void *out, dq_dtype dtype);
+
+/* One attention item over a layer held as hot windows plus a BF16 tail (all borrowed). */
+typedef struct dq_hot_item {
+    const uint8_t *const *windows; /* nwin hot windows, oldest first */
+    size_t nwin;
+    const uint16_t *tail_k; /* BF16 [tail_tokens, kv_heads, head_dim]; NULL when tail_tokens is 0 */
+    const uint16_t *tail_v;
+    size_t tail_tokens;
+    const float *q; /* [q_heads, head_dim], original domain */
+    float *out;     /* [q_heads, head_dim]; written */
+    float *lse;     /* [q_heads]; written; may be NULL */
+} dq_hot_item;
+
+/* dq_attend over hot windows: the same computation in the same order (levels, scales, offsets and
+ * means are the record's), so for a layer whose windows were transcoded from its records the
+ * outputs and LSE are identical to dq_attend's. The reference the GPU's hot attention is checked
+ * against. Errors as dq_attend (queries: DQ_NONFINITE, DQ_RANGE; DQ_SHAPE; a non-finite result:
+ * DQ_RANGE) and DQ_UNSUPPORTED for a codec that is not D-Quant. */
+DQ_API int dq_hot_attend(const dq_codec *codec, dq_workspace *ws, uint32_t q_heads, float scale,
+                         const dq_hot_item *items, size_t nitems);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,203 @@
+/* The hot layout (dquant/hot.h): a window's levels at fixed width, transcoded losslessly from its
+ * record, and their reconstruction. */
+#include <math.h>
+#include <string.h>
+
+#include "codec_internal.h"
+#include "dquant/hot.h"
+
+static size_t align16(size_t x)
+{
+    return (x + 15) & ~(size_t)15;
+}
+
+static uint32_t bits_for(uint32_t M)
+{
+    uint32_t b = 1;
+    while ((1u << b) < M)
+        b++;
+    return b;
+}
+
+uint32_t dq_hot_bits(const dq_codec *codec, dq_kind kind)
+{
+    if (!codec || codec->profile.codec_type != DQ_CODEC_DQUANT || (kind != DQ_KIND_K && kind != DQ_KIND_V))
+        return 0;
+    return bits_for(codec->kt[kind].levels);
+}
+
+size_t dq_hot_offsets(const dq_codec *codec, size_t off[4])
+{
+    if (!codec || codec->profile.codec_type != DQ_CODEC_DQUANT)
+        return 0;
+    const size_t n = codec->n, W = codec->profile.window, G = (n + 31) / 32;
+    const size_t A = align16(2 + n), CK = align16(A + 8 * W);
+    const size_t CV = CK + 4 * G * bits_for(codec->kt[0].levels) * W;
+    if (off) {
+        off[0] = A;
+        off[1] = A + 4 * W;
+        off[2] = CK;
+        off[3] = CV;
+    }
+    return CV + 4 * G * bits_for(codec->kt[1].levels) * W;
+}
+
+size_t dq_hot_window_bytes(const dq_codec *codec)
+{
+    return dq_hot_offsets(codec, NULL);
+}
+
+/* Packs the n levels of token t into its b words of every group (the caller zeroed them). */
+static void pack_levels(uint8_t *codes, const uint8_t *lev, uint32_t n, uint32_t b, size_t W, size_t t)
+{
+    for (uint32_t j = 0; j < n; j++) {
+        const size_t g = j / 32, p = (size_t)(j % 32) * b;
+        const uint64_t v = (uint64_t)lev[j] << (p % 32);
+        uint8_t *w0 = codes + 4 * ((g * b + p / 32) * W + t);
+        uint32_t lo = (uint32_t)(w0[0] | w0[1] << 8 | w0[2] << 16 | (uint32_t)w0[3] << 24);
+        lo |= (uint32_t)v;
+        w0[0] = (uint8_t)lo;
+        w0[1] = (uint8_t)(lo >> 8);
+        w0[2] = (uint8_t)(lo >> 16);
+        w0[3] = (uint8_t)(lo >> 24);
+        if (v >> 32) {
+            uint8_t *w1 = w0 + 4 * W;
+            w1[0] |= (uint8_t)(v >> 32);
+        }
+    }
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void unpack_levels(const uint8_t *codes, uint8_t *lev, uint32_t n, uint32_t b, size_t W, size_t t)
+{
+    const uint32_t mask = (1u << b) - 1;
+    for (uint32_t j = 0; j < n; j++) {
+        const size_t g = j / 32, p = (size_t)(j % 32) * b;
+        const uint8_t *w0 = codes + 4 * ((g * b + p / 32) * W + t);
+        uint64_t v = get_u32(w0) >> (p % 32);
+        if (p % 32 + b > 32)
+            v |= (uint64_t)get_u32(w0 + 4 * W) << (32 - p % 32);
+        lev[j] = (uint8_t)(v & mask);
+    }
+}
+
+int dq_hot_transcode(const dq_codec *codec, const uint8_t *window, uint8_t *hot)
+{
+    DQ_RETURN_IF(!codec || !window || !hot, DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(codec->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
+    size_t off[4];
+    const size_t bytes = dq_hot_offsets(codec, off);
+    const uint32_t n = codec->n;
+    const size_t W = codec->profile.window;
+    uint8_t small[256];
+    uint8_t *lev = small;
+    if (n > sizeof small) {
+        lev = dq__alloc(&codec->alloc, n);
+        DQ_RETURN_IF(!lev, DQ_NOMEM);
+    }
+    memset(hot, 0, bytes);
+    memcpy(hot, dq_window_mean(codec, window), codec->mean_bytes);
+    int rc = DQ_OK;
+    for (int kind = 0; kind < 2; kind++) {
+        const uint32_t b = bits_for(codec->kt[kind].levels);
+        uint8_t *so = hot + off[kind], *codes = hot + off[2 + kind];
+        for (size_t t = 0; t < W; t++) {
+            const uint8_t *rec = dq_window_record(codec, window, (dq_kind)kind, t);
+            memcpy(so + 4 * t, rec, 4);
+            if (dq_stream_decode_levels(codec, (dq_kind)kind, rec, lev) != DQ_OK)
+                rc = DQ_CORRUPT;
+            pack_levels(codes, lev, n, b, W, t);
+        }
+    }
+    if (lev != small)
+        dq__free(&codec->alloc, lev);
+    return rc;
+}
+
+int dq_hot_check(const dq_codec *codec, const uint8_t *hot, size_t bytes)
+{
+    DQ_RETURN_IF(!codec || !hot, DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(codec->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
+    size_t off[4];
+    const size_t need = dq_hot_offsets(codec, off);
+    DQ_RETURN_IF(bytes < need, DQ_TRUNCATED);
+    const uint32_t n = codec->n;
+    const size_t W = codec->profile.window, G = (n + 31) / 32;
+    DQ_RETURN_IF((dq__get_u16(hot) & 0x7c00u) == 0x7c00u, DQ_CORRUPT);
+    for (size_t i = codec->mean_bytes; i < off[0]; i++)
+        DQ_RETURN_IF(hot[i] != 0, DQ_CORRUPT);
+    for (int kind = 0; kind < 2; kind++) {
+        const uint32_t M = codec->kt[kind].levels, b = bits_for(M), mask = (1u << b) - 1;
+        const uint8_t *so = hot + off[kind], *codes = hot + off[2 + kind];
+        for (size_t t = 0; t < W; t++) {
+            const uint16_t sh = dq__get_u16(so + 4 * t), oh = dq__get_u16(so + 4 * t + 2);
+            DQ_RETURN_IF((sh & 0x7c00u) == 0x7c00u || (oh & 0x7c00u) == 0x7c00u || (sh & 0x8000u), DQ_CORRUPT);
+            for (size_t g = 0; g < G; g++) {
+                /* the group's bit string, code by code; channels past n must be zero codes */
+                for (uint32_t c = 0; c < 32; c++) {
+                    const size_t p = (size_t)c * b;
+                    const uint8_t *w0 = codes + 4 * ((g * b + p / 32) * W + t);
+                    uint64_t v = get_u32(w0) >> (p % 32);
+                    if (p % 32 + b > 32)
+                        v |= (uint64_t)get_u32(w0 + 4 * W) << (32 - p % 32);
+                    const uint32_t code = (uint32_t)(v & mask);
+                    DQ_RETURN_IF(code >= M || (g * 32 + c >= n && code), DQ_CORRUPT);
+                }
+            }
+        }
+    }
+    return DQ_OK;
+}
+
+int dq_hot_levels(const dq_codec *codec, const uint8_t *hot, dq_kind kind, size_t t, uint8_t *levels)
+{
+    DQ_RETURN_IF(!codec || !hot || !levels || (kind != DQ_KIND_K && kind != DQ_KIND_V), DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(codec->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
+    DQ_RETURN_IF(t >= codec->profile.window, DQ_INVALID_ARGUMENT);
+    size_t off[4];
+    dq_hot_offsets(codec, off);
+    unpack_levels(hot + off[2 + kind], levels, codec->n, bits_for(codec->kt[kind].levels), codec->profile.window, t);
+    return DQ_OK;
+}
+
+int dq_hot_decode(const dq_codec *codec, dq_workspace *ws, const uint8_t *hot, dq_kind kind, size_t first, size_t count,
+                  void *out, dq_dtype dtype)
+{
+    DQ_RETURN_IF(!codec || !ws || !dq__ws_fits(ws, codec) || !hot || (count && !out) ||
+                     (kind != DQ_KIND_K && kind != DQ_KIND_V),
+                 DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(!dq_dtype_size(dtype), DQ_DTYPE);
+    DQ_RETURN_IF(codec->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
+    const size_t W = codec->profile.window;
+    DQ_RETURN_IF(first > W || count > W - first, DQ_OUT_OF_BOUNDS);
+    size_t off[4];
+    dq_hot_offsets(codec, off);
+    const uint32_t n = codec->n, b = bits_for(codec->kt[kind].levels);
+    float *mu = ws->f1, *y = ws->f0;
+    uint8_t *lev = ws->b0;
+    if (kind == DQ_KIND_K)
+        dq__mean_dequant(codec, hot, mu);
+    for (size_t i = 0; i < count; i++) {
+        const size_t t = first + i;
+        const uint8_t *so = hot + off[kind] + 4 * t;
+        const float s = dq_f16_to_f32(dq__get_u16(so)), o = dq_f16_to_f32(dq__get_u16(so + 2));
+        unpack_levels(hot + off[2 + kind], lev, n, b, W, t);
+        /* the expression of dq_tokens_decode, operation for operation (bit-identical) */
+        if (kind == DQ_KIND_K) {
+            for (uint32_t j = 0; j < n; j++)
+                y[j] = (o + s * (float)lev[j]) + mu[j];
+        } else {
+            for (uint32_t j = 0; j < n; j++)
+                y[j] = o + s * (float)lev[j];
+        }
+        dq_unrotate(codec, y);
+        const size_t base = i * n;
+        for (uint32_t j = 0; j < n; j++)
+            dq__store_elem(out, dtype, base + j, y[j]);
+    }
+    return DQ_OK;
+}
