@@ -14,13 +14,14 @@ void dqd_append_clear(dqd_append *a)
     a->tail_k = a->tail_v = NULL;
 }
 
-int dqd_append_apply(dqd_append *a, dqd_codec *codec, dq_workspace *ws, dq_layer **slot, const void *k, const void *v,
-                     dq_dtype dtype, size_t ntok, dq_encode_stats *stats)
+int dqd_append_apply(dqd_append *a, dqd_codec *codec, uint32_t layer_index, dq_workspace *ws, dq_layer **slot,
+                     const void *k, const void *v, dq_dtype dtype, size_t ntok, dq_encode_stats *stats)
 {
     memset(a, 0, sizeof *a);
     int rc;
     if (!*slot) {
-        rc = dq_layer_create(codec->codec, slot);
+        const dq_codec *view = dqd_codec_view(codec, layer_index);
+        rc = view ? dq_layer_create(view, slot) : DQ_OUT_OF_BOUNDS;
         if (rc < 0)
             return rc;
         a->created = true;
@@ -57,8 +58,8 @@ int dqd_append_apply(dqd_append *a, dqd_codec *codec, dq_workspace *ws, dq_layer
     return DQ_OK;
 }
 
-int dqd_append_raw(dqd_append *a, dqd_codec *codec, dq_workspace *ws, dq_layer **slot, const dqd_raw_in *in,
-                   size_t *bad_window)
+int dqd_append_raw(dqd_append *a, dqd_codec *codec, uint32_t layer_index, dq_workspace *ws, dq_layer **slot,
+                   const dqd_raw_in *in, size_t *bad_window)
 {
     memset(a, 0, sizeof *a);
     const size_t elems = in->tail_tokens * codec->n;
@@ -81,7 +82,8 @@ int dqd_append_raw(dqd_append *a, dqd_codec *codec, dq_workspace *ws, dq_layer *
             goto out;
     }
     if (!*slot) {
-        rc = dq_layer_create(codec->codec, slot);
+        const dq_codec *view = dqd_codec_view(codec, layer_index);
+        rc = view ? dq_layer_create(view, slot) : DQ_OUT_OF_BOUNDS;
         if (rc < 0)
             goto out;
         a->created = true;
@@ -96,7 +98,7 @@ int dqd_append_raw(dqd_append *a, dqd_codec *codec, dq_workspace *ws, dq_layer *
         rc = dq_layer_append(layer, ws, tk, tv, DQ_DTYPE_BF16, in->tail_tokens, NULL);
         if (rc < 0 && dq_layer_window_count(layer) != a->nwin0) {
             a->applied = true;
-            if (dqd_append_rollback(a, codec, slot) < 0)
+            if (dqd_append_rollback(a, codec, layer_index, slot) < 0)
                 rc = DQ_INTERNAL; /* the layer could not be put back: the caller drops the sequence */
         }
     }
@@ -116,7 +118,7 @@ out:
     return rc;
 }
 
-int dqd_append_rollback(dqd_append *a, dqd_codec *codec, dq_layer **slot)
+int dqd_append_rollback(dqd_append *a, dqd_codec *codec, uint32_t layer_index, dq_layer **slot)
 {
     if (!a->applied)
         return DQ_OK;
@@ -152,8 +154,10 @@ int dqd_append_rollback(dqd_append *a, dqd_codec *codec, dq_layer **slot)
             memcpy(windows + i * codec->window_bytes, dq_layer_window(layer, i), codec->window_bytes);
     }
     dq_layer *fresh = NULL;
-    int rc = dq_layer_restore(codec->codec, windows ? windows : (const uint8_t *)none, a->nwin0, tk, tv, a->tail0,
-                              &fresh);
+    const dq_codec *view = dqd_codec_view(codec, layer_index);
+    int rc = !view ? DQ_OUT_OF_BOUNDS
+                   : dq_layer_restore(view, windows ? windows : (const uint8_t *)none, a->nwin0, tk, tv, a->tail0,
+                                      &fresh);
     free(windows);
     if (rc < 0) {
         DQD_ERROR("cannot roll back a layer to %zu tokens: %s", a->tokens0, dq_strerror(rc));

@@ -26,10 +26,11 @@ typedef struct dqd_append {
     uint16_t *tail_v;
 } dqd_append;
 
-/* Appends ntok tokens (k, v: [ntok, kv_heads, head_dim] of dtype) to *slot, creating the layer if
- * *slot is NULL. On failure the slot is as before (a created layer is freed again). */
-int dqd_append_apply(dqd_append *a, dqd_codec *codec, dq_workspace *ws, dq_layer **slot, const void *k, const void *v,
-                     dq_dtype dtype, size_t ntok, dq_encode_stats *stats);
+/* Appends ntok tokens (k, v: [ntok, kv_heads, head_dim] of dtype) to *slot, model layer `layer`,
+ * creating the layer with that layer's codec view (dqd_codec_view) if *slot is NULL. On failure
+ * the slot is as before (a created layer is freed again). */
+int dqd_append_apply(dqd_append *a, dqd_codec *codec, uint32_t layer, dq_workspace *ws, dq_layer **slot, const void *k,
+                     const void *v, dq_dtype dtype, size_t ntok, dq_encode_stats *stats);
 /* Records a client encoded itself (PUT_RAW): windows whole window records, then tail_tokens (< W)
  * BF16 tail tokens of K and V ([tail_tokens, kv_heads, head_dim], any alignment). */
 typedef struct dqd_raw_in {
@@ -43,11 +44,11 @@ typedef struct dqd_raw_in {
  * tail is checked first (DQ_NONFINITE, DQ_RANGE), then every record (DQ_CORRUPT, *bad_window the
  * first bad one's index); nothing is re-encoded. On failure the slot is as before. Undone by
  * dqd_append_rollback like any append. */
-int dqd_append_raw(dqd_append *a, dqd_codec *codec, dq_workspace *ws, dq_layer **slot, const dqd_raw_in *in,
-                   size_t *bad_window);
+int dqd_append_raw(dqd_append *a, dqd_codec *codec, uint32_t layer, dq_workspace *ws, dq_layer **slot,
+                   const dqd_raw_in *in, size_t *bad_window);
 /* Undoes an applied append (no-op otherwise). DQ_NOMEM / DQ_CORRUPT if the previous state cannot
  * be rebuilt: the caller must then drop the whole sequence. */
-int dqd_append_rollback(dqd_append *a, dqd_codec *codec, dq_layer **slot);
+int dqd_append_rollback(dqd_append *a, dqd_codec *codec, uint32_t layer, dq_layer **slot);
 /* Frees the snapshot. */
 void dqd_append_clear(dqd_append *a);
 

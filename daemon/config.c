@@ -85,7 +85,10 @@ static const dqd_option options[] = {
     {"workers", "server", "workers", OPT_U32, FIELD(workers), 1, 256, "N", "number of CPUs",
      "Worker threads for encoding, decoding and attention."},
     {"backend", "server", "backend", OPT_BACKEND, 0, 0, 0, "cpu|cuda", "cpu",
-     "Codec backend. cuda falls back to cpu (with a log line) when not built with CUDA or no GPU."},
+     "Codec backend. cuda falls back to cpu (with a log line) when not built with CUDA or no GPU. On cuda, "
+     "models of the D-Quant codec live on the GPU; every other profile (bf16, int-b, kivi, turbo and the "
+     "KVQuant++ family lm/lmh/ip/ol/pq, with or without +lr/+d) is served on the host path with the cpu "
+     "codec: PUT, GET, ATTEND, COMPRESS and DECOMPRESS give the same answers as on the cpu backend."},
     {"io-threads", "server", "io_threads", OPT_U32, FIELD(io_threads), 0, 64, "N", "4",
      "Threads that read the rest of a large frame (1 MiB or more still to come) straight from its socket "
      "while the data flows, so that several connections' large PUTs are read at once; a connection whose "
@@ -182,6 +185,11 @@ static const dqd_option options[] = {
      "Chunk keys of one LOOKUP or PUT_CHUNKS request at most."},
     {"max-lease-ms", "limits", "max_lease_ms", OPT_U32, FIELD(max_lease_ms), 1, 1u << 30, "MS", "60000",
      "Longest lease a LOOKUP may take on the chunks it found."},
+    {"max-calibration-bytes", "limits", "max_calibration_bytes", OPT_SIZE, FIELD(max_calibration), 0, 1 * TiB, "SIZE",
+     "64M",
+     "Largest KVQuant++ calibration REGISTER_MODEL takes (the per-layer codebooks and outlier channels "
+     "dq_kvq_calibrate writes, sent in the frame's payload; the model keeps a copy). Also bounded by "
+     "max-payload."},
     {"max-leases", "limits", "max_leases", OPT_U32, FIELD(max_leases), 1, 1u << 20, "N", "1024",
      "Live LOOKUP leases of one connection at most."},
     {"metrics", "metrics", "listen", OPT_METRICS, 0, 0, 0, "HOST:PORT|off", "127.0.0.1:9733",
@@ -254,6 +262,7 @@ void dqd_config_default(dqd_config *cfg)
     cfg->max_batch_items = 4096;
     cfg->max_lookup_keys = 65536;
     cfg->max_lease_ms = 60000;
+    cfg->max_calibration = 64 * MiB;
     cfg->max_leases = 1024;
     cfg->max_models = 256;
     cfg->max_models_per_client = 64;

@@ -73,6 +73,7 @@ typedef struct dqd_config {
     uint32_t max_batch_items; /* ATTEND items */
     uint32_t max_lookup_keys; /* chunk keys of one LOOKUP / PUT_CHUNKS */
     uint32_t max_lease_ms;    /* longest LOOKUP lease */
+    uint64_t max_calibration; /* REGISTER_MODEL's KVQ calibration bytes */
     uint32_t max_leases;      /* live LOOKUP leases per connection */
     uint32_t max_models;
     uint32_t max_models_per_client; /* 0: no per-client limit */

@@ -41,6 +41,7 @@ int dqd_ctx_init(dqd_ctx *ctx, uv_loop_t *loop, const dqd_config *cfg)
     ctx->limits.max_batch_items = cfg->max_batch_items;
     ctx->limits.max_lookup_keys = cfg->max_lookup_keys;
     ctx->limits.max_lease_ms = cfg->max_lease_ms;
+    ctx->limits.max_calibration = cfg->max_calibration;
     ctx->frame_limits.max_header = (uint32_t)cfg->max_header;
     ctx->frame_limits.max_payload = cfg->max_payload;
     dqd_hostmem_init(&ctx->mem);

@@ -297,13 +297,84 @@ static int write_layer(spill_job *job, size_t i)
     return DQ_OK;
 }
 
+static int pread_full(int fd, void *buf, size_t len, uint64_t off);
+
+/* A model's KVQ calibration (dquant/kvq.h) beside its records: "kvqcal-HASH.dqkc", HASH the
+ * profile's kvq_calib_hash in 16 hex digits, so that a restart registers the model of a record again
+ * with it. Written once (tmp + rename, like a record) before the first record of the model is
+ * published; never removed (one per calibration, not counted in the capacity). */
+static void calib_name(uint64_t hash, char out[40])
+{
+    snprintf(out, 40, "kvqcal-%016" PRIx64 ".dqkc", hash);
+}
+
+static int calib_persist(const dqd_disktier *d, const dqd_codec *codec, uint64_t stamp)
+{
+    char name[40], tmp[64];
+    calib_name(codec->profile.kvq_calib_hash, name);
+    if (faccessat(d->dirfd, name, F_OK, 0) == 0)
+        return DQ_OK;
+    snprintf(tmp, sizeof tmp, "%s.%" PRIu64 ".tmp", name, stamp);
+    int fd = openat(d->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        DQD_WARN("cannot create %s/%s: %s", d->dir, tmp, strerror(errno));
+        return DQ_IO;
+    }
+    struct iovec iov = {codec->calib, codec->calib_len};
+    int err = pwritev_full(fd, &iov, 1, 0);
+    if (!err && d->sync && fdatasync(fd) < 0)
+        err = errno;
+    if (close(fd) < 0 && !err)
+        err = errno;
+    if (!err && renameat(d->dirfd, tmp, d->dirfd, name) < 0)
+        err = errno;
+    if (err) {
+        DQD_WARN("writing the calibration %s/%s: %s", d->dir, name, strerror(err));
+        unlinkat(d->dirfd, tmp, 0);
+        return DQ_IO;
+    }
+    sync_dir(d);
+    return DQ_OK;
+}
+
+/* The calibration of a record's profile read back (malloc'd); DQ_NOT_FOUND, DQ_IO, DQ_TOO_LARGE. */
+static int calib_load(const dqd_disktier *d, uint64_t hash, uint8_t **out, size_t *len)
+{
+    char name[40];
+    calib_name(hash, name);
+    *out = NULL;
+    int fd = openat(d->dirfd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? DQ_NOT_FOUND : DQ_IO;
+    struct stat st;
+    int rc = fstat(fd, &st) < 0 ? DQ_IO : DQ_OK;
+    if (rc == DQ_OK && ((uint64_t)st.st_size > d->ctx->cfg->max_calibration || st.st_size <= 0))
+        rc = DQ_TOO_LARGE;
+    uint8_t *buf = rc == DQ_OK ? malloc((size_t)st.st_size) : NULL;
+    if (rc == DQ_OK && !buf)
+        rc = DQ_NOMEM;
+    if (rc == DQ_OK)
+        rc = pread_full(fd, buf, (size_t)st.st_size, 0);
+    close(fd);
+    if (rc < 0) {
+        free(buf);
+        return rc;
+    }
+    *out = buf;
+    *len = (size_t)st.st_size;
+    return DQ_OK;
+}
+
 /* The meta (with every layer's hash) last, then the rename that publishes the record. */
 static int write_finish(spill_job *job)
 {
     const dqd_disktier *d = job->d;
     int rc = DQ_OK;
-    uint8_t *buf = malloc(job->meta.meta_len);
-    if (!buf)
+    const dqd_codec *codec = job->seq->model->codec;
+    if (codec->calib)
+        rc = calib_persist(d, codec, job->drec->stamp);
+    uint8_t *buf = rc == DQ_OK ? malloc(job->meta.meta_len) : NULL;
+    if (rc == DQ_OK && !buf)
         rc = DQ_NOMEM;
     if (rc == DQ_OK)
         rc = dqd_rec_meta_write(&job->meta, buf, job->meta.meta_len);
@@ -428,8 +499,10 @@ static int pread_full(int fd, void *buf, size_t len, uint64_t off)
     return DQ_OK;
 }
 
-/* One layer back: its bytes read and checked against the record's hash, then restored. */
-static int read_layer(const dqd_disktier *d, int fd, const dqd_codec *codec, const dqd_rec_layer *rl, dq_layer **out)
+/* Model layer `layer` back: its bytes read and checked against the record's hash, then restored
+ * with that layer's codec view (a per-layer calibrated codec has one per layer). */
+static int read_layer(const dqd_disktier *d, int fd, const dqd_codec *codec, uint32_t layer, const dqd_rec_layer *rl,
+                      dq_layer **out)
 {
     *out = NULL;
     if (!rl->present)
@@ -458,8 +531,11 @@ static int read_layer(const dqd_disktier *d, int fd, const dqd_codec *codec, con
             XXH3_freeState(st);
         }
     }
+    const dq_codec *view = dqd_codec_view(codec, layer);
+    if (rc == DQ_OK && !view)
+        rc = DQ_CORRUPT; /* a record of more layers than the model's calibration */
     if (rc == DQ_OK)
-        rc = dq_layer_restore_unchecked(codec->codec, win, rl->nwin, tk, tv, rl->tail, out); /* checksummed */
+        rc = dq_layer_restore_unchecked(view, win, rl->nwin, tk, tv, rl->tail, out); /* checksummed */
     if (rc == DQ_IO)
         DQD_WARN("reading a record in %s: %s", d->dir, strerror(errno));
     free(win);
@@ -472,7 +548,7 @@ static void load_layer_task(void *arg, size_t i)
 {
     load_job *job = arg;
     const dqd_seq *seq = job->seq;
-    job->lrc[i] = read_layer(job->d, job->fd, seq->model->codec, &seq->drec->layers[i], &job->layers[i]);
+    job->lrc[i] = read_layer(job->d, job->fd, seq->model->codec, (uint32_t)i, &seq->drec->layers[i], &job->layers[i]);
 }
 
 static void load_done(void *arg)
@@ -622,16 +698,29 @@ static dqd_model *record_model(dqd_disktier *d, const dqd_rec_meta *m)
         .head_dim = rm->head_dim,
         .chunk_tokens = rm->chunk_tokens,
     };
+    uint8_t *calib = NULL;
+    dq_profile p;
     if (rm->builtin[0]) {
         spec.profile_name = rm->builtin;
     } else {
         spec.profile = rm->profile;
         spec.profile_len = rm->profile_len;
+        if (dq_profile_deserialize(rm->profile, rm->profile_len, &p) == DQ_OK && p.codec_type == DQ_CODEC_KVQ &&
+            p.kvq_calib_hash) {
+            int crc = calib_load(d, p.kvq_calib_hash, &calib, &spec.calibration_len);
+            if (crc < 0) {
+                DQD_WARN("disk tier: the calibration of model '%s' (kvqcal-%016" PRIx64 ".dqkc): %s", rm->name,
+                         p.kvq_calib_hash, dq_strerror(crc));
+                return NULL;
+            }
+            spec.calibration = calib;
+        }
     }
     dqd_model *model;
     bool existed;
     char msg[256];
     int rc = dqd_registry_register(d->ctx->reg, &spec, &model, &existed, msg, sizeof msg);
+    free(calib);
     if (rc < 0) {
         DQD_WARN("disk tier: cannot register model '%s' of a record: %s", rm->name, msg);
         return NULL;

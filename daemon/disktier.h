@@ -28,6 +28,10 @@
  * spills: the GPU tier's victims go to host memory as before (or are dropped when it has no room)
  * and reach the disk from there.
  *
+ * A model registered with a KVQ calibration (registry.h) has it written once beside its records
+ * ("kvqcal-HASH.dqkc", before its first record is published), so that a restart registers the
+ * model again with it; records whose calibration file is missing or refused are dropped.
+ *
  * Loop thread only, except the tasks it runs on the workers. */
 #ifndef DQD_DISKTIER_H
 #define DQD_DISKTIER_H

@@ -728,12 +728,15 @@ static void attend_task(void *arg, size_t c)
             i++;
             continue;
         }
-        /* A run of items of one codec shares a workspace and one dq_attend call. */
+        /* A run of items of one codec view (the codec, or one layer's of a per-layer calibrated
+         * codec) shares a workspace and one dq_attend call. */
         dqd_codec *codec = op->items[i].codec;
+        const dq_codec *view = dqd_codec_view(codec, op->items[i].layer);
         size_t j = i;
         dq_attn_item batch[64];
         size_t nb = 0;
-        while (j < hi && op->items[j].codec == codec && !op->items[j].gpu && nb < 64) {
+        while (j < hi && op->items[j].codec == codec && dqd_codec_view(codec, op->items[j].layer) == view &&
+               !op->items[j].gpu && nb < 64) {
             att_item *it = &op->items[j];
             const dq_layer *l = it->seq->layers[it->layer];
             if (!l) {
@@ -747,7 +750,7 @@ static void attend_task(void *arg, size_t c)
         }
         if (nb) {
             dq_workspace *ws = dqd_codec_ws_take(codec);
-            int rc = ws ? dq_attend(codec->codec, ws, op->q_heads, op->scale, batch, nb) : DQ_NOMEM;
+            int rc = ws ? dq_attend(view, ws, op->q_heads, op->scale, batch, nb) : DQ_NOMEM;
             dqd_codec_ws_give(codec, ws);
             for (size_t k = i; k < j; k++)
                 op->items[k].rc = rc;

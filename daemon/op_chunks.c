@@ -209,9 +209,10 @@ static void raw_check_task(void *arg, size_t i)
 {
     chunks_op *op = arg;
     const dqd_codec *codec = op->model->codec;
+    const dq_codec *view = dqd_codec_view(codec, (uint32_t)i); /* i: the model layer */
     op->raw_rc[i] = DQ_OK;
     for (size_t w = 0; w < op->raw[i].windows; w++) {
-        int rc = dq_window_check(codec->codec, op->raw[i].records + w * codec->window_bytes);
+        int rc = dq_window_check(view, op->raw[i].records + w * codec->window_bytes);
         if (rc < 0) {
             op->raw_rc[i] = rc;
             op->raw_bad[i] = w;

@@ -1,5 +1,6 @@
 /* dquantd COMPRESS and DECOMPRESS: the codec as a stateless remote service. Work is split by
- * key-mean window (W tokens) over the workers.
+ * key-mean window (W tokens) over the workers. A per-layer calibrated (KVQ) codec encodes and decodes
+ * with the view of the request's layer.
  *
  * COMPRESS reply payload: means (keys only: one mean block per W tokens, the last covering the
  * rest) then records (tokens x record bytes). DECOMPRESS takes the same two tensors back. */
@@ -10,6 +11,7 @@
 #include "ctx.h"
 #include "dquant/codec.h"
 #include "dquant/error.h"
+#include "dquant/kvq.h"
 #include "logging.h"
 #include "ops_internal.h"
 #include "tensor.h"
@@ -19,6 +21,7 @@ typedef struct codec_op {
     dqd_req *req;
     dqd_ctx *ctx;
     dqd_codec *codec;
+    const dq_codec *view; /* dqd_codec_view of the request's layer */
     dq_kind kind;
     uint64_t tokens, blocks;
     size_t nchunks;
@@ -58,8 +61,22 @@ static codec_op *codec_op_with(dqd_req *req, dqd_codec *codec, dq_kind kind)
     op->req = req;
     op->ctx = req->ctx;
     op->codec = codec;
+    op->view = codec->codec;
     op->kind = kind;
     return op;
+}
+
+/* Sets op's view of model layer `layer`; on failure replies (op freed) and returns false. */
+static bool codec_op_layer(codec_op *op, uint32_t layer)
+{
+    op->view = dqd_codec_view(op->codec, layer);
+    if (op->view)
+        return true;
+    char msg[160];
+    snprintf(msg, sizeof msg, "layer %u outside the profile's calibration of %u layers", layer,
+             op->codec->calib_layers);
+    codec_op_fail(op, DQ_OUT_OF_BOUNDS, msg);
+    return false;
 }
 
 /* The op for req with the codec of profile p; on failure replies to req and returns NULL. */
@@ -67,6 +84,13 @@ static codec_op *codec_op_new(dqd_req *req, const dq_profile *p, dq_kind kind)
 {
     dqd_codec *codec;
     int rc = dqd_registry_codec(req->ctx->reg, p, &codec);
+    if (rc == DQ_PROFILE && p->codec_type == DQ_CODEC_KVQ && dq_profile_needs_calibration(p)) {
+        dqd_req_fail(req, rc,
+                     "profile '%s' needs a calibration: register a model with it (REGISTER_MODEL calibration) and "
+                     "compress with that model",
+                     p->name);
+        return NULL;
+    }
     if (rc < 0) {
         dqd_req_fail(req, rc, "cannot create the codec: %s", dq_strerror(rc));
         return NULL;
@@ -114,9 +138,9 @@ static void compress_task(void *arg, size_t c)
         op->rc[c] = dqd_tensor_aligned(&slice, &src, &tmp);
         if (op->rc[c] < 0)
             break;
-        uint8_t *mean = op->kind == DQ_KIND_K ? op->out + b * op->codec->mean_bytes : NULL;
+        uint8_t *mean = op->kind == DQ_KIND_K && op->codec->mean_bytes ? op->out + b * op->codec->mean_bytes : NULL;
         uint8_t *rec = op->out + op->means_len + t0 * rb;
-        op->rc[c] = dq_tokens_encode(op->codec->codec, ws, op->kind, src, dqd_tensor_dtype(&op->x), ntok, mean, rec, rb,
+        op->rc[c] = dq_tokens_encode(op->view, ws, op->kind, src, dqd_tensor_dtype(&op->x), ntok, mean, rec, rb,
                                      &op->stats[c]);
         free(tmp);
     }
@@ -163,16 +187,23 @@ void dqd_op_compress(dqd_req *req)
 {
     dqd_ctx *ctx = req->ctx;
     const Dquant__Compress *c = req->msg->compress;
-    const dq_profile *prof;
     dq_profile builtin;
     int rc;
+    codec_op *op;
     if (c->model && *c->model) {
         dqd_model *m = dqd_registry_find(ctx->reg, c->model);
         if (!m) {
             dqd_req_fail(req, DQ_NOT_FOUND, "no model named '%s'", c->model);
             return;
         }
-        prof = &m->codec->profile;
+        if (c->layer >= m->layers) {
+            dqd_req_fail(req, DQ_OUT_OF_BOUNDS, "layer %u outside model '%s' of %u layers", c->layer, m->name,
+                         m->layers);
+            return;
+        }
+        /* The model's own codec: its calibration included. */
+        dqd_registry_codec_ref(ctx->reg, m->codec);
+        op = codec_op_with(req, m->codec, c->kind ? DQ_KIND_V : DQ_KIND_K);
     } else {
         rc = dq_profile_builtin(c->profile_name, c->kv_heads, c->head_dim, &builtin);
         if (rc < 0) {
@@ -180,10 +211,9 @@ void dqd_op_compress(dqd_req *req)
                          c->head_dim, dq_strerror(rc));
             return;
         }
-        prof = &builtin;
+        op = codec_op_new(req, &builtin, c->kind ? DQ_KIND_V : DQ_KIND_K);
     }
-    codec_op *op = codec_op_new(req, prof, c->kind ? DQ_KIND_V : DQ_KIND_K);
-    if (!op)
+    if (!op || !codec_op_layer(op, c->layer))
         return;
     const dqd_codec *codec = op->codec;
 
@@ -232,8 +262,10 @@ static void decompress_task(void *arg, size_t c)
     for (uint64_t b = lo; b < hi; b++) {
         uint64_t t0 = b * p->window;
         size_t ntok = (size_t)(op->tokens - t0 < p->window ? op->tokens - t0 : p->window);
-        const uint8_t *mean = op->kind == DQ_KIND_K ? op->means.data + b * op->codec->mean_bytes : NULL;
-        int rc = dq_tokens_decode(op->codec->codec, ws, op->kind, mean, op->records.data + t0 * rb, rb, ntok,
+        const uint8_t *mean = op->kind == DQ_KIND_K && op->codec->mean_bytes
+                                  ? op->means.data + b * op->codec->mean_bytes
+                                  : NULL;
+        int rc = dq_tokens_decode(op->view, ws, op->kind, mean, op->records.data + t0 * rb, rb, ntok,
                                   op->out + t0 * n * esize, op->out_dtype);
         if (rc < 0 && op->rc[c] == 0)
             op->rc[c] = rc;
@@ -270,12 +302,23 @@ void dqd_op_decompress(dqd_req *req)
     const Dquant__Decompress *d = req->msg->decompress;
     dqd_codec *cached;
     int rc = dqd_registry_codec_bytes(ctx->reg, d->profile.data, d->profile.len, &cached);
+    if (rc == DQ_PROFILE) {
+        dq_profile p;
+        if (dq_profile_deserialize(d->profile.data, d->profile.len, &p) == DQ_OK && p.codec_type == DQ_CODEC_KVQ &&
+            p.kvq_calib_hash) {
+            dqd_req_fail(req, rc,
+                         "profile '%s' is calibrated and no registered model has its calibration: register the "
+                         "model first",
+                         p.name);
+            return;
+        }
+    }
     if (rc < 0) {
         dqd_req_fail(req, rc, "profile rejected: %s", dq_strerror(rc));
         return;
     }
     codec_op *op = codec_op_with(req, cached, d->kind ? DQ_KIND_V : DQ_KIND_K);
-    if (!op)
+    if (!op || !codec_op_layer(op, d->layer))
         return;
     const dqd_codec *codec = op->codec;
     op->out_dtype = (dq_dtype)d->out_dtype;

@@ -119,6 +119,15 @@ static void op_hello(dqd_req *req)
 static void op_register(dqd_req *req)
 {
     const Dquant__ModelSpec *m = req->msg->register_model->model;
+    dqd_payload pl;
+    dqd_req_payload(req, &pl);
+    dqd_tensor cal;
+    char msg[256];
+    int rc = dqd_validate_calibration(m, &pl, &cal, msg, sizeof msg);
+    if (rc < 0) {
+        dqd_req_fail(req, rc, "%s", msg);
+        return;
+    }
     dqd_model_spec spec = {
         .name = m->name,
         .layers = m->layers,
@@ -129,12 +138,13 @@ static void op_register(dqd_req *req)
         .profile_name = m->profile_name,
         .profile = m->profile.data,
         .profile_len = m->profile.len,
+        .calibration = cal.data,
+        .calibration_len = (size_t)cal.len,
         .owner = req->sess->client_name,
     };
     dqd_model *model;
     bool existed;
-    char msg[256];
-    int rc = dqd_registry_register(req->ctx->reg, &spec, &model, &existed, msg, sizeof msg);
+    rc = dqd_registry_register(req->ctx->reg, &spec, &model, &existed, msg, sizeof msg);
     if (rc < 0) {
         dqd_req_fail(req, rc, "%s", msg);
         return;

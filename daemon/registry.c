@@ -5,8 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "dquant/error.h"
+#include "dquant/kvq.h"
 #include "logging.h"
 
 /* Unreferenced codecs kept for reuse by COMPRESS / DECOMPRESS. */
@@ -34,12 +36,13 @@ int dqd_registry_create(dqd_hostmem *mem, uint32_t max_models, dqd_registry **ou
     return DQ_OK;
 }
 
-static void codec_free(dqd_codec *c)
+static void codec_free(dqd_registry *reg, dqd_codec *c)
 {
     for (size_t i = 0; i < c->nfree; i++)
         dq_workspace_free(c->free_ws[i]);
     free(c->free_ws);
     dq_codec_free(c->codec);
+    dqd_hostmem_free(reg->mem, c->calib);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }
@@ -54,7 +57,7 @@ void dqd_registry_destroy(dqd_registry *reg)
     }
     for (dqd_codec *c = reg->codecs, *next; c; c = next) {
         next = c->next;
-        codec_free(c);
+        codec_free(reg, c);
     }
     free(reg);
 }
@@ -89,15 +92,16 @@ static void codec_trim(dqd_registry *reg)
         *victim = c->next;
         if (reg->on_codec_free)
             reg->on_codec_free(reg->codec_free_arg, c);
-        codec_free(c);
+        codec_free(reg, c);
     }
 }
 
-/* The cached codec whose canonical serialization is key[0..klen), referenced; NULL if none. */
-static dqd_codec *codec_find(dqd_registry *reg, const uint8_t *key, size_t klen)
+/* The cached codec whose canonical serialization is key[0..klen) and whose calibration hashes to
+ * calib_hash (any calibration when any_calib), referenced; NULL if none. */
+static dqd_codec *codec_find(dqd_registry *reg, const uint8_t *key, size_t klen, uint64_t calib_hash, bool any_calib)
 {
     for (dqd_codec *c = reg->codecs; c; c = c->next) {
-        if (c->plen == klen && memcmp(c->pbytes, key, klen) == 0) {
+        if (c->plen == klen && (any_calib || c->calib_hash == calib_hash) && memcmp(c->pbytes, key, klen) == 0) {
             c->refs++;
             c->last_use = ++reg->clock;
             return c;
@@ -106,9 +110,20 @@ static dqd_codec *codec_find(dqd_registry *reg, const uint8_t *key, size_t klen)
     return NULL;
 }
 
+/* Calibrations hash with XXH3-64; 0 stands for none, so a (2^-64 unlikely) 0 becomes 1. */
+static uint64_t calib_hash_of(const uint8_t *calib, size_t len)
+{
+    if (!calib || !len)
+        return 0;
+    uint64_t h = XXH3_64bits(calib, len);
+    return h ? h : 1;
+}
+
 int dqd_registry_codec_bytes(dqd_registry *reg, const uint8_t *bytes, size_t len, dqd_codec **out)
 {
-    if (bytes && len && (*out = codec_find(reg, bytes, len)) != NULL)
+    /* A profile with a calibration hash is served by the codec of a model registered with it: its
+     * bytes include that hash, so any cached codec of the same bytes has that calibration. */
+    if (bytes && len && (*out = codec_find(reg, bytes, len, 0, true)) != NULL)
         return DQ_OK;
     dq_profile p;
     int rc = dq_profile_deserialize(bytes, len, &p);
@@ -119,18 +134,43 @@ int dqd_registry_codec_bytes(dqd_registry *reg, const uint8_t *bytes, size_t len
 
 int dqd_registry_codec(dqd_registry *reg, const dq_profile *profile, dqd_codec **out)
 {
+    return dqd_registry_codec_calibrated(reg, profile, NULL, 0, out);
+}
+
+int dqd_registry_codec_calibrated(dqd_registry *reg, const dq_profile *profile, const uint8_t *calib, size_t calib_len,
+                                  dqd_codec **out)
+{
     uint8_t key[DQ_PROFILE_SERIALIZED_MAX];
     size_t klen;
     int rc = dq_profile_serialize(profile, key, sizeof key, &klen);
     if (rc < 0)
         return rc;
-    if ((*out = codec_find(reg, key, klen)) != NULL)
+    const uint64_t chash = calib_hash_of(calib, calib_len);
+    const bool wants_calib = profile->codec_type == DQ_CODEC_KVQ && profile->kvq_calib_hash != 0;
+    /* Without its calibration, a calibrated profile is only found (a model registered it). */
+    if ((*out = codec_find(reg, key, klen, chash, wants_calib && !chash)) != NULL)
         return DQ_OK;
+    if (wants_calib != (chash != 0))
+        return DQ_PROFILE;
     dqd_codec *c = calloc(1, sizeof *c);
     if (!c)
         return DQ_NOMEM;
-    rc = dq_codec_create(profile, &reg->mem->alloc, &c->codec);
+    if (chash) {
+        c->calib = dqd_hostmem_alloc(reg->mem, calib_len);
+        if (!c->calib) {
+            free(c);
+            return DQ_NOMEM;
+        }
+        memcpy(c->calib, calib, calib_len);
+        c->calib_len = calib_len;
+        c->calib_hash = chash;
+        c->calib_layers = profile->kvq_layers;
+        rc = dq_codec_create_calibrated(profile, calib, calib_len, &reg->mem->alloc, &c->codec);
+    } else {
+        rc = dq_codec_create(profile, &reg->mem->alloc, &c->codec);
+    }
     if (rc < 0) {
+        dqd_hostmem_free(reg->mem, c->calib);
         free(c);
         return rc;
     }
@@ -150,6 +190,19 @@ int dqd_registry_codec(dqd_registry *reg, const dq_profile *profile, dqd_codec *
     codec_trim(reg);
     *out = c;
     return DQ_OK;
+}
+
+void dqd_registry_codec_ref(dqd_registry *reg, dqd_codec *codec)
+{
+    codec->refs++;
+    codec->last_use = ++reg->clock;
+}
+
+const dq_codec *dqd_codec_view(const dqd_codec *codec, uint32_t layer)
+{
+    if (!codec->calib)
+        return codec->codec;
+    return layer < codec->calib_layers ? dq_codec_layer(codec->codec, layer) : NULL;
 }
 
 void dqd_registry_codec_release(dqd_registry *reg, dqd_codec *codec)
@@ -294,10 +347,12 @@ int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_mod
 
     const uint32_t chunk_tokens = spec->chunk_tokens ? spec->chunk_tokens : DQD_DEFAULT_CHUNK_TOKENS;
     const char *pname = spec->profile_name && *spec->profile_name ? spec->profile_name : "dq226";
+    const uint8_t *calib = spec->calibration_len ? spec->calibration : NULL;
+    const size_t calib_len = calib ? spec->calibration_len : 0;
     dqd_model *m = dqd_registry_find(reg, spec->name);
-    if (m && !spec->profile_len && m->builtin[0] && strcmp(m->builtin, pname) == 0 && m->layers == spec->layers &&
-        m->q_heads == spec->q_heads && m->kv_heads == spec->kv_heads && m->head_dim == spec->head_dim &&
-        m->chunk_tokens == chunk_tokens) {
+    if (m && !spec->profile_len && !calib_len && m->builtin[0] && strcmp(m->builtin, pname) == 0 &&
+        m->layers == spec->layers && m->q_heads == spec->q_heads && m->kv_heads == spec->kv_heads &&
+        m->head_dim == spec->head_dim && m->chunk_tokens == chunk_tokens) {
         *existed = true; /* the same built-in profile for the same shape: the same bytes */
         *out = m;
         return DQ_OK;
@@ -338,6 +393,31 @@ int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_mod
         }
     }
 
+    /* The profile says whether it has a calibration (its hash); the bytes must be that one. */
+    const bool wants_calib = p.codec_type == DQ_CODEC_KVQ && p.kvq_calib_hash != 0;
+    if (wants_calib && !calib_len) {
+        MSG("profile '%s' needs its calibration (ModelSpec.calibration: the bytes dq_kvq_calibrate wrote)", p.name);
+        return DQ_PROFILE;
+    }
+    if (!wants_calib && calib_len) {
+        MSG("profile '%s' takes no calibration (%s)", p.name,
+            p.codec_type == DQ_CODEC_KVQ ? "its calibration hash is 0: send the profile dq_kvq_calibrate returned"
+                                         : "not a KVQ profile");
+        return DQ_PROFILE;
+    }
+    if (calib_len) {
+        uint32_t clayers = 0;
+        rc = dq_kvq_calibration_check(&p, calib, calib_len, &clayers);
+        if (rc < 0) {
+            MSG("calibration rejected: %s (%zu bytes for profile '%s')", dq_strerror(rc), calib_len, p.name);
+            return rc;
+        }
+        if (clayers != spec->layers) {
+            MSG("calibration has %u layers, the model %u", clayers, spec->layers);
+            return DQ_SHAPE;
+        }
+    }
+
     if (chunk_tokens % p.window || chunk_tokens > DQD_MAX_CHUNK_TOKENS) {
         MSG("chunk_tokens %u must be a multiple of the profile's window %u, at most %u", chunk_tokens, p.window,
             DQD_MAX_CHUNK_TOKENS);
@@ -355,7 +435,8 @@ int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_mod
     if (m) {
         if (m->layers == spec->layers && m->q_heads == spec->q_heads && m->kv_heads == spec->kv_heads &&
             m->head_dim == spec->head_dim && m->chunk_tokens == chunk_tokens && m->codec->plen == plen &&
-            memcmp(m->codec->pbytes, pbytes, plen) == 0) {
+            memcmp(m->codec->pbytes, pbytes, plen) == 0 && m->codec->calib_len == calib_len &&
+            (!calib_len || memcmp(m->codec->calib, calib, calib_len) == 0)) {
             *existed = true;
             *out = m;
             return DQ_OK;
@@ -369,7 +450,7 @@ int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_mod
         MSG("out of memory");
         return DQ_NOMEM;
     }
-    rc = dqd_registry_codec(reg, &p, &m->codec);
+    rc = dqd_registry_codec_calibrated(reg, &p, calib, calib_len, &m->codec);
     if (rc < 0) {
         free(m);
         MSG("cannot create codec: %s", dq_strerror(rc));
@@ -381,15 +462,15 @@ int dqd_registry_register(dqd_registry *reg, const dqd_model_spec *spec, dqd_mod
     m->kv_heads = spec->kv_heads;
     m->head_dim = spec->head_dim;
     m->chunk_tokens = chunk_tokens;
-    if (!spec->profile_len && strlen(pname) <= DQD_BUILTIN_NAME_MAX)
+    if (!spec->profile_len && !calib_len && strlen(pname) <= DQD_BUILTIN_NAME_MAX)
         snprintf(m->builtin, sizeof m->builtin, "%s", pname);
     snprintf(m->owner, sizeof m->owner, "%s", owner);
     m->next = reg->models;
     reg->models = m;
     reg->nmodels++;
-    DQD_INFO("registered model '%s': %u layers, %u q heads, %u kv heads, head_dim %u, profile %s (%.3f bits/value)",
+    DQD_INFO("registered model '%s': %u layers, %u q heads, %u kv heads, head_dim %u, profile %s (%.3f bits/value)%s",
              m->name, m->layers, m->q_heads, m->kv_heads, m->head_dim, m->codec->profile.name,
-             dq_profile_bits_per_value_mean(&m->codec->profile));
+             dq_profile_bits_per_value_mean(&m->codec->profile), calib_len ? ", calibrated per layer" : "");
     *out = m;
     return DQ_OK;
 }

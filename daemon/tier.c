@@ -171,7 +171,7 @@ int dqd_tier_append_apply(dqd_ctx *ctx, dqd_seq *seq, uint32_t layer, dqd_tier_a
     dq_workspace *ws = dqd_codec_ws_take(codec);
     if (!ws)
         return DQ_NOMEM;
-    rc = dqd_append_apply(&t->host, codec, ws, slot, k, v, dtype, ntok, stats);
+    rc = dqd_append_apply(&t->host, codec, layer, ws, slot, k, v, dtype, ntok, stats);
     dqd_codec_ws_give(codec, ws);
     return rc;
 }
@@ -190,7 +190,7 @@ int dqd_tier_append_raw(dqd_ctx *ctx, dqd_seq *seq, uint32_t layer, dqd_tier_app
     dq_workspace *ws = dqd_codec_ws_take(codec);
     if (!ws)
         return DQ_NOMEM;
-    int rc = dqd_append_raw(&t->host, codec, ws, slot, in, bad_window);
+    int rc = dqd_append_raw(&t->host, codec, layer, ws, slot, in, bad_window);
     dqd_codec_ws_give(codec, ws);
     if (rc == DQ_INTERNAL)
         t->dev.broken = true; /* half appended and not restorable: the sequence is dropped */
@@ -202,7 +202,7 @@ int dqd_tier_append_rollback(dqd_ctx *ctx, dqd_seq *seq, uint32_t layer, dqd_tie
     dqd_codec *codec = seq->model->codec;
     if (t->gpu)
         return dqd_gpu_rollback(ctx->gpu, codec, &t->dev, &seq->glayers[layer]);
-    return dqd_append_rollback(&t->host, codec, &seq->layers[layer]);
+    return dqd_append_rollback(&t->host, codec, layer, &seq->layers[layer]);
 }
 
 void dqd_tier_append_clear(dqd_tier_append *t)
@@ -425,7 +425,7 @@ void dqd_tier_item_append_host(dqd_ctx *ctx, dqd_tier_item *it)
     it->rc = aligned_token(it, &kd, &vd, &kt, &vt);
     if (it->rc == 0) {
         dq_workspace *ws = dqd_codec_ws_take(it->codec);
-        it->rc = ws ? dqd_append_apply(&it->txn, it->codec, ws, &it->seq->layers[it->layer], kd, vd,
+        it->rc = ws ? dqd_append_apply(&it->txn, it->codec, it->layer, ws, &it->seq->layers[it->layer], kd, vd,
                                        dqd_tensor_dtype(&it->ak), 1, NULL)
                     : DQ_NOMEM;
         dqd_codec_ws_give(it->codec, ws);
@@ -445,7 +445,7 @@ int dqd_tier_item_rollback(dqd_ctx *ctx, dqd_tier_item *it)
 {
     if (it->gpu)
         return dqd_gpu_rollback(ctx->gpu, it->codec, &it->gtxn, &it->seq->glayers[it->layer]);
-    return dqd_append_rollback(&it->txn, it->codec, &it->seq->layers[it->layer]);
+    return dqd_append_rollback(&it->txn, it->codec, it->layer, &it->seq->layers[it->layer]);
 }
 
 void dqd_tier_item_clear(dqd_tier_item *it)

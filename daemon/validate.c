@@ -41,6 +41,7 @@ void dqd_limits_default(dqd_limits *lim)
     lim->max_name = 128;
     lim->max_lookup_keys = 65536;
     lim->max_lease_ms = 60000;
+    lim->max_calibration = 64ull << 20;
 }
 
 size_t dqd_dtype_size(uint32_t dtype)
@@ -365,7 +366,8 @@ static int validate_decompress(const Dquant__Decompress *d, const dqd_payload *p
         FAIL(DQ_DTYPE, "out_dtype must be F32, F16 or BF16");
     dqd_tensor t;
     FORWARD(dqd_tensor_check(d->records, "records", DQD_DT_RAW, 1, false, pl, &t, msg, msglen));
-    FORWARD(dqd_tensor_check(d->means, "means", DQD_DT_RAW, 1, d->kind == 1, pl, &t, msg, msglen));
+    /* optional: keys of a codec without window headers (int, turbo, KVQ) have none */
+    FORWARD(dqd_tensor_check(d->means, "means", DQD_DT_RAW, 1, true, pl, &t, msg, msglen));
     return DQ_OK;
 }
 
@@ -507,6 +509,11 @@ int dqd_request_validate(const Dquant__Request *req, const dqd_payload *pl, cons
         FORWARD(check_name(m->profile_name, "profile_name", false, lim, msg, msglen));
         if (m->profile.len > 4096)
             FAIL(DQ_TOO_LARGE, "profile longer than 4096 bytes");
+        dqd_tensor cal;
+        FORWARD(dqd_tensor_check(m->calibration, "calibration", DQD_DT_RAW, 1, true, pl, &cal, msg, msglen));
+        if (cal.len > lim->max_calibration)
+            FAIL(DQ_TOO_LARGE, "calibration of %llu bytes exceeds max_calibration_bytes (%llu)", (ull)cal.len,
+                 (ull)lim->max_calibration);
         return DQ_OK;
     }
     case DQUANT__REQUEST__BODY_PUT:
@@ -652,6 +659,12 @@ int dqd_validate_attend_item(const Dquant__AttendItem *it, const dqd_payload *pl
     return DQ_OK;
 }
 
+int dqd_validate_calibration(const Dquant__ModelSpec *m, const dqd_payload *pl, dqd_tensor *cal, char *msg,
+                             size_t msglen)
+{
+    return dqd_tensor_check(m->calibration, "calibration", DQD_DT_RAW, 1, true, pl, cal, msg, msglen);
+}
+
 int dqd_validate_compress(const Dquant__Compress *c, const dqd_payload *pl, const dqd_profile_info *p, dqd_tensor *x,
                           char *msg, size_t msglen)
 {
@@ -673,19 +686,19 @@ int dqd_validate_decompress(const Dquant__Decompress *d, const dqd_payload *pl, 
     if (d->tokens == 0)
         FAIL(DQ_INVALID_ARGUMENT, "tokens must be at least 1");
     FORWARD(dqd_tensor_check(d->records, "records", DQD_DT_RAW, 1, false, pl, records, msg, msglen));
-    FORWARD(dqd_tensor_check(d->means, "means", DQD_DT_RAW, 1, d->kind == 1, pl, means, msg, msglen));
+    FORWARD(dqd_tensor_check(d->means, "means", DQD_DT_RAW, 1, true, pl, means, msg, msglen));
     uint64_t rb = p->record_bytes[d->kind];
     if (rb == 0 || d->tokens > UINT64_MAX / rb || records->len != d->tokens * rb)
         FAIL(DQ_SHAPE, "records: %llu bytes, expected tokens (%llu) x record bytes (%llu)", (ull)records->len,
              (ull)d->tokens, (ull)rb);
-    if (d->kind == 0) {
+    if (d->kind == 0 && p->mean_bytes) {
         uint64_t w = p->window ? p->window : 1;
         uint64_t blocks = d->tokens / w + (d->tokens % w != 0);
-        if (p->mean_bytes == 0 || blocks > UINT64_MAX / p->mean_bytes || means->len != blocks * p->mean_bytes)
+        if (blocks > UINT64_MAX / p->mean_bytes || means->len != blocks * p->mean_bytes)
             FAIL(DQ_SHAPE, "means: %llu bytes, expected %llu blocks x %llu bytes", (ull)means->len, (ull)blocks,
                  (ull)p->mean_bytes);
     } else if (means->len != 0) {
-        FAIL(DQ_SHAPE, "values carry no means");
+        FAIL(DQ_SHAPE, d->kind ? "values carry no means" : "this profile's keys carry no means (no window header)");
     }
     return DQ_OK;
 }

@@ -33,6 +33,7 @@ typedef struct dqd_limits {
     uint32_t max_name;        /* model / profile / client names */
     uint32_t max_lookup_keys; /* chunk keys in one LOOKUP or PUT_CHUNKS */
     uint32_t max_lease_ms;    /* LOOKUP lease duration */
+    uint64_t max_calibration; /* REGISTER_MODEL's KVQ calibration bytes */
 } dqd_limits;
 
 void dqd_limits_default(dqd_limits *lim);
@@ -138,6 +139,10 @@ int dqd_validate_get(const Dquant__Get *get, const dqd_model_info *m, uint32_t *
  * append_k/append_v [1, kv_heads, head_dim] (both or neither, same dtype). */
 int dqd_validate_attend_item(const Dquant__AttendItem *it, const dqd_payload *pl, const dqd_model_info *m,
                              dqd_tensor *q, dqd_tensor *ak, dqd_tensor *av, char *msg, size_t msglen);
+/* REGISTER_MODEL's calibration (RAW bytes in the payload, may be absent: len 0), already checked
+ * by dqd_request_validate. */
+int dqd_validate_calibration(const Dquant__ModelSpec *m, const dqd_payload *pl, dqd_tensor *cal, char *msg,
+                             size_t msglen);
 /* COMPRESS: x [tokens >= 1, kv_heads, head_dim] of the profile's shape. */
 int dqd_validate_compress(const Dquant__Compress *c, const dqd_payload *pl, const dqd_profile_info *p, dqd_tensor *x,
                           char *msg, size_t msglen);

@@ -86,7 +86,16 @@ int dqc_register_model(dqc_client *c, const dqc_model_spec *spec, dqc_model_info
 int dqc_register_model_ex(dqc_client *c, const dqc_model_spec *spec, uint32_t chunk_tokens, dqc_model_info *info,
                           uint32_t *chunk_tokens_out)
 {
+    return dqc_register_model_calibrated(c, spec, chunk_tokens, NULL, 0, info, chunk_tokens_out);
+}
+
+int dqc_register_model_calibrated(dqc_client *c, const dqc_model_spec *spec, uint32_t chunk_tokens,
+                                  const void *calibration, size_t calibration_len, dqc_model_info *info,
+                                  uint32_t *chunk_tokens_out)
+{
     DQC_CHECK_HANDLE(c);
+    DQC_CHECK_ARG(c, calibration || !calibration_len, "register_model: calibration is NULL with %zu bytes",
+                  calibration_len);
     DQC_CHECK_ARG(c, spec && spec->name && spec->name[0], "register_model: spec and its name are required");
     DQC_CHECK_ARG(c, spec->layers && spec->q_heads && spec->kv_heads && spec->head_dim,
                   "register_model: layers, q_heads, kv_heads and head_dim must be positive");
@@ -105,14 +114,20 @@ int dqc_register_model_ex(dqc_client *c, const dqc_model_spec *spec, uint32_t ch
     ms.profile.data = (uint8_t *)spec->profile;
     ms.profile.len = spec->profile ? spec->profile_len : 0;
     ms.chunk_tokens = chunk_tokens;
+    uint64_t cshape[1] = {calibration_len};
+    Dquant__Tensor tc;
+    tensor_set(&tc, DQC_RAW_DTYPE, cshape, 1, 0, calibration_len);
+    ms.calibration = calibration_len ? &tc : NULL;
     Dquant__RegisterModel rm = DQUANT__REGISTER_MODEL__INIT;
     rm.model = &ms;
     Dquant__Request req = DQUANT__REQUEST__INIT;
     req.body_case = DQUANT__REQUEST__BODY_REGISTER_MODEL;
     req.register_model = &rm;
+    struct iovec iov[1] = {{(void *)calibration, calibration_len}};
 
     dqc__reply rep;
-    DQC_FORWARD(dqc__call(c, &req, NULL, 0, 1, DQUANT__RESPONSE__BODY_REGISTER_MODEL, NULL, NULL, &rep));
+    DQC_FORWARD(
+        dqc__call(c, &req, iov, calibration_len ? 1 : 0, 1, DQUANT__RESPONSE__BODY_REGISTER_MODEL, NULL, NULL, &rep));
     int rc = 0;
     if (info) {
         const Dquant__RegisterModelReply *r = rep.resp->register_model;
@@ -602,6 +617,11 @@ int dqc_attend(dqc_client *c, const dqc_attend_args *a, float *out, float *lse)
 
 int dqc_compress(dqc_client *c, const dqc_compress_args *a, dqc_compress_result *res)
 {
+    return dqc_compress_layer(c, a, 0, res);
+}
+
+int dqc_compress_layer(dqc_client *c, const dqc_compress_args *a, uint32_t layer, dqc_compress_result *res)
+{
     DQC_CHECK_HANDLE(c);
     DQC_CHECK_ARG(c, a && res, "compress: args and res are required");
     RESULT_RESET(res);
@@ -626,6 +646,7 @@ int dqc_compress(dqc_client *c, const dqc_compress_args *a, dqc_compress_result 
     cm.head_dim = a->head_dim;
     cm.kind = (uint32_t)a->kind;
     cm.x = &tx;
+    cm.layer = layer;
     Dquant__Request req = DQUANT__REQUEST__INIT;
     req.body_case = DQUANT__REQUEST__BODY_COMPRESS;
     req.compress = &cm;
@@ -665,6 +686,11 @@ void dqc_compress_result_free(dqc_compress_result *res)
 
 int dqc_decompress(dqc_client *c, const dqc_decompress_args *a, dqc_decompress_result *res)
 {
+    return dqc_decompress_layer(c, a, 0, res);
+}
+
+int dqc_decompress_layer(dqc_client *c, const dqc_decompress_args *a, uint32_t layer, dqc_decompress_result *res)
+{
     DQC_CHECK_HANDLE(c);
     DQC_CHECK_ARG(c, a && res, "decompress: args and res are required");
     RESULT_RESET(res);
@@ -672,7 +698,7 @@ int dqc_decompress(dqc_client *c, const dqc_decompress_args *a, dqc_decompress_r
     DQC_CHECK_ARG(c, a->kind == 0 || a->kind == 1, "decompress: kind must be 0 (keys) or 1 (values)");
     DQC_CHECK_ARG(c, a->tokens, "decompress: tokens must be positive");
     DQC_CHECK_ARG(c, a->records && a->records_bytes, "decompress: records are required");
-    DQC_CHECK_ARG(c, a->kind == 1 || (a->means && a->means_bytes), "decompress: keys need their mean blocks");
+    DQC_CHECK_ARG(c, a->means || !a->means_bytes, "decompress: means is NULL with %zu bytes", a->means_bytes);
     DQC_CHECK_ARG(c, dtype_ok(a->out_dtype), "decompress: unsupported dtype %d", (int)a->out_dtype);
 
     uint64_t mshape[1] = {a->kind == 0 ? a->means_bytes : 0};
@@ -688,6 +714,7 @@ int dqc_decompress(dqc_client *c, const dqc_decompress_args *a, dqc_decompress_r
     d.means = a->kind == 0 ? &tm : NULL;
     d.records = &tr;
     d.out_dtype = (Dquant__DType)a->out_dtype;
+    d.layer = layer;
     Dquant__Request req = DQUANT__REQUEST__INIT;
     req.body_case = DQUANT__REQUEST__BODY_DECOMPRESS;
     req.decompress = &d;

@@ -34,6 +34,8 @@ typedef struct model_reg {
     dqc_model_spec spec; /* name, profile_name, profile point to copies below */
     char *name, *profile_name;
     void *profile;
+    void *calib; /* the KVQ calibration (dqc_register_model_calibrated), NULL: none */
+    size_t calib_len;
     uint32_t chunk_tokens;
 } model_reg;
 
@@ -167,6 +169,7 @@ static void model_free(model_reg *r)
     free(r->name);
     free(r->profile_name);
     free(r->profile);
+    free(r->calib);
 }
 
 /* Registers every remembered model on a fresh connection (the on_connect hook of each member's
@@ -177,7 +180,7 @@ static int replay_models(dqc_client *c, void *ctx)
     member *m = ctx;
     for (size_t i = 0; i < m->cl->nmodels; i++) {
         const model_reg *r = &m->cl->models[i];
-        int rc = dqc_register_model_ex(c, &r->spec, r->chunk_tokens, NULL, NULL);
+        int rc = dqc_register_model_calibrated(c, &r->spec, r->chunk_tokens, r->calib, r->calib_len, NULL, NULL);
         if (member_failure(rc))
             return rc;
     }
@@ -910,8 +913,17 @@ static int all_walk(dqc_cluster *cl, uint64_t d, member_op fn, void *ctx, const 
 int dqc_cluster_register_model(dqc_cluster *cl, const dqc_model_spec *spec, uint32_t chunk_tokens, dqc_model_info *info,
                                uint32_t *chunk_tokens_out)
 {
+    return dqc_cluster_register_model_calibrated(cl, spec, chunk_tokens, NULL, 0, info, chunk_tokens_out);
+}
+
+int dqc_cluster_register_model_calibrated(dqc_cluster *cl, const dqc_model_spec *spec, uint32_t chunk_tokens,
+                                          const void *calibration, size_t calibration_len, dqc_model_info *info,
+                                          uint32_t *chunk_tokens_out)
+{
     CHECK_CL(cl);
     CHECK_ARG(cl, spec && spec->name && spec->name[0], "register_model: spec and its name are required");
+    CHECK_ARG(cl, calibration || !calibration_len, "register_model: calibration is NULL with %zu bytes",
+              calibration_len);
     tick(cl);
     /* Remembered first, so that a member connecting below gets it from the hook as well. */
     model_reg r = {0};
@@ -924,7 +936,14 @@ int dqc_cluster_register_model(dqc_cluster *cl, const dqc_model_spec *spec, uint
         if (r.profile)
             memcpy(r.profile, spec->profile, spec->profile_len);
     }
-    if (!r.name || (spec->profile_name && !r.profile_name) || (spec->profile && spec->profile_len && !r.profile)) {
+    if (calibration_len) {
+        r.calib = malloc(calibration_len);
+        if (r.calib)
+            memcpy(r.calib, calibration, calibration_len);
+        r.calib_len = calibration_len;
+    }
+    if (!r.name || (spec->profile_name && !r.profile_name) || (spec->profile && spec->profile_len && !r.profile) ||
+        (calibration_len && !r.calib)) {
         model_free(&r);
         return cfail(cl, DQ_NOMEM, "out of memory");
     }
@@ -958,7 +977,7 @@ int dqc_cluster_register_model(dqc_cluster *cl, const dqc_model_spec *spec, uint
             continue;
         dqc_model_info mi;
         uint32_t ct = 0;
-        int mrc = dqc_register_model_ex(c, spec, chunk_tokens, &mi, &ct);
+        int mrc = dqc_register_model_calibrated(c, spec, chunk_tokens, calibration, calibration_len, &mi, &ct);
         note(cl, m, mrc);
         if (member_failure(mrc)) {
             saw(cl, &oc, m, mrc);

@@ -82,7 +82,8 @@ static const char register_help[] =
     "\n"
     "SYNOPSIS\n"
     "       dquant register --model NAME --layers N --q-heads Q --kv-heads H --head-dim D\n"
-    "                       [--profile NAME | --profile-file FILE] [--save-profile FILE]\n"
+    "                       [--profile NAME | --profile-file FILE] [--calibration FILE]\n"
+    "                       [--save-profile FILE]\n"
     "\n"
     "DESCRIPTION\n"
     "       Registers a model shape with its codec profile under a global name. Registering the same\n"
@@ -98,6 +99,10 @@ static const char register_help[] =
     "       A built-in codec profile, instantiated for the shape (default dq226; also dq196).\n"
     "   --profile-file FILE\n"
     "       A serialized dq_profile instead (as written by --save-profile).\n"
+    "   --calibration FILE\n"
+    "       The model's KVQuant++ calibration: the bytes dq_kvq_calibrate (or dquant.kvq.calibrate)\n"
+    "       wrote, with the calibrated profile they go with (--profile-file). Profiles with outlier\n"
+    "       channels or product quantization (ol*, pq*) need one; its layer count must be --layers.\n"
     "   --save-profile FILE\n"
     "       Write the serialized profile the daemon uses to FILE.\n" CLI_CONN_HELP "\n" EXIT_HELP "\n"
     "EXAMPLES\n"
@@ -109,19 +114,16 @@ int dq_cmd_register(int argc, char **argv)
     cli_conn cc;
     cli_conn_init(&cc);
     dqc_model_spec spec = {.layers = 1, .q_heads = 32, .kv_heads = 8, .head_dim = 128, .profile_name = "dq226"};
-    const char *profile_file = NULL, *save = NULL;
-    void *profile = NULL;
+    const char *profile_file = NULL, *save = NULL, *calib_file = NULL;
+    void *profile = NULL, *calib = NULL;
+    size_t calib_len = 0;
     dqc_client *c = NULL;
     const cli_opt opts[] = {
-        CLI_STR("model", &spec.name),
-        CLI_U32("layers", &spec.layers, 1),
-        CLI_U32("q-heads", &spec.q_heads, 1),
-        CLI_U32("kv-heads", &spec.kv_heads, 1),
-        CLI_U32("head-dim", &spec.head_dim, 1),
-        CLI_STR("profile", &spec.profile_name),
-        CLI_STR("profile-file", &profile_file),
-        CLI_STR("save-profile", &save),
-        CLI_OPT_END,
+        CLI_STR("model", &spec.name),           CLI_U32("layers", &spec.layers, 1),
+        CLI_U32("q-heads", &spec.q_heads, 1),   CLI_U32("kv-heads", &spec.kv_heads, 1),
+        CLI_U32("head-dim", &spec.head_dim, 1), CLI_STR("profile", &spec.profile_name),
+        CLI_STR("profile-file", &profile_file), CLI_STR("calibration", &calib_file),
+        CLI_STR("save-profile", &save),         CLI_OPT_END,
     };
     int status = cli_parse(argc, argv, prog, register_help, opts, &cc);
     if (status != CLI_CONTINUE)
@@ -136,11 +138,13 @@ int dq_cmd_register(int argc, char **argv)
         spec.profile_len = len;
         spec.profile_name = NULL;
     }
+    if (calib_file && cli_read_file(calib_file, SIZE_MAX, &calib, &calib_len))
+        goto out;
     status = CLI_FAILED;
     if (cli_connect(&cc, prog, &c))
         goto out;
     dqc_model_info info;
-    int rc = dqc_register_model(c, &spec, &info);
+    int rc = dqc_register_model_calibrated(c, &spec, 0, calib, calib_len, &info, NULL);
     if (rc) {
         cli_call_error(prog, "register", c, rc);
         goto out;
@@ -153,6 +157,7 @@ int dq_cmd_register(int argc, char **argv)
 out:
     dqc_free(c);
     free(profile);
+    free(calib);
     cli_conn_free(&cc);
     return status;
 }

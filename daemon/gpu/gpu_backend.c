@@ -160,8 +160,9 @@ bool dqd_gpu_model_ok(const dqd_gpu *g, const dqd_model *m)
 {
     (void)g;
     const dq_profile *p = &m->codec->profile;
-    return p->codec_type == DQ_CODEC_DQUANT && m->codec->n <= DQCU_MAX_ENCODE_STREAM && p->head_dim >= 32 &&
-           p->head_dim <= 512 && m->q_heads / m->kv_heads <= 8;
+    /* Every other codec (the KVQuant++ family included) takes the host path (config.c: --backend). */
+    return p->codec_type == DQ_CODEC_DQUANT && !m->codec->calib && m->codec->n <= DQCU_MAX_ENCODE_STREAM &&
+           p->head_dim >= 32 && p->head_dim <= 512 && m->q_heads / m->kv_heads <= 8;
 }
 
 /* ---- workers ---- */

@@ -8,6 +8,7 @@
  * pieces seal exactly the windows one append would. Per piece: the old tail and the new tokens are
  * gathered in the device stage buffer, dqcu_encode_windows writes the sealed windows straight into
  * their slots, and the rest of the stage becomes the new tail. */
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -640,6 +641,9 @@ int dqd_gpu_demote(dqd_gpu *g, dqd_codec *codec, dqd_glayer **gpu, dq_layer **ho
             rc = dqd_gd2h(w, buf + tb, l->d_tail + tail_elems(codec), tb);
     }
     dq_layer *hl = NULL;
+    /* Only models dqd_gpu_model_ok takes (the D-Quant codec) live on the GPU: none has per-layer
+     * calibration, so the codec is every layer's view (dqd_codec_view). */
+    assert(!codec->calib);
     if (rc == DQ_OK) {
         rc = dq_layer_restore(codec->codec, nwin ? rec : NULL, nwin, tail ? (const uint16_t *)(void *)buf : NULL,
                               tail ? (const uint16_t *)(void *)(buf + tb) : NULL, tail, &hl);

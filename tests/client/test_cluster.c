@@ -16,6 +16,7 @@
 
 #include "dqd_child.h"
 #include "dquant/client.h"
+#include "dquant/kvq.h"
 
 #define NMAX 5
 #define L 2
@@ -724,5 +725,58 @@ Test(cluster, prefix_sequences_and_attend_match_one_daemon)
     printf("ATTEND of %d items over 3 members (a sequence on 3 prefix chunks of another member) = one daemon's, "
            "bit for bit\n",
            NITEMS);
+    dqc_cluster_free(cl);
+}
+
+/* A KVQ model with a per-layer calibration (made here by libdquant) is registered on every member
+ * with it, and again on a member that restarts empty, which then stores new sequences of it. */
+Test(cluster, calibrated_model_is_replayed_on_a_restarted_member)
+{
+    start_nodes(2);
+    dq_profile p;
+    cr_assert_eq(dq_profile_kvq("pq8x4", KVH, HD, &p), 0);
+    enum { TOK = 256 };
+    float *ck = kv(90, 0, TOK, 0), *cv = kv(90, 0, TOK, 1);
+    uint8_t *calib = NULL;
+    size_t clen = 0;
+    cr_assert_eq(dq_kvq_calibrate(&p, L, ck, cv, TOK, 3, &calib, &clen), 0);
+    free(ck);
+    free(cv);
+    uint8_t pbytes[DQ_PROFILE_SERIALIZED_MAX];
+    size_t plen;
+    cr_assert_eq(dq_profile_serialize(&p, pbytes, sizeof pbytes, &plen), 0);
+    dqc_model_spec spec = {.name = MODEL,
+                           .layers = L,
+                           .q_heads = QH,
+                           .kv_heads = KVH,
+                           .head_dim = HD,
+                           .profile = pbytes,
+                           .profile_len = plen};
+
+    dqc_cluster *cl = cluster(members(0, 2), 2, 2, 0);
+    cr_assert_eq(dqc_cluster_register_model(cl, &spec, CT, NULL, NULL), DQ_PROFILE,
+                 "the calibrated profile needs its calibration");
+    COK(cl, dqc_cluster_register_model_calibrated(cl, &spec, CT, calib, clen, NULL, NULL));
+    COK(cl, put_seq(cl, "a", 1, 0, 40));
+    kill_node(1);
+    start_node(1);
+    usleep(500 * 1000);                  /* past the backoff */
+    COK(cl, put_seq(cl, "b", 2, 0, 40)); /* W = 2: node 1 must hold the model again */
+    float *got;
+    size_t bytes;
+    COK(cl, get_seq(cl, "b", &got, &bytes));
+    dqc_client *c = direct(1);
+    dqc_model_info info;
+    cr_assert_eq(dqc_register_model_calibrated(c, &spec, CT, calib, clen, &info, NULL), 0, "%s", dqc_last_error(c));
+    cr_assert_eq(info.existed, 1, "the restarted member got the calibrated model from the cluster");
+    dqc_get_args ga = {.seq = {NS, "b", 1}, .dtype = DQ_DTYPE_F32};
+    dqc_get_result g = {0};
+    cr_assert_eq(dqc_get(c, &ga, &g), 0, "%s", dqc_last_error(c));
+    cr_assert_eq(g.bytes, bytes);
+    cr_assert_eq(memcmp(g.k, got, bytes), 0, "the restarted member's copy differs");
+    dqc_get_result_free(&g);
+    dqc_free(c);
+    free(got);
+    dq_kvq_free(calib);
     dqc_cluster_free(cl);
 }

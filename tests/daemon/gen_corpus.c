@@ -109,6 +109,31 @@ int main(int argc, char **argv)
     req.register_model = &reg;
     emit("register_model.bin", &req, NULL, 2);
 
+    /* with a KVQ calibration in the payload (not a valid one: the daemon's check refuses it), and
+     * one that lies about its length */
+    {
+        static uint8_t junk[200];
+        for (size_t i = 0; i < sizeof junk; i++)
+            junk[i] = (uint8_t)(i * 37u + 11u);
+        memcpy(junk, "DQKC", 4);
+        wire_payload cpl = {0};
+        Dquant__Tensor tc;
+        uint64_t cshape[1] = {sizeof junk};
+        wire_tensor(&cpl, &tc, DQUANT__DTYPE__RAW, cshape, 1, junk, sizeof junk);
+        Dquant__ModelSpec cspec = spec;
+        cspec.name = "tiny-pq";
+        cspec.profile_name = "pq8x4";
+        cspec.calibration = &tc;
+        Dquant__RegisterModel creg = DQUANT__REGISTER_MODEL__INIT;
+        creg.model = &cspec;
+        req.register_model = &creg;
+        emit("register_model_calibration.bin", &req, &cpl, 60);
+        tc.length = sizeof junk + 1;
+        emit("bad_register_calibration_length.bin", &req, &cpl, 61);
+        wire_payload_free(&cpl);
+        req.register_model = &reg;
+    }
+
     /* PUT f32, and a bf16 variant */
     wire_payload pl = {0};
     Dquant__Tensor tk, tv;

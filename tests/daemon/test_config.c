@@ -411,3 +411,32 @@ Test(config, connection_limits)
     cr_assert_str_eq(cfg.metrics_token, "from-ini", "setting the secret leaves the metrics token alone");
     cr_assert_str_eq(cfg.secret, "s");
 }
+
+/* The KVQ calibration limit (issue 20): 64M by default, the INI key and the flag; --help says
+ * which profiles the cuda backend serves on the host path. */
+Test(config, kvq_calibration_limit_and_backend_help)
+{
+    dqd_cli_action a;
+    char *plain[] = {"dquantd", NULL};
+    cr_assert_eq(from_args(1, plain, &a), 0, "%s", err);
+    cr_assert_eq(cfg.max_calibration, 64ull << 20);
+    const char *path = write_ini("[limits]\nmax_calibration_bytes = 8M\n");
+    char *argv[] = {"dquantd", "--config", (char *)path, NULL};
+    cr_assert_eq(from_args(3, argv, &a), 0, "%s", err);
+    unlink(path);
+    cr_assert_eq(cfg.max_calibration, 8ull << 20);
+    char *flag[] = {"dquantd", "--max-calibration-bytes", "1K", NULL};
+    cr_assert_eq(from_args(3, flag, &a), 0, "%s", err);
+    cr_assert_eq(cfg.max_calibration, 1024);
+    char *bad[] = {"dquantd", "--max-calibration-bytes", "lots", NULL};
+    cr_assert_eq(from_args(3, bad, &a), DQ_INVALID_ARGUMENT);
+
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    dqd_config_print_help(f);
+    fclose(f);
+    cr_assert(strstr(text, "--max-calibration-bytes SIZE"));
+    cr_assert(strstr(text, "KVQuant++") && strstr(text, "host path"), "--backend's help states the KVQ host path");
+    free(text);
+}

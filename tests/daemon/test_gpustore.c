@@ -113,7 +113,8 @@ static void move_to_host(dqd_seq *seq)
         for (size_t j = 0; j < ntok * N; j++)
             k[j] = v[j] = (float)(j % 7) - 3.0f;
         dqd_append a;
-        cr_assert_eq(dqd_append_apply(&a, model->codec, ws, &seq->layers[i], k, v, DQ_DTYPE_F32, ntok, NULL), 0);
+        cr_assert_eq(
+            dqd_append_apply(&a, model->codec, (uint32_t)i, ws, &seq->layers[i], k, v, DQ_DTYPE_F32, ntok, NULL), 0);
         dqd_append_clear(&a);
         free(k);
         free(v);

@@ -67,7 +67,7 @@ static void append_commit(dqd_seq *seq, uint32_t layer, size_t ntok, unsigned se
 {
     float *k = random_kv(ntok, seed), *v = random_kv(ntok, seed + 1);
     dqd_append a;
-    cr_assert_eq(dqd_append_apply(&a, model->codec, ws, &seq->layers[layer], k, v, DQ_DTYPE_F32, ntok, NULL), 0);
+    cr_assert_eq(dqd_append_apply(&a, model->codec, layer, ws, &seq->layers[layer], k, v, DQ_DTYPE_F32, ntok, NULL), 0);
     dqd_append_clear(&a);
     dqd_store_commit(store, seq);
     free(k);
@@ -333,9 +333,9 @@ static void check_rollback(size_t have, size_t add)
 
     float *k = random_kv(add, 11), *v = random_kv(add, 12);
     dqd_append a;
-    cr_assert_eq(dqd_append_apply(&a, model->codec, ws, &s->layers[0], k, v, DQ_DTYPE_F32, add, NULL), 0);
+    cr_assert_eq(dqd_append_apply(&a, model->codec, 0, ws, &s->layers[0], k, v, DQ_DTYPE_F32, add, NULL), 0);
     cr_assert_eq(dq_layer_tokens(s->layers[0]), have + add);
-    cr_assert_eq(dqd_append_rollback(&a, model->codec, &s->layers[0]), 0);
+    cr_assert_eq(dqd_append_rollback(&a, model->codec, 0, &s->layers[0]), 0);
     dqd_append_clear(&a);
 
     cr_assert_eq(dq_layer_tokens(s->layers[0]), have);
@@ -373,9 +373,9 @@ Test(store, rollback_of_a_created_layer)
     cr_assert_eq(dqd_store_insert(store, "ns", 2, (const uint8_t *)"c", 1, model, &s), 0);
     float *k = random_kv(4, 1), *v = random_kv(4, 2);
     dqd_append a;
-    cr_assert_eq(dqd_append_apply(&a, model->codec, ws, &s->layers[1], k, v, DQ_DTYPE_F32, 4, NULL), 0);
+    cr_assert_eq(dqd_append_apply(&a, model->codec, 1, ws, &s->layers[1], k, v, DQ_DTYPE_F32, 4, NULL), 0);
     cr_assert(a.created);
-    cr_assert_eq(dqd_append_rollback(&a, model->codec, &s->layers[1]), 0);
+    cr_assert_eq(dqd_append_rollback(&a, model->codec, 1, &s->layers[1]), 0);
     cr_assert_null(s->layers[1]);
     free(k);
     free(v);
@@ -389,7 +389,7 @@ Test(store, failed_append_changes_nothing)
     float *k = random_kv(4, 1), *v = random_kv(4, 2);
     k[7] = NAN;
     dqd_append a;
-    cr_assert_eq(dqd_append_apply(&a, model->codec, ws, &s->layers[0], k, v, DQ_DTYPE_F32, 4, NULL), DQ_NONFINITE);
+    cr_assert_eq(dqd_append_apply(&a, model->codec, 0, ws, &s->layers[0], k, v, DQ_DTYPE_F32, 4, NULL), DQ_NONFINITE);
     cr_assert_null(s->layers[0], "the layer this append created is gone again");
     free(k);
     free(v);

@@ -699,3 +699,76 @@ Test(validate, names)
     um.name = "m";
     cr_assert_eq(dqd_request_validate(&req, PL(payload, 0), &lim, &op, msg, sizeof msg), DQ_OK);
 }
+
+/* REGISTER_MODEL's calibration: RAW bytes in the frame's payload (not on NCCL), at most
+ * max_calibration; absent is fine. */
+Test(validate, register_calibration)
+{
+    Dquant__ModelSpec m = DQUANT__MODEL_SPEC__INIT;
+    m.name = "m";
+    Dquant__RegisterModel rm = DQUANT__REGISTER_MODEL__INIT;
+    rm.model = &m;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_REGISTER_MODEL;
+    req.register_model = &rm;
+    dqd_op op;
+    dqd_tensor cal;
+    cr_assert_eq(dqd_request_validate(&req, PL(NULL, 0), &lim, &op, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(op, DQD_OP_REGISTER_MODEL);
+    cr_assert_eq(dqd_validate_calibration(&m, PL(NULL, 0), &cal, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(cal.len, 0, "no calibration");
+
+    uint64_t shape[1] = {1000};
+    Dquant__Tensor t = tensor(DQUANT__DTYPE__RAW, shape, 1, 24, 1000);
+    m.calibration = &t;
+    lim.max_calibration = 1000;
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 4096), &lim, &op, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(dqd_validate_calibration(&m, PL(payload, 4096), &cal, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(cal.len, 1000);
+    cr_assert_eq(cal.data, payload + 24);
+    lim.max_calibration = 999;
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 4096), &lim, &op, msg, sizeof msg), DQ_TOO_LARGE);
+    cr_assert(strstr(msg, "max_calibration_bytes"), "%s", msg);
+    lim.max_calibration = 1000;
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 1000), &lim, &op, msg, sizeof msg), DQ_OUT_OF_BOUNDS,
+                 "past the payload's end");
+    t.dtype = DQUANT__DTYPE__F16;
+    shape[0] = 500;
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 4096), &lim, &op, msg, sizeof msg), DQ_DTYPE);
+    t.dtype = DQUANT__DTYPE__RAW;
+    shape[0] = 1000;
+    t.nccl = true;
+    t.offset = 0;
+    req.nccl_payload = 1000;
+    int rc = dqd_request_validate(&req, &(dqd_payload){payload, 4096, payload, 1000, true}, &lim, &op, msg, sizeof msg);
+    cr_assert_eq(rc, DQ_INVALID_ARGUMENT, "a calibration never travels on NCCL: %s (%s)", dq_err_name(rc), msg);
+}
+
+/* Keys of a codec without window headers (int, turbo, KVQ without +lr: mean_bytes 0) carry no
+ * mean blocks: DECOMPRESS takes them without, and refuses any. */
+Test(validate, decompress_keys_without_means)
+{
+    const dqd_profile_info p = {
+        .kv_heads = 2, .head_dim = 64, .window = 128, .mean_bytes = 0, .record_bytes = {40, 36}};
+    uint64_t rs[1] = {3 * 40}, ms[1] = {8};
+    Dquant__Tensor recs = tensor(DQUANT__DTYPE__RAW, rs, 1, 0, 3 * 40),
+                   means = tensor(DQUANT__DTYPE__RAW, ms, 1, 512, 8);
+    static uint8_t prof[16];
+    Dquant__Decompress d = DQUANT__DECOMPRESS__INIT;
+    d.profile.data = prof;
+    d.profile.len = sizeof prof;
+    d.kind = 0;
+    d.tokens = 3;
+    d.records = &recs;
+    d.out_dtype = DQUANT__DTYPE__F32;
+    Dquant__Request req = DQUANT__REQUEST__INIT;
+    req.body_case = DQUANT__REQUEST__BODY_DECOMPRESS;
+    req.decompress = &d;
+    dqd_op op;
+    dqd_tensor tm, tr;
+    cr_assert_eq(dqd_request_validate(&req, PL(payload, 4096), &lim, &op, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_eq(dqd_validate_decompress(&d, PL(payload, 4096), &p, &tm, &tr, msg, sizeof msg), 0, "%s", msg);
+    d.means = &means;
+    cr_assert_eq(dqd_validate_decompress(&d, PL(payload, 4096), &p, &tm, &tr, msg, sizeof msg), DQ_SHAPE);
+    cr_assert(strstr(msg, "no means"), "%s", msg);
+}

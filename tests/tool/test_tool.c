@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include "dqd_child.h"
+#include "dquant/error.h"
+#include "dquant/kvq.h"
 
 static dqd_daemon D;
 
@@ -40,6 +42,67 @@ static int run_cli(const char *cmd, char *out, size_t cap)
     out[n] = 0;
     int st = pclose(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void write_bytes(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(p, 1, n, f), n);
+    fclose(f);
+}
+
+/* `dquant register --calibration FILE`: a KVQ model with its per-layer calibration (made here by
+ * libdquant), refused without it or with a damaged one. */
+Test(tool, register_with_a_kvq_calibration)
+{
+    const char *tool = getenv("DQUANT_CLI");
+    if (!tool || access(tool, X_OK) != 0)
+        cr_skip_test("$DQUANT_CLI is not set");
+    start_daemon();
+    enum { LAYERS = 2, KVH = 2, HD = 64, TOK = 300 };
+    dq_profile p;
+    cr_assert_eq(dq_profile_kvq("pq8x4", KVH, HD, &p), 0);
+    float *k = malloc(sizeof(float) * LAYERS * TOK * KVH * HD), *v = malloc(sizeof(float) * LAYERS * TOK * KVH * HD);
+    for (size_t i = 0; i < (size_t)LAYERS * TOK * KVH * HD; i++) {
+        k[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+        v[i] = (float)((i * 40503u + 7) % 1000) / 500.0f - 1.0f;
+    }
+    uint8_t *calib = NULL;
+    size_t clen = 0;
+    cr_assert_eq(dq_kvq_calibrate(&p, LAYERS, k, v, TOK, 1, &calib, &clen), 0);
+    free(k);
+    free(v);
+    uint8_t pbytes[DQ_PROFILE_SERIALIZED_MAX];
+    size_t plen;
+    cr_assert_eq(dq_profile_serialize(&p, pbytes, sizeof pbytes, &plen), 0);
+    char pf[sizeof D.dir + 16], cf[sizeof D.dir + 16], bad[sizeof D.dir + 16];
+    snprintf(pf, sizeof pf, "%s/kvq.prof", D.dir);
+    snprintf(cf, sizeof cf, "%s/kvq.cal", D.dir);
+    snprintf(bad, sizeof bad, "%s/bad.cal", D.dir);
+    write_bytes(pf, pbytes, plen);
+    write_bytes(cf, calib, clen);
+    write_bytes(bad, calib, clen - 3);
+    const int bad_rc = dq_kvq_calibration_check(&p, calib, clen - 3, NULL);
+    cr_assert_lt(bad_rc, 0);
+    dq_kvq_free(calib);
+
+    char cmd[2048], out[4096];
+    const char *reg = "%s register --connect %s --model kvq --layers 2 --q-heads 4 --kv-heads 2 --head-dim 64 "
+                      "--profile-file %s %s %s 2>&1";
+    snprintf(cmd, sizeof cmd, reg, tool, D.addr, pf, "", "");
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "PROFILE") && strstr(out, "calibration"), "%s", out);
+    snprintf(cmd, sizeof cmd, reg, tool, D.addr, pf, "--calibration", bad);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, dq_err_name(bad_rc)), "%s", out);
+    snprintf(cmd, sizeof cmd, reg, tool, D.addr, pf, "--calibration", "/nonexistent/kvq.cal");
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 2, "%s", out);
+    snprintf(cmd, sizeof cmd, reg, tool, D.addr, pf, "--calibration", cf);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "model kvq: registered"), "%s", out);
+    cr_assert_eq(run_cli(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "model kvq: already registered"), "%s", out);
 }
 
 Test(tool, subcommands_against_a_daemon)

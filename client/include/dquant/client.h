@@ -194,6 +194,16 @@ DQC_API int dqc_register_model(dqc_client *client, const dqc_model_spec *spec, d
  * new field of dqc_model_spec, so that the structs' layout (and bindings that mirror it) stays. */
 DQC_API int dqc_register_model_ex(dqc_client *client, const dqc_model_spec *spec, uint32_t chunk_tokens,
                                   dqc_model_info *info, uint32_t *chunk_tokens_out);
+/* The same with the model's KVQuant++ calibration (dquant/kvq.h): the bytes dq_kvq_calibrate wrote
+ * (calibration_len of them, borrowed for the call; NULL / 0: none), sent in the frame's payload. A
+ * profile with a calibration hash needs them (DQ_PROFILE without), every other profile takes none
+ * (DQ_PROFILE); the daemon checks them against the profile (DQ_CORRUPT, DQ_TRUNCATED, DQ_PROFILE),
+ * their layer count against layers (DQ_SHAPE) and their size against its max_calibration_bytes
+ * (DQ_TOO_LARGE). The model then encodes, decodes and attends each layer L with calibration layer
+ * L; registering again is "existed" only with the same bytes (else DQ_EXISTS). */
+DQC_API int dqc_register_model_calibrated(dqc_client *client, const dqc_model_spec *spec, uint32_t chunk_tokens,
+                                          const void *calibration, size_t calibration_len, dqc_model_info *info,
+                                          uint32_t *chunk_tokens_out);
 
 /* Removes a registered model (name: borrowed), freeing its name and its place in the registry.
  * DQ_BUSY while a sequence or chunk of the model exists (delete them first: nothing is deleted by
@@ -354,7 +364,7 @@ typedef struct dqc_compress_result {
     size_t profile_len;
     uint8_t profile[DQC_PROFILE_MAX];
     uint64_t tokens;
-    const uint8_t *means; /* keys: one mean block per W tokens; NULL for values */
+    const uint8_t *means; /* keys: one mean block per W tokens; NULL for values and codecs without */
     size_t means_bytes;
     const uint8_t *records; /* tokens · record_bytes */
     size_t records_bytes;
@@ -365,6 +375,11 @@ typedef struct dqc_compress_result {
 } dqc_compress_result;
 
 DQC_API int dqc_compress(dqc_client *client, const dqc_compress_args *args, dqc_compress_result *res);
+/* The same with the codec view of model layer `layer` (a per-layer calibrated KVQ model encodes with
+ * that layer's codebooks; layer < the model's layers, else DQ_OUT_OF_BOUNDS). dqc_compress is
+ * layer 0. A separate function, like dqc_register_model_ex, so that the args' layout stays. */
+DQC_API int dqc_compress_layer(dqc_client *client, const dqc_compress_args *args, uint32_t layer,
+                               dqc_compress_result *res);
 DQC_API void dqc_compress_result_free(dqc_compress_result *res);
 
 typedef struct dqc_decompress_args {
@@ -372,7 +387,7 @@ typedef struct dqc_decompress_args {
     size_t profile_len;
     int kind; /* 0 keys, 1 values */
     uint64_t tokens;
-    const void *means; /* keys: mean blocks as returned by COMPRESS; NULL for values */
+    const void *means; /* keys: mean blocks as returned by COMPRESS (NULL when it returned none) */
     size_t means_bytes;
     const void *records;
     size_t records_bytes;
@@ -390,6 +405,11 @@ typedef struct dqc_decompress_result {
 } dqc_decompress_result;
 
 DQC_API int dqc_decompress(dqc_client *client, const dqc_decompress_args *args, dqc_decompress_result *res);
+/* The same with the codec view of calibration layer `layer` (the layer the records were made with).
+ * A calibrated profile is decoded with the calibration of a model registered with it (DQ_PROFILE
+ * when none is). dqc_decompress is layer 0. */
+DQC_API int dqc_decompress_layer(dqc_client *client, const dqc_decompress_args *args, uint32_t layer,
+                                 dqc_decompress_result *res);
 DQC_API void dqc_decompress_result_free(dqc_decompress_result *res);
 
 /* ---- DELETE / PIN / UNPIN ---- */
@@ -693,6 +713,11 @@ DQC_API int dqc_cluster_get_stats(const dqc_cluster *cl, dqc_cluster_stats *out)
  * when it connects); DQ_CONNECTION when none could. */
 DQC_API int dqc_cluster_register_model(dqc_cluster *cl, const dqc_model_spec *spec, uint32_t chunk_tokens,
                                        dqc_model_info *info, uint32_t *chunk_tokens_out);
+/* The same with a KVQ calibration (dqc_register_model_calibrated; copied: every member gets it,
+ * also when it reconnects). */
+DQC_API int dqc_cluster_register_model_calibrated(dqc_cluster *cl, const dqc_model_spec *spec, uint32_t chunk_tokens,
+                                                  const void *calibration, size_t calibration_len, dqc_model_info *info,
+                                                  uint32_t *chunk_tokens_out);
 DQC_API int dqc_cluster_put(dqc_cluster *cl, const dqc_put_args *args, dqc_put_result *res);
 DQC_API int dqc_cluster_put_raw(dqc_cluster *cl, const dqc_put_raw_args *args, dqc_put_result *res);
 /* prefix_keys[0] is the prefix's root (its chunks are found where dqc_cluster_put_chunks put them);

@@ -7,6 +7,7 @@ libdquant-client (the dquantd daemon's client), over ctypes.
     with dquant.Cluster(["tcp://10.0.0.1:7733", "tcp://10.0.0.2:7733"], replicas=2) as c: ...   # many daemons
     keys = dquant.chunk_keys("ns", token_ids, 256)         # the shared KV tier's chunk keys
     raw = dquant.RawKV.encode(k, v, profile)               # records PUT_RAW stores as they are
+    p, calib = dquant.kvq.calibrate(dquant.kvq.profile("pq16x8", 8, 128), k4, v4)   # KVQuant++ codecs
 
 The libraries are found through $DQUANT_LIB_DIR, next to this package, in the build folders of the
 source tree it sits in, or where `meson install` puts them (see README.md). Arrays are numpy arrays
@@ -20,8 +21,9 @@ from .client import version as client_version
 from .cluster import Cluster
 from .codec import KIND_K, KIND_V, Codec, Layer, Profile, baseline_names, builtin_names, roundtrip
 from .raw import RawKV, RawLayer
+from . import kvq
 
 __all__ = ["KIND_K", "KIND_V", "Codec", "Layer", "Profile", "baseline_names", "builtin_names", "roundtrip",
            "Client", "Cluster", "LookupResult", "PutChunksResult", "RawKV", "RawLayer", "chunk_keys", "CHUNK_KEY_BYTES",
-           "has_symbols", "client_version", "DquantError", "ClientError", "UnsupportedError", "ErrorCode", "error_name"]
+           "has_symbols", "client_version", "kvq", "DquantError", "ClientError", "UnsupportedError", "ErrorCode", "error_name"]
 __version__ = "0.1.0"

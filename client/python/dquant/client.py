@@ -384,13 +384,19 @@ class Client:
         self._check(library().dqc_ping(self.handle, buf, len(data)), "ping")
 
     def register_model(self, name: str, layers: int, q_heads: int, kv_heads: int, head_dim: int,
-                       profile: Union[str, Any] = "dq226", chunk_tokens: Optional[int] = None) -> Dict[str, Any]:
+                       profile: Union[str, Any] = "dq226", chunk_tokens: Optional[int] = None,
+                       calibration: Optional[bytes] = None) -> Dict[str, Any]:
         """Registers a model (idempotent for an identical spec; another spec under the same name is
         EXISTS); profile is a built-in name or a dquant.codec.Profile (sent serialized).
         chunk_tokens: tokens per chunk of the shared KV tier (None or 0: the server's 256; a multiple
-        of the profile's window). Returns {"existed", "bits_per_value", "profile" (serialized bytes
-        the server uses), "chunk_tokens" (the model's; None from a library without
-        dqc_register_model_ex, where asking for a size raises UnsupportedError)}."""
+        of the profile's window). calibration: the KVQuant++ calibration of a calibrated profile
+        (dquant.kvq.calibrate returns both; the daemon checks one against the other: CORRUPT,
+        TRUNCATED, PROFILE, SHAPE for a layer count other than layers, TOO_LARGE past its
+        max_calibration_bytes; UnsupportedError from a library without
+        dqc_register_model_calibrated; a Cluster registers both on every member). Returns
+        {"existed", "bits_per_value", "profile" (serialized bytes the server uses), "chunk_tokens"
+        (the model's; None from a library without dqc_register_model_ex, where asking for a size
+        raises UnsupportedError)}."""
         spec = dqc_model_spec()
         nb = _text(name, "model name")
         spec.name, spec.layers, spec.q_heads, spec.kv_heads, spec.head_dim = nb, layers, q_heads, kv_heads, head_dim
@@ -404,7 +410,19 @@ class Client:
             spec.profile, spec.profile_len = ctypes.cast(keep, ctypes.c_void_p), len(ser)
         info = dqc_model_info()
         ct_out = None
-        if chunk_tokens or has_symbols("dqc_register_model_ex"):
+        if calibration:
+            cal = bytes(calibration)
+            cbuf = ctypes.create_string_buffer(cal, len(cal))
+            base = _optional("dqc_register_model_calibrated", "register_model")
+            base.restype = ctypes.c_int
+            base.argtypes = [ctypes.c_void_p, ctypes.POINTER(dqc_model_spec), ctypes.c_uint32, ctypes.c_void_p,
+                             ctypes.c_size_t, ctypes.POINTER(dqc_model_info), ctypes.POINTER(ctypes.c_uint32)]
+            fn = self._route("dqc_register_model_calibrated", "register_model with a calibration")
+            ct = ctypes.c_uint32()
+            self._check(fn(self.handle, ctypes.byref(spec), int(chunk_tokens or 0), ctypes.cast(cbuf, ctypes.c_void_p),
+                           len(cal), ctypes.byref(info), ctypes.byref(ct)), "register_model")
+            ct_out = int(ct.value)
+        elif chunk_tokens or has_symbols("dqc_register_model_ex"):
             ct = ctypes.c_uint32()
             fn = self._route("dqc_register_model_ex", "register_model")
             self._check(fn(self.handle, ctypes.byref(spec), int(chunk_tokens or 0), ctypes.byref(info),

@@ -58,7 +58,8 @@ class dqc_cluster_stats(ctypes.Structure):
 
 # dqc_cluster_X of the routed calls: the dqc_X declaration with the cluster handle in its place.
 _SAME_AS = {
-    "dqc_register_model_ex": "dqc_cluster_register_model", "dqc_put": "dqc_cluster_put",
+    "dqc_register_model_ex": "dqc_cluster_register_model",
+    "dqc_register_model_calibrated": "dqc_cluster_register_model_calibrated", "dqc_put": "dqc_cluster_put",
     "dqc_put_on_prefix": "dqc_cluster_put_on_prefix", "dqc_put_raw": "dqc_cluster_put_raw",
     "dqc_get": "dqc_cluster_get", "dqc_get_raw": "dqc_cluster_get_raw", "dqc_attend": "dqc_cluster_attend",
     "dqc_delete": "dqc_cluster_delete", "dqc_pin": "dqc_cluster_pin", "dqc_unpin": "dqc_cluster_unpin",

@@ -140,6 +140,35 @@ def library() -> ctypes.CDLL:
     return lib
 
 
+_KVQ_PROTOS = None
+
+
+def _kvq_fn(name: str):
+    """A function of libdquant's KVQuant++ family (dquant/kvq.h), prototypes declared on first use;
+    UnsupportedError from a libdquant without it."""
+    global _KVQ_PROTOS
+    lib = library()
+    if _KVQ_PROTOS is None:
+        P, VP, U32, SZ, I = ctypes.POINTER, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_size_t, ctypes.c_int
+        _KVQ_PROTOS = {
+            "dq_profile_kvq": (I, [ctypes.c_char_p, U32, U32, P(dq_profile)]),
+            "dq_profile_needs_calibration": (I, [P(dq_profile)]),
+            "dq_kvq_calibrate": (I, [P(dq_profile), U32, VP, VP, SZ, ctypes.c_uint64, P(P(ctypes.c_uint8)), P(SZ)]),
+            "dq_kvq_free": (None, [VP]),
+            "dq_kvq_calibration_check": (I, [P(dq_profile), P(ctypes.c_uint8), SZ, P(U32)]),
+            "dq_codec_create_calibrated": (I, [P(dq_profile), P(ctypes.c_uint8), SZ, VP, P(VP)]),
+            "dq_codec_layer": (VP, [VP, U32]),
+        }
+    if name not in _KVQ_PROTOS:
+        raise KeyError(name)
+    fn = getattr(lib, name, None)
+    if fn is None:
+        from ._errors import UnsupportedError
+        raise UnsupportedError(name, "this libdquant has no KVQuant++ codecs (dquant/kvq.h)")
+    fn.restype, fn.argtypes = _KVQ_PROTOS[name]
+    return fn
+
+
 def _check(rc: int, what: str = "") -> None:
     if rc != 0:
         lib = library()
@@ -307,29 +336,70 @@ def _profile(profile: Union[str, Profile], kv_heads: Optional[int] = None, head_
 
 
 class Codec:
-    """A codec for one profile, with one workspace (use from one thread at a time)."""
+    """A codec for one profile, with one workspace (use from one thread at a time).
+
+    A KVQuant++ profile with a calibration (dquant.kvq.calibrate) is made with it
+    (calibration=bytes) and serves each model layer through view(layer): the layer's own
+    codebooks, as dquantd encodes, decodes and attends layer L of a model registered with that
+    calibration."""
 
     def __init__(self, profile: Union[str, Profile], kv_heads: Optional[int] = None,
-                 head_dim: Optional[int] = None) -> None:
-        """profile: a Profile, or a built-in name with the shape (kv_heads, head_dim)."""
+                 head_dim: Optional[int] = None, calibration: Optional[bytes] = None) -> None:
+        """profile: a Profile, or a built-in name with the shape (kv_heads, head_dim); calibration:
+        the serialized KVQ calibration of a calibrated profile (dq_codec_create_calibrated)."""
         lib = library()
         self.profile = _profile(profile, kv_heads, head_dim)
         self._c, self._ws = ctypes.c_void_p(), ctypes.c_void_p()
-        _check(lib.dq_codec_create(ctypes.byref(self.profile._p), None, ctypes.byref(self._c)), "codec_create")
+        self._parent, self._views = None, {}
+        self.calibration = bytes(calibration) if calibration else None
+        if self.calibration:
+            fn = _kvq_fn("dq_codec_create_calibrated")
+            buf = (ctypes.c_uint8 * len(self.calibration)).from_buffer_copy(self.calibration)
+            _check(fn(ctypes.byref(self.profile._p), buf, len(self.calibration), None, ctypes.byref(self._c)),
+                   "codec_create_calibrated")
+        else:
+            _check(lib.dq_codec_create(ctypes.byref(self.profile._p), None, ctypes.byref(self._c)), "codec_create")
+        self._v = self._c
         rc = lib.dq_workspace_create(self._c, ctypes.byref(self._ws))
         if rc:
             lib.dq_codec_free(self._c)
-            self._c = None
+            self._c = self._v = None
             _check(rc, "workspace_create")
         self._layers = []
 
+    def view(self, layer: int) -> "Codec":
+        """The codec of model layer `layer` (dq_codec_layer): with a per-layer calibration, that
+        layer's codebooks (IndexError outside the calibration's layers); else this codec itself.
+        A view shares this codec's workspace and lives as long as it (use it from the same thread)."""
+        if self._parent is not None:
+            return self._parent.view(layer)
+        if not self.calibration:
+            return self  # one codec for every layer (dq_codec_layer answers the codec itself)
+        if layer in self._views:
+            return self._views[layer]
+        if layer < 0:
+            raise IndexError(f"view: layer {layer}")
+        ptr = _kvq_fn("dq_codec_layer")(self._c, layer)
+        if not ptr:
+            raise IndexError(f"view: layer {layer} outside the codec's calibration")
+        if ptr == self._c.value:
+            self._views[layer] = self
+            return self
+        v = Codec.__new__(Codec)
+        v.profile, v.calibration, v._parent, v._views, v._layers = self.profile, self.calibration, self, {}, []
+        v._c, v._v, v._ws = None, ctypes.c_void_p(ptr), self._ws
+        self._views[layer] = v
+        return v
+
     def close(self) -> None:
-        """Frees the codec and its workspace (again: nothing). Layers of it must be closed first."""
+        """Frees the codec and its workspace (again: nothing). Layers of it and of its views must be
+        closed first; a view frees nothing (its codec does)."""
         if getattr(self, "_c", None):
             lib = library()
+            self._views = {}
             lib.dq_workspace_free(self._ws)
             lib.dq_codec_free(self._c)
-            self._c = self._ws = None
+            self._c = self._v = self._ws = None
 
     __del__ = close
 
@@ -341,13 +411,13 @@ class Codec:
 
     @property
     def stream_len(self) -> int:
-        return library().dq_codec_stream_len(self._c)
+        return library().dq_codec_stream_len(self._v)
 
     @property
     def window_bytes(self) -> int:
         """Bytes of one window record: W tokens of keys and values (dquant/codec.h's layout), the
         unit PUT_RAW and GET_RAW carry."""
-        return library().dq_codec_window_bytes(self._c)
+        return library().dq_codec_window_bytes(self._v)
 
     def encode_window(self, k: Array, v: Array) -> bytes:
         """One window record (window_bytes bytes) of W tokens: k and v [W, kv_heads, head_dim] of one
@@ -360,7 +430,7 @@ class Codec:
             raise ValueError(f"encode_window: k {kin.shape} and v {vin.shape} must both be "
                              f"[{self.profile.window}, {self.profile.kv_heads}, {self.profile.head_dim}]")
         out = ctypes.create_string_buffer(self.window_bytes)
-        _check(library().dq_window_encode(self._c, self._ws, kin.c_void_p(), vin.c_void_p(), kin.dtype, out, None),
+        _check(library().dq_window_encode(self._v, self._ws, kin.c_void_p(), vin.c_void_p(), kin.dtype, out, None),
                "encode_window")
         return out.raw
 
@@ -371,7 +441,7 @@ class Codec:
         if len(record) != self.window_bytes:
             raise ValueError(f"check_window: {len(record)} bytes, a window record is {self.window_bytes}")
         buf = ctypes.create_string_buffer(bytes(record), len(record))
-        _check(library().dq_window_check(self._c, buf), "check_window")
+        _check(library().dq_window_check(self._v, buf), "check_window")
 
     def _shape_ok(self, shape, what):
         p = self.profile
@@ -389,8 +459,8 @@ class Codec:
         ntok = xin.shape[0]
         n = self.stream_len
         W = self.profile.window
-        rb = lib.dq_codec_record_bytes(self._c, kind)
-        mb = lib.dq_codec_mean_bytes(self._c)
+        rb = lib.dq_codec_record_bytes(self._v, kind)
+        mb = lib.dq_codec_mean_bytes(self._v)
         header = kind == KIND_K and mb > 0
         nwin = (ntok + W - 1) // W
         records = ctypes.create_string_buffer(max(1, ntok * rb))
@@ -404,10 +474,10 @@ class Codec:
             first = w * W
             cnt = min(W, ntok - first)
             mean = ctypes.c_void_p(base_m + w * mb) if header else None
-            _check(lib.dq_tokens_encode(self._c, self._ws, kind, ctypes.c_void_p(xin.ptr + first * n * esz),
+            _check(lib.dq_tokens_encode(self._v, self._ws, kind, ctypes.c_void_p(xin.ptr + first * n * esz),
                                         xin.dtype, cnt, mean, ctypes.c_void_p(base_r + first * rb), rb,
                                         ctypes.byref(st)), "encode")
-            _check(lib.dq_tokens_decode(self._c, self._ws, kind, mean, ctypes.c_void_p(base_r + first * rb), rb,
+            _check(lib.dq_tokens_decode(self._v, self._ws, kind, mean, ctypes.c_void_p(base_r + first * rb), rb,
                                         cnt, ctypes.c_void_p(out.ptr + first * n * osz), odt), "decode")
         stored = ntok * rb + (nwin * mb if header else 0)
         stats = {"streams": st.streams, "retries": st.retries, "fallbacks": st.fallbacks,
@@ -425,7 +495,7 @@ class Codec:
         ctypes.memmove(out.ptr, xin.ptr, xin.nbytes)
         fn = library().dq_unrotate if inverse else library().dq_rotate
         for t in range(xin.nbytes // (4 * n)):
-            fn(self._c, ctypes.c_void_p(out.ptr + t * n * 4))
+            fn(self._v, ctypes.c_void_p(out.ptr + t * n * 4))
         return out.result()
 
     def encode(self, x: Array, kind: Kind = "k") -> Tuple[bytes, bytes]:
@@ -437,7 +507,7 @@ class Codec:
         xin = T.Input(x)
         self._shape_ok(xin.shape, "encode")
         ntok, n, W = xin.shape[0], self.stream_len, self.profile.window
-        rb, mb = lib.dq_codec_record_bytes(self._c, kind), lib.dq_codec_mean_bytes(self._c)
+        rb, mb = lib.dq_codec_record_bytes(self._v, kind), lib.dq_codec_mean_bytes(self._v)
         header = kind == KIND_K and mb > 0
         nwin = (ntok + W - 1) // W
         records = ctypes.create_string_buffer(max(1, ntok * rb))
@@ -446,7 +516,7 @@ class Codec:
         for w in range(nwin):
             first, cnt = w * W, min(W, ntok - w * W)
             mean = ctypes.c_void_p(ctypes.addressof(means) + w * mb) if header else None
-            _check(lib.dq_tokens_encode(self._c, self._ws, kind, ctypes.c_void_p(xin.ptr + first * n * esz),
+            _check(lib.dq_tokens_encode(self._v, self._ws, kind, ctypes.c_void_p(xin.ptr + first * n * esz),
                                         xin.dtype, cnt, mean, ctypes.c_void_p(ctypes.addressof(records) + first * rb),
                                         rb, None), "encode")
         return records.raw[:ntok * rb], (means.raw[:nwin * mb] if header else b"")
@@ -456,7 +526,7 @@ class Codec:
         """Inverse of encode: [tokens, kv_heads, head_dim] of dtype."""
         lib = library()
         kind = _kind(kind)
-        rb, mb, W = lib.dq_codec_record_bytes(self._c, kind), lib.dq_codec_mean_bytes(self._c), self.profile.window
+        rb, mb, W = lib.dq_codec_record_bytes(self._v, kind), lib.dq_codec_mean_bytes(self._v), self.profile.window
         header = kind == KIND_K and mb > 0
         if len(records) % rb:
             raise ValueError(f"decode: {len(records)} bytes is not a whole number of {rb}-byte records")
@@ -473,9 +543,9 @@ class Codec:
         for w in range(nwin):
             first, cnt = w * W, min(W, ntok - w * W)
             mean = ctypes.c_void_p(ctypes.addressof(mbuf) + w * mb) if header else None
-            _check(lib.dq_tokens_decode(self._c, self._ws, kind, mean, ctypes.c_void_p(ctypes.addressof(rbuf) + first * rb),
-                                        rb, cnt, ctypes.c_void_p(out.ptr + first * self.stream_len * osz), odt),
-                   "decode")
+            rec = ctypes.c_void_p(ctypes.addressof(rbuf) + first * rb)
+            _check(lib.dq_tokens_decode(self._v, self._ws, kind, mean, rec, rb, cnt,
+                                        ctypes.c_void_p(out.ptr + first * self.stream_len * osz), odt), "decode")
         return out.result()
 
     def layer(self) -> "Layer":
@@ -506,7 +576,7 @@ class Codec:
             items[i].lse = lse.ptr + i * qh * 4
         fn = lib.dq_attend_reference if reference else lib.dq_attend
         sc = 1.0 / math.sqrt(hd) if scale is None else scale
-        _check(fn(self._c, self._ws, qh, sc, items, items_n), "attend")
+        _check(fn(self._v, self._ws, qh, sc, items, items_n), "attend")
         o, s = out.result(), lse.result()
         return (o[0], s[0]) if single else (o, s)
 
@@ -517,7 +587,7 @@ class Layer:
     def __init__(self, codec: Codec) -> None:
         self.codec = codec
         self._l = ctypes.c_void_p()
-        _check(library().dq_layer_create(codec._c, ctypes.byref(self._l)), "layer_create")
+        _check(library().dq_layer_create(codec._v, ctypes.byref(self._l)), "layer_create")
 
     def close(self) -> None:
         """Frees the layer (again: nothing)."""
@@ -577,7 +647,7 @@ class Layer:
         self = cls.__new__(cls)
         self.codec = codec
         self._l = ctypes.c_void_p()
-        _check(library().dq_layer_restore(codec._c, rbuf, len(records) // wb, tk, tv, len(tail_k) // row,
+        _check(library().dq_layer_restore(codec._v, rbuf, len(records) // wb, tk, tv, len(tail_k) // row,
                                           ctypes.byref(self._l)), "layer_restore")
         return self
 

@@ -89,7 +89,8 @@ class RawKV:
         into the records PUT_RAW takes: per layer, the tokens' whole windows (tokens // W records)
         and the remaining tokens % W as a BF16 tail. profile: a Profile, its serialized bytes (e.g.
         Client.register_model(...)["profile"], which PUT_RAW requires), or a Codec to encode with
-        (its workspace: one thread at a time). first_layer numbers the layers. For
+        (its workspace: one thread at a time; a calibrated KVQ codec encodes layer L with its view
+        of layer L). first_layer numbers the layers. For
         put_chunks_raw, tokens must be whole chunks (no tail). Raises DquantError NONFINITE or
         RANGE for input the codec refuses (as PUT would), ValueError for shapes."""
         own = not isinstance(profile, Codec)
@@ -106,7 +107,8 @@ class RawKV:
             W, row = p.window, p.kv_heads * p.head_dim
             layers = []
             for i in range(nl):
-                with Layer(codec) as lay:
+                vw = codec.view(first_layer + i)  # a calibrated KVQ codec: that layer's codebooks
+                with Layer(vw) as lay:
                     if ntok:
                         lay.append(kin.keep[i], vin.keep[i])
                     recs = [lay.window(w) for w in range(lay.window_count)]
@@ -116,7 +118,7 @@ class RawKV:
                 wbytes = W * row * 2
                 for w in range(tail // W):
                     sl = slice(w * wbytes, (w + 1) * wbytes)
-                    recs.append(codec.encode_window(_bf16(tk[sl], (W, p.kv_heads, p.head_dim)),
+                    recs.append(vw.encode_window(_bf16(tk[sl], (W, p.kv_heads, p.head_dim)),
                                                     _bf16(tv[sl], (W, p.kv_heads, p.head_dim))))
                 cut = (tail // W) * wbytes
                 layers.append(RawLayer(first_layer + i, ntok, len(recs), b"".join(recs), tail % W, tk[cut:], tv[cut:]))
@@ -129,7 +131,8 @@ class RawKV:
                codec: Optional[Codec] = None) -> Tuple[Array, Array]:
         """K and V [num_layers, tokens, kv_heads, head_dim] of dtype (numpy; torch like `like`),
         decoded in-process: what a typed GET of the same layers returns, bit-exact. Every record is
-        checked first (DquantError CORRUPT). codec: one of this profile to reuse (else one is made).
+        checked first (DquantError CORRUPT). codec: one of this profile to reuse (else one is made;
+        a calibrated KVQ profile needs its Codec with the calibration, layer L decoded by its view).
         Layers of different lengths raise ValueError."""
         if not self.layers:
             raise ValueError("RawKV.decode: no layers")
@@ -151,7 +154,7 @@ class RawKV:
             for i, layer in enumerate(self.layers):
                 if not ntok:
                     break
-                with Layer.restore(codec, layer.records, layer.tail_k, layer.tail_v) as lay:
+                with Layer.restore(codec.view(layer.layer), layer.records, layer.tail_k, layer.tail_v) as lay:
                     for out, kind in ((ko, KIND_K), (vo, KIND_V)):
                         check(lib.dq_layer_decode(lay._l, codec._ws, kind, 0, ntok, ctypes.c_void_p(out.ptr + i * step),
                                                   odt), "decode")
