@@ -1242,16 +1242,14 @@ static void check_hot(model *big, model *refused, const scale *sc)
     float *rl1 = xmalloc(refused->q_heads * sizeof(float)), *rl2 = xmalloc(refused->q_heads * sizeof(float));
     att_case r1c = {&rh, 0, false}, r2c = {&rc_, 0, false};
     int ra = attend_get(ch, &r1c, 1, 1600, ro1, rl1), rb = attend_get(cc, &r2c, 1, 1600, ro2, rl2);
-    double rd = ra || rb ? 1 : att_diff(ro1, ro2, rqs, rl1, rl2, refused->q_heads, true);
+    double rd = ra || rb ? 1 : att_diff(ro1, ro2, rqs, rl1, rl2, refused->q_heads, g_exact);
     const uint64_t it2 = stat_counter(ch, "gpu_hot_attend_items");
-    /* on a GPU the records' kernel runs on both sides: the same code, the same bits */
-    report("hot_refused_shape_uses_records", stat_counter(ch, "gpu_hot_windows") == hw2 && rd == 0 && it2 == it1,
-           "head_dim %u: hot windows %llu (unchanged: %llu), items over hot windows +%llu, ATTEND %s",
+    report("hot_refused_shape_uses_records",
+           stat_counter(ch, "gpu_hot_windows") == hw2 && !(ra || rb) && rd <= (g_exact ? 0.0 : 1e-3) && it2 == it1,
+           "head_dim %u: hot windows %llu (unchanged: %llu), items over hot windows +%llu, ATTEND %s, difference "
+           "to the containers daemon %.3g",
            refused->head_dim, (unsigned long long)stat_counter(ch, "gpu_hot_windows"), (unsigned long long)hw2,
-           (unsigned long long)(it2 - it1),
-           ra || rb  ? "failed"
-           : rd == 0 ? "bit-identical to the containers daemon"
-                     : "differs");
+           (unsigned long long)(it2 - it1), ra || rb ? "failed" : "ok", rd);
     free(ro1);
     free(ro2);
     free(rl1);
@@ -1877,10 +1875,10 @@ static int run_bench(bench_cfg *cfg, const char *workers)
         }
         sd /= steps;
         si /= steps;
-        printf(
-            "{\"bench\":\"decode_step\",\"path\":\"daemon\",\"backend\":\"%s\",\"batch\":%u,\"ctx\":%u,"
-            "\"layers\":%u,\"steps\":%d,\"step_ms_median\":%.3f,\"step_ms_mean\":%.3f,\"attend_call_us_mean\":%.1f}\n",
-            info.backend, batch, ctx, m.layers, steps, md * 1e3, sd * 1e3, calls / steps / m.layers * 1e6);
+        printf("{\"bench\":\"decode_step\",\"path\":\"daemon\",\"backend\":\"%s\",\"layout\":\"%s\",\"batch\":%u,"
+               "\"ctx\":%u,\"layers\":%u,\"steps\":%d,\"step_ms_median\":%.3f,\"step_ms_mean\":%.3f,"
+               "\"attend_call_us_mean\":%.1f}\n",
+               info.backend, g_layout, batch, ctx, m.layers, steps, md * 1e3, sd * 1e3, calls / steps / m.layers * 1e6);
         printf("{\"bench\":\"decode_step\",\"path\":\"inprocess\",\"batch\":%u,\"ctx\":%u,\"layers\":%u,\"steps\":%d,"
                "\"step_ms_median\":%.3f,\"step_ms_mean\":%.3f,\"daemon_over_inprocess\":%.3f,"
                "\"max_rel_diff_daemon_vs_inprocess\":%.3g}\n",
