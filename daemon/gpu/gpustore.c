@@ -935,6 +935,7 @@ int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, 
         most = 65535;
     /* The hot copies when the kernel takes the model's GQA group (the layers' check used 1). */
     const bool hot_ok = g->hot_layout && dqcu_attend_hot_check(dc, q_heads) == DQ_OK;
+    bool records_only = false; /* this batch again over the records: the hot kernel refused its plan */
     for (size_t i0 = 0; i0 < n;) {
         const size_t nb = n - i0 < most ? n - i0 : most;
         /* One block, the same layout in pinned and device memory: descriptors | q | out | lse. */
@@ -948,7 +949,7 @@ int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, 
             return DQ_INTERNAL;
         dqcu_attn_seq *hs = (dqcu_attn_seq *)(void *)pin;
         uint32_t max_tokens = 0;
-        bool hot = hot_ok;
+        bool hot = hot_ok && !records_only;
         for (size_t b = 0; b < nb && hot; b++)
             hot = items[i0 + b].layer->hot_stride && items[i0 + b].layer->nhot == items[i0 + b].layer->nwin;
         for (size_t b = 0; b < nb; b++) {
@@ -982,10 +983,22 @@ int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, 
                                                       (uint32_t)nb, max_tokens, (const float *)(void *)(io + oq),
                                                       (float *)(void *)(io + oo), (float *)(void *)(io + ol), ws, wsb,
                                                       w->stream);
+        if (r == DQ_UNSUPPORTED && hot) {
+            /* A launch the hot kernel cannot plan (its grid limits, beyond dqcu_attend_hot_check):
+             * nothing ran; the same items over the records. */
+            DQD_DEBUG("dqcu_attend_hot refused %zu items of up to %u tokens; attending over the records", nb,
+                      max_tokens);
+            rc = dqd_gpin_done(w, h);
+            if (rc < 0)
+                return rc;
+            records_only = true;
+            continue;
+        }
         if (r < 0)
             return dqd_gcu_fail(r, hot ? "dqcu_attend_hot" : "dqcu_attend", __FILE__, __LINE__);
         if (hot)
             atomic_fetch_add_explicit(&g->hot_items, nb, memory_order_relaxed);
+        records_only = false;
         if (dev) {
             for (size_t b = 0; b < nb; b++) {
                 DQD_GCK(cudaMemcpyAsync(items[i0 + b].out, io + oo + b * qs * sizeof(float), qs * sizeof(float),

@@ -1254,6 +1254,36 @@ static void check_hot(model *big, model *refused, const scale *sc)
     free(ro2);
     free(rl1);
     free(rl2);
+    if (g_exact) {
+        /* the emulation only: a launch the hot kernel refuses to plan runs over the records */
+        daemon_proc dr;
+        setenv("DQCU_FAKE_HOT_MAX_TOKENS", "64", 1);
+        g_layout_now = "hot";
+        daemon_start(&dr, "layout-hot-unplanned", base);
+        g_layout_now = NULL;
+        unsetenv("DQCU_FAKE_HOT_MAX_TOKENS");
+        dqc_client *cr = client_open(&dr);
+        model_register(cr, big);
+        refseq u1, u2;
+        refseq_init(&u1, big, "hot-unplanned");
+        refseq_init(&u2, big, "hot-unplanned");
+        if (put_seq(cr, &u1, tokens, 1700) || put_seq(cc, &u2, tokens, 1700))
+            die("hot check PUT (unplanned): %s / %s", dqc_last_error(cr), dqc_last_error(cc));
+        att_case uc1[2] = {{&u1, 0, true}, {&u1, big->layers - 1, false}};
+        att_case uc2[2] = {{&u2, 0, true}, {&u2, big->layers - 1, false}};
+        int ua = attend_get(cr, uc1, 2, 1800, oh, lh), ub = attend_get(cc, uc2, 2, 1800, oc, lc);
+        double ud = ua || ub ? 1 : att_diff(oh, oc, 2 * qs, lh, lc, 2 * (size_t)big->q_heads, true);
+        const uint64_t uw = stat_counter(cr, "gpu_hot_windows"), ui = stat_counter(cr, "gpu_hot_attend_items");
+        report("hot_unplanned_launch_uses_records", !(ua || ub) && ud == 0 && uw == wins && ui == 0,
+               "hot kernel refusing more than 64 tokens: ATTEND %s, difference %.3g, hot windows %llu, items over "
+               "hot windows %llu",
+               ua || ub ? "failed" : "ok", ud, (unsigned long long)uw, (unsigned long long)ui);
+        refseq_free(&u1);
+        refseq_free(&u2);
+        dqc_free(cr);
+        int s3 = daemon_stop(&dr);
+        report("hot_unplanned_daemon_exit", s3 == 0, "exit status %d", s3);
+    }
     free(oh);
     free(oc);
     free(lh);

@@ -18,6 +18,9 @@
  *     with cudaErrorMemoryAllocation) and must all be freed at exit, pinned memory too: a leak
  *     makes the process exit with status 99 (DQCU_FAKE_NO_LEAKCHECK=1 disables the check).
  *   - DQCU_FAKE_DEVICES (default 1) is what dqcu_device_count() returns.
+ *   - DQCU_FAKE_HOT_MAX_TOKENS (default: no limit): dqcu_attend_hot refuses (DQ_UNSUPPORTED, and
+ *     its workspace size is 0) a launch of more tokens per sequence, as the real one refuses a
+ *     launch whose plan exceeds its grid limits although dqcu_attend_hot_check passed.
  * The "kernels" produce what libdquant produces (dq_window_encode, dq_tokens_decode, dq_attend on a
  * layer rebuilt from the records, dq_hot_transcode, dq_hot_attend), which is what the real kernels
  * are checked against. */
@@ -1123,11 +1126,17 @@ int dqcu_attend_hot_check(const dqcu_codec *dc, uint32_t q_heads)
     return DQ_OK;
 }
 
+/* DQCU_FAKE_HOT_MAX_TOKENS: whether a launch of max_tokens is beyond the emulated plan limits */
+static bool hot_plan_refused(uint32_t max_tokens)
+{
+    const char *e = getenv("DQCU_FAKE_HOT_MAX_TOKENS");
+    return e && *e && max_tokens > strtoull(e, NULL, 10);
+}
+
 size_t dqcu_attend_hot_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq, uint32_t max_tokens)
 {
-    if (!dc || dqcu_attend_hot_check(dc, q_heads) != DQ_OK)
+    if (!dc || dqcu_attend_hot_check(dc, q_heads) != DQ_OK || hot_plan_refused(max_tokens))
         return 0;
-    (void)max_tokens;
     return 128 + (size_t)nseq * 16;
 }
 
@@ -1247,6 +1256,8 @@ int dqcu_attend_hot(const dqcu_codec *dc, uint32_t q_heads, float scale, const d
         return rc;
     if (!nseq)
         return DQ_OK;
+    if (hot_plan_refused(max_tokens))
+        return DQ_UNSUPPORTED;
     if (workspace_bytes < dqcu_attend_hot_workspace_size(dc, q_heads, nseq, max_tokens) || ((uintptr_t)workspace & 15u))
         return DQ_INVALID_ARGUMENT;
     check_dev(workspace, workspace_bytes, "dqcu_attend_hot workspace");
