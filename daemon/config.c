@@ -38,6 +38,7 @@ typedef enum opt_type {
     OPT_TOKEN_FILE,
     OPT_KERNEL,
     OPT_SCHEDULE,
+    OPT_LAYOUT,
     OPT_PATH,
     OPT_BOOL,
 } opt_type;
@@ -112,6 +113,16 @@ static const dqd_option options[] = {
      "planned",
      "How the cuda backend's encoder spreads an encode call's streams over warps: planned shares the last "
      "waves out evenly; plain gives every warp the same number (for comparisons)."},
+    {"gpu-attention-layout", "server", "gpu_attention_layout", OPT_LAYOUT, FIELD(gpu_attention_layout), 0, 0,
+     "containers|hot", "containers",
+     "What decode attention on the GPU tier reads (cuda backend). containers: the window records "
+     "(rANS decoded in the attention kernel). hot: each sealed window of a model the hot kernel takes "
+     "(D-Quant, head_dim 128 or 256, 3+3 or 4+4 bits per level as dq226 and dq196, 1, 2, 4 or 8 query "
+     "heads per KV head) also keeps a lossless fixed-width copy on the GPU, and ATTEND runs over those: "
+     "3-6x faster per layer on an H200 (tests/bench/GPU_NOTES.md); the copies add 1.36x the records' "
+     "GPU memory for dq226, counted in --gpu-memory. The records stay for GET, GET_RAW and the host and "
+     "disk tiers; the copies are dropped when a layer leaves the GPU and rebuilt when it comes back. "
+     "Other models use the records. Results equal within float rounding."},
     {"nccl-timeout", "server", "nccl_timeout_ms", OPT_U32, FIELD(nccl_timeout_ms), 100, 3600000, "MS", "10000",
      "NCCL data path: longest wait for a communicator to form or a transfer to finish (plus 1 s per GB); "
      "past it the connection's communicator is aborted and the request fails."},
@@ -586,6 +597,17 @@ static int apply(dqd_config *cfg, const dqd_option *o, const char *value, bool f
             v = DQD_ENCODE_PLANNED;
         else if (strcasecmp(value, "plain") == 0)
             v = DQD_ENCODE_PLAIN;
+        else
+            return fail(err, errlen, "%s: unknown value '%s' (%s)", name, value, o->arg);
+        memcpy((char *)cfg + o->offset, &v, sizeof v);
+        return DQ_OK;
+    }
+    case OPT_LAYOUT: {
+        uint32_t v;
+        if (strcasecmp(value, "containers") == 0)
+            v = DQD_GPU_LAYOUT_CONTAINERS;
+        else if (strcasecmp(value, "hot") == 0)
+            v = DQD_GPU_LAYOUT_HOT;
         else
             return fail(err, errlen, "%s: unknown value '%s' (%s)", name, value, o->arg);
         memcpy((char *)cfg + o->offset, &v, sizeof v);

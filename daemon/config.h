@@ -32,6 +32,10 @@ typedef enum dqd_backend { DQD_BACKEND_CPU = 0, DQD_BACKEND_CUDA = 1 } dqd_backe
 #define DQD_ENCODE_PLANNED 0u
 #define DQD_ENCODE_PLAIN 1u
 
+/* gpu_attention_layout values: what the cuda backend's GPU tier attends over (gpulayer.h) */
+#define DQD_GPU_LAYOUT_CONTAINERS 0u /* the window records (dqcu_attend) */
+#define DQD_GPU_LAYOUT_HOT 1u        /* hot copies beside them (dqcu_attend_hot, dquant/hot.h) */
+
 typedef struct dqd_config {
     dqd_listen_addr listen[DQD_MAX_LISTENERS];
     uint32_t nlisten;
@@ -50,7 +54,8 @@ typedef struct dqd_config {
     uint32_t gpu_spin_us;   /* how long a GPU thread polls for the next task before sleeping */
     uint32_t attend_kernel; /* cuda backend's kernel versions (dqcu_settings): 0 = auto */
     uint32_t encode_kernel;
-    uint32_t encode_schedule; /* DQD_ENCODE_PLANNED or DQD_ENCODE_PLAIN */
+    uint32_t encode_schedule;      /* DQD_ENCODE_PLANNED or DQD_ENCODE_PLAIN */
+    uint32_t gpu_attention_layout; /* DQD_GPU_LAYOUT_CONTAINERS or DQD_GPU_LAYOUT_HOT */
     dqd_backend backend;
     dq_log_level log_level;
     char *secret; /* NULL: none; when set, every TCP listener requires it */

@@ -239,6 +239,15 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
           (double)g->store.gpu_used);
     gauge(&b, "dquant_gpu_memory_allocated_bytes",
           "GPU memory allocated for layers right now, in-flight work included.", (double)g->gpu_allocated);
+    gauge(&b, "dquant_gpu_hot_windows",
+          "Sealed windows with a hot copy on the GPU (--gpu-attention-layout hot; cuda backend).",
+          (double)g->gpu_hot_windows);
+    gauge(&b, "dquant_gpu_hot_bytes",
+          "GPU memory of hot window copies and their pointer arrays (part of the allocated bytes).",
+          (double)g->gpu_hot_bytes);
+    counter(&b, "dquant_gpu_hot_attend_items_total",
+            "ATTEND items computed over hot windows (dqcu_attend_hot); the rest of the GPU ones read the records.",
+            g->gpu_hot_attend_items);
     gauge(&b, "dquant_gpu_memory_budget_bytes", "GPU-memory budget (0 on the cpu backend).",
           (double)g->store.gpu_budget);
     gauge(&b, "dquant_gpu_memory_reserved_bytes", "GPU budget reserved by writes in progress.",
@@ -449,6 +458,9 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_gauge(&kb, "host_memory_reserved", (double)g->store.reserved);
     add_gauge(&kb, "gpu_memory_used", (double)g->store.gpu_used);
     add_gauge(&kb, "gpu_memory_allocated", (double)g->gpu_allocated);
+    add_gauge(&kb, "gpu_hot_windows", (double)g->gpu_hot_windows);
+    add_gauge(&kb, "gpu_hot_bytes", (double)g->gpu_hot_bytes);
+    add_counter(&kb, "gpu_hot_attend_items", g->gpu_hot_attend_items);
     add_gauge(&kb, "gpu_budget", (double)g->store.gpu_budget);
     add_gauge(&kb, "gpu_memory_reserved", (double)g->store.gpu_reserved);
     add_gauge(&kb, "gpu_sequences", (double)g->store.gpu_sequences);

@@ -51,7 +51,9 @@ typedef struct dqd_metrics {
 /* Everything else a report shows, gathered by the server at render time. */
 typedef struct dqd_gauges {
     dqd_store_stats store;
-    uint64_t gpu_allocated; /* device bytes of GPU layers allocated right now (cuda backend) */
+    uint64_t gpu_allocated;                  /* device bytes of GPU layers allocated right now (cuda backend) */
+    uint64_t gpu_hot_windows, gpu_hot_bytes; /* hot window copies held, their device bytes (gpulayer.h) */
+    uint64_t gpu_hot_attend_items;           /* ATTEND items run over hot windows, total */
     uint64_t models;
     uint64_t inflight_requests;
     uint64_t frame_cache_bytes; /* freed frame buffers kept (framebuf.h) */

@@ -110,7 +110,7 @@ int dqd_tier_place_layers(dqd_ctx *ctx, dqd_seq *seq, uint32_t first, uint32_t n
     uint64_t all = 0, resident = 0;
     for (uint32_t i = 0; i < n; i++) {
         const dqd_glayer *g = seq->glayers[first + i];
-        uint64_t need = dqd_gpu_need(codec, g ? NULL : seq->layers[first + i], g, ntok);
+        uint64_t need = dqd_gpu_need(ctx->gpu, codec, g ? NULL : seq->layers[first + i], g, ntok);
         all += need;
         if (g)
             resident += need;
@@ -270,7 +270,7 @@ int dqd_tier_place_items(dqd_ctx *ctx, dqd_tier_item *items, size_t n, const dqd
             for (size_t k = g0; k < g1; k++)
                 items[keys[k].item].gpu = true;
             if (app)
-                resident += dqd_gpu_need(it->codec, NULL, gl, 1);
+                resident += dqd_gpu_need(ctx->gpu, it->codec, NULL, gl, 1);
         } else if ((hl || app) && writable) {
             if (dqd_store_gpu_slots(store, seq) < 0) {
                 rc = DQ_NOMEM;
@@ -278,7 +278,7 @@ int dqd_tier_place_items(dqd_ctx *ctx, dqd_tier_item *items, size_t n, const dqd
             }
             cand[keys[g0].item] = true;
             ncand++;
-            all += dqd_gpu_need(it->codec, hl, NULL, app ? 1 : 0);
+            all += dqd_gpu_need(ctx->gpu, it->codec, hl, NULL, app ? 1 : 0);
         }
     }
     all += resident;

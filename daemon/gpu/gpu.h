@@ -22,7 +22,8 @@
  * calls dqd_gpu_finish (or issues more work on the same stream that synchronizes).
  *
  * Budget. The GPU budget (--gpu-memory, default 80% of the free device memory at start) counts
- * the device bytes of layers (dqd_glayer.dev_bytes: window segments, pointer arrays, tails); the
+ * the device bytes of layers (dqd_glayer.dev_bytes: window segments, pointer arrays, tails, and
+ * with --gpu-attention-layout hot the hot copies of the windows, gpulayer.h); the
  * per-worker scratch and the device codecs come on top, which is why the default leaves a margin.
  *
  * Without CUDA at build time gpu_none.c provides these functions: dqd_gpu_create then fails with
@@ -71,8 +72,15 @@ void dqd_gpu_free_seq_layers(void *gpu, dqd_seq *seq);
 void dqd_gpu_forget_codec(void *gpu, const dqd_codec *codec);
 
 /* Upper estimate of the device bytes, for dqd_store_gpu_reserve, of appending ntok tokens (may be
- * 0) to a layer: gpu when it is on the GPU; else host (may be NULL: a new layer) moved there. */
-uint64_t dqd_gpu_need(const dqd_codec *codec, const dq_layer *host, const dqd_glayer *gpu, uint64_t ntok);
+ * 0) to a layer: gpu when it is on the GPU; else host (may be NULL: a new layer) moved there.
+ * With the hot layout, the hot copies of the windows count too (for a layer not yet on the GPU,
+ * whenever the profile has a hot layout: the kernel's shape check needs the device codec). */
+uint64_t dqd_gpu_need(const dqd_gpu *g, const dqd_codec *codec, const dq_layer *host, const dqd_glayer *gpu,
+                      uint64_t ntok);
+/* Hot windows (--gpu-attention-layout hot, gpulayer.h) held right now: transcoded windows and the
+ * device bytes of their slots and pointer arrays (included in dqd_gpu_allocated); and the ATTEND
+ * items attended over hot windows so far. 0 on the containers layout. */
+void dqd_gpu_hot_stats(const dqd_gpu *g, uint64_t *windows, uint64_t *bytes, uint64_t *items);
 
 /* ---- worker threads (the caller holds the access the operation needs) ---- */
 
@@ -150,7 +158,9 @@ int dqd_gpu_d2h(dqd_gpu *g, void *dst, const void *src, size_t bytes);
 int dqd_gpu_copy_raw(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, uint8_t *dst);
 
 /* Decode attention over GPU layers of one codec, as dq_attend (q, out, lse: host memory, or device
- * memory when dev; lse may be NULL): one dqcu_attend launch per batch of items. */
+ * memory when dev; lse may be NULL): one dqcu_attend launch per batch of items, or dqcu_attend_hot
+ * over the hot copies when every layer of the batch has them and the kernel takes q_heads (else
+ * the records: the result is the same within float rounding). */
 typedef struct dqd_gattn {
     const dqd_glayer *layer;
     const float *q;

@@ -71,8 +71,12 @@ int dqd_gpu_create(const dqd_config *cfg, dqd_hostmem *mem, dqd_gpu **out, char 
     g->settings.encode_kernel = (int)cfg->encode_kernel;
     g->settings.encode_schedule = cfg->encode_schedule == DQD_ENCODE_PLAIN ? DQCU_SCHEDULE_PLAIN
                                                                            : DQCU_SCHEDULE_PLANNED;
+    g->hot_layout = cfg->gpu_attention_layout == DQD_GPU_LAYOUT_HOT;
     pthread_mutex_init(&g->mu, NULL);
     atomic_init(&g->allocated, 0);
+    atomic_init(&g->hot_windows, 0);
+    atomic_init(&g->hot_bytes, 0);
+    atomic_init(&g->hot_items, 0);
     DQD_GCK_GOTO(cudaSetDevice(dev), rc, fail);
     size_t free_b = 0, total_b = 0;
     DQD_GCK_GOTO(cudaMemGetInfo(&free_b, &total_b), rc, fail);
@@ -149,6 +153,13 @@ uint64_t dqd_gpu_budget(const dqd_gpu *g)
 uint64_t dqd_gpu_allocated(const dqd_gpu *g)
 {
     return atomic_load_explicit(&((dqd_gpu *)g)->allocated, memory_order_relaxed);
+}
+
+void dqd_gpu_hot_stats(const dqd_gpu *g, uint64_t *windows, uint64_t *bytes, uint64_t *items)
+{
+    *items = atomic_load_explicit(&((dqd_gpu *)g)->hot_items, memory_order_relaxed);
+    *windows = atomic_load_explicit(&((dqd_gpu *)g)->hot_windows, memory_order_relaxed);
+    *bytes = atomic_load_explicit(&((dqd_gpu *)g)->hot_bytes, memory_order_relaxed);
 }
 
 const char *dqd_gpu_describe(const dqd_gpu *g)

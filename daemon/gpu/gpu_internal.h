@@ -9,6 +9,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -74,7 +75,10 @@ struct dqd_gpu {
     pthread_mutex_t mu; /* guards workers and codecs */
     dqd_gwork *workers;
     dqd_gcodec *codecs;
-    dqcu_settings settings; /* kernel versions from the config, for every codec */
+    dqcu_settings settings;                  /* kernel versions from the config, for every codec */
+    bool hot_layout;                         /* --gpu-attention-layout hot: layers keep hot copies (gpulayer.h) */
+    _Atomic uint64_t hot_windows, hot_bytes; /* held now (dqd_gpu_hot_stats) */
+    _Atomic uint64_t hot_items;              /* attention items run by dqcu_attend_hot */
 };
 
 /* Logs a failed CUDA call, clears the thread's last error (so a later library call does not

@@ -31,6 +31,14 @@ uint64_t dqd_gpu_allocated(const dqd_gpu *g)
     return 0;
 }
 
+void dqd_gpu_hot_stats(const dqd_gpu *g, uint64_t *windows, uint64_t *bytes, uint64_t *items)
+{
+    (void)g;
+    *items = 0;
+    *windows = 0;
+    *bytes = 0;
+}
+
 const char *dqd_gpu_describe(const dqd_gpu *g)
 {
     (void)g;
@@ -56,8 +64,10 @@ void dqd_gpu_forget_codec(void *gpu, const dqd_codec *codec)
     (void)codec;
 }
 
-uint64_t dqd_gpu_need(const dqd_codec *codec, const dq_layer *host, const dqd_glayer *gpu, uint64_t ntok)
+uint64_t dqd_gpu_need(const dqd_gpu *g, const dqd_codec *codec, const dq_layer *host, const dqd_glayer *gpu,
+                      uint64_t ntok)
 {
+    (void)g;
     (void)codec;
     (void)host;
     (void)gpu;

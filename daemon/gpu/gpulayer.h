@@ -12,6 +12,15 @@
  * pointers the kernels take (dqcu_attn_seq.windows, dqcu_decompress); h_win is its host copy.
  * d_tail holds the K tail (R tokens) followed by the V tail (R tokens), BF16.
  *
+ * Hot windows (--gpu-attention-layout hot, dquant/hot.h). A layer of a model the hot attention
+ * kernel takes keeps, beside each sealed window record, its hot copy (the same levels at fixed
+ * width, transcoded on the GPU by dqcu_transcode_hot when the window is sealed or the layer comes
+ * to the GPU), and ATTEND runs dqcu_attend_hot over them. The records stay what every other path
+ * reads (GET_RAW, GET, moves to the host and disk tiers, rollbacks): the hot copies are an
+ * attention cache of the GPU tier, counted in dev_bytes (the GPU budget) and dropped with the
+ * layer when it leaves the GPU. Each segment has a hot block of as many slots (hot_stride bytes
+ * apart); d_hot/h_hot are the pointer arrays dqcu_attn_seq.windows takes, parallel to d_win.
+ *
  * This header has no CUDA types: device addresses are plain pointers the host never dereferences.
  * Fields change only under exclusive access to the sequence (a writer's worker task); the loop
  * thread reads them between requests. */
@@ -30,6 +39,7 @@ typedef struct dqd_gseg {
     uint8_t *base;  /* device: count window records back to back */
     uint32_t first; /* index in the layer of its first window */
     uint32_t count; /* windows it has room for */
+    uint8_t *hot;   /* device: count hot windows, hot_stride apart (NULL when the layer has none) */
 } dqd_gseg;
 
 typedef struct dqd_glayer {
@@ -39,11 +49,15 @@ typedef struct dqd_glayer {
     uint32_t slots; /* windows the segments have room for (>= nwin) */
     uint32_t cap;   /* entries of h_win / d_win (>= slots) */
     uint32_t nseg, segcap;
-    dqd_gseg *segs;     /* host [segcap] */
-    uint8_t **h_win;    /* host [cap]: device addresses of the window slots */
-    uint8_t **d_win;    /* device [cap]: the same pointers */
-    uint16_t *d_tail;   /* device: K tail [R][n] then V tail [R][n], BF16 */
-    uint64_t dev_bytes; /* device bytes allocated for this layer (what the GPU budget counts) */
+    dqd_gseg *segs;      /* host [segcap] */
+    uint8_t **h_win;     /* host [cap]: device addresses of the window slots */
+    uint8_t **d_win;     /* device [cap]: the same pointers */
+    uint16_t *d_tail;    /* device: K tail [R][n] then V tail [R][n], BF16 */
+    uint64_t dev_bytes;  /* device bytes allocated for this layer (what the GPU budget counts) */
+    uint32_t nhot;       /* windows [0, nhot) have their hot copy (nhot == nwin after every operation) */
+    uint64_t hot_stride; /* bytes per hot window slot (dqcu_hot_window_bytes rounded up); 0: no hot copies */
+    uint8_t **h_hot;     /* host [cap]: device addresses of the hot window slots (NULL: no hot copies) */
+    uint8_t **d_hot;     /* device [cap]: the same pointers */
 } dqd_glayer;
 
 static inline uint64_t dqd_glayer_tokens(const dqd_glayer *l)
@@ -57,15 +71,21 @@ static inline uint64_t dqd_glayer_stored_bytes(const dqd_glayer *l, size_t windo
     return (uint64_t)l->nwin * window_bytes + (uint64_t)l->tail * n * 2u * sizeof(uint16_t);
 }
 
-/* Host bytes of the shadow (struct, segment list, pointer array), as counted by the hostmem. */
+/* Host bytes of the shadow (struct, segment list, pointer arrays), as counted by the hostmem. */
 static inline uint64_t dqd_glayer_host_bytes(const dqd_glayer *l)
 {
     uint64_t b = dqd_hostmem_cost(sizeof *l);
     if (l->segcap)
         b += dqd_hostmem_cost((size_t)l->segcap * sizeof(dqd_gseg));
     if (l->cap)
-        b += dqd_hostmem_cost((size_t)l->cap * sizeof(uint8_t *));
+        b += dqd_hostmem_cost((size_t)l->cap * sizeof(uint8_t *)) * (l->hot_stride ? 2u : 1u);
     return b;
+}
+
+/* Device bytes of the layer's hot copies (slots allocated; part of dev_bytes). */
+static inline uint64_t dqd_glayer_hot_bytes(const dqd_glayer *l)
+{
+    return l->hot_stride ? (uint64_t)l->slots * l->hot_stride + (uint64_t)l->cap * sizeof(uint8_t *) : 0;
 }
 
 #endif

@@ -7,12 +7,18 @@
  * input is taken in pieces: since a layer's bytes depend only on its BF16 token sequence, the
  * pieces seal exactly the windows one append would. Per piece: the old tail and the new tokens are
  * gathered in the device stage buffer, dqcu_encode_windows writes the sealed windows straight into
- * their slots, and the rest of the stage becomes the new tail. */
+ * their slots, and the rest of the stage becomes the new tail.
+ *
+ * Hot copies (--gpu-attention-layout hot, gpulayer.h): a layer whose profile the hot attention
+ * kernel takes gets a hot block beside each segment; the windows an append seals, or a promote
+ * brings, are transcoded into it (dqcu_transcode_hot) in the same task, so that nhot == nwin
+ * whenever the layer is not being written. A rollback drops the copies of the windows it drops. */
 #include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "dquant/hot.h"
 #include "gpu_internal.h"
 #include "logging.h"
 
@@ -43,6 +49,31 @@ static size_t align256(size_t x)
     return (x + 255u) & ~(size_t)255u;
 }
 
+/* Hot window slots are 256-byte aligned, like the blocks cudaMallocAsync gives. */
+static uint64_t hot_slot_bytes(size_t hot_window_bytes)
+{
+    return align256(hot_window_bytes);
+}
+
+/* Bytes per hot slot of a new layer of codec: 0 (records only) unless the hot layout is configured
+ * and the hot kernel takes the profile's shape; that is checked at a GQA group of 1, and
+ * dqd_gpu_attend checks the model's q_heads (attending over the records where it is refused). */
+static uint64_t hot_stride_for(const dqd_gpu *g, const dqcu_codec *dc, const dqd_codec *codec)
+{
+    if (!g->hot_layout || dqcu_attend_hot_check(dc, codec->profile.kv_heads) != DQ_OK)
+        return 0;
+    return hot_slot_bytes(dqcu_hot_window_bytes(dc));
+}
+
+/* Adds to the hot stats (deltas may be negative: unsigned wrap-around). */
+static void hot_account(dqd_gpu *g, int64_t windows, int64_t bytes)
+{
+    if (windows)
+        atomic_fetch_add_explicit(&g->hot_windows, (uint64_t)windows, memory_order_relaxed);
+    if (bytes)
+        atomic_fetch_add_explicit(&g->hot_bytes, (uint64_t)bytes, memory_order_relaxed);
+}
+
 /* ---- estimates (loop thread) ---- */
 
 /* Windows a new segment gets when an append needs `missing` more slots. */
@@ -51,8 +82,9 @@ static uint64_t segment_windows(uint64_t missing)
     return missing < DQD_GSEG_MIN ? DQD_GSEG_MIN : missing;
 }
 
+/* hot: bytes per hot slot (0: none); hot layers have two pointer arrays. */
 static uint64_t append_need(const dqd_codec *codec, uint64_t nwin, uint64_t tail, uint64_t slots, uint64_t cap,
-                            uint64_t ntok)
+                            uint64_t ntok, uint64_t hot)
 {
     const uint64_t W = codec->profile.window, R = codec->profile.residual;
     uint64_t total = tail + ntok;
@@ -60,17 +92,21 @@ static uint64_t append_need(const dqd_codec *codec, uint64_t nwin, uint64_t tail
     uint64_t need = 0;
     if (nwin + nseal > slots) {
         uint64_t cnt = segment_windows(nwin + nseal - slots);
-        need += cnt * codec->window_bytes;
+        need += cnt * (codec->window_bytes + hot);
         if (slots + cnt > cap)
-            need += (uint64_t)pow2_cap(slots + cnt) * sizeof(void *);
+            need += (uint64_t)pow2_cap(slots + cnt) * sizeof(void *) * (hot ? 2u : 1u);
     }
     return need;
 }
 
-uint64_t dqd_gpu_need(const dqd_codec *codec, const dq_layer *host, const dqd_glayer *gpu, uint64_t ntok)
+uint64_t dqd_gpu_need(const dqd_gpu *g, const dqd_codec *codec, const dq_layer *host, const dqd_glayer *gpu,
+                      uint64_t ntok)
 {
     if (gpu)
-        return append_need(codec, gpu->nwin, gpu->tail, gpu->slots, gpu->cap, ntok);
+        return append_need(codec, gpu->nwin, gpu->tail, gpu->slots, gpu->cap, ntok, gpu->hot_stride);
+    /* Whether a new layer gets hot copies is decided on the device codec: assume it does. */
+    const size_t hwb = g && g->hot_layout ? dq_hot_window_bytes(codec->codec) : 0;
+    const uint64_t hot = hwb ? hot_slot_bytes(hwb) : 0;
     uint64_t need = tail_dev_bytes(codec);
     uint64_t nwin = 0, tail = 0, cap = 0;
     if (host) {
@@ -78,10 +114,10 @@ uint64_t dqd_gpu_need(const dqd_codec *codec, const dq_layer *host, const dqd_gl
         tail = dq_layer_tail_tokens(host);
         if (nwin) {
             cap = pow2_cap(nwin);
-            need += nwin * codec->window_bytes + cap * sizeof(void *);
+            need += nwin * (codec->window_bytes + hot) + cap * sizeof(void *) * (hot ? 2u : 1u);
         }
     }
-    return need + append_need(codec, nwin, tail, nwin, cap, ntok);
+    return need + append_need(codec, nwin, tail, nwin, cap, ntok, hot);
 }
 
 /* ---- layer memory ---- */
@@ -90,12 +126,20 @@ static void layer_free(dqd_gpu *g, cudaStream_t stream, const dqd_codec *codec, 
 {
     if (!l)
         return;
-    for (uint32_t i = 0; i < l->nseg; i++)
+    if (l->hot_stride)
+        hot_account(g, -(int64_t)l->nhot, -(int64_t)dqd_glayer_hot_bytes(l));
+    for (uint32_t i = 0; i < l->nseg; i++) {
         dqd_gfree(g, stream, l->segs[i].base, (size_t)l->segs[i].count * codec->window_bytes);
+        if (l->segs[i].hot)
+            dqd_gfree(g, stream, l->segs[i].hot, (size_t)l->segs[i].count * l->hot_stride);
+    }
     dqd_gfree(g, stream, l->d_win, (size_t)l->cap * sizeof(uint8_t *));
+    if (l->d_hot)
+        dqd_gfree(g, stream, l->d_hot, (size_t)l->cap * sizeof(uint8_t *));
     dqd_gfree(g, stream, l->d_tail, tail_dev_bytes(codec));
     dqd_hostmem_free(g->mem, l->segs);
     dqd_hostmem_free(g->mem, l->h_win);
+    dqd_hostmem_free(g->mem, l->h_hot);
     dqd_hostmem_free(g->mem, l);
 }
 
@@ -110,13 +154,14 @@ void dqd_gpu_free_seq_layers(void *gpu, dqd_seq *seq)
     }
 }
 
-static int layer_new(dqd_gwork *w, const dqd_codec *codec, dqd_glayer **out)
+static int layer_new(dqd_gwork *w, const dqd_codec *codec, const dqcu_codec *dc, dqd_glayer **out)
 {
     dqd_glayer *l = dqd_hostmem_calloc(w->g->mem, sizeof *l);
     if (!l)
         return DQ_NOMEM;
     l->W = codec->profile.window;
     l->R = codec->profile.residual;
+    l->hot_stride = hot_stride_for(w->g, dc, codec);
     int rc = dqd_gmalloc(w, tail_dev_bytes(codec), (void **)&l->d_tail);
     if (rc < 0) {
         dqd_hostmem_free(w->g->mem, l);
@@ -127,12 +172,10 @@ static int layer_new(dqd_gwork *w, const dqd_codec *codec, dqd_glayer **out)
     return DQ_OK;
 }
 
-/* Grows the window pointer arrays to at least want entries (existing entries kept). */
-static int grow_cap(dqd_gwork *w, dqd_glayer *l, uint64_t want)
+/* A pointer array pair of cap entries holding the first slots entries of old_h. */
+static int new_ptrs(dqd_gwork *w, uint32_t cap, uint8_t *const *old_h, uint32_t slots, uint8_t ***h_out,
+                    uint8_t ***d_out)
 {
-    if (l->cap >= want)
-        return DQ_OK;
-    uint32_t cap = pow2_cap(want);
     uint8_t **h = dqd_hostmem_alloc(w->g->mem, (size_t)cap * sizeof *h);
     if (!h)
         return DQ_NOMEM;
@@ -142,18 +185,49 @@ static int grow_cap(dqd_gwork *w, dqd_glayer *l, uint64_t want)
         dqd_hostmem_free(w->g->mem, h);
         return rc;
     }
-    if (l->slots) {
-        memcpy(h, l->h_win, (size_t)l->slots * sizeof *h);
-        rc = dqd_gh2d(w, d, h, (size_t)l->slots * sizeof *h);
+    if (slots) {
+        memcpy(h, old_h, (size_t)slots * sizeof *h);
+        rc = dqd_gh2d(w, d, h, (size_t)slots * sizeof *h);
         if (rc < 0) {
             dqd_gfree(w->g, w->stream, d, (size_t)cap * sizeof *d);
             dqd_hostmem_free(w->g->mem, h);
             return rc;
         }
     }
-    dqd_gfree(w->g, w->stream, l->d_win, (size_t)l->cap * sizeof *d);
+    *h_out = h;
+    *d_out = d;
+    return DQ_OK;
+}
+
+/* Grows the window pointer arrays (and the hot ones) to at least want entries (existing entries
+ * kept). */
+static int grow_cap(dqd_gwork *w, dqd_glayer *l, uint64_t want)
+{
+    if (l->cap >= want)
+        return DQ_OK;
+    const uint32_t cap = pow2_cap(want);
+    const size_t ps = sizeof(uint8_t *);
+    uint8_t **h, **d, **hh = NULL, **dh = NULL;
+    int rc = new_ptrs(w, cap, l->h_win, l->slots, &h, &d);
+    if (rc < 0)
+        return rc;
+    if (l->hot_stride) {
+        rc = new_ptrs(w, cap, l->h_hot, l->slots, &hh, &dh);
+        if (rc < 0) {
+            dqd_gfree(w->g, w->stream, d, (size_t)cap * ps);
+            dqd_hostmem_free(w->g->mem, h);
+            return rc;
+        }
+        dqd_gfree(w->g, w->stream, l->d_hot, (size_t)l->cap * ps);
+        dqd_hostmem_free(w->g->mem, l->h_hot);
+        l->h_hot = hh;
+        l->d_hot = dh;
+        l->dev_bytes += (uint64_t)(cap - l->cap) * ps;
+        hot_account(w->g, 0, (int64_t)(cap - l->cap) * (int64_t)ps);
+    }
+    dqd_gfree(w->g, w->stream, l->d_win, (size_t)l->cap * ps);
     dqd_hostmem_free(w->g->mem, l->h_win);
-    l->dev_bytes += (uint64_t)(cap - l->cap) * sizeof *d;
+    l->dev_bytes += (uint64_t)(cap - l->cap) * ps;
     l->h_win = h;
     l->d_win = d;
     l->cap = cap;
@@ -177,21 +251,37 @@ static int add_segment(dqd_gwork *w, const dqd_codec *codec, dqd_glayer *l, uint
     int rc = grow_cap(w, l, (uint64_t)l->slots + count);
     if (rc < 0)
         return rc;
-    size_t wb = codec->window_bytes;
-    uint8_t *base;
+    size_t wb = codec->window_bytes, hb = (size_t)l->hot_stride;
+    uint8_t *base, *hot = NULL;
     rc = dqd_gmalloc(w, count * wb, (void **)&base);
     if (rc < 0)
         return rc;
+    if (hb) {
+        rc = dqd_gmalloc(w, count * hb, (void **)&hot);
+        if (rc < 0) {
+            dqd_gfree(w->g, w->stream, base, count * wb);
+            return rc;
+        }
+    }
     for (uint32_t j = 0; j < count; j++)
         l->h_win[l->slots + j] = base + j * wb;
     rc = dqd_gh2d(w, l->d_win + l->slots, l->h_win + l->slots, count * sizeof(uint8_t *));
+    if (rc == DQ_OK && hb) {
+        for (uint32_t j = 0; j < count; j++)
+            l->h_hot[l->slots + j] = hot + j * hb;
+        rc = dqd_gh2d(w, l->d_hot + l->slots, l->h_hot + l->slots, count * sizeof(uint8_t *));
+    }
     if (rc < 0) {
         dqd_gfree(w->g, w->stream, base, count * wb);
+        if (hot)
+            dqd_gfree(w->g, w->stream, hot, count * hb);
         return rc;
     }
-    l->segs[l->nseg++] = (dqd_gseg){base, l->slots, count};
+    l->segs[l->nseg++] = (dqd_gseg){base, l->slots, count, hot};
     l->slots += count;
-    l->dev_bytes += (uint64_t)count * wb;
+    l->dev_bytes += (uint64_t)count * (wb + hb);
+    if (hb)
+        hot_account(w->g, 0, (int64_t)(count * hb));
     return DQ_OK;
 }
 
@@ -202,8 +292,33 @@ static void trim_segments(dqd_gwork *w, const dqd_codec *codec, dqd_glayer *l, u
         dqd_gseg *s = &l->segs[--l->nseg];
         dqd_gfree(w->g, w->stream, s->base, (size_t)s->count * codec->window_bytes);
         l->dev_bytes -= (uint64_t)s->count * codec->window_bytes;
+        if (s->hot) {
+            dqd_gfree(w->g, w->stream, s->hot, (size_t)s->count * l->hot_stride);
+            l->dev_bytes -= (uint64_t)s->count * l->hot_stride;
+            hot_account(w->g, 0, -(int64_t)((uint64_t)s->count * l->hot_stride));
+        }
         l->slots -= s->count;
     }
+}
+
+/* Transcodes windows [first, first + count) of a hot layer into their hot slots (stream-ordered;
+ * a no-op for a layer without hot copies). Their records are valid: sealed by the encoder, or
+ * checked when they came in (PUT_RAW, the disk tier). */
+static int hot_transcode(dqd_gwork *w, const dqcu_codec *dc, dqd_glayer *l, uint32_t first, uint32_t count)
+{
+    if (!l->hot_stride || !count)
+        return DQ_OK;
+    if (first != l->nhot) {
+        DQD_ERROR("GPU layer: hot copies of windows [0, %u), asked to transcode from %u", l->nhot, first);
+        return DQ_INTERNAL;
+    }
+    int r = dqcu_transcode_hot(dc, (const uint8_t *const *)(l->d_win + first), count, l->d_hot + first, NULL,
+                               w->stream);
+    if (r < 0)
+        return dqd_gcu_fail(r, "dqcu_transcode_hot", __FILE__, __LINE__);
+    l->nhot = first + count;
+    hot_account(w->g, count, 0);
+    return DQ_OK;
 }
 
 /* ---- appends ---- */
@@ -271,6 +386,10 @@ static int undo(dqd_gwork *w, const dqd_codec *codec, dqd_gappend *txn, dqd_glay
         return DQ_OK;
     }
     trim_segments(w, codec, l, txn->nseg0);
+    if (l->nhot > txn->nwin0) {
+        hot_account(w->g, -(int64_t)(l->nhot - txn->nwin0), 0);
+        l->nhot = txn->nwin0;
+    }
     l->nwin = txn->nwin0;
     int rc = DQ_OK;
     if (txn->snap) {
@@ -347,7 +466,7 @@ int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **
     }
 
     if (!*slot) {
-        rc = layer_new(w, codec, slot);
+        rc = layer_new(w, codec, dc, slot);
         if (rc < 0)
             return rc;
         txn->created = true;
@@ -433,6 +552,8 @@ int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **
         rc = DQ_INTERNAL;
         goto undo;
     }
+    /* In the same stream: the status read below waits for it too. */
+    DQD_CHECK_GOTO(hot_transcode(w, dc, l, txn->nwin0, l->nwin - txn->nwin0), rc, undo);
 
     if (nseal) {
         /* The statuses: the token checks guarantee none, but never keep a window the GPU refused. */
@@ -563,9 +684,12 @@ int dqd_gpu_promote(dqd_gpu *g, dqd_codec *codec, dq_layer **host, dqd_glayer **
     const size_t wb = codec->window_bytes, n = codec->n;
     dqd_gwork *w = NULL;
     dqd_glayer *l = NULL;
+    const dqcu_codec *dc;
     int rc = dqd_gwork_get(g, &w);
     if (rc == DQ_OK)
-        rc = layer_new(w, codec, &l);
+        rc = dqd_gcodec_get(g, codec, &dc);
+    if (rc == DQ_OK)
+        rc = layer_new(w, codec, dc, &l);
     if (rc == DQ_OK && nwin)
         rc = add_segment(w, codec, l, (uint32_t)nwin);
     if (rc < 0)
@@ -602,6 +726,7 @@ int dqd_gpu_promote(dqd_gpu *g, dqd_codec *codec, dq_layer **host, dqd_glayer **
     }
     l->nwin = (uint32_t)nwin;
     l->tail = (uint32_t)tail;
+    DQD_CHECK_GOTO(hot_transcode(w, dc, l, 0, (uint32_t)nwin), rc, fail);
     DQD_CHECK_GOTO(dqd_gsync(w), rc, fail);
     dq_layer_free(*host);
     *host = NULL;
@@ -812,6 +937,9 @@ int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, 
         return DQ_UNSUPPORTED;
     if (most > 65535)
         most = 65535;
+    /* The hot copies when the kernel takes the model's GQA group (the layers' check used 1). */
+    const bool hot_ok = g->hot_layout && dqcu_attend_hot_check(dc, q_heads) == DQ_OK;
+    bool records_only = false; /* this batch again over the records: the hot kernel refused its plan */
     for (size_t i0 = 0; i0 < n;) {
         const size_t nb = n - i0 < most ? n - i0 : most;
         /* One block, the same layout in pinned and device memory: descriptors | q | out | lse. */
@@ -825,9 +953,12 @@ int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, 
             return DQ_INTERNAL;
         dqcu_attn_seq *hs = (dqcu_attn_seq *)(void *)pin;
         uint32_t max_tokens = 0;
+        bool hot = hot_ok && !records_only;
+        for (size_t b = 0; b < nb && hot; b++)
+            hot = items[i0 + b].layer->hot_stride && items[i0 + b].layer->nhot == items[i0 + b].layer->nwin;
         for (size_t b = 0; b < nb; b++) {
             const dqd_glayer *l = items[i0 + b].layer;
-            hs[b].windows = (const uint8_t *const *)l->d_win;
+            hs[b].windows = (const uint8_t *const *)(hot ? l->d_hot : l->d_win);
             hs[b].tail_k = l->d_tail;
             hs[b].tail_v = l->d_tail + tail_elems(codec);
             hs[b].nwin = l->nwin;
@@ -840,7 +971,8 @@ int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, 
         }
         uint8_t *io;
         void *ws;
-        size_t wsb = dqcu_attend_workspace_size(dc, q_heads, (uint32_t)nb, max_tokens);
+        size_t wsb = hot ? dqcu_attend_hot_workspace_size(dc, q_heads, (uint32_t)nb, max_tokens)
+                         : dqcu_attend_workspace_size(dc, q_heads, (uint32_t)nb, max_tokens);
         rc = dqd_gwork_buf(w, DQD_GBUF_IO, end, (void **)&io);
         if (rc == DQ_OK)
             rc = dqd_gwork_buf(w, DQD_GBUF_WS, wsb ? wsb : 1, &ws);
@@ -851,11 +983,26 @@ int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, 
         for (size_t b = 0; dev && b < nb; b++)
             DQD_GCK(cudaMemcpyAsync(io + oq + b * qs * sizeof(float), items[i0 + b].q, qs * sizeof(float),
                                     cudaMemcpyDeviceToDevice, w->stream));
-        int r = dqcu_attend(dc, q_heads, scale, (const dqcu_attn_seq *)(void *)io, (uint32_t)nb, max_tokens,
-                            (const float *)(void *)(io + oq), (float *)(void *)(io + oo), (float *)(void *)(io + ol),
-                            ws, wsb, w->stream);
+        int r = (hot ? dqcu_attend_hot : dqcu_attend)(dc, q_heads, scale, (const dqcu_attn_seq *)(void *)io,
+                                                      (uint32_t)nb, max_tokens, (const float *)(void *)(io + oq),
+                                                      (float *)(void *)(io + oo), (float *)(void *)(io + ol), ws, wsb,
+                                                      w->stream);
+        if (r == DQ_UNSUPPORTED && hot) {
+            /* A launch the hot kernel cannot plan (its grid limits, beyond dqcu_attend_hot_check):
+             * nothing ran; the same items over the records. */
+            DQD_DEBUG("dqcu_attend_hot refused %zu items of up to %u tokens; attending over the records", nb,
+                      max_tokens);
+            rc = dqd_gpin_done(w, h);
+            if (rc < 0)
+                return rc;
+            records_only = true;
+            continue;
+        }
         if (r < 0)
-            return dqd_gcu_fail(r, "dqcu_attend", __FILE__, __LINE__);
+            return dqd_gcu_fail(r, hot ? "dqcu_attend_hot" : "dqcu_attend", __FILE__, __LINE__);
+        if (hot)
+            atomic_fetch_add_explicit(&g->hot_items, nb, memory_order_relaxed);
+        records_only = false;
         if (dev) {
             for (size_t b = 0; b < nb; b++) {
                 DQD_GCK(cudaMemcpyAsync(items[i0 + b].out, io + oo + b * qs * sizeof(float), qs * sizeof(float),

@@ -25,6 +25,8 @@
 # CHECK_SCALE (full), SKIP_BUILD=1, SKIP_SUITE=1, SKIP_CHECK=1; ATTEND_KERNEL (auto|7|5|3),
 # ENCODE_KERNEL (auto|5|4), ENCODE_SCHEDULE (planned|plain): the daemon's --attend-kernel,
 # --encode-kernel, --encode-schedule in the check and the bench (default auto, auto, planned);
+# ATTEND_LAYOUT (containers|hot): the daemon's --gpu-attention-layout in the check and the bench
+# (default containers; hot also compares a hot daemon with a containers one in the check);
 # DQUANTD_BIN and GPU_E2E_BIN run other
 # binaries (e.g. a dry run without a GPU: SKIP_BUILD=1 BUILD=build-h6
 # DQUANTD_BIN=build-h6/tests/daemon/dquantd-fakecuda GPU_E2E_BIN=build-h6/tests/daemon/gpu_e2e_fake).
@@ -93,7 +95,7 @@ fi
 DQUANTD=${DQUANTD_BIN:-$BUILD/daemon/dquantd}
 # the kernel versions of the daemon's cuda backend, passed to every dquantd the steps start
 KERNEL_ARGS=(--daemon-arg "--attend-kernel=${ATTEND_KERNEL:-auto}" --daemon-arg "--encode-kernel=${ENCODE_KERNEL:-auto}"
-    --daemon-arg "--encode-schedule=${ENCODE_SCHEDULE:-planned}")
+    --daemon-arg "--encode-schedule=${ENCODE_SCHEDULE:-planned}" --layout "${ATTEND_LAYOUT:-containers}")
 E2E=${GPU_E2E_BIN:-$BUILD/tests/daemon/gpu_e2e}
 for f in "$DQUANTD" "$E2E"; do
     [ -x "$f" ] || { say "missing $f (was CUDA found? see $LOG)"; json "{\"step\":\"build\",\"ok\":false,\"missing\":\"$f\"}"; exit 1; }

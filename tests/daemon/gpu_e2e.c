@@ -8,6 +8,11 @@
  *       with the codes libdquant gives and changes nothing. Then, with small --gpu-memory,
  *       sequences move to host memory and back without changing a byte, pinned ones stay, and
  *       with small host memory too, sequences are evicted and counted.
+ *       --layout containers|hot (default containers) runs every daemon with
+ *       --gpu-attention-layout LAYOUT; with hot the check also compares a hot daemon with a
+ *       containers one on the same data: ATTEND results (bit-identical with --exact 1, as the CPU
+ *       emulation gives; else within 1e-3), hot windows and their bytes in STATS and in
+ *       gpu_memory_used, and a model the hot kernel refuses (head_dim 64) holding no hot windows.
  *
  *   gpu_e2e bench --dquantd PATH --workdir DIR [--tokens 32768] [--layers 36] [--batches 1,32]
  *                 [--steps 10] [--put-conns 4] [--time-budget 420] [--workers N] [--trace 0|1]
@@ -41,6 +46,7 @@
 #include "dquant/client.h"
 #include "dquant/codec.h"
 #include "dquant/error.h"
+#include "dquant/hot.h"
 #include "dquant/layer.h"
 #include "dquant/profile.h"
 #include "dquant/types.h"
@@ -164,6 +170,9 @@ typedef dqd_daemon daemon_proc;
 static const char *g_dquantd, *g_workdir;
 static const char *g_dargs[8]; /* more arguments for every daemon started (--daemon-arg) */
 static int g_ndargs;
+static const char *g_layout = "containers"; /* --gpu-attention-layout of every daemon (--layout) */
+static const char *g_layout_now;            /* that of the next daemon_start when set */
+static bool g_exact;                        /* --exact 1: hot and containers results bit-identical */
 static volatile pid_t g_child;
 
 /* Killed (a time limit): take the daemon along. */
@@ -179,7 +188,10 @@ static void on_term(int sig)
 static void daemon_start(daemon_proc *d, const char *name, const char *const *extra)
 {
     const char *args[48];
+    char layout[64];
     int n = 0;
+    snprintf(layout, sizeof layout, "--gpu-attention-layout=%s", g_layout_now ? g_layout_now : g_layout);
+    args[n++] = layout;
     for (int i = 0; extra && extra[i] && n < 38; i++)
         args[n++] = extra[i];
     for (int i = 0; i < g_ndargs && n < 46; i++)
@@ -991,6 +1003,17 @@ static void check_tiers(model *m, const scale *sc)
         report("tiers_demote_to_host", dem >= 3 && ev == 0 && gseq <= 2 && used <= per * 5 / 2,
                "%d sequences, GPU room for 2: %llu moved to host, %llu evicted, %llu on the GPU using %llu bytes", NSEQ,
                (unsigned long long)dem, (unsigned long long)ev, (unsigned long long)gseq, (unsigned long long)used);
+        if (strcmp(g_layout, "hot") == 0) {
+            /* hot copies live and die with the GPU layers: only the resident sequences have them */
+            uint64_t per_w = 0;
+            for (uint32_t l = 0; l < m->layers; l++)
+                per_w += dq_layer_window_count(s[0].layers[l]);
+            uint64_t hw = stat_counter(c, "gpu_hot_windows"), hb = stat_counter(c, "gpu_hot_bytes");
+            report("tiers_hot_copies_follow_layers", per_w > 0 && hw == gseq * per_w && hb > 0 && hb < used,
+                   "%llu sequences on the GPU x %llu windows: %llu hot windows, %llu of %llu bytes",
+                   (unsigned long long)gseq, (unsigned long long)per_w, (unsigned long long)hw, (unsigned long long)hb,
+                   (unsigned long long)used);
+        }
         bool same = true;
         for (int i = 0; i < NSEQ && same; i++)
             same = same_raw(c, &s[i], why, sizeof why);
@@ -1005,13 +1028,17 @@ static void check_tiers(model *m, const scale *sc)
                "ATTEND on the pinned sequence: %llu promotions, error %.3g", (unsigned long long)(pro1 - pro0), err);
         /* the oldest came back to the GPU on use, the same bytes */
         att_case oc[2] = {{&s[0], 0, true}, {&s[0], m->layers - 1, false}};
+        const uint64_t hi0 = stat_counter(c, "gpu_hot_attend_items");
         err = attend_both(c, oc, 2, 721, &rc);
         uint64_t pro2 = stat_counter(c, "gpu_promotions");
+        /* with the hot layout, promoted layers are transcoded again and attended over the copies */
+        const uint64_t hot_items = stat_counter(c, "gpu_hot_attend_items") - hi0;
+        const bool hot_ok = strcmp(g_layout, "hot") != 0 || hot_items == 2;
         why[0] = 0;
         bool back = same_raw(c, &s[0], why, sizeof why);
-        report("tiers_promote_on_use", rc == 0 && err <= 1e-3 && pro2 >= pro1 + 2 && back,
-               "ATTEND on a host-tier sequence: %llu layers promoted, error %.3g%s%s",
-               (unsigned long long)(pro2 - pro1), err, back ? "" : "; ", why);
+        report("tiers_promote_on_use", rc == 0 && err <= 1e-3 && pro2 >= pro1 + 2 && back && hot_ok,
+               "ATTEND on a host-tier sequence: %llu layers promoted, error %.3g, %llu items over hot windows%s%s",
+               (unsigned long long)(pro2 - pro1), err, (unsigned long long)hot_items, back ? "" : "; ", why);
         /* a PUT to a host-tier sequence brings its layers back too */
         uint64_t dem1 = stat_counter(c, "gpu_demotions");
         void *k = random_tensor(m->layers * 3 * m->n, m->n, DQ_DTYPE_F32, true, 730);
@@ -1107,6 +1134,170 @@ static void check_tiers(model *m, const scale *sc)
     }
 }
 
+/* ATTEND of cases (nothing appended unless cases[i].append) on a daemon: out and lse, the code. */
+static int attend_get(dqc_client *c, const att_case *cases, size_t n, uint64_t seed, float *out, float *lse)
+{
+    model *m = cases[0].seq->m;
+    att_inputs in;
+    att_inputs_make(&in, cases, n, seed);
+    int rc = dqc_attend(c, &in.args, in.out, in.lse);
+    if (rc == 0) {
+        memcpy(out, in.out, n * m->q_heads * m->head_dim * sizeof(float));
+        memcpy(lse, in.lse, n * m->q_heads * sizeof(float));
+    }
+    att_inputs_free(&in);
+    return rc;
+}
+
+/* Largest difference of a against b relative to b's largest magnitude (lse: to max(1, |b|)); 0
+ * only when bit-identical with exact. */
+static double att_diff(const float *a, const float *b, size_t count, const float *la, const float *lb, size_t nl,
+                       bool exact)
+{
+    if (exact)
+        return memcmp(a, b, count * sizeof(float)) || memcmp(la, lb, nl * sizeof(float)) ? 1.0 : 0.0;
+    double mx = 1e-6, d = 0, e = 0;
+    for (size_t j = 0; j < count; j++) {
+        mx = fmax(mx, fabs(b[j]));
+        d = fmax(d, fabs((double)a[j] - b[j]));
+    }
+    for (size_t h = 0; h < nl; h++)
+        e = fmax(e, fabs((double)la[h] - lb[h]) / fmax(1.0, fabs(lb[h])));
+    return fmax(d / mx, e);
+}
+
+/* The hot layout against the containers layout on the same data (see the top of the file). */
+static void check_hot(model *big, model *refused, const scale *sc)
+{
+    const char *base[] = {"--backend", "cuda", "--workers", "4", NULL};
+    daemon_proc dh, dcn;
+    g_layout_now = "containers";
+    daemon_start(&dcn, "layout-containers", base);
+    g_layout_now = "hot";
+    daemon_start(&dh, "layout-hot", base);
+    g_layout_now = NULL;
+    dqc_client *ch = client_open(&dh), *cc = client_open(&dcn);
+    model_register(ch, big);
+    model_register(cc, big);
+    model_register(ch, refused);
+    model_register(cc, refused);
+    refseq sh, sc_, rh, rc_;
+    refseq_init(&sh, big, "hot-big");
+    refseq_init(&sc_, big, "hot-big");
+    refseq_init(&rh, refused, "hot-d64");
+    refseq_init(&rc_, refused, "hot-d64");
+    /* a tail of R - 3 tokens after whole windows, so that the decode steps below seal one */
+    const uint64_t W = big->profile.window, R = big->profile.residual;
+    const uint64_t tokens = (sc->evict_tokens / W) * W + R - 3;
+    if (put_seq(ch, &sh, tokens, 1300) || put_seq(cc, &sc_, tokens, 1300))
+        die("hot check PUT: %s / %s", dqc_last_error(ch), dqc_last_error(cc));
+    uint64_t wins = 0;
+    for (uint32_t l = 0; l < big->layers; l++)
+        wins += dq_layer_window_count(sh.layers[l]);
+    const uint64_t hw = stat_counter(ch, "gpu_hot_windows"), hb = stat_counter(ch, "gpu_hot_bytes");
+    const uint64_t uh = stat_counter(ch, "gpu_memory_used"), uc = stat_counter(cc, "gpu_memory_used");
+    const size_t hwb = dq_hot_window_bytes(big->codec);
+    report("hot_windows_counted", hw == wins && stat_counter(cc, "gpu_hot_windows") == 0,
+           "%llu hot windows on the hot daemon (the sequence seals %llu), %llu on the containers one",
+           (unsigned long long)hw, (unsigned long long)wins, (unsigned long long)stat_counter(cc, "gpu_hot_windows"));
+    report("hot_memory_accounted", hb >= wins * hwb && uh == uc + hb && stat_counter(cc, "gpu_hot_bytes") == 0,
+           "gpu_memory_used %llu (hot) = %llu (containers) + %llu hot bytes (%llu windows of %zu B and slack)",
+           (unsigned long long)uh, (unsigned long long)uc, (unsigned long long)hb, (unsigned long long)wins, hwb);
+
+    char why[512] = "";
+    bool same = same_raw(ch, &sh, why, sizeof why);
+    report("hot_records_unchanged", same, "%s", same ? "GET_RAW byte-identical to dq_layer_append" : why);
+
+    /* ATTEND on both, then decode steps whose appends seal a window on each side (layers 0, last) */
+    const size_t qs = (size_t)big->q_heads * big->head_dim;
+    float *oh = xmalloc(4 * qs * sizeof(float)), *oc = xmalloc(4 * qs * sizeof(float));
+    float *lh = xmalloc(4 * big->q_heads * sizeof(float)), *lc = xmalloc(4 * big->q_heads * sizeof(float));
+    double worst = 0;
+    int bad = 0;
+    const uint64_t it0 = stat_counter(ch, "gpu_hot_attend_items");
+    for (int step = 0; step < 6 && !bad; step++) {
+        att_case ah[2] = {{&sh, 0, step > 0}, {&sh, big->layers - 1, step > 0}};
+        att_case ac[2] = {{&sc_, 0, step > 0}, {&sc_, big->layers - 1, step > 0}};
+        int r1 = attend_get(ch, ah, 2, 1400 + (uint64_t)step, oh, lh);
+        int r2 = attend_get(cc, ac, 2, 1400 + (uint64_t)step, oc, lc);
+        if (r1 || r2)
+            bad = r1 ? r1 : r2;
+        else
+            worst = fmax(worst, att_diff(oh, oc, 2 * qs, lh, lc, 2 * (size_t)big->q_heads, g_exact));
+    }
+    const uint64_t hw2 = stat_counter(ch, "gpu_hot_windows");
+    const uint64_t it1 = stat_counter(ch, "gpu_hot_attend_items"), itc = stat_counter(cc, "gpu_hot_attend_items");
+    report("hot_attend_equals_containers",
+           !bad && worst <= (g_exact ? 0.0 : 1e-3) && hw2 == wins + 2 && it1 - it0 == 12 && itc == 0,
+           "6 ATTEND steps (5 appending to 2 layers, sealing a window each): %s difference %.3g, hot windows %llu -> "
+           "%llu, items over hot windows %llu (containers daemon %llu)%s%s",
+           g_exact ? "bit-exact" : "relative", worst, (unsigned long long)wins, (unsigned long long)hw2,
+           (unsigned long long)(it1 - it0), (unsigned long long)itc, bad ? ": " : "", bad ? dq_err_name(bad) : "");
+
+    /* a model the hot kernel refuses: records only, the same results */
+    if (put_seq(ch, &rh, 300, 1500) || put_seq(cc, &rc_, 300, 1500))
+        die("hot check PUT (d64): %s / %s", dqc_last_error(ch), dqc_last_error(cc));
+    const size_t rqs = (size_t)refused->q_heads * refused->head_dim;
+    float *ro1 = xmalloc(rqs * sizeof(float)), *ro2 = xmalloc(rqs * sizeof(float));
+    float *rl1 = xmalloc(refused->q_heads * sizeof(float)), *rl2 = xmalloc(refused->q_heads * sizeof(float));
+    att_case r1c = {&rh, 0, false}, r2c = {&rc_, 0, false};
+    int ra = attend_get(ch, &r1c, 1, 1600, ro1, rl1), rb = attend_get(cc, &r2c, 1, 1600, ro2, rl2);
+    double rd = ra || rb ? 1 : att_diff(ro1, ro2, rqs, rl1, rl2, refused->q_heads, g_exact);
+    const uint64_t it2 = stat_counter(ch, "gpu_hot_attend_items");
+    report("hot_refused_shape_uses_records",
+           stat_counter(ch, "gpu_hot_windows") == hw2 && !(ra || rb) && rd <= (g_exact ? 0.0 : 1e-3) && it2 == it1,
+           "head_dim %u: hot windows %llu (unchanged: %llu), items over hot windows +%llu, ATTEND %s, difference "
+           "to the containers daemon %.3g",
+           refused->head_dim, (unsigned long long)stat_counter(ch, "gpu_hot_windows"), (unsigned long long)hw2,
+           (unsigned long long)(it2 - it1), ra || rb ? "failed" : "ok", rd);
+    free(ro1);
+    free(ro2);
+    free(rl1);
+    free(rl2);
+    if (g_exact) {
+        /* the emulation only: a launch the hot kernel refuses to plan runs over the records */
+        daemon_proc dr;
+        setenv("DQCU_FAKE_HOT_MAX_TOKENS", "64", 1);
+        g_layout_now = "hot";
+        daemon_start(&dr, "layout-hot-unplanned", base);
+        g_layout_now = NULL;
+        unsetenv("DQCU_FAKE_HOT_MAX_TOKENS");
+        dqc_client *cr = client_open(&dr);
+        model_register(cr, big);
+        refseq u1, u2;
+        refseq_init(&u1, big, "hot-unplanned");
+        refseq_init(&u2, big, "hot-unplanned");
+        if (put_seq(cr, &u1, tokens, 1700) || put_seq(cc, &u2, tokens, 1700))
+            die("hot check PUT (unplanned): %s / %s", dqc_last_error(cr), dqc_last_error(cc));
+        att_case uc1[2] = {{&u1, 0, true}, {&u1, big->layers - 1, false}};
+        att_case uc2[2] = {{&u2, 0, true}, {&u2, big->layers - 1, false}};
+        int ua = attend_get(cr, uc1, 2, 1800, oh, lh), ub = attend_get(cc, uc2, 2, 1800, oc, lc);
+        double ud = ua || ub ? 1 : att_diff(oh, oc, 2 * qs, lh, lc, 2 * (size_t)big->q_heads, true);
+        const uint64_t uw = stat_counter(cr, "gpu_hot_windows"), ui = stat_counter(cr, "gpu_hot_attend_items");
+        report("hot_unplanned_launch_uses_records", !(ua || ub) && ud == 0 && uw == wins && ui == 0,
+               "hot kernel refusing more than 64 tokens: ATTEND %s, difference %.3g, hot windows %llu, items over "
+               "hot windows %llu",
+               ua || ub ? "failed" : "ok", ud, (unsigned long long)uw, (unsigned long long)ui);
+        refseq_free(&u1);
+        refseq_free(&u2);
+        dqc_free(cr);
+        int s3 = daemon_stop(&dr);
+        report("hot_unplanned_daemon_exit", s3 == 0, "exit status %d", s3);
+    }
+    free(oh);
+    free(oc);
+    free(lh);
+    free(lc);
+    refseq_free(&sh);
+    refseq_free(&sc_);
+    refseq_free(&rh);
+    refseq_free(&rc_);
+    dqc_free(ch);
+    dqc_free(cc);
+    int s1 = daemon_stop(&dh), s2 = daemon_stop(&dcn);
+    report("hot_daemon_exit", s1 == 0 && s2 == 0, "exit status %d (hot), %d (containers)", s1, s2);
+}
+
 static int run_check(const char *scale_name)
 {
     scale sc;
@@ -1138,6 +1329,12 @@ static int run_check(const char *scale_name)
 
     if (strcmp(info.backend, "cuda") == 0)
         check_tiers(&qwen, &sc);
+    if (strcmp(info.backend, "cuda") == 0 && strcmp(g_layout, "hot") == 0) {
+        model d64;
+        model_init(&d64, "d64", 2, 8, 2, 64, 0, 0);
+        check_hot(&qwen, &d64, &sc);
+        model_free(&d64);
+    }
     model_free(&qwen);
     printf("{\"summary\":\"check\",\"failures\":%d}\n", g_failures);
     return g_failures ? 1 : 0;
@@ -1708,10 +1905,10 @@ static int run_bench(bench_cfg *cfg, const char *workers)
         }
         sd /= steps;
         si /= steps;
-        printf(
-            "{\"bench\":\"decode_step\",\"path\":\"daemon\",\"backend\":\"%s\",\"batch\":%u,\"ctx\":%u,"
-            "\"layers\":%u,\"steps\":%d,\"step_ms_median\":%.3f,\"step_ms_mean\":%.3f,\"attend_call_us_mean\":%.1f}\n",
-            info.backend, batch, ctx, m.layers, steps, md * 1e3, sd * 1e3, calls / steps / m.layers * 1e6);
+        printf("{\"bench\":\"decode_step\",\"path\":\"daemon\",\"backend\":\"%s\",\"layout\":\"%s\",\"batch\":%u,"
+               "\"ctx\":%u,\"layers\":%u,\"steps\":%d,\"step_ms_median\":%.3f,\"step_ms_mean\":%.3f,"
+               "\"attend_call_us_mean\":%.1f}\n",
+               info.backend, g_layout, batch, ctx, m.layers, steps, md * 1e3, sd * 1e3, calls / steps / m.layers * 1e6);
         printf("{\"bench\":\"decode_step\",\"path\":\"inprocess\",\"batch\":%u,\"ctx\":%u,\"layers\":%u,\"steps\":%d,"
                "\"step_ms_median\":%.3f,\"step_ms_mean\":%.3f,\"daemon_over_inprocess\":%.3f,"
                "\"max_rel_diff_daemon_vs_inprocess\":%.3g}\n",
@@ -1776,7 +1973,7 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: gpu_e2e check --dquantd PATH --workdir DIR [--scale small|full] [--expect-backend cuda|cpu|any]\n"
-            "                     [--daemon-arg ARG]...\n"
+            "                     [--layout containers|hot] [--exact 0|1] [--daemon-arg ARG]...\n"
             "       gpu_e2e bench --dquantd PATH --workdir DIR [--tokens N] [--layers N] [--batches 1,32]\n"
             "                     [--steps N] [--put-conns N] [--time-budget SECONDS] [--workers N] [--trace 0|1]\n"
             "                     [--daemon-arg ARG]...\n");
@@ -1808,6 +2005,10 @@ int main(int argc, char **argv)
             workers = v;
         else if (!strcmp(a, "--daemon-arg") && g_ndargs < 8)
             g_dargs[g_ndargs++] = v;
+        else if (!strcmp(a, "--layout") && (!strcmp(v, "containers") || !strcmp(v, "hot")))
+            g_layout = v;
+        else if (!strcmp(a, "--exact"))
+            g_exact = atoi(v) != 0;
 #ifdef DQD_E2E_HAVE_CUDA
         else if (!strcmp(a, "--tokens"))
             cfg.tokens = (uint32_t)atoi(v);

@@ -66,6 +66,30 @@ Test(config, defaults)
     cr_assert_eq(cfg.attend_kernel, 0, "auto");
     cr_assert_eq(cfg.encode_kernel, 0, "auto");
     cr_assert_eq(cfg.encode_schedule, DQD_ENCODE_PLANNED);
+    cr_assert_eq(cfg.gpu_attention_layout, DQD_GPU_LAYOUT_CONTAINERS);
+}
+
+Test(config, gpu_attention_layout)
+{
+    const char *path = write_ini("[server]\n"
+                                 "gpu_attention_layout = hot\n");
+    char cfgflag[] = "--config";
+    char *argv[] = {"dquantd", cfgflag, (char *)path, NULL};
+    dqd_cli_action a;
+    cr_assert_eq(from_args(3, argv, &a), 0, "%s", err);
+    unlink(path);
+    cr_assert_eq(cfg.gpu_attention_layout, DQD_GPU_LAYOUT_HOT, "from the file");
+    cr_assert_eq(dqd_config_set(&cfg, "server", "gpu_attention_layout", "CONTAINERS", false, err, sizeof err), 0, "%s",
+                 err);
+    cr_assert_eq(cfg.gpu_attention_layout, DQD_GPU_LAYOUT_CONTAINERS);
+    cr_assert_lt(dqd_config_set(&cfg, "server", "gpu_attention_layout", "warm", false, err, sizeof err), 0);
+    cr_assert(strstr(err, "gpu_attention_layout: unknown value 'warm' (containers|hot)"), "%s", err);
+    cr_assert_eq(cfg.gpu_attention_layout, DQD_GPU_LAYOUT_CONTAINERS, "a refused value changes nothing");
+
+    char flag[] = "--gpu-attention-layout", hot[] = "hot";
+    char *argv2[] = {"dquantd", flag, hot, NULL};
+    cr_assert_eq(from_args(3, argv2, &a), 0, "%s", err);
+    cr_assert_eq(cfg.gpu_attention_layout, DQD_GPU_LAYOUT_HOT, "from the flag");
 }
 
 Test(config, kernel_versions)
@@ -219,6 +243,8 @@ ParameterizedTestParameters(config, bad_flags)
         {{"--attend-kernel="}, "--attend-kernel"},
         {{"--encode-kernel", "3"}, "--encode-kernel: unknown value '3' (auto|5|4)"},
         {{"--encode-schedule", "fast"}, "--encode-schedule: unknown value 'fast' (planned|plain)"},
+        {{"--gpu-attention-layout", "fast"}, "--gpu-attention-layout: unknown value 'fast' (containers|hot)"},
+        {{"--gpu-attention-layout="}, "--gpu-attention-layout"},
         {{"--listen", "http://x"}, "expected unix:/path or tcp://host:port"},
         {{"--listen", "tcp://example.com:80"}, "numeric IPv4/IPv6 address"},
         {{"--listen", "tcp://127.0.0.1:99999"}, "port must be 1..65535"},

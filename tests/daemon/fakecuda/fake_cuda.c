@@ -18,8 +18,12 @@
  *     with cudaErrorMemoryAllocation) and must all be freed at exit, pinned memory too: a leak
  *     makes the process exit with status 99 (DQCU_FAKE_NO_LEAKCHECK=1 disables the check).
  *   - DQCU_FAKE_DEVICES (default 1) is what dqcu_device_count() returns.
+ *   - DQCU_FAKE_HOT_MAX_TOKENS (default: no limit): dqcu_attend_hot refuses (DQ_UNSUPPORTED, and
+ *     its workspace size is 0) a launch of more tokens per sequence, as the real one refuses a
+ *     launch whose plan exceeds its grid limits although dqcu_attend_hot_check passed.
  * The "kernels" produce what libdquant produces (dq_window_encode, dq_tokens_decode, dq_attend on a
- * layer rebuilt from the records), which is what the real kernels are checked against. */
+ * layer rebuilt from the records, dq_hot_transcode, dq_hot_attend), which is what the real kernels
+ * are checked against. */
 #include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -34,6 +38,7 @@
 #include "dquant/attention.h"
 #include "dquant/codec.h"
 #include "dquant/cuda.h"
+#include "dquant/hot.h"
 #include "dquant/layer.h"
 
 /* ---- registry of device and pinned allocations ---- */
@@ -1096,6 +1101,171 @@ int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, const dqcu_
         return DQ_NOMEM;
     *a = (att_arg){dc, q_heads, scale, seqs, nseq, max_tokens, q, out, lse};
     enqueue(stream, run_attend, a);
+    return DQ_OK;
+}
+
+/* ---- the hot layout ---- */
+
+size_t dqcu_hot_window_bytes(const dqcu_codec *dc)
+{
+    return dc ? dq_hot_window_bytes(dc->codec) : 0;
+}
+
+/* the limits of the real kernel (attend_hot.cu dqcu__attend_hot_fit; its shared memory fits every
+ * shape these allow on sm_90) */
+int dqcu_attend_hot_check(const dqcu_codec *dc, uint32_t q_heads)
+{
+    if (!dc)
+        return DQ_INVALID_ARGUMENT;
+    if (!q_heads || q_heads % dc->profile.kv_heads)
+        return DQ_SHAPE;
+    const uint32_t G = q_heads / dc->profile.kv_heads;
+    const uint32_t bk = dq_hot_bits(dc->codec, DQ_KIND_K), bv = dq_hot_bits(dc->codec, DQ_KIND_V);
+    if ((G != 1 && G != 2 && G != 4 && G != 8) || dc->d % 128 != 0 || dc->d > 256 || bk != bv || (bk != 3 && bk != 4))
+        return DQ_UNSUPPORTED;
+    return DQ_OK;
+}
+
+/* DQCU_FAKE_HOT_MAX_TOKENS: whether a launch of max_tokens is beyond the emulated plan limits */
+static bool hot_plan_refused(uint32_t max_tokens)
+{
+    const char *e = getenv("DQCU_FAKE_HOT_MAX_TOKENS");
+    return e && *e && max_tokens > strtoull(e, NULL, 10);
+}
+
+size_t dqcu_attend_hot_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq, uint32_t max_tokens)
+{
+    if (!dc || dqcu_attend_hot_check(dc, q_heads) != DQ_OK || hot_plan_refused(max_tokens))
+        return 0;
+    return 128 + (size_t)nseq * 16;
+}
+
+typedef struct hot_tc_arg {
+    const dqcu_codec *dc;
+    const uint8_t *const *windows;
+    size_t nwin;
+    uint8_t *const *hot;
+    uint32_t *corrupt;
+} hot_tc_arg;
+
+static void run_transcode_hot(void *a_)
+{
+    hot_tc_arg *a = a_;
+    const dqcu_codec *dc = a->dc;
+    const size_t hb = dq_hot_window_bytes(dc->codec);
+    check_dev(a->windows, a->nwin * sizeof(uint8_t *), "dqcu_transcode_hot window pointers");
+    check_dev(a->hot, a->nwin * sizeof(uint8_t *), "dqcu_transcode_hot hot pointers");
+    if (a->corrupt)
+        check_dev(a->corrupt, sizeof *a->corrupt, "dqcu_transcode_hot corrupt");
+    for (size_t i = 0; i < a->nwin; i++) {
+        check_dev(a->windows[i], dc->wb, "dqcu_transcode_hot window");
+        check_dev(a->hot[i], hb, "dqcu_transcode_hot hot window");
+        if ((uintptr_t)a->hot[i] & 3u)
+            FAIL("dqcu_transcode_hot: hot window %zu at %p is not 4-byte aligned", i, (void *)a->hot[i]);
+        if (a->hot[i] < a->windows[i] + dc->wb && a->windows[i] < a->hot[i] + hb)
+            FAIL("dqcu_transcode_hot: hot window %zu overlaps its record", i);
+        int rc = dq_hot_transcode(dc->codec, a->windows[i], a->hot[i]);
+        if (rc == DQ_CORRUPT) {
+            if (a->corrupt)
+                (*a->corrupt)++;
+        } else if (rc < 0) {
+            FAIL("dqcu_transcode_hot: dq_hot_transcode failed: %s", dq_strerror(rc));
+        }
+    }
+    free(a);
+}
+
+int dqcu_transcode_hot(const dqcu_codec *dc, const uint8_t *const *windows, size_t nwin, uint8_t *const *hot,
+                       uint32_t *corrupt, cudaStream_t stream)
+{
+    if (!dc || (nwin && (!windows || !hot)))
+        return DQ_INVALID_ARGUMENT;
+    if (dc->d < 32 || dc->d > 512)
+        return DQ_UNSUPPORTED;
+    if (nwin > 0x7fffffffu)
+        return DQ_INVALID_ARGUMENT;
+    if (!nwin)
+        return DQ_OK;
+    hot_tc_arg *a = malloc(sizeof *a);
+    if (!a)
+        return DQ_NOMEM;
+    *a = (hot_tc_arg){dc, windows, nwin, hot, corrupt};
+    enqueue(stream, run_transcode_hot, a);
+    return DQ_OK;
+}
+
+static void run_attend_hot(void *a_)
+{
+    att_arg *a = a_;
+    const dqcu_codec *dc = a->dc;
+    const size_t n = dc->n, qs = (size_t)a->q_heads * dc->d, hb = dq_hot_window_bytes(dc->codec);
+    check_dev(a->seqs, a->nseq * sizeof *a->seqs, "dqcu_attend_hot seqs");
+    check_dev(a->q, a->nseq * qs * sizeof(float), "dqcu_attend_hot q");
+    check_dev(a->out, a->nseq * qs * sizeof(float), "dqcu_attend_hot out");
+    if (a->lse)
+        check_dev(a->lse, (size_t)a->nseq * a->q_heads * sizeof(float), "dqcu_attend_hot lse");
+    dq_workspace *ws = new_ws(dc);
+    for (uint32_t b = 0; b < a->nseq; b++) {
+        const dqcu_attn_seq sq = a->seqs[b];
+        if ((uint64_t)sq.nwin * dc->W + sq.tail_tokens > a->max_tokens)
+            FAIL("dqcu_attend_hot: sequence %u holds %llu tokens, more than max_tokens %u", b,
+                 (unsigned long long)sq.nwin * dc->W + sq.tail_tokens, a->max_tokens);
+        if (sq.tail_tokens >= dc->R)
+            FAIL("dqcu_attend_hot: sequence %u has a tail of %u tokens (R = %u)", b, sq.tail_tokens, dc->R);
+        if (sq.nwin)
+            check_dev(sq.windows, sq.nwin * sizeof(uint8_t *), "dqcu_attend_hot window pointers");
+        for (uint32_t w = 0; w < sq.nwin; w++) {
+            check_dev(sq.windows[w], hb, "dqcu_attend_hot hot window");
+            if ((uintptr_t)sq.windows[w] & 15u)
+                FAIL("dqcu_attend_hot: sequence %u: hot window %u is not 16-byte aligned", b, w);
+            /* the kernel reads codes as they are: a window dq_hot_transcode did not write is a bug */
+            int rc = dq_hot_check(dc->codec, sq.windows[w], hb);
+            if (rc < 0)
+                FAIL("dqcu_attend_hot: sequence %u: window %u is not a hot window: %s", b, w, dq_strerror(rc));
+        }
+        if (sq.tail_tokens) {
+            check_dev(sq.tail_k, sq.tail_tokens * n * sizeof(uint16_t), "dqcu_attend_hot tail_k");
+            check_dev(sq.tail_v, sq.tail_tokens * n * sizeof(uint16_t), "dqcu_attend_hot tail_v");
+            if (((uintptr_t)sq.tail_k | (uintptr_t)sq.tail_v) & 15u)
+                FAIL("dqcu_attend_hot: sequence %u: the tails are not 16-byte aligned", b);
+        }
+        dq_hot_item it = {(const uint8_t *const *)sq.windows,
+                          sq.nwin,
+                          sq.tail_tokens ? sq.tail_k : NULL,
+                          sq.tail_tokens ? sq.tail_v : NULL,
+                          sq.tail_tokens,
+                          a->q + b * qs,
+                          a->out + b * qs,
+                          a->lse ? a->lse + (size_t)b * a->q_heads : NULL};
+        int rc = dq_hot_attend(dc->codec, ws, a->q_heads, a->scale, &it, 1);
+        if (rc < 0)
+            FAIL("dqcu_attend_hot: dq_hot_attend failed: %s", dq_strerror(rc));
+    }
+    dq_workspace_free(ws);
+    free(a);
+}
+
+int dqcu_attend_hot(const dqcu_codec *dc, uint32_t q_heads, float scale, const dqcu_attn_seq *seqs, uint32_t nseq,
+                    uint32_t max_tokens, const float *q, float *out, float *lse, void *workspace,
+                    size_t workspace_bytes, cudaStream_t stream)
+{
+    if (!dc || (nseq && (!seqs || !q || !out || !workspace)) || !isfinite(scale))
+        return DQ_INVALID_ARGUMENT;
+    int rc = dqcu_attend_hot_check(dc, q_heads);
+    if (rc)
+        return rc;
+    if (!nseq)
+        return DQ_OK;
+    if (hot_plan_refused(max_tokens))
+        return DQ_UNSUPPORTED;
+    if (workspace_bytes < dqcu_attend_hot_workspace_size(dc, q_heads, nseq, max_tokens) || ((uintptr_t)workspace & 15u))
+        return DQ_INVALID_ARGUMENT;
+    check_dev(workspace, workspace_bytes, "dqcu_attend_hot workspace");
+    att_arg *a = malloc(sizeof *a);
+    if (!a)
+        return DQ_NOMEM;
+    *a = (att_arg){dc, q_heads, scale, seqs, nseq, max_tokens, q, out, lse};
+    enqueue(stream, run_attend_hot, a);
     return DQ_OK;
 }
 
