@@ -396,8 +396,6 @@ static void serve(const char *pname)
         cr_assert(memcmp(d0.x, d1.x, d0.bytes) != 0, "%s: layer 1's records decode alike under layer 0", pname);
         dqc_decompress_result_free(&d0);
         dqc_decompress_result_free(&d1);
-        free(r0);
-        free(r1);
         /* A layer outside the model (and its calibration). */
         dqc_compress_args ca = {
             .model = MODEL, .kv_heads = KVH, .head_dim = HD, .dtype = DQ_DTYPE_F32, .x = x, .tokens = 4};
@@ -407,6 +405,8 @@ static void serve(const char *pname)
         da.records_bytes = rb;
         FAILS(c, DQ_OUT_OF_BOUNDS, dqc_decompress_layer(c, &da, L, &d0));
         dqc_compress_result_free(&cr);
+        free(r0);
+        free(r1); /* da.records until here */
     }
     for (uint32_t l = 0; l < L; l++)
         free(rec[l]);
