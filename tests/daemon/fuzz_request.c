@@ -4,7 +4,7 @@
  * the daemon unpacks every request header with (pbmem.h), validated, then checked against a fixed
  * model and profile the way the daemon does once it has looked them up); the whole input is also unpacked directly as a header message with an empty
  * payload, so mutations of the protobuf reach the validators without a valid frame around them.
- * Built with -fsanitize=fuzzer when the fuzzing option is on; fuzz_replay.c runs the corpus in CI. */
+ * Built with -fsanitize=fuzzer when the fuzzing option is on; tests/support/fuzz_replay.c runs the corpus in CI. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

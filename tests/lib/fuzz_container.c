@@ -7,9 +7,9 @@
  * byte for byte and on the verdict) and dq_stream_decode. The whole input is also offered to
  * dq_profile_deserialize: whatever it accepts must validate and round-trip.
  *
- * Built as a libFuzzer target where clang supports -fsanitize=fuzzer, and always with
- * -DDQ_FUZZ_REPLAY as a program that runs every file of the directories (or files) it is given,
- * so the checked-in corpus runs in plain CI. */
+ * Built as a libFuzzer target where clang supports -fsanitize=fuzzer, and always with the replay
+ * driver tests/support/fuzz_replay.c, which runs every file of the directories (or files) it is
+ * given, so the checked-in corpus runs in plain CI. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,25 +17,26 @@
 
 #include "codec_internal.h"
 #include "dsp.h"
+#include "fuzz.h"
 #include "fuzz_container_profiles.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define FUZZ_CHECK(cond)                                                             \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-            abort();                                                                 \
-        }                                                                            \
-    } while (0)
 
 static dq_codec *codecs[FUZZ_NPROFILES];
 static dq__dsp c_dsp, fast_dsp;
 
+static void teardown(void)
+{
+    for (int i = 0; i < FUZZ_NPROFILES; i++) {
+        dq_codec_free(codecs[i]);
+        codecs[i] = NULL;
+    }
+}
+
+/* The codecs live until exit (freed then, so the replay leaves no leak for ASan to report). */
 static void setup(void)
 {
     if (codecs[0])
         return;
+    atexit(teardown);
     for (int i = 0; i < FUZZ_NPROFILES; i++) {
         dq_profile p;
         FUZZ_CHECK(fuzz_profile(i, &p) == DQ_OK);
@@ -45,16 +46,6 @@ static void setup(void)
     dq__dsp_init_c(&fast_dsp);
     dq__dsp_init_x86(&fast_dsp);
 }
-
-#ifdef DQ_FUZZ_REPLAY
-static void teardown(void)
-{
-    for (int i = 0; i < FUZZ_NPROFILES; i++) {
-        dq_codec_free(codecs[i]);
-        codecs[i] = NULL;
-    }
-}
-#endif
 
 static void fuzz_profile_bytes(const uint8_t *data, size_t size)
 {
@@ -146,77 +137,3 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fuzz_records(data, size);
     return 0;
 }
-
-#ifdef DQ_FUZZ_REPLAY
-#include <dirent.h>
-#include <sys/stat.h>
-
-static int replay_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "cannot open %s\n", path);
-        return -1;
-    }
-    size_t cap = 1 << 16, len = 0;
-    uint8_t *buf = malloc(cap);
-    FUZZ_CHECK(buf);
-    for (;;) {
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (len < cap)
-            break;
-        cap *= 2;
-        buf = realloc(buf, cap);
-        FUZZ_CHECK(buf);
-    }
-    fclose(f);
-    /* An exact-size copy, as libFuzzer hands it over. */
-    uint8_t *exact = malloc(len ? len : 1);
-    FUZZ_CHECK(exact);
-    memcpy(exact, buf, len);
-    free(buf);
-    LLVMFuzzerTestOneInput(exact, len);
-    free(exact);
-    return 0;
-}
-
-int main(int argc, char **argv)
-{
-    long files = 0;
-    int failed = 0;
-    for (int a = 1; a < argc; a++) {
-        struct stat st;
-        if (stat(argv[a], &st) != 0) {
-            fprintf(stderr, "no such path: %s\n", argv[a]);
-            failed = 1;
-            continue;
-        }
-        if (!S_ISDIR(st.st_mode)) {
-            failed |= replay_file(argv[a]) != 0;
-            files++;
-            continue;
-        }
-        struct dirent **names = NULL;
-        int nn = scandir(argv[a], &names, NULL, alphasort);
-        if (nn < 0) {
-            fprintf(stderr, "cannot read %s\n", argv[a]);
-            failed = 1;
-            continue;
-        }
-        for (int i = 0; i < nn; i++) {
-            char path[4096];
-            snprintf(path, sizeof path, "%s/%s", argv[a], names[i]->d_name);
-            if (names[i]->d_name[0] != '.' && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
-                failed |= replay_file(path) != 0;
-                files++;
-            }
-            free(names[i]);
-        }
-        free(names);
-    }
-    teardown();
-    printf("replayed %ld inputs\n", files);
-    return failed || files == 0 ? 1 : 0;
-}
-#endif

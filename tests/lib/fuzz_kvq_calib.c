@@ -9,8 +9,8 @@
  * a codec whose first and last layer views encode and decode a few tokens to finite values; one it
  * refuses must be refused by dq_codec_create_calibrated with the same code.
  *
- * Built as a libFuzzer target where clang supports -fsanitize=fuzzer, always with -DDQ_FUZZ_REPLAY
- * as a program replaying the files it is given (tests/lib/corpus_kvq_calib runs in plain CI), and
+ * Built as a libFuzzer target where clang supports -fsanitize=fuzzer, always with the replay
+ * driver tests/support/fuzz_replay.c (tests/lib/corpus_kvq_calib runs in plain CI), and
  * with -DDQ_FUZZ_GEN as the generator of that corpus (lib-gen-kvq-calib-corpus DIR). */
 #include <math.h>
 #include <stdint.h>
@@ -22,16 +22,7 @@
 
 #include "dquant/dquant.h"
 #include "dquant/kvq.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define FUZZ_CHECK(cond)                                                             \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-            abort();                                                                 \
-        }                                                                            \
-    } while (0)
+#include "fuzz.h"
 
 #define FZ_H 2u
 #define FZ_D 16u
@@ -109,19 +100,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 #ifdef DQ_FUZZ_GEN
 /* The seed corpus: a valid calibration of each profile (1 and 3 layers), then damaged copies. */
-static int write_seed(const char *dir, const char *name, uint8_t sel, const uint8_t *body, size_t len)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        perror(path);
-        return -1;
-    }
-    int ok = fwrite(&sel, 1, 1, f) == 1 && fwrite(body, 1, len, f) == len;
-    ok &= fclose(f) == 0;
-    return ok ? 0 : -1;
-}
 
 int main(int argc, char **argv)
 {
@@ -148,99 +126,41 @@ int main(int argc, char **argv)
             FUZZ_CHECK(dq_kvq_calibrate(&p, layers, k, v, T, 3, &blob, &len) == DQ_OK);
             char name[64];
             snprintf(name, sizeof name, "valid-%u-l%u", sel, layers);
-            fail |= write_seed(argv[1], name, sel, blob, len);
+            fail |= fuzz_write_seed(argv[1], name, sel, blob, len);
             snprintf(name, sizeof name, "trunc-%u-l%u", sel, layers);
-            fail |= write_seed(argv[1], name, sel, blob, len - 9);
+            fail |= fuzz_write_seed(argv[1], name, sel, blob, len - 9);
             uint8_t *d = malloc(len);
             FUZZ_CHECK(d);
             memcpy(d, blob, len);
             d[len / 2] ^= 0x40; /* a table or header byte: the hash no longer matches */
             snprintf(name, sizeof name, "flip-%u-l%u", sel, layers);
-            fail |= write_seed(argv[1], name, sel, d, len);
+            fail |= fuzz_write_seed(argv[1], name, sel, d, len);
             memcpy(d, blob, len);
             d[8] = 7; /* a lying layer count */
             snprintf(name, sizeof name, "layers-%u-l%u", sel, layers);
-            fail |= write_seed(argv[1], name, sel, d, len);
+            fail |= fuzz_write_seed(argv[1], name, sel, d, len);
             /* rehashed (selector bit 7): damaged tables behind a valid checksum */
             memcpy(d, blob, len);
             d[48] ^= 0x0f; /* first outlier index or codebook entry */
             snprintf(name, sizeof name, "table-%u-l%u", sel, layers);
-            fail |= write_seed(argv[1], name, (uint8_t)(sel | 0x80), d, len);
+            fail |= fuzz_write_seed(argv[1], name, (uint8_t)(sel | 0x80), d, len);
             memcpy(d, blob, len);
             if (len > 58) {
                 d[49] = 0x7c; /* an fp16 infinity, or an index past head_dim */
                 d[48] = 0;
             }
             snprintf(name, sizeof name, "inf-%u-l%u", sel, layers);
-            fail |= write_seed(argv[1], name, (uint8_t)(sel | 0x80), d, len);
+            fail |= fuzz_write_seed(argv[1], name, (uint8_t)(sel | 0x80), d, len);
             snprintf(name, sizeof name, "rehash-%u-l%u", sel, layers);
-            fail |= write_seed(argv[1], name, (uint8_t)(sel | 0x80), blob, len);
+            fail |= fuzz_write_seed(argv[1], name, (uint8_t)(sel | 0x80), blob, len);
             free(d);
             dq_kvq_free(blob);
         }
     static const uint8_t junk[] = "DQKC\x01\x00\x00\x00garbage";
-    fail |= write_seed(argv[1], "junk", 0, junk, sizeof junk - 1);
-    fail |= write_seed(argv[1], "empty", 1, junk, 0);
+    fail |= fuzz_write_seed(argv[1], "junk", 0, junk, sizeof junk - 1);
+    fail |= fuzz_write_seed(argv[1], "empty", 1, junk, 0);
     free(k);
     free(v);
     return fail ? 1 : 0;
-}
-#endif
-
-#ifdef DQ_FUZZ_REPLAY
-#include <dirent.h>
-#include <sys/stat.h>
-
-static int replay_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "cannot open %s\n", path);
-        return -1;
-    }
-    size_t cap = 1 << 16, len = 0;
-    uint8_t *buf = malloc(cap);
-    FUZZ_CHECK(buf);
-    for (;;) {
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (len < cap)
-            break;
-        cap *= 2;
-        buf = realloc(buf, cap);
-        FUZZ_CHECK(buf);
-    }
-    fclose(f);
-    LLVMFuzzerTestOneInput(buf, len);
-    free(buf);
-    return 0;
-}
-
-int main(int argc, char **argv)
-{
-    long files = 0;
-    int failed = 0;
-    for (int a = 1; a < argc; a++) {
-        struct dirent **names = NULL;
-        int nn = scandir(argv[a], &names, NULL, alphasort);
-        if (nn < 0) {
-            failed |= replay_file(argv[a]) != 0;
-            files++;
-            continue;
-        }
-        for (int i = 0; i < nn; i++) {
-            char path[4096];
-            struct stat st;
-            snprintf(path, sizeof path, "%s/%s", argv[a], names[i]->d_name);
-            if (names[i]->d_name[0] != '.' && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
-                failed |= replay_file(path) != 0;
-                files++;
-            }
-            free(names[i]);
-        }
-        free(names);
-    }
-    printf("replayed %ld inputs\n", files);
-    return failed || files == 0 ? 1 : 0;
 }
 #endif

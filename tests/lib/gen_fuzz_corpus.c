@@ -7,21 +7,8 @@
 #include <string.h>
 
 #include "dqtest_util.h"
+#include "fuzz.h"
 #include "fuzz_container_profiles.h"
-
-static int write_seed(const char *dir, const char *name, uint8_t sel, const uint8_t *body, size_t len)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        perror(path);
-        return -1;
-    }
-    int ok = fwrite(&sel, 1, 1, f) == 1 && fwrite(body, 1, len, f) == len;
-    ok &= fclose(f) == 0;
-    return ok ? 0 : -1;
-}
 
 int main(int argc, char **argv)
 {
@@ -62,29 +49,29 @@ int main(int argc, char **argv)
                 }
             }
             snprintf(name, sizeof name, "valid-p%d-%c", p, kc);
-            rc |= write_seed(dir, name, sel, recs, rb);
+            rc |= fuzz_write_seed(dir, name, sel, recs, rb);
             files++;
             if (p < 3 || p == 5) {
                 snprintf(name, sizeof name, "valid3-p%d-%c", p, kc);
-                rc |= write_seed(dir, name, sel, recs, 3 * rb);
+                rc |= fuzz_write_seed(dir, name, sel, recs, 3 * rb);
                 files++;
             }
             if (p == 0 || p == 4) {
                 snprintf(name, sizeof name, "const-p%d-%c", p, kc);
-                rc |= write_seed(dir, name, sel, recs + rb, rb);
+                rc |= fuzz_write_seed(dir, name, sel, recs + rb, rb);
                 /* One flipped bit in the first container byte after the state. */
                 memcpy(recs + 2 * rb, recs, rb);
                 recs[2 * rb + 8] ^= 0x10;
                 snprintf(name, sizeof name, "flip-p%d-%c", p, kc);
-                rc |= write_seed(dir, name, sel, recs + 2 * rb, rb);
+                rc |= fuzz_write_seed(dir, name, sel, recs + 2 * rb, rb);
                 files += 2;
             }
             if (p == 1 && k == 0) {
                 /* Zeroed state, then a truncated record (first half only). */
                 memcpy(recs + 2 * rb, recs, rb);
                 memset(recs + 2 * rb + 4, 0, 4);
-                rc |= write_seed(dir, "zerostate-p1-k", sel, recs + 2 * rb, rb);
-                rc |= write_seed(dir, "short-p1-k", sel, recs, rb / 2);
+                rc |= fuzz_write_seed(dir, "zerostate-p1-k", sel, recs + 2 * rb, rb);
+                rc |= fuzz_write_seed(dir, "short-p1-k", sel, recs, rb / 2);
                 files += 2;
             }
             free(recs);
@@ -97,10 +84,10 @@ int main(int argc, char **argv)
     uint8_t junk[700];
     for (size_t i = 0; i < sizeof junk; i++)
         junk[i] = (uint8_t)dqt_next(&rng);
-    rc |= write_seed(dir, "garbage-700", junk[0], junk + 1, sizeof junk - 1);
+    rc |= fuzz_write_seed(dir, "garbage-700", junk[0], junk + 1, sizeof junk - 1);
     memset(junk, 0xff, sizeof junk);
-    rc |= write_seed(dir, "all-ff", 0x80, junk, 336);
-    rc |= write_seed(dir, "empty-body", 0x02, junk, 0);
+    rc |= fuzz_write_seed(dir, "all-ff", 0x80, junk, 336);
+    rc |= fuzz_write_seed(dir, "empty-body", 0x02, junk, 0);
     files += 3;
     /* Serialized profiles (also decoded as records with the first byte as selector). */
     for (int p = 0; p < FUZZ_NPROFILES; p += 2) {
@@ -113,7 +100,7 @@ int main(int argc, char **argv)
         }
         char name[64];
         snprintf(name, sizeof name, "profile-p%d", p);
-        rc |= write_seed(dir, name, buf[0], buf + 1, len - 1);
+        rc |= fuzz_write_seed(dir, name, buf[0], buf + 1, len - 1);
         files++;
     }
     printf("wrote %d seeds to %s\n", files, dir);
