@@ -430,6 +430,12 @@ extern "C" int dqcu_attend_hot_check(const dqcu_codec *dc, uint32_t q_heads)
     return DQ_UNSUPPORTED;
 }
 
+extern "C" int dqcu_attend_hot_kernel(const dqcu_codec *dc, uint32_t q_heads)
+{
+    const int rc = dqcu_attend_hot_check(dc, q_heads);
+    return rc ? rc : dqcu__attend_hot_version(dc);
+}
+
 extern "C" size_t dqcu_attend_hot_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq,
                                                  uint32_t max_tokens)
 {

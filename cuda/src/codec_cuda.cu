@@ -116,7 +116,8 @@ static bool settings_ok(const dqcu_settings *s)
     size_t na = 0, ne = 0;
     const int *att = dqcu_attend_kernels(&na), *enc = dqcu_encode_kernels(&ne);
     return version_in(s->attend_kernel, att, na) && version_in(s->encode_kernel, enc, ne) &&
-           (s->encode_schedule == DQCU_SCHEDULE_PLANNED || s->encode_schedule == DQCU_SCHEDULE_PLAIN);
+           (s->encode_schedule == DQCU_SCHEDULE_PLANNED || s->encode_schedule == DQCU_SCHEDULE_PLAIN) &&
+           (s->hot_kernel == DQCU_KERNEL_AUTO || s->hot_kernel == 1 || s->hot_kernel == 2);
 }
 
 extern "C" int dqcu_codec_create(const dq_codec *codec, dqcu_codec **out)

@@ -83,7 +83,11 @@ typedef struct dqcu_settings {
     /* How an encode call's streams are spread over warps: DQCU_SCHEDULE_PLANNED (default; the last
      * waves shared out evenly) or DQCU_SCHEDULE_PLAIN (count / G warps, for comparisons). */
     int encode_schedule;
-    int reserved[12]; /* zero: room for settings to come */
+    /* Attention over hot windows: DQCU_KERNEL_AUTO (default) = 2, the warp kernel, where it takes
+     * the shape (head_dim 128, windows of a multiple of 128 tokens), else 1, the block kernel;
+     * 1 forces the block kernel (for comparisons). */
+    int hot_kernel;
+    int reserved[11]; /* zero: room for settings to come */
 } dqcu_settings;
 
 /* The defaults: size set, every choice automatic (what dqcu_codec_create uses). */
@@ -226,6 +230,11 @@ DQCU_API int dqcu_transcode_hot(const dqcu_codec *dc, const uint8_t *const *wind
  * 8, and codes of 3 + 3 or 4 + 4 bits (M_K, M_V in 5..8, or both in 9..16: dq226 and dq196 take
  * 3 + 3); DQ_UNSUPPORTED beyond them, DQ_SHAPE as dqcu_attend_check. */
 DQCU_API int dqcu_attend_hot_check(const dqcu_codec *dc, uint32_t q_heads);
+
+/* The hot attention kernel dqcu_attend_hot runs for q_heads query heads with this codec: 2 (the
+ * warp kernel) or 1 (the block kernel), see dqcu_settings.hot_kernel; or dqcu_attend_hot_check's
+ * error. */
+DQCU_API int dqcu_attend_hot_kernel(const dqcu_codec *dc, uint32_t q_heads);
 
 /* Bytes of workspace dqcu_attend_hot needs (0 when dqcu_attend_hot_check fails). */
 DQCU_API size_t dqcu_attend_hot_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq,
