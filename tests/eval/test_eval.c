@@ -13,6 +13,7 @@
 #include "dquant/dquant.h"
 #include "eval_ablation.h"
 #include "eval_core.h"
+#include "codec_run.h"
 #include "fixedwidth.h"
 
 static const char *data_dir(void)
@@ -333,4 +334,55 @@ Test(realdata, tinystories_dq226_beats_int2_kivi2_at_its_own_rate, .timeout = 60
     expect_dominates(d.name, &dq, &i2);
     expect_dominates(d.name, &dq, &kv);
     eval_data_free(&d);
+}
+
+/* The library's fixed-width profiles (dq_profile_fixed) reconstruct exactly what the eval-only
+ * fixedwidth.c does, on synthetic KV and on every layer of the real caches present. */
+static void expect_fixed_equal(const dq_profile *dqp, dq_kind kind, const float *x, size_t ntok, const char *what)
+{
+    dq_profile fp;
+    cr_assert_eq(dq_profile_fixed_matched(dqp, "fx", &fp), DQ_OK);
+    cr_expect_eq(fp.levels[kind], fixedwidth_levels(dqp, kind), "%s: levels", what);
+    const size_t n = (size_t)dqp->kv_heads * dqp->head_dim;
+    float *a = malloc(ntok * n * sizeof *a), *b = malloc(ntok * n * sizeof *b);
+    cr_assert_eq(fixedwidth_roundtrip(dqp, kind, x, ntok, a), DQ_OK);
+    codec_rt_result rt;
+    cr_assert_eq(codec_roundtrip_f32(&fp, kind, x, ntok, b, NULL, &rt), DQ_OK);
+    cr_expect_eq(memcmp(a, b, ntok * n * sizeof *a), 0, "%s: reconstructions differ", what);
+    free(a);
+    free(b);
+}
+
+Test(fixedwidth, library_profile_matches, .timeout = 900)
+{
+    static const struct {
+        const char *name;
+        uint32_t heads, dim;
+    } shapes[] = {{"dq226", 8, 128}, {"dq196", 2, 128}, {"dq226", 4, 16}};
+    g_rng = 11;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        dq_profile p;
+        cr_assert_eq(dq_profile_builtin(shapes[s].name, shapes[s].heads, shapes[s].dim, &p), DQ_OK);
+        const size_t n = (size_t)shapes[s].heads * shapes[s].dim, T = 300;
+        float *x = malloc(T * n * sizeof *x);
+        for (size_t i = 0; i < T * n; i++)
+            x[i] = (float)(2.0 * gauss() + (double)(i % n) / 40.0);
+        for (int k = 0; k < 2; k++)
+            expect_fixed_equal(&p, (dq_kind)k, x, T, shapes[s].name);
+        free(x);
+    }
+    static const char *const sets[] = {"bytellama-n1024", "bytellama-19m", "tinystories-656k"};
+    for (size_t i = 0; i < 3; i++) {
+        eval_data d;
+        char err[512];
+        if (eval_data_load_named(sets[i], data_dir(), &d, err, sizeof err) != DQ_OK)
+            continue;
+        dq_profile p;
+        cr_assert_eq(dq_profile_builtin("dq226", d.kv_heads, d.head_dim, &p), DQ_OK);
+        for (uint32_t l = 0; l < d.layers; l++)
+            for (int k = 0; k < 2; k++)
+                expect_fixed_equal(&p, (dq_kind)k, eval_data_slab(&d, (dq_kind)k, 0, l), d.tokens, sets[i]);
+        cr_log_info("%s: %u layers x 2 kinds identical", sets[i], d.layers);
+        eval_data_free(&d);
+    }
 }
