@@ -213,7 +213,6 @@ static void pack(const dq_codec *c, int kind, const uint8_t *lev, uint8_t *conta
 int dq__fixed_unpack(const dq_codec *c, dq_kind kind, const uint8_t *container, uint8_t *levels)
 {
     const uint32_t n = c->n, K = c->fx_k[kind], w = c->fx_w[kind], M = c->kt[kind].levels;
-    const uint32_t C = c->kt[kind].container;
     int bad = 0;
     uint64_t pos = 0;
     for (uint32_t g0 = 0; g0 < n; g0 += K, pos += w) {
@@ -225,11 +224,9 @@ int dq__fixed_unpack(const dq_codec *c, dq_kind kind, const uint8_t *container, 
         }
         bad |= v != 0; /* the group's value is not a number of cnt base-M digits */
     }
-    /* the bits past the last group, then the bytes past it, are zero */
+    /* the bits past the last group are zero (C is the groups' bytes: no byte lies past them) */
     if (pos % 8)
         bad |= (container[pos / 8] >> (pos % 8)) != 0;
-    for (uint64_t i = (pos + 7) / 8; i < C; i++)
-        bad |= container[i] != 0;
     return bad ? DQ_CORRUPT : DQ_OK;
 }
 
