@@ -313,17 +313,6 @@ ParameterizedTest(fx_shape *fs, fixed, matches_reference)
 
 /* ---- windows: check, corruption, layers, attention, hot layout ---- */
 
-static void random_kv(uint32_t n, size_t T, float *k, float *v)
-{
-    for (uint32_t j = 0; j < n; j++) {
-        const float off = (float)(1.5 * dqt_normal(&rng));
-        for (size_t t = 0; t < T; t++) {
-            k[t * n + j] = off + (float)dqt_normal(&rng);
-            v[t * n + j] = (float)(dqt_normal(&rng) * (1.0 + 0.5 * (j % 3)));
-        }
-    }
-}
-
 Test(fixed, corrupt_windows)
 {
     /* n = 128: K M 6 (groups of 8 in 21 bits: 16 groups, 42 bytes), V M 5 (groups of 3 in 7 bits:
@@ -342,7 +331,7 @@ Test(fixed, corrupt_windows)
     const uint32_t n = 128;
     const size_t W = p->window, wb = dq_codec_window_bytes(c);
     float *k = dqt_xmalloc(W * n * sizeof(float)), *v = dqt_xmalloc(W * n * sizeof(float));
-    random_kv(n, W, k, v);
+    dqt_random_kv(&rng, n, W, k, v);
     uint8_t *win = dqt_xmalloc(wb), *bad = dqt_xmalloc(wb), lev[128];
     cr_assert_eq(dq_window_encode(c, ws, k, v, DQ_DTYPE_F32, win, NULL), DQ_OK);
     cr_assert_eq(dq_window_check(c, win), DQ_OK);
@@ -443,7 +432,7 @@ Test(fixed, attention_and_hot)
     const size_t W = p->window, T = 3 * W + 41;
     float *k = dqt_xmalloc(T * n * sizeof(float)), *v = dqt_xmalloc(T * n * sizeof(float));
     for (size_t t0 = 0; t0 < T; t0 += W)
-        random_kv(n, T - t0 < W ? T - t0 : W, k + t0 * n, v + t0 * n);
+        dqt_random_kv(&rng, n, T - t0 < W ? T - t0 : W, k + t0 * n, v + t0 * n);
     dq_layer *layer;
     cr_assert_eq(dq_layer_create(c, &layer), DQ_OK);
     cr_assert_eq(dq_layer_append(layer, ws, k, v, DQ_DTYPE_F32, T, NULL), DQ_OK);
