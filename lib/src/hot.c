@@ -21,14 +21,14 @@ static uint32_t bits_for(uint32_t M)
 
 uint32_t dq_hot_bits(const dq_codec *codec, dq_kind kind)
 {
-    if (!codec || codec->profile.codec_type != DQ_CODEC_DQUANT || (kind != DQ_KIND_K && kind != DQ_KIND_V))
+    if (!codec || !dq__codec_has_levels(codec) || (kind != DQ_KIND_K && kind != DQ_KIND_V))
         return 0;
     return bits_for(codec->kt[kind].levels);
 }
 
 size_t dq_hot_offsets(const dq_codec *codec, size_t off[4])
 {
-    if (!codec || codec->profile.codec_type != DQ_CODEC_DQUANT)
+    if (!codec || !dq__codec_has_levels(codec))
         return 0;
     const size_t n = codec->n, W = codec->profile.window, G = (n + 31) / 32;
     const size_t A = align16(2 + n), CK = align16(A + 8 * W);
@@ -88,7 +88,7 @@ static void unpack_levels(const uint8_t *codes, uint8_t *lev, uint32_t n, uint32
 int dq_hot_transcode(const dq_codec *codec, const uint8_t *window, uint8_t *hot)
 {
     DQ_RETURN_IF(!codec || !window || !hot, DQ_INVALID_ARGUMENT);
-    DQ_RETURN_IF(codec->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
+    DQ_RETURN_IF(!dq__codec_has_levels(codec), DQ_UNSUPPORTED);
     size_t off[4];
     const size_t bytes = dq_hot_offsets(codec, off);
     const uint32_t n = codec->n;
@@ -121,7 +121,7 @@ int dq_hot_transcode(const dq_codec *codec, const uint8_t *window, uint8_t *hot)
 int dq_hot_check(const dq_codec *codec, const uint8_t *hot, size_t bytes)
 {
     DQ_RETURN_IF(!codec || !hot, DQ_INVALID_ARGUMENT);
-    DQ_RETURN_IF(codec->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
+    DQ_RETURN_IF(!dq__codec_has_levels(codec), DQ_UNSUPPORTED);
     size_t off[4];
     const size_t need = dq_hot_offsets(codec, off);
     DQ_RETURN_IF(bytes < need, DQ_TRUNCATED);
@@ -156,7 +156,7 @@ int dq_hot_check(const dq_codec *codec, const uint8_t *hot, size_t bytes)
 int dq_hot_levels(const dq_codec *codec, const uint8_t *hot, dq_kind kind, size_t t, uint8_t *levels)
 {
     DQ_RETURN_IF(!codec || !hot || !levels || (kind != DQ_KIND_K && kind != DQ_KIND_V), DQ_INVALID_ARGUMENT);
-    DQ_RETURN_IF(codec->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
+    DQ_RETURN_IF(!dq__codec_has_levels(codec), DQ_UNSUPPORTED);
     DQ_RETURN_IF(t >= codec->profile.window, DQ_INVALID_ARGUMENT);
     size_t off[4];
     dq_hot_offsets(codec, off);
@@ -171,7 +171,7 @@ int dq_hot_decode(const dq_codec *codec, dq_workspace *ws, const uint8_t *hot, d
                      (kind != DQ_KIND_K && kind != DQ_KIND_V),
                  DQ_INVALID_ARGUMENT);
     DQ_RETURN_IF(!dq_dtype_size(dtype), DQ_DTYPE);
-    DQ_RETURN_IF(codec->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
+    DQ_RETURN_IF(!dq__codec_has_levels(codec), DQ_UNSUPPORTED);
     const size_t W = codec->profile.window;
     DQ_RETURN_IF(first > W || count > W - first, DQ_OUT_OF_BOUNDS);
     size_t off[4];

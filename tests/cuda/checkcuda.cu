@@ -10,7 +10,8 @@
  * dqcu_settings name it.
  *
  *   hot layout: dqcu_transcode_hot byte-identical to dq_hot_transcode (corrupt containers too),
- *   dqcu_attend_hot within 1e-3 relative of dq_hot_attend and of dq_attend_reference
+ *   dqcu_attend_hot within 1e-3 relative of dq_hot_attend and of dq_attend_reference; the same for
+ *   the fixed-width family (dq_profile_fixed), whose container kernels refuse it (DQ_UNSUPPORTED)
  *
  *   checkcuda [--seed N] [--small] [--no-timing] [--quiet] [--hot] [--encode-kernel V,...] [--attend-kernel V,...]
  *   --small: a few small cases only (for compute-sanitizer memcheck / racecheck runs).
@@ -813,6 +814,21 @@ static bool hot_expected(const Codecs &cs, uint32_t G)
            ((bk == 3 && bv == 3) || (bk == 4 && bv == 4)) && dqcu_attend_check(cs.g, cs.kvh * G) == DQ_OK;
 }
 
+/* A fixed-width device codec serves the hot layout only: every container kernel refuses it. */
+static void test_fixed_refusals(Codecs &cs)
+{
+    const size_t rb = dq_codec_record_bytes(cs.c, DQ_KIND_K);
+    const int enc = dqcu_encode_streams(cs.g, DQ_KIND_K, NULL, 0, NULL, rb, NULL, NULL, 0);
+    const int encw = dqcu_encode_windows(cs.g, NULL, NULL, DQ_DTYPE_BF16, 0, NULL, NULL, NULL, 0);
+    const int dec = dqcu_decompress(cs.g, DQ_KIND_K, NULL, 0, NULL, 0, 0, 0, NULL, DQ_DTYPE_F32, NULL, 0);
+    const int att = dqcu_attend(cs.g, cs.kvh, 1.0f, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0);
+    const size_t wsb = dqcu_attend_workspace_size(cs.g, cs.kvh, 1, 128);
+    report(enc == DQ_UNSUPPORTED && encw == DQ_UNSUPPORTED && dec == DQ_UNSUPPORTED && att == DQ_UNSUPPORTED &&
+               wsb == 0,
+           "fixed-width %s: encode_streams %s, encode_windows %s, decompress %s, attend %s, workspace %zu",
+           cs.name.c_str(), dq_err_name(enc), dq_err_name(encw), dq_err_name(dec), dq_err_name(att), wsb);
+}
+
 /* Layers of these lengths built on the CPU: every window transcoded on the GPU equals
  * dq_hot_transcode byte for byte (and a window with corrupt containers too, with the count);
  * dqcu_attend_hot over the GPU's hot windows within 1e-3 of dq_hot_attend and of
@@ -1239,11 +1255,20 @@ int main(int argc, char **argv)
             {2, 128, 8, 6, 256, 256, 2.5, 1.8, 0x9, NULL},  /* W = 256: two tiles per window */
             {2, 128, 8, 12, 128, 128, 2.5, 3.0, 0x3, NULL}, /* 3 + 4 bits: not taken */
             {4, 64, 8, 6, 128, 128, 2.5, 1.8, 0x3, NULL},   /* d = 64: not taken */
+            /* the fixed-width family: device transcode of base-M containers */
+            {8, 128, 0, 0, 128, 128, 0, 0, 0, "fixed226"},    /* production: M 6/3, 3 + 2 bits */
+            {8, 128, 0, 0, 128, 128, 0, 0, 0, "fixedk8v6"},   /* 3 + 3 bits: attention taken */
+            {2, 128, 0, 0, 128, 128, 0, 0, 0, "fixedk16v9"},  /* 4 + 4 bits: taken */
+            {2, 128, 0, 0, 128, 128, 0, 0, 0, "fixed196"},    /* M 5/3 at n = 256 */
+            {1, 128, 0, 0, 128, 128, 0, 0, 0, "fixedk256v2"}, /* byte and 1-bit codes */
         };
         for (const Cfg &cfg : hcfgs) {
             Codecs cs;
             make_codecs(cfg, cs);
             printf("%s\n", cs.name.c_str());
+            const bool fixed = dq_codec_profile(cs.c)->codec_type == DQ_CODEC_FIXED;
+            if (fixed)
+                test_fixed_refusals(cs);
             const uint32_t W = cs.W;
             std::vector<uint32_t> lens = {0, 1, W + 3, 3 * W + r.below(W), 20 * W + r.below(W)};
             if (cfg.builtin && cs.n == 1024)
@@ -1253,7 +1278,7 @@ int main(int argc, char **argv)
                 if (dqcu_attend_check(cs.g, cs.kvh * G) != DQ_OK)
                     continue;
                 test_hot(cs, r, lens, G);
-                if (!small && (G == 4 || cs.n != 1024))
+                if (!small && !fixed && (G == 4 || cs.n != 1024))
                     test_attention(cs, r, lens, G, att_list);
                 if (small)
                     break;

@@ -20,7 +20,10 @@
  * 32 <= head_dim <= 512; attention needs a GQA group q_heads / kv_heads <= 8 and its per-block
  * state (rotated queries, accumulator, a tile's weights: about 4·q_heads·(2·head_dim + 128) bytes)
  * in shared memory; dqcu_attend_check() says whether a shape fits (Qwen3-8B, Llama-3-70B do).
- * Levels and container sizes are those of any valid profile.
+ * Levels and container sizes are those of any valid profile. Fixed-width profiles
+ * (dq_profile_fixed) have the hot layout only: dqcu_transcode_hot and dqcu_attend_hot take them,
+ * the encoders, dqcu_decompress and dqcu_attend answer DQ_UNSUPPORTED (their records are encoded
+ * by libdquant on the host).
  *
  * Kernel versions: a device codec runs the versions its dqcu_settings name (by default the fastest;
  * earlier versions stay for shapes the fastest cannot take and for comparisons).
@@ -105,6 +108,7 @@ typedef struct dqcu_codec dqcu_codec;
 /* Uploads what the kernels need from a host codec (frequency, cost and decode tables, the
  * rotation signs, the exp2 table of the drift) to the current CUDA device, once. The host codec is
  * only read during the call and may be freed afterwards; settings (NULL: the defaults) are copied.
+ * D-Quant and fixed-width profiles only (another codec type: DQ_INVALID_ARGUMENT).
  * Returns 0, DQ_INVALID_ARGUMENT (also for settings with another size, a version this build does
  * not have, an unknown schedule or nonzero reserved fields), DQ_NOMEM, DQ_INTERNAL. */
 DQCU_API int dqcu_codec_create_with(const dq_codec *codec, const dqcu_settings *settings, dqcu_codec **out);

@@ -30,7 +30,9 @@
  * zero. Consecutive tokens' words are adjacent, so a GPU warp with a token per lane reads each word
  * index as one coalesced 128-byte line.
  *
- * Only D-Quant profiles have a hot layout (baseline codecs: DQ_UNSUPPORTED, window bytes 0).
+ * D-Quant profiles and the fixed-width family (dq_profile_fixed: the same levels, s, o and key
+ * mean, its base-M containers unpacked to b bits) have a hot layout; other codecs do not
+ * (DQ_UNSUPPORTED, window bytes 0).
  * Thread-safety: every function only reads the codec; a workspace is for one thread at a time. */
 #ifndef DQUANT_HOT_H
 #define DQUANT_HOT_H
