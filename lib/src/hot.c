@@ -201,3 +201,55 @@ int dq_hot_decode(const dq_codec *codec, dq_workspace *ws, const uint8_t *hot, d
     }
     return DQ_OK;
 }
+
+/* The inverse of dq_hot_transcode (hot.h). Why it is exact: a record is the key-mean block, then
+ * per stream fp16 s and o and a C-byte rANS container, and the hot window keeps the mean block and
+ * s, o verbatim. The container of a valid stream (dq_stream_decode_levels returns 0) is a function
+ * of its levels alone: the decoder starts from the stored state and must end at L after reading
+ * exactly the emitted bytes, with every byte after them zero; each decode step (including whether
+ * it reads a byte: it does iff the encoder emitted one, since x' < L iff the encoder's state was
+ * >= L·f) is the inverse of the encoder's step from L, so re-encoding the levels from L gives the
+ * same state, the same bytes and the same zero tail. The rANS tables are the profile's, fixed. */
+int dq_hot_rebuild(const dq_codec *codec, const uint8_t *hot, size_t bytes, uint8_t *window)
+{
+    DQ_RETURN_IF(!codec || !hot || !window, DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(codec->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
+    const size_t wbytes = codec->window_bytes;
+    int rc = dq_hot_check(codec, hot, bytes);
+    if (rc != DQ_OK) {
+        memset(window, 0, wbytes);
+        return rc;
+    }
+    size_t off[4];
+    dq_hot_offsets(codec, off);
+    const uint32_t n = codec->n;
+    const size_t W = codec->profile.window;
+    uint8_t small[512];
+    uint8_t *lev = small;
+    if (2 * (size_t)n > sizeof small) {
+        lev = dq__alloc(&codec->alloc, 2 * (size_t)n);
+        DQ_RETURN_IF(!lev, DQ_NOMEM);
+    }
+    uint8_t *scratch = lev + n;
+    memcpy((uint8_t *)dq_window_mean(codec, window), hot, codec->mean_bytes);
+    for (int kind = 0; kind < 2 && rc == DQ_OK; kind++) {
+        const dq__kind_tables *kt = &codec->kt[kind];
+        const uint32_t b = bits_for(kt->levels);
+        const uint8_t *so = hot + off[kind], *codes = hot + off[2 + kind];
+        for (size_t t = 0; t < W; t++) {
+            uint8_t *rec = (uint8_t *)dq_window_record(codec, window, (dq_kind)kind, t);
+            memcpy(rec, so + 4 * t, 4);
+            unpack_levels(codes, lev, n, b, W, t);
+            /* levels that need more than C bytes: no valid record holds them */
+            if (dq__rans_encode(&kt->enc, lev, n, scratch, rec + 4, kt->container) > kt->container) {
+                rc = DQ_CORRUPT;
+                break;
+            }
+        }
+    }
+    if (lev != small)
+        dq__free(&codec->alloc, lev);
+    if (rc != DQ_OK)
+        memset(window, 0, wbytes);
+    return rc;
+}
