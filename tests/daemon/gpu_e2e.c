@@ -8,7 +8,7 @@
  *       with the codes libdquant gives and changes nothing. Then, with small --gpu-memory,
  *       sequences move to host memory and back without changing a byte, pinned ones stay, and
  *       with small host memory too, sequences are evicted and counted.
- *       --layout containers|hot (default containers) runs every daemon with
+ *       --layout containers|hot|hot-only (default containers) runs every daemon with
  *       --gpu-attention-layout LAYOUT; with hot the check also compares a hot daemon with a
  *       containers one on the same data: ATTEND results (bit-identical with --exact 1, as the CPU
  *       emulation gives; else within 1e-3), hot windows and their bytes in STATS and in
@@ -2116,7 +2116,7 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: gpu_e2e check --dquantd PATH --workdir DIR [--scale small|full] [--expect-backend cuda|cpu|any]\n"
-            "                     [--layout containers|hot] [--exact 0|1] [--daemon-arg ARG]...\n"
+            "                     [--layout containers|hot|hot-only] [--exact 0|1] [--daemon-arg ARG]...\n"
             "       gpu_e2e bench --dquantd PATH --workdir DIR [--tokens N] [--layers N] [--batches 1,32]\n"
             "                     [--steps N] [--put-conns N] [--time-budget SECONDS] [--workers N] [--trace 0|1]\n"
             "                     [--daemon-arg ARG]...\n");
