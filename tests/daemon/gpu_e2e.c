@@ -1437,6 +1437,53 @@ static void check_hot_only(model *big)
     dqc_free(c);
     st = daemon_stop(&d);
     report("hot_only_disk_daemon_exit", st == 0, "exit status %d", st);
+
+    /* 3. while running: a GPU tier of about one sequence and 5 MiB of host memory, so that older
+     * sequences go GPU -> host -> disk; every one reads back identical, and ATTEND brings the
+     * oldest from the disk to the GPU as hot-only windows again */
+    enum { NSP = 6 };
+    snprintf(dir, sizeof dir, "%s/hot-only-spill", g_workdir);
+    if (mkdir(dir, 0700) && errno != EEXIST)
+        die("mkdir %s: %s", dir, strerror(errno));
+    const char *sargs[] = {"--backend",    "cuda", "--workers",     "2",  "--disk-dir", dir,
+                           "--gpu-memory", "3M",   "--host-memory", "5M", NULL};
+    daemon_start(&d, "hot-only-spill", sargs);
+    c = client_open(&d);
+    model_register(c, big);
+    refseq sp[NSP];
+    for (int i = 0; i < NSP; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "sp%d", i);
+        refseq_init(&sp[i], big, key);
+        if (put_seq(c, &sp[i], 3 * W + 17, 2100 + 2 * (uint64_t)i))
+            die("spill PUT %d: %s", i, dqc_last_error(c));
+    }
+    const uint64_t dsp = stat_counter(c, "disk_spills"), dem = stat_counter(c, "gpu_demotions");
+    const uint64_t rbs0 = stat_counter(c, "gpu_records_rebuilt");
+    bool all = true;
+    why[0] = 0;
+    for (int i = 0; i < NSP && all; i++)
+        all = same_raw(c, &sp[i], why, sizeof why);
+    const uint64_t loads = stat_counter(c, "disk_loads");
+    att_case oc = {&sp[0], 0, true};
+    rc = -1;
+    err = all ? attend_both(c, &oc, 1, 2200, &rc) : 1;
+    why[0] = 0;
+    again = rc == 0 && same_raw(c, &sp[0], why, sizeof why);
+    report("hot_only_spill_to_disk_and_back",
+           dsp > 0 && dem >= big->layers && all && loads > 0 && rc == 0 && err <= 1e-3 && again &&
+               stat_counter(c, "gpu_records_rebuilt") > rbs0,
+           "%d sequences, GPU 3 MiB, host 5 MiB: %llu layers moved off the GPU (records rebuilt), %llu records "
+           "spilled to disk, GET_RAW of every sequence %s (%llu disk loads); ATTEND on the oldest %s (error %.3g), "
+           "GET_RAW after it %s%s%s",
+           NSP, (unsigned long long)dem, (unsigned long long)dsp, all ? "identical" : "differs",
+           (unsigned long long)loads, rc ? "failed" : "ok", err, again ? "identical" : "differs", why[0] ? ": " : "",
+           why);
+    for (int i = 0; i < NSP; i++)
+        refseq_free(&sp[i]);
+    dqc_free(c);
+    st = daemon_stop(&d);
+    report("hot_only_spill_daemon_exit", st == 0, "exit status %d", st);
 }
 
 static int run_check(const char *scale_name)
