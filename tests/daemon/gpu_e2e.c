@@ -31,7 +31,9 @@
  * Every result is one JSON line on stdout; progress and failures go to stderr. Exit status 0 when
  * every check passed (bench: when everything ran), 1 otherwise. The daemon's log is
  * WORKDIR/<name>.log. */
+#define _GNU_SOURCE /* nftw */
 #include <errno.h>
+#include <ftw.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -1367,6 +1369,22 @@ static void fill_gpu(const char *name, const char *layout, const char *gpu_mem, 
     report("hot_only_capacity_daemon_exit", st == 0, "%s: exit status %d", name, st);
 }
 
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)ftw;
+    return flag == FTW_DP ? rmdir(path) : unlink(path);
+}
+
+/* An empty directory at path (what an earlier run left there removed). */
+static void fresh_dir(const char *path)
+{
+    if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) && errno != ENOENT)
+        die("cannot empty %s: %s", path, strerror(errno));
+    if (mkdir(path, 0700))
+        die("mkdir %s: %s", path, strerror(errno));
+}
+
 /* --layout hot-only: the GPU memory it saves and a restart from the disk tier (top of the file). */
 static void check_hot_only(model *big)
 {
@@ -1399,8 +1417,7 @@ static void check_hot_only(model *big)
      * reads them back, ATTEND brings them to the GPU again */
     char dir[4096], why[512] = "";
     snprintf(dir, sizeof dir, "%s/hot-only-disk", g_workdir);
-    if (mkdir(dir, 0700) && errno != EEXIST)
-        die("mkdir %s: %s", dir, strerror(errno));
+    fresh_dir(dir);
     const char *dargs[] = {"--backend", "cuda", "--workers", "2", "--disk-dir", dir, NULL};
     daemon_proc d;
     daemon_start(&d, "hot-only-disk", dargs);
@@ -1443,8 +1460,7 @@ static void check_hot_only(model *big)
      * oldest from the disk to the GPU as hot-only windows again */
     enum { NSP = 6 };
     snprintf(dir, sizeof dir, "%s/hot-only-spill", g_workdir);
-    if (mkdir(dir, 0700) && errno != EEXIST)
-        die("mkdir %s: %s", dir, strerror(errno));
+    fresh_dir(dir);
     const char *sargs[] = {"--backend",    "cuda", "--workers",     "2",  "--disk-dir", dir,
                            "--gpu-memory", "3M",   "--host-memory", "5M", NULL};
     daemon_start(&d, "hot-only-spill", sargs);
