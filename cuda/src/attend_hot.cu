@@ -1061,8 +1061,9 @@ static att_attr hot_attr()
     return a;
 }
 
-/* The instantiated code widths: dq226 and dq196 (3 + 3 bits), and 4 + 4 (M up to 16). */
-#define HOT_WIDTHS(X) X(3, 3) X(4, 4)
+/* The instantiated code widths: dq226 and dq196 (3 + 3 bits), 4 + 4 (M up to 16), and the
+ * fixed-width family's fixed226 (M 6/3: 3 + 2) and fixed196 (M 3/2: 2 + 1) at n = 1024. */
+#define HOT_WIDTHS(X) X(3, 3) X(4, 4) X(3, 2) X(2, 1)
 
 static bool hot_widths_ok(uint32_t bk, uint32_t bv)
 {

@@ -229,10 +229,21 @@ DQCU_API size_t dqcu_hot_window_bytes(const dqcu_codec *dc);
 DQCU_API int dqcu_transcode_hot(const dqcu_codec *dc, const uint8_t *const *windows, size_t nwin, uint8_t *const *hot,
                                 uint32_t *corrupt, cudaStream_t stream);
 
+/* The inverse (dq_hot_rebuild): rebuilds nwin window records from hot windows, byte for byte the
+ * records dqcu_transcode_hot / dq_hot_transcode made them from: hot and windows are device arrays
+ * of nwin device pointers (hot windows 4-byte aligned, not overlapping the records). Only the
+ * codes are checked: bad (device, may be NULL) becomes nonzero when a stream's code is not a level
+ * or its levels fit no container (that record is not valid); the rest dq_hot_check checks is taken
+ * as it is (hot windows a transcode wrote). Returns 0, DQ_INVALID_ARGUMENT, DQ_UNSUPPORTED
+ * (head_dim outside 32..512, or a fixed-width codec), DQ_INTERNAL. */
+DQCU_API int dqcu_rebuild_hot(const dqcu_codec *dc, const uint8_t *const *hot, size_t nwin, uint8_t *const *windows,
+                              uint32_t *bad, cudaStream_t stream);
+
 /* 0 when dqcu_attend_hot takes q_heads query heads with this codec on its device: the limits of
  * dqcu_attend_check, and besides head_dim a multiple of 128 up to 256, a GQA group of 1, 2, 4 or
- * 8, and codes of 3 + 3 or 4 + 4 bits (M_K, M_V in 5..8, or both in 9..16: dq226 and dq196 take
- * 3 + 3); DQ_UNSUPPORTED beyond them, DQ_SHAPE as dqcu_attend_check. */
+ * 8, and codes of 3 + 3, 4 + 4, 3 + 2 or 2 + 1 bits (dq226 and dq196 take 3 + 3; fixed226 and
+ * fixed196 at n = 1024 take 3 + 2 and 2 + 1); DQ_UNSUPPORTED beyond them, DQ_SHAPE as
+ * dqcu_attend_check. */
 DQCU_API int dqcu_attend_hot_check(const dqcu_codec *dc, uint32_t q_heads);
 
 /* The hot attention kernel dqcu_attend_hot runs for q_heads query heads with this codec: 2 (the

@@ -1194,6 +1194,62 @@ int dqcu_transcode_hot(const dqcu_codec *dc, const uint8_t *const *windows, size
     return DQ_OK;
 }
 
+/* dqcu_rebuild_hot: dq_hot_rebuild per window (which checks more than the kernel: a window it
+ * refuses counts as bad, and the daemon never rebuilds one it did not transcode). */
+typedef struct hot_rb_arg {
+    const dqcu_codec *dc;
+    const uint8_t *const *hot;
+    size_t nwin;
+    uint8_t *const *windows;
+    uint32_t *bad;
+} hot_rb_arg;
+
+static void run_rebuild_hot(void *a_)
+{
+    hot_rb_arg *a = a_;
+    const dqcu_codec *dc = a->dc;
+    const size_t hb = dq_hot_window_bytes(dc->codec);
+    check_dev(a->windows, a->nwin * sizeof(uint8_t *), "dqcu_rebuild_hot window pointers");
+    check_dev(a->hot, a->nwin * sizeof(uint8_t *), "dqcu_rebuild_hot hot pointers");
+    if (a->bad)
+        check_dev(a->bad, sizeof *a->bad, "dqcu_rebuild_hot bad");
+    for (size_t i = 0; i < a->nwin; i++) {
+        check_dev(a->windows[i], dc->wb, "dqcu_rebuild_hot window");
+        check_dev(a->hot[i], hb, "dqcu_rebuild_hot hot window");
+        if ((uintptr_t)a->hot[i] & 3u)
+            FAIL("dqcu_rebuild_hot: hot window %zu at %p is not 4-byte aligned", i, (void *)a->hot[i]);
+        if (a->hot[i] < a->windows[i] + dc->wb && a->windows[i] < a->hot[i] + hb)
+            FAIL("dqcu_rebuild_hot: hot window %zu overlaps its record", i);
+        int rc = dq_hot_rebuild(dc->codec, a->hot[i], hb, a->windows[i]);
+        if (rc == DQ_CORRUPT || rc == DQ_TRUNCATED) {
+            if (a->bad)
+                (*a->bad)++;
+        } else if (rc < 0) {
+            FAIL("dqcu_rebuild_hot: dq_hot_rebuild failed: %s", dq_strerror(rc));
+        }
+    }
+    free(a);
+}
+
+int dqcu_rebuild_hot(const dqcu_codec *dc, const uint8_t *const *hot, size_t nwin, uint8_t *const *windows,
+                     uint32_t *bad, cudaStream_t stream)
+{
+    if (!dc || (nwin && (!windows || !hot)))
+        return DQ_INVALID_ARGUMENT;
+    if (dc->d < 32 || dc->d > 512)
+        return DQ_UNSUPPORTED;
+    if (nwin > 0x7fffffffu)
+        return DQ_INVALID_ARGUMENT;
+    if (!nwin)
+        return DQ_OK;
+    hot_rb_arg *a = malloc(sizeof *a);
+    if (!a)
+        return DQ_NOMEM;
+    *a = (hot_rb_arg){dc, hot, nwin, windows, bad};
+    enqueue(stream, run_rebuild_hot, a);
+    return DQ_OK;
+}
+
 static void run_attend_hot(void *a_)
 {
     att_arg *a = a_;
