@@ -1,0 +1,214 @@
+/* ATTEND with dquantd's attention_value_mass (certified value skipping, dquant/vskip.h) through a
+ * real dquantd ($DQUANTD) on the cpu backend, against libdquant in-process on the same tokens:
+ *   - with --attention-value-mass 0.99 the reply equals dq_attend_vskip's result bit for bit,
+ *     differs from the exact dq_attend result, and stays within the bound dq_attend_vskip
+ *     returns for every head; the STATS counters attend_value_streams_decoded / _skipped add the
+ *     item's sealed value streams, the skipped ones > 0;
+ *   - a model of another codec (int2) is answered exactly with the key set;
+ *   - without the key ATTEND is exact (bit-identical to dq_attend) and the counters stay 0.
+ * Skipped when $DQUANTD is unset. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_check.h"
+#include "dqd_child.h"
+#include "dquant/client.h"
+#include "dquant/dquant.h"
+
+#define QH 8
+#define KVH 2
+#define HD 64
+#define ROW (KVH * HD)
+#define T 900
+
+static dqd_daemon D;
+
+static void start(const char *mass)
+{
+    if (!dqd_path())
+        cr_skip_test("$DQUANTD is not set");
+    const char *with[] = {"--workers", "2", "--attention-value-mass", mass, NULL};
+    const char *without[] = {"--workers", "2", NULL};
+    const dqd_opts o = {.extra = mass ? with : without};
+    cr_assert_eq(dqd_start(&D, &o), 0, "could not start the daemon");
+}
+
+static void stop(void)
+{
+    if (D.pid) {
+        int st = dqd_stop(&D);
+        cr_expect_eq(st, 0, "the daemon exited with %d", st);
+    }
+}
+
+static dqc_client *cli(void)
+{
+    dqc_client *c = NULL;
+    char err[256];
+    cr_assert_eq(dqc_connect_ex(D.addr, NULL, &c, err, sizeof err), 0, "connect: %s", err);
+    return c;
+}
+
+/* Deterministic pseudo-random in [-1, 1). */
+static float u(uint32_t a, uint32_t b)
+{
+    uint32_t h = a * 2654435761u ^ (b * 40503u + 0x9e37u);
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    return (float)(h % 20001) / 10000.0f - 1.0f;
+}
+
+/* Keys around a few directions so that queries near one of them attend peakily, values spread. */
+static void make_kv(float *k, float *v)
+{
+    for (uint32_t t = 0; t < T; t++)
+        for (uint32_t j = 0; j < ROW; j++) {
+            const uint32_t dir = t % 7;
+            k[t * ROW + j] = 0.6f * u(dir, j) + 0.5f * u(t + 1000, j);
+            v[t * ROW + j] = u(t + 5000, j) + 0.3f * u(7, j);
+        }
+}
+
+static void make_q(float *q)
+{
+    for (uint32_t h = 0; h < QH; h++)
+        for (uint32_t j = 0; j < HD; j++)
+            q[h * HD + j] = 6.0f * u(h % 7, (h / (QH / KVH)) * HD + j) + 0.2f * u(h + 77, j);
+}
+
+/* PUT of every token of "s" for model `model` of profile `profile`; the same tokens appended to a
+ * reference layer of codec (*ref). */
+static void put(dqc_client *c, const char *model, const char *profile, const dq_codec *codec, dq_workspace *ws,
+                dq_layer **ref, const float *k, const float *v)
+{
+    dqc_model_spec spec = {
+        .name = model, .layers = 1, .q_heads = QH, .kv_heads = KVH, .head_dim = HD, .profile_name = profile};
+    OK(c, dqc_register_model(c, &spec, NULL));
+    dqc_put_args a = {.seq = {NULL, model, strlen(model)},
+                      .model = model,
+                      .num_layers = 1,
+                      .tokens = T,
+                      .kv_heads = KVH,
+                      .head_dim = HD,
+                      .dtype = DQ_DTYPE_F32,
+                      .k = k,
+                      .v = v};
+    OK(c, dqc_put(c, &a, NULL));
+    cr_assert_eq(dq_layer_create(codec, ref), 0);
+    cr_assert_eq(dq_layer_append(*ref, ws, k, v, DQ_DTYPE_F32, T, NULL), 0);
+}
+
+static void attend(dqc_client *c, const char *model, const float *q, float *out, float *lse)
+{
+    dqc_attend_item it = {.seq = {NULL, model, strlen(model)}, .layer = 0, .q = q};
+    dqc_attend_args aa = {
+        .items = &it, .nitems = 1, .q_heads = QH, .kv_heads = KVH, .head_dim = HD, .dtype = DQ_DTYPE_F32};
+    OK(c, dqc_attend(c, &aa, out, lse));
+}
+
+static dq_codec *codec_of(const char *profile)
+{
+    dq_profile p;
+    cr_assert_eq(dq_profile_builtin(profile, KVH, HD, &p), 0);
+    dq_codec *codec = NULL;
+    cr_assert_eq(dq_codec_create(&p, NULL, &codec), 0);
+    return codec;
+}
+
+Test(vskip, attend_within_bound, .fini = stop)
+{
+    start("0.99");
+    dqc_client *c = cli();
+    float *k = malloc(T * ROW * sizeof *k), *v = malloc(T * ROW * sizeof *v);
+    cr_assert(k && v);
+    make_kv(k, v);
+    float q[QH * HD], out[QH * HD], lse[QH], ex[QH * HD], exl[QH], vs[QH * HD], vsl[QH];
+    make_q(q);
+    dq_codec *codec = codec_of("dq226");
+    dq_workspace *ws = NULL;
+    cr_assert_eq(dq_workspace_create(codec, &ws), 0);
+    dq_layer *ref = NULL;
+    put(c, "m", "dq226", codec, ws, &ref, k, v);
+    attend(c, "m", q, out, lse);
+
+    const float scale = 1.0f / sqrtf(HD);
+    dq_attn_item ie = {ref, q, ex, exl}, iv = {ref, q, vs, vsl};
+    cr_assert_eq(dq_attend(codec, ws, QH, scale, &ie, 1), 0);
+    double bound[QH];
+    dq_vskip_out vo = {.bound = bound};
+    cr_assert_eq(dq_attend_vskip(codec, ws, QH, scale, 0.99, &iv, &vo, 1), 0);
+    cr_assert(memcmp(out, vs, sizeof out) == 0 && memcmp(lse, vsl, sizeof lse) == 0,
+              "ATTEND differs from dq_attend_vskip at 0.99");
+    cr_assert(memcmp(out, ex, sizeof out) != 0, "ATTEND with the key set is the exact result: nothing skipped");
+    for (uint32_t h = 0; h < QH; h++) {
+        double e = 0, n = 0;
+        for (uint32_t j = 0; j < HD; j++) {
+            const double d = (double)out[h * HD + j] - ex[h * HD + j];
+            e += d * d;
+            n += (double)ex[h * HD + j] * ex[h * HD + j];
+        }
+        cr_assert(sqrt(e) <= bound[h], "head %u: error %.4g above the bound %.4g", h, sqrt(e), bound[h]);
+        cr_log_info("head %u: relative error %.3g, bound %.3g", h, sqrt(e / n), bound[h] / sqrt(n));
+    }
+    const uint64_t dec = stat_counter(c, "attend_value_streams_decoded"),
+                   skip = stat_counter(c, "attend_value_streams_skipped");
+    cr_assert_eq(dec, vo.values_decoded);
+    cr_assert_eq(dec + skip, dq_layer_window_count(ref) * 128);
+    cr_assert_gt(skip, 0);
+    cr_log_info("value streams: %llu decoded, %llu skipped", (unsigned long long)dec, (unsigned long long)skip);
+
+    /* another codec: exact with the key set, counted nowhere */
+    dq_codec *base = codec_of("int2");
+    dq_workspace *bws = NULL;
+    cr_assert_eq(dq_workspace_create(base, &bws), 0);
+    dq_layer *bref = NULL;
+    put(c, "b", "int2", base, bws, &bref, k, v);
+    attend(c, "b", q, out, lse);
+    dq_attn_item ib = {bref, q, ex, exl};
+    cr_assert_eq(dq_attend(base, bws, QH, scale, &ib, 1), 0);
+    cr_assert(memcmp(out, ex, sizeof out) == 0 && memcmp(lse, exl, sizeof lse) == 0, "int2 ATTEND is not exact");
+    cr_assert_eq(stat_counter(c, "attend_value_streams_decoded"), dec);
+    cr_assert_eq(stat_counter(c, "attend_value_streams_skipped"), skip);
+
+    dq_layer_free(bref);
+    dq_workspace_free(bws);
+    dq_codec_free(base);
+    dq_layer_free(ref);
+    dq_workspace_free(ws);
+    dq_codec_free(codec);
+    free(k);
+    free(v);
+    dqc_free(c);
+}
+
+Test(vskip, off_is_exact, .fini = stop)
+{
+    start(NULL);
+    dqc_client *c = cli();
+    float *k = malloc(T * ROW * sizeof *k), *v = malloc(T * ROW * sizeof *v);
+    cr_assert(k && v);
+    make_kv(k, v);
+    float q[QH * HD], out[QH * HD], lse[QH], ex[QH * HD], exl[QH];
+    make_q(q);
+    dq_codec *codec = codec_of("dq226");
+    dq_workspace *ws = NULL;
+    cr_assert_eq(dq_workspace_create(codec, &ws), 0);
+    dq_layer *ref = NULL;
+    put(c, "m", "dq226", codec, ws, &ref, k, v);
+    attend(c, "m", q, out, lse);
+    dq_attn_item ie = {ref, q, ex, exl};
+    cr_assert_eq(dq_attend(codec, ws, QH, 1.0f / sqrtf(HD), &ie, 1), 0);
+    cr_assert(memcmp(out, ex, sizeof out) == 0 && memcmp(lse, exl, sizeof lse) == 0, "ATTEND is not exact");
+    cr_assert_eq(stat_counter(c, "attend_value_streams_decoded"), 0);
+    cr_assert_eq(stat_counter(c, "attend_value_streams_skipped"), 0);
+    dq_layer_free(ref);
+    dq_workspace_free(ws);
+    dq_codec_free(codec);
+    free(k);
+    free(v);
+    dqc_free(c);
+}
