@@ -88,36 +88,36 @@ typedef struct attn_src {
 } attn_src;
 
 /* The levels of one kind of window w into ws->levels ([W][n]): every token's, or where keep
- * (W flags; may be NULL) is set only those tokens' (the others' rows are left as they were);
- * returns the first token's (fp16 s, fp16 o) pair, *stride the bytes from one token's pair to the
- * next. */
+ * (W flags; may be NULL) is set only those tokens', in the rows 0, 1, ... in token order (records:
+ * through gather, room for W records of the kind); returns the first token's (fp16 s, fp16 o)
+ * pair, *stride the bytes from one token's pair to the next. */
 static const uint8_t *window_levels(const dq_codec *c, dq_workspace *ws, const dq__dsp *dsp, const attn_src *src,
-                                    size_t w, dq_kind kind, const uint8_t *keep, size_t *stride)
+                                    size_t w, dq_kind kind, const uint8_t *keep, uint8_t *gather, size_t *stride)
 {
     const uint32_t n = c->n, W = c->profile.window;
     const dq__kind_tables *kt = &c->kt[kind];
     if (src->layer) {
         const uint8_t *rec = dq_window_record(c, dq_layer_window(src->layer, w), kind, 0);
         const size_t rb = c->record_bytes[kind];
-        if (!keep)
+        if (!keep) {
             dsp->decode_levels(&kt->dec, rec, rb, W, kt->container, n, ws->levels);
-        else
-            /* runs of kept tokens, one call each */
-            for (uint32_t t0 = 0, t1; t0 < W; t0 = t1) {
-                for (t1 = t0 + 1; t1 < W && keep[t1] == keep[t0]; t1++)
-                    ;
-                if (keep[t0])
-                    dsp->decode_levels(&kt->dec, rec + (size_t)t0 * rb, rb, t1 - t0, kt->container, n,
-                                       ws->levels + (size_t)t0 * n);
-            }
+        } else {
+            /* the kept records side by side, decoded in one call (the decoder runs many streams
+             * at once) */
+            uint32_t k = 0;
+            for (uint32_t t = 0; t < W; t++)
+                if (keep[t])
+                    memcpy(gather + (size_t)k++ * rb, rec + (size_t)t * rb, rb);
+            dsp->decode_levels(&kt->dec, gather, rb, k, kt->container, n, ws->levels);
+        }
         *stride = rb;
         return rec;
     }
     size_t off[4];
     dq_hot_offsets(c, off);
-    for (uint32_t t = 0; t < W; t++)
+    for (uint32_t t = 0, k = 0; t < W; t++)
         if (!keep || keep[t])
-            dq_hot_levels(c, src->hot[w], kind, t, ws->levels + (size_t)t * n);
+            dq_hot_levels(c, src->hot[w], kind, t, ws->levels + (size_t)k++ * n);
     *stride = 4;
     return src->hot[w] + off[kind];
 }
@@ -143,7 +143,7 @@ static void window_logits(const dq_codec *c, dq_workspace *ws, const dq__dsp *ds
         qmu[h] = s;
     }
     size_t stride;
-    const uint8_t *krec = window_levels(c, ws, dsp, src, w, DQ_KIND_K, NULL, &stride);
+    const uint8_t *krec = window_levels(c, ws, dsp, src, w, DQ_KIND_K, NULL, NULL, &stride);
     for (uint32_t t = 0; t < W; t++) {
         const uint8_t *rec = krec + (size_t)t * stride;
         const float s = dq_f16_to_f32(dq__get_u16(rec)), o = dq_f16_to_f32(dq__get_u16(rec + 2));
@@ -157,37 +157,45 @@ static void window_logits(const dq_codec *c, dq_workspace *ws, const dq__dsp *ds
     }
 }
 
-/* The sealed windows into the state. pre (may be NULL): the logits already computed for every
- * query head ([q_heads][pre_ld], window w's at column w·W), else each window's keys are scored
- * here. keep (may be NULL): the sealed tokens whose values are attended (dquant/vskip.h); a window
- * with none is not decoded at all. */
+/* The sealed windows into the state. pre (may be NULL): the softmax weights already computed for
+ * every query head against the state's max (its m), [q_heads][pre_ld], window w's at column w·W;
+ * else each window's keys are scored here. keep (may be NULL): the sealed tokens whose values are attended (dquant/vskip.h), gather
+ * then room for W value records; a window with none is not decoded at all. */
 static void attend_windows(const dq_codec *c, dq_workspace *ws, const dq__dsp *dsp, const attn_src *src, attn_state *st,
-                           uint32_t qh0, uint32_t G, float scale, const float *pre, size_t pre_ld, const uint8_t *keep)
+                           uint32_t qh0, uint32_t G, float scale, const float *pre, size_t pre_ld, const uint8_t *keep,
+                           uint8_t *gather)
 {
     const uint32_t n = c->n, d = c->head_dim, W = c->profile.window;
     /* levels are centered on the middle of the grid: m - c with c = (M - 1)/2 (exact in float) */
     const float cv = 0.5f * (float)(c->kt[DQ_KIND_V].levels - 1);
     for (size_t w = 0; w < src->nwin; w++) {
-        if (pre)
-            for (uint32_t h = 0; h < st->qn; h++)
-                memcpy(st->logit + (size_t)h * W, pre + (size_t)(qh0 + h) * pre_ld + w * W, sizeof(float) * W);
-        else
+        if (pre) {
+            /* softmax_block's weights and sum when every head's max is known already */
+            for (uint32_t h = 0; h < st->qn; h++) {
+                float *lg = st->logit + (size_t)h * W, sum = 0;
+                memcpy(lg, pre + (size_t)(qh0 + h) * pre_ld + w * W, sizeof(float) * W);
+                for (uint32_t t = 0; t < W; t++)
+                    sum += lg[t];
+                st->l[h] += sum;
+            }
+        } else {
             window_logits(c, ws, dsp, src, w, st->qr, st->qsum, st->qmu, st->qn, qh0, G, scale, st->logit, W);
-        softmax_block(st, W);
+            softmax_block(st, W);
+        }
         const uint8_t *kw = keep ? keep + w * W : NULL;
         if (kw && !memchr(kw, 1, W))
             continue;
         memset(st->accw, 0, sizeof(float) * st->qn * d);
         memset(st->offw, 0, sizeof(float) * st->qn);
         size_t stride;
-        const uint8_t *vrec = window_levels(c, ws, dsp, src, w, DQ_KIND_V, kw, &stride);
-        for (uint32_t t = 0; t < W; t++) {
+        const uint8_t *vrec = window_levels(c, ws, dsp, src, w, DQ_KIND_V, kw, gather, &stride);
+        for (uint32_t t = 0, k = 0; t < W; t++) {
             if (kw && !kw[t])
                 continue;
             const uint8_t *rec = vrec + (size_t)t * stride;
             const float s = dq_f16_to_f32(dq__get_u16(rec)), o = dq_f16_to_f32(dq__get_u16(rec + 2));
             const float mid = o + s * cv;
-            const uint8_t *lev = ws->levels + (size_t)t * n;
+            const uint8_t *lev = ws->levels + (size_t)k++ * n;
             for (uint32_t h = 0; h < st->qn; h++) {
                 uint32_t kv = (qh0 + h) / G;
                 float p = st->logit[(size_t)h * W + t];
@@ -463,7 +471,7 @@ static int attend_item(const dq_codec *c, dq_workspace *ws, const dq__dsp *dsp, 
         }
         if (dquant) {
             if (windows) {
-                attend_windows(c, ws, dsp, src, &st, qh0, G, scale, NULL, 0, NULL);
+                attend_windows(c, ws, dsp, src, &st, qh0, G, scale, NULL, 0, NULL, NULL);
                 unrotate_acc(c, &st, qh0, G);
             }
         } else {
@@ -492,18 +500,24 @@ static int attend_item_vskip(const dq_codec *c, dq_workspace *ws, const dq__dsp 
     const size_t Ts = src->nwin * W, T = src->T;
     const dq_allocator *a = &c->alloc;
     /* one block: qr [q_heads][d], qsum, qmu, maxv [q_heads], L [q_heads][Ts], TL [q_heads][T],
-     * amax [Ts], tmax [kv_heads][T] (floats); Z [q_heads] (doubles); keep [Ts] */
+     * amax [Ts], tmax [kv_heads][T], wts [q_heads][Ts] (floats); Z [q_heads] (doubles); keep [Ts];
+     * gather [W records] */
     const size_t nf = (size_t)q_heads * (d + 3) + (size_t)q_heads * (Ts + T) + Ts + (size_t)kvh * T;
-    double *Z = dq__alloc(a, sizeof(double) * q_heads + sizeof(float) * nf + Ts + 1);
+    const size_t gb = src->layer ? (size_t)W * c->record_bytes[DQ_KIND_V] : 0;
+    const int bounds = vo && vo->bound;
+    double *Z = dq__alloc(a, sizeof(double) * q_heads + sizeof(float) * (nf + (size_t)q_heads * Ts) + Ts + gb + 1);
     DQ_RETURN_IF(!Z, DQ_NOMEM);
     float *qr = (float *)(void *)(Z + q_heads), *qsum = qr + (size_t)q_heads * d, *qmu = qsum + q_heads;
     float *maxv = qmu + q_heads, *L = maxv + q_heads, *TL = L + (size_t)q_heads * Ts, *amax = TL + (size_t)q_heads * T;
     float *tmax = amax + Ts;
-    uint8_t *keep = (uint8_t *)(tmax + (size_t)kvh * T);
+    float *wts = tmax + (size_t)kvh * T;
+    uint8_t *keep = (uint8_t *)(wts + (size_t)q_heads * Ts), *gather = keep + Ts;
     for (uint32_t h = 0; h < q_heads; h++)
         qsum[h] = rotate_query(c, q_in + (size_t)h * d, h / G, qr + (size_t)h * d);
     for (size_t w = 0; w < src->nwin; w++) {
         window_logits(c, ws, dsp, src, w, qr, qsum, qmu, q_heads, 0, G, scale, L + w * W, Ts);
+        if (!bounds)
+            continue;
         /* each value stream's bound from its stored (s, o), no decoding */
         size_t off[4];
         const uint8_t *so = src->layer ? dq_window_record(c, dq_layer_window(src->layer, w), DQ_KIND_V, 0) : NULL;
@@ -521,14 +535,17 @@ static int attend_item_vskip(const dq_codec *c, dq_workspace *ws, const dq__dsp 
         for (uint32_t h = 0; h < q_heads; h++)
             TL[(size_t)h * T + t] = scale *
                                     dsp->dot_bf16(q_in + (size_t)h * d, src->tk + t * n + (size_t)(h / G) * d, d);
-        for (uint32_t kv = 0; kv < kvh; kv++) {
-            float mx = 0;
-            for (uint32_t j = 0; j < d; j++)
-                mx = fmaxf(mx, fabsf(dq__bf16_f32(src->tv[t * n + (size_t)kv * d + j])));
-            tmax[(size_t)kv * T + t] = mx;
+        for (uint32_t kv = 0; kv < kvh && bounds; kv++) {
+            /* the largest |value| as bits (sign cleared: finite BF16 order as integers) */
+            uint16_t mb = 0;
+            for (uint32_t j = 0; j < d; j++) {
+                const uint16_t b = src->tv[t * n + (size_t)kv * d + j] & 0x7fffu;
+                mb = b > mb ? b : mb;
+            }
+            tmax[(size_t)kv * T + t] = dq__bf16_f32(mb);
         }
     }
-    int rc = dq__vskip_select(a, L, Ts, q_heads, Ts, TL, T, T, tau, keep, maxv, Z, NULL);
+    int rc = dq__vskip_select(a, L, Ts, q_heads, Ts, TL, T, T, tau, keep, maxv, Z, NULL, wts);
     for (uint32_t qh0 = 0; qh0 < q_heads && rc == DQ_OK; qh0 += qc) {
         attn_state st;
         const uint32_t qn = q_heads - qh0 < qc ? q_heads - qh0 : qc;
@@ -539,7 +556,7 @@ static int attend_item_vskip(const dq_codec *c, dq_workspace *ws, const dq__dsp 
             st.off[h] = 0;
             memset(st.acc + (size_t)h * d, 0, sizeof(double) * d);
         }
-        attend_windows(c, ws, dsp, src, &st, qh0, G, scale, L, Ts, keep);
+        attend_windows(c, ws, dsp, src, &st, qh0, G, scale, wts, Ts, keep, gather);
         unrotate_acc(c, &st, qh0, G);
         attend_tail(c, dsp, src, &st, q_in, qh0, G, scale);
         rc = finish_heads(&st, qh0, out_all, lse_all);
@@ -551,10 +568,10 @@ static int attend_item_vskip(const dq_codec *c, dq_workspace *ws, const dq__dsp 
             vo->values_decoded += keep[t];
         if (vo->keep)
             memcpy(vo->keep, keep, Ts);
-        if (vo->bound)
+        if (bounds)
             for (uint32_t h = 0; h < q_heads; h++)
-                vo->bound[h] = dq__vskip_bound(L + (size_t)h * Ts, amax, keep, Ts, TL + (size_t)h * T,
-                                               tmax + (size_t)(h / G) * T, T, maxv[h], Z[h], W, d);
+                vo->bound[h] = dq__vskip_bound(L + (size_t)h * Ts, wts + (size_t)h * Ts, amax, keep, Ts,
+                                               TL + (size_t)h * T, tmax + (size_t)(h / G) * T, T, maxv[h], Z[h], W, d);
     }
     dq__free(a, Z);
     return rc;

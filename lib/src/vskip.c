@@ -1,7 +1,9 @@
 /* Value skipping (dquant/vskip.h): the per-head minimal sets by mass, their union, and the bound
  * on the output error. Selection is linear per head: weights are binned by their logit's distance
  * to the head's max (1/8 nat per bin), the cumulative mass of whole bins finds the one bin where
- * the target is crossed, and only that bin's tokens are sorted. */
+ * the target is crossed, and only that bin's tokens are sorted. Weights are expf(logit − max) in
+ * float, as the attention's softmax computes them (so attention can take them as they are); sums
+ * are in double. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +42,7 @@ int dq_vskip_enabled(double value_mass)
 
 int dq__vskip_select(const dq_allocator *a, const float *logits, size_t stride, uint32_t heads, size_t tokens,
                      const float *fixed, size_t fixed_stride, size_t nfixed, double tau, uint8_t *keep, float *maxv,
-                     double *Z, double *skipped)
+                     double *Z, double *skipped, float *wts)
 {
     memset(keep, 0, tokens);
     double *hist = dq__alloc(a, sizeof(double) * VS_BINS);
@@ -54,16 +56,21 @@ int dq__vskip_select(const dq_allocator *a, const float *logits, size_t stride, 
         const float *L = logits + (size_t)h * stride, *F = fixed ? fixed + (size_t)h * fixed_stride : NULL;
         float M = -INFINITY;
         for (size_t t = 0; t < tokens; t++)
-            M = fmaxf(M, L[t]);
+            M = L[t] > M ? L[t] : M;
         for (size_t t = 0; t < nfixed; t++)
-            M = fmaxf(M, F[t]);
+            M = F[t] > M ? F[t] : M;
         maxv[h] = M;
         double z = 0, kept = 0;
         for (size_t t = 0; t < nfixed; t++)
-            kept += exp((double)F[t] - M);
+            kept += expf(F[t] - M);
         memset(hist, 0, sizeof(double) * VS_BINS);
-        for (size_t t = 0; t < tokens; t++)
-            hist[vs_bin(M, L[t])] += exp((double)L[t] - M);
+        float *wh = wts ? wts + (size_t)h * stride : NULL;
+        for (size_t t = 0; t < tokens; t++) {
+            const float w = expf(L[t] - M);
+            hist[vs_bin(M, L[t])] += w;
+            if (wh)
+                wh[t] = w;
+        }
         z = kept;
         for (size_t b = 0; b < VS_BINS; b++)
             z += hist[b];
@@ -91,7 +98,7 @@ int dq__vskip_select(const dq_allocator *a, const float *logits, size_t stride, 
         qsort(bin, nb, sizeof *bin, vs_cmp);
         for (size_t i = 0; i < nb && kept < target; i++) {
             keep[bin[i].i] = 1;
-            kept += exp((double)bin[i].l - M);
+            kept += expf(bin[i].l - M);
         }
     }
     if (skipped)
@@ -100,7 +107,7 @@ int dq__vskip_select(const dq_allocator *a, const float *logits, size_t stride, 
             double s = 0;
             for (size_t t = 0; t < tokens; t++)
                 if (!keep[t])
-                    s += exp((double)L[t] - maxv[h]);
+                    s += expf(L[t] - maxv[h]);
             skipped[h] = Z[h] > 0 ? s / Z[h] : 0.0;
         }
     dq__free(a, hist);
@@ -136,7 +143,7 @@ int dq_vskip_select(const dq_codec *c, const float *logits, size_t stride, uint3
     int rc = DQ_NOMEM;
     if (maxv && Z)
         rc = dq__vskip_select(&c->alloc, logits, stride, heads, tokens, fixed, fixed_stride, nfixed, value_mass, keep,
-                              maxv, Z, skipped);
+                              maxv, Z, skipped, NULL);
     dq__free(&c->alloc, maxv);
     dq__free(&c->alloc, Z);
     return rc;
@@ -149,20 +156,21 @@ float dq__vskip_amax(float s, float o, uint32_t M)
     return (float)(a * (1.0 + 0x1p-20));
 }
 
-double dq__vskip_bound(const float *logits, const float *amax, const uint8_t *keep, size_t tokens, const float *tail,
-                       const float *tmax, size_t nfixed, float max, double Z, uint32_t W, uint32_t d)
+double dq__vskip_bound(const float *logits, const float *wts, const float *amax, const uint8_t *keep, size_t tokens,
+                       const float *tail, const float *tmax, size_t nfixed, float max, double Z, uint32_t W, uint32_t d)
 {
     if (!(Z > 0))
         return 0.0;
     double skip = 0, A = 0, X = 0, Xl = 0;
     for (size_t t = 0; t < tokens + nfixed; t++) {
-        const double x = t < tokens ? (double)logits[t] - max : (double)tail[t - tokens] - max;
-        const double a = t < tokens ? amax[t] : tmax[t - tokens];
-        const double w = exp(x);
+        const int sealed = t < tokens;
+        const float l = sealed ? logits[t] : tail[t - tokens];
+        const double x = (double)l - max, a = sealed ? amax[t] : tmax[t - tokens];
+        const double w = sealed ? wts[t] : expf(l - max);
         A += w * a;
         X += w * (fabs(x) + 1.0) * a;
         Xl += w * (fabs(x) + 1.0);
-        if (t < tokens && !keep[t])
+        if (sealed && !keep[t])
             skip += w * a;
     }
     const double u = 0x1p-24, rd = sqrt((double)d);
@@ -170,5 +178,5 @@ double dq__vskip_bound(const float *logits, const float *amax, const uint8_t *ke
     X /= Z;
     Xl /= Z;
     const double rho = 4.0 * u * rd * ((4.0 * W + 16.0) * A + 4.0 * X + Xl * A);
-    return (1.0 + 0x1p-30) * rd * skip / Z + rho;
+    return (1.0 + 0x1p-20) * rd * skip / Z + rho;
 }

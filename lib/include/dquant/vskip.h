@@ -9,8 +9,8 @@
  * same logits). For each query head h, over the layer's sealed tokens (the BF16 tail is always
  * kept and its mass counts toward the target), the kept set K_h is the smallest set holding at
  * least τ of the head's softmax mass: tokens taken by descending logit, ties by ascending token
- * index, until tail mass + taken mass >= τ·Z_h (Z_h: the head's whole mass, weights computed in
- * double from the float logits relative to the head's max). A token's value stream holds every
+ * index, until tail mass + taken mass >= τ·Z_h (Z_h: the head's whole mass; weights
+ * expf(logit − max_h) in float as the softmax computes them, sums in double). A token's value stream holds every
  * KV head of the token (n = kv_heads·head_dim values), so every query head of the item shares
  * it: the value streams decoded are the union K = ∪_h K_h, and every head uses every decoded
  * token. Skipped tokens contribute nothing.
@@ -28,8 +28,9 @@
  * (fp16 s_t, o_t stored with the stream, M the value levels), so |v'_{t,j}| <= a_t =
  * max(|o_t|, |o_t + s_t(M−1)|) and ‖v'_t restricted to one head‖₂ <= sqrt(head_dim)·a_t. The
  * un-rotation (signs and a normalized Walsh–Hadamard transform, done in double) is orthonormal
- * up to rounding of order log2(head_dim)·2^-53, covered by a factor (1 + 2^-30). So
- *     ‖out_τ − out‖₂ <= (1 + 2^-30) · sqrt(head_dim) · Σ_{t∉K} w_t a_t / Z_h + ρ_h,
+ * up to rounding of order log2(head_dim)·2^-53; that and the float weights' few-ulp error in the
+ * computed sums are covered by a factor (1 + 2^-20) (a_t is also rounded up by 2^-20). So
+ *     ‖out_τ − out‖₂ <= (1 + 2^-20) · sqrt(head_dim) · Σ_{t∉K} w_t a_t / Z_h + ρ_h,
  * w_t = exp(logit_t − max_h). ρ_h is an allowance for float rounding in both computations
  * (they sum weights and weighted levels in float per window of W tokens, and attend the kept
  * tokens with one global max instead of the running one): with u = 2^-24, A = Σ_t w_t a_t / Z,
