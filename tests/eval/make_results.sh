@@ -27,3 +27,7 @@ for ds in bytellama-19m tinystories-656k; do
         run --dataset $ds --ablation $ab
     done
 done
+# certified value skipping (dquant eval --value-mass): the section "Certified value skipping"
+for ds in bytellama-19m bytellama-n1024; do
+    run --dataset $ds --value-mass 0.9,0.99,0.999,0.9999
+done
