@@ -100,6 +100,10 @@ static const uint8_t *window_levels(const dq_codec *c, dq_workspace *ws, const d
         const uint8_t *rec = dq_window_record(c, dq_layer_window(src->layer, w), kind, 0);
         const size_t rb = c->record_bytes[kind];
         if (!keep) {
+            /* the window's records into the cache ahead of the decoder, which reads many streams
+             * at once (scattered lines the hardware prefetcher does not follow) */
+            for (size_t b = 0; b < (size_t)W * rb; b += 64)
+                __builtin_prefetch(rec + b);
             dsp->decode_levels(&kt->dec, rec, rb, W, kt->container, n, ws->levels);
         } else {
             /* the kept records side by side, decoded in one call (the decoder runs many streams
