@@ -11,8 +11,9 @@
  *                     32768 + 57 tokens of N(0, 1) keys and values with a query of N(0, 9) per
  *                     coordinate (logits of standard deviation 3); one layer
  * Per shape and tau: milliseconds per item (the fastest of REPS repetitions over the shape's
- * layers, this thread's CPU time; exact and every tau alternate within a repetition), the ratio exact / vskip (> 1: faster), the share of sealed value streams decoded, the
- * largest relative output error over heads and the bound returned. dq226, one thread.
+ * layers, this thread's CPU time; exact and every tau alternate within a repetition), the ratio
+ * exact / vskip (> 1: faster), the share of sealed value streams decoded, the largest relative
+ * output error over heads and the bound returned. dq226, one thread.
  *
  * Usage: bench_vskip [--json PATH] [--quick]   (--quick: the synthetic shape at 8192 + 100 only) */
 #include <math.h>
@@ -21,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_host.h"
 #include "dquant/dquant.h"
 
 #define REPS 15
@@ -44,29 +46,6 @@ static double normal(void)
         u[i] = ((double)(rng_s >> 11) + 0.5) / 9007199254740992.0;
     }
     return sqrt(-2 * log(u[0])) * cos(6.283185307179586 * u[1]);
-}
-
-static void read_line(const char *path, const char *key, char *out, size_t cap)
-{
-    char line[256];
-    FILE *f = fopen(path, "r");
-    snprintf(out, cap, "unknown");
-    if (!f)
-        return;
-    while (fgets(line, sizeof line, f)) {
-        if (key && strncmp(line, key, strlen(key)))
-            continue;
-        const char *v = key ? strchr(line, ':') : line;
-        if (!v)
-            continue;
-        v += key ? 1 : 0;
-        while (*v == ' ' || *v == '\t')
-            v++;
-        snprintf(out, cap, "%s", v);
-        out[strcspn(out, "\n")] = 0;
-        break;
-    }
-    fclose(f);
 }
 
 static uint16_t *load(const char *dataset, const char *file, size_t count)
@@ -288,11 +267,12 @@ int main(int argc, char **argv)
             return 1;
         }
         char cpu[128], load[128];
-        read_line("/proc/cpuinfo", "model name", cpu, sizeof cpu);
-        read_line("/proc/loadavg", NULL, load, sizeof load);
+        bench_read_line("/proc/cpuinfo", "model name", cpu, sizeof cpu);
+        bench_read_line("/proc/loadavg", NULL, load, sizeof load);
         fprintf(f,
                 "{\n \"bench\": \"bench_vskip\",\n \"cpu\": \"%s\",\n \"loadavg\": \"%s\",\n \"profile\": \"dq226\",\n"
-                " \"timing\": \"fastest of %d repetitions, exact and each tau alternating, thread CPU time, one thread\",\n \"rows\": [\n",
+                " \"timing\": \"fastest of %d repetitions, exact and each tau alternating, thread CPU time, one "
+                "thread\",\n \"rows\": [\n",
                 cpu, load, REPS);
         for (size_t i = 0; i < nrows; i++)
             fprintf(

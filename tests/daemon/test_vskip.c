@@ -119,45 +119,72 @@ static dq_codec *codec_of(const char *profile)
     return codec;
 }
 
+/* A daemon (started with `mass`, NULL: without the key), model "m" of dq226 holding T tokens,
+ * its reference layer, one ATTEND of the query and the exact dq_attend of the reference. */
+typedef struct fixture {
+    dqc_client *c;
+    float *k, *v;
+    float q[QH * HD], out[QH * HD], lse[QH], ex[QH * HD], exl[QH];
+    dq_codec *codec;
+    dq_workspace *ws;
+    dq_layer *ref;
+} fixture;
+
+static void setup(fixture *f, const char *mass)
+{
+    memset(f, 0, sizeof *f);
+    start(mass);
+    f->c = cli();
+    f->k = malloc(T * ROW * sizeof *f->k);
+    f->v = malloc(T * ROW * sizeof *f->v);
+    cr_assert(f->k && f->v);
+    make_kv(f->k, f->v);
+    make_q(f->q);
+    f->codec = codec_of("dq226");
+    cr_assert_eq(dq_workspace_create(f->codec, &f->ws), 0);
+    put(f->c, "m", "dq226", f->codec, f->ws, &f->ref, f->k, f->v);
+    attend(f->c, "m", f->q, f->out, f->lse);
+    dq_attn_item ie = {f->ref, f->q, f->ex, f->exl};
+    cr_assert_eq(dq_attend(f->codec, f->ws, QH, 1.0f / sqrtf(HD), &ie, 1), 0);
+}
+
+static void teardown(fixture *f)
+{
+    dq_layer_free(f->ref);
+    dq_workspace_free(f->ws);
+    dq_codec_free(f->codec);
+    free(f->k);
+    free(f->v);
+    dqc_free(f->c);
+}
+
 Test(vskip, attend_within_bound, .fini = stop)
 {
-    start("0.99");
-    dqc_client *c = cli();
-    float *k = malloc(T * ROW * sizeof *k), *v = malloc(T * ROW * sizeof *v);
-    cr_assert(k && v);
-    make_kv(k, v);
-    float q[QH * HD], out[QH * HD], lse[QH], ex[QH * HD], exl[QH], vs[QH * HD], vsl[QH];
-    make_q(q);
-    dq_codec *codec = codec_of("dq226");
-    dq_workspace *ws = NULL;
-    cr_assert_eq(dq_workspace_create(codec, &ws), 0);
-    dq_layer *ref = NULL;
-    put(c, "m", "dq226", codec, ws, &ref, k, v);
-    attend(c, "m", q, out, lse);
-
+    fixture f;
+    setup(&f, "0.99");
     const float scale = 1.0f / sqrtf(HD);
-    dq_attn_item ie = {ref, q, ex, exl}, iv = {ref, q, vs, vsl};
-    cr_assert_eq(dq_attend(codec, ws, QH, scale, &ie, 1), 0);
+    float vs[QH * HD], vsl[QH];
+    dq_attn_item iv = {f.ref, f.q, vs, vsl};
     double bound[QH];
     dq_vskip_out vo = {.bound = bound};
-    cr_assert_eq(dq_attend_vskip(codec, ws, QH, scale, 0.99, &iv, &vo, 1), 0);
-    cr_assert(memcmp(out, vs, sizeof out) == 0 && memcmp(lse, vsl, sizeof lse) == 0,
+    cr_assert_eq(dq_attend_vskip(f.codec, f.ws, QH, scale, 0.99, &iv, &vo, 1), 0);
+    cr_assert(memcmp(f.out, vs, sizeof vs) == 0 && memcmp(f.lse, vsl, sizeof vsl) == 0,
               "ATTEND differs from dq_attend_vskip at 0.99");
-    cr_assert(memcmp(out, ex, sizeof out) != 0, "ATTEND with the key set is the exact result: nothing skipped");
+    cr_assert(memcmp(f.out, f.ex, sizeof f.out) != 0, "ATTEND with the key set is the exact result: nothing skipped");
     for (uint32_t h = 0; h < QH; h++) {
         double e = 0, n = 0;
         for (uint32_t j = 0; j < HD; j++) {
-            const double d = (double)out[h * HD + j] - ex[h * HD + j];
+            const double d = (double)f.out[h * HD + j] - f.ex[h * HD + j];
             e += d * d;
-            n += (double)ex[h * HD + j] * ex[h * HD + j];
+            n += (double)f.ex[h * HD + j] * f.ex[h * HD + j];
         }
         cr_assert(sqrt(e) <= bound[h], "head %u: error %.4g above the bound %.4g", h, sqrt(e), bound[h]);
         cr_log_info("head %u: relative error %.3g, bound %.3g", h, sqrt(e / n), bound[h] / sqrt(n));
     }
-    const uint64_t dec = stat_counter(c, "attend_value_streams_decoded"),
-                   skip = stat_counter(c, "attend_value_streams_skipped");
+    const uint64_t dec = stat_counter(f.c, "attend_value_streams_decoded"),
+                   skip = stat_counter(f.c, "attend_value_streams_skipped");
     cr_assert_eq(dec, vo.values_decoded);
-    cr_assert_eq(dec + skip, dq_layer_window_count(ref) * 128);
+    cr_assert_eq(dec + skip, dq_layer_window_count(f.ref) * 128);
     cr_assert_gt(skip, 0);
     cr_log_info("value streams: %llu decoded, %llu skipped", (unsigned long long)dec, (unsigned long long)skip);
 
@@ -166,49 +193,26 @@ Test(vskip, attend_within_bound, .fini = stop)
     dq_workspace *bws = NULL;
     cr_assert_eq(dq_workspace_create(base, &bws), 0);
     dq_layer *bref = NULL;
-    put(c, "b", "int2", base, bws, &bref, k, v);
-    attend(c, "b", q, out, lse);
-    dq_attn_item ib = {bref, q, ex, exl};
+    float bout[QH * HD], blse[QH], bex[QH * HD], bexl[QH];
+    put(f.c, "b", "int2", base, bws, &bref, f.k, f.v);
+    attend(f.c, "b", f.q, bout, blse);
+    dq_attn_item ib = {bref, f.q, bex, bexl};
     cr_assert_eq(dq_attend(base, bws, QH, scale, &ib, 1), 0);
-    cr_assert(memcmp(out, ex, sizeof out) == 0 && memcmp(lse, exl, sizeof lse) == 0, "int2 ATTEND is not exact");
-    cr_assert_eq(stat_counter(c, "attend_value_streams_decoded"), dec);
-    cr_assert_eq(stat_counter(c, "attend_value_streams_skipped"), skip);
-
+    cr_assert(memcmp(bout, bex, sizeof bout) == 0 && memcmp(blse, bexl, sizeof blse) == 0, "int2 ATTEND is not exact");
+    cr_assert_eq(stat_counter(f.c, "attend_value_streams_decoded"), dec);
+    cr_assert_eq(stat_counter(f.c, "attend_value_streams_skipped"), skip);
     dq_layer_free(bref);
     dq_workspace_free(bws);
     dq_codec_free(base);
-    dq_layer_free(ref);
-    dq_workspace_free(ws);
-    dq_codec_free(codec);
-    free(k);
-    free(v);
-    dqc_free(c);
+    teardown(&f);
 }
 
 Test(vskip, off_is_exact, .fini = stop)
 {
-    start(NULL);
-    dqc_client *c = cli();
-    float *k = malloc(T * ROW * sizeof *k), *v = malloc(T * ROW * sizeof *v);
-    cr_assert(k && v);
-    make_kv(k, v);
-    float q[QH * HD], out[QH * HD], lse[QH], ex[QH * HD], exl[QH];
-    make_q(q);
-    dq_codec *codec = codec_of("dq226");
-    dq_workspace *ws = NULL;
-    cr_assert_eq(dq_workspace_create(codec, &ws), 0);
-    dq_layer *ref = NULL;
-    put(c, "m", "dq226", codec, ws, &ref, k, v);
-    attend(c, "m", q, out, lse);
-    dq_attn_item ie = {ref, q, ex, exl};
-    cr_assert_eq(dq_attend(codec, ws, QH, 1.0f / sqrtf(HD), &ie, 1), 0);
-    cr_assert(memcmp(out, ex, sizeof out) == 0 && memcmp(lse, exl, sizeof lse) == 0, "ATTEND is not exact");
-    cr_assert_eq(stat_counter(c, "attend_value_streams_decoded"), 0);
-    cr_assert_eq(stat_counter(c, "attend_value_streams_skipped"), 0);
-    dq_layer_free(ref);
-    dq_workspace_free(ws);
-    dq_codec_free(codec);
-    free(k);
-    free(v);
-    dqc_free(c);
+    fixture f;
+    setup(&f, NULL);
+    cr_assert(memcmp(f.out, f.ex, sizeof f.out) == 0 && memcmp(f.lse, f.exl, sizeof f.lse) == 0, "ATTEND is not exact");
+    cr_assert_eq(stat_counter(f.c, "attend_value_streams_decoded"), 0);
+    cr_assert_eq(stat_counter(f.c, "attend_value_streams_skipped"), 0);
+    teardown(&f);
 }
