@@ -6,9 +6,12 @@
  *     item's sealed value streams, the skipped ones > 0;
  *   - a model of another codec (int2) is answered exactly with the key set;
  *   - without the key ATTEND is exact (bit-identical to dq_attend) and the counters stay 0.
+ * With $DQ_VSKIP_BACKEND=cuda (dquantd-fakecuda) the model is on the emulated GPU, whose kernels
+ * ignore the key: ATTEND equals dq_attend within float rounding and nothing is counted.
  * Skipped when $DQUANTD is unset. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,13 +29,32 @@
 
 static dqd_daemon D;
 
+/* $DQ_VSKIP_BACKEND=cuda: dquantd-fakecuda's cuda backend (meson test daemon-vskip-fakecuda), where
+ * the D-Quant model lives on the (emulated) GPU, whose kernels ignore the key. */
+static bool on_cuda(void)
+{
+    const char *b = getenv("DQ_VSKIP_BACKEND");
+    return b && strcmp(b, "cuda") == 0;
+}
+
 static void start(const char *mass)
 {
     if (!dqd_path())
         cr_skip_test("$DQUANTD is not set");
-    const char *with[] = {"--workers", "2", "--attention-value-mass", mass, NULL};
-    const char *without[] = {"--workers", "2", NULL};
-    const dqd_opts o = {.extra = mass ? with : without};
+    const char *args[12] = {"--workers", "2"};
+    size_t n = 2;
+    if (mass) {
+        args[n++] = "--attention-value-mass";
+        args[n++] = mass;
+    }
+    if (on_cuda()) {
+        args[n++] = "--backend";
+        args[n++] = "cuda";
+        args[n++] = "--gpu-memory";
+        args[n++] = "8M";
+    }
+    args[n] = NULL;
+    const dqd_opts o = {.extra = args};
     cr_assert_eq(dqd_start(&D, &o), 0, "could not start the daemon");
 }
 
@@ -162,6 +184,16 @@ Test(vskip, attend_within_bound, .fini = stop)
 {
     fixture f;
     setup(&f, "0.99");
+    if (on_cuda()) {
+        /* on the GPU the key is ignored: the emulated kernel's result, no value stream counted */
+        cr_assert_eq(stat_gauge(f.c, "gpu_sequences"), 1, "the D-Quant sequence is not on the GPU");
+        for (uint32_t i = 0; i < QH * HD; i++)
+            cr_assert(fabsf(f.out[i] - f.ex[i]) <= 1e-4f * (1.0f + fabsf(f.ex[i])), "GPU ATTEND is not exact at %u", i);
+        cr_assert_eq(stat_counter(f.c, "attend_value_streams_decoded"), 0);
+        cr_assert_eq(stat_counter(f.c, "attend_value_streams_skipped"), 0);
+        teardown(&f);
+        return;
+    }
     const float scale = 1.0f / sqrtf(HD);
     float vs[QH * HD], vsl[QH];
     dq_attn_item iv = {f.ref, f.q, vs, vsl};
@@ -211,7 +243,9 @@ Test(vskip, off_is_exact, .fini = stop)
 {
     fixture f;
     setup(&f, NULL);
-    cr_assert(memcmp(f.out, f.ex, sizeof f.out) == 0 && memcmp(f.lse, f.exl, sizeof f.lse) == 0, "ATTEND is not exact");
+    if (!on_cuda())
+        cr_assert(memcmp(f.out, f.ex, sizeof f.out) == 0 && memcmp(f.lse, f.exl, sizeof f.lse) == 0,
+                  "ATTEND is not exact");
     cr_assert_eq(stat_counter(f.c, "attend_value_streams_decoded"), 0);
     cr_assert_eq(stat_counter(f.c, "attend_value_streams_skipped"), 0);
     teardown(&f);
