@@ -107,7 +107,10 @@ static const char g_eval_help[] =
     "       excess rate of the coding table over the empirical symbol entropy (bits/value).\n"
     "   --query-stride S\n"
     "       Evaluate every S-th query position counted back from the last (default: tokens / 128).\n"
-    "   --value-mass LIST  the value-skipping table above for these mass targets\n"
+    "   --value-mass LIST  the value-skipping table above for these mass targets; with --ppl one TAU:\n"
+    "                      every codec's run of the targets skips prefill values as dquant/vskip.h\n"
+    "                      selects them (the union over all query heads; no renormalization), the\n"
+    "                      fp32 reference stays exact, and a 'values used %%' column is added\n"
     "   --claims           the claims table above\n"
     "   --claims-chunks N  --claims: chunks of the dPPL/KL parts (default 8; 0: tensor figures only)\n"
     "   --ppl              the perplexity / KL protocol above (default codecs " DEFAULT_PPL_CODECS ")\n"
@@ -186,8 +189,8 @@ static int parse_args(int argc, char **argv, eval_args *a)
         return cli_error(CLI_USAGE, PROG, "--claims needs --dataset NAME and runs alone (not with --ppl/--ablation)");
     if (a->ppl && !a->dataset)
         return cli_error(CLI_USAGE, PROG, "--ppl needs --dataset NAME (a model folder under --data)");
-    if (a->value_mass && (a->ppl || a->ablation || a->claims))
-        return cli_error(CLI_USAGE, PROG, "--value-mass runs alone (not with --ppl/--ablation/--claims)");
+    if (a->value_mass && (a->ablation || a->claims))
+        return cli_error(CLI_USAGE, PROG, "--value-mass runs alone or with --ppl (not with --ablation/--claims)");
     if (a->ppl && a->ablation)
         return cli_error(CLI_USAGE, PROG, "--ppl and --ablation are separate runs");
     if (!a->dataset == !a->k)
@@ -539,6 +542,16 @@ static int run_ppl(const eval_args *a)
     eval_ppl_opts o = a->ppl_opts;
     o.resamples = a->opts.resamples;
     o.seed = a->opts.seed;
+    if (a->value_mass) {
+        char *end;
+        errno = 0;
+        o.value_mass = strtod(a->value_mass, &end);
+        if (end == a->value_mass || *end || errno || !(o.value_mass > 0.0 && o.value_mass < 1.0)) {
+            status = cli_error(CLI_USAGE, PROG, "--ppl --value-mass takes one mass target in (0, 1), not '%s'",
+                               a->value_mass);
+            goto out;
+        }
+    }
     if (eval_ppl_fit(&o, text.len) != DQ_OK) {
         status = cli_error(CLI_FAILED, PROG, "%s: %zu tokens hold no chunk of %u + %u + 1", text.source, text.len,
                            o.context, o.targets);
@@ -595,17 +608,28 @@ static int run_ppl(const eval_args *a)
                o.context, (unsigned long long)o.calib_offset,
                (unsigned long long)(o.calib_offset + (uint64_t)o.calib_seqs * o.context));
         printf("Every prefill token quantized (no BF16 tail); targets' own K/V float32. 95%% intervals: bootstrap "
-               "over chunks, %u resamples.\n\n",
+               "over chunks, %u resamples.\n",
                o.resamples);
+        if (o.value_mass > 0)
+            printf(
+                "Value skipping at mass %g (dquant/vskip.h's selection) in every codec's run: the targets' attention "
+                "sums a prefill token's value only when it is in the union over all query heads of each head's "
+                "smallest set holding that share of its mass (the targets' own tokens always count, no "
+                "renormalization); the fp32 reference run is exact. 'values used': prefill values summed / "
+                "offered.\n",
+                o.value_mass);
+        printf("\n");
     }
     if (eval_ppl_run(m, &text, codecs, order, &o, res, err, sizeof err) != DQ_OK) {
         status = cli_error(CLI_FAILED, PROG, "%s", err);
         goto out;
     }
+    const int vs = o.value_mass > 0;
     if (!a->json) {
-        printf(
-            "| codec | bits/value | K bits | V bits | K NMSE | V NMSE | PPL | dPPL [95%% CI] | KL, nats [95%% CI] |\n");
-        printf("|---|---:|---:|---:|---:|---:|---:|---|---|\n");
+        printf("| codec | bits/value | K bits | V bits | K NMSE | V NMSE | PPL | dPPL [95%% CI] | KL, nats [95%% CI] "
+               "|%s\n",
+               vs ? " values used % |" : "");
+        printf("|---|---:|---:|---:|---:|---:|---:|---|---|%s\n", vs ? "---:|" : "");
     }
     for (size_t i = 0; i < order; i++) {
         const eval_ppl_result *r = &res[i];
@@ -618,16 +642,22 @@ static int run_ppl(const eval_args *a)
             printf(",\"stream_values\":%u,\"chunks\":%u,\"context\":%u,\"targets\":%u,\"bits_per_value\":%.6f,"
                    "\"bits_k\":%.6f,\"bits_v\":%.6f,\"nmse_k\":%.9g,\"nmse_v\":%.9g,\"ppl_fp32\":%.9g,\"ppl\":%.9g,"
                    "\"dppl\":{\"est\":%.9g,\"lo\":%.9g,\"hi\":%.9g},\"kl\":{\"est\":%.9g,\"lo\":%.9g,\"hi\":%.9g},"
-                   "\"seconds\":%.3f}\n",
+                   "\"seconds\":%.3f",
                    cfg->kv_heads * cfg->head_dim, r->chunks, o.context, r->targets, r->bits_mean, r->bits[0],
                    r->bits[1], r->nmse[0], r->nmse[1], r->ppl_ref, r->ppl, r->dppl_ci.est, r->dppl_ci.lo, r->dppl_ci.hi,
                    r->kl.est, r->kl.lo, r->kl.hi, r->seconds);
+            if (vs)
+                printf(",\"value_mass\":%.9g,\"values_used\":%.6f", o.value_mass, r->value_kept);
+            printf("}\n");
         } else if (r->rc != DQ_OK) {
             printf("| %s | - | - | - | - | - | - | cannot run: %s | |\n", r->label, r->why);
         } else {
-            printf("| %s | %.4f | %.4f | %.4f | %.4g | %.4g | %.4f | %+.4g [%+.4g, %+.4g] | %.4g [%.4g, %.4g] |\n",
+            printf("| %s | %.4f | %.4f | %.4f | %.4g | %.4g | %.4f | %+.4g [%+.4g, %+.4g] | %.4g [%.4g, %.4g] |",
                    r->label, r->bits_mean, r->bits[0], r->bits[1], r->nmse[0], r->nmse[1], r->ppl, r->dppl_ci.est,
                    r->dppl_ci.lo, r->dppl_ci.hi, r->kl.est, r->kl.lo, r->kl.hi);
+            if (vs)
+                printf(" %.1f |", 100 * r->value_kept);
+            printf("\n");
         }
         fflush(stdout);
     }
