@@ -40,6 +40,11 @@
  * 4u·sqrt(head_dim)·((4W + 16)·A + 4X + X_l·A), twice the sum for both computations. With no
  * token skipped the bound is ρ_h alone (about 1e-4 of a typical value norm at W = 128).
  *
+ * Cost. All keys are scored before any value is read, so each item holds its logits and weights
+ * for every query head and sealed token: about 8·q_heads·tokens bytes from the codec's allocator
+ * per call (32 heads at 128K tokens: 34 MB), besides the workspace. Selection is linear in the
+ * tokens (a histogram of weights; only the bin where the target is crossed is sorted).
+ *
  * τ = 0 or τ = 1 turns skipping off: the functions below then call dq_attend / dq_hot_attend and
  * their results are bit-identical to them (bounds 0, every value stream counted as decoded).
  * Only D-Quant codecs skip values; with τ on, other codecs are DQ_UNSUPPORTED. */
