@@ -115,7 +115,7 @@ static const dqd_option options[] = {
      "How the cuda backend's encoder spreads an encode call's streams over warps: planned shares the last "
      "waves out evenly; plain gives every warp the same number (for comparisons)."},
     {"gpu-attention-layout", "server", "gpu_attention_layout", OPT_LAYOUT, FIELD(gpu_attention_layout), 0, 0,
-     "containers|hot", "containers",
+     "containers|hot|hot-only", "containers",
      "What decode attention on the GPU tier reads (cuda backend). containers: the window records "
      "(rANS decoded in the attention kernel). hot: each sealed window of a model the hot kernel takes "
      "(D-Quant, head_dim 128 or 256, 3+3 or 4+4 bits per level as dq226 and dq196, 1, 2, 4 or 8 query "
@@ -123,6 +123,10 @@ static const dqd_option options[] = {
      "3-6x faster per layer on an H200 (tests/bench/GPU_NOTES.md); the copies add 1.36x the records' "
      "GPU memory for dq226, counted in --gpu-memory. The records stay for GET, GET_RAW and the host and "
      "disk tiers; the copies are dropped when a layer leaves the GPU and rebuilt when it comes back. "
+     "hot-only: the GPU tier keeps such windows only as hot copies (784 B per token and layer for dq226 "
+     "at n = 1024 instead of 1362 with hot, 1.74x the tokens in the same --gpu-memory); GET, GET_RAW, "
+     "moves to the host and disk tiers and an ATTEND the hot kernel refuses rebuild the records exactly "
+     "on the CPU (dq_hot_rebuild), which makes those paths slower than with containers or hot. "
      "Other models use the records. Results equal within float rounding."},
     {"attention-value-mass", "server", "attention_value_mass", OPT_MASS, FIELD(attention_value_mass), 0, 0, "off|TAU",
      "off",
@@ -130,7 +134,8 @@ static const dqd_option options[] = {
      "scored but a value stream is decoded only for tokens in the smallest set holding TAU of some query "
      "head's softmax mass (the BF16 tail always counts); the others are left out, with a proven bound on the "
      "output error from their stored scale and offset (0.999 on bytellama-19m at 1K tokens: ~85% of value "
-     "streams decoded, ~3e-4 relative error). off, 0 or 1: exact. D-Quant models on the host path only: "
+     "streams decoded, ~3e-4 relative error). off, 0 or 1: exact. D-Quant and fixed-width models on the host "
+     "path only: "
      "the cuda backend's GPU kernels ignore it for now (GPU-resident layers stay exact), other codecs are "
      "always exact. Metrics attend_value_streams_decoded / _skipped count the sealed value streams."},
     {"nccl-timeout", "server", "nccl_timeout_ms", OPT_U32, FIELD(nccl_timeout_ms), 100, 3600000, "MS", "10000",
@@ -618,6 +623,8 @@ static int apply(dqd_config *cfg, const dqd_option *o, const char *value, bool f
             v = DQD_GPU_LAYOUT_CONTAINERS;
         else if (strcasecmp(value, "hot") == 0)
             v = DQD_GPU_LAYOUT_HOT;
+        else if (strcasecmp(value, "hot-only") == 0)
+            v = DQD_GPU_LAYOUT_HOT_ONLY;
         else
             return fail(err, errlen, "%s: unknown value '%s' (%s)", name, value, o->arg);
         memcpy((char *)cfg + o->offset, &v, sizeof v);

@@ -35,6 +35,7 @@ typedef enum dqd_backend { DQD_BACKEND_CPU = 0, DQD_BACKEND_CUDA = 1 } dqd_backe
 /* gpu_attention_layout values: what the cuda backend's GPU tier attends over (gpulayer.h) */
 #define DQD_GPU_LAYOUT_CONTAINERS 0u /* the window records (dqcu_attend) */
 #define DQD_GPU_LAYOUT_HOT 1u        /* hot copies beside them (dqcu_attend_hot, dquant/hot.h) */
+#define DQD_GPU_LAYOUT_HOT_ONLY 2u   /* hot windows instead of them (records rebuilt: dq_hot_rebuild) */
 
 typedef struct dqd_config {
     dqd_listen_addr listen[DQD_MAX_LISTENERS];
@@ -55,7 +56,7 @@ typedef struct dqd_config {
     uint32_t attend_kernel; /* cuda backend's kernel versions (dqcu_settings): 0 = auto */
     uint32_t encode_kernel;
     uint32_t encode_schedule;      /* DQD_ENCODE_PLANNED or DQD_ENCODE_PLAIN */
-    uint32_t gpu_attention_layout; /* DQD_GPU_LAYOUT_CONTAINERS or DQD_GPU_LAYOUT_HOT */
+    uint32_t gpu_attention_layout; /* DQD_GPU_LAYOUT_CONTAINERS, _HOT or _HOT_ONLY */
     double attention_value_mass;   /* host-path ATTEND's value mass target (dquant/vskip.h); 0: off */
     dqd_backend backend;
     dq_log_level log_level;

@@ -254,6 +254,13 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
     counter(&b, "dquant_gpu_hot_attend_items_total",
             "ATTEND items computed over hot windows (dqcu_attend_hot); the rest of the GPU ones read the records.",
             g->gpu_hot_attend_items);
+    gauge(&b, "dquant_gpu_hot_only_windows",
+          "Sealed windows the GPU holds only as hot windows, without their record (--gpu-attention-layout "
+          "hot-only); part of dquant_gpu_hot_windows.",
+          (double)g->gpu_hot_only_windows);
+    counter(&b, "dquant_gpu_records_rebuilt_total",
+            "Window records rebuilt on the CPU from hot-only windows (GET, GET_RAW, moves off the GPU).",
+            g->gpu_records_rebuilt);
     gauge(&b, "dquant_gpu_memory_budget_bytes", "GPU-memory budget (0 on the cpu backend).",
           (double)g->store.gpu_budget);
     gauge(&b, "dquant_gpu_memory_reserved_bytes", "GPU budget reserved by writes in progress.",
@@ -469,6 +476,8 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_gauge(&kb, "gpu_hot_windows", (double)g->gpu_hot_windows);
     add_gauge(&kb, "gpu_hot_bytes", (double)g->gpu_hot_bytes);
     add_counter(&kb, "gpu_hot_attend_items", g->gpu_hot_attend_items);
+    add_gauge(&kb, "gpu_hot_only_windows", (double)g->gpu_hot_only_windows);
+    add_counter(&kb, "gpu_records_rebuilt", g->gpu_records_rebuilt);
     add_gauge(&kb, "gpu_budget", (double)g->store.gpu_budget);
     add_gauge(&kb, "gpu_memory_reserved", (double)g->store.gpu_reserved);
     add_gauge(&kb, "gpu_sequences", (double)g->store.gpu_sequences);

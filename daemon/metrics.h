@@ -57,6 +57,8 @@ typedef struct dqd_gauges {
     uint64_t gpu_allocated;                  /* device bytes of GPU layers allocated right now (cuda backend) */
     uint64_t gpu_hot_windows, gpu_hot_bytes; /* hot window copies held, their device bytes (gpulayer.h) */
     uint64_t gpu_hot_attend_items;           /* ATTEND items run over hot windows, total */
+    uint64_t gpu_hot_only_windows;           /* of those, windows held without their record (hot-only) */
+    uint64_t gpu_records_rebuilt;            /* window records rebuilt from hot windows (dq_hot_rebuild), total */
     uint64_t models;
     uint64_t inflight_requests;
     uint64_t frame_cache_bytes; /* freed frame buffers kept (framebuf.h) */

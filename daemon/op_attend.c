@@ -5,7 +5,7 @@
  * shared otherwise), then check every item against its model. Workers, three phases over chunks
  * of items: (A) queries to f32 and every input checked finite, (B) the appends, rolled back all
  * together if one fails, (C) dq_attend (dq_attend_vskip with attention_value_mass on, for D-Quant
- * models on the host path). The reply is out F32 [items, q_heads, head_dim] followed
+ * and fixed-width models on the host path). The reply is out F32 [items, q_heads, head_dim] followed
  * by lse F32 [items, q_heads].
  *
  * On the cuda backend, items whose layer is in GPU memory run there: between (A) and (B) the loop
@@ -714,12 +714,13 @@ static void attend_gpu(att_op *op)
                               out + op->n * qsize(op));
 }
 
-/* One dq_attend call of host items; with attention_value_mass on and a D-Quant codec,
- * dq_attend_vskip (dquant/vskip.h), its value streams counted for the metrics. */
+/* One dq_attend call of host items; with attention_value_mass on and a codec of levels (D-Quant or
+ * fixed-width), dq_attend_vskip (dquant/vskip.h), its value streams counted for the metrics. */
 static int attend_host(att_op *op, const dq_codec *view, dq_workspace *ws, const dq_attn_item *batch, size_t nb)
 {
     const double tau = op->ctx->cfg->attention_value_mass;
-    if (!(tau > 0.0 && tau < 1.0) || dq_codec_profile(view)->codec_type != DQ_CODEC_DQUANT)
+    const dq_codec_type type = dq_codec_profile(view)->codec_type;
+    if (!(tau > 0.0 && tau < 1.0) || (type != DQ_CODEC_DQUANT && type != DQ_CODEC_FIXED))
         return dq_attend(view, ws, op->q_heads, op->scale, batch, nb);
     dq_vskip_out vo[64];
     memset(vo, 0, sizeof vo);

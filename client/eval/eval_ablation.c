@@ -19,7 +19,6 @@ static void add_row(eval_ablation_row *row, const char *panel, uint32_t kv_heads
     memset(row, 0, sizeof *row);
     snprintf(row->panel, sizeof row->panel, "%s", panel);
     snprintf(row->codec.label, sizeof row->codec.label, "%s", label);
-    row->codec.type = EVAL_CODEC_LIB;
     row->rc = eval_dq_profile(kv_heads, head_dim, c1024, scale, levels, alpha, label, &row->codec.profile);
     eval_dq_containers(kv_heads, head_dim, c1024, scale, row->containers);
     row->levels[0] = levels[0];

@@ -10,7 +10,6 @@
 #include "codec_run.h"
 #include "dquant/error.h"
 #include "eval_core.h"
-#include "fixedwidth.h"
 
 /* ---- codec specs ---- */
 
@@ -110,8 +109,9 @@ int eval_codec_parse(const char *spec, uint32_t kv_heads, uint32_t head_dim, eva
     snprintf(out->label, sizeof out->label, "%s", spec);
     char name[EVAL_LABEL_MAX];
     const char *rest = spec;
-    if (strncmp(spec, "fixed", 5) == 0) {
-        out->type = EVAL_CODEC_FIXED;
+    /* fixedNNN[@BITS]: the fixed-width profile at the storage of dqNNN[@BITS]; fixedkAvB as it is */
+    const int fixed = strncmp(spec, "fixed", 5) == 0 && spec[5] != 'k';
+    if (fixed) {
         snprintf(name, sizeof name, "dq%s", spec + 5);
         rest = name;
     } else {
@@ -128,7 +128,7 @@ int eval_codec_parse(const char *spec, uint32_t kv_heads, uint32_t head_dim, eva
         rc = dq_matched(name, bits, kv_heads, head_dim, rest, spec, &out->profile, err, errlen);
         if (rc != DQ_OK)
             return rc;
-    } else if (grp && out->type == EVAL_CODEC_LIB) {
+    } else if (grp && !fixed) {
         *grp = 0;
         char *end;
         const unsigned long g = strtoul(grp + 2, &end, 10);
@@ -145,20 +145,22 @@ int eval_codec_parse(const char *spec, uint32_t kv_heads, uint32_t head_dim, eva
                              "turboB, fixed226, fixed196, NAME@BITS, intB-gG)",
                              spec, dq_strerror(rc), kv_heads, head_dim);
     }
-    if (out->type == EVAL_CODEC_FIXED) {
+    if (fixed) {
         if (out->profile.codec_type != DQ_CODEC_DQUANT)
             return eval_fail(err, errlen, DQ_PROFILE, "'%s': fixed-width is matched to a D-Quant profile", spec);
-        for (int k = 0; k < 2; k++)
-            if (fixedwidth_levels(&out->profile, (dq_kind)k) < 2)
-                return eval_fail(err, errlen, DQ_CONTAINER_TOO_SMALL, "'%s': fewer than 2 fixed-width levels", spec);
+        const dq_profile dqp = out->profile;
+        rc = dq_profile_fixed_matched(&dqp, spec, &out->profile);
+        if (rc != DQ_OK)
+            return eval_fail(err, errlen, DQ_CONTAINER_TOO_SMALL,
+                             "'%s': %s's containers (%u/%u bytes) afford fewer than 2 fixed-width levels", spec,
+                             dqp.name, dqp.container_bytes[0], dqp.container_bytes[1]);
     }
     return DQ_OK;
 }
 
 double eval_codec_bits(const eval_codec *c, dq_kind kind)
 {
-    return c->type == EVAL_CODEC_FIXED ? fixedwidth_bits_per_value(&c->profile, kind)
-                                       : dq_profile_bits_per_value(&c->profile, kind);
+    return dq_profile_bits_per_value(&c->profile, kind);
 }
 
 double eval_codec_bits_mean(const eval_codec *c)
@@ -300,8 +302,6 @@ static void attend_layer(attn_ctx *a, uint32_t layer, const float *K, const floa
 static int reconstruct(const eval_codec *c, dq_kind kind, const float *x, size_t ntok, float *xhat, uint8_t *levels,
                        eval_result *r)
 {
-    if (c->type == EVAL_CODEC_FIXED)
-        return fixedwidth_roundtrip(&c->profile, kind, x, ntok, xhat);
     codec_rt_result rt;
     int rc = codec_roundtrip_f32(&c->profile, kind, x, ntok, xhat, levels, &rt);
     if (rc != DQ_OK)
@@ -332,7 +332,7 @@ int eval_run(const eval_data *d, const eval_codec *c, const eval_opts *o, eval_r
     clock_gettime(CLOCK_MONOTONIC, &t0);
     const size_t n = eval_data_stream_len(d), T = d->tokens, units = (size_t)d->seqs * T;
     const int attn = d->q && d->q_heads && !o->skip_attention;
-    const int want_levels = o->collect_levels && c->type == EVAL_CODEC_LIB && c->profile.codec_type == DQ_CODEC_DQUANT;
+    const int want_levels = o->collect_levels && c->profile.codec_type == DQ_CODEC_DQUANT;
     r->query_stride = eval_query_stride(d, o);
     r->resamples = o->resamples;
     attn_ctx a = {.d = d};

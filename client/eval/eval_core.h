@@ -22,15 +22,11 @@
 
 #define EVAL_LABEL_MAX 48
 
-typedef enum eval_codec_type {
-    EVAL_CODEC_LIB = 0,   /* a libdquant profile: D-Quant or a baseline, stored as the library stores it */
-    EVAL_CODEC_FIXED = 1, /* fixed-width at the D-Quant profile's storage (fixedwidth.h); eval only */
-} eval_codec_type;
-
+/* A libdquant profile (D-Quant, a baseline, KVQuant++ or fixed-width), stored as the library
+ * stores it, under the label it was asked for. */
 typedef struct eval_codec {
     char label[EVAL_LABEL_MAX];
-    eval_codec_type type;
-    dq_profile profile; /* EVAL_CODEC_FIXED: the D-Quant profile it is matched to */
+    dq_profile profile;
 } eval_codec;
 
 /* Resolves a codec spec for a stream shape:
@@ -39,7 +35,9 @@ typedef struct eval_codec {
  *   dq226@BITS, dq196@BITS                              the profile's levels, alpha and K/V rate split
  *                                                       with both containers scaled so that the
  *                                                       stored mean bits/value is the largest <= BITS
- *   fixed226, fixed196, fixed226@BITS, ...              fixed-width at the storage of dq226 (...)
+ *   fixed226, fixed196, fixed226@BITS, ...              the library's fixed-width profile at the
+ *                                                       storage of dq226 (dq196, dq226@BITS, ...):
+ *                                                       dq_profile_fixed_matched; fixedkAvB
  * Returns 0 or DQ_PROFILE / DQ_CONTAINER_TOO_SMALL with a message in err. */
 int eval_codec_parse(const char *spec, uint32_t kv_heads, uint32_t head_dim, eval_codec *out, char *err, size_t errlen);
 
@@ -50,7 +48,7 @@ void eval_dq_containers(uint32_t kv_heads, uint32_t head_dim, const uint32_t c10
 int eval_dq_profile(uint32_t kv_heads, uint32_t head_dim, const uint32_t c1024[2], double scale,
                     const uint32_t levels[2], float alpha, const char *name, dq_profile *out);
 
-/* Stored (library) or charged (fixed-width) bits per value of one kind, and their mean. */
+/* Stored bits per value of one kind (dq_profile_bits_per_value), and their mean. */
 double eval_codec_bits(const eval_codec *c, dq_kind kind);
 double eval_codec_bits_mean(const eval_codec *c);
 

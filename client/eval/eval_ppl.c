@@ -12,7 +12,6 @@
 #include "eval_data.h"
 #include "eval_ppl.h"
 #include "eval_rng.h"
-#include "fixedwidth.h"
 
 int eval_text_load(const char *model_dir, uint32_t vocab, eval_text *t, char *err, size_t errlen)
 {
@@ -196,10 +195,6 @@ static int apply_codec(const eval_ppl_codec *pc, codec_state *st, eval_kv_cache 
             if (pc->identity) {
                 memcpy(xhat, x, per * sizeof *xhat);
                 st->stored_bits[kind] += 32 * (uint64_t)per;
-            } else if (pc->codec.type == EVAL_CODEC_FIXED) {
-                rc = fixedwidth_roundtrip(&pc->codec.profile, (dq_kind)kind, x, ctx, xhat);
-                st->stored_bits[kind] += (uint64_t)llround(
-                    fixedwidth_bits_per_value(&pc->codec.profile, (dq_kind)kind) * (double)per);
             } else {
                 codec_rt_result rt;
                 const dq_codec *lc = dq_codec_layer(st->codec, l);
@@ -327,8 +322,11 @@ int eval_ppl_run(const eval_model *m, const eval_text *t, const eval_ppl_codec *
         if (codecs[i].unavailable) {
             res[i].rc = DQ_CONTAINER_TOO_SMALL;
             snprintf(res[i].why, sizeof res[i].why, "%s", codecs[i].unavailable);
-        } else if (!codecs[i].identity && codecs[i].codec.type == EVAL_CODEC_LIB &&
-                   dq_profile_needs_calibration(&codecs[i].codec.profile)) {
+        } else if (!codecs[i].identity && (codecs[i].codec.profile.kv_heads != cfg->kv_heads ||
+                                           codecs[i].codec.profile.head_dim != cfg->head_dim)) {
+            res[i].rc = DQ_SHAPE;
+            snprintf(res[i].why, sizeof res[i].why, "profile shape does not match the model");
+        } else if (!codecs[i].identity && dq_profile_needs_calibration(&codecs[i].codec.profile)) {
             /* per-layer calibration on the calibration sequences' float32 prefill K/V */
             if (!calib_k && !calib_rc)
                 calib_rc = eval_ppl_calibration(m, t, o, &calib_k, &calib_v, &calib_tokens, calib_err,
@@ -348,14 +346,10 @@ int eval_ppl_run(const eval_model *m, const eval_text *t, const eval_ppl_codec *
             if (res[i].rc != DQ_OK)
                 snprintf(res[i].why, sizeof res[i].why, "calibration on %zu tokens: %s", calib_tokens,
                          dq_strerror(res[i].rc));
-        } else if (!codecs[i].identity && codecs[i].codec.type == EVAL_CODEC_LIB) {
+        } else if (!codecs[i].identity) {
             res[i].rc = dq_codec_create(&codecs[i].codec.profile, NULL, &st[i].codec);
             if (res[i].rc != DQ_OK)
                 snprintf(res[i].why, sizeof res[i].why, "codec: %s", dq_strerror(res[i].rc));
-        } else if (!codecs[i].identity && (codecs[i].codec.profile.kv_heads != cfg->kv_heads ||
-                                           codecs[i].codec.profile.head_dim != cfg->head_dim)) {
-            res[i].rc = DQ_SHAPE;
-            snprintf(res[i].why, sizeof res[i].why, "profile shape does not match the model");
         }
     }
     for (uint32_t ch = 0; ch < o->chunks; ch++) {

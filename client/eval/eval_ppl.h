@@ -58,7 +58,7 @@ int eval_ppl_fit(eval_ppl_opts *o, size_t text_len);
 int eval_ppl_calibration(const eval_model *m, const eval_text *t, const eval_ppl_opts *o, float **k, float **v,
                          size_t *tokens, char *err, size_t errlen);
 
-/* A codec of the protocol: an eval_codec (library profile or fixed-width), or the identity
+/* A codec of the protocol: an eval_codec (a library profile), or the identity
  * ("fp32": the hook rewrites the cache with its own values; KL must be exactly 0). */
 typedef struct eval_ppl_codec {
     eval_codec codec;

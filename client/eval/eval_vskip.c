@@ -20,8 +20,9 @@ int eval_vskip_run(const eval_data *d, const eval_codec *c, const eval_opts *o, 
 {
     if (!d->q || !d->q_heads)
         return eval_fail(err, errlen, DQ_INVALID_ARGUMENT, "%s: the data has no queries", d->name);
-    if (c->type != EVAL_CODEC_LIB || c->profile.codec_type != DQ_CODEC_DQUANT)
-        return eval_fail(err, errlen, DQ_UNSUPPORTED, "%s: value skipping needs a D-Quant codec", c->label);
+    if (c->profile.codec_type != DQ_CODEC_DQUANT && c->profile.codec_type != DQ_CODEC_FIXED)
+        return eval_fail(err, errlen, DQ_UNSUPPORTED, "%s: value skipping needs a D-Quant or fixed-width codec",
+                         c->label);
     for (size_t i = 0; i < ntau; i++)
         if (dq_vskip_enabled(taus[i]) != 1)
             return eval_fail(err, errlen, DQ_INVALID_ARGUMENT, "value mass %g is not in (0, 1)", taus[i]);

@@ -34,9 +34,9 @@ typedef struct eval_vskip_row {
     double seconds_exact, seconds_vskip; /* time in dq_attend / dq_attend_vskip */
 } eval_vskip_row;
 
-/* Runs taus[ntau] (each in (0, 1)) for a D-Quant codec on d (which must have queries). rows[ntau]
- * written. Returns 0, DQ_INVALID_ARGUMENT (no queries, a τ out of range), DQ_UNSUPPORTED (not a
- * library D-Quant codec), DQ_NOMEM or a libdquant error, with a message in err. */
+/* Runs taus[ntau] (each in (0, 1)) for a D-Quant or fixed-width codec on d (which must have
+ * queries). rows[ntau] written. Returns 0, DQ_INVALID_ARGUMENT (no queries, a τ out of range),
+ * DQ_UNSUPPORTED (another codec), DQ_NOMEM or a libdquant error, with a message in err. */
 int eval_vskip_run(const eval_data *d, const eval_codec *c, const eval_opts *o, const double *taus, size_t ntau,
                    eval_vskip_row *rows, char *err, size_t errlen);
 

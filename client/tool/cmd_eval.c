@@ -18,7 +18,6 @@
 #include "eval_model.h"
 #include "eval_ppl.h"
 #include "eval_vskip.h"
-#include "fixedwidth.h"
 
 #define PROG "eval"
 #define DEFAULT_CODECS "dq226,dq196,int2,quarot2,kivi2,turbo2,bf16"
@@ -91,11 +90,11 @@ static const char g_eval_help[] =
     "         intB-gG, quarotB-gG   INT-B with G channels per fp16 scale/zero (default G = 128)\n"
     "         dq226@BITS            dq226's levels and K/V rate split, containers scaled to the largest\n"
     "                               stored mean <= BITS bits/value (likewise dq196@BITS)\n"
-    "         fixed226, fixed196    fixed-width at the matched storage of dq226 / dq196 (seed Appendix B):\n"
-    "                               same rotation and INT8 key window mean, M = floor(2^(8C/n)) levels,\n"
-    "                               nearest rounding, least-squares refit, fp16 s/o, charged log2(M)\n"
-    "                               bits per symbol plus the same metadata (eval only, not a storage\n"
-    "                               format); fixed226@BITS matches dq226@BITS\n"
+    "         fixed226, fixed196    the fixed-width profiles at the storage of dq226 / dq196 (seed\n"
+    "                               Appendix B; dq_profile_fixed): same rotation and INT8 key window\n"
+    "                               mean, M = floor(2^(8C/n)) levels, nearest rounding, least-squares\n"
+    "                               refit, fp16 s/o, base-M packed containers, charged every stored\n"
+    "                               byte; fixed226@BITS matches dq226@BITS; fixedkAvB: M_K = A, M_V = B\n"
     "         lmB, lmhB, ipB, olB, pqMxB, suffixes +oO +lrR +dN   the KVQuant++ family (dquant/kvq.h,\n"
     "                               e.g. lm3, ip3, lm2+lr4, ol3+d16, pq32x8); olB and pqMxB need\n"
     "                               calibration: --ppl calibrates them per layer on its calibration\n"
@@ -266,16 +265,16 @@ static void json_ci(const char *key, const eval_ci *c, int have)
 static void print_json(const eval_data *d, const eval_codec *c, const eval_result *r, const char *panel)
 {
     printf("{\"dataset\":\"%s\",\"codec\":\"%s\",\"type\":\"%s\"", d->name, r->label,
-           c->type == EVAL_CODEC_FIXED                ? "fixed-width"
+           c->profile.codec_type == DQ_CODEC_FIXED    ? "fixed-width"
            : c->profile.codec_type == DQ_CODEC_DQUANT ? "dquant"
                                                       : "baseline");
     if (panel)
         printf(",\"ablation\":\"%s\"", panel);
     printf(",\"stream_values\":%zu,\"tokens\":%u,\"layers\":%u,\"sequences\":%u", eval_data_stream_len(d), d->tokens,
            d->layers, d->seqs);
-    if (c->type == EVAL_CODEC_FIXED)
-        printf(",\"levels\":[%u,%u]", fixedwidth_levels(&c->profile, DQ_KIND_K),
-               fixedwidth_levels(&c->profile, DQ_KIND_V));
+    if (c->profile.codec_type == DQ_CODEC_FIXED)
+        printf(",\"levels\":[%u,%u],\"container_bytes\":[%u,%u]", c->profile.levels[0], c->profile.levels[1],
+               c->profile.container_bytes[0], c->profile.container_bytes[1]);
     else if (c->profile.codec_type == DQ_CODEC_DQUANT)
         printf(",\"levels\":[%u,%u],\"container_bytes\":[%u,%u],\"alpha\":%.3g", c->profile.levels[0],
                c->profile.levels[1], c->profile.container_bytes[0], c->profile.container_bytes[1],
@@ -287,7 +286,7 @@ static void print_json(const eval_data *d, const eval_codec *c, const eval_resul
     json_ci("attn_rel_err", &r->attn_err, r->have_attn);
     printf(",\"query_stride\":%u,\"query_positions_per_layer\":%u,\"resamples\":%u", r->query_stride,
            r->query_positions, r->resamples);
-    if (c->type == EVAL_CODEC_LIB && c->profile.codec_type == DQ_CODEC_DQUANT)
+    if (c->profile.codec_type == DQ_CODEC_DQUANT)
         printf(",\"symbols_moved_fraction\":[%.6f,%.6f],\"max_move\":[%u,%u],\"retries\":[%" PRIu64 ",%" PRIu64 "]",
                r->streams[0] ? (double)r->symbols_moved[0] / ((double)r->streams[0] * eval_data_stream_len(d)) : 0.0,
                r->streams[1] ? (double)r->symbols_moved[1] / ((double)r->streams[1] * eval_data_stream_len(d)) : 0.0,
@@ -387,12 +386,11 @@ static int run_codecs(const eval_args *a, const eval_data *d)
             const eval_codec *c = &l.codecs[i];
             if (l.why[i][0])
                 printf("\n%s", l.why[i]);
-            else if (c->type == EVAL_CODEC_FIXED)
-                printf(
-                    "\n%s: fixed-width at the storage of D-Quant profile %s (C %u/%u bytes): M %u/%u levels, charged "
-                    "log2(M) bits per symbol + the same metadata.",
-                    c->label, c->profile.name, c->profile.container_bytes[0], c->profile.container_bytes[1],
-                    fixedwidth_levels(&c->profile, DQ_KIND_K), fixedwidth_levels(&c->profile, DQ_KIND_V));
+            else if (c->profile.codec_type == DQ_CODEC_FIXED)
+                printf("\n%s: fixed-width profile (dq_profile_fixed): M %u/%u levels, base-M packed containers of "
+                       "%u/%u bytes, fp16 s/o and the INT8 key mean as D-Quant.",
+                       c->label, c->profile.levels[0], c->profile.levels[1], c->profile.container_bytes[0],
+                       c->profile.container_bytes[1]);
         }
         printf("\n");
     }
@@ -480,7 +478,7 @@ static int run_drift(const eval_args *a, const eval_data *d)
             fprintf(stderr, "dquant eval: drift: %s\n", l.why[i]);
             continue;
         }
-        if (c->type != EVAL_CODEC_LIB || c->profile.codec_type != DQ_CODEC_DQUANT) {
+        if (c->profile.codec_type != DQ_CODEC_DQUANT) {
             fprintf(stderr, "dquant eval: drift: %s is not a D-Quant codec, skipped\n", c->label);
             continue;
         }

@@ -214,13 +214,15 @@ extern "C" int dqcu_attend_kernel(const dqcu_codec *dc, uint32_t q_heads)
     const int rc = dqcu_attend_check(dc, q_heads);
     if (rc)
         return rc;
+    if (dc->fixed) /* the hot layout only */
+        return DQ_UNSUPPORTED;
     att_fit f;
     return att_pick(dc, q_heads, &f)->version;
 }
 
 extern "C" size_t dqcu_attend_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq, uint32_t max_tokens)
 {
-    if (!dc || !q_heads)
+    if (!dc || !q_heads || dc->fixed)
         return 0;
     att_fit f;
     att_pick(dc, q_heads, &f);
@@ -251,6 +253,8 @@ extern "C" int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, 
     int rc = dqcu_attend_check(dc, q_heads);
     if (rc)
         return rc;
+    if (dc->fixed) /* fixed-width containers: dqcu_attend_hot over their hot windows */
+        return DQ_UNSUPPORTED;
     if (nseq > 0x7fffffffu)
         return DQ_INVALID_ARGUMENT;
     rc = dqcu__use_device(dc);
@@ -428,6 +432,12 @@ extern "C" int dqcu_attend_hot_check(const dqcu_codec *dc, uint32_t q_heads)
         if (dqcu__attend_hot_fit(dc, q_heads, dc->kv_heads / g, &f))
             return DQ_OK;
     return DQ_UNSUPPORTED;
+}
+
+extern "C" int dqcu_attend_hot_kernel(const dqcu_codec *dc, uint32_t q_heads)
+{
+    const int rc = dqcu_attend_hot_check(dc, q_heads);
+    return rc ? rc : dqcu__attend_hot_version(dc);
 }
 
 extern "C" size_t dqcu_attend_hot_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq,

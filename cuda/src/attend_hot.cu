@@ -564,6 +564,494 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 6) attend_hot_kernel
     hot_finish(part, accs, off_run, m_run, l_run, tb, G, h0, h1, warp, lane);
 }
 
+/* ---- the warp kernel (hot kernel 2): d = 128, windows of a multiple of 128 tokens ----
+ *
+ * Every warp attends sub-tiles of 16 tokens of one KV head on its own: no barrier, no staging
+ * through shared memory between loading a sub-tile's codes and accumulating its values. The
+ * block's 4 warps take contiguous quarters of the chunk's sub-tiles, each with its own online
+ * softmax and accumulator in registers, and are merged once per KV head at the end.
+ *
+ * Orientation (mma.m16n8k16, rows = query heads): the scores are S = Q·Kᵀ with the A operand the
+ * queries (row g: head g's fp16 hi part, row 8 + g: its lo part; rows past G zero) and the B
+ * operand the keys (8 tokens per n-tile, lane (r, c) holding token r's channels 32c + 4ks + 0..3
+ * of k-step ks: a lane's 32 channels are one group's bit string, the queries permuted to match);
+ * the C fragment then holds head r's scores of tokens 2c, 2c + 1 (n-tile 0; 8 + 2c, 9 + 2c n-tile 1)
+ * in lane (r, c), which is the A fragment layout of the value product O = P·V (FlashAttention-2's
+ * register reuse): the weights p·s·2^E go to tensor cores as fp16 hi (row r) + lo (row r + 8)
+ * without leaving the lane. The value B operand is read straight from the code words: lane (r, c)
+ * loads the words of tokens (2c, 2c + 1) and (8 + 2c, 9 + 2c) as 8-byte pairs, takes channels
+ * 4r .. 4r + 3 of each group (4·b bits), and a PRMT puts the two tokens' codes in the two fp16
+ * halves, so one shift and one LOP3 make each (512 + m) pair. Output column n of n-tile (group gi,
+ * jj) is channel 32gi + 4n + jj.
+ * The value scale s folds into the weights; the per-token offset (s·c + o) into a scalar per head
+ * (Σ p·mid); 2^E keeps p·s in fp16's range (E warp-wide, changed only when a sub-tile's largest s
+ * would overflow it or has fallen 2^10 below it, with the accumulator rescaled like the softmax's
+ * alpha). The key means' term q'·μ is computed once per tile and head by a warp, in rounds of
+ * HW_ROUND tiles between two barriers. */
+#define HW_D 128
+#define HW_ROUND 32
+#define HW_WARPS (ATT_THREADS / 32)
+
+#define HW_NS 3 /* stages of each warp's cp.async ring: sub-tiles j + 1 and j + 2 in flight while j is computed */
+
+/* Bytes of one sub-tile in a warp's ring, in the order its 16-byte chunks are copied: key codes
+ * [group c][word i][16 tokens], value codes likewise, the 16 key (s, o) pairs, the 16 value pairs. */
+__host__ __device__ constexpr uint32_t hw_stage_bytes(uint32_t bk, uint32_t bv)
+{
+    return 256u * (bk + bv) + 128u;
+}
+
+struct hotw_layout {
+    size_t qs, qa, qmu, mrg, st, ring, total;
+};
+__host__ __device__ inline hotw_layout hotw_plan(uint32_t G, uint32_t bk, uint32_t bv)
+{
+    hotw_layout L;
+    size_t b = 0;
+    L.qs = b; /* [G][128] rotated queries (fp32) */
+    b = hot_align(b + (size_t)G * HW_D * sizeof(float));
+    L.qa = b; /* [8 k-steps][32 lanes] A fragments */
+    b = hot_align(b + 8 * 32 * sizeof(uint4));
+    L.qmu = b; /* [HW_ROUND][G] key-mean terms */
+    b = hot_align(b + (size_t)HW_ROUND * G * sizeof(float));
+    L.mrg = b; /* [warps][G][128] the warps' accumulators */
+    b = hot_align(b + (size_t)HW_WARPS * G * HW_D * sizeof(float));
+    L.st = b; /* [warps][G] m, l, off; then qsum[G], 2^e[G] */
+    b = hot_align(b + ((size_t)HW_WARPS * G * 3 + 2 * G) * sizeof(float));
+    L.ring = b; /* [warps][HW_NS] sub-tiles */
+    b = hot_align(b + (size_t)HW_WARPS * HW_NS * hw_stage_bytes(bk, bv));
+    L.total = b;
+    return L;
+}
+
+__device__ __forceinline__ void hw_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* Bits [sh, sh + 32) of the bit string w starting at word iw (lane-dependent iw: selects, not
+ * indexing, so w stays in registers). */
+template <int B>
+__device__ __forceinline__ uint32_t hw_bits(const uint32_t (&w)[B], uint32_t iw, uint32_t sh)
+{
+    uint32_t lo = w[0], hi = B > 1 ? w[B > 1 ? 1 : 0] : 0u;
+#pragma unroll
+    for (int k = 1; k < B; k++)
+        if (iw == (uint32_t)k) {
+            lo = w[k];
+            hi = k + 1 < B ? w[k + 1 < B ? k + 1 : k] : 0u;
+        }
+    return __funnelshift_r(lo, hi, sh);
+}
+
+/* Codes jj of both fp16 halves of y (B-bit codes at bits 0.. and 16..) as (m - c): the value B
+ * fragment register. */
+template <int B>
+__device__ __forceinline__ uint32_t hw_vpair(uint32_t y, int jj, uint32_t c2)
+{
+    constexpr uint32_t mask = (((1u << B) - 1u) << 1) * 0x00010001u;
+    const uint32_t x = jj == 0 ? y << 1 : y >> (B * jj - 1);
+    const uint32_t h = (x & mask) | 0x60006000u;
+    uint32_t r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(h), "r"(c2));
+    return r;
+}
+
+struct hw_state {
+    float m, l, off; /* head r's running max, and this lane's share of Σp and Σp·mid */
+    int E;           /* the weights' scale 2^E; INT_MIN before the first sub-tile */
+    float O[16][4];  /* n-tile (gi, jj) = 4gi + jj; rows r (hi weights) and r + 8 (lo) */
+};
+
+/* Copies sub-tile (tokens [tw0, tw0 + 16) of window win, KV head kvh) into the ring stage at
+ * shared address dst: 16·(b_K + b_V) + 8 chunks of 16 bytes, cp.async (L2 only), the warp's lanes
+ * taking every 32nd chunk. Every source is 16-byte aligned: the hot layout's regions are, W is a
+ * multiple of 128 and tw0 of 16. */
+template <int BK, int BV>
+struct hw_src {
+    uint32_t off[(16 * (BK + BV) + 8 + 31) / 32]; /* this lane's chunks: their offsets in a window at tw0 = 0 */
+};
+
+/* The offsets (from the window's start, for tokens from 0) of the 16-byte chunks lane copies for
+ * KV head kvh: chunk q = lane + 32k of a sub-tile (see hw_stage_bytes); a sub-tile at tw0 adds 4·tw0. */
+template <int BK, int BV>
+__device__ __forceinline__ hw_src<BK, BV> hw_sources(const hot_params &p, uint32_t W, uint32_t kvh, uint32_t lane)
+{
+    constexpr uint32_t NK = 16 * BK, NV = 16 * BV, N = NK + NV + 8;
+    hw_src<BK, BV> o;
+#pragma unroll
+    for (uint32_t k = 0; k < (N + 31) / 32; k++) {
+        const uint32_t q = lane + 32u * k;
+        if (q < NK + NV) {
+            const bool v = q >= NK;
+            const uint32_t qq = v ? q - NK : q, b = v ? BV : BK, row = qq >> 2, g = kvh * 4u + row / b;
+            o.off[k] = (v ? p.off[3] : p.off[2]) + ((g * b + row % b) * W << 2) + ((qq & 3u) << 4);
+        } else {
+            const uint32_t qq = q - NK - NV;
+            o.off[k] = (qq < 4 ? p.off[0] : p.off[1]) + ((qq & 3u) << 4);
+        }
+    }
+    return o;
+}
+
+/* Copies a sub-tile (tokens [tw0, tw0 + 16) of window win) into the ring stage at shared address
+ * dst: 16·(b_K + b_V) + 8 chunks of 16 bytes by cp.async (L2 only), lane taking chunks lane + 32k.
+ * Every source is 16-byte aligned: the hot layout's regions are, W is a multiple of 128 and tw0 of
+ * 16. (Window offsets fit 32 bits: a hot window is at most a few MB.) */
+template <int BK, int BV>
+__device__ __forceinline__ void hw_issue(const hw_src<BK, BV> &src, const uint8_t *win, uint32_t tw0, uint32_t dst,
+                                         uint32_t lane)
+{
+    constexpr uint32_t N = 16 * (BK + BV) + 8;
+#pragma unroll
+    for (uint32_t k = 0; k < (N + 31) / 32; k++) {
+        const uint32_t q = lane + 32u * k;
+        if (q < N)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + 16u * q),
+                         "l"(win + src.off[k] + 4u * tw0)
+                         : "memory");
+    }
+}
+
+__device__ __forceinline__ void hw_commit()
+{
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+/* One sub-tile from its ring stage stg (see hw_issue): KV head kvh's tokens [tw0, tw0 + 16). */
+template <int BK, int BV>
+__device__ __forceinline__ void hw_subtile(const hot_params &p, const uint32_t *stg, const uint4 *qa, float qmu,
+                                           float xs, float qsm, float ck, float cv, uint32_t c2k, uint32_t c2v,
+                                           hw_state &S, uint32_t r, uint32_t c, uint32_t lane)
+{
+    const float scale = p.a.scale;
+    /* the key words of tokens r and 8 + r (group c of the head), the (s, o) pairs of tokens
+     * 2c, 2c + 1, 8 + 2c, 9 + 2c of both kinds */
+    uint32_t w0[BK], w1[BK];
+#pragma unroll
+    for (int i = 0; i < BK; i++) {
+        w0[i] = stg[(c * BK + (uint32_t)i) * 16u + r];
+        w1[i] = stg[(c * BK + (uint32_t)i) * 16u + r + 8u];
+    }
+    const uint2 *sok = (const uint2 *)(const void *)(stg + 64u * (BK + BV));
+    const uint2 *sov = sok + 8;
+    const uint2 k01 = sok[c], k89 = sok[c + 4u], v01 = sov[c], v89 = sov[c + 4u];
+
+    /* ---- scores on tensor cores ---- */
+    float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int ks = 0; ks < 8; ks++) {
+        const uint4 a = qa[ks * 32 + (int)lane];
+        uint32_t b00, b01, b10, b11;
+        hot_pairs<BK>(hot_chunk<BK>(w0, 4 * ks * BK), c2k, b00, b01);
+        hot_pairs<BK>(hot_chunk<BK>(w1, 4 * ks * BK), c2k, b10, b11);
+        hw_mma(d0, a.x, a.y, a.z, a.w, b00, b01);
+        hw_mma(d1, a.x, a.y, a.z, a.w, b10, b11);
+    }
+    const uint32_t ks4[4] = {k01.x, k01.y, k89.x, k89.y}, vs4[4] = {v01.x, v01.y, v89.x, v89.y};
+    const float dot[4] = {d0[0] + d0[2], d0[1] + d0[3], d1[0] + d1[2], d1[1] + d1[3]};
+    float lg[4], sv[4], mid[4];
+    float mx = -INFINITY, smax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        /* (s, o) pairs converted in hardware (exact, subnormals included; dq_hot_check keeps them finite) */
+        const float2 so = __half22float2(*(const __half2 *)(const void *)&ks4[i]);
+        const float2 sov = __half22float2(*(const __half2 *)(const void *)&vs4[i]);
+        lg[i] = __fmaf_rn(scale, __fmaf_rn(so.x, dot[i] * xs, __fmaf_rn(so.x, ck, so.y) * qsm), qmu);
+        mx = fmaxf(mx, lg[i]);
+        sv[i] = sov.x;
+        mid[i] = __fmaf_rn(sov.x, cv, sov.y);
+        smax = fmaxf(smax, sv[i]);
+    }
+    /* the quad (c = 0..3) holds the sub-tile's 16 tokens */
+    mx = fmaxf(mx, __shfl_xor_sync(DQCU_FULL, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(DQCU_FULL, mx, 2));
+    smax = fmaxf(smax, __shfl_xor_sync(DQCU_FULL, smax, 1));
+    smax = fmaxf(smax, __shfl_xor_sync(DQCU_FULL, smax, 2));
+
+    /* ---- online softmax, the weights' scale ---- */
+    const float mnew = fmaxf(S.m, mx);
+    const float alpha = S.m == -INFINITY ? 0.0f : __expf(S.m - mnew);
+    /* smax < 2^ex (smax is 0 or a normal float: an fp16 value): p·s·2^(14 - ex) < 2^14; E within
+     * [-100, 100] so that 2^E and the rescale factors below are normal floats */
+    const int ex = (int)((__float_as_uint(smax) >> 23) & 0xffu) - 126;
+    int En = max(-100, min(100, 14 - ex));
+    if (smax == 0.0f) /* every weight of the sub-tile is 0: keep the scale */
+        En = S.E == INT_MIN ? 0 : S.E;
+    float f = alpha;
+    if (S.E == INT_MIN)
+        S.E = En;
+    else if (En < S.E || En > S.E + 10) {
+        f = alpha * __int_as_float((127 + En - S.E) << 23);
+        S.E = En;
+    }
+    if (__any_sync(DQCU_FULL, f != 1.0f)) {
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                S.O[j][e] *= f;
+    }
+    float pr[4], ps = 0.0f, pm = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        pr[i] = __expf(lg[i] - mnew);
+        ps += pr[i];
+        pm = __fmaf_rn(pr[i], mid[i], pm);
+    }
+    S.l = __fmaf_rn(S.l, alpha, ps);
+    S.off = __fmaf_rn(S.off, alpha, pm);
+    S.m = mnew;
+    const float sc = __int_as_float((127 + S.E) << 23);
+    float wv[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        wv[i] = pr[i] * sv[i] * sc;
+    const __half2 h01 = __floats2half2_rn(wv[0], wv[1]), h89 = __floats2half2_rn(wv[2], wv[3]);
+    const __half2 l01 = __floats2half2_rn(wv[0] - __low2float(h01), wv[1] - __high2float(h01));
+    const __half2 l89 = __floats2half2_rn(wv[2] - __low2float(h89), wv[3] - __high2float(h89));
+    const uint32_t a0 = *(const uint32_t *)(const void *)&h01, a1 = *(const uint32_t *)(const void *)&l01;
+    const uint32_t a2 = *(const uint32_t *)(const void *)&h89, a3 = *(const uint32_t *)(const void *)&l89;
+
+    /* ---- values on tensor cores, straight from the code words ---- */
+    const uint32_t P = 4u * BV * r, iw = P >> 5, sh = P & 31u;
+    const uint2 *vst = (const uint2 *)(const void *)(stg + 64u * BK);
+#pragma unroll
+    for (int gi = 0; gi < 4; gi++) {
+        uint32_t t0[BV], t1[BV], t8[BV], t9[BV];
+#pragma unroll
+        for (int i = 0; i < BV; i++) {
+            const uint2 u = vst[((uint32_t)gi * BV + (uint32_t)i) * 8u + c];
+            const uint2 v = vst[((uint32_t)gi * BV + (uint32_t)i) * 8u + c + 4u];
+            t0[i] = u.x;
+            t1[i] = u.y;
+            t8[i] = v.x;
+            t9[i] = v.y;
+        }
+        const uint32_t y01 = __byte_perm(hw_bits<BV>(t0, iw, sh), hw_bits<BV>(t1, iw, sh), 0x5410);
+        const uint32_t y89 = __byte_perm(hw_bits<BV>(t8, iw, sh), hw_bits<BV>(t9, iw, sh), 0x5410);
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++)
+            hw_mma(S.O[4 * gi + jj], a0, a1, a2, a3, hw_vpair<BV>(y01, jj, c2v), hw_vpair<BV>(y89, jj, c2v));
+    }
+}
+
+template <int G, int BK, int BV>
+__global__ void __launch_bounds__(ATT_THREADS, 3) attend_hotw_kernel(hot_params p)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    const dqcu_tables &tb = *p.a.tab;
+    const uint32_t QH = p.a.QH, W = tb.W, accs = HW_D + 2;
+    const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5, r = lane >> 2, c = lane & 3u;
+    const size_t b = blockIdx.x;
+    const uint32_t yb = blockIdx.y / p.nhg, hg = blockIdx.y % p.nhg;
+    const uint32_t split = yb == 0 ? p.a.nsplit : yb - 1;
+    const uint32_t kv0 = hg * p.hpb, kv1 = kv0 + p.hpb;
+    const dqcu_attn_seq sq = p.a.seqs[b];
+    float *part = p.a.part + (((size_t)b * (p.a.nsplit + 1) + split) * QH) * accs;
+    if (split == p.a.nsplit) {
+        hot_tail<G>(p, sq, part, smem, hot_plan(QH, HW_D, G, 1), kv0, kv1);
+        return;
+    }
+    const uint32_t ntiles = sq.nwin * p.a.tpw;
+    const uint32_t tile0 = split * p.a.chunk, tile1 = min(ntiles, tile0 + p.a.chunk);
+    if (tile0 >= tile1) {
+        for (uint32_t h = kv0 * G + tid; h < kv1 * G; h += ATT_THREADS) {
+            part[(size_t)h * accs + HW_D] = -INFINITY;
+            part[(size_t)h * accs + HW_D + 1] = 0.0f;
+        }
+        return;
+    }
+    const hotw_layout L = hotw_plan(G, BK, BV);
+    constexpr uint32_t STB = hw_stage_bytes(BK, BV);
+    const uint32_t ring = (uint32_t)__cvta_generic_to_shared(smem + L.ring) + warp * HW_NS * STB;
+    const uint32_t *ringp = (const uint32_t *)(const void *)(smem + L.ring + (size_t)warp * HW_NS * STB);
+    float *qs = (float *)(void *)(smem + L.qs);
+    uint4 *qa = (uint4 *)(void *)(smem + L.qa);
+    float *qmu = (float *)(void *)(smem + L.qmu);
+    float *mrg = (float *)(void *)(smem + L.mrg);
+    float *st = (float *)(void *)(smem + L.st);
+    float *qsum = st + HW_WARPS * G * 3, *qex = qsum + G;
+    const float ck = 0.5f * (float)(tb.kind[0].M - 1), cv = 0.5f * (float)(tb.kind[1].M - 1);
+    const __half2 c2kh = __floats2half2_rn(512.0f + ck, 512.0f + ck);
+    const __half2 c2vh = __floats2half2_rn(512.0f + cv, 512.0f + cv);
+    const uint32_t c2k = *(const uint32_t *)(const void *)&c2kh, c2v = *(const uint32_t *)(const void *)&c2vh;
+    const float *qb = p.a.q + b * (size_t)QH * HW_D;
+
+    for (uint32_t kvh = kv0; kvh < kv1; kvh++) {
+        /* the group's queries, rotated; Σ q' and the exponent e of max |q'| per head */
+        for (uint32_t g = warp; g < (uint32_t)G; g += HW_WARPS) {
+            float y[ATT_DVMAX];
+            att_rotate_query(qb + (size_t)(kvh * G + g) * HW_D, tb.signs + kvh * HW_D, tb.rot_scale, HW_D, lane, y);
+            float s = 0.0f, mx = 0.0f;
+#pragma unroll
+            for (int k = 0; k < HW_D / 32; k++) {
+                s += y[k];
+                mx = fmaxf(mx, fabsf(y[k]));
+                qs[g * HW_D + (uint32_t)k * 32u + lane] = y[k];
+            }
+            s = dqcu_warp_sum(s);
+            mx = dqcu_warp_max(mx);
+            int ex;
+            frexpf(mx, &ex);
+            ex = max(-120, min(120, ex));
+            if (lane == 0) {
+                qsum[g] = s;
+                qex[g] = __int_as_float((127 + ex) << 23);
+            }
+        }
+        __syncthreads();
+        /* the A fragments: k-step ks, lane (rr, cc): head rr's channels 32cc + 4ks + 0..3, scaled
+         * by 2^-e, as fp16 hi (a0: 0-1, a2: 2-3) and lo (a1, a3) */
+        for (uint32_t i = tid; i < 8u * 32u; i += ATT_THREADS) {
+            const uint32_t ks = i / 32u, ln = i % 32u, rr = ln >> 2, cc = ln & 3u;
+            uint32_t fr[4] = {0u, 0u, 0u, 0u};
+            if (rr < (uint32_t)G) {
+                const float inv = 1.0f / qex[rr];
+                const float *q4 = qs + rr * HW_D + 32u * cc + 4u * ks;
+#pragma unroll
+                for (int hp = 0; hp < 2; hp++) {
+                    const float x0 = q4[2 * hp] * inv, x1 = q4[2 * hp + 1] * inv;
+                    const __half2 hi = __floats2half2_rn(x0, x1);
+                    const __half2 lo = __floats2half2_rn(x0 - __low2float(hi), x1 - __high2float(hi));
+                    fr[2 * hp] = *(const uint32_t *)(const void *)&hi;
+                    fr[2 * hp + 1] = *(const uint32_t *)(const void *)&lo;
+                }
+            }
+            qa[i] = make_uint4(fr[0], fr[1], fr[2], fr[3]);
+        }
+        const float xs = r < (uint32_t)G ? qex[r] : 0.0f, qsm = r < (uint32_t)G ? qsum[r] : 0.0f;
+        const hw_src<BK, BV> srcs = hw_sources<BK, BV>(p, W, kvh, lane);
+        hw_state S;
+        S.m = -INFINITY;
+        S.l = 0.0f;
+        S.off = 0.0f;
+        S.E = INT_MIN;
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                S.O[j][e] = 0.0f;
+        for (uint32_t rt = tile0; rt < tile1; rt += HW_ROUND) {
+            const uint32_t rn = min((uint32_t)HW_ROUND, tile1 - rt);
+            /* the key-mean term of each tile's window and head: a warp per tile */
+            for (uint32_t i = warp; i < rn; i += HW_WARPS) {
+                const uint8_t *win = sq.windows[(rt + i) / p.a.tpw];
+                const uint16_t *mu2 = (const uint16_t *)(const void *)(win + 2u + kvh * HW_D + 4u * lane);
+                const uint32_t mw = (uint32_t)__ldg(mu2) | (uint32_t)__ldg(mu2 + 1) << 16;
+                const float sfm = dqcu_f16_le(win);
+#pragma unroll
+                for (int g = 0; g < G; g++) {
+                    float v = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        v = __fmaf_rn(qs[g * HW_D + 4u * lane + (uint32_t)j], (float)(int8_t)(uint8_t)(mw >> (8 * j)),
+                                      v);
+                    v = dqcu_warp_sum(v);
+                    if (lane == 0)
+                        qmu[i * G + (uint32_t)g] = p.a.scale * (v * sfm);
+                }
+            }
+            __syncthreads();
+            const uint32_t nsub = rn * (ATT_T / 16);
+            const uint32_t j0 = warp * nsub / HW_WARPS, j1 = (warp + 1) * nsub / HW_WARPS;
+            /* the warp's sub-tiles through its ring: HW_NS - 1 copies in flight ahead of the one
+             * computed (a commit group per sub-tile, empty past the end, so that the count holds) */
+#pragma unroll
+            for (uint32_t k = 0; k + 1 < HW_NS; k++) {
+                const uint32_t j = j0 + k;
+                if (j < j1) {
+                    const uint32_t tile = rt + j / (ATT_T / 16);
+                    hw_issue<BK, BV>(srcs, sq.windows[tile / p.a.tpw],
+                                     (tile % p.a.tpw) * ATT_T + 16u * (j % (ATT_T / 16)), ring + k * STB, lane);
+                }
+                hw_commit();
+            }
+            for (uint32_t j = j0; j < j1; j++) {
+                const uint32_t jn = j + HW_NS - 1;
+                __syncwarp(); /* every lane is done with the stage jn overwrites (sub-tile j - 1's) */
+                if (jn < j1) {
+                    const uint32_t tile = rt + jn / (ATT_T / 16);
+                    hw_issue<BK, BV>(srcs, sq.windows[tile / p.a.tpw],
+                                     (tile % p.a.tpw) * ATT_T + 16u * (jn % (ATT_T / 16)),
+                                     ring + ((jn - j0) % HW_NS) * STB, lane);
+                }
+                hw_commit();
+                asm volatile("cp.async.wait_group %0;" ::"n"(HW_NS - 1) : "memory");
+                __syncwarp(); /* the other lanes' copies of sub-tile j are visible */
+                const uint32_t i = j / (ATT_T / 16);
+                const float qm = r < (uint32_t)G ? qmu[i * G + r] : 0.0f;
+                hw_subtile<BK, BV>(p, ringp + ((j - j0) % HW_NS) * (STB / 4), qa, qm, xs, qsm, ck, cv, c2k, c2v, S, r,
+                                   c, lane);
+            }
+            __syncthreads(); /* qmu is rewritten by the next round */
+        }
+        /* the warp's rows into shared memory: O·2^-E by channel, m, Σp, Σp·mid */
+        S.l += __shfl_xor_sync(DQCU_FULL, S.l, 1);
+        S.l += __shfl_xor_sync(DQCU_FULL, S.l, 2);
+        S.off += __shfl_xor_sync(DQCU_FULL, S.off, 1);
+        S.off += __shfl_xor_sync(DQCU_FULL, S.off, 2);
+        if (r < (uint32_t)G) {
+            const float un = S.E == INT_MIN ? 0.0f : __int_as_float((127 - S.E) << 23);
+            float *mr = mrg + (warp * G + r) * HW_D;
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                const uint32_t gi = (uint32_t)j / 4u, jj = (uint32_t)j % 4u;
+                mr[32u * gi + 8u * c + jj] = (S.O[j][0] + S.O[j][2]) * un;
+                mr[32u * gi + 8u * c + 4u + jj] = (S.O[j][1] + S.O[j][3]) * un;
+            }
+            if (c == 0) {
+                st[(warp * G + r) * 3] = S.m;
+                st[(warp * G + r) * 3 + 1] = S.l;
+                st[(warp * G + r) * 3 + 2] = S.off;
+            }
+        }
+        __syncthreads();
+        /* merge the warps and finish (un-rotate) each head's partial row: a warp per head */
+        for (uint32_t g = warp; g < (uint32_t)G; g += HW_WARPS) {
+            float M = -INFINITY;
+#pragma unroll
+            for (int w = 0; w < HW_WARPS; w++)
+                M = fmaxf(M, st[(w * G + g) * 3]);
+            float fw[HW_WARPS], Ls = 0.0f;
+#pragma unroll
+            for (int w = 0; w < HW_WARPS; w++) {
+                const float mw = st[(w * G + g) * 3];
+                fw[w] = mw == -INFINITY ? 0.0f : expf(mw - M);
+                Ls = __fmaf_rn(fw[w], st[(w * G + g) * 3 + 1], Ls);
+            }
+            float y[ATT_DVMAX];
+#pragma unroll
+            for (int k = 0; k < ATT_DVMAX; k++) {
+                const uint32_t e = (uint32_t)k * 32u + lane;
+                float v = 0.0f;
+                if (e < HW_D)
+#pragma unroll
+                    for (int w = 0; w < HW_WARPS; w++)
+                        v = __fmaf_rn(fw[w], mrg[(w * G + g) * HW_D + e] + st[(w * G + g) * 3 + 2], v);
+                y[k] = v;
+            }
+            dqcu_fwht(y, HW_D, lane);
+            float *ph = part + (size_t)(kvh * G + g) * accs;
+#pragma unroll
+            for (int k = 0; k < ATT_DVMAX; k++) {
+                const uint32_t e = (uint32_t)k * 32u + lane;
+                if (e < HW_D)
+                    ph[e] = y[k] * tb.rot_scale * tb.signs[kvh * HW_D + e];
+            }
+            if (lane == 0) {
+                ph[HW_D] = M;
+                ph[HW_D + 1] = Ls;
+            }
+        }
+        __syncthreads(); /* qs, qa, mrg, st are the next KV head's */
+    }
+}
+
 /* ---- host side ---- */
 
 template <int G, int BK, int BV>
@@ -586,20 +1074,35 @@ static bool hot_widths_ok(uint32_t bk, uint32_t bv)
     return false;
 }
 
-template <int G>
-static att_attr hot_attr_g(uint32_t bk, uint32_t bv)
-{
-#define HOT_W_ATTR(a, b)    \
-    if (bk == a && bv == b) \
-        return hot_attr<G, a, b>();
-    HOT_WIDTHS(HOT_W_ATTR)
-#undef HOT_W_ATTR
-    return att_attr{};
-}
-
 size_t dqcu__attend_hot_smem(uint32_t QH, uint32_t d, uint32_t G, uint32_t hpb)
 {
     return hot_plan(QH, d, G, hpb).total;
+}
+
+template <int G, int BK, int BV>
+static att_attr hotw_attr()
+{
+    static const att_attr a = att_query_attr(attend_hotw_kernel<G, BK, BV>);
+    return a;
+}
+
+template <int G>
+static att_attr hot_attr_any(bool warp, uint32_t bk, uint32_t bv)
+{
+#define HOT_W_ATTR2(a, b)   \
+    if (bk == a && bv == b) \
+        return warp ? hotw_attr<G, a, b>() : hot_attr<G, a, b>();
+    HOT_WIDTHS(HOT_W_ATTR2)
+#undef HOT_W_ATTR2
+    return att_attr{};
+}
+
+int dqcu__attend_hot_version(const dqcu_codec *dc)
+{
+    /* the warp kernel: d = 128 and windows of whole 128-token tiles */
+    const bool w = dc->d == HW_D && dc->W % ATT_T == 0;
+    const int want = dc->settings.hot_kernel;
+    return want == 1 || !w ? 1 : 2;
 }
 
 bool dqcu__attend_hot_fit(const dqcu_codec *dc, uint32_t QH, uint32_t hpb, att_fit *f)
@@ -609,44 +1112,54 @@ bool dqcu__attend_hot_fit(const dqcu_codec *dc, uint32_t QH, uint32_t hpb, att_f
     /* the key MMA takes a lane's channels a group of 32 at a time: d a multiple of 128 */
     if (!att_mma_shape_ok(G, dc->d) || dc->d % 128 != 0 || !hot_widths_ok(bk, bv))
         return false;
+    const bool warp = dqcu__attend_hot_version(dc) == 2;
     att_attr a{};
     switch (G) {
     case 1:
-        a = hot_attr_g<1>(bk, bv);
+        a = hot_attr_any<1>(warp, bk, bv);
         break;
     case 2:
-        a = hot_attr_g<2>(bk, bv);
+        a = hot_attr_any<2>(warp, bk, bv);
         break;
     case 4:
-        a = hot_attr_g<4>(bk, bv);
+        a = hot_attr_any<4>(warp, bk, bv);
         break;
     default:
-        a = hot_attr_g<8>(bk, bv);
+        a = hot_attr_any<8>(warp, bk, bv);
         break;
     }
-    f->smem = dqcu__attend_hot_smem(QH, dc->d, G, hpb);
+    if (warp) {
+        /* its own state, or the tail block's (hot_plan with one head's query fragments) */
+        const size_t sw = hotw_plan(G, bk, bv).total, st = dqcu__attend_hot_smem(QH, dc->d, G, 1);
+        f->smem = sw > st ? sw : st;
+    } else
+        f->smem = dqcu__attend_hot_smem(QH, dc->d, G, hpb);
     f->per_sm = dqcu__attend_blocks_per_sm(dc, a, f->smem);
     f->prep_bytes = 0;
     return f->per_sm >= 1;
 }
 
 template <int G, int BK, int BV>
-static int launch_hot(const hot_params &p, size_t smem, uint32_t nseq, uint32_t nblk_y, cudaStream_t stream)
+static int launch_hot(const hot_params &p, bool warp, size_t smem, uint32_t nseq, uint32_t nblk_y, cudaStream_t stream)
 {
-    int rc = att_allow_smem<attend_hot_kernel<G, BK, BV>>();
+    int rc = warp ? att_allow_smem<attend_hotw_kernel<G, BK, BV>>() : att_allow_smem<attend_hot_kernel<G, BK, BV>>();
     if (rc)
         return rc;
-    attend_hot_kernel<G, BK, BV><<<dim3(nseq, nblk_y), ATT_THREADS, smem, stream>>>(p);
+    if (warp)
+        attend_hotw_kernel<G, BK, BV><<<dim3(nseq, nblk_y), ATT_THREADS, smem, stream>>>(p);
+    else
+        attend_hot_kernel<G, BK, BV><<<dim3(nseq, nblk_y), ATT_THREADS, smem, stream>>>(p);
     DQCU_CHECK_LAUNCH();
     return DQ_OK;
 }
 
 template <int G>
-static int launch_hot_g(const hot_params &p, size_t smem, uint32_t nseq, uint32_t nblk_y, cudaStream_t stream)
+static int launch_hot_g(const hot_params &p, bool warp, size_t smem, uint32_t nseq, uint32_t nblk_y,
+                        cudaStream_t stream)
 {
 #define HOT_W_LAUNCH(a, b)      \
     if (p.bk == a && p.bv == b) \
-        return launch_hot<G, a, b>(p, smem, nseq, nblk_y, stream);
+        return launch_hot<G, a, b>(p, warp, smem, nseq, nblk_y, stream);
     HOT_WIDTHS(HOT_W_LAUNCH)
 #undef HOT_W_LAUNCH
     return DQ_UNSUPPORTED;
@@ -666,14 +1179,15 @@ int dqcu__attend_hot_launch(const dqcu_codec *dc, const att_params &a, const att
     p.nhg = nhg;
     p.hpb = dc->kv_heads / nhg;
     const uint32_t nblk_y = (pl.nsplit + 1) * nhg;
+    const bool warp = dqcu__attend_hot_version(dc) == 2;
     switch (a.G) {
     case 1:
-        return launch_hot_g<1>(p, pl.smem, nseq, nblk_y, stream);
+        return launch_hot_g<1>(p, warp, pl.smem, nseq, nblk_y, stream);
     case 2:
-        return launch_hot_g<2>(p, pl.smem, nseq, nblk_y, stream);
+        return launch_hot_g<2>(p, warp, pl.smem, nseq, nblk_y, stream);
     case 4:
-        return launch_hot_g<4>(p, pl.smem, nseq, nblk_y, stream);
+        return launch_hot_g<4>(p, warp, pl.smem, nseq, nblk_y, stream);
     default:
-        return launch_hot_g<8>(p, pl.smem, nseq, nblk_y, stream);
+        return launch_hot_g<8>(p, warp, pl.smem, nseq, nblk_y, stream);
     }
 }

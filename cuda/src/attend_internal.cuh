@@ -88,6 +88,9 @@ bool dqcu__attend7_fit(const dqcu_codec *dc, uint32_t QH, att_fit *f);
 int dqcu__attend7_launch(const att_params &p, const att_plan &pl, uint32_t nseq, cudaStream_t stream);
 /* attend_hot.cu (hot windows, dquant/hot.h): fit for blocks of hpb KV heads; launch runs the
  * window splits and the tail split of nhg head groups (grid y = (pl.nsplit + 1)·nhg). */
+/* 1: the block kernel (attend_hot_kernel); 2: the warp kernel (attend_hotw_kernel): what
+ * dqcu_attend_hot runs with dc's settings (dqcu_settings.hot_kernel) and shape. */
+int dqcu__attend_hot_version(const dqcu_codec *dc);
 bool dqcu__attend_hot_fit(const dqcu_codec *dc, uint32_t QH, uint32_t hpb, att_fit *f);
 int dqcu__attend_hot_launch(const dqcu_codec *dc, const att_params &p, const att_plan &pl, uint32_t nhg, uint32_t nseq,
                             cudaStream_t stream);

@@ -116,7 +116,8 @@ static bool settings_ok(const dqcu_settings *s)
     size_t na = 0, ne = 0;
     const int *att = dqcu_attend_kernels(&na), *enc = dqcu_encode_kernels(&ne);
     return version_in(s->attend_kernel, att, na) && version_in(s->encode_kernel, enc, ne) &&
-           (s->encode_schedule == DQCU_SCHEDULE_PLANNED || s->encode_schedule == DQCU_SCHEDULE_PLAIN);
+           (s->encode_schedule == DQCU_SCHEDULE_PLANNED || s->encode_schedule == DQCU_SCHEDULE_PLAIN) &&
+           (s->hot_kernel == DQCU_KERNEL_AUTO || s->hot_kernel == 1 || s->hot_kernel == 2);
 }
 
 extern "C" int dqcu_codec_create(const dq_codec *codec, dqcu_codec **out)
@@ -137,8 +138,13 @@ extern "C" int dqcu_codec_create_with(const dq_codec *codec, const dqcu_settings
         st = *settings;
     }
     const dq_profile *p = dq_codec_profile(codec);
+    /* D-Quant (rANS tables) or the fixed-width family (the hot layout only: dqcu_transcode_hot,
+     * dqcu_attend_hot; the container kernels refuse it) */
+    const bool fixed = p->codec_type == DQ_CODEC_FIXED;
+    if (!fixed && p->codec_type != DQ_CODEC_DQUANT)
+        return DQ_INVALID_ARGUMENT;
     for (int k = 0; k < 2; k++)
-        if (codec->kt[k].enc.freq[0] == 0 || p->levels[k] < 2)
+        if ((!fixed && codec->kt[k].enc.freq[0] == 0) || p->levels[k] < 2)
             return DQ_INVALID_ARGUMENT;
 
     dqcu_codec *dc = (dqcu_codec *)calloc(1, sizeof *dc);
@@ -185,8 +191,17 @@ extern "C" int dqcu_codec_create_with(const dq_codec *codec, const dqcu_settings
     DQCU_CHECK_GOTO(cudaMalloc((void **)&dc->signs, sizeof(float) * dc->n), rc, fail);
     DQCU_CHECK_GOTO(cudaMemcpy(dc->signs, signs_host, sizeof(float) * dc->n, cudaMemcpyHostToDevice), rc, fail);
 
-    kind_tab(codec, 0, &dc->host.kind[0]);
-    kind_tab(codec, 1, &dc->host.kind[1]);
+    dc->fixed = fixed;
+    for (int k = 0; k < 2; k++) {
+        if (fixed) {
+            dqcu_kind_tab *t = &dc->host.kind[k];
+            memset(t, 0, sizeof *t);
+            t->M = p->levels[k];
+            t->C = dq_fixed_packing(dc->n, p->levels[k], &dc->fx_k[k], &dc->fx_w[k]);
+        } else {
+            kind_tab(codec, k, &dc->host.kind[k]);
+        }
+    }
     dc->host.n = dc->n;
     dc->host.d = dc->d;
     dc->host.log2_d = codec->log2_head_dim;

@@ -97,6 +97,10 @@ struct dqcu_codec {
     dqcu_tables host; /* host copy (signs points to device memory) */
     dqcu_tables *tab; /* device */
     float *signs;     /* device */
+    /* fixed-width profiles (DQ_CODEC_FIXED): no rANS tables (host.kind holds M and C only); per kind
+     * the base-M packing, symbols per group and bits per group (dq_fixed_packing) */
+    bool fixed;
+    uint32_t fx_k[2], fx_w[2];
 };
 
 /* Uploads the exp2 table 2^(i/512) (rounded to float, identical to lib's dq__exp2_table()) to the

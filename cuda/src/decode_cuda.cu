@@ -165,7 +165,7 @@ extern "C" int dqcu_decompress(const dqcu_codec *dc, dq_kind kind, const uint8_t
         return DQ_INVALID_ARGUMENT;
     if (dtype != DQ_DTYPE_F32 && dtype != DQ_DTYPE_F16 && dtype != DQ_DTYPE_BF16)
         return DQ_DTYPE;
-    if (dc->d < 32 || dc->d > 512)
+    if (dc->d < 32 || dc->d > 512 || dc->fixed)
         return DQ_UNSUPPORTED;
     const size_t W = dc->W, n = dc->n, sealed = nwin * W, total = sealed + tail_tokens;
     if (first > total || count > total - first)

@@ -6,7 +6,12 @@
  * its b words as they come, so the words of consecutive tokens are written side by side (one
  * coalesced line per word index and warp). Block (w, 0) also copies the key-mean block and zeroes
  * its padding. A transcode runs once per window (when it is sealed or brought to the GPU tier);
- * attention then never decodes rANS. */
+ * attention then never decodes rANS.
+ *
+ * Fixed-width profiles (DQ_CODEC_FIXED) have their own kernel on the same grid: the thread reads its
+ * container's base-M groups (w bits each) in order, splits each into its k levels by divisions by
+ * M and packs them as they come; a group worth M^k or more, or a set bit past the groups, makes
+ * the container corrupt (lib/src/fixed_codec.c dq__fixed_unpack, whose levels it writes). */
 #include "hot_cuda.cuh"
 
 #include "rans_cuda.cuh"
@@ -34,7 +39,26 @@ struct hot_tc_params {
     uint32_t *corrupt;
     uint32_t off[4];
     uint32_t bits[2];
+    uint32_t fx_k[2], fx_w[2]; /* fixed-width profiles: symbols and bits per base-M group */
 };
+
+/* Block (w, 0)'s share of either kernel: the key-mean block as it is, its padding and the padding
+ * between the value (s, o) pairs and the key codes (odd W) zeroed. */
+__device__ __forceinline__ void hot_copy_head(const hot_tc_params &p, const uint8_t *win, uint8_t *hot, uint32_t n,
+                                              uint32_t W)
+{
+    for (uint32_t i = threadIdx.x; i < p.off[0]; i += blockDim.x)
+        hot[i] = i < 2u + n ? win[i] : 0;
+    for (uint32_t i = p.off[1] + 4u * W + threadIdx.x; i < p.off[2]; i += blockDim.x)
+        hot[i] = 0;
+}
+
+/* A record's (s, o) as it is: the record is not 4-byte aligned, the pair is. */
+__device__ __forceinline__ void hot_copy_so(const uint8_t *rec, uint8_t *so, uint32_t t)
+{
+    *(uint32_t *)(void *)(so + 4u * t) = (uint32_t)rec[0] | (uint32_t)rec[1] << 8 | (uint32_t)rec[2] << 16 |
+                                         (uint32_t)rec[3] << 24;
+}
 
 __global__ void __launch_bounds__(HOT_THREADS) hot_transcode_kernel(hot_tc_params p)
 {
@@ -48,22 +72,15 @@ __global__ void __launch_bounds__(HOT_THREADS) hot_transcode_kernel(hot_tc_param
     const uint8_t *win = p.windows[blockIdx.x];
     uint8_t *hot = p.hot[blockIdx.x];
     const uint32_t n = tb.n, W = tb.W, C = kt.C, b = p.bits[kind], G = n / 32;
-    if (kind == 0) {
-        for (uint32_t i = threadIdx.x; i < p.off[0]; i += blockDim.x)
-            hot[i] = i < 2u + n ? win[i] : 0;
-        /* the padding between the value (s, o) pairs and the key codes (odd W) */
-        for (uint32_t i = p.off[1] + 4u * W + threadIdx.x; i < p.off[2]; i += blockDim.x)
-            hot[i] = 0;
-    }
+    if (kind == 0)
+        hot_copy_head(p, win, hot, n, W);
     const size_t rk = 4u + tb.kind[0].C, rv = 4u + tb.kind[1].C;
     uint8_t *so = hot + p.off[kind];
     uint32_t *codes = (uint32_t *)(void *)(hot + p.off[2 + kind]);
     uint32_t nbad = 0;
     for (uint32_t t = threadIdx.x; t < W; t += blockDim.x) {
         const uint8_t *rec = kind == 0 ? dqcu_krec(win, n, rk, t) : dqcu_vrec(win, n, W, rk, rv, t);
-        /* s and o as they are: the record is not 4-byte aligned, the pair is */
-        *(uint32_t *)(void *)(so + 4u * t) = (uint32_t)rec[0] | (uint32_t)rec[1] << 8 | (uint32_t)rec[2] << 16 |
-                                             (uint32_t)rec[3] << 24;
+        hot_copy_so(rec, so, t);
         dqcu_rans_in in;
         uint32_t x = dqcu_rans_open(in, rec + 4, C);
         const bool valid_state = x >= DQCU_RANS_L && x < (DQCU_RANS_L << 8);
@@ -101,6 +118,62 @@ __global__ void __launch_bounds__(HOT_THREADS) hot_transcode_kernel(hot_tc_param
         atomicAdd(p.corrupt, nbad);
 }
 
+/* w bits (w <= 32) at bit pos of a little-endian bit string, reading only the bytes they touch. */
+__device__ __forceinline__ uint32_t hot_get_bits(const uint8_t *buf, uint32_t pos, uint32_t w)
+{
+    const uint8_t *q = buf + pos / 8;
+    const uint32_t sh = pos % 8, nbytes = (sh + w + 7) / 8;
+    uint64_t x = 0;
+    for (uint32_t i = 0; i < nbytes; i++)
+        x |= (uint64_t)q[i] << (8 * i);
+    return (uint32_t)((x >> sh) & ((1ull << w) - 1));
+}
+
+__global__ void __launch_bounds__(HOT_THREADS) hot_transcode_fixed_kernel(hot_tc_params p)
+{
+    const dqcu_tables &tb = *p.tab;
+    const int kind = (int)blockIdx.y;
+    const uint8_t *win = p.windows[blockIdx.x];
+    uint8_t *hot = p.hot[blockIdx.x];
+    const uint32_t n = tb.n, W = tb.W, M = tb.kind[kind].M, b = p.bits[kind];
+    const uint32_t K = p.fx_k[kind], w = p.fx_w[kind];
+    if (kind == 0)
+        hot_copy_head(p, win, hot, n, W);
+    const size_t rk = 4u + tb.kind[0].C, rv = 4u + tb.kind[1].C;
+    uint8_t *so = hot + p.off[kind];
+    uint32_t *codes = (uint32_t *)(void *)(hot + p.off[2 + kind]);
+    uint32_t nbad = 0;
+    for (uint32_t t = threadIdx.x; t < W; t += blockDim.x) {
+        const uint8_t *rec = kind == 0 ? dqcu_krec(win, n, rk, t) : dqcu_vrec(win, n, W, rk, rv, t);
+        hot_copy_so(rec, so, t);
+        const uint8_t *cont = rec + 4;
+        bool bad = false;
+        uint64_t acc = 0;
+        uint32_t nb = 0, wi = 0, pos = 0, j = 0;
+        for (uint32_t g0 = 0; g0 < n; g0 += K, pos += w) {
+            const uint32_t cnt = n - g0 < K ? n - g0 : K;
+            uint32_t v = hot_get_bits(cont, pos, w);
+            for (uint32_t i = 0; i < cnt; i++, j++) {
+                acc |= (uint64_t)(v % M) << nb;
+                v /= M;
+                nb += b;
+                if (nb >= 32) { /* 32·b bits per group of 32 channels: whole words, none left over */
+                    codes[((size_t)(j / 32) * b + wi) * W + t] = (uint32_t)acc;
+                    wi = wi + 1 == b ? 0 : wi + 1;
+                    acc >>= 32;
+                    nb -= 32;
+                }
+            }
+            bad |= v != 0;
+        }
+        if (pos % 8)
+            bad |= (cont[pos / 8] >> (pos % 8)) != 0;
+        nbad += bad ? 1u : 0u;
+    }
+    if (p.corrupt && nbad)
+        atomicAdd(p.corrupt, nbad);
+}
+
 extern "C" size_t dqcu_hot_window_bytes(const dqcu_codec *dc)
 {
     return dc ? dqcu__hot_offsets(dc, NULL) : 0;
@@ -129,7 +202,15 @@ extern "C" int dqcu_transcode_hot(const dqcu_codec *dc, const uint8_t *const *wi
         p.off[i] = (uint32_t)off[i];
     p.bits[0] = dqcu__hot_bits(dc->host.kind[0].M);
     p.bits[1] = dqcu__hot_bits(dc->host.kind[1].M);
-    hot_transcode_kernel<<<dim3((unsigned)nwin, 2), HOT_THREADS, 0, stream>>>(p);
+    if (dc->fixed) {
+        for (int k = 0; k < 2; k++) {
+            p.fx_k[k] = dc->fx_k[k];
+            p.fx_w[k] = dc->fx_w[k];
+        }
+        hot_transcode_fixed_kernel<<<dim3((unsigned)nwin, 2), HOT_THREADS, 0, stream>>>(p);
+    } else {
+        hot_transcode_kernel<<<dim3((unsigned)nwin, 2), HOT_THREADS, 0, stream>>>(p);
+    }
     DQCU_CHECK_LAUNCH();
     return DQ_OK;
 }

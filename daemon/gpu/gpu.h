@@ -23,7 +23,8 @@
  *
  * Budget. The GPU budget (--gpu-memory, default 80% of the free device memory at start) counts
  * the device bytes of layers (dqd_glayer.dev_bytes: window segments, pointer arrays, tails, and
- * with --gpu-attention-layout hot the hot copies of the windows, gpulayer.h); the
+ * with --gpu-attention-layout hot the hot copies of the windows, gpulayer.h; with hot-only the hot
+ * windows instead of the segments' records); the
  * per-worker scratch and the device codecs come on top, which is why the default leaves a margin.
  *
  * Without CUDA at build time gpu_none.c provides these functions: dqd_gpu_create then fails with
@@ -74,13 +75,17 @@ void dqd_gpu_forget_codec(void *gpu, const dqd_codec *codec);
 /* Upper estimate of the device bytes, for dqd_store_gpu_reserve, of appending ntok tokens (may be
  * 0) to a layer: gpu when it is on the GPU; else host (may be NULL: a new layer) moved there.
  * With the hot layout, the hot copies of the windows count too (for a layer not yet on the GPU,
- * whenever the profile has a hot layout: the kernel's shape check needs the device codec). */
+ * whenever the profile has a hot layout: the kernel's shape check needs the device codec); with
+ * hot-only, instead of the records (the larger of the two for a layer not yet on the GPU). */
 uint64_t dqd_gpu_need(const dqd_gpu *g, const dqd_codec *codec, const dq_layer *host, const dqd_glayer *gpu,
                       uint64_t ntok);
 /* Hot windows (--gpu-attention-layout hot, gpulayer.h) held right now: transcoded windows and the
  * device bytes of their slots and pointer arrays (included in dqd_gpu_allocated); and the ATTEND
  * items attended over hot windows so far. 0 on the containers layout. */
 void dqd_gpu_hot_stats(const dqd_gpu *g, uint64_t *windows, uint64_t *bytes, uint64_t *items);
+/* --gpu-attention-layout hot-only: the hot windows held without their record (part of the hot
+ * windows above), and the window records rebuilt from hot windows on the CPU so far. */
+void dqd_gpu_hot_only_stats(const dqd_gpu *g, uint64_t *windows, uint64_t *rebuilt);
 
 /* ---- worker threads (the caller holds the access the operation needs) ---- */
 

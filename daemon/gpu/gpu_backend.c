@@ -71,12 +71,16 @@ int dqd_gpu_create(const dqd_config *cfg, dqd_hostmem *mem, dqd_gpu **out, char 
     g->settings.encode_kernel = (int)cfg->encode_kernel;
     g->settings.encode_schedule = cfg->encode_schedule == DQD_ENCODE_PLAIN ? DQCU_SCHEDULE_PLAIN
                                                                            : DQCU_SCHEDULE_PLANNED;
-    g->hot_layout = cfg->gpu_attention_layout == DQD_GPU_LAYOUT_HOT;
+    g->hot_layout = cfg->gpu_attention_layout == DQD_GPU_LAYOUT_HOT ||
+                    cfg->gpu_attention_layout == DQD_GPU_LAYOUT_HOT_ONLY;
+    g->hot_only = cfg->gpu_attention_layout == DQD_GPU_LAYOUT_HOT_ONLY;
     pthread_mutex_init(&g->mu, NULL);
     atomic_init(&g->allocated, 0);
     atomic_init(&g->hot_windows, 0);
     atomic_init(&g->hot_bytes, 0);
     atomic_init(&g->hot_items, 0);
+    atomic_init(&g->hot_only_windows, 0);
+    atomic_init(&g->records_rebuilt, 0);
     DQD_GCK_GOTO(cudaSetDevice(dev), rc, fail);
     size_t free_b = 0, total_b = 0;
     DQD_GCK_GOTO(cudaMemGetInfo(&free_b, &total_b), rc, fail);
@@ -160,6 +164,12 @@ void dqd_gpu_hot_stats(const dqd_gpu *g, uint64_t *windows, uint64_t *bytes, uin
     *items = atomic_load_explicit(&((dqd_gpu *)g)->hot_items, memory_order_relaxed);
     *windows = atomic_load_explicit(&((dqd_gpu *)g)->hot_windows, memory_order_relaxed);
     *bytes = atomic_load_explicit(&((dqd_gpu *)g)->hot_bytes, memory_order_relaxed);
+}
+
+void dqd_gpu_hot_only_stats(const dqd_gpu *g, uint64_t *windows, uint64_t *rebuilt)
+{
+    *windows = atomic_load_explicit(&((dqd_gpu *)g)->hot_only_windows, memory_order_relaxed);
+    *rebuilt = atomic_load_explicit(&((dqd_gpu *)g)->records_rebuilt, memory_order_relaxed);
 }
 
 const char *dqd_gpu_describe(const dqd_gpu *g)

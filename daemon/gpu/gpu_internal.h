@@ -43,6 +43,7 @@ enum {
     DQD_GBUF_WS,    /* attention workspace */
     DQD_GBUF_RAW,   /* an append's host input copied up, K then V */
     DQD_GBUF_CHECK, /* token check words */
+    DQD_GBUF_RECS,  /* hot-only layers: window records in passing (pointer array, then records) */
     DQD_GBUF_COUNT
 };
 
@@ -75,10 +76,13 @@ struct dqd_gpu {
     pthread_mutex_t mu; /* guards workers and codecs */
     dqd_gwork *workers;
     dqd_gcodec *codecs;
-    dqcu_settings settings;                  /* kernel versions from the config, for every codec */
-    bool hot_layout;                         /* --gpu-attention-layout hot: layers keep hot copies (gpulayer.h) */
+    dqcu_settings settings; /* kernel versions from the config, for every codec */
+    bool hot_layout;        /* --gpu-attention-layout hot or hot-only: layers keep hot copies (gpulayer.h) */
+    bool hot_only;          /* --gpu-attention-layout hot-only: and no records beside them */
     _Atomic uint64_t hot_windows, hot_bytes; /* held now (dqd_gpu_hot_stats) */
     _Atomic uint64_t hot_items;              /* attention items run by dqcu_attend_hot */
+    _Atomic uint64_t hot_only_windows;       /* hot windows held without their record (dqd_gpu_hot_only_stats) */
+    _Atomic uint64_t records_rebuilt;        /* records rebuilt from hot windows, total */
 };
 
 /* Logs a failed CUDA call, clears the thread's last error (so a later library call does not

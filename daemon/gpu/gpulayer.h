@@ -21,12 +21,21 @@
  * layer when it leaves the GPU. Each segment has a hot block of as many slots (hot_stride bytes
  * apart); d_hot/h_hot are the pointer arrays dqcu_attn_seq.windows takes, parallel to d_win.
  *
+ * Hot-only layers (--gpu-attention-layout hot-only, hot_only set): the same, without the records.
+ * A segment has only its hot block (base NULL) and the layer no d_win/h_win; an append encodes
+ * its windows into the worker's scratch (DQD_GBUF_RECS) and transcodes them from there, a promote
+ * uploads the host records there. Whatever reads records (GET, GET_RAW, demotes to the host and
+ * disk tiers, an ATTEND over the records) gets them rebuilt from the hot windows on the CPU
+ * (dq_hot_rebuild: byte for byte the records they were transcoded from). dev_bytes counts what is
+ * held: the hot blocks, the hot pointer arrays, the tail.
+ *
  * This header has no CUDA types: device addresses are plain pointers the host never dereferences.
  * Fields change only under exclusive access to the sequence (a writer's worker task); the loop
  * thread reads them between requests. */
 #ifndef DQD_GPULAYER_H
 #define DQD_GPULAYER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,7 +45,7 @@
 #define DQD_GSEG_MIN 4u
 
 typedef struct dqd_gseg {
-    uint8_t *base;  /* device: count window records back to back */
+    uint8_t *base;  /* device: count window records back to back (NULL in a hot-only layer) */
     uint32_t first; /* index in the layer of its first window */
     uint32_t count; /* windows it has room for */
     uint8_t *hot;   /* device: count hot windows, hot_stride apart (NULL when the layer has none) */
@@ -50,14 +59,15 @@ typedef struct dqd_glayer {
     uint32_t cap;   /* entries of h_win / d_win (>= slots) */
     uint32_t nseg, segcap;
     dqd_gseg *segs;      /* host [segcap] */
-    uint8_t **h_win;     /* host [cap]: device addresses of the window slots */
-    uint8_t **d_win;     /* device [cap]: the same pointers */
+    uint8_t **h_win;     /* host [cap]: device addresses of the window slots (NULL: hot-only) */
+    uint8_t **d_win;     /* device [cap]: the same pointers (NULL: hot-only) */
     uint16_t *d_tail;    /* device: K tail [R][n] then V tail [R][n], BF16 */
     uint64_t dev_bytes;  /* device bytes allocated for this layer (what the GPU budget counts) */
     uint32_t nhot;       /* windows [0, nhot) have their hot copy (nhot == nwin after every operation) */
     uint64_t hot_stride; /* bytes per hot window slot (dqcu_hot_window_bytes rounded up); 0: no hot copies */
     uint8_t **h_hot;     /* host [cap]: device addresses of the hot window slots (NULL: no hot copies) */
     uint8_t **d_hot;     /* device [cap]: the same pointers */
+    bool hot_only;       /* the windows are held only as hot windows (hot_stride != 0) */
 } dqd_glayer;
 
 static inline uint64_t dqd_glayer_tokens(const dqd_glayer *l)
@@ -65,7 +75,8 @@ static inline uint64_t dqd_glayer_tokens(const dqd_glayer *l)
     return (uint64_t)l->nwin * l->W + l->tail;
 }
 
-/* Bytes of K/V held: window records plus the tail tokens in use (as dq_layer_stored_bytes). */
+/* Bytes of K/V held: window records plus the tail tokens in use (as dq_layer_stored_bytes; a
+ * hot-only layer counts the records it stands for, dev_bytes what it holds). */
 static inline uint64_t dqd_glayer_stored_bytes(const dqd_glayer *l, size_t window_bytes, uint32_t n)
 {
     return (uint64_t)l->nwin * window_bytes + (uint64_t)l->tail * n * 2u * sizeof(uint16_t);
@@ -78,7 +89,7 @@ static inline uint64_t dqd_glayer_host_bytes(const dqd_glayer *l)
     if (l->segcap)
         b += dqd_hostmem_cost((size_t)l->segcap * sizeof(dqd_gseg));
     if (l->cap)
-        b += dqd_hostmem_cost((size_t)l->cap * sizeof(uint8_t *)) * (l->hot_stride ? 2u : 1u);
+        b += dqd_hostmem_cost((size_t)l->cap * sizeof(uint8_t *)) * (l->hot_stride && !l->hot_only ? 2u : 1u);
     return b;
 }
 

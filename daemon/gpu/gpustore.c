@@ -12,7 +12,11 @@
  * Hot copies (--gpu-attention-layout hot, gpulayer.h): a layer whose profile the hot attention
  * kernel takes gets a hot block beside each segment; the windows an append seals, or a promote
  * brings, are transcoded into it (dqcu_transcode_hot) in the same task, so that nhot == nwin
- * whenever the layer is not being written. A rollback drops the copies of the windows it drops. */
+ * whenever the layer is not being written. A rollback drops the copies of the windows it drops.
+ *
+ * Hot-only layers (--gpu-attention-layout hot-only, gpulayer.h) hold no records: appends encode
+ * into the worker's record scratch and transcode from it, promotes upload the host records there;
+ * readers of records get them rebuilt on the CPU from the hot windows (rebuild_host, records_dev). */
 #include <assert.h>
 #include <math.h>
 #include <stdlib.h>
@@ -65,9 +69,12 @@ static uint64_t hot_stride_for(const dqd_gpu *g, const dqcu_codec *dc, const dqd
     return hot_slot_bytes(dqcu_hot_window_bytes(dc));
 }
 
-/* Adds to the hot stats (deltas may be negative: unsigned wrap-around). */
-static void hot_account(dqd_gpu *g, int64_t windows, int64_t bytes)
+/* Adds to the hot stats (deltas may be negative: unsigned wrap-around); hot_only: the windows are
+ * held without their records. */
+static void hot_account(dqd_gpu *g, int64_t windows, int64_t bytes, bool hot_only)
 {
+    if (windows && hot_only)
+        atomic_fetch_add_explicit(&g->hot_only_windows, (uint64_t)windows, memory_order_relaxed);
     if (windows)
         atomic_fetch_add_explicit(&g->hot_windows, (uint64_t)windows, memory_order_relaxed);
     if (bytes)
@@ -82,9 +89,10 @@ static uint64_t segment_windows(uint64_t missing)
     return missing < DQD_GSEG_MIN ? DQD_GSEG_MIN : missing;
 }
 
-/* hot: bytes per hot slot (0: none); hot layers have two pointer arrays. */
+/* rec, hot: bytes per window of records and per hot slot (0: none); arrays: pointer arrays (2 for
+ * hot layers, 1 for the others: records only, or hot-only). */
 static uint64_t append_need(const dqd_codec *codec, uint64_t nwin, uint64_t tail, uint64_t slots, uint64_t cap,
-                            uint64_t ntok, uint64_t hot)
+                            uint64_t ntok, uint64_t rec, uint64_t hot, uint64_t arrays)
 {
     const uint64_t W = codec->profile.window, R = codec->profile.residual;
     uint64_t total = tail + ntok;
@@ -92,9 +100,9 @@ static uint64_t append_need(const dqd_codec *codec, uint64_t nwin, uint64_t tail
     uint64_t need = 0;
     if (nwin + nseal > slots) {
         uint64_t cnt = segment_windows(nwin + nseal - slots);
-        need += cnt * (codec->window_bytes + hot);
+        need += cnt * (rec + hot);
         if (slots + cnt > cap)
-            need += (uint64_t)pow2_cap(slots + cnt) * sizeof(void *) * (hot ? 2u : 1u);
+            need += (uint64_t)pow2_cap(slots + cnt) * sizeof(void *) * arrays;
     }
     return need;
 }
@@ -103,10 +111,16 @@ uint64_t dqd_gpu_need(const dqd_gpu *g, const dqd_codec *codec, const dq_layer *
                       uint64_t ntok)
 {
     if (gpu)
-        return append_need(codec, gpu->nwin, gpu->tail, gpu->slots, gpu->cap, ntok, gpu->hot_stride);
+        return append_need(codec, gpu->nwin, gpu->tail, gpu->slots, gpu->cap, ntok,
+                           gpu->hot_only ? 0 : codec->window_bytes, gpu->hot_stride,
+                           gpu->hot_stride && !gpu->hot_only ? 2u : 1u);
     /* Whether a new layer gets hot copies is decided on the device codec: assume it does. */
     const size_t hwb = g && g->hot_layout ? dq_hot_window_bytes(codec->codec) : 0;
     const uint64_t hot = hwb ? hot_slot_bytes(hwb) : 0;
+    const bool hot_only = hot && g->hot_only;
+    /* hot-only: a layer the kernel refuses holds records instead of hot windows; count the larger */
+    const uint64_t rec = hot_only ? (codec->window_bytes > hot ? codec->window_bytes - hot : 0) : codec->window_bytes;
+    const uint64_t arrays = hot && !hot_only ? 2u : 1u;
     uint64_t need = tail_dev_bytes(codec);
     uint64_t nwin = 0, tail = 0, cap = 0;
     if (host) {
@@ -114,10 +128,10 @@ uint64_t dqd_gpu_need(const dqd_gpu *g, const dqd_codec *codec, const dq_layer *
         tail = dq_layer_tail_tokens(host);
         if (nwin) {
             cap = pow2_cap(nwin);
-            need += nwin * (codec->window_bytes + hot) + cap * sizeof(void *) * (hot ? 2u : 1u);
+            need += nwin * (rec + hot) + cap * sizeof(void *) * arrays;
         }
     }
-    return need + append_need(codec, nwin, tail, nwin, cap, ntok, hot);
+    return need + append_need(codec, nwin, tail, nwin, cap, ntok, rec, hot, arrays);
 }
 
 /* ---- layer memory ---- */
@@ -127,7 +141,7 @@ static void layer_free(dqd_gpu *g, cudaStream_t stream, const dqd_codec *codec, 
     if (!l)
         return;
     if (l->hot_stride)
-        hot_account(g, -(int64_t)l->nhot, -(int64_t)dqd_glayer_hot_bytes(l));
+        hot_account(g, -(int64_t)l->nhot, -(int64_t)dqd_glayer_hot_bytes(l), l->hot_only);
     for (uint32_t i = 0; i < l->nseg; i++) {
         dqd_gfree(g, stream, l->segs[i].base, (size_t)l->segs[i].count * codec->window_bytes);
         if (l->segs[i].hot)
@@ -162,6 +176,7 @@ static int layer_new(dqd_gwork *w, const dqd_codec *codec, const dqcu_codec *dc,
     l->W = codec->profile.window;
     l->R = codec->profile.residual;
     l->hot_stride = hot_stride_for(w->g, dc, codec);
+    l->hot_only = l->hot_stride && w->g->hot_only;
     int rc = dqd_gmalloc(w, tail_dev_bytes(codec), (void **)&l->d_tail);
     if (rc < 0) {
         dqd_hostmem_free(w->g->mem, l);
@@ -207,8 +222,8 @@ static int grow_cap(dqd_gwork *w, dqd_glayer *l, uint64_t want)
         return DQ_OK;
     const uint32_t cap = pow2_cap(want);
     const size_t ps = sizeof(uint8_t *);
-    uint8_t **h, **d, **hh = NULL, **dh = NULL;
-    int rc = new_ptrs(w, cap, l->h_win, l->slots, &h, &d);
+    uint8_t **h = NULL, **d = NULL, **hh = NULL, **dh = NULL;
+    int rc = l->hot_only ? DQ_OK : new_ptrs(w, cap, l->h_win, l->slots, &h, &d);
     if (rc < 0)
         return rc;
     if (l->hot_stride) {
@@ -223,13 +238,15 @@ static int grow_cap(dqd_gwork *w, dqd_glayer *l, uint64_t want)
         l->h_hot = hh;
         l->d_hot = dh;
         l->dev_bytes += (uint64_t)(cap - l->cap) * ps;
-        hot_account(w->g, 0, (int64_t)(cap - l->cap) * (int64_t)ps);
+        hot_account(w->g, 0, (int64_t)(cap - l->cap) * (int64_t)ps, false);
     }
-    dqd_gfree(w->g, w->stream, l->d_win, (size_t)l->cap * ps);
-    dqd_hostmem_free(w->g->mem, l->h_win);
-    l->dev_bytes += (uint64_t)(cap - l->cap) * ps;
-    l->h_win = h;
-    l->d_win = d;
+    if (!l->hot_only) {
+        dqd_gfree(w->g, w->stream, l->d_win, (size_t)l->cap * ps);
+        dqd_hostmem_free(w->g->mem, l->h_win);
+        l->dev_bytes += (uint64_t)(cap - l->cap) * ps;
+        l->h_win = h;
+        l->d_win = d;
+    }
     l->cap = cap;
     return DQ_OK;
 }
@@ -251,9 +268,9 @@ static int add_segment(dqd_gwork *w, const dqd_codec *codec, dqd_glayer *l, uint
     int rc = grow_cap(w, l, (uint64_t)l->slots + count);
     if (rc < 0)
         return rc;
-    size_t wb = codec->window_bytes, hb = (size_t)l->hot_stride;
-    uint8_t *base, *hot = NULL;
-    rc = dqd_gmalloc(w, count * wb, (void **)&base);
+    size_t wb = l->hot_only ? 0 : codec->window_bytes, hb = (size_t)l->hot_stride;
+    uint8_t *base = NULL, *hot = NULL;
+    rc = wb ? dqd_gmalloc(w, count * wb, (void **)&base) : DQ_OK;
     if (rc < 0)
         return rc;
     if (hb) {
@@ -263,9 +280,10 @@ static int add_segment(dqd_gwork *w, const dqd_codec *codec, dqd_glayer *l, uint
             return rc;
         }
     }
-    for (uint32_t j = 0; j < count; j++)
+    for (uint32_t j = 0; wb && j < count; j++)
         l->h_win[l->slots + j] = base + j * wb;
-    rc = dqd_gh2d(w, l->d_win + l->slots, l->h_win + l->slots, count * sizeof(uint8_t *));
+    if (wb)
+        rc = dqd_gh2d(w, l->d_win + l->slots, l->h_win + l->slots, count * sizeof(uint8_t *));
     if (rc == DQ_OK && hb) {
         for (uint32_t j = 0; j < count; j++)
             l->h_hot[l->slots + j] = hot + j * hb;
@@ -281,7 +299,7 @@ static int add_segment(dqd_gwork *w, const dqd_codec *codec, dqd_glayer *l, uint
     l->slots += count;
     l->dev_bytes += (uint64_t)count * (wb + hb);
     if (hb)
-        hot_account(w->g, 0, (int64_t)(count * hb));
+        hot_account(w->g, 0, (int64_t)(count * hb), false);
     return DQ_OK;
 }
 
@@ -290,12 +308,14 @@ static void trim_segments(dqd_gwork *w, const dqd_codec *codec, dqd_glayer *l, u
 {
     while (l->nseg > nseg) {
         dqd_gseg *s = &l->segs[--l->nseg];
-        dqd_gfree(w->g, w->stream, s->base, (size_t)s->count * codec->window_bytes);
-        l->dev_bytes -= (uint64_t)s->count * codec->window_bytes;
+        if (s->base) {
+            dqd_gfree(w->g, w->stream, s->base, (size_t)s->count * codec->window_bytes);
+            l->dev_bytes -= (uint64_t)s->count * codec->window_bytes;
+        }
         if (s->hot) {
             dqd_gfree(w->g, w->stream, s->hot, (size_t)s->count * l->hot_stride);
             l->dev_bytes -= (uint64_t)s->count * l->hot_stride;
-            hot_account(w->g, 0, -(int64_t)((uint64_t)s->count * l->hot_stride));
+            hot_account(w->g, 0, -(int64_t)((uint64_t)s->count * l->hot_stride), false);
         }
         l->slots -= s->count;
     }
@@ -303,8 +323,11 @@ static void trim_segments(dqd_gwork *w, const dqd_codec *codec, dqd_glayer *l, u
 
 /* Transcodes windows [first, first + count) of a hot layer into their hot slots (stream-ordered;
  * a no-op for a layer without hot copies). Their records are valid: sealed by the encoder, or
- * checked when they came in (PUT_RAW, the disk tier). */
-static int hot_transcode(dqd_gwork *w, const dqcu_codec *dc, dqd_glayer *l, uint32_t first, uint32_t count)
+ * checked when they came in (PUT_RAW, the disk tier). recs: device pointers to the records of
+ * these windows (NULL: the layer's own, d_win + first); corrupt (device, may be NULL) counts
+ * invalid containers, which a hot-only layer cannot hold. */
+static int hot_transcode(dqd_gwork *w, const dqcu_codec *dc, dqd_glayer *l, uint32_t first, uint32_t count,
+                         const uint8_t *const *recs, uint32_t *corrupt)
 {
     if (!l->hot_stride || !count)
         return DQ_OK;
@@ -312,13 +335,139 @@ static int hot_transcode(dqd_gwork *w, const dqcu_codec *dc, dqd_glayer *l, uint
         DQD_ERROR("GPU layer: hot copies of windows [0, %u), asked to transcode from %u", l->nhot, first);
         return DQ_INTERNAL;
     }
-    int r = dqcu_transcode_hot(dc, (const uint8_t *const *)(l->d_win + first), count, l->d_hot + first, NULL,
-                               w->stream);
+    if (!recs)
+        recs = (const uint8_t *const *)(l->d_win + first);
+    int r = dqcu_transcode_hot(dc, recs, count, l->d_hot + first, corrupt, w->stream);
     if (r < 0)
         return dqd_gcu_fail(r, "dqcu_transcode_hot", __FILE__, __LINE__);
     l->nhot = first + count;
-    hot_account(w->g, count, 0);
+    hot_account(w->g, count, 0, l->hot_only);
     return DQ_OK;
+}
+
+/* ---- records of hot-only layers ---- */
+
+/* The worker's record scratch (DQD_GBUF_RECS): a device array of nptr pointers, then room for
+ * count records; entry i in [at, at + count) points at record i - at, the others at record 0
+ * (never read through them). The array is uploaded in stream order. */
+static int rec_scratch(dqd_gwork *w, size_t wb, uint32_t nptr, uint32_t at, uint32_t count, uint8_t **recs,
+                       uint8_t ***ptrs)
+{
+    const size_t pb = align256((size_t)(nptr ? nptr : 1) * sizeof(uint8_t *));
+    uint8_t *buf;
+    int rc = dqd_gwork_buf(w, DQD_GBUF_RECS, pb + (size_t)(count ? count : 1) * wb, (void **)&buf);
+    if (rc < 0)
+        return rc;
+    if (nptr) {
+        uint8_t **h = malloc((size_t)nptr * sizeof *h);
+        if (!h)
+            return DQ_NOMEM;
+        for (uint32_t i = 0; i < nptr; i++)
+            h[i] = buf + pb + (i >= at && i - at < count ? (size_t)(i - at) * wb : 0);
+        rc = dqd_gh2d(w, buf, h, (size_t)nptr * sizeof *h);
+        free(h);
+        if (rc < 0)
+            return rc;
+    }
+    *recs = buf + pb;
+    *ptrs = (uint8_t **)(void *)buf;
+    return DQ_OK;
+}
+
+/* Rebuilds the records of windows [first, first + count) of a hot-only layer into dst (host,
+ * count records back to back): each hot window comes down and dq_hot_rebuild makes its record,
+ * byte for byte the one it was transcoded from. */
+static int rebuild_host(dqd_gwork *w, const dqd_codec *codec, const dqd_glayer *l, uint32_t first, uint32_t count,
+                        uint8_t *dst)
+{
+    const size_t hwb = dq_hot_window_bytes(codec->codec), wb = codec->window_bytes;
+    uint8_t *hot = malloc(hwb ? hwb : 1);
+    if (!hot)
+        return DQ_NOMEM;
+    int rc = DQ_OK;
+    for (uint32_t i = 0; i < count && rc == DQ_OK; i++) {
+        rc = dqd_gd2h(w, hot, l->h_hot[first + i], hwb);
+        if (rc == DQ_OK) {
+            rc = dq_hot_rebuild(codec->codec, hot, hwb, dst + (size_t)i * wb);
+            if (rc < 0)
+                DQD_ERROR("GPU layer: hot window %u does not rebuild to a record: %s", first + i, dq_strerror(rc));
+        }
+    }
+    free(hot);
+    if (rc == DQ_OK)
+        atomic_fetch_add_explicit(&w->g->records_rebuilt, count, memory_order_relaxed);
+    return rc;
+}
+
+/* Device pointers to the window records that tokens [first, first + count) of l read: the
+ * layer's own, or for a hot-only layer nwin pointers whose windows in that range point at records
+ * rebuilt (rebuild_host) into the worker's scratch. Valid until the next use of the scratch. */
+static int records_dev(dqd_gwork *w, const dqd_codec *codec, const dqd_glayer *l, uint64_t first, uint64_t count,
+                       const uint8_t *const **out)
+{
+    if (!l->hot_only || !l->nwin) {
+        *out = (const uint8_t *const *)l->d_win;
+        return DQ_OK;
+    }
+    const uint64_t W = l->W, wb = codec->window_bytes;
+    uint64_t we = (first + count + W - 1) / W, wa = first / W;
+    if (we > l->nwin)
+        we = l->nwin;
+    if (wa > we)
+        wa = we;
+    const uint32_t cnt = (uint32_t)(we - wa);
+    uint8_t *host = malloc(cnt * wb + 1), *recs;
+    uint8_t **ptrs;
+    if (!host)
+        return DQ_NOMEM;
+    int rc = rebuild_host(w, codec, l, (uint32_t)wa, cnt, host);
+    if (rc == DQ_OK)
+        rc = rec_scratch(w, wb, l->nwin, (uint32_t)wa, cnt, &recs, &ptrs);
+    if (rc == DQ_OK && cnt)
+        rc = dqd_gh2d(w, recs, host, cnt * wb);
+    free(host);
+    if (rc < 0)
+        return rc;
+    *out = (const uint8_t *const *)ptrs;
+    return DQ_OK;
+}
+
+/* Brings the records of a host layer into a new hot-only layer's hot slots: uploaded to the record
+ * scratch a pinned half's worth at a time and transcoded from there. DQ_CORRUPT when a container
+ * is invalid: its hot window would not rebuild to it. */
+static int promote_hot_only(dqd_gwork *w, const dqcu_codec *dc, const dqd_codec *codec, dqd_glayer *l,
+                            const dq_layer *hl, size_t nwin)
+{
+    const size_t wb = codec->window_bytes;
+    size_t per = wb <= DQD_GPIN_BYTES ? DQD_GPIN_BYTES / wb : 1;
+    if (per > nwin)
+        per = nwin;
+    uint8_t *recs;
+    uint8_t **ptrs;
+    uint32_t *dcor;
+    int rc = rec_scratch(w, wb, (uint32_t)per, 0, (uint32_t)per, &recs, &ptrs);
+    if (rc == DQ_OK)
+        rc = dqd_gwork_buf(w, DQD_GBUF_SMALL, sizeof *dcor, (void **)&dcor);
+    if (rc < 0)
+        return rc;
+    DQD_GCK(cudaMemsetAsync(dcor, 0, sizeof *dcor, w->stream));
+    for (size_t i = 0; i < nwin;) {
+        const size_t cnt = nwin - i < per ? nwin - i : per;
+        for (size_t j = 0; j < cnt && rc == DQ_OK; j++)
+            rc = dqd_gh2d(w, recs + j * wb, dq_layer_window(hl, i + j), wb);
+        if (rc == DQ_OK)
+            rc = hot_transcode(w, dc, l, (uint32_t)i, (uint32_t)cnt, (const uint8_t *const *)ptrs, dcor);
+        if (rc < 0)
+            return rc;
+        i += cnt;
+    }
+    uint32_t cor = 0;
+    rc = dqd_gd2h(w, &cor, dcor, sizeof cor);
+    if (rc == DQ_OK && cor) {
+        DQD_WARN("a layer with %u invalid containers stays on the host: hot-only windows cannot hold them", cor);
+        rc = DQ_CORRUPT;
+    }
+    return rc;
 }
 
 /* ---- appends ---- */
@@ -387,7 +536,7 @@ static int undo(dqd_gwork *w, const dqd_codec *codec, dqd_gappend *txn, dqd_glay
     }
     trim_segments(w, codec, l, txn->nseg0);
     if (l->nhot > txn->nwin0) {
-        hot_account(w->g, -(int64_t)(l->nhot - txn->nwin0), 0);
+        hot_account(w->g, -(int64_t)(l->nhot - txn->nwin0), 0, l->hot_only);
         l->nhot = txn->nwin0;
     }
     l->nwin = txn->nwin0;
@@ -476,7 +625,8 @@ int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **
 
     const size_t total = l->tail + ntok;
     const size_t nseal = total >= R ? (total - R) / W + 1 : 0;
-    uint8_t *small = NULL, *hsmall = NULL;
+    uint8_t *small = NULL, *hsmall = NULL, *recs = NULL;
+    uint8_t **rptrs = NULL; /* hot-only: the record scratch's pointers, where the windows are encoded */
     uint16_t *sk = NULL, *sv = NULL;
     const size_t most = DQD_STAGE_BYTES / (n * 2 * sizeof(uint16_t));
     const size_t piece = ntok < most ? (ntok ? ntok : 1) : most;
@@ -505,6 +655,12 @@ int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **
             goto undo;
         sk = stage;
         sv = sk + (R + piece) * n;
+        if (l->hot_only) {
+            /* a piece seals at most (piece - 1) / W + 1 windows (the tail before it is < R) */
+            const size_t most_ns = nseal < piece / W + 1 ? nseal : piece / W + 1;
+            DQD_CHECK_GOTO(rec_scratch(w, codec->window_bytes, (uint32_t)most_ns, 0, (uint32_t)most_ns, &recs, &rptrs),
+                           rc, undo);
+        }
         DQD_GCK_GOTO(cudaMemsetAsync(small, 0, STATUS_OFF + nseal * sizeof(int32_t), w->stream), rc, undo);
     }
 
@@ -529,9 +685,18 @@ int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **
             }
             DQD_GCU_GOTO(dqcu_to_bf16(xk, dtype, m * n, sk + t * n, w->stream), rc, undo);
             DQD_GCU_GOTO(dqcu_to_bf16(xv, dtype, m * n, sv + t * n, w->stream), rc, undo);
-            DQD_GCU_GOTO(dqcu_encode_windows(dc, sk, sv, DQ_DTYPE_BF16, ns, l->d_win + l->nwin, status + sealed,
-                                             (dq_encode_stats *)(void *)small, w->stream),
+            if (l->hot_only && ns > piece / W + 1) {
+                DQD_ERROR("GPU append: a piece sealed %zu windows, the record scratch holds %zu", ns, piece / W + 1);
+                rc = DQ_INTERNAL;
+                goto undo;
+            }
+            DQD_GCU_GOTO(dqcu_encode_windows(dc, sk, sv, DQ_DTYPE_BF16, ns, l->hot_only ? rptrs : l->d_win + l->nwin,
+                                             status + sealed, (dq_encode_stats *)(void *)small, w->stream),
                          rc, undo);
+            /* hot-only: the records live in the scratch until transcoded, before the next piece */
+            if (l->hot_only)
+                DQD_CHECK_GOTO(hot_transcode(w, dc, l, l->nwin, (uint32_t)ns, (const uint8_t *const *)rptrs, NULL), rc,
+                               undo);
             const size_t consumed = ns * W, rest = tot - consumed;
             if (rest) {
                 size_t rb = rest * n * sizeof(uint16_t);
@@ -553,7 +718,8 @@ int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **
         goto undo;
     }
     /* In the same stream: the status read below waits for it too. */
-    DQD_CHECK_GOTO(hot_transcode(w, dc, l, txn->nwin0, l->nwin - txn->nwin0), rc, undo);
+    if (!l->hot_only)
+        DQD_CHECK_GOTO(hot_transcode(w, dc, l, txn->nwin0, l->nwin - txn->nwin0, NULL, NULL), rc, undo);
 
     if (nseal) {
         /* The statuses: the token checks guarantee none, but never keep a window the GPU refused. */
@@ -694,9 +860,11 @@ int dqd_gpu_promote(dqd_gpu *g, dqd_codec *codec, dq_layer **host, dqd_glayer **
         rc = add_segment(w, codec, l, (uint32_t)nwin);
     if (rc < 0)
         goto fail;
+    if (l->hot_only)
+        DQD_CHECK_GOTO(promote_hot_only(w, dc, codec, l, hl, nwin), rc, fail);
     /* Window records are separate host blocks: pack as many as fit in a pinned half per copy. */
     const size_t per = wb <= DQD_GPIN_BYTES ? DQD_GPIN_BYTES / wb : 0;
-    for (size_t i = 0; i < nwin;) {
+    for (size_t i = 0; i < nwin && !l->hot_only;) {
         uint8_t *dst = l->segs[0].base + i * wb;
         if (!per) {
             DQD_CHECK_GOTO(dqd_gh2d(w, dst, dq_layer_window(hl, i), wb), rc, fail);
@@ -726,7 +894,8 @@ int dqd_gpu_promote(dqd_gpu *g, dqd_codec *codec, dq_layer **host, dqd_glayer **
     }
     l->nwin = (uint32_t)nwin;
     l->tail = (uint32_t)tail;
-    DQD_CHECK_GOTO(hot_transcode(w, dc, l, 0, (uint32_t)nwin), rc, fail);
+    if (!l->hot_only)
+        DQD_CHECK_GOTO(hot_transcode(w, dc, l, 0, (uint32_t)nwin, NULL, NULL), rc, fail);
     DQD_CHECK_GOTO(dqd_gsync(w), rc, fail);
     dq_layer_free(*host);
     *host = NULL;
@@ -753,7 +922,9 @@ int dqd_gpu_demote(dqd_gpu *g, dqd_codec *codec, dqd_glayer **gpu, dq_layer **ho
     if (!buf)
         return DQ_NOMEM;
     uint8_t *rec = buf + 2 * tb;
-    for (uint32_t s = 0; s < l->nseg && rc == DQ_OK; s++) {
+    if (l->hot_only)
+        rc = rebuild_host(w, codec, l, 0, (uint32_t)nwin, rec);
+    for (uint32_t s = 0; s < l->nseg && rc == DQ_OK && !l->hot_only; s++) {
         const dqd_gseg *sg = &l->segs[s];
         if (sg->first >= nwin)
             continue;
@@ -839,8 +1010,11 @@ int dqd_gpu_decode(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, dq_kind ki
     const uint8_t *prev = NULL;
     for (size_t off = 0; off < count;) {
         size_t m = count - off < chunk ? count - off : chunk;
-        int r = dqcu_decompress(dc, kind, (const uint8_t *const *)l->d_win, l->nwin, tail, l->tail, first + off, m,
-                                dout, dtype, dcor, w->stream);
+        const uint8_t *const *wins;
+        rc = records_dev(w, codec, l, first + off, m, &wins);
+        if (rc < 0)
+            return rc;
+        int r = dqcu_decompress(dc, kind, wins, l->nwin, tail, l->tail, first + off, m, dout, dtype, dcor, w->stream);
         if (r < 0)
             return dqd_gcu_fail(r, "dqcu_decompress", __FILE__, __LINE__);
         int h;
@@ -860,9 +1034,17 @@ int dqd_gpu_decode(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, dq_kind ki
         prev_off = off;
         prev_len = m;
         off += m;
+        if (l->hot_only) {
+            /* the next chunk's rebuild copies through the pinned halves: read this one out first */
+            DQD_GCK(cudaEventSynchronize(w->ev[prev_half]));
+            memcpy((uint8_t *)out + prev_off * row, prev, prev_len * row);
+            prev = NULL;
+        }
     }
-    DQD_GCK(cudaEventSynchronize(w->ev[prev_half]));
-    memcpy((uint8_t *)out + prev_off * row, prev, prev_len * row);
+    if (prev) {
+        DQD_GCK(cudaEventSynchronize(w->ev[prev_half]));
+        memcpy((uint8_t *)out + prev_off * row, prev, prev_len * row);
+    }
     return decode_verdict(w, dcor);
 }
 
@@ -876,10 +1058,19 @@ int dqd_gpu_decode_dev(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, dq_kin
     int rc = decode_setup(g, codec, l, kind, first, count, dtype, &w, &dc, &dcor, &tail);
     if (rc < 0 || !count)
         return rc;
-    rc = dqcu_decompress(dc, kind, (const uint8_t *const *)l->d_win, l->nwin, tail, l->tail, first, count, dout, dtype,
-                         dcor, w->stream);
-    if (rc < 0)
-        return dqd_gcu_fail(rc, "dqcu_decompress", __FILE__, __LINE__);
+    /* a hot-only layer's records are rebuilt for (at most) 64 windows at a time */
+    const size_t row = codec->n * dq_dtype_size(dtype), step = l->hot_only ? 64u * l->W : count;
+    for (size_t off = 0; off < count; off += step) {
+        const size_t m = count - off < step ? count - off : step;
+        const uint8_t *const *wins;
+        rc = records_dev(w, codec, l, first + off, m, &wins);
+        if (rc < 0)
+            return rc;
+        rc = dqcu_decompress(dc, kind, wins, l->nwin, tail, l->tail, first + off, m, (uint8_t *)dout + off * row, dtype,
+                             dcor, w->stream);
+        if (rc < 0)
+            return dqd_gcu_fail(rc, "dqcu_decompress", __FILE__, __LINE__);
+    }
     return decode_verdict(w, dcor);
 }
 
@@ -904,7 +1095,9 @@ int dqd_gpu_copy_raw(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, uint8_t 
     const size_t wb = codec->window_bytes, tb = (size_t)l->tail * codec->n * sizeof(uint16_t);
     dqd_gwork *w;
     int rc = dqd_gwork_get(g, &w);
-    for (uint32_t s = 0; s < l->nseg && rc == DQ_OK; s++) {
+    if (rc == DQ_OK && l->hot_only)
+        rc = rebuild_host(w, codec, l, 0, l->nwin, dst);
+    for (uint32_t s = 0; s < l->nseg && rc == DQ_OK && !l->hot_only; s++) {
         const dqd_gseg *sg = &l->segs[s];
         if (sg->first >= l->nwin)
             continue;
@@ -941,7 +1134,24 @@ int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, 
     const bool hot_ok = g->hot_layout && dqcu_attend_hot_check(dc, q_heads) == DQ_OK;
     bool records_only = false; /* this batch again over the records: the hot kernel refused its plan */
     for (size_t i0 = 0; i0 < n;) {
-        const size_t nb = n - i0 < most ? n - i0 : most;
+        size_t nb = n - i0 < most ? n - i0 : most;
+        bool hot = hot_ok && !records_only;
+        for (size_t b = 0; b < nb && hot; b++)
+            hot = items[i0 + b].layer->hot_stride && items[i0 + b].layer->nhot == items[i0 + b].layer->nwin;
+        /* Over the records, a hot-only layer attends alone, over records rebuilt for it. */
+        const uint8_t *const *rebuilt = NULL;
+        for (size_t b = 0; b < nb && !hot; b++) {
+            if (items[i0 + b].layer->hot_only) {
+                nb = b ? b : 1;
+                break;
+            }
+        }
+        if (!hot && items[i0].layer->hot_only) {
+            const dqd_glayer *l = items[i0].layer;
+            rc = records_dev(w, codec, l, 0, dqd_glayer_tokens(l), &rebuilt);
+            if (rc < 0)
+                return rc;
+        }
         /* One block, the same layout in pinned and device memory: descriptors | q | out | lse. */
         const size_t oq = align256(nb * sizeof(dqcu_attn_seq));
         const size_t oo = oq + align256(nb * qs * sizeof(float));
@@ -953,12 +1163,11 @@ int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, 
             return DQ_INTERNAL;
         dqcu_attn_seq *hs = (dqcu_attn_seq *)(void *)pin;
         uint32_t max_tokens = 0;
-        bool hot = hot_ok && !records_only;
-        for (size_t b = 0; b < nb && hot; b++)
-            hot = items[i0 + b].layer->hot_stride && items[i0 + b].layer->nhot == items[i0 + b].layer->nwin;
         for (size_t b = 0; b < nb; b++) {
             const dqd_glayer *l = items[i0 + b].layer;
-            hs[b].windows = (const uint8_t *const *)(hot ? l->d_hot : l->d_win);
+            hs[b].windows = hot           ? (const uint8_t *const *)l->d_hot
+                            : l->hot_only ? rebuilt
+                                          : (const uint8_t *const *)l->d_win;
             hs[b].tail_k = l->d_tail;
             hs[b].tail_v = l->d_tail + tail_elems(codec);
             hs[b].nwin = l->nwin;

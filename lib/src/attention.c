@@ -95,7 +95,7 @@ static const uint8_t *window_levels(const dq_codec *c, dq_workspace *ws, const d
                                     size_t w, dq_kind kind, const uint8_t *keep, uint8_t *gather, size_t *stride)
 {
     const uint32_t n = c->n, W = c->profile.window;
-    const dq__kind_tables *kt = &c->kt[kind];
+    (void)dsp;
     if (src->layer) {
         const uint8_t *rec = dq_window_record(c, dq_layer_window(src->layer, w), kind, 0);
         const size_t rb = c->record_bytes[kind];
@@ -104,7 +104,7 @@ static const uint8_t *window_levels(const dq_codec *c, dq_workspace *ws, const d
              * at once (scattered lines the hardware prefetcher does not follow) */
             for (size_t b = 0; b < (size_t)W * rb; b += 64)
                 __builtin_prefetch(rec + b);
-            dsp->decode_levels(&kt->dec, rec, rb, W, kt->container, n, ws->levels);
+            dq__levels_decode(c, kind, rec, rb, W, ws->levels);
         } else {
             /* the kept records side by side, decoded in one call (the decoder runs many streams
              * at once) */
@@ -112,7 +112,7 @@ static const uint8_t *window_levels(const dq_codec *c, dq_workspace *ws, const d
             for (uint32_t t = 0; t < W; t++)
                 if (keep[t])
                     memcpy(gather + (size_t)k++ * rb, rec + (size_t)t * rb, rb);
-            dsp->decode_levels(&kt->dec, gather, rb, k, kt->container, n, ws->levels);
+            dq__levels_decode(c, kind, gather, rb, k, ws->levels);
         }
         *stride = rb;
         return rec;
@@ -458,7 +458,7 @@ static int attend_item(const dq_codec *c, dq_workspace *ws, const dq__dsp *dsp, 
                        float scale, const attn_src *src, const float *q_in, float *out_all, float *lse_all, float *blk)
 {
     const uint32_t d = c->head_dim, W = c->profile.window, G = q_heads / c->profile.kv_heads;
-    const int dquant = c->profile.codec_type == DQ_CODEC_DQUANT;
+    const int dquant = dq__codec_has_levels(c);
     for (uint32_t qh0 = 0; qh0 < q_heads; qh0 += qc) {
         attn_state st;
         uint32_t qn = q_heads - qh0 < qc ? q_heads - qh0 : qc;
@@ -611,7 +611,7 @@ int dq_attend(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale
     const dq__dsp *dsp = dq__dsp_get();
     const uint32_t qc = heads_per_pass(c, ws, q_heads);
     float *blk = NULL;
-    if (c->profile.codec_type != DQ_CODEC_DQUANT) {
+    if (!dq__codec_has_levels(c)) {
         blk = dq__alloc(&c->alloc, sizeof(float) * (size_t)c->profile.window * c->n);
         DQ_RETURN_IF(!blk, DQ_NOMEM);
     }
@@ -629,7 +629,7 @@ static int check_hot_items(const dq_codec *c, dq_workspace *ws, uint32_t q_heads
                            size_t nitems)
 {
     DQ_RETURN_IF(!c || !ws || !dq__ws_fits(ws, c) || (nitems && !items), DQ_INVALID_ARGUMENT);
-    DQ_RETURN_IF(c->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
+    DQ_RETURN_IF(!dq__codec_has_levels(c), DQ_UNSUPPORTED);
     DQ_RETURN_IF(!q_heads || q_heads % c->profile.kv_heads, DQ_SHAPE);
     DQ_RETURN_IF(!isfinite(scale), DQ_INVALID_ARGUMENT);
     int rc = DQ_OK;
@@ -681,7 +681,7 @@ static int attend_vskip_items(const dq_codec *c, dq_workspace *ws, uint32_t q_he
 {
     const int on = dq_vskip_enabled(tau);
     if (on)
-        DQ_RETURN_IF(c->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
+        DQ_RETURN_IF(!dq__codec_has_levels(c), DQ_UNSUPPORTED);
     int rc = DQ_OK;
     if (!on) {
         rc = items ? dq_attend(c, ws, q_heads, scale, items, nitems)

@@ -83,6 +83,8 @@ int dq__codec_make(const dq_profile *profile, const dq_allocator *alloc, dq_code
             c->record_bytes[k] = 4u + profile->container_bytes[k];
         }
         c->mean_bytes = 2u + c->n;
+    } else if (profile->codec_type == DQ_CODEC_FIXED) {
+        dq__fixed_setup(c);
     } else if (profile->codec_type == DQ_CODEC_KVQ) {
         int rc = dq__kvq_setup(c);
         if (rc != DQ_OK) {

@@ -65,6 +65,9 @@ struct dq_codec {
     size_t kvq_head_bits[2];     /* [kind] packed bits per head */
     const uint16_t *kvq_perm[2]; /* [kind] outliers: H × d channel order, outliers first */
     const float *kvq_pq[2];      /* [kind] PQ: M × 2^B × (d / M) codebook */
+    /* fixed-width family (fixed_codec.c): per kind the symbols per group, bits per group and M^k */
+    uint32_t fx_k[2], fx_w[2];
+    uint64_t fx_pow[2];
 };
 
 struct dq_workspace {
@@ -227,6 +230,27 @@ int dq__kvq_window_logits(const dq_codec *c, dq_workspace *ws, const uint8_t *wi
 /* dq_window_check for KVQ records: every fp16 field finite, norms not negative, the first record
  * of each kind an anchor for delta profiles. */
 int dq__kvq_window_check(const dq_codec *c, const uint8_t *window);
+/* The fixed-width family (fixed_codec.c, dq_profile_fixed). */
+int dq__fixed_validate(const dq_profile *p);
+void dq__fixed_setup(dq_codec *c);
+/* One preprocessed stream y[n] into a record (4 + C bytes); levels (may be NULL) gets the levels. */
+int dq__fixed_stream_encode(const dq_codec *c, dq_kind kind, const float *y, uint8_t *record, dq_encode_stats *stats,
+                            uint8_t *levels);
+/* Unpacks one container's n levels; DQ_CORRUPT when a group's value is >= M^k (its symbols) or a
+ * bit past the groups is set (the levels are still written, each < M). */
+int dq__fixed_unpack(const dq_codec *c, dq_kind kind, const uint8_t *container, uint8_t *levels);
+
+/* Codecs whose streams are levels on an affine grid with D-Quant's preprocessing and record layout
+ * (D-Quant itself and the fixed-width family): attention, decoding and the hot layout share them. */
+static inline int dq__codec_has_levels(const dq_codec *c)
+{
+    return c->profile.codec_type == DQ_CODEC_DQUANT || c->profile.codec_type == DQ_CODEC_FIXED;
+}
+/* The levels of count records of a kind (records[t · stride], [count][n] into levels) with the
+ * codec's decoder; returns how many records were not valid streams. */
+size_t dq__levels_decode(const dq_codec *c, dq_kind kind, const uint8_t *records, size_t stride, size_t count,
+                         uint8_t *levels);
+
 /* The codec of a layer (layer.c). */
 struct dq_layer;
 const dq_codec *dq__layer_codec(const struct dq_layer *layer);

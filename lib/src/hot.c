@@ -21,14 +21,14 @@ static uint32_t bits_for(uint32_t M)
 
 uint32_t dq_hot_bits(const dq_codec *codec, dq_kind kind)
 {
-    if (!codec || codec->profile.codec_type != DQ_CODEC_DQUANT || (kind != DQ_KIND_K && kind != DQ_KIND_V))
+    if (!codec || !dq__codec_has_levels(codec) || (kind != DQ_KIND_K && kind != DQ_KIND_V))
         return 0;
     return bits_for(codec->kt[kind].levels);
 }
 
 size_t dq_hot_offsets(const dq_codec *codec, size_t off[4])
 {
-    if (!codec || codec->profile.codec_type != DQ_CODEC_DQUANT)
+    if (!codec || !dq__codec_has_levels(codec))
         return 0;
     const size_t n = codec->n, W = codec->profile.window, G = (n + 31) / 32;
     const size_t A = align16(2 + n), CK = align16(A + 8 * W);
@@ -88,7 +88,7 @@ static void unpack_levels(const uint8_t *codes, uint8_t *lev, uint32_t n, uint32
 int dq_hot_transcode(const dq_codec *codec, const uint8_t *window, uint8_t *hot)
 {
     DQ_RETURN_IF(!codec || !window || !hot, DQ_INVALID_ARGUMENT);
-    DQ_RETURN_IF(codec->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
+    DQ_RETURN_IF(!dq__codec_has_levels(codec), DQ_UNSUPPORTED);
     size_t off[4];
     const size_t bytes = dq_hot_offsets(codec, off);
     const uint32_t n = codec->n;
@@ -121,7 +121,7 @@ int dq_hot_transcode(const dq_codec *codec, const uint8_t *window, uint8_t *hot)
 int dq_hot_check(const dq_codec *codec, const uint8_t *hot, size_t bytes)
 {
     DQ_RETURN_IF(!codec || !hot, DQ_INVALID_ARGUMENT);
-    DQ_RETURN_IF(codec->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
+    DQ_RETURN_IF(!dq__codec_has_levels(codec), DQ_UNSUPPORTED);
     size_t off[4];
     const size_t need = dq_hot_offsets(codec, off);
     DQ_RETURN_IF(bytes < need, DQ_TRUNCATED);
@@ -156,7 +156,7 @@ int dq_hot_check(const dq_codec *codec, const uint8_t *hot, size_t bytes)
 int dq_hot_levels(const dq_codec *codec, const uint8_t *hot, dq_kind kind, size_t t, uint8_t *levels)
 {
     DQ_RETURN_IF(!codec || !hot || !levels || (kind != DQ_KIND_K && kind != DQ_KIND_V), DQ_INVALID_ARGUMENT);
-    DQ_RETURN_IF(codec->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
+    DQ_RETURN_IF(!dq__codec_has_levels(codec), DQ_UNSUPPORTED);
     DQ_RETURN_IF(t >= codec->profile.window, DQ_INVALID_ARGUMENT);
     size_t off[4];
     dq_hot_offsets(codec, off);
@@ -171,7 +171,7 @@ int dq_hot_decode(const dq_codec *codec, dq_workspace *ws, const uint8_t *hot, d
                      (kind != DQ_KIND_K && kind != DQ_KIND_V),
                  DQ_INVALID_ARGUMENT);
     DQ_RETURN_IF(!dq_dtype_size(dtype), DQ_DTYPE);
-    DQ_RETURN_IF(codec->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
+    DQ_RETURN_IF(!dq__codec_has_levels(codec), DQ_UNSUPPORTED);
     const size_t W = codec->profile.window;
     DQ_RETURN_IF(first > W || count > W - first, DQ_OUT_OF_BOUNDS);
     size_t off[4];
@@ -200,4 +200,96 @@ int dq_hot_decode(const dq_codec *codec, dq_workspace *ws, const uint8_t *hot, d
             dq__store_elem(out, dtype, base + j, y[j]);
     }
     return DQ_OK;
+}
+
+/* The inverse of dq_hot_transcode (hot.h). Why it is exact: a record is the key-mean block, then
+ * per stream fp16 s and o and a C-byte rANS container, and the hot window keeps the mean block and
+ * s, o verbatim. The container of a valid stream (dq_stream_decode_levels returns 0) is a function
+ * of its levels alone: the decoder starts from the stored state and must end at L after reading
+ * exactly the emitted bytes, with every byte after them zero; each decode step (including whether
+ * it reads a byte: it does iff the encoder emitted one, since x' < L iff the encoder's state was
+ * >= L·f) is the inverse of the encoder's step from L, so re-encoding the levels from L gives the
+ * same state, the same bytes and the same zero tail. The rANS tables are the profile's, fixed. */
+/* Token t's n levels of a kind from its codes, with dq_hot_check's checks of them: DQ_CORRUPT for
+ * a code >= M or a nonzero code past n. Each group's b (<= 5) words are read once. */
+static int unpack_checked(const uint8_t *codes, uint8_t *lev, uint32_t n, uint32_t b, uint32_t M, size_t W, size_t t)
+{
+    const uint32_t mask = (1u << b) - 1, G = (n + 31) / 32;
+    for (uint32_t g = 0; g < G; g++) {
+        uint32_t w[6];
+        for (uint32_t i = 0; i < b; i++)
+            w[i] = get_u32(codes + 4 * (((size_t)g * b + i) * W + t));
+        w[b] = 0;
+        for (uint32_t c = 0; c < 32; c++) {
+            const uint32_t p = c * b, j = g * 32 + c;
+            const uint64_t pair = (uint64_t)w[p / 32] | (uint64_t)w[p / 32 + 1] << 32;
+            const uint32_t code = (uint32_t)(pair >> (p % 32)) & mask;
+            if (code >= M || (j >= n && code))
+                return DQ_CORRUPT;
+            if (j < n)
+                lev[j] = (uint8_t)code;
+        }
+    }
+    return DQ_OK;
+}
+
+/* dq_hot_check's checks of everything but the codes (those are checked as they are unpacked). */
+static int check_header(const dq_codec *codec, const uint8_t *hot, size_t bytes, size_t off[4])
+{
+    const size_t need = dq_hot_offsets(codec, off), W = codec->profile.window;
+    DQ_RETURN_IF(bytes < need, DQ_TRUNCATED);
+    DQ_RETURN_IF((dq__get_u16(hot) & 0x7c00u) == 0x7c00u, DQ_CORRUPT);
+    for (size_t i = codec->mean_bytes; i < off[0]; i++)
+        DQ_RETURN_IF(hot[i] != 0, DQ_CORRUPT);
+    for (size_t i = 0; i < 2 * W; i++) {
+        const uint8_t *so = hot + off[0] + 4 * i;
+        const uint16_t sh = dq__get_u16(so), oh = dq__get_u16(so + 2);
+        DQ_RETURN_IF((sh & 0x7c00u) == 0x7c00u || (oh & 0x7c00u) == 0x7c00u || (sh & 0x8000u), DQ_CORRUPT);
+    }
+    return DQ_OK;
+}
+
+int dq_hot_rebuild(const dq_codec *codec, const uint8_t *hot, size_t bytes, uint8_t *window)
+{
+    DQ_RETURN_IF(!codec || !hot || !window, DQ_INVALID_ARGUMENT);
+    DQ_RETURN_IF(codec->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
+    const size_t wbytes = codec->window_bytes;
+    size_t off[4];
+    int rc = check_header(codec, hot, bytes, off);
+    if (rc != DQ_OK) {
+        memset(window, 0, wbytes);
+        return rc;
+    }
+    const uint32_t n = codec->n;
+    const size_t W = codec->profile.window;
+    uint8_t small[512];
+    uint8_t *lev = small;
+    if (2 * (size_t)n > sizeof small) {
+        lev = dq__alloc(&codec->alloc, 2 * (size_t)n);
+        DQ_RETURN_IF(!lev, DQ_NOMEM);
+    }
+    uint8_t *scratch = lev + n;
+    memcpy((uint8_t *)dq_window_mean(codec, window), hot, codec->mean_bytes);
+    for (int kind = 0; kind < 2 && rc == DQ_OK; kind++) {
+        const dq__kind_tables *kt = &codec->kt[kind];
+        const uint32_t b = bits_for(kt->levels);
+        const uint8_t *so = hot + off[kind], *codes = hot + off[2 + kind];
+        for (size_t t = 0; t < W; t++) {
+            uint8_t *rec = (uint8_t *)dq_window_record(codec, window, (dq_kind)kind, t);
+            memcpy(rec, so + 4 * t, 4);
+            rc = unpack_checked(codes, lev, n, b, kt->levels, W, t);
+            if (rc != DQ_OK)
+                break;
+            /* levels that need more than C bytes: no valid record holds them */
+            if (dq__rans_encode(&kt->enc, lev, n, scratch, rec + 4, kt->container) > kt->container) {
+                rc = DQ_CORRUPT;
+                break;
+            }
+        }
+    }
+    if (lev != small)
+        dq__free(&codec->alloc, lev);
+    if (rc != DQ_OK)
+        memset(window, 0, wbytes);
+    return rc;
 }

@@ -324,7 +324,7 @@ int dq_window_check(const dq_codec *codec, const uint8_t *window)
     DQ_RETURN_IF(!codec || !window, DQ_INVALID_ARGUMENT);
     if (codec->profile.codec_type == DQ_CODEC_KVQ)
         return dq__kvq_window_check(codec, window);
-    if (codec->profile.codec_type != DQ_CODEC_DQUANT)
+    if (!dq__codec_has_levels(codec))
         return DQ_OK; /* baselines have no redundancy to check */
     const size_t n = codec->n, W = codec->profile.window;
     const uint16_t mh = (uint16_t)(window[0] | window[1] << 8);
@@ -337,13 +337,13 @@ int dq_window_check(const dq_codec *codec, const uint8_t *window)
     }
     int rc = DQ_OK;
     for (int kind = 0; kind < 2 && rc == DQ_OK; kind++) {
-        const dq__kind_tables *kt = &codec->kt[kind];
         for (size_t t = 0; t < W; t++) {
             const uint8_t *rec = dq_window_record(codec, window, (dq_kind)kind, t);
             uint16_t sh = (uint16_t)(rec[0] | rec[1] << 8), oh = (uint16_t)(rec[2] | rec[3] << 8);
-            /* Decoding checks state, length and padding; levels are discarded. */
+            /* Decoding checks state, length and padding (fixed width: each group's value and the
+             * padding); levels are discarded. */
             if ((sh & 0x7c00u) == 0x7c00u || (oh & 0x7c00u) == 0x7c00u || (sh & 0x8000u) ||
-                dq__rans_decode(&kt->dec, rec + 4, kt->container, (uint32_t)n, buf) != DQ_OK) {
+                dq_stream_decode_levels(codec, (dq_kind)kind, rec, buf) != DQ_OK) {
                 rc = DQ_CORRUPT;
                 break;
             }

@@ -92,6 +92,8 @@ int dq_profile_validate(const dq_profile *p)
     if (p->codec_type == DQ_CODEC_KVQ)
         return dq__kvq_validate(p);
     DQ_RETURN_IF(!kvq_zero, DQ_PROFILE);
+    if (p->codec_type == DQ_CODEC_FIXED)
+        return dq__fixed_validate(p);
     if (p->codec_type != DQ_CODEC_DQUANT)
         return dq__baseline_validate(p);
     DQ_RETURN_IF(p->bits[0] || p->bits[1] || p->group || p->rotate, DQ_PROFILE);
@@ -173,6 +175,8 @@ int dq_profile_builtin(const char *name, uint32_t kv_heads, uint32_t head_dim, d
     }
     if (dq__baseline_profile(name, kv_heads, head_dim, out) == DQ_OK)
         return DQ_OK;
+    if (strncmp(name, "fixed", 5) == 0)
+        return dq_profile_fixed(name, kv_heads, head_dim, out);
     return dq_profile_kvq(name, kv_heads, head_dim, out);
 }
 
@@ -198,7 +202,7 @@ double dq_profile_bits_per_value(const dq_profile *p, dq_kind kind)
             b += 8.0 * (double)dq__kvq_header_bytes(p) / (n * p->window);
         return b;
     }
-    if (p->codec_type != DQ_CODEC_DQUANT) {
+    if (p->codec_type != DQ_CODEC_DQUANT && p->codec_type != DQ_CODEC_FIXED) {
         double b = 8.0 * (double)dq__baseline_record_bytes(p, kind) / n;
         if (kind == DQ_KIND_K)
             b += 8.0 * (double)dq__baseline_header_bytes(p) / (n * p->window);

@@ -41,6 +41,8 @@ int dq__stream_encode_ex(const dq_codec *codec, dq_workspace *ws, dq_kind kind, 
 {
     DQ_RETURN_IF(!codec || !ws || !x || !record || (kind != DQ_KIND_K && kind != DQ_KIND_V) || ws->codec != codec,
                  DQ_INVALID_ARGUMENT);
+    if (codec->profile.codec_type == DQ_CODEC_FIXED)
+        return dq__fixed_stream_encode(codec, kind, x, record, stats, levels_out);
     DQ_RETURN_IF(codec->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
     const dq__kind_tables *kt = &codec->kt[kind];
     const uint32_t n = codec->n, M = kt->levels, C = kt->container;
@@ -132,6 +134,8 @@ int dq_stream_encode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, cons
 int dq_stream_decode_levels(const dq_codec *codec, dq_kind kind, const uint8_t *record, uint8_t *levels)
 {
     DQ_RETURN_IF(!codec || !record || !levels || (kind != DQ_KIND_K && kind != DQ_KIND_V), DQ_INVALID_ARGUMENT);
+    if (codec->profile.codec_type == DQ_CODEC_FIXED)
+        return dq__fixed_unpack(codec, kind, record + 4, levels);
     DQ_RETURN_IF(codec->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
     const dq__kind_tables *kt = &codec->kt[kind];
     return dq__rans_decode(&kt->dec, record + 4, kt->container, codec->n, levels);
@@ -140,22 +144,21 @@ int dq_stream_decode_levels(const dq_codec *codec, dq_kind kind, const uint8_t *
 int dq_stream_decode(const dq_codec *codec, dq_kind kind, const uint8_t *record, float *y)
 {
     DQ_RETURN_IF(!codec || !record || !y || (kind != DQ_KIND_K && kind != DQ_KIND_V), DQ_INVALID_ARGUMENT);
-    DQ_RETURN_IF(codec->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
-    const dq__kind_tables *kt = &codec->kt[kind];
+    DQ_RETURN_IF(!dq__codec_has_levels(codec), DQ_UNSUPPORTED);
     const uint32_t n = codec->n;
     /* Decode levels into the tail of y's own storage would alias; decode symbol by symbol. */
     uint8_t buf[256];
     const float s = dq_f16_to_f32(dq__get_u16(record)), o = dq_f16_to_f32(dq__get_u16(record + 2));
     int rc = DQ_OK;
     if (n <= sizeof buf) {
-        rc = dq__rans_decode(&kt->dec, record + 4, kt->container, n, buf);
+        rc = dq_stream_decode_levels(codec, kind, record, buf);
         for (uint32_t i = 0; i < n; i++)
             y[i] = o + s * (float)buf[i];
         return rc;
     }
     /* Large streams: levels into the float buffer's bytes first, then expand back to front. */
     uint8_t *lev = (uint8_t *)y;
-    rc = dq__rans_decode(&kt->dec, record + 4, kt->container, n, lev);
+    rc = dq_stream_decode_levels(codec, kind, record, lev);
     for (uint32_t i = n; i-- > 0;)
         y[i] = o + s * (float)lev[i];
     return rc;

@@ -75,7 +75,7 @@ int dq_tokens_encode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, cons
     DQ_RETURN_IF(kind == DQ_KIND_V && mean, DQ_INVALID_ARGUMENT);
     if (codec->profile.codec_type == DQ_CODEC_KVQ)
         return dq__kvq_encode(codec, ws, kind, x, dtype, ntok, mean, records, record_stride);
-    if (codec->profile.codec_type != DQ_CODEC_DQUANT)
+    if (!dq__codec_has_levels(codec))
         return dq__baseline_encode(codec, ws, kind, x, dtype, ntok, mean, records, record_stride);
     DQ_FORWARD_IF_ERROR(dq_check_finite(x, dtype, ntok * n));
 
@@ -119,10 +119,8 @@ int dq_tokens_decode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, cons
     DQ_RETURN_IF(record_stride < codec->record_bytes[kind], DQ_INVALID_ARGUMENT);
     if (codec->profile.codec_type == DQ_CODEC_KVQ)
         return dq__kvq_decode(codec, ws, kind, mean, records, record_stride, 0, ntok, out, dtype, 1);
-    if (codec->profile.codec_type != DQ_CODEC_DQUANT)
+    if (!dq__codec_has_levels(codec))
         return dq__baseline_decode(codec, ws, kind, mean, records, record_stride, ntok, out, dtype);
-    const dq__kind_tables *kt = &codec->kt[kind];
-    const dq__dsp *dsp = dq__dsp_get();
     const uint32_t n = codec->n, W = codec->profile.window;
     float *mu = ws->f1, *y = ws->f0;
     if (kind == DQ_KIND_K)
@@ -131,7 +129,7 @@ int dq_tokens_decode(const dq_codec *codec, dq_workspace *ws, dq_kind kind, cons
     for (size_t t0 = 0; t0 < ntok; t0 += W) {
         size_t cnt = ntok - t0 < W ? ntok - t0 : W;
         const uint8_t *rec0 = records + t0 * record_stride;
-        corrupt += dsp->decode_levels(&kt->dec, rec0, record_stride, cnt, kt->container, n, ws->levels);
+        corrupt += dq__levels_decode(codec, kind, rec0, record_stride, cnt, ws->levels);
         for (size_t t = 0; t < cnt; t++) {
             const uint8_t *rec = rec0 + t * record_stride;
             const float s = dq_f16_to_f32(dq__get_u16(rec)), o = dq_f16_to_f32(dq__get_u16(rec + 2));

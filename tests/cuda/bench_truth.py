@@ -452,7 +452,7 @@ class Gpu:
             raise RuntimeError("libdquant-cuda sees no device of compute capability 9.0")
         self.shape_attrs()
         self.hc = dqc.HostCodec(self.lib, PROFILE, self.KVH, self.D)
-        self.dc = dqc.DeviceCodec(self.lib, self.hc, args.attend_kernel)
+        self.dc = dqc.DeviceCodec(self.lib, self.hc, args.attend_kernel, args.hot_kernel)
         rc = self.dc.attend_check(self.QH)
         if rc:
             raise RuntimeError(f"dqcu_attend_check({self.QH} q heads): {self.lib.err_name(rc)}")
@@ -462,6 +462,7 @@ class Gpu:
         rc = self.dc.attend_hot_check(self.QH)
         if rc:
             raise RuntimeError(f"dqcu_attend_hot_check({self.QH} q heads): {self.lib.err_name(rc)}")
+        self.hot_kernel = self.dc.attend_hot_kernel(self.QH)
         if self.W != DQ226_W or self.wb != DQ226_WINDOW_BYTES:
             part.note(f"{PROFILE}: W {self.W}, window record {self.wb} B (this script's table says "
                       f"{DQ226_W} / {DQ226_WINDOW_BYTES})")
@@ -469,7 +470,7 @@ class Gpu:
         self.target_ms = args.target_ms
         self.copy_tbps = self.copy_bandwidth() / 1e12
         part.meta(device=self.dev, copy_tbps=round(self.copy_tbps, 3), attend_kernel=self.kernel,
-                  window_bytes=self.wb, W=self.W, R=self.R, rot_bytes=self.rot,
+                  hot_kernel=self.hot_kernel, window_bytes=self.wb, W=self.W, R=self.R, rot_bytes=self.rot,
                   dq_bytes_per_token_layer=self.wb / self.W, hot_window_bytes=self.hb,
                   hot_bytes_per_token_layer=self.hb / self.W)
         log(f"device {self.dev['name']} ({self.dev['sms']} SMs, L2 {self.dev['l2_mb']} MB, "
@@ -1470,7 +1471,8 @@ def run_phase(args: argparse.Namespace, phase: str) -> int:
 def child_args(args: argparse.Namespace, phase: str, part_path: str, deadline: float) -> List[str]:
     a = [sys.executable, str(pathlib.Path(__file__).resolve()), "--phase", phase, "--part", part_path,
          "--deadline", f"{deadline:.3f}", "--build", args.build, "--shapes", args.shapes, "--e2e", args.e2e,
-         "--budget-gb", str(args.budget_gb), "--attend-kernel", str(args.attend_kernel), "--reps", str(args.reps),
+         "--budget-gb", str(args.budget_gb), "--attend-kernel", str(args.attend_kernel),
+         "--hot-kernel", str(args.hot_kernel), "--reps", str(args.reps),
          "--target-ms", str(args.target_ms), "--rot-mb", str(args.rot_mb), "--e2e-pool", str(args.e2e_pool),
          "--attn-pool", str(args.attn_pool), "--layouts", args.layouts]
     if args.sim:
@@ -1761,6 +1763,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--layouts", default=",".join(LAYOUTS),
                     help="D-Quant layouts of the attention rows (containers: records + v7; hot: dqcu_attend_hot)")
     ap.add_argument("--attend-kernel", default="auto", help="dqcu_settings.attend_kernel: auto or a version")
+    ap.add_argument("--hot-kernel", default="auto", help="dqcu_settings.hot_kernel: auto, 1 (block) or 2 (warp)")
     ap.add_argument("--reps", type=int, default=0, help="graph replays timed per measurement (default 7, quick 3)")
     ap.add_argument("--target-ms", type=float, default=0.0, help="length of one graph (default 20 ms, quick 8)")
     ap.add_argument("--rot-mb", type=float, default=400.0,
@@ -1797,6 +1800,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.e2e_pool < 0:
         args.e2e_pool = 8192 if args.quick else 0
     args.attend_kernel = 0 if args.attend_kernel == "auto" else int(args.attend_kernel)
+    args.hot_kernel = 0 if args.hot_kernel == "auto" else int(args.hot_kernel)
     # check the arguments before anything runs
     try:
         parse_shapes(args.shapes)

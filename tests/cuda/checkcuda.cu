@@ -10,7 +10,8 @@
  * dqcu_settings name it.
  *
  *   hot layout: dqcu_transcode_hot byte-identical to dq_hot_transcode (corrupt containers too),
- *   dqcu_attend_hot within 1e-3 relative of dq_hot_attend and of dq_attend_reference
+ *   dqcu_attend_hot within 1e-3 relative of dq_hot_attend and of dq_attend_reference; the same for
+ *   the fixed-width family (dq_profile_fixed), whose container kernels refuse it (DQ_UNSUPPORTED)
  *
  *   checkcuda [--seed N] [--small] [--no-timing] [--quiet] [--hot] [--encode-kernel V,...] [--attend-kernel V,...]
  *   --small: a few small cases only (for compute-sanitizer memcheck / racecheck runs).
@@ -41,7 +42,7 @@ extern "C" {
 static int g_checks, g_failures, g_quiet;
 
 /* the settings of the device codecs make_codecs and set_gpu create */
-static int g_enc_version, g_att_version, g_schedule;
+static int g_enc_version, g_att_version, g_schedule, g_hot_version;
 
 static void report(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void report(bool ok, const char *fmt, ...)
@@ -89,7 +90,7 @@ static int enc_ver(void)
     return g_enc_version != DQCU_KERNEL_AUTO ? g_enc_version : dqcu_encode_kernels(NULL)[0];
 }
 
-/* (Re)creates cs.g with the versions in g_enc_version, g_att_version, g_schedule. */
+/* (Re)creates cs.g with the versions in g_enc_version, g_att_version, g_schedule, g_hot_version. */
 static bool set_gpu(Codecs &cs)
 {
     dqcu_codec_free(cs.g);
@@ -99,6 +100,7 @@ static bool set_gpu(Codecs &cs)
     st.encode_kernel = g_enc_version;
     st.attend_kernel = g_att_version;
     st.encode_schedule = g_schedule;
+    st.hot_kernel = g_hot_version;
     DQ(dqcu_codec_create_with(cs.c, &st, &cs.g));
     return true;
 }
@@ -812,6 +814,21 @@ static bool hot_expected(const Codecs &cs, uint32_t G)
            ((bk == 3 && bv == 3) || (bk == 4 && bv == 4)) && dqcu_attend_check(cs.g, cs.kvh * G) == DQ_OK;
 }
 
+/* A fixed-width device codec serves the hot layout only: every container kernel refuses it. */
+static void test_fixed_refusals(Codecs &cs)
+{
+    const size_t rb = dq_codec_record_bytes(cs.c, DQ_KIND_K);
+    const int enc = dqcu_encode_streams(cs.g, DQ_KIND_K, NULL, 0, NULL, rb, NULL, NULL, 0);
+    const int encw = dqcu_encode_windows(cs.g, NULL, NULL, DQ_DTYPE_BF16, 0, NULL, NULL, NULL, 0);
+    const int dec = dqcu_decompress(cs.g, DQ_KIND_K, NULL, 0, NULL, 0, 0, 0, NULL, DQ_DTYPE_F32, NULL, 0);
+    const int att = dqcu_attend(cs.g, cs.kvh, 1.0f, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0);
+    const size_t wsb = dqcu_attend_workspace_size(cs.g, cs.kvh, 1, 128);
+    report(enc == DQ_UNSUPPORTED && encw == DQ_UNSUPPORTED && dec == DQ_UNSUPPORTED && att == DQ_UNSUPPORTED &&
+               wsb == 0,
+           "fixed-width %s: encode_streams %s, encode_windows %s, decompress %s, attend %s, workspace %zu",
+           cs.name.c_str(), dq_err_name(enc), dq_err_name(encw), dq_err_name(dec), dq_err_name(att), wsb);
+}
+
 /* Layers of these lengths built on the CPU: every window transcoded on the GPU equals
  * dq_hot_transcode byte for byte (and a window with corrupt containers too, with the count);
  * dqcu_attend_hot over the GPU's hot windows within 1e-3 of dq_hot_attend and of
@@ -955,59 +972,77 @@ static void test_hot(Codecs &cs, Rng &r, const std::vector<uint32_t> &lens, uint
         }
         DQ(dq_hot_attend(cs.c, cs.ws, QH, scale, items.data(), nseq));
         DQ(dq_attend_reference(cs.c, cs.ws, QH, scale, items_ref.data(), nseq));
-        DevBuf<dqcu_attn_seq> dseqs(nseq);
-        dseqs.upload(seqs.data(), nseq);
-        DevBuf<float> dq_(q.size()), dout(q.size()), dlse(nseq * QH);
-        dq_.upload(q.data(), q.size());
-        const size_t wsb = dqcu_attend_hot_workspace_size(cs.g, QH, (uint32_t)nseq, max_tokens);
-        DevBuf<uint8_t> dws(std::max<size_t>(wsb, 16));
-        dout.fill_bytes(0xff);
-        dlse.fill_bytes(0xff);
-        DQ(dqcu_attend_hot(cs.g, QH, scale, dseqs.p, (uint32_t)nseq, max_tokens, dq_.p, dout.p, dlse.p, dws.p, wsb, 0));
-        CK(cudaDeviceSynchronize());
-        std::vector<float> og(q.size()), lg(nseq * QH);
-        dout.download(og.data(), og.size());
-        dlse.download(lg.data(), lg.size());
-        double worst = 0, worst_ref = 0, worst_lse = 0;
-        bool ok = wsb > 0;
-        for (size_t b = 0; b < nseq; b++) {
-            const size_t o = b * QH * d;
-            if (lens[b] == 0) {
-                bool z = true;
-                for (size_t i = 0; i < (size_t)QH * d; i++)
-                    z &= og[o + i] == 0.0f;
-                for (uint32_t h = 0; h < QH; h++)
-                    z &= lg[b * QH + h] == -INFINITY;
-                if (!z) {
-                    ok = false;
-                    printf("        empty sequence %zu: output not 0 / lse not -inf\n", b);
-                }
+        /* every hot kernel that takes the shape: the default (the warp kernel where it applies),
+         * then the block kernel */
+        const int kernels[] = {DQCU_KERNEL_AUTO, 1};
+        int last = 0;
+        for (int hv : kernels) {
+            g_hot_version = hv;
+            set_gpu(cs);
+            const int kernel = dqcu_attend_hot_kernel(cs.g, QH);
+            if (kernel == last)
                 continue;
+            last = kernel;
+            DevBuf<dqcu_attn_seq> dseqs(nseq);
+            dseqs.upload(seqs.data(), nseq);
+            DevBuf<float> dq_(q.size()), dout(q.size()), dlse(nseq * QH);
+            dq_.upload(q.data(), q.size());
+            const size_t wsb = dqcu_attend_hot_workspace_size(cs.g, QH, (uint32_t)nseq, max_tokens);
+            DevBuf<uint8_t> dws(std::max<size_t>(wsb, 16));
+            dout.fill_bytes(0xff);
+            dlse.fill_bytes(0xff);
+            DQ(dqcu_attend_hot(cs.g, QH, scale, dseqs.p, (uint32_t)nseq, max_tokens, dq_.p, dout.p, dlse.p, dws.p, wsb,
+                               0));
+            CK(cudaDeviceSynchronize());
+            std::vector<float> og(q.size()), lg(nseq * QH);
+            dout.download(og.data(), og.size());
+            dlse.download(lg.data(), lg.size());
+            double worst = 0, worst_ref = 0, worst_lse = 0;
+            bool ok = wsb > 0;
+            for (size_t b = 0; b < nseq; b++) {
+                const size_t o = b * QH * d;
+                if (lens[b] == 0) {
+                    bool z = true;
+                    for (size_t i = 0; i < (size_t)QH * d; i++)
+                        z &= og[o + i] == 0.0f;
+                    for (uint32_t h = 0; h < QH; h++)
+                        z &= lg[b * QH + h] == -INFINITY;
+                    if (!z) {
+                        ok = false;
+                        printf("        empty sequence %zu: output not 0 / lse not -inf\n", b);
+                    }
+                    continue;
+                }
+                const double e1 = rel_err(&og[o], &oc[o], (size_t)QH * d),
+                             e2 = rel_err(&og[o], &orf[o], (size_t)QH * d);
+                double el = 0;
+                for (uint32_t h = 0; h < QH; h++) {
+                    const double a = lg[b * QH + h], ref = lrf[b * QH + h];
+                    double e = fabs(a - ref) / std::max(1.0, fabs(ref));
+                    if (!(e == e))
+                        e = INFINITY;
+                    el = std::max(el, e);
+                }
+                if (!(e1 <= 1e-3) || !(e2 <= 1e-3) || !(el <= 1e-3)) {
+                    ok = false;
+                    printf("        sequence %zu (%u tokens): rel err vs dq_hot_attend %.3g, vs reference %.3g, lse "
+                           "%.3g\n",
+                           b, lens[b], e1, e2, el);
+                }
+                worst = std::max(worst, e1);
+                worst_ref = std::max(worst_ref, e2);
+                worst_lse = std::max(worst_lse, el);
             }
-            const double e1 = rel_err(&og[o], &oc[o], (size_t)QH * d), e2 = rel_err(&og[o], &orf[o], (size_t)QH * d);
-            double el = 0;
-            for (uint32_t h = 0; h < QH; h++) {
-                const double a = lg[b * QH + h], ref = lrf[b * QH + h];
-                double e = fabs(a - ref) / std::max(1.0, fabs(ref));
-                if (!(e == e))
-                    e = INFINITY;
-                el = std::max(el, e);
-            }
-            if (!(e1 <= 1e-3) || !(e2 <= 1e-3) || !(el <= 1e-3)) {
-                ok = false;
-                printf("        sequence %zu (%u tokens): rel err vs dq_hot_attend %.3g, vs reference %.3g, lse %.3g\n",
-                       b, lens[b], e1, e2, el);
-            }
-            worst = std::max(worst, e1);
-            worst_ref = std::max(worst_ref, e2);
-            worst_lse = std::max(worst_lse, el);
+            std::string ls;
+            for (size_t b = 0; b < nseq; b++)
+                ls += (b ? "," : "") + std::to_string(lens[b]);
+            report(ok,
+                   "attend_hot %s QH=%u (G=%u) kernel %d lens [%s]: rel err vs dq_hot_attend %.2e, vs f64 reference "
+                   "%.2e, lse %.2e",
+                   cs.name.c_str(), QH, G, kernel, ls.c_str(), worst, worst_ref, worst_lse);
         }
-        std::string ls;
-        for (size_t b = 0; b < nseq; b++)
-            ls += (b ? "," : "") + std::to_string(lens[b]);
-        report(ok,
-               "attend_hot %s QH=%u (G=%u) lens [%s]: rel err vs dq_hot_attend %.2e, vs f64 reference %.2e, lse %.2e",
-               cs.name.c_str(), QH, G, ls.c_str(), worst, worst_ref, worst_lse);
+        g_hot_version = DQCU_KERNEL_AUTO;
+        set_gpu(cs);
         for (size_t b = 0; b < nseq; b++) {
             delete dtk[b];
             delete dtv[b];
@@ -1220,11 +1255,20 @@ int main(int argc, char **argv)
             {2, 128, 8, 6, 256, 256, 2.5, 1.8, 0x9, NULL},  /* W = 256: two tiles per window */
             {2, 128, 8, 12, 128, 128, 2.5, 3.0, 0x3, NULL}, /* 3 + 4 bits: not taken */
             {4, 64, 8, 6, 128, 128, 2.5, 1.8, 0x3, NULL},   /* d = 64: not taken */
+            /* the fixed-width family: device transcode of base-M containers */
+            {8, 128, 0, 0, 128, 128, 0, 0, 0, "fixed226"},    /* production: M 6/3, 3 + 2 bits */
+            {8, 128, 0, 0, 128, 128, 0, 0, 0, "fixedk8v6"},   /* 3 + 3 bits: attention taken */
+            {2, 128, 0, 0, 128, 128, 0, 0, 0, "fixedk16v9"},  /* 4 + 4 bits: taken */
+            {2, 128, 0, 0, 128, 128, 0, 0, 0, "fixed196"},    /* M 5/3 at n = 256 */
+            {1, 128, 0, 0, 128, 128, 0, 0, 0, "fixedk256v2"}, /* byte and 1-bit codes */
         };
         for (const Cfg &cfg : hcfgs) {
             Codecs cs;
             make_codecs(cfg, cs);
             printf("%s\n", cs.name.c_str());
+            const bool fixed = dq_codec_profile(cs.c)->codec_type == DQ_CODEC_FIXED;
+            if (fixed)
+                test_fixed_refusals(cs);
             const uint32_t W = cs.W;
             std::vector<uint32_t> lens = {0, 1, W + 3, 3 * W + r.below(W), 20 * W + r.below(W)};
             if (cfg.builtin && cs.n == 1024)
@@ -1234,7 +1278,7 @@ int main(int argc, char **argv)
                 if (dqcu_attend_check(cs.g, cs.kvh * G) != DQ_OK)
                     continue;
                 test_hot(cs, r, lens, G);
-                if (!small && (G == 4 || cs.n != 1024))
+                if (!small && !fixed && (G == 4 || cs.n != 1024))
                     test_attention(cs, r, lens, G, att_list);
                 if (small)
                     break;

@@ -25,8 +25,9 @@
 # CHECK_SCALE (full), SKIP_BUILD=1, SKIP_SUITE=1, SKIP_CHECK=1; ATTEND_KERNEL (auto|7|5|3),
 # ENCODE_KERNEL (auto|5|4), ENCODE_SCHEDULE (planned|plain): the daemon's --attend-kernel,
 # --encode-kernel, --encode-schedule in the check and the bench (default auto, auto, planned);
-# ATTEND_LAYOUT (containers|hot): the daemon's --gpu-attention-layout in the check and the bench
-# (default containers; hot also compares a hot daemon with a containers one in the check);
+# ATTEND_LAYOUT (containers|hot|hot-only): the daemon's --gpu-attention-layout in the check and the
+# bench (default containers; hot and hot-only also compare such a daemon with a containers one in
+# the check; hot-only also checks its GPU memory against hot's and a restart from the disk tier);
 # DQUANTD_BIN and GPU_E2E_BIN run other
 # binaries (e.g. a dry run without a GPU: SKIP_BUILD=1 BUILD=build-h6
 # DQUANTD_BIN=build-h6/tests/daemon/dquantd-fakecuda GPU_E2E_BIN=build-h6/tests/daemon/gpu_e2e_fake).
@@ -92,6 +93,14 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
     fi
     json "{\"step\":\"build\",\"ok\":true,\"seconds\":$(( $(date +%s) - t0 ))}"
 fi
+case "${ATTEND_LAYOUT:-containers}" in
+containers | hot | hot-only) ;;
+*)
+    say "ATTEND_LAYOUT=${ATTEND_LAYOUT} is not one of containers, hot, hot-only"
+    json "{\"step\":\"config\",\"ok\":false,\"attend_layout\":\"${ATTEND_LAYOUT//\"/}\"}"
+    exit 1
+    ;;
+esac
 DQUANTD=${DQUANTD_BIN:-$BUILD/daemon/dquantd}
 # the kernel versions of the daemon's cuda backend, passed to every dquantd the steps start
 KERNEL_ARGS=(--daemon-arg "--attend-kernel=${ATTEND_KERNEL:-auto}" --daemon-arg "--encode-kernel=${ENCODE_KERNEL:-auto}"

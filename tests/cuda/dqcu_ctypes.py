@@ -55,7 +55,8 @@ class dqcu_settings(ctypes.Structure):
         ("attend_kernel", ctypes.c_int),
         ("encode_kernel", ctypes.c_int),
         ("encode_schedule", ctypes.c_int),
-        ("reserved", ctypes.c_int * 12),
+        ("hot_kernel", ctypes.c_int),
+        ("reserved", ctypes.c_int * 11),
     ]
 
 
@@ -171,6 +172,8 @@ class CudaLib(HostLib):
         c.dqcu_transcode_hot.restype = _I
         c.dqcu_attend_hot_check.argtypes = [_P, _U32]
         c.dqcu_attend_hot_check.restype = _I
+        c.dqcu_attend_hot_kernel.argtypes = [_P, _U32]
+        c.dqcu_attend_hot_kernel.restype = _I
         c.dqcu_attend_hot_workspace_size.argtypes = [_P, _U32, _U32, _U32]
         c.dqcu_attend_hot_workspace_size.restype = _SZ
         c.dqcu_attend_hot.argtypes = [_P, _U32, ctypes.c_float, _P, _U32, _U32, _P, _P, _P, _P, _SZ, _P]
@@ -186,14 +189,15 @@ class CudaLib(HostLib):
 
 
 class DeviceCodec:
-    """A dqcu_codec on the current CUDA device, made from a HostCodec (attend_kernel: 0 = auto or a
-    version number, dqcu_settings.attend_kernel)."""
+    """A dqcu_codec on the current CUDA device, made from a HostCodec (attend_kernel, hot_kernel:
+    0 = auto or a version number, dqcu_settings.attend_kernel / hot_kernel)."""
 
-    def __init__(self, lib: CudaLib, hc: HostCodec, attend_kernel: int = KERNEL_AUTO):
+    def __init__(self, lib: CudaLib, hc: HostCodec, attend_kernel: int = KERNEL_AUTO, hot_kernel: int = KERNEL_AUTO):
         self.lib, self.hc = lib, hc
         st = dqcu_settings()
         lib.cu.dqcu_settings_default(ctypes.byref(st))
         st.attend_kernel = attend_kernel
+        st.hot_kernel = hot_kernel
         h = _P()
         lib.check_cuda("dqcu_codec_create_with", lib.cu.dqcu_codec_create_with(hc.handle, ctypes.byref(st),
                                                                                ctypes.byref(h)))
@@ -239,6 +243,9 @@ class DeviceCodec:
 
     def attend_hot_check(self, q_heads: int) -> int:
         return self.lib.cu.dqcu_attend_hot_check(self.handle, q_heads)
+
+    def attend_hot_kernel(self, q_heads: int) -> int:
+        return self.lib.check_cuda("dqcu_attend_hot_kernel", self.lib.cu.dqcu_attend_hot_kernel(self.handle, q_heads))
 
     def hot_workspace_size(self, q_heads: int, nseq: int, max_tokens: int) -> int:
         return self.lib.cu.dqcu_attend_hot_workspace_size(self.handle, q_heads, nseq, max_tokens)

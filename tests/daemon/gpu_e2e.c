@@ -8,11 +8,15 @@
  *       with the codes libdquant gives and changes nothing. Then, with small --gpu-memory,
  *       sequences move to host memory and back without changing a byte, pinned ones stay, and
  *       with small host memory too, sequences are evicted and counted.
- *       --layout containers|hot (default containers) runs every daemon with
+ *       --layout containers|hot|hot-only (default containers) runs every daemon with
  *       --gpu-attention-layout LAYOUT; with hot the check also compares a hot daemon with a
  *       containers one on the same data: ATTEND results (bit-identical with --exact 1, as the CPU
  *       emulation gives; else within 1e-3), hot windows and their bytes in STATS and in
  *       gpu_memory_used, and a model the hot kernel refuses (head_dim 64) holding no hot windows.
+ *       --layout hot-only runs the same against a daemon that keeps no records on the GPU (GET_RAW,
+ *       GET, moves between tiers rebuild them), checks that gpu_memory_used counts only the hot
+ *       windows and tails, that the same --gpu-memory holds >= 1.7x the tokens of the hot layout
+ *       (bytes per token-layer from the metrics), and a restart from the disk tier.
  *
  *   gpu_e2e bench --dquantd PATH --workdir DIR [--tokens 32768] [--layers 36] [--batches 1,32]
  *                 [--steps 10] [--put-conns 4] [--time-budget 420] [--workers N] [--trace 0|1]
@@ -27,7 +31,9 @@
  * Every result is one JSON line on stdout; progress and failures go to stderr. Exit status 0 when
  * every check passed (bench: when everything ran), 1 otherwise. The daemon's log is
  * WORKDIR/<name>.log. */
+#define _GNU_SOURCE /* nftw */
 #include <errno.h>
+#include <ftw.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -173,6 +179,17 @@ static int g_ndargs;
 static const char *g_layout = "containers"; /* --gpu-attention-layout of every daemon (--layout) */
 static const char *g_layout_now;            /* that of the next daemon_start when set */
 static bool g_exact;                        /* --exact 1: hot and containers results bit-identical */
+
+/* The layout keeps hot windows (hot or hot-only). */
+static bool layout_hot(void)
+{
+    return strcmp(g_layout, "hot") == 0 || strcmp(g_layout, "hot-only") == 0;
+}
+
+static bool layout_hot_only(void)
+{
+    return strcmp(g_layout, "hot-only") == 0;
+}
 static volatile pid_t g_child;
 
 /* Killed (a time limit): take the daemon along. */
@@ -1003,7 +1020,7 @@ static void check_tiers(model *m, const scale *sc)
         report("tiers_demote_to_host", dem >= 3 && ev == 0 && gseq <= 2 && used <= per * 5 / 2,
                "%d sequences, GPU room for 2: %llu moved to host, %llu evicted, %llu on the GPU using %llu bytes", NSEQ,
                (unsigned long long)dem, (unsigned long long)ev, (unsigned long long)gseq, (unsigned long long)used);
-        if (strcmp(g_layout, "hot") == 0) {
+        if (layout_hot()) {
             /* hot copies live and die with the GPU layers: only the resident sequences have them */
             uint64_t per_w = 0;
             for (uint32_t l = 0; l < m->layers; l++)
@@ -1033,7 +1050,7 @@ static void check_tiers(model *m, const scale *sc)
         uint64_t pro2 = stat_counter(c, "gpu_promotions");
         /* with the hot layout, promoted layers are transcoded again and attended over the copies */
         const uint64_t hot_items = stat_counter(c, "gpu_hot_attend_items") - hi0;
-        const bool hot_ok = strcmp(g_layout, "hot") != 0 || hot_items == 2;
+        const bool hot_ok = !layout_hot() || hot_items == 2;
         why[0] = 0;
         bool back = same_raw(c, &s[0], why, sizeof why);
         report("tiers_promote_on_use", rc == 0 && err <= 1e-3 && pro2 >= pro1 + 2 && back && hot_ok,
@@ -1173,8 +1190,8 @@ static void check_hot(model *big, model *refused, const scale *sc)
     daemon_proc dh, dcn;
     g_layout_now = "containers";
     daemon_start(&dcn, "layout-containers", base);
-    g_layout_now = "hot";
-    daemon_start(&dh, "layout-hot", base);
+    g_layout_now = g_layout;
+    daemon_start(&dh, layout_hot_only() ? "layout-hot-only" : "layout-hot", base);
     g_layout_now = NULL;
     dqc_client *ch = client_open(&dh), *cc = client_open(&dcn);
     model_register(ch, big);
@@ -1200,13 +1217,35 @@ static void check_hot(model *big, model *refused, const scale *sc)
     report("hot_windows_counted", hw == wins && stat_counter(cc, "gpu_hot_windows") == 0,
            "%llu hot windows on the hot daemon (the sequence seals %llu), %llu on the containers one",
            (unsigned long long)hw, (unsigned long long)wins, (unsigned long long)stat_counter(cc, "gpu_hot_windows"));
-    report("hot_memory_accounted", hb >= wins * hwb && uh == uc + hb && stat_counter(cc, "gpu_hot_bytes") == 0,
-           "gpu_memory_used %llu (hot) = %llu (containers) + %llu hot bytes (%llu windows of %zu B and slack)",
-           (unsigned long long)uh, (unsigned long long)uc, (unsigned long long)hb, (unsigned long long)wins, hwb);
+    if (!layout_hot_only()) {
+        report("hot_memory_accounted", hb >= wins * hwb && uh == uc + hb && stat_counter(cc, "gpu_hot_bytes") == 0,
+               "gpu_memory_used %llu (hot) = %llu (containers) + %llu hot bytes (%llu windows of %zu B and slack)",
+               (unsigned long long)uh, (unsigned long long)uc, (unsigned long long)hb, (unsigned long long)wins, hwb);
+    } else {
+        /* only what is held: the BF16 tail buffers (R tokens of K and V per layer) and the hot bytes */
+        const uint64_t tails = (uint64_t)big->layers * 2u * big->profile.residual * big->n * sizeof(uint16_t);
+        const uint64_t ho = stat_counter(ch, "gpu_hot_only_windows");
+        report("hot_only_memory_accounted",
+               hb >= wins * hwb && uh == tails + hb && ho == wins && stat_counter(cc, "gpu_hot_only_windows") == 0,
+               "gpu_memory_used %llu = %llu (tails) + %llu hot bytes (%llu hot-only windows of %zu B and slack; "
+               "the containers daemon holds %llu); %.1f B per token-layer in hot windows, %.1f in records",
+               (unsigned long long)uh, (unsigned long long)tails, (unsigned long long)hb, (unsigned long long)ho, hwb,
+               (unsigned long long)uc, (double)hb / (double)(wins * W),
+               (double)dq_codec_window_bytes(big->codec) / (double)W);
+    }
 
     char why[512] = "";
+    const uint64_t rb0 = stat_counter(ch, "gpu_records_rebuilt");
     bool same = same_raw(ch, &sh, why, sizeof why);
     report("hot_records_unchanged", same, "%s", same ? "GET_RAW byte-identical to dq_layer_append" : why);
+    if (layout_hot_only()) {
+        const uint64_t rb1 = stat_counter(ch, "gpu_records_rebuilt");
+        report("hot_only_get_raw_rebuilds", same && rb1 - rb0 == wins,
+               "GET_RAW of %llu windows held as hot windows only: %llu records rebuilt", (unsigned long long)wins,
+               (unsigned long long)(rb1 - rb0));
+        same = same_get(ch, &sh, DQ_DTYPE_F32, 0, dq_layer_tokens(sh.layers[0]), why, sizeof why);
+        report("hot_only_get_equals", same, "%s", same ? "typed GET of every token identical to dq_layer_decode" : why);
+    }
 
     /* ATTEND on both, then decode steps whose appends seal a window on each side (layers 0, last) */
     const size_t qs = (size_t)big->q_heads * big->head_dim;
@@ -1258,7 +1297,7 @@ static void check_hot(model *big, model *refused, const scale *sc)
         /* the emulation only: a launch the hot kernel refuses to plan runs over the records */
         daemon_proc dr;
         setenv("DQCU_FAKE_HOT_MAX_TOKENS", "64", 1);
-        g_layout_now = "hot";
+        g_layout_now = g_layout;
         daemon_start(&dr, "layout-hot-unplanned", base);
         g_layout_now = NULL;
         unsetenv("DQCU_FAKE_HOT_MAX_TOKENS");
@@ -1298,6 +1337,171 @@ static void check_hot(model *big, model *refused, const scale *sc)
     report("hot_daemon_exit", s1 == 0 && s2 == 0, "exit status %d (hot), %d (containers)", s1, s2);
 }
 
+/* Sequences of one layer of T tokens (the same data) PUT to a daemon of the layout until NS are
+ * stored; how many stay on the GPU and its bytes. */
+static void fill_gpu(const char *name, const char *layout, const char *gpu_mem, model *m, uint64_t T, int ns,
+                     const void *k, const void *v, uint64_t *gseq, uint64_t *used, uint64_t *tokens)
+{
+    const char *args[] = {"--backend", "cuda", "--workers", "2", "--gpu-memory", gpu_mem, "--host-memory", "1G", NULL};
+    const char *const *a = args;
+    if (!gpu_mem)
+        args[4] = NULL;
+    daemon_proc d;
+    g_layout_now = layout;
+    daemon_start(&d, name, a);
+    g_layout_now = NULL;
+    dqc_client *c = client_open(&d);
+    model_register(c, m);
+    for (int i = 0; i < ns; i++) {
+        refseq s;
+        char key[32];
+        snprintf(key, sizeof key, "%s-%d", name, i);
+        refseq_init(&s, m, key);
+        if (put_both(c, &s, 0, 1, T, DQ_DTYPE_BF16, k, v, false))
+            die("%s PUT %d: %s", name, i, dqc_last_error(c));
+        refseq_free(&s);
+    }
+    *gseq = stat_counter(c, "gpu_sequences");
+    *used = stat_counter(c, "gpu_memory_used");
+    *tokens = stat_counter(c, "tokens_stored");
+    dqc_free(c);
+    int st = daemon_stop(&d);
+    report("hot_only_capacity_daemon_exit", st == 0, "%s: exit status %d", name, st);
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)ftw;
+    return flag == FTW_DP ? rmdir(path) : unlink(path);
+}
+
+/* An empty directory at path (what an earlier run left there removed). */
+static void fresh_dir(const char *path)
+{
+    if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) && errno != ENOENT)
+        die("cannot empty %s: %s", path, strerror(errno));
+    if (mkdir(path, 0700))
+        die("mkdir %s: %s", path, strerror(errno));
+}
+
+/* --layout hot-only: the GPU memory it saves and a restart from the disk tier (top of the file). */
+static void check_hot_only(model *big)
+{
+    /* 1. one layer of 1 x 128 (n = 128, dq226), 16384 tokens per sequence: 128 windows, so the BF16
+     * tail buffer (R tokens, allocated whole) weighs little. A budget of 10.7 hot sequences. */
+    model cap;
+    model_init(&cap, "cap", 1, 2, 1, 128, 0, 0);
+    const uint64_t T = 16384;
+    enum { NS = 20 };
+    void *k = random_tensor(T * cap.n, cap.n, DQ_DTYPE_BF16, true, 1900);
+    void *v = random_tensor(T * cap.n, cap.n, DQ_DTYPE_BF16, false, 1901);
+    uint64_t g1, per_hot, t1;
+    fill_gpu("cap-probe", "hot", NULL, &cap, T, 1, k, v, &g1, &per_hot, &t1);
+    char gpu_mem[32];
+    snprintf(gpu_mem, sizeof gpu_mem, "%llu", (unsigned long long)(per_hot * 107 / 10));
+    uint64_t gh, uh, th, go, uo, to;
+    fill_gpu("cap-hot", "hot", gpu_mem, &cap, T, NS, k, v, &gh, &uh, &th);
+    fill_gpu("cap-hot-only", "hot-only", gpu_mem, &cap, T, NS, k, v, &go, &uo, &to);
+    free(k);
+    free(v);
+    const double bh = gh ? (double)uh / (double)(gh * T) : 0, bo = go ? (double)uo / (double)(go * T) : 0;
+    report("hot_only_holds_more_tokens", gh >= 10 && go * 10 >= gh * 17 && th == NS * T && to == NS * T,
+           "--gpu-memory %s (10.7x one hot sequence of %llu tokens): hot keeps %llu sequences on the GPU "
+           "(%llu B, %.1f B per token-layer), hot-only %llu (%llu B, %.1f B per token-layer): %.2fx the tokens",
+           gpu_mem, (unsigned long long)T, (unsigned long long)gh, (unsigned long long)uh, bh, (unsigned long long)go,
+           (unsigned long long)uo, bo, gh ? (double)go / (double)gh : 0.0);
+    model_free(&cap);
+
+    /* 2. the disk tier: a shutdown writes the GPU-resident (hot-only) layers as records, a restart
+     * reads them back, ATTEND brings them to the GPU again */
+    char dir[4096], why[512] = "";
+    snprintf(dir, sizeof dir, "%s/hot-only-disk", g_workdir);
+    fresh_dir(dir);
+    const char *dargs[] = {"--backend", "cuda", "--workers", "2", "--disk-dir", dir, NULL};
+    daemon_proc d;
+    daemon_start(&d, "hot-only-disk", dargs);
+    dqc_client *c = client_open(&d);
+    model_register(c, big);
+    refseq s;
+    refseq_init(&s, big, "disk");
+    const uint64_t W = big->profile.window;
+    if (put_seq(c, &s, 3 * W + 17, 2000))
+        die("disk PUT: %s", dqc_last_error(c));
+    const uint64_t ho = stat_counter(c, "gpu_hot_only_windows");
+    dqc_free(c);
+    int st = daemon_stop(&d);
+    daemon_start(&d, "hot-only-disk-2", dargs);
+    c = client_open(&d);
+    model_register(c, big);
+    const uint64_t rec = stat_counter(c, "disk_recovered");
+    bool same = same_raw(c, &s, why, sizeof why);
+    int rc = -1;
+    att_case ac[2] = {{&s, 0, true}, {&s, big->layers - 1, false}};
+    double err = same ? attend_both(c, ac, 2, 2010, &rc) : 1;
+    const uint64_t ho2 = stat_counter(c, "gpu_hot_only_windows"), rb0 = stat_counter(c, "gpu_records_rebuilt");
+    why[0] = 0;
+    bool again = rc == 0 && same_raw(c, &s, why, sizeof why);
+    const uint64_t rb1 = stat_counter(c, "gpu_records_rebuilt");
+    report(
+        "hot_only_disk_restart",
+        st == 0 && ho == 3 * big->layers && rec == 1 && same && rc == 0 && err <= 1e-3 && ho2 > 0 && again && rb1 > rb0,
+        "%llu hot-only windows written at shutdown (exit %d), %llu sequence recovered, GET_RAW %s; ATTEND %s "
+        "(error %.3g) brings %llu windows back as hot windows, GET_RAW rebuilds %llu records: %s%s",
+        (unsigned long long)ho, st, (unsigned long long)rec, same ? "identical" : "differs", rc ? "failed" : "ok", err,
+        (unsigned long long)ho2, (unsigned long long)(rb1 - rb0), again ? "identical" : "differs", why[0] ? why : "");
+    refseq_free(&s);
+    dqc_free(c);
+    st = daemon_stop(&d);
+    report("hot_only_disk_daemon_exit", st == 0, "exit status %d", st);
+
+    /* 3. while running: a GPU tier of about one sequence and 5 MiB of host memory, so that older
+     * sequences go GPU -> host -> disk; every one reads back identical, and ATTEND brings the
+     * oldest from the disk to the GPU as hot-only windows again */
+    enum { NSP = 6 };
+    snprintf(dir, sizeof dir, "%s/hot-only-spill", g_workdir);
+    fresh_dir(dir);
+    const char *sargs[] = {"--backend",    "cuda", "--workers",     "2",  "--disk-dir", dir,
+                           "--gpu-memory", "3M",   "--host-memory", "5M", NULL};
+    daemon_start(&d, "hot-only-spill", sargs);
+    c = client_open(&d);
+    model_register(c, big);
+    refseq sp[NSP];
+    for (int i = 0; i < NSP; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "sp%d", i);
+        refseq_init(&sp[i], big, key);
+        if (put_seq(c, &sp[i], 3 * W + 17, 2100 + 2 * (uint64_t)i))
+            die("spill PUT %d: %s", i, dqc_last_error(c));
+    }
+    const uint64_t dsp = stat_counter(c, "disk_spills"), dem = stat_counter(c, "gpu_demotions");
+    const uint64_t rbs0 = stat_counter(c, "gpu_records_rebuilt");
+    bool all = true;
+    why[0] = 0;
+    for (int i = 0; i < NSP && all; i++)
+        all = same_raw(c, &sp[i], why, sizeof why);
+    const uint64_t loads = stat_counter(c, "disk_loads");
+    att_case oc = {&sp[0], 0, true};
+    rc = -1;
+    err = all ? attend_both(c, &oc, 1, 2200, &rc) : 1;
+    why[0] = 0;
+    again = rc == 0 && same_raw(c, &sp[0], why, sizeof why);
+    report("hot_only_spill_to_disk_and_back",
+           dsp > 0 && dem >= big->layers && all && loads > 0 && rc == 0 && err <= 1e-3 && again &&
+               stat_counter(c, "gpu_records_rebuilt") > rbs0,
+           "%d sequences, GPU 3 MiB, host 5 MiB: %llu layers moved off the GPU (records rebuilt), %llu records "
+           "spilled to disk, GET_RAW of every sequence %s (%llu disk loads); ATTEND on the oldest %s (error %.3g), "
+           "GET_RAW after it %s%s%s",
+           NSP, (unsigned long long)dem, (unsigned long long)dsp, all ? "identical" : "differs",
+           (unsigned long long)loads, rc ? "failed" : "ok", err, again ? "identical" : "differs", why[0] ? ": " : "",
+           why);
+    for (int i = 0; i < NSP; i++)
+        refseq_free(&sp[i]);
+    dqc_free(c);
+    st = daemon_stop(&d);
+    report("hot_only_spill_daemon_exit", st == 0, "exit status %d", st);
+}
+
 static int run_check(const char *scale_name)
 {
     scale sc;
@@ -1329,12 +1533,14 @@ static int run_check(const char *scale_name)
 
     if (strcmp(info.backend, "cuda") == 0)
         check_tiers(&qwen, &sc);
-    if (strcmp(info.backend, "cuda") == 0 && strcmp(g_layout, "hot") == 0) {
+    if (strcmp(info.backend, "cuda") == 0 && layout_hot()) {
         model d64;
         model_init(&d64, "d64", 2, 8, 2, 64, 0, 0);
         check_hot(&qwen, &d64, &sc);
         model_free(&d64);
     }
+    if (strcmp(info.backend, "cuda") == 0 && layout_hot_only())
+        check_hot_only(&qwen);
     model_free(&qwen);
     printf("{\"summary\":\"check\",\"failures\":%d}\n", g_failures);
     return g_failures ? 1 : 0;
@@ -1973,7 +2179,7 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: gpu_e2e check --dquantd PATH --workdir DIR [--scale small|full] [--expect-backend cuda|cpu|any]\n"
-            "                     [--layout containers|hot] [--exact 0|1] [--daemon-arg ARG]...\n"
+            "                     [--layout containers|hot|hot-only] [--exact 0|1] [--daemon-arg ARG]...\n"
             "       gpu_e2e bench --dquantd PATH --workdir DIR [--tokens N] [--layers N] [--batches 1,32]\n"
             "                     [--steps N] [--put-conns N] [--time-budget SECONDS] [--workers N] [--trace 0|1]\n"
             "                     [--daemon-arg ARG]...\n");
@@ -2005,7 +2211,7 @@ int main(int argc, char **argv)
             workers = v;
         else if (!strcmp(a, "--daemon-arg") && g_ndargs < 8)
             g_dargs[g_ndargs++] = v;
-        else if (!strcmp(a, "--layout") && (!strcmp(v, "containers") || !strcmp(v, "hot")))
+        else if (!strcmp(a, "--layout") && (!strcmp(v, "containers") || !strcmp(v, "hot") || !strcmp(v, "hot-only")))
             g_layout = v;
         else if (!strcmp(a, "--exact"))
             g_exact = atoi(v) != 0;

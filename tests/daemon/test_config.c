@@ -111,13 +111,23 @@ Test(config, gpu_attention_layout)
                  err);
     cr_assert_eq(cfg.gpu_attention_layout, DQD_GPU_LAYOUT_CONTAINERS);
     cr_assert_lt(dqd_config_set(&cfg, "server", "gpu_attention_layout", "warm", false, err, sizeof err), 0);
-    cr_assert(strstr(err, "gpu_attention_layout: unknown value 'warm' (containers|hot)"), "%s", err);
+    cr_assert(strstr(err, "gpu_attention_layout: unknown value 'warm' (containers|hot|hot-only)"), "%s", err);
     cr_assert_eq(cfg.gpu_attention_layout, DQD_GPU_LAYOUT_CONTAINERS, "a refused value changes nothing");
 
     char flag[] = "--gpu-attention-layout", hot[] = "hot";
     char *argv2[] = {"dquantd", flag, hot, NULL};
     cr_assert_eq(from_args(3, argv2, &a), 0, "%s", err);
     cr_assert_eq(cfg.gpu_attention_layout, DQD_GPU_LAYOUT_HOT, "from the flag");
+
+    char hot_only[] = "hot-only";
+    char *argv3[] = {"dquantd", flag, hot_only, NULL};
+    cr_assert_eq(from_args(3, argv3, &a), 0, "%s", err);
+    cr_assert_eq(cfg.gpu_attention_layout, DQD_GPU_LAYOUT_HOT_ONLY, "hot-only from the flag");
+    cr_assert_eq(dqd_config_set(&cfg, "server", "gpu_attention_layout", "Hot-Only", false, err, sizeof err), 0, "%s",
+                 err);
+    cr_assert_eq(cfg.gpu_attention_layout, DQD_GPU_LAYOUT_HOT_ONLY, "from the INI key, any case");
+    cr_assert_lt(dqd_config_set(&cfg, "server", "gpu_attention_layout", "hot_only", false, err, sizeof err), 0);
+    cr_assert_eq(cfg.gpu_attention_layout, DQD_GPU_LAYOUT_HOT_ONLY);
 }
 
 Test(config, kernel_versions)
@@ -251,7 +261,7 @@ ParameterizedTest(struct size_case *c, config, sizes)
 
 struct bad_case {
     char args[4][48];
-    char needle[64];
+    char needle[80];
 };
 
 ParameterizedTestParameters(config, bad_flags)
@@ -271,7 +281,7 @@ ParameterizedTestParameters(config, bad_flags)
         {{"--attend-kernel="}, "--attend-kernel"},
         {{"--encode-kernel", "3"}, "--encode-kernel: unknown value '3' (auto|5|4)"},
         {{"--encode-schedule", "fast"}, "--encode-schedule: unknown value 'fast' (planned|plain)"},
-        {{"--gpu-attention-layout", "fast"}, "--gpu-attention-layout: unknown value 'fast' (containers|hot)"},
+        {{"--gpu-attention-layout", "fast"}, "--gpu-attention-layout: unknown value 'fast' (containers|hot|hot-only)"},
         {{"--gpu-attention-layout="}, "--gpu-attention-layout"},
         {{"--listen", "http://x"}, "expected unix:/path or tcp://host:port"},
         {{"--listen", "tcp://example.com:80"}, "numeric IPv4/IPv6 address"},

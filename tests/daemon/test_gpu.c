@@ -163,7 +163,7 @@ Test(gpu, help_lists_the_gpu_options)
     cr_assert(strstr(out, "--gpu-memory SIZE"));
     cr_assert(strstr(out, "INI: [store] gpu_memory"));
     cr_assert(strstr(out, "--gpu-device N"));
-    cr_assert(strstr(out, "--gpu-attention-layout containers|hot"), "%s", out);
+    cr_assert(strstr(out, "--gpu-attention-layout containers|hot|hot-only"), "%s", out);
     cr_assert(strstr(out, "INI: [server] gpu_attention_layout"));
     free(out);
 }
@@ -180,6 +180,18 @@ Test(gpu, hot_layout_reports_hot_windows)
     free(log);
 }
 
+Test(gpu, hot_only_layout_reports_its_metrics)
+{
+    use_fake(NULL);
+    const char *extra[] = {"--backend", "cuda", "--gpu-attention-layout", "hot-only", NULL};
+    char *log;
+    double v = -1;
+    const char *backend = run_daemon(extra, &log, "gpu_hot_only_windows", &v);
+    cr_assert_str_eq(backend, "cuda", "%s", log);
+    cr_assert_eq(v, 0.0, "no sequence yet");
+    free(log);
+}
+
 Test(gpu, bad_attention_layout_is_refused_at_startup)
 {
     const char *args[] = {"--backend", "cuda", "--gpu-attention-layout", "warm", NULL};
@@ -188,6 +200,6 @@ Test(gpu, bad_attention_layout_is_refused_at_startup)
     char *err = dqd_read_all(efd);
     int st = dqd_wait(pid, 10000);
     cr_assert_neq(st, 0, "dquantd started with a bad layout");
-    cr_assert(strstr(err, "--gpu-attention-layout: unknown value 'warm' (containers|hot)"), "%s", err);
+    cr_assert(strstr(err, "--gpu-attention-layout: unknown value 'warm' (containers|hot|hot-only)"), "%s", err);
     free(err);
 }

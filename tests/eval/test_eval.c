@@ -1,5 +1,5 @@
-/* The quality evaluation (client/eval/: eval_*.c, fixedwidth.c): the matched-storage fixed-width
- * pseudo-codec against the library's preprocessing, the bootstrap machinery on synthetic KV, and
+/* The quality evaluation (client/eval/: eval_*.c): codec specs (the fixed-width ones resolve to the
+ * library's fixed-width profiles), the bootstrap machinery on synthetic KV, and
  * the orderings the real KV caches of $DQ_DATA_DIR support (skipped when the data is absent).
  *
  * DQ_EVAL_FAST=1 (set automatically in sanitizer builds) runs fewer bootstrap resamples and
@@ -14,7 +14,6 @@
 #include "eval_ablation.h"
 #include "eval_core.h"
 #include "eval_vskip.h"
-#include "fixedwidth.h"
 
 static const char *data_dir(void)
 {
@@ -90,61 +89,41 @@ static void run_codec(const eval_data *d, const char *spec, const eval_opts *o, 
 
 /* ---- no data needed ---- */
 
-Test(fixedwidth, levels_and_charged_bits)
+/* fixedNNN resolves to the library's fixed-width profile at dqNNN's storage: the levels the
+ * matched-storage comparison (seed Appendix B) always used, every stored byte charged. */
+Test(eval, fixed_width_specs)
 {
     static const struct {
         uint32_t heads, dim, mk, mv;
     } cases[] = {{8, 128, 6, 3}, {2, 128, 6, 3}, {4, 16, 8, 4}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        dq_profile p;
-        cr_assert_eq(dq_profile_builtin("dq226", cases[i].heads, cases[i].dim, &p), DQ_OK);
-        cr_expect_eq(fixedwidth_levels(&p, DQ_KIND_K), cases[i].mk, "%ux%u K", cases[i].heads, cases[i].dim);
-        cr_expect_eq(fixedwidth_levels(&p, DQ_KIND_V), cases[i].mv, "%ux%u V", cases[i].heads, cases[i].dim);
+        eval_codec c;
+        char err[256];
+        cr_assert_eq(eval_codec_parse("fixed226", cases[i].heads, cases[i].dim, &c, err, sizeof err), DQ_OK, "%s", err);
+        cr_expect_eq(c.profile.codec_type, DQ_CODEC_FIXED);
+        cr_expect_eq(c.profile.levels[0], cases[i].mk, "%ux%u K", cases[i].heads, cases[i].dim);
+        cr_expect_eq(c.profile.levels[1], cases[i].mv, "%ux%u V", cases[i].heads, cases[i].dim);
+        cr_expect_str_eq(c.profile.name, "fixed226");
+        dq_profile dq;
+        cr_assert_eq(dq_profile_builtin("dq226", cases[i].heads, cases[i].dim, &dq), DQ_OK);
         const double n = (double)cases[i].heads * cases[i].dim;
-        const double bv = log2((double)cases[i].mv) + 32.0 / n;
-        cr_expect(fabs(fixedwidth_bits_per_value(&p, DQ_KIND_V) - bv) < 1e-12);
-        cr_expect(fabs(fixedwidth_bits_per_value(&p, DQ_KIND_K) -
-                       (log2((double)cases[i].mk) + 32.0 / n + 8.0 * (2 + n) / (n * 128))) < 1e-12);
-        /* never charged more than the D-Quant profile it is matched to stores */
-        cr_expect_leq(fixedwidth_bits_per_value(&p, DQ_KIND_K), dq_profile_bits_per_value(&p, DQ_KIND_K) + 1e-12);
-        cr_expect_leq(fixedwidth_bits_per_value(&p, DQ_KIND_V), dq_profile_bits_per_value(&p, DQ_KIND_V) + 1e-12);
+        const uint32_t cv = dq_fixed_packing((uint32_t)n, cases[i].mv, NULL, NULL);
+        cr_expect(fabs(eval_codec_bits(&c, DQ_KIND_V) - 8.0 * (4 + cv) / n) < 1e-12);
+        /* at most a group's rounding above the ideal log2(M) bits per symbol */
+        cr_expect_leq(eval_codec_bits(&c, DQ_KIND_V), log2((double)cases[i].mv) + 32.0 / n + 8.0 * 4 / n + 1e-12);
+        /* stored no more than the D-Quant profile it is matched to, in the mean */
+        cr_expect_leq(eval_codec_bits_mean(&c), dq_profile_bits_per_value_mean(&dq) + 1e-12);
     }
-}
-
-/* The mean block fixed-width subtracts is byte-identical to the one libdquant stores. */
-Test(fixedwidth, window_mean_matches_library)
-{
-    dq_profile p;
-    cr_assert_eq(dq_profile_builtin("dq226", 2, 128, &p), DQ_OK);
-    dq_codec *c = NULL;
-    dq_workspace *ws = NULL;
-    cr_assert_eq(dq_codec_create(&p, NULL, &c), DQ_OK);
-    cr_assert_eq(dq_workspace_create(c, &ws), DQ_OK);
-    const uint32_t n = 256, W = p.window;
-    const size_t rb = dq_codec_record_bytes(c, DQ_KIND_K), mb = dq_codec_mean_bytes(c);
-    cr_assert_eq(mb, 2 + n);
-    float *x = malloc((size_t)W * n * sizeof *x), *y = malloc((size_t)W * n * sizeof *y);
-    uint8_t *rec = malloc(W * rb), *lib = malloc(mb), *ours = malloc(mb);
-    g_rng = 7;
-    for (size_t i = 0; i < (size_t)W * n; i++)
-        x[i] = (float)(3.0 * gauss() + (double)(i % n) / 50.0);
-    static const size_t counts[] = {128, 37, 1};
-    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
-        const size_t cnt = counts[k];
-        cr_assert_eq(dq_tokens_encode(c, ws, DQ_KIND_K, x, DQ_DTYPE_F32, cnt, lib, rec, rb, NULL), DQ_OK);
-        memcpy(y, x, cnt * n * sizeof *y);
-        for (size_t t = 0; t < cnt; t++)
-            dq_rotate(c, y + t * n);
-        fixedwidth_window_mean(y, cnt, n, ours);
-        cr_expect_arr_eq(ours, lib, mb, "mean block of a %zu-token window differs from libdquant's", cnt);
-    }
-    free(x);
-    free(y);
-    free(rec);
-    free(lib);
-    free(ours);
-    dq_workspace_free(ws);
-    dq_codec_free(c);
+    eval_codec c;
+    char err[256];
+    cr_assert_eq(eval_codec_parse("fixed226@2.0", 8, 128, &c, err, sizeof err), DQ_OK, "%s", err);
+    cr_expect_eq(c.profile.codec_type, DQ_CODEC_FIXED);
+    cr_expect_lt(c.profile.levels[0], 6);
+    cr_assert_eq(eval_codec_parse("fixedk8v4", 8, 128, &c, err, sizeof err), DQ_OK, "%s", err);
+    cr_expect_eq(c.profile.levels[0], 8);
+    cr_expect_eq(c.profile.levels[1], 4);
+    cr_expect_neq(eval_codec_parse("fixedint2", 8, 128, &c, err, sizeof err), DQ_OK);
+    cr_expect_neq(eval_codec_parse("fixedk1v4", 8, 128, &c, err, sizeof err), DQ_OK);
 }
 
 Test(eval, codec_specs)
@@ -159,8 +138,8 @@ Test(eval, codec_specs)
     cr_expect_eq(c.profile.levels[0], 8);
     cr_expect_eq(c.profile.levels[1], 6);
     cr_assert_eq(eval_codec_parse("fixed196", 8, 128, &c, err, sizeof err), DQ_OK, "%s", err);
-    cr_expect_eq(c.type, EVAL_CODEC_FIXED);
-    cr_expect_eq(c.profile.container_bytes[0], 287);
+    cr_expect_eq(c.profile.codec_type, DQ_CODEC_FIXED);
+    cr_expect_eq(c.profile.container_bytes[0], 256); /* M 4 at dq196's 287 bytes: 2 bits a level */
     cr_expect_neq(eval_codec_parse("int9", 2, 128, &c, err, sizeof err), DQ_OK);
     cr_expect_neq(eval_codec_parse("kivi2-g64", 2, 128, &c, err, sizeof err), DQ_OK);
     /* 64 values per stream: rANS state and fp16 scale/offset alone are 1 bit/value, so dq226's

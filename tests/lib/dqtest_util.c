@@ -243,3 +243,14 @@ double dqt_rel_l2_f(const float *a, const float *b, size_t n)
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
+
+void dqt_random_kv(dqt_rng *r, uint32_t n, size_t T, float *k, float *v)
+{
+    for (uint32_t j = 0; j < n; j++) {
+        const float off = (float)(1.5 * dqt_normal(r));
+        for (size_t t = 0; t < T; t++) {
+            k[t * n + j] = off + (float)dqt_normal(r);
+            v[t * n + j] = (float)(dqt_normal(r) * (1.0 + 0.5 * (j % 3)));
+        }
+    }
+}

@@ -22,6 +22,9 @@ uint32_t dqt_below(dqt_rng *r, uint32_t n);
 double dqt_uniform(dqt_rng *r);
 /* Standard normal (Box–Muller). */
 double dqt_normal(dqt_rng *r);
+/* T tokens of keys and values, f32 [T, n]: keys with a Gaussian channel offset (so that a window's
+ * key mean matters), values with channel-dependent spreads. */
+void dqt_random_kv(dqt_rng *r, uint32_t n, size_t T, float *k, float *v);
 /* Symbol drawn from an integer frequency table (sum 256). */
 uint8_t dqt_draw_symbol(dqt_rng *r, const uint16_t *freq, uint32_t levels);
 

@@ -5,7 +5,11 @@
  * records (short input is zero-padded, each record sits in a block of exactly record_bytes). Each
  * record is decoded by the public scalar decoder, the C and the fast dsp decoders (which must agree
  * byte for byte and on the verdict) and dq_stream_decode. The whole input is also offered to
- * dq_profile_deserialize: whatever it accepts must validate and round-trip.
+ * dq_profile_deserialize: whatever it accepts must validate and round-trip. The body is also read
+ * as a hot window of the profile (zero-padded to dq_hot_window_bytes) and given to dq_hot_rebuild:
+ * it fails exactly when dq_hot_check does (or with DQ_CORRUPT when the levels fit no container),
+ * leaving a zeroed window, and a window it accepts is a valid record that transcodes back to the
+ * same hot bytes.
  *
  * Built as a libFuzzer target where clang supports -fsanitize=fuzzer, and always with the replay
  * driver tests/support/fuzz_replay.c, which runs every file of the directories (or files) it is
@@ -16,6 +20,7 @@
 #include <string.h>
 
 #include "codec_internal.h"
+#include "dquant/hot.h"
 #include "dsp.h"
 #include "fuzz.h"
 #include "fuzz_container_profiles.h"
@@ -129,11 +134,40 @@ static void fuzz_records(const uint8_t *data, size_t size)
     free(vals);
 }
 
+static void fuzz_hot(const uint8_t *data, size_t size)
+{
+    const dq_codec *codec = codecs[(data[0] & 0x7f) % FUZZ_NPROFILES];
+    const size_t hb = dq_hot_window_bytes(codec), wb = dq_codec_window_bytes(codec), blen = size - 1;
+    uint8_t *hot = calloc(hb, 1), *win = malloc(wb), *again = malloc(hb);
+    FUZZ_CHECK(hot && win && again);
+    memcpy(hot, data + 1, blen < hb ? blen : hb);
+    /* the input's own length first: short input is DQ_TRUNCATED */
+    if (blen < hb)
+        FUZZ_CHECK(dq_hot_rebuild(codec, hot, blen, win) == DQ_TRUNCATED);
+    const int check = dq_hot_check(codec, hot, hb);
+    memset(win, 0xa5, wb);
+    const int rc = dq_hot_rebuild(codec, hot, hb, win);
+    FUZZ_CHECK(check == DQ_OK || rc == check);
+    FUZZ_CHECK(rc == DQ_OK || rc == DQ_CORRUPT);
+    if (rc != DQ_OK) {
+        for (size_t i = 0; i < wb; i++)
+            FUZZ_CHECK(win[i] == 0);
+    } else {
+        FUZZ_CHECK(dq_hot_transcode(codec, win, again) == DQ_OK);
+        FUZZ_CHECK(memcmp(again, hot, hb) == 0);
+    }
+    free(hot);
+    free(win);
+    free(again);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     setup();
     fuzz_profile_bytes(data, size);
-    if (size >= 1)
+    if (size >= 1) {
         fuzz_records(data, size);
+        fuzz_hot(data, size);
+    }
     return 0;
 }

@@ -1,11 +1,13 @@
 /* Writes the seed corpus of fuzz_container.c into a directory: valid records of every fuzz
  * profile and kind from the encoder (Gaussian, constant, outliers, several records in a row),
- * damaged ones, garbage, and serialized profiles. Deterministic (fixed seed).
+ * damaged ones, garbage, serialized profiles, and hot windows (dq_hot_transcode of encoded windows,
+ * one with a flipped code). Deterministic (fixed seed).
  * Usage: lib-gen-fuzz-corpus DIR */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "dquant/hot.h"
 #include "dqtest_util.h"
 #include "fuzz.h"
 #include "fuzz_container_profiles.h"
@@ -102,6 +104,44 @@ int main(int argc, char **argv)
         snprintf(name, sizeof name, "profile-p%d", p);
         rc |= fuzz_write_seed(dir, name, buf[0], buf + 1, len - 1);
         files++;
+    }
+    /* Hot windows of the small profiles (their own generator: the seeds above stay as they were). */
+    dqt_rng hrng;
+    dqt_rng_seed(&hrng, 0x4071u);
+    for (int p = 3; p < FUZZ_NPROFILES; p++) {
+        dq_profile prof;
+        dq_codec *codec = NULL;
+        dq_workspace *ws = NULL;
+        if (fuzz_profile(p, &prof) != DQ_OK || dq_codec_create(&prof, NULL, &codec) != DQ_OK ||
+            dq_workspace_create(codec, &ws) != DQ_OK) {
+            fprintf(stderr, "profile %d: cannot make a codec\n", p);
+            return 1;
+        }
+        const size_t n = dq_codec_stream_len(codec), W = dq_codec_profile(codec)->window;
+        const size_t hb = dq_hot_window_bytes(codec);
+        float *kv = dqt_xmalloc(2 * W * n * sizeof *kv);
+        for (size_t i = 0; i < 2 * W * n; i++)
+            kv[i] = (float)dqt_normal(&hrng);
+        uint8_t *win = dqt_xmalloc(dq_codec_window_bytes(codec)), *hot = dqt_xmalloc(hb);
+        if (dq_window_encode(codec, ws, kv, kv + W * n, DQ_DTYPE_F32, win, NULL) != DQ_OK ||
+            dq_hot_transcode(codec, win, hot) != DQ_OK) {
+            fprintf(stderr, "profile %d: hot window failed\n", p);
+            return 1;
+        }
+        char name[64];
+        snprintf(name, sizeof name, "hot-p%d", p);
+        rc |= fuzz_write_seed(dir, name, (uint8_t)p, hot, hb);
+        size_t off[4];
+        dq_hot_offsets(codec, off);
+        hot[off[2] + 5] ^= 0x24; /* two key codes changed: still valid codes, another record */
+        snprintf(name, sizeof name, "hotflip-p%d", p);
+        rc |= fuzz_write_seed(dir, name, (uint8_t)p, hot, hb);
+        files += 2;
+        free(kv);
+        free(win);
+        free(hot);
+        dq_workspace_free(ws);
+        dq_codec_free(codec);
     }
     printf("wrote %d seeds to %s\n", files, dir);
     return rc ? 1 : 0;

@@ -42,18 +42,6 @@ static dq_codec *shape_codec(const hot_shape *hs)
     return dqt_codec_make(&pp);
 }
 
-/* W tokens of K (channel offsets, so the key mean matters) and V, f32 [W, n]. */
-static void random_window(uint32_t n, size_t W, float *k, float *v)
-{
-    for (uint32_t j = 0; j < n; j++) {
-        const float off = (float)(1.5 * dqt_normal(&rng));
-        for (size_t t = 0; t < W; t++) {
-            k[t * n + j] = off + (float)dqt_normal(&rng);
-            v[t * n + j] = (float)(dqt_normal(&rng) * (1.0 + 0.5 * (j % 3)));
-        }
-    }
-}
-
 ParameterizedTestParameters(hot, round_trip)
 {
     static hot_shape shapes[] = {
@@ -82,7 +70,7 @@ ParameterizedTest(hot_shape *hs, hot, round_trip)
     float *a = dqt_xmalloc(W * n * sizeof(float)), *b = dqt_xmalloc(W * n * sizeof(float));
     uint8_t *la = dqt_xmalloc(n), *lb = dqt_xmalloc(n);
     for (int rep = 0; rep < 3; rep++) {
-        random_window(n, W, k, v);
+        dqt_random_kv(&rng, n, W, k, v);
         cr_assert_eq(dq_window_encode(codec, ws, k, v, DQ_DTYPE_F32, win, NULL), DQ_OK);
         memset(hot, 0xa5, hb); /* every byte must be written */
         cr_assert_eq(dq_hot_transcode(codec, win, hot), DQ_OK);
@@ -157,7 +145,7 @@ Test(hot, attention_matches_records)
     const size_t W = dq_codec_profile(codec)->window, T = 3 * W + 77;
     float *k = dqt_xmalloc(T * n * sizeof(float)), *v = dqt_xmalloc(T * n * sizeof(float));
     for (size_t t0 = 0; t0 < T; t0 += W)
-        random_window(n, T - t0 < W ? T - t0 : W, k + t0 * n, v + t0 * n);
+        dqt_random_kv(&rng, n, T - t0 < W ? T - t0 : W, k + t0 * n, v + t0 * n);
     dq_layer *layer;
     cr_assert_eq(dq_layer_create(codec, &layer), DQ_OK);
     cr_assert_eq(dq_layer_append(layer, ws, k, v, DQ_DTYPE_F32, T, NULL), DQ_OK);
@@ -212,7 +200,7 @@ Test(hot, bad_input)
     const uint32_t n = dq_codec_stream_len(codec);
     const size_t W = dq_codec_profile(codec)->window, hb = dq_hot_window_bytes(codec);
     float *k = dqt_xmalloc(W * n * sizeof(float)), *v = dqt_xmalloc(W * n * sizeof(float));
-    random_window(n, W, k, v);
+    dqt_random_kv(&rng, n, W, k, v);
     uint8_t *win = dqt_xmalloc(dq_codec_window_bytes(codec)), *hot = dqt_xmalloc(hb), *bad = dqt_xmalloc(hb);
     cr_assert_eq(dq_window_encode(codec, ws, k, v, DQ_DTYPE_F32, win, NULL), DQ_OK);
     cr_assert_eq(dq_hot_transcode(codec, win, hot), DQ_OK);

@@ -1,5 +1,6 @@
 /* Certified value skipping (dquant/vskip.h): τ off is bit-identical to dq_attend/dq_hot_attend;
- * with τ on the returned per-head bound holds (‖out_τ − out‖₂ <= bound) on random caches and on
+ * with τ on the returned per-head bound holds (‖out_τ − out‖₂ <= bound) on random caches (dq226
+ * and the fixed-width fixed226) and on
  * bytellama-19m's real KV with the model's queries; the kept set is the union of the heads'
  * minimal sets (checked by brute force); records and hot windows give the same results; bad τ is
  * DQ_INVALID_ARGUMENT. */
@@ -194,12 +195,17 @@ Test(vskip, bound_holds_random)
 {
     static const double taus[] = {0.3, 0.9, 0.99, 0.999, 0.99999};
     static const struct {
+        const char *profile;
         uint32_t kvh, d, qh;
         size_t T;
         double sigma;
-    } cases[] = {{2, 64, 8, 700, 3.0}, {1, 128, 4, 1100, 4.0}, {4, 64, 4, 300, 1.0}, {2, 128, 2, 130, 6.0}};
+    } cases[] = {{"dq226", 2, 64, 8, 700, 3.0},
+                 {"dq226", 1, 128, 4, 1100, 4.0},
+                 {"dq226", 4, 64, 4, 300, 1.0},
+                 {"dq226", 2, 128, 2, 130, 6.0},
+                 {"fixed226", 2, 128, 8, 600, 3.0}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-        dq_codec *codec = dqt_codec_builtin("dq226", cases[ci].kvh, cases[ci].d);
+        dq_codec *codec = dqt_codec_builtin(cases[ci].profile, cases[ci].kvh, cases[ci].d);
         dq_workspace *ws = NULL;
         cr_assert_eq(dq_workspace_create(codec, &ws), DQ_OK);
         dq_layer *l = random_layer(codec, ws, cases[ci].T);

@@ -27,7 +27,7 @@ DQ_PROFILE_NAME_MAX = 32
 DQ_PROFILE_SERIALIZED_MAX = 512
 
 KIND_K, KIND_V = 0, 1
-CODEC_TYPES = {0: "dquant", 1: "bf16", 2: "int", 3: "kivi", 4: "turbo", 5: "kvq"}
+CODEC_TYPES = {0: "dquant", 1: "bf16", 2: "int", 3: "kivi", 4: "turbo", 5: "kvq", 6: "fixed"}
 
 
 class dq_profile(ctypes.Structure):
@@ -98,6 +98,7 @@ def library() -> ctypes.CDLL:
         "dq_profile_make": (I, [P(dq_profile_params), P(dq_profile)]),
         "dq_profile_builtin": (I, [ctypes.c_char_p, U32, U32, P(dq_profile)]),
         "dq_profile_builtin_names": (P(ctypes.c_char_p), []),
+        "dq_profile_fixed_matched": (I, [P(dq_profile), ctypes.c_char_p, P(dq_profile)]),
         "dq_profile_baseline_names": (P(ctypes.c_char_p), []),
         "dq_profile_validate": (I, [P(dq_profile)]),
         "dq_profile_bits_per_value": (ctypes.c_double, [P(dq_profile), I]),
@@ -209,7 +210,8 @@ class Profile:
 
     @classmethod
     def builtin(cls, name: str, kv_heads: int, head_dim: int) -> "Profile":
-        """"dq226", "dq196", or a baseline ("bf16", "int2", "quarot2", "kivi2", "turbo2", any B in 1..8)."""
+        """"dq226", "dq196", a baseline ("bf16", "int2", "quarot2", "kivi2", "turbo2", any B in 1..8),
+        or a fixed-width profile ("fixed226", "fixed196", "fixedkAvB")."""
         p = dq_profile()
         _check(library().dq_profile_builtin(name.encode(), kv_heads, head_dim, ctypes.byref(p)), name)
         return cls(p)
@@ -263,6 +265,14 @@ class Profile:
             else:
                 hi = mid
         return cls.scaled(base, kv_heads, head_dim, lo, name or f"{base}@{bits:g}")
+
+    def fixed(self, name: Optional[str] = None) -> "Profile":
+        """The fixed-width profile at this D-Quant profile's storage (dq_profile_fixed_matched): per kind
+        M = floor(2^(8·C/n)) levels, base-M packed containers, the same window and rotation."""
+        p = dq_profile()
+        label = name or "fixed"
+        _check(library().dq_profile_fixed_matched(ctypes.byref(self._p), label.encode(), ctypes.byref(p)), label)
+        return Profile(p)
 
     @classmethod
     def deserialize(cls, data: bytes) -> "Profile":

@@ -56,6 +56,25 @@ class TestCodec(unittest.TestCase):
         self.assertIsNone(c._c)
         c.close()                                        # twice: nothing
 
+    def test_fixed_width_profiles(self):
+        from dquant import evalcodecs
+        p = dquant.Profile.builtin("dq226", 8, 128).fixed("fixed226")
+        self.assertEqual((p.codec_type, p.levels, p.container_bytes), ("fixed", (6, 3), (334, 205)))
+        self.assertEqual(p.serialize(), dquant.Profile.builtin("fixed226", 8, 128).serialize())
+        with self.assertRaises(dquant.DquantError):
+            dquant.Profile.builtin("int2", 8, 128).fixed()
+        k, v = gaussian_kv(300, 2, 128)
+        for name in ("fixed226", "fixed226@2.25", "fixedk8v4"):
+            c = evalcodecs.get(name, 2, 128)
+            self.assertEqual(c.profile.codec_type, "fixed")
+            kh = c.roundtrip(k, "k")
+            self.assertLess(nmse(k, kh), 0.2)  # M_K 5 to 8 on Gaussian keys
+            self.assertGreater(nmse(k, kh), 1e-4)
+            lib, _ = dquant.roundtrip(k, c.profile, kind="k")
+            self.assertEqual(lib.tobytes(), kh.tobytes())
+        self.assertEqual(evalcodecs.get("fixed226", 2, 128).bits_per_value(),
+                         dquant.Profile.builtin("fixed226", 2, 128).bits_per_value())
+
     def test_torch_cpu_bf16(self):
         need_torch()
         t = torch.randn(140, 2, 64, dtype=torch.bfloat16)

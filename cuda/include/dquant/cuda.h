@@ -20,7 +20,10 @@
  * 32 <= head_dim <= 512; attention needs a GQA group q_heads / kv_heads <= 8 and its per-block
  * state (rotated queries, accumulator, a tile's weights: about 4·q_heads·(2·head_dim + 128) bytes)
  * in shared memory; dqcu_attend_check() says whether a shape fits (Qwen3-8B, Llama-3-70B do).
- * Levels and container sizes are those of any valid profile.
+ * Levels and container sizes are those of any valid profile. Fixed-width profiles
+ * (dq_profile_fixed) have the hot layout only: dqcu_transcode_hot and dqcu_attend_hot take them,
+ * the encoders, dqcu_decompress and dqcu_attend answer DQ_UNSUPPORTED (their records are encoded
+ * by libdquant on the host).
  *
  * Kernel versions: a device codec runs the versions its dqcu_settings name (by default the fastest;
  * earlier versions stay for shapes the fastest cannot take and for comparisons).
@@ -83,7 +86,11 @@ typedef struct dqcu_settings {
     /* How an encode call's streams are spread over warps: DQCU_SCHEDULE_PLANNED (default; the last
      * waves shared out evenly) or DQCU_SCHEDULE_PLAIN (count / G warps, for comparisons). */
     int encode_schedule;
-    int reserved[12]; /* zero: room for settings to come */
+    /* Attention over hot windows: DQCU_KERNEL_AUTO (default) = 2, the warp kernel, where it takes
+     * the shape (head_dim 128, windows of a multiple of 128 tokens), else 1, the block kernel;
+     * 1 forces the block kernel (for comparisons). */
+    int hot_kernel;
+    int reserved[11]; /* zero: room for settings to come */
 } dqcu_settings;
 
 /* The defaults: size set, every choice automatic (what dqcu_codec_create uses). */
@@ -101,6 +108,7 @@ typedef struct dqcu_codec dqcu_codec;
 /* Uploads what the kernels need from a host codec (frequency, cost and decode tables, the
  * rotation signs, the exp2 table of the drift) to the current CUDA device, once. The host codec is
  * only read during the call and may be freed afterwards; settings (NULL: the defaults) are copied.
+ * D-Quant and fixed-width profiles only (another codec type: DQ_INVALID_ARGUMENT).
  * Returns 0, DQ_INVALID_ARGUMENT (also for settings with another size, a version this build does
  * not have, an unknown schedule or nonzero reserved fields), DQ_NOMEM, DQ_INTERNAL. */
 DQCU_API int dqcu_codec_create_with(const dq_codec *codec, const dqcu_settings *settings, dqcu_codec **out);
@@ -226,6 +234,11 @@ DQCU_API int dqcu_transcode_hot(const dqcu_codec *dc, const uint8_t *const *wind
  * 8, and codes of 3 + 3 or 4 + 4 bits (M_K, M_V in 5..8, or both in 9..16: dq226 and dq196 take
  * 3 + 3); DQ_UNSUPPORTED beyond them, DQ_SHAPE as dqcu_attend_check. */
 DQCU_API int dqcu_attend_hot_check(const dqcu_codec *dc, uint32_t q_heads);
+
+/* The hot attention kernel dqcu_attend_hot runs for q_heads query heads with this codec: 2 (the
+ * warp kernel) or 1 (the block kernel), see dqcu_settings.hot_kernel; or dqcu_attend_hot_check's
+ * error. */
+DQCU_API int dqcu_attend_hot_kernel(const dqcu_codec *dc, uint32_t q_heads);
 
 /* Bytes of workspace dqcu_attend_hot needs (0 when dqcu_attend_hot_check fails). */
 DQCU_API size_t dqcu_attend_hot_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq,

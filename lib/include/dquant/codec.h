@@ -114,8 +114,9 @@ DQ_API const uint8_t *dq_window_record(const dq_codec *codec, const uint8_t *win
 /* Checks a window record against the container's decode invariants (DESIGN 2.3) without keeping
  * anything: the fp16 key-mean scale finite; for every key and value record, fp16 s finite and not
  * negative, fp16 o finite, and the container decodes its n symbols back to the initial state with
- * every unused byte zero. Returns 0, DQ_CORRUPT, DQ_NOMEM (n > 256 needs scratch). Baseline codecs
- * (no redundancy) always pass. Thread-safe (the codec is only read). */
+ * every unused byte zero (fixed-width profiles: every group's value a number of its levels' base-M
+ * digits, every bit past the groups zero). Returns 0, DQ_CORRUPT, DQ_NOMEM (n > 256 needs
+ * scratch). Baseline codecs (no redundancy) always pass. Thread-safe (the codec is only read). */
 DQ_API int dq_window_check(const dq_codec *codec, const uint8_t *window);
 
 /* Checks that every value is finite. Returns 0 or DQ_NONFINITE. */

@@ -30,7 +30,9 @@
  * zero. Consecutive tokens' words are adjacent, so a GPU warp with a token per lane reads each word
  * index as one coalesced 128-byte line.
  *
- * Only D-Quant profiles have a hot layout (baseline codecs: DQ_UNSUPPORTED, window bytes 0).
+ * D-Quant profiles and the fixed-width family (dq_profile_fixed: the same levels, s, o and key
+ * mean, its base-M containers unpacked to b bits) have a hot layout; other codecs do not
+ * (DQ_UNSUPPORTED, window bytes 0).
  * Thread-safety: every function only reads the codec; a workspace is for one thread at a time. */
 #ifndef DQUANT_HOT_H
 #define DQUANT_HOT_H
@@ -60,6 +62,19 @@ DQ_API size_t dq_hot_offsets(const dq_codec *codec, size_t off[4]);
  * (not D-Quant), or DQ_CORRUPT when a container is not a valid stream (the hot window is still
  * written in full, with the levels the decoder produced: it reconstructs what the record does). */
 DQ_API int dq_hot_transcode(const dq_codec *codec, const uint8_t *window, uint8_t *hot);
+
+/* The exact inverse of dq_hot_transcode: rebuilds the window record (dq_codec_window_bytes,
+ * written; must not overlap hot) from bytes bytes at hot, byte for byte the record the window was
+ * transcoded from when dq_hot_transcode returned 0 for it. Everything a record holds is kept by
+ * the hot window (the key-mean block and each stream's fp16 s and o verbatim, its levels as codes)
+ * or follows from it: a valid stream's rANS container (state, bytes, zero tail) is a function of
+ * its levels and the profile's table, so re-encoding them reproduces it. (A window transcoded from
+ * a corrupt record, where dq_hot_transcode returned DQ_CORRUPT, rebuilds to a valid record that
+ * reconstructs the same values, not to the corrupt bytes.) Returns 0, DQ_INVALID_ARGUMENT,
+ * DQ_UNSUPPORTED (not D-Quant), DQ_NOMEM, DQ_TRUNCATED or DQ_CORRUPT when dq_hot_check rejects the
+ * window, and DQ_CORRUPT when a stream's levels do not fit its container (no valid record holds
+ * them); on any error the window is zeroed, never a partial record. */
+DQ_API int dq_hot_rebuild(const dq_codec *codec, const uint8_t *hot, size_t bytes, uint8_t *window);
 
 /* Checks bytes bytes at hot as a hot window of the codec: DQ_TRUNCATED when bytes is below
  * dq_hot_window_bytes, DQ_CORRUPT when the key-mean scale is not finite, a stream's s is negative

@@ -44,6 +44,8 @@ typedef enum dq_codec_type {
     DQ_CODEC_TURBO = 4,  /* TurboQuant-MSE: keys rotated, per-head norm (fp16), Lloyd–Max b-bit scalar
                             codebook for N(0,1); values per-token affine INT-b (groups of `group`) */
     DQ_CODEC_KVQ = 5,    /* the KVQuant++ family (dquant/kvq.h): fields kvq_* below */
+    DQ_CODEC_FIXED = 6,  /* D-Quant's preprocessing with fixed-width coding (dq_profile_fixed): levels[]
+                            per kind, base-M packed containers of container_bytes[] (derived) */
 } dq_codec_type;
 
 /* Quantizer of a DQ_CODEC_KVQ profile (dquant/kvq.h). */
@@ -109,6 +111,7 @@ DQ_API int dq_profile_make(const dq_profile_params *params, dq_profile *out);
  * rate of the n = 1024 definition: C = round((rate · n + 32) / 8) bytes.
  *   "dq226": rate K 2.5547, V 1.7734 bits/value (C 331/231 at n = 1024), M 8/6 → 2.26 bits/value
  *   "dq196": rate K 2.2109, V 1.5234 bits/value (C 287/199 at n = 1024), M 7/5 → 1.96 bits/value
+ * Baseline, KVQuant++ and fixed-width names (dq_profile_fixed) are accepted too.
  * Returns DQ_PROFILE for an unknown name or bad shape. */
 DQ_API int dq_profile_builtin(const char *name, uint32_t kv_heads, uint32_t head_dim, dq_profile *out);
 /* NULL-terminated list of the built-in D-Quant profile names. */
@@ -121,6 +124,37 @@ DQ_API const char *const *dq_profile_builtin_names(void);
 DQ_API int dq_profile_baseline(const char *name, uint32_t kv_heads, uint32_t head_dim, dq_profile *out);
 /* NULL-terminated list of the baseline names at 2 bits (and "bf16"), as compared in the seed. */
 DQ_API const char *const *dq_profile_baseline_names(void);
+
+/* The fixed-width family (codec_type DQ_CODEC_FIXED): D-Quant's rotation, INT8 key window mean and
+ * record layout (codec.h: fp16 s, fp16 o, container per stream; the key-mean block per window),
+ * with each stream coded on a per-token min–max grid of M levels (nearest rounding, a least-squares
+ * refit of s and o, fp16, nearest rounding again against the fp16 grid) instead of rANS. The
+ * container packs the n levels in groups of k, each group the base-M number Σ_i m_{gk+i}·M^i in w
+ * bits (w = ceil(k·log2 M) <= 32), groups back to back as a little-endian bit string, then zero
+ * bits; k is the one that gives the fewest bytes (the smallest k on ties; k = 1, w = log2 M for
+ * powers of two), so C = ceil(ceil(n/k)·w / 8) (dq_fixed_packing). Every symbol decodes with a
+ * shift, a mask and divisions by M, and the hot layout (dquant/hot.h) holds the same levels at
+ * b = ceil(log2 M) bits. A speed mode with a stated quality price: dq226 stays the default.
+ *
+ * Names: "fixedNNN" for a built-in D-Quant profile "dqNNN" (fixed226, fixed196): per kind
+ * M = floor(2^(8·C/n)) (at most 256) with C that profile's container at the shape, the levels
+ * fixed-width coding affords at its storage; the same window, residual and rotation seed.
+ * "fixedkAvB": M_K = A, M_V = B levels (2..256), e.g. "fixedk8v4".
+ * Returns DQ_PROFILE for another name, a bad shape or levels out of range. */
+DQ_API int dq_profile_fixed(const char *name, uint32_t kv_heads, uint32_t head_dim, dq_profile *out);
+/* The fixed-width profile at the storage of a D-Quant profile (any, e.g. one scaled to a bit
+ * budget): per kind M = floor(2^(8·C/n)), at most 256, with C its container; its window, residual
+ * and rotation seed; name (NULL: "fixed"). DQ_PROFILE when dquant is not a valid D-Quant profile
+ * or its containers afford fewer than 2 levels. */
+DQ_API int dq_profile_fixed_matched(const dq_profile *dquant, const char *name, dq_profile *out);
+/* A fixed-width profile from params: kv_heads, head_dim, levels, window, residual, rotation_seed
+ * and name are used (container_bytes and alpha are ignored: the containers follow from n and M). */
+DQ_API int dq_profile_fixed_make(const dq_profile_params *params, dq_profile *out);
+/* The packing of n levels of M (2..256) values: symbols per group *k, bits per group *w; returns the
+ * container bytes C, 0 for M out of range or n = 0. */
+DQ_API uint32_t dq_fixed_packing(uint32_t n, uint32_t levels, uint32_t *k, uint32_t *w);
+/* NULL-terminated list of the fixed-width names matching the built-in D-Quant profiles. */
+DQ_API const char *const *dq_profile_fixed_names(void);
 
 /* Checks every field of a profile that came from outside (wire, disk): shapes, levels, tables
  * summing to 256 with every f >= 1, containers large enough. Returns 0 or an error code. */

@@ -48,7 +48,8 @@
  *
  * τ = 0 or τ = 1 turns skipping off: the functions below then call dq_attend / dq_hot_attend and
  * their results are bit-identical to them (bounds 0, every value stream counted as decoded).
- * Only D-Quant codecs skip values; with τ on, other codecs are DQ_UNSUPPORTED. */
+ * D-Quant and fixed-width codecs (the codecs of levels with a stored fp16 s, o per stream) skip
+ * values; with τ on, other codecs are DQ_UNSUPPORTED. */
 #ifndef DQUANT_VSKIP_H
 #define DQUANT_VSKIP_H
 
@@ -88,7 +89,7 @@ DQ_API int dq_vskip_select(const dq_codec *codec, const float *logits, size_t st
 
 /* dq_attend with a value mass target (outs[i] for items[i]; outs may be NULL). Errors as
  * dq_attend, plus DQ_INVALID_ARGUMENT for a bad τ and DQ_UNSUPPORTED for τ on with a codec that
- * is not D-Quant, DQ_NOMEM. */
+ * is neither D-Quant nor fixed-width, DQ_NOMEM. */
 DQ_API int dq_attend_vskip(const dq_codec *codec, dq_workspace *ws, uint32_t q_heads, float scale, double value_mass,
                            const dq_attn_item *items, dq_vskip_out *outs, size_t nitems);
 
