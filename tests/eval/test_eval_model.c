@@ -254,22 +254,30 @@ Test(eval_ppl, layout_is_checked)
     cr_assert_eq(o.offset, 8 * 128);
 }
 
-Test(eval_ppl, one_chunk_dquant_and_a_baseline, .timeout = 300)
+/* bytellama-n1024 (or skip), its held-out text and the options of a one-chunk run. */
+static eval_model *one_chunk_setup(eval_text *text, eval_ppl_opts *o)
 {
     char dir[4096], err[512];
     eval_model *m = model_or_skip("bytellama-n1024", dir, sizeof dir);
-    const eval_model_config *cfg = eval_model_cfg(m);
-    eval_text text;
-    cr_assert_eq(eval_text_load(dir, cfg->vocab, &text, err, sizeof err), DQ_OK, "%s", err);
-    eval_ppl_opts o;
-    eval_ppl_opts_default(&o);
-    o.chunks = 1;
-    o.resamples = 50;
+    cr_assert_eq(eval_text_load(dir, eval_model_cfg(m)->vocab, text, err, sizeof err), DQ_OK, "%s", err);
+    eval_ppl_opts_default(o);
+    o->chunks = 1;
+    o->resamples = 50;
     if (sanitized()) {
-        o.context = 32; /* dq226's window is 128: a partial window of its own statistics */
-        o.targets = 8;
+        o->context = 32; /* dq226's window is 128: a partial window of its own statistics */
+        o->targets = 8;
     }
-    cr_assert_eq(eval_ppl_fit(&o, text.len), DQ_OK);
+    cr_assert_eq(eval_ppl_fit(o, text->len), DQ_OK);
+    return m;
+}
+
+Test(eval_ppl, one_chunk_dquant_and_a_baseline, .timeout = 300)
+{
+    char err[512];
+    eval_text text;
+    eval_ppl_opts o;
+    eval_model *m = one_chunk_setup(&text, &o);
+    const eval_model_config *cfg = eval_model_cfg(m);
     const char *names[] = {"fp32", "bf16", "dq226", "int2"};
     eval_ppl_codec codecs[4];
     memset(codecs, 0, sizeof codecs);
@@ -314,20 +322,11 @@ Test(eval_ppl, one_chunk_dquant_and_a_baseline, .timeout = 300)
  * and a missing selection codec are refused. */
 Test(eval_ppl, value_skipping, .timeout = 300)
 {
-    char dir[4096], err[512];
-    eval_model *m = model_or_skip("bytellama-n1024", dir, sizeof dir);
-    const eval_model_config *cfg = eval_model_cfg(m);
+    char err[512];
     eval_text text;
-    cr_assert_eq(eval_text_load(dir, cfg->vocab, &text, err, sizeof err), DQ_OK, "%s", err);
     eval_ppl_opts o;
-    eval_ppl_opts_default(&o);
-    o.chunks = 1;
-    o.resamples = 50;
-    if (sanitized()) {
-        o.context = 32;
-        o.targets = 8;
-    }
-    cr_assert_eq(eval_ppl_fit(&o, text.len), DQ_OK);
+    eval_model *m = one_chunk_setup(&text, &o);
+    const eval_model_config *cfg = eval_model_cfg(m);
     eval_ppl_codec codecs[2];
     memset(codecs, 0, sizeof codecs);
     codecs[0].identity = 1;
