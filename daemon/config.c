@@ -39,6 +39,7 @@ typedef enum opt_type {
     OPT_KERNEL,
     OPT_SCHEDULE,
     OPT_LAYOUT,
+    OPT_MASS,
     OPT_PATH,
     OPT_BOOL,
 } opt_type;
@@ -131,6 +132,16 @@ static const dqd_option options[] = {
      "those paths slower than with containers or hot. With hot and hot-only the fixed-width family "
      "lives on the GPU tier: its records are encoded (PUT) and decoded (GET) on the host, ATTEND runs "
      "over its hot windows. Other models use the records. Results equal within float rounding."},
+    {"attention-value-mass", "server", "attention_value_mass", OPT_MASS, FIELD(attention_value_mass), 0, 0, "off|TAU",
+     "off",
+     "Certified value skipping in ATTEND (dquant/vskip.h): with TAU in (0, 1), e.g. 0.999, every key is "
+     "scored but a value stream is decoded only for tokens in the smallest set holding TAU of some query "
+     "head's softmax mass (the BF16 tail always counts); the others are left out, with a proven bound on the "
+     "output error from their stored scale and offset (0.999 on bytellama-19m at 1K tokens: ~85% of value "
+     "streams decoded, ~3e-4 relative error). off, 0 or 1: exact. D-Quant and fixed-width models on the host "
+     "path only: "
+     "the cuda backend's GPU kernels ignore it for now (GPU-resident layers stay exact), other codecs are "
+     "always exact. Metrics attend_value_streams_decoded / _skipped count the sealed value streams."},
     {"nccl-timeout", "server", "nccl_timeout_ms", OPT_U32, FIELD(nccl_timeout_ms), 100, 3600000, "MS", "10000",
      "NCCL data path: longest wait for a communicator to form or a transfer to finish (plus 1 s per GB); "
      "past it the connection's communicator is aborted and the request fails."},
@@ -620,6 +631,18 @@ static int apply(dqd_config *cfg, const dqd_option *o, const char *value, bool f
             v = DQD_GPU_LAYOUT_HOT_ONLY;
         else
             return fail(err, errlen, "%s: unknown value '%s' (%s)", name, value, o->arg);
+        memcpy((char *)cfg + o->offset, &v, sizeof v);
+        return DQ_OK;
+    }
+    case OPT_MASS: {
+        double v = 0;
+        char *end = NULL;
+        if (strcasecmp(value, "off") != 0) {
+            errno = 0;
+            v = strtod(value, &end);
+            if (end == value || *end || errno || !(v >= 0.0 && v <= 1.0))
+                return fail(err, errlen, "%s: expected off or a mass target in [0, 1], not '%s'", name, value);
+        }
         memcpy((char *)cfg + o->offset, &v, sizeof v);
         return DQ_OK;
     }

@@ -57,6 +57,7 @@ typedef struct dqd_config {
     uint32_t encode_kernel;
     uint32_t encode_schedule;      /* DQD_ENCODE_PLANNED or DQD_ENCODE_PLAIN */
     uint32_t gpu_attention_layout; /* DQD_GPU_LAYOUT_CONTAINERS, _HOT or _HOT_ONLY */
+    double attention_value_mass;   /* host-path ATTEND's value mass target (dquant/vskip.h); 0: off */
     dqd_backend backend;
     dq_log_level log_level;
     char *secret; /* NULL: none; when set, every TCP listener requires it */

@@ -195,6 +195,12 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
     counter(&b, "dquant_nccl_sent_bytes_total", "Bytes sent to clients over NCCL.", m->nccl_bytes_out);
     counter(&b, "dquant_tokens_get_total", "Token-layers returned by GET.", m->tokens_get);
     counter(&b, "dquant_attend_items_total", "ATTEND items computed.", m->attend_items);
+    counter(&b, "dquant_attend_value_streams_decoded_total",
+            "Sealed value streams of host-path ATTEND items decoded with attention_value_mass on.",
+            m->attend_values_decoded);
+    counter(&b, "dquant_attend_value_streams_skipped_total",
+            "Sealed value streams of host-path ATTEND items left out by attention_value_mass.",
+            m->attend_values_skipped);
     counter(&b, "dquant_compress_tokens_total", "Tokens compressed by COMPRESS.", m->compress_tokens);
     counter(&b, "dquant_decompress_tokens_total", "Tokens decompressed by DECOMPRESS.", m->decompress_tokens);
     counter(&b, "dquant_lookups_total", "LOOKUP requests answered.", m->lookups);
@@ -421,6 +427,8 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_counter(&kb, "nccl_bytes_out", m->nccl_bytes_out);
     add_counter(&kb, "tokens_get", m->tokens_get);
     add_counter(&kb, "attend_items", m->attend_items);
+    add_counter(&kb, "attend_value_streams_decoded", m->attend_values_decoded);
+    add_counter(&kb, "attend_value_streams_skipped", m->attend_values_skipped);
     add_counter(&kb, "attend_appends", m->attend_appends);
     add_counter(&kb, "compress_tokens", m->compress_tokens);
     add_counter(&kb, "decompress_tokens", m->decompress_tokens);

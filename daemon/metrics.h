@@ -39,6 +39,9 @@ typedef struct dqd_metrics {
     uint64_t tokens_put, streams_encoded, encode_retries, rollbacks;
     uint64_t nccl_setups, nccl_failures, nccl_bytes_in, nccl_bytes_out;
     uint64_t tokens_get, attend_items, attend_appends, compress_tokens, decompress_tokens;
+    /* sealed value streams of host-path ATTEND items decoded and left out by value skipping
+     * (attention_value_mass; dquant/vskip.h) */
+    uint64_t attend_values_decoded, attend_values_skipped;
     /* shared KV tier: LOOKUP keys asked (hit or missed, in tokens), PUT_CHUNKS chunks encoded or
      * found held already */
     uint64_t lookups, lookup_hit_tokens, lookup_missed_tokens, chunks_put, chunk_dedupe_hits;

@@ -4,7 +4,8 @@
  * Loop: look up every sequence and queue for them all (exclusive for sequences that get appends,
  * shared otherwise), then check every item against its model. Workers, three phases over chunks
  * of items: (A) queries to f32 and every input checked finite, (B) the appends, rolled back all
- * together if one fails, (C) dq_attend. The reply is out F32 [items, q_heads, head_dim] followed
+ * together if one fails, (C) dq_attend (dq_attend_vskip with attention_value_mass on, for D-Quant
+ * and fixed-width models on the host path). The reply is out F32 [items, q_heads, head_dim] followed
  * by lse F32 [items, q_heads].
  *
  * On the cuda backend, items whose layer is in GPU memory run there: between (A) and (B) the loop
@@ -39,6 +40,7 @@
 #include "dquant/attention.h"
 #include "dquant/codec.h"
 #include "dquant/error.h"
+#include "dquant/vskip.h"
 #include "lane.h"
 #include "logging.h"
 #include "ops_internal.h"
@@ -94,6 +96,9 @@ typedef struct att_op {
     uint64_t gpu_reserved;
     dqd_gpu_moves mv;
     uint64_t t_ns[ATT_T_COUNT]; /* when each stage ended, for the debug trace */
+    /* value skipping (attention_value_mass) on the host path: sealed value streams decoded and
+     * in all, summed by the attention tasks (atomically) */
+    uint64_t v_decoded, v_sealed;
     int fail_rc;
     char msg[256];
 } att_op;
@@ -709,6 +714,29 @@ static void attend_gpu(att_op *op)
                               out + op->n * qsize(op));
 }
 
+/* One dq_attend call of host items; with attention_value_mass on and a codec of levels (D-Quant or
+ * fixed-width), dq_attend_vskip (dquant/vskip.h), its value streams counted for the metrics. */
+static int attend_host(att_op *op, const dq_codec *view, dq_workspace *ws, const dq_attn_item *batch, size_t nb)
+{
+    const double tau = op->ctx->cfg->attention_value_mass;
+    const dq_codec_type type = dq_codec_profile(view)->codec_type;
+    if (!(tau > 0.0 && tau < 1.0) || (type != DQ_CODEC_DQUANT && type != DQ_CODEC_FIXED))
+        return dq_attend(view, ws, op->q_heads, op->scale, batch, nb);
+    dq_vskip_out vo[64];
+    memset(vo, 0, sizeof vo);
+    int rc = dq_attend_vskip(view, ws, op->q_heads, op->scale, tau, batch, vo, nb);
+    if (rc == DQ_OK) {
+        uint64_t dec = 0, all = 0;
+        for (size_t k = 0; k < nb; k++) {
+            dec += vo[k].values_decoded;
+            all += vo[k].values_sealed;
+        }
+        __atomic_fetch_add(&op->v_decoded, dec, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&op->v_sealed, all, __ATOMIC_RELAXED);
+    }
+    return rc;
+}
+
 static void attend_task(void *arg, size_t c)
 {
     att_op *op = arg;
@@ -750,7 +778,7 @@ static void attend_task(void *arg, size_t c)
         }
         if (nb) {
             dq_workspace *ws = dqd_codec_ws_take(codec);
-            int rc = ws ? dq_attend(view, ws, op->q_heads, op->scale, batch, nb) : DQ_NOMEM;
+            int rc = ws ? attend_host(op, view, ws, batch, nb) : DQ_NOMEM;
             dqd_codec_ws_give(codec, ws);
             for (size_t k = i; k < j; k++)
                 op->items[k].rc = rc;
@@ -862,6 +890,8 @@ static void att_reply(att_op *op)
     }
     const size_t n = op->n_req;
     op->ctx->metrics.attend_items += n;
+    op->ctx->metrics.attend_values_decoded += op->v_decoded;
+    op->ctx->metrics.attend_values_skipped += op->v_sealed - op->v_decoded;
 
     Dquant__AttendReply r = DQUANT__ATTEND_REPLY__INIT;
     Dquant__Tensor to, tl;

@@ -195,8 +195,8 @@ static int cmp_double(const void *a, const void *b)
 
 /* Percentile interval of ratio statistics Σ num[u] / Σ den[u] over units resampled with
  * replacement (den NULL: the mean of num). nstat statistics share each resample's indices. */
-static int bootstrap(size_t units, size_t nstat, const double *const *num, const double *const *den, uint32_t resamples,
-                     uint64_t seed, eval_ci *out)
+int eval_bootstrap(size_t units, size_t nstat, const double *const *num, const double *const *den, uint32_t resamples,
+                   uint64_t seed, eval_ci *out)
 {
     assert(nstat <= 4 && units > 0 && resamples > 0);
     double *stat = malloc((size_t)resamples * nstat * sizeof *stat);
@@ -391,7 +391,7 @@ int eval_run(const eval_data *d, const eval_codec *c, const eval_opts *o, eval_r
         for (int k = 0; k < 4; k++)
             col[k * units + u] = sums[4 * u + k];
     const double *num[2] = {col, col + 2 * units}, *den[2] = {col + units, col + 3 * units};
-    rc = bootstrap(units, 2, num, den, o->resamples, o->seed, r->nmse);
+    rc = eval_bootstrap(units, 2, num, den, o->resamples, o->seed, r->nmse);
     if (rc == DQ_OK && attn) {
         const double per = (double)d->layers * d->q_heads;
         for (size_t p = 0; p < a.npos; p++) {
@@ -400,7 +400,7 @@ int eval_run(const eval_data *d, const eval_codec *c, const eval_opts *o, eval_r
         }
         const double *anum[2] = {a.kl, a.err}, *aden[2] = {NULL, NULL};
         eval_ci ci[2];
-        rc = bootstrap(a.npos, 2, anum, aden, o->resamples, o->seed ^ 0xa77e5ull, ci);
+        rc = eval_bootstrap(a.npos, 2, anum, aden, o->resamples, o->seed ^ 0xa77e5ull, ci);
         r->kl = ci[0];
         r->attn_err = ci[1];
         r->have_attn = 1;

@@ -84,6 +84,12 @@ typedef struct eval_result {
     double seconds;
 } eval_result;
 
+/* Percentile interval of ratio statistics Σ num[u] / Σ den[u] over units resampled with
+ * replacement (den NULL: the mean of num); nstat <= 4 statistics share each resample's indices.
+ * Returns 0 or DQ_NOMEM. */
+int eval_bootstrap(size_t units, size_t nstat, const double *const *num, const double *const *den, uint32_t resamples,
+                   uint64_t seed, eval_ci *out);
+
 /* Evaluates one codec on d. Returns 0 or a dq_error code with a message in err. */
 int eval_run(const eval_data *d, const eval_codec *c, const eval_opts *o, eval_result *r, char *err, size_t errlen);
 

@@ -6,6 +6,7 @@
 
 #include "dquant/error.h"
 #include "dquant/types.h"
+#include "dquant/vskip.h"
 #include "eval_data.h"
 #include "eval_json.h"
 #include "eval_model.h"
@@ -478,9 +479,17 @@ int eval_model_forward(const eval_model *m, eval_kv_cache *c, const int32_t *tok
     float *x = malloc(ntok * H * sizeof *x), *xn = malloc(ntok * H * sizeof *xn);
     float *q = malloc(ntok * qd * sizeof *q), *att = malloc(ntok * qd * sizeof *att);
     float *g = malloc(ntok * I * sizeof *g), *u = malloc(ntok * I * sizeof *u);
-    float *sc = malloc(ctx * sizeof *sc), *tmp = malloc(ntok * (n > H ? n : H) * sizeof *tmp);
+    /* scores of every head [heads][ctx] (value skipping needs all heads' before any sum), and the
+     * kept flags of the sealed positions */
+    const int vskip = c->value_mass > 0 && c->value_mass < 1 && c->sealed > 0;
+    float *sc = malloc((size_t)cfg->heads * ctx * sizeof *sc), *tmp = malloc(ntok * (n > H ? n : H) * sizeof *tmp);
+    uint8_t *keep = vskip ? malloc(c->sealed) : NULL;
     int rc = DQ_OK;
-    if (!x || !xn || !q || !att || !g || !u || !sc || !tmp) {
+    if (vskip && !c->vskip_codec) {
+        rc = DQ_INVALID_ARGUMENT;
+        goto out;
+    }
+    if (!x || !xn || !q || !att || !g || !u || !sc || !tmp || (vskip && !keep)) {
         rc = DQ_NOMEM;
         goto out;
     }
@@ -505,7 +514,7 @@ int eval_model_forward(const eval_model *m, eval_kv_cache *c, const int32_t *tok
             for (size_t h = 0; h < cfg->heads; h++) {
                 const float *qh = q + t * qd + h * hd;
                 const size_t kvh = h / group;
-                float mx = -INFINITY;
+                float *sh = sc + h * ctx;
                 for (size_t s = 0; s < span; s++) {
                     const float *kr = kc + s * n + kvh * hd;
                     float a[8] = {0}, dot = 0;
@@ -516,18 +525,36 @@ int eval_model_forward(const eval_model *m, eval_kv_cache *c, const int32_t *tok
                         dot += a[j];
                     for (size_t i = hd & ~(size_t)7; i < hd; i++)
                         dot += qh[i] * kr[i];
-                    sc[s] = dot * scale;
-                    mx = sc[s] > mx ? sc[s] : mx;
+                    sh[s] = dot * scale;
                 }
+            }
+            /* the sealed positions whose values count: all, or the union of the heads' minimal sets */
+            const size_t ns = vskip ? (span < c->sealed ? span : c->sealed) : 0;
+            if (ns) {
+                rc = dq_vskip_select(c->vskip_codec, sc, ctx, cfg->heads, ns, sc + ns, ctx, span - ns, c->value_mass,
+                                     keep, NULL);
+                if (rc != DQ_OK)
+                    goto out;
+                for (size_t s = 0; s < ns; s++)
+                    c->vskip_kept += keep[s];
+                c->vskip_sealed += ns;
+            }
+            for (size_t h = 0; h < cfg->heads; h++) {
+                const size_t kvh = h / group;
+                float *sh = sc + h * ctx, mx = -INFINITY;
+                for (size_t s = 0; s < span; s++)
+                    mx = sh[s] > mx ? sh[s] : mx;
                 double z = 0;
                 for (size_t s = 0; s < span; s++) {
-                    sc[s] = (float)exp((double)(sc[s] - mx));
-                    z += sc[s];
+                    sh[s] = (float)exp((double)(sh[s] - mx));
+                    z += sh[s];
                 }
                 float *o = att + t * qd + h * hd;
                 memset(o, 0, hd * sizeof *o);
                 for (size_t s = 0; s < span; s++) {
-                    const float p = (float)(sc[s] / z);
+                    if (s < ns && !keep[s])
+                        continue; /* skipped: its weight stays in z (no renormalization) */
+                    const float p = (float)(sh[s] / z);
                     const float *vr = vc + s * n + kvh * hd;
                     for (size_t i = 0; i < hd; i++)
                         o[i] += p * vr[i];
@@ -560,5 +587,6 @@ out:
     free(u);
     free(sc);
     free(tmp);
+    free(keep);
     return rc;
 }

@@ -22,6 +22,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dquant/codec.h"
+
 typedef struct eval_model_config {
     uint32_t layers, hidden, intermediate, heads, kv_heads, head_dim, vocab, max_positions;
     float rms_eps, rope_theta;
@@ -49,6 +51,17 @@ typedef struct eval_kv_cache {
     uint32_t layers, capacity, len;
     size_t n; /* kv_heads · head_dim */
     float *k, *v;
+    /* Certified value skipping (libdquant dquant/vskip.h) in the forward's attention: with
+     * 0 < value_mass < 1, positions below `sealed` are the compressed part (the live tokens at and
+     * past it always count, as a BF16 tail does), and for each new token and layer the values of a
+     * sealed position are summed only when it is in the union over all query heads of each head's
+     * smallest set holding value_mass of its softmax mass (dq_vskip_select; no renormalization).
+     * vskip_kept / vskip_sealed count the (token, layer, position) pairs kept and sealed. 0: off
+     * (init sets it). vskip_codec lends dq_vskip_select its allocator (any codec). */
+    double value_mass;
+    uint32_t sealed;
+    const dq_codec *vskip_codec;
+    uint64_t vskip_kept, vskip_sealed;
 } eval_kv_cache;
 
 /* Returns 0, DQ_INVALID_ARGUMENT (capacity 0 or above the model's max_positions), DQ_NOMEM. */

@@ -8,6 +8,7 @@
 #include "codec_run.h"
 #include "dquant/error.h"
 #include "dquant/kvq.h"
+#include "dquant/vskip.h"
 #include "eval_data.h"
 #include "eval_ppl.h"
 #include "eval_rng.h"
@@ -170,6 +171,7 @@ typedef struct codec_state {
     double *chunk_nll, *chunk_kl; /* [chunks]: sums over the chunk's targets */
     double err2[2], ref2[2];      /* NMSE sums */
     uint64_t stored_bits[2], values[2];
+    uint64_t vskip_kept, vskip_sealed; /* value_mass: prefill values summed / offered */
     double seconds;
 } codec_state;
 
@@ -282,6 +284,7 @@ int eval_ppl_run(const eval_model *m, const eval_text *t, const eval_ppl_codec *
     double *lpr = malloc((size_t)T * V * sizeof *lpr), *lpc = malloc((size_t)V * sizeof *lpc);
     double *nll_ref = calloc(o->chunks, sizeof *nll_ref);
     eval_kv_cache c = {0};
+    dq_codec *vskip_codec = NULL;
     float *calib_k = NULL, *calib_v = NULL;
     size_t calib_tokens = 0;
     int calib_rc = DQ_OK;
@@ -293,6 +296,19 @@ int eval_ppl_run(const eval_model *m, const eval_text *t, const eval_ppl_codec *
     if ((rc = eval_kv_cache_init(m, C + T, &c)) != DQ_OK) {
         rc = eval_fail(err, errlen, rc, "KV cache of %u tokens: %s", C + T, dq_strerror(rc));
         goto out;
+    }
+    if (o->value_mass != 0) {
+        /* value skipping's selection borrows a codec's allocator only: any profile of the shape */
+        dq_profile bp;
+        if (dq_vskip_enabled(o->value_mass) != 1) {
+            rc = eval_fail(err, errlen, DQ_INVALID_ARGUMENT, "value mass %g is not in (0, 1)", o->value_mass);
+            goto out;
+        }
+        if ((rc = dq_profile_builtin("bf16", cfg->kv_heads, cfg->head_dim, &bp)) != DQ_OK ||
+            (rc = dq_codec_create(&bp, NULL, &vskip_codec)) != DQ_OK) {
+            rc = eval_fail(err, errlen, rc, "value skipping: %s", dq_strerror(rc));
+            goto out;
+        }
     }
     for (size_t i = 0; i < ncodecs; i++) {
         memset(&res[i], 0, sizeof res[i]);
@@ -362,7 +378,15 @@ int eval_ppl_run(const eval_model *m, const eval_text *t, const eval_ppl_codec *
                 snprintf(res[i].why, sizeof res[i].why, "chunk %u: %s", ch, dq_strerror(res[i].rc));
                 continue;
             }
-            if ((rc = eval_model_forward(m, &c, x + C, T, lc, NULL)) != DQ_OK)
+            c.value_mass = o->value_mass;
+            c.sealed = C;
+            c.vskip_codec = vskip_codec;
+            c.vskip_kept = c.vskip_sealed = 0;
+            rc = eval_model_forward(m, &c, x + C, T, lc, NULL);
+            c.value_mass = 0;
+            st[i].vskip_kept += c.vskip_kept;
+            st[i].vskip_sealed += c.vskip_sealed;
+            if (rc != DQ_OK)
                 goto fwd_fail;
             for (uint32_t j = 0; j < T; j++) {
                 const double *p = lpr + (size_t)j * V;
@@ -405,6 +429,7 @@ int eval_ppl_run(const eval_model *m, const eval_text *t, const eval_ppl_codec *
         }
         r->bits_mean = 0.5 * (r->bits[0] + r->bits[1]);
         r->seconds = st[i].seconds;
+        r->value_kept = st[i].vskip_sealed ? (double)st[i].vskip_kept / (double)st[i].vskip_sealed : 1.0;
     }
     rc = DQ_OK;
     goto out;
@@ -426,5 +451,6 @@ out:
     free(calib_k);
     free(calib_v);
     eval_kv_cache_free(&c);
+    dq_codec_free(vskip_codec);
     return rc;
 }

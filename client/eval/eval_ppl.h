@@ -40,6 +40,10 @@ typedef struct eval_ppl_opts {
     uint64_t calib_offset;             /* first calibration sequence's token offset */
     uint32_t resamples;                /* bootstrap over chunks */
     uint64_t seed;
+    double value_mass; /* 0: off; in (0, 1): the targets' attention over each codec's
+                                          prefill cache skips values as dq_attend_vskip would
+                                          (eval_kv_cache.value_mass; the prefill is the sealed part);
+                                          the fp32 reference run is exact */
 } eval_ppl_opts;
 
 /* 128 + 64, 50 chunks from offset 0, 8 calibration sequences, 2000 resamples. eval_ppl_fit then
@@ -74,6 +78,7 @@ typedef struct eval_ppl_result {
     double nmse[2]; /* of the prefill K/V, over all chunks */
     uint32_t chunks, targets;
     double seconds;
+    double value_kept; /* with value_mass: share of (target, layer, prefill position) values summed */
 } eval_ppl_result;
 
 /* Runs every codec on every chunk. A codec that fails (a profile that cannot encode this data)

@@ -17,6 +17,7 @@
 #include "eval_core.h"
 #include "eval_model.h"
 #include "eval_ppl.h"
+#include "eval_vskip.h"
 
 #define PROG "eval"
 #define DEFAULT_CODECS "dq226,dq196,int2,quarot2,kivi2,turbo2,bf16"
@@ -31,6 +32,7 @@ static const char g_eval_help[] =
     "   dquant eval --dataset bytellama-n1024|bytellama-19m|tinystories-656k [--data DIR] [OPTIONS]\n"
     "   dquant eval --claims --dataset NAME [--data DIR] [--claims-chunks N] [--json]\n"
     "   dquant eval --ppl --dataset NAME [--data DIR] [--chunks N] [--context C] [--targets T] [OPTIONS]\n"
+    "   dquant eval --value-mass LIST --dataset NAME [--data DIR] [--codecs dq226,...] [OPTIONS]\n"
     "   dquant eval --k FILE --v FILE [--q FILE --q-heads QH] --kv-heads H --head-dim D --dtype f16|bf16|f32\n"
     "               [OPTIONS]\n"
     "\n"
@@ -57,6 +59,15 @@ static const char g_eval_help[] =
     "   the calibration sequences (--calib-seqs, default 8 of C tokens, at the start of the text).\n"
     "   Text: heldout.txt (byte models) or kv/tokens_i32.bin (tinystories-656k: 495 tokens, 2 chunks).\n"
     "   Codec 'fp32' is the identity through the same cache hook (dPPL and KL exactly 0).\n"
+    "\n"
+    "   With --value-mass TAU[,TAU...] (each in (0, 1), e.g. 0.99,0.999), certified value skipping\n"
+    "   (libdquant dquant/vskip.h, dquantd --attention-value-mass) on D-Quant codecs (default dq226):\n"
+    "   each layer of sequence 0 is appended token by token as in decoding (sealed windows plus the BF16\n"
+    "   tail), and at every evaluated position each query attends causally once exactly (dq_attend) and\n"
+    "   once per TAU (dq_attend_vskip). Per TAU: the share of sealed value streams decoded, the share of\n"
+    "   value tokens used (decoded plus tail), the output relative error against the exact result\n"
+    "   (mean over layers and heads, 95%% bootstrap interval over positions, and the largest), the\n"
+    "   returned error bound relative to ||o||, the share of heads within it, and the time in each call.\n"
     "\n"
     "   With --claims, each quantitative claim of the KVQuant++ paper (seed 001) next to our figure on\n"
     "   the dataset's real K/V (and queries), with a verdict (agrees / partly / disagrees) and a note on\n"
@@ -95,6 +106,10 @@ static const char g_eval_help[] =
     "       excess rate of the coding table over the empirical symbol entropy (bits/value).\n"
     "   --query-stride S\n"
     "       Evaluate every S-th query position counted back from the last (default: tokens / 128).\n"
+    "   --value-mass LIST  the value-skipping table above for these mass targets; with --ppl one TAU:\n"
+    "                      every codec's run of the targets skips prefill values as dquant/vskip.h\n"
+    "                      selects them (the union over all query heads; no renormalization), the\n"
+    "                      fp32 reference stays exact, and a 'values used %%' column is added\n"
     "   --claims           the claims table above\n"
     "   --claims-chunks N  --claims: chunks of the dPPL/KL parts (default 8; 0: tensor figures only)\n"
     "   --ppl              the perplexity / KL protocol above (default codecs " DEFAULT_PPL_CODECS ")\n"
@@ -113,7 +128,7 @@ static const char g_eval_help[] =
     "   dquant eval --dataset tinystories-656k --ablation budget\n";
 
 typedef struct eval_args {
-    const char *dataset, *data, *k, *v, *q, *codecs, *ablation;
+    const char *dataset, *data, *k, *v, *q, *codecs, *ablation, *value_mass;
     uint32_t kv_heads, head_dim, q_heads;
     int have_dtype, json, ppl, claims;
     eval_claims_opts claims_opts;
@@ -150,6 +165,7 @@ static int parse_args(int argc, char **argv, eval_args *a)
         CLI_DTYPE_GIVEN("dtype", &a->dtype, &a->have_dtype),
         CLI_STR("codecs", &a->codecs),
         CLI_STR("ablation", &a->ablation),
+        CLI_STR("value-mass", &a->value_mass),
         CLI_U32("query-stride", &a->opts.query_stride, 1),
         CLI_U32("resamples", &a->opts.resamples, 10),
         CLI_FN("seed", seed_arg, &a->opts.seed),
@@ -172,6 +188,8 @@ static int parse_args(int argc, char **argv, eval_args *a)
         return cli_error(CLI_USAGE, PROG, "--claims needs --dataset NAME and runs alone (not with --ppl/--ablation)");
     if (a->ppl && !a->dataset)
         return cli_error(CLI_USAGE, PROG, "--ppl needs --dataset NAME (a model folder under --data)");
+    if (a->value_mass && (a->ablation || a->claims))
+        return cli_error(CLI_USAGE, PROG, "--value-mass runs alone or with --ppl (not with --ablation/--claims)");
     if (a->ppl && a->ablation)
         return cli_error(CLI_USAGE, PROG, "--ppl and --ablation are separate runs");
     if (!a->dataset == !a->k)
@@ -522,6 +540,16 @@ static int run_ppl(const eval_args *a)
     eval_ppl_opts o = a->ppl_opts;
     o.resamples = a->opts.resamples;
     o.seed = a->opts.seed;
+    if (a->value_mass) {
+        char *end;
+        errno = 0;
+        o.value_mass = strtod(a->value_mass, &end);
+        if (end == a->value_mass || *end || errno || !(o.value_mass > 0.0 && o.value_mass < 1.0)) {
+            status = cli_error(CLI_USAGE, PROG, "--ppl --value-mass takes one mass target in (0, 1), not '%s'",
+                               a->value_mass);
+            goto out;
+        }
+    }
     if (eval_ppl_fit(&o, text.len) != DQ_OK) {
         status = cli_error(CLI_FAILED, PROG, "%s: %zu tokens hold no chunk of %u + %u + 1", text.source, text.len,
                            o.context, o.targets);
@@ -578,17 +606,28 @@ static int run_ppl(const eval_args *a)
                o.context, (unsigned long long)o.calib_offset,
                (unsigned long long)(o.calib_offset + (uint64_t)o.calib_seqs * o.context));
         printf("Every prefill token quantized (no BF16 tail); targets' own K/V float32. 95%% intervals: bootstrap "
-               "over chunks, %u resamples.\n\n",
+               "over chunks, %u resamples.\n",
                o.resamples);
+        if (o.value_mass > 0)
+            printf(
+                "Value skipping at mass %g (dquant/vskip.h's selection) in every codec's run: the targets' attention "
+                "sums a prefill token's value only when it is in the union over all query heads of each head's "
+                "smallest set holding that share of its mass (the targets' own tokens always count, no "
+                "renormalization); the fp32 reference run is exact. 'values used': prefill values summed / "
+                "offered.\n",
+                o.value_mass);
+        printf("\n");
     }
     if (eval_ppl_run(m, &text, codecs, order, &o, res, err, sizeof err) != DQ_OK) {
         status = cli_error(CLI_FAILED, PROG, "%s", err);
         goto out;
     }
+    const int vs = o.value_mass > 0;
     if (!a->json) {
-        printf(
-            "| codec | bits/value | K bits | V bits | K NMSE | V NMSE | PPL | dPPL [95%% CI] | KL, nats [95%% CI] |\n");
-        printf("|---|---:|---:|---:|---:|---:|---:|---|---|\n");
+        printf("| codec | bits/value | K bits | V bits | K NMSE | V NMSE | PPL | dPPL [95%% CI] | KL, nats [95%% CI] "
+               "|%s\n",
+               vs ? " values used % |" : "");
+        printf("|---|---:|---:|---:|---:|---:|---:|---|---|%s\n", vs ? "---:|" : "");
     }
     for (size_t i = 0; i < order; i++) {
         const eval_ppl_result *r = &res[i];
@@ -601,16 +640,22 @@ static int run_ppl(const eval_args *a)
             printf(",\"stream_values\":%u,\"chunks\":%u,\"context\":%u,\"targets\":%u,\"bits_per_value\":%.6f,"
                    "\"bits_k\":%.6f,\"bits_v\":%.6f,\"nmse_k\":%.9g,\"nmse_v\":%.9g,\"ppl_fp32\":%.9g,\"ppl\":%.9g,"
                    "\"dppl\":{\"est\":%.9g,\"lo\":%.9g,\"hi\":%.9g},\"kl\":{\"est\":%.9g,\"lo\":%.9g,\"hi\":%.9g},"
-                   "\"seconds\":%.3f}\n",
+                   "\"seconds\":%.3f",
                    cfg->kv_heads * cfg->head_dim, r->chunks, o.context, r->targets, r->bits_mean, r->bits[0],
                    r->bits[1], r->nmse[0], r->nmse[1], r->ppl_ref, r->ppl, r->dppl_ci.est, r->dppl_ci.lo, r->dppl_ci.hi,
                    r->kl.est, r->kl.lo, r->kl.hi, r->seconds);
+            if (vs)
+                printf(",\"value_mass\":%.9g,\"values_used\":%.6f", o.value_mass, r->value_kept);
+            printf("}\n");
         } else if (r->rc != DQ_OK) {
             printf("| %s | - | - | - | - | - | - | cannot run: %s | |\n", r->label, r->why);
         } else {
-            printf("| %s | %.4f | %.4f | %.4f | %.4g | %.4g | %.4f | %+.4g [%+.4g, %+.4g] | %.4g [%.4g, %.4g] |\n",
+            printf("| %s | %.4f | %.4f | %.4f | %.4g | %.4g | %.4f | %+.4g [%+.4g, %+.4g] | %.4g [%.4g, %.4g] |",
                    r->label, r->bits_mean, r->bits[0], r->bits[1], r->nmse[0], r->nmse[1], r->ppl, r->dppl_ci.est,
                    r->dppl_ci.lo, r->dppl_ci.hi, r->kl.est, r->kl.lo, r->kl.hi);
+            if (vs)
+                printf(" %.1f |", 100 * r->value_kept);
+            printf("\n");
         }
         fflush(stdout);
     }
@@ -696,6 +741,77 @@ out:
     return status;
 }
 
+#define MAX_TAUS 16
+
+/* --value-mass LIST: the value-skipping table (eval_vskip.h) per D-Quant codec of --codecs. */
+static int run_vskip(const eval_args *a, const eval_data *d)
+{
+    double taus[MAX_TAUS];
+    size_t ntau = 0;
+    char buf[512];
+    if (strlen(a->value_mass) >= sizeof buf)
+        return cli_error(CLI_USAGE, PROG, "--value-mass list too long");
+    snprintf(buf, sizeof buf, "%s", a->value_mass);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *end;
+        errno = 0;
+        const double t = strtod(tok, &end);
+        if (end == tok || *end || errno || !(t > 0.0 && t < 1.0))
+            return cli_error(CLI_USAGE, PROG, "--value-mass: '%s' is not a mass target in (0, 1)", tok);
+        if (ntau == MAX_TAUS)
+            return cli_error(CLI_USAGE, PROG, "--value-mass: at most %d targets", MAX_TAUS);
+        taus[ntau++] = t;
+    }
+    if (!ntau)
+        return cli_error(CLI_USAGE, PROG, "--value-mass is empty");
+    if (!d->q)
+        return cli_error(CLI_FAILED, PROG, "%s has no queries: value skipping needs them", d->name);
+    codec_list l;
+    int status = codec_list_parse(a->codecs ? a->codecs : "dq226", d, &l);
+    if (status)
+        goto out;
+    if (!a->json) {
+        const uint32_t S = eval_query_stride(d, &a->opts);
+        printf("Value skipping on %s: sequence 0, %u layers x %u tokens appended in order (sealed windows + BF16 "
+               "tail), %u query heads over %u KV heads x %u; positions T-1, T-1-%u, ... (%u per layer), causal.\n",
+               d->name, d->layers, d->tokens, d->q_heads, d->kv_heads, d->head_dim, S, (d->tokens - 1) / S + 1);
+        printf("Error: ||o_tau - o|| / ||o|| per head against dq_attend (tau off); 95%% percentile-bootstrap "
+               "interval over positions, %u resamples, seed %#" PRIx64 ".\n\n",
+               a->opts.resamples, a->opts.seed);
+        printf(
+            "| codec | tau | value streams decoded %% | value tokens used %% | out rel. err [95%% CI] | max rel. err | "
+            "bound / ||o|| (mean) | within bound %% | dq_attend s | dq_attend_vskip s |\n");
+        printf("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|\n");
+    }
+    eval_vskip_row rows[MAX_TAUS];
+    for (size_t i = 0; i < l.n; i++) {
+        char err[512];
+        if (l.why[i][0] || eval_vskip_run(d, &l.codecs[i], &a->opts, taus, ntau, rows, err, sizeof err) != DQ_OK) {
+            status = cli_error(CLI_FAILED, PROG, "%s", l.why[i][0] ? l.why[i] : err);
+            goto out;
+        }
+        for (size_t t = 0; t < ntau; t++) {
+            const eval_vskip_row *r = &rows[t];
+            if (a->json)
+                printf("{\"dataset\":\"%s\",\"codec\":\"%s\",\"value_mass\":%.9g,\"value_streams_decoded\":%.6f,"
+                       "\"value_tokens_used\":%.6f,\"out_rel_err\":{\"est\":%.9g,\"lo\":%.9g,\"hi\":%.9g},"
+                       "\"out_rel_err_max\":%.9g,\"bound_rel_mean\":%.9g,\"within_bound\":%.6f,\"positions\":%u,"
+                       "\"items\":%u,\"seconds_exact\":%.3f,\"seconds_vskip\":%.3f}\n",
+                       d->name, l.codecs[i].label, r->tau, r->decoded, r->used, r->rel_err.est, r->rel_err.lo,
+                       r->rel_err.hi, r->rel_err_max, r->bound_rel, r->held, r->positions, r->items, r->seconds_exact,
+                       r->seconds_vskip);
+            else
+                printf("| %s | %g | %.1f | %.1f | %.3g [%.3g, %.3g] | %.3g | %.3g | %.1f | %.2f | %.2f |\n",
+                       l.codecs[i].label, r->tau, 100 * r->decoded, 100 * r->used, r->rel_err.est, r->rel_err.lo,
+                       r->rel_err.hi, r->rel_err_max, r->bound_rel, 100 * r->held, r->seconds_exact, r->seconds_vskip);
+        }
+        fflush(stdout);
+    }
+out:
+    codec_list_free(&l);
+    return status;
+}
+
 int dq_cmd_eval(int argc, char **argv)
 {
     eval_args a;
@@ -707,7 +823,9 @@ int dq_cmd_eval(int argc, char **argv)
     eval_data d;
     if ((rc = load_data(&a, &d)) != 0)
         return rc;
-    if (a.claims)
+    if (a.value_mass)
+        rc = run_vskip(&a, &d);
+    else if (a.claims)
         rc = run_claims(&a, &d);
     else if (!a.ablation)
         rc = run_codecs(&a, &d);

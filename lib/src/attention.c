@@ -14,7 +14,9 @@
 #include "codec_internal.h"
 #include "dquant/attention.h"
 #include "dquant/hot.h"
+#include "dquant/vskip.h"
 #include "dsp.h"
+#include "vskip_internal.h"
 
 /* dq_layer is opaque even inside the library; attention reads it through the public accessors. */
 
@@ -85,68 +87,119 @@ typedef struct attn_src {
     size_t T;
 } attn_src;
 
-/* The W tokens' levels of one kind of window w into ws->levels ([W][n]); returns the first
- * token's (fp16 s, fp16 o) pair, *stride the bytes from one token's pair to the next. */
+/* The levels of one kind of window w into ws->levels ([W][n]): every token's, or where keep
+ * (W flags; may be NULL) is set only those tokens', in the rows 0, 1, ... in token order (records:
+ * through gather, room for W records of the kind); returns the first token's (fp16 s, fp16 o)
+ * pair, *stride the bytes from one token's pair to the next. */
 static const uint8_t *window_levels(const dq_codec *c, dq_workspace *ws, const dq__dsp *dsp, const attn_src *src,
-                                    size_t w, dq_kind kind, size_t *stride)
+                                    size_t w, dq_kind kind, const uint8_t *keep, uint8_t *gather, size_t *stride)
 {
     const uint32_t n = c->n, W = c->profile.window;
     (void)dsp;
     if (src->layer) {
         const uint8_t *rec = dq_window_record(c, dq_layer_window(src->layer, w), kind, 0);
-        dq__levels_decode(c, kind, rec, c->record_bytes[kind], W, ws->levels);
-        *stride = c->record_bytes[kind];
+        const size_t rb = c->record_bytes[kind];
+        if (!keep) {
+            /* the window's records into the cache ahead of the decoder, which reads many streams
+             * at once (scattered lines the hardware prefetcher does not follow) */
+            for (size_t b = 0; b < (size_t)W * rb; b += 64)
+                __builtin_prefetch(rec + b);
+            dq__levels_decode(c, kind, rec, rb, W, ws->levels);
+        } else {
+            /* the kept records side by side, decoded in one call (the decoder runs many streams
+             * at once) */
+            uint32_t k = 0;
+            for (uint32_t t = 0; t < W; t++)
+                if (keep[t])
+                    memcpy(gather + (size_t)k++ * rb, rec + (size_t)t * rb, rb);
+            dq__levels_decode(c, kind, gather, rb, k, ws->levels);
+        }
+        *stride = rb;
         return rec;
     }
     size_t off[4];
     dq_hot_offsets(c, off);
-    for (uint32_t t = 0; t < W; t++)
-        dq_hot_levels(c, src->hot[w], kind, t, ws->levels + (size_t)t * n);
+    for (uint32_t t = 0, k = 0; t < W; t++)
+        if (!keep || keep[t])
+            dq_hot_levels(c, src->hot[w], kind, t, ws->levels + (size_t)k++ * n);
     *stride = 4;
     return src->hot[w] + off[kind];
 }
 
-static void attend_windows(const dq_codec *c, dq_workspace *ws, const dq__dsp *dsp, const attn_src *src, attn_state *st,
-                           uint32_t qh0, uint32_t G, float scale)
+/* The logits of window w for nh query heads (from qh0; rotated queries qr[nh][d] with their sums
+ * qsum[nh]) into logit[h·ldl + t]; qmu[nh] is scratch (each head's q'·μ). */
+static void window_logits(const dq_codec *c, dq_workspace *ws, const dq__dsp *dsp, const attn_src *src, size_t w,
+                          const float *qr, const float *qsum, float *qmu, uint32_t nh, uint32_t qh0, uint32_t G,
+                          float scale, float *logit, size_t ldl)
 {
     const uint32_t n = c->n, d = c->head_dim, W = c->profile.window;
-    const dq__kind_tables *ktk = &c->kt[DQ_KIND_K], *ktv = &c->kt[DQ_KIND_V];
     /* levels are centered on the middle of the grid: m - c with c = (M - 1)/2 (exact in float) */
-    const float ck = 0.5f * (float)(ktk->levels - 1), cv = 0.5f * (float)(ktv->levels - 1);
+    const float ck = 0.5f * (float)(c->kt[DQ_KIND_K].levels - 1);
     float *mu = ws->f1;
-    for (size_t w = 0; w < src->nwin; w++) {
-        /* the key-mean block heads both a window record and a hot window */
-        dq__mean_dequant(c, src->layer ? dq_window_mean(c, dq_layer_window(src->layer, w)) : src->hot[w], mu);
-        for (uint32_t h = 0; h < st->qn; h++) {
+    /* the key-mean block heads both a window record and a hot window */
+    dq__mean_dequant(c, src->layer ? dq_window_mean(c, dq_layer_window(src->layer, w)) : src->hot[w], mu);
+    for (uint32_t h = 0; h < nh; h++) {
+        uint32_t kv = (qh0 + h) / G;
+        float s = 0;
+        const float *q = qr + (size_t)h * d;
+        for (uint32_t j = 0; j < d; j++)
+            s += q[j] * mu[kv * d + j];
+        qmu[h] = s;
+    }
+    size_t stride;
+    const uint8_t *krec = window_levels(c, ws, dsp, src, w, DQ_KIND_K, NULL, NULL, &stride);
+    for (uint32_t t = 0; t < W; t++) {
+        const uint8_t *rec = krec + (size_t)t * stride;
+        const float s = dq_f16_to_f32(dq__get_u16(rec)), o = dq_f16_to_f32(dq__get_u16(rec + 2));
+        const float mid = o + s * ck;
+        const uint8_t *lev = ws->levels + (size_t)t * n;
+        for (uint32_t h = 0; h < nh; h++) {
             uint32_t kv = (qh0 + h) / G;
-            float s = 0;
-            const float *q = st->qr + (size_t)h * d;
-            for (uint32_t j = 0; j < d; j++)
-                s += q[j] * mu[kv * d + j];
-            st->qmu[h] = s;
+            float dot = dsp->dot_u8(qr + (size_t)h * d, lev + (size_t)kv * d, d, ck);
+            logit[(size_t)h * ldl + t] = scale * (s * dot + mid * qsum[h] + qmu[h]);
         }
-        size_t stride;
-        const uint8_t *krec = window_levels(c, ws, dsp, src, w, DQ_KIND_K, &stride);
-        for (uint32_t t = 0; t < W; t++) {
-            const uint8_t *rec = krec + (size_t)t * stride;
-            const float s = dq_f16_to_f32(dq__get_u16(rec)), o = dq_f16_to_f32(dq__get_u16(rec + 2));
-            const float mid = o + s * ck;
-            const uint8_t *lev = ws->levels + (size_t)t * n;
+    }
+}
+
+/* The sealed windows into the state. pre (may be NULL): the softmax weights already computed for
+ * every query head against the state's max (its m), [q_heads][pre_ld], window w's at column w·W;
+ * else each window's keys are scored here. keep (may be NULL): the sealed tokens whose values are attended (dquant/vskip.h), gather
+ * then room for W value records; a window with none is not decoded at all. */
+static void attend_windows(const dq_codec *c, dq_workspace *ws, const dq__dsp *dsp, const attn_src *src, attn_state *st,
+                           uint32_t qh0, uint32_t G, float scale, const float *pre, size_t pre_ld, const uint8_t *keep,
+                           uint8_t *gather)
+{
+    const uint32_t n = c->n, d = c->head_dim, W = c->profile.window;
+    /* levels are centered on the middle of the grid: m - c with c = (M - 1)/2 (exact in float) */
+    const float cv = 0.5f * (float)(c->kt[DQ_KIND_V].levels - 1);
+    for (size_t w = 0; w < src->nwin; w++) {
+        if (pre) {
+            /* softmax_block's weights and sum when every head's max is known already */
             for (uint32_t h = 0; h < st->qn; h++) {
-                uint32_t kv = (qh0 + h) / G;
-                float dot = dsp->dot_u8(st->qr + (size_t)h * d, lev + (size_t)kv * d, d, ck);
-                st->logit[(size_t)h * W + t] = scale * (s * dot + mid * st->qsum[h] + st->qmu[h]);
+                float *lg = st->logit + (size_t)h * W, sum = 0;
+                memcpy(lg, pre + (size_t)(qh0 + h) * pre_ld + w * W, sizeof(float) * W);
+                for (uint32_t t = 0; t < W; t++)
+                    sum += lg[t];
+                st->l[h] += sum;
             }
+        } else {
+            window_logits(c, ws, dsp, src, w, st->qr, st->qsum, st->qmu, st->qn, qh0, G, scale, st->logit, W);
+            softmax_block(st, W);
         }
-        softmax_block(st, W);
+        const uint8_t *kw = keep ? keep + w * W : NULL;
+        if (kw && !memchr(kw, 1, W))
+            continue;
         memset(st->accw, 0, sizeof(float) * st->qn * d);
         memset(st->offw, 0, sizeof(float) * st->qn);
-        const uint8_t *vrec = window_levels(c, ws, dsp, src, w, DQ_KIND_V, &stride);
-        for (uint32_t t = 0; t < W; t++) {
+        size_t stride;
+        const uint8_t *vrec = window_levels(c, ws, dsp, src, w, DQ_KIND_V, kw, gather, &stride);
+        for (uint32_t t = 0, k = 0; t < W; t++) {
+            if (kw && !kw[t])
+                continue;
             const uint8_t *rec = vrec + (size_t)t * stride;
             const float s = dq_f16_to_f32(dq__get_u16(rec)), o = dq_f16_to_f32(dq__get_u16(rec + 2));
             const float mid = o + s * cv;
-            const uint8_t *lev = ws->levels + (size_t)t * n;
+            const uint8_t *lev = ws->levels + (size_t)k++ * n;
             for (uint32_t h = 0; h < st->qn; h++) {
                 uint32_t kv = (qh0 + h) / G;
                 float p = st->logit[(size_t)h * W + t];
@@ -365,6 +418,41 @@ static bool head_finite(const float *out, float lse, double l, uint32_t d)
     return l > 0 ? isfinite(lse) : true;
 }
 
+/* The rotated query of a head reading KV head kv into qr[d]; returns Σ_j qr[j]. */
+static float rotate_query(const dq_codec *c, const float *q, uint32_t kv, float *qr)
+{
+    const uint32_t d = c->head_dim;
+    float s = 0;
+    for (uint32_t j = 0; j < d; j++)
+        qr[j] = c->signs ? q[j] * c->signs[kv * d + j] : q[j];
+    dq__fwht(qr, d);
+    for (uint32_t j = 0; j < d; j++) {
+        qr[j] *= c->rot_scale;
+        s += qr[j];
+    }
+    return s;
+}
+
+/* Writes the outputs and LSE of the state's heads (query heads qh0...); DQ_RANGE when one is not
+ * finite. */
+static int finish_heads(const attn_state *st, uint32_t qh0, float *out_all, float *lse_all)
+{
+    const uint32_t d = st->d;
+    for (uint32_t h = 0; h < st->qn; h++) {
+        float *out = out_all + (size_t)(qh0 + h) * d;
+        const double *acc = st->acc + (size_t)h * d;
+        double inv = st->l[h] > 0 ? 1.0 / st->l[h] : 0.0;
+        for (uint32_t j = 0; j < d; j++)
+            out[j] = (float)(acc[j] * inv);
+        const float lse = st->l[h] > 0 ? (float)((double)st->m[h] + log(st->l[h])) : -INFINITY;
+        if (lse_all)
+            lse_all[qh0 + h] = lse;
+        if (!head_finite(out, lse, st->l[h], d))
+            return DQ_RANGE;
+    }
+    return DQ_OK;
+}
+
 /* One item: src's windows (records or hot windows, or baseline records through layer) and tail. */
 static int attend_item(const dq_codec *c, dq_workspace *ws, const dq__dsp *dsp, uint32_t q_heads, uint32_t qc,
                        float scale, const attn_src *src, const float *q_in, float *out_all, float *lse_all, float *blk)
@@ -378,20 +466,8 @@ static int attend_item(const dq_codec *c, dq_workspace *ws, const dq__dsp *dsp, 
         /* the rotated queries serve the containers only: a layer that is all BF16 tail skips them */
         const int windows = src->nwin > 0;
         for (uint32_t h = 0; h < qn; h++) {
-            uint32_t kv = (qh0 + h) / G;
-            float *qr = st.qr + (size_t)h * d;
-            const float *q = q_in + (size_t)(qh0 + h) * d;
-            float s = 0;
-            if (windows) {
-                for (uint32_t j = 0; j < d; j++)
-                    qr[j] = c->signs ? q[j] * c->signs[kv * d + j] : q[j];
-                dq__fwht(qr, d);
-                for (uint32_t j = 0; j < d; j++) {
-                    qr[j] *= c->rot_scale;
-                    s += qr[j];
-                }
-            }
-            st.qsum[h] = s;
+            st.qsum[h] = windows ? rotate_query(c, q_in + (size_t)(qh0 + h) * d, (qh0 + h) / G, st.qr + (size_t)h * d)
+                                 : 0.0f;
             st.m[h] = -INFINITY;
             st.l[h] = 0;
             st.off[h] = 0;
@@ -399,7 +475,7 @@ static int attend_item(const dq_codec *c, dq_workspace *ws, const dq__dsp *dsp, 
         }
         if (dquant) {
             if (windows) {
-                attend_windows(c, ws, dsp, src, &st, qh0, G, scale);
+                attend_windows(c, ws, dsp, src, &st, qh0, G, scale, NULL, 0, NULL, NULL);
                 unrotate_acc(c, &st, qh0, G);
             }
         } else {
@@ -411,20 +487,98 @@ static int attend_item(const dq_codec *c, dq_workspace *ws, const dq__dsp *dsp, 
                                     : attend_decoded_windows(c, ws, src->layer, &st, q_in, qh0, G, scale, blk));
         }
         attend_tail(c, dsp, src, &st, q_in, qh0, G, scale);
-        for (uint32_t h = 0; h < qn; h++) {
-            float *out = out_all + (size_t)(qh0 + h) * d;
-            const double *acc = st.acc + (size_t)h * d;
-            double inv = st.l[h] > 0 ? 1.0 / st.l[h] : 0.0;
-            for (uint32_t j = 0; j < d; j++)
-                out[j] = (float)(acc[j] * inv);
-            const float lse = st.l[h] > 0 ? (float)((double)st.m[h] + log(st.l[h])) : -INFINITY;
-            if (lse_all)
-                lse_all[qh0 + h] = lse;
-            if (!head_finite(out, lse, st.l[h], d))
-                return DQ_RANGE;
-        }
+        DQ_FORWARD_IF_ERROR(finish_heads(&st, qh0, out_all, lse_all));
     }
     return DQ_OK;
+}
+
+/* One item with value skipping on (dquant/vskip.h): every key scored first, for all query heads at
+ * once (the union spans them), then the kept tokens' values attended per pass of qc heads from
+ * those logits with each head's max known in advance (no rescaling), then the tail as always. */
+static int attend_item_vskip(const dq_codec *c, dq_workspace *ws, const dq__dsp *dsp, uint32_t q_heads, uint32_t qc,
+                             float scale, double tau, const attn_src *src, const float *q_in, float *out_all,
+                             float *lse_all, dq_vskip_out *vo)
+{
+    const uint32_t n = c->n, d = c->head_dim, W = c->profile.window, G = q_heads / c->profile.kv_heads;
+    const uint32_t kvh = c->profile.kv_heads, Mv = c->kt[DQ_KIND_V].levels;
+    const size_t Ts = src->nwin * W, T = src->T;
+    const dq_allocator *a = &c->alloc;
+    /* one block: qr [q_heads][d], qsum, qmu, maxv [q_heads], L [q_heads][Ts], TL [q_heads][T],
+     * amax [Ts], tmax [kv_heads][T], wts [q_heads][Ts] (floats); Z [q_heads] (doubles); keep [Ts];
+     * gather [W records] */
+    const size_t nf = (size_t)q_heads * (d + 3) + (size_t)q_heads * (Ts + T) + Ts + (size_t)kvh * T;
+    const size_t gb = src->layer ? (size_t)W * c->record_bytes[DQ_KIND_V] : 0;
+    const int bounds = vo && vo->bound;
+    double *Z = dq__alloc(a, sizeof(double) * q_heads + sizeof(float) * (nf + (size_t)q_heads * Ts) + Ts + gb + 1);
+    DQ_RETURN_IF(!Z, DQ_NOMEM);
+    float *qr = (float *)(void *)(Z + q_heads), *qsum = qr + (size_t)q_heads * d, *qmu = qsum + q_heads;
+    float *maxv = qmu + q_heads, *L = maxv + q_heads, *TL = L + (size_t)q_heads * Ts, *amax = TL + (size_t)q_heads * T;
+    float *tmax = amax + Ts;
+    float *wts = tmax + (size_t)kvh * T;
+    uint8_t *keep = (uint8_t *)(wts + (size_t)q_heads * Ts), *gather = keep + Ts;
+    for (uint32_t h = 0; h < q_heads; h++)
+        qsum[h] = rotate_query(c, q_in + (size_t)h * d, h / G, qr + (size_t)h * d);
+    for (size_t w = 0; w < src->nwin; w++) {
+        window_logits(c, ws, dsp, src, w, qr, qsum, qmu, q_heads, 0, G, scale, L + w * W, Ts);
+        if (!bounds)
+            continue;
+        /* each value stream's bound from its stored (s, o), no decoding */
+        size_t off[4];
+        const uint8_t *so = src->layer ? dq_window_record(c, dq_layer_window(src->layer, w), DQ_KIND_V, 0) : NULL;
+        const size_t stride = src->layer ? c->record_bytes[DQ_KIND_V] : 4;
+        if (!so) {
+            dq_hot_offsets(c, off);
+            so = src->hot[w] + off[DQ_KIND_V];
+        }
+        for (uint32_t t = 0; t < W; t++) {
+            const uint8_t *r = so + (size_t)t * stride;
+            amax[w * W + t] = dq__vskip_amax(dq_f16_to_f32(dq__get_u16(r)), dq_f16_to_f32(dq__get_u16(r + 2)), Mv);
+        }
+    }
+    for (size_t t = 0; t < T; t++) {
+        for (uint32_t h = 0; h < q_heads; h++)
+            TL[(size_t)h * T + t] = scale *
+                                    dsp->dot_bf16(q_in + (size_t)h * d, src->tk + t * n + (size_t)(h / G) * d, d);
+        for (uint32_t kv = 0; kv < kvh && bounds; kv++) {
+            /* the largest |value| as bits (sign cleared: finite BF16 order as integers) */
+            uint16_t mb = 0;
+            for (uint32_t j = 0; j < d; j++) {
+                const uint16_t b = src->tv[t * n + (size_t)kv * d + j] & 0x7fffu;
+                mb = b > mb ? b : mb;
+            }
+            tmax[(size_t)kv * T + t] = dq__bf16_f32(mb);
+        }
+    }
+    int rc = dq__vskip_select(a, L, Ts, q_heads, Ts, TL, T, T, tau, keep, maxv, Z, NULL, wts);
+    for (uint32_t qh0 = 0; qh0 < q_heads && rc == DQ_OK; qh0 += qc) {
+        attn_state st;
+        const uint32_t qn = q_heads - qh0 < qc ? q_heads - qh0 : qc;
+        state_layout(&st, ws->big, qn, d, W);
+        for (uint32_t h = 0; h < qn; h++) {
+            st.m[h] = maxv[qh0 + h];
+            st.l[h] = 0;
+            st.off[h] = 0;
+            memset(st.acc + (size_t)h * d, 0, sizeof(double) * d);
+        }
+        attend_windows(c, ws, dsp, src, &st, qh0, G, scale, wts, Ts, keep, gather);
+        unrotate_acc(c, &st, qh0, G);
+        attend_tail(c, dsp, src, &st, q_in, qh0, G, scale);
+        rc = finish_heads(&st, qh0, out_all, lse_all);
+    }
+    if (rc == DQ_OK && vo) {
+        vo->values_sealed = Ts;
+        vo->values_decoded = 0;
+        for (size_t t = 0; t < Ts; t++)
+            vo->values_decoded += keep[t];
+        if (vo->keep)
+            memcpy(vo->keep, keep, Ts);
+        if (bounds)
+            for (uint32_t h = 0; h < q_heads; h++)
+                vo->bound[h] = dq__vskip_bound(L + (size_t)h * Ts, wts + (size_t)h * Ts, amax, keep, Ts,
+                                               TL + (size_t)h * T, tmax + (size_t)(h / G) * T, T, maxv[h], Z[h], W, d);
+    }
+    dq__free(a, Z);
+    return rc;
 }
 
 /* Query heads of attention state that fit the workspace at once. */
@@ -433,6 +587,21 @@ static uint32_t heads_per_pass(const dq_codec *c, const dq_workspace *ws, uint32
     const uint32_t per_head = 4 * c->head_dim + c->profile.window + 16; /* floats of state per query head */
     uint32_t qc = (uint32_t)(ws->big_len / per_head);
     return qc > q_heads ? q_heads : qc;
+}
+
+/* An attn_src over a layer's records, or over a hot item's windows. */
+static attn_src layer_src(const dq_layer *layer)
+{
+    return (attn_src){.layer = layer,
+                      .nwin = dq_layer_window_count(layer),
+                      .tk = dq_layer_tail(layer, DQ_KIND_K),
+                      .tv = dq_layer_tail(layer, DQ_KIND_V),
+                      .T = dq_layer_tail_tokens(layer)};
+}
+
+static attn_src hot_src(const dq_hot_item *it)
+{
+    return (attn_src){.hot = it->windows, .nwin = it->nwin, .tk = it->tail_k, .tv = it->tail_v, .T = it->tail_tokens};
 }
 
 int dq_attend(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale, const dq_attn_item *items,
@@ -449,19 +618,15 @@ int dq_attend(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale
     int rc = DQ_OK;
     for (size_t i = 0; i < nitems && rc == DQ_OK; i++) {
         const dq_attn_item *it = &items[i];
-        const attn_src src = {.layer = it->layer,
-                              .nwin = dq_layer_window_count(it->layer),
-                              .tk = dq_layer_tail(it->layer, DQ_KIND_K),
-                              .tv = dq_layer_tail(it->layer, DQ_KIND_V),
-                              .T = dq_layer_tail_tokens(it->layer)};
+        const attn_src src = layer_src(it->layer);
         rc = attend_item(c, ws, dsp, q_heads, qc, scale, &src, it->q, it->out, it->lse, blk);
     }
     dq__free(&c->alloc, blk);
     return rc;
 }
 
-int dq_hot_attend(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale, const dq_hot_item *items,
-                  size_t nitems)
+static int check_hot_items(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale, const dq_hot_item *items,
+                           size_t nitems)
 {
     DQ_RETURN_IF(!c || !ws || !dq__ws_fits(ws, c) || (nitems && !items), DQ_INVALID_ARGUMENT);
     DQ_RETURN_IF(!dq__codec_has_levels(c), DQ_UNSUPPORTED);
@@ -479,16 +644,78 @@ int dq_hot_attend(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float s
         if (r < 0 && rc == DQ_OK)
             rc = r;
     }
-    DQ_FORWARD_IF_ERROR(rc);
+    return rc;
+}
+
+int dq_hot_attend(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale, const dq_hot_item *items,
+                  size_t nitems)
+{
+    DQ_FORWARD_IF_ERROR(check_hot_items(c, ws, q_heads, scale, items, nitems));
+    const dq__dsp *dsp = dq__dsp_get();
+    const uint32_t qc = heads_per_pass(c, ws, q_heads);
+    int rc = DQ_OK;
+    for (size_t i = 0; i < nitems && rc == DQ_OK; i++) {
+        const attn_src src = hot_src(&items[i]);
+        rc = attend_item(c, ws, dsp, q_heads, qc, scale, &src, items[i].q, items[i].out, items[i].lse, NULL);
+    }
+    return rc;
+}
+
+/* With τ off: every value stream counted as decoded, bounds 0. */
+static void vskip_out_exact(dq_vskip_out *vo, uint32_t q_heads, size_t sealed)
+{
+    if (!vo)
+        return;
+    vo->values_sealed = vo->values_decoded = sealed;
+    if (vo->keep)
+        memset(vo->keep, 1, sealed);
+    if (vo->bound)
+        for (uint32_t h = 0; h < q_heads; h++)
+            vo->bound[h] = 0.0;
+}
+
+/* The items of dq_attend_vskip or dq_hot_attend_vskip (exactly one of items, hot is not NULL)
+ * once checked. */
+static int attend_vskip_items(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale, double tau,
+                              const dq_attn_item *items, const dq_hot_item *hot, dq_vskip_out *outs, size_t nitems)
+{
+    const int on = dq_vskip_enabled(tau);
+    if (on)
+        DQ_RETURN_IF(!dq__codec_has_levels(c), DQ_UNSUPPORTED);
+    int rc = DQ_OK;
+    if (!on) {
+        rc = items ? dq_attend(c, ws, q_heads, scale, items, nitems)
+                   : dq_hot_attend(c, ws, q_heads, scale, hot, nitems);
+        for (size_t i = 0; i < nitems && rc == DQ_OK && outs; i++)
+            vskip_out_exact(&outs[i], q_heads,
+                            (items ? dq_layer_window_count(items[i].layer) : hot[i].nwin) * c->profile.window);
+        return rc;
+    }
     const dq__dsp *dsp = dq__dsp_get();
     const uint32_t qc = heads_per_pass(c, ws, q_heads);
     for (size_t i = 0; i < nitems && rc == DQ_OK; i++) {
-        const dq_hot_item *it = &items[i];
-        const attn_src src = {
-            .hot = it->windows, .nwin = it->nwin, .tk = it->tail_k, .tv = it->tail_v, .T = it->tail_tokens};
-        rc = attend_item(c, ws, dsp, q_heads, qc, scale, &src, it->q, it->out, it->lse, NULL);
+        const attn_src src = items ? layer_src(items[i].layer) : hot_src(&hot[i]);
+        const float *q = items ? items[i].q : hot[i].q;
+        float *out = items ? items[i].out : hot[i].out, *lse = items ? items[i].lse : hot[i].lse;
+        rc = attend_item_vskip(c, ws, dsp, q_heads, qc, scale, tau, &src, q, out, lse, outs ? &outs[i] : NULL);
     }
     return rc;
+}
+
+int dq_attend_vskip(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale, double value_mass,
+                    const dq_attn_item *items, dq_vskip_out *outs, size_t nitems)
+{
+    DQ_FORWARD_IF_ERROR(dq_vskip_enabled(value_mass));
+    DQ_FORWARD_IF_ERROR(check_items(c, ws, q_heads, scale, items, nitems));
+    return attend_vskip_items(c, ws, q_heads, scale, value_mass, nitems ? items : NULL, NULL, outs, nitems);
+}
+
+int dq_hot_attend_vskip(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale, double value_mass,
+                        const dq_hot_item *items, dq_vskip_out *outs, size_t nitems)
+{
+    DQ_FORWARD_IF_ERROR(dq_vskip_enabled(value_mass));
+    DQ_FORWARD_IF_ERROR(check_hot_items(c, ws, q_heads, scale, items, nitems));
+    return attend_vskip_items(c, ws, q_heads, scale, value_mass, NULL, items, outs, nitems);
 }
 
 int dq_attend_reference(const dq_codec *c, dq_workspace *ws, uint32_t q_heads, float scale, const dq_attn_item *items,

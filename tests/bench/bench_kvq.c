@@ -19,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_host.h"
 #include "dquant/kvq.h"
 #include "kvq_internal.h"
 
@@ -39,30 +40,6 @@ static double fastest(const double *v, int n)
     for (int i = 1; i < n; i++)
         m = v[i] < m ? v[i] : m;
     return m;
-}
-
-/* The first line of `path` that starts with `key`, after the colon (or the whole line for no key). */
-static void read_line(const char *path, const char *key, char *out, size_t cap)
-{
-    char line[256];
-    FILE *f = fopen(path, "r");
-    snprintf(out, cap, "unknown");
-    if (!f)
-        return;
-    while (fgets(line, sizeof line, f)) {
-        if (key && strncmp(line, key, strlen(key)))
-            continue;
-        const char *v = key ? strchr(line, ':') : line;
-        if (!v)
-            continue;
-        v += key ? 1 : 0;
-        while (*v == ' ' || *v == '\t')
-            v++;
-        snprintf(out, cap, "%s", v);
-        out[strcspn(out, "\n\"")] = 0;
-        break;
-    }
-    fclose(f);
 }
 
 static uint8_t idx_a[N * D], idx_b[N * D];
@@ -124,8 +101,8 @@ int main(int argc, char **argv)
         return 1;
     }
     char cpu[128], load[128];
-    read_line("/proc/cpuinfo", "model name", cpu, sizeof cpu);
-    read_line("/proc/loadavg", NULL, load, sizeof load);
+    bench_read_line("/proc/cpuinfo", "model name", cpu, sizeof cpu);
+    bench_read_line("/proc/loadavg", NULL, load, sizeof load);
     printf("cpu: %s; load average: %s\n", cpu, load);
     if (f)
         fprintf(f,

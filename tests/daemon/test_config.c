@@ -67,6 +67,34 @@ Test(config, defaults)
     cr_assert_eq(cfg.encode_kernel, 0, "auto");
     cr_assert_eq(cfg.encode_schedule, DQD_ENCODE_PLANNED);
     cr_assert_eq(cfg.gpu_attention_layout, DQD_GPU_LAYOUT_CONTAINERS);
+    cr_assert_eq(cfg.attention_value_mass, 0.0, "off");
+}
+
+Test(config, attention_value_mass)
+{
+    const char *path = write_ini("[server]\n"
+                                 "attention_value_mass = 0.999\n");
+    char cfgflag[] = "--config";
+    char *argv[] = {"dquantd", cfgflag, (char *)path, NULL};
+    dqd_cli_action a;
+    cr_assert_eq(from_args(3, argv, &a), 0, "%s", err);
+    unlink(path);
+    cr_assert_eq(cfg.attention_value_mass, 0.999, "from the file");
+    cr_assert_eq(dqd_config_set(&cfg, "server", "attention_value_mass", "OFF", false, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(cfg.attention_value_mass, 0.0);
+    static const char *const bad[] = {"nan", "-0.1", "1.5", "0.9x", "", "inf", "high"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_lt(dqd_config_set(&cfg, "server", "attention_value_mass", bad[i], false, err, sizeof err), 0, "%s",
+                     bad[i]);
+        cr_assert(strstr(err, "attention_value_mass: expected off or a mass target in [0, 1]"), "%s", err);
+        cr_assert_eq(cfg.attention_value_mass, 0.0, "a refused value changes nothing");
+    }
+    cr_assert_eq(dqd_config_set(&cfg, "server", "attention_value_mass", "1", false, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(cfg.attention_value_mass, 1.0, "1: exact");
+    char flag[] = "--attention-value-mass", v[] = "0.99";
+    char *argv2[] = {"dquantd", flag, v, NULL};
+    cr_assert_eq(from_args(3, argv2, &a), 0, "%s", err);
+    cr_assert_eq(cfg.attention_value_mass, 0.99, "from the flag");
 }
 
 Test(config, gpu_attention_layout)

@@ -27,3 +27,14 @@ for ds in bytellama-19m tinystories-656k; do
         run --dataset $ds --ablation $ab
     done
 done
+# certified value skipping (dquant eval --value-mass): the section "Certified value skipping"
+for ds in bytellama-19m bytellama-n1024; do
+    run --dataset $ds --value-mass 0.9,0.99,0.999,0.9999
+done
+# and its end-to-end cost through the --ppl protocol (about 2 minutes per run on 2 cores)
+for ds in bytellama-19m bytellama-n1024; do
+    run --ppl --dataset $ds --codecs fp32,dq226
+    for tau in 0.99 0.999; do
+        run --ppl --dataset $ds --codecs fp32,dq226 --value-mass $tau
+    done
+done

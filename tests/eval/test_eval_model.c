@@ -254,22 +254,30 @@ Test(eval_ppl, layout_is_checked)
     cr_assert_eq(o.offset, 8 * 128);
 }
 
-Test(eval_ppl, one_chunk_dquant_and_a_baseline, .timeout = 300)
+/* bytellama-n1024 (or skip), its held-out text and the options of a one-chunk run. */
+static eval_model *one_chunk_setup(eval_text *text, eval_ppl_opts *o)
 {
     char dir[4096], err[512];
     eval_model *m = model_or_skip("bytellama-n1024", dir, sizeof dir);
-    const eval_model_config *cfg = eval_model_cfg(m);
-    eval_text text;
-    cr_assert_eq(eval_text_load(dir, cfg->vocab, &text, err, sizeof err), DQ_OK, "%s", err);
-    eval_ppl_opts o;
-    eval_ppl_opts_default(&o);
-    o.chunks = 1;
-    o.resamples = 50;
+    cr_assert_eq(eval_text_load(dir, eval_model_cfg(m)->vocab, text, err, sizeof err), DQ_OK, "%s", err);
+    eval_ppl_opts_default(o);
+    o->chunks = 1;
+    o->resamples = 50;
     if (sanitized()) {
-        o.context = 32; /* dq226's window is 128: a partial window of its own statistics */
-        o.targets = 8;
+        o->context = 32; /* dq226's window is 128: a partial window of its own statistics */
+        o->targets = 8;
     }
-    cr_assert_eq(eval_ppl_fit(&o, text.len), DQ_OK);
+    cr_assert_eq(eval_ppl_fit(o, text->len), DQ_OK);
+    return m;
+}
+
+Test(eval_ppl, one_chunk_dquant_and_a_baseline, .timeout = 300)
+{
+    char err[512];
+    eval_text text;
+    eval_ppl_opts o;
+    eval_model *m = one_chunk_setup(&text, &o);
+    const eval_model_config *cfg = eval_model_cfg(m);
     const char *names[] = {"fp32", "bf16", "dq226", "int2"};
     eval_ppl_codec codecs[4];
     memset(codecs, 0, sizeof codecs);
@@ -304,6 +312,54 @@ Test(eval_ppl, one_chunk_dquant_and_a_baseline, .timeout = 300)
     cr_assert(r[2].kl.est > r[1].kl.est, "dq226 KL %g vs bf16 %g", r[2].kl.est, r[1].kl.est);
     cr_assert(r[2].kl.est < r[3].kl.est, "dq226 KL %g vs int2 %g at the same storage", r[2].kl.est, r[3].kl.est);
     cr_assert_eq(r[2].ppl_ref, r[0].ppl_ref);
+    eval_text_free(&text);
+    eval_model_free(m);
+}
+
+/* --ppl --value-mass: the targets' attention over the prefill skips values as dquant/vskip.h
+ * selects them. fp32 (the identity cache) then measures skipping alone: a KL that is not zero but
+ * tiny at 0.999 and larger at 0.5, fewer values used at the lower target; the counts; bad targets
+ * and a missing selection codec are refused. */
+Test(eval_ppl, value_skipping, .timeout = 300)
+{
+    char err[512];
+    eval_text text;
+    eval_ppl_opts o;
+    eval_model *m = one_chunk_setup(&text, &o);
+    const eval_model_config *cfg = eval_model_cfg(m);
+    eval_ppl_codec codecs[2];
+    memset(codecs, 0, sizeof codecs);
+    codecs[0].identity = 1;
+    cr_assert_eq(eval_codec_parse("dq226", cfg->kv_heads, cfg->head_dim, &codecs[1].codec, err, sizeof err), DQ_OK);
+    eval_ppl_result off[2], hi[2], lo[2];
+    cr_assert_eq(eval_ppl_run(m, &text, codecs, 2, &o, off, err, sizeof err), DQ_OK, "%s", err);
+    o.value_mass = 0.999;
+    cr_assert_eq(eval_ppl_run(m, &text, codecs, 2, &o, hi, err, sizeof err), DQ_OK, "%s", err);
+    o.value_mass = 0.5;
+    cr_assert_eq(eval_ppl_run(m, &text, codecs, 2, &o, lo, err, sizeof err), DQ_OK, "%s", err);
+    cr_log_info("fp32 prefill: tau 0.999 uses %.1f%% of values, KL %.3g; tau 0.5 %.1f%%, KL %.3g",
+                100 * hi[0].value_kept, hi[0].kl.est, 100 * lo[0].value_kept, lo[0].kl.est);
+    cr_log_info("dq226 prefill: KL %.4g off, %.4g at 0.999, %.4g at 0.5", off[1].kl.est, hi[1].kl.est, lo[1].kl.est);
+    cr_assert_eq(off[0].kl.est, 0.0);
+    cr_assert_eq(off[0].value_kept, 1.0, "no skipping without a target");
+    cr_assert(hi[0].kl.est > 0 && hi[0].kl.est < 1e-4, "fp32 at 0.999: KL %g", hi[0].kl.est);
+    cr_assert(lo[0].kl.est > hi[0].kl.est, "KL %g at 0.5 vs %g at 0.999", lo[0].kl.est, hi[0].kl.est);
+    cr_assert(lo[0].value_kept < hi[0].value_kept && hi[0].value_kept < 1.0, "values used %g at 0.5, %g at 0.999",
+              lo[0].value_kept, hi[0].value_kept);
+    cr_assert_eq(hi[1].ppl_ref, off[1].ppl_ref, "the fp32 reference run is exact");
+    cr_assert(fabs(hi[1].kl.est - off[1].kl.est) < 0.05 * off[1].kl.est, "dq226 KL %g at 0.999 vs %g off", hi[1].kl.est,
+              off[1].kl.est);
+    o.value_mass = 1.5;
+    cr_assert_eq(eval_ppl_run(m, &text, codecs, 2, &o, hi, err, sizeof err), DQ_INVALID_ARGUMENT);
+    /* the forward itself: value skipping without a codec lending the allocator is refused */
+    eval_kv_cache c;
+    cr_assert_eq(eval_kv_cache_init(m, 8, &c), DQ_OK);
+    const int32_t tok[2] = {65, 66};
+    cr_assert_eq(eval_model_forward(m, &c, tok, 1, NULL, NULL), DQ_OK);
+    c.value_mass = 0.9;
+    c.sealed = 1;
+    cr_assert_eq(eval_model_forward(m, &c, tok + 1, 1, NULL, NULL), DQ_INVALID_ARGUMENT);
+    eval_kv_cache_free(&c);
     eval_text_free(&text);
     eval_model_free(m);
 }

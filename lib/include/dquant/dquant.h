@@ -12,5 +12,6 @@
 #include "dquant/profile.h"
 #include "dquant/types.h"
 #include "dquant/version.h"
+#include "dquant/vskip.h"
 
 #endif
