@@ -117,17 +117,21 @@ static const dqd_option options[] = {
     {"gpu-attention-layout", "server", "gpu_attention_layout", OPT_LAYOUT, FIELD(gpu_attention_layout), 0, 0,
      "containers|hot|hot-only", "containers",
      "What decode attention on the GPU tier reads (cuda backend). containers: the window records "
-     "(rANS decoded in the attention kernel). hot: each sealed window of a model the hot kernel takes "
-     "(D-Quant, head_dim 128 or 256, 3+3 or 4+4 bits per level as dq226 and dq196, 1, 2, 4 or 8 query "
-     "heads per KV head) also keeps a lossless fixed-width copy on the GPU, and ATTEND runs over those: "
+     "(rANS decoded in the attention kernel); the fixed-width family (fixed226, fixed196, fixedkAvB) "
+     "stays on the host tier. hot: each sealed window of a model the hot kernel takes (D-Quant or "
+     "fixed-width, head_dim 128 or 256, 3+3 or 4+4 bits per level as dq226 and dq196, 3+2 or 2+1 as "
+     "fixed226 and fixed196, 1, 2, 4 or 8 query heads per KV head) also keeps a lossless fixed-width copy on the GPU, "
+     "and ATTEND runs over those: "
      "3-6x faster per layer on an H200 (tests/bench/GPU_NOTES.md); the copies add 1.36x the records' "
      "GPU memory for dq226, counted in --gpu-memory. The records stay for GET, GET_RAW and the host and "
      "disk tiers; the copies are dropped when a layer leaves the GPU and rebuilt when it comes back. "
      "hot-only: the GPU tier keeps such windows only as hot copies (784 B per token and layer for dq226 "
      "at n = 1024 instead of 1362 with hot, 1.74x the tokens in the same --gpu-memory); GET, GET_RAW, "
      "moves to the host and disk tiers and an ATTEND the hot kernel refuses rebuild the records exactly "
-     "on the CPU (dq_hot_rebuild), which makes those paths slower than with containers or hot. "
-     "Other models use the records. Results equal within float rounding."},
+     "on the GPU (dqcu_rebuild_hot; the fixed-width family on the CPU, dq_hot_rebuild), which makes "
+     "those paths slower than with containers or hot. With hot and hot-only the fixed-width family "
+     "lives on the GPU tier: its records are encoded (PUT) and decoded (GET) on the host, ATTEND runs "
+     "over its hot windows. Other models use the records. Results equal within float rounding."},
     {"attention-value-mass", "server", "attention_value_mass", OPT_MASS, FIELD(attention_value_mass), 0, 0, "off|TAU",
      "off",
      "Certified value skipping in ATTEND (dquant/vskip.h): with TAU in (0, 1), e.g. 0.999, every key is "

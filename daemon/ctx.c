@@ -106,10 +106,11 @@ void dqd_ctx_gauges(const dqd_ctx *ctx, dqd_gauges *g)
     dqd_store_get_stats(ctx->store, &g->store);
     g->gpu_allocated = ctx->gpu ? dqd_gpu_allocated(ctx->gpu) : 0;
     g->gpu_hot_windows = g->gpu_hot_bytes = g->gpu_hot_attend_items = 0;
-    g->gpu_hot_only_windows = g->gpu_records_rebuilt = 0;
+    g->gpu_hot_only_windows = g->gpu_records_rebuilt = g->gpu_records_rebuilt_gpu = g->gpu_records_rebuilt_cpu = 0;
     if (ctx->gpu) {
         dqd_gpu_hot_stats(ctx->gpu, &g->gpu_hot_windows, &g->gpu_hot_bytes, &g->gpu_hot_attend_items);
-        dqd_gpu_hot_only_stats(ctx->gpu, &g->gpu_hot_only_windows, &g->gpu_records_rebuilt);
+        dqd_gpu_hot_only_stats(ctx->gpu, &g->gpu_hot_only_windows, &g->gpu_records_rebuilt, &g->gpu_records_rebuilt_gpu,
+                               &g->gpu_records_rebuilt_cpu);
     }
     g->models = dqd_registry_model_count(ctx->reg);
     g->inflight_requests = ctx->reqs_inflight;

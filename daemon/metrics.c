@@ -259,8 +259,13 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
           "hot-only); part of dquant_gpu_hot_windows.",
           (double)g->gpu_hot_only_windows);
     counter(&b, "dquant_gpu_records_rebuilt_total",
-            "Window records rebuilt on the CPU from hot-only windows (GET, GET_RAW, moves off the GPU).",
-            g->gpu_records_rebuilt);
+            "Window records rebuilt from hot-only windows (GET, GET_RAW, moves off the GPU).", g->gpu_records_rebuilt);
+    counter(&b, "dquant_gpu_records_rebuilt_gpu_total",
+            "Window records rebuilt from hot-only windows on the GPU (dqcu_rebuild_hot).", g->gpu_records_rebuilt_gpu);
+    counter(&b, "dquant_gpu_records_rebuilt_cpu_total",
+            "Window records rebuilt from hot-only windows on the CPU, where the GPU rebuild was refused (the "
+            "fixed-width family) or failed.",
+            g->gpu_records_rebuilt_cpu);
     gauge(&b, "dquant_gpu_memory_budget_bytes", "GPU-memory budget (0 on the cpu backend).",
           (double)g->store.gpu_budget);
     gauge(&b, "dquant_gpu_memory_reserved_bytes", "GPU budget reserved by writes in progress.",
@@ -478,6 +483,8 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_counter(&kb, "gpu_hot_attend_items", g->gpu_hot_attend_items);
     add_gauge(&kb, "gpu_hot_only_windows", (double)g->gpu_hot_only_windows);
     add_counter(&kb, "gpu_records_rebuilt", g->gpu_records_rebuilt);
+    add_counter(&kb, "gpu_records_rebuilt_gpu", g->gpu_records_rebuilt_gpu);
+    add_counter(&kb, "gpu_records_rebuilt_cpu", g->gpu_records_rebuilt_cpu);
     add_gauge(&kb, "gpu_budget", (double)g->store.gpu_budget);
     add_gauge(&kb, "gpu_memory_reserved", (double)g->store.gpu_reserved);
     add_gauge(&kb, "gpu_sequences", (double)g->store.gpu_sequences);

@@ -58,7 +58,9 @@ typedef struct dqd_gauges {
     uint64_t gpu_hot_windows, gpu_hot_bytes; /* hot window copies held, their device bytes (gpulayer.h) */
     uint64_t gpu_hot_attend_items;           /* ATTEND items run over hot windows, total */
     uint64_t gpu_hot_only_windows;           /* of those, windows held without their record (hot-only) */
-    uint64_t gpu_records_rebuilt;            /* window records rebuilt from hot windows (dq_hot_rebuild), total */
+    uint64_t gpu_records_rebuilt;            /* window records rebuilt from hot windows, total */
+    uint64_t gpu_records_rebuilt_gpu;        /* of those, on the device (dqcu_rebuild_hot) */
+    uint64_t gpu_records_rebuilt_cpu; /* of those, on the CPU (dq_hot_rebuild: refused or failed on the device) */
     uint64_t models;
     uint64_t inflight_requests;
     uint64_t frame_cache_bytes; /* freed frame buffers kept (framebuf.h) */

@@ -61,8 +61,12 @@ uint64_t dqd_gpu_allocated(const dqd_gpu *g);
 const char *dqd_gpu_describe(const dqd_gpu *g);
 
 /* Whether a model's sequences can live on the GPU: a D-Quant profile of a shape the kernels take
- * (n <= DQCU_MAX_ENCODE_STREAM, 32 <= head_dim <= 512, at most 8 query heads per KV head). Others
- * stay on the host tier and use the cpu code. */
+ * (n <= DQCU_MAX_ENCODE_STREAM, 32 <= head_dim <= 512, at most 8 query heads per KV head), or a
+ * fixed-width profile (DQ_CODEC_FIXED) of such a shape with --gpu-attention-layout hot or hot-only
+ * when dqcu_attend_hot takes the model (dqcu_attend_hot_check at its q_heads, and at a GQA group
+ * of 1 as the layers' hot copies are decided): the device has only the hot layout for that family,
+ * so its records are encoded and decoded on the host (gpustore.c). Others stay on the host tier
+ * and use the cpu code. */
 bool dqd_gpu_model_ok(const dqd_gpu *g, const dqd_model *m);
 
 /* Store hook (dqd_store_gpu_enable): frees every GPU layer of a sequence nothing uses any more. */
@@ -84,8 +88,10 @@ uint64_t dqd_gpu_need(const dqd_gpu *g, const dqd_codec *codec, const dq_layer *
  * items attended over hot windows so far. 0 on the containers layout. */
 void dqd_gpu_hot_stats(const dqd_gpu *g, uint64_t *windows, uint64_t *bytes, uint64_t *items);
 /* --gpu-attention-layout hot-only: the hot windows held without their record (part of the hot
- * windows above), and the window records rebuilt from hot windows on the CPU so far. */
-void dqd_gpu_hot_only_stats(const dqd_gpu *g, uint64_t *windows, uint64_t *rebuilt);
+ * windows above), and the window records rebuilt from hot windows so far: in all, on the device
+ * (dqcu_rebuild_hot), and on the CPU (dq_hot_rebuild, where the device refused or failed). */
+void dqd_gpu_hot_only_stats(const dqd_gpu *g, uint64_t *windows, uint64_t *rebuilt, uint64_t *rebuilt_gpu,
+                            uint64_t *rebuilt_cpu);
 
 /* ---- worker threads (the caller holds the access the operation needs) ---- */
 

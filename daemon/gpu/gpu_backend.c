@@ -81,6 +81,8 @@ int dqd_gpu_create(const dqd_config *cfg, dqd_hostmem *mem, dqd_gpu **out, char 
     atomic_init(&g->hot_items, 0);
     atomic_init(&g->hot_only_windows, 0);
     atomic_init(&g->records_rebuilt, 0);
+    atomic_init(&g->records_rebuilt_gpu, 0);
+    atomic_init(&g->records_rebuilt_cpu, 0);
     DQD_GCK_GOTO(cudaSetDevice(dev), rc, fail);
     size_t free_b = 0, total_b = 0;
     DQD_GCK_GOTO(cudaMemGetInfo(&free_b, &total_b), rc, fail);
@@ -166,10 +168,13 @@ void dqd_gpu_hot_stats(const dqd_gpu *g, uint64_t *windows, uint64_t *bytes, uin
     *bytes = atomic_load_explicit(&((dqd_gpu *)g)->hot_bytes, memory_order_relaxed);
 }
 
-void dqd_gpu_hot_only_stats(const dqd_gpu *g, uint64_t *windows, uint64_t *rebuilt)
+void dqd_gpu_hot_only_stats(const dqd_gpu *g, uint64_t *windows, uint64_t *rebuilt, uint64_t *rebuilt_gpu,
+                            uint64_t *rebuilt_cpu)
 {
     *windows = atomic_load_explicit(&((dqd_gpu *)g)->hot_only_windows, memory_order_relaxed);
     *rebuilt = atomic_load_explicit(&((dqd_gpu *)g)->records_rebuilt, memory_order_relaxed);
+    *rebuilt_gpu = atomic_load_explicit(&((dqd_gpu *)g)->records_rebuilt_gpu, memory_order_relaxed);
+    *rebuilt_cpu = atomic_load_explicit(&((dqd_gpu *)g)->records_rebuilt_cpu, memory_order_relaxed);
 }
 
 const char *dqd_gpu_describe(const dqd_gpu *g)
@@ -179,11 +184,20 @@ const char *dqd_gpu_describe(const dqd_gpu *g)
 
 bool dqd_gpu_model_ok(const dqd_gpu *g, const dqd_model *m)
 {
-    (void)g;
     const dq_profile *p = &m->codec->profile;
     /* Every other codec (the KVQuant++ family included) takes the host path (config.c: --backend). */
-    return p->codec_type == DQ_CODEC_DQUANT && !m->codec->calib && m->codec->n <= DQCU_MAX_ENCODE_STREAM &&
-           p->head_dim >= 32 && p->head_dim <= 512 && m->q_heads / m->kv_heads <= 8;
+    if ((p->codec_type != DQ_CODEC_DQUANT && p->codec_type != DQ_CODEC_FIXED) || m->codec->calib ||
+        m->codec->n > DQCU_MAX_ENCODE_STREAM || p->head_dim < 32 || p->head_dim > 512 || m->q_heads / m->kv_heads > 8)
+        return false;
+    if (p->codec_type == DQ_CODEC_DQUANT)
+        return true;
+    /* The fixed-width family has only the hot layout on the device: its sequences live there with
+     * --gpu-attention-layout hot or hot-only when the hot kernel takes the model (the device codec
+     * is made once per profile, here on the loop thread at the model's first request). */
+    const dqcu_codec *dc;
+    if (!g->hot_layout || dqd_gcodec_get((dqd_gpu *)g, m->codec, &dc) < 0)
+        return false;
+    return dqcu_attend_hot_check(dc, m->kv_heads) == DQ_OK && dqcu_attend_hot_check(dc, m->q_heads) == DQ_OK;
 }
 
 /* ---- workers ---- */

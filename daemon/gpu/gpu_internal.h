@@ -83,6 +83,8 @@ struct dqd_gpu {
     _Atomic uint64_t hot_items;              /* attention items run by dqcu_attend_hot */
     _Atomic uint64_t hot_only_windows;       /* hot windows held without their record (dqd_gpu_hot_only_stats) */
     _Atomic uint64_t records_rebuilt;        /* records rebuilt from hot windows, total */
+    _Atomic uint64_t records_rebuilt_gpu;    /* of those, on the device (dqcu_rebuild_hot) */
+    _Atomic uint64_t records_rebuilt_cpu;    /* of those, on the CPU where the device refused or failed */
 };
 
 /* Logs a failed CUDA call, clears the thread's last error (so a later library call does not

@@ -39,11 +39,14 @@ void dqd_gpu_hot_stats(const dqd_gpu *g, uint64_t *windows, uint64_t *bytes, uin
     *bytes = 0;
 }
 
-void dqd_gpu_hot_only_stats(const dqd_gpu *g, uint64_t *windows, uint64_t *rebuilt)
+void dqd_gpu_hot_only_stats(const dqd_gpu *g, uint64_t *windows, uint64_t *rebuilt, uint64_t *rebuilt_gpu,
+                            uint64_t *rebuilt_cpu)
 {
     (void)g;
     *windows = 0;
     *rebuilt = 0;
+    *rebuilt_gpu = 0;
+    *rebuilt_cpu = 0;
 }
 
 const char *dqd_gpu_describe(const dqd_gpu *g)

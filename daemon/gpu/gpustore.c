@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dquant/attention.h"
 #include "dquant/hot.h"
 #include "gpu_internal.h"
 #include "logging.h"
@@ -33,6 +34,12 @@ _Static_assert(sizeof(dq_encode_stats) <= STATUS_OFF, "stats fit before the stat
 static size_t tail_elems(const dqd_codec *c)
 {
     return (size_t)c->profile.residual * c->n;
+}
+
+/* A fixed-width profile (see "the fixed-width family" below). */
+static bool codec_fixed(const dqd_codec *codec)
+{
+    return codec->profile.codec_type == DQ_CODEC_FIXED;
 }
 
 static uint64_t tail_dev_bytes(const dqd_codec *c)
@@ -177,6 +184,11 @@ static int layer_new(dqd_gwork *w, const dqd_codec *codec, const dqcu_codec *dc,
     l->R = codec->profile.residual;
     l->hot_stride = hot_stride_for(w->g, dc, codec);
     l->hot_only = l->hot_stride && w->g->hot_only;
+    if (codec_fixed(codec) && !l->hot_stride) {
+        /* dqd_gpu_model_ok admits the family only where the hot kernel takes it */
+        dqd_hostmem_free(w->g->mem, l);
+        return DQ_UNSUPPORTED;
+    }
     int rc = dqd_gmalloc(w, tail_dev_bytes(codec), (void **)&l->d_tail);
     if (rc < 0) {
         dqd_hostmem_free(w->g->mem, l);
@@ -374,11 +386,18 @@ static int rec_scratch(dqd_gwork *w, size_t wb, uint32_t nptr, uint32_t at, uint
     return DQ_OK;
 }
 
-/* Rebuilds the records of windows [first, first + count) of a hot-only layer into dst (host,
- * count records back to back): each hot window comes down and dq_hot_rebuild makes its record,
- * byte for byte the one it was transcoded from. */
-static int rebuild_host(dqd_gwork *w, const dqd_codec *codec, const dqd_glayer *l, uint32_t first, uint32_t count,
-                        uint8_t *dst)
+/* Bytes of records a hot-only rebuild on the device writes into the record scratch at a time. */
+#ifndef DQD_REBUILD_BYTES
+#define DQD_REBUILD_BYTES (DQD_STAGE_BYTES < (64u << 20) ? DQD_STAGE_BYTES : (64u << 20))
+#endif
+
+/* Rebuilds the records of windows [first, first + count) of a hot-only layer on the CPU into dst
+ * (host, count records back to back): each hot window comes down and dq_hot_rebuild makes its
+ * record, byte for byte the one it was transcoded from. The path where the device rebuild is
+ * refused (the fixed-width family: its records are not rANS) or fails; counted in
+ * records_rebuilt_cpu. */
+static int rebuild_cpu(dqd_gwork *w, const dqd_codec *codec, const dqd_glayer *l, uint32_t first, uint32_t count,
+                       uint8_t *dst)
 {
     const size_t hwb = dq_hot_window_bytes(codec->codec), wb = codec->window_bytes;
     uint8_t *hot = malloc(hwb ? hwb : 1);
@@ -394,14 +413,97 @@ static int rebuild_host(dqd_gwork *w, const dqd_codec *codec, const dqd_glayer *
         }
     }
     free(hot);
-    if (rc == DQ_OK)
+    if (rc == DQ_OK) {
         atomic_fetch_add_explicit(&w->g->records_rebuilt, count, memory_order_relaxed);
+        atomic_fetch_add_explicit(&w->g->records_rebuilt_cpu, count, memory_order_relaxed);
+    }
     return rc;
+}
+
+/* Rebuilds the records of windows [first, first + count) of a hot-only layer on the device
+ * (dqcu_rebuild_hot) at recs[0 .. count) (a device array of device pointers), done when it
+ * returns. *refused is set, and nothing counted, when the call is refused (DQ_UNSUPPORTED: a
+ * fixed-width codec), fails, or flags a window as bad (never for windows the daemon transcoded):
+ * the caller then takes the CPU path, which reports the bad window precisely. */
+static int rebuild_gpu(dqd_gwork *w, const dqcu_codec *dc, const dqd_glayer *l, uint32_t first, uint32_t count,
+                       uint8_t *const *recs, bool *refused)
+{
+    *refused = false;
+    if (!count)
+        return DQ_OK;
+    uint32_t *bad;
+    int rc = dqd_gwork_buf(w, DQD_GBUF_CHECK, sizeof *bad, (void **)&bad);
+    if (rc < 0)
+        return rc;
+    DQD_GCK(cudaMemsetAsync(bad, 0, sizeof *bad, w->stream));
+    int r = dqcu_rebuild_hot(dc, (const uint8_t *const *)(l->d_hot + first), count, recs, bad, w->stream);
+    if (r < 0) {
+        (void)dqd_gcu_fail(r, "dqcu_rebuild_hot", __FILE__, __LINE__);
+        *refused = true;
+        return DQ_OK;
+    }
+    uint32_t nbad = 0;
+    rc = dqd_gd2h(w, &nbad, bad, sizeof nbad);
+    if (rc < 0)
+        return rc;
+    if (nbad) {
+        DQD_WARN("dqcu_rebuild_hot: %u of hot windows [%u, %u) rebuild to no record; rebuilding them on the CPU", nbad,
+                 first, first + count);
+        *refused = true;
+        return DQ_OK;
+    }
+    atomic_fetch_add_explicit(&w->g->records_rebuilt, count, memory_order_relaxed);
+    atomic_fetch_add_explicit(&w->g->records_rebuilt_gpu, count, memory_order_relaxed);
+    return DQ_OK;
+}
+
+/* Rebuilds the records of windows [first, first + count) of a hot-only layer into dst (host,
+ * count records back to back): on the device into the record scratch, DQD_REBUILD_BYTES at a
+ * time, each piece copied down; on the CPU (rebuild_cpu) from the first piece the device refuses
+ * on. */
+static int rebuild_host(dqd_gwork *w, const dqd_codec *codec, const dqd_glayer *l, uint32_t first, uint32_t count,
+                        uint8_t *dst)
+{
+    const size_t wb = codec->window_bytes;
+    const dqcu_codec *dc;
+    int rc = dqd_gcodec_get(w->g, codec, &dc);
+    if (rc < 0)
+        return rc;
+    const uint32_t per = wb < DQD_REBUILD_BYTES ? (uint32_t)(DQD_REBUILD_BYTES / wb) : 1u;
+    bool gpu = true;
+    for (uint32_t i = 0; i < count;) {
+        const uint32_t cnt = count - i < per ? count - i : per;
+        uint8_t *out = dst + (size_t)i * wb;
+        if (gpu) {
+            uint8_t *recs;
+            uint8_t **ptrs;
+            bool refused = false;
+            rc = rec_scratch(w, wb, cnt, 0, cnt, &recs, &ptrs);
+            if (rc == DQ_OK)
+                rc = rebuild_gpu(w, dc, l, first + i, cnt, ptrs, &refused);
+            if (rc < 0)
+                return rc;
+            if (!refused) {
+                rc = dqd_gd2h(w, out, recs, (size_t)cnt * wb);
+                if (rc < 0)
+                    return rc;
+                i += cnt;
+                continue;
+            }
+            gpu = false;
+        }
+        rc = rebuild_cpu(w, codec, l, first + i, cnt, out);
+        if (rc < 0)
+            return rc;
+        i += cnt;
+    }
+    return DQ_OK;
 }
 
 /* Device pointers to the window records that tokens [first, first + count) of l read: the
  * layer's own, or for a hot-only layer nwin pointers whose windows in that range point at records
- * rebuilt (rebuild_host) into the worker's scratch. Valid until the next use of the scratch. */
+ * rebuilt into the worker's scratch (on the device, or on the CPU and uploaded where the device
+ * rebuild is refused). Valid until the next use of the scratch. */
 static int records_dev(dqd_gwork *w, const dqd_codec *codec, const dqd_glayer *l, uint64_t first, uint64_t count,
                        const uint8_t *const **out)
 {
@@ -416,20 +518,144 @@ static int records_dev(dqd_gwork *w, const dqd_codec *codec, const dqd_glayer *l
     if (wa > we)
         wa = we;
     const uint32_t cnt = (uint32_t)(we - wa);
-    uint8_t *host = malloc(cnt * wb + 1), *recs;
+    const dqcu_codec *dc;
+    uint8_t *recs;
     uint8_t **ptrs;
-    if (!host)
-        return DQ_NOMEM;
-    int rc = rebuild_host(w, codec, l, (uint32_t)wa, cnt, host);
+    bool refused = false;
+    int rc = dqd_gcodec_get(w->g, codec, &dc);
     if (rc == DQ_OK)
         rc = rec_scratch(w, wb, l->nwin, (uint32_t)wa, cnt, &recs, &ptrs);
-    if (rc == DQ_OK && cnt)
-        rc = dqd_gh2d(w, recs, host, cnt * wb);
-    free(host);
+    if (rc == DQ_OK)
+        rc = rebuild_gpu(w, dc, l, (uint32_t)wa, cnt, ptrs + wa, &refused);
     if (rc < 0)
         return rc;
+    if (refused) {
+        uint8_t *host = malloc(cnt * wb + 1);
+        if (!host)
+            return DQ_NOMEM;
+        rc = rebuild_cpu(w, codec, l, (uint32_t)wa, cnt, host);
+        if (rc == DQ_OK && cnt)
+            rc = dqd_gh2d(w, recs, host, cnt * wb);
+        /* dqd_gh2d has copied host into a pinned half when it returns */
+        free(host);
+        if (rc < 0)
+            return rc;
+    }
     *out = (const uint8_t *const *)ptrs;
     return DQ_OK;
+}
+
+/* Window records [first, first + count) of l into dst (host, back to back): copied down from the
+ * segments, or rebuilt (a hot-only layer). */
+static int records_host(dqd_gwork *w, const dqd_codec *codec, const dqd_glayer *l, uint32_t first, uint32_t count,
+                        uint8_t *dst)
+{
+    if (l->hot_only)
+        return rebuild_host(w, codec, l, first, count, dst);
+    const size_t wb = codec->window_bytes;
+    for (uint32_t s = 0; s < l->nseg; s++) {
+        const dqd_gseg *sg = &l->segs[s];
+        const uint32_t a = sg->first > first ? sg->first : first;
+        const uint32_t e = sg->first + sg->count < first + count ? sg->first + sg->count : first + count;
+        if (a >= e)
+            continue;
+        int rc = dqd_gd2h(w, dst + (size_t)(a - first) * wb, sg->base + (size_t)(a - sg->first) * wb,
+                          (size_t)(e - a) * wb);
+        if (rc < 0)
+            return rc;
+    }
+    return DQ_OK;
+}
+
+/* ---- the fixed-width family ----
+ *
+ * Fixed-width profiles (DQ_CODEC_FIXED) live on the GPU only with the hot layouts (dqd_gpu_model_ok):
+ * the device transcodes their records to hot windows and attends over those, but has no encoder,
+ * decoder or container attention for them. So their appends are encoded on the host by libdquant
+ * (the records dq_layer_append writes) and uploaded, and the reads that need values (GET, and an
+ * ATTEND the hot kernel cannot plan) run libdquant on a host copy of the windows they read. */
+
+/* A host layer of windows [wa, we) of l, and of its tail when we == nwin. */
+static int host_part(dqd_gwork *w, const dqd_codec *codec, const dqd_glayer *l, uint32_t wa, uint32_t we,
+                     dq_layer **out)
+{
+    const size_t wb = codec->window_bytes, n = codec->n;
+    const size_t tail = we == l->nwin ? l->tail : 0, tb = tail * n * sizeof(uint16_t);
+    /* [tail K | tail V | records]: the tails first keep them 2-byte aligned */
+    uint8_t *buf = malloc(2 * tb + (size_t)(we - wa) * wb + 1);
+    if (!buf)
+        return DQ_NOMEM;
+    int rc = records_host(w, codec, l, wa, we - wa, buf + 2 * tb);
+    if (rc == DQ_OK && tail) {
+        rc = dqd_gd2h(w, buf, l->d_tail, tb);
+        if (rc == DQ_OK)
+            rc = dqd_gd2h(w, buf + tb, l->d_tail + tail_elems(codec), tb);
+    }
+    /* the layer's own records: sealed by libdquant or checked when they came in */
+    if (rc == DQ_OK)
+        rc = dq_layer_restore_unchecked(codec->codec, we > wa ? buf + 2 * tb : NULL, we - wa,
+                                        tail ? (const uint16_t *)(void *)buf : NULL,
+                                        tail ? (const uint16_t *)(void *)(buf + tb) : NULL, tail, out);
+    free(buf);
+    return rc;
+}
+
+/* dqd_gpu_decode of a fixed-width layer into host out: dq_layer_decode of the windows it reads. */
+static int decode_fixed(dqd_gwork *w, const dqd_codec *codec, const dqd_glayer *l, dq_kind kind, size_t first,
+                        size_t count, void *out, dq_dtype dtype)
+{
+    const uint64_t W = l->W;
+    uint64_t wa = first / W, we = (first + count + W - 1) / W;
+    if (we > l->nwin)
+        we = l->nwin;
+    if (wa > we)
+        wa = we;
+    dq_layer *hl = NULL;
+    dq_workspace *ws = NULL;
+    int rc = host_part(w, codec, l, (uint32_t)wa, (uint32_t)we, &hl);
+    if (rc == DQ_OK)
+        rc = dq_workspace_create(codec->codec, &ws);
+    if (rc == DQ_OK)
+        rc = dq_layer_decode(hl, ws, kind, first - wa * W, count, out, dtype);
+    dq_workspace_free(ws);
+    dq_layer_free(hl);
+    return rc;
+}
+
+/* dqd_gpu_attend of items over fixed-width layers the hot kernel refused: dq_attend on host copies
+ * (q, out, lse in device memory when dev). */
+static int attend_fixed(dqd_gwork *w, const dqd_codec *codec, uint32_t q_heads, float scale, const dqd_gattn *items,
+                        size_t n, bool dev)
+{
+    const size_t qs = (size_t)q_heads * codec->profile.head_dim;
+    float *buf = malloc((2 * qs + q_heads) * sizeof(float));
+    dq_workspace *ws = NULL;
+    if (!buf)
+        return DQ_NOMEM;
+    float *q = buf, *out = buf + qs, *lse = out + qs;
+    int rc = dq_workspace_create(codec->codec, &ws);
+    for (size_t i = 0; i < n && rc == DQ_OK; i++) {
+        const dqd_glayer *l = items[i].layer;
+        dq_layer *hl = NULL;
+        rc = host_part(w, codec, l, 0, l->nwin, &hl);
+        if (rc == DQ_OK && dev)
+            rc = dqd_gd2h(w, q, items[i].q, qs * sizeof(float));
+        if (rc == DQ_OK) {
+            dq_attn_item it = {hl, dev ? q : items[i].q, dev ? out : items[i].out, lse};
+            rc = dq_attend(codec->codec, ws, q_heads, scale, &it, 1);
+        }
+        dq_layer_free(hl);
+        if (rc == DQ_OK && dev) {
+            rc = dqd_gh2d(w, items[i].out, out, qs * sizeof(float));
+            if (rc == DQ_OK && items[i].lse)
+                rc = dqd_gh2d(w, items[i].lse, lse, q_heads * sizeof(float));
+        } else if (rc == DQ_OK && items[i].lse) {
+            memcpy(items[i].lse, lse, q_heads * sizeof(float));
+        }
+    }
+    dq_workspace_free(ws);
+    free(buf);
+    return rc == DQ_OK && dev ? dqd_gsync(w) : rc;
 }
 
 /* Brings the records of a host layer into a new hot-only layer's hot slots: uploaded to the record
@@ -568,6 +794,114 @@ static void add_stats(dq_encode_stats *to, const dq_encode_stats *st)
         to->max_move = st->max_move;
 }
 
+/* dqd_gpu_append of a fixed-width layer: the tail comes down into a host layer, dq_layer_append
+ * encodes the tokens there (its checks, codes and bytes), and the windows it seals go up (into
+ * their slots, or the record scratch of a hot-only layer) to be transcoded, then the new tail. */
+static int append_fixed(dqd_gwork *w, const dqcu_codec *dc, const dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot,
+                        const void *k, const void *v, dq_dtype dtype, size_t ntok, unsigned flags,
+                        dq_encode_stats *stats)
+{
+    const size_t n = codec->n, wb = codec->window_bytes, xb = ntok * n * dq_dtype_size(dtype);
+    uint8_t *hin = NULL;
+    uint16_t *snap = NULL;
+    dq_layer *hl = NULL;
+    dq_workspace *ws = NULL;
+    int rc = DQ_OK;
+    if ((flags & DQD_GAPPEND_DEVICE) && ntok) {
+        hin = malloc(2 * xb);
+        if (!hin)
+            return DQ_NOMEM;
+        rc = dqd_gd2h(w, hin, k, xb);
+        if (rc == DQ_OK)
+            rc = dqd_gd2h(w, hin + xb, v, xb);
+        if (rc < 0) {
+            free(hin);
+            return rc;
+        }
+        k = hin;
+        v = hin + xb;
+    }
+    if (!*slot) {
+        rc = layer_new(w, codec, dc, slot);
+        if (rc < 0) {
+            free(hin);
+            return rc;
+        }
+        txn->created = true;
+    }
+    dqd_glayer *l = *slot;
+    txn_mark(txn, l);
+    const size_t t = l->tail, tb = t * n * sizeof(uint16_t);
+    snap = malloc(2 * tb + 1);
+    if (!snap) {
+        rc = DQ_NOMEM;
+        goto undo;
+    }
+    if (t) {
+        DQD_CHECK_GOTO(dqd_gd2h(w, snap, l->d_tail, tb), rc, undo);
+        DQD_CHECK_GOTO(dqd_gd2h(w, snap + t * n, l->d_tail + tail_elems(codec), tb), rc, undo);
+    }
+    DQD_CHECK_GOTO(dq_layer_restore_unchecked(codec->codec, NULL, 0, t ? snap : NULL, t ? snap + t * n : NULL, t, &hl),
+                   rc, undo);
+    DQD_CHECK_GOTO(dq_workspace_create(codec->codec, &ws), rc, undo);
+    dq_encode_stats st;
+    memset(&st, 0, sizeof st);
+    rc = dq_layer_append(hl, ws, k, v, dtype, ntok, &st);
+    if (rc < 0) {
+        txn->raw_nonfinite = rc == DQ_NONFINITE && ntok &&
+                             (dq_check_finite(k, dtype, ntok * n) < 0 || dq_check_finite(v, dtype, ntok * n) < 0);
+        goto undo;
+    }
+    const size_t nseal = dq_layer_window_count(hl), tail = dq_layer_tail_tokens(hl);
+    if (nseal) {
+        /* the tail changes in place: the old one is kept for a rollback */
+        txn->snap = snap;
+        snap = NULL;
+        if (l->nwin + nseal > l->slots)
+            DQD_CHECK_GOTO(add_segment(w, codec, l, (uint32_t)segment_windows(l->nwin + nseal - l->slots)), rc, undo);
+    }
+    if (nseal && !l->hot_only) {
+        for (size_t i = 0; i < nseal; i++)
+            DQD_CHECK_GOTO(dqd_gh2d(w, l->h_win[l->nwin + i], dq_layer_window(hl, i), wb), rc, undo);
+        l->nwin += (uint32_t)nseal;
+        DQD_CHECK_GOTO(hot_transcode(w, dc, l, txn->nwin0, (uint32_t)nseal, NULL, NULL), rc, undo);
+    }
+    /* hot-only: a scratch's worth of records at a time, transcoded in stream order before the next */
+    const size_t per = wb < DQD_REBUILD_BYTES ? DQD_REBUILD_BYTES / wb : 1;
+    for (size_t i = 0; i < nseal && l->hot_only;) {
+        const size_t cnt = nseal - i < per ? nseal - i : per;
+        uint8_t *recs;
+        uint8_t **ptrs;
+        DQD_CHECK_GOTO(rec_scratch(w, wb, (uint32_t)cnt, 0, (uint32_t)cnt, &recs, &ptrs), rc, undo);
+        for (size_t j = 0; j < cnt; j++)
+            DQD_CHECK_GOTO(dqd_gh2d(w, recs + j * wb, dq_layer_window(hl, i + j), wb), rc, undo);
+        DQD_CHECK_GOTO(hot_transcode(w, dc, l, l->nwin, (uint32_t)cnt, (const uint8_t *const *)ptrs, NULL), rc, undo);
+        l->nwin += (uint32_t)cnt;
+        i += cnt;
+    }
+    if (tail) {
+        const size_t nb = tail * n * sizeof(uint16_t);
+        DQD_CHECK_GOTO(dqd_gh2d(w, l->d_tail, dq_layer_tail(hl, DQ_KIND_K), nb), rc, undo);
+        DQD_CHECK_GOTO(dqd_gh2d(w, l->d_tail + tail_elems(codec), dq_layer_tail(hl, DQ_KIND_V), nb), rc, undo);
+    }
+    l->tail = (uint32_t)tail;
+    if (stats)
+        add_stats(stats, &st);
+    txn->applied = true;
+    goto done;
+
+undo:
+    if (undo(w, codec, txn, slot) < 0)
+        txn->broken = true;
+    txn->created = false;
+done:
+    dq_workspace_free(ws);
+    dq_layer_free(hl);
+    free(snap);
+    free(hin);
+    return rc;
+}
+
 int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot, const void *k, const void *v,
                    dq_dtype dtype, size_t ntok, unsigned flags, dq_encode_stats *stats)
 {
@@ -587,6 +921,8 @@ int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **
         rc = dqd_gcodec_get(g, codec, &dc);
     if (rc < 0)
         return rc;
+    if (codec_fixed(codec))
+        return append_fixed(w, dc, codec, txn, slot, k, v, dtype, ntok, flags, stats);
     const uint8_t *dk = k, *dv = v;
     const size_t xb = ntok * n * esz;
     if (!(flags & DQD_GAPPEND_DEVICE) && ntok) {
@@ -922,23 +1258,15 @@ int dqd_gpu_demote(dqd_gpu *g, dqd_codec *codec, dqd_glayer **gpu, dq_layer **ho
     if (!buf)
         return DQ_NOMEM;
     uint8_t *rec = buf + 2 * tb;
-    if (l->hot_only)
-        rc = rebuild_host(w, codec, l, 0, (uint32_t)nwin, rec);
-    for (uint32_t s = 0; s < l->nseg && rc == DQ_OK && !l->hot_only; s++) {
-        const dqd_gseg *sg = &l->segs[s];
-        if (sg->first >= nwin)
-            continue;
-        size_t cnt = nwin - sg->first < sg->count ? nwin - sg->first : sg->count;
-        rc = dqd_gd2h(w, rec + (size_t)sg->first * wb, sg->base, cnt * wb);
-    }
+    rc = records_host(w, codec, l, 0, (uint32_t)nwin, rec);
     if (rc == DQ_OK && tail) {
         rc = dqd_gd2h(w, buf, l->d_tail, tb);
         if (rc == DQ_OK)
             rc = dqd_gd2h(w, buf + tb, l->d_tail + tail_elems(codec), tb);
     }
     dq_layer *hl = NULL;
-    /* Only models dqd_gpu_model_ok takes (the D-Quant codec) live on the GPU: none has per-layer
-     * calibration, so the codec is every layer's view (dqd_codec_view). */
+    /* Only models dqd_gpu_model_ok takes (D-Quant and fixed-width profiles) live on the GPU: none
+     * has per-layer calibration, so the codec is every layer's view (dqd_codec_view). */
     assert(!codec->calib);
     if (rc == DQ_OK) {
         rc = dq_layer_restore(codec->codec, nwin ? rec : NULL, nwin, tail ? (const uint16_t *)(void *)buf : NULL,
@@ -999,6 +1327,8 @@ int dqd_gpu_decode(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, dq_kind ki
     int rc = decode_setup(g, codec, l, kind, first, count, dtype, &w, &dc, &dcor, &tail);
     if (rc < 0 || !count)
         return rc;
+    if (codec_fixed(codec))
+        return decode_fixed(w, codec, l, kind, first, count, out, dtype);
     const size_t n = codec->n, row = n * dq_dtype_size(dtype), chunk = DQD_GPIN_BYTES / row;
     uint8_t *dout;
     rc = dqd_gwork_buf(w, DQD_GBUF_IO, (count < chunk ? count : chunk) * row, (void **)&dout);
@@ -1058,6 +1388,18 @@ int dqd_gpu_decode_dev(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, dq_kin
     int rc = decode_setup(g, codec, l, kind, first, count, dtype, &w, &dc, &dcor, &tail);
     if (rc < 0 || !count)
         return rc;
+    if (codec_fixed(codec)) {
+        /* decoded on the host, then up */
+        const size_t bytes = count * codec->n * dq_dtype_size(dtype);
+        void *host = malloc(bytes);
+        if (!host)
+            return DQ_NOMEM;
+        rc = decode_fixed(w, codec, l, kind, first, count, host, dtype);
+        if (rc == DQ_OK)
+            rc = dqd_gh2d(w, dout, host, bytes);
+        free(host);
+        return rc == DQ_OK ? dqd_gsync(w) : rc;
+    }
     /* a hot-only layer's records are rebuilt for (at most) 64 windows at a time */
     const size_t row = codec->n * dq_dtype_size(dtype), step = l->hot_only ? 64u * l->W : count;
     for (size_t off = 0; off < count; off += step) {
@@ -1095,15 +1437,8 @@ int dqd_gpu_copy_raw(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, uint8_t 
     const size_t wb = codec->window_bytes, tb = (size_t)l->tail * codec->n * sizeof(uint16_t);
     dqd_gwork *w;
     int rc = dqd_gwork_get(g, &w);
-    if (rc == DQ_OK && l->hot_only)
-        rc = rebuild_host(w, codec, l, 0, l->nwin, dst);
-    for (uint32_t s = 0; s < l->nseg && rc == DQ_OK && !l->hot_only; s++) {
-        const dqd_gseg *sg = &l->segs[s];
-        if (sg->first >= l->nwin)
-            continue;
-        size_t cnt = l->nwin - sg->first < sg->count ? l->nwin - sg->first : sg->count;
-        rc = dqd_gd2h(w, dst + (size_t)sg->first * wb, sg->base, cnt * wb);
-    }
+    if (rc == DQ_OK)
+        rc = records_host(w, codec, l, 0, l->nwin, dst);
     dst += (size_t)l->nwin * wb;
     if (rc == DQ_OK && tb) {
         rc = dqd_gd2h(w, dst, l->d_tail, tb);
@@ -1138,6 +1473,15 @@ int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, 
         bool hot = hot_ok && !records_only;
         for (size_t b = 0; b < nb && hot; b++)
             hot = items[i0 + b].layer->hot_stride && items[i0 + b].layer->nhot == items[i0 + b].layer->nwin;
+        if (!hot && codec_fixed(codec)) {
+            /* no container attention on the device for the fixed-width family */
+            rc = attend_fixed(w, codec, q_heads, scale, items + i0, nb, dev);
+            if (rc < 0)
+                return rc;
+            records_only = false;
+            i0 += nb;
+            continue;
+        }
         /* Over the records, a hot-only layer attends alone, over records rebuilt for it. */
         const uint8_t *const *rebuilt = NULL;
         for (size_t b = 0; b < nb && !hot; b++) {

@@ -239,6 +239,9 @@ int dq__fixed_stream_encode(const dq_codec *c, dq_kind kind, const float *y, uin
 /* Unpacks one container's n levels; DQ_CORRUPT when a group's value is >= M^k (its symbols) or a
  * bit past the groups is set (the levels are still written, each < M). */
 int dq__fixed_unpack(const dq_codec *c, dq_kind kind, const uint8_t *container, uint8_t *levels);
+/* Packs n levels (each < M) into one container of C bytes, base-M groups of k, bits past the
+ * groups zero: what the encoder writes (dq__fixed_stream_encode) and dq_hot_rebuild rebuilds. */
+void dq__fixed_pack(const dq_codec *c, dq_kind kind, const uint8_t *levels, uint8_t *container);
 
 /* Codecs whose streams are levels on an affine grid with D-Quant's preprocessing and record layout
  * (D-Quant itself and the fixed-width family): attention, decoding and the hot layout share them. */

@@ -196,7 +196,7 @@ static uint32_t get_bits(const uint8_t *buf, uint64_t pos, uint32_t w)
     return (uint32_t)((x >> sh) & ((1ull << w) - 1));
 }
 
-static void pack(const dq_codec *c, int kind, const uint8_t *lev, uint8_t *container)
+void dq__fixed_pack(const dq_codec *c, dq_kind kind, const uint8_t *lev, uint8_t *container)
 {
     const uint32_t n = c->n, K = c->fx_k[kind], w = c->fx_w[kind], M = c->kt[kind].levels;
     memset(container, 0, c->kt[kind].container);
@@ -288,7 +288,7 @@ int dq__fixed_stream_encode(const dq_codec *c, dq_kind kind, const float *y, uin
     assign_nearest(y, n, sf, of, top, m);
     dq__put_u16(record, sh);
     dq__put_u16(record + 2, oh);
-    pack(c, kind, m, record + 4);
+    dq__fixed_pack(c, kind, m, record + 4);
     if (stats) {
         const uint32_t C = c->kt[kind].container;
         stats->streams++;

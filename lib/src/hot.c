@@ -1,6 +1,7 @@
 /* The hot layout (dquant/hot.h): a window's levels at fixed width, transcoded losslessly from its
  * record, and their reconstruction. */
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "codec_internal.h"
@@ -249,10 +250,15 @@ static int check_header(const dq_codec *codec, const uint8_t *hot, size_t bytes,
     return DQ_OK;
 }
 
+/* A fixed-width record (fixed_codec.c) is the same key-mean block and (s, o) pairs, with each
+ * stream's levels packed base-M: the packing of levels < M is a bijection onto the valid
+ * containers (every group's value below M^k, zero bits past the groups), so packing the hot
+ * window's levels again with the encoder's packer gives the container back. */
 int dq_hot_rebuild(const dq_codec *codec, const uint8_t *hot, size_t bytes, uint8_t *window)
 {
     DQ_RETURN_IF(!codec || !hot || !window, DQ_INVALID_ARGUMENT);
-    DQ_RETURN_IF(codec->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
+    DQ_RETURN_IF(!dq__codec_has_levels(codec), DQ_UNSUPPORTED);
+    const bool fixed = codec->profile.codec_type == DQ_CODEC_FIXED;
     const size_t wbytes = codec->window_bytes;
     size_t off[4];
     int rc = check_header(codec, hot, bytes, off);
@@ -280,6 +286,10 @@ int dq_hot_rebuild(const dq_codec *codec, const uint8_t *hot, size_t bytes, uint
             rc = unpack_checked(codes, lev, n, b, kt->levels, W, t);
             if (rc != DQ_OK)
                 break;
+            if (fixed) {
+                dq__fixed_pack(codec, (dq_kind)kind, lev, rec + 4);
+                continue;
+            }
             /* levels that need more than C bytes: no valid record holds them */
             if (dq__rans_encode(&kt->enc, lev, n, scratch, rec + 4, kt->container) > kt->container) {
                 rc = DQ_CORRUPT;

@@ -1236,15 +1236,23 @@ static void check_hot(model *big, model *refused, const scale *sc)
 
     char why[512] = "";
     const uint64_t rb0 = stat_counter(ch, "gpu_records_rebuilt");
+    const uint64_t rg0 = stat_counter(ch, "gpu_records_rebuilt_gpu"), rc0 = stat_counter(ch, "gpu_records_rebuilt_cpu");
     bool same = same_raw(ch, &sh, why, sizeof why);
     report("hot_records_unchanged", same, "%s", same ? "GET_RAW byte-identical to dq_layer_append" : why);
     if (layout_hot_only()) {
         const uint64_t rb1 = stat_counter(ch, "gpu_records_rebuilt");
-        report("hot_only_get_raw_rebuilds", same && rb1 - rb0 == wins,
-               "GET_RAW of %llu windows held as hot windows only: %llu records rebuilt", (unsigned long long)wins,
-               (unsigned long long)(rb1 - rb0));
+        const uint64_t rg1 = stat_counter(ch, "gpu_records_rebuilt_gpu");
+        const uint64_t rc1 = stat_counter(ch, "gpu_records_rebuilt_cpu");
+        report("hot_only_get_raw_rebuilds", same && rb1 - rb0 == wins && rg1 - rg0 == wins && rc1 == rc0,
+               "GET_RAW of %llu windows held as hot windows only: %llu records rebuilt, %llu of them on the GPU "
+               "(dqcu_rebuild_hot), %llu on the CPU",
+               (unsigned long long)wins, (unsigned long long)(rb1 - rb0), (unsigned long long)(rg1 - rg0),
+               (unsigned long long)(rc1 - rc0));
         same = same_get(ch, &sh, DQ_DTYPE_F32, 0, dq_layer_tokens(sh.layers[0]), why, sizeof why);
-        report("hot_only_get_equals", same, "%s", same ? "typed GET of every token identical to dq_layer_decode" : why);
+        const uint64_t rg2 = stat_counter(ch, "gpu_records_rebuilt_gpu");
+        report("hot_only_get_equals", same && rg2 > rg1 && stat_counter(ch, "gpu_records_rebuilt_cpu") == rc0,
+               "%s; %llu records rebuilt on the GPU for it",
+               same ? "typed GET of every token identical to dq_layer_decode" : why, (unsigned long long)(rg2 - rg1));
     }
 
     /* ATTEND on both, then decode steps whose appends seal a window on each side (layers 0, last) */
@@ -1476,6 +1484,8 @@ static void check_hot_only(model *big)
     }
     const uint64_t dsp = stat_counter(c, "disk_spills"), dem = stat_counter(c, "gpu_demotions");
     const uint64_t rbs0 = stat_counter(c, "gpu_records_rebuilt");
+    /* the demotions rebuilt their records on the GPU, none on the CPU */
+    const uint64_t rgs0 = stat_counter(c, "gpu_records_rebuilt_gpu"), rcs0 = stat_counter(c, "gpu_records_rebuilt_cpu");
     bool all = true;
     why[0] = 0;
     for (int i = 0; i < NSP && all; i++)
@@ -1488,13 +1498,14 @@ static void check_hot_only(model *big)
     again = rc == 0 && same_raw(c, &sp[0], why, sizeof why);
     report("hot_only_spill_to_disk_and_back",
            dsp > 0 && dem >= big->layers && all && loads > 0 && rc == 0 && err <= 1e-3 && again &&
-               stat_counter(c, "gpu_records_rebuilt") > rbs0,
-           "%d sequences, GPU 3 MiB, host 5 MiB: %llu layers moved off the GPU (records rebuilt), %llu records "
+               stat_counter(c, "gpu_records_rebuilt") > rbs0 && rgs0 > 0 && rcs0 == 0,
+           "%d sequences, GPU 3 MiB, host 5 MiB: %llu layers moved off the GPU (%llu records rebuilt on the GPU, "
+           "%llu on the CPU), %llu records "
            "spilled to disk, GET_RAW of every sequence %s (%llu disk loads); ATTEND on the oldest %s (error %.3g), "
            "GET_RAW after it %s%s%s",
-           NSP, (unsigned long long)dem, (unsigned long long)dsp, all ? "identical" : "differs",
-           (unsigned long long)loads, rc ? "failed" : "ok", err, again ? "identical" : "differs", why[0] ? ": " : "",
-           why);
+           NSP, (unsigned long long)dem, (unsigned long long)rgs0, (unsigned long long)rcs0, (unsigned long long)dsp,
+           all ? "identical" : "differs", (unsigned long long)loads, rc ? "failed" : "ok", err,
+           again ? "identical" : "differs", why[0] ? ": " : "", why);
     for (int i = 0; i < NSP; i++)
         refseq_free(&sp[i]);
     dqc_free(c);

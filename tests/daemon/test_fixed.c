@@ -8,8 +8,12 @@
  *   - unknown fixed-width names are refused with DQ_PROFILE and the daemon keeps serving;
  *   - the disk tier: sequences spilled to disk and read back, also after a restart, decode as before.
  * With $DQ_FIXED_BACKEND=cuda the same runs on dquantd-fakecuda's cuda backend, where the family
- * takes the host path (dqd_gpu_model_ok admits D-Quant profiles only). Skipped when $DQUANTD is
- * unset. */
+ * takes the host path with the default --gpu-attention-layout containers; with $DQ_FIXED_LAYOUT=hot
+ * or hot-only it lives on the (emulated) GPU tier as hot windows (beside its records, or alone),
+ * and the same answers are checked, the stats showing the GPU tier held and attended it, and the
+ * disk test spilling GPU -> host -> disk and back. ATTEND must equal dq_attend bit for bit (the
+ * emulation's hot attention is dq_hot_attend), or on a real GPU within $DQ_FIXED_ATTEND_TOL
+ * (relative, tests/cuda/daemon_gpu.sh). Skipped when $DQUANTD is unset. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdbool.h>
@@ -27,7 +31,7 @@
 #define L 2
 #define QH 4
 #define KVH 2
-#define HD 64
+#define HD 128 /* the hot kernel takes head_dim 128 and 256 */
 #define ROW (KVH * HD)
 #define MODEL "fx"
 
@@ -80,6 +84,23 @@ static void ref_free(ref_codec *r)
     memset(r, 0, sizeof *r);
 }
 
+/* ATTEND outputs (n values, then nl LSEs) equal the reference: bit for bit, or within the relative
+ * tolerance $DQ_FIXED_ATTEND_TOL when set (a real GPU's dqcu_attend_hot: float rounding). */
+static bool same_attend(const float *out, const float *want, size_t n, const float *lse, const float *wlse, size_t nl)
+{
+    const char *t = getenv("DQ_FIXED_ATTEND_TOL");
+    if (!t || !*t)
+        return memcmp(out, want, n * sizeof *out) == 0 && memcmp(lse, wlse, nl * sizeof *lse) == 0;
+    const double tol = strtod(t, NULL);
+    for (size_t i = 0; i < n; i++)
+        if (!(fabs((double)out[i] - want[i]) <= tol * (1.0 + fabs((double)want[i]))))
+            return false;
+    for (size_t i = 0; i < nl; i++)
+        if (!(fabs((double)lse[i] - wlse[i]) <= tol * (1.0 + fabs((double)wlse[i]))))
+            return false;
+    return true;
+}
+
 static void start_with(const char *const *extra)
 {
     if (!dqd_path())
@@ -94,10 +115,24 @@ static bool on_cuda(void)
     return b && strcmp(b, "cuda") == 0;
 }
 
+/* $DQ_FIXED_LAYOUT on the cuda backend: hot or hot-only (the family on the GPU tier), else NULL */
+static const char *layout(void)
+{
+    const char *l = getenv("DQ_FIXED_LAYOUT");
+    return on_cuda() && l && *l && strcmp(l, "containers") != 0 ? l : NULL;
+}
+
+static bool hot_only(void)
+{
+    return layout() && strcmp(layout(), "hot-only") == 0;
+}
+
 static void start(void)
 {
     static const char *const cpu[] = {"--workers", "2", NULL};
-    static const char *const cuda[] = {"--workers", "2", "--backend", "cuda", "--gpu-memory", "8M", NULL};
+    const char *const cuda[] = {
+        "--workers", "2", "--backend", "cuda", "--gpu-memory", "8M", layout() ? "--gpu-attention-layout" : NULL,
+        layout(),    NULL};
     start_with(on_cuda() ? cuda : cpu);
 }
 
@@ -212,8 +247,8 @@ static void check_seq(dqc_client *c, const char *key, dq_layer *const *ref, cons
     for (uint32_t l = 0; l < L; l++) {
         dq_attn_item ri = {ref[l], q[l], rout, rlse};
         cr_assert_eq(dq_attend(r->codec, r->ws, QH, 1.0f / sqrtf(HD), &ri, 1), 0);
-        cr_assert(memcmp(out[l], rout, sizeof rout) == 0 && memcmp(lse[l], rlse, sizeof rlse) == 0,
-                  "%s: ATTEND of layer %u differs from dq_attend", what, l);
+        cr_assert(same_attend(out[l], rout, QH * HD, lse[l], rlse, QH), "%s: ATTEND of layer %u differs from dq_attend",
+                  what, l);
     }
 }
 
@@ -298,10 +333,34 @@ static void serve(const char *pname)
     dq_layer *ref[L] = {0};
     put(c, "s", ref, &r, 0, n1);
     put(c, "s", ref, &r, n1, n2);
+    const uint64_t items0 = stat_counter(c, "gpu_hot_attend_items");
+    const uint64_t cpu0 = stat_counter(c, "gpu_records_rebuilt_cpu");
+    if (layout()) {
+        /* both layers' sealed windows held as hot windows on the GPU (without records: hot-only) */
+        const uint64_t wins = L * ((n1 + n2 - r.p.residual) / W + 1);
+        cr_assert_eq(stat_gauge(c, "gpu_sequences"), 1, "%s: the sequence is not on the GPU", pname);
+        cr_assert_eq(stat_gauge(c, "gpu_hot_windows"), wins, "%s: hot windows", pname);
+        cr_assert_eq(stat_gauge(c, "gpu_hot_only_windows"), hot_only() ? wins : 0, "%s: hot-only windows", pname);
+    }
     check_seq(c, "s", ref, &r, n1 + n2, pname);
     if (on_cuda()) {
         cr_assert_gt(stat_gauge(c, "gpu_budget"), 0, "no cuda backend");
-        cr_assert_eq(stat_gauge(c, "gpu_sequences"), 0, "a fixed-width sequence is on the GPU");
+        if (!layout())
+            cr_assert_eq(stat_gauge(c, "gpu_sequences"), 0, "a fixed-width sequence is on the GPU");
+    }
+    if (layout()) {
+        /* ATTEND ran over the hot windows; hot-only records (GET, GET_RAW) were rebuilt on the CPU:
+         * the GPU rebuild takes D-Quant only */
+        /* DQCU_FAKE_HOT_MAX_TOKENS: the emulated hot kernel refuses the launch, and the daemon
+         * attends on the host (libdquant on the records) */
+        const bool refused = getenv("DQCU_FAKE_HOT_MAX_TOKENS") != NULL;
+        cr_assert_eq(stat_counter(c, "gpu_hot_attend_items") - items0, refused ? 0 : L, "%s: ATTEND over hot windows",
+                     pname);
+        cr_assert(hot_only() ? stat_counter(c, "gpu_records_rebuilt_cpu") > cpu0
+                             : stat_counter(c, "gpu_records_rebuilt") == 0,
+                  "%s: records rebuilt", pname);
+        cr_assert_eq(stat_counter(c, "gpu_records_rebuilt_gpu"), 0, "%s: a fixed-width record rebuilt on the GPU",
+                     pname);
     }
     const uint64_t ntok = W + 17;
     float *x = kv(3, 1, 0, ntok, 0);
@@ -323,8 +382,7 @@ static void serve(const char *pname)
     cr_assert_eq(dq_layer_append(ref[1], r.ws, ak, av, DQ_DTYPE_F32, 1, NULL), 0);
     dq_attn_item ri = {ref[1], q, rout, rlse};
     cr_assert_eq(dq_attend(r.codec, r.ws, QH, 1.0f / sqrtf(HD), &ri, 1), 0);
-    cr_assert(memcmp(out, rout, sizeof out) == 0 && memcmp(lse, rlse, sizeof lse) == 0,
-              "%s: ATTEND with an append differs", pname);
+    cr_assert(same_attend(out, rout, QH * HD, lse, rlse, QH), "%s: ATTEND with an append differs", pname);
     OK(c, dqc_delete(c, &(dqc_seq){NULL, "s", 1}));
     OK(c, dqc_unregister_model(c, MODEL));
     for (uint32_t l = 0; l < L; l++)
@@ -373,7 +431,20 @@ Test(fixed_flags, disk_tier_roundtrip)
     char dir[200], disk[256];
     snprintf(dir, sizeof dir, "%s", dqd_tmpdir());
     snprintf(disk, sizeof disk, "%s/disk", dir);
-    const char *const extra[] = {"--disk-dir", disk, "--host-memory", "2M", "--workers", "2", NULL};
+    /* on the GPU tier (DQ_FIXED_LAYOUT) 1 MiB of it, so that sequences go GPU -> host -> disk */
+    const char *const extra[] = {"--disk-dir",
+                                 disk,
+                                 "--host-memory",
+                                 "2M",
+                                 "--workers",
+                                 "2",
+                                 layout() ? "--backend" : NULL,
+                                 "cuda",
+                                 "--gpu-memory",
+                                 "1M",
+                                 "--gpu-attention-layout",
+                                 layout(),
+                                 NULL};
     start_with(extra);
     dqc_client *c = cli();
     OK(c, register_as(c, MODEL, &r, NULL));
@@ -387,9 +458,13 @@ Test(fixed_flags, disk_tier_roundtrip)
         put(c, key[i], ref[i], &r, 0, T);
     }
     cr_assert_gt(stat_counter(c, "disk_spills"), 0, "nothing was spilled: the test proves nothing");
+    if (layout())
+        cr_assert_gt(stat_counter(c, "gpu_demotions"), 0, "nothing left the GPU tier");
     for (int i = 0; i < NSEQ; i++)
         check_seq(c, key[i], ref[i], &r, T, key[i]);
     cr_assert_gt(stat_counter(c, "disk_loads"), 0, "nothing was read back from disk");
+    if (layout())
+        cr_assert_gt(stat_gauge(c, "gpu_hot_windows"), 0, "ATTEND brought nothing back to the GPU tier");
     dqc_free(c);
 
     stop();

@@ -306,3 +306,58 @@ Test(hot_rebuild, bad_input)
     dq_workspace_free(ws);
     dq_codec_free(codec);
 }
+
+/* The fixed-width family (dq_profile_fixed): a rebuild packs the hot window's levels base-M again
+ * (the encoder's packer), byte for byte the record; codes >= M are refused. */
+Test(hot_rebuild, fixed_family)
+{
+    static const struct {
+        const char *name;
+        uint32_t kv_heads, head_dim;
+    } cases[] = {
+        {"fixed226", 8, 128},  /* M 6 / 3 at n = 1024: 3 + 2 bits */
+        {"fixed196", 8, 128},  /* M 3 / 2: 2 + 1 bits */
+        {"fixed226", 3, 16},   /* n = 48: a group and a half */
+        {"fixedk7v5", 2, 64},  /* 3 + 3 bits, base-7 groups */
+        {"fixedk17v2", 5, 16}, /* 5 + 1 bits: codes straddling words */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        dq_codec *codec = dqt_codec_builtin(cases[c].name, cases[c].kv_heads, cases[c].head_dim);
+        cr_assert_eq(dq_codec_profile(codec)->codec_type, DQ_CODEC_FIXED, "%s", cases[c].name);
+        dq_workspace *ws;
+        cr_assert_eq(dq_workspace_create(codec, &ws), DQ_OK);
+        const uint32_t n = dq_codec_stream_len(codec);
+        const size_t W = dq_codec_profile(codec)->window, T = 3 * W;
+        float *k = dqt_xmalloc(T * n * sizeof(float)), *v = dqt_xmalloc(T * n * sizeof(float));
+        for (int rep = 0; rep < 3; rep++)
+            random_window(n, W, k + rep * W * n, v + rep * W * n, rep);
+        dq_layer *layer;
+        cr_assert_eq(dq_layer_create(codec, &layer), DQ_OK);
+        cr_assert_eq(dq_layer_append(layer, ws, k, v, DQ_DTYPE_F32, T, NULL), DQ_OK);
+        cr_assert_geq(dq_layer_window_count(layer), 2);
+        for (size_t w = 0; w < dq_layer_window_count(layer); w++)
+            check_round_trip(codec, dq_layer_window(layer, w), cases[c].name, w);
+
+        /* a value code of M (>= M, within its b bits) in channel 0 of token 1: no record holds it */
+        const size_t wb = dq_codec_window_bytes(codec), hb = dq_hot_window_bytes(codec);
+        const uint32_t M = dq_codec_profile(codec)->levels[1], b = dq_hot_bits(codec, DQ_KIND_V);
+        uint8_t *hot = dqt_xmalloc(hb), *back = dqt_xmalloc(wb);
+        cr_assert_eq(dq_hot_transcode(codec, dq_layer_window(layer, 0), hot), DQ_OK);
+        if (M < (1u << b)) {
+            size_t off[4];
+            dq_hot_offsets(codec, off);
+            uint8_t *w0 = hot + off[3] + 4 * 1;
+            w0[0] = (uint8_t)((w0[0] & ~((1u << b) - 1)) | M);
+            memset(back, 0x5c, wb);
+            cr_assert_eq(dq_hot_rebuild(codec, hot, hb, back), DQ_CORRUPT, "%s", cases[c].name);
+            cr_assert(all_zero(back, wb));
+        }
+        free(hot);
+        free(back);
+        free(k);
+        free(v);
+        dq_layer_free(layer);
+        dq_workspace_free(ws);
+        dq_codec_free(codec);
+    }
+}

@@ -68,10 +68,11 @@ DQ_API int dq_hot_transcode(const dq_codec *codec, const uint8_t *window, uint8_
  * transcoded from when dq_hot_transcode returned 0 for it. Everything a record holds is kept by
  * the hot window (the key-mean block and each stream's fp16 s and o verbatim, its levels as codes)
  * or follows from it: a valid stream's rANS container (state, bytes, zero tail) is a function of
- * its levels and the profile's table, so re-encoding them reproduces it. (A window transcoded from
+ * its levels and the profile's table, so re-encoding them reproduces it; a fixed-width container
+ * is its levels packed base-M, packed again. (A window transcoded from
  * a corrupt record, where dq_hot_transcode returned DQ_CORRUPT, rebuilds to a valid record that
  * reconstructs the same values, not to the corrupt bytes.) Returns 0, DQ_INVALID_ARGUMENT,
- * DQ_UNSUPPORTED (not D-Quant), DQ_NOMEM, DQ_TRUNCATED or DQ_CORRUPT when dq_hot_check rejects the
+ * DQ_UNSUPPORTED (neither D-Quant nor fixed-width), DQ_NOMEM, DQ_TRUNCATED or DQ_CORRUPT when dq_hot_check rejects the
  * window, and DQ_CORRUPT when a stream's levels do not fit its container (no valid record holds
  * them); on any error the window is zeroed, never a partial record. */
 DQ_API int dq_hot_rebuild(const dq_codec *codec, const uint8_t *hot, size_t bytes, uint8_t *window);

@@ -718,6 +718,7 @@ struct dqcu_codec {
     dq_codec *codec;
     uint32_t n, W, R, d;
     size_t wb;
+    bool fixed; /* a fixed-width profile: the hot layout only */
 };
 
 int dqcu_device_count(void)
@@ -793,7 +794,8 @@ int dqcu_codec_create_with(const dq_codec *codec, const dqcu_settings *settings,
     if (settings && !fake_settings_ok(settings))
         return DQ_INVALID_ARGUMENT;
     const dq_profile *p = dq_codec_profile(codec);
-    if (p->codec_type != DQ_CODEC_DQUANT)
+    /* D-Quant, and the fixed-width family (the hot layout only), as the real library */
+    if (p->codec_type != DQ_CODEC_DQUANT && p->codec_type != DQ_CODEC_FIXED)
         return DQ_INVALID_ARGUMENT;
     dqcu_codec *dc = calloc(1, sizeof *dc);
     if (!dc)
@@ -813,6 +815,7 @@ int dqcu_codec_create_with(const dq_codec *codec, const dqcu_settings *settings,
     dc->R = p->residual;
     dc->d = p->head_dim;
     dc->wb = dq_codec_window_bytes(dc->codec);
+    dc->fixed = p->codec_type == DQ_CODEC_FIXED;
     *out = dc;
     return DQ_OK;
 }
@@ -838,6 +841,8 @@ int dqcu_attend_kernel(const dqcu_codec *dc, uint32_t q_heads)
         return DQ_INVALID_ARGUMENT;
     if (!q_heads || q_heads % dc->profile.kv_heads)
         return DQ_SHAPE;
+    if (dc->fixed) /* the hot layout only */
+        return DQ_UNSUPPORTED;
     return dc->settings.attend_kernel ? dc->settings.attend_kernel : 7;
 }
 
@@ -885,7 +890,7 @@ int dqcu_encode_streams(const dqcu_codec *dc, dq_kind kind, const float *y, size
         return DQ_INVALID_ARGUMENT;
     if (record_stride < dq_codec_record_bytes(dc->codec, kind))
         return DQ_INVALID_ARGUMENT;
-    if (dc->n > DQCU_MAX_ENCODE_STREAM)
+    if (dc->n > DQCU_MAX_ENCODE_STREAM || dc->fixed)
         return DQ_UNSUPPORTED;
     if (!count)
         return DQ_OK;
@@ -936,7 +941,7 @@ int dqcu_encode_windows(const dqcu_codec *dc, const void *k, const void *v, dq_d
         return DQ_INVALID_ARGUMENT;
     if (dtype != DQ_DTYPE_F32 && dtype != DQ_DTYPE_F16 && dtype != DQ_DTYPE_BF16)
         return DQ_DTYPE;
-    if (dc->n > DQCU_MAX_ENCODE_STREAM || dc->d > 512)
+    if (dc->n > DQCU_MAX_ENCODE_STREAM || dc->d > 512 || dc->fixed)
         return DQ_UNSUPPORTED;
     if (!nwin)
         return DQ_OK;
@@ -1002,7 +1007,7 @@ int dqcu_decompress(const dqcu_codec *dc, dq_kind kind, const uint8_t *const *wi
         return DQ_INVALID_ARGUMENT;
     if (dtype != DQ_DTYPE_F32 && dtype != DQ_DTYPE_F16 && dtype != DQ_DTYPE_BF16)
         return DQ_DTYPE;
-    if (dc->d < 32 || dc->d > 512)
+    if (dc->d < 32 || dc->d > 512 || dc->fixed)
         return DQ_UNSUPPORTED;
     const size_t total = nwin * dc->W + tail_tokens;
     if (first > total || count > total - first)
@@ -1019,7 +1024,7 @@ int dqcu_decompress(const dqcu_codec *dc, dq_kind kind, const uint8_t *const *wi
 
 size_t dqcu_attend_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq, uint32_t max_tokens)
 {
-    if (!dc || !q_heads)
+    if (!dc || !q_heads || dc->fixed)
         return 0;
     (void)max_tokens;
     return 64 + (size_t)nseq * 16;
@@ -1089,7 +1094,7 @@ int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, const dqcu_
         return DQ_INVALID_ARGUMENT;
     if (!q_heads || q_heads % dc->profile.kv_heads)
         return DQ_SHAPE;
-    if (dc->d < 32 || dc->d > 512)
+    if (dc->d < 32 || dc->d > 512 || dc->fixed) /* fixed-width: dqcu_attend_hot over the hot windows */
         return DQ_UNSUPPORTED;
     if (!nseq)
         return DQ_OK;
@@ -1121,7 +1126,9 @@ int dqcu_attend_hot_check(const dqcu_codec *dc, uint32_t q_heads)
         return DQ_SHAPE;
     const uint32_t G = q_heads / dc->profile.kv_heads;
     const uint32_t bk = dq_hot_bits(dc->codec, DQ_KIND_K), bv = dq_hot_bits(dc->codec, DQ_KIND_V);
-    if ((G != 1 && G != 2 && G != 4 && G != 8) || dc->d % 128 != 0 || dc->d > 256 || bk != bv || (bk != 3 && bk != 4))
+    /* the code widths attend_hot.cu instantiates: 3 + 3, 4 + 4, 3 + 2, 2 + 1 */
+    const bool widths = (bk == 3 && bv == 3) || (bk == 4 && bv == 4) || (bk == 3 && bv == 2) || (bk == 2 && bv == 1);
+    if ((G != 1 && G != 2 && G != 4 && G != 8) || dc->d % 128 != 0 || dc->d > 256 || !widths)
         return DQ_UNSUPPORTED;
     return DQ_OK;
 }
@@ -1236,7 +1243,7 @@ int dqcu_rebuild_hot(const dqcu_codec *dc, const uint8_t *const *hot, size_t nwi
 {
     if (!dc || (nwin && (!windows || !hot)))
         return DQ_INVALID_ARGUMENT;
-    if (dc->d < 32 || dc->d > 512)
+    if (dc->d < 32 || dc->d > 512 || dc->fixed) /* fixed-width records are not rANS, as the real kernel */
         return DQ_UNSUPPORTED;
     if (nwin > 0x7fffffffu)
         return DQ_INVALID_ARGUMENT;
