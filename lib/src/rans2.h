@@ -1,4 +1,4 @@
-/* Format version 2 (DESIGN §2.9): joint two-symbol rANS at 12-bit precision. Levels are coded in
+/* Format version 2 (normative here; DESIGN §2 holds version 1): joint two-symbol rANS at 12-bit precision. Levels are coded in
  * pairs (m_2i, m_2i+1), one symbol a·M + b of M² per pair, with integer frequencies summing to
  * 4096. The 32-bit state lives in [L, 256·L), L = 2^23, as in version 1; the decoder takes
  * z = x & 4095, looks up (m1, m2, f, z − c) = T[z], sets x = f·(x >> 12) + z − c and then reads

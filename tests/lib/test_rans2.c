@@ -1,4 +1,4 @@
-/* Format version 2 (lib/src/rans2.h, DESIGN §2.9): joint two-symbol rANS at 12-bit precision.
+/* Format version 2 (lib/src/rans2.h, where its format is specified): joint two-symbol rANS at 12-bit precision.
  * The pair table, the coder against an independent encoder written from the text (plain
  * division, no reciprocal), round trips for several M, C and n, the drift's pair assignment
  * against a brute-force argmin, the fixed-container guarantee through the public stream API,

@@ -19,8 +19,9 @@ extern "C" {
 #endif
 
 #define DQ_FORMAT_VERSION 1
-/* Format version 2: D-Quant containers with joint two-symbol rANS at 12-bit precision (DESIGN
- * §2.9); everything else is version 1's. Only for codec_type DQ_CODEC_DQUANT and even n. */
+/* Format version 2: D-Quant containers with joint two-symbol rANS at 12-bit precision (specified
+ * in lib/src/rans2.h); everything else is version 1's. Only for codec_type DQ_CODEC_DQUANT and
+ * even n. Profiles "dq226p", "dq196p" (dq_profile_builtin). */
 #define DQ_FORMAT_VERSION_PAIRS 2
 #define DQ_MAX_LEVELS 32
 #define DQ_MIN_LEVELS 2
