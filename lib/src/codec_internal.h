@@ -28,10 +28,10 @@ typedef struct dq__kind_tables {
     dq__rans_enc enc;
     dq__rans_dec dec;
     /* format version 2 (rans2.h): levels coded in pairs */
-    uint32_t pairs;                              /* 1 for a version-2 profile */
-    uint32_t cheap[2];                           /* the cheapest pair (version 1: cheapest, cheapest) */
-    int32_t pair_cost_q16[DQ_RANS2_MAX_PAIRS];   /* r_ab = -log2(f_ab / 4096), Q16, exact integer algorithm */
-    float pair_cost[DQ_RANS2_MAX_PAIRS];         /* pair_cost_q16 / 65536, exactly */
+    uint32_t pairs;                            /* 1 for a version-2 profile */
+    uint32_t cheap[2];                         /* the cheapest pair (version 1: cheapest, cheapest) */
+    int32_t pair_cost_q16[DQ_RANS2_MAX_PAIRS]; /* r_ab = -log2(f_ab / 4096), Q16, exact integer algorithm */
+    float pair_cost[DQ_RANS2_MAX_PAIRS];       /* pair_cost_q16 / 65536, exactly */
     dq__rans2_enc enc2;
     dq__rans2_dec dec2;
 } dq__kind_tables;

@@ -310,7 +310,8 @@ size_t dq__levels_decode(const dq_codec *c, dq_kind kind, const uint8_t *records
     for (size_t t = 0; t < count; t++) {
         const uint8_t *container = records + t * stride + 4;
         uint8_t *lev = levels + t * c->n;
-        bad += (kt->pairs ? dq__kt_decode(kt, container, c->n, lev) : dq__fixed_unpack(c, kind, container, lev)) != DQ_OK;
+        bad += (kt->pairs ? dq__kt_decode(kt, container, c->n, lev) : dq__fixed_unpack(c, kind, container, lev)) !=
+               DQ_OK;
     }
     return bad;
 }

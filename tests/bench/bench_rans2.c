@@ -84,7 +84,8 @@ int main(int argc, char **argv)
                 "{\n \"bench\": \"bench_rans2\",\n \"cpu\": \"%s\",\n \"loadavg\": \"%s\",\n \"dsp\": \"%s\",\n"
                 " \"streams\": %d,\n \"n\": %u,\n \"reps\": %d,\n"
                 " \"note\": \"levels/s of decoding the same dq226 levels: v1 (8-bit byte-wise rANS) vs v2 (joint "
-                "pairs, 12-bit); scalar C, one core, CPU time; ratio = v2 scalar / v1 scalar; bits_per_value: the containers' payload of the same levels\",\n \"records\": [\n",
+                "pairs, 12-bit); scalar C, one core, CPU time; ratio = v2 scalar / v1 scalar; bits_per_value: the "
+                "containers' payload of the same levels\",\n \"records\": [\n",
                 cpu, load, dq__dsp_name(), S, n, REPS);
     printf("%-4s %6s %11s %14s %14s %14s %8s %8s\n", "kind", "M", "bits v1/v2", "v1 scalar M/s", "v1 dsp M/s",
            "v2 scalar M/s", "v2/v1", "v2/v1dsp");

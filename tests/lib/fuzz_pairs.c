@@ -26,10 +26,10 @@
 static const struct {
     uint32_t kv_heads, head_dim, ck, cv, mk, mv, window;
 } fz[] = {
-    {1, 32, 0, 0, 0, 0, 4},     /* dq226p at n = 32 */
-    {2, 16, 0, 0, 0, 0, 2},     /* dq196p at n = 32 */
-    {1, 2, 6, 6, 8, 6, 3},      /* n = 2: one pair */
-    {1, 64, 60, 16, 32, 2, 2},  /* 1024 pair symbols; M = 2 */
+    {1, 32, 0, 0, 0, 0, 4},    /* dq226p at n = 32 */
+    {2, 16, 0, 0, 0, 0, 2},    /* dq196p at n = 32 */
+    {1, 2, 6, 6, 8, 6, 3},     /* n = 2: one pair */
+    {1, 64, 60, 16, 32, 2, 2}, /* 1024 pair symbols; M = 2 */
     {4, 16, 40, 20, 16, 3, 2},
 };
 #define FZ_N (sizeof fz / sizeof fz[0])

@@ -28,8 +28,7 @@ static dq_profile pairs_profile(uint32_t kv_heads, uint32_t head_dim, uint32_t c
     pp.format_version = DQ_FORMAT_VERSION_PAIRS;
     pp.name = "pairs";
     dq_profile p;
-    cr_assert_eq(dq_profile_make(&pp, &p), DQ_OK, "profile n=%u C=%u/%u M=%u/%u", kv_heads * head_dim, ck, cv, mk,
-                 mv);
+    cr_assert_eq(dq_profile_make(&pp, &p), DQ_OK, "profile n=%u C=%u/%u M=%u/%u", kv_heads * head_dim, ck, cv, mk, mv);
     return p;
 }
 
@@ -122,14 +121,14 @@ Test(rans2, round_trip)
                 const uint32_t cap = 4 + n + 8;
                 uint8_t *out = malloc(cap), *ref = malloc(cap);
                 for (uint32_t i = 0; i < n; i++) /* trial 0: the model's distribution; then uniform, skewed */
-                    syms[i] = trial == 0 ? dqt_draw_symbol(&r, f, M)
-                            : trial < 3  ? (uint8_t)dqt_below(&r, M)
-                                         : (uint8_t)(dqt_below(&r, 4) ? M - 1 : dqt_below(&r, M));
+                    syms[i] = trial == 0  ? dqt_draw_symbol(&r, f, M)
+                              : trial < 3 ? (uint8_t)dqt_below(&r, M)
+                                          : (uint8_t)(dqt_below(&r, 4) ? M - 1 : dqt_below(&r, M));
                 const uint32_t used = dq__rans2_encode(&enc, syms, n, scratch, out, cap);
                 cr_assert_eq(ref_encode(pair, M, syms, n, ref, cap), used, "M=%u n=%u: length", M, n);
                 cr_assert_leq(used, 4 + n, "at most one byte per level");
-                cr_assert_eq(memcmp(out, ref, cap), 0, "M=%u n=%u trial %d: bytes differ from the reference", M,
-                             n, trial);
+                cr_assert_eq(memcmp(out, ref, cap), 0, "M=%u n=%u trial %d: bytes differ from the reference", M, n,
+                             trial);
                 cr_assert_eq(dq__rans2_decode(&dec, out, cap, n, back), DQ_OK);
                 cr_assert_eq(memcmp(back, syms, n), 0, "M=%u n=%u: levels differ", M, n);
                 uint8_t *exact = dqt_xmalloc(used);
@@ -207,8 +206,7 @@ Test(rans2, drift_pair_argmin)
                 }
                 matched = ok;
             }
-            cr_assert(matched, "kind %d trial %d: the assignment is no pair argmin for the grid's lambda", kind,
-                      trial);
+            cr_assert(matched, "kind %d trial %d: the assignment is no pair argmin for the grid's lambda", kind, trial);
         }
     }
     dq_codec_free(codec);
@@ -224,8 +222,8 @@ Test(rans2, streams_fit_and_decode)
     static const struct {
         uint32_t kvh, d, ck, cv, mk, mv;
     } sh[] = {
-        {8, 128, 331, 231, 8, 6}, {8, 128, 287, 199, 7, 5}, {1, 16, 11, 9, 8, 6}, {2, 32, 60, 16, 32, 2},
-        {1, 2, 6, 6, 8, 6},       {4, 16, 40, 14, 16, 3},
+        {8, 128, 331, 231, 8, 6}, {8, 128, 287, 199, 7, 5}, {1, 16, 11, 9, 8, 6},
+        {2, 32, 60, 16, 32, 2},   {1, 2, 6, 6, 8, 6},       {4, 16, 40, 14, 16, 3},
     };
     for (size_t k = 0; k < sizeof sh / sizeof sh[0]; k++) {
         const dq_profile p = pairs_profile(sh[k].kvh, sh[k].d, sh[k].ck, sh[k].cv, sh[k].mk, sh[k].mv);
