@@ -77,6 +77,11 @@ static int dq_matched(const char *base, double bits, uint32_t kv_heads, uint32_t
             hi = mid;
     }
     rc = eval_dq_profile(kv_heads, head_dim, ref.container_bytes, lo, ref.levels, ref.alpha, label, out);
+    if (rc == DQ_OK && ref.format_version != out->format_version) {
+        /* dqNNNp@BITS: the container format of the base profile (version 2: joint pairs) */
+        out->format_version = ref.format_version;
+        rc = dq_profile_validate(out);
+    }
     if (rc != DQ_OK) {
         uint32_t c[2];
         eval_dq_containers(kv_heads, head_dim, ref.container_bytes, lo, c);

@@ -86,6 +86,7 @@ static const char g_eval_help[] =
     "   --codecs LIST\n"
     "       Comma-separated codecs (default " DEFAULT_CODECS "):\n"
     "         dq226, dq196          D-Quant built-in profiles (containers keep the n = 1024 payload rate)\n"
+    "         dq226p, dq196p        the same in container format version 2 (joint two-symbol rANS)\n"
     "         bf16, intB, quarotB, kiviB, turboB   baselines in the library (B = 1..8 bits)\n"
     "         intB-gG, quarotB-gG   INT-B with G channels per fp16 scale/zero (default G = 128)\n"
     "         dq226@BITS            dq226's levels and K/V rate split, containers scaled to the largest\n"

@@ -143,6 +143,9 @@ extern "C" int dqcu_codec_create_with(const dq_codec *codec, const dqcu_settings
     const bool fixed = p->codec_type == DQ_CODEC_FIXED;
     if (!fixed && p->codec_type != DQ_CODEC_DQUANT)
         return DQ_INVALID_ARGUMENT;
+    /* format version 2 (joint pairs) has no GPU kernels yet */
+    if (p->format_version != DQ_FORMAT_VERSION)
+        return DQ_UNSUPPORTED;
     for (int k = 0; k < 2; k++)
         if ((!fixed && codec->kt[k].enc.freq[0] == 0) || p->levels[k] < 2)
             return DQ_INVALID_ARGUMENT;

@@ -9,6 +9,7 @@
 #include "dquant/error.h"
 #include "dquant/log.h"
 #include "rans.h"
+#include "rans2.h"
 
 /* The rotation is orthonormal per head, so no rotated value of a head exceeds the head's 2-norm: a
  * head whose norm (computed in float, in any order) is at most this passes the range check without
@@ -26,7 +27,30 @@ typedef struct dq__kind_tables {
     uint32_t cheapest;    /* argmin cost (lowest index on ties) */
     dq__rans_enc enc;
     dq__rans_dec dec;
+    /* format version 2 (rans2.h): levels coded in pairs */
+    uint32_t pairs;                            /* 1 for a version-2 profile */
+    uint32_t cheap[2];                         /* the cheapest pair (version 1: cheapest, cheapest) */
+    int32_t pair_cost_q16[DQ_RANS2_MAX_PAIRS]; /* r_ab = -log2(f_ab / 4096), Q16, exact integer algorithm */
+    float pair_cost[DQ_RANS2_MAX_PAIRS];       /* pair_cost_q16 / 65536, exactly */
+    dq__rans2_enc enc2;
+    dq__rans2_dec dec2;
 } dq__kind_tables;
+
+/* The container of n levels of one kind (version 1 or 2): dq__rans_encode's contract with
+ * cap = the kind's container. */
+static inline uint32_t dq__kt_encode(const dq__kind_tables *kt, const uint8_t *levels, uint32_t n, uint8_t *scratch,
+                                     uint8_t *out)
+{
+    return kt->pairs ? dq__rans2_encode(&kt->enc2, levels, n, scratch, out, kt->container)
+                     : dq__rans_encode(&kt->enc, levels, n, scratch, out, kt->container);
+}
+
+/* Decodes one container (version 1 or 2): dq__rans_decode's contract. */
+static inline int dq__kt_decode(const dq__kind_tables *kt, const uint8_t *in, uint32_t n, uint8_t *levels)
+{
+    return kt->pairs ? dq__rans2_decode(&kt->dec2, in, kt->container, n, levels)
+                     : dq__rans_decode(&kt->dec, in, kt->container, n, levels);
+}
 
 struct dq_codec {
     dq_profile profile;
@@ -267,6 +291,10 @@ void dq__mean_dequant(const dq_codec *codec, const uint8_t *mean_block, float *m
 void dq__fwht(float *x, uint32_t len);
 /* Exact integer cost r = -log2(f/256) in Q16 for 1 <= f <= 256. */
 int32_t dq__cost_q16(uint32_t f);
+/* The same for version 2's pair tables: -log2(f/4096) for 1 <= f <= 4096. */
+int32_t dq__cost12_q16(uint32_t f);
+/* log2(f) in Q16 for f >= 1 (the algorithm of both costs). */
+int32_t dq__log2_q16(uint32_t f);
 
 /* Canonical warp-order reduction (32 lanes, lane l sums i ≡ l mod 32 in order, then a butterfly),
  * the order the CUDA kernels use, so sums are bit-identical on CPU and GPU. */

@@ -141,6 +141,71 @@ static int64_t envelope_cost(const dq__kind_tables *kt, const envelope *env, con
     return cost;
 }
 
+/* Version 2: the pairs' assignment for one λ, Σ r over the pairs (Q16); levels may be NULL. Per
+ * pair (y1, y2) = (x_2i − o, x_2i+1 − o) the argmin over (a, b) of
+ *     c(a, b) = (d1[a] + d2[b]) + lr[a·M + b],  d[m] = (y − s·m)², lr = λ·r_ab (float, no contraction),
+ * the lowest a·M + b on ties: the exact Lagrangian assignment under the pair costs.
+ *
+ * Pruned without changing the result: with C0 = c(a1, b1) at the nearest levels, the argmin has
+ * c <= C0, and float rounding is monotone, so its a satisfies (d1[a] + min d2) + min lr <= C0 and
+ * its b (min d1 + d2[b]) + min lr <= C0 (a candidate tied with it passes too). Only those rows and
+ * columns are searched, in the same order. */
+static int64_t pair_assign(const dq__kind_tables *kt, const float *x, uint32_t n, float s, float o, float lam,
+                           uint8_t *levels)
+{
+    const uint32_t M = kt->levels, P = M * M;
+    float lr[DQ_RANS2_MAX_PAIRS], lv[32];
+    float lrmin = INFINITY;
+    for (uint32_t k = 0; k < P; k++) {
+        lr[k] = lam * kt->pair_cost[k];
+        lrmin = lr[k] < lrmin ? lr[k] : lrmin;
+    }
+    for (uint32_t m = 0; m < M; m++)
+        lv[m] = s * (float)m;
+    int64_t cost = 0;
+    for (uint32_t i = 0; i + 1 < n; i += 2) {
+        const float y1 = x[i] - o, y2 = x[i + 1] - o;
+        float d1[32], d2[32];
+        uint32_t a1 = 0, b1 = 0;
+        for (uint32_t m = 0; m < M; m++) {
+            const float e1 = y1 - lv[m], e2 = y2 - lv[m];
+            d1[m] = e1 * e1;
+            d2[m] = e2 * e2;
+            a1 = d1[m] < d1[a1] ? m : a1;
+            b1 = d2[m] < d2[b1] ? m : b1;
+        }
+        const float c0 = (d1[a1] + d2[b1]) + lr[a1 * M + b1];
+        uint8_t ca[32], cb[32];
+        uint32_t na = 0, nb = 0;
+        for (uint32_t m = 0; m < M; m++) {
+            if ((d1[m] + d2[b1]) + lrmin <= c0)
+                ca[na++] = (uint8_t)m;
+            if ((d1[a1] + d2[m]) + lrmin <= c0)
+                cb[nb++] = (uint8_t)m;
+        }
+        float best = INFINITY;
+        uint32_t arg = 0;
+        for (uint32_t ia = 0; ia < na; ia++) {
+            const uint32_t a = ca[ia];
+            const float *row = lr + a * M;
+            for (uint32_t ib = 0; ib < nb; ib++) {
+                const uint32_t b = cb[ib];
+                const float c = (d1[a] + d2[b]) + row[b];
+                if (c < best) {
+                    best = c;
+                    arg = a * M + b;
+                }
+            }
+        }
+        cost += kt->pair_cost_q16[arg];
+        if (levels) {
+            levels[i] = (uint8_t)(arg / M);
+            levels[i + 1] = (uint8_t)(arg % M);
+        }
+    }
+    return cost;
+}
+
 dq__drift_result dq__drift(const dq__kind_tables *kt, const float *x, const float *xs, uint32_t n, float s, float o,
                            int64_t budget_q16, uint8_t *levels)
 {
@@ -179,8 +244,21 @@ dq__drift_result dq__drift(const dq__kind_tables *kt, const float *x, const floa
         hi = mant == 0.5f ? e - 1 : e;
     }
 
-    envelope env;
     uint32_t jlo = 0, jhi = DQ_DRIFT_GRID;
+    if (kt->pairs) {
+        /* the same λ grid and bisection, the cost counted over the pairs */
+        for (int t = 0; t < DQ_DRIFT_STEPS; t++) {
+            uint32_t jm = (jlo + jhi) >> 1;
+            if (pair_assign(kt, x, n, s, o, dq__drift_lambda(hi, jm), NULL) <= budget_q16)
+                jhi = jm;
+            else
+                jlo = jm;
+        }
+        const int64_t cost = pair_assign(kt, x, n, s, o, dq__drift_lambda(hi, jhi), levels);
+        dq__drift_result r = {cost, cost <= budget_q16, jhi};
+        return r;
+    }
+    envelope env;
     for (int t = 0; t < DQ_DRIFT_STEPS; t++) {
         uint32_t jm = (jlo + jhi) >> 1;
         build_envelope(kt, s, dq__drift_lambda(hi, jm), &env);

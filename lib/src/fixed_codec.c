@@ -304,10 +304,14 @@ size_t dq__levels_decode(const dq_codec *c, dq_kind kind, const uint8_t *records
                          uint8_t *levels)
 {
     const dq__kind_tables *kt = &c->kt[kind];
-    if (c->profile.codec_type == DQ_CODEC_DQUANT)
+    if (c->profile.codec_type == DQ_CODEC_DQUANT && !kt->pairs)
         return dq__dsp_get()->decode_levels(&kt->dec, records, stride, count, kt->container, c->n, levels);
     size_t bad = 0;
-    for (size_t t = 0; t < count; t++)
-        bad += dq__fixed_unpack(c, kind, records + t * stride + 4, levels + t * c->n) != DQ_OK;
+    for (size_t t = 0; t < count; t++) {
+        const uint8_t *container = records + t * stride + 4;
+        uint8_t *lev = levels + t * c->n;
+        bad += (kt->pairs ? dq__kt_decode(kt, container, c->n, lev) : dq__fixed_unpack(c, kind, container, lev)) !=
+               DQ_OK;
+    }
     return bad;
 }

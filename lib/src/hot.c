@@ -291,7 +291,7 @@ int dq_hot_rebuild(const dq_codec *codec, const uint8_t *hot, size_t bytes, uint
                 continue;
             }
             /* levels that need more than C bytes: no valid record holds them */
-            if (dq__rans_encode(&kt->enc, lev, n, scratch, rec + 4, kt->container) > kt->container) {
+            if (dq__kt_encode(kt, lev, n, scratch, rec + 4) > kt->container) {
                 rc = DQ_CORRUPT;
                 break;
             }

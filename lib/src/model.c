@@ -192,10 +192,8 @@ int dq_model_freq_table(uint32_t n, uint32_t levels, float alpha, uint16_t *freq
 
 /* -log2(f / 256) in Q16 with an integer-only log2 (bit-by-bit squaring), so every machine and the
  * GPU derive the same costs from the same table. */
-int32_t dq__cost_q16(uint32_t f)
+int32_t dq__log2_q16(uint32_t f)
 {
-    if (f == 0 || f > 256)
-        return INT32_MAX;
     uint32_t ip = 31 - (uint32_t)__builtin_clz(f);
     uint64_t y = (uint64_t)f << (30 - ip); /* f / 2^ip in [1, 2), Q30 */
     uint32_t frac = 0;
@@ -207,6 +205,19 @@ int32_t dq__cost_q16(uint32_t f)
             frac |= 1;
         }
     }
-    uint32_t log2_q16 = (ip << 16) + ((frac + 1) >> 1); /* round the 17th bit */
-    return (int32_t)((8u << 16) - log2_q16);
+    return (int32_t)((ip << 16) + ((frac + 1) >> 1)); /* round the 17th bit */
+}
+
+int32_t dq__cost_q16(uint32_t f)
+{
+    if (f == 0 || f > 256)
+        return INT32_MAX;
+    return (int32_t)(8u << 16) - dq__log2_q16(f);
+}
+
+int32_t dq__cost12_q16(uint32_t f)
+{
+    if (f == 0 || f > 4096)
+        return INT32_MAX;
+    return (int32_t)(12u << 16) - dq__log2_q16(f);
 }

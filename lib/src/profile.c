@@ -19,6 +19,10 @@ static const builtin_def g_builtins[] = {
     {"dq196", {287, 199}, {7, 5}},
 };
 
+/* Format version 2 (joint pairs, rans2.h): a built-in name with this suffix is the same profile
+ * with format_version 2 ("dq226p", "dq196p"). */
+#define DQ_PAIRS_SUFFIX 'p'
+
 void dq_profile_params_default(dq_profile_params *p)
 {
     memset(p, 0, sizeof *p);
@@ -71,6 +75,24 @@ void dq__kind_tables_init(const dq_profile *p, int kind, dq__kind_tables *kt)
         }
     }
     dq__rans_tables(p->freq[kind], kt->levels, &kt->enc, &kt->dec);
+    kt->cheap[0] = kt->cheap[1] = kt->cheapest;
+    if (p->format_version != DQ_FORMAT_VERSION_PAIRS)
+        return;
+    uint16_t pair[DQ_RANS2_MAX_PAIRS];
+    const uint32_t M = kt->levels;
+    dq__rans2_pair_freq(p->freq[kind], M, pair);
+    dq__rans2_tables(pair, M, &kt->enc2, &kt->dec2);
+    kt->pairs = 1;
+    best = INT32_MAX;
+    for (uint32_t s = 0; s < M * M; s++) {
+        kt->pair_cost_q16[s] = dq__cost12_q16(pair[s]);
+        kt->pair_cost[s] = (float)kt->pair_cost_q16[s] / 65536.0f;
+        if (kt->pair_cost_q16[s] < best) {
+            best = kt->pair_cost_q16[s];
+            kt->cheap[0] = s / M;
+            kt->cheap[1] = s % M;
+        }
+    }
 }
 
 static int validate_shape(uint32_t kv_heads, uint32_t head_dim)
@@ -83,7 +105,9 @@ static int validate_shape(uint32_t kv_heads, uint32_t head_dim)
 int dq_profile_validate(const dq_profile *p)
 {
     DQ_RETURN_IF(!p, DQ_INVALID_ARGUMENT);
-    DQ_RETURN_IF(p->format_version != DQ_FORMAT_VERSION, DQ_VERSION);
+    DQ_RETURN_IF(p->format_version != DQ_FORMAT_VERSION &&
+                     (p->format_version != DQ_FORMAT_VERSION_PAIRS || p->codec_type != DQ_CODEC_DQUANT),
+                 DQ_VERSION);
     DQ_FORWARD_IF_ERROR(validate_shape(p->kv_heads, p->head_dim));
     DQ_RETURN_IF(memchr(p->name, 0, sizeof p->name) == NULL, DQ_PROFILE);
     DQ_RETURN_IF(p->window < 1 || p->residual < p->window || p->window > 65536 || p->residual > 65536, DQ_PROFILE);
@@ -99,6 +123,7 @@ int dq_profile_validate(const dq_profile *p)
     DQ_RETURN_IF(p->bits[0] || p->bits[1] || p->group || p->rotate, DQ_PROFILE);
     DQ_RETURN_IF(!(p->alpha > 0) || !(p->alpha < 16), DQ_PROFILE);
     const uint32_t n = p->kv_heads * p->head_dim;
+    DQ_RETURN_IF(p->format_version == DQ_FORMAT_VERSION_PAIRS && n % 2 != 0, DQ_PROFILE);
     for (int k = 0; k < 2; k++) {
         uint32_t M = p->levels[k];
         DQ_RETURN_IF(M < DQ_MIN_LEVELS || M > DQ_MAX_LEVELS, DQ_PROFILE);
@@ -113,7 +138,9 @@ int dq_profile_validate(const dq_profile *p)
         DQ_RETURN_IF(sum != 256, DQ_PROFILE);
         dq__kind_tables kt;
         dq__kind_tables_init(p, k, &kt);
-        DQ_RETURN_IF(cheapest_bytes(&kt.enc, kt.cheapest, n) > p->container_bytes[k], DQ_CONTAINER_TOO_SMALL);
+        const uint32_t need = kt.pairs ? dq__rans2_const_bytes(&kt.enc2, kt.cheap[0] * M + kt.cheap[1], n)
+                                       : cheapest_bytes(&kt.enc, kt.cheapest, n);
+        DQ_RETURN_IF(need > p->container_bytes[k], DQ_CONTAINER_TOO_SMALL);
     }
     return DQ_OK;
 }
@@ -124,7 +151,8 @@ int dq_profile_make(const dq_profile_params *params, dq_profile *out)
     DQ_FORWARD_IF_ERROR(validate_shape(params->kv_heads, params->head_dim));
     dq_profile p;
     memset(&p, 0, sizeof p);
-    p.format_version = DQ_FORMAT_VERSION;
+    DQ_RETURN_IF(params->format_version > DQ_FORMAT_VERSION_PAIRS, DQ_VERSION);
+    p.format_version = params->format_version ? params->format_version : DQ_FORMAT_VERSION;
     snprintf(p.name, sizeof p.name, "%s", params->name ? params->name : "custom");
     p.kv_heads = params->kv_heads;
     p.head_dim = params->head_dim;
@@ -157,11 +185,14 @@ int dq_profile_builtin(const char *name, uint32_t kv_heads, uint32_t head_dim, d
     DQ_FORWARD_IF_ERROR(validate_shape(kv_heads, head_dim));
     for (size_t i = 0; i < sizeof g_builtins / sizeof g_builtins[0]; i++) {
         const builtin_def *b = &g_builtins[i];
-        if (strcmp(name, b->name) != 0)
+        const size_t len = strlen(b->name);
+        const int pairs = strncmp(name, b->name, len) == 0 && name[len] == DQ_PAIRS_SUFFIX && name[len + 1] == 0;
+        if (strcmp(name, b->name) != 0 && !pairs)
             continue;
         dq_profile_params pp;
         dq_profile_params_default(&pp);
-        pp.name = b->name;
+        pp.name = name;
+        pp.format_version = pairs ? DQ_FORMAT_VERSION_PAIRS : DQ_FORMAT_VERSION;
         pp.kv_heads = kv_heads;
         pp.head_dim = head_dim;
         const double n = (double)kv_heads * head_dim;
@@ -317,7 +348,7 @@ int dq_profile_deserialize(const uint8_t *buf, size_t len, dq_profile *out)
     const uint8_t *q = buf + 4;
     p.format_version = r32(q);
     q += 4;
-    DQ_RETURN_IF(p.format_version != DQ_FORMAT_VERSION, DQ_VERSION);
+    DQ_RETURN_IF(p.format_version != DQ_FORMAT_VERSION && p.format_version != DQ_FORMAT_VERSION_PAIRS, DQ_VERSION);
     memcpy(p.name, q, DQ_PROFILE_NAME_MAX);
     p.name[DQ_PROFILE_NAME_MAX - 1] = 0;
     q += DQ_PROFILE_NAME_MAX;

@@ -36,6 +36,13 @@ static void count_moves(const float *x, const uint8_t *lev, uint32_t n, float s,
         *max_move = mx;
 }
 
+/* The all-cheapest assignment: the cheapest level (version 2: the cheapest pair) everywhere. */
+static void fill_cheapest(const dq__kind_tables *kt, uint8_t *lev, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        lev[i] = (uint8_t)kt->cheap[i & 1u];
+}
+
 int dq__stream_encode_ex(const dq_codec *codec, dq_workspace *ws, dq_kind kind, const float *x, uint8_t *record,
                          dq_encode_stats *stats, uint8_t *levels_out)
 {
@@ -91,16 +98,16 @@ int dq__stream_encode_ex(const dq_codec *codec, dq_workspace *ws, dq_kind kind, 
             feasible = 0;
         }
         if (!feasible) {
-            memset(lev, (int)kt->cheapest, n);
+            fill_cheapest(kt, lev, n);
             fallback = sf > 0; /* s = 0: the cheapest level is the exact answer, not a fallback */
         }
-        used = dq__rans_encode(&kt->enc, lev, n, ws->b1, record + 4, C);
+        used = dq__kt_encode(kt, lev, n, ws->b1, record + 4);
         if (used <= C)
             break;
         if (!feasible || retries >= DQ_MAX_RETRIES) {
             /* Profile validation guarantees the all-cheapest assignment fits. */
-            memset(lev, (int)kt->cheapest, n);
-            used = dq__rans_encode(&kt->enc, lev, n, ws->b1, record + 4, C);
+            fill_cheapest(kt, lev, n);
+            used = dq__kt_encode(kt, lev, n, ws->b1, record + 4);
             fallback = 1;
             DQ_RETURN_IF(used > C, DQ_INTERNAL);
             break;
@@ -138,7 +145,7 @@ int dq_stream_decode_levels(const dq_codec *codec, dq_kind kind, const uint8_t *
         return dq__fixed_unpack(codec, kind, record + 4, levels);
     DQ_RETURN_IF(codec->profile.codec_type != DQ_CODEC_DQUANT, DQ_UNSUPPORTED);
     const dq__kind_tables *kt = &codec->kt[kind];
-    return dq__rans_decode(&kt->dec, record + 4, kt->container, codec->n, levels);
+    return dq__kt_decode(kt, record + 4, codec->n, levels);
 }
 
 int dq_stream_decode(const dq_codec *codec, dq_kind kind, const uint8_t *record, float *y)

@@ -136,25 +136,28 @@ static void check_close(const float *out, const float *lse, const double *ref_ou
 struct attn_param {
     uint32_t kv_heads, head_dim, group;
     uint32_t T;
+    uint32_t pairs; /* 1: dq226p (container format version 2) instead of dq226 */
 };
 
 ParameterizedTestParameters(attention, versus_references)
 {
     static const uint32_t lens[] = {0, 1, 127, 128, 129, 1000, 4100};
-    static struct attn_param p[7 * 3 + 3];
+    static struct attn_param p[7 * 3 + 5];
     size_t i = 0;
     for (size_t l = 0; l < 7; l++)
         for (uint32_t g = 1; g <= 4; g <<= 1)
-            p[i++] = (struct attn_param){2, 128, g, lens[l]};
-    p[i++] = (struct attn_param){8, 128, 4, 300}; /* n = 1024, the Llama-3/Qwen3 shape */
-    p[i++] = (struct attn_param){4, 16, 2, 520};  /* tiny heads */
-    p[i++] = (struct attn_param){1, 64, 1, 257};
+            p[i++] = (struct attn_param){2, 128, g, lens[l], 0};
+    p[i++] = (struct attn_param){8, 128, 4, 300, 0}; /* n = 1024, the Llama-3/Qwen3 shape */
+    p[i++] = (struct attn_param){4, 16, 2, 520, 0};  /* tiny heads */
+    p[i++] = (struct attn_param){1, 64, 1, 257, 0};
+    p[i++] = (struct attn_param){8, 128, 4, 300, 1}; /* format version 2 */
+    p[i++] = (struct attn_param){2, 128, 2, 1000, 1};
     return cr_make_param_array(struct attn_param, p, i);
 }
 
 ParameterizedTest(struct attn_param *ap, attention, versus_references)
 {
-    dq_codec *codec = dqt_codec_builtin("dq226", ap->kv_heads, ap->head_dim);
+    dq_codec *codec = dqt_codec_builtin(ap->pairs ? "dq226p" : "dq226", ap->kv_heads, ap->head_dim);
     dq_workspace *ws = NULL;
     cr_assert_eq(dq_workspace_create(codec, &ws), DQ_OK);
     const uint32_t d = ap->head_dim, qh = ap->kv_heads * ap->group;

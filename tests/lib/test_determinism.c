@@ -29,7 +29,8 @@ struct det_param {
 
 ParameterizedTestParameters(determinism, window_encode)
 {
-    static struct det_param p[] = {{"dq226", 8, 128}, {"dq196", 8, 128}, {"dq226", 2, 128}, {"dq196", 1, 16}};
+    static struct det_param p[] = {{"dq226", 8, 128}, {"dq196", 8, 128},  {"dq226", 2, 128},
+                                   {"dq196", 1, 16},  {"dq226p", 8, 128}, {"dq196p", 1, 16}};
     return cr_make_param_array(struct det_param, p, sizeof p / sizeof p[0]);
 }
 

@@ -19,7 +19,7 @@ static void suite_init(void)
 TestSuite(hot, .init = suite_init);
 
 /* Criterion passes parameters to another process: no pointers in them (the profile by index). */
-static const char *const profiles[] = {"dq226", "dq196"};
+static const char *const profiles[] = {"dq226", "dq196", "dq226p", "dq196p"};
 
 typedef struct hot_shape {
     int profile; /* index in profiles; with levels_k != 0 a custom profile */
@@ -50,6 +50,8 @@ ParameterizedTestParameters(hot, round_trip)
         {0, 1, 16, 0, 0},  /* n = 16: half a group, zero-padded */
         {0, 2, 32, 32, 2}, /* 5 and 1 bits: codes straddling words, one-bit codes */
         {0, 1, 64, 16, 9}, /* 4 bits, and 4 bits for M = 9 */
+        {2, 8, 128, 0, 0}, /* format version 2 (joint pairs) */
+        {3, 2, 64, 0, 0},
     };
     return cr_make_param_array(hot_shape, shapes, sizeof shapes / sizeof shapes[0]);
 }

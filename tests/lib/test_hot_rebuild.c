@@ -21,7 +21,7 @@ static void suite_init(void)
 
 TestSuite(hot_rebuild, .init = suite_init);
 
-static const char *const profiles[] = {"dq226", "dq196"};
+static const char *const profiles[] = {"dq226", "dq196", "dq226p", "dq196p"};
 
 typedef struct rb_shape {
     int profile; /* index in profiles; with levels_k != 0 a custom profile */
@@ -92,6 +92,8 @@ ParameterizedTestParameters(hot_rebuild, random)
         {0, 5, 16, 0, 0},  /* n = 80 */
         {0, 2, 32, 32, 2}, /* 5 and 1 bits: codes straddling words, one-bit codes */
         {0, 3, 32, 16, 9}, /* n = 96, 4 bits for M = 9 */
+        {2, 8, 128, 0, 0}, /* format version 2 (joint pairs) */
+        {3, 3, 16, 0, 0},
     };
     return cr_make_param_array(rb_shape, shapes, sizeof shapes / sizeof shapes[0]);
 }

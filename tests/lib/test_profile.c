@@ -285,7 +285,8 @@ Test(profile, validate)
     EXPECT_INVALID(b_.residual = 64);
     EXPECT_INVALID(b_.container_bytes[0] = 4);
     EXPECT_INVALID(b_.container_bytes[1] = DQ_MAX_CONTAINER + 1);
-    EXPECT_INVALID(b_.format_version = 2);
+    EXPECT_INVALID(b_.format_version = 3);
+    EXPECT_INVALID(b_.format_version = 0);
     EXPECT_INVALID(b_.kv_heads = 1024);
 #undef EXPECT_INVALID
 }

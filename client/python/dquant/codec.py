@@ -65,6 +65,7 @@ class dq_profile_params(ctypes.Structure):
         ("container_bytes", ctypes.c_uint32 * 2), ("levels", ctypes.c_uint32 * 2),
         ("alpha", ctypes.c_float), ("window", ctypes.c_uint32), ("residual", ctypes.c_uint32),
         ("rotation_seed", ctypes.c_uint64), ("name", ctypes.c_char_p),
+        ("format_version", ctypes.c_uint32),
     ]
 
 
@@ -219,8 +220,9 @@ class Profile:
     @classmethod
     def make(cls, kv_heads: int, head_dim: int, container_bytes: Tuple[int, int] = (331, 231),
              levels: Tuple[int, int] = (8, 6), alpha: float = 1.4, window: int = 128, residual: Optional[int] = None,
-             rotation_seed: int = 0x5eed, name: str = "custom") -> "Profile":
-        """A custom D-Quant profile: any containers (bytes), levels (2..32) and sharpening alpha."""
+             rotation_seed: int = 0x5eed, name: str = "custom", format_version: int = 1) -> "Profile":
+        """A custom D-Quant profile: any containers (bytes), levels (2..32) and sharpening alpha;
+        format_version 2: joint two-symbol rANS containers (as "dq226p")."""
         lib = library()
         pp = dq_profile_params()
         lib.dq_profile_params_default(ctypes.byref(pp))
@@ -230,6 +232,7 @@ class Profile:
         pp.alpha, pp.window = alpha, window
         pp.residual = window if residual is None else residual
         pp.rotation_seed = rotation_seed
+        pp.format_version = format_version
         name_b = name.encode()
         pp.name = name_b
         p = dq_profile()
@@ -247,7 +250,7 @@ class Profile:
             raise ValueError(f"{base!r} is not a D-Quant profile")
         c = _scaled_containers(ref.container_bytes, kv_heads * head_dim, scale)
         return cls.make(kv_heads, head_dim, c, ref.levels, ref.alpha, ref.window, ref.residual, ref.rotation_seed,
-                        name or f"{base}x{scale:g}")
+                        name or f"{base}x{scale:g}", ref._p.format_version)
 
     @classmethod
     def matched(cls, base: str, kv_heads: int, head_dim: int, bits: float, name: Optional[str] = None) -> "Profile":

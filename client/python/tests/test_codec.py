@@ -75,6 +75,23 @@ class TestCodec(unittest.TestCase):
         self.assertEqual(evalcodecs.get("fixed226", 2, 128).bits_per_value(),
                          dquant.Profile.builtin("fixed226", 2, 128).bits_per_value())
 
+    def test_format_version_2_profiles(self):
+        """dq226p: dq226 in container format version 2, by name, through make() and scaled()."""
+        p1, p2 = dquant.Profile.builtin("dq226", 2, 128), dquant.Profile.builtin("dq226p", 2, 128)
+        self.assertEqual((p1._p.format_version, p2._p.format_version), (1, 2))
+        self.assertEqual((p2.levels, p2.container_bytes), (p1.levels, p1.container_bytes))
+        made = dquant.Profile.make(2, 128, p1.container_bytes, p1.levels, name="dq226p", format_version=2)
+        self.assertEqual(made.serialize(), p2.serialize())
+        self.assertEqual(dquant.Profile.scaled("dq226p", 2, 128)._p.format_version, 2)
+        k, v = gaussian_kv(300, 2, 128)
+        kh1, _ = dquant.roundtrip(k, p1, kind="k")
+        kh2, st = dquant.roundtrip(k, p2, kind="k")
+        self.assertEqual(st["streams"], 300)
+        self.assertNotEqual(kh1.tobytes(), kh2.tobytes())  # another coder: another drift
+        self.assertLess(abs(nmse(k, kh2) - nmse(k, kh1)), 0.1 * nmse(k, kh1))
+        with self.assertRaises(dquant.DquantError):
+            dquant.Profile.make(1, 1, (8, 8), (8, 6), format_version=2)  # n odd
+
     def test_torch_cpu_bf16(self):
         need_torch()
         t = torch.randn(140, 2, 64, dtype=torch.bfloat16)

@@ -19,6 +19,10 @@ extern "C" {
 #endif
 
 #define DQ_FORMAT_VERSION 1
+/* Format version 2: D-Quant containers with joint two-symbol rANS at 12-bit precision (specified
+ * in lib/src/rans2.h); everything else is version 1's. Only for codec_type DQ_CODEC_DQUANT and
+ * even n. Profiles "dq226p", "dq196p" (dq_profile_builtin). */
+#define DQ_FORMAT_VERSION_PAIRS 2
 #define DQ_MAX_LEVELS 32
 #define DQ_MIN_LEVELS 2
 #define DQ_MAX_STREAM 65536u    /* largest n = kv_heads × head_dim */
@@ -57,7 +61,7 @@ typedef enum dq_kvq_variant {
 } dq_kvq_variant;
 
 typedef struct dq_profile {
-    uint32_t format_version;        /* DQ_FORMAT_VERSION */
+    uint32_t format_version;        /* DQ_FORMAT_VERSION (DQ_FORMAT_VERSION_PAIRS: version 2) */
     char name[DQ_PROFILE_NAME_MAX]; /* NUL-terminated, informational */
     uint32_t kv_heads;
     uint32_t head_dim;               /* power of two */
@@ -96,7 +100,8 @@ typedef struct dq_profile_params {
     float alpha;
     uint32_t window, residual;
     uint64_t rotation_seed;
-    const char *name; /* NULL: "custom" */
+    const char *name;        /* NULL: "custom" */
+    uint32_t format_version; /* 0 or DQ_FORMAT_VERSION: version 1; DQ_FORMAT_VERSION_PAIRS: version 2 */
 } dq_profile_params;
 
 /* dq226 shape for n = 8 × 128: C 331/231, M 8/6, alpha 1.4, W = R = 128, seed 0x5eed. */
@@ -111,6 +116,8 @@ DQ_API int dq_profile_make(const dq_profile_params *params, dq_profile *out);
  * rate of the n = 1024 definition: C = round((rate · n + 32) / 8) bytes.
  *   "dq226": rate K 2.5547, V 1.7734 bits/value (C 331/231 at n = 1024), M 8/6 → 2.26 bits/value
  *   "dq196": rate K 2.2109, V 1.5234 bits/value (C 287/199 at n = 1024), M 7/5 → 1.96 bits/value
+ * A name with the suffix "p" ("dq226p", "dq196p") is the same profile in format version 2 (joint
+ * two-symbol rANS at 12-bit precision, same containers, levels and tables; n must be even).
  * Baseline, KVQuant++ and fixed-width names (dq_profile_fixed) are accepted too.
  * Returns DQ_PROFILE for an unknown name or bad shape. */
 DQ_API int dq_profile_builtin(const char *name, uint32_t kv_heads, uint32_t head_dim, dq_profile *out);
