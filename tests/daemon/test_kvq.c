@@ -82,8 +82,13 @@ typedef struct ref_codec {
 static void ref_make(ref_codec *r, const char *name, uint32_t layers)
 {
     memset(r, 0, sizeof *r);
-    cr_assert_eq(dq_profile_kvq(name, KVH, HD, &r->p), 0, "dq_profile_kvq(%s)", name);
-    cr_assert_eq(r->p.codec_type, DQ_CODEC_KVQ);
+    /* the KVQ family, or a built-in profile the cuda backend also serves on the host path (the
+     * container format version 2, "dq226p": libdquant-cuda has no kernels for it) */
+    if (dq_profile_kvq(name, KVH, HD, &r->p) != 0) {
+        cr_assert_eq(dq_profile_builtin(name, KVH, HD, &r->p), 0, "dq_profile_builtin(%s)", name);
+        cr_assert_eq(r->p.format_version, DQ_FORMAT_VERSION_PAIRS, "%s is not a host-path profile", name);
+    } else
+        cr_assert_eq(r->p.codec_type, DQ_CODEC_KVQ);
     if (dq_profile_needs_calibration(&r->p)) {
         float *k = kv(99, layers, 0, CAL_TOKENS, 0), *v = kv(99, layers, 0, CAL_TOKENS, 1);
         cr_assert_eq(dq_kvq_calibrate(&r->p, layers, k, v, CAL_TOKENS, 7, &r->calib, &r->calib_len), 0);
@@ -465,6 +470,13 @@ Test(kvq, serves_ip3_lowrank4)
 Test(kvq, serves_ol3_delta16_calibrated)
 {
     serve("ol3+d16");
+}
+
+/* Container format version 2 (joint pairs): served like any profile; on the cuda backend on the
+ * host path, as libdquant-cuda refuses it. */
+Test(kvq, serves_dq226p_format2)
+{
+    serve("dq226p");
 }
 
 Test(kvq, serves_lmh2_haar)

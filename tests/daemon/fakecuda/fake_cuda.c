@@ -797,6 +797,8 @@ int dqcu_codec_create_with(const dq_codec *codec, const dqcu_settings *settings,
     /* D-Quant, and the fixed-width family (the hot layout only), as the real library */
     if (p->codec_type != DQ_CODEC_DQUANT && p->codec_type != DQ_CODEC_FIXED)
         return DQ_INVALID_ARGUMENT;
+    if (p->format_version != DQ_FORMAT_VERSION) /* version 2 (joint pairs): no kernels, as the real library */
+        return DQ_UNSUPPORTED;
     dqcu_codec *dc = calloc(1, sizeof *dc);
     if (!dc)
         return DQ_NOMEM;
