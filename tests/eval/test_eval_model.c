@@ -342,7 +342,9 @@ Test(eval_ppl, value_skipping, .timeout = 300)
     cr_log_info("dq226 prefill: KL %.4g off, %.4g at 0.999, %.4g at 0.5", off[1].kl.est, hi[1].kl.est, lo[1].kl.est);
     cr_assert_eq(off[0].kl.est, 0.0);
     cr_assert_eq(off[0].value_kept, 1.0, "no skipping without a target");
-    cr_assert(hi[0].kl.est > 0 && hi[0].kl.est < 1e-4, "fp32 at 0.999: KL %g", hi[0].kl.est);
+    /* at 0.999 the dropped mass can be below float resolution in every logit (KL exactly 0: clang's
+     * ASan build); at 0.5 it is not (below) */
+    cr_assert(hi[0].kl.est >= 0 && hi[0].kl.est < 1e-4, "fp32 at 0.999: KL %g", hi[0].kl.est);
     cr_assert(lo[0].kl.est > hi[0].kl.est, "KL %g at 0.5 vs %g at 0.999", lo[0].kl.est, hi[0].kl.est);
     cr_assert(lo[0].value_kept < hi[0].value_kept && hi[0].value_kept < 1.0, "values used %g at 0.5, %g at 0.999",
               lo[0].value_kept, hi[0].value_kept);
