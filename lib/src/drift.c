@@ -155,19 +155,24 @@ static int64_t pair_assign(const dq__kind_tables *kt, const float *x, uint32_t n
 {
     const uint32_t M = kt->levels, P = M * M;
     float lr[DQ_RANS2_MAX_PAIRS], lv[32];
-    float lrmin = INFINITY;
-    for (uint32_t k = 0; k < P; k++) {
+    /* (first entries outside the loops: M >= 2 always, which cppcheck cannot see) */
+    lr[0] = lam * kt->pair_cost[0];
+    float lrmin = lr[0];
+    for (uint32_t k = 1; k < P; k++) {
         lr[k] = lam * kt->pair_cost[k];
         lrmin = lr[k] < lrmin ? lr[k] : lrmin;
     }
-    for (uint32_t m = 0; m < M; m++)
+    lv[0] = s * 0.0f;
+    for (uint32_t m = 1; m < M; m++)
         lv[m] = s * (float)m;
     int64_t cost = 0;
     for (uint32_t i = 0; i + 1 < n; i += 2) {
         const float y1 = x[i] - o, y2 = x[i + 1] - o;
         float d1[32], d2[32];
         uint32_t a1 = 0, b1 = 0;
-        for (uint32_t m = 0; m < M; m++) {
+        d1[0] = (y1 - lv[0]) * (y1 - lv[0]);
+        d2[0] = (y2 - lv[0]) * (y2 - lv[0]);
+        for (uint32_t m = 1; m < M; m++) {
             const float e1 = y1 - lv[m], e2 = y2 - lv[m];
             d1[m] = e1 * e1;
             d2[m] = e2 * e2;
