@@ -3,7 +3,7 @@
 # --prefix-share) against a dquantd whose VmRSS is sampled every second. Fails when the bench
 # reports a failed request, when the daemon does not exit cleanly, or when its RSS grows after the
 # warm-up by more than SOAK_RSS_PCT percent AND more than SOAK_RSS_MIB MiB (both, so that a few
-# pages of allocator noise on a small RSS do not fail it).
+# pages of allocator noise on a small RSS do not fail it), comparing 10-second medians.
 #   SOAK_SECONDS  measured run (default 120; a longer soak: SOAK_SECONDS=1800 tests/tool/soak.sh,
 #                 with DQUANTD and DQUANT_CLI pointing at build/daemon/dquantd, build/client/tool/dquant)
 #   SOAK_WARMUP   seconds after which the RSS baseline is taken (default 40: the store has filled its
@@ -52,14 +52,17 @@ drc=0
 wait "$pid" || drc=$?
 pid=
 
-# The baseline: the first sample at or after the warm-up (the bench's setup comes first, so t counts
-# from the start of the bench process); the end: the last sample.
-warm=$(awk -v w="$WARMUP" '$1 >= w { print $2; exit }' "$dir/rss")
-end=$(tail -n 1 "$dir/rss" | awk '{ print $2 }')
+# The baseline: the median of the 10 samples from the warm-up on (the bench's setup comes first,
+# so t counts from the start of the bench process); the end: the median of the last 10 samples.
+# Medians, not single samples: the RSS of this load swings by ~7 MiB second to second (buffers of
+# in-flight requests), and one sample at the top of a swing is not growth; a leak moves the median.
+median() { sort -n | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'; }
+warm=$(awk -v w="$WARMUP" '$1 >= w && $1 < w + 10 { print $2 }' "$dir/rss" | median)
+end=$(tail -n 10 "$dir/rss" | awk '{ print $2 }' | median)
 peak=$(awk 'BEGIN { m = 0 } $2 > m { m = $2 } END { print m }' "$dir/rss")
 n=$(wc -l <"$dir/rss")
-echo "soak: ${n} RSS samples over ${SECONDS_RUN} s; after warm-up (${WARMUP} s) ${warm} KiB, at the end" \
-  "${end} KiB, peak ${peak} KiB; tolerance ${PCT}% and ${MIB} MiB"
+echo "soak: ${n} RSS samples over ${SECONDS_RUN} s; median after warm-up (${WARMUP} s) ${warm} KiB, median" \
+  "at the end ${end} KiB, peak ${peak} KiB; tolerance ${PCT}% and ${MIB} MiB"
 [ "$brc" -eq 0 ] || { echo "soak: dquant bench failed ($brc)" >&2; exit 1; }
 [ "$drc" -eq 0 ] || { echo "soak: dquantd exited with $drc" >&2; cat "$dir/d.log" >&2; exit 1; }
 [ -n "$warm" ] || { echo "soak: no RSS sample after the warm-up" >&2; exit 1; }
