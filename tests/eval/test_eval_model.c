@@ -317,9 +317,10 @@ Test(eval_ppl, one_chunk_dquant_and_a_baseline, .timeout = 300)
 }
 
 /* --ppl --value-mass: the targets' attention over the prefill skips values as dquant/vskip.h
- * selects them. fp32 (the identity cache) then measures skipping alone: a KL that is not zero but
- * tiny at 0.999 and larger at 0.5, fewer values used at the lower target; the counts; bad targets
- * and a missing selection codec are refused. */
+ * selects them. fp32 (the identity cache) then measures skipping alone: a tiny KL at 0.99 and a
+ * larger one at 0.5, fewer values used at the lower target; the counts; bad targets and a missing
+ * selection codec are refused. (0.99, not 0.999: on this one chunk the last 0.1% of the mass sits
+ * at the edge of a selection, and clang's build keeps every value at 0.999 where gcc's skips a few.) */
 Test(eval_ppl, value_skipping, .timeout = 300)
 {
     char err[512];
@@ -333,23 +334,21 @@ Test(eval_ppl, value_skipping, .timeout = 300)
     cr_assert_eq(eval_codec_parse("dq226", cfg->kv_heads, cfg->head_dim, &codecs[1].codec, err, sizeof err), DQ_OK);
     eval_ppl_result off[2], hi[2], lo[2];
     cr_assert_eq(eval_ppl_run(m, &text, codecs, 2, &o, off, err, sizeof err), DQ_OK, "%s", err);
-    o.value_mass = 0.999;
+    o.value_mass = 0.99;
     cr_assert_eq(eval_ppl_run(m, &text, codecs, 2, &o, hi, err, sizeof err), DQ_OK, "%s", err);
     o.value_mass = 0.5;
     cr_assert_eq(eval_ppl_run(m, &text, codecs, 2, &o, lo, err, sizeof err), DQ_OK, "%s", err);
-    cr_log_info("fp32 prefill: tau 0.999 uses %.1f%% of values, KL %.3g; tau 0.5 %.1f%%, KL %.3g",
+    cr_log_info("fp32 prefill: tau 0.99 uses %.1f%% of values, KL %.3g; tau 0.5 %.1f%%, KL %.3g",
                 100 * hi[0].value_kept, hi[0].kl.est, 100 * lo[0].value_kept, lo[0].kl.est);
-    cr_log_info("dq226 prefill: KL %.4g off, %.4g at 0.999, %.4g at 0.5", off[1].kl.est, hi[1].kl.est, lo[1].kl.est);
+    cr_log_info("dq226 prefill: KL %.4g off, %.4g at 0.99, %.4g at 0.5", off[1].kl.est, hi[1].kl.est, lo[1].kl.est);
     cr_assert_eq(off[0].kl.est, 0.0);
     cr_assert_eq(off[0].value_kept, 1.0, "no skipping without a target");
-    /* at 0.999 the dropped mass can be below float resolution in every logit (KL exactly 0: clang's
-     * ASan build); at 0.5 it is not (below) */
-    cr_assert(hi[0].kl.est >= 0 && hi[0].kl.est < 1e-4, "fp32 at 0.999: KL %g", hi[0].kl.est);
-    cr_assert(lo[0].kl.est > hi[0].kl.est, "KL %g at 0.5 vs %g at 0.999", lo[0].kl.est, hi[0].kl.est);
-    cr_assert(lo[0].value_kept < hi[0].value_kept && hi[0].value_kept < 1.0, "values used %g at 0.5, %g at 0.999",
+    cr_assert(hi[0].kl.est >= 0 && hi[0].kl.est < 1e-4, "fp32 at 0.99: KL %g", hi[0].kl.est);
+    cr_assert(lo[0].kl.est > hi[0].kl.est, "KL %g at 0.5 vs %g at 0.99", lo[0].kl.est, hi[0].kl.est);
+    cr_assert(lo[0].value_kept < hi[0].value_kept && hi[0].value_kept < 1.0, "values used %g at 0.5, %g at 0.99",
               lo[0].value_kept, hi[0].value_kept);
     cr_assert_eq(hi[1].ppl_ref, off[1].ppl_ref, "the fp32 reference run is exact");
-    cr_assert(fabs(hi[1].kl.est - off[1].kl.est) < 0.05 * off[1].kl.est, "dq226 KL %g at 0.999 vs %g off", hi[1].kl.est,
+    cr_assert(fabs(hi[1].kl.est - off[1].kl.est) < 0.05 * off[1].kl.est, "dq226 KL %g at 0.99 vs %g off", hi[1].kl.est,
               off[1].kl.est);
     o.value_mass = 1.5;
     cr_assert_eq(eval_ppl_run(m, &text, codecs, 2, &o, hi, err, sizeof err), DQ_INVALID_ARGUMENT);
