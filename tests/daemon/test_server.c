@@ -1174,7 +1174,12 @@ Test(server, secret_on_tcp)
     snprintf(listen_tcp, sizeof listen_tcp, "tcp://127.0.0.1:%u", tcp_port);
     const char *extra[] = {"--listen", listen_tcp, "--secret", "open sesame", NULL};
     start(extra);
+    /* start() waits for the Unix socket; the TCP listener may come up a moment later (CI under ASan) */
     int fd = wire_connect_tcp(tcp_port);
+    for (int i = 0; i < 200 && fd < 0; i++) {
+        usleep(10000);
+        fd = wire_connect_tcp(tcp_port);
+    }
     cr_assert_geq(fd, 0);
     Dquant__Hello h = DQUANT__HELLO__INIT;
     h.min_version = 1;
