@@ -65,26 +65,49 @@ __host__ __device__ inline hot_layout hot_plan(uint32_t QH, uint32_t d, uint32_t
     return L;
 }
 
-/* Four codes of B bits at bits [0, 4B) of x as the fp16x2 pairs (512 + m) of codes (0, 1) and
- * (2, 3), minus c2 = (512 + c) in both halves: the key MMA's a0/a2 (a1/a3) registers. */
-template <int B>
-__device__ __forceinline__ void hot_pairs(uint32_t x, uint32_t c2, uint32_t &p01, uint32_t &p23)
+/* Code k of every lane of the b units w[0..B) (dquant/hot.h; U = 8: byte lanes, a key's four
+ * channels 4k .. 4k + 3 as the four bytes; U = 16: half-word lanes, a value channel's codes of a
+ * token pair as the two halves), times 2^S at bit 0 of each lane (S = 1 for fp16's 512 + m: 2m
+ * in the mantissa, exact for the half-integer centres c = (M - 1) / 2). k is a compile-time
+ * constant after unrolling, so this is a shift and a mask (k < q·B) or a few (pooled codes). */
+template <int B, int U, int S = 0>
+__device__ __forceinline__ uint32_t hot_lane_code(const uint32_t (&w)[B], int k)
 {
-    constexpr uint32_t m1 = ((1u << B) - 1u) << 1, m2 = m1 << 16;
-    const uint32_t h01 = ((x << 1) & m1) | ((x << (17 - B)) & m2) | 0x60006000u;
-    const uint32_t h23 = ((x >> (2 * B - 1)) & m1) | ((x << (17 - 3 * B)) & m2) | 0x60006000u;
-    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(p01) : "r"(h01), "r"(c2));
-    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(p23) : "r"(h23), "r"(c2));
+    constexpr uint32_t lanes = U == 8 ? 0x01010101u : 0x00010001u;
+    constexpr int q = U / B, r = U - q * B > 0 ? U - q * B : 1; /* (r: 1 where no code is pooled) */
+    if (k < q * B) {
+        const int sh = B * (k % q) - S;
+        const uint32_t x = sh >= 0 ? w[k / q] >> sh : w[k / q] << -sh;
+        return x & ((((1u << B) - 1u) << S) * lanes);
+    }
+    uint32_t m = 0;
+#pragma unroll
+    for (int e = 0; e < B; e++) {
+        const int u = (k - q * B) * B + e; /* pool bit u: q·B + u % r of unit u / r, >= B + 0 > e */
+        m |= (w[u / r] >> (q * B + u % r - e - S)) & (lanes << (e + S));
+    }
+    return m;
 }
 
-/* Bits [P, P + 4B) of the group's bit string w[0..B) (P + 4B <= 32B), at bit 0. */
-template <int B>
-__device__ __forceinline__ uint32_t hot_chunk(const uint32_t (&w)[B], int P)
+/* (512 + x / 2) - c2 for the fp16 halves: x holds twice the codes at bits 0 and 16 (S = 1 above),
+ * c2 = (512 + c) twice; exact, fp16's step at 512 being 1/2. */
+__device__ __forceinline__ uint32_t hot_half_pair(uint32_t x, uint32_t c2)
 {
-    const int i = P >> 5, s = P & 31;
-    if (s + 4 * B <= 32 || i + 1 >= B)
-        return w[i] >> s;
-    return __funnelshift_r(w[i], w[i + 1], s);
+    uint32_t r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(x | 0x60006000u), "r"(c2));
+    return r;
+}
+
+/* Channels 4k .. 4k + 3 of a key group's words w as the fp16x2 pairs (m - c) of channels (0, 1)
+ * and (2, 3): the key MMA's a0/a2 (a1/a3) registers. c2 = (512 + c) in both halves. (B <= 7: 2m
+ * fits a byte.) */
+template <int B>
+__device__ __forceinline__ void hot_key_pairs(const uint32_t (&w)[B], int k, uint32_t c2, uint32_t &p01,
+                                              uint32_t &p23)
+{
+    const uint32_t x = hot_lane_code<B, 8, 1>(w, k);
+    p01 = hot_half_pair(__byte_perm(x, 0u, 0x4140), c2);
+    p23 = hot_half_pair(__byte_perm(x, 0u, 0x4342), c2);
 }
 
 /* Scores of one KV head for the warp's row tiles: lg[g][t] = scale · (s_t·(q'·m_t)·2^e + mid_t·Σq'),
@@ -123,8 +146,8 @@ __device__ __forceinline__ void hot_scores(const hot_params &p, const uint8_t *w
             for (int k = 0; k < 8; k++) {
                 const uint32_t ks = 8u * j + (uint32_t)k;
                 uint32_t a0, a1, a2, a3;
-                hot_pairs<B>(hot_chunk<B>(w0, 4 * k * B), c2k, a0, a2);
-                hot_pairs<B>(hot_chunk<B>(w1, 4 * k * B), c2k, a1, a3);
+                hot_key_pairs<B>(w0, k, c2k, a0, a2);
+                hot_key_pairs<B>(w1, k, c2k, a1, a3);
 #pragma unroll
                 for (uint32_t nt = 0; nt < NT; nt++)
                     att_mma(dc[nt], a0, a1, a2, a3, qfs[(((size_t)kvl * NT + nt) * KS + ks) * 32 + lane]);
@@ -153,27 +176,20 @@ __device__ __forceinline__ void hot_values(const hot_params &p, const uint8_t *w
                                            uint8_t *lvt)
 {
     const dqcu_tables &tb = *p.a.tab;
-    const uint32_t d = tb.d, W = tb.W;
+    const uint32_t d = tb.d, P = (tb.W + 1) / 2, sh = 16u * (tok & 1u);
     const uint32_t *codes = (const uint32_t *)(const void *)(win + p.off[3]);
-    constexpr uint32_t m1 = ((1u << B) - 1u) << 1;
     for (uint32_t j = 0; j < d / 32; j++) {
         const uint32_t grp = kvh * (d / 32) + j;
-        uint32_t w[B];
-#pragma unroll
-        for (int i = 0; i < B; i++)
-            w[i] = __ldg(codes + ((size_t)grp * B + i) * W + tok);
         uint8_t *dst = lvt + (size_t)32 * j * ATT_VSTR;
 #pragma unroll
-        for (int cc = 0; cc < 32; cc++) {
-            const int P = cc * B, i = P >> 5, s = P & 31;
-            uint32_t x;
-            if (s == 0)
-                x = w[i] << 1;
-            else if (s + B <= 32 || i + 1 >= B)
-                x = w[i] >> (s - 1);
-            else
-                x = __funnelshift_r(w[i], w[i + 1], s - 1);
-            dst[(size_t)cc * ATT_VSTR] = (uint8_t)(x & m1);
+        for (int h = 0; h < 2; h++) {
+            uint32_t w[B];
+#pragma unroll
+            for (int i = 0; i < B; i++)
+                w[i] = (__ldg(codes + ((size_t)grp * 2 * B + (uint32_t)(B * h + i)) * P + tok / 2u) >> sh) & 0xffffu;
+#pragma unroll
+            for (int k = 0; k < 16; k++)
+                dst[(size_t)(16 * h + k) * ATT_VSTR] = (uint8_t)(hot_lane_code<B, 16>(w, k) << 1);
         }
     }
 }
@@ -190,14 +206,18 @@ __device__ __forceinline__ void hot_prefetch_tile_head(const hot_params &p, cons
                                                        uint32_t cnt, uint32_t kvh, bool so, uint32_t tid)
 {
     const dqcu_tables &tb = *p.a.tab;
-    const uint32_t gph = tb.d / 32, W = tb.W, lpr = (cnt * 4u + 127u) / 128u + 1u; /* lines per row, misaligned */
-    const uint32_t rk = gph * p.bk, rows = rk + gph * p.bv;
+    /* key rows: b_K words of W tokens per group; value rows: 2·b_V words of P token pairs */
+    const uint32_t gph = tb.d / 32, W = tb.W, P = (W + 1) / 2, lpr = (cnt * 4u + 127u) / 128u + 1u; /* lines per row, misaligned */
+    const uint32_t rk = gph * p.bk, rows = rk + gph * 2u * p.bv;
     for (uint32_t i = tid; i < rows * lpr; i += ATT_THREADS) {
         const uint32_t row = i / lpr, l = i % lpr;
-        const uint32_t kind = row < rk ? 0u : 1u, rr = row < rk ? row : row - rk, b = kind ? p.bv : p.bk;
+        const uint32_t kind = row < rk ? 0u : 1u, rr = row < rk ? row : row - rk, b = kind ? 2u * p.bv : p.bk;
         const uint32_t grp = kvh * gph + rr / b, wi = rr % b;
+        if (kind && 128u * l >= cnt * 2u + 128u)
+            continue;
         /* (selects, not p.off[2 + kind]: a parameter indexed at run time would be copied to the stack) */
-        const uint8_t *a = win + (kind ? p.off[3] : p.off[2]) + (((size_t)grp * b + wi) * W + tbase) * 4u;
+        const uint8_t *a = kind ? win + p.off[3] + (((size_t)grp * b + wi) * P + tbase / 2u) * 4u
+                                : win + p.off[2] + (((size_t)grp * b + wi) * W + tbase) * 4u;
         hot_prefetch_l2(a + 128u * l);
     }
     if (so) {
@@ -470,8 +490,8 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 6) attend_hot_kernel
         part[(size_t)(h0 + i / d) * accs + i % d] = 0.0f;
     __syncthreads();
 
-    const __half2 c2kh = __floats2half2_rn(512.0f + ck, 512.0f + ck);
-    const __half2 c2vh = __floats2half2_rn(512.0f + cv, 512.0f + cv);
+    const __half2 c2kh = __floats2half2_rn(512.0f + ck, 512.0f + ck); /* hot_key_pairs */
+    const __half2 c2vh = __floats2half2_rn(512.0f + cv, 512.0f + cv); /* v7's value MMA: levels 2m */
     const uint32_t c2k = *(const uint32_t *)(const void *)&c2kh, c2v = *(const uint32_t *)(const void *)&c2vh;
     const uint32_t t = tid;
     float *qmt = qex + QH; /* Σ q'·μ of the tile's window per head, scaled (phase 1 → softmax) */
@@ -571,18 +591,24 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 6) attend_hot_kernel
  * block's 4 warps take contiguous quarters of the chunk's sub-tiles, each with its own online
  * softmax and accumulator in registers, and are merged once per KV head at the end.
  *
- * Orientation (mma.m16n8k16, rows = query heads): the scores are S = Q·Kᵀ with the A operand the
- * queries (row g: head g's fp16 hi part, row 8 + g: its lo part; rows past G zero) and the B
- * operand the keys (8 tokens per n-tile, lane (r, c) holding token r's channels 32c + 4ks + 0..3
- * of k-step ks: a lane's 32 channels are one group's bit string, the queries permuted to match);
- * the C fragment then holds head r's scores of tokens 2c, 2c + 1 (n-tile 0; 8 + 2c, 9 + 2c n-tile 1)
- * in lane (r, c), which is the A fragment layout of the value product O = P·V (FlashAttention-2's
- * register reuse): the weights p·s·2^E go to tensor cores as fp16 hi (row r) + lo (row r + 8)
- * without leaving the lane. The value B operand is read straight from the code words: lane (r, c)
- * loads the words of tokens (2c, 2c + 1) and (8 + 2c, 9 + 2c) as 8-byte pairs, takes channels
- * 4r .. 4r + 3 of each group (4·b bits), and a PRMT puts the two tokens' codes in the two fp16
- * halves, so one shift and one LOP3 make each (512 + m) pair. Output column n of n-tile (group gi,
- * jj) is channel 32gi + 4n + jj.
+ * Scores on integer tensor cores (mma.m16n8k32, s8 × u8 → s32, exact): the queries, rotated and
+ * scaled by 2^(19 - e) (max |q'| < 2^e), are integers Q = 2^14·hi + 2^7·mid + lo in balanced
+ * base-128 digits (|hi| <= 33, |mid|, |lo| <= 64), and the A operand holds twice the digits (tile A:
+ * row g = head g's hi, row 8 + g its mid; tile B: row g its lo; rows past G zero). The B operand
+ * is the key codes m as bytes, straight from the hot layout's byte lanes (lane (r, c) holds token
+ * r's channels 32c + 8s .. 32c + 8s + 7 of k-step s as its two registers: one shift and one mask
+ * each, the queries permuted to match), and each product starts from -(M - 1)·Σdigit so that it
+ * ends at Σ digit·(2m - (M - 1)) = 2·Σ digit·(m - c) exactly; 2^14·D_hi + 2^7·D_mid + D_lo in
+ * fp32 is 2^(20 - e)·q'·(m - c) to fp32's rounding (the fp16 hi + lo queries of the block kernel
+ * carry 22 bits, these 20).
+ * The C fragments then hold head r's scores of tokens 2c, 2c + 1 (n-tile 0; 8 + 2c, 9 + 2c n-tile
+ * 1) in lane (r, c), which is the A fragment layout of the value product O = P·V
+ * (mma.m16n8k16, FlashAttention-2's register reuse): the weights p·s·2^E go to tensor cores as fp16
+ * hi (row r) + lo (row r + 8) without leaving the lane. The value B operand comes straight from
+ * the hot layout's half-word lanes: lane (r, c) reads, for group r / 2 and channels
+ * 16·(r % 2) .. + 15, the words of token pairs (2c, 2c + 1) and (8 + 2c, 9 + 2c); a channel's two
+ * codes are 16 bits apart, so one shift and one mask make the (512 + m) pair and one fp16
+ * subtraction the operand. Output column n of n-tile j is channel 16n + j.
  * The value scale s folds into the weights; the per-token offset (s·c + o) into a scalar per head
  * (Σ p·mid); 2^E keeps p·s in fp16's range (E warp-wide, changed only when a sub-tile's largest s
  * would overflow it or has fallen 2^10 below it, with the accumulator rescaled like the softmax's
@@ -602,7 +628,7 @@ __host__ __device__ constexpr uint32_t hw_stage_bytes(uint32_t bk, uint32_t bv)
 }
 
 struct hotw_layout {
-    size_t qs, qa, qmu, mrg, st, ring, total;
+    size_t qs, qa, qd, qmu, mrg, st, ring, total;
 };
 __host__ __device__ inline hotw_layout hotw_plan(uint32_t G, uint32_t bk, uint32_t bv)
 {
@@ -610,14 +636,16 @@ __host__ __device__ inline hotw_layout hotw_plan(uint32_t G, uint32_t bk, uint32
     size_t b = 0;
     L.qs = b; /* [G][128] rotated queries (fp32) */
     b = hot_align(b + (size_t)G * HW_D * sizeof(float));
-    L.qa = b; /* [8 k-steps][32 lanes] A fragments */
-    b = hot_align(b + 8 * 32 * sizeof(uint4));
+    L.qa = b; /* [4 k-steps][32 lanes] tile A's fragments, then tile B's (uint4 each) */
+    b = hot_align(b + 4 * 32 * 2 * sizeof(uint4));
+    L.qd = b; /* [3 digits][G][128] the queries' base-128 digits (int8) */
+    b = hot_align(b + 3 * (size_t)G * HW_D);
     L.qmu = b; /* [HW_ROUND][G] key-mean terms */
     b = hot_align(b + (size_t)HW_ROUND * G * sizeof(float));
     L.mrg = b; /* [warps][G][128] the warps' accumulators */
     b = hot_align(b + (size_t)HW_WARPS * G * HW_D * sizeof(float));
-    L.st = b; /* [warps][G] m, l, off; then qsum[G], 2^e[G] */
-    b = hot_align(b + ((size_t)HW_WARPS * G * 3 + 2 * G) * sizeof(float));
+    L.st = b; /* [warps][G] m, l, off; then qsum[G], 2^(e - 20)[G], Σdigit[3][G] (int) */
+    b = hot_align(b + ((size_t)HW_WARPS * G * 3 + 5 * G) * sizeof(float));
     L.ring = b; /* [warps][HW_NS] sub-tiles */
     b = hot_align(b + (size_t)HW_WARPS * HW_NS * hw_stage_bytes(bk, bv));
     L.total = b;
@@ -633,38 +661,57 @@ __device__ __forceinline__ void hw_mma(float (&c)[4], uint32_t a0, uint32_t a1, 
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* Bits [sh, sh + 32) of the bit string w starting at word iw (lane-dependent iw: selects, not
- * indexing, so w stays in registers). */
-template <int B>
-__device__ __forceinline__ uint32_t hw_bits(const uint32_t (&w)[B], uint32_t iw, uint32_t sh)
+__device__ __forceinline__ void hw_imma(int (&c)[4], uint4 a, uint32_t b0, uint32_t b1)
 {
-    uint32_t lo = w[0], hi = B > 1 ? w[B > 1 ? 1 : 0] : 0u;
-#pragma unroll
-    for (int k = 1; k < B; k++)
-        if (iw == (uint32_t)k) {
-            lo = w[k];
-            hi = k + 1 < B ? w[k + 1 < B ? k + 1 : k] : 0u;
-        }
-    return __funnelshift_r(lo, hi, sh);
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
 }
 
-/* Codes jj of both fp16 halves of y (B-bit codes at bits 0.. and 16..) as (m - c): the value B
- * fragment register. */
-template <int B>
-__device__ __forceinline__ uint32_t hw_vpair(uint32_t y, int jj, uint32_t c2)
+/* 2^x (ex2.approx.ftz: 2 ulp, results below 2^-126 flush to 0 — weights that small next to the
+ * running max's 1 do not count). */
+__device__ __forceinline__ float hw_ex2(float x)
 {
-    constexpr uint32_t mask = (((1u << B) - 1u) << 1) * 0x00010001u;
-    const uint32_t x = jj == 0 ? y << 1 : y >> (B * jj - 1);
-    const uint32_t h = (x & mask) | 0x60006000u;
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* Value channel k's pair (both tokens of a half-word lane) as the fp16x2 (m - c): one shift, one
+ * LOP3 (mask and the exponent 0x6000 together; magic is 0x60006000 in a register, so that the
+ * compiler cannot split it into two immediates) and one subtraction (hot_half_pair). */
+template <int B>
+__device__ __forceinline__ uint32_t hw_value_pair(const uint32_t (&w)[B], int k, uint32_t magic, uint32_t c2)
+{
+    constexpr int q = 16 / B;
+    uint32_t x;
+    if (k < q * B) {
+        const int sh = B * (k % q) - 1;
+        const uint32_t y = sh >= 0 ? w[k / q] >> sh : w[k / q] << -sh;
+        asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(x) : "r"(y), "n"((((1u << B) - 1u) << 1) * 0x00010001u), "r"(magic));
+    } else {
+        x = hot_lane_code<B, 16, 1>(w, k) | magic;
+    }
     uint32_t r;
-    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(h), "r"(c2));
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(c2));
     return r;
+}
+
+/* The int8 products of the scores from accumulators C that are not overwritten (the first k-step:
+ * C is the starting value -(M - 1)·Σdigit, kept in registers across sub-tiles). */
+__device__ __forceinline__ void hw_imma_from(int (&d)[4], uint4 a, uint32_t b0, uint32_t b1, const int4 &c)
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11,%12,%13};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1), "r"(c.x), "r"(c.y), "r"(c.z), "r"(c.w));
 }
 
 struct hw_state {
     float m, l, off; /* head r's running max, and this lane's share of Σp and Σp·mid */
     int E;           /* the weights' scale 2^E; INT_MIN before the first sub-tile */
-    float O[16][4];  /* n-tile (gi, jj) = 4gi + jj; rows r (hi weights) and r + 8 (lo) */
+    float O[16][4];  /* n-tile j: channels 16n + j; rows r (hi weights) and r + 8 (lo) */
 };
 
 /* Copies sub-tile (tokens [tw0, tw0 + 16) of window win, KV head kvh) into the ring stage at
@@ -674,22 +721,29 @@ struct hw_state {
 template <int BK, int BV>
 struct hw_src {
     uint32_t off[(16 * (BK + BV) + 8 + 31) / 32]; /* this lane's chunks: their offsets in a window at tw0 = 0 */
+    uint32_t pair;                                /* bit k: chunk k is value codes (token pairs: 2 bytes a token) */
 };
 
 /* The offsets (from the window's start, for tokens from 0) of the 16-byte chunks lane copies for
- * KV head kvh: chunk q = lane + 32k of a sub-tile (see hw_stage_bytes); a sub-tile at tw0 adds 4·tw0. */
+ * KV head kvh: chunk q = lane + 32k of a sub-tile (see hw_stage_bytes). Key codes: row (group c,
+ * word i) of 16 tokens, 4 chunks; value codes: row (group, word i of 2b_V) of 8 token pairs, 2
+ * chunks; the (s, o) pairs. A sub-tile at tw0 adds 4·tw0 (2·tw0 to value codes). */
 template <int BK, int BV>
 __device__ __forceinline__ hw_src<BK, BV> hw_sources(const hot_params &p, uint32_t W, uint32_t kvh, uint32_t lane)
 {
     constexpr uint32_t NK = 16 * BK, NV = 16 * BV, N = NK + NV + 8;
     hw_src<BK, BV> o;
+    o.pair = 0;
 #pragma unroll
     for (uint32_t k = 0; k < (N + 31) / 32; k++) {
         const uint32_t q = lane + 32u * k;
-        if (q < NK + NV) {
-            const bool v = q >= NK;
-            const uint32_t qq = v ? q - NK : q, b = v ? BV : BK, row = qq >> 2, g = kvh * 4u + row / b;
-            o.off[k] = (v ? p.off[3] : p.off[2]) + ((g * b + row % b) * W << 2) + ((qq & 3u) << 4);
+        if (q < NK) {
+            const uint32_t row = q >> 2, g = kvh * 4u + row / BK;
+            o.off[k] = p.off[2] + ((g * BK + row % BK) * W << 2) + ((q & 3u) << 4);
+        } else if (q < NK + NV) {
+            const uint32_t qq = q - NK, row = qq >> 1, g = kvh * 4u + row / (2 * BV);
+            o.off[k] = p.off[3] + ((g * 2 * BV + row % (2 * BV)) * (W / 2) << 2) + ((qq & 1u) << 4);
+            o.pair |= 1u << k;
         } else {
             const uint32_t qq = q - NK - NV;
             o.off[k] = (qq < 4 ? p.off[0] : p.off[1]) + ((qq & 3u) << 4);
@@ -698,10 +752,6 @@ __device__ __forceinline__ hw_src<BK, BV> hw_sources(const hot_params &p, uint32
     return o;
 }
 
-/* Copies a sub-tile (tokens [tw0, tw0 + 16) of window win) into the ring stage at shared address
- * dst: 16·(b_K + b_V) + 8 chunks of 16 bytes by cp.async (L2 only), lane taking chunks lane + 32k.
- * Every source is 16-byte aligned: the hot layout's regions are, W is a multiple of 128 and tw0 of
- * 16. (Window offsets fit 32 bits: a hot window is at most a few MB.) */
 template <int BK, int BV>
 __device__ __forceinline__ void hw_issue(const hw_src<BK, BV> &src, const uint8_t *win, uint32_t tw0, uint32_t dst,
                                          uint32_t lane)
@@ -712,9 +762,22 @@ __device__ __forceinline__ void hw_issue(const hw_src<BK, BV> &src, const uint8_
         const uint32_t q = lane + 32u * k;
         if (q < N)
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + 16u * q),
-                         "l"(win + src.off[k] + 4u * tw0)
+                         "l"(win + src.off[k] + (((src.pair >> k) & 1u) ? 2u : 4u) * tw0)
                          : "memory");
     }
+}
+
+/* hw_issue of sub-tile j of the round of tiles from rt (a window holds tpw tiles; one tile per
+ * window needs no division, the common case W = 128). */
+template <int BK, int BV>
+__device__ __forceinline__ void hw_issue_sub(const hw_src<BK, BV> &src, const dqcu_attn_seq &sq, uint32_t tpw,
+                                             uint32_t rt, uint32_t j, uint32_t dst, uint32_t lane)
+{
+    const uint32_t tile = rt + j / (ATT_T / 16), sub = 16u * (j % (ATT_T / 16));
+    if (tpw == 1)
+        hw_issue<BK, BV>(src, sq.windows[tile], sub, dst, lane);
+    else
+        hw_issue<BK, BV>(src, sq.windows[tile / tpw], (tile % tpw) * ATT_T + sub, dst, lane);
 }
 
 __device__ __forceinline__ void hw_commit()
@@ -722,13 +785,24 @@ __device__ __forceinline__ void hw_commit()
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
+/* The query fragments of one KV head (built per block; see the kernel): the integer A operands of
+ * k-step s for tile A (hi, mid) and tile B (lo; rows 8.. zero), and each lane's starting values
+ * -(M - 1)·Σdigit of its rows. */
+struct hw_query {
+    const uint4 *qa; /* [4 k-steps][32 lanes] tile A */
+    const uint4 *qb; /* [4][32] tile B: a0, 0, a2, 0 */
+    int4 initA, initB; /* (hi, hi, mid, mid), (lo, lo, 0, 0) starting values */
+};
+
 /* One sub-tile from its ring stage stg (see hw_issue): KV head kvh's tokens [tw0, tw0 + 16). */
 template <int BK, int BV>
-__device__ __forceinline__ void hw_subtile(const hot_params &p, const uint32_t *stg, const uint4 *qa, float qmu,
-                                           float xs, float qsm, float ck, float cv, uint32_t c2k, uint32_t c2v,
+__device__ __forceinline__ void hw_subtile(const hot_params &p, const uint32_t *stg, const hw_query &Q, float qmu,
+                                           float xs, float qsm, float ck, float cv, uint32_t c2v, uint32_t magic,
                                            hw_state &S, uint32_t r, uint32_t c, uint32_t lane)
 {
-    const float scale = p.a.scale;
+    /* logits in log2 units (scale·log2 e): ex2 without range reduction; the row's max goes out in
+     * natural units */
+    const float scale = p.a.scale * 1.4426950408889634f;
     /* the key words of tokens r and 8 + r (group c of the head), the (s, o) pairs of tokens
      * 2c, 2c + 1, 8 + 2c, 9 + 2c of both kinds */
     uint32_t w0[BK], w1[BK];
@@ -741,19 +815,33 @@ __device__ __forceinline__ void hw_subtile(const hot_params &p, const uint32_t *
     const uint2 *sov = sok + 8;
     const uint2 k01 = sok[c], k89 = sok[c + 4u], v01 = sov[c], v89 = sov[c + 4u];
 
-    /* ---- scores on tensor cores ---- */
-    float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    /* ---- scores on integer tensor cores ---- */
+    int dA0[4], dA1[4], dB0[4], dB1[4];
 #pragma unroll
-    for (int ks = 0; ks < 8; ks++) {
-        const uint4 a = qa[ks * 32 + (int)lane];
-        uint32_t b00, b01, b10, b11;
-        hot_pairs<BK>(hot_chunk<BK>(w0, 4 * ks * BK), c2k, b00, b01);
-        hot_pairs<BK>(hot_chunk<BK>(w1, 4 * ks * BK), c2k, b10, b11);
-        hw_mma(d0, a.x, a.y, a.z, a.w, b00, b01);
-        hw_mma(d1, a.x, a.y, a.z, a.w, b10, b11);
+    for (int ks = 0; ks < 4; ks++) {
+        const uint4 a = Q.qa[ks * 32 + (int)lane], ab = Q.qb[ks * 32 + (int)lane];
+        const uint32_t b00 = hot_lane_code<BK, 8>(w0, 2 * ks), b01 = hot_lane_code<BK, 8>(w0, 2 * ks + 1);
+        const uint32_t b10 = hot_lane_code<BK, 8>(w1, 2 * ks), b11 = hot_lane_code<BK, 8>(w1, 2 * ks + 1);
+        if (ks == 0) {
+            hw_imma_from(dA0, a, b00, b01, Q.initA);
+            hw_imma_from(dA1, a, b10, b11, Q.initA);
+            hw_imma_from(dB0, ab, b00, b01, Q.initB);
+            hw_imma_from(dB1, ab, b10, b11, Q.initB);
+        } else {
+            hw_imma(dA0, a, b00, b01);
+            hw_imma(dA1, a, b10, b11);
+            hw_imma(dB0, ab, b00, b01);
+            hw_imma(dB1, ab, b10, b11);
+        }
+    }
+    const int *dAs[2] = {dA0, dA1}, *dBs[2] = {dB0, dB1};
+    float dot[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int nt = i / 2, col = i % 2;
+        dot[i] = __fmaf_rn(16384.0f, (float)dAs[nt][col], __fmaf_rn(128.0f, (float)dAs[nt][2 + col], (float)dBs[nt][col]));
     }
     const uint32_t ks4[4] = {k01.x, k01.y, k89.x, k89.y}, vs4[4] = {v01.x, v01.y, v89.x, v89.y};
-    const float dot[4] = {d0[0] + d0[2], d0[1] + d0[3], d1[0] + d1[2], d1[1] + d1[3]};
     float lg[4], sv[4], mid[4];
     float mx = -INFINITY, smax = 0.0f;
 #pragma unroll
@@ -775,7 +863,7 @@ __device__ __forceinline__ void hw_subtile(const hot_params &p, const uint32_t *
 
     /* ---- online softmax, the weights' scale ---- */
     const float mnew = fmaxf(S.m, mx);
-    const float alpha = S.m == -INFINITY ? 0.0f : __expf(S.m - mnew);
+    const float alpha = S.m == -INFINITY ? 0.0f : hw_ex2(S.m - mnew);
     /* smax < 2^ex (smax is 0 or a normal float: an fp16 value): p·s·2^(14 - ex) < 2^14; E within
      * [-100, 100] so that 2^E and the rescale factors below are normal floats */
     const int ex = (int)((__float_as_uint(smax) >> 23) & 0xffu) - 126;
@@ -799,7 +887,7 @@ __device__ __forceinline__ void hw_subtile(const hot_params &p, const uint32_t *
     float pr[4], ps = 0.0f, pm = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        pr[i] = __expf(lg[i] - mnew);
+        pr[i] = hw_ex2(lg[i] - mnew);
         ps += pr[i];
         pm = __fmaf_rn(pr[i], mid[i], pm);
     }
@@ -818,26 +906,17 @@ __device__ __forceinline__ void hw_subtile(const hot_params &p, const uint32_t *
     const uint32_t a2 = *(const uint32_t *)(const void *)&h89, a3 = *(const uint32_t *)(const void *)&l89;
 
     /* ---- values on tensor cores, straight from the code words ---- */
-    const uint32_t P = 4u * BV * r, iw = P >> 5, sh = P & 31u;
-    const uint2 *vst = (const uint2 *)(const void *)(stg + 64u * BK);
+    /* lane (r, c): group r / 2, channels 16·(r % 2) .., token pairs c and c + 4 */
+    const uint32_t *vst = stg + 64u * BK;
+    uint32_t u0[BV], u4[BV];
 #pragma unroll
-    for (int gi = 0; gi < 4; gi++) {
-        uint32_t t0[BV], t1[BV], t8[BV], t9[BV];
-#pragma unroll
-        for (int i = 0; i < BV; i++) {
-            const uint2 u = vst[((uint32_t)gi * BV + (uint32_t)i) * 8u + c];
-            const uint2 v = vst[((uint32_t)gi * BV + (uint32_t)i) * 8u + c + 4u];
-            t0[i] = u.x;
-            t1[i] = u.y;
-            t8[i] = v.x;
-            t9[i] = v.y;
-        }
-        const uint32_t y01 = __byte_perm(hw_bits<BV>(t0, iw, sh), hw_bits<BV>(t1, iw, sh), 0x5410);
-        const uint32_t y89 = __byte_perm(hw_bits<BV>(t8, iw, sh), hw_bits<BV>(t9, iw, sh), 0x5410);
-#pragma unroll
-        for (int jj = 0; jj < 4; jj++)
-            hw_mma(S.O[4 * gi + jj], a0, a1, a2, a3, hw_vpair<BV>(y01, jj, c2v), hw_vpair<BV>(y89, jj, c2v));
+    for (int i = 0; i < BV; i++) {
+        u0[i] = vst[(BV * r + (uint32_t)i) * 8u + c];
+        u4[i] = vst[(BV * r + (uint32_t)i) * 8u + c + 4u];
     }
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+        hw_mma(S.O[j], a0, a1, a2, a3, hw_value_pair<BV>(u0, j, magic, c2v), hw_value_pair<BV>(u4, j, magic, c2v));
 }
 
 template <int G, int BK, int BV>
@@ -872,18 +951,22 @@ __global__ void __launch_bounds__(ATT_THREADS, 3) attend_hotw_kernel(hot_params 
     const uint32_t *ringp = (const uint32_t *)(const void *)(smem + L.ring + (size_t)warp * HW_NS * STB);
     float *qs = (float *)(void *)(smem + L.qs);
     uint4 *qa = (uint4 *)(void *)(smem + L.qa);
+    uint4 *qbf = qa + 4 * 32;
+    int8_t *qd = (int8_t *)(void *)(smem + L.qd);
     float *qmu = (float *)(void *)(smem + L.qmu);
     float *mrg = (float *)(void *)(smem + L.mrg);
     float *st = (float *)(void *)(smem + L.st);
     float *qsum = st + HW_WARPS * G * 3, *qex = qsum + G;
+    int *qds = (int *)(void *)(qex + G); /* [3][G] Σ of each digit */
     const float ck = 0.5f * (float)(tb.kind[0].M - 1), cv = 0.5f * (float)(tb.kind[1].M - 1);
-    const __half2 c2kh = __floats2half2_rn(512.0f + ck, 512.0f + ck);
+    const int mk1 = (int)tb.kind[0].M - 1;
     const __half2 c2vh = __floats2half2_rn(512.0f + cv, 512.0f + cv);
-    const uint32_t c2k = *(const uint32_t *)(const void *)&c2kh, c2v = *(const uint32_t *)(const void *)&c2vh;
+    const uint32_t c2v = *(const uint32_t *)(const void *)&c2vh, magic = c2v & 0xfc00fc00u; /* 0x60006000 */
     const float *qb = p.a.q + b * (size_t)QH * HW_D;
 
     for (uint32_t kvh = kv0; kvh < kv1; kvh++) {
-        /* the group's queries, rotated; Σ q' and the exponent e of max |q'| per head */
+        /* the group's queries, rotated; Σ q', the exponent e of max |q'| and the digits of
+         * Q = q'·2^(19 - e) per head */
         for (uint32_t g = warp; g < (uint32_t)G; g += HW_WARPS) {
             float y[ATT_DVMAX];
             att_rotate_query(qb + (size_t)(kvh * G + g) * HW_D, tb.signs + kvh * HW_D, tb.rot_scale, HW_D, lane, y);
@@ -898,33 +981,65 @@ __global__ void __launch_bounds__(ATT_THREADS, 3) attend_hotw_kernel(hot_params 
             mx = dqcu_warp_max(mx);
             int ex;
             frexpf(mx, &ex);
-            ex = max(-120, min(120, ex));
+            ex = max(-100, min(120, ex));
+            const float up = __int_as_float((127 + 19 - ex) << 23);
+            int sd[3] = {0, 0, 0};
+#pragma unroll
+            for (int k = 0; k < HW_D / 32; k++) {
+                const int Qi = __float2int_rn(y[k] * up); /* |Q| <= 2^19 */
+                const int lo = ((Qi + 64) & 127) - 64, q1 = (Qi - lo) >> 7;
+                const int mi = ((q1 + 64) & 127) - 64, hi = (q1 - mi) >> 7;
+                const uint32_t e = g * HW_D + (uint32_t)k * 32u + lane;
+                qd[e] = (int8_t)hi;
+                qd[G * HW_D + e] = (int8_t)mi;
+                qd[2 * G * HW_D + e] = (int8_t)lo;
+                sd[0] += hi;
+                sd[1] += mi;
+                sd[2] += lo;
+            }
+#pragma unroll
+            for (int i = 0; i < 3; i++)
+                sd[i] = __reduce_add_sync(DQCU_FULL, sd[i]);
             if (lane == 0) {
                 qsum[g] = s;
-                qex[g] = __int_as_float((127 + ex) << 23);
+                qex[g] = __int_as_float((127 + ex - 20) << 23);
+                for (int i = 0; i < 3; i++)
+                    qds[i * G + g] = sd[i];
             }
         }
         __syncthreads();
-        /* the A fragments: k-step ks, lane (rr, cc): head rr's channels 32cc + 4ks + 0..3, scaled
-         * by 2^-e, as fp16 hi (a0: 0-1, a2: 2-3) and lo (a1, a3) */
-        for (uint32_t i = tid; i < 8u * 32u; i += ATT_THREADS) {
+        /* the A fragments of k-step ks, lane (rr, cc): twice the digits of head rr's channels
+         * 32cc + 8ks + 0..3 (a0, a1) and + 4..7 (a2, a3); tile A: hi (rows rr), mid (rows 8 + rr);
+         * tile B: lo (rows rr) */
+        for (uint32_t i = tid; i < 4u * 32u; i += ATT_THREADS) {
             const uint32_t ks = i / 32u, ln = i % 32u, rr = ln >> 2, cc = ln & 3u;
-            uint32_t fr[4] = {0u, 0u, 0u, 0u};
+            uint32_t fr[3][2] = {{0u, 0u}, {0u, 0u}, {0u, 0u}};
             if (rr < (uint32_t)G) {
-                const float inv = 1.0f / qex[rr];
-                const float *q4 = qs + rr * HW_D + 32u * cc + 4u * ks;
 #pragma unroll
-                for (int hp = 0; hp < 2; hp++) {
-                    const float x0 = q4[2 * hp] * inv, x1 = q4[2 * hp + 1] * inv;
-                    const __half2 hi = __floats2half2_rn(x0, x1);
-                    const __half2 lo = __floats2half2_rn(x0 - __low2float(hi), x1 - __high2float(hi));
-                    fr[2 * hp] = *(const uint32_t *)(const void *)&hi;
-                    fr[2 * hp + 1] = *(const uint32_t *)(const void *)&lo;
-                }
+                for (int dg = 0; dg < 3; dg++)
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        const int8_t *d4 = qd + ((size_t)dg * G + rr) * HW_D + 32u * cc + 8u * ks + 4u * (uint32_t)hf;
+                        uint32_t v = 0;
+#pragma unroll
+                        for (int y = 0; y < 4; y++)
+                            v |= (uint32_t)(uint8_t)(int8_t)(2 * d4[y]) << (8 * y);
+                        fr[dg][hf] = v;
+                    }
             }
-            qa[i] = make_uint4(fr[0], fr[1], fr[2], fr[3]);
+            qa[i] = make_uint4(fr[0][0], fr[1][0], fr[0][1], fr[1][1]);
+            qbf[i] = make_uint4(fr[2][0], 0u, fr[2][1], 0u);
         }
         const float xs = r < (uint32_t)G ? qex[r] : 0.0f, qsm = r < (uint32_t)G ? qsum[r] : 0.0f;
+        hw_query Qf;
+        Qf.qa = qa;
+        Qf.qb = qbf;
+        {
+            const int ih = r < (uint32_t)G ? -mk1 * qds[r] : 0, im = r < (uint32_t)G ? -mk1 * qds[G + r] : 0;
+            const int il = r < (uint32_t)G ? -mk1 * qds[2 * G + r] : 0;
+            Qf.initA = make_int4(ih, ih, im, im);
+            Qf.initB = make_int4(il, il, 0, 0);
+        }
         const hw_src<BK, BV> srcs = hw_sources<BK, BV>(p, W, kvh, lane);
         hw_state S;
         S.m = -INFINITY;
@@ -953,7 +1068,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 3) attend_hotw_kernel(hot_params 
                                       v);
                     v = dqcu_warp_sum(v);
                     if (lane == 0)
-                        qmu[i * G + (uint32_t)g] = p.a.scale * (v * sfm);
+                        qmu[i * G + (uint32_t)g] = p.a.scale * 1.4426950408889634f * (v * sfm);
                 }
             }
             __syncthreads();
@@ -964,29 +1079,22 @@ __global__ void __launch_bounds__(ATT_THREADS, 3) attend_hotw_kernel(hot_params 
 #pragma unroll
             for (uint32_t k = 0; k + 1 < HW_NS; k++) {
                 const uint32_t j = j0 + k;
-                if (j < j1) {
-                    const uint32_t tile = rt + j / (ATT_T / 16);
-                    hw_issue<BK, BV>(srcs, sq.windows[tile / p.a.tpw],
-                                     (tile % p.a.tpw) * ATT_T + 16u * (j % (ATT_T / 16)), ring + k * STB, lane);
-                }
+                if (j < j1)
+                    hw_issue_sub<BK, BV>(srcs, sq, p.a.tpw, rt, j, ring + k * STB, lane);
                 hw_commit();
             }
-            for (uint32_t j = j0; j < j1; j++) {
+            uint32_t sj = 0, sn = HW_NS - 1; /* ring stages of sub-tiles j and j + HW_NS - 1 */
+            for (uint32_t j = j0; j < j1; j++, sj = sj + 1 == HW_NS ? 0 : sj + 1, sn = sn + 1 == HW_NS ? 0 : sn + 1) {
                 const uint32_t jn = j + HW_NS - 1;
                 __syncwarp(); /* every lane is done with the stage jn overwrites (sub-tile j - 1's) */
-                if (jn < j1) {
-                    const uint32_t tile = rt + jn / (ATT_T / 16);
-                    hw_issue<BK, BV>(srcs, sq.windows[tile / p.a.tpw],
-                                     (tile % p.a.tpw) * ATT_T + 16u * (jn % (ATT_T / 16)),
-                                     ring + ((jn - j0) % HW_NS) * STB, lane);
-                }
+                if (jn < j1)
+                    hw_issue_sub<BK, BV>(srcs, sq, p.a.tpw, rt, jn, ring + sn * STB, lane);
                 hw_commit();
                 asm volatile("cp.async.wait_group %0;" ::"n"(HW_NS - 1) : "memory");
                 __syncwarp(); /* the other lanes' copies of sub-tile j are visible */
                 const uint32_t i = j / (ATT_T / 16);
                 const float qm = r < (uint32_t)G ? qmu[i * G + r] : 0.0f;
-                hw_subtile<BK, BV>(p, ringp + ((j - j0) % HW_NS) * (STB / 4), qa, qm, xs, qsm, ck, cv, c2k, c2v, S, r,
-                                   c, lane);
+                hw_subtile<BK, BV>(p, ringp + sj * (STB / 4), Qf, qm, xs, qsm, ck, cv, c2v, magic, S, r, c, lane);
             }
             __syncthreads(); /* qmu is rewritten by the next round */
         }
@@ -1000,9 +1108,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 3) attend_hotw_kernel(hot_params 
             float *mr = mrg + (warp * G + r) * HW_D;
 #pragma unroll
             for (int j = 0; j < 16; j++) {
-                const uint32_t gi = (uint32_t)j / 4u, jj = (uint32_t)j % 4u;
-                mr[32u * gi + 8u * c + jj] = (S.O[j][0] + S.O[j][2]) * un;
-                mr[32u * gi + 8u * c + 4u + jj] = (S.O[j][1] + S.O[j][3]) * un;
+                mr[32u * c + (uint32_t)j] = (S.O[j][0] + S.O[j][2]) * un;
+                mr[32u * c + 16u + (uint32_t)j] = (S.O[j][1] + S.O[j][3]) * un;
             }
             if (c == 0) {
                 st[(warp * G + r) * 3] = S.m;
@@ -1021,7 +1128,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 3) attend_hotw_kernel(hot_params 
 #pragma unroll
             for (int w = 0; w < HW_WARPS; w++) {
                 const float mw = st[(w * G + g) * 3];
-                fw[w] = mw == -INFINITY ? 0.0f : expf(mw - M);
+                fw[w] = mw == -INFINITY ? 0.0f : exp2f(mw - M); /* log2 units */
                 Ls = __fmaf_rn(fw[w], st[(w * G + g) * 3 + 1], Ls);
             }
             float y[ATT_DVMAX];
@@ -1044,7 +1151,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 3) attend_hotw_kernel(hot_params 
                     ph[e] = y[k] * tb.rot_scale * tb.signs[kvh * HW_D + e];
             }
             if (lane == 0) {
-                ph[HW_D] = M;
+                ph[HW_D] = M * 0.6931471805599453f; /* natural units, as every partial row */
                 ph[HW_D + 1] = Ls;
             }
         }

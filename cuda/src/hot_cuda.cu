@@ -22,14 +22,14 @@ size_t dqcu__hot_offsets(const dqcu_codec *dc, size_t off[4])
 {
     const size_t n = dc->n, W = dc->W, G = (n + 31) / 32;
     const size_t A = (2 + n + 15) & ~(size_t)15, CK = (A + 8 * W + 15) & ~(size_t)15;
-    const size_t CV = CK + 4 * G * dqcu__hot_bits(dc->host.kind[0].M) * W;
+    const size_t CV = CK + 4 * G * dqcu__hot_bits(dc->host.kind[0].M) * W; /* values by token pair */
     if (off) {
         off[0] = A;
         off[1] = A + 4 * W;
         off[2] = CK;
         off[3] = CV;
     }
-    return CV + 4 * G * dqcu__hot_bits(dc->host.kind[1].M) * W;
+    return CV + 8 * G * dqcu__hot_bits(dc->host.kind[1].M) * ((W + 1) / 2);
 }
 
 struct hot_tc_params {
@@ -85,8 +85,8 @@ __global__ void __launch_bounds__(HOT_THREADS) hot_transcode_kernel(hot_tc_param
         uint32_t x = dqcu_rans_open(in, rec + 4, C);
         const bool valid_state = x >= DQCU_RANS_L && x < (DQCU_RANS_L << 8);
         for (uint32_t g = 0; g < G; g++) {
-            uint64_t acc = 0;
-            uint32_t nb = 0, wi = 0;
+            dqcu_hot_group grp;
+            dqcu_hot_group_clear(grp);
             for (uint32_t j = 0; j < 32; j += 4) {
                 /* an invalid initial state decodes as zeros (lib's reference decoder writes zeros
                  * too: dq__rans_decode fills the levels with 0 when the state is out of range) */
@@ -94,16 +94,10 @@ __global__ void __launch_bounds__(HOT_THREADS) hot_transcode_kernel(hot_tc_param
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
                     const uint32_t e = valid_state ? dqcu_rans_step(x, dtab, in) : 0u;
-                    acc |= (uint64_t)(e >> 17) << nb;
-                    nb += b;
-                    if (nb >= 32) {
-                        codes[((size_t)g * b + wi) * W + t] = (uint32_t)acc;
-                        wi++;
-                        acc >>= 32;
-                        nb -= 32;
-                    }
+                    dqcu_hot_group_put(grp, kind, b, j + (uint32_t)u, e >> 17);
                 }
             }
+            dqcu_hot_group_store(grp, codes, kind, b, W, g, t);
         }
         bool bad = !valid_state;
         if (!bad) {
@@ -148,20 +142,18 @@ __global__ void __launch_bounds__(HOT_THREADS) hot_transcode_fixed_kernel(hot_tc
         hot_copy_so(rec, so, t);
         const uint8_t *cont = rec + 4;
         bool bad = false;
-        uint64_t acc = 0;
-        uint32_t nb = 0, wi = 0, pos = 0, j = 0;
+        dqcu_hot_group grp;
+        dqcu_hot_group_clear(grp);
+        uint32_t pos = 0, j = 0;
         for (uint32_t g0 = 0; g0 < n; g0 += K, pos += w) {
             const uint32_t cnt = n - g0 < K ? n - g0 : K;
             uint32_t v = hot_get_bits(cont, pos, w);
             for (uint32_t i = 0; i < cnt; i++, j++) {
-                acc |= (uint64_t)(v % M) << nb;
+                dqcu_hot_group_put(grp, kind, b, j % 32u, v % M);
                 v /= M;
-                nb += b;
-                if (nb >= 32) { /* 32·b bits per group of 32 channels: whole words, none left over */
-                    codes[((size_t)(j / 32) * b + wi) * W + t] = (uint32_t)acc;
-                    wi = wi + 1 == b ? 0 : wi + 1;
-                    acc >>= 32;
-                    nb -= 32;
+                if (j % 32u == 31u) { /* n is a multiple of 32: every group fills */
+                    dqcu_hot_group_store(grp, codes, kind, b, W, j / 32u, t);
+                    dqcu_hot_group_clear(grp);
                 }
             }
             bad |= v != 0;

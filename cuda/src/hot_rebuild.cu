@@ -21,17 +21,6 @@ struct hot_rb_params {
     uint32_t bits[2];
 };
 
-/* Code j (stream index) of token t: the b bits at j % 32 · b of group j / 32's bit string. */
-__device__ __forceinline__ uint32_t hot_code(const uint32_t *codes, uint32_t W, uint32_t b, uint32_t t, uint32_t j)
-{
-    const uint32_t g = j >> 5, p = (j & 31u) * b, sh = p & 31u;
-    const uint32_t *w0 = codes + ((size_t)g * b + (p >> 5)) * W + t;
-    uint64_t v = w0[0];
-    if (sh + b > 32u)
-        v |= (uint64_t)w0[W] << 32;
-    return (uint32_t)(v >> sh) & ((1u << b) - 1u);
-}
-
 /* One encoder step (rans.c): true when it emits a byte (the state's low byte before the shift). */
 __device__ __forceinline__ bool rb_step(uint32_t &x, const uint4 e, uint8_t *byte)
 {
@@ -74,7 +63,7 @@ __global__ void __launch_bounds__(HOT_RB_THREADS) hot_rebuild_kernel(hot_rb_para
         bool bad = false;
         uint8_t byte;
         for (uint32_t j = n; j-- > 0;) {
-            const uint32_t m = hot_code(codes, W, b, t, j);
+            const uint32_t m = dqcu_hot_code(codes, kind, b, W, t, j);
             if (m >= M) {
                 bad = true;
                 break;
@@ -90,7 +79,7 @@ __global__ void __launch_bounds__(HOT_RB_THREADS) hot_rebuild_kernel(hot_rb_para
         uint32_t k = emitted;
         x = DQCU_RANS_L;
         for (uint32_t j = n; j-- > 0;)
-            if (rb_step(x, enc[hot_code(codes, W, b, t, j)], &byte))
+            if (rb_step(x, enc[dqcu_hot_code(codes, kind, b, W, t, j)], &byte))
                 bytes[--k] = byte;
         for (int i = 0; i < 4; i++)
             rec[4 + i] = (uint8_t)(x >> (8 * i));

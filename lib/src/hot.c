@@ -34,13 +34,14 @@ size_t dq_hot_offsets(const dq_codec *codec, size_t off[4])
     const size_t n = codec->n, W = codec->profile.window, G = (n + 31) / 32;
     const size_t A = align16(2 + n), CK = align16(A + 8 * W);
     const size_t CV = CK + 4 * G * bits_for(codec->kt[0].levels) * W;
+    /* values by token pair: an odd W's last pair has a zero high half */
     if (off) {
         off[0] = A;
         off[1] = A + 4 * W;
         off[2] = CK;
         off[3] = CV;
     }
-    return CV + 4 * G * bits_for(codec->kt[1].levels) * W;
+    return CV + 8 * G * bits_for(codec->kt[1].levels) * ((W + 1) / 2);
 }
 
 size_t dq_hot_window_bytes(const dq_codec *codec)
@@ -48,42 +49,71 @@ size_t dq_hot_window_bytes(const dq_codec *codec)
     return dq_hot_offsets(codec, NULL);
 }
 
-/* Packs the n levels of token t into its b words of every group (the caller zeroed them). */
-static void pack_levels(uint8_t *codes, const uint8_t *lev, uint32_t n, uint32_t b, size_t W, size_t t)
+/* Where bit e of code k sits among the b units of one lane (the layout in hot.h): a unit is U
+ * bits (8: a key byte lane, 16: a value half-word) and holds q = U / b codes in b-bit fields from
+ * bit 0; the r = U - q·b bits above them, unit after unit, pool the other r codes' bits. */
+static void code_bit(uint32_t b, uint32_t U, uint32_t k, uint32_t e, uint32_t *unit, uint32_t *bit)
 {
-    for (uint32_t j = 0; j < n; j++) {
-        const size_t g = j / 32, p = (size_t)(j % 32) * b;
-        const uint64_t v = (uint64_t)lev[j] << (p % 32);
-        uint8_t *w0 = codes + 4 * ((g * b + p / 32) * W + t);
-        uint32_t lo = (uint32_t)(w0[0] | w0[1] << 8 | w0[2] << 16 | (uint32_t)w0[3] << 24);
-        lo |= (uint32_t)v;
-        w0[0] = (uint8_t)lo;
-        w0[1] = (uint8_t)(lo >> 8);
-        w0[2] = (uint8_t)(lo >> 16);
-        w0[3] = (uint8_t)(lo >> 24);
-        if (v >> 32) {
-            uint8_t *w1 = w0 + 4 * W;
-            w1[0] |= (uint8_t)(v >> 32);
+    const uint32_t q = U / b, r = U - q * b;
+    if (k < q * b) {
+        *unit = k / q;
+        *bit = b * (k % q) + e;
+    } else {
+        const uint32_t u = (k - q * b) * b + e;
+        *unit = u / r;
+        *bit = q * b + u % r;
+    }
+}
+
+/* Byte offset of bit e of channel j's code of token t within the codes of a kind, and its bit
+ * within that byte (hot.h: keys by byte lane in (group, token) words, values by half-word in
+ * (group, token pair) words). */
+static size_t code_at(dq_kind kind, uint32_t b, size_t W, size_t t, uint32_t j, uint32_t e, uint32_t *bit)
+{
+    const size_t g = j / 32;
+    const uint32_t c = j % 32;
+    uint32_t unit, ub;
+    size_t word;
+    if (kind == DQ_KIND_K) {
+        code_bit(b, 8, c / 4, e, &unit, &ub);
+        word = (g * b + unit) * W + t;
+        ub += 8 * (c % 4);
+    } else {
+        code_bit(b, 16, c % 16, e, &unit, &ub);
+        word = (g * 2 * b + b * (c / 16) + unit) * ((W + 1) / 2) + t / 2;
+        ub += 16 * (uint32_t)(t % 2);
+    }
+    *bit = ub % 8;
+    return 4 * word + ub / 8;
+}
+
+/* Writes the n levels of token t of a kind into its codes (the caller zeroed them). */
+static void pack_levels(uint8_t *codes, dq_kind kind, const uint8_t *lev, uint32_t n, uint32_t b, size_t W, size_t t)
+{
+    for (uint32_t j = 0; j < n; j++)
+        for (uint32_t e = 0; e < b; e++) {
+            uint32_t bit;
+            const size_t at = code_at(kind, b, W, t, j, e, &bit);
+            codes[at] |= (uint8_t)(((lev[j] >> e) & 1u) << bit);
         }
-    }
 }
 
-static uint32_t get_u32(const uint8_t *p)
+/* The code of channel j (0 <= j < 32·ceil(n / 32)) of token t of a kind. */
+static uint32_t code_of(const uint8_t *codes, dq_kind kind, uint32_t b, size_t W, size_t t, uint32_t j)
 {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    uint32_t v = 0;
+    for (uint32_t e = 0; e < b; e++) {
+        uint32_t bit;
+        const size_t at = code_at(kind, b, W, t, j, e, &bit);
+        v |= (uint32_t)((codes[at] >> bit) & 1u) << e;
+    }
+    return v;
 }
 
-static void unpack_levels(const uint8_t *codes, uint8_t *lev, uint32_t n, uint32_t b, size_t W, size_t t)
+static void unpack_levels(const uint8_t *codes, dq_kind kind, uint8_t *lev, uint32_t n, uint32_t b, size_t W, size_t t)
 {
-    const uint32_t mask = (1u << b) - 1;
-    for (uint32_t j = 0; j < n; j++) {
-        const size_t g = j / 32, p = (size_t)(j % 32) * b;
-        const uint8_t *w0 = codes + 4 * ((g * b + p / 32) * W + t);
-        uint64_t v = get_u32(w0) >> (p % 32);
-        if (p % 32 + b > 32)
-            v |= (uint64_t)get_u32(w0 + 4 * W) << (32 - p % 32);
-        lev[j] = (uint8_t)(v & mask);
-    }
+    for (uint32_t j = 0; j < n; j++)
+        lev[j] = (uint8_t)code_of(codes, kind, b, W, t, j);
 }
 
 int dq_hot_transcode(const dq_codec *codec, const uint8_t *window, uint8_t *hot)
@@ -111,7 +141,7 @@ int dq_hot_transcode(const dq_codec *codec, const uint8_t *window, uint8_t *hot)
             memcpy(so + 4 * t, rec, 4);
             if (dq_stream_decode_levels(codec, (dq_kind)kind, rec, lev) != DQ_OK)
                 rc = DQ_CORRUPT;
-            pack_levels(codes, lev, n, b, W, t);
+            pack_levels(codes, (dq_kind)kind, lev, n, b, W, t);
         }
     }
     if (lev != small)
@@ -119,39 +149,32 @@ int dq_hot_transcode(const dq_codec *codec, const uint8_t *window, uint8_t *hot)
     return rc;
 }
 
+static int check_header(const dq_codec *codec, const uint8_t *hot, size_t bytes, size_t off[4]);
+static int unpack_checked(const uint8_t *codes, dq_kind kind, uint8_t *lev, uint32_t n, uint32_t b, uint32_t M,
+                          size_t W, size_t t);
+
 int dq_hot_check(const dq_codec *codec, const uint8_t *hot, size_t bytes)
 {
     DQ_RETURN_IF(!codec || !hot, DQ_INVALID_ARGUMENT);
     DQ_RETURN_IF(!dq__codec_has_levels(codec), DQ_UNSUPPORTED);
     size_t off[4];
-    const size_t need = dq_hot_offsets(codec, off);
-    DQ_RETURN_IF(bytes < need, DQ_TRUNCATED);
+    int rc = check_header(codec, hot, bytes, off);
     const uint32_t n = codec->n;
-    const size_t W = codec->profile.window, G = (n + 31) / 32;
-    DQ_RETURN_IF((dq__get_u16(hot) & 0x7c00u) == 0x7c00u, DQ_CORRUPT);
-    for (size_t i = codec->mean_bytes; i < off[0]; i++)
-        DQ_RETURN_IF(hot[i] != 0, DQ_CORRUPT);
-    for (int kind = 0; kind < 2; kind++) {
-        const uint32_t M = codec->kt[kind].levels, b = bits_for(M), mask = (1u << b) - 1;
-        const uint8_t *so = hot + off[kind], *codes = hot + off[2 + kind];
-        for (size_t t = 0; t < W; t++) {
-            const uint16_t sh = dq__get_u16(so + 4 * t), oh = dq__get_u16(so + 4 * t + 2);
-            DQ_RETURN_IF((sh & 0x7c00u) == 0x7c00u || (oh & 0x7c00u) == 0x7c00u || (sh & 0x8000u), DQ_CORRUPT);
-            for (size_t g = 0; g < G; g++) {
-                /* the group's bit string, code by code; channels past n must be zero codes */
-                for (uint32_t c = 0; c < 32; c++) {
-                    const size_t p = (size_t)c * b;
-                    const uint8_t *w0 = codes + 4 * ((g * b + p / 32) * W + t);
-                    uint64_t v = get_u32(w0) >> (p % 32);
-                    if (p % 32 + b > 32)
-                        v |= (uint64_t)get_u32(w0 + 4 * W) << (32 - p % 32);
-                    const uint32_t code = (uint32_t)(v & mask);
-                    DQ_RETURN_IF(code >= M || (g * 32 + c >= n && code), DQ_CORRUPT);
-                }
-            }
-        }
+    const size_t W = codec->profile.window;
+    uint8_t small[256];
+    uint8_t *lev = small;
+    if (rc == DQ_OK && n > sizeof small) {
+        lev = dq__alloc(&codec->alloc, n);
+        DQ_RETURN_IF(!lev, DQ_NOMEM);
     }
-    return DQ_OK;
+    for (int kind = 0; kind < 2 && rc == DQ_OK; kind++) {
+        const uint32_t M = codec->kt[kind].levels;
+        for (size_t t = 0; t < W && rc == DQ_OK; t++)
+            rc = unpack_checked(hot + off[2 + kind], (dq_kind)kind, lev, n, bits_for(M), M, W, t);
+    }
+    if (lev != small)
+        dq__free(&codec->alloc, lev);
+    return rc;
 }
 
 int dq_hot_levels(const dq_codec *codec, const uint8_t *hot, dq_kind kind, size_t t, uint8_t *levels)
@@ -161,7 +184,7 @@ int dq_hot_levels(const dq_codec *codec, const uint8_t *hot, dq_kind kind, size_
     DQ_RETURN_IF(t >= codec->profile.window, DQ_INVALID_ARGUMENT);
     size_t off[4];
     dq_hot_offsets(codec, off);
-    unpack_levels(hot + off[2 + kind], levels, codec->n, bits_for(codec->kt[kind].levels), codec->profile.window, t);
+    unpack_levels(hot + off[2 + kind], kind, levels, codec->n, bits_for(codec->kt[kind].levels), codec->profile.window, t);
     return DQ_OK;
 }
 
@@ -186,7 +209,7 @@ int dq_hot_decode(const dq_codec *codec, dq_workspace *ws, const uint8_t *hot, d
         const size_t t = first + i;
         const uint8_t *so = hot + off[kind] + 4 * t;
         const float s = dq_f16_to_f32(dq__get_u16(so)), o = dq_f16_to_f32(dq__get_u16(so + 2));
-        unpack_levels(hot + off[2 + kind], lev, n, b, W, t);
+        unpack_levels(hot + off[2 + kind], kind, lev, n, b, W, t);
         /* the expression of dq_tokens_decode, operation for operation (bit-identical) */
         if (kind == DQ_KIND_K) {
             for (uint32_t j = 0; j < n; j++)
@@ -212,24 +235,21 @@ int dq_hot_decode(const dq_codec *codec, dq_workspace *ws, const uint8_t *hot, d
  * >= L·f) is the inverse of the encoder's step from L, so re-encoding the levels from L gives the
  * same state, the same bytes and the same zero tail. The rANS tables are the profile's, fixed. */
 /* Token t's n levels of a kind from its codes, with dq_hot_check's checks of them: DQ_CORRUPT for
- * a code >= M or a nonzero code past n. Each group's b (<= 5) words are read once. */
-static int unpack_checked(const uint8_t *codes, uint8_t *lev, uint32_t n, uint32_t b, uint32_t M, size_t W, size_t t)
+ * a code >= M, a nonzero code past n, or (odd W, the last token) a nonzero high half of its value
+ * pair words. */
+static int unpack_checked(const uint8_t *codes, dq_kind kind, uint8_t *lev, uint32_t n, uint32_t b, uint32_t M,
+                          size_t W, size_t t)
 {
-    const uint32_t mask = (1u << b) - 1, G = (n + 31) / 32;
-    for (uint32_t g = 0; g < G; g++) {
-        uint32_t w[6];
-        for (uint32_t i = 0; i < b; i++)
-            w[i] = get_u32(codes + 4 * (((size_t)g * b + i) * W + t));
-        w[b] = 0;
-        for (uint32_t c = 0; c < 32; c++) {
-            const uint32_t p = c * b, j = g * 32 + c;
-            const uint64_t pair = (uint64_t)w[p / 32] | (uint64_t)w[p / 32 + 1] << 32;
-            const uint32_t code = (uint32_t)(pair >> (p % 32)) & mask;
-            if (code >= M || (j >= n && code))
-                return DQ_CORRUPT;
-            if (j < n)
-                lev[j] = (uint8_t)code;
-        }
+    const uint32_t G = (n + 31) / 32;
+    for (uint32_t j = 0; j < 32 * G; j++) {
+        const uint32_t code = code_of(codes, kind, b, W, t, j);
+        if (code >= M || (j >= n && code))
+            return DQ_CORRUPT;
+        if (j < n)
+            lev[j] = (uint8_t)code;
+        /* the missing token W of an odd window: its half of the pair words is zero */
+        if (kind == DQ_KIND_V && t + 1 == W && W % 2 && code_of(codes, kind, b, W, W, j))
+            return DQ_CORRUPT;
     }
     return DQ_OK;
 }
@@ -283,7 +303,7 @@ int dq_hot_rebuild(const dq_codec *codec, const uint8_t *hot, size_t bytes, uint
         for (size_t t = 0; t < W; t++) {
             uint8_t *rec = (uint8_t *)dq_window_record(codec, window, (dq_kind)kind, t);
             memcpy(rec, so + 4 * t, 4);
-            rc = unpack_checked(codes, lev, n, b, kt->levels, W, t);
+            rc = unpack_checked(codes, (dq_kind)kind, lev, n, b, kt->levels, W, t);
             if (rc != DQ_OK)
                 break;
             if (fixed) {

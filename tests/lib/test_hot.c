@@ -213,9 +213,9 @@ Test(hot, bad_input)
     cr_assert_eq(dq_hot_check(codec, hot, hb - 1), DQ_TRUNCATED);
     cr_assert_eq(dq_hot_check(codec, hot, 0), DQ_TRUNCATED);
     cr_assert_eq(dq_hot_check(codec, NULL, hb), DQ_INVALID_ARGUMENT);
-    /* a value code >= M (M_V = 6: code 7 in channel 0 of token 5) */
+    /* a value code >= M (M_V = 6: code 7 in channel 0 of token 5: pair 2, high half) */
     memcpy(bad, hot, hb);
-    bad[off[3] + 4 * 5] |= 7;
+    bad[off[3] + 4 * 2 + 2] |= 7;
     cr_assert_eq(dq_hot_check(codec, bad, hb), DQ_CORRUPT);
     /* a nonzero code past n cannot happen here (n = 128): padding of the mean block instead */
     memcpy(bad, hot, hb);

@@ -21,14 +21,29 @@
  *   offset A + 4W   W value (s, o) pairs, likewise
  *   offset CK       key codes, CK = 16·ceil((A + 8W) / 16): G·b_K·W words of 32 bits;
  *                   word i (0 <= i < b_K) of group g for token t at CK + 4·((g·b_K + i)·W + t)
- *   offset CV       value codes, CV = CK + 4·G·b_K·W, likewise with b_V
- *   total           CV + 4·G·b_V·W bytes (dq_hot_window_bytes)
+ *   offset CV       value codes, CV = CK + 4·G·b_K·W: G·2b_V·P words, P = ceil(W / 2) token pairs;
+ *                   word i (0 <= i < 2b_V) of group g for tokens 2p, 2p + 1 at
+ *                   CV + 4·((g·2b_V + i)·P + p), token 2p in bits 0..15, 2p + 1 in bits 16..31
+ *   total           CV + 8·G·b_V·P bytes (dq_hot_window_bytes)
  *
- * The b words of (group g, token t) are one 32b-bit little-endian bit string (bit p is bit p % 32
- * of word p / 32); channel c of the group (stream index 32g + c) has its level at bits
- * [c·b, c·b + b). Channels past n (when n is not a multiple of 32) and every bit past M's codes are
- * zero. Consecutive tokens' words are adjacent, so a GPU warp with a token per lane reads each word
- * index as one coalesced 128-byte line.
+ * Codes sit in *lanes* of U bits, b units each (b = b_K or b_V): a unit holds q = U / b codes in
+ * b-bit fields from its bit 0 (code k < q·b: unit k / q, bits from b·(k % q)), and the
+ * r = U - q·b bits above them, unit after unit, pool the bits of the lane's other r codes (code
+ * k >= q·b: bit e is pool bit u = (k - q·b)·b + e, at unit u / r, bit q·b + u % r). Every lane holds
+ * U codes in U·b bits, so nothing is padding.
+ *   keys:   a (group, token)'s b words are 4 byte lanes (U = 8): channel c of the group is code
+ *           c / 4 of byte lane c % 4 (unit i = byte c % 4 of word i). A GPU makes four channels'
+ *           codes (4k .. 4k + 3) as the four bytes of one register with a shift and a mask (code
+ *           k < q·b), the int8 operand of an integer tensor-core product.
+ *   values: a (group, token pair)'s 2b words are, for channels 16h .. 16h + 15 (h = 0, 1), words
+ *           b·h .. b·h + b - 1, each token a lane of half-words (U = 16): channel 16h + k is code k.
+ *           Both tokens' codes of a channel are 16 bits apart, so one shift and one mask make the
+ *           fp16 pair (512 + m, 512 + m') of a value MMA's operand.
+ * Channels past n (when n is not a multiple of 32) are zero codes; an odd W's missing token W has
+ * zero codes. With b = 3: codes 0..5 of a byte lane are fields of its three bytes, codes 6 and 7
+ * the bits 6..7 of all three; codes 0..14 of a half-word lane fields, code 15 the bit 15 of its
+ * three half-words. Words of consecutive tokens (token pairs) are adjacent, so a GPU warp reading a
+ * word index for consecutive tokens reads one coalesced line.
  *
  * D-Quant profiles and the fixed-width family (dq_profile_fixed: the same levels, s, o and key
  * mean, its base-M containers unpacked to b bits) have a hot layout; other codecs do not
