@@ -10,8 +10,8 @@
  * With $DQ_FIXED_BACKEND=cuda the same runs on dquantd-fakecuda's cuda backend, where the family
  * takes the host path with the default --gpu-attention-layout containers; with $DQ_FIXED_LAYOUT=hot
  * or hot-only it lives on the (emulated) GPU tier as hot windows (beside its records, or alone),
- * and the same answers are checked, the stats showing the GPU tier held and attended it, and the
- * disk test spilling GPU -> host -> disk and back. ATTEND must equal dq_attend bit for bit (the
+ * and the same answers are checked, the stats showing the GPU tier encoded (dqcu_encode_windows),
+ * held and attended it, and the disk test spilling GPU -> host -> disk and back. ATTEND must equal dq_attend bit for bit (the
  * emulation's hot attention is dq_hot_attend), or on a real GPU within $DQ_FIXED_ATTEND_TOL
  * (relative, tests/cuda/daemon_gpu.sh). Skipped when $DQUANTD is unset. */
 #include <criterion/criterion.h>
@@ -331,6 +331,7 @@ static void serve(const char *pname)
     const uint32_t W = r.p.window;
     const uint64_t n1 = W + 3, n2 = W + 9;
     dq_layer *ref[L] = {0};
+    const uint64_t enc0 = stat_counter(c, "gpu_windows_encoded");
     put(c, "s", ref, &r, 0, n1);
     put(c, "s", ref, &r, n1, n2);
     const uint64_t items0 = stat_counter(c, "gpu_hot_attend_items");
@@ -341,6 +342,10 @@ static void serve(const char *pname)
         cr_assert_eq(stat_gauge(c, "gpu_sequences"), 1, "%s: the sequence is not on the GPU", pname);
         cr_assert_eq(stat_gauge(c, "gpu_hot_windows"), wins, "%s: hot windows", pname);
         cr_assert_eq(stat_gauge(c, "gpu_hot_only_windows"), hot_only() ? wins : 0, "%s: hot-only windows", pname);
+        /* sealed by the device's encoder (dqcu_encode_windows), not on the host and uploaded */
+        cr_assert_eq(stat_counter(c, "gpu_windows_encoded") - enc0, wins, "%s: windows encoded on the GPU", pname);
+    } else {
+        cr_assert_eq(stat_counter(c, "gpu_windows_encoded"), enc0, "%s: windows encoded on the GPU", pname);
     }
     check_seq(c, "s", ref, &r, n1 + n2, pname);
     if (on_cuda()) {
