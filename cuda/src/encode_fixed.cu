@@ -171,16 +171,8 @@ __global__ void __launch_bounds__(FX_WARPS * 32) encode_fixed_kernel(fx_params f
         }
         __syncwarp();
         uint8_t *rec = record_of(p, tb, kind, s);
-        for (uint32_t b = lane; b < 4u + C; b += 32) {
-            uint32_t v;
-            if (b < 2)
-                v = sh >> (8 * b);
-            else if (b < 4)
-                v = oh >> (8 * (b - 2));
-            else
-                v = fx_byte(lev, n, M, K, w, b - 4);
-            rec[b] = (uint8_t)v;
-        }
+        for (uint32_t b = lane; b < 4u + C; b += 32)
+            rec[b] = (uint8_t)(b < 4 ? record_head_byte(sh, oh, b) : fx_byte(lev, n, M, K, w, b - 4));
         if (p.status && lane == 0)
             p.status[s] = 0;
         done++;
@@ -221,25 +213,5 @@ int dqcu__encode_fixed_launch(const dqcu_codec *dc, const enc_params &p, unsigne
         fp.K[k] = dc->fx_k[k];
         fp.w[k] = dc->fx_w[k];
     }
-    uint32_t vpl = 1;
-    while (vpl * 32u < dc->n)
-        vpl <<= 1;
-    switch (vpl) {
-    case 1:
-        return launch_fixed<1>(dc, fp, gy, stream);
-    case 2:
-        return launch_fixed<2>(dc, fp, gy, stream);
-    case 4:
-        return launch_fixed<4>(dc, fp, gy, stream);
-    case 8:
-        return launch_fixed<8>(dc, fp, gy, stream);
-    case 16:
-        return launch_fixed<16>(dc, fp, gy, stream);
-    case 32:
-        return launch_fixed<32>(dc, fp, gy, stream);
-    case 64:
-        return launch_fixed<64>(dc, fp, gy, stream);
-    default:
-        return DQ_UNSUPPORTED;
-    }
+    return enc_for_vpl(dc->n, [&](auto vpl) { return launch_fixed<decltype(vpl)::value>(dc, fp, gy, stream); });
 }

@@ -6,6 +6,8 @@
 #ifndef DQCU_ENCODE_INTERNAL_CUH
 #define DQCU_ENCODE_INTERNAL_CUH
 
+#include <type_traits>
+
 #include "cuda_internal.cuh"
 
 #define ENC_WARPS 4
@@ -121,6 +123,41 @@ __device__ int load_stream(const enc_params &p, const dqcu_tables &tb, int kind,
         }
     }
     return 0;
+}
+
+/* Byte b < 4 of a record's head: fp16 s, then fp16 o, little-endian. */
+__device__ __forceinline__ uint32_t record_head_byte(uint32_t sh, uint32_t oh, uint32_t b)
+{
+    return (b < 2 ? sh >> (8 * b) : oh >> (8 * (b - 2))) & 0xffu;
+}
+
+/* The encoders' kernels hold a stream in VPL values per lane, VPL the smallest power of two with
+ * 32·VPL >= n (at most 64: n <= DQCU_MAX_ENCODE_STREAM): launch(std::integral_constant<int, VPL>)
+ * for n, or DQ_UNSUPPORTED. */
+template <typename F>
+static inline int enc_for_vpl(uint32_t n, F &&launch)
+{
+    uint32_t vpl = 1;
+    while (vpl * 32u < n)
+        vpl <<= 1;
+    switch (vpl) {
+    case 1:
+        return launch(std::integral_constant<int, 1>());
+    case 2:
+        return launch(std::integral_constant<int, 2>());
+    case 4:
+        return launch(std::integral_constant<int, 4>());
+    case 8:
+        return launch(std::integral_constant<int, 8>());
+    case 16:
+        return launch(std::integral_constant<int, 16>());
+    case 32:
+        return launch(std::integral_constant<int, 32>());
+    case 64:
+        return launch(std::integral_constant<int, 64>());
+    default:
+        return DQ_UNSUPPORTED;
+    }
 }
 
 __device__ __forceinline__ uint8_t *record_of(const enc_params &p, const dqcu_tables &tb, int kind, size_t s)

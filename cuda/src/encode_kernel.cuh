@@ -1137,10 +1137,8 @@ __global__ void __launch_bounds__(ENC_WARPS * 32, VPL >= 64   ? 2
         const uint32_t sh = sl.sh, oh = sl.oh, state = sl.state, pp = sl.p, emitted = n - sl.p;
         for (uint32_t b = lane; b < 4u + C; b += 32) {
             uint32_t v;
-            if (b < 2)
-                v = sh >> (8 * b);
-            else if (b < 4)
-                v = oh >> (8 * (b - 2));
+            if (b < 4)
+                v = record_head_byte(sh, oh, b);
             else if (b < 8)
                 v = state >> (8 * (b - 4));
             else if (b - 8 < emitted)
@@ -1225,27 +1223,8 @@ static int launch_encode_kernel(const dqcu_codec *dc, const enc_params &p0, unsi
 template <int VER>
 static int enc_launch(const dqcu_codec *dc, const enc_params &p, unsigned gy, cudaStream_t stream)
 {
-    uint32_t vpl = 1;
-    while (vpl * 32u < dc->n)
-        vpl <<= 1;
-    switch (vpl) {
-    case 1:
-        return launch_encode_kernel<1, VER>(dc, p, gy, stream);
-    case 2:
-        return launch_encode_kernel<2, VER>(dc, p, gy, stream);
-    case 4:
-        return launch_encode_kernel<4, VER>(dc, p, gy, stream);
-    case 8:
-        return launch_encode_kernel<8, VER>(dc, p, gy, stream);
-    case 16:
-        return launch_encode_kernel<16, VER>(dc, p, gy, stream);
-    case 32:
-        return launch_encode_kernel<32, VER>(dc, p, gy, stream);
-    case 64:
-        return launch_encode_kernel<64, VER>(dc, p, gy, stream);
-    default:
-        return DQ_UNSUPPORTED;
-    }
+    return enc_for_vpl(dc->n,
+                       [&](auto vpl) { return launch_encode_kernel<decltype(vpl)::value, VER>(dc, p, gy, stream); });
 }
 
 #endif
