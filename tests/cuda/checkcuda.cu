@@ -16,11 +16,13 @@
  *   dqcu_attend_hot within 1e-3 relative of dq_hot_attend and of dq_attend_reference; the same for
  *   the fixed-width family
  *
- *   checkcuda [--seed N] [--small] [--no-timing] [--quiet] [--hot] [--encode-kernel V,...] [--attend-kernel V,...]
+ *   checkcuda [--seed N] [--small] [--no-timing] [--quiet] [--hot] [--fixed] [--encode-kernel V,...]
+ *             [--attend-kernel V,...]
  *   --small: a few small cases only (for compute-sanitizer memcheck / racecheck runs).
  *   --hot: the hot layout alone on its shapes (production dq226 first), with the container
  *   attention versions of --attend-kernel on the same inputs; with --small one GQA group per shape
  *   and no container attention (for compute-sanitizer runs on the production shape).
+ *   --fixed: the fixed-width family's encoder alone (test_fixed_encode; with --small one shape).
  *   --encode-kernel, --attend-kernel: only these versions (default: every registered one, the
  *   default first).
  * Exit status: 0 all passed, 1 a check failed, 2 a setup error, 77 no suitable GPU (skipped). */
@@ -1335,7 +1337,7 @@ static void all_versions(const int *(*list)(size_t *), std::vector<int> &out)
 int main(int argc, char **argv)
 {
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-    bool small = false, do_timing = true, hot_only = false;
+    bool small = false, do_timing = true, hot_only = false, fixed_only = false;
     std::vector<int> enc_list, att_list;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seed") && i + 1 < argc)
@@ -1348,6 +1350,8 @@ int main(int argc, char **argv)
             g_quiet = 1;
         else if (!strcmp(argv[i], "--hot"))
             hot_only = true;
+        else if (!strcmp(argv[i], "--fixed"))
+            fixed_only = true;
         else if (!strcmp(argv[i], "--encode-kernel") && i + 1 < argc) {
             if (!parse_versions(argv[++i], dqcu_encode_kernels, enc_list, "--encode-kernel"))
                 return 2;
@@ -1356,7 +1360,7 @@ int main(int argc, char **argv)
                 return 2;
         } else {
             fprintf(stderr,
-                    "usage: %s [--seed N] [--small] [--no-timing] [--quiet] [--hot] [--encode-kernel V,...] "
+                    "usage: %s [--seed N] [--small] [--no-timing] [--quiet] [--hot] [--fixed] [--encode-kernel V,...] "
                     "[--attend-kernel V,...]\n",
                     argv[0]);
             return 2;
@@ -1379,6 +1383,12 @@ int main(int argc, char **argv)
         for (int i = 0; i < 512; i++)
             same &= (float)exp2(i / 512.0) == t[i];
         report(same, "exp2 table: host recomputation equals dq__exp2_table()");
+    }
+
+    if (fixed_only) {
+        test_fixed_encode(r, small);
+        printf("\ncheckcuda: %d checks, %d failed (seed %llu)\n", g_checks, g_failures, (unsigned long long)seed);
+        return g_failures ? 1 : 0;
     }
 
     test_scatter(r, 1024, 64);
