@@ -266,6 +266,9 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
             "Window records rebuilt from hot-only windows on the CPU, where the GPU rebuild was refused (the "
             "fixed-width family) or failed.",
             g->gpu_records_rebuilt_cpu);
+    counter(&b, "dquant_gpu_windows_encoded_total",
+            "Windows sealed on the GPU by its encoder (dqcu_encode_windows), D-Quant and fixed-width profiles.",
+            g->gpu_windows_encoded);
     gauge(&b, "dquant_gpu_memory_budget_bytes", "GPU-memory budget (0 on the cpu backend).",
           (double)g->store.gpu_budget);
     gauge(&b, "dquant_gpu_memory_reserved_bytes", "GPU budget reserved by writes in progress.",
@@ -485,6 +488,7 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_counter(&kb, "gpu_records_rebuilt", g->gpu_records_rebuilt);
     add_counter(&kb, "gpu_records_rebuilt_gpu", g->gpu_records_rebuilt_gpu);
     add_counter(&kb, "gpu_records_rebuilt_cpu", g->gpu_records_rebuilt_cpu);
+    add_counter(&kb, "gpu_windows_encoded", g->gpu_windows_encoded);
     add_gauge(&kb, "gpu_budget", (double)g->store.gpu_budget);
     add_gauge(&kb, "gpu_memory_reserved", (double)g->store.gpu_reserved);
     add_gauge(&kb, "gpu_sequences", (double)g->store.gpu_sequences);

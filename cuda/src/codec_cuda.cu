@@ -138,8 +138,8 @@ extern "C" int dqcu_codec_create_with(const dq_codec *codec, const dqcu_settings
         st = *settings;
     }
     const dq_profile *p = dq_codec_profile(codec);
-    /* D-Quant (rANS tables) or the fixed-width family (the hot layout only: dqcu_transcode_hot,
-     * dqcu_attend_hot; the container kernels refuse it) */
+    /* D-Quant (rANS tables) or the fixed-width family (the encoder, encode_fixed.cu, and the hot
+     * layout: dqcu_transcode_hot, dqcu_attend_hot; decompress and container attention refuse it) */
     const bool fixed = p->codec_type == DQ_CODEC_FIXED;
     if (!fixed && p->codec_type != DQ_CODEC_DQUANT)
         return DQ_INVALID_ARGUMENT;

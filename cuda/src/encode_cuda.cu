@@ -1,6 +1,6 @@
 /* GPU encoder: the table of versions (encode_v5.cu, the default, and encode_v4.cu; the kernel and
  * its design are in encode_kernel.cuh), the key window mean and the window's input checks, and the
- * public calls (dquant/cuda.h). */
+ * public calls (dquant/cuda.h), which hand fixed-width codecs to encode_fixed.cu. */
 #include <math.h>
 #include <stdint.h>
 
@@ -305,7 +305,7 @@ extern "C" int dqcu_encode_streams(const dqcu_codec *dc, dq_kind kind, const flo
         return DQ_INVALID_ARGUMENT;
     if (record_stride < dc->record_bytes[kind])
         return DQ_INVALID_ARGUMENT;
-    if (dc->n > DQCU_MAX_ENCODE_STREAM || dc->fixed)
+    if (dc->n > DQCU_MAX_ENCODE_STREAM)
         return DQ_UNSUPPORTED;
     int rc = dqcu__use_device(dc);
     if (rc)
@@ -321,6 +321,8 @@ extern "C" int dqcu_encode_streams(const dqcu_codec *dc, dq_kind kind, const flo
     p.records = records;
     p.record_stride = record_stride;
     p.status = status;
+    if (dc->fixed)
+        return dqcu__encode_fixed_launch(dc, p, 1, stream);
     return enc_run(dc, p, 1, stream);
 }
 
@@ -350,7 +352,7 @@ extern "C" int dqcu_encode_windows(const dqcu_codec *dc, const void *k, const vo
         return DQ_INVALID_ARGUMENT;
     if (dtype != DQ_DTYPE_F32 && dtype != DQ_DTYPE_F16 && dtype != DQ_DTYPE_BF16)
         return DQ_DTYPE;
-    if (dc->n > DQCU_MAX_ENCODE_STREAM || dc->d > 512 || dc->fixed)
+    if (dc->n > DQCU_MAX_ENCODE_STREAM || dc->d > 512)
         return DQ_UNSUPPORTED;
     if (nwin > 0x7fffffffu)
         return DQ_INVALID_ARGUMENT;
@@ -385,5 +387,7 @@ extern "C" int dqcu_encode_windows(const dqcu_codec *dc, const void *k, const vo
     p.dtype = (int)dtype;
     p.windows = windows;
     p.win_status = status;
+    if (dc->fixed)
+        return dqcu__encode_fixed_launch(dc, p, 2, stream);
     return enc_run(dc, p, 2, stream);
 }

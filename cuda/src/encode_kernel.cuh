@@ -37,10 +37,9 @@
 #define ENC_MAX_RETRIES 8 /* stream.c DQ_MAX_RETRIES */
 
 /* Stream modes in a warp's group. */
-#define MODE_FRESH 0  /* FitMinMax → Drift → Refit → fp16 → Drift */
-#define MODE_RETRY 1  /* Drift again on the fp16 grid with the tightened budget */
-#define MODE_CHEAP 2  /* the all-cheapest assignment */
-#define STATUS_SKIP 1 /* nothing to write (its window failed its checks) */
+#define MODE_FRESH 0 /* FitMinMax → Drift → Refit → fp16 → Drift */
+#define MODE_RETRY 1 /* Drift again on the fp16 grid with the tightened budget */
+#define MODE_CHEAP 2 /* the all-cheapest assignment */
 
 /* The drift's exp2 table (see dqcu__upload_exp2), one copy per unit that includes this file. */
 static __constant__ float dqcu_exp2[DQCU_EXP2_N];
@@ -113,98 +112,6 @@ __host__ __device__ static inline size_t enc_sorted_off(uint32_t G, uint32_t row
 __host__ __device__ static inline size_t enc_warp_bytes(uint32_t G, uint32_t row_stride, size_t sorted_bytes)
 {
     return enc_sorted_off(G, row_stride) + sorted_bytes;
-}
-
-/* ---- value sources ---- */
-
-/* Loads stream s into x (lane layout); returns 0, DQ_NONFINITE, or STATUS_SKIP. */
-template <int VPL>
-__device__ int load_stream(const enc_params &p, const dqcu_tables &tb, int kind, size_t s, uint32_t lane,
-                           float (&x)[VPL])
-{
-    const uint32_t n = tb.n;
-    bool bad = false;
-    if (p.y) {
-        const float *src = p.y + s * n;
-#pragma unroll
-        for (int r = 0; r < VPL; r++) {
-            uint32_t i = (uint32_t)r * 32u + lane;
-            x[r] = i < n ? src[i] : 0.0f;
-            bad |= i < n && !isfinite(x[r]);
-        }
-        return __any_sync(DQCU_FULL, bad) ? DQ_NONFINITE : 0;
-    }
-    const size_t w = s / tb.W, t = s % tb.W;
-    if (p.win_status[w] != 0)
-        return STATUS_SKIP;
-    const void *src = kind == DQ_KIND_K ? p.k : p.v;
-    const size_t base = (w * tb.W + t) * n;
-    const float *signs = tb.signs;
-    /* The element type is picked once and every load of the stream is issued before one is used:
-     * with a conversion per element (dqcu_load_elem) ptxas may serialize the loads, each one after
-     * the previous one's use (run 51: the windows path 40% slower). F16 bits are converted after. */
-    switch (p.dtype) {
-    case DQ_DTYPE_F32:
-#pragma unroll
-        for (int r = 0; r < VPL; r++) {
-            uint32_t i = (uint32_t)r * 32u + lane;
-            x[r] = i < n ? ((const float *)src)[base + i] : 0.0f;
-        }
-        break;
-    case DQ_DTYPE_BF16:
-#pragma unroll
-        for (int r = 0; r < VPL; r++) {
-            uint32_t i = (uint32_t)r * 32u + lane;
-            x[r] = dqcu_bf16_to_f32(i < n ? ((const uint16_t *)src)[base + i] : 0);
-        }
-        break;
-    default: /* F16 */
-#pragma unroll
-        for (int r = 0; r < VPL; r++) {
-            uint32_t i = (uint32_t)r * 32u + lane;
-            x[r] = dqcu_bitsf(i < n ? ((const uint16_t *)src)[base + i] : 0u);
-        }
-#pragma unroll
-        for (int r = 0; r < VPL; r++)
-            x[r] = dqcu_f16_to_f32((uint16_t)dqcu_fbits(x[r]));
-        break;
-    }
-#pragma unroll
-    for (int r = 0; r < VPL; r++) {
-        uint32_t i = (uint32_t)r * 32u + lane;
-        x[r] = i < n ? x[r] * signs[i] : 0.0f;
-    }
-    dqcu_fwht(x, tb.d, lane);
-#pragma unroll
-    for (int r = 0; r < VPL; r++)
-        x[r] = x[r] * tb.rot_scale;
-    if (kind == DQ_KIND_K) {
-        const uint8_t *mean = p.windows[w];
-        const float sfm = dqcu_f16_le(mean);
-#pragma unroll
-        for (int r = 0; r < VPL; r++) {
-            uint32_t i = (uint32_t)r * 32u + lane;
-            if (i < n) {
-                float mu = (float)(int8_t)mean[2 + i] * sfm;
-                x[r] = x[r] - mu;
-            }
-        }
-    }
-    return 0;
-}
-
-__device__ __forceinline__ uint8_t *record_of(const enc_params &p, const dqcu_tables &tb, int kind, size_t s)
-{
-    if (p.y)
-        return p.records + s * p.record_stride;
-    const size_t w = s / tb.W, t = s % tb.W;
-    size_t off = 2u + tb.n;
-    const size_t rk = 4u + tb.kind[0].C, rv = 4u + tb.kind[1].C;
-    if (kind == DQ_KIND_V)
-        off += (size_t)tb.W * rk + t * rv;
-    else
-        off += t * rk;
-    return p.windows[w] + off;
 }
 
 /* ---- drift ---- */
@@ -1230,10 +1137,8 @@ __global__ void __launch_bounds__(ENC_WARPS * 32, VPL >= 64   ? 2
         const uint32_t sh = sl.sh, oh = sl.oh, state = sl.state, pp = sl.p, emitted = n - sl.p;
         for (uint32_t b = lane; b < 4u + C; b += 32) {
             uint32_t v;
-            if (b < 2)
-                v = sh >> (8 * b);
-            else if (b < 4)
-                v = oh >> (8 * (b - 2));
+            if (b < 4)
+                v = record_head_byte(sh, oh, b);
             else if (b < 8)
                 v = state >> (8 * (b - 4));
             else if (b - 8 < emitted)
@@ -1318,27 +1223,8 @@ static int launch_encode_kernel(const dqcu_codec *dc, const enc_params &p0, unsi
 template <int VER>
 static int enc_launch(const dqcu_codec *dc, const enc_params &p, unsigned gy, cudaStream_t stream)
 {
-    uint32_t vpl = 1;
-    while (vpl * 32u < dc->n)
-        vpl <<= 1;
-    switch (vpl) {
-    case 1:
-        return launch_encode_kernel<1, VER>(dc, p, gy, stream);
-    case 2:
-        return launch_encode_kernel<2, VER>(dc, p, gy, stream);
-    case 4:
-        return launch_encode_kernel<4, VER>(dc, p, gy, stream);
-    case 8:
-        return launch_encode_kernel<8, VER>(dc, p, gy, stream);
-    case 16:
-        return launch_encode_kernel<16, VER>(dc, p, gy, stream);
-    case 32:
-        return launch_encode_kernel<32, VER>(dc, p, gy, stream);
-    case 64:
-        return launch_encode_kernel<64, VER>(dc, p, gy, stream);
-    default:
-        return DQ_UNSUPPORTED;
-    }
+    return enc_for_vpl(dc->n,
+                       [&](auto vpl) { return launch_encode_kernel<decltype(vpl)::value, VER>(dc, p, gy, stream); });
 }
 
 #endif

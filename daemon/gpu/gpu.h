@@ -64,9 +64,9 @@ const char *dqd_gpu_describe(const dqd_gpu *g);
  * (n <= DQCU_MAX_ENCODE_STREAM, 32 <= head_dim <= 512, at most 8 query heads per KV head), or a
  * fixed-width profile (DQ_CODEC_FIXED) of such a shape with --gpu-attention-layout hot or hot-only
  * when dqcu_attend_hot takes the model (dqcu_attend_hot_check at its q_heads, and at a GQA group
- * of 1 as the layers' hot copies are decided): the device has only the hot layout for that family,
- * so its records are encoded and decoded on the host (gpustore.c). Others stay on the host tier
- * and use the cpu code. */
+ * of 1 as the layers' hot copies are decided): the device encodes that family's records and has its
+ * hot layout, but no decoder or container attention, so those reads run libdquant on host copies
+ * (gpustore.c). Others stay on the host tier and use the cpu code. */
 bool dqd_gpu_model_ok(const dqd_gpu *g, const dqd_model *m);
 
 /* Store hook (dqd_store_gpu_enable): frees every GPU layer of a sequence nothing uses any more. */
@@ -92,6 +92,9 @@ void dqd_gpu_hot_stats(const dqd_gpu *g, uint64_t *windows, uint64_t *bytes, uin
  * (dqcu_rebuild_hot), and on the CPU (dq_hot_rebuild, where the device refused or failed). */
 void dqd_gpu_hot_only_stats(const dqd_gpu *g, uint64_t *windows, uint64_t *rebuilt, uint64_t *rebuilt_gpu,
                             uint64_t *rebuilt_cpu);
+/* Windows sealed on the device by dqcu_encode_windows (appends to GPU layers, every profile the GPU
+ * tier holds) so far. */
+uint64_t dqd_gpu_encode_stats(const dqd_gpu *g);
 
 /* ---- worker threads (the caller holds the access the operation needs) ---- */
 

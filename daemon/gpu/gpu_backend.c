@@ -82,6 +82,7 @@ int dqd_gpu_create(const dqd_config *cfg, dqd_hostmem *mem, dqd_gpu **out, char 
     atomic_init(&g->hot_only_windows, 0);
     atomic_init(&g->records_rebuilt, 0);
     atomic_init(&g->records_rebuilt_gpu, 0);
+    atomic_init(&g->windows_encoded, 0);
     atomic_init(&g->records_rebuilt_cpu, 0);
     DQD_GCK_GOTO(cudaSetDevice(dev), rc, fail);
     size_t free_b = 0, total_b = 0;
@@ -175,6 +176,11 @@ void dqd_gpu_hot_only_stats(const dqd_gpu *g, uint64_t *windows, uint64_t *rebui
     *rebuilt = atomic_load_explicit(&((dqd_gpu *)g)->records_rebuilt, memory_order_relaxed);
     *rebuilt_gpu = atomic_load_explicit(&((dqd_gpu *)g)->records_rebuilt_gpu, memory_order_relaxed);
     *rebuilt_cpu = atomic_load_explicit(&((dqd_gpu *)g)->records_rebuilt_cpu, memory_order_relaxed);
+}
+
+uint64_t dqd_gpu_encode_stats(const dqd_gpu *g)
+{
+    return atomic_load_explicit(&((dqd_gpu *)g)->windows_encoded, memory_order_relaxed);
 }
 
 const char *dqd_gpu_describe(const dqd_gpu *g)

@@ -85,6 +85,7 @@ struct dqd_gpu {
     _Atomic uint64_t records_rebuilt;        /* records rebuilt from hot windows, total */
     _Atomic uint64_t records_rebuilt_gpu;    /* of those, on the device (dqcu_rebuild_hot) */
     _Atomic uint64_t records_rebuilt_cpu;    /* of those, on the CPU where the device refused or failed */
+    _Atomic uint64_t windows_encoded;        /* windows sealed by dqcu_encode_windows (dqd_gpu_encode_stats) */
 };
 
 /* Logs a failed CUDA call, clears the thread's last error (so a later library call does not

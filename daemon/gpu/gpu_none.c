@@ -49,6 +49,12 @@ void dqd_gpu_hot_only_stats(const dqd_gpu *g, uint64_t *windows, uint64_t *rebui
     *rebuilt_cpu = 0;
 }
 
+uint64_t dqd_gpu_encode_stats(const dqd_gpu *g)
+{
+    (void)g;
+    return 0;
+}
+
 const char *dqd_gpu_describe(const dqd_gpu *g)
 {
     (void)g;

@@ -570,10 +570,10 @@ static int records_host(dqd_gwork *w, const dqd_codec *codec, const dqd_glayer *
 /* ---- the fixed-width family ----
  *
  * Fixed-width profiles (DQ_CODEC_FIXED) live on the GPU only with the hot layouts (dqd_gpu_model_ok):
- * the device transcodes their records to hot windows and attends over those, but has no encoder,
- * decoder or container attention for them. So their appends are encoded on the host by libdquant
- * (the records dq_layer_append writes) and uploaded, and the reads that need values (GET, and an
- * ATTEND the hot kernel cannot plan) run libdquant on a host copy of the windows they read. */
+ * their appends take dqd_gpu_append's device path like D-Quant's (dqcu_encode_windows writes the
+ * records dq_layer_append would), the device transcodes the records to hot windows and attends over
+ * those, but has no decoder or container attention for them: the reads that need values (GET, and
+ * an ATTEND the hot kernel cannot plan) run libdquant on a host copy of the windows they read. */
 
 /* A host layer of windows [wa, we) of l, and of its tail when we == nwin. */
 static int host_part(dqd_gwork *w, const dqd_codec *codec, const dqd_glayer *l, uint32_t wa, uint32_t we,
@@ -794,114 +794,6 @@ static void add_stats(dq_encode_stats *to, const dq_encode_stats *st)
         to->max_move = st->max_move;
 }
 
-/* dqd_gpu_append of a fixed-width layer: the tail comes down into a host layer, dq_layer_append
- * encodes the tokens there (its checks, codes and bytes), and the windows it seals go up (into
- * their slots, or the record scratch of a hot-only layer) to be transcoded, then the new tail. */
-static int append_fixed(dqd_gwork *w, const dqcu_codec *dc, const dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot,
-                        const void *k, const void *v, dq_dtype dtype, size_t ntok, unsigned flags,
-                        dq_encode_stats *stats)
-{
-    const size_t n = codec->n, wb = codec->window_bytes, xb = ntok * n * dq_dtype_size(dtype);
-    uint8_t *hin = NULL;
-    uint16_t *snap = NULL;
-    dq_layer *hl = NULL;
-    dq_workspace *ws = NULL;
-    int rc = DQ_OK;
-    if ((flags & DQD_GAPPEND_DEVICE) && ntok) {
-        hin = malloc(2 * xb);
-        if (!hin)
-            return DQ_NOMEM;
-        rc = dqd_gd2h(w, hin, k, xb);
-        if (rc == DQ_OK)
-            rc = dqd_gd2h(w, hin + xb, v, xb);
-        if (rc < 0) {
-            free(hin);
-            return rc;
-        }
-        k = hin;
-        v = hin + xb;
-    }
-    if (!*slot) {
-        rc = layer_new(w, codec, dc, slot);
-        if (rc < 0) {
-            free(hin);
-            return rc;
-        }
-        txn->created = true;
-    }
-    dqd_glayer *l = *slot;
-    txn_mark(txn, l);
-    const size_t t = l->tail, tb = t * n * sizeof(uint16_t);
-    snap = malloc(2 * tb + 1);
-    if (!snap) {
-        rc = DQ_NOMEM;
-        goto undo;
-    }
-    if (t) {
-        DQD_CHECK_GOTO(dqd_gd2h(w, snap, l->d_tail, tb), rc, undo);
-        DQD_CHECK_GOTO(dqd_gd2h(w, snap + t * n, l->d_tail + tail_elems(codec), tb), rc, undo);
-    }
-    DQD_CHECK_GOTO(dq_layer_restore_unchecked(codec->codec, NULL, 0, t ? snap : NULL, t ? snap + t * n : NULL, t, &hl),
-                   rc, undo);
-    DQD_CHECK_GOTO(dq_workspace_create(codec->codec, &ws), rc, undo);
-    dq_encode_stats st;
-    memset(&st, 0, sizeof st);
-    rc = dq_layer_append(hl, ws, k, v, dtype, ntok, &st);
-    if (rc < 0) {
-        txn->raw_nonfinite = rc == DQ_NONFINITE && ntok &&
-                             (dq_check_finite(k, dtype, ntok * n) < 0 || dq_check_finite(v, dtype, ntok * n) < 0);
-        goto undo;
-    }
-    const size_t nseal = dq_layer_window_count(hl), tail = dq_layer_tail_tokens(hl);
-    if (nseal) {
-        /* the tail changes in place: the old one is kept for a rollback */
-        txn->snap = snap;
-        snap = NULL;
-        if (l->nwin + nseal > l->slots)
-            DQD_CHECK_GOTO(add_segment(w, codec, l, (uint32_t)segment_windows(l->nwin + nseal - l->slots)), rc, undo);
-    }
-    if (nseal && !l->hot_only) {
-        for (size_t i = 0; i < nseal; i++)
-            DQD_CHECK_GOTO(dqd_gh2d(w, l->h_win[l->nwin + i], dq_layer_window(hl, i), wb), rc, undo);
-        l->nwin += (uint32_t)nseal;
-        DQD_CHECK_GOTO(hot_transcode(w, dc, l, txn->nwin0, (uint32_t)nseal, NULL, NULL), rc, undo);
-    }
-    /* hot-only: a scratch's worth of records at a time, transcoded in stream order before the next */
-    const size_t per = wb < DQD_REBUILD_BYTES ? DQD_REBUILD_BYTES / wb : 1;
-    for (size_t i = 0; i < nseal && l->hot_only;) {
-        const size_t cnt = nseal - i < per ? nseal - i : per;
-        uint8_t *recs;
-        uint8_t **ptrs;
-        DQD_CHECK_GOTO(rec_scratch(w, wb, (uint32_t)cnt, 0, (uint32_t)cnt, &recs, &ptrs), rc, undo);
-        for (size_t j = 0; j < cnt; j++)
-            DQD_CHECK_GOTO(dqd_gh2d(w, recs + j * wb, dq_layer_window(hl, i + j), wb), rc, undo);
-        DQD_CHECK_GOTO(hot_transcode(w, dc, l, l->nwin, (uint32_t)cnt, (const uint8_t *const *)ptrs, NULL), rc, undo);
-        l->nwin += (uint32_t)cnt;
-        i += cnt;
-    }
-    if (tail) {
-        const size_t nb = tail * n * sizeof(uint16_t);
-        DQD_CHECK_GOTO(dqd_gh2d(w, l->d_tail, dq_layer_tail(hl, DQ_KIND_K), nb), rc, undo);
-        DQD_CHECK_GOTO(dqd_gh2d(w, l->d_tail + tail_elems(codec), dq_layer_tail(hl, DQ_KIND_V), nb), rc, undo);
-    }
-    l->tail = (uint32_t)tail;
-    if (stats)
-        add_stats(stats, &st);
-    txn->applied = true;
-    goto done;
-
-undo:
-    if (undo(w, codec, txn, slot) < 0)
-        txn->broken = true;
-    txn->created = false;
-done:
-    dq_workspace_free(ws);
-    dq_layer_free(hl);
-    free(snap);
-    free(hin);
-    return rc;
-}
-
 int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot, const void *k, const void *v,
                    dq_dtype dtype, size_t ntok, unsigned flags, dq_encode_stats *stats)
 {
@@ -921,8 +813,6 @@ int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **
         rc = dqd_gcodec_get(g, codec, &dc);
     if (rc < 0)
         return rc;
-    if (codec_fixed(codec))
-        return append_fixed(w, dc, codec, txn, slot, k, v, dtype, ntok, flags, stats);
     const uint8_t *dk = k, *dv = v;
     const size_t xb = ntok * n * esz;
     if (!(flags & DQD_GAPPEND_DEVICE) && ntok) {
@@ -1080,6 +970,7 @@ int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **
             add_stats(stats, &st);
         }
         free(hsmall);
+        atomic_fetch_add_explicit(&w->g->windows_encoded, nseal, memory_order_relaxed);
     }
     txn->applied = true;
     return DQ_OK;

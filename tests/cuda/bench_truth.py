@@ -25,6 +25,13 @@ What is measured (Qwen3-8B: 32 query heads, 8 KV heads, head_dim 128; profile dq
   inside the same CUDA graph as the GEMMs. The windows sealed while decoding (one per sequence
   and layer every 128 steps) are encoded in a separate graph and their time, amortized per step,
   is added to the D-Quant step (seal_ms).
+* The fixed-width family (--layouts ...,fixed226; opt-in): fixed226 (D-Quant's preprocessing,
+  base-M packed levels, no rANS) encoded on the GPU by dqcu_encode_windows, transcoded by
+  dqcu_transcode_hot to 3 + 2-bit codes and attended by dqcu_attend_hot: attention rows per shape
+  beside dq226's, and its own end-to-end phase (e2e-fixed226: the batch from its hot windows'
+  bytes, sealing = its GPU encode + transcode, amortized). Its attention is checked against float64
+  attention over its records decoded by libdquant on the host (dqcu_decompress has no fixed-width
+  path). Give it time: --time-budget 600 or more.
 
 Timing: GPU time on both sides. Each measurement captures one CUDA graph of many calls
 (back-to-back launches; a plain launch loop if capture fails, reported as "loop"), replays it
@@ -86,15 +93,25 @@ PROFILE = "dq226"
 DQ226_WINDOW_BYTES, DQ226_W, DQ226_R = 73986, 128, 128
 # the same windows in the hot layout (dquant/hot.h: 3 + 3-bit codes, s/o, the key mean)
 DQ226_HOT_BYTES = 100368
-# how the sealed windows are held: "containers" (window records, attention v7 with rANS in its loop)
-# or "hot" (transcoded to fixed-width codes, dqcu_attend_hot)
-LAYOUTS = ("containers", "hot")
+# fixed226 at n = 8 x 128: window record and hot window (3 + 2-bit codes), checked like dq226's
+FIXED226_WINDOW_BYTES, FIXED226_HOT_BYTES = 71042, 83984
+# how the sealed windows are held: "containers" (window records, attention v7 with rANS in its loop),
+# "hot" (transcoded to fixed-width codes, dqcu_attend_hot), or "fixed226" (the fixed-width profile
+# fixed226 encoded on the GPU, transcoded and attended in the hot layout; opt-in)
+LAYOUTS = ("containers", "hot", "fixed226")
+DEFAULT_LAYOUTS = "containers,hot"
+LAYOUT_PROFILE = {"containers": PROFILE, "hot": PROFILE, "fixed226": "fixed226"}
+# (window record, hot window) bytes per profile, for --dry-run and --fake
+PROFILE_BYTES = {PROFILE: (DQ226_WINDOW_BYTES, DQ226_HOT_BYTES),
+                 "fixed226": (FIXED226_WINDOW_BYTES, FIXED226_HOT_BYTES)}
 
 DEFAULT_SHAPES = "1:8292,1:32868,1:131172,8:32825,32:32781,128:8292"  # 8K+100, 32K+100, 128K+100, ...
 DEFAULT_E2E = "8292,32868"
-PHASES = ("attn", "e2e-bf16", "e2e-dq", "e2e-hot")
+PHASES = ("attn", "e2e-bf16", "e2e-dq", "e2e-hot", "e2e-fixed226")
+# the layout of each end-to-end D-Quant phase (the default phases: attn, e2e-bf16 and these of --layouts)
+E2E_LAYOUT = {"e2e-dq": "containers", "e2e-hot": "hot", "e2e-fixed226": "fixed226"}
 # share of --time-budget a phase may take at most (the last takes what is left)
-PHASE_SHARE = {"attn": 0.45, "e2e-bf16": 0.2, "e2e-dq": 0.3, "e2e-hot": 1.0}
+PHASE_SHARE = {"attn": 0.45, "e2e-bf16": 0.2, "e2e-dq": 0.3, "e2e-hot": 0.25, "e2e-fixed226": 1.0}
 REL_TOL_BF16 = 2e-2  # a BF16 attention's output against float64 (BF16 rounding: ~4e-3)
 REL_TOL_DQ = 1e-3  # dqcu_attend against float64 attention over the decoded containers (checkcuda's)
 DEV = "cuda"  # torch device of every tensor ("cpu" in the --sim self-check)
@@ -135,6 +152,22 @@ def parse_contexts(text: str) -> List[int]:
             raise ValueError(f"bad context {c}")
         out.append(c)
     return out
+
+
+def parse_layouts(text: str) -> List[str]:
+    """--layouts: a comma-separated subset of LAYOUTS, at least one."""
+    out = [x for x in text.split(",") if x]
+    for x in out:
+        if x not in LAYOUTS:
+            raise ValueError(f"unknown layout {x!r} (choose from {', '.join(LAYOUTS)})")
+    if not out:
+        raise ValueError("no layout")
+    return out
+
+
+def default_phases(layouts: Sequence[str]) -> str:
+    """attn, e2e-bf16, then the end-to-end phase of each layout asked for (in PHASES order)."""
+    return ",".join(["attn", "e2e-bf16"] + [p for p, lay in E2E_LAYOUT.items() if lay in layouts])
 
 
 def bf16_bytes_per_token(m: Dict[str, Any] = MODEL) -> int:
@@ -291,6 +324,7 @@ def merge(args: argparse.Namespace, parts: Dict[str, Optional[Dict[str, Any]]], 
         "wall_s": round(time.time() - started, 1),
         "model": MODEL,
         "profile": PROFILE,
+        "layout_profiles": {lay: LAYOUT_PROFILE[lay] for lay in parse_layouts(args.layouts)},
         "budget_gb": args.budget_gb,
         "method": ("GPU time per call: median over graph replays of N back-to-back calls (one CUDA graph), "
                    "divided by N; inputs rotated over >= max(rot_mb, 4 x L2) bytes on both sides"),
@@ -311,7 +345,7 @@ def merge(args: argparse.Namespace, parts: Dict[str, Optional[Dict[str, Any]]], 
     attn = parts.get("attn") or {}
     out["rows"] += [r for r in attn.get("rows", [])]
     bf = {r["context"]: r for r in (parts.get("e2e-bf16") or {}).get("rows", [])}
-    for layout, phase in (("containers", "e2e-dq"), ("hot", "e2e-hot")):
+    for phase, layout in E2E_LAYOUT.items():
         _merge_e2e(args, out, bf, {r["context"]: r for r in (parts.get(phase) or {}).get("rows", [])}, layout,
                    phase in parts)
     return out
@@ -327,8 +361,9 @@ def _merge_e2e(args: argparse.Namespace, out: Dict[str, Any], bf: Dict[int, Any]
         what = "window records, attention v7" if layout == "containers" else "hot windows, dqcu_attend_hot"
         r: Dict[str, Any] = {"kind": "e2e",
                              "layout": layout,
+                             "profile": LAYOUT_PROFILE[layout],
                              "config": f"{MODEL['name']} decode step, {args.budget_gb:g} GB KV budget, "
-                                       f"context {ctx}, dq226 {what}",
+                                       f"context {ctx}, {LAYOUT_PROFILE[layout]} {what}",
                              "context": ctx,
                              "batch": d.get("batch"),
                              "tokens_per_s": d.get("tokens_per_s"),
@@ -397,9 +432,11 @@ def fake_phase(args: argparse.Namespace, phase: str, part: Part) -> None:
     part.meta(device={"name": "fake", "sms": 0, "l2_mb": 60.0, "torch": "none"}, copy_tbps=4.2,
               window_bytes=DQ226_WINDOW_BYTES)
     wb, W, R = DQ226_WINDOW_BYTES, DQ226_W, DQ226_R
+    per_token = {"containers": 2.6e-6, "hot": 0.6e-6, "fixed226": 0.5e-6}
     if phase == "attn":
         for B, T in parse_shapes(args.shapes):
-            for layout, per_tok in (("containers", 2.6e-6), ("hot", 0.6e-6)):
+            for layout in parse_layouts(args.layouts):
+                per_tok = per_token[layout]
                 if (B, T) in fail:
                     part.row({"kind": "attention", "layout": layout, "batch": B, "context": T, "dq_ms": None,
                               "bf16_ms": None, "bf16_backend": None, "ratio": None,
@@ -416,11 +453,12 @@ def fake_phase(args: argparse.Namespace, phase: str, part: Part) -> None:
             step = 3.6 + MODEL["layers"] * b * ctx * 0.98e-6
             part.row({"context": ctx, "bf16_batch": b, "bf16_step_ms": step, "bf16_attn_ms": step - 3.6,
                       "bf16_tokens_per_s": b / (step * 1e-3), "bf16_backend": "fake"})
-    elif phase in ("e2e-dq", "e2e-hot"):
-        hot = phase == "e2e-hot"
+    elif phase in E2E_LAYOUT:
+        layout = E2E_LAYOUT[phase]
+        rec_b, hot_b = PROFILE_BYTES[LAYOUT_PROFILE[layout]]
         for ctx in parse_contexts(args.e2e):
-            b, _ = budget_batches(ctx, args.budget_gb * 1e9, DQ226_HOT_BYTES if hot else wb, W, R)
-            attn = MODEL["layers"] * b * ctx * (0.6e-6 if hot else 2.6e-6)
+            b, _ = budget_batches(ctx, args.budget_gb * 1e9, rec_b if layout == "containers" else hot_b, W, R)
+            attn = MODEL["layers"] * b * ctx * per_token[layout]
             step = 12.0 + attn
             part.row({"context": ctx, "batch": b, "step_ms": step, "attn_ms": attn, "seal_ms": 0.5,
                       "tokens_per_s": b / ((step + 0.5) * 1e-3)})
@@ -431,8 +469,18 @@ def fake_phase(args: argparse.Namespace, phase: str, part: Part) -> None:
 # GPU side (torch imported here only)
 
 
+class CodecSet:
+    """A profile on the device: its host and device codecs, window record and hot window bytes.
+    host_decode: the checks decode its records with libdquant on the host (dqcu_decompress has no
+    fixed-width path)."""
+
+    def __init__(self, name: str, hc, dc, wb: int, hb: int, host_decode: bool):
+        self.name, self.hc, self.dc, self.wb, self.hb, self.host_decode = name, hc, dc, wb, hb, host_decode
+
+
 class Gpu:
-    """torch, the device, libdquant-cuda and a dq226 device codec."""
+    """torch, the device, libdquant-cuda and a dq226 device codec (others, such as fixed226, on
+    demand: cs())."""
 
     def __init__(self, args: argparse.Namespace, part: Part):
         import torch
@@ -463,6 +511,9 @@ class Gpu:
         if rc:
             raise RuntimeError(f"dqcu_attend_hot_check({self.QH} q heads): {self.lib.err_name(rc)}")
         self.hot_kernel = self.dc.attend_hot_kernel(self.QH)
+        self.kernel_args = (args.attend_kernel, args.hot_kernel)
+        self.part = part
+        self.codecs: Dict[str, CodecSet] = {PROFILE: CodecSet(PROFILE, self.hc, self.dc, self.wb, self.hb, False)}
         if self.W != DQ226_W or self.wb != DQ226_WINDOW_BYTES:
             part.note(f"{PROFILE}: W {self.W}, window record {self.wb} B (this script's table says "
                       f"{DQ226_W} / {DQ226_WINDOW_BYTES})")
@@ -477,6 +528,27 @@ class Gpu:
             f"{self.dev['mem_gb']} GB), torch {torch.__version__} (CUDA {torch.version.cuda}); libdquant-cuda "
             f"attention v{self.kernel}; copy {self.copy_tbps:.2f} TB/s; inputs rotated over >= "
             f"{self.rot / 1e6:.0f} MB")
+
+    def cs(self, layout: str) -> CodecSet:
+        """The codecs of a layout's profile (made at the first call)."""
+        name = LAYOUT_PROFILE[layout]
+        if name not in self.codecs:
+            hc = dqc.HostCodec(self.lib, name, self.KVH, self.D)
+            dc = dqc.DeviceCodec(self.lib, hc, *self.kernel_args)
+            rc = dc.attend_hot_check(self.QH)
+            if rc:
+                raise RuntimeError(f"{name}: dqcu_attend_hot_check({self.QH} q heads): {self.lib.err_name(rc)}")
+            if hc.window != self.W or hc.residual != self.R:
+                raise RuntimeError(f"{name}: W {hc.window}, R {hc.residual}; {PROFILE} has {self.W}, {self.R}")
+            cs = CodecSet(name, hc, dc, hc.window_bytes, dc.hot_window_bytes(), True)
+            if (cs.wb, cs.hb) != PROFILE_BYTES.get(name, (cs.wb, cs.hb)):
+                self.part.note(f"{name}: window record {cs.wb} B, hot window {cs.hb} B (this script's table "
+                               f"says {PROFILE_BYTES[name]})")
+            self.part.meta(**{f"{name}_window_bytes": cs.wb, f"{name}_hot_window_bytes": cs.hb,
+                              f"{name}_hot_kernel": dc.attend_hot_kernel(self.QH)})
+            log(f"{name}: window record {cs.wb} B, hot window {cs.hb} B per {hc.window} tokens")
+            self.codecs[name] = cs
+        return self.codecs[name]
 
     def shape_attrs(self) -> None:
         m = MODEL
@@ -687,9 +759,10 @@ class Pool:
 
     alloc_bytes = 1 << 30
 
-    def __init__(self, gpu: Gpu, count: int, seed: int = 1234, chunk: int = 2048):
+    def __init__(self, gpu: Gpu, count: int, seed: int = 1234, chunk: int = 2048, cs: Optional[CodecSet] = None):
         torch = gpu.torch
-        self.gpu, self.count, self.wb = gpu, count, gpu.wb
+        self.cs = cs = cs or gpu.cs("containers")
+        self.gpu, self.count, self.wb = gpu, count, cs.wb
         self.per_alloc = max(1, self.alloc_bytes // self.wb)
         self.allocs = []
         for s in range(0, count, self.per_alloc):
@@ -712,8 +785,8 @@ class Pool:
             kb.add_(chan.to(torch.bfloat16))
             vb.normal_(generator=gen)
             p = self.ptrs(torch.arange(s, s + c, device=DEV, dtype=torch.int64))
-            gpu.dc.encode_windows(kb.data_ptr(), vb.data_ptr(), dqc.DTYPE_BF16, c, p.data_ptr(),
-                                  status.data_ptr() + 4 * s, gpu.stream())
+            cs.dc.encode_windows(kb.data_ptr(), vb.data_ptr(), dqc.DTYPE_BF16, c, p.data_ptr(),
+                                 status.data_ptr() + 4 * s, gpu.stream())
             if time.time() - last > 5:
                 gpu.sync()
                 last = time.time()
@@ -733,6 +806,16 @@ class Pool:
         idx = idx % self.count
         return self.bases[idx // self.per_alloc] + (idx % self.per_alloc) * self.wb
 
+    def host_records(self, ids: Sequence[int]):
+        """The records of windows ids (mod count), one after the other, in a CPU uint8 tensor."""
+        torch = self.gpu.torch
+        parts = []
+        for i in ids:
+            i %= self.count
+            off = (i % self.per_alloc) * self.wb
+            parts.append(self.allocs[i // self.per_alloc][off:off + self.wb])
+        return torch.cat(parts).cpu() if parts else torch.empty(0, dtype=torch.uint8)
+
 
 class HotPool:
     """count windows in the hot layout (dqcu_transcode_hot), in allocations of ~1 GiB; ptrs() as Pool's.
@@ -741,9 +824,11 @@ class HotPool:
 
     alloc_bytes = 1 << 30
 
-    def __init__(self, gpu: Gpu, count: int, records: Optional[Pool] = None, seed: int = 1234, chunk: int = 2048):
+    def __init__(self, gpu: Gpu, count: int, records: Optional[Pool] = None, seed: int = 1234, chunk: int = 2048,
+                 cs: Optional[CodecSet] = None):
         torch = gpu.torch
-        self.gpu, self.count, self.wb = gpu, count, gpu.hb
+        self.cs = cs = cs or (records.cs if records is not None else gpu.cs("hot"))
+        self.gpu, self.count, self.wb = gpu, count, cs.hb
         self.per_alloc = max(1, self.alloc_bytes // self.wb)
         self.allocs = []
         for s in range(0, count, self.per_alloc):
@@ -761,12 +846,12 @@ class HotPool:
                 src = records
                 rp = records.ptrs(torch.arange(s, s + c, device=DEV, dtype=torch.int64))
             else:
-                src = Pool(gpu, c, seed=seed + s)
+                src = Pool(gpu, c, seed=seed + s, cs=cs)
                 rp = src.ptrs(torch.arange(0, c, device=DEV, dtype=torch.int64))
                 if s == 0:
                     self.records, self.kept = src, c
             hp = self.ptrs(torch.arange(s, s + c, device=DEV, dtype=torch.int64))
-            gpu.dc.transcode_hot(rp.data_ptr(), c, hp.data_ptr(), corrupt.data_ptr(), gpu.stream())
+            cs.dc.transcode_hot(rp.data_ptr(), c, hp.data_ptr(), corrupt.data_ptr(), gpu.stream())
             if records is None and s > 0:
                 gpu.sync()
                 del src
@@ -786,9 +871,16 @@ class HotPool:
 
     def rec_ptrs(self, idx):
         """The records the windows idx were transcoded from, None where they are not kept."""
-        if int(idx.max()) >= self.kept:
+        ri = self.rec_index(idx)
+        return None if ri is None else self.records.ptrs(ri)
+
+    def rec_index(self, idx):
+        """The indices in self.records of the records windows idx were transcoded from, None where
+        they are not kept."""
+        idx = idx % self.count
+        if idx.numel() and int(idx.max()) >= self.kept:
             return None
-        return self.records.ptrs(idx)
+        return idx
 
 
 def seq_table(gpu: Gpu, win, tails_k, tails_v, nwin: int, tail: int):
@@ -826,6 +918,29 @@ def dq_check(gpu: Gpu, win_row, tk, tv, nwin: int, tail: int, q, out, nb: int) -
     return worst
 
 
+def host_check(gpu: Gpu, cs: CodecSet, records: Pool, idx, tk, tv, nwin: int, tail: int, q, out, nb: int) -> float:
+    """dq_check for a profile without a device decoder (cs.host_decode): the records of windows idx
+    [nb, nwin] of records decoded by libdquant on the host (dq_tokens_decode), then the tail."""
+    torch = gpu.torch
+    W, n = gpu.W, gpu.n
+    T = nwin * W + tail
+    worst = 0.0
+    for b in range(nb):
+        K = torch.empty(T, gpu.KVH, gpu.D, dtype=torch.float32)
+        V = torch.empty_like(K)
+        blob = records.host_records([int(i) for i in idx[b, :nwin].tolist()] if nwin else [])
+        for w in range(nwin):
+            cs.hc.decode_window(blob[w * cs.wb:(w + 1) * cs.wb].data_ptr(), K[w * W].data_ptr(),
+                                V[w * W].data_ptr())
+        K[nwin * W:] = tk[b, :tail].float().cpu()
+        V[nwin * W:] = tv[b, :tail].float().cpu()
+        assert K.numel() == T * n
+        ref = ref_attention(torch, q[b], K.to(DEV), V.to(DEV), gpu.scale, gpu.G)
+        worst = max(worst, rel_err(torch, out[b], ref))
+        del K, V
+    return worst
+
+
 # -- phase: attention per layer
 
 
@@ -838,15 +953,23 @@ def phase_attn(args: argparse.Namespace, part: Part, deadline: float) -> None:
     plans = {s: dq_attn_plan(s[0], s[1], gpu.wb, gpu.W, gpu.R, gpu.rot) for s in shapes}
     pool_n = max(p["windows_per_set"] * p["sets"] for p in plans.values())
     pool_n = max(1, min(pool_n, max(args.attn_pool, max(p["windows_per_set"] for p in plans.values()))))
-    log(f"encoding a pool of {pool_n} windows ({pool_n * gpu.wb / 1e9:.2f} GB) ...")
-    pool = Pool(gpu, pool_n, seed=77)
-    log(f"   {pool.encode_s:.2f} s ({pool_n * gpu.W * 2 / pool.encode_s / 1e6:.1f} M streams/s incl. generation)")
+    layouts = parse_layouts(args.layouts)
+    pools: Dict[str, Any] = {}  # per layout, the windows its rows attend over
+    if "containers" in layouts or "hot" in layouts:
+        log(f"encoding a pool of {pool_n} windows ({pool_n * gpu.wb / 1e9:.2f} GB) ...")
+        pool = Pool(gpu, pool_n, seed=77)
+        log(f"   {pool.encode_s:.2f} s ({pool_n * gpu.W * 2 / pool.encode_s / 1e6:.1f} M streams/s incl. generation)")
+        pools["containers"] = pool
+        if "hot" in layouts:
+            pools["hot"] = HotPool(gpu, pool_n, records=pool)
+            log(f"   transcoded to the hot layout: {pool_n * gpu.hb / 1e9:.2f} GB in {pools['hot'].transcode_s:.2f} s")
+    if "fixed226" in layouts:
+        cs = gpu.cs("fixed226")
+        log(f"encoding a pool of {pool_n} {cs.name} windows on the GPU and transcoding them "
+            f"({pool_n * cs.hb / 1e9:.2f} GB hot) ...")
+        pools["fixed226"] = HotPool(gpu, pool_n, seed=77, cs=cs)
+        log(f"   {pools['fixed226'].transcode_s:.2f} s (encode + transcode incl. generation)")
     part.meta(attn_pool_windows=pool_n)
-    layouts = [x for x in args.layouts.split(",") if x]
-    hot_pool = None
-    if "hot" in layouts:
-        hot_pool = HotPool(gpu, pool_n, records=pool)
-        log(f"   transcoded to the hot layout: {pool_n * gpu.hb / 1e9:.2f} GB in {hot_pool.transcode_s:.2f} s")
     for si, (B, T) in enumerate(shapes):
         rows: Dict[str, Dict[str, Any]] = {}
         for lay in layouts:
@@ -861,7 +984,7 @@ def phase_attn(args: argparse.Namespace, part: Part, deadline: float) -> None:
         log(f"\n== attention {si + 1}/{len(shapes)}: batch {B}, context {T} = {pl['nwin']} windows + "
             f"{pl['tail']} tail tokens")
         try:
-            attn_shape(gpu, pool, hot_pool, B, T, pl, cands, rows)
+            attn_shape(gpu, pools, B, T, pl, cands, rows)
         except Exception as e:  # noqa: BLE001 - report and go on with the next shape
             for row in rows.values():
                 if row.get("ratio") is None:
@@ -874,11 +997,12 @@ def phase_attn(args: argparse.Namespace, part: Part, deadline: float) -> None:
     part.finish()
 
 
-def attn_shape(gpu: Gpu, pool: Pool, hot_pool: Optional[HotPool], B: int, T: int, pl: Dict[str, Any], cands,
+def attn_shape(gpu: Gpu, pools: Dict[str, Any], B: int, T: int, pl: Dict[str, Any], cands,
                rows: Dict[str, Dict[str, Any]]) -> None:
     """One shape: every layout of rows (containers: dqcu_attend on the pool's records; hot:
-    dqcu_attend_hot on the same windows transcoded), each checked and timed twice around the BF16
-    side, against the fastest correct BF16 attention."""
+    dqcu_attend_hot on the same windows transcoded; fixed226: dqcu_attend_hot on fixed226 windows
+    encoded on the GPU and transcoded), each checked and timed twice around the BF16 side, against
+    the fastest correct BF16 attention."""
     torch = gpu.torch
     QH, KVH, D, R = gpu.QH, gpu.KVH, gpu.D, gpu.R
     nwin, tail = pl["nwin"], pl["tail"]
@@ -887,18 +1011,20 @@ def attn_shape(gpu: Gpu, pool: Pool, hot_pool: Optional[HotPool], B: int, T: int
     bplan = bf16_attn_plan(B, T, gpu.rot)
     sides: Dict[str, Dict[str, Any]] = {}
     for lay, row in rows.items():
-        hot = lay == "hot"
-        lp = dq_attn_plan(B, T, gpu.hb if hot else gpu.wb, gpu.W, R, gpu.rot)
+        hot = lay != "containers"
+        cs = gpu.cs(lay)
+        src = pools[lay]
+        lp = dq_attn_plan(B, T, cs.hb if hot else cs.wb, gpu.W, R, gpu.rot)
         S = lp["sets"]
-        wsb = gpu.dc.hot_workspace_size(QH, B, T) if hot else gpu.dc.workspace_size(QH, B, T)
+        wsb = cs.dc.hot_workspace_size(QH, B, T) if hot else cs.dc.workspace_size(QH, B, T)
         need = S * B * (R * gpu.n * 4 + nwin * 8 + QH * D * 4) + wsb
         need += bplan["sets"] * bplan["bytes_per_call"] + 2 * 2 * KVH * T * D * 8  # + the float64 reference
         if need > gpu.free_bytes() * 0.95:
             raise MemoryError(f"needs ~{need / 1e9:.1f} GB, {gpu.free_bytes() / 1e9:.1f} GB free")
         # S sets of B sequences, each its own windows (rotating through the pool) and tail
         idx = torch.arange(S * B * max(nwin, 1), device=DEV, dtype=torch.int64).view(S, B, max(nwin, 1))
-        win = (hot_pool if hot else pool).ptrs(idx).contiguous()
-        rec = pool.ptrs(idx).contiguous()
+        win = src.ptrs(idx).contiguous()
+        rec = None if cs.host_decode else pools["containers"].ptrs(idx).contiguous()
         tk = torch.randn(S, B, R, KVH, D, device=DEV, dtype=torch.bfloat16)
         tv = torch.randn_like(tk)
         seqs = seq_table(gpu, win, tk, tv, nwin, tail)
@@ -908,7 +1034,7 @@ def attn_shape(gpu: Gpu, pool: Pool, hot_pool: Optional[HotPool], B: int, T: int
         seq_p = [seqs[s].data_ptr() for s in range(S)]
         q_p = [q[s].data_ptr() for s in range(S)]
         out_p, ws_p = out.data_ptr(), ws.data_ptr()
-        fn = gpu.dc.attend_hot if hot else gpu.dc.attend
+        fn = cs.dc.attend_hot if hot else cs.dc.attend
 
         def dq_issue(i: int, S=S, seq_p=seq_p, q_p=q_p, out_p=out_p, ws_p=ws_p, wsb=wsb, fn=fn) -> None:
             s = i % S
@@ -918,9 +1044,15 @@ def attn_shape(gpu: Gpu, pool: Pool, hot_pool: Optional[HotPool], B: int, T: int
         gpu.sync()
         nb = min(B, 2)
         # the hot layout is lossless: the reference is the records' decoded values either way
-        row["dq_rel_err"] = dq_check(gpu, rec[0], tk[0], tv[0], nwin, tail, q[0], out, nb)
-        distinct = min(S * B * nwin, pool.count)
-        row.update(dq_kernel="hot" if hot else gpu.kernel, nwin=nwin, tail=tail, dq_sets=S,
+        if cs.host_decode:
+            ridx = src.rec_index(idx[0, :nb])
+            if ridx is None:
+                raise RuntimeError(f"[{lay}] the records of the checked windows are not kept")
+            row["dq_rel_err"] = host_check(gpu, cs, src.records, ridx, tk[0], tv[0], nwin, tail, q[0], out, nb)
+        else:
+            row["dq_rel_err"] = dq_check(gpu, rec[0], tk[0], tv[0], nwin, tail, q[0], out, nb)
+        distinct = min(S * B * nwin, src.count)
+        row.update(profile=cs.name, dq_kernel="hot" if hot else gpu.kernel, nwin=nwin, tail=tail, dq_sets=S,
                    dq_bytes_per_call=lp["bytes_per_call"], dq_distinct_windows=distinct)
         log(f"   dq [{lay}] check: rel err {row['dq_rel_err']:.2e} vs float64 over the decoded containers "
             f"({nb} sequences)")
@@ -1143,8 +1275,9 @@ def phase_e2e_dq(args: argparse.Namespace, part: Part, deadline: float, layout: 
     the hot layout (the batch from the hot windows' bytes)."""
     gpu = (SimGpu if args.sim else Gpu)(args, part)
     L, W, R = MODEL["layers"], gpu.W, gpu.R
-    hot = layout == "hot"
-    wbx = gpu.hb if hot else gpu.wb
+    hot = layout != "containers"
+    cs = gpu.cs(layout)
+    wbx = cs.hb if hot else cs.wb
     plans = [e2e_plan(c, args.budget_gb * 1e9, wbx, W, R) for c in parse_contexts(args.e2e)]
     log(f"building the model's weights ({weight_bytes() / 1e9:.1f} GB) ...")
     model = Model(gpu.torch, MODEL, device=DEV)
@@ -1152,7 +1285,7 @@ def phase_e2e_dq(args: argparse.Namespace, part: Part, deadline: float, layout: 
     want = max([p["windows"] for p in plans] + [1])
     tails_max = max([L * p["batch"] * R * gpu.n * 2 * 2 for p in plans] + [0])
     # hot: the scratch records of a chunk besides
-    fit = int(max(0, gpu.free_bytes() - tails_max - 4e9 - (2 * 2048 * gpu.wb if hot else 0)) // wbx)
+    fit = int(max(0, gpu.free_bytes() - tails_max - 4e9 - (2 * 2048 * cs.wb if hot else 0)) // wbx)
     count = want if args.e2e_pool <= 0 else min(want, args.e2e_pool)
     if count > fit:
         part.note(f"only {fit} of the {count} windows fit next to the tails and the weights: containers reused")
@@ -1164,12 +1297,13 @@ def phase_e2e_dq(args: argparse.Namespace, part: Part, deadline: float, layout: 
                   f"{count * wbx / gpu.l2:.0f}x L2) reused across layers and sequences for up to {want}")
     else:
         part.note(f"D-Quant cache [{layout}]: every window distinct ({count} windows, {count * wbx / 1e9:.1f} GB)")
-    log(f"encoding {count} windows ({count * wbx / 1e9:.1f} GB, {layout}) on the GPU ...")
+    log(f"encoding {count} {cs.name} windows ({count * wbx / 1e9:.1f} GB, {layout}) on the GPU ...")
     t0 = time.time()
-    pool = HotPool(gpu, count, seed=99) if hot else Pool(gpu, count, seed=99)
+    pool = HotPool(gpu, count, seed=99, cs=cs) if hot else Pool(gpu, count, seed=99, cs=cs)
     enc_s = time.time() - t0
     log(f"   {enc_s:.1f} s")
-    part.meta(e2e_pool_windows=count, e2e_pool_distinct=count >= want, e2e_pool_encode_s=enc_s, e2e_layout=layout)
+    part.meta(e2e_pool_windows=count, e2e_pool_distinct=count >= want, e2e_pool_encode_s=enc_s, e2e_layout=layout,
+              e2e_profile=cs.name)
     for pl in plans:
         ctx, B = pl["context"], pl["batch"]
         row: Dict[str, Any] = {"context": ctx, "batch": B, "nwin": pl["nwin"], "tail": pl["tail"],
@@ -1205,7 +1339,9 @@ def e2e_dq_context(gpu: Gpu, model: Model, pool, pl: Dict[str, Any], reps: int, 
     if tail < 1 or tail > R:
         raise ValueError(f"tail {tail} outside 1..R: the step appends its token to the tail")
     e2e_check_memory(gpu, L * B * R * gpu.n * 4 + L * B * nwin * 8 + 1e9, "the tails")
-    hot = layout == "hot"
+    hot = layout != "containers"
+    cs = gpu.cs(layout)
+    row["profile"] = cs.name
     idx = torch.arange(L * B * nwin, device=DEV, dtype=torch.int64).view(L, B, nwin)
     win = pool.ptrs(idx).contiguous()
     tk = torch.randn(L, B, R, KVH, D, device=DEV, dtype=torch.bfloat16)
@@ -1214,10 +1350,10 @@ def e2e_dq_context(gpu: Gpu, model: Model, pool, pl: Dict[str, Any], reps: int, 
     seq_p = [seqs[li].data_ptr() for li in range(L)]
     qf = torch.randn(B, QH, D, device=DEV, dtype=torch.float32)
     outf = torch.empty(B, QH, D, device=DEV, dtype=torch.float32)
-    wsb = gpu.dc.hot_workspace_size(QH, B, ctx) if hot else gpu.dc.workspace_size(QH, B, ctx)
+    wsb = cs.dc.hot_workspace_size(QH, B, ctx) if hot else cs.dc.workspace_size(QH, B, ctx)
     ws = torch.empty(max(wsb, 16), dtype=torch.uint8, device=DEV)
     qf_p, outf_p, ws_p = qf.data_ptr(), outf.data_ptr(), ws.data_ptr()
-    fn = gpu.dc.attend_hot if hot else gpu.dc.attend
+    fn = cs.dc.attend_hot if hot else cs.dc.attend
 
     def dq_attn(li: int) -> None:
         fn(QH, gpu.scale, seq_p[li % L], B, ctx, qf_p, outf_p, None, ws_p, wsb, gpu.stream())
@@ -1225,10 +1361,16 @@ def e2e_dq_context(gpu: Gpu, model: Model, pool, pl: Dict[str, Any], reps: int, 
     dq_attn(0)
     gpu.sync()
     nb = min(B, 2)
-    rec0 = pool.rec_ptrs(idx[0, :nb]) if hot else win[0]
-    if rec0 is None:
-        raise RuntimeError("the records of the checked windows are not kept")
-    row["dq_rel_err"] = dq_check(gpu, rec0.contiguous(), tk[0], tv[0], nwin, tail, qf, outf, nb)
+    if cs.host_decode:
+        ridx = pool.rec_index(idx[0, :nb])
+        if ridx is None:
+            raise RuntimeError("the records of the checked windows are not kept")
+        row["dq_rel_err"] = host_check(gpu, cs, pool.records, ridx, tk[0], tv[0], nwin, tail, qf, outf, nb)
+    else:
+        rec0 = pool.rec_ptrs(idx[0, :nb]) if hot else win[0]
+        if rec0 is None:
+            raise RuntimeError("the records of the checked windows are not kept")
+        row["dq_rel_err"] = dq_check(gpu, rec0.contiguous(), tk[0], tv[0], nwin, tail, qf, outf, nb)
     log(f"   check: rel err {row['dq_rel_err']:.2e} vs float64 over the decoded containers")
     if not row["dq_rel_err"] < REL_TOL_DQ:
         raise RuntimeError(f"dqcu_attend differs from the decoded containers: {row['dq_rel_err']:.3e}")
@@ -1240,19 +1382,19 @@ def e2e_dq_context(gpu: Gpu, model: Model, pool, pl: Dict[str, Any], reps: int, 
     row["seal_ms"] = None
     if W == R:
         nw = max(1, min(B, round(B / W)))
-        seal = torch.empty(L * nw * gpu.wb, dtype=torch.uint8, device=DEV)
-        seal_ptr = seal.data_ptr() + torch.arange(L * nw, device=DEV, dtype=torch.int64) * gpu.wb
+        seal = torch.empty(L * nw * cs.wb, dtype=torch.uint8, device=DEV)
+        seal_ptr = seal.data_ptr() + torch.arange(L * nw, device=DEV, dtype=torch.int64) * cs.wb
         st = torch.full((L * nw,), -999, dtype=torch.int32, device=DEV)
         # hot: each sealed window is transcoded too (its records then go to the host tier)
-        hseal = torch.empty(L * nw * gpu.hb if hot else 1, dtype=torch.uint8, device=DEV)
-        hseal_ptr = hseal.data_ptr() + torch.arange(L * nw, device=DEV, dtype=torch.int64) * gpu.hb
+        hseal = torch.empty(L * nw * cs.hb if hot else 1, dtype=torch.uint8, device=DEV)
+        hseal_ptr = hseal.data_ptr() + torch.arange(L * nw, device=DEV, dtype=torch.int64) * cs.hb
 
         def seal_all(_i: int) -> None:
             for li in range(L):
-                gpu.dc.encode_windows(tk[li].data_ptr(), tv[li].data_ptr(), dqc.DTYPE_BF16, nw,
-                                      seal_ptr.data_ptr() + 8 * li * nw, st.data_ptr() + 4 * li * nw, gpu.stream())
+                cs.dc.encode_windows(tk[li].data_ptr(), tv[li].data_ptr(), dqc.DTYPE_BF16, nw,
+                                     seal_ptr.data_ptr() + 8 * li * nw, st.data_ptr() + 4 * li * nw, gpu.stream())
             if hot:
-                gpu.dc.transcode_hot(seal_ptr.data_ptr(), L * nw, hseal_ptr.data_ptr(), None, gpu.stream())
+                cs.dc.transcode_hot(seal_ptr.data_ptr(), L * nw, hseal_ptr.data_ptr(), None, gpu.stream())
         s = gpu.time_calls(seal_all, 1, est_ms=1e9, warm=1)
         gpu.sync()
         if int((st != 0).sum()):
@@ -1331,6 +1473,8 @@ class FakeCodec:
             K = self._read(k + 2 * w * per, per, torch.bfloat16).view(g.W, g.KVH, g.D)
             V = self._read(v + 2 * w * per, per, torch.bfloat16).view(g.W, g.KVH, g.D)
             self.store[int(ptrs[w])] = (K, V)
+            # the record's first bytes name it, so that a copy of it can be decoded (FakeHostCodec)
+            self._write(int(ptrs[w]), ptrs[w:w + 1].clone())
         self._write(status, torch.zeros(nwin, dtype=torch.int32))
 
     def _layer(self, windows, nwin, tail_k, tail_v, tail):
@@ -1380,6 +1524,20 @@ class FakeCodec:
             self._write(out + 4 * b * g.QH * g.D, o)
 
 
+class FakeHostCodec:
+    """libdquant's host decoding of a window record (HostCodec.decode_window) for the fake codec: a
+    record's first 8 bytes hold the address it was encoded at (FakeCodec.encode_windows)."""
+
+    def __init__(self, fake: FakeCodec):
+        self.fake = fake
+
+    def decode_window(self, rec: int, k_out: int, v_out: int) -> None:
+        torch = self.fake.gpu.torch
+        K, V = self.fake.store[int(self.fake._read(rec, 1, torch.int64)[0])]
+        self.fake._write(k_out, K.float())
+        self.fake._write(v_out, V.float())
+
+
 def ctypes_mod():
     import ctypes
     return ctypes
@@ -1398,10 +1556,16 @@ class SimGpu(Gpu):
         self.kernel = 0
         self.W, self.R, self.wb = DQ226_W, DQ226_R, SIM_WB
         self.hb = SIM_WB
+        # the fixed-width profile's checks decode its records on the host, as on the GPU
+        self.codecs = {PROFILE: CodecSet(PROFILE, None, self.dc, SIM_WB, SIM_WB, False),
+                       "fixed226": CodecSet("fixed226", FakeHostCodec(self.dc), self.dc, SIM_WB, SIM_WB, True)}
         self.reps, self.target_ms = args.reps, args.target_ms
         self.copy_tbps = 0.0
         part.meta(device=self.dev, copy_tbps=0.0, attend_kernel=0, window_bytes=self.wb, W=self.W, R=self.R,
                   rot_bytes=self.rot)
+
+    def cs(self, layout: str) -> CodecSet:
+        return self.codecs[LAYOUT_PROFILE[layout]]
 
     def stream(self) -> int:
         return 0
@@ -1455,10 +1619,8 @@ def run_phase(args: argparse.Namespace, phase: str) -> int:
             phase_attn(args, part, deadline)
         elif phase == "e2e-bf16":
             phase_e2e_bf16(args, part, deadline)
-        elif phase == "e2e-dq":
-            phase_e2e_dq(args, part, deadline)
-        elif phase == "e2e-hot":
-            phase_e2e_dq(args, part, deadline, "hot")
+        elif phase in E2E_LAYOUT:
+            phase_e2e_dq(args, part, deadline, E2E_LAYOUT[phase])
         else:
             raise ValueError(f"unknown phase {phase}")
     except Exception as e:  # noqa: BLE001 - whatever stops a phase is in its part
@@ -1543,13 +1705,17 @@ def orchestrate(args: argparse.Namespace) -> int:
 def dry_run(args: argparse.Namespace) -> int:
     """The plan without a GPU: shapes, sets, bytes, batches, memory."""
     wb, W, R, hb = DQ226_WINDOW_BYTES, DQ226_W, DQ226_R, DQ226_HOT_BYTES
+    fx_hb = FIXED226_HOT_BYTES
     src = "built-in table"
     try:
-        hc = dqc.HostCodec(dqc.HostLib(args.build), PROFILE, MODEL["kv_heads"], MODEL["head_dim"])
+        host = dqc.HostLib(args.build)
+        hc = dqc.HostCodec(host, PROFILE, MODEL["kv_heads"], MODEL["head_dim"])
         wb, W, R, src = hc.window_bytes, hc.window, hc.residual, f"libdquant in {args.build}"
         hb = hc.hot_window_bytes
+        fx_hb = dqc.HostCodec(host, "fixed226", MODEL["kv_heads"], MODEL["head_dim"]).hot_window_bytes
     except OSError:
         pass
+    fixed = "fixed226" in parse_layouts(args.layouts)
     rot = max(args.rot_mb * 1e6, 4 * 60 * 2**20)
     log(f"{PROFILE}: window record {wb} B per {W} tokens, hot window {hb} B, tail buffer R = {R} ({src}); "
         f"rotation >= {rot / 1e6:.0f} MB")
@@ -1568,11 +1734,40 @@ def dry_run(args: argparse.Namespace) -> int:
             f"{p['dq_bytes_per_token']:.1f} B/token of containers), hot batch {ph['batch']} "
             f"({ph['dq_bytes_per_token']:.1f} B/token), BF16 batch {p['bf16_batch']} "
             f"({p['bf16_kv_bytes'] / 1e9:.1f} GB)")
+        if fixed:
+            pf = e2e_plan(ctx, args.budget_gb * 1e9, fx_hb, W, R)
+            log(f"    fixed226 hot batch {pf['batch']} ({pf['dq_bytes_per_token']:.1f} B/token, hot window {fx_hb} B)")
+    log(f"phases: {args.phases}")
     return 0
 
 
 # ---------------------------------------------------------------------------------------------
 # self-test (no GPU): planning figures, the orchestration with fake phases, the report
+
+
+def decode_window_check(check: Callable[[bool, str], None], hc) -> None:
+    """HostCodec.decode_window (host_check's reference decoding) on a record of known content: a
+    zero key mean, every key record s = 0, o = 1 and every value record s = 0, o = -2 (all levels
+    0). Every token then decodes to the same vector, the inverse rotation of a constant stream, and
+    the values are exactly -2 times the keys (the rotation is linear and scaling by 2 is exact)."""
+    import ctypes
+    import struct
+    W, n = hc.window, hc.kv_heads * hc.head_dim
+    rk, rv = hc.record_bytes
+    buf = bytearray(hc.window_bytes)  # mean scale 0, means 0, every level 0
+    for t in range(W):
+        struct.pack_into("<HH", buf, hc.mean_bytes + t * rk, 0, 0x3C00)  # s = 0, o = 1.0
+        struct.pack_into("<HH", buf, hc.mean_bytes + W * rk + t * rv, 0, 0xC000)  # s = 0, o = -2.0
+    rec = (ctypes.c_uint8 * len(buf)).from_buffer(buf)
+    k = (ctypes.c_float * (W * n))()
+    v = (ctypes.c_float * (W * n))()
+    hc.decode_window(ctypes.addressof(rec), ctypes.addressof(k), ctypes.addressof(v))
+    # every token decodes to the same vector (the inverse rotation of all-1 / all-(-2) streams)
+    k0, v0 = list(k[:n]), list(v[:n])
+    same = all(list(k[t * n:(t + 1) * n]) == k0 and list(v[t * n:(t + 1) * n]) == v0 for t in range(W))
+    ratio = all(abs(b + 2.0 * a) <= 1e-5 * (1.0 + abs(b)) for a, b in zip(k0, v0))
+    check(same and ratio and any(x != 0 for x in k0),
+          f"decode_window of constant records ({hc.profile}): tokens alike {same}, V = -2 K {ratio}")
 
 
 def self_test(args: argparse.Namespace) -> int:
@@ -1595,6 +1790,20 @@ def self_test(args: argparse.Namespace) -> int:
     check(b_hot == 399, f"hot budget 8K+100: {b_hot}, want 399")
     b_hot, _ = budget_batches(32868, 100e9, DQ226_HOT_BYTES, 128, 128)
     check(b_hot == 105, f"hot budget 32K+100: {b_hot}, want 105")
+    # fixed226 hot: 36 x (64 x 83984 + 128 x 4096) = 212,373,504 B per sequence at 8K+100 -> 470;
+    # 36 x (256 x 83984 + 128 x 4096) = 792,870,912 B at 32K+100 -> 126
+    b_fx, _ = budget_batches(8292, 100e9, FIXED226_HOT_BYTES, 128, 128)
+    check(b_fx == 470, f"fixed226 budget 8K+100: {b_fx}, want 470")
+    b_fx, _ = budget_batches(32868, 100e9, FIXED226_HOT_BYTES, 128, 128)
+    check(b_fx == 126, f"fixed226 budget 32K+100: {b_fx}, want 126")
+    check(default_phases(["containers", "hot"]) == "attn,e2e-bf16,e2e-dq,e2e-hot"
+          and default_phases(["fixed226", "hot"]) == "attn,e2e-bf16,e2e-hot,e2e-fixed226", "default phases")
+    for bad in ("", "hot,cold"):
+        try:
+            parse_layouts(bad)
+            check(False, f"parse_layouts accepted {bad!r}")
+        except ValueError:
+            pass
     check(sets_for(34e6, 400e6) == 12 and sets_for(5e9, 400e6) == 1 and sets_for(1, 1e12) == 256, "sets_for")
     check(calls_per_graph(0.15, 78, 20) == 156 and calls_per_graph(3.0, 1, 20) == 7, "calls_per_graph")
     check(calls_per_graph(1e-3, 200, 20, max_calls=1000) == 1000 and calls_per_graph(0.01, 3, 20, 1000) == 999,
@@ -1624,17 +1833,24 @@ def self_test(args: argparse.Namespace) -> int:
                                                         f"{hc.residual} {hc.container_bytes}")
             check(hc.hot_window_bytes == DQ226_HOT_BYTES, f"dq226 hot window via libdquant: {hc.hot_window_bytes}")
             log(f"libdquant: dq226 window record {hc.window_bytes} B, W {hc.window}, R {hc.residual}")
+            fx = dqc.HostCodec(hc.host, "fixed226", 8, 128)
+            check((fx.window_bytes, fx.hot_window_bytes) == (FIXED226_WINDOW_BYTES, FIXED226_HOT_BYTES)
+                  and (fx.window, fx.residual) == (DQ226_W, DQ226_R),
+                  f"fixed226 via libdquant: {fx.window_bytes} {fx.hot_window_bytes} {fx.window} {fx.residual}")
+            decode_window_check(check, fx)
         except OSError as e:
             log(f"libdquant not loadable from {args.build}, binding check skipped: {e}")
 
-    # the orchestration with fake phases: one shape fails, then a phase crashes
+    # the orchestration with fake phases: one shape fails (with the fixed-width layout too), then a
+    # phase crashes
     with tempfile.TemporaryDirectory() as d:
-        for crash in ("", "e2e-bf16"):
+        for crash, lays in (("", "containers,hot,fixed226"), ("e2e-bf16", DEFAULT_LAYOUTS)):
             out = os.path.join(d, f"r{crash}.json")
             cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--fake", "--fake-fail", "8:32825",
-                   "--json", out, "--time-budget", "120"]
+                   "--json", out, "--time-budget", "120", "--layouts", lays]
             if crash:
                 cmd += ["--fake-crash", crash]
+            layouts = parse_layouts(lays)
             proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
             text = proc.stdout
             check(proc.returncode == 1, f"fake run (crash {crash!r}) exit {proc.returncode}, want 1:\n{text}")
@@ -1642,10 +1858,10 @@ def self_test(args: argparse.Namespace) -> int:
             rows = rep.get("rows", [])
             attn = [r for r in rows if r.get("kind") == "attention"]
             e2e = [r for r in rows if r.get("kind") == "e2e"]
-            for lay in LAYOUTS:
+            for lay in layouts:
                 check(len([r for r in attn if r.get("layout") == lay]) == 6, f"fake: attention rows of {lay}")
                 check(len([r for r in e2e if r.get("layout") == lay]) == 2, f"fake: e2e rows of {lay}")
-            check(len(attn) == 12, f"fake: {len(attn)} attention rows")
+            check(len(attn) == 6 * len(layouts), f"fake: {len(attn)} attention rows")
             for r in attn:
                 for k in ("batch", "context", "dq_ms", "bf16_ms", "bf16_backend", "ratio"):
                     check(k in r, f"attention row lacks {k}")
@@ -1653,7 +1869,7 @@ def self_test(args: argparse.Namespace) -> int:
                     check(r.get("error") and r["ratio"] is None, "the failing shape is reported as failed")
                 else:
                     check(abs(r["ratio"] - r["bf16_ms"] / r["dq_ms"]) < 1e-12, "attention ratio")
-            check(len(e2e) == 4, f"fake: {len(e2e)} e2e rows")
+            check(len(e2e) == 2 * len(layouts), f"fake: {len(e2e)} e2e rows")
             for r in e2e:
                 for k in ("config", "context", "batch", "tokens_per_s", "bf16_tokens_per_s", "ratio"):
                     check(k in r, f"e2e row lacks {k}")
@@ -1662,8 +1878,10 @@ def self_test(args: argparse.Namespace) -> int:
                           "e2e with the BF16 phase crashed: D-Quant kept, no ratio")
                 else:
                     check(abs(r["ratio"] - r["tokens_per_s"] / r["bf16_tokens_per_s"]) < 1e-12, "e2e ratio")
-                    want = (528, 142) if r["layout"] == "containers" else (399, 105)
+                    want = {"containers": (528, 142), "hot": (399, 105), "fixed226": (470, 126)}[r["layout"]]
                     check(r["batch"] in want and r["bf16_batch"] in (81, 20), "e2e batches")
+                    check(r["profile"] == LAYOUT_PROFILE[r["layout"]] and r["profile"] in r["config"],
+                          f"e2e row's profile: {r.get('profile')} in {r.get('config')}")
             check("bf16/dq" in text and "dq/bf16" in text, "the tables are printed")
             check(("FAILED: RuntimeError: injected failure" in text), "the failed shape is in the table")
             if crash:
@@ -1722,7 +1940,7 @@ def self_test(args: argparse.Namespace) -> int:
 def sim_checks(check: Callable[[bool, str], None]) -> None:
     """The GPU phases on the CPU against the fake codec (subprocesses: --sim changes the model)."""
     with tempfile.TemporaryDirectory() as d:
-        for extra in ([], ["--quick", "--e2e-pool", "7"]):
+        for extra in (["--layouts", "containers,hot,fixed226"], ["--quick", "--e2e-pool", "7"]):
             out = os.path.join(d, "sim.json")
             cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--sim", "--json", out,
                    "--time-budget", "300"] + extra
@@ -1733,7 +1951,8 @@ def sim_checks(check: Callable[[bool, str], None]) -> None:
             rows = rep.get("rows", [])
             attn = [r for r in rows if r.get("kind") == "attention"]
             e2e = [r for r in rows if r.get("kind") == "e2e"]
-            check(len(attn) == len(LAYOUTS) * len(parse_shapes(SIM_SHAPES)) and len(e2e) == 2 * len(LAYOUTS),
+            nlay = len(parse_layouts(extra[1] if extra[0] == "--layouts" else DEFAULT_LAYOUTS))
+            check(len(attn) == nlay * len(parse_shapes(SIM_SHAPES)) and len(e2e) == 2 * nlay,
                   f"sim rows {len(attn)}/{len(e2e)}")
             for r in attn:
                 check(not r.get("error") and r.get("dq_rel_err", 1) < 1e-6 and r.get("bf16_backend") == "sim-fold"
@@ -1745,7 +1964,8 @@ def sim_checks(check: Callable[[bool, str], None]) -> None:
                 check(not r.get("error") and r.get("dq_rel_err", 1) < 1e-6 and r.get("tokens_per_s", 0) > 0
                       and r.get("bf16_tokens_per_s", 0) > 0 and r.get("ratio") is not None
                       and r.get("seal_ms") is not None, f"sim e2e row {r}")
-                check(r.get("pool_distinct") is (not extra), f"sim e2e pool distinct: {r.get('pool_distinct')}")
+                check(r.get("pool_distinct") is ("--quick" not in extra),
+                      f"sim e2e pool distinct: {r.get('pool_distinct')}")
             log(f"sim run {' '.join(extra) or '(default)'}: {len(attn)} attention and {len(e2e)} e2e rows checked")
 
 
@@ -1759,9 +1979,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--e2e", default=None, help=f"end-to-end contexts, comma-separated, or none (default "
                                                 f"{DEFAULT_E2E})")
     ap.add_argument("--budget-gb", type=float, default=None, help="KV budget of the end-to-end step (default 100 GB)")
-    ap.add_argument("--phases", default=",".join(PHASES), help="which parts to run")
-    ap.add_argument("--layouts", default=",".join(LAYOUTS),
-                    help="D-Quant layouts of the attention rows (containers: records + v7; hot: dqcu_attend_hot)")
+    ap.add_argument("--phases", default=None,
+                    help=f"which parts to run, of {', '.join(PHASES)} (default: attn, e2e-bf16 and the end-to-end "
+                         "phase of each layout)")
+    ap.add_argument("--layouts", default=DEFAULT_LAYOUTS,
+                    help=f"layouts of the D-Quant rows, of {', '.join(LAYOUTS)} (default {DEFAULT_LAYOUTS}; "
+                         "containers: dq226 records + v7; hot: dq226 hot windows, dqcu_attend_hot; fixed226: "
+                         "fixed226 encoded on the GPU, hot windows, dqcu_attend_hot)")
     ap.add_argument("--attend-kernel", default="auto", help="dqcu_settings.attend_kernel: auto or a version")
     ap.add_argument("--hot-kernel", default="auto", help="dqcu_settings.hot_kernel: auto, 1 (block) or 2 (warp)")
     ap.add_argument("--reps", type=int, default=0, help="graph replays timed per measurement (default 7, quick 3)")
@@ -1805,8 +2029,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         parse_shapes(args.shapes)
         parse_contexts(args.e2e)
+        layouts = parse_layouts(args.layouts)
     except ValueError as e:
         ap.error(str(e))
+    if args.phases is None:
+        args.phases = default_phases(layouts)
     if args.budget_gb <= 0 or args.time_budget <= 0:
         ap.error("--budget-gb and --time-budget must be positive")
     if args.self_test:

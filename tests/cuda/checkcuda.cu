@@ -9,16 +9,20 @@
  * dqcu_attend_kernels) is checked and timed in the same process: each through a device codec whose
  * dqcu_settings name it.
  *
+ *   fixed-width family (dq_profile_fixed): encode (streams and windows, random and the real KV
+ *   captures of ../shared/data) byte-identical to lib's encoder, decompress and attend refused
  *   hot layout: dqcu_transcode_hot byte-identical to dq_hot_transcode (corrupt containers too),
  *   dqcu_rebuild_hot giving back the records byte for byte (a code that is not a level counted),
  *   dqcu_attend_hot within 1e-3 relative of dq_hot_attend and of dq_attend_reference; the same for
- *   the fixed-width family (dq_profile_fixed), whose container kernels refuse it (DQ_UNSUPPORTED)
+ *   the fixed-width family
  *
- *   checkcuda [--seed N] [--small] [--no-timing] [--quiet] [--hot] [--encode-kernel V,...] [--attend-kernel V,...]
+ *   checkcuda [--seed N] [--small] [--no-timing] [--quiet] [--hot] [--fixed] [--encode-kernel V,...]
+ *             [--attend-kernel V,...]
  *   --small: a few small cases only (for compute-sanitizer memcheck / racecheck runs).
  *   --hot: the hot layout alone on its shapes (production dq226 first), with the container
  *   attention versions of --attend-kernel on the same inputs; with --small one GQA group per shape
  *   and no container attention (for compute-sanitizer runs on the production shape).
+ *   --fixed: the fixed-width family's encoder alone (test_fixed_encode; with --small one shape).
  *   --encode-kernel, --attend-kernel: only these versions (default: every registered one, the
  *   default first).
  * Exit status: 0 all passed, 1 a check failed, 2 a setup error, 77 no suitable GPU (skipped). */
@@ -378,27 +382,13 @@ static void gen_tokens(Rng &r, uint32_t n, size_t ntok, bool keys, std::vector<f
             x[t * n + j] = (float)(mu[j] + sigma * r.normal() * (1.0 + 0.5 * sin((double)t)));
 }
 
-/* Encodes nwin windows on the CPU and GPU and compares them; returns the valid CPU windows. */
-static std::vector<uint8_t> test_windows(Codecs &cs, Rng &r, size_t nwin, dq_dtype dtype, bool specials,
-                                         bool encode_supported)
+/* Encodes the nwin windows of kb, vb ([nwin, W, n] of dtype) on the CPU and GPU and compares them
+ * (what: the inputs, for the report); returns the valid CPU windows. */
+static std::vector<uint8_t> check_windows(Codecs &cs, const std::vector<uint8_t> &kb, const std::vector<uint8_t> &vb,
+                                          size_t nwin, dq_dtype dtype, bool encode_supported, const char *what)
 {
     const uint32_t n = cs.n, W = cs.W;
     const size_t wb = dq_codec_window_bytes(cs.c), esz = dq_dtype_size(dtype);
-    std::vector<float> k, v;
-    gen_tokens(r, n, nwin * W, true, k);
-    gen_tokens(r, n, nwin * W, false, v);
-    size_t nan_w = SIZE_MAX, range_w = SIZE_MAX;
-    if (specials && nwin >= 3) {
-        nan_w = 1;
-        v[(nan_w * W + r.below(W)) * n + r.below(n)] = NAN;
-        if (dtype != DQ_DTYPE_F16) {
-            range_w = 2;
-            k[(range_w * W + r.below(W)) * n + r.below(n)] = 14001.0f * sqrtf((float)cs.d) * 1.01f;
-        }
-    }
-    std::vector<uint8_t> kb, vb;
-    to_dtype(k.data(), k.size(), dtype, kb);
-    to_dtype(v.data(), v.size(), dtype, vb);
     std::vector<uint8_t> cpu(nwin * wb, 0);
     std::vector<int> crc(nwin);
     dq_encode_stats cstats = {};
@@ -482,11 +472,37 @@ static std::vector<uint8_t> test_windows(Codecs &cs, Rng &r, size_t nwin, dq_dty
                 }
             }
     }
-    report(bad == 0, "encode_windows v%d %s %s: %zu windows (%s%s), %zu mismatches", enc_ver(), cs.name.c_str(),
-           dq_dtype_name(dtype), nwin, nan_w != SIZE_MAX ? "with NaN window" : "all valid",
-           range_w != SIZE_MAX ? " and range window" : "", bad);
+    report(bad == 0, "encode_windows v%d %s %s: %zu windows (%s), %zu mismatches", enc_ver(), cs.name.c_str(),
+           dq_dtype_name(dtype), nwin, what, bad);
     stats_report("  encode_windows", cstats, gstats);
     return valid;
+}
+
+/* Encodes nwin random windows (with specials: one with a NaN, one out of range) on the CPU and GPU
+ * and compares them; returns the valid CPU windows. */
+static std::vector<uint8_t> test_windows(Codecs &cs, Rng &r, size_t nwin, dq_dtype dtype, bool specials,
+                                         bool encode_supported)
+{
+    const uint32_t n = cs.n, W = cs.W;
+    std::vector<float> k, v;
+    gen_tokens(r, n, nwin * W, true, k);
+    gen_tokens(r, n, nwin * W, false, v);
+    size_t nan_w = SIZE_MAX, range_w = SIZE_MAX;
+    if (specials && nwin >= 3) {
+        nan_w = 1;
+        v[(nan_w * W + r.below(W)) * n + r.below(n)] = NAN;
+        if (dtype != DQ_DTYPE_F16) {
+            range_w = 2;
+            k[(range_w * W + r.below(W)) * n + r.below(n)] = 14001.0f * sqrtf((float)cs.d) * 1.01f;
+        }
+    }
+    std::vector<uint8_t> kb, vb;
+    to_dtype(k.data(), k.size(), dtype, kb);
+    to_dtype(v.data(), v.size(), dtype, vb);
+    char what[64];
+    snprintf(what, sizeof what, "%s%s", nan_w != SIZE_MAX ? "with NaN window" : "all valid",
+             range_w != SIZE_MAX ? " and range window" : "");
+    return check_windows(cs, kb, vb, nwin, dtype, encode_supported, what);
 }
 
 /* ---- dqcu_scatter_rows ---- */
@@ -816,7 +832,8 @@ static bool hot_expected(const Codecs &cs, uint32_t G)
            dqcu_attend_check(cs.g, cs.kvh * G) == DQ_OK;
 }
 
-/* A fixed-width device codec serves the hot layout only: every container kernel refuses it. */
+/* A fixed-width device codec has the encoders and the hot layout: decompress and the container
+ * attention refuse it, the encoders take it (an empty call succeeds). */
 static void test_fixed_refusals(Codecs &cs)
 {
     const size_t rb = dq_codec_record_bytes(cs.c, DQ_KIND_K);
@@ -825,10 +842,97 @@ static void test_fixed_refusals(Codecs &cs)
     const int dec = dqcu_decompress(cs.g, DQ_KIND_K, NULL, 0, NULL, 0, 0, 0, NULL, DQ_DTYPE_F32, NULL, 0);
     const int att = dqcu_attend(cs.g, cs.kvh, 1.0f, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0);
     const size_t wsb = dqcu_attend_workspace_size(cs.g, cs.kvh, 1, 128);
-    report(enc == DQ_UNSUPPORTED && encw == DQ_UNSUPPORTED && dec == DQ_UNSUPPORTED && att == DQ_UNSUPPORTED &&
-               wsb == 0,
+    report(enc == DQ_OK && encw == DQ_OK && dec == DQ_UNSUPPORTED && att == DQ_UNSUPPORTED && wsb == 0,
            "fixed-width %s: encode_streams %s, encode_windows %s, decompress %s, attend %s, workspace %zu",
            cs.name.c_str(), dq_err_name(enc), dq_err_name(encw), dq_err_name(dec), dq_err_name(att), wsb);
+}
+
+/* The real KV captures of ../shared/data (or $DQ_DATA_DIR): float16 [.., 2 (K, V), layers, tokens,
+ * kv_heads, head_dim] with the K/V axis at kv_axis_stride·... : each (sequence, layer)'s tokens cut
+ * into whole windows of cs.W and encoded on the CPU and the GPU, byte for byte the same. A missing
+ * file skips with a message. */
+static void test_real_windows(Codecs &cs, const char *model, uint32_t seqs, uint32_t layers, uint32_t tokens)
+{
+    const char *dir = getenv("DQ_DATA_DIR");
+    std::string path = std::string(dir && *dir ? dir : "../shared/data") + "/" + model + "/kv_f16.bin";
+    FILE *f = fopen(path.c_str(), "rb");
+    if (!f) {
+        path = std::string("shared/data/") + model + "/kv_f16.bin";
+        f = fopen(path.c_str(), "rb");
+    }
+    if (!f) {
+        printf("  skip  real windows %s: %s/kv_f16.bin not found (set DQ_DATA_DIR)\n", cs.name.c_str(), model);
+        return;
+    }
+    const uint32_t n = cs.n, W = cs.W;
+    const size_t per_kind = (size_t)layers * tokens * n, total = (size_t)seqs * 2 * per_kind;
+    std::vector<uint16_t> raw(total);
+    const size_t got = fread(raw.data(), 2, total, f);
+    fclose(f);
+    if (got != total) {
+        report(false, "real windows %s: %s holds %zu values, %zu expected", cs.name.c_str(), path.c_str(), got, total);
+        return;
+    }
+    const uint32_t wpl = tokens / W; /* whole windows per layer */
+    const size_t nwin = (size_t)seqs * layers * wpl, wbytes = (size_t)W * n * 2;
+    std::vector<uint8_t> kb(nwin * wbytes), vb(nwin * wbytes);
+    size_t w = 0;
+    for (uint32_t s = 0; s < seqs; s++)
+        for (uint32_t l = 0; l < layers; l++)
+            for (uint32_t i = 0; i < wpl; i++, w++) {
+                const size_t tok0 = (size_t)l * tokens + (size_t)i * W;
+                const uint16_t *k = &raw[(size_t)s * 2 * per_kind + tok0 * n];
+                const uint16_t *v = &raw[((size_t)s * 2 + 1) * per_kind + tok0 * n];
+                memcpy(&kb[w * wbytes], k, wbytes);
+                memcpy(&vb[w * wbytes], v, wbytes);
+            }
+    char what[96];
+    snprintf(what, sizeof what, "real %s KV, %u layers", model, layers);
+    check_windows(cs, kb, vb, nwin, DQ_DTYPE_F16, true, what);
+}
+
+/* The fixed-width family's GPU encoder: streams (random, NaN, infinity, out of range) and windows
+ * (F32, F16, BF16 with a NaN and an out-of-range window) byte-identical to lib's encoder, for the
+ * widths of fixed226, fixed196 and some fixedkAvB at n = 64, 128, 256 and 1024, and the real
+ * captures of ../shared/data at their shapes. */
+static void test_fixed_encode(Rng &r, bool small)
+{
+    const Cfg fcfgs[] = {
+        {8, 128, 0, 0, 128, 128, 0, 0, 0, "fixed226"},    /* n = 1024: M 6/3 */
+        {8, 128, 0, 0, 128, 128, 0, 0, 0, "fixed196"},    /* n = 1024 */
+        {2, 128, 0, 0, 128, 128, 0, 0, 0, "fixed226"},    /* n = 256 */
+        {2, 128, 0, 0, 128, 128, 0, 0, 0, "fixed196"},    /* n = 256: M 5/3 */
+        {1, 128, 0, 0, 128, 128, 0, 0, 0, "fixed226"},    /* n = 128 */
+        {1, 64, 0, 0, 128, 128, 0, 0, 0, "fixed196"},     /* n = 64 */
+        {4, 16, 0, 0, 128, 128, 0, 0, 0, "fixed226"},     /* n = 64, head_dim 16 */
+        {8, 128, 0, 0, 128, 128, 0, 0, 0, "fixedk8v6"},   /* 3 + 3 bits */
+        {2, 128, 0, 0, 128, 128, 0, 0, 0, "fixedk16v9"},  /* 4 bits, base-9 groups */
+        {1, 128, 0, 0, 128, 128, 0, 0, 0, "fixedk256v2"}, /* byte and 1-bit codes */
+        {1, 64, 0, 0, 128, 128, 0, 0, 0, "fixedk7v11"},   /* base-7 and base-11 groups */
+        {16, 128, 0, 0, 128, 128, 0, 0, 0, "fixedk3v5"},  /* n = 2048, the encoder's limit */
+    };
+    for (const Cfg &cfg : fcfgs) {
+        Codecs cs;
+        make_codecs(cfg, cs);
+        printf("%s\n", cs.name.c_str());
+        test_fixed_refusals(cs);
+        test_streams(cs, r, small ? 40 : 1200, true);
+        for (int dt = 0; dt < 3; dt++)
+            test_windows(cs, r, small && dt ? 1 : 4, (dq_dtype)dt, dt != 0 || small, true);
+        if (small)
+            break;
+        if (cs.n == 1024)
+            test_real_windows(cs, "bytellama-n1024", 1, 4, 512);
+        if (cs.n == 256 && cs.d == 128)
+            test_real_windows(cs, "bytellama-19m", 2, 6, 1024);
+    }
+    if (!small) {
+        /* more streams than one wave of warps: each warp strides over several */
+        Codecs cs;
+        Cfg cfg = {8, 128, 0, 0, 128, 128, 0, 0, 0, "fixed226"};
+        make_codecs(cfg, cs);
+        test_streams(cs, r, 30000, true);
+    }
 }
 
 /* Layers of these lengths built on the CPU: every window transcoded on the GPU equals
@@ -1233,7 +1337,7 @@ static void all_versions(const int *(*list)(size_t *), std::vector<int> &out)
 int main(int argc, char **argv)
 {
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-    bool small = false, do_timing = true, hot_only = false;
+    bool small = false, do_timing = true, hot_only = false, fixed_only = false;
     std::vector<int> enc_list, att_list;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seed") && i + 1 < argc)
@@ -1246,6 +1350,8 @@ int main(int argc, char **argv)
             g_quiet = 1;
         else if (!strcmp(argv[i], "--hot"))
             hot_only = true;
+        else if (!strcmp(argv[i], "--fixed"))
+            fixed_only = true;
         else if (!strcmp(argv[i], "--encode-kernel") && i + 1 < argc) {
             if (!parse_versions(argv[++i], dqcu_encode_kernels, enc_list, "--encode-kernel"))
                 return 2;
@@ -1254,7 +1360,7 @@ int main(int argc, char **argv)
                 return 2;
         } else {
             fprintf(stderr,
-                    "usage: %s [--seed N] [--small] [--no-timing] [--quiet] [--hot] [--encode-kernel V,...] "
+                    "usage: %s [--seed N] [--small] [--no-timing] [--quiet] [--hot] [--fixed] [--encode-kernel V,...] "
                     "[--attend-kernel V,...]\n",
                     argv[0]);
             return 2;
@@ -1277,6 +1383,12 @@ int main(int argc, char **argv)
         for (int i = 0; i < 512; i++)
             same &= (float)exp2(i / 512.0) == t[i];
         report(same, "exp2 table: host recomputation equals dq__exp2_table()");
+    }
+
+    if (fixed_only) {
+        test_fixed_encode(r, small);
+        printf("\ncheckcuda: %d checks, %d failed (seed %llu)\n", g_checks, g_failures, (unsigned long long)seed);
+        return g_failures ? 1 : 0;
     }
 
     test_scatter(r, 1024, 64);
@@ -1413,6 +1525,7 @@ int main(int argc, char **argv)
         test_attention(cs, r, lens, G, att_list);
         test_hot(cs, r, lens, G);
     }
+    test_fixed_encode(r, small);
     if (!small) {
         Codecs cs;
         Cfg cfg = {8, 128, 0, 0, 128, 128, 0, 0, 0, "dq226"};

@@ -93,6 +93,14 @@ class HostLib:
         d.dq_codec_record_bytes.restype = _SZ
         d.dq_hot_window_bytes.argtypes = [_P]
         d.dq_hot_window_bytes.restype = _SZ
+        d.dq_codec_mean_bytes.argtypes = [_P]
+        d.dq_codec_mean_bytes.restype = _SZ
+        d.dq_workspace_create.argtypes = [_P, ctypes.POINTER(_P)]
+        d.dq_workspace_create.restype = _I
+        d.dq_workspace_free.argtypes = [_P]
+        d.dq_workspace_free.restype = None
+        d.dq_tokens_decode.argtypes = [_P, _P, _I, _P, _P, _SZ, _SZ, _P, _I]
+        d.dq_tokens_decode.restype = _I
         d.dq_err_name.argtypes = [_I]
         d.dq_err_name.restype = ctypes.c_char_p
 
@@ -124,8 +132,29 @@ class HostCodec:
         self.window_bytes = host.dq.dq_codec_window_bytes(h)
         self.record_bytes = (host.dq.dq_codec_record_bytes(h, KIND_K), host.dq.dq_codec_record_bytes(h, KIND_V))
         self.hot_window_bytes = host.dq.dq_hot_window_bytes(h)  # dquant/hot.h
+        self.mean_bytes = host.dq.dq_codec_mean_bytes(h)
+        self.ws = None
+
+    def decode_window(self, rec: int, k_out: int, v_out: int) -> None:
+        """The window record at host address rec (window_bytes bytes: the key mean, W key records,
+        W value records) decoded by dq_tokens_decode: W keys to k_out, W values to v_out (host
+        addresses of W x kv_heads x head_dim float32 each)."""
+        d = self.host.dq
+        if self.ws is None:
+            ws = _P()
+            self.host.check("dq_workspace_create", d.dq_workspace_create(self.handle, ctypes.byref(ws)))
+            self.ws = ws
+        rk, rv, W = self.record_bytes[KIND_K], self.record_bytes[KIND_V], self.window
+        keys = rec + self.mean_bytes
+        self.host.check("dq_tokens_decode K", d.dq_tokens_decode(self.handle, self.ws, KIND_K, rec, keys, rk, W,
+                                                                 k_out, DTYPE_F32))
+        self.host.check("dq_tokens_decode V", d.dq_tokens_decode(self.handle, self.ws, KIND_V, None, keys + W * rk,
+                                                                 rv, W, v_out, DTYPE_F32))
 
     def free(self) -> None:
+        if self.ws:
+            self.host.dq.dq_workspace_free(self.ws)
+            self.ws = None
         if self.handle:
             self.host.dq.dq_codec_free(self.handle)
             self.handle = None

@@ -10,8 +10,8 @@
  * With $DQ_FIXED_BACKEND=cuda the same runs on dquantd-fakecuda's cuda backend, where the family
  * takes the host path with the default --gpu-attention-layout containers; with $DQ_FIXED_LAYOUT=hot
  * or hot-only it lives on the (emulated) GPU tier as hot windows (beside its records, or alone),
- * and the same answers are checked, the stats showing the GPU tier held and attended it, and the
- * disk test spilling GPU -> host -> disk and back. ATTEND must equal dq_attend bit for bit (the
+ * and the same answers are checked, the stats showing the GPU tier encoded (dqcu_encode_windows),
+ * held and attended it, and the disk test spilling GPU -> host -> disk and back. ATTEND must equal dq_attend bit for bit (the
  * emulation's hot attention is dq_hot_attend), or on a real GPU within $DQ_FIXED_ATTEND_TOL
  * (relative, tests/cuda/daemon_gpu.sh). Skipped when $DQUANTD is unset. */
 #include <criterion/criterion.h>
@@ -22,11 +22,10 @@
 #include <string.h>
 
 #include "client_check.h"
-#include "dqd_child.h"
-#include "dquant/attention.h"
 #include "dquant/client.h"
 #include "dquant/codec.h"
 #include "dquant/layer.h"
+#include "served.h"
 
 #define L 2
 #define QH 4
@@ -45,18 +44,6 @@ static float val(uint32_t id, uint32_t l, uint64_t t, uint32_t j, int is_v)
     h ^= h >> 13;
     const float u = (float)(h % 20001) / 10000.0f - 1.0f;
     return u * (1.0f + 0.5f * (float)l) + (is_v ? 0.0f : 0.3f * (float)(j % 7));
-}
-
-/* [layers, n, KVH, HD] */
-static float *kv(uint32_t id, uint32_t layers, uint64_t start, uint64_t n, int is_v)
-{
-    float *x = malloc(layers * n * ROW * sizeof *x);
-    cr_assert(x);
-    for (uint32_t l = 0; l < layers; l++)
-        for (uint64_t t = 0; t < n; t++)
-            for (uint32_t j = 0; j < ROW; j++)
-                x[(l * n + t) * ROW + j] = val(id, l, start + t, j, is_v);
-    return x;
 }
 
 typedef struct ref_codec {
@@ -84,29 +71,26 @@ static void ref_free(ref_codec *r)
     memset(r, 0, sizeof *r);
 }
 
-/* ATTEND outputs (n values, then nl LSEs) equal the reference: bit for bit, or within the relative
- * tolerance $DQ_FIXED_ATTEND_TOL when set (a real GPU's dqcu_attend_hot: float rounding). */
-static bool same_attend(const float *out, const float *want, size_t n, const float *lse, const float *wlse, size_t nl)
+/* The served model's checks (served.h) over r: ATTEND bit for bit, or within the relative tolerance
+ * $DQ_FIXED_ATTEND_TOL when set (a real GPU's dqcu_attend_hot: float rounding). */
+static srv_model model_of(const ref_codec *r)
 {
     const char *t = getenv("DQ_FIXED_ATTEND_TOL");
-    if (!t || !*t)
-        return memcmp(out, want, n * sizeof *out) == 0 && memcmp(lse, wlse, nl * sizeof *lse) == 0;
-    const double tol = strtod(t, NULL);
-    for (size_t i = 0; i < n; i++)
-        if (!(fabs((double)out[i] - want[i]) <= tol * (1.0 + fabs((double)want[i]))))
-            return false;
-    for (size_t i = 0; i < nl; i++)
-        if (!(fabs((double)lse[i] - wlse[i]) <= tol * (1.0 + fabs((double)wlse[i]))))
-            return false;
-    return true;
+    srv_model m = srv_model_of(MODEL, L, QH, KVH, HD, r->codec, r->ws, r->pbytes, r->plen, val);
+    m.attend_tol = t && *t ? strtod(t, NULL) : 0.0;
+    m.window_check = true;
+    return m;
+}
+
+static float *kv(uint32_t id, uint32_t layers, uint64_t start, uint64_t n, int is_v)
+{
+    const srv_model m = {.kv_heads = KVH, .head_dim = HD, .val = val};
+    return srv_kv(&m, id, layers, start, n, is_v);
 }
 
 static void start_with(const char *const *extra)
 {
-    if (!dqd_path())
-        cr_skip_test("$DQUANTD is not set");
-    const dqd_opts o = {.extra = extra};
-    cr_assert_eq(dqd_start(&D, &o), 0, "could not start the daemon");
+    srv_start(&D, extra);
 }
 
 static bool on_cuda(void)
@@ -138,18 +122,12 @@ static void start(void)
 
 static void stop(void)
 {
-    if (D.pid) {
-        int st = dqd_stop(&D);
-        cr_expect_eq(st, 0, "the daemon exited with %d", st);
-    }
+    srv_stop(&D);
 }
 
 static dqc_client *cli(void)
 {
-    dqc_client *c = NULL;
-    char err[256];
-    cr_assert_eq(dqc_connect_ex(D.addr, NULL, &c, err, sizeof err), 0, "connect: %s", err);
-    return c;
+    return srv_connect(&D);
 }
 
 static int register_as(dqc_client *c, const char *name, const ref_codec *r, int *existed)
@@ -169,139 +147,32 @@ static int register_as(dqc_client *c, const char *name, const ref_codec *r, int 
     return rc;
 }
 
-static void put(dqc_client *c, const char *key, dq_layer **ref, const ref_codec *r, uint64_t start, uint64_t n)
-{
-    float *k = kv(1, L, start, n, 0), *v = kv(1, L, start, n, 1);
-    dqc_put_args a = {.seq = {NULL, key, strlen(key)},
-                      .model = MODEL,
-                      .start_token = start,
-                      .num_layers = L,
-                      .tokens = n,
-                      .kv_heads = KVH,
-                      .head_dim = HD,
-                      .dtype = DQ_DTYPE_F32,
-                      .k = k,
-                      .v = v};
-    OK(c, dqc_put(c, &a, NULL));
-    for (uint32_t l = 0; l < L; l++) {
-        if (!ref[l])
-            cr_assert_eq(dq_layer_create(r->codec, &ref[l]), 0);
-        cr_assert_eq(dq_layer_append(ref[l], r->ws, k + l * n * ROW, v + l * n * ROW, DQ_DTYPE_F32, n, NULL), 0);
-    }
-    free(k);
-    free(v);
-}
-
-/* GET (f32), GET_RAW and one ATTEND over every layer of `key` equal the reference exactly. */
-static void check_seq(dqc_client *c, const char *key, dq_layer *const *ref, const ref_codec *r, uint64_t tokens,
-                      const char *what)
-{
-    const dqc_seq s = {NULL, key, strlen(key)};
-    dqc_get_result g = {0};
-    dqc_get_args ga = {.seq = s, .dtype = DQ_DTYPE_F32};
-    OK(c, dqc_get(c, &ga, &g));
-    cr_assert_eq(g.tokens, tokens, "%s", what);
-    cr_assert_eq(g.num_layers, L);
-    float *want = malloc(tokens * ROW * sizeof *want);
-    for (uint32_t l = 0; l < L; l++)
-        for (int kind = 0; kind < 2; kind++) {
-            cr_assert_eq(dq_layer_decode(ref[l], r->ws, (dq_kind)kind, 0, tokens, want, DQ_DTYPE_F32), 0);
-            const float *got = (const float *)(kind ? g.v : g.k) + l * tokens * ROW;
-            cr_assert(memcmp(got, want, tokens * ROW * sizeof *want) == 0, "%s: GET layer %u %s differs", what, l,
-                      kind ? "V" : "K");
-        }
-    free(want);
-    dqc_get_result_free(&g);
-
-    dqc_raw_result raw = {0};
-    OK(c, dqc_get_raw(c, &s, 0, 0, &raw));
-    cr_assert_eq(raw.nlayers, L);
-    cr_assert_eq(raw.profile_len, r->plen);
-    cr_assert(memcmp(raw.profile, r->pbytes, r->plen) == 0, "%s: GET_RAW's profile differs", what);
-    const size_t wb = dq_codec_window_bytes(r->codec);
-    for (uint32_t l = 0; l < L; l++) {
-        const dqc_raw_layer *rl = &raw.layers[l];
-        cr_assert_eq(rl->windows, dq_layer_window_count(ref[l]), "%s layer %u", what, l);
-        cr_assert_eq(rl->tail_tokens, dq_layer_tail_tokens(ref[l]), "%s layer %u", what, l);
-        for (size_t w = 0; w < rl->windows; w++) {
-            cr_assert(memcmp(rl->records + w * wb, dq_layer_window(ref[l], w), wb) == 0,
-                      "%s: layer %u window %zu differs", what, l, w);
-            cr_assert_eq(dq_window_check(r->codec, rl->records + w * wb), 0);
-        }
-        const size_t tb = rl->tail_tokens * ROW * 2;
-        cr_assert(!tb || memcmp(rl->tail_k, dq_layer_tail(ref[l], DQ_KIND_K), tb) == 0, "%s layer %u tail", what, l);
-        cr_assert(!tb || memcmp(rl->tail_v, dq_layer_tail(ref[l], DQ_KIND_V), tb) == 0, "%s layer %u tail", what, l);
-    }
-    dqc_raw_result_free(&raw);
-
-    float q[L][QH * HD], out[L][QH * HD], lse[L][QH], rout[QH * HD], rlse[QH];
-    dqc_attend_item it[L];
-    for (uint32_t l = 0; l < L; l++) {
-        for (int i = 0; i < QH * HD; i++)
-            q[l][i] = 0.5f * val(500 + l, l, 0, (uint32_t)i, 0);
-        it[l] = (dqc_attend_item){.seq = s, .layer = l, .q = q[l]};
-    }
-    dqc_attend_args aa = {
-        .items = it, .nitems = L, .q_heads = QH, .kv_heads = KVH, .head_dim = HD, .dtype = DQ_DTYPE_F32};
-    OK(c, dqc_attend(c, &aa, &out[0][0], &lse[0][0]));
-    for (uint32_t l = 0; l < L; l++) {
-        dq_attn_item ri = {ref[l], q[l], rout, rlse};
-        cr_assert_eq(dq_attend(r->codec, r->ws, QH, 1.0f / sqrtf(HD), &ri, 1), 0);
-        cr_assert(same_attend(out[l], rout, QH * HD, lse[l], rlse, QH), "%s: ATTEND of layer %u differs from dq_attend",
-                  what, l);
-    }
-}
-
-/* COMPRESS of ntok tokens of one kind equals dq_tokens_encode's records, DECOMPRESS
- * dq_tokens_decode's values; the records with a base-M group overflowed decompress as DQ_CORRUPT. */
+/* COMPRESS / DECOMPRESS of ntok tokens of one kind (srv_compress_check); then the records with a
+ * base-M group overflowed decompress as DQ_CORRUPT. */
 static void compress_check(dqc_client *c, const ref_codec *r, int kind, const float *x, uint64_t ntok)
 {
+    const srv_model m = model_of(r);
     const size_t rb = dq_codec_record_bytes(r->codec, (dq_kind)kind), mb = dq_codec_mean_bytes(r->codec);
     const uint32_t W = r->p.window;
     const uint64_t blocks = (ntok + W - 1) / W;
-    const bool header = kind == 0;
-    uint8_t *rec = calloc(ntok, rb), *means = calloc(blocks, mb);
-    float *dec = malloc(ntok * ROW * sizeof *dec);
-    for (uint64_t b = 0; b < blocks; b++) {
-        const uint64_t t0 = b * W, cnt = ntok - t0 < W ? ntok - t0 : W;
-        cr_assert_eq(dq_tokens_encode(r->codec, r->ws, (dq_kind)kind, x + t0 * ROW, DQ_DTYPE_F32, cnt,
-                                      header ? means + b * mb : NULL, rec + t0 * rb, rb, NULL),
-                     0);
-        cr_assert_eq(dq_tokens_decode(r->codec, r->ws, (dq_kind)kind, header ? means + b * mb : NULL, rec + t0 * rb, rb,
-                                      cnt, dec + t0 * ROW, DQ_DTYPE_F32),
-                     0);
-    }
-    dqc_compress_args ca = {
-        .model = MODEL, .kv_heads = KVH, .head_dim = HD, .kind = kind, .dtype = DQ_DTYPE_F32, .x = x, .tokens = ntok};
-    dqc_compress_result cr = {0};
-    OK(c, dqc_compress(c, &ca, &cr));
-    cr_assert_eq(cr.profile_len, r->plen);
-    cr_assert(memcmp(cr.profile, r->pbytes, r->plen) == 0);
-    cr_assert_eq(cr.records_bytes, ntok * rb);
-    cr_assert(memcmp(cr.records, rec, ntok * rb) == 0, "COMPRESS kind %d: records differ", kind);
-    cr_assert_eq(cr.means_bytes, header ? blocks * mb : 0);
-    cr_assert(!header || memcmp(cr.means, means, blocks * mb) == 0, "COMPRESS: window headers differ");
-
-    dqc_decompress_args da = {.profile = cr.profile,
-                              .profile_len = cr.profile_len,
+    uint8_t *means = NULL;
+    uint8_t *rec = srv_compress_check(c, &m, -1, kind, x, ntok, &means);
+    dqc_decompress_args da = {.profile = r->pbytes,
+                              .profile_len = r->plen,
                               .kind = kind,
                               .tokens = ntok,
-                              .means = cr.means,
-                              .means_bytes = cr.means_bytes,
-                              .records = cr.records,
-                              .records_bytes = cr.records_bytes,
+                              .means = means,
+                              .means_bytes = means ? blocks * mb : 0,
+                              .records_bytes = ntok * rb,
                               .out_dtype = DQ_DTYPE_F32};
     dqc_decompress_result dr = {0};
-    OK(c, dqc_decompress(c, &da, &dr));
-    cr_assert_eq(dr.bytes, ntok * ROW * sizeof(float));
-    cr_assert(memcmp(dr.x, dec, dr.bytes) == 0, "DECOMPRESS kind %d differs from dq_tokens_decode", kind);
-    dqc_decompress_result_free(&dr);
 
     /* every bit of token 1's first group set: at least 2^w - 1 >= M^k unless M is a power of two */
     uint32_t k, w;
     dq_fixed_packing(ROW, r->p.levels[kind], &k, &w);
     uint8_t *bad = malloc(ntok * rb);
-    memcpy(bad, cr.records, ntok * rb);
+    cr_assert(bad);
+    memcpy(bad, rec, ntok * rb);
     for (uint32_t b = 0; b < w; b++)
         bad[rb + 4 + b / 8] |= (uint8_t)(1u << (b % 8));
     uint8_t lev[ROW];
@@ -314,16 +185,15 @@ static void compress_check(dqc_client *c, const ref_codec *r, int kind, const fl
         OK(c, dqc_decompress(c, &da, &dr));
     dqc_decompress_result_free(&dr);
     free(bad);
-    dqc_compress_result_free(&cr);
     free(rec);
     free(means);
-    free(dec);
 }
 
 static void serve(const char *pname)
 {
     ref_codec r;
     ref_make(&r, pname);
+    const srv_model m = model_of(&r);
     dqc_client *c = cli();
     int existed = -1;
     OK(c, register_as(c, MODEL, &r, &existed));
@@ -331,8 +201,9 @@ static void serve(const char *pname)
     const uint32_t W = r.p.window;
     const uint64_t n1 = W + 3, n2 = W + 9;
     dq_layer *ref[L] = {0};
-    put(c, "s", ref, &r, 0, n1);
-    put(c, "s", ref, &r, n1, n2);
+    const uint64_t enc0 = stat_counter(c, "gpu_windows_encoded");
+    srv_put(c, &m, "s", ref, 0, n1);
+    srv_put(c, &m, "s", ref, n1, n2);
     const uint64_t items0 = stat_counter(c, "gpu_hot_attend_items");
     const uint64_t cpu0 = stat_counter(c, "gpu_records_rebuilt_cpu");
     if (layout()) {
@@ -341,8 +212,12 @@ static void serve(const char *pname)
         cr_assert_eq(stat_gauge(c, "gpu_sequences"), 1, "%s: the sequence is not on the GPU", pname);
         cr_assert_eq(stat_gauge(c, "gpu_hot_windows"), wins, "%s: hot windows", pname);
         cr_assert_eq(stat_gauge(c, "gpu_hot_only_windows"), hot_only() ? wins : 0, "%s: hot-only windows", pname);
+        /* sealed by the device's encoder (dqcu_encode_windows), not on the host and uploaded */
+        cr_assert_eq(stat_counter(c, "gpu_windows_encoded") - enc0, wins, "%s: windows encoded on the GPU", pname);
+    } else {
+        cr_assert_eq(stat_counter(c, "gpu_windows_encoded"), enc0, "%s: windows encoded on the GPU", pname);
     }
-    check_seq(c, "s", ref, &r, n1 + n2, pname);
+    srv_check_seq(c, &m, "s", ref, n1 + n2, pname);
     if (on_cuda()) {
         cr_assert_gt(stat_gauge(c, "gpu_budget"), 0, "no cuda backend");
         if (!layout())
@@ -368,21 +243,7 @@ static void serve(const char *pname)
     compress_check(c, &r, 1, x, ntok);
     free(x);
     /* ATTEND with an appended token */
-    float ak[ROW], av[ROW], q[QH * HD], out[QH * HD], lse[QH], rout[QH * HD], rlse[QH];
-    for (int i = 0; i < ROW; i++) {
-        ak[i] = val(7, 1, 0, (uint32_t)i, 0);
-        av[i] = val(7, 1, 0, (uint32_t)i, 1);
-    }
-    for (int i = 0; i < QH * HD; i++)
-        q[i] = val(8, 1, 0, (uint32_t)i, 0);
-    dqc_attend_item it = {.seq = {NULL, "s", 1}, .layer = 1, .q = q, .append_k = ak, .append_v = av};
-    dqc_attend_args aa = {
-        .items = &it, .nitems = 1, .q_heads = QH, .kv_heads = KVH, .head_dim = HD, .dtype = DQ_DTYPE_F32};
-    OK(c, dqc_attend(c, &aa, out, lse));
-    cr_assert_eq(dq_layer_append(ref[1], r.ws, ak, av, DQ_DTYPE_F32, 1, NULL), 0);
-    dq_attn_item ri = {ref[1], q, rout, rlse};
-    cr_assert_eq(dq_attend(r.codec, r.ws, QH, 1.0f / sqrtf(HD), &ri, 1), 0);
-    cr_assert(same_attend(out, rout, QH * HD, lse, rlse, QH), "%s: ATTEND with an append differs", pname);
+    srv_attend_append(c, &m, "s", 1, ref[1], pname);
     OK(c, dqc_delete(c, &(dqc_seq){NULL, "s", 1}));
     OK(c, dqc_unregister_model(c, MODEL));
     for (uint32_t l = 0; l < L; l++)
@@ -428,6 +289,7 @@ Test(fixed_flags, disk_tier_roundtrip)
 {
     ref_codec r;
     ref_make(&r, "fixed226");
+    const srv_model m = model_of(&r);
     char dir[200], disk[256];
     snprintf(dir, sizeof dir, "%s", dqd_tmpdir());
     snprintf(disk, sizeof disk, "%s/disk", dir);
@@ -455,13 +317,13 @@ Test(fixed_flags, disk_tier_roundtrip)
     char key[NSEQ][16];
     for (int i = 0; i < NSEQ; i++) {
         snprintf(key[i], sizeof key[i], "d%d", i);
-        put(c, key[i], ref[i], &r, 0, T);
+        srv_put(c, &m, key[i], ref[i], 0, T);
     }
     cr_assert_gt(stat_counter(c, "disk_spills"), 0, "nothing was spilled: the test proves nothing");
     if (layout())
         cr_assert_gt(stat_counter(c, "gpu_demotions"), 0, "nothing left the GPU tier");
     for (int i = 0; i < NSEQ; i++)
-        check_seq(c, key[i], ref[i], &r, T, key[i]);
+        srv_check_seq(c, &m, key[i], ref[i], T, key[i]);
     cr_assert_gt(stat_counter(c, "disk_loads"), 0, "nothing was read back from disk");
     if (layout())
         cr_assert_gt(stat_gauge(c, "gpu_hot_windows"), 0, "ATTEND brought nothing back to the GPU tier");
@@ -472,7 +334,7 @@ Test(fixed_flags, disk_tier_roundtrip)
     c = cli();
     cr_assert_eq(stat_counter(c, "disk_recovered"), NSEQ, "records recovered after the restart");
     for (int i = 0; i < NSEQ; i++)
-        check_seq(c, key[i], ref[i], &r, T, key[i]);
+        srv_check_seq(c, &m, key[i], ref[i], T, key[i]);
     for (int i = 0; i < NSEQ; i++)
         for (uint32_t l = 0; l < L; l++)
             dq_layer_free(ref[i][l]);

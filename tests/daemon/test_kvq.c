@@ -24,12 +24,12 @@
 #include <unistd.h>
 
 #include "client_check.h"
-#include "dqd_child.h"
 #include "dquant/attention.h"
 #include "dquant/client.h"
 #include "dquant/codec.h"
 #include "dquant/kvq.h"
 #include "dquant/layer.h"
+#include "served.h"
 
 #define L 3
 #define QH 4
@@ -57,13 +57,8 @@ static float val(uint32_t id, uint32_t l, uint64_t t, uint32_t j, int is_v)
 /* [layers, n, KVH, HD] */
 static float *kv(uint32_t id, uint32_t layers, uint64_t start, uint64_t n, int is_v)
 {
-    float *x = malloc(layers * n * ROW * sizeof *x);
-    cr_assert(x);
-    for (uint32_t l = 0; l < layers; l++)
-        for (uint64_t t = 0; t < n; t++)
-            for (uint32_t j = 0; j < ROW; j++)
-                x[(l * n + t) * ROW + j] = val(id, l, start + t, j, is_v);
-    return x;
+    const srv_model m = {.kv_heads = KVH, .head_dim = HD, .val = val};
+    return srv_kv(&m, id, layers, start, n, is_v);
 }
 
 /* ---- the in-process reference ---- */
@@ -117,14 +112,25 @@ static const dq_codec *view(const ref_codec *r, uint32_t layer)
     return v;
 }
 
+static const dq_codec *model_view(const srv_model *m, uint32_t layer)
+{
+    return view(m->view_arg, layer);
+}
+
+/* The served model's checks (served.h) over r: every layer through its view, ATTEND bit for bit. */
+static srv_model model_of(const ref_codec *r)
+{
+    srv_model m = srv_model_of(MODEL, L, QH, KVH, HD, r->codec, r->ws, r->pbytes, r->plen, val);
+    m.view = model_view;
+    m.view_arg = r;
+    return m;
+}
+
 /* ---- the daemon ---- */
 
 static void start_with(const char *const *extra)
 {
-    if (!dqd_path())
-        cr_skip_test("$DQUANTD is not set");
-    const dqd_opts o = {.extra = extra};
-    cr_assert_eq(dqd_start(&D, &o), 0, "could not start the daemon");
+    srv_start(&D, extra);
 }
 
 /* $DQ_KVQ_BACKEND=cuda: dquantd-fakecuda's cuda backend (meson test daemon-kvq-fakecuda), where
@@ -173,18 +179,12 @@ static void check_host_path(dqc_client *c)
 
 static void stop(void)
 {
-    if (D.pid) {
-        int st = dqd_stop(&D);
-        cr_expect_eq(st, 0, "the daemon exited with %d", st);
-    }
+    srv_stop(&D);
 }
 
 static dqc_client *cli(void)
 {
-    dqc_client *c = NULL;
-    char err[256];
-    cr_assert_eq(dqc_connect_ex(D.addr, NULL, &c, err, sizeof err), 0, "connect: %s", err);
-    return c;
+    return srv_connect(&D);
 }
 
 /* Registers `name` with r's profile: by name when it has no calibration (the daemon instantiates
@@ -212,143 +212,13 @@ static int register_as(dqc_client *c, const char *name, uint32_t layers, const r
     return rc;
 }
 
-/* One PUT of tokens [start, start + n) of every layer of sequence `key`, and the same appended to
- * the reference layers. */
-static void put(dqc_client *c, const char *key, dq_layer **ref, const ref_codec *r, uint64_t start, uint64_t n)
-{
-    float *k = kv(1, L, start, n, 0), *v = kv(1, L, start, n, 1);
-    dqc_put_args a = {.seq = {NULL, key, strlen(key)},
-                      .model = MODEL,
-                      .start_token = start,
-                      .num_layers = L,
-                      .tokens = n,
-                      .kv_heads = KVH,
-                      .head_dim = HD,
-                      .dtype = DQ_DTYPE_F32,
-                      .k = k,
-                      .v = v};
-    OK(c, dqc_put(c, &a, NULL));
-    for (uint32_t l = 0; l < L; l++) {
-        if (!ref[l])
-            cr_assert_eq(dq_layer_create(view(r, l), &ref[l]), 0);
-        cr_assert_eq(dq_layer_append(ref[l], r->ws, k + l * n * ROW, v + l * n * ROW, DQ_DTYPE_F32, n, NULL), 0);
-    }
-    free(k);
-    free(v);
-}
-
-/* GET (f32), GET_RAW and one ATTEND over every layer of `key` equal the reference exactly. */
-static void check_seq(dqc_client *c, const char *key, dq_layer *const *ref, const ref_codec *r, uint64_t tokens,
-                      const char *what)
-{
-    const dqc_seq s = {NULL, key, strlen(key)};
-    dqc_get_result g = {0};
-    dqc_get_args ga = {.seq = s, .dtype = DQ_DTYPE_F32};
-    OK(c, dqc_get(c, &ga, &g));
-    cr_assert_eq(g.tokens, tokens, "%s", what);
-    cr_assert_eq(g.num_layers, L);
-    float *want = malloc(tokens * ROW * sizeof *want);
-    for (uint32_t l = 0; l < L; l++) {
-        for (int kind = 0; kind < 2; kind++) {
-            cr_assert_eq(dq_layer_decode(ref[l], r->ws, (dq_kind)kind, 0, tokens, want, DQ_DTYPE_F32), 0);
-            const float *got = (const float *)(kind ? g.v : g.k) + l * tokens * ROW;
-            cr_assert(memcmp(got, want, tokens * ROW * sizeof *want) == 0, "%s: GET layer %u %s differs", what, l,
-                      kind ? "V" : "K");
-        }
-    }
-    free(want);
-    dqc_get_result_free(&g);
-
-    dqc_raw_result raw = {0};
-    OK(c, dqc_get_raw(c, &s, 0, 0, &raw));
-    cr_assert_eq(raw.nlayers, L);
-    cr_assert_eq(raw.profile_len, r->plen);
-    cr_assert(memcmp(raw.profile, r->pbytes, r->plen) == 0, "%s: GET_RAW's profile differs", what);
-    const size_t wb = dq_codec_window_bytes(r->codec);
-    for (uint32_t l = 0; l < L; l++) {
-        const dqc_raw_layer *rl = &raw.layers[l];
-        cr_assert_eq(rl->windows, dq_layer_window_count(ref[l]), "%s layer %u", what, l);
-        cr_assert_eq(rl->tail_tokens, dq_layer_tail_tokens(ref[l]), "%s layer %u", what, l);
-        for (size_t w = 0; w < rl->windows; w++)
-            cr_assert(memcmp(rl->records + w * wb, dq_layer_window(ref[l], w), wb) == 0,
-                      "%s: layer %u window %zu differs", what, l, w);
-        size_t tb = rl->tail_tokens * ROW * 2;
-        cr_assert(!tb || memcmp(rl->tail_k, dq_layer_tail(ref[l], DQ_KIND_K), tb) == 0, "%s layer %u tail", what, l);
-        cr_assert(!tb || memcmp(rl->tail_v, dq_layer_tail(ref[l], DQ_KIND_V), tb) == 0, "%s layer %u tail", what, l);
-    }
-    dqc_raw_result_free(&raw);
-
-    float q[L][QH * HD], out[L][QH * HD], lse[L][QH], rout[QH * HD], rlse[QH];
-    dqc_attend_item it[L];
-    for (uint32_t l = 0; l < L; l++) {
-        for (int i = 0; i < QH * HD; i++)
-            q[l][i] = 0.5f * val(500 + l, l, 0, (uint32_t)i, 0);
-        it[l] = (dqc_attend_item){.seq = s, .layer = l, .q = q[l]};
-    }
-    dqc_attend_args aa = {
-        .items = it, .nitems = L, .q_heads = QH, .kv_heads = KVH, .head_dim = HD, .dtype = DQ_DTYPE_F32};
-    OK(c, dqc_attend(c, &aa, &out[0][0], &lse[0][0]));
-    for (uint32_t l = 0; l < L; l++) {
-        dq_attn_item ri = {ref[l], q[l], rout, rlse};
-        cr_assert_eq(dq_attend(view(r, l), r->ws, QH, 1.0f / sqrtf(HD), &ri, 1), 0);
-        cr_assert(memcmp(out[l], rout, sizeof rout) == 0 && memcmp(lse[l], rlse, sizeof rlse) == 0,
-                  "%s: ATTEND of layer %u differs from dq_attend over its view", what, l);
-    }
-}
-
-/* COMPRESS of x (ntok tokens of one kind) with model layer `layer`; the records and window headers
- * equal dq_tokens_encode's with that layer's view, and DECOMPRESS of them equals
- * dq_tokens_decode's. Returns the records (malloc'd, *rb_out bytes each). */
+/* COMPRESS / DECOMPRESS of x with model layer `layer` (srv_compress_check); the records
+ * (malloc'd). */
 static uint8_t *compress_check(dqc_client *c, const ref_codec *r, uint32_t layer, int kind, const float *x,
                                uint64_t ntok)
 {
-    const dq_codec *vw = view(r, layer);
-    const size_t rb = dq_codec_record_bytes(r->codec, (dq_kind)kind), mb = dq_codec_mean_bytes(r->codec);
-    const uint32_t W = r->p.window;
-    const uint64_t blocks = (ntok + W - 1) / W;
-    const bool header = kind == 0 && mb;
-    uint8_t *rec = calloc(ntok, rb), *means = calloc(blocks, mb ? mb : 1);
-    float *dec = malloc(ntok * ROW * sizeof *dec);
-    for (uint64_t b = 0; b < blocks; b++) {
-        uint64_t t0 = b * W, cnt = ntok - t0 < W ? ntok - t0 : W;
-        cr_assert_eq(dq_tokens_encode(vw, r->ws, (dq_kind)kind, x + t0 * ROW, DQ_DTYPE_F32, cnt,
-                                      header ? means + b * mb : NULL, rec + t0 * rb, rb, NULL),
-                     0);
-        cr_assert_eq(dq_tokens_decode(vw, r->ws, (dq_kind)kind, header ? means + b * mb : NULL, rec + t0 * rb, rb, cnt,
-                                      dec + t0 * ROW, DQ_DTYPE_F32),
-                     0);
-    }
-
-    dqc_compress_args ca = {
-        .model = MODEL, .kv_heads = KVH, .head_dim = HD, .kind = kind, .dtype = DQ_DTYPE_F32, .x = x, .tokens = ntok};
-    dqc_compress_result cr = {0};
-    OK(c, dqc_compress_layer(c, &ca, layer, &cr));
-    cr_assert_eq(cr.profile_len, r->plen);
-    cr_assert(memcmp(cr.profile, r->pbytes, r->plen) == 0);
-    cr_assert_eq(cr.records_bytes, ntok * rb);
-    cr_assert(memcmp(cr.records, rec, ntok * rb) == 0, "COMPRESS layer %u kind %d: records differ", layer, kind);
-    cr_assert_eq(cr.means_bytes, header ? blocks * mb : 0);
-    cr_assert(!header || memcmp(cr.means, means, blocks * mb) == 0, "COMPRESS layer %u: window headers differ", layer);
-
-    dqc_decompress_args da = {.profile = cr.profile,
-                              .profile_len = cr.profile_len,
-                              .kind = kind,
-                              .tokens = ntok,
-                              .means = cr.means,
-                              .means_bytes = cr.means_bytes,
-                              .records = cr.records,
-                              .records_bytes = cr.records_bytes,
-                              .out_dtype = DQ_DTYPE_F32};
-    dqc_decompress_result dr = {0};
-    OK(c, dqc_decompress_layer(c, &da, layer, &dr));
-    cr_assert_eq(dr.bytes, ntok * ROW * sizeof(float));
-    cr_assert(memcmp(dr.x, dec, dr.bytes) == 0, "DECOMPRESS layer %u kind %d differs from dq_tokens_decode", layer,
-              kind);
-    dqc_decompress_result_free(&dr);
-    dqc_compress_result_free(&cr);
-    free(means);
-    free(dec);
-    return rec;
+    const srv_model m = model_of(r);
+    return srv_compress_check(c, &m, (int)layer, kind, x, ntok, NULL);
 }
 
 /* ---- serving each codec end to end ---- */
@@ -357,6 +227,7 @@ static void serve(const char *pname)
 {
     ref_codec r;
     ref_make(&r, pname, L);
+    const srv_model m = model_of(&r);
     dqc_client *c = cli();
     int existed = -1;
     OK(c, register_as(c, MODEL, L, &r, pname, &existed));
@@ -368,9 +239,9 @@ static void serve(const char *pname)
     const uint32_t W = r.p.window;
     const uint64_t n1 = W + 3, n2 = W + 9;
     dq_layer *ref[L] = {0};
-    put(c, "s", ref, &r, 0, n1);
-    put(c, "s", ref, &r, n1, n2);
-    check_seq(c, "s", ref, &r, n1 + n2, pname);
+    srv_put(c, &m, "s", ref, 0, n1);
+    srv_put(c, &m, "s", ref, n1, n2);
+    srv_check_seq(c, &m, "s", ref, n1 + n2, pname);
     check_host_path(c);
 
     /* COMPRESS / DECOMPRESS of every layer, keys and values (two windows' worth and a bit). */
@@ -418,22 +289,7 @@ static void serve(const char *pname)
     free(x);
 
     /* ATTEND with an appended token goes through the same per-layer view. */
-    float ak[ROW], av[ROW], q[QH * HD], out[QH * HD], lse[QH], rout[QH * HD], rlse[QH];
-    for (int i = 0; i < ROW; i++) {
-        ak[i] = val(7, 2, 0, (uint32_t)i, 0);
-        av[i] = val(7, 2, 0, (uint32_t)i, 1);
-    }
-    for (int i = 0; i < QH * HD; i++)
-        q[i] = val(8, 2, 0, (uint32_t)i, 0);
-    dqc_attend_item it = {.seq = {NULL, "s", 1}, .layer = 2, .q = q, .append_k = ak, .append_v = av};
-    dqc_attend_args aa = {
-        .items = &it, .nitems = 1, .q_heads = QH, .kv_heads = KVH, .head_dim = HD, .dtype = DQ_DTYPE_F32};
-    OK(c, dqc_attend(c, &aa, out, lse));
-    cr_assert_eq(dq_layer_append(ref[2], r.ws, ak, av, DQ_DTYPE_F32, 1, NULL), 0);
-    dq_attn_item ri = {ref[2], q, rout, rlse};
-    cr_assert_eq(dq_attend(view(&r, 2), r.ws, QH, 1.0f / sqrtf(HD), &ri, 1), 0);
-    cr_assert(memcmp(out, rout, sizeof out) == 0 && memcmp(lse, rlse, sizeof lse) == 0,
-              "%s: ATTEND with an append differs", pname);
+    srv_attend_append(c, &m, "s", 2, ref[2], pname);
 
     OK(c, dqc_delete(c, &(dqc_seq){NULL, "s", 1}));
     OK(c, dqc_unregister_model(c, MODEL));
@@ -660,6 +516,7 @@ Test(kvq_flags, disk_tier_roundtrip)
 {
     ref_codec r;
     ref_make(&r, "pq16x8", L);
+    const srv_model m = model_of(&r);
     char dir[200], disk[256];
     snprintf(dir, sizeof dir, "%s", dqd_tmpdir());
     snprintf(disk, sizeof disk, "%s/disk", dir);
@@ -674,11 +531,11 @@ Test(kvq_flags, disk_tier_roundtrip)
     char key[NSEQ][16];
     for (int i = 0; i < NSEQ; i++) {
         snprintf(key[i], sizeof key[i], "d%d", i);
-        put(c, key[i], ref[i], &r, 0, T);
+        srv_put(c, &m, key[i], ref[i], 0, T);
     }
     cr_assert_gt(stat_counter(c, "disk_spills"), 0, "nothing was spilled: the test proves nothing");
     for (int i = 0; i < NSEQ; i++)
-        check_seq(c, key[i], ref[i], &r, T, key[i]);
+        srv_check_seq(c, &m, key[i], ref[i], T, key[i]);
     cr_assert_gt(stat_counter(c, "disk_loads"), 0, "nothing was read back from disk");
     dqc_free(c);
 
@@ -688,7 +545,7 @@ Test(kvq_flags, disk_tier_roundtrip)
     c = cli();
     cr_assert_eq(stat_counter(c, "disk_recovered"), NSEQ, "records recovered after the restart");
     for (int i = 0; i < NSEQ; i++)
-        check_seq(c, key[i], ref[i], &r, T, key[i]);
+        srv_check_seq(c, &m, key[i], ref[i], T, key[i]);
     int existed = 0;
     OK(c, register_as(c, MODEL, L, &r, "pq16x8", &existed));
     cr_assert_eq(existed, 1, "the recovered model is the one registered before");

@@ -21,9 +21,10 @@
  * state (rotated queries, accumulator, a tile's weights: about 4·q_heads·(2·head_dim + 128) bytes)
  * in shared memory; dqcu_attend_check() says whether a shape fits (Qwen3-8B, Llama-3-70B do).
  * Levels and container sizes are those of any valid profile. Fixed-width profiles
- * (dq_profile_fixed) have the hot layout only: dqcu_transcode_hot and dqcu_attend_hot take them,
- * the encoders, dqcu_decompress and dqcu_attend answer DQ_UNSUPPORTED (their records are encoded
- * by libdquant on the host).
+ * (dq_profile_fixed: every width the family allows) have the encoders (records byte-identical to
+ * libdquant's, whatever dqcu_settings.encode_kernel says: the family has one encoder) and the hot
+ * layout (dqcu_transcode_hot, dqcu_attend_hot); dqcu_decompress and dqcu_attend answer
+ * DQ_UNSUPPORTED for them.
  *
  * Kernel versions: a device codec runs the versions its dqcu_settings name (by default the fastest;
  * earlier versions stay for shapes the fastest cannot take and for comparisons).
@@ -127,6 +128,8 @@ DQCU_API const dq_profile *dqcu_codec_profile(const dqcu_codec *dc);
  * status (device, count int32, required) receives per stream 0, DQ_NONFINITE or DQ_RANGE, exactly
  * what dq_stream_encode returns; a stream with a nonzero status leaves its record unwritten.
  * stats (device, may be NULL) is added to atomically, with dq_stream_encode's meaning.
+ * D-Quant and fixed-width codecs (the fixed-width family: 4 + C bytes of fp16 s, fp16 o and the
+ * base-M packed levels, what lib's fixed-width encoder writes).
  * Returns 0, DQ_INVALID_ARGUMENT, DQ_UNSUPPORTED (n too large), DQ_INTERNAL (launch failure). */
 DQCU_API int dqcu_encode_streams(const dqcu_codec *dc, dq_kind kind, const float *y, size_t count, uint8_t *records,
                                  size_t record_stride, int32_t *status, dq_encode_stats *stats, cudaStream_t stream);

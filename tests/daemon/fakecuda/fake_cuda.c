@@ -718,7 +718,7 @@ struct dqcu_codec {
     dq_codec *codec;
     uint32_t n, W, R, d;
     size_t wb;
-    bool fixed; /* a fixed-width profile: the hot layout only */
+    bool fixed; /* a fixed-width profile: the encoders and the hot layout only */
 };
 
 int dqcu_device_count(void)
@@ -794,7 +794,7 @@ int dqcu_codec_create_with(const dq_codec *codec, const dqcu_settings *settings,
     if (settings && !fake_settings_ok(settings))
         return DQ_INVALID_ARGUMENT;
     const dq_profile *p = dq_codec_profile(codec);
-    /* D-Quant, and the fixed-width family (the hot layout only), as the real library */
+    /* D-Quant, and the fixed-width family (encoders and the hot layout), as the real library */
     if (p->codec_type != DQ_CODEC_DQUANT && p->codec_type != DQ_CODEC_FIXED)
         return DQ_INVALID_ARGUMENT;
     if (p->format_version != DQ_FORMAT_VERSION) /* version 2 (joint pairs): no kernels, as the real library */
@@ -892,7 +892,7 @@ int dqcu_encode_streams(const dqcu_codec *dc, dq_kind kind, const float *y, size
         return DQ_INVALID_ARGUMENT;
     if (record_stride < dq_codec_record_bytes(dc->codec, kind))
         return DQ_INVALID_ARGUMENT;
-    if (dc->n > DQCU_MAX_ENCODE_STREAM || dc->fixed)
+    if (dc->n > DQCU_MAX_ENCODE_STREAM) /* fixed-width codecs too, as the real encoder */
         return DQ_UNSUPPORTED;
     if (!count)
         return DQ_OK;
@@ -943,7 +943,7 @@ int dqcu_encode_windows(const dqcu_codec *dc, const void *k, const void *v, dq_d
         return DQ_INVALID_ARGUMENT;
     if (dtype != DQ_DTYPE_F32 && dtype != DQ_DTYPE_F16 && dtype != DQ_DTYPE_BF16)
         return DQ_DTYPE;
-    if (dc->n > DQCU_MAX_ENCODE_STREAM || dc->d > 512 || dc->fixed)
+    if (dc->n > DQCU_MAX_ENCODE_STREAM || dc->d > 512) /* fixed-width codecs too */
         return DQ_UNSUPPORTED;
     if (!nwin)
         return DQ_OK;
