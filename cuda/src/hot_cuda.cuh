@@ -18,4 +18,8 @@ static inline uint32_t dqcu__hot_bits(uint32_t M)
  * returns the hot window's bytes. */
 size_t dqcu__hot_offsets(const dqcu_codec *dc, size_t off[4]);
 
+/* The same offsets as 32-bit kernel parameters, and the bits per code of each kind: the geometry
+ * every kernel over hot windows and records takes (the transcode and its inverse). */
+void dqcu__hot_geometry(const dqcu_codec *dc, uint32_t off[4], uint32_t bits[2]);
+
 #endif

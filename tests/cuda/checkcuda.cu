@@ -14,11 +14,18 @@
  *   dqcu_attend_hot within 1e-3 relative of dq_hot_attend and of dq_attend_reference; the same for
  *   the fixed-width family (dq_profile_fixed), whose container kernels refuse it (DQ_UNSUPPORTED)
  *
- *   checkcuda [--seed N] [--small] [--no-timing] [--quiet] [--hot] [--encode-kernel V,...] [--attend-kernel V,...]
+ *   format version 2 (dq226p, dq196p; records from libdquant): dqcu_decompress, dqcu_transcode_hot
+ *   and dqcu_rebuild_hot byte-identical (corrupt containers too), dqcu_attend_hot as above, the
+ *   encoders and container attention refusing it; also on the real bytellama-n1024 cache
+ *   (DIR/bytellama-n1024/kv_f16.bin; DIR: --data, $DQ_DATA_DIR or ../shared/data; skipped if absent)
+ *
+ *   checkcuda [--seed N] [--small] [--no-timing] [--quiet] [--hot] [--format2] [--data DIR]
+ *             [--encode-kernel V,...] [--attend-kernel V,...]
  *   --small: a few small cases only (for compute-sanitizer memcheck / racecheck runs).
  *   --hot: the hot layout alone on its shapes (production dq226 first), with the container
  *   attention versions of --attend-kernel on the same inputs; with --small one GQA group per shape
  *   and no container attention (for compute-sanitizer runs on the production shape).
+ *   --format2: the format version 2 checks alone (with --small: the built-ins and one real layer).
  *   --encode-kernel, --attend-kernel: only these versions (default: every registered one, the
  *   default first).
  * Exit status: 0 all passed, 1 a check failed, 2 a setup error, 77 no suitable GPU (skipped). */
@@ -106,7 +113,8 @@ static bool set_gpu(Codecs &cs)
     return true;
 }
 
-static bool make_codecs(const Cfg &cfg, Codecs &cs)
+/* format: the format_version of a profile made from cfg's parameters (0: version 1) */
+static bool make_codecs(const Cfg &cfg, Codecs &cs, uint32_t format = 0)
 {
     dq_profile prof;
     if (cfg.builtin) {
@@ -121,6 +129,7 @@ static bool make_codecs(const Cfg &cfg, Codecs &cs)
         pp.window = cfg.W;
         pp.residual = cfg.R;
         pp.rotation_seed = cfg.seed;
+        pp.format_version = format;
         const double n = (double)cfg.kvh * cfg.d;
         const double rate[2] = {cfg.rate_k, cfg.rate_v};
         for (int k = 0; k < 2; k++)
@@ -1101,6 +1110,159 @@ static void test_hot(Codecs &cs, Rng &r, const std::vector<uint32_t> &lens, uint
         dq_layer_free(layers[b]);
 }
 
+/* ---- container format version 2 (joint pairs: dq226p, dq196p, lib/src/rans2.h) ----
+ *
+ * The device has no version-2 encoder: records come from libdquant. dqcu_decompress,
+ * dqcu_transcode_hot and dqcu_rebuild_hot must equal libdquant byte for byte (corrupt containers
+ * too: test_decompress, test_hot), dqcu_attend_hot take its hot windows, and the encoders and the
+ * container attention refuse it. */
+
+/* nwin windows (about) of random tokens, encoded by libdquant. */
+static std::vector<uint8_t> host_windows(Codecs &cs, Rng &r, size_t nwin)
+{
+    const size_t wb = dq_codec_window_bytes(cs.c), ntok = nwin * cs.W + cs.R;
+    std::vector<float> k, v;
+    gen_tokens(r, cs.n, ntok, true, k);
+    gen_tokens(r, cs.n, ntok, false, v);
+    dq_layer *l = nullptr;
+    DQ(dq_layer_create(cs.c, &l));
+    DQ(dq_layer_append(l, cs.ws, k.data(), v.data(), DQ_DTYPE_F32, ntok, NULL));
+    std::vector<uint8_t> out(dq_layer_window_count(l) * wb);
+    for (size_t w = 0; w < dq_layer_window_count(l); w++)
+        memcpy(&out[w * wb], dq_layer_window(l, w), wb);
+    dq_layer_free(l);
+    return out;
+}
+
+static void test_format2_refusals(Codecs &cs)
+{
+    const size_t rb = dq_codec_record_bytes(cs.c, DQ_KIND_K);
+    const int enc = dqcu_encode_streams(cs.g, DQ_KIND_K, NULL, 0, NULL, rb, NULL, NULL, 0);
+    const int encw = dqcu_encode_windows(cs.g, NULL, NULL, DQ_DTYPE_BF16, 0, NULL, NULL, NULL, 0);
+    const int att = dqcu_attend(cs.g, cs.kvh, 1.0f, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0);
+    const int ak = dqcu_attend_kernel(cs.g, cs.kvh);
+    const size_t wsb = dqcu_attend_workspace_size(cs.g, cs.kvh, 1, 128);
+    const int dec = dqcu_decompress(cs.g, DQ_KIND_K, NULL, 0, NULL, 0, 0, 0, NULL, DQ_DTYPE_F32, NULL, 0);
+    report(enc == DQ_UNSUPPORTED && encw == DQ_UNSUPPORTED && att == DQ_UNSUPPORTED && ak == DQ_UNSUPPORTED &&
+               wsb == 0 && dec == DQ_OK,
+           "format 2 %s: encode_streams %s, encode_windows %s, attend %s, attend_kernel %s, workspace %zu, "
+           "decompress %s",
+           cs.name.c_str(), dq_err_name(enc), dq_err_name(encw), dq_err_name(att), dq_err_name(ak), wsb,
+           dq_err_name(dec));
+}
+
+/* Windows given on the host (a real cache's): dqcu_transcode_hot equals dq_hot_transcode and
+ * dqcu_rebuild_hot gives the records back, byte for byte. */
+static void test_hot_windows(Codecs &cs, const std::vector<uint8_t> &recs, const char *what)
+{
+    const size_t wb = dq_codec_window_bytes(cs.c), hb = dq_hot_window_bytes(cs.c), total = recs.size() / wb;
+    if (!total)
+        return;
+    std::vector<uint8_t> cpu(total * hb), gpu(total * hb), back(total * wb);
+    for (size_t i = 0; i < total; i++)
+        DQ(dq_hot_transcode(cs.c, &recs[i * wb], &cpu[i * hb]));
+    DevBuf<uint8_t> drec(recs.size()), dhot(cpu.size()), dback(recs.size());
+    drec.upload(recs.data(), recs.size());
+    dhot.fill_bytes(0x5a);
+    dback.fill_bytes(0xa5);
+    std::vector<const uint8_t *> rp(total), hp(total), bp(total);
+    for (size_t i = 0; i < total; i++) {
+        rp[i] = drec.p + i * wb;
+        hp[i] = dhot.p + i * hb;
+        bp[i] = dback.p + i * wb;
+    }
+    DevBuf<const uint8_t *> drp(total), dhp(total), dbp(total);
+    drp.upload(rp.data(), total);
+    dhp.upload(hp.data(), total);
+    dbp.upload(bp.data(), total);
+    DevBuf<uint32_t> dcnt(2);
+    dcnt.fill_bytes(0);
+    DQ(dqcu_transcode_hot(cs.g, drp.p, total, (uint8_t *const *)dhp.p, dcnt.p, 0));
+    DQ(dqcu_rebuild_hot(cs.g, dhp.p, total, (uint8_t *const *)dbp.p, dcnt.p + 1, 0));
+    CK(cudaDeviceSynchronize());
+    dhot.download(gpu.data(), gpu.size());
+    dback.download(back.data(), back.size());
+    uint32_t cnt[2];
+    dcnt.download(cnt, 2);
+    report(cnt[0] == 0 && cnt[1] == 0 && gpu == cpu && back == recs,
+           "%s %s: %zu windows, transcode %s (corrupt %u), rebuild %s (bad %u)", what, cs.name.c_str(), total,
+           gpu == cpu ? "identical" : "DIFFER", cnt[0], back == recs ? "identical" : "DIFFER", cnt[1]);
+}
+
+/* Every layer of dir/bytellama-n1024's real cache ([2, layers, T, 8, 128] fp16, n = 1024 like
+ * Qwen3-8B) encoded by libdquant with profile: decompressed, transcoded and rebuilt on the GPU. */
+static void test_real_cache(Rng &r, const char *dir, const char *profile, bool small)
+{
+    const uint32_t layers = 4, T = 512, kvh = 8, d = 128, n = kvh * d;
+    std::string path = std::string(dir) + "/bytellama-n1024/kv_f16.bin";
+    std::vector<uint16_t> kv((size_t)2 * layers * T * n);
+    FILE *f = fopen(path.c_str(), "rb");
+    const size_t got = f ? fread(kv.data(), sizeof(uint16_t), kv.size(), f) : 0;
+    if (f)
+        fclose(f);
+    if (got != kv.size()) {
+        printf("real cache %s: %s absent or short (%zu of %zu values); skipped (--data DIR)\n", profile, path.c_str(),
+               got, kv.size());
+        return;
+    }
+    Cfg cfg = {kvh, d, 0, 0, 128, 128, 0, 0, 0, profile};
+    Codecs cs;
+    make_codecs(cfg, cs);
+    printf("real cache bytellama-n1024, %s\n", cs.name.c_str());
+    if (dq_codec_profile(cs.c)->format_version == DQ_FORMAT_VERSION_PAIRS)
+        test_format2_refusals(cs);
+    for (uint32_t l = 0; l < (small ? 1u : layers); l++) {
+        dq_layer *hl = nullptr;
+        DQ(dq_layer_create(cs.c, &hl));
+        const uint16_t *k = &kv[(size_t)l * T * n], *v = &kv[((size_t)layers + l) * T * n];
+        DQ(dq_layer_append(hl, cs.ws, k, v, DQ_DTYPE_F16, T, NULL));
+        const size_t wb = dq_codec_window_bytes(cs.c);
+        std::vector<uint8_t> wins(dq_layer_window_count(hl) * wb);
+        for (size_t w = 0; w < dq_layer_window_count(hl); w++)
+            memcpy(&wins[w * wb], dq_layer_window(hl, w), wb);
+        dq_layer_free(hl);
+        char what[48];
+        snprintf(what, sizeof what, "real layer %u hot", l);
+        test_decompress(cs, r, wins, small ? 4 : 12);
+        test_hot_windows(cs, wins, what);
+    }
+}
+
+/* Random profiles and inputs of version 2 (the built-ins first), then the real cache. */
+static void test_format2(Rng &r, bool small, const char *data_dir)
+{
+    std::vector<Cfg> cfgs = {
+        {8, 128, 0, 0, 128, 128, 0, 0, 0, "dq226p"}, /* production: n = 1024, 3 + 3 bits */
+        {8, 128, 0, 0, 128, 128, 0, 0, 0, "dq196p"},
+        {2, 128, 0, 0, 128, 128, 0, 0, 0, "dq226p"},
+    };
+    if (!small) {
+        cfgs.push_back({4, 64, 5, 3, 64, 64, 2.5, 1.8, 0x77, NULL});
+        cfgs.push_back({2, 256, 16, 12, 100, 120, 3.5, 3.0, 0x5, NULL});
+        cfgs.push_back({1, 32, 32, 2, 32, 40, 0.1, 4.0, 0, NULL}); /* 1024 pairs, tight container */
+        cfgs.push_back({2, 512, 2, 32, 64, 64, 1.0, 0.1, 0x9, NULL});
+        cfgs.push_back({3, 128, 9, 7, 128, 150, 2.7, 2.0, 0x3, NULL});
+    }
+    for (const Cfg &cfg : cfgs) {
+        Codecs cs;
+        make_codecs(cfg, cs, DQ_FORMAT_VERSION_PAIRS);
+        printf("%s (format 2)\n", cs.name.c_str());
+        test_format2_refusals(cs);
+        test_decompress(cs, r, host_windows(cs, r, small ? 2 : 5), small ? 4 : 12);
+        const uint32_t W = cs.W;
+        std::vector<uint32_t> lens = {0, 1, W + 3, 3 * W + r.below(W)};
+        if (!small)
+            lens.push_back(20 * W + r.below(W));
+        uint32_t G = 4;
+        while (G > 1 && dqcu_attend_check(cs.g, cs.kvh * G) != DQ_OK)
+            G >>= 1;
+        test_hot(cs, r, lens, G);
+    }
+    const char *profiles[] = {"dq226p", "dq196p", "dq226"};
+    for (const char *p : profiles)
+        test_real_cache(r, data_dir, p, small);
+}
+
 /* ---- timing on the dq226 shape ---- */
 
 static void timing(Rng &r, const std::vector<int> &enc_list, const std::vector<int> &att_list)
@@ -1233,7 +1395,8 @@ static void all_versions(const int *(*list)(size_t *), std::vector<int> &out)
 int main(int argc, char **argv)
 {
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-    bool small = false, do_timing = true, hot_only = false;
+    bool small = false, do_timing = true, hot_only = false, format2_only = false;
+    const char *data_dir = getenv("DQ_DATA_DIR") ? getenv("DQ_DATA_DIR") : "../shared/data";
     std::vector<int> enc_list, att_list;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seed") && i + 1 < argc)
@@ -1246,6 +1409,10 @@ int main(int argc, char **argv)
             g_quiet = 1;
         else if (!strcmp(argv[i], "--hot"))
             hot_only = true;
+        else if (!strcmp(argv[i], "--format2"))
+            format2_only = true;
+        else if (!strcmp(argv[i], "--data") && i + 1 < argc)
+            data_dir = argv[++i];
         else if (!strcmp(argv[i], "--encode-kernel") && i + 1 < argc) {
             if (!parse_versions(argv[++i], dqcu_encode_kernels, enc_list, "--encode-kernel"))
                 return 2;
@@ -1254,8 +1421,8 @@ int main(int argc, char **argv)
                 return 2;
         } else {
             fprintf(stderr,
-                    "usage: %s [--seed N] [--small] [--no-timing] [--quiet] [--hot] [--encode-kernel V,...] "
-                    "[--attend-kernel V,...]\n",
+                    "usage: %s [--seed N] [--small] [--no-timing] [--quiet] [--hot] [--format2] [--data DIR] "
+                    "[--encode-kernel V,...] [--attend-kernel V,...]\n",
                     argv[0]);
             return 2;
         }
@@ -1294,6 +1461,11 @@ int main(int argc, char **argv)
     for (int v : att_list)
         printf(" %d", v);
     printf("\n");
+    if (format2_only) {
+        test_format2(r, small, data_dir);
+        printf("\ncheckcuda: %d checks, %d failed (seed %llu)\n", g_checks, g_failures, (unsigned long long)seed);
+        return g_failures ? 1 : 0;
+    }
     if (hot_only) {
         /* the hot layout alone, with the container attention of att_list on the same shapes */
         const Cfg hcfgs[] = {
@@ -1423,6 +1595,7 @@ int main(int argc, char **argv)
         std::vector<uint32_t> lens = {64 * 128 + 17, 5 * 128, 130 * 128 + 100};
         test_attention(cs, r, lens, 4, att_list);
     }
+    test_format2(r, small, data_dir);
     printf("\ncheckcuda: %d checks, %d failed (seed %llu)\n", g_checks, g_failures, (unsigned long long)seed);
     if (do_timing && !small && g_failures == 0)
         timing(r, enc_list, att_list);
