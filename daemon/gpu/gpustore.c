@@ -42,6 +42,16 @@ static bool codec_fixed(const dqd_codec *codec)
     return codec->profile.codec_type == DQ_CODEC_FIXED;
 }
 
+/* A profile of container format version 2 (joint pairs, dq226p and dq196p): libdquant-cuda
+ * decodes its records, transcodes them to hot windows and rebuilds them from those, but has no
+ * encoder and no container attention for it. So its appends are encoded on the host as the
+ * fixed-width family's (append_fixed), an ATTEND over its records runs libdquant on a host copy
+ * (attend_fixed), and GET decodes on the device. */
+static bool codec_pairs(const dqd_codec *codec)
+{
+    return codec->profile.format_version == DQ_FORMAT_VERSION_PAIRS;
+}
+
 static uint64_t tail_dev_bytes(const dqd_codec *c)
 {
     return 2u * tail_elems(c) * sizeof(uint16_t);
@@ -794,7 +804,7 @@ static void add_stats(dq_encode_stats *to, const dq_encode_stats *st)
         to->max_move = st->max_move;
 }
 
-/* dqd_gpu_append of a fixed-width layer: the tail comes down into a host layer, dq_layer_append
+/* dqd_gpu_append of a fixed-width or version-2 layer: the tail comes down into a host layer, dq_layer_append
  * encodes the tokens there (its checks, codes and bytes), and the windows it seals go up (into
  * their slots, or the record scratch of a hot-only layer) to be transcoded, then the new tail. */
 static int append_fixed(dqd_gwork *w, const dqcu_codec *dc, const dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot,
@@ -921,7 +931,7 @@ int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **
         rc = dqd_gcodec_get(g, codec, &dc);
     if (rc < 0)
         return rc;
-    if (codec_fixed(codec))
+    if (codec_fixed(codec) || codec_pairs(codec))
         return append_fixed(w, dc, codec, txn, slot, k, v, dtype, ntok, flags, stats);
     const uint8_t *dk = k, *dv = v;
     const size_t xb = ntok * n * esz;
@@ -1473,8 +1483,8 @@ int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, 
         bool hot = hot_ok && !records_only;
         for (size_t b = 0; b < nb && hot; b++)
             hot = items[i0 + b].layer->hot_stride && items[i0 + b].layer->nhot == items[i0 + b].layer->nwin;
-        if (!hot && codec_fixed(codec)) {
-            /* no container attention on the device for the fixed-width family */
+        if (!hot && (codec_fixed(codec) || codec_pairs(codec))) {
+            /* no container attention on the device for the fixed-width family and version 2 */
             rc = attend_fixed(w, codec, q_heads, scale, items + i0, nb, dev);
             if (rc < 0)
                 return rc;

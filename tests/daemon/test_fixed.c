@@ -13,7 +13,12 @@
  * and the same answers are checked, the stats showing the GPU tier held and attended it, and the
  * disk test spilling GPU -> host -> disk and back. ATTEND must equal dq_attend bit for bit (the
  * emulation's hot attention is dq_hot_attend), or on a real GPU within $DQ_FIXED_ATTEND_TOL
- * (relative, tests/cuda/daemon_gpu.sh). Skipped when $DQUANTD is unset. */
+ * (relative, tests/cuda/daemon_gpu.sh).
+ * The container format version 2 (joint pairs: "dq226p", "dq196p") is checked the same way: like the
+ * family, libdquant-cuda has no encoder and no container attention for it, so dquantd encodes its
+ * records on the host; unlike the family it lives on the GPU tier with every layout (GET decoded on
+ * the device, ATTEND on the host with containers), and hot-only records are rebuilt on the GPU.
+ * Skipped when $DQUANTD is unset. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdbool.h>
@@ -70,8 +75,12 @@ typedef struct ref_codec {
 static void ref_make(ref_codec *r, const char *name)
 {
     memset(r, 0, sizeof *r);
-    cr_assert_eq(dq_profile_fixed(name, KVH, HD, &r->p), 0, "dq_profile_fixed(%s)", name);
-    cr_assert_eq(r->p.codec_type, DQ_CODEC_FIXED);
+    if (dq_profile_fixed(name, KVH, HD, &r->p) != 0) {
+        cr_assert_eq(dq_profile_builtin(name, KVH, HD, &r->p), 0, "dq_profile_builtin(%s)", name);
+        cr_assert_eq(r->p.format_version, DQ_FORMAT_VERSION_PAIRS, "%s is not a version-2 profile", name);
+    } else {
+        cr_assert_eq(r->p.codec_type, DQ_CODEC_FIXED);
+    }
     cr_assert_eq(dq_codec_create(&r->p, NULL, &r->codec), 0);
     cr_assert_eq(dq_workspace_create(r->codec, &r->ws), 0);
     cr_assert_eq(dq_profile_serialize(&r->p, r->pbytes, sizeof r->pbytes, &r->plen), 0);
@@ -125,6 +134,19 @@ static const char *layout(void)
 static bool hot_only(void)
 {
     return layout() && strcmp(layout(), "hot-only") == 0;
+}
+
+/* A container format version 2 profile (not the fixed-width family). */
+static bool pairs(const ref_codec *r)
+{
+    return r->p.format_version == DQ_FORMAT_VERSION_PAIRS;
+}
+
+/* Whether r's sequences live on the (emulated) GPU tier: the family with the hot layouts, version 2
+ * with every layout. */
+static bool gpu_tier(const ref_codec *r)
+{
+    return on_cuda() && (layout() || pairs(r));
 }
 
 static void start(void)
@@ -297,16 +319,24 @@ static void compress_check(dqc_client *c, const ref_codec *r, int kind, const fl
     cr_assert(memcmp(dr.x, dec, dr.bytes) == 0, "DECOMPRESS kind %d differs from dq_tokens_decode", kind);
     dqc_decompress_result_free(&dr);
 
-    /* every bit of token 1's first group set: at least 2^w - 1 >= M^k unless M is a power of two */
-    uint32_t k, w;
-    dq_fixed_packing(ROW, r->p.levels[kind], &k, &w);
     uint8_t *bad = malloc(ntok * rb);
     memcpy(bad, cr.records, ntok * rb);
-    for (uint32_t b = 0; b < w; b++)
-        bad[rb + 4 + b / 8] |= (uint8_t)(1u << (b % 8));
     uint8_t lev[ROW];
-    const int want = dq_stream_decode_levels(r->codec, (dq_kind)kind, bad + rb, lev);
-    cr_assert_eq(want, (r->p.levels[kind] & (r->p.levels[kind] - 1)) ? DQ_CORRUPT : DQ_OK);
+    int want;
+    if (pairs(r)) {
+        /* token 1's rANS state zeroed: below L, corrupt */
+        memset(bad + rb + 4, 0, 4);
+        want = dq_stream_decode_levels(r->codec, (dq_kind)kind, bad + rb, lev);
+        cr_assert_eq(want, DQ_CORRUPT);
+    } else {
+        /* every bit of token 1's first group set: at least 2^w - 1 >= M^k unless M is a power of two */
+        uint32_t k, w;
+        dq_fixed_packing(ROW, r->p.levels[kind], &k, &w);
+        for (uint32_t b = 0; b < w; b++)
+            bad[rb + 4 + b / 8] |= (uint8_t)(1u << (b % 8));
+        want = dq_stream_decode_levels(r->codec, (dq_kind)kind, bad + rb, lev);
+        cr_assert_eq(want, (r->p.levels[kind] & (r->p.levels[kind] - 1)) ? DQ_CORRUPT : DQ_OK);
+    }
     da.records = bad;
     if (want == DQ_CORRUPT)
         FAILS(c, DQ_CORRUPT, dqc_decompress(c, &da, &dr));
@@ -335,6 +365,7 @@ static void serve(const char *pname)
     put(c, "s", ref, &r, n1, n2);
     const uint64_t items0 = stat_counter(c, "gpu_hot_attend_items");
     const uint64_t cpu0 = stat_counter(c, "gpu_records_rebuilt_cpu");
+    const uint64_t gpu0 = stat_counter(c, "gpu_records_rebuilt_gpu");
     if (layout()) {
         /* both layers' sealed windows held as hot windows on the GPU (without records: hot-only) */
         const uint64_t wins = L * ((n1 + n2 - r.p.residual) / W + 1);
@@ -345,22 +376,22 @@ static void serve(const char *pname)
     check_seq(c, "s", ref, &r, n1 + n2, pname);
     if (on_cuda()) {
         cr_assert_gt(stat_gauge(c, "gpu_budget"), 0, "no cuda backend");
-        if (!layout())
-            cr_assert_eq(stat_gauge(c, "gpu_sequences"), 0, "a fixed-width sequence is on the GPU");
+        cr_assert_eq(stat_gauge(c, "gpu_sequences"), gpu_tier(&r) ? 1 : 0, "%s: the sequence's tier", pname);
     }
     if (layout()) {
-        /* ATTEND ran over the hot windows; hot-only records (GET, GET_RAW) were rebuilt on the CPU:
-         * the GPU rebuild takes D-Quant only */
+        /* ATTEND ran over the hot windows; hot-only records (GET, GET_RAW) were rebuilt on the CPU
+         * for the family (the GPU rebuild takes rANS records only), on the GPU for version 2 */
         /* DQCU_FAKE_HOT_MAX_TOKENS: the emulated hot kernel refuses the launch, and the daemon
          * attends on the host (libdquant on the records) */
         const bool refused = getenv("DQCU_FAKE_HOT_MAX_TOKENS") != NULL;
         cr_assert_eq(stat_counter(c, "gpu_hot_attend_items") - items0, refused ? 0 : L, "%s: ATTEND over hot windows",
                      pname);
-        cr_assert(hot_only() ? stat_counter(c, "gpu_records_rebuilt_cpu") > cpu0
+        const char *rebuilt = pairs(&r) ? "gpu_records_rebuilt_gpu" : "gpu_records_rebuilt_cpu";
+        cr_assert(hot_only() ? stat_counter(c, rebuilt) > (pairs(&r) ? gpu0 : cpu0)
                              : stat_counter(c, "gpu_records_rebuilt") == 0,
-                  "%s: records rebuilt", pname);
-        cr_assert_eq(stat_counter(c, "gpu_records_rebuilt_gpu"), 0, "%s: a fixed-width record rebuilt on the GPU",
-                     pname);
+                  "%s: records rebuilt (%s)", pname, rebuilt);
+        cr_assert_eq(stat_counter(c, pairs(&r) ? "gpu_records_rebuilt_cpu" : "gpu_records_rebuilt_gpu"),
+                     pairs(&r) ? cpu0 : 0, "%s: records rebuilt on the other side", pname);
     }
     const uint64_t ntok = W + 17;
     float *x = kv(3, 1, 0, ntok, 0);
@@ -408,6 +439,16 @@ Test(fixed, serves_explicit_levels)
     serve("fixedk6v3");
 }
 
+Test(fixed, serves_dq226p_format2)
+{
+    serve("dq226p");
+}
+
+Test(fixed, serves_dq196p_format2)
+{
+    serve("dq196p");
+}
+
 Test(fixed, unknown_names)
 {
     dqc_client *c = cli();
@@ -424,10 +465,10 @@ Test(fixed, unknown_names)
 TestSuite(fixed_flags, .fini = stop, .timeout = 180);
 
 /* The disk tier: sequences evicted to disk come back decoding as before, also after a restart. */
-Test(fixed_flags, disk_tier_roundtrip)
+static void disk_tier_roundtrip(const char *pname)
 {
     ref_codec r;
-    ref_make(&r, "fixed226");
+    ref_make(&r, pname);
     char dir[200], disk[256];
     snprintf(dir, sizeof dir, "%s", dqd_tmpdir());
     snprintf(disk, sizeof disk, "%s/disk", dir);
@@ -438,11 +479,11 @@ Test(fixed_flags, disk_tier_roundtrip)
                                  "2M",
                                  "--workers",
                                  "2",
-                                 layout() ? "--backend" : NULL,
+                                 gpu_tier(&r) ? "--backend" : NULL,
                                  "cuda",
                                  "--gpu-memory",
                                  "1M",
-                                 "--gpu-attention-layout",
+                                 layout() ? "--gpu-attention-layout" : NULL,
                                  layout(),
                                  NULL};
     start_with(extra);
@@ -458,13 +499,15 @@ Test(fixed_flags, disk_tier_roundtrip)
         put(c, key[i], ref[i], &r, 0, T);
     }
     cr_assert_gt(stat_counter(c, "disk_spills"), 0, "nothing was spilled: the test proves nothing");
-    if (layout())
+    if (gpu_tier(&r))
         cr_assert_gt(stat_counter(c, "gpu_demotions"), 0, "nothing left the GPU tier");
     for (int i = 0; i < NSEQ; i++)
         check_seq(c, key[i], ref[i], &r, T, key[i]);
     cr_assert_gt(stat_counter(c, "disk_loads"), 0, "nothing was read back from disk");
     if (layout())
         cr_assert_gt(stat_gauge(c, "gpu_hot_windows"), 0, "ATTEND brought nothing back to the GPU tier");
+    if (gpu_tier(&r))
+        cr_assert_gt(stat_counter(c, "gpu_promotions"), 0, "nothing came back to the GPU tier");
     dqc_free(c);
 
     stop();
@@ -482,4 +525,15 @@ Test(fixed_flags, disk_tier_roundtrip)
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     cr_expect_eq(system(cmd), 0);
+}
+
+Test(fixed_flags, disk_tier_roundtrip)
+{
+    disk_tier_roundtrip("fixed226");
+}
+
+/* Version 2 through every tier: GPU -> host -> disk and back on the cuda backend (any layout). */
+Test(fixed_flags, disk_tier_roundtrip_dq226p)
+{
+    disk_tier_roundtrip("dq226p");
 }

@@ -82,11 +82,11 @@ typedef struct ref_codec {
 static void ref_make(ref_codec *r, const char *name, uint32_t layers)
 {
     memset(r, 0, sizeof *r);
-    /* the KVQ family, or a built-in profile the cuda backend also serves on the host path (the
-     * container format version 2, "dq226p": libdquant-cuda has no kernels for it) */
+    /* the KVQ family, or a built-in profile of container format version 2 ("dq226p": on the cuda
+     * backend on the GPU tier without a device encoder or container attention) */
     if (dq_profile_kvq(name, KVH, HD, &r->p) != 0) {
         cr_assert_eq(dq_profile_builtin(name, KVH, HD, &r->p), 0, "dq_profile_builtin(%s)", name);
-        cr_assert_eq(r->p.format_version, DQ_FORMAT_VERSION_PAIRS, "%s is not a host-path profile", name);
+        cr_assert_eq(r->p.format_version, DQ_FORMAT_VERSION_PAIRS, "%s is not a version-2 profile", name);
     } else
         cr_assert_eq(r->p.codec_type, DQ_CODEC_KVQ);
     if (dq_profile_needs_calibration(&r->p)) {
@@ -143,12 +143,17 @@ static void start(void)
 }
 
 /* On the cuda backend: the KVQ sequence `key` is held in host memory, while a D-Quant one goes to
- * the GPU (so that the check can fail). */
-static void check_host_path(dqc_client *c)
+ * the GPU (so that the check can fail). gpu: the sequence is D-Quant (format version 2: dq226p),
+ * which lives on the GPU tier. */
+static void check_host_path(dqc_client *c, bool gpu)
 {
     if (!on_cuda())
         return;
     cr_assert_gt(stat_gauge(c, "gpu_budget"), 0, "no cuda backend");
+    if (gpu) {
+        cr_assert_eq(stat_gauge(c, "gpu_sequences"), 1, "the D-Quant sequence is not on the GPU");
+        return;
+    }
     cr_assert_eq(stat_gauge(c, "gpu_sequences"), 0, "a KVQ sequence is on the GPU");
     dqc_model_spec spec = {
         .name = "ctl", .layers = 1, .q_heads = QH, .kv_heads = KVH, .head_dim = HD, .profile_name = "dq226"};
@@ -371,7 +376,7 @@ static void serve(const char *pname)
     put(c, "s", ref, &r, 0, n1);
     put(c, "s", ref, &r, n1, n2);
     check_seq(c, "s", ref, &r, n1 + n2, pname);
-    check_host_path(c);
+    check_host_path(c, r.p.codec_type == DQ_CODEC_DQUANT);
 
     /* COMPRESS / DECOMPRESS of every layer, keys and values (two windows' worth and a bit). */
     const uint64_t ntok = W + 17;
@@ -473,7 +478,8 @@ Test(kvq, serves_ol3_delta16_calibrated)
 }
 
 /* Container format version 2 (joint pairs): served like any profile; on the cuda backend on the
- * host path, as libdquant-cuda refuses it. */
+ * GPU tier (records encoded on the host, GET decoded on the device, ATTEND over the records on the
+ * host: no version-2 container attention kernel), with the same answers. */
 Test(kvq, serves_dq226p_format2)
 {
     serve("dq226p");
