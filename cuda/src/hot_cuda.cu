@@ -34,14 +34,10 @@ size_t dqcu__hot_offsets(const dqcu_codec *dc, size_t off[4])
     return CV + 4 * G * dqcu__hot_bits(dc->host.kind[1].M) * W;
 }
 
-struct hot_tc_params {
-    const dqcu_tables *tab;
-    const dqcu_rans2_tables *tab2; /* version 2 (NULL for version 1) */
+struct hot_tc_params : dqcu_hot_common {
     const uint8_t *const *windows;
     uint8_t *const *hot;
     uint32_t *corrupt;
-    uint32_t off[4];
-    uint32_t bits[2];
     uint32_t fx_k[2], fx_w[2]; /* fixed-width profiles: symbols and bits per base-M group */
 };
 
@@ -169,14 +165,28 @@ __global__ void __launch_bounds__(HOT_THREADS) hot_transcode_fixed_kernel(hot_tc
         atomicAdd(p.corrupt, nbad);
 }
 
-void dqcu__hot_geometry(const dqcu_codec *dc, uint32_t off[4], uint32_t bits[2])
+int dqcu__hot_setup(const dqcu_codec *dc, const void *src, const void *dst, size_t nwin, bool rans_only,
+                    dqcu_hot_common *c, dim3 *grid)
 {
+    if (!dc || (nwin && (!src || !dst)))
+        return DQ_INVALID_ARGUMENT;
+    if (dc->d < 32 || dc->d > 512 || (rans_only && dc->fixed))
+        return DQ_UNSUPPORTED;
+    if (nwin > 0x7fffffffu)
+        return DQ_INVALID_ARGUMENT;
+    const int rc = dqcu__use_device(dc);
+    if (rc || !nwin)
+        return rc;
+    c->tab = dc->tab;
+    c->tab2 = dc->tab2;
     size_t o[4];
     dqcu__hot_offsets(dc, o);
     for (int i = 0; i < 4; i++)
-        off[i] = (uint32_t)o[i];
+        c->off[i] = (uint32_t)o[i];
     for (int k = 0; k < 2; k++)
-        bits[k] = dqcu__hot_bits(dc->host.kind[k].M);
+        c->bits[k] = dqcu__hot_bits(dc->host.kind[k].M);
+    *grid = dim3((unsigned)nwin, 2);
+    return 1;
 }
 
 extern "C" size_t dqcu_hot_window_bytes(const dqcu_codec *dc)
@@ -187,23 +197,14 @@ extern "C" size_t dqcu_hot_window_bytes(const dqcu_codec *dc)
 extern "C" int dqcu_transcode_hot(const dqcu_codec *dc, const uint8_t *const *windows, size_t nwin, uint8_t *const *hot,
                                   uint32_t *corrupt, cudaStream_t stream)
 {
-    if (!dc || (nwin && (!windows || !hot)))
-        return DQ_INVALID_ARGUMENT;
-    if (dc->d < 32 || dc->d > 512)
-        return DQ_UNSUPPORTED;
-    if (nwin > 0x7fffffffu)
-        return DQ_INVALID_ARGUMENT;
-    int rc = dqcu__use_device(dc);
-    if (rc || !nwin)
-        return rc;
     hot_tc_params p = {};
-    p.tab = dc->tab;
-    p.tab2 = dc->tab2;
+    dim3 grid;
+    const int rc = dqcu__hot_setup(dc, windows, hot, nwin, false, &p, &grid);
+    if (rc <= 0)
+        return rc;
     p.windows = windows;
     p.hot = hot;
     p.corrupt = corrupt;
-    dqcu__hot_geometry(dc, p.off, p.bits);
-    const dim3 grid((unsigned)nwin, 2);
     if (dc->fixed) {
         for (int k = 0; k < 2; k++) {
             p.fx_k[k] = dc->fx_k[k];

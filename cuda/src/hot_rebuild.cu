@@ -16,14 +16,10 @@
 
 #define HOT_RB_THREADS 128
 
-struct hot_rb_params {
-    const dqcu_tables *tab;
-    const dqcu_rans2_tables *tab2; /* version 2 (NULL for version 1) */
+struct hot_rb_params : dqcu_hot_common {
     const uint8_t *const *hot;
     uint8_t *const *windows;
     uint32_t *bad;
-    uint32_t off[4];
-    uint32_t bits[2];
 };
 
 /* Code j (stream index) of token t: the b bits at j % 32 · b of group j / 32's bit string. */
@@ -115,23 +111,15 @@ __global__ void __launch_bounds__(HOT_RB_THREADS) hot_rebuild_kernel(hot_rb_para
 extern "C" int dqcu_rebuild_hot(const dqcu_codec *dc, const uint8_t *const *hot, size_t nwin, uint8_t *const *windows,
                                 uint32_t *bad, cudaStream_t stream)
 {
-    if (!dc || (nwin && (!windows || !hot)))
-        return DQ_INVALID_ARGUMENT;
-    if (dc->d < 32 || dc->d > 512 || dc->fixed) /* fixed-width records are not rANS (dq_hot_rebuild refuses them) */
-        return DQ_UNSUPPORTED;
-    if (nwin > 0x7fffffffu)
-        return DQ_INVALID_ARGUMENT;
-    int rc = dqcu__use_device(dc);
-    if (rc || !nwin)
-        return rc;
+    /* fixed-width records are not rANS (dq_hot_rebuild refuses them) */
     hot_rb_params p = {};
-    p.tab = dc->tab;
-    p.tab2 = dc->tab2;
+    dim3 grid;
+    const int rc = dqcu__hot_setup(dc, hot, windows, nwin, true, &p, &grid);
+    if (rc <= 0)
+        return rc;
     p.hot = hot;
     p.windows = windows;
     p.bad = bad;
-    dqcu__hot_geometry(dc, p.off, p.bits);
-    const dim3 grid((unsigned)nwin, 2);
     if (dc->pairs)
         hot_rebuild_kernel<true><<<grid, HOT_RB_THREADS, 0, stream>>>(p);
     else
