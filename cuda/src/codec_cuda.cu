@@ -100,7 +100,11 @@ static void kind_tab2(const dq__kind_tables *kt, dqcu_rans2_kind *t)
         div_magic(f, &magic, &shift);
         t->enc[s] = make_uint4((DQCU_RANS_L >> DQ_RANS2_PREC << 8) * f, magic, DQCU_RANS2_TOTAL - f,
                                (uint32_t)kt->enc2.cum[s] | (shift << 16));
+        t->cost[s] = kt->pair_cost[s];
+        t->cost_q16[s] = kt->pair_cost_q16[s];
     }
+    t->cheap[0] = kt->cheap[0];
+    t->cheap[1] = kt->cheap[1];
 }
 
 /* Uploads version 2's tables of codec (format version 2 only) to dc->tab2. */

@@ -305,7 +305,7 @@ extern "C" int dqcu_encode_streams(const dqcu_codec *dc, dq_kind kind, const flo
         return DQ_INVALID_ARGUMENT;
     if (record_stride < dc->record_bytes[kind])
         return DQ_INVALID_ARGUMENT;
-    if (dc->n > DQCU_MAX_ENCODE_STREAM || dc->fixed || dc->pairs)
+    if (dc->n > DQCU_MAX_ENCODE_STREAM || dc->fixed)
         return DQ_UNSUPPORTED;
     int rc = dqcu__use_device(dc);
     if (rc)
@@ -314,6 +314,7 @@ extern "C" int dqcu_encode_streams(const dqcu_codec *dc, dq_kind kind, const flo
         return DQ_OK;
     enc_params p = {};
     p.tab = dc->tab;
+    p.tab2 = dc->tab2;
     p.kind = (int)kind;
     p.count = count;
     p.stats = stats;
@@ -350,7 +351,7 @@ extern "C" int dqcu_encode_windows(const dqcu_codec *dc, const void *k, const vo
         return DQ_INVALID_ARGUMENT;
     if (dtype != DQ_DTYPE_F32 && dtype != DQ_DTYPE_F16 && dtype != DQ_DTYPE_BF16)
         return DQ_DTYPE;
-    if (dc->n > DQCU_MAX_ENCODE_STREAM || dc->d > 512 || dc->fixed || dc->pairs)
+    if (dc->n > DQCU_MAX_ENCODE_STREAM || dc->d > 512 || dc->fixed)
         return DQ_UNSUPPORTED;
     if (nwin > 0x7fffffffu)
         return DQ_INVALID_ARGUMENT;
@@ -377,6 +378,7 @@ extern "C" int dqcu_encode_windows(const dqcu_codec *dc, const void *k, const vo
         return rc;
     enc_params p = {};
     p.tab = dc->tab;
+    p.tab2 = dc->tab2;
     p.kind = -1;
     p.count = nwin * dc->W;
     p.stats = stats;

@@ -23,6 +23,10 @@ struct dqcu_rans2_kind {
     /* encoder, per pair s = m1·M + m2: x_max = 2^19·f, magic, 4096 - f, cum | shift << 16, with
      * x / f == (x · magic) >> shift for every x < 2^31 (as version 1's dqcu_kind_tab::enc) */
     uint4 enc[DQCU_RANS2_PAIRS];
+    /* the drift's pair costs (lib's pair_cost, pair_cost_q16) and the cheapest pair (cheap) */
+    float cost[DQCU_RANS2_PAIRS];
+    int32_t cost_q16[DQCU_RANS2_PAIRS];
+    uint32_t cheap[2];
 };
 
 struct dqcu_rans2_tables {

@@ -387,12 +387,14 @@ static void gen_tokens(Rng &r, uint32_t n, size_t ntok, bool keys, std::vector<f
             x[t * n + j] = (float)(mu[j] + sigma * r.normal() * (1.0 + 0.5 * sin((double)t)));
 }
 
+static std::vector<uint8_t> compare_windows(Codecs &cs, const std::vector<uint8_t> &kb, const std::vector<uint8_t> &vb,
+                                            dq_dtype dtype, size_t nwin, const char *label, bool encode_supported);
+
 /* Encodes nwin windows on the CPU and GPU and compares them; returns the valid CPU windows. */
 static std::vector<uint8_t> test_windows(Codecs &cs, Rng &r, size_t nwin, dq_dtype dtype, bool specials,
                                          bool encode_supported)
 {
     const uint32_t n = cs.n, W = cs.W;
-    const size_t wb = dq_codec_window_bytes(cs.c), esz = dq_dtype_size(dtype);
     std::vector<float> k, v;
     gen_tokens(r, n, nwin * W, true, k);
     gen_tokens(r, n, nwin * W, false, v);
@@ -408,6 +410,19 @@ static std::vector<uint8_t> test_windows(Codecs &cs, Rng &r, size_t nwin, dq_dty
     std::vector<uint8_t> kb, vb;
     to_dtype(k.data(), k.size(), dtype, kb);
     to_dtype(v.data(), v.size(), dtype, vb);
+    char what[64];
+    snprintf(what, sizeof what, "(%s%s)", nan_w != SIZE_MAX ? "with NaN window" : "all valid",
+             range_w != SIZE_MAX ? " and range window" : "");
+    return compare_windows(cs, kb, vb, dtype, nwin, what, encode_supported);
+}
+
+/* nwin windows of K and V (kb, vb: [nwin·W, n] of dtype) encoded by dq_window_encode and by
+ * dqcu_encode_windows: the same statuses, records and statistics. Returns the valid CPU windows. */
+static std::vector<uint8_t> compare_windows(Codecs &cs, const std::vector<uint8_t> &kb, const std::vector<uint8_t> &vb,
+                                            dq_dtype dtype, size_t nwin, const char *label, bool encode_supported)
+{
+    const uint32_t n = cs.n, W = cs.W;
+    const size_t wb = dq_codec_window_bytes(cs.c), esz = dq_dtype_size(dtype);
     std::vector<uint8_t> cpu(nwin * wb, 0);
     std::vector<int> crc(nwin);
     dq_encode_stats cstats = {};
@@ -491,9 +506,8 @@ static std::vector<uint8_t> test_windows(Codecs &cs, Rng &r, size_t nwin, dq_dty
                 }
             }
     }
-    report(bad == 0, "encode_windows v%d %s %s: %zu windows (%s%s), %zu mismatches", enc_ver(), cs.name.c_str(),
-           dq_dtype_name(dtype), nwin, nan_w != SIZE_MAX ? "with NaN window" : "all valid",
-           range_w != SIZE_MAX ? " and range window" : "", bad);
+    report(bad == 0, "encode_windows v%d %s %s: %zu windows %s, %zu mismatches", enc_ver(), cs.name.c_str(),
+           dq_dtype_name(dtype), nwin, label, bad);
     stats_report("  encode_windows", cstats, gstats);
     return valid;
 }
@@ -1112,43 +1126,21 @@ static void test_hot(Codecs &cs, Rng &r, const std::vector<uint32_t> &lens, uint
 
 /* ---- container format version 2 (joint pairs: dq226p, dq196p, lib/src/rans2.h) ----
  *
- * The device has no version-2 encoder: records come from libdquant. dqcu_decompress,
- * dqcu_transcode_hot and dqcu_rebuild_hot must equal libdquant byte for byte (corrupt containers
- * too: test_decompress, test_hot), dqcu_attend_hot take its hot windows, and the encoders and the
- * container attention refuse it. */
-
-/* nwin windows (about) of random tokens, encoded by libdquant. */
-static std::vector<uint8_t> host_windows(Codecs &cs, Rng &r, size_t nwin)
-{
-    const size_t wb = dq_codec_window_bytes(cs.c), ntok = nwin * cs.W + cs.R;
-    std::vector<float> k, v;
-    gen_tokens(r, cs.n, ntok, true, k);
-    gen_tokens(r, cs.n, ntok, false, v);
-    dq_layer *l = nullptr;
-    DQ(dq_layer_create(cs.c, &l));
-    DQ(dq_layer_append(l, cs.ws, k.data(), v.data(), DQ_DTYPE_F32, ntok, NULL));
-    std::vector<uint8_t> out(dq_layer_window_count(l) * wb);
-    for (size_t w = 0; w < dq_layer_window_count(l); w++)
-        memcpy(&out[w * wb], dq_layer_window(l, w), wb);
-    dq_layer_free(l);
-    return out;
-}
+ * dqcu_encode_streams / dqcu_encode_windows (every encoder version), dqcu_decompress,
+ * dqcu_transcode_hot and dqcu_rebuild_hot must equal libdquant byte for byte (statuses, statistics
+ * and corrupt containers too: test_streams, test_windows, test_decompress, test_hot),
+ * dqcu_attend_hot take its hot windows, and the container attention refuse it. */
 
 static void test_format2_refusals(Codecs &cs)
 {
-    const size_t rb = dq_codec_record_bytes(cs.c, DQ_KIND_K);
-    const int enc = dqcu_encode_streams(cs.g, DQ_KIND_K, NULL, 0, NULL, rb, NULL, NULL, 0);
-    const int encw = dqcu_encode_windows(cs.g, NULL, NULL, DQ_DTYPE_BF16, 0, NULL, NULL, NULL, 0);
     const int att = dqcu_attend(cs.g, cs.kvh, 1.0f, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0);
     const int ak = dqcu_attend_kernel(cs.g, cs.kvh);
     const size_t wsb = dqcu_attend_workspace_size(cs.g, cs.kvh, 1, 128);
     const int dec = dqcu_decompress(cs.g, DQ_KIND_K, NULL, 0, NULL, 0, 0, 0, NULL, DQ_DTYPE_F32, NULL, 0);
-    report(enc == DQ_UNSUPPORTED && encw == DQ_UNSUPPORTED && att == DQ_UNSUPPORTED && ak == DQ_UNSUPPORTED &&
-               wsb == 0 && dec == DQ_OK,
-           "format 2 %s: encode_streams %s, encode_windows %s, attend %s, attend_kernel %s, workspace %zu, "
-           "decompress %s",
-           cs.name.c_str(), dq_err_name(enc), dq_err_name(encw), dq_err_name(att), dq_err_name(ak), wsb,
-           dq_err_name(dec));
+    const int encw = dqcu_encode_windows(cs.g, NULL, NULL, DQ_DTYPE_BF16, 0, NULL, NULL, NULL, 0);
+    report(att == DQ_UNSUPPORTED && ak == DQ_UNSUPPORTED && wsb == 0 && dec == DQ_OK && encw == DQ_OK,
+           "format 2 %s: attend %s, attend_kernel %s, workspace %zu, decompress %s, encode_windows %s", cs.name.c_str(),
+           dq_err_name(att), dq_err_name(ak), wsb, dq_err_name(dec), dq_err_name(encw));
 }
 
 /* Windows given on the host (a real cache's): dqcu_transcode_hot equals dq_hot_transcode and
@@ -1190,8 +1182,9 @@ static void test_hot_windows(Codecs &cs, const std::vector<uint8_t> &recs, const
 }
 
 /* Every layer of dir/bytellama-n1024's real cache ([2, layers, T, 8, 128] fp16, n = 1024 like
- * Qwen3-8B) encoded by libdquant with profile: decompressed, transcoded and rebuilt on the GPU. */
-static void test_real_cache(Rng &r, const char *dir, const char *profile, bool small)
+ * Qwen3-8B) with profile: its whole windows encoded on the GPU (every encoder version) as by
+ * libdquant, then libdquant's records decompressed, transcoded and rebuilt on the GPU. */
+static void test_real_cache(Rng &r, const char *dir, const char *profile, bool small, const std::vector<int> &enc_list)
 {
     const uint32_t layers = 4, T = 512, kvh = 8, d = 128, n = kvh * d;
     std::string path = std::string(dir) + "/bytellama-n1024/kv_f16.bin";
@@ -1215,6 +1208,18 @@ static void test_real_cache(Rng &r, const char *dir, const char *profile, bool s
         dq_layer *hl = nullptr;
         DQ(dq_layer_create(cs.c, &hl));
         const uint16_t *k = &kv[(size_t)l * T * n], *v = &kv[((size_t)layers + l) * T * n];
+        const size_t nw = T / cs.W, vals = nw * cs.W * n;
+        std::vector<uint8_t> kb((const uint8_t *)k, (const uint8_t *)(k + vals));
+        std::vector<uint8_t> vb((const uint8_t *)v, (const uint8_t *)(v + vals));
+        char label[48];
+        snprintf(label, sizeof label, "(real layer %u)", l);
+        for (int ver : enc_list) {
+            g_enc_version = ver;
+            set_gpu(cs);
+            compare_windows(cs, kb, vb, DQ_DTYPE_F16, nw, label, true);
+        }
+        g_enc_version = DQCU_KERNEL_AUTO;
+        set_gpu(cs);
         DQ(dq_layer_append(hl, cs.ws, k, v, DQ_DTYPE_F16, T, NULL));
         const size_t wb = dq_codec_window_bytes(cs.c);
         std::vector<uint8_t> wins(dq_layer_window_count(hl) * wb);
@@ -1229,7 +1234,7 @@ static void test_real_cache(Rng &r, const char *dir, const char *profile, bool s
 }
 
 /* Random profiles and inputs of version 2 (the built-ins first), then the real cache. */
-static void test_format2(Rng &r, bool small, const char *data_dir)
+static void test_format2(Rng &r, bool small, const char *data_dir, const std::vector<int> &enc_list)
 {
     std::vector<Cfg> cfgs = {
         {8, 128, 0, 0, 128, 128, 0, 0, 0, "dq226p"}, /* production: n = 1024, 3 + 3 bits */
@@ -1248,7 +1253,20 @@ static void test_format2(Rng &r, bool small, const char *data_dir)
         make_codecs(cfg, cs, DQ_FORMAT_VERSION_PAIRS);
         printf("%s (format 2)\n", cs.name.c_str());
         test_format2_refusals(cs);
-        test_decompress(cs, r, host_windows(cs, r, small ? 2 : 5), small ? 4 : 12);
+        std::vector<uint8_t> valid;
+        for (int ver : enc_list) {
+            g_enc_version = ver;
+            set_gpu(cs);
+            test_streams(cs, r, small ? 40 : 600, true);
+            for (int dt = 0; dt < 3; dt++) {
+                std::vector<uint8_t> v = test_windows(cs, r, small && dt ? 1 : 5, (dq_dtype)dt, dt != 0 || small, true);
+                if (valid.empty())
+                    valid = v;
+            }
+        }
+        g_enc_version = DQCU_KERNEL_AUTO;
+        set_gpu(cs);
+        test_decompress(cs, r, valid, small ? 4 : 12);
         const uint32_t W = cs.W;
         std::vector<uint32_t> lens = {0, 1, W + 3, 3 * W + r.below(W)};
         if (!small)
@@ -1260,7 +1278,7 @@ static void test_format2(Rng &r, bool small, const char *data_dir)
     }
     const char *profiles[] = {"dq226p", "dq196p", "dq226"};
     for (const char *p : profiles)
-        test_real_cache(r, data_dir, p, small);
+        test_real_cache(r, data_dir, p, small, enc_list);
 }
 
 /* ---- timing on the dq226 shape ---- */
@@ -1461,8 +1479,10 @@ int main(int argc, char **argv)
     for (int v : att_list)
         printf(" %d", v);
     printf("\n");
+    if (enc_list.empty())
+        all_versions(dqcu_encode_kernels, enc_list);
     if (format2_only) {
-        test_format2(r, small, data_dir);
+        test_format2(r, small, data_dir, enc_list);
         printf("\ncheckcuda: %d checks, %d failed (seed %llu)\n", g_checks, g_failures, (unsigned long long)seed);
         return g_failures ? 1 : 0;
     }
@@ -1595,7 +1615,7 @@ int main(int argc, char **argv)
         std::vector<uint32_t> lens = {64 * 128 + 17, 5 * 128, 130 * 128 + 100};
         test_attention(cs, r, lens, 4, att_list);
     }
-    test_format2(r, small, data_dir);
+    test_format2(r, small, data_dir, enc_list);
     printf("\ncheckcuda: %d checks, %d failed (seed %llu)\n", g_checks, g_failures, (unsigned long long)seed);
     if (do_timing && !small && g_failures == 0)
         timing(r, enc_list, att_list);

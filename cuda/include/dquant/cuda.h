@@ -24,10 +24,9 @@
  * (dq_profile_fixed) have the hot layout only: dqcu_transcode_hot and dqcu_attend_hot take them,
  * the encoders, dqcu_decompress and dqcu_attend answer DQ_UNSUPPORTED (their records are encoded
  * by libdquant on the host). Format version 2 (joint pairs: dq226p, dq196p; lib/src/rans2.h) has
- * dqcu_decompress, dqcu_transcode_hot, dqcu_rebuild_hot (byte-identical to dq_tokens_decode,
- * dq_hot_transcode, dq_hot_rebuild, the same corrupt verdicts) and dqcu_attend_hot (its hot windows
- * are version 1's); the encoders and dqcu_attend answer DQ_UNSUPPORTED (records encoded by
- * libdquant on the host, attention over hot windows).
+ * the encoders, dqcu_decompress, dqcu_transcode_hot, dqcu_rebuild_hot (byte-identical to
+ * libdquant, the same statuses and corrupt verdicts) and dqcu_attend_hot (its hot windows are
+ * version 1's); dqcu_attend answers DQ_UNSUPPORTED (attention over its hot windows).
  *
  * Kernel versions: a device codec runs the versions its dqcu_settings name (by default the fastest;
  * earlier versions stay for shapes the fastest cannot take and for comparisons).
