@@ -43,10 +43,8 @@ static bool codec_fixed(const dqd_codec *codec)
 }
 
 /* A profile of container format version 2 (joint pairs, dq226p and dq196p): libdquant-cuda
- * decodes its records, transcodes them to hot windows and rebuilds them from those, but has no
- * encoder and no container attention for it. So its appends are encoded on the host as the
- * fixed-width family's (append_fixed), an ATTEND over its records runs libdquant on a host copy
- * (attend_fixed), and GET decodes on the device. */
+ * encodes, decodes, transcodes to hot windows and rebuilds it, but has no container attention for
+ * it, so an ATTEND over its records runs libdquant on a host copy (attend_fixed). */
 static bool codec_pairs(const dqd_codec *codec)
 {
     return codec->profile.format_version == DQ_FORMAT_VERSION_PAIRS;
@@ -804,7 +802,7 @@ static void add_stats(dq_encode_stats *to, const dq_encode_stats *st)
         to->max_move = st->max_move;
 }
 
-/* dqd_gpu_append of a fixed-width or version-2 layer: the tail comes down into a host layer, dq_layer_append
+/* dqd_gpu_append of a fixed-width layer: the tail comes down into a host layer, dq_layer_append
  * encodes the tokens there (its checks, codes and bytes), and the windows it seals go up (into
  * their slots, or the record scratch of a hot-only layer) to be transcoded, then the new tail. */
 static int append_fixed(dqd_gwork *w, const dqcu_codec *dc, const dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot,
@@ -931,7 +929,7 @@ int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **
         rc = dqd_gcodec_get(g, codec, &dc);
     if (rc < 0)
         return rc;
-    if (codec_fixed(codec) || codec_pairs(codec))
+    if (codec_fixed(codec))
         return append_fixed(w, dc, codec, txn, slot, k, v, dtype, ntok, flags, stats);
     const uint8_t *dk = k, *dv = v;
     const size_t xb = ntok * n * esz;

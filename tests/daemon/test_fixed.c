@@ -14,10 +14,10 @@
  * disk test spilling GPU -> host -> disk and back. ATTEND must equal dq_attend bit for bit (the
  * emulation's hot attention is dq_hot_attend), or on a real GPU within $DQ_FIXED_ATTEND_TOL
  * (relative, tests/cuda/daemon_gpu.sh).
- * The container format version 2 (joint pairs: "dq226p", "dq196p") is checked the same way: like the
- * family, libdquant-cuda has no encoder and no container attention for it, so dquantd encodes its
- * records on the host; unlike the family it lives on the GPU tier with every layout (GET decoded on
- * the device, ATTEND on the host with containers), and hot-only records are rebuilt on the GPU.
+ * The container format version 2 (joint pairs: "dq226p", "dq196p") is checked the same way: unlike
+ * the family it lives on the GPU tier with every layout (encoded and decoded on the device; ATTEND
+ * on the host with containers, as libdquant-cuda has no version-2 container attention), and
+ * hot-only records are rebuilt on the GPU.
  * Skipped when $DQUANTD is unset. */
 #include <criterion/criterion.h>
 #include <math.h>

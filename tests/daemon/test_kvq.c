@@ -83,7 +83,7 @@ static void ref_make(ref_codec *r, const char *name, uint32_t layers)
 {
     memset(r, 0, sizeof *r);
     /* the KVQ family, or a built-in profile of container format version 2 ("dq226p": on the cuda
-     * backend on the GPU tier without a device encoder or container attention) */
+     * backend on the GPU tier, without container attention) */
     if (dq_profile_kvq(name, KVH, HD, &r->p) != 0) {
         cr_assert_eq(dq_profile_builtin(name, KVH, HD, &r->p), 0, "dq_profile_builtin(%s)", name);
         cr_assert_eq(r->p.format_version, DQ_FORMAT_VERSION_PAIRS, "%s is not a version-2 profile", name);
@@ -478,8 +478,8 @@ Test(kvq, serves_ol3_delta16_calibrated)
 }
 
 /* Container format version 2 (joint pairs): served like any profile; on the cuda backend on the
- * GPU tier (records encoded on the host, GET decoded on the device, ATTEND over the records on the
- * host: no version-2 container attention kernel), with the same answers. */
+ * GPU tier (encoded and decoded on the device, ATTEND over the records on the host: no version-2
+ * container attention kernel), with the same answers. */
 Test(kvq, serves_dq226p_format2)
 {
     serve("dq226p");

@@ -719,7 +719,7 @@ struct dqcu_codec {
     uint32_t n, W, R, d;
     size_t wb;
     bool fixed; /* a fixed-width profile: the hot layout only */
-    bool pairs; /* format version 2: no encoder, no container attention (decode and the hot layout) */
+    bool pairs; /* format version 2: no container attention (dqcu_attend_hot over its hot windows) */
 };
 
 int dqcu_device_count(void)
@@ -894,7 +894,7 @@ int dqcu_encode_streams(const dqcu_codec *dc, dq_kind kind, const float *y, size
         return DQ_INVALID_ARGUMENT;
     if (record_stride < dq_codec_record_bytes(dc->codec, kind))
         return DQ_INVALID_ARGUMENT;
-    if (dc->n > DQCU_MAX_ENCODE_STREAM || dc->fixed || dc->pairs)
+    if (dc->n > DQCU_MAX_ENCODE_STREAM || dc->fixed)
         return DQ_UNSUPPORTED;
     if (!count)
         return DQ_OK;
@@ -945,7 +945,7 @@ int dqcu_encode_windows(const dqcu_codec *dc, const void *k, const void *v, dq_d
         return DQ_INVALID_ARGUMENT;
     if (dtype != DQ_DTYPE_F32 && dtype != DQ_DTYPE_F16 && dtype != DQ_DTYPE_BF16)
         return DQ_DTYPE;
-    if (dc->n > DQCU_MAX_ENCODE_STREAM || dc->d > 512 || dc->fixed || dc->pairs)
+    if (dc->n > DQCU_MAX_ENCODE_STREAM || dc->d > 512 || dc->fixed)
         return DQ_UNSUPPORTED;
     if (!nwin)
         return DQ_OK;
