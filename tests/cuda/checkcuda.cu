@@ -1124,6 +1124,29 @@ static void test_hot(Codecs &cs, Rng &r, const std::vector<uint32_t> &lens, uint
         dq_layer_free(layers[b]);
 }
 
+/* Every encoder version of enc_list on cs: test_streams, then test_windows in each input type (with
+ * --small one window but for f32); the codec's default encoder afterwards. Returns the valid
+ * windows of the first version's f32 run. */
+static std::vector<uint8_t> test_encoders(Codecs &cs, Rng &r, const std::vector<int> &enc_list, size_t streams,
+                                          size_t nwin, bool small, bool enc_ok)
+{
+    std::vector<uint8_t> valid;
+    for (int ver : enc_list) {
+        g_enc_version = ver;
+        set_gpu(cs);
+        test_streams(cs, r, streams, enc_ok);
+        for (int dt = 0; dt < 3; dt++) {
+            std::vector<uint8_t> v = test_windows(cs, r, small && dt ? 1 : nwin, (dq_dtype)dt, dt != 0 || small,
+                                                  enc_ok);
+            if (valid.empty())
+                valid = v;
+        }
+    }
+    g_enc_version = DQCU_KERNEL_AUTO;
+    set_gpu(cs);
+    return valid;
+}
+
 /* ---- container format version 2 (joint pairs: dq226p, dq196p, lib/src/rans2.h) ----
  *
  * dqcu_encode_streams / dqcu_encode_windows (every encoder version), dqcu_decompress,
@@ -1253,19 +1276,7 @@ static void test_format2(Rng &r, bool small, const char *data_dir, const std::ve
         make_codecs(cfg, cs, DQ_FORMAT_VERSION_PAIRS);
         printf("%s (format 2)\n", cs.name.c_str());
         test_format2_refusals(cs);
-        std::vector<uint8_t> valid;
-        for (int ver : enc_list) {
-            g_enc_version = ver;
-            set_gpu(cs);
-            test_streams(cs, r, small ? 40 : 600, true);
-            for (int dt = 0; dt < 3; dt++) {
-                std::vector<uint8_t> v = test_windows(cs, r, small && dt ? 1 : 5, (dq_dtype)dt, dt != 0 || small, true);
-                if (valid.empty())
-                    valid = v;
-            }
-        }
-        g_enc_version = DQCU_KERNEL_AUTO;
-        set_gpu(cs);
+        const std::vector<uint8_t> valid = test_encoders(cs, r, enc_list, small ? 40 : 600, 5, small, true);
         test_decompress(cs, r, valid, small ? 4 : 12);
         const uint32_t W = cs.W;
         std::vector<uint32_t> lens = {0, 1, W + 3, 3 * W + r.below(W)};
@@ -1562,22 +1573,8 @@ int main(int argc, char **argv)
         printf("%s\n", cs.name.c_str());
         const bool enc_ok = cs.n <= DQCU_MAX_ENCODE_STREAM;
         const bool dec_ok = cs.d >= 32;
-        const size_t nwin = small ? 3 : 5;
-        std::vector<uint8_t> valid;
         /* every encoder version (or those asked for), the first one's windows decompressed below */
-        for (int ver : enc_list) {
-            g_enc_version = ver;
-            set_gpu(cs);
-            test_streams(cs, r, small ? 40 : 1200, enc_ok);
-            for (int dt = 0; dt < 3; dt++) {
-                std::vector<uint8_t> v = test_windows(cs, r, small && dt ? 1 : nwin, (dq_dtype)dt, dt != 0 || small,
-                                                      enc_ok);
-                if (valid.empty())
-                    valid = v;
-            }
-        }
-        g_enc_version = DQCU_KERNEL_AUTO;
-        set_gpu(cs);
+        std::vector<uint8_t> valid = test_encoders(cs, r, enc_list, small ? 40 : 1200, small ? 3 : 5, small, enc_ok);
         if (!dec_ok)
             continue;
         test_decompress(cs, r, valid, small ? 4 : 12);
