@@ -106,6 +106,12 @@ static void run(const dq_profile *p, int trials)
                 for (size_t j = 0; same && j < em.size(); j++)
                     same = cont[4 + j] == em[em.size() - 1 - j];
                 ck(same, "encode", tr, k);
+                /* the encoder kernel's in-place pass over a level row */
+                std::vector<uint8_t> row(lev);
+                uint32_t pp = 0;
+                const uint32_t st = rans2_row(t, M, row.data(), n, &pp);
+                ck(st == x && n - pp == em.size() && memcmp(row.data() + pp, cont + 4, n - pp) == 0, "rans2_row", tr,
+                   k);
             }
             /* corruptions after the valid ones */
             const int mode = tr % 6;

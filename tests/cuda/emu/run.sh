@@ -2,10 +2,11 @@
 # Host emulation of libdquant-cuda's format-version-2 device code, for machines without a GPU:
 # the real cuda/src/rans2_cuda.cuh and rans_cuda.cuh (their two PTX statements swapped for C),
 # the codec's table repack (codec_cuda.cu kind_tab2, div_magic) and the encoder's pair_argmin
-# (encode_kernel.cuh), compiled for the host against a shim of cuda_internal.cuh, checked against
-# libdquant (dq__rans2_encode / dq__rans2_decode, drift.c's pair_assign) under ASan and UBSan:
+# and in-place pair rANS (encode_kernel.cuh rans2_row), compiled for the host against a shim of
+# cuda_internal.cuh, checked against libdquant (dq__rans2_encode / dq__rans2_decode, drift.c's pair_assign) under ASan and UBSan:
 # decoded levels and corrupt verdicts of valid and damaged containers (exact-size buffers, so a
-# read past a container is an ASan error), encoded containers, pair assignments and their costs.
+# read past a container is an ASan error), encoded containers (the rebuild's step and the encoder's
+# in-place rans2_row), pair assignments and their costs.
 # checkcuda is the test on a GPU; this catches mistakes of the ported arithmetic without one.
 #   tests/cuda/emu/run.sh [BUILD_DIR]   (default build; needs its lib/libdquant_internal.a)
 set -euo pipefail
@@ -33,7 +34,8 @@ d = open(root + '/lib/src/drift.c').read()
 open(tmp + '/extract_codec.inc', 'w').write(
     cut(c, '/* x / f == (x · magic)', 'static void kind_tab(') +
     cut(c, "/* Version 2's tables of one kind", "/* Uploads version 2's tables"))
-open(tmp + '/extract_argmin.inc', 'w').write(cut(e, '/* The argmin pair a·M + b of (y1, y2)', '/* drift.c pair_assign over the warp'))
+open(tmp + '/extract_argmin.inc', 'w').write(cut(e, '/* The argmin pair a·M + b of (y1, y2)', '/* drift.c pair_assign over the warp') +
+                                            cut(e, "/* Version 2's rANS encode of row[0..n)", '/* One warp, a group of G streams'))
 open(tmp + '/extract_pair_assign.inc', 'w').write(cut(d, 'static int64_t pair_assign(', 'dq__drift_result dq__drift('))
 PY
 g++ -std=c++17 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -ffp-contract=off \
