@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Host emulation of libdquant-cuda's format-version-2 device code, for machines without a GPU:
 # the real cuda/src/rans2_cuda.cuh and rans_cuda.cuh (their two PTX statements swapped for C),
-# the codec's table repack (codec_cuda.cu kind_tab2, div_magic) and the encoder's pair_argmin
-# and in-place pair rANS (encode_kernel.cuh rans2_row), compiled for the host against a shim of
-# cuda_internal.cuh, checked against libdquant (dq__rans2_encode / dq__rans2_decode, drift.c's pair_assign) under ASan and UBSan:
-# decoded levels and corrupt verdicts of valid and damaged containers (exact-size buffers, so a
-# read past a container is an ASan error), encoded containers (the rebuild's step and the encoder's
-# in-place rans2_row), pair assignments and their costs.
+# the codec's table repack (codec_cuda.cu kind_tab2, div_magic) and the encoder's pair_argmin and
+# in-place pair rANS (encode_kernel.cuh rans2_row), compiled for the host against a shim of
+# cuda_internal.cuh and checked against libdquant (dq__rans2_encode, dq__rans2_decode, drift.c's
+# pair_assign) under ASan and UBSan: decoded levels and corrupt verdicts of valid and damaged
+# containers (exact-size buffers: a read past a container is an ASan error), encoded containers
+# (the rebuild's step and the encoder's rans2_row), pair assignments and their costs.
 # checkcuda is the test on a GPU; this catches mistakes of the ported arithmetic without one.
 #   tests/cuda/emu/run.sh [BUILD_DIR]   (default build; needs its lib/libdquant_internal.a)
 set -euo pipefail
