@@ -131,7 +131,10 @@ static const dqd_option options[] = {
      "on the GPU (dqcu_rebuild_hot; the fixed-width family on the CPU, dq_hot_rebuild), which makes "
      "those paths slower than with containers or hot. With hot and hot-only the fixed-width family "
      "lives on the GPU tier: its records are encoded (PUT) and decoded (GET) on the host, ATTEND runs "
-     "over its hot windows. Other models use the records. Results equal within float rounding."},
+     "over its hot windows. Container format version 2 (dq226p, dq196p) lives on the GPU tier with every "
+     "layout (encoded and decoded on the GPU); ATTEND runs over its hot windows with hot and hot-only, and "
+     "on the host with containers (no version-2 container attention kernel). Other models use the records. "
+     "Results equal within float rounding."},
     {"attention-value-mass", "server", "attention_value_mass", OPT_MASS, FIELD(attention_value_mass), 0, 0, "off|TAU",
      "off",
      "Certified value skipping in ATTEND (dquant/vskip.h): with TAU in (0, 1), e.g. 0.999, every key is "

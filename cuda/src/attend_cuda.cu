@@ -214,7 +214,7 @@ extern "C" int dqcu_attend_kernel(const dqcu_codec *dc, uint32_t q_heads)
     const int rc = dqcu_attend_check(dc, q_heads);
     if (rc)
         return rc;
-    if (dc->fixed) /* the hot layout only */
+    if (dc->fixed || dc->pairs) /* the hot layout only (version 2: and decode) */
         return DQ_UNSUPPORTED;
     att_fit f;
     return att_pick(dc, q_heads, &f)->version;
@@ -222,7 +222,7 @@ extern "C" int dqcu_attend_kernel(const dqcu_codec *dc, uint32_t q_heads)
 
 extern "C" size_t dqcu_attend_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq, uint32_t max_tokens)
 {
-    if (!dc || !q_heads || dc->fixed)
+    if (!dc || !q_heads || dc->fixed || dc->pairs)
         return 0;
     att_fit f;
     att_pick(dc, q_heads, &f);
@@ -253,7 +253,7 @@ extern "C" int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, 
     int rc = dqcu_attend_check(dc, q_heads);
     if (rc)
         return rc;
-    if (dc->fixed) /* fixed-width containers: dqcu_attend_hot over their hot windows */
+    if (dc->fixed || dc->pairs) /* fixed-width and version-2 containers: dqcu_attend_hot over hot windows */
         return DQ_UNSUPPORTED;
     if (nseq > 0x7fffffffu)
         return DQ_INVALID_ARGUMENT;

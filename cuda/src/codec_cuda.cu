@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_internal.cuh"
+#include "rans2_cuda.cuh"
 
 static thread_local int g_last_cuda_error;
 
@@ -41,7 +41,7 @@ int dqcu__use_device(const dqcu_codec *dc)
     return cur == dc->device ? DQ_OK : DQ_INVALID_ARGUMENT;
 }
 
-/* x / f == (x · magic) >> shift for all x < 2^31 and 1 <= f <= 255: with l = ceil(log2 f),
+/* x / f == (x · magic) >> shift for all x < 2^31 and 1 <= f <= 4095: with l = ceil(log2 f),
  * magic = ceil(2^(31+l) / f) < 2^32 and magic·f - 2^(31+l) < f <= 2^l (Granlund–Montgomery). */
 static void div_magic(uint32_t f, uint32_t *magic, uint32_t *shift)
 {
@@ -83,6 +83,44 @@ static void kind_tab(const dq_codec *c, int k, dqcu_kind_tab *t)
             t->pair_a[p] = (uint8_t)a;
             t->pair_b[p] = (uint8_t)b;
         }
+}
+
+/* Version 2's tables of one kind, repacked from lib's (dq__rans2_tables, built with the codec). */
+static void kind_tab2(const dq__kind_tables *kt, dqcu_rans2_kind *t)
+{
+    memset(t, 0, sizeof *t);
+    for (uint32_t z = 0; z < DQCU_RANS2_TOTAL; z++) {
+        const dq__rans2_entry *e = &kt->dec2.entry[z];
+        t->dec[z] = (uint32_t)e->bias | (uint32_t)e->f << 12;
+        t->sym[z] = (uint16_t)(e->m1 | e->m2 << 8);
+    }
+    const uint32_t P = kt->levels * kt->levels;
+    for (uint32_t s = 0; s < P; s++) {
+        uint32_t f = kt->enc2.freq[s], magic, shift;
+        div_magic(f, &magic, &shift);
+        t->enc[s] = make_uint4((DQCU_RANS_L >> DQ_RANS2_PREC << 8) * f, magic, DQCU_RANS2_TOTAL - f,
+                               (uint32_t)kt->enc2.cum[s] | (shift << 16));
+        t->cost[s] = kt->pair_cost[s];
+        t->cost_q16[s] = kt->pair_cost_q16[s];
+    }
+    t->cheap[0] = kt->cheap[0];
+    t->cheap[1] = kt->cheap[1];
+}
+
+/* Uploads version 2's tables of codec (format version 2 only) to dc->tab2. */
+static int upload_tab2(const dq_codec *codec, dqcu_codec *dc)
+{
+    dqcu_rans2_tables *h = (dqcu_rans2_tables *)malloc(sizeof *h);
+    if (!h)
+        return DQ_NOMEM;
+    for (int k = 0; k < 2; k++)
+        kind_tab2(&codec->kt[k], &h->kind[k]);
+    int rc = DQ_OK;
+    DQCU_CHECK_GOTO(cudaMalloc((void **)&dc->tab2, sizeof *h), rc, done);
+    DQCU_CHECK_GOTO(cudaMemcpy(dc->tab2, h, sizeof *h, cudaMemcpyHostToDevice), rc, done);
+done:
+    free(h);
+    return rc;
 }
 
 extern "C" void dqcu_settings_default(dqcu_settings *s)
@@ -143,11 +181,12 @@ extern "C" int dqcu_codec_create_with(const dq_codec *codec, const dqcu_settings
     const bool fixed = p->codec_type == DQ_CODEC_FIXED;
     if (!fixed && p->codec_type != DQ_CODEC_DQUANT)
         return DQ_INVALID_ARGUMENT;
-    /* format version 2 (joint pairs) has no GPU kernels yet */
-    if (p->format_version != DQ_FORMAT_VERSION)
+    /* format version 2 (joint pairs): decode, the hot transcode and its inverse (rans2_cuda.cuh) */
+    const bool pairs = p->format_version == DQ_FORMAT_VERSION_PAIRS;
+    if (p->format_version != DQ_FORMAT_VERSION && !pairs)
         return DQ_UNSUPPORTED;
     for (int k = 0; k < 2; k++)
-        if ((!fixed && codec->kt[k].enc.freq[0] == 0) || p->levels[k] < 2)
+        if ((!fixed && codec->kt[k].enc.freq[0] == 0) || p->levels[k] < 2 || (pairs && !codec->kt[k].pairs))
             return DQ_INVALID_ARGUMENT;
 
     dqcu_codec *dc = (dqcu_codec *)calloc(1, sizeof *dc);
@@ -195,6 +234,12 @@ extern "C" int dqcu_codec_create_with(const dq_codec *codec, const dqcu_settings
     DQCU_CHECK_GOTO(cudaMemcpy(dc->signs, signs_host, sizeof(float) * dc->n, cudaMemcpyHostToDevice), rc, fail);
 
     dc->fixed = fixed;
+    dc->pairs = pairs;
+    if (pairs) {
+        rc = upload_tab2(codec, dc);
+        if (rc)
+            goto fail;
+    }
     for (int k = 0; k < 2; k++) {
         if (fixed) {
             dqcu_kind_tab *t = &dc->host.kind[k];
@@ -225,6 +270,8 @@ fail:
         cudaFree(dc->signs);
     if (dc->tab)
         cudaFree(dc->tab);
+    if (dc->tab2)
+        cudaFree(dc->tab2);
     free(dc);
     return rc;
 }
@@ -236,6 +283,7 @@ extern "C" void dqcu_codec_free(dqcu_codec *dc)
     cudaDeviceSynchronize();
     cudaFree(dc->signs);
     cudaFree(dc->tab);
+    cudaFree(dc->tab2);
     free(dc);
 }
 

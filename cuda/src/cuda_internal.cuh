@@ -101,6 +101,11 @@ struct dqcu_codec {
      * the base-M packing, symbols per group and bits per group (dq_fixed_packing) */
     bool fixed;
     uint32_t fx_k[2], fx_w[2];
+    /* format version 2 (joint pairs, rans2_cuda.cuh): its tables in device memory (NULL for
+     * version 1). Decode, the hot transcode and its inverse take it; the container attention and
+     * the encoder refuse it. */
+    bool pairs;
+    struct dqcu_rans2_tables *tab2;
 };
 
 /* Uploads the exp2 table 2^(i/512) (rounded to float, identical to lib's dq__exp2_table()) to the

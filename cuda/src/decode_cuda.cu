@@ -4,13 +4,15 @@
  * lane decodes the head's d symbols of its stream into shared memory; then the warp reconstructs
  * the 32 tokens' heads one after the other with the lanes across channels: y = o + s·m (+ μ for
  * keys), the inverse rotation (the butterfly of lib, × rot_scale, × signs) and the conversion to
- * the output type, written coalesced. */
-#include "rans_cuda.cuh"
+ * the output type, written coalesced. Both container versions: a lane decodes 4 levels at a time
+ * (4 steps of version 1, 2 pair steps of version 2: rans2_cuda.cuh). */
+#include "rans2_cuda.cuh"
 
 #define DEC_WARPS 4
 
 struct dec_params {
     const dqcu_tables *tab;
+    const dqcu_rans2_tables *tab2; /* version 2 (NULL for version 1) */
     int kind;
     const uint8_t *const *windows;
     size_t first, end; /* token range, end <= sealed */
@@ -23,18 +25,15 @@ struct dec_params {
     uint32_t row_stride; /* bytes per lane row of levels (d + 4) */
 };
 
-template <int DV>
+template <int DV, bool PAIRS>
 __global__ void __launch_bounds__(DEC_WARPS * 32) decompress_kernel(dec_params p)
 {
     extern __shared__ __align__(16) unsigned char smem[];
-    uint32_t *dtab = (uint32_t *)(void *)smem; /* 256 entries */
     const dqcu_tables &tb = *p.tab;
     const dqcu_kind_tab &kt = tb.kind[p.kind];
-    for (uint32_t i = threadIdx.x; i < 256; i += blockDim.x)
-        dtab[i] = kt.dec[i];
-    __syncthreads();
+    const dqcu_dtab dtab = dqcu_dec_stage(PAIRS, smem, kt, PAIRS ? &p.tab2->kind[p.kind] : nullptr);
     const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-    uint8_t *lv = smem + 1024 + (size_t)warp * 32u * p.row_stride;
+    uint8_t *lv = smem + dqcu_dec_smem(PAIRS) + (size_t)warp * 32u * p.row_stride;
     const size_t gid = (size_t)blockIdx.x * DEC_WARPS + warp;
     if (gid >= p.ngroups)
         return;
@@ -68,14 +67,9 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) decompress_kernel(dec_params p
     for (uint32_t h = 0; h < tb.kv_heads; h++) {
         if (active) {
             if (valid_state) {
-                for (uint32_t j = 0; j < d; j += 4) {
-                    dqcu_rans_refill(in);
-#pragma unroll
-                    for (int u = 0; u < 4; u++) {
-                        uint32_t e = dqcu_rans_step(x, dtab, in);
-                        myrow[j + u] = (uint8_t)(e >> 17);
-                    }
-                }
+                /* rows are d + 4 bytes from a 4-aligned base: word stores */
+                for (uint32_t j = 0; j < d; j += 4)
+                    *(uint32_t *)(void *)(myrow + j) = dqcu_dec_quad<PAIRS>(x, dtab, in);
             } else {
                 for (uint32_t j = 0; j < d; j++)
                     myrow[j] = 0;
@@ -119,16 +113,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) decompress_kernel(dec_params p
     }
     if (p.corrupt) {
         bool bad = false;
-        if (active) {
-            if (!valid_state) {
-                bad = true;
-            } else {
-                const uint32_t pos = dqcu_rans_pos(in, rec + 4);
-                bad = pos > C || x != DQCU_RANS_L;
-                for (uint32_t i = pos; !bad && i < C; i++)
-                    bad = rec[4 + i] != 0;
-            }
-        }
+        if (active)
+            bad = dqcu_dec_bad(valid_state, x, in, rec + 4, C);
         uint32_t nbad = __popc(__ballot_sync(DQCU_FULL, bad));
         if (lane == 0 && nbad)
             atomicAdd(p.corrupt, nbad);
@@ -141,19 +127,26 @@ __global__ void tail_convert_kernel(const uint16_t *tail, size_t count, void *ou
         dqcu_store_elem(out, dtype, i, dqcu_bf16_to_f32(tail[i]));
 }
 
-template <int DV>
-static int launch_dec(const dqcu_codec *dc, const dec_params &p, cudaStream_t stream)
+template <int DV, bool PAIRS>
+static int launch_dec_v(const dqcu_codec *dc, const dec_params &p, cudaStream_t stream)
 {
-    const size_t smem = 1024 + (size_t)DEC_WARPS * 32u * p.row_stride;
+    const size_t smem = dqcu_dec_smem(PAIRS) + (size_t)DEC_WARPS * 32u * p.row_stride;
     if (smem > dc->smem_optin)
         return DQ_UNSUPPORTED;
-    DQCU_CHECK(cudaFuncSetAttribute(decompress_kernel<DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    DQCU_CHECK(
+        cudaFuncSetAttribute(decompress_kernel<DV, PAIRS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const size_t blocks = (p.ngroups + DEC_WARPS - 1) / DEC_WARPS;
     if (blocks > 0x7fffffffu)
         return DQ_INVALID_ARGUMENT;
-    decompress_kernel<DV><<<(unsigned)blocks, DEC_WARPS * 32, smem, stream>>>(p);
+    decompress_kernel<DV, PAIRS><<<(unsigned)blocks, DEC_WARPS * 32, smem, stream>>>(p);
     DQCU_CHECK_LAUNCH();
     return DQ_OK;
+}
+
+template <int DV>
+static int launch_dec(const dqcu_codec *dc, const dec_params &p, cudaStream_t stream)
+{
+    return dc->pairs ? launch_dec_v<DV, true>(dc, p, stream) : launch_dec_v<DV, false>(dc, p, stream);
 }
 
 extern "C" int dqcu_decompress(const dqcu_codec *dc, dq_kind kind, const uint8_t *const *windows, size_t nwin,
@@ -177,6 +170,7 @@ extern "C" int dqcu_decompress(const dqcu_codec *dc, dq_kind kind, const uint8_t
     if (first < sealed && count) {
         dec_params p = {};
         p.tab = dc->tab;
+        p.tab2 = dc->tab2;
         p.kind = (int)kind;
         p.windows = windows;
         p.first = first;

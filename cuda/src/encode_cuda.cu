@@ -314,6 +314,7 @@ extern "C" int dqcu_encode_streams(const dqcu_codec *dc, dq_kind kind, const flo
         return DQ_OK;
     enc_params p = {};
     p.tab = dc->tab;
+    p.tab2 = dc->tab2;
     p.kind = (int)kind;
     p.count = count;
     p.stats = stats;
@@ -379,6 +380,7 @@ extern "C" int dqcu_encode_windows(const dqcu_codec *dc, const void *k, const vo
         return rc;
     enc_params p = {};
     p.tab = dc->tab;
+    p.tab2 = dc->tab2;
     p.kind = -1;
     p.count = nwin * dc->W;
     p.stats = stats;

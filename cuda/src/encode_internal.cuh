@@ -14,6 +14,7 @@
 
 struct enc_params {
     const dqcu_tables *tab;
+    const struct dqcu_rans2_tables *tab2; /* format version 2 (joint pairs), NULL for version 1 */
     int kind;            /* -1: blockIdx.y */
     size_t count;        /* streams per kind */
     uint32_t G;          /* streams per warp group (the level rows in shared memory) */

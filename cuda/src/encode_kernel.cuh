@@ -24,7 +24,10 @@
  *     of the two checks and times that path on every profile.
  * (Version 3, removed, counted over all values in every step: GPU_NOTES.md.)
  * Both give lib's integers and floats because fl(x - o) and fl((x - lv)²) are monotone in x (see
- * the comments at each place). */
+ * the comments at each place).
+ * Format version 2 (joint pairs, dqcu_codec.pairs) runs the same stream loop with drift.c's pair
+ * drift (drift2_warp: the exact Lagrangian pair assignment of every pair per λ, lib's pruning and
+ * order, in both versions), the cheapest pair for the fallback and the pair rANS (rans2_row). */
 #ifndef DQCU_ENCODE_KERNEL_CUH
 #define DQCU_ENCODE_KERNEL_CUH
 
@@ -33,6 +36,7 @@
 #include <algorithm>
 
 #include "encode_internal.cuh"
+#include "rans2_cuda.cuh"
 
 #define ENC_MAX_RETRIES 8 /* stream.c DQ_MAX_RETRIES */
 
@@ -485,22 +489,12 @@ __device__ int64_t envelope_cost_sorted(const enc_warp &ws, const float *srt, ui
     return cost;
 }
 
-/* dq__drift for grid (s, o) on the warp's values; writes levels to row, returns Σ cost_q16.
- *
- * min D: lib takes, per level, the nearest sorted values on each side; fl((x - lv)²) is monotone
- * in x on each side of lv, so that equals the minimum over all (value, level) computed here.
- * The cost of an envelope: lib sums counts of fl(x - o) <= thr found by binary search on the
- * sorted stream (fl(x - o) is monotone in x); the per-value sum of cost_q16[level] telescopes to
- * the same integer. It searches the sorted stream srt as lib does (cmax: this lane's
- * chunk maximum, see sort_warp), with lib's formulas for min D and the envelope's cost.
- * (min D is a minimum of non-negative floats and the costs are integers: the order of the
- * operations cannot change either.) */
+/* drift.c's exponent hi = ceil(log2(8·(max D - min D))) of the grid (s, o), from the sorted stream
+ * (both container versions). */
 template <int VPL>
-__device__ int64_t drift_warp(const enc_tab &kt, enc_warp &ws, const float (&x)[VPL], const float *srt, float cmax,
-                              uint32_t n, float xmin, float xmax, float s, float o, int64_t budget, uint8_t *row,
-                              uint32_t lane)
+__device__ int drift_hi_warp(uint32_t M, const float *srt, float cmax, uint32_t n, float xmin, float xmax, float s,
+                             float o, uint32_t lane)
 {
-    const uint32_t M = kt.M;
     float lv0 = o, lvM = o + s * (float)(M - 1);
     float d, maxd = 0;
     d = xmin - lv0;
@@ -526,8 +520,25 @@ __device__ int64_t drift_warp(const enc_tab &kt, enc_warp &ws, const float (&x)[
             mind = fminf(mind, d * d);
         }
     }
-    const int hi = drift_hi(8.0f * (maxd - mind));
+    return drift_hi(8.0f * (maxd - mind));
+}
 
+/* dq__drift for grid (s, o) on the warp's values; writes levels to row, returns Σ cost_q16.
+ *
+ * min D: lib takes, per level, the nearest sorted values on each side; fl((x - lv)²) is monotone
+ * in x on each side of lv, so that equals the minimum over all (value, level) computed here.
+ * The cost of an envelope: lib sums counts of fl(x - o) <= thr found by binary search on the
+ * sorted stream (fl(x - o) is monotone in x); the per-value sum of cost_q16[level] telescopes to
+ * the same integer. It searches the sorted stream srt as lib does (cmax: this lane's
+ * chunk maximum, see sort_warp), with lib's formulas for min D and the envelope's cost.
+ * (min D is a minimum of non-negative floats and the costs are integers: the order of the
+ * operations cannot change either.) */
+template <int VPL>
+__device__ int64_t drift_warp(const enc_tab &kt, enc_warp &ws, const float (&x)[VPL], const float *srt, float cmax,
+                              uint32_t n, float xmin, float xmax, float s, float o, int64_t budget, uint8_t *row,
+                              uint32_t lane)
+{
+    const int hi = drift_hi_warp<VPL>(kt.M, srt, cmax, n, xmin, xmax, s, o, lane);
     const bool small = kt.P <= 8;
     const float cy = cmax - o;
     uint32_t jlo = 0, jhi = 4096;
@@ -561,6 +572,104 @@ __device__ int64_t drift_warp(const enc_tab &kt, enc_warp &ws, const float (&x)[
     }
     __syncwarp();
     return (int64_t)__reduce_add_sync(DQCU_FULL, c);
+}
+
+/* ---- format version 2 (joint pairs): the drift with pair costs (drift.c pair_assign) ----
+ *
+ * Pair i is values 2i, 2i + 1: the same slot r of lanes 2k, 2k + 1. Both lanes of a pair fetch it
+ * and compute its argmin (the same operations as lib, in the same order: the nearest levels, the
+ * pruned rows and columns, the search in increasing a·M + b with a strict <); the even lane writes
+ * the levels and counts the cost. The costs are integers and the sum of at most 1024 pair costs
+ * (< 2^20 each) fits 32 bits, so the warp's sum is lib's. λ·r_min, lib's lrmin, is a minimum of
+ * floats (order-free). */
+
+/* The argmin pair a·M + b of (y1, y2) = (x1 - o, x2 - o) for λ = lam (lrmin = min_k lam·r_k). */
+static __device__ __noinline__ uint32_t pair_argmin(const dqcu_rans2_kind &k2, uint32_t M, float s, float o, float lam,
+                                                    float lrmin, float x1, float x2)
+{
+    const float y1 = x1 - o, y2 = x2 - o;
+    float d1[32], d2[32];
+    uint32_t a1 = 0, b1 = 0;
+    const float l0 = s * 0.0f;
+    d1[0] = (y1 - l0) * (y1 - l0);
+    d2[0] = (y2 - l0) * (y2 - l0);
+    for (uint32_t m = 1; m < M; m++) {
+        const float lv = s * (float)m;
+        const float e1 = y1 - lv, e2 = y2 - lv;
+        d1[m] = e1 * e1;
+        d2[m] = e2 * e2;
+        a1 = d1[m] < d1[a1] ? m : a1;
+        b1 = d2[m] < d2[b1] ? m : b1;
+    }
+    const float c0 = (d1[a1] + d2[b1]) + lam * __ldg(&k2.cost[a1 * M + b1]);
+    uint32_t ca = 0, cb = 0;
+    for (uint32_t m = 0; m < M; m++) {
+        ca |= ((d1[m] + d2[b1]) + lrmin <= c0 ? 1u : 0u) << m;
+        cb |= ((d1[a1] + d2[m]) + lrmin <= c0 ? 1u : 0u) << m;
+    }
+    float best = INFINITY;
+    uint32_t arg = 0;
+    for (uint32_t ma = ca; ma; ma &= ma - 1u) {
+        const uint32_t a = (uint32_t)__ffs((int)ma) - 1u;
+        for (uint32_t mb = cb; mb; mb &= mb - 1u) {
+            const uint32_t b = (uint32_t)__ffs((int)mb) - 1u;
+            const float c = (d1[a] + d2[b]) + lam * __ldg(&k2.cost[a * M + b]);
+            if (c < best) {
+                best = c;
+                arg = a * M + b;
+            }
+        }
+    }
+    return arg;
+}
+
+/* drift.c pair_assign over the warp's stream: Σ r of the pairs (Q16); levels into row when given. */
+template <int VPL>
+__device__ int64_t pair_assign_warp(const dqcu_rans2_kind &k2, uint32_t M, const float (&x)[VPL], uint32_t n, float s,
+                                    float o, float lam, uint8_t *row, uint32_t lane)
+{
+    float lrmin = INFINITY;
+    for (uint32_t k = lane; k < M * M; k += 32)
+        lrmin = fminf(lrmin, lam * __ldg(&k2.cost[k]));
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1)
+        lrmin = fminf(lrmin, __shfl_xor_sync(DQCU_FULL, lrmin, off));
+    uint32_t c = 0;
+#pragma unroll
+    for (int r = 0; r < VPL; r++) {
+        const float x1 = __shfl_sync(DQCU_FULL, x[r], (int)(lane & ~1u));
+        const float x2 = __shfl_sync(DQCU_FULL, x[r], (int)(lane | 1u));
+        const uint32_t i = (uint32_t)r * 32u + lane;
+        if (!(lane & 1u) && i + 1 < n) {
+            const uint32_t arg = pair_argmin(k2, M, s, o, lam, lrmin, x1, x2);
+            c += (uint32_t)__ldg(&k2.cost_q16[arg]);
+            if (row) {
+                row[i] = (uint8_t)(arg / M);
+                row[i + 1] = (uint8_t)(arg % M);
+            }
+        }
+    }
+    __syncwarp();
+    return (int64_t)__reduce_add_sync(DQCU_FULL, c);
+}
+
+/* dq__drift of a version-2 stream: lib's λ grid and bisection with the cost counted over the pairs,
+ * then the assignment at jhi into row. Returns its cost. */
+template <int VPL>
+__device__ int64_t drift2_warp(const dqcu_rans2_kind &k2, uint32_t M, const float (&x)[VPL], const float *srt,
+                               float cmax, uint32_t n, float xmin, float xmax, float s, float o, int64_t budget,
+                               uint8_t *row, uint32_t lane)
+{
+    const int hi = drift_hi_warp<VPL>(M, srt, cmax, n, xmin, xmax, s, o, lane);
+    uint32_t jlo = 0, jhi = 4096;
+    for (int t = 0; t < 12; t++) {
+        const uint32_t jm = (jlo + jhi) >> 1;
+        if (pair_assign_warp<VPL>(k2, M, x, n, s, o, drift_lambda(hi, jm), nullptr, lane) <= budget)
+            jhi = jm;
+        else
+            jlo = jm;
+    }
+    return pair_assign_warp<VPL>(k2, M, x, n, s, o, drift_lambda(hi, jhi), row, lane);
 }
 
 /* ---- version 5: the bisection two steps at a time, counts by per-lane searches ----
@@ -909,6 +1018,26 @@ static __device__ uint32_t rans_row(const enc_tab &kt, uint8_t *row, uint32_t n,
     return x;
 }
 
+/* Version 2's rANS encode of row[0..n) (rans2.c dq__rans2_encode), pair by pair from the last,
+ * emitting bytes downward from row[n] in place: before pair i is encoded at most n - 2 - 2i bytes
+ * were emitted (two per pair at most), and its levels are read before its bytes are written, so
+ * the write position stays above the levels not read yet. Returns the final state, the start of
+ * the emitted bytes in *p_out. */
+static __device__ __noinline__ uint32_t rans2_row(const dqcu_rans2_kind &k2, uint32_t M, uint8_t *row, uint32_t n,
+                                                  uint32_t *p_out)
+{
+    uint32_t x = DQCU_RANS_L, p = n;
+    uint8_t bytes[2];
+    for (uint32_t i = n / 2u; i-- > 0;) {
+        const uint4 e = __ldg(&k2.enc[row[2u * i] * M + row[2u * i + 1u]]);
+        const uint32_t k = dqcu_enc_step(x, e, bytes);
+        for (uint32_t j = 0; j < k; j++)
+            row[--p] = bytes[j];
+    }
+    *p_out = p;
+    return x;
+}
+
 /* One warp, a group of G streams, stream.c's encoder for each:
  *   1. every pending stream: its drift(s) (the only call site), levels left in its row;
  *   2. the pending streams' rANS passes side by side, one lane each (the only call site);
@@ -970,6 +1099,8 @@ __global__ void __launch_bounds__(ENC_WARPS * 32, VPL >= 64   ? 2
     const uint32_t gcount = (uint32_t)min((size_t)gmax, p.count - g0);
     const bool want_stats = p.stats != nullptr;
     const uint32_t C = kt.C, M = kt.M;
+    /* format version 2: the pair drift (drift2_warp), the cheapest pair, the pair rANS (rans2_row) */
+    const dqcu_rans2_kind *k2 = p.tab2 ? &p.tab2->kind[kind] : nullptr;
 
     if (lane < gcount) {
         enc_slot &sl = slots[lane];
@@ -1025,7 +1156,7 @@ __global__ void __launch_bounds__(ENC_WARPS * 32, VPL >= 64   ? 2
             }
             int feasible = 0;
             /* version 5: the drift of drift5_warp, drift 1 fused with the refit */
-            const bool v5 = VER == 5 && M <= 8;
+            const bool v5 = VER == 5 && M <= 8 && !k2;
             for (; pass < 2; pass++) {
                 int64_t cost = 0;
                 bool ok5 = false;
@@ -1034,6 +1165,8 @@ __global__ void __launch_bounds__(ENC_WARPS * 32, VPL >= 64   ? 2
                     if (v5)
                         ok5 = drift5_warp<VPL>(kt, ws, x, srt, cmax, n, xmin, xmax, gs, go, budget,
                                                pass == 1 ? row : nullptr, &ds, &dof, lane);
+                    else if (k2)
+                        cost = drift2_warp<VPL>(*k2, M, x, srt, cmax, n, xmin, xmax, gs, go, budget, row, lane);
                     else
                         cost = drift_warp<VPL>(kt, ws, x, srt, cmax, n, xmin, xmax, gs, go, budget, row, lane);
                 }
@@ -1070,7 +1203,7 @@ __global__ void __launch_bounds__(ENC_WARPS * 32, VPL >= 64   ? 2
             int fallback = sl.fallback;
             if (!feasible) {
                 for (uint32_t i = lane; i < n; i += 32)
-                    row[i] = (uint8_t)kt.cheapest;
+                    row[i] = (uint8_t)(k2 ? k2->cheap[i & 1u] : kt.cheapest);
                 /* s = 0: the cheapest level is the exact answer, not a fallback */
                 fallback = mode == MODE_CHEAP ? 1 : gs > 0;
             }
@@ -1094,7 +1227,8 @@ __global__ void __launch_bounds__(ENC_WARPS * 32, VPL >= 64   ? 2
         /* the pending streams' rANS passes side by side */
         if (((pending >> lane) & 1u) && slots[lane].status == 0) {
             uint32_t pp;
-            const uint32_t stt = rans_row(kt, rows + (size_t)lane * p.row_stride, n, &pp);
+            uint8_t *row = rows + (size_t)lane * p.row_stride;
+            const uint32_t stt = k2 ? rans2_row(*k2, M, row, n, &pp) : rans_row(kt, row, n, &pp);
             slots[lane].state = stt;
             slots[lane].p = pp;
             slots[lane].used = 4u + (n - pp);

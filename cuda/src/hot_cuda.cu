@@ -5,8 +5,10 @@
  * rANS step (rans_cuda.cuh, the decoder of dqcu_decompress) and packs each group of 32 levels into
  * its b words as they come, so the words of consecutive tokens are written side by side (one
  * coalesced line per word index and warp). Block (w, 0) also copies the key-mean block and zeroes
- * its padding. A transcode runs once per window (when it is sealed or brought to the GPU tier);
- * attention then never decodes rANS.
+ * its padding. Format version 2 (joint pairs) decodes its 4 levels at a time with the pair step
+ * (rans2_cuda.cuh) and packs them the same way: its hot windows are version 1's. A transcode runs
+ * once per window (when it is sealed or brought to the GPU tier); attention then never decodes
+ * rANS.
  *
  * Fixed-width profiles (DQ_CODEC_FIXED) have their own kernel on the same grid: the thread reads its
  * container's base-M groups (w bits each) in order, splits each into its k levels by divisions by
@@ -14,7 +16,7 @@
  * the container corrupt (lib/src/fixed_codec.c dq__fixed_unpack, whose levels it writes). */
 #include "hot_cuda.cuh"
 
-#include "rans_cuda.cuh"
+#include "rans2_cuda.cuh"
 
 #define HOT_THREADS 128
 
@@ -32,13 +34,10 @@ size_t dqcu__hot_offsets(const dqcu_codec *dc, size_t off[4])
     return CV + 8 * G * dqcu__hot_bits(dc->host.kind[1].M) * ((W + 1) / 2);
 }
 
-struct hot_tc_params {
-    const dqcu_tables *tab;
+struct hot_tc_params : dqcu_hot_common {
     const uint8_t *const *windows;
     uint8_t *const *hot;
     uint32_t *corrupt;
-    uint32_t off[4];
-    uint32_t bits[2];
     uint32_t fx_k[2], fx_w[2]; /* fixed-width profiles: symbols and bits per base-M group */
 };
 
@@ -60,15 +59,14 @@ __device__ __forceinline__ void hot_copy_so(const uint8_t *rec, uint8_t *so, uin
                                          (uint32_t)rec[3] << 24;
 }
 
+template <bool PAIRS>
 __global__ void __launch_bounds__(HOT_THREADS) hot_transcode_kernel(hot_tc_params p)
 {
-    __shared__ uint32_t dtab[256];
+    extern __shared__ __align__(16) unsigned char smem[];
     const dqcu_tables &tb = *p.tab;
     const int kind = (int)blockIdx.y;
     const dqcu_kind_tab &kt = tb.kind[kind];
-    for (uint32_t i = threadIdx.x; i < 256; i += blockDim.x)
-        dtab[i] = kt.dec[i];
-    __syncthreads();
+    const dqcu_dtab dtab = dqcu_dec_stage(PAIRS, smem, kt, PAIRS ? &p.tab2->kind[kind] : nullptr);
     const uint8_t *win = p.windows[blockIdx.x];
     uint8_t *hot = p.hot[blockIdx.x];
     const uint32_t n = tb.n, W = tb.W, C = kt.C, b = p.bits[kind], G = n / 32;
@@ -88,25 +86,18 @@ __global__ void __launch_bounds__(HOT_THREADS) hot_transcode_kernel(hot_tc_param
             dqcu_hot_group grp;
             dqcu_hot_group_clear(grp);
             for (uint32_t j = 0; j < 32; j += 4) {
-                /* an invalid initial state decodes as zeros (lib's reference decoder writes zeros
-                 * too: dq__rans_decode fills the levels with 0 when the state is out of range) */
-                dqcu_rans_refill(in);
+                /* an invalid initial state decodes as zeros (lib's reference decoders write zeros
+                 * too: dq__rans_decode and dq__rans2_decode fill the levels with 0 when the state
+                 * is out of range) */
+                const uint32_t quad = valid_state ? dqcu_dec_quad<PAIRS>(x, dtab, in) : 0u;
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
-                    const uint32_t e = valid_state ? dqcu_rans_step(x, dtab, in) : 0u;
-                    dqcu_hot_group_put(grp, kind, b, j + (uint32_t)u, e >> 17);
+                    dqcu_hot_group_put(grp, kind, b, j + (uint32_t)u, (quad >> (8 * u)) & 0xffu);
                 }
             }
             dqcu_hot_group_store(grp, codes, kind, b, W, g, t);
         }
-        bool bad = !valid_state;
-        if (!bad) {
-            const uint32_t pos = dqcu_rans_pos(in, rec + 4);
-            bad = pos > C || x != DQCU_RANS_L;
-            for (uint32_t i = pos; !bad && i < C; i++)
-                bad = rec[4 + i] != 0;
-        }
-        nbad += bad ? 1u : 0u;
+        nbad += dqcu_dec_bad(valid_state, x, in, rec + 4, C) ? 1u : 0u;
     }
     if (p.corrupt && nbad)
         atomicAdd(p.corrupt, nbad);
@@ -166,6 +157,30 @@ __global__ void __launch_bounds__(HOT_THREADS) hot_transcode_fixed_kernel(hot_tc
         atomicAdd(p.corrupt, nbad);
 }
 
+int dqcu__hot_setup(const dqcu_codec *dc, const void *src, const void *dst, size_t nwin, bool rans_only,
+                    dqcu_hot_common *c, dim3 *grid)
+{
+    if (!dc || (nwin && (!src || !dst)))
+        return DQ_INVALID_ARGUMENT;
+    if (dc->d < 32 || dc->d > 512 || (rans_only && dc->fixed))
+        return DQ_UNSUPPORTED;
+    if (nwin > 0x7fffffffu)
+        return DQ_INVALID_ARGUMENT;
+    const int rc = dqcu__use_device(dc);
+    if (rc || !nwin)
+        return rc;
+    c->tab = dc->tab;
+    c->tab2 = dc->tab2;
+    size_t o[4];
+    dqcu__hot_offsets(dc, o);
+    for (int i = 0; i < 4; i++)
+        c->off[i] = (uint32_t)o[i];
+    for (int k = 0; k < 2; k++)
+        c->bits[k] = dqcu__hot_bits(dc->host.kind[k].M);
+    *grid = dim3((unsigned)nwin, 2);
+    return 1;
+}
+
 extern "C" size_t dqcu_hot_window_bytes(const dqcu_codec *dc)
 {
     return dc ? dqcu__hot_offsets(dc, NULL) : 0;
@@ -174,34 +189,24 @@ extern "C" size_t dqcu_hot_window_bytes(const dqcu_codec *dc)
 extern "C" int dqcu_transcode_hot(const dqcu_codec *dc, const uint8_t *const *windows, size_t nwin, uint8_t *const *hot,
                                   uint32_t *corrupt, cudaStream_t stream)
 {
-    if (!dc || (nwin && (!windows || !hot)))
-        return DQ_INVALID_ARGUMENT;
-    if (dc->d < 32 || dc->d > 512)
-        return DQ_UNSUPPORTED;
-    if (nwin > 0x7fffffffu)
-        return DQ_INVALID_ARGUMENT;
-    int rc = dqcu__use_device(dc);
-    if (rc || !nwin)
-        return rc;
     hot_tc_params p = {};
-    p.tab = dc->tab;
+    dim3 grid;
+    const int rc = dqcu__hot_setup(dc, windows, hot, nwin, false, &p, &grid);
+    if (rc <= 0)
+        return rc;
     p.windows = windows;
     p.hot = hot;
     p.corrupt = corrupt;
-    size_t off[4];
-    dqcu__hot_offsets(dc, off);
-    for (int i = 0; i < 4; i++)
-        p.off[i] = (uint32_t)off[i];
-    p.bits[0] = dqcu__hot_bits(dc->host.kind[0].M);
-    p.bits[1] = dqcu__hot_bits(dc->host.kind[1].M);
     if (dc->fixed) {
         for (int k = 0; k < 2; k++) {
             p.fx_k[k] = dc->fx_k[k];
             p.fx_w[k] = dc->fx_w[k];
         }
-        hot_transcode_fixed_kernel<<<dim3((unsigned)nwin, 2), HOT_THREADS, 0, stream>>>(p);
+        hot_transcode_fixed_kernel<<<grid, HOT_THREADS, 0, stream>>>(p);
+    } else if (dc->pairs) {
+        hot_transcode_kernel<true><<<grid, HOT_THREADS, dqcu_dec_smem(true), stream>>>(p);
     } else {
-        hot_transcode_kernel<<<dim3((unsigned)nwin, 2), HOT_THREADS, 0, stream>>>(p);
+        hot_transcode_kernel<false><<<grid, HOT_THREADS, dqcu_dec_smem(false), stream>>>(p);
     }
     DQCU_CHECK_LAUNCH();
     return DQ_OK;

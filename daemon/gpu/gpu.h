@@ -61,7 +61,9 @@ uint64_t dqd_gpu_allocated(const dqd_gpu *g);
 const char *dqd_gpu_describe(const dqd_gpu *g);
 
 /* Whether a model's sequences can live on the GPU: a D-Quant profile of a shape the kernels take
- * (n <= DQCU_MAX_ENCODE_STREAM, 32 <= head_dim <= 512, at most 8 query heads per KV head), or a
+ * (n <= DQCU_MAX_ENCODE_STREAM, 32 <= head_dim <= 512, at most 8 query heads per KV head; in
+ * container format version 2 an ATTEND over its records runs on the host, see gpustore.c
+ * codec_pairs), or a
  * fixed-width profile (DQ_CODEC_FIXED) of such a shape with --gpu-attention-layout hot or hot-only
  * when dqcu_attend_hot takes the model (dqcu_attend_hot_check at its q_heads, and at a GQA group
  * of 1 as the layers' hot copies are decided): the device encodes that family's records and has its

@@ -195,9 +195,10 @@ bool dqd_gpu_model_ok(const dqd_gpu *g, const dqd_model *m)
     if ((p->codec_type != DQ_CODEC_DQUANT && p->codec_type != DQ_CODEC_FIXED) || m->codec->calib ||
         m->codec->n > DQCU_MAX_ENCODE_STREAM || p->head_dim < 32 || p->head_dim > 512 || m->q_heads / m->kv_heads > 8)
         return false;
-    /* container format version 2 (joint pairs) has no kernels in libdquant-cuda: the host path */
+    /* D-Quant in either container format: version 2 (joint pairs) has every kernel but the
+     * container attention, which runs on the host (gpustore.c codec_pairs) */
     if (p->codec_type == DQ_CODEC_DQUANT)
-        return p->format_version == DQ_FORMAT_VERSION;
+        return p->format_version == DQ_FORMAT_VERSION || p->format_version == DQ_FORMAT_VERSION_PAIRS;
     /* The fixed-width family has only the hot layout on the device: its sequences live there with
      * --gpu-attention-layout hot or hot-only when the hot kernel takes the model (the device codec
      * is made once per profile, here on the loop thread at the model's first request). */

@@ -42,6 +42,14 @@ static bool codec_fixed(const dqd_codec *codec)
     return codec->profile.codec_type == DQ_CODEC_FIXED;
 }
 
+/* A profile of container format version 2 (joint pairs, dq226p and dq196p): libdquant-cuda
+ * encodes, decodes, transcodes to hot windows and rebuilds it, but has no container attention for
+ * it, so an ATTEND over its records runs libdquant on a host copy (attend_fixed). */
+static bool codec_pairs(const dqd_codec *codec)
+{
+    return codec->profile.format_version == DQ_FORMAT_VERSION_PAIRS;
+}
+
 static uint64_t tail_dev_bytes(const dqd_codec *c)
 {
     return 2u * tail_elems(c) * sizeof(uint16_t);
@@ -1364,8 +1372,8 @@ int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, 
         bool hot = hot_ok && !records_only;
         for (size_t b = 0; b < nb && hot; b++)
             hot = items[i0 + b].layer->hot_stride && items[i0 + b].layer->nhot == items[i0 + b].layer->nwin;
-        if (!hot && codec_fixed(codec)) {
-            /* no container attention on the device for the fixed-width family */
+        if (!hot && (codec_fixed(codec) || codec_pairs(codec))) {
+            /* no container attention on the device for the fixed-width family and version 2 */
             rc = attend_fixed(w, codec, q_heads, scale, items + i0, nb, dev);
             if (rc < 0)
                 return rc;

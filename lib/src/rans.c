@@ -39,9 +39,14 @@ uint32_t dq__rans_encode(const dq__rans_enc *enc, const uint8_t *syms, uint32_t 
         x = (q << DQ_RANS_PREC) + (x - q * f) + enc->cum[s];
     }
     assert(x >= DQ_RANS_L && x < (DQ_RANS_L << 8)); /* the state range the decoder starts from */
-    uint32_t emitted = (uint32_t)(end - p);
+    const uint32_t emitted = (uint32_t)(end - p);
     assert(emitted <= n);
-    uint32_t used = DQ_RANS_STATE_BYTES + emitted;
+    return dq__rans_store(x, p, emitted, out, cap);
+}
+
+uint32_t dq__rans_store(uint32_t x, const uint8_t *p, uint32_t emitted, uint8_t *out, uint32_t cap)
+{
+    const uint32_t used = DQ_RANS_STATE_BYTES + emitted;
     if (used > cap)
         return used;
     out[0] = (uint8_t)x;
@@ -53,17 +58,32 @@ uint32_t dq__rans_encode(const dq__rans_enc *enc, const uint8_t *syms, uint32_t 
     return used;
 }
 
-int dq__rans_decode(const dq__rans_dec *dec, const uint8_t *in, uint32_t C, uint32_t n, uint8_t *syms)
+uint32_t dq__rans_open(const uint8_t *in, uint32_t C, uint32_t n, uint8_t *syms)
 {
-    if (C < DQ_RANS_STATE_BYTES) {
-        memset(syms, 0, n);
-        return DQ_CORRUPT;
-    }
-    uint32_t x = (uint32_t)in[0] | (uint32_t)in[1] << 8 | (uint32_t)in[2] << 16 | (uint32_t)in[3] << 24;
+    uint32_t x = 0;
+    if (C >= DQ_RANS_STATE_BYTES)
+        x = (uint32_t)in[0] | (uint32_t)in[1] << 8 | (uint32_t)in[2] << 16 | (uint32_t)in[3] << 24;
     if (x < DQ_RANS_L || x >= (DQ_RANS_L << 8)) {
         memset(syms, 0, n);
-        return DQ_CORRUPT;
+        return 0;
     }
+    return x;
+}
+
+int dq__rans_close(const uint8_t *in, uint32_t C, uint32_t ptr, int overrun, uint32_t x)
+{
+    DQ_RETURN_IF(overrun || x != DQ_RANS_L, DQ_CORRUPT);
+    for (uint32_t i = ptr; i < C; i++)
+        if (in[i])
+            return DQ_CORRUPT;
+    return DQ_OK;
+}
+
+int dq__rans_decode(const dq__rans_dec *dec, const uint8_t *in, uint32_t C, uint32_t n, uint8_t *syms)
+{
+    uint32_t x = dq__rans_open(in, C, n, syms);
+    if (!x)
+        return DQ_CORRUPT;
     uint32_t ptr = DQ_RANS_STATE_BYTES;
     int overrun = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -81,9 +101,5 @@ int dq__rans_decode(const dq__rans_dec *dec, const uint8_t *in, uint32_t C, uint
             x = (x << 8) | b;
         }
     }
-    DQ_RETURN_IF(overrun || x != DQ_RANS_L, DQ_CORRUPT);
-    for (uint32_t i = ptr; i < C; i++)
-        if (in[i])
-            return DQ_CORRUPT;
-    return DQ_OK;
+    return dq__rans_close(in, C, ptr, overrun, x);
 }

@@ -39,4 +39,16 @@ uint32_t dq__rans_encode(const dq__rans_enc *enc, const uint8_t *syms, uint32_t 
  * decoder ran past the container, the final state is not L, or trailing bytes are nonzero. */
 int dq__rans_decode(const dq__rans_dec *dec, const uint8_t *in, uint32_t C, uint32_t n, uint8_t *syms);
 
+/* The parts both container versions share (rans2.h keeps this layout).
+ * dq__rans_store: the container of final encoder state x and the emitted bytes [p, p + emitted)
+ * into out[0..cap), zeros after them; returns the bytes needed (4 + emitted), writing nothing
+ * when that exceeds cap.
+ * dq__rans_open: the decoder's initial state, or 0 when the container has none (C < 4, or a state
+ * outside [L, 256·L)); then syms[0..n) are zeroed.
+ * dq__rans_close: the decoder's verdict at the end: DQ_CORRUPT when it read past the container
+ * (overrun), its state is not L, or a byte after the last one it read (ptr) is nonzero; else 0. */
+uint32_t dq__rans_store(uint32_t x, const uint8_t *p, uint32_t emitted, uint8_t *out, uint32_t cap);
+uint32_t dq__rans_open(const uint8_t *in, uint32_t C, uint32_t n, uint8_t *syms);
+int dq__rans_close(const uint8_t *in, uint32_t C, uint32_t ptr, int overrun, uint32_t x);
+
 #endif

@@ -87,16 +87,7 @@ uint32_t dq__rans2_encode(const dq__rans2_enc *enc, const uint8_t *syms, uint32_
     assert(x >= DQ_RANS_L && x < (DQ_RANS_L << 8));
     const uint32_t emitted = (uint32_t)(end - p);
     assert(emitted <= n);
-    const uint32_t used = DQ_RANS_STATE_BYTES + emitted;
-    if (used > cap)
-        return used;
-    out[0] = (uint8_t)x;
-    out[1] = (uint8_t)(x >> 8);
-    out[2] = (uint8_t)(x >> 16);
-    out[3] = (uint8_t)(x >> 24);
-    memcpy(out + DQ_RANS_STATE_BYTES, p, emitted);
-    memset(out + used, 0, cap - used);
-    return used;
+    return dq__rans_store(x, p, emitted, out, cap);
 }
 
 uint32_t dq__rans2_const_bytes(const dq__rans2_enc *enc, uint32_t pair, uint32_t n)
@@ -115,15 +106,9 @@ uint32_t dq__rans2_const_bytes(const dq__rans2_enc *enc, uint32_t pair, uint32_t
 
 int dq__rans2_decode(const dq__rans2_dec *dec, const uint8_t *in, uint32_t C, uint32_t n, uint8_t *syms)
 {
-    if (C < DQ_RANS_STATE_BYTES) {
-        memset(syms, 0, n);
+    uint32_t x = dq__rans_open(in, C, n, syms);
+    if (!x)
         return DQ_CORRUPT;
-    }
-    uint32_t x = (uint32_t)in[0] | (uint32_t)in[1] << 8 | (uint32_t)in[2] << 16 | (uint32_t)in[3] << 24;
-    if (x < DQ_RANS_L || x >= (DQ_RANS_L << 8)) {
-        memset(syms, 0, n);
-        return DQ_CORRUPT;
-    }
     uint32_t ptr = DQ_RANS_STATE_BYTES;
     int overrun = 0;
     for (uint32_t i = 0; i + 1 < n; i += 2) {
@@ -141,9 +126,5 @@ int dq__rans2_decode(const dq__rans2_dec *dec, const uint8_t *in, uint32_t C, ui
             x = (x << 8) | b;
         }
     }
-    DQ_RETURN_IF(overrun || x != DQ_RANS_L, DQ_CORRUPT);
-    for (uint32_t i = ptr; i < C; i++)
-        if (in[i])
-            return DQ_CORRUPT;
-    return DQ_OK;
+    return dq__rans_close(in, C, ptr, overrun, x);
 }

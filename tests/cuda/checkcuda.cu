@@ -16,13 +16,19 @@
  *   dqcu_attend_hot within 1e-3 relative of dq_hot_attend and of dq_attend_reference; the same for
  *   the fixed-width family
  *
- *   checkcuda [--seed N] [--small] [--no-timing] [--quiet] [--hot] [--fixed] [--encode-kernel V,...]
- *             [--attend-kernel V,...]
+ *   format version 2 (dq226p, dq196p; records from libdquant): dqcu_decompress, dqcu_transcode_hot
+ *   and dqcu_rebuild_hot byte-identical (corrupt containers too), dqcu_attend_hot as above, the
+ *   encoders and container attention refusing it; also on the real bytellama-n1024 cache
+ *   (DIR/bytellama-n1024/kv_f16.bin; DIR: --data, $DQ_DATA_DIR or ../shared/data; skipped if absent)
+ *
+ *   checkcuda [--seed N] [--small] [--no-timing] [--quiet] [--hot] [--fixed] [--format2] [--data DIR]
+ *             [--encode-kernel V,...] [--attend-kernel V,...]
  *   --small: a few small cases only (for compute-sanitizer memcheck / racecheck runs).
  *   --hot: the hot layout alone on its shapes (production dq226 first), with the container
  *   attention versions of --attend-kernel on the same inputs; with --small one GQA group per shape
  *   and no container attention (for compute-sanitizer runs on the production shape).
  *   --fixed: the fixed-width family's encoder alone (test_fixed_encode; with --small one shape).
+ *   --format2: the format version 2 checks alone (with --small: the built-ins and one real layer).
  *   --encode-kernel, --attend-kernel: only these versions (default: every registered one, the
  *   default first).
  * Exit status: 0 all passed, 1 a check failed, 2 a setup error, 77 no suitable GPU (skipped). */
@@ -110,7 +116,8 @@ static bool set_gpu(Codecs &cs)
     return true;
 }
 
-static bool make_codecs(const Cfg &cfg, Codecs &cs)
+/* format: the format_version of a profile made from cfg's parameters (0: version 1) */
+static bool make_codecs(const Cfg &cfg, Codecs &cs, uint32_t format = 0)
 {
     dq_profile prof;
     if (cfg.builtin) {
@@ -125,6 +132,7 @@ static bool make_codecs(const Cfg &cfg, Codecs &cs)
         pp.window = cfg.W;
         pp.residual = cfg.R;
         pp.rotation_seed = cfg.seed;
+        pp.format_version = format;
         const double n = (double)cfg.kvh * cfg.d;
         const double rate[2] = {cfg.rate_k, cfg.rate_v};
         for (int k = 0; k < 2; k++)
@@ -382,10 +390,39 @@ static void gen_tokens(Rng &r, uint32_t n, size_t ntok, bool keys, std::vector<f
             x[t * n + j] = (float)(mu[j] + sigma * r.normal() * (1.0 + 0.5 * sin((double)t)));
 }
 
-/* Encodes the nwin windows of kb, vb ([nwin, W, n] of dtype) on the CPU and GPU and compares them
- * (what: the inputs, for the report); returns the valid CPU windows. */
-static std::vector<uint8_t> check_windows(Codecs &cs, const std::vector<uint8_t> &kb, const std::vector<uint8_t> &vb,
-                                          size_t nwin, dq_dtype dtype, bool encode_supported, const char *what)
+static std::vector<uint8_t> compare_windows(Codecs &cs, const std::vector<uint8_t> &kb, const std::vector<uint8_t> &vb,
+                                            dq_dtype dtype, size_t nwin, const char *label, bool encode_supported);
+
+/* Encodes nwin windows on the CPU and GPU and compares them; returns the valid CPU windows. */
+static std::vector<uint8_t> test_windows(Codecs &cs, Rng &r, size_t nwin, dq_dtype dtype, bool specials,
+                                         bool encode_supported)
+{
+    const uint32_t n = cs.n, W = cs.W;
+    std::vector<float> k, v;
+    gen_tokens(r, n, nwin * W, true, k);
+    gen_tokens(r, n, nwin * W, false, v);
+    size_t nan_w = SIZE_MAX, range_w = SIZE_MAX;
+    if (specials && nwin >= 3) {
+        nan_w = 1;
+        v[(nan_w * W + r.below(W)) * n + r.below(n)] = NAN;
+        if (dtype != DQ_DTYPE_F16) {
+            range_w = 2;
+            k[(range_w * W + r.below(W)) * n + r.below(n)] = 14001.0f * sqrtf((float)cs.d) * 1.01f;
+        }
+    }
+    std::vector<uint8_t> kb, vb;
+    to_dtype(k.data(), k.size(), dtype, kb);
+    to_dtype(v.data(), v.size(), dtype, vb);
+    char what[64];
+    snprintf(what, sizeof what, "(%s%s)", nan_w != SIZE_MAX ? "with NaN window" : "all valid",
+             range_w != SIZE_MAX ? " and range window" : "");
+    return compare_windows(cs, kb, vb, dtype, nwin, what, encode_supported);
+}
+
+/* nwin windows of K and V (kb, vb: [nwin·W, n] of dtype) encoded by dq_window_encode and by
+ * dqcu_encode_windows: the same statuses, records and statistics. Returns the valid CPU windows. */
+static std::vector<uint8_t> compare_windows(Codecs &cs, const std::vector<uint8_t> &kb, const std::vector<uint8_t> &vb,
+                                            dq_dtype dtype, size_t nwin, const char *label, bool encode_supported)
 {
     const uint32_t n = cs.n, W = cs.W;
     const size_t wb = dq_codec_window_bytes(cs.c), esz = dq_dtype_size(dtype);
@@ -472,37 +509,10 @@ static std::vector<uint8_t> check_windows(Codecs &cs, const std::vector<uint8_t>
                 }
             }
     }
-    report(bad == 0, "encode_windows v%d %s %s: %zu windows (%s), %zu mismatches", enc_ver(), cs.name.c_str(),
-           dq_dtype_name(dtype), nwin, what, bad);
+    report(bad == 0, "encode_windows v%d %s %s: %zu windows %s, %zu mismatches", enc_ver(), cs.name.c_str(),
+           dq_dtype_name(dtype), nwin, label, bad);
     stats_report("  encode_windows", cstats, gstats);
     return valid;
-}
-
-/* Encodes nwin random windows (with specials: one with a NaN, one out of range) on the CPU and GPU
- * and compares them; returns the valid CPU windows. */
-static std::vector<uint8_t> test_windows(Codecs &cs, Rng &r, size_t nwin, dq_dtype dtype, bool specials,
-                                         bool encode_supported)
-{
-    const uint32_t n = cs.n, W = cs.W;
-    std::vector<float> k, v;
-    gen_tokens(r, n, nwin * W, true, k);
-    gen_tokens(r, n, nwin * W, false, v);
-    size_t nan_w = SIZE_MAX, range_w = SIZE_MAX;
-    if (specials && nwin >= 3) {
-        nan_w = 1;
-        v[(nan_w * W + r.below(W)) * n + r.below(n)] = NAN;
-        if (dtype != DQ_DTYPE_F16) {
-            range_w = 2;
-            k[(range_w * W + r.below(W)) * n + r.below(n)] = 14001.0f * sqrtf((float)cs.d) * 1.01f;
-        }
-    }
-    std::vector<uint8_t> kb, vb;
-    to_dtype(k.data(), k.size(), dtype, kb);
-    to_dtype(v.data(), v.size(), dtype, vb);
-    char what[64];
-    snprintf(what, sizeof what, "%s%s", nan_w != SIZE_MAX ? "with NaN window" : "all valid",
-             range_w != SIZE_MAX ? " and range window" : "");
-    return check_windows(cs, kb, vb, nwin, dtype, encode_supported, what);
 }
 
 /* ---- dqcu_scatter_rows ---- */
@@ -888,7 +898,7 @@ static void test_real_windows(Codecs &cs, const char *model, uint32_t seqs, uint
             }
     char what[96];
     snprintf(what, sizeof what, "real %s KV, %u layers", model, layers);
-    check_windows(cs, kb, vb, nwin, DQ_DTYPE_F16, true, what);
+    compare_windows(cs, kb, vb, DQ_DTYPE_F16, nwin, what, true);
 }
 
 /* The fixed-width family's GPU encoder: streams (random, NaN, infinity, out of range) and windows
@@ -1205,6 +1215,174 @@ static void test_hot(Codecs &cs, Rng &r, const std::vector<uint32_t> &lens, uint
         dq_layer_free(layers[b]);
 }
 
+/* Every encoder version of enc_list on cs: test_streams, then test_windows in each input type (with
+ * --small one window but for f32); the codec's default encoder afterwards. Returns the valid
+ * windows of the first version's f32 run. */
+static std::vector<uint8_t> test_encoders(Codecs &cs, Rng &r, const std::vector<int> &enc_list, size_t streams,
+                                          size_t nwin, bool small, bool enc_ok)
+{
+    std::vector<uint8_t> valid;
+    for (int ver : enc_list) {
+        g_enc_version = ver;
+        set_gpu(cs);
+        test_streams(cs, r, streams, enc_ok);
+        for (int dt = 0; dt < 3; dt++) {
+            std::vector<uint8_t> v = test_windows(cs, r, small && dt ? 1 : nwin, (dq_dtype)dt, dt != 0 || small,
+                                                  enc_ok);
+            if (valid.empty())
+                valid = v;
+        }
+    }
+    g_enc_version = DQCU_KERNEL_AUTO;
+    set_gpu(cs);
+    return valid;
+}
+
+/* ---- container format version 2 (joint pairs: dq226p, dq196p, lib/src/rans2.h) ----
+ *
+ * dqcu_encode_streams / dqcu_encode_windows (every encoder version), dqcu_decompress,
+ * dqcu_transcode_hot and dqcu_rebuild_hot must equal libdquant byte for byte (statuses, statistics
+ * and corrupt containers too: test_streams, test_windows, test_decompress, test_hot),
+ * dqcu_attend_hot take its hot windows, and the container attention refuse it. */
+
+static void test_format2_refusals(Codecs &cs)
+{
+    const int att = dqcu_attend(cs.g, cs.kvh, 1.0f, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0);
+    const int ak = dqcu_attend_kernel(cs.g, cs.kvh);
+    const size_t wsb = dqcu_attend_workspace_size(cs.g, cs.kvh, 1, 128);
+    const int dec = dqcu_decompress(cs.g, DQ_KIND_K, NULL, 0, NULL, 0, 0, 0, NULL, DQ_DTYPE_F32, NULL, 0);
+    const int encw = dqcu_encode_windows(cs.g, NULL, NULL, DQ_DTYPE_BF16, 0, NULL, NULL, NULL, 0);
+    report(att == DQ_UNSUPPORTED && ak == DQ_UNSUPPORTED && wsb == 0 && dec == DQ_OK && encw == DQ_OK,
+           "format 2 %s: attend %s, attend_kernel %s, workspace %zu, decompress %s, encode_windows %s", cs.name.c_str(),
+           dq_err_name(att), dq_err_name(ak), wsb, dq_err_name(dec), dq_err_name(encw));
+}
+
+/* Windows given on the host (a real cache's): dqcu_transcode_hot equals dq_hot_transcode and
+ * dqcu_rebuild_hot gives the records back, byte for byte. */
+static void test_hot_windows(Codecs &cs, const std::vector<uint8_t> &recs, const char *what)
+{
+    const size_t wb = dq_codec_window_bytes(cs.c), hb = dq_hot_window_bytes(cs.c), total = recs.size() / wb;
+    if (!total)
+        return;
+    std::vector<uint8_t> cpu(total * hb), gpu(total * hb), back(total * wb);
+    for (size_t i = 0; i < total; i++)
+        DQ(dq_hot_transcode(cs.c, &recs[i * wb], &cpu[i * hb]));
+    DevBuf<uint8_t> drec(recs.size()), dhot(cpu.size()), dback(recs.size());
+    drec.upload(recs.data(), recs.size());
+    dhot.fill_bytes(0x5a);
+    dback.fill_bytes(0xa5);
+    std::vector<const uint8_t *> rp(total), hp(total), bp(total);
+    for (size_t i = 0; i < total; i++) {
+        rp[i] = drec.p + i * wb;
+        hp[i] = dhot.p + i * hb;
+        bp[i] = dback.p + i * wb;
+    }
+    DevBuf<const uint8_t *> drp(total), dhp(total), dbp(total);
+    drp.upload(rp.data(), total);
+    dhp.upload(hp.data(), total);
+    dbp.upload(bp.data(), total);
+    DevBuf<uint32_t> dcnt(2);
+    dcnt.fill_bytes(0);
+    DQ(dqcu_transcode_hot(cs.g, drp.p, total, (uint8_t *const *)dhp.p, dcnt.p, 0));
+    DQ(dqcu_rebuild_hot(cs.g, dhp.p, total, (uint8_t *const *)dbp.p, dcnt.p + 1, 0));
+    CK(cudaDeviceSynchronize());
+    dhot.download(gpu.data(), gpu.size());
+    dback.download(back.data(), back.size());
+    uint32_t cnt[2];
+    dcnt.download(cnt, 2);
+    report(cnt[0] == 0 && cnt[1] == 0 && gpu == cpu && back == recs,
+           "%s %s: %zu windows, transcode %s (corrupt %u), rebuild %s (bad %u)", what, cs.name.c_str(), total,
+           gpu == cpu ? "identical" : "DIFFER", cnt[0], back == recs ? "identical" : "DIFFER", cnt[1]);
+}
+
+/* Every layer of dir/bytellama-n1024's real cache ([2, layers, T, 8, 128] fp16, n = 1024 like
+ * Qwen3-8B) with profile: its whole windows encoded on the GPU (every encoder version) as by
+ * libdquant, then libdquant's records decompressed, transcoded and rebuilt on the GPU. */
+static void test_real_cache(Rng &r, const char *dir, const char *profile, bool small, const std::vector<int> &enc_list)
+{
+    const uint32_t layers = 4, T = 512, kvh = 8, d = 128, n = kvh * d;
+    std::string path = std::string(dir) + "/bytellama-n1024/kv_f16.bin";
+    std::vector<uint16_t> kv((size_t)2 * layers * T * n);
+    FILE *f = fopen(path.c_str(), "rb");
+    const size_t got = f ? fread(kv.data(), sizeof(uint16_t), kv.size(), f) : 0;
+    if (f)
+        fclose(f);
+    if (got != kv.size()) {
+        printf("real cache %s: %s absent or short (%zu of %zu values); skipped (--data DIR)\n", profile, path.c_str(),
+               got, kv.size());
+        return;
+    }
+    Cfg cfg = {kvh, d, 0, 0, 128, 128, 0, 0, 0, profile};
+    Codecs cs;
+    make_codecs(cfg, cs);
+    printf("real cache bytellama-n1024, %s\n", cs.name.c_str());
+    if (dq_codec_profile(cs.c)->format_version == DQ_FORMAT_VERSION_PAIRS)
+        test_format2_refusals(cs);
+    for (uint32_t l = 0; l < (small ? 1u : layers); l++) {
+        dq_layer *hl = nullptr;
+        DQ(dq_layer_create(cs.c, &hl));
+        const uint16_t *k = &kv[(size_t)l * T * n], *v = &kv[((size_t)layers + l) * T * n];
+        const size_t nw = T / cs.W, vals = nw * cs.W * n;
+        std::vector<uint8_t> kb((const uint8_t *)k, (const uint8_t *)(k + vals));
+        std::vector<uint8_t> vb((const uint8_t *)v, (const uint8_t *)(v + vals));
+        char label[48];
+        snprintf(label, sizeof label, "(real layer %u)", l);
+        for (int ver : enc_list) {
+            g_enc_version = ver;
+            set_gpu(cs);
+            compare_windows(cs, kb, vb, DQ_DTYPE_F16, nw, label, true);
+        }
+        g_enc_version = DQCU_KERNEL_AUTO;
+        set_gpu(cs);
+        DQ(dq_layer_append(hl, cs.ws, k, v, DQ_DTYPE_F16, T, NULL));
+        const size_t wb = dq_codec_window_bytes(cs.c);
+        std::vector<uint8_t> wins(dq_layer_window_count(hl) * wb);
+        for (size_t w = 0; w < dq_layer_window_count(hl); w++)
+            memcpy(&wins[w * wb], dq_layer_window(hl, w), wb);
+        dq_layer_free(hl);
+        char what[48];
+        snprintf(what, sizeof what, "real layer %u hot", l);
+        test_decompress(cs, r, wins, small ? 4 : 12);
+        test_hot_windows(cs, wins, what);
+    }
+}
+
+/* Random profiles and inputs of version 2 (the built-ins first), then the real cache. */
+static void test_format2(Rng &r, bool small, const char *data_dir, const std::vector<int> &enc_list)
+{
+    std::vector<Cfg> cfgs = {
+        {8, 128, 0, 0, 128, 128, 0, 0, 0, "dq226p"}, /* production: n = 1024, 3 + 3 bits */
+        {8, 128, 0, 0, 128, 128, 0, 0, 0, "dq196p"},
+        {2, 128, 0, 0, 128, 128, 0, 0, 0, "dq226p"},
+    };
+    if (!small) {
+        cfgs.push_back({4, 64, 5, 3, 64, 64, 2.5, 1.8, 0x77, NULL});
+        cfgs.push_back({2, 256, 16, 12, 100, 120, 3.5, 3.0, 0x5, NULL});
+        cfgs.push_back({1, 32, 32, 2, 32, 40, 0.1, 4.0, 0, NULL}); /* 1024 pairs, tight container */
+        cfgs.push_back({2, 512, 2, 32, 64, 64, 1.0, 0.1, 0x9, NULL});
+        cfgs.push_back({3, 128, 9, 7, 128, 150, 2.7, 2.0, 0x3, NULL});
+    }
+    for (const Cfg &cfg : cfgs) {
+        Codecs cs;
+        make_codecs(cfg, cs, DQ_FORMAT_VERSION_PAIRS);
+        printf("%s (format 2)\n", cs.name.c_str());
+        test_format2_refusals(cs);
+        const std::vector<uint8_t> valid = test_encoders(cs, r, enc_list, small ? 40 : 600, 5, small, true);
+        test_decompress(cs, r, valid, small ? 4 : 12);
+        const uint32_t W = cs.W;
+        std::vector<uint32_t> lens = {0, 1, W + 3, 3 * W + r.below(W)};
+        if (!small)
+            lens.push_back(20 * W + r.below(W));
+        uint32_t G = 4;
+        while (G > 1 && dqcu_attend_check(cs.g, cs.kvh * G) != DQ_OK)
+            G >>= 1;
+        test_hot(cs, r, lens, G);
+    }
+    const char *profiles[] = {"dq226p", "dq196p", "dq226"};
+    for (const char *p : profiles)
+        test_real_cache(r, data_dir, p, small, enc_list);
+}
+
 /* ---- timing on the dq226 shape ---- */
 
 static void timing(Rng &r, const std::vector<int> &enc_list, const std::vector<int> &att_list)
@@ -1337,7 +1515,8 @@ static void all_versions(const int *(*list)(size_t *), std::vector<int> &out)
 int main(int argc, char **argv)
 {
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-    bool small = false, do_timing = true, hot_only = false, fixed_only = false;
+    bool small = false, do_timing = true, hot_only = false, fixed_only = false, format2_only = false;
+    const char *data_dir = getenv("DQ_DATA_DIR") ? getenv("DQ_DATA_DIR") : "../shared/data";
     std::vector<int> enc_list, att_list;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seed") && i + 1 < argc)
@@ -1352,6 +1531,10 @@ int main(int argc, char **argv)
             hot_only = true;
         else if (!strcmp(argv[i], "--fixed"))
             fixed_only = true;
+        else if (!strcmp(argv[i], "--format2"))
+            format2_only = true;
+        else if (!strcmp(argv[i], "--data") && i + 1 < argc)
+            data_dir = argv[++i];
         else if (!strcmp(argv[i], "--encode-kernel") && i + 1 < argc) {
             if (!parse_versions(argv[++i], dqcu_encode_kernels, enc_list, "--encode-kernel"))
                 return 2;
@@ -1360,8 +1543,8 @@ int main(int argc, char **argv)
                 return 2;
         } else {
             fprintf(stderr,
-                    "usage: %s [--seed N] [--small] [--no-timing] [--quiet] [--hot] [--fixed] [--encode-kernel V,...] "
-                    "[--attend-kernel V,...]\n",
+                    "usage: %s [--seed N] [--small] [--no-timing] [--quiet] [--hot] [--fixed] [--format2] [--data DIR] "
+                    "[--encode-kernel V,...] [--attend-kernel V,...]\n",
                     argv[0]);
             return 2;
         }
@@ -1406,6 +1589,13 @@ int main(int argc, char **argv)
     for (int v : att_list)
         printf(" %d", v);
     printf("\n");
+    if (enc_list.empty())
+        all_versions(dqcu_encode_kernels, enc_list);
+    if (format2_only) {
+        test_format2(r, small, data_dir, enc_list);
+        printf("\ncheckcuda: %d checks, %d failed (seed %llu)\n", g_checks, g_failures, (unsigned long long)seed);
+        return g_failures ? 1 : 0;
+    }
     if (hot_only) {
         /* the hot layout alone, with the container attention of att_list on the same shapes */
         const Cfg hcfgs[] = {
@@ -1482,22 +1672,8 @@ int main(int argc, char **argv)
         printf("%s\n", cs.name.c_str());
         const bool enc_ok = cs.n <= DQCU_MAX_ENCODE_STREAM;
         const bool dec_ok = cs.d >= 32;
-        const size_t nwin = small ? 3 : 5;
-        std::vector<uint8_t> valid;
         /* every encoder version (or those asked for), the first one's windows decompressed below */
-        for (int ver : enc_list) {
-            g_enc_version = ver;
-            set_gpu(cs);
-            test_streams(cs, r, small ? 40 : 1200, enc_ok);
-            for (int dt = 0; dt < 3; dt++) {
-                std::vector<uint8_t> v = test_windows(cs, r, small && dt ? 1 : nwin, (dq_dtype)dt, dt != 0 || small,
-                                                      enc_ok);
-                if (valid.empty())
-                    valid = v;
-            }
-        }
-        g_enc_version = DQCU_KERNEL_AUTO;
-        set_gpu(cs);
+        std::vector<uint8_t> valid = test_encoders(cs, r, enc_list, small ? 40 : 1200, small ? 3 : 5, small, enc_ok);
         if (!dec_ok)
             continue;
         test_decompress(cs, r, valid, small ? 4 : 12);
@@ -1536,6 +1712,7 @@ int main(int argc, char **argv)
         std::vector<uint32_t> lens = {64 * 128 + 17, 5 * 128, 130 * 128 + 100};
         test_attention(cs, r, lens, 4, att_list);
     }
+    test_format2(r, small, data_dir, enc_list);
     printf("\ncheckcuda: %d checks, %d failed (seed %llu)\n", g_checks, g_failures, (unsigned long long)seed);
     if (do_timing && !small && g_failures == 0)
         timing(r, enc_list, att_list);

@@ -13,7 +13,8 @@
 #      libdquant's codes; small --gpu-memory: sequences move to host memory and back unchanged,
 #      pinned ones stay, small host memory too: evictions counted
 #   3b. with ATTEND_LAYOUT hot or hot-only: tests/daemon/test_dqd_fixed against the daemon (the
-#      fixed-width family on the GPU tier: PUT/GET/GET_RAW bit-identical, ATTEND within 1e-3)
+#      fixed-width family and format version 2, dq226p/dq196p, on the GPU tier: PUT/GET/GET_RAW
+#      bit-identical, ATTEND within 1e-3)
 #   4. gpu_e2e bench: PUT of a 32K-token, 36-layer prefill (Qwen3-8B shape: 8 KV heads x 128, 32
 #      query heads) and decode steps (36 sequential ATTEND calls, batch 1 and 32), through the daemon
 #      and in-process with libdquant-cuda; the batch-32 context shrinks if the time budget requires

@@ -24,7 +24,10 @@
  * (dq_profile_fixed: every width the family allows) have the encoders (records byte-identical to
  * libdquant's, whatever dqcu_settings.encode_kernel says: the family has one encoder) and the hot
  * layout (dqcu_transcode_hot, dqcu_attend_hot); dqcu_decompress and dqcu_attend answer
- * DQ_UNSUPPORTED for them.
+ * DQ_UNSUPPORTED for them. Format version 2 (joint pairs: dq226p, dq196p; lib/src/rans2.h) has
+ * the encoders, dqcu_decompress, dqcu_transcode_hot, dqcu_rebuild_hot (byte-identical to
+ * libdquant, the same statuses and corrupt verdicts) and dqcu_attend_hot (its hot windows are
+ * version 1's); dqcu_attend answers DQ_UNSUPPORTED (attention over its hot windows).
  *
  * Kernel versions: a device codec runs the versions its dqcu_settings name (by default the fastest;
  * earlier versions stay for shapes the fastest cannot take and for comparisons).

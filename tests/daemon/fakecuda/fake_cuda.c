@@ -719,6 +719,7 @@ struct dqcu_codec {
     uint32_t n, W, R, d;
     size_t wb;
     bool fixed; /* a fixed-width profile: the encoders and the hot layout only */
+    bool pairs; /* format version 2: no container attention (dqcu_attend_hot over its hot windows) */
 };
 
 int dqcu_device_count(void)
@@ -797,7 +798,7 @@ int dqcu_codec_create_with(const dq_codec *codec, const dqcu_settings *settings,
     /* D-Quant, and the fixed-width family (encoders and the hot layout), as the real library */
     if (p->codec_type != DQ_CODEC_DQUANT && p->codec_type != DQ_CODEC_FIXED)
         return DQ_INVALID_ARGUMENT;
-    if (p->format_version != DQ_FORMAT_VERSION) /* version 2 (joint pairs): no kernels, as the real library */
+    if (p->format_version != DQ_FORMAT_VERSION && p->format_version != DQ_FORMAT_VERSION_PAIRS)
         return DQ_UNSUPPORTED;
     dqcu_codec *dc = calloc(1, sizeof *dc);
     if (!dc)
@@ -818,6 +819,7 @@ int dqcu_codec_create_with(const dq_codec *codec, const dqcu_settings *settings,
     dc->d = p->head_dim;
     dc->wb = dq_codec_window_bytes(dc->codec);
     dc->fixed = p->codec_type == DQ_CODEC_FIXED;
+    dc->pairs = p->format_version == DQ_FORMAT_VERSION_PAIRS;
     *out = dc;
     return DQ_OK;
 }
@@ -843,7 +845,7 @@ int dqcu_attend_kernel(const dqcu_codec *dc, uint32_t q_heads)
         return DQ_INVALID_ARGUMENT;
     if (!q_heads || q_heads % dc->profile.kv_heads)
         return DQ_SHAPE;
-    if (dc->fixed) /* the hot layout only */
+    if (dc->fixed || dc->pairs) /* the hot layout only (version 2: and decode) */
         return DQ_UNSUPPORTED;
     return dc->settings.attend_kernel ? dc->settings.attend_kernel : 7;
 }
@@ -1026,7 +1028,7 @@ int dqcu_decompress(const dqcu_codec *dc, dq_kind kind, const uint8_t *const *wi
 
 size_t dqcu_attend_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq, uint32_t max_tokens)
 {
-    if (!dc || !q_heads || dc->fixed)
+    if (!dc || !q_heads || dc->fixed || dc->pairs)
         return 0;
     (void)max_tokens;
     return 64 + (size_t)nseq * 16;
@@ -1096,7 +1098,7 @@ int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, const dqcu_
         return DQ_INVALID_ARGUMENT;
     if (!q_heads || q_heads % dc->profile.kv_heads)
         return DQ_SHAPE;
-    if (dc->d < 32 || dc->d > 512 || dc->fixed) /* fixed-width: dqcu_attend_hot over the hot windows */
+    if (dc->d < 32 || dc->d > 512 || dc->fixed || dc->pairs) /* dqcu_attend_hot over the hot windows */
         return DQ_UNSUPPORTED;
     if (!nseq)
         return DQ_OK;
