@@ -2,10 +2,12 @@
  * libdquant-client, against the same codec in-process (libdquant: dq_codec_create_calibrated and
  * the per-layer views of dq_codec_layer) as the reference:
  *   - models of "lm3", "ip3", "pq16x8" (with a per-layer calibration sent by REGISTER_MODEL),
- *     "ip3+lr4", "ol3+d16" (calibrated outliers, delta coding) and "lmh2" (Haar rotation): PUT then GET (bit-exact with dq_layer_decode of the same tokens), GET_RAW (the
- *     same window records and tails), ATTEND over every layer in one request (bit-exact with
- *     dq_attend of the layer's view), COMPRESS / DECOMPRESS of a model layer (the same records as
- *     dq_tokens_encode of that layer's view, decoded as dq_tokens_decode does);
+ *     "ip3+lr4", "ol3+d16" (calibrated outliers, delta coding), "lmh2" (Haar rotation) and
+ *     "dq226p" (container format version 2): PUT then GET (bit-exact with dq_layer_decode of the
+ *     same tokens), GET_RAW (the same window records and tails), ATTEND over every layer in one
+ *     request (bit-exact with dq_attend of the layer's view), COMPRESS / DECOMPRESS of a model
+ *     layer (the same records as dq_tokens_encode of that layer's view, decoded as
+ *     dq_tokens_decode does);
  *   - the calibration is used per layer: one input compressed for two layers gives two record
  *     runs, each decoding as its own layer's view and differently from the other's;
  *   - bad calibrations (missing, truncated, a flipped byte, another layer count, one for a profile
