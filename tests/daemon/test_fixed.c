@@ -11,9 +11,14 @@
  * takes the host path with the default --gpu-attention-layout containers; with $DQ_FIXED_LAYOUT=hot
  * or hot-only it lives on the (emulated) GPU tier as hot windows (beside its records, or alone),
  * and the same answers are checked, the stats showing the GPU tier encoded (dqcu_encode_windows),
- * held and attended it, and the disk test spilling GPU -> host -> disk and back. ATTEND must equal dq_attend bit for bit (the
- * emulation's hot attention is dq_hot_attend), or on a real GPU within $DQ_FIXED_ATTEND_TOL
- * (relative, tests/cuda/daemon_gpu.sh). Skipped when $DQUANTD is unset. */
+ * held and attended it, and the disk test spilling GPU -> host -> disk and back. ATTEND must equal
+ * dq_attend bit for bit (the emulation's hot attention is dq_hot_attend), or on a real GPU within
+ * $DQ_FIXED_ATTEND_TOL (relative, tests/cuda/daemon_gpu.sh).
+ * The container format version 2 (joint pairs: "dq226p", "dq196p") is checked the same way, a
+ * zeroed rANS state being its corrupt record: unlike the family it lives on the GPU tier with every
+ * layout (encoded and decoded on the device; ATTEND on the host with containers, as libdquant-cuda
+ * has no version-2 container attention), and hot-only records are rebuilt on the GPU.
+ * Skipped when $DQUANTD is unset. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdbool.h>
@@ -57,8 +62,12 @@ typedef struct ref_codec {
 static void ref_make(ref_codec *r, const char *name)
 {
     memset(r, 0, sizeof *r);
-    cr_assert_eq(dq_profile_fixed(name, KVH, HD, &r->p), 0, "dq_profile_fixed(%s)", name);
-    cr_assert_eq(r->p.codec_type, DQ_CODEC_FIXED);
+    if (dq_profile_fixed(name, KVH, HD, &r->p) != 0) {
+        cr_assert_eq(dq_profile_builtin(name, KVH, HD, &r->p), 0, "dq_profile_builtin(%s)", name);
+        cr_assert_eq(r->p.format_version, DQ_FORMAT_VERSION_PAIRS, "%s is not a version-2 profile", name);
+    } else {
+        cr_assert_eq(r->p.codec_type, DQ_CODEC_FIXED);
+    }
     cr_assert_eq(dq_codec_create(&r->p, NULL, &r->codec), 0);
     cr_assert_eq(dq_workspace_create(r->codec, &r->ws), 0);
     cr_assert_eq(dq_profile_serialize(&r->p, r->pbytes, sizeof r->pbytes, &r->plen), 0);
@@ -111,6 +120,19 @@ static bool hot_only(void)
     return layout() && strcmp(layout(), "hot-only") == 0;
 }
 
+/* A container format version 2 profile (not the fixed-width family). */
+static bool pairs(const ref_codec *r)
+{
+    return r->p.format_version == DQ_FORMAT_VERSION_PAIRS;
+}
+
+/* Whether r's sequences live on the (emulated) GPU tier: the family with the hot layouts, version 2
+ * with every layout. */
+static bool gpu_tier(const ref_codec *r)
+{
+    return on_cuda() && (layout() || pairs(r));
+}
+
 static void start(void)
 {
     static const char *const cpu[] = {"--workers", "2", NULL};
@@ -148,7 +170,8 @@ static int register_as(dqc_client *c, const char *name, const ref_codec *r, int 
 }
 
 /* COMPRESS / DECOMPRESS of ntok tokens of one kind (srv_compress_check); then the records with a
- * base-M group overflowed decompress as DQ_CORRUPT. */
+ * base-M group overflowed (the family) or a rANS state zeroed (version 2) decompress as
+ * DQ_CORRUPT. */
 static void compress_check(dqc_client *c, const ref_codec *r, int kind, const float *x, uint64_t ntok)
 {
     const srv_model m = model_of(r);
@@ -167,17 +190,25 @@ static void compress_check(dqc_client *c, const ref_codec *r, int kind, const fl
                               .out_dtype = DQ_DTYPE_F32};
     dqc_decompress_result dr = {0};
 
-    /* every bit of token 1's first group set: at least 2^w - 1 >= M^k unless M is a power of two */
-    uint32_t k, w;
-    dq_fixed_packing(ROW, r->p.levels[kind], &k, &w);
     uint8_t *bad = malloc(ntok * rb);
     cr_assert(bad);
     memcpy(bad, rec, ntok * rb);
-    for (uint32_t b = 0; b < w; b++)
-        bad[rb + 4 + b / 8] |= (uint8_t)(1u << (b % 8));
     uint8_t lev[ROW];
-    const int want = dq_stream_decode_levels(r->codec, (dq_kind)kind, bad + rb, lev);
-    cr_assert_eq(want, (r->p.levels[kind] & (r->p.levels[kind] - 1)) ? DQ_CORRUPT : DQ_OK);
+    int want;
+    if (pairs(r)) {
+        /* token 1's rANS state zeroed: below L, corrupt */
+        memset(bad + rb + 4, 0, 4);
+        want = dq_stream_decode_levels(r->codec, (dq_kind)kind, bad + rb, lev);
+        cr_assert_eq(want, DQ_CORRUPT);
+    } else {
+        /* every bit of token 1's first group set: at least 2^w - 1 >= M^k unless M is a power of two */
+        uint32_t k, w;
+        dq_fixed_packing(ROW, r->p.levels[kind], &k, &w);
+        for (uint32_t b = 0; b < w; b++)
+            bad[rb + 4 + b / 8] |= (uint8_t)(1u << (b % 8));
+        want = dq_stream_decode_levels(r->codec, (dq_kind)kind, bad + rb, lev);
+        cr_assert_eq(want, (r->p.levels[kind] & (r->p.levels[kind] - 1)) ? DQ_CORRUPT : DQ_OK);
+    }
     da.records = bad;
     if (want == DQ_CORRUPT)
         FAILS(c, DQ_CORRUPT, dqc_decompress(c, &da, &dr));
@@ -206,13 +237,16 @@ static void serve(const char *pname)
     srv_put(c, &m, "s", ref, n1, n2);
     const uint64_t items0 = stat_counter(c, "gpu_hot_attend_items");
     const uint64_t cpu0 = stat_counter(c, "gpu_records_rebuilt_cpu");
-    if (layout()) {
-        /* both layers' sealed windows held as hot windows on the GPU (without records: hot-only) */
+    const uint64_t gpu0 = stat_counter(c, "gpu_records_rebuilt_gpu");
+    if (gpu_tier(&r)) {
+        /* both layers' sealed windows on the GPU: records (containers), hot windows beside them
+         * (hot) or hot windows alone (hot-only) */
         const uint64_t wins = L * ((n1 + n2 - r.p.residual) / W + 1);
         cr_assert_eq(stat_gauge(c, "gpu_sequences"), 1, "%s: the sequence is not on the GPU", pname);
-        cr_assert_eq(stat_gauge(c, "gpu_hot_windows"), wins, "%s: hot windows", pname);
+        cr_assert_eq(stat_gauge(c, "gpu_hot_windows"), layout() ? wins : 0, "%s: hot windows", pname);
         cr_assert_eq(stat_gauge(c, "gpu_hot_only_windows"), hot_only() ? wins : 0, "%s: hot-only windows", pname);
-        /* sealed by the device's encoder (dqcu_encode_windows), not on the host and uploaded */
+        /* sealed by the device's encoder (dqcu_encode_windows, version 2 included), not on the
+         * host and uploaded */
         cr_assert_eq(stat_counter(c, "gpu_windows_encoded") - enc0, wins, "%s: windows encoded on the GPU", pname);
     } else {
         cr_assert_eq(stat_counter(c, "gpu_windows_encoded"), enc0, "%s: windows encoded on the GPU", pname);
@@ -220,22 +254,25 @@ static void serve(const char *pname)
     srv_check_seq(c, &m, "s", ref, n1 + n2, pname);
     if (on_cuda()) {
         cr_assert_gt(stat_gauge(c, "gpu_budget"), 0, "no cuda backend");
-        if (!layout())
-            cr_assert_eq(stat_gauge(c, "gpu_sequences"), 0, "a fixed-width sequence is on the GPU");
+        cr_assert_eq(stat_gauge(c, "gpu_sequences"), gpu_tier(&r) ? 1 : 0, "%s: the sequence's tier", pname);
     }
     if (layout()) {
-        /* ATTEND ran over the hot windows; hot-only records (GET, GET_RAW) were rebuilt on the CPU:
-         * the GPU rebuild takes D-Quant only */
+        /* ATTEND ran over the hot windows; hot-only records (GET, GET_RAW) were rebuilt on the CPU
+         * for the family (the GPU rebuild takes rANS records only), on the GPU for version 2 */
         /* DQCU_FAKE_HOT_MAX_TOKENS: the emulated hot kernel refuses the launch, and the daemon
          * attends on the host (libdquant on the records) */
         const bool refused = getenv("DQCU_FAKE_HOT_MAX_TOKENS") != NULL;
         cr_assert_eq(stat_counter(c, "gpu_hot_attend_items") - items0, refused ? 0 : L, "%s: ATTEND over hot windows",
                      pname);
-        cr_assert(hot_only() ? stat_counter(c, "gpu_records_rebuilt_cpu") > cpu0
+        const char *rebuilt = pairs(&r) ? "gpu_records_rebuilt_gpu" : "gpu_records_rebuilt_cpu";
+        cr_assert(hot_only() ? stat_counter(c, rebuilt) > (pairs(&r) ? gpu0 : cpu0)
                              : stat_counter(c, "gpu_records_rebuilt") == 0,
-                  "%s: records rebuilt", pname);
-        cr_assert_eq(stat_counter(c, "gpu_records_rebuilt_gpu"), 0, "%s: a fixed-width record rebuilt on the GPU",
-                     pname);
+                  "%s: records rebuilt (%s)", pname, rebuilt);
+        cr_assert_eq(stat_counter(c, pairs(&r) ? "gpu_records_rebuilt_cpu" : "gpu_records_rebuilt_gpu"),
+                     pairs(&r) ? cpu0 : 0, "%s: records rebuilt on the other side", pname);
+    } else if (gpu_tier(&r)) {
+        /* version 2 with containers: records on the GPU, nothing to rebuild */
+        cr_assert_eq(stat_counter(c, "gpu_records_rebuilt"), 0, "%s: records rebuilt", pname);
     }
     const uint64_t ntok = W + 17;
     float *x = kv(3, 1, 0, ntok, 0);
@@ -269,6 +306,16 @@ Test(fixed, serves_explicit_levels)
     serve("fixedk6v3");
 }
 
+Test(fixed, serves_dq226p_format2)
+{
+    serve("dq226p");
+}
+
+Test(fixed, serves_dq196p_format2)
+{
+    serve("dq196p");
+}
+
 Test(fixed, unknown_names)
 {
     dqc_client *c = cli();
@@ -285,26 +332,27 @@ Test(fixed, unknown_names)
 TestSuite(fixed_flags, .fini = stop, .timeout = 180);
 
 /* The disk tier: sequences evicted to disk come back decoding as before, also after a restart. */
-Test(fixed_flags, disk_tier_roundtrip)
+static void disk_tier_roundtrip(const char *pname)
 {
     ref_codec r;
-    ref_make(&r, "fixed226");
+    ref_make(&r, pname);
     const srv_model m = model_of(&r);
     char dir[200], disk[256];
     snprintf(dir, sizeof dir, "%s", dqd_tmpdir());
     snprintf(disk, sizeof disk, "%s/disk", dir);
-    /* on the GPU tier (DQ_FIXED_LAYOUT) 1 MiB of it, so that sequences go GPU -> host -> disk */
+    /* on the GPU tier (DQ_FIXED_LAYOUT, version 2) 1 MiB of it, so that sequences go GPU -> host ->
+     * disk */
     const char *const extra[] = {"--disk-dir",
                                  disk,
                                  "--host-memory",
                                  "2M",
                                  "--workers",
                                  "2",
-                                 layout() ? "--backend" : NULL,
+                                 gpu_tier(&r) ? "--backend" : NULL,
                                  "cuda",
                                  "--gpu-memory",
                                  "1M",
-                                 "--gpu-attention-layout",
+                                 layout() ? "--gpu-attention-layout" : NULL,
                                  layout(),
                                  NULL};
     start_with(extra);
@@ -320,13 +368,15 @@ Test(fixed_flags, disk_tier_roundtrip)
         srv_put(c, &m, key[i], ref[i], 0, T);
     }
     cr_assert_gt(stat_counter(c, "disk_spills"), 0, "nothing was spilled: the test proves nothing");
-    if (layout())
+    if (gpu_tier(&r))
         cr_assert_gt(stat_counter(c, "gpu_demotions"), 0, "nothing left the GPU tier");
     for (int i = 0; i < NSEQ; i++)
         srv_check_seq(c, &m, key[i], ref[i], T, key[i]);
     cr_assert_gt(stat_counter(c, "disk_loads"), 0, "nothing was read back from disk");
     if (layout())
         cr_assert_gt(stat_gauge(c, "gpu_hot_windows"), 0, "ATTEND brought nothing back to the GPU tier");
+    if (gpu_tier(&r))
+        cr_assert_gt(stat_counter(c, "gpu_promotions"), 0, "nothing came back to the GPU tier");
     dqc_free(c);
 
     stop();
@@ -344,4 +394,15 @@ Test(fixed_flags, disk_tier_roundtrip)
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     cr_expect_eq(system(cmd), 0);
+}
+
+Test(fixed_flags, disk_tier_roundtrip)
+{
+    disk_tier_roundtrip("fixed226");
+}
+
+/* Version 2 through every tier: GPU -> host -> disk and back on the cuda backend (any layout). */
+Test(fixed_flags, disk_tier_roundtrip_dq226p)
+{
+    disk_tier_roundtrip("dq226p");
 }

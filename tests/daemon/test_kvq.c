@@ -2,10 +2,12 @@
  * libdquant-client, against the same codec in-process (libdquant: dq_codec_create_calibrated and
  * the per-layer views of dq_codec_layer) as the reference:
  *   - models of "lm3", "ip3", "pq16x8" (with a per-layer calibration sent by REGISTER_MODEL),
- *     "ip3+lr4", "ol3+d16" (calibrated outliers, delta coding) and "lmh2" (Haar rotation): PUT then GET (bit-exact with dq_layer_decode of the same tokens), GET_RAW (the
- *     same window records and tails), ATTEND over every layer in one request (bit-exact with
- *     dq_attend of the layer's view), COMPRESS / DECOMPRESS of a model layer (the same records as
- *     dq_tokens_encode of that layer's view, decoded as dq_tokens_decode does);
+ *     "ip3+lr4", "ol3+d16" (calibrated outliers, delta coding), "lmh2" (Haar rotation) and
+ *     "dq226p" (container format version 2): PUT then GET (bit-exact with dq_layer_decode of the
+ *     same tokens), GET_RAW (the same window records and tails), ATTEND over every layer in one
+ *     request (bit-exact with dq_attend of the layer's view), COMPRESS / DECOMPRESS of a model
+ *     layer (the same records as dq_tokens_encode of that layer's view, decoded as
+ *     dq_tokens_decode does);
  *   - the calibration is used per layer: one input compressed for two layers gives two record
  *     runs, each decoding as its own layer's view and differently from the other's;
  *   - bad calibrations (missing, truncated, a flipped byte, another layer count, one for a profile
@@ -14,7 +16,7 @@
  *   - the disk tier: sequences of a calibrated model spilled to disk and read back decode as before,
  *     also after a restart (the model registered again with the calibration kept on disk).
  * With $DQ_KVQ_BACKEND=cuda the same runs on dquantd-fakecuda's cuda backend, where KVQ models take
- * the host path. Skipped when $DQUANTD is unset. */
+ * the host path (and "dq226p" the GPU tier). Skipped when $DQUANTD is unset. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdbool.h>
@@ -77,11 +79,11 @@ typedef struct ref_codec {
 static void ref_make(ref_codec *r, const char *name, uint32_t layers)
 {
     memset(r, 0, sizeof *r);
-    /* the KVQ family, or a built-in profile the cuda backend also serves on the host path (the
-     * container format version 2, "dq226p": libdquant-cuda has no kernels for it) */
+    /* the KVQ family, or a built-in profile of container format version 2 ("dq226p": on the cuda
+     * backend on the GPU tier, without container attention) */
     if (dq_profile_kvq(name, KVH, HD, &r->p) != 0) {
         cr_assert_eq(dq_profile_builtin(name, KVH, HD, &r->p), 0, "dq_profile_builtin(%s)", name);
-        cr_assert_eq(r->p.format_version, DQ_FORMAT_VERSION_PAIRS, "%s is not a host-path profile", name);
+        cr_assert_eq(r->p.format_version, DQ_FORMAT_VERSION_PAIRS, "%s is not a version-2 profile", name);
     } else
         cr_assert_eq(r->p.codec_type, DQ_CODEC_KVQ);
     if (dq_profile_needs_calibration(&r->p)) {
@@ -149,12 +151,17 @@ static void start(void)
 }
 
 /* On the cuda backend: the KVQ sequence `key` is held in host memory, while a D-Quant one goes to
- * the GPU (so that the check can fail). */
-static void check_host_path(dqc_client *c)
+ * the GPU (so that the check can fail). gpu: the sequence is D-Quant (format version 2: dq226p),
+ * which lives on the GPU tier. */
+static void check_host_path(dqc_client *c, bool gpu)
 {
     if (!on_cuda())
         return;
     cr_assert_gt(stat_gauge(c, "gpu_budget"), 0, "no cuda backend");
+    if (gpu) {
+        cr_assert_eq(stat_gauge(c, "gpu_sequences"), 1, "the D-Quant sequence is not on the GPU");
+        return;
+    }
     cr_assert_eq(stat_gauge(c, "gpu_sequences"), 0, "a KVQ sequence is on the GPU");
     dqc_model_spec spec = {
         .name = "ctl", .layers = 1, .q_heads = QH, .kv_heads = KVH, .head_dim = HD, .profile_name = "dq226"};
@@ -242,7 +249,7 @@ static void serve(const char *pname)
     srv_put(c, &m, "s", ref, 0, n1);
     srv_put(c, &m, "s", ref, n1, n2);
     srv_check_seq(c, &m, "s", ref, n1 + n2, pname);
-    check_host_path(c);
+    check_host_path(c, r.p.codec_type == DQ_CODEC_DQUANT);
 
     /* COMPRESS / DECOMPRESS of every layer, keys and values (two windows' worth and a bit). */
     const uint64_t ntok = W + 17;
@@ -329,7 +336,8 @@ Test(kvq, serves_ol3_delta16_calibrated)
 }
 
 /* Container format version 2 (joint pairs): served like any profile; on the cuda backend on the
- * host path, as libdquant-cuda refuses it. */
+ * GPU tier (encoded and decoded on the device, ATTEND over the records on the host: no version-2
+ * container attention kernel), with the same answers. */
 Test(kvq, serves_dq226p_format2)
 {
     serve("dq226p");
