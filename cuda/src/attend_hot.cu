@@ -102,8 +102,7 @@ __device__ __forceinline__ uint32_t hot_half_pair(uint32_t x, uint32_t c2)
  * and (2, 3): the key MMA's a0/a2 (a1/a3) registers. c2 = (512 + c) in both halves. (B <= 7: 2m
  * fits a byte.) */
 template <int B>
-__device__ __forceinline__ void hot_key_pairs(const uint32_t (&w)[B], int k, uint32_t c2, uint32_t &p01,
-                                              uint32_t &p23)
+__device__ __forceinline__ void hot_key_pairs(const uint32_t (&w)[B], int k, uint32_t c2, uint32_t &p01, uint32_t &p23)
 {
     const uint32_t x = hot_lane_code<B, 8, 1>(w, k);
     p01 = hot_half_pair(__byte_perm(x, 0u, 0x4140), c2);
@@ -207,7 +206,8 @@ __device__ __forceinline__ void hot_prefetch_tile_head(const hot_params &p, cons
 {
     const dqcu_tables &tb = *p.a.tab;
     /* key rows: b_K words of W tokens per group; value rows: 2·b_V words of P token pairs */
-    const uint32_t gph = tb.d / 32, W = tb.W, P = (W + 1) / 2, lpr = (cnt * 4u + 127u) / 128u + 1u; /* lines per row, misaligned */
+    const uint32_t gph = tb.d / 32, W = tb.W, P = (W + 1) / 2,
+                   lpr = (cnt * 4u + 127u) / 128u + 1u; /* lines per row, misaligned */
     const uint32_t rk = gph * p.bk, rows = rk + gph * 2u * p.bv;
     for (uint32_t i = tid; i < rows * lpr; i += ATT_THREADS) {
         const uint32_t row = i / lpr, l = i % lpr;
@@ -689,7 +689,9 @@ __device__ __forceinline__ uint32_t hw_value_pair(const uint32_t (&w)[B], int k,
     if (k < q * B) {
         const int sh = B * (k % q) - 1;
         const uint32_t y = sh >= 0 ? w[k / q] >> sh : w[k / q] << -sh;
-        asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(x) : "r"(y), "n"((((1u << B) - 1u) << 1) * 0x00010001u), "r"(magic));
+        asm("lop3.b32 %0, %1, %2, %3, 0xEA;"
+            : "=r"(x)
+            : "r"(y), "n"((((1u << B) - 1u) << 1) * 0x00010001u), "r"(magic));
     } else {
         x = hot_lane_code<B, 16, 1>(w, k) | magic;
     }
@@ -789,8 +791,8 @@ __device__ __forceinline__ void hw_commit()
  * k-step s for tile A (hi, mid) and tile B (lo; rows 8.. zero), and each lane's starting values
  * -(M - 1)·Σdigit of its rows. */
 struct hw_query {
-    const uint4 *qa; /* [4 k-steps][32 lanes] tile A */
-    const uint4 *qb; /* [4][32] tile B: a0, 0, a2, 0 */
+    const uint4 *qa;   /* [4 k-steps][32 lanes] tile A */
+    const uint4 *qb;   /* [4][32] tile B: a0, 0, a2, 0 */
     int4 initA, initB; /* (hi, hi, mid, mid), (lo, lo, 0, 0) starting values */
 };
 
@@ -839,7 +841,8 @@ __device__ __forceinline__ void hw_subtile(const hot_params &p, const uint32_t *
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int nt = i / 2, col = i % 2;
-        dot[i] = __fmaf_rn(16384.0f, (float)dAs[nt][col], __fmaf_rn(128.0f, (float)dAs[nt][2 + col], (float)dBs[nt][col]));
+        dot[i] = __fmaf_rn(16384.0f, (float)dAs[nt][col],
+                           __fmaf_rn(128.0f, (float)dAs[nt][2 + col], (float)dBs[nt][col]));
     }
     const uint32_t ks4[4] = {k01.x, k01.y, k89.x, k89.y}, vs4[4] = {v01.x, v01.y, v89.x, v89.y};
     float lg[4], sv[4], mid[4];

@@ -15,13 +15,13 @@
 struct enc_params {
     const dqcu_tables *tab;
     const struct dqcu_rans2_tables *tab2; /* format version 2 (joint pairs), NULL for version 1 */
-    int kind;            /* -1: blockIdx.y */
-    size_t count;        /* streams per kind */
-    uint32_t G;          /* streams per warp group (the level rows in shared memory) */
-    size_t bulk_warps;   /* warps with G streams; after them (enc_plan): */
-    uint32_t Gt;         /* streams per group of the later warps, */
-    uint32_t Gt_more;    /* the first Gt_more of them one more (Gt + 1 <= G) */
-    uint32_t row_stride; /* bytes per level row (multiple of 4, odd number of words) */
+    int kind;                             /* -1: blockIdx.y */
+    size_t count;                         /* streams per kind */
+    uint32_t G;                           /* streams per warp group (the level rows in shared memory) */
+    size_t bulk_warps;                    /* warps with G streams; after them (enc_plan): */
+    uint32_t Gt;                          /* streams per group of the later warps, */
+    uint32_t Gt_more;                     /* the first Gt_more of them one more (Gt + 1 <= G) */
+    uint32_t row_stride;                  /* bytes per level row (multiple of 4, odd number of words) */
     dq_encode_stats *stats;
     /* streams source */
     const float *y;

@@ -65,55 +65,116 @@ static void code_bit(uint32_t b, uint32_t U, uint32_t k, uint32_t e, uint32_t *u
     }
 }
 
-/* Byte offset of bit e of channel j's code of token t within the codes of a kind, and its bit
- * within that byte (hot.h: keys by byte lane in (group, token) words, values by half-word in
- * (group, token pair) words). */
-static size_t code_at(dq_kind kind, uint32_t b, size_t W, size_t t, uint32_t j, uint32_t e, uint32_t *bit)
+/* A token's units of one group (32 channels) of a kind: keys its b words (byte lanes), values its
+ * 2b half-words (units b·h .. b·h + b - 1 for channels 16h ..; hot.h). */
+typedef struct units {
+    uint32_t u[16];
+} units;
+
+static uint32_t get_u32(const uint8_t *p)
 {
-    const size_t g = j / 32;
-    const uint32_t c = j % 32;
-    uint32_t unit, ub;
-    size_t word;
-    if (kind == DQ_KIND_K) {
-        code_bit(b, 8, c / 4, e, &unit, &ub);
-        word = (g * b + unit) * W + t;
-        ub += 8 * (c % 4);
-    } else {
-        code_bit(b, 16, c % 16, e, &unit, &ub);
-        word = (g * 2 * b + b * (c / 16) + unit) * ((W + 1) / 2) + t / 2;
-        ub += 16 * (uint32_t)(t % 2);
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static size_t pairs_of(size_t W)
+{
+    return (W + 1) / 2;
+}
+
+/* Byte offset of unit i of group g of token t within a kind's codes. */
+static size_t unit_at(dq_kind kind, uint32_t b, size_t W, size_t t, size_t g, uint32_t i)
+{
+    if (kind == DQ_KIND_K)
+        return 4 * ((g * b + i) * W + t);
+    return 4 * ((g * 2 * b + i) * pairs_of(W) + t / 2) + 2 * (t % 2);
+}
+
+static void units_load(const uint8_t *codes, dq_kind kind, uint32_t b, size_t W, size_t t, size_t g, units *u)
+{
+    for (uint32_t i = 0; i < (kind == DQ_KIND_K ? b : 2 * b); i++) {
+        const uint8_t *q = codes + unit_at(kind, b, W, t, g, i);
+        u->u[i] = kind == DQ_KIND_K ? get_u32(q) : dq__get_u16(q);
     }
-    *bit = ub % 8;
-    return 4 * word + ub / 8;
+}
+
+/* Writes a token's units (its whole words for keys, its half of the pair words for values). */
+static void units_store(uint8_t *codes, dq_kind kind, uint32_t b, size_t W, size_t t, size_t g, const units *u)
+{
+    for (uint32_t i = 0; i < (kind == DQ_KIND_K ? b : 2 * b); i++) {
+        uint8_t *q = codes + unit_at(kind, b, W, t, g, i);
+        for (uint32_t y = 0; y < (kind == DQ_KIND_K ? 4u : 2u); y++)
+            q[y] = (uint8_t)(u->u[i] >> (8 * y));
+    }
+}
+
+/* Where each channel c (0..31) of a group sits among a token's units for one kind and width:
+ * unit and bit of each of its b code bits (keys: byte lane c % 4, code c / 4 of the lane; values:
+ * half h = c / 16, code c % 16), and whether they form one field (then bit e is bit[0] + e). */
+typedef struct lane_map {
+    uint8_t unit[32][8], bit[32][8];
+    bool field[32];
+    uint32_t b;
+} lane_map;
+
+static void lane_map_make(lane_map *L, dq_kind kind, uint32_t b)
+{
+    const uint32_t U = kind == DQ_KIND_K ? 8 : 16;
+    L->b = b;
+    for (uint32_t c = 0; c < 32; c++) {
+        const uint32_t k = kind == DQ_KIND_K ? c / 4 : c % 16;
+        const uint32_t base = kind == DQ_KIND_K ? 0 : b * (c / 16), sh = kind == DQ_KIND_K ? 8 * (c % 4) : 0;
+        L->field[c] = k < U / b * b;
+        for (uint32_t e = 0; e < b; e++) {
+            uint32_t unit, bit;
+            code_bit(b, U, k, e, &unit, &bit);
+            L->unit[c][e] = (uint8_t)(base + unit);
+            L->bit[c][e] = (uint8_t)(sh + bit);
+        }
+    }
+}
+
+static uint32_t units_get(const units *u, const lane_map *L, uint32_t c)
+{
+    if (L->field[c])
+        return (u->u[L->unit[c][0]] >> L->bit[c][0]) & ((1u << L->b) - 1);
+    uint32_t m = 0;
+    for (uint32_t e = 0; e < L->b; e++)
+        m |= ((u->u[L->unit[c][e]] >> L->bit[c][e]) & 1u) << e;
+    return m;
+}
+
+static void units_put(units *u, const lane_map *L, uint32_t c, uint32_t m)
+{
+    if (L->field[c]) {
+        u->u[L->unit[c][0]] |= m << L->bit[c][0];
+        return;
+    }
+    for (uint32_t e = 0; e < L->b; e++)
+        u->u[L->unit[c][e]] |= ((m >> e) & 1u) << L->bit[c][e];
 }
 
 /* Writes the n levels of token t of a kind into its codes (the caller zeroed them). */
-static void pack_levels(uint8_t *codes, dq_kind kind, const uint8_t *lev, uint32_t n, uint32_t b, size_t W, size_t t)
+static void pack_levels(uint8_t *codes, dq_kind kind, const lane_map *L, const uint8_t *lev, uint32_t n, size_t W,
+                        size_t t)
 {
-    for (uint32_t j = 0; j < n; j++)
-        for (uint32_t e = 0; e < b; e++) {
-            uint32_t bit;
-            const size_t at = code_at(kind, b, W, t, j, e, &bit);
-            codes[at] |= (uint8_t)(((lev[j] >> e) & 1u) << bit);
-        }
-}
-
-/* The code of channel j (0 <= j < 32·ceil(n / 32)) of token t of a kind. */
-static uint32_t code_of(const uint8_t *codes, dq_kind kind, uint32_t b, size_t W, size_t t, uint32_t j)
-{
-    uint32_t v = 0;
-    for (uint32_t e = 0; e < b; e++) {
-        uint32_t bit;
-        const size_t at = code_at(kind, b, W, t, j, e, &bit);
-        v |= (uint32_t)((codes[at] >> bit) & 1u) << e;
+    const uint32_t b = L->b;
+    for (uint32_t g = 0; g < (n + 31) / 32; g++) {
+        units u = {{0}};
+        for (uint32_t c = 0; c < 32 && 32 * g + c < n; c++)
+            units_put(&u, L, c, lev[32 * g + c]);
+        units_store(codes, kind, b, W, t, g, &u);
     }
-    return v;
 }
 
-static void unpack_levels(const uint8_t *codes, dq_kind kind, uint8_t *lev, uint32_t n, uint32_t b, size_t W, size_t t)
+static void unpack_levels(const uint8_t *codes, dq_kind kind, const lane_map *L, uint8_t *lev, uint32_t n, size_t W,
+                          size_t t)
 {
-    for (uint32_t j = 0; j < n; j++)
-        lev[j] = (uint8_t)code_of(codes, kind, b, W, t, j);
+    for (uint32_t g = 0; g < (n + 31) / 32; g++) {
+        units u;
+        units_load(codes, kind, L->b, W, t, g, &u);
+        for (uint32_t c = 0; c < 32 && 32 * g + c < n; c++)
+            lev[32 * g + c] = (uint8_t)units_get(&u, L, c);
+    }
 }
 
 int dq_hot_transcode(const dq_codec *codec, const uint8_t *window, uint8_t *hot)
@@ -134,14 +195,15 @@ int dq_hot_transcode(const dq_codec *codec, const uint8_t *window, uint8_t *hot)
     memcpy(hot, dq_window_mean(codec, window), codec->mean_bytes);
     int rc = DQ_OK;
     for (int kind = 0; kind < 2; kind++) {
-        const uint32_t b = bits_for(codec->kt[kind].levels);
+        lane_map L;
+        lane_map_make(&L, (dq_kind)kind, bits_for(codec->kt[kind].levels));
         uint8_t *so = hot + off[kind], *codes = hot + off[2 + kind];
         for (size_t t = 0; t < W; t++) {
             const uint8_t *rec = dq_window_record(codec, window, (dq_kind)kind, t);
             memcpy(so + 4 * t, rec, 4);
             if (dq_stream_decode_levels(codec, (dq_kind)kind, rec, lev) != DQ_OK)
                 rc = DQ_CORRUPT;
-            pack_levels(codes, (dq_kind)kind, lev, n, b, W, t);
+            pack_levels(codes, (dq_kind)kind, &L, lev, n, W, t);
         }
     }
     if (lev != small)
@@ -150,7 +212,7 @@ int dq_hot_transcode(const dq_codec *codec, const uint8_t *window, uint8_t *hot)
 }
 
 static int check_header(const dq_codec *codec, const uint8_t *hot, size_t bytes, size_t off[4]);
-static int unpack_checked(const uint8_t *codes, dq_kind kind, uint8_t *lev, uint32_t n, uint32_t b, uint32_t M,
+static int unpack_checked(const uint8_t *codes, dq_kind kind, const lane_map *L, uint8_t *lev, uint32_t n, uint32_t M,
                           size_t W, size_t t);
 
 int dq_hot_check(const dq_codec *codec, const uint8_t *hot, size_t bytes)
@@ -169,8 +231,10 @@ int dq_hot_check(const dq_codec *codec, const uint8_t *hot, size_t bytes)
     }
     for (int kind = 0; kind < 2 && rc == DQ_OK; kind++) {
         const uint32_t M = codec->kt[kind].levels;
+        lane_map L;
+        lane_map_make(&L, (dq_kind)kind, bits_for(M));
         for (size_t t = 0; t < W && rc == DQ_OK; t++)
-            rc = unpack_checked(hot + off[2 + kind], (dq_kind)kind, lev, n, bits_for(M), M, W, t);
+            rc = unpack_checked(hot + off[2 + kind], (dq_kind)kind, &L, lev, n, M, W, t);
     }
     if (lev != small)
         dq__free(&codec->alloc, lev);
@@ -184,7 +248,9 @@ int dq_hot_levels(const dq_codec *codec, const uint8_t *hot, dq_kind kind, size_
     DQ_RETURN_IF(t >= codec->profile.window, DQ_INVALID_ARGUMENT);
     size_t off[4];
     dq_hot_offsets(codec, off);
-    unpack_levels(hot + off[2 + kind], kind, levels, codec->n, bits_for(codec->kt[kind].levels), codec->profile.window, t);
+    lane_map L;
+    lane_map_make(&L, kind, bits_for(codec->kt[kind].levels));
+    unpack_levels(hot + off[2 + kind], kind, &L, levels, codec->n, codec->profile.window, t);
     return DQ_OK;
 }
 
@@ -200,7 +266,9 @@ int dq_hot_decode(const dq_codec *codec, dq_workspace *ws, const uint8_t *hot, d
     DQ_RETURN_IF(first > W || count > W - first, DQ_OUT_OF_BOUNDS);
     size_t off[4];
     dq_hot_offsets(codec, off);
-    const uint32_t n = codec->n, b = bits_for(codec->kt[kind].levels);
+    const uint32_t n = codec->n;
+    lane_map L;
+    lane_map_make(&L, kind, bits_for(codec->kt[kind].levels));
     float *mu = ws->f1, *y = ws->f0;
     uint8_t *lev = ws->b0;
     if (kind == DQ_KIND_K)
@@ -209,7 +277,7 @@ int dq_hot_decode(const dq_codec *codec, dq_workspace *ws, const uint8_t *hot, d
         const size_t t = first + i;
         const uint8_t *so = hot + off[kind] + 4 * t;
         const float s = dq_f16_to_f32(dq__get_u16(so)), o = dq_f16_to_f32(dq__get_u16(so + 2));
-        unpack_levels(hot + off[2 + kind], kind, lev, n, b, W, t);
+        unpack_levels(hot + off[2 + kind], kind, &L, lev, n, W, t);
         /* the expression of dq_tokens_decode, operation for operation (bit-identical) */
         if (kind == DQ_KIND_K) {
             for (uint32_t j = 0; j < n; j++)
@@ -235,21 +303,28 @@ int dq_hot_decode(const dq_codec *codec, dq_workspace *ws, const uint8_t *hot, d
  * >= L·f) is the inverse of the encoder's step from L, so re-encoding the levels from L gives the
  * same state, the same bytes and the same zero tail. The rANS tables are the profile's, fixed. */
 /* Token t's n levels of a kind from its codes, with dq_hot_check's checks of them: DQ_CORRUPT for
- * a code >= M, a nonzero code past n, or (odd W, the last token) a nonzero high half of its value
- * pair words. */
-static int unpack_checked(const uint8_t *codes, dq_kind kind, uint8_t *lev, uint32_t n, uint32_t b, uint32_t M,
+ * a code >= M, a nonzero code past n, or (odd W, the last token) a nonzero half of its value pair
+ * words for the missing token W. */
+static int unpack_checked(const uint8_t *codes, dq_kind kind, const lane_map *L, uint8_t *lev, uint32_t n, uint32_t M,
                           size_t W, size_t t)
 {
-    const uint32_t G = (n + 31) / 32;
-    for (uint32_t j = 0; j < 32 * G; j++) {
-        const uint32_t code = code_of(codes, kind, b, W, t, j);
-        if (code >= M || (j >= n && code))
-            return DQ_CORRUPT;
-        if (j < n)
-            lev[j] = (uint8_t)code;
-        /* the missing token W of an odd window: its half of the pair words is zero */
-        if (kind == DQ_KIND_V && t + 1 == W && W % 2 && code_of(codes, kind, b, W, W, j))
-            return DQ_CORRUPT;
+    const uint32_t b = L->b;
+    for (uint32_t g = 0; g < (n + 31) / 32; g++) {
+        units u;
+        units_load(codes, kind, b, W, t, g, &u);
+        for (uint32_t c = 0; c < 32; c++) {
+            const uint32_t j = 32 * g + c, code = units_get(&u, L, c);
+            if (code >= M || (j >= n && code))
+                return DQ_CORRUPT;
+            if (j < n)
+                lev[j] = (uint8_t)code;
+        }
+        if (kind == DQ_KIND_V && t + 1 == W && W % 2) {
+            units_load(codes, kind, b, W, W, g, &u);
+            for (uint32_t i = 0; i < 2 * b; i++)
+                if (u.u[i])
+                    return DQ_CORRUPT;
+        }
     }
     return DQ_OK;
 }
@@ -298,12 +373,13 @@ int dq_hot_rebuild(const dq_codec *codec, const uint8_t *hot, size_t bytes, uint
     memcpy((uint8_t *)dq_window_mean(codec, window), hot, codec->mean_bytes);
     for (int kind = 0; kind < 2 && rc == DQ_OK; kind++) {
         const dq__kind_tables *kt = &codec->kt[kind];
-        const uint32_t b = bits_for(kt->levels);
+        lane_map L;
+        lane_map_make(&L, (dq_kind)kind, bits_for(kt->levels));
         const uint8_t *so = hot + off[kind], *codes = hot + off[2 + kind];
         for (size_t t = 0; t < W; t++) {
             uint8_t *rec = (uint8_t *)dq_window_record(codec, window, (dq_kind)kind, t);
             memcpy(rec, so + 4 * t, 4);
-            rc = unpack_checked(codes, (dq_kind)kind, lev, n, b, kt->levels, W, t);
+            rc = unpack_checked(codes, (dq_kind)kind, &L, lev, n, kt->levels, W, t);
             if (rc != DQ_OK)
                 break;
             if (fixed) {

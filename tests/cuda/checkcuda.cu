@@ -1048,7 +1048,8 @@ static void test_hot(Codecs &cs, Rng &r, const std::vector<uint32_t> &lens, uint
             size_t off[4];
             dq_hot_offsets(cs.c, off);
             std::vector<uint8_t> badhot(cpu_hot.begin(), cpu_hot.begin() + hb);
-            badhot[off[3] + 4 * (cs.W / 4) + 2 * (cs.W / 2 % 2)] |= (uint8_t)((1u << bv) - 1u); /* channel 0 of token W/2 */
+            badhot[off[3] + 4 * (cs.W / 4) + 2 * (cs.W / 2 % 2)] |= (uint8_t)((1u << bv) -
+                                                                              1u); /* channel 0 of token W/2 */
             dhot.upload(badhot.data(), hb);
             dbad.fill_bytes(0);
             DQ(dqcu_rebuild_hot(cs.g, dhp.p, 1, (uint8_t *const *)dbp.p, dbad.p, 0));

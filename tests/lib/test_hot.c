@@ -25,6 +25,7 @@ typedef struct hot_shape {
     int profile; /* index in profiles; with levels_k != 0 a custom profile */
     uint32_t kv_heads, head_dim;
     uint32_t levels_k, levels_v; /* 0: the profile's */
+    uint32_t window;             /* custom profiles: 0 for the default */
 } hot_shape;
 
 static dq_codec *shape_codec(const hot_shape *hs)
@@ -39,19 +40,22 @@ static dq_codec *shape_codec(const hot_shape *hs)
     pp.levels[1] = hs->levels_v;
     /* containers at ~0.7 bytes per value: room for any of these level counts */
     pp.container_bytes[0] = pp.container_bytes[1] = hs->kv_heads * hs->head_dim * 7 / 10 + 8;
+    if (hs->window)
+        pp.window = hs->window;
     return dqt_codec_make(&pp);
 }
 
 ParameterizedTestParameters(hot, round_trip)
 {
     static hot_shape shapes[] = {
-        {0, 8, 128, 0, 0}, /* dq226 in production: n = 1024, 3 + 3 bits */
-        {1, 2, 64, 0, 0},  /* dq196: M 7/5, 3 bits each */
-        {0, 1, 16, 0, 0},  /* n = 16: half a group, zero-padded */
-        {0, 2, 32, 32, 2}, /* 5 and 1 bits: codes straddling words, one-bit codes */
-        {0, 1, 64, 16, 9}, /* 4 bits, and 4 bits for M = 9 */
-        {2, 8, 128, 0, 0}, /* format version 2 (joint pairs) */
-        {3, 2, 64, 0, 0},
+        {0, 8, 128, 0, 0, 0}, /* dq226 in production: n = 1024, 3 + 3 bits */
+        {1, 2, 64, 0, 0, 0},  /* dq196: M 7/5, 3 bits each */
+        {0, 1, 16, 0, 0, 0},  /* n = 16: half a group, zero-padded */
+        {0, 2, 32, 32, 2, 0}, /* 5 and 1 bits: codes straddling words, one-bit codes */
+        {0, 1, 64, 16, 9, 0}, /* 4 bits, and 4 bits for M = 9 */
+        {0, 1, 64, 8, 6, 37}, /* an odd window: the last value pair's high half is the missing token */
+        {2, 8, 128, 0, 0, 0}, /* format version 2 (joint pairs) */
+        {3, 2, 64, 0, 0, 0},
     };
     return cr_make_param_array(hot_shape, shapes, sizeof shapes / sizeof shapes[0]);
 }
@@ -77,6 +81,16 @@ ParameterizedTest(hot_shape *hs, hot, round_trip)
         memset(hot, 0xa5, hb); /* every byte must be written */
         cr_assert_eq(dq_hot_transcode(codec, win, hot), DQ_OK);
         cr_assert_eq(dq_hot_check(codec, hot, hb), DQ_OK);
+        if (W % 2) {
+            /* the missing token W's half of the last value pair word must stay zero */
+            size_t off[4];
+            dq_hot_offsets(codec, off);
+            uint8_t *half = hot + off[3] + 4 * (W / 2) + 2;
+            cr_assert_eq(half[0] | half[1], 0);
+            half[0] = 1;
+            cr_assert_eq(dq_hot_check(codec, hot, hb), DQ_CORRUPT);
+            half[0] = 0;
+        }
         for (int kind = 0; kind < 2; kind++) {
             const dq_kind kd = (dq_kind)kind;
             for (size_t t = 0; t < W; t++) {
