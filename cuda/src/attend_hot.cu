@@ -65,50 +65,6 @@ __host__ __device__ inline hot_layout hot_plan(uint32_t QH, uint32_t d, uint32_t
     return L;
 }
 
-/* Code k of every lane of the b units w[0..B) (dquant/hot.h; U = 8: byte lanes, a key's four
- * channels 4k .. 4k + 3 as the four bytes; U = 16: half-word lanes, a value channel's codes of a
- * token pair as the two halves), times 2^S at bit 0 of each lane (S = 1 for fp16's 512 + m: 2m
- * in the mantissa, exact for the half-integer centres c = (M - 1) / 2). k is a compile-time
- * constant after unrolling, so this is a shift and a mask (k < q·B) or a few (pooled codes). */
-template <int B, int U, int S = 0>
-__device__ __forceinline__ uint32_t hot_lane_code(const uint32_t (&w)[B], int k)
-{
-    constexpr uint32_t lanes = U == 8 ? 0x01010101u : 0x00010001u;
-    constexpr int q = U / B, r = U - q * B > 0 ? U - q * B : 1; /* (r: 1 where no code is pooled) */
-    if (k < q * B) {
-        const int sh = B * (k % q) - S;
-        const uint32_t x = sh >= 0 ? w[k / q] >> sh : w[k / q] << -sh;
-        return x & ((((1u << B) - 1u) << S) * lanes);
-    }
-    uint32_t m = 0;
-#pragma unroll
-    for (int e = 0; e < B; e++) {
-        const int u = (k - q * B) * B + e; /* pool bit u: q·B + u % r of unit u / r, >= B + 0 > e */
-        m |= (w[u / r] >> (q * B + u % r - e - S)) & (lanes << (e + S));
-    }
-    return m;
-}
-
-/* (512 + x / 2) - c2 for the fp16 halves: x holds twice the codes at bits 0 and 16 (S = 1 above),
- * c2 = (512 + c) twice; exact, fp16's step at 512 being 1/2. */
-__device__ __forceinline__ uint32_t hot_half_pair(uint32_t x, uint32_t c2)
-{
-    uint32_t r;
-    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(x | 0x60006000u), "r"(c2));
-    return r;
-}
-
-/* Channels 4k .. 4k + 3 of a key group's words w as the fp16x2 pairs (m - c) of channels (0, 1)
- * and (2, 3): the key MMA's a0/a2 (a1/a3) registers. c2 = (512 + c) in both halves. (B <= 7: 2m
- * fits a byte.) */
-template <int B>
-__device__ __forceinline__ void hot_key_pairs(const uint32_t (&w)[B], int k, uint32_t c2, uint32_t &p01, uint32_t &p23)
-{
-    const uint32_t x = hot_lane_code<B, 8, 1>(w, k);
-    p01 = hot_half_pair(__byte_perm(x, 0u, 0x4140), c2);
-    p23 = hot_half_pair(__byte_perm(x, 0u, 0x4342), c2);
-}
-
 /* Scores of one KV head for the warp's row tiles: lg[g][t] = scale · (s_t·(q'·m_t)·2^e + mid_t·Σq'),
  * the key-mean term added in the softmax. */
 template <int G, int B>
@@ -678,28 +634,6 @@ __device__ __forceinline__ float hw_ex2(float x)
     return y;
 }
 
-/* Value channel k's pair (both tokens of a half-word lane) as the fp16x2 (m - c): one shift, one
- * LOP3 (mask and the exponent 0x6000 together; magic is 0x60006000 in a register, so that the
- * compiler cannot split it into two immediates) and one subtraction (hot_half_pair). */
-template <int B>
-__device__ __forceinline__ uint32_t hw_value_pair(const uint32_t (&w)[B], int k, uint32_t magic, uint32_t c2)
-{
-    constexpr int q = 16 / B;
-    uint32_t x;
-    if (k < q * B) {
-        const int sh = B * (k % q) - 1;
-        const uint32_t y = sh >= 0 ? w[k / q] >> sh : w[k / q] << -sh;
-        asm("lop3.b32 %0, %1, %2, %3, 0xEA;"
-            : "=r"(x)
-            : "r"(y), "n"((((1u << B) - 1u) << 1) * 0x00010001u), "r"(magic));
-    } else {
-        x = hot_lane_code<B, 16, 1>(w, k) | magic;
-    }
-    uint32_t r;
-    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(c2));
-    return r;
-}
-
 /* The int8 products of the scores from accumulators C that are not overwritten (the first k-step:
  * C is the starting value -(M - 1)·Σdigit, kept in registers across sub-tiles). */
 __device__ __forceinline__ void hw_imma_from(int (&d)[4], uint4 a, uint32_t b0, uint32_t b1, const int4 &c)
@@ -919,7 +853,7 @@ __device__ __forceinline__ void hw_subtile(const hot_params &p, const uint32_t *
     }
 #pragma unroll
     for (int j = 0; j < 16; j++)
-        hw_mma(S.O[j], a0, a1, a2, a3, hw_value_pair<BV>(u0, j, magic, c2v), hw_value_pair<BV>(u4, j, magic, c2v));
+        hw_mma(S.O[j], a0, a1, a2, a3, hot_value_pair<BV>(u0, j, magic, c2v), hot_value_pair<BV>(u4, j, magic, c2v));
 }
 
 template <int G, int BK, int BV>

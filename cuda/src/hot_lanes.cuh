@@ -1,0 +1,253 @@
+/* The hot layout's lanes (dquant/hot.h) as the GPU kernels take them apart: where a code's bits
+ * sit, a token's group of codes gathered and stored (the transcoders), a code read back (the
+ * rebuild), and the tensor-core operands made from code words (the attention kernels). Host and
+ * device: tests/cuda/emu_hot.cpp compiles this header for the CPU and checks every function
+ * against libdquant's layout on every code width, without a GPU; the three PTX instructions
+ * used here have exact C equivalents on the host (dqcu_hot_prmt, dqcu_and_or, dqcu_sub_f16x2). */
+#ifndef DQCU_HOT_LANES_CUH
+#define DQCU_HOT_LANES_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+#ifndef __CUDA_ARCH__
+#include <math.h>
+#include <string.h>
+#endif
+
+#ifdef __CUDACC__
+#define DQCU_HD_INLINE __host__ __device__ __forceinline__
+#else
+#define DQCU_HD_INLINE static inline
+#endif
+#ifdef __CUDA_ARCH__
+#define DQCU_UNROLL _Pragma("unroll")
+#else
+#define DQCU_UNROLL
+#endif
+
+/* __byte_perm: byte i of the result is byte (s >> 4i) & 7 of {b, a} (a bytes 0..3). (No sign
+ * mode: the selectors used here are 0..7.) */
+DQCU_HD_INLINE uint32_t dqcu_hot_prmt(uint32_t a, uint32_t b, uint32_t s)
+{
+#ifdef __CUDA_ARCH__
+    return __byte_perm(a, b, s);
+#else
+    const uint64_t ab = (uint64_t)a | (uint64_t)b << 32;
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++)
+        r |= (uint32_t)((ab >> (8 * ((s >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+    return r;
+#endif
+}
+
+/* (x & M) | c in one LOP3 (c in a register, so that the compiler cannot split the two constants). */
+template <uint32_t M>
+DQCU_HD_INLINE uint32_t dqcu_and_or(uint32_t x, uint32_t c)
+{
+#ifdef __CUDA_ARCH__
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(x), "n"(M), "r"(c));
+    return r;
+#else
+    return (x & M) | c;
+#endif
+}
+
+#ifndef __CUDA_ARCH__
+/* An fp16 value's float, and a float rounded to the nearest fp16 (ties to even; no NaN here):
+ * the host's sub.rn.f16x2. */
+static inline float dqcu_f16_float(uint32_t h)
+{
+    const uint32_t e = (h >> 10) & 31u, m = h & 1023u;
+    const float v = e ? ldexpf((float)(1024u + m), (int)e - 25) : ldexpf((float)m, -24);
+    return (h & 0x8000u) ? -v : v;
+}
+
+static inline uint32_t dqcu_float_f16(float x)
+{
+    uint32_t f;
+    memcpy(&f, &x, sizeof f);
+    const uint32_t sign = (f >> 16) & 0x8000u, m = f & 0x7fffffu;
+    const int e = (int)((f >> 23) & 0xffu) - 112; /* the fp16 exponent field */
+    if (e >= 31)
+        return sign | 0x7c00u;
+    if (e <= 0) { /* subnormal or zero */
+        if (e < -10)
+            return sign;
+        const uint32_t mm = m | 0x800000u, shift = (uint32_t)(14 - e), half = 1u << (shift - 1);
+        uint32_t r = mm >> shift;
+        const uint32_t rem = mm & ((1u << shift) - 1u);
+        if (rem > half || (rem == half && (r & 1u)))
+            r++;
+        return sign | r;
+    }
+    uint32_t h = sign | (uint32_t)e << 10 | m >> 13;
+    const uint32_t rem = m & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
+        h++; /* a carry out of the mantissa raises the exponent, as it should */
+    return h;
+}
+#endif
+
+/* The two fp16 halves of a minus those of b, rounded to nearest even. */
+DQCU_HD_INLINE uint32_t dqcu_sub_f16x2(uint32_t a, uint32_t b)
+{
+#ifdef __CUDA_ARCH__
+    uint32_t r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+#else
+    uint32_t r = 0;
+    for (int h = 0; h < 2; h++)
+        r |= dqcu_float_f16(dqcu_f16_float((a >> (16 * h)) & 0xffffu) - dqcu_f16_float((b >> (16 * h)) & 0xffffu))
+             << (16 * h);
+    return r;
+#endif
+}
+
+/* Where bit e of code k sits among the b units (U bits each) of one lane: lib/src/hot.c code_bit,
+ * the layout of dquant/hot.h (keys: byte lanes, U = 8; values: half-words, U = 16). */
+DQCU_HD_INLINE void dqcu_hot_code_bit(uint32_t b, uint32_t U, uint32_t k, uint32_t e, uint32_t &unit, uint32_t &bit)
+{
+    const uint32_t q = U / b, r = U - q * b;
+    if (k < q * b) {
+        unit = k / q;
+        bit = b * (k % q) + e;
+    } else {
+        const uint32_t u = (k - q * b) * b + e;
+        unit = u / r;
+        bit = q * b + u % r;
+    }
+}
+
+/* A token's codes of one group (32 channels) of a kind, gathered before they are stored: keys as
+ * b words (byte lanes), values as 2b half-words (units b·h .. b·h + b - 1 for channels 16h ..). */
+struct dqcu_hot_group {
+    uint32_t w[16];
+};
+
+DQCU_HD_INLINE void dqcu_hot_group_clear(dqcu_hot_group &g)
+{
+    DQCU_UNROLL
+    for (int i = 0; i < 16; i++)
+        g.w[i] = 0;
+}
+
+/* Adds code m of channel c (0..31) of the group. */
+DQCU_HD_INLINE void dqcu_hot_group_put(dqcu_hot_group &g, int kind, uint32_t b, uint32_t c, uint32_t m)
+{
+    for (uint32_t e = 0; e < b; e++) {
+        uint32_t unit, bit;
+        if (kind == 0) {
+            dqcu_hot_code_bit(b, 8, c / 4u, e, unit, bit);
+            bit += 8u * (c % 4u);
+        } else {
+            dqcu_hot_code_bit(b, 16, c % 16u, e, unit, bit);
+            unit += b * (c / 16u);
+        }
+        g.w[unit] |= ((m >> e) & 1u) << bit;
+    }
+}
+
+/* Stores group grp of token t (W tokens a window) into a kind's codes. */
+DQCU_HD_INLINE void dqcu_hot_group_store(const dqcu_hot_group &g, uint32_t *codes, int kind, uint32_t b, uint32_t W,
+                                         uint32_t grp, uint32_t t)
+{
+    if (kind == 0) {
+        for (uint32_t i = 0; i < b; i++)
+            codes[((size_t)grp * b + i) * W + t] = g.w[i];
+    } else {
+        const uint32_t P = (W + 1) / 2;
+        uint16_t *h = (uint16_t *)(void *)codes;
+        for (uint32_t i = 0; i < 2 * b; i++) {
+            const size_t at = 2 * (((size_t)grp * 2 * b + i) * P + t / 2) + t % 2;
+            h[at] = (uint16_t)g.w[i];
+            if (W % 2 && t + 1 == W) /* an odd window's missing token W: zero codes */
+                h[at + 1] = 0;
+        }
+    }
+}
+
+/* The code of channel j of token t of a kind (codes: that kind's words). */
+DQCU_HD_INLINE uint32_t dqcu_hot_code(const uint32_t *codes, int kind, uint32_t b, uint32_t W, uint32_t t, uint32_t j)
+{
+    const uint32_t grp = j / 32u, c = j % 32u;
+    uint32_t m = 0;
+    for (uint32_t e = 0; e < b; e++) {
+        uint32_t unit, bit;
+        size_t word;
+        if (kind == 0) {
+            dqcu_hot_code_bit(b, 8, c / 4u, e, unit, bit);
+            bit += 8u * (c % 4u);
+            word = ((size_t)grp * b + unit) * W + t;
+        } else {
+            dqcu_hot_code_bit(b, 16, c % 16u, e, unit, bit);
+            bit += 16u * (t % 2u);
+            word = ((size_t)grp * 2 * b + b * (c / 16u) + unit) * ((W + 1) / 2) + t / 2;
+        }
+        m |= ((codes[word] >> bit) & 1u) << e;
+    }
+    return m;
+}
+
+/* Code k of every lane of the b units w[0..B) (dquant/hot.h; U = 8: byte lanes, a key's four
+ * channels 4k .. 4k + 3 as the four bytes; U = 16: half-word lanes, a value channel's codes of a
+ * token pair as the two halves), times 2^S at bit 0 of each lane (S = 1 for fp16's 512 + m: 2m
+ * in the mantissa, exact for the half-integer centres c = (M - 1) / 2). k is a compile-time
+ * constant after unrolling, so this is a shift and a mask (k < q·B) or a few (pooled codes). */
+template <int B, int U, int S = 0>
+DQCU_HD_INLINE uint32_t hot_lane_code(const uint32_t (&w)[B], int k)
+{
+    constexpr uint32_t lanes = U == 8 ? 0x01010101u : 0x00010001u;
+    constexpr int q = U / B, r = U - q * B > 0 ? U - q * B : 1; /* (r: 1 where no code is pooled) */
+    if (k < q * B) {
+        const int sh = B * (k % q) - S;
+        const uint32_t x = sh >= 0 ? w[k / q] >> (sh & 31) : w[k / q] << (-sh & 31);
+        return x & ((((1u << B) - 1u) << S) * lanes);
+    }
+    uint32_t m = 0;
+    DQCU_UNROLL
+    for (int e = 0; e < B; e++) {
+        const int u = (k - q * B) * B + e; /* pool bit u: q·B + u % r of unit u / r, >= B + 0 > e */
+        m |= (w[u / r] >> (q * B + u % r - e - S)) & (lanes << (e + S));
+    }
+    return m;
+}
+
+/* (512 + x / 2) - c2 for the fp16 halves: x holds twice the codes at bits 0 and 16 (S = 1 above),
+ * c2 = (512 + c) twice; exact, fp16's step at 512 being 1/2. */
+DQCU_HD_INLINE uint32_t hot_half_pair(uint32_t x, uint32_t c2)
+{
+    return dqcu_sub_f16x2(x | 0x60006000u, c2);
+}
+
+/* Channels 4k .. 4k + 3 of a key group's words w as the fp16x2 pairs (m - c) of channels (0, 1)
+ * and (2, 3): the key MMA's a0/a2 (a1/a3) registers. c2 = (512 + c) in both halves. (B <= 7: 2m
+ * fits a byte.) */
+template <int B>
+DQCU_HD_INLINE void hot_key_pairs(const uint32_t (&w)[B], int k, uint32_t c2, uint32_t &p01, uint32_t &p23)
+{
+    const uint32_t x = hot_lane_code<B, 8, 1>(w, k);
+    p01 = hot_half_pair(dqcu_hot_prmt(x, 0u, 0x4140), c2);
+    p23 = hot_half_pair(dqcu_hot_prmt(x, 0u, 0x4342), c2);
+}
+
+/* Value channel k's pair (both tokens of a half-word lane) as the fp16x2 (m - c): one shift, one
+ * LOP3 (mask and the exponent 0x6000 together; magic is 0x60006000 in a register, so that the
+ * compiler cannot split it into two immediates) and one subtraction (hot_half_pair). */
+template <int B>
+DQCU_HD_INLINE uint32_t hot_value_pair(const uint32_t (&w)[B], int k, uint32_t magic, uint32_t c2)
+{
+    constexpr int q = 16 / B;
+    uint32_t x;
+    if (k < q * B) {
+        const int sh = B * (k % q) - 1;
+        const uint32_t y = sh >= 0 ? w[k / q] >> (sh & 31) : w[k / q] << (-sh & 31);
+        x = dqcu_and_or<(((1u << B) - 1u) << 1) * 0x00010001u>(y, magic);
+    } else {
+        x = hot_lane_code<B, 16, 1>(w, k) | magic;
+    }
+    return dqcu_sub_f16x2(x, c2);
+}
+
+#endif

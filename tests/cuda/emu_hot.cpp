@@ -1,0 +1,181 @@
+/* cuda/src/hot_lanes.cuh on the CPU against libdquant's hot layout (dquant/hot.h), for every code
+ * width b = 1..8 of keys and values, without a GPU.
+ *
+ * For fixed-width profiles fixedkAvB (every width, the smallest and largest M of each), one window
+ * of random tokens is encoded and transcoded by libdquant (dq_hot_transcode); then the device
+ * functions, compiled for the host, must read every code back as dq_hot_levels gives it:
+ *   - dqcu_hot_code (the rebuild's reader), for every channel of every token;
+ *   - hot_lane_code (the attention kernels' operands): keys' byte lanes (channels 4k .. 4k + 3 as
+ *     four bytes), values' half-word lanes (a channel's codes of two tokens 16 bits apart);
+ *   - hot_key_pairs and hot_value_pair: the fp16 operands (m - c), exactly, for c = (M - 1) / 2
+ *     (half-integers included: what an fp16 constant 1024 + c gets wrong);
+ * and dqcu_hot_group_put/store (the transcoders' writer) must write the code regions byte for byte.
+ * checkcuda is the test on a GPU; this one catches a layout drift between lib and the device code
+ * on any machine. Exit status 0, or 1 with the first mismatches printed. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <vector>
+
+#include "dquant/dquant.h"
+#include "dquant/hot.h"
+#include "hot_lanes.cuh"
+
+static int failures = 0;
+
+#define EXPECT(cond, ...)                                                                                              \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            if (failures++ < 12) {                                                                                     \
+                fprintf(stderr, "emu_hot: ");                                                                          \
+                fprintf(stderr, __VA_ARGS__);                                                                          \
+                fputc('\n', stderr);                                                                                   \
+            }                                                                                                          \
+        }                                                                                                              \
+    } while (0)
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static float uniform(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+/* The fp16 halves of x as floats, against the levels' (m - c). */
+static bool halves_are(uint32_t x, float lo, float hi)
+{
+    return dqcu_f16_float(x & 0xffffu) == lo && dqcu_f16_float(x >> 16) == hi;
+}
+
+template <int BK, int BV>
+static void check_profile(uint32_t MK, uint32_t MV)
+{
+    char name[32];
+    snprintf(name, sizeof name, "fixedk%uv%u", MK, MV);
+    const uint32_t kvh = 2, hd = 64, n = kvh * hd, G = n / 32;
+    dq_profile p;
+    dq_codec *codec = NULL;
+    dq_workspace *ws = NULL;
+    if (dq_profile_fixed(name, kvh, hd, &p) != 0 || dq_codec_create(&p, NULL, &codec) != 0 ||
+        dq_workspace_create(codec, &ws) != 0) {
+        EXPECT(false, "%s: no codec", name);
+        return;
+    }
+    EXPECT(dq_hot_bits(codec, DQ_KIND_K) == BK && dq_hot_bits(codec, DQ_KIND_V) == BV, "%s: widths %u + %u", name,
+           dq_hot_bits(codec, DQ_KIND_K), dq_hot_bits(codec, DQ_KIND_V));
+    const uint32_t W = p.window, P = (W + 1) / 2;
+    std::vector<float> k((size_t)W * n), v((size_t)W * n);
+    for (size_t i = 0; i < k.size(); i++) {
+        k[i] = 3.0f * uniform();
+        v[i] = 3.0f * uniform();
+    }
+    std::vector<uint8_t> win(dq_codec_window_bytes(codec)), hot(dq_hot_window_bytes(codec));
+    size_t off[4];
+    dq_hot_offsets(codec, off);
+    if (dq_window_encode(codec, ws, k.data(), v.data(), DQ_DTYPE_F32, win.data(), NULL) != 0 ||
+        dq_hot_transcode(codec, win.data(), hot.data()) != 0) {
+        EXPECT(false, "%s: encode or transcode failed", name);
+        return;
+    }
+    std::vector<uint8_t> lev[2];
+    for (int kind = 0; kind < 2; kind++) {
+        lev[kind].resize((size_t)W * n);
+        for (uint32_t t = 0; t < W; t++)
+            dq_hot_levels(codec, hot.data(), (dq_kind)kind, t, lev[kind].data() + (size_t)t * n);
+    }
+    const uint32_t *kc = (const uint32_t *)(const void *)(hot.data() + off[2]);
+    const uint32_t *vc = (const uint32_t *)(const void *)(hot.data() + off[3]);
+    const float ck = 0.5f * (float)(MK - 1), cv = 0.5f * (float)(MV - 1);
+    const uint32_t c2k = dqcu_float_f16(512.0f + ck) * 0x00010001u, c2v = dqcu_float_f16(512.0f + cv) * 0x00010001u;
+
+    /* the rebuild's reader */
+    for (int kind = 0; kind < 2; kind++)
+        for (uint32_t t = 0; t < W; t++)
+            for (uint32_t j = 0; j < n; j++) {
+                const uint32_t got = dqcu_hot_code(kind ? vc : kc, kind, kind ? BV : BK, W, t, j);
+                EXPECT(got == lev[kind][(size_t)t * n + j], "%s kind %d token %u channel %u: dqcu_hot_code %u, lib %u",
+                       name, kind, t, j, got, lev[kind][(size_t)t * n + j]);
+            }
+    /* keys: byte lanes and their fp16 pairs */
+    for (uint32_t t = 0; t < W; t++)
+        for (uint32_t g = 0; g < G; g++) {
+            uint32_t w[BK];
+            for (int i = 0; i < BK; i++)
+                w[i] = kc[((size_t)g * BK + (uint32_t)i) * W + t];
+            for (int kk = 0; kk < 8; kk++) {
+                const uint8_t *m = lev[0].data() + (size_t)t * n + 32 * g + 4 * (uint32_t)kk;
+                const uint32_t x = hot_lane_code<BK, 8>(w, kk);
+                EXPECT(x == ((uint32_t)m[0] | (uint32_t)m[1] << 8 | (uint32_t)m[2] << 16 | (uint32_t)m[3] << 24),
+                       "%s key token %u group %u lane code %d: %08x", name, t, g, kk, x);
+                if (BK <= 7) {
+                    uint32_t p01, p23;
+                    hot_key_pairs<BK>(w, kk, c2k, p01, p23);
+                    EXPECT(halves_are(p01, (float)m[0] - ck, (float)m[1] - ck) &&
+                               halves_are(p23, (float)m[2] - ck, (float)m[3] - ck),
+                           "%s key token %u group %u pairs %d: %08x %08x (c %.1f)", name, t, g, kk, p01, p23, ck);
+                }
+            }
+        }
+    /* values: half-word lanes of token pairs and their fp16 pairs */
+    for (uint32_t pr = 0; pr < P; pr++)
+        for (uint32_t g = 0; g < G; g++)
+            for (uint32_t h = 0; h < 2; h++) {
+                uint32_t u[BV];
+                for (int i = 0; i < BV; i++)
+                    u[i] = vc[((size_t)g * 2 * BV + BV * h + (uint32_t)i) * P + pr];
+                for (int kk = 0; kk < 16; kk++) {
+                    const uint32_t j = 32 * g + 16 * h + (uint32_t)kk, t0 = 2 * pr, t1 = t0 + 1;
+                    const uint32_t m0 = lev[1][(size_t)t0 * n + j], m1 = t1 < W ? lev[1][(size_t)t1 * n + j] : 0;
+                    const uint32_t x = hot_lane_code<BV, 16>(u, kk);
+                    EXPECT(x == (m0 | m1 << 16), "%s value pair %u group %u half %u lane code %d: %08x", name, pr, g, h,
+                           kk, x);
+                    const uint32_t vp = hot_value_pair<BV>(u, kk, 0x60006000u, c2v);
+                    EXPECT(t1 >= W || halves_are(vp, (float)m0 - cv, (float)m1 - cv),
+                           "%s value pair %u channel %u: %08x (c %.1f)", name, pr, j, vp, cv);
+                }
+            }
+    /* the transcoders' writer */
+    for (int kind = 0; kind < 2; kind++) {
+        const uint32_t b = kind ? BV : BK;
+        const size_t bytes = kind ? hot.size() - off[3] : off[3] - off[2];
+        std::vector<uint32_t> codes((bytes + 3) / 4, 0u);
+        for (uint32_t t = 0; t < W; t++)
+            for (uint32_t g = 0; g < G; g++) {
+                dqcu_hot_group grp;
+                dqcu_hot_group_clear(grp);
+                for (uint32_t c = 0; c < 32; c++)
+                    dqcu_hot_group_put(grp, kind, b, c, lev[kind][(size_t)t * n + 32 * g + c]);
+                dqcu_hot_group_store(grp, codes.data(), kind, b, W, g, t);
+            }
+        EXPECT(memcmp(codes.data(), hot.data() + off[2 + kind], bytes) == 0, "%s kind %d: group store differs", name,
+               kind);
+    }
+    dq_workspace_free(ws);
+    dq_codec_free(codec);
+}
+
+int main(void)
+{
+    /* every width of keys and values, at the smallest and the largest M it holds */
+    check_profile<1, 8>(2, 256);
+    check_profile<2, 7>(3, 65);
+    check_profile<2, 7>(4, 128);
+    check_profile<3, 6>(5, 33);
+    check_profile<3, 6>(8, 64);
+    check_profile<4, 5>(9, 17);
+    check_profile<4, 5>(16, 32);
+    check_profile<5, 4>(17, 9);
+    check_profile<5, 4>(32, 16);
+    check_profile<6, 3>(33, 5);
+    check_profile<6, 3>(64, 8);
+    check_profile<7, 2>(65, 3);
+    check_profile<7, 2>(128, 4);
+    check_profile<8, 1>(256, 2);
+    check_profile<3, 3>(6, 6);
+    printf("emu_hot: %d failures\n", failures);
+    return failures ? 1 : 0;
+}
