@@ -775,8 +775,7 @@ __device__ __forceinline__ void hw_subtile(const hot_params &p, const uint32_t *
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int nt = i / 2, col = i % 2;
-        dot[i] = __fmaf_rn(16384.0f, (float)dAs[nt][col],
-                           __fmaf_rn(128.0f, (float)dAs[nt][2 + col], (float)dBs[nt][col]));
+        dot[i] = hot_digit_dot(dAs[nt][col], dAs[nt][2 + col], dBs[nt][col]);
     }
     const uint32_t ks4[4] = {k01.x, k01.y, k89.x, k89.y}, vs4[4] = {v01.x, v01.y, v89.x, v89.y};
     float lg[4], sv[4], mid[4];
@@ -923,9 +922,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 3) attend_hotw_kernel(hot_params 
             int sd[3] = {0, 0, 0};
 #pragma unroll
             for (int k = 0; k < HW_D / 32; k++) {
-                const int Qi = __float2int_rn(y[k] * up); /* |Q| <= 2^19 */
-                const int lo = ((Qi + 64) & 127) - 64, q1 = (Qi - lo) >> 7;
-                const int mi = ((q1 + 64) & 127) - 64, hi = (q1 - mi) >> 7;
+                int hi, mi, lo;
+                hot_query_digits(y[k], up, hi, mi, lo);
                 const uint32_t e = g * HW_D + (uint32_t)k * 32u + lane;
                 qd[e] = (int8_t)hi;
                 qd[G * HW_D + e] = (int8_t)mi;

@@ -250,4 +250,31 @@ DQCU_HD_INLINE uint32_t hot_value_pair(const uint32_t (&w)[B], int k, uint32_t m
     return dqcu_sub_f16x2(x, c2);
 }
 
+/* The warp kernel's integer scores (attend_hot.cu): a rotated query value y, scaled by up =
+ * 2^(19 - e) (|y| < 2^e), rounded to Q (|Q| <= 2^19) and split into balanced base-128 digits,
+ * Q = 2^14·hi + 2^7·mid + lo with |hi| <= 33 and mid, lo in [-64, 63] (twice each fits an s8). */
+DQCU_HD_INLINE void hot_query_digits(float y, float up, int &hi, int &mid, int &lo)
+{
+#ifdef __CUDA_ARCH__
+    const int q = __float2int_rn(y * up);
+#else
+    const int q = (int)lrintf(y * up); /* round to nearest even, as __float2int_rn */
+#endif
+    lo = ((q + 64) & 127) - 64;
+    const int q1 = (q - lo) >> 7; /* exact: q - lo is a multiple of 128 */
+    mid = ((q1 + 64) & 127) - 64;
+    hi = (q1 - mid) >> 7;
+}
+
+/* The three exact integer products D = Σ digit·(2m - (M - 1)) combined in fp32:
+ * 2^14·D_hi + 2^7·D_mid + D_lo = 2^(20 - e)·Σ q'·(m - c), to fp32's rounding. */
+DQCU_HD_INLINE float hot_digit_dot(int d_hi, int d_mid, int d_lo)
+{
+#ifdef __CUDA_ARCH__
+    return __fmaf_rn(16384.0f, (float)d_hi, __fmaf_rn(128.0f, (float)d_mid, (float)d_lo));
+#else
+    return fmaf(16384.0f, (float)d_hi, fmaf(128.0f, (float)d_mid, (float)d_lo));
+#endif
+}
+
 #endif

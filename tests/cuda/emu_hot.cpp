@@ -10,6 +10,9 @@
  *   - hot_key_pairs and hot_value_pair: the fp16 operands (m - c), exactly, for c = (M - 1) / 2
  *     (half-integers included: what an fp16 constant 1024 + c gets wrong);
  * and dqcu_hot_group_put/store (the transcoders' writer) must write the code regions byte for byte.
+ * The warp kernel's integer scores: hot_query_digits must split every query value exactly into
+ * digits that fit its s8 operands, and the exact integer products (the IMMA's, with their starting
+ * values) combined by hot_digit_dot must give Σ q·(m - c) within the digits' rounding bound.
  * checkcuda is the test on a GPU; this one catches a layout drift between lib and the device code
  * on any machine. Exit status 0, or 1 with the first mismatches printed. */
 #include <math.h>
@@ -158,8 +161,57 @@ static void check_profile(uint32_t MK, uint32_t MV)
     dq_codec_free(codec);
 }
 
+/* The warp kernel's score arithmetic for random 128-channel queries (magnitudes 2^-30 .. 2^30)
+ * and codes of M levels, against Σ q·(m - c) in double. */
+static void check_digits(void)
+{
+    const uint32_t Ms[] = {2, 3, 6, 8, 16};
+    for (int rep = 0; rep < 4000; rep++) {
+        const uint32_t M = Ms[rep % 5];
+        const double c = 0.5 * (double)(M - 1);
+        const float mag = ldexpf(1.0f, rep % 61 - 30);
+        float y[128];
+        uint32_t m[128];
+        float mx = 0.0f;
+        for (int i = 0; i < 128; i++) {
+            y[i] = mag * uniform() * (rep % 7 == 0 && i == 5 ? 1.0f : 0.5f);
+            m[i] = (uint32_t)((uniform() * 0.5f + 0.5f) * (float)M) % M;
+            mx = fmaxf(mx, fabsf(y[i]));
+        }
+        int ex;
+        frexpf(mx, &ex);
+        ex = ex < -100 ? -100 : ex > 120 ? 120 : ex; /* the kernel's clamp */
+        const float up = ldexpf(1.0f, 19 - ex);
+        long long D[3] = {0, 0, 0}, S[3] = {0, 0, 0};
+        double ref = 0.0, bound = 0.0;
+        for (int i = 0; i < 128; i++) {
+            int d[3];
+            hot_query_digits(y[i], up, d[0], d[1], d[2]);
+            const long q = lrintf(y[i] * up);
+            EXPECT(16384L * d[0] + 128L * d[1] + d[2] == q, "digits of %g·2^%d: %d %d %d != %ld", (double)y[i],
+                   19 - ex, d[0], d[1], d[2], q);
+            EXPECT(abs(d[0]) <= 33 && d[1] >= -64 && d[1] <= 63 && d[2] >= -64 && d[2] <= 63, "digits %d %d %d",
+                   d[0], d[1], d[2]);
+            for (int l = 0; l < 3; l++) {
+                D[l] += 2LL * d[l] * (long long)m[i];
+                S[l] += d[l];
+            }
+            ref += (double)y[i] * ((double)m[i] - c);
+            bound += fabs((double)m[i] - c);
+        }
+        for (int l = 0; l < 3; l++)
+            D[l] -= (long long)(M - 1) * S[l]; /* the products' starting values */
+        const float dot = hot_digit_dot((int)D[0], (int)D[1], (int)D[2]);
+        const double got = ldexp((double)dot, ex - 20);
+        /* each q' off by at most half a step 2^(e - 19), and fp32's rounding of the sum */
+        const double tol = ldexp(bound + 1.0, ex - 20) + ldexp(fabs((double)dot), ex - 20 - 22);
+        EXPECT(fabs(got - ref) <= tol, "scores: %.9g vs %.9g (tolerance %.3g, M %u, 2^%d)", got, ref, tol, M, ex);
+    }
+}
+
 int main(void)
 {
+    check_digits();
     /* every width of keys and values, at the smallest and the largest M it holds */
     check_profile<1, 8>(2, 256);
     check_profile<2, 7>(3, 65);
