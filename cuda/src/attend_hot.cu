@@ -542,39 +542,51 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 6) attend_hot_kernel
 
 /* ---- the warp kernel (hot kernel 2): d = 128, windows of a multiple of 128 tokens ----
  *
- * Every warp attends sub-tiles of 16 tokens of one KV head on its own: no barrier, no staging
- * through shared memory between loading a sub-tile's codes and accumulating its values. The
- * block's 4 warps take contiguous quarters of the chunk's sub-tiles, each with its own online
- * softmax and accumulator in registers, and are merged once per KV head at the end.
+ * Every warp attends sub-tiles of 16 tokens of one KV head on its own: no barrier between loading
+ * a sub-tile's codes and accumulating its values. The block's 4 warps take contiguous quarters of
+ * the chunk's sub-tiles, each with its own softmax and accumulator in registers, and are merged
+ * once per KV head at the end. Lane (g, t) (g = lane / 4, t = lane % 4) holds HL heads of the
+ * group, h = HL·t + e (HL = 1 for G <= 4, 2 for G = 8), and tokens g and g + 8 of each sub-tile.
  *
- * Scores on integer tensor cores (mma.m16n8k32, s8 × u8 → s32, exact): the queries, rotated and
- * scaled by 2^(19 - e) (max |q'| < 2^e), are integers Q = 2^14·hi + 2^7·mid + lo in balanced
- * base-128 digits (|hi| <= 33, |mid|, |lo| <= 64), and the A operand holds twice the digits (tile A:
- * row g = head g's hi, row 8 + g its mid; tile B: row g its lo; rows past G zero). The B operand
- * is the key codes m as bytes, straight from the hot layout's byte lanes (lane (r, c) holds token
- * r's channels 32c + 8s .. 32c + 8s + 7 of k-step s as its two registers: one shift and one mask
- * each, the queries permuted to match), and each product starts from -(M - 1)·Σdigit so that it
- * ends at Σ digit·(2m - (M - 1)) = 2·Σ digit·(m - c) exactly; 2^14·D_hi + 2^7·D_mid + D_lo in
- * fp32 is 2^(20 - e)·q'·(m - c) to fp32's rounding (the fp16 hi + lo queries of the block kernel
- * carry 22 bits, these 20).
- * The C fragments then hold head r's scores of tokens 2c, 2c + 1 (n-tile 0; 8 + 2c, 9 + 2c n-tile
- * 1) in lane (r, c), which is the A fragment layout of the value product O = P·V
- * (mma.m16n8k16, FlashAttention-2's register reuse): the weights p·s·2^E go to tensor cores as fp16
- * hi (row r) + lo (row r + 8) without leaving the lane. The value B operand comes straight from
- * the hot layout's half-word lanes: lane (r, c) reads, for group r / 2 and channels
- * 16·(r % 2) .. + 15, the words of token pairs (2c, 2c + 1) and (8 + 2c, 9 + 2c); a channel's two
- * codes are 16 bits apart, so one shift and one mask make the (512 + m) pair and one fp16
- * subtraction the operand. Output column n of n-tile j is channel 16n + j.
- * The value scale s folds into the weights; the per-token offset (s·c + o) into a scalar per head
- * (Σ p·mid); 2^E keeps p·s in fp16's range (E warp-wide, changed only when a sub-tile's largest s
- * would overflow it or has fallen 2^10 below it, with the accumulator rescaled like the softmax's
- * alpha). The key means' term q'·μ is computed once per tile and head by a warp, in rounds of
- * HW_ROUND tiles between two barriers. */
+ * Scores S^T = K·Q^T on integer tensor cores (mma.m16n8k32, u8 × s8 → s32, exact): the A operand
+ * is the key codes m as bytes, straight from the hot layout's byte lanes (row g: token g; the
+ * lane's k-slots 4t.. of k-step s are channels 32t + 8s + 0..3, its k-slots 16 + 4t.. channels
+ * 32t + 8s + 4..7: one shift and one mask each, the queries permuted to match). The B operand is
+ * the queries, rotated and scaled by 2^(19 - e) (max |q'| < 2^e), as integers Q = 2^14·hi +
+ * 2^7·mid + lo in balanced base-128 digits (twice each digit as s8), kept in registers for the KV
+ * head: for G <= 4 n-tile 0's column 2h is head h's hi, 2h + 1 its mid, n-tile 1's column 2h its
+ * lo (2h + 1 zero), so lane (g, t)'s C fragments hold all three digit products of head t for
+ * tokens g and g + 8; for G = 8 n-tile d's column h is head h's digit d. Each product starts from
+ * -(M - 1)·Σdigit and so ends at Σ digit·(2m - (M - 1)) = 2·Σ digit·(m - c); 2^14·D_hi +
+ * 2^7·D_mid + D_lo in fp32 is 2^(20 - e)·q'·(m - c) to fp32's rounding (hot_digit_dot). Every
+ * lane's scores are real ones: no lane computes a softmax for an empty row.
+ *
+ * The softmax is lazy: each head's reference max m (log2 units, the same in the 8 lanes holding
+ * the head) changes only when a score exceeds it by more than 2^8 (a vote per sub-tile; then the
+ * head's max over the sub-tile becomes the reference, and the accumulator, Σp and Σp·o are
+ * rescaled), so the weights p = 2^(x - m) stay below 2^8 without a reduction per sub-tile.
+ *
+ * Values O^T = V^T·P^T on fp16 tensor cores (mma.m16n8k16): the A operand is the value codes as
+ * the fp16 subnormals 2(m - c)·2^-24 (exact), straight from the half-word lanes: lane (g, t)
+ * reads, for group g / 2 and channels 16·(g % 2) .., the words of token pairs (2t, 2t + 1) and
+ * (2t + 8, 2t + 9), and one shift, one mask and one subtraction make a channel's pair of centred
+ * codes (hot_value_operand; row g of m-tile i: channel 16g + 2i, row g + 8: 16g + 2i + 1).
+ * Centred: accumulating Σ w·m in the tensor cores' fp32 and cancelling its large offset at the end
+ * lost up to 1.2e-3 of the result over 16K tokens (run 102). The B operand is the weights p·s·2^E as fp16 hi + lo (column 2h head h's
+ * hi, 2h + 1 its lo; for G = 8 one n-tile per e), moved through a small buffer in shared memory
+ * from the lanes that computed them (tokens g, g + 8) to the lanes the fragment needs (column g):
+ * the accumulator's lane (g, t) then holds head h's hi and lo sums side by side. The value scale s
+ * folds into the weights, the offset (s·c + o) into a scalar per head (Σ p·mid); 2^E (warp-wide, moved
+ * with the same rescale when a sub-tile's largest s would overflow it or has fallen 2^10 below it)
+ * keeps p·s·2^E below 2^15 and far above fp16's subnormals. The key means' term q'·μ is computed once per
+ * tile and head by a warp, in rounds of HW_ROUND tiles between two barriers. */
 #define HW_D 128
 #define HW_ROUND 32
 #define HW_WARPS (ATT_THREADS / 32)
 
-#define HW_NS 3 /* stages of each warp's cp.async ring: sub-tiles j + 1 and j + 2 in flight while j is computed */
+#define HW_NS 3      /* stages of each warp's cp.async ring: sub-tiles j + 1 and j + 2 in flight while j is computed */
+#define HW_PSTR 24   /* fp16 stride of a weight column in the transpose buffer (conflict-free stores and loads) */
+#define HW_LAZY 8.0f /* log2 of the largest weight before the reference max moves */
 
 /* Bytes of one sub-tile in a warp's ring, in the order its 16-byte chunks are copied: key codes
  * [group c][word i][16 tokens], value codes likewise, the 16 key (s, o) pairs, the 16 value pairs. */
@@ -583,8 +595,18 @@ __host__ __device__ constexpr uint32_t hw_stage_bytes(uint32_t bk, uint32_t bv)
     return 256u * (bk + bv) + 128u;
 }
 
+/* heads per lane and score n-tiles */
+__host__ __device__ constexpr int hw_hl(int G)
+{
+    return G <= 4 ? 1 : 2;
+}
+__host__ __device__ constexpr int hw_nst(int G)
+{
+    return G <= 4 ? 2 : 3;
+}
+
 struct hotw_layout {
-    size_t qs, qa, qd, qmu, mrg, st, ring, total;
+    size_t qs, pt, qd, qf, qmu, wp, mrg, st, ring, total;
 };
 __host__ __device__ inline hotw_layout hotw_plan(uint32_t G, uint32_t bk, uint32_t bv)
 {
@@ -592,12 +614,16 @@ __host__ __device__ inline hotw_layout hotw_plan(uint32_t G, uint32_t bk, uint32
     size_t b = 0;
     L.qs = b; /* [G][128] rotated queries (fp32) */
     b = hot_align(b + (size_t)G * HW_D * sizeof(float));
-    L.qa = b; /* [4 k-steps][32 lanes] tile A's fragments, then tile B's (uint4 each) */
-    b = hot_align(b + 4 * 32 * 2 * sizeof(uint4));
+    L.pt = b; /* [warps][HL n-tiles][8 columns][HW_PSTR] the weights' transpose buffer (fp16) */
+    b = hot_align(b + (size_t)HW_WARPS * (G <= 4 ? 1 : 2) * 8 * HW_PSTR * 2);
     L.qd = b; /* [3 digits][G][128] the queries' base-128 digits (int8) */
     b = hot_align(b + 3 * (size_t)G * HW_D);
+    L.qf = b; /* hw_query: [4][n-tiles][32] uint2, then [n-tiles][32] int4 */
+    b = hot_align(b + (size_t)hw_nst((int)G) * 32 * (4 * sizeof(uint2) + sizeof(int4)));
     L.qmu = b; /* [HW_ROUND][G] key-mean terms */
     b = hot_align(b + (size_t)HW_ROUND * G * sizeof(float));
+    L.wp = b; /* [HW_ROUND] the round's tiles' windows */
+    b = hot_align(b + (size_t)HW_ROUND * sizeof(const uint8_t *));
     L.mrg = b; /* [warps][G][128] the warps' accumulators */
     b = hot_align(b + (size_t)HW_WARPS * G * HW_D * sizeof(float));
     L.st = b; /* [warps][G] m, l, off; then qsum[G], 2^(e - 20)[G], Σdigit[3][G] (int) */
@@ -617,16 +643,27 @@ __device__ __forceinline__ void hw_mma(float (&c)[4], uint32_t a0, uint32_t a1, 
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ void hw_imma(int (&c)[4], uint4 a, uint32_t b0, uint32_t b1)
+/* The score products: codes (u8, A) times twice the query digits (s8, B), accumulated (first:
+ * from the starting values c instead). */
+__device__ __forceinline__ void hw_imma(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
 {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void hw_imma_from(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                             const int4 &c)
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11,%12,%13};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c.x), "r"(c.y), "r"(c.z), "r"(c.w));
 }
 
 /* 2^x (ex2.approx.ftz: 2 ulp, results below 2^-126 flush to 0 — weights that small next to the
- * running max's 1 do not count). */
+ * reference max's 1 do not count). */
 __device__ __forceinline__ float hw_ex2(float x)
 {
     float y;
@@ -634,20 +671,12 @@ __device__ __forceinline__ float hw_ex2(float x)
     return y;
 }
 
-/* The int8 products of the scores from accumulators C that are not overwritten (the first k-step:
- * C is the starting value -(M - 1)·Σdigit, kept in registers across sub-tiles). */
-__device__ __forceinline__ void hw_imma_from(int (&d)[4], uint4 a, uint32_t b0, uint32_t b1, const int4 &c)
-{
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%10,%11,%12,%13};"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1), "r"(c.x), "r"(c.y), "r"(c.z), "r"(c.w));
-}
-
+template <int HL>
 struct hw_state {
-    float m, l, off; /* head r's running max, and this lane's share of Σp and Σp·mid */
-    int E;           /* the weights' scale 2^E; INT_MIN before the first sub-tile */
-    float O[16][4];  /* n-tile j: channels 16n + j; rows r (hi weights) and r + 8 (lo) */
+    float m[HL];          /* head's reference max (log2 units; -inf before its first sub-tile) */
+    float l[HL], off[HL]; /* this lane's share of Σp and Σp·mid */
+    int E;                /* the weights' scale 2^E (starts at 100: the first nonzero s sets it) */
+    float O[8][HL][4];    /* m-tile i: rows channel 16g + 2i (c0 hi, c1 lo), 16g + 2i + 1 (c2, c3) */
 };
 
 /* Copies sub-tile (tokens [tw0, tw0 + 16) of window win, KV head kvh) into the ring stage at
@@ -703,17 +732,15 @@ __device__ __forceinline__ void hw_issue(const hw_src<BK, BV> &src, const uint8_
     }
 }
 
-/* hw_issue of sub-tile j of the round of tiles from rt (a window holds tpw tiles; one tile per
- * window needs no division, the common case W = 128). */
+/* hw_issue of sub-tile j of the round of tiles from rt, whose windows the round's setup put in
+ * shared memory (wp[i]: tile rt + i's; a global load here stalled every sub-tile, run 102). A
+ * window holds tpw tiles; one tile per window needs no division, the common case W = 128. */
 template <int BK, int BV>
-__device__ __forceinline__ void hw_issue_sub(const hw_src<BK, BV> &src, const dqcu_attn_seq &sq, uint32_t tpw,
+__device__ __forceinline__ void hw_issue_sub(const hw_src<BK, BV> &src, const uint8_t *const *wp, uint32_t tpw,
                                              uint32_t rt, uint32_t j, uint32_t dst, uint32_t lane)
 {
-    const uint32_t tile = rt + j / (ATT_T / 16), sub = 16u * (j % (ATT_T / 16));
-    if (tpw == 1)
-        hw_issue<BK, BV>(src, sq.windows[tile], sub, dst, lane);
-    else
-        hw_issue<BK, BV>(src, sq.windows[tile / tpw], (tile % tpw) * ATT_T + sub, dst, lane);
+    const uint32_t i = j / (ATT_T / 16), sub = 16u * (j % (ATT_T / 16));
+    hw_issue<BK, BV>(src, wp[i], tpw == 1 ? sub : ((rt + i) % tpw) * ATT_T + sub, dst, lane);
 }
 
 __device__ __forceinline__ void hw_commit()
@@ -721,147 +748,200 @@ __device__ __forceinline__ void hw_commit()
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
-/* The query fragments of one KV head (built per block; see the kernel): the integer A operands of
- * k-step s for tile A (hi, mid) and tile B (lo; rows 8.. zero), and each lane's starting values
- * -(M - 1)·Σdigit of its rows. */
+/* The query B fragments of one KV head (built once per KV head into shared memory, read per
+ * sub-tile: in registers they pushed the kernel past 128 registers) and the starting values
+ * -(M - 1)·Σdigit of each lane's columns 2t, 2t + 1. */
+template <int G>
 struct hw_query {
-    const uint4 *qa;   /* [4 k-steps][32 lanes] tile A */
-    const uint4 *qb;   /* [4][32] tile B: a0, 0, a2, 0 */
-    int4 initA, initB; /* (hi, hi, mid, mid), (lo, lo, 0, 0) starting values */
+    const uint2 *b;   /* [4 k-steps][score n-tiles][32 lanes] */
+    const int4 *init; /* [score n-tiles][32 lanes] */
 };
 
-/* One sub-tile from its ring stage stg (see hw_issue): KV head kvh's tokens [tw0, tw0 + 16). */
-template <int BK, int BV>
-__device__ __forceinline__ void hw_subtile(const hot_params &p, const uint32_t *stg, const hw_query &Q, float qmu,
-                                           float xs, float qsm, float ck, float cv, uint32_t c2v, uint32_t magic,
-                                           hw_state &S, uint32_t r, uint32_t c, uint32_t lane)
+/* Which digit (0 hi, 1 mid, 2 lo) of which head column n of score n-tile s holds; false for a zero
+ * column. */
+template <int G>
+__device__ __forceinline__ bool hw_column(int s, uint32_t n, uint32_t &dg, uint32_t &h)
 {
-    /* logits in log2 units (scale·log2 e): ex2 without range reduction; the row's max goes out in
-     * natural units */
-    const float scale = p.a.scale * 1.4426950408889634f;
-    /* the key words of tokens r and 8 + r (group c of the head), the (s, o) pairs of tokens
-     * 2c, 2c + 1, 8 + 2c, 9 + 2c of both kinds */
+    if (G <= 4) {
+        h = n >> 1;
+        dg = s == 0 ? (n & 1u) : 2u;
+        return h < (uint32_t)G && !(s == 1 && (n & 1u));
+    }
+    h = n;
+    dg = (uint32_t)s;
+    return n < (uint32_t)G;
+}
+
+/* The block's threads write the fragments of every (k-step, n-tile, lane): b0 holds k-slots
+ * 4t .. 4t + 3 of column g (channels 32t + 8ks + 0..3), b1 channels + 4..7, each digit doubled. */
+template <int G>
+__device__ __forceinline__ void hw_query_build(uint2 *qb, int4 *qi, const int8_t *qd, const int *qds, int mk1,
+                                               uint32_t tid)
+{
+    constexpr uint32_t NS = hw_nst(G);
+    for (uint32_t x = tid; x < (4 + 1) * NS * 32u; x += ATT_THREADS) {
+        const uint32_t ln = x % 32u, g = ln >> 2, t = ln & 3u, s = (x / 32u) % NS, ks = x / (32u * NS);
+        if (ks < 4) {
+            uint32_t dg, h, v[2] = {0u, 0u};
+            if (hw_column<G>((int)s, g, dg, h))
+                for (int hf = 0; hf < 2; hf++)
+                    v[hf] = (*(const uint32_t *)(const void *)(qd + ((size_t)dg * G + h) * HW_D + 32u * t + 8u * ks +
+                                                               4u * (uint32_t)hf)
+                             << 1) &
+                            0xfefefefeu;
+            qb[x] = make_uint2(v[0], v[1]);
+        } else {
+            int in[2];
+            for (uint32_t e = 0; e < 2; e++) {
+                uint32_t de, he;
+                in[e] = hw_column<G>((int)s, 2u * t + e, de, he) ? -mk1 * qds[de * G + he] : 0;
+            }
+            qi[s * 32u + ln] = make_int4(in[0], in[1], in[0], in[1]);
+        }
+    }
+}
+
+/* A vote found a score more than 2^HW_LAZY above its head's reference max, or the sub-tile's
+ * largest value scale smax (warp-wide) outside [2^(-3 - E), 2^(7 - E)) (rs): each head takes its
+ * sub-tile max as the reference where it must, E becomes 7 - ex (smax < 2^ex, so s·2^E < 2^7 for
+ * every s of the sub-tile and its largest weights stay far above fp16's subnormals), and the
+ * accumulators follow. */
+template <int HL>
+__device__ __forceinline__ void hw_rescale(hw_state<HL> &S, const float (&lg)[HL][2], float smax, bool rs)
+{
+    const int En = rs ? max(-100, min(100, 7 - ((int)((__float_as_uint(smax) >> 23) & 0xffu) - 126))) : S.E;
+#pragma unroll
+    for (int e = 0; e < HL; e++) {
+        float mx = fmaxf(lg[e][0], lg[e][1]);
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1)
+            mx = fmaxf(mx, __shfl_xor_sync(DQCU_FULL, mx, o));
+        const float mn = mx > S.m[e] + HW_LAZY ? mx : S.m[e];
+        const float a = hw_ex2(S.m[e] - mn); /* 0 before the head's first sub-tile */
+        const float f = a * hw_ex2((float)(En - S.E));
+        S.l[e] *= a;
+        S.off[e] *= a;
+        S.m[e] = mn;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                S.O[i][e][k] *= f;
+    }
+    S.E = En;
+}
+
+/* One sub-tile from its ring stage stg (see hw_issue). qm, xs, qsm: the lane's heads' key-mean
+ * term, query scale 2^(e - 20) and Σ q'; ck, cv the centres (M - 1) / 2, cm = M_V - 1 in both
+ * halves; pt: the warp's transpose buffer. */
+template <int G, int BK, int BV>
+__device__ __forceinline__ void hw_subtile(const uint32_t *stg, const hw_query<G> &Q, const float (&qm)[hw_hl(G)],
+                                           const float (&xs)[hw_hl(G)], const float (&qsm)[hw_hl(G)], float scale,
+                                           float ck, float cv, uint32_t cm, hw_state<hw_hl(G)> &S, uint16_t *pt,
+                                           uint32_t g, uint32_t t)
+{
+    constexpr int HL = hw_hl(G), NS = hw_nst(G);
+    /* the key words of tokens g and g + 8 (group t of the head), the (s, o) pairs of both */
     uint32_t w0[BK], w1[BK];
 #pragma unroll
     for (int i = 0; i < BK; i++) {
-        w0[i] = stg[(c * BK + (uint32_t)i) * 16u + r];
-        w1[i] = stg[(c * BK + (uint32_t)i) * 16u + r + 8u];
+        w0[i] = stg[(t * BK + (uint32_t)i) * 16u + g];
+        w1[i] = stg[(t * BK + (uint32_t)i) * 16u + g + 8u];
     }
-    const uint2 *sok = (const uint2 *)(const void *)(stg + 64u * (BK + BV));
-    const uint2 *sov = sok + 8;
-    const uint2 k01 = sok[c], k89 = sok[c + 4u], v01 = sov[c], v89 = sov[c + 4u];
+    const uint32_t *so = stg + 64u * (BK + BV);
+    const uint32_t ks2[2] = {so[g], so[g + 8u]}, vs2[2] = {so[16u + g], so[24u + g]};
+    const uint32_t lane = 4u * g + t;
 
     /* ---- scores on integer tensor cores ---- */
-    int dA0[4], dA1[4], dB0[4], dB1[4];
+    int C[NS][4];
 #pragma unroll
     for (int ks = 0; ks < 4; ks++) {
-        const uint4 a = Q.qa[ks * 32 + (int)lane], ab = Q.qb[ks * 32 + (int)lane];
-        const uint32_t b00 = hot_lane_code<BK, 8>(w0, 2 * ks), b01 = hot_lane_code<BK, 8>(w0, 2 * ks + 1);
-        const uint32_t b10 = hot_lane_code<BK, 8>(w1, 2 * ks), b11 = hot_lane_code<BK, 8>(w1, 2 * ks + 1);
-        if (ks == 0) {
-            hw_imma_from(dA0, a, b00, b01, Q.initA);
-            hw_imma_from(dA1, a, b10, b11, Q.initA);
-            hw_imma_from(dB0, ab, b00, b01, Q.initB);
-            hw_imma_from(dB1, ab, b10, b11, Q.initB);
-        } else {
-            hw_imma(dA0, a, b00, b01);
-            hw_imma(dA1, a, b10, b11);
-            hw_imma(dB0, ab, b00, b01);
-            hw_imma(dB1, ab, b10, b11);
+        const uint32_t a[4] = {hot_lane_code<BK, 8>(w0, 2 * ks), hot_lane_code<BK, 8>(w1, 2 * ks),
+                               hot_lane_code<BK, 8>(w0, 2 * ks + 1), hot_lane_code<BK, 8>(w1, 2 * ks + 1)};
+#pragma unroll
+        for (int s = 0; s < NS; s++) {
+            const uint2 qf = Q.b[(ks * NS + s) * 32 + (int)lane];
+            if (ks == 0)
+                hw_imma_from(C[s], a, qf.x, qf.y, Q.init[s * 32 + (int)lane]);
+            else
+                hw_imma(C[s], a, qf.x, qf.y);
         }
     }
-    const int *dAs[2] = {dA0, dA1}, *dBs[2] = {dB0, dB1};
-    float dot[4];
+    float lg[HL][2], sv[2], mid[2];
+    bool trig = false;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int nt = i / 2, col = i % 2;
-        dot[i] = hot_digit_dot(dAs[nt][col], dAs[nt][2 + col], dBs[nt][col]);
-    }
-    const uint32_t ks4[4] = {k01.x, k01.y, k89.x, k89.y}, vs4[4] = {v01.x, v01.y, v89.x, v89.y};
-    float lg[4], sv[4], mid[4];
-    float mx = -INFINITY, smax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int r = 0; r < 2; r++) {
         /* (s, o) pairs converted in hardware (exact, subnormals included; dq_hot_check keeps them finite) */
-        const float2 so = __half22float2(*(const __half2 *)(const void *)&ks4[i]);
-        const float2 sov = __half22float2(*(const __half2 *)(const void *)&vs4[i]);
-        lg[i] = __fmaf_rn(scale, __fmaf_rn(so.x, dot[i] * xs, __fmaf_rn(so.x, ck, so.y) * qsm), qmu);
-        mx = fmaxf(mx, lg[i]);
-        sv[i] = sov.x;
-        mid[i] = __fmaf_rn(sov.x, cv, sov.y);
-        smax = fmaxf(smax, sv[i]);
+        const float2 sok = __half22float2(*(const __half2 *)(const void *)&ks2[r]);
+        const float2 sov = __half22float2(*(const __half2 *)(const void *)&vs2[r]);
+        sv[r] = sov.x;
+        mid[r] = __fmaf_rn(sov.x, cv, sov.y);
+#pragma unroll
+        for (int e = 0; e < HL; e++) {
+            const float dot = G <= 4 ? hot_digit_dot(C[0][2 * r], C[0][2 * r + 1], C[1][2 * r])
+                                     : hot_digit_dot(C[0][2 * r + e], C[1][2 * r + e], C[2][2 * r + e]);
+            lg[e][r] = __fmaf_rn(scale, __fmaf_rn(sok.x, dot * xs[e], __fmaf_rn(sok.x, ck, sok.y) * qsm[e]), qm[e]);
+            trig |= lg[e][r] > S.m[e] + HW_LAZY;
+        }
     }
-    /* the quad (c = 0..3) holds the sub-tile's 16 tokens */
-    mx = fmaxf(mx, __shfl_xor_sync(DQCU_FULL, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(DQCU_FULL, mx, 2));
-    smax = fmaxf(smax, __shfl_xor_sync(DQCU_FULL, smax, 1));
-    smax = fmaxf(smax, __shfl_xor_sync(DQCU_FULL, smax, 2));
+    /* the sub-tile's largest value scale (s >= 0: its bits order as integers; a -0 counts as 0) */
+    const float smax = __uint_as_float(
+        __reduce_max_sync(DQCU_FULL, __float_as_uint(fmaxf(sv[0], sv[1])) & 0x7fffffffu));
+    const uint32_t lim = (uint32_t)(127 + 7 - S.E) << 23; /* 2^(7 - E) */
+    const bool rs = smax >= __uint_as_float(lim) || (smax > 0.0f && smax < __uint_as_float(lim - (10u << 23)));
+    if (rs || __any_sync(DQCU_FULL, trig))
+        hw_rescale<HL>(S, lg, smax, rs);
 
-    /* ---- online softmax, the weights' scale ---- */
-    const float mnew = fmaxf(S.m, mx);
-    const float alpha = S.m == -INFINITY ? 0.0f : hw_ex2(S.m - mnew);
-    /* smax < 2^ex (smax is 0 or a normal float: an fp16 value): p·s·2^(14 - ex) < 2^14; E within
-     * [-100, 100] so that 2^E and the rescale factors below are normal floats */
-    const int ex = (int)((__float_as_uint(smax) >> 23) & 0xffu) - 126;
-    int En = max(-100, min(100, 14 - ex));
-    if (smax == 0.0f) /* every weight of the sub-tile is 0: keep the scale */
-        En = S.E == INT_MIN ? 0 : S.E;
-    float f = alpha;
-    if (S.E == INT_MIN)
-        S.E = En;
-    else if (En < S.E || En > S.E + 10) {
-        f = alpha * __int_as_float((127 + En - S.E) << 23);
-        S.E = En;
-    }
-    if (__any_sync(DQCU_FULL, f != 1.0f)) {
-#pragma unroll
-        for (int j = 0; j < 16; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                S.O[j][e] *= f;
-    }
-    float pr[4], ps = 0.0f, pm = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        pr[i] = hw_ex2(lg[i] - mnew);
-        ps += pr[i];
-        pm = __fmaf_rn(pr[i], mid[i], pm);
-    }
-    S.l = __fmaf_rn(S.l, alpha, ps);
-    S.off = __fmaf_rn(S.off, alpha, pm);
-    S.m = mnew;
+    /* ---- the weights p·s·2^E as fp16 hi + lo, into the transpose buffer ---- */
     const float sc = __int_as_float((127 + S.E) << 23);
-    float wv[4];
 #pragma unroll
-    for (int i = 0; i < 4; i++)
-        wv[i] = pr[i] * sv[i] * sc;
-    const __half2 h01 = __floats2half2_rn(wv[0], wv[1]), h89 = __floats2half2_rn(wv[2], wv[3]);
-    const __half2 l01 = __floats2half2_rn(wv[0] - __low2float(h01), wv[1] - __high2float(h01));
-    const __half2 l89 = __floats2half2_rn(wv[2] - __low2float(h89), wv[3] - __high2float(h89));
-    const uint32_t a0 = *(const uint32_t *)(const void *)&h01, a1 = *(const uint32_t *)(const void *)&l01;
-    const uint32_t a2 = *(const uint32_t *)(const void *)&h89, a3 = *(const uint32_t *)(const void *)&l89;
+    for (int e = 0; e < HL; e++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const float pr = hw_ex2(lg[e][r] - S.m[e]);
+            S.l[e] += pr;
+            S.off[e] = __fmaf_rn(pr, mid[r], S.off[e]);
+            const float w = pr * (sv[r] * sc);
+            const __half hi = __float2half_rn(w), lo = __float2half_rn(w - __half2float(hi));
+            uint16_t *col = pt + (e * 8 + 2 * t) * HW_PSTR + g + 8 * r;
+            col[0] = __half_as_ushort(hi);
+            col[HW_PSTR] = __half_as_ushort(lo);
+        }
+    __syncwarp();
+    uint32_t pb[HL][2];
+#pragma unroll
+    for (int e = 0; e < HL; e++) {
+        const uint16_t *col = pt + (e * 8 + g) * HW_PSTR + 2 * t;
+        pb[e][0] = *(const uint32_t *)(const void *)col;
+        pb[e][1] = *(const uint32_t *)(const void *)(col + 8);
+    }
 
-    /* ---- values on tensor cores, straight from the code words ---- */
-    /* lane (r, c): group r / 2, channels 16·(r % 2) .., token pairs c and c + 4 */
+    /* ---- values on tensor cores, straight from the code words (fp16 subnormals 2(m - c)·2^-24) ---- */
     const uint32_t *vst = stg + 64u * BK;
     uint32_t u0[BV], u4[BV];
 #pragma unroll
     for (int i = 0; i < BV; i++) {
-        u0[i] = vst[(BV * r + (uint32_t)i) * 8u + c];
-        u4[i] = vst[(BV * r + (uint32_t)i) * 8u + c + 4u];
+        u0[i] = vst[(BV * g + (uint32_t)i) * 8u + t];
+        u4[i] = vst[(BV * g + (uint32_t)i) * 8u + t + 4u];
     }
 #pragma unroll
-    for (int j = 0; j < 16; j++)
-        hw_mma(S.O[j], a0, a1, a2, a3, hot_value_pair<BV>(u0, j, magic, c2v), hot_value_pair<BV>(u4, j, magic, c2v));
+    for (int i = 0; i < 8; i++) {
+        const uint32_t a0 = hot_value_operand<BV>(u0, 2 * i, cm), a1 = hot_value_operand<BV>(u0, 2 * i + 1, cm);
+        const uint32_t a2 = hot_value_operand<BV>(u4, 2 * i, cm), a3 = hot_value_operand<BV>(u4, 2 * i + 1, cm);
+#pragma unroll
+        for (int e = 0; e < HL; e++)
+            hw_mma(S.O[i][e], a0, a1, a2, a3, pb[e][0], pb[e][1]);
+    }
 }
 
 template <int G, int BK, int BV>
-__global__ void __launch_bounds__(ATT_THREADS, 3) attend_hotw_kernel(hot_params p)
+__global__ void __launch_bounds__(ATT_THREADS, G <= 4 ? 4 : 2) attend_hotw_kernel(hot_params p)
 {
+    constexpr int HL = hw_hl(G);
     extern __shared__ __align__(16) unsigned char smem[];
     const dqcu_tables &tb = *p.a.tab;
     const uint32_t QH = p.a.QH, W = tb.W, accs = HW_D + 2;
-    const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5, r = lane >> 2, c = lane & 3u;
+    const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5, g = lane >> 2, t = lane & 3u;
     const size_t b = blockIdx.x;
     const uint32_t yb = blockIdx.y / p.nhg, hg = blockIdx.y % p.nhg;
     const uint32_t split = yb == 0 ? p.a.nsplit : yb - 1;
@@ -886,32 +966,35 @@ __global__ void __launch_bounds__(ATT_THREADS, 3) attend_hotw_kernel(hot_params 
     const uint32_t ring = (uint32_t)__cvta_generic_to_shared(smem + L.ring) + warp * HW_NS * STB;
     const uint32_t *ringp = (const uint32_t *)(const void *)(smem + L.ring + (size_t)warp * HW_NS * STB);
     float *qs = (float *)(void *)(smem + L.qs);
-    uint4 *qa = (uint4 *)(void *)(smem + L.qa);
-    uint4 *qbf = qa + 4 * 32;
+    uint16_t *pt = (uint16_t *)(void *)(smem + L.pt) + (size_t)warp * HL * 8 * HW_PSTR;
     int8_t *qd = (int8_t *)(void *)(smem + L.qd);
+    uint2 *qfb = (uint2 *)(void *)(smem + L.qf);
+    int4 *qfi = (int4 *)(void *)(qfb + 4 * hw_nst(G) * 32);
     float *qmu = (float *)(void *)(smem + L.qmu);
+    const uint8_t **wp = (const uint8_t **)(void *)(smem + L.wp);
     float *mrg = (float *)(void *)(smem + L.mrg);
     float *st = (float *)(void *)(smem + L.st);
     float *qsum = st + HW_WARPS * G * 3, *qex = qsum + G;
     int *qds = (int *)(void *)(qex + G); /* [3][G] Σ of each digit */
     const float ck = 0.5f * (float)(tb.kind[0].M - 1), cv = 0.5f * (float)(tb.kind[1].M - 1);
+    const uint32_t cm = (tb.kind[1].M - 1) * 0x00010001u; /* M - 1 as two fp16 subnormals' bits */
     const int mk1 = (int)tb.kind[0].M - 1;
-    const __half2 c2vh = __floats2half2_rn(512.0f + cv, 512.0f + cv);
-    const uint32_t c2v = *(const uint32_t *)(const void *)&c2vh, magic = c2v & 0xfc00fc00u; /* 0x60006000 */
+    /* logits in log2 units (scale·log2 e): ex2 without range reduction; maxima go out in natural units */
+    const float scale = p.a.scale * 1.4426950408889634f;
     const float *qb = p.a.q + b * (size_t)QH * HW_D;
 
     for (uint32_t kvh = kv0; kvh < kv1; kvh++) {
         /* the group's queries, rotated; Σ q', the exponent e of max |q'| and the digits of
          * Q = q'·2^(19 - e) per head */
-        for (uint32_t g = warp; g < (uint32_t)G; g += HW_WARPS) {
+        for (uint32_t hh = warp; hh < (uint32_t)G; hh += HW_WARPS) {
             float y[ATT_DVMAX];
-            att_rotate_query(qb + (size_t)(kvh * G + g) * HW_D, tb.signs + kvh * HW_D, tb.rot_scale, HW_D, lane, y);
+            att_rotate_query(qb + (size_t)(kvh * G + hh) * HW_D, tb.signs + kvh * HW_D, tb.rot_scale, HW_D, lane, y);
             float s = 0.0f, mx = 0.0f;
 #pragma unroll
             for (int k = 0; k < HW_D / 32; k++) {
                 s += y[k];
                 mx = fmaxf(mx, fabsf(y[k]));
-                qs[g * HW_D + (uint32_t)k * 32u + lane] = y[k];
+                qs[hh * HW_D + (uint32_t)k * 32u + lane] = y[k];
             }
             s = dqcu_warp_sum(s);
             mx = dqcu_warp_max(mx);
@@ -924,7 +1007,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 3) attend_hotw_kernel(hot_params 
             for (int k = 0; k < HW_D / 32; k++) {
                 int hi, mi, lo;
                 hot_query_digits(y[k], up, hi, mi, lo);
-                const uint32_t e = g * HW_D + (uint32_t)k * 32u + lane;
+                const uint32_t e = hh * HW_D + (uint32_t)k * 32u + lane;
                 qd[e] = (int8_t)hi;
                 qd[G * HW_D + e] = (int8_t)mi;
                 qd[2 * G * HW_D + e] = (int8_t)lo;
@@ -936,74 +1019,59 @@ __global__ void __launch_bounds__(ATT_THREADS, 3) attend_hotw_kernel(hot_params 
             for (int i = 0; i < 3; i++)
                 sd[i] = __reduce_add_sync(DQCU_FULL, sd[i]);
             if (lane == 0) {
-                qsum[g] = s;
-                qex[g] = __int_as_float((127 + ex - 20) << 23);
+                qsum[hh] = s;
+                qex[hh] = __int_as_float((127 + ex - 20) << 23);
                 for (int i = 0; i < 3; i++)
-                    qds[i * G + g] = sd[i];
+                    qds[i * G + hh] = sd[i];
             }
         }
         __syncthreads();
-        /* the A fragments of k-step ks, lane (rr, cc): twice the digits of head rr's channels
-         * 32cc + 8ks + 0..3 (a0, a1) and + 4..7 (a2, a3); tile A: hi (rows rr), mid (rows 8 + rr);
-         * tile B: lo (rows rr) */
-        for (uint32_t i = tid; i < 4u * 32u; i += ATT_THREADS) {
-            const uint32_t ks = i / 32u, ln = i % 32u, rr = ln >> 2, cc = ln & 3u;
-            uint32_t fr[3][2] = {{0u, 0u}, {0u, 0u}, {0u, 0u}};
-            if (rr < (uint32_t)G) {
+        /* (the round's barrier below orders these before their use) */
+        hw_query_build<G>(qfb, qfi, qd, qds, mk1, tid);
+        hw_query<G> Qf;
+        Qf.b = qfb;
+        Qf.init = qfi;
+        float xs[HL], qsm[HL];
 #pragma unroll
-                for (int dg = 0; dg < 3; dg++)
-#pragma unroll
-                    for (int hf = 0; hf < 2; hf++) {
-                        const int8_t *d4 = qd + ((size_t)dg * G + rr) * HW_D + 32u * cc + 8u * ks + 4u * (uint32_t)hf;
-                        uint32_t v = 0;
-#pragma unroll
-                        for (int y = 0; y < 4; y++)
-                            v |= (uint32_t)(uint8_t)(int8_t)(2 * d4[y]) << (8 * y);
-                        fr[dg][hf] = v;
-                    }
-            }
-            qa[i] = make_uint4(fr[0][0], fr[1][0], fr[0][1], fr[1][1]);
-            qbf[i] = make_uint4(fr[2][0], 0u, fr[2][1], 0u);
-        }
-        const float xs = r < (uint32_t)G ? qex[r] : 0.0f, qsm = r < (uint32_t)G ? qsum[r] : 0.0f;
-        hw_query Qf;
-        Qf.qa = qa;
-        Qf.qb = qbf;
-        {
-            const int ih = r < (uint32_t)G ? -mk1 * qds[r] : 0, im = r < (uint32_t)G ? -mk1 * qds[G + r] : 0;
-            const int il = r < (uint32_t)G ? -mk1 * qds[2 * G + r] : 0;
-            Qf.initA = make_int4(ih, ih, im, im);
-            Qf.initB = make_int4(il, il, 0, 0);
+        for (int e = 0; e < HL; e++) {
+            const uint32_t h = HL * t + (uint32_t)e;
+            xs[e] = h < (uint32_t)G ? qex[h] : 0.0f;
+            qsm[e] = h < (uint32_t)G ? qsum[h] : 0.0f;
         }
         const hw_src<BK, BV> srcs = hw_sources<BK, BV>(p, W, kvh, lane);
-        hw_state S;
-        S.m = -INFINITY;
-        S.l = 0.0f;
-        S.off = 0.0f;
-        S.E = INT_MIN;
+        hw_state<HL> S;
+        S.E = 100;
 #pragma unroll
-        for (int j = 0; j < 16; j++)
+        for (int e = 0; e < HL; e++) {
+            S.m[e] = -INFINITY;
+            S.l[e] = 0.0f;
+            S.off[e] = 0.0f;
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                S.O[j][e] = 0.0f;
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+                    S.O[i][e][k] = 0.0f;
+        }
         for (uint32_t rt = tile0; rt < tile1; rt += HW_ROUND) {
             const uint32_t rn = min((uint32_t)HW_ROUND, tile1 - rt);
-            /* the key-mean term of each tile's window and head: a warp per tile */
+            /* the key-mean term of each tile's window and head: a warp per tile; the windows */
             for (uint32_t i = warp; i < rn; i += HW_WARPS) {
                 const uint8_t *win = sq.windows[(rt + i) / p.a.tpw];
+                if (lane == 0)
+                    wp[i] = win;
                 const uint16_t *mu2 = (const uint16_t *)(const void *)(win + 2u + kvh * HW_D + 4u * lane);
                 const uint32_t mw = (uint32_t)__ldg(mu2) | (uint32_t)__ldg(mu2 + 1) << 16;
                 const float sfm = dqcu_f16_le(win);
 #pragma unroll
-                for (int g = 0; g < G; g++) {
+                for (int hh = 0; hh < G; hh++) {
                     float v = 0.0f;
 #pragma unroll
                     for (int j = 0; j < 4; j++)
-                        v = __fmaf_rn(qs[g * HW_D + 4u * lane + (uint32_t)j], (float)(int8_t)(uint8_t)(mw >> (8 * j)),
+                        v = __fmaf_rn(qs[hh * HW_D + 4u * lane + (uint32_t)j], (float)(int8_t)(uint8_t)(mw >> (8 * j)),
                                       v);
                     v = dqcu_warp_sum(v);
                     if (lane == 0)
-                        qmu[i * G + (uint32_t)g] = p.a.scale * 1.4426950408889634f * (v * sfm);
+                        qmu[i * G + (uint32_t)hh] = scale * (v * sfm);
                 }
             }
             __syncthreads();
@@ -1015,56 +1083,68 @@ __global__ void __launch_bounds__(ATT_THREADS, 3) attend_hotw_kernel(hot_params 
             for (uint32_t k = 0; k + 1 < HW_NS; k++) {
                 const uint32_t j = j0 + k;
                 if (j < j1)
-                    hw_issue_sub<BK, BV>(srcs, sq, p.a.tpw, rt, j, ring + k * STB, lane);
+                    hw_issue_sub<BK, BV>(srcs, wp, p.a.tpw, rt, j, ring + k * STB, lane);
                 hw_commit();
             }
             uint32_t sj = 0, sn = HW_NS - 1; /* ring stages of sub-tiles j and j + HW_NS - 1 */
             for (uint32_t j = j0; j < j1; j++, sj = sj + 1 == HW_NS ? 0 : sj + 1, sn = sn + 1 == HW_NS ? 0 : sn + 1) {
                 const uint32_t jn = j + HW_NS - 1;
-                __syncwarp(); /* every lane is done with the stage jn overwrites (sub-tile j - 1's) */
+                __syncwarp(); /* every lane is done with the stage jn overwrites (sub-tile j - 1's) and
+                                 with the transpose buffer */
                 if (jn < j1)
-                    hw_issue_sub<BK, BV>(srcs, sq, p.a.tpw, rt, jn, ring + sn * STB, lane);
+                    hw_issue_sub<BK, BV>(srcs, wp, p.a.tpw, rt, jn, ring + sn * STB, lane);
                 hw_commit();
                 asm volatile("cp.async.wait_group %0;" ::"n"(HW_NS - 1) : "memory");
                 __syncwarp(); /* the other lanes' copies of sub-tile j are visible */
                 const uint32_t i = j / (ATT_T / 16);
-                const float qm = r < (uint32_t)G ? qmu[i * G + r] : 0.0f;
-                hw_subtile<BK, BV>(p, ringp + sj * (STB / 4), Qf, qm, xs, qsm, ck, cv, c2v, magic, S, r, c, lane);
-            }
-            __syncthreads(); /* qmu is rewritten by the next round */
-        }
-        /* the warp's rows into shared memory: O·2^-E by channel, m, Σp, Σp·mid */
-        S.l += __shfl_xor_sync(DQCU_FULL, S.l, 1);
-        S.l += __shfl_xor_sync(DQCU_FULL, S.l, 2);
-        S.off += __shfl_xor_sync(DQCU_FULL, S.off, 1);
-        S.off += __shfl_xor_sync(DQCU_FULL, S.off, 2);
-        if (r < (uint32_t)G) {
-            const float un = S.E == INT_MIN ? 0.0f : __int_as_float((127 - S.E) << 23);
-            float *mr = mrg + (warp * G + r) * HW_D;
+                float qm[HL];
 #pragma unroll
-            for (int j = 0; j < 16; j++) {
-                mr[32u * c + (uint32_t)j] = (S.O[j][0] + S.O[j][2]) * un;
-                mr[32u * c + 16u + (uint32_t)j] = (S.O[j][1] + S.O[j][3]) * un;
+                for (int e = 0; e < HL; e++) {
+                    const uint32_t h = HL * t + (uint32_t)e;
+                    qm[e] = h < (uint32_t)G ? qmu[i * G + h] : 0.0f;
+                }
+                hw_subtile<G, BK, BV>(ringp + sj * (STB / 4), Qf, qm, xs, qsm, scale, ck, cv, cm, S, pt, g, t);
             }
-            if (c == 0) {
-                st[(warp * G + r) * 3] = S.m;
-                st[(warp * G + r) * 3 + 1] = S.l;
-                st[(warp * G + r) * 3 + 2] = S.off;
+            __syncthreads(); /* qmu and wp are rewritten by the next round */
+        }
+        /* the warp's rows into shared memory: O·2^(23 - E) by channel, m, Σp, Σp·mid */
+        const float un = __int_as_float((127 + 23 - S.E) << 23);
+#pragma unroll
+        for (int e = 0; e < HL; e++) {
+            float l = S.l[e], off = S.off[e];
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) {
+                l += __shfl_xor_sync(DQCU_FULL, l, o);
+                off += __shfl_xor_sync(DQCU_FULL, off, o);
+            }
+            const uint32_t h = HL * t + (uint32_t)e;
+            if (h < (uint32_t)G) {
+                float *mr = mrg + (warp * G + h) * HW_D + 16u * g;
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    mr[2 * i] = (S.O[i][e][0] + S.O[i][e][1]) * un;
+                    mr[2 * i + 1] = (S.O[i][e][2] + S.O[i][e][3]) * un;
+                }
+                if (g == 0) {
+                    st[(warp * G + h) * 3] = S.m[e];
+                    st[(warp * G + h) * 3 + 1] = l;
+                    st[(warp * G + h) * 3 + 2] = off;
+                }
             }
         }
         __syncthreads();
         /* merge the warps and finish (un-rotate) each head's partial row: a warp per head */
-        for (uint32_t g = warp; g < (uint32_t)G; g += HW_WARPS) {
+        for (uint32_t hh = warp; hh < (uint32_t)G; hh += HW_WARPS) {
             float M = -INFINITY;
 #pragma unroll
             for (int w = 0; w < HW_WARPS; w++)
-                M = fmaxf(M, st[(w * G + g) * 3]);
+                M = fmaxf(M, st[(w * G + hh) * 3]);
             float fw[HW_WARPS], Ls = 0.0f;
 #pragma unroll
             for (int w = 0; w < HW_WARPS; w++) {
-                const float mw = st[(w * G + g) * 3];
+                const float mw = st[(w * G + hh) * 3];
                 fw[w] = mw == -INFINITY ? 0.0f : exp2f(mw - M); /* log2 units */
-                Ls = __fmaf_rn(fw[w], st[(w * G + g) * 3 + 1], Ls);
+                Ls = __fmaf_rn(fw[w], st[(w * G + hh) * 3 + 1], Ls);
             }
             float y[ATT_DVMAX];
 #pragma unroll
@@ -1074,11 +1154,11 @@ __global__ void __launch_bounds__(ATT_THREADS, 3) attend_hotw_kernel(hot_params 
                 if (e < HW_D)
 #pragma unroll
                     for (int w = 0; w < HW_WARPS; w++)
-                        v = __fmaf_rn(fw[w], mrg[(w * G + g) * HW_D + e] + st[(w * G + g) * 3 + 2], v);
+                        v = __fmaf_rn(fw[w], mrg[(w * G + hh) * HW_D + e] + st[(w * G + hh) * 3 + 2], v);
                 y[k] = v;
             }
             dqcu_fwht(y, HW_D, lane);
-            float *ph = part + (size_t)(kvh * G + g) * accs;
+            float *ph = part + (size_t)(kvh * G + hh) * accs;
 #pragma unroll
             for (int k = 0; k < ATT_DVMAX; k++) {
                 const uint32_t e = (uint32_t)k * 32u + lane;
@@ -1090,7 +1170,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 3) attend_hotw_kernel(hot_params 
                 ph[HW_D + 1] = Ls;
             }
         }
-        __syncthreads(); /* qs, qa, mrg, st are the next KV head's */
+        __syncthreads(); /* qs, pt, mrg, st are the next KV head's */
     }
 }
 

@@ -232,22 +232,14 @@ DQCU_HD_INLINE void hot_key_pairs(const uint32_t (&w)[B], int k, uint32_t c2, ui
     p23 = hot_half_pair(dqcu_hot_prmt(x, 0u, 0x4342), c2);
 }
 
-/* Value channel k's pair (both tokens of a half-word lane) as the fp16x2 (m - c): one shift, one
- * LOP3 (mask and the exponent 0x6000 together; magic is 0x60006000 in a register, so that the
- * compiler cannot split it into two immediates) and one subtraction (hot_half_pair). */
+/* Value channel k's pair (both tokens of a half-word lane) as the warp kernel's operand: the fp16
+ * subnormals 2·(m - c)·2^-24 = (2m - (M - 1))·2^-24, exact (one shift, one mask, one subtraction;
+ * cm = M - 1 in both halves). Centred, so that the accumulator holds Σ w·(m - c), not a large
+ * Σ w·m the offset would have to cancel. */
 template <int B>
-DQCU_HD_INLINE uint32_t hot_value_pair(const uint32_t (&w)[B], int k, uint32_t magic, uint32_t c2)
+DQCU_HD_INLINE uint32_t hot_value_operand(const uint32_t (&w)[B], int k, uint32_t cm)
 {
-    constexpr int q = 16 / B;
-    uint32_t x;
-    if (k < q * B) {
-        const int sh = B * (k % q) - 1;
-        const uint32_t y = sh >= 0 ? w[k / q] >> (sh & 31) : w[k / q] << (-sh & 31);
-        x = dqcu_and_or<(((1u << B) - 1u) << 1) * 0x00010001u>(y, magic);
-    } else {
-        x = hot_lane_code<B, 16, 1>(w, k) | magic;
-    }
-    return dqcu_sub_f16x2(x, c2);
+    return dqcu_sub_f16x2(hot_lane_code<B, 16, 1>(w, k), cm);
 }
 
 /* The warp kernel's integer scores (attend_hot.cu): a rotated query value y, scaled by up =

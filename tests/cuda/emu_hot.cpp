@@ -7,8 +7,10 @@
  *   - dqcu_hot_code (the rebuild's reader), for every channel of every token;
  *   - hot_lane_code (the attention kernels' operands): keys' byte lanes (channels 4k .. 4k + 3 as
  *     four bytes), values' half-word lanes (a channel's codes of two tokens 16 bits apart);
- *   - hot_key_pairs and hot_value_pair: the fp16 operands (m - c), exactly, for c = (M - 1) / 2
- *     (half-integers included: what an fp16 constant 1024 + c gets wrong);
+ *   - hot_key_pairs: the block kernel's fp16 operands (m - c), exactly, for c = (M - 1) / 2
+ *     (half-integers included: what an fp16 constant 1024 + c gets wrong); the warp kernel's
+ *     value operand hot_value_operand: a half-word lane's codes as the fp16 subnormals
+ *     (2m - (M - 1))·2^-24, exactly;
  * and dqcu_hot_group_put/store (the transcoders' writer) must write the code regions byte for byte.
  * The warp kernel's integer scores: hot_query_digits must split every query value exactly into
  * digits that fit its s8 operands, and the exact integer products (the IMMA's, with their starting
@@ -92,8 +94,8 @@ static void check_profile(uint32_t MK, uint32_t MV)
     }
     const uint32_t *kc = (const uint32_t *)(const void *)(hot.data() + off[2]);
     const uint32_t *vc = (const uint32_t *)(const void *)(hot.data() + off[3]);
-    const float ck = 0.5f * (float)(MK - 1), cv = 0.5f * (float)(MV - 1);
-    const uint32_t c2k = dqcu_float_f16(512.0f + ck) * 0x00010001u, c2v = dqcu_float_f16(512.0f + cv) * 0x00010001u;
+    const float ck = 0.5f * (float)(MK - 1);
+    const uint32_t c2k = dqcu_float_f16(512.0f + ck) * 0x00010001u;
 
     /* the rebuild's reader */
     for (int kind = 0; kind < 2; kind++)
@@ -136,9 +138,11 @@ static void check_profile(uint32_t MK, uint32_t MV)
                     const uint32_t x = hot_lane_code<BV, 16>(u, kk);
                     EXPECT(x == (m0 | m1 << 16), "%s value pair %u group %u half %u lane code %d: %08x", name, pr, g, h,
                            kk, x);
-                    const uint32_t vp = hot_value_pair<BV>(u, kk, 0x60006000u, c2v);
-                    EXPECT(t1 >= W || halves_are(vp, (float)m0 - cv, (float)m1 - cv),
-                           "%s value pair %u channel %u: %08x (c %.1f)", name, pr, j, vp, cv);
+                    /* the warp kernel's value operand: the fp16 subnormals (2m - (M - 1))·2^-24 */
+                    const uint32_t vp = hot_value_operand<BV>(u, kk, (MV - 1) * 0x00010001u);
+                    EXPECT(t1 >= W || halves_are(vp, ldexpf(2.0f * (float)m0 - (float)(MV - 1), -24),
+                                                 ldexpf(2.0f * (float)m1 - (float)(MV - 1), -24)),
+                           "%s value pair %u channel %u: %08x (M %u)", name, pr, j, vp, MV);
                 }
             }
     /* the transcoders' writer */
