@@ -553,17 +553,18 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 6) attend_hot_kernel
  * lane's k-slots 4t.. of k-step s are channels 32t + 8s + 0..3, its k-slots 16 + 4t.. channels
  * 32t + 8s + 4..7: one shift and one mask each, the queries permuted to match). The B operand is
  * the queries, rotated and scaled by 2^(19 - e) (max |q'| < 2^e), as integers Q = 2^14·hi +
- * 2^7·mid + lo in balanced base-128 digits (twice each digit as s8), kept in registers for the KV
- * head: for G <= 4 n-tile 0's column 2h is head h's hi, 2h + 1 its mid, n-tile 1's column 2h its
- * lo (2h + 1 zero), so lane (g, t)'s C fragments hold all three digit products of head t for
- * tokens g and g + 8; for G = 8 n-tile d's column h is head h's digit d. Each product starts from
- * -(M - 1)·Σdigit and so ends at Σ digit·(2m - (M - 1)) = 2·Σ digit·(m - c); 2^14·D_hi +
- * 2^7·D_mid + D_lo in fp32 is 2^(20 - e)·q'·(m - c) to fp32's rounding (hot_digit_dot). Every
- * lane's scores are real ones: no lane computes a softmax for an empty row.
+ * 2^7·mid + lo in balanced base-128 digits (twice each digit as s8), built once per KV head into
+ * shared memory (hw_query): for G <= 4 n-tile 0's column 2h is head h's hi, 2h + 1 its mid,
+ * n-tile 1's column 2h its lo (2h + 1 zero), so lane (g, t)'s C fragments hold all three digit
+ * products of head t for tokens g and g + 8; for G = 8 n-tile d's column h is head h's digit d.
+ * Each product starts from -(M - 1)·Σdigit and so ends at Σ digit·(2m - (M - 1)) =
+ * 2·Σ digit·(m - c); 2^14·D_hi + 2^7·D_mid + D_lo in fp32 is 2^(20 - e)·q'·(m - c) to fp32's
+ * rounding (hot_digit_dot). Every lane's scores are real ones: no lane computes a softmax for an
+ * empty row.
  *
  * The softmax is lazy: each head's reference max m (log2 units, the same in the 8 lanes holding
  * the head) changes only when a score exceeds it by more than 2^8 (a vote per sub-tile; then the
- * head's max over the sub-tile becomes the reference, and the accumulator, Σp and Σp·o are
+ * head's max over the sub-tile becomes the reference, and the accumulator, Σp and Σp·mid are
  * rescaled), so the weights p = 2^(x - m) stay below 2^8 without a reduction per sub-tile.
  *
  * Values O^T = V^T·P^T on fp16 tensor cores (mma.m16n8k16): the A operand is the value codes as
@@ -571,15 +572,16 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 6) attend_hot_kernel
  * reads, for group g / 2 and channels 16·(g % 2) .., the words of token pairs (2t, 2t + 1) and
  * (2t + 8, 2t + 9), and one shift, one mask and one subtraction make a channel's pair of centred
  * codes (hot_value_operand; row g of m-tile i: channel 16g + 2i, row g + 8: 16g + 2i + 1).
- * Centred: accumulating Σ w·m in the tensor cores' fp32 and cancelling its large offset at the end
- * lost up to 1.2e-3 of the result over 16K tokens (run 102). The B operand is the weights p·s·2^E as fp16 hi + lo (column 2h head h's
- * hi, 2h + 1 its lo; for G = 8 one n-tile per e), moved through a small buffer in shared memory
- * from the lanes that computed them (tokens g, g + 8) to the lanes the fragment needs (column g):
- * the accumulator's lane (g, t) then holds head h's hi and lo sums side by side. The value scale s
- * folds into the weights, the offset (s·c + o) into a scalar per head (Σ p·mid); 2^E (warp-wide, moved
- * with the same rescale when a sub-tile's largest s would overflow it or has fallen 2^10 below it)
- * keeps p·s·2^E below 2^15 and far above fp16's subnormals. The key means' term q'·μ is computed once per
- * tile and head by a warp, in rounds of HW_ROUND tiles between two barriers. */
+ * Centred: accumulating Σ w·m in the tensor cores' fp32 and cancelling its large offset at the
+ * end lost up to 1.2e-3 of the result over 16K tokens (run 102). The B operand is the weights
+ * p·s·2^E as fp16 hi + lo (column 2h head h's hi, 2h + 1 its lo; for G = 8 one n-tile per e),
+ * moved through a small buffer in shared memory from the lanes that computed them (tokens g,
+ * g + 8) to the lanes the fragment needs (column g): the accumulator's lane (g, t) then holds
+ * head h's hi and lo sums side by side. The value scale s folds into the weights, the offset
+ * (s·c + o) into a scalar per head (Σ p·mid); 2^E (warp-wide, moved with the same rescale when a
+ * sub-tile's largest s would overflow it or has fallen 2^10 below it) keeps p·s·2^E below 2^15
+ * and far above fp16's subnormals. The key means' term q'·μ is computed once per tile and head
+ * by a warp, in rounds of HW_ROUND tiles between two barriers. */
 #define HW_D 128
 #define HW_ROUND 32
 #define HW_WARPS (ATT_THREADS / 32)
