@@ -587,7 +587,6 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 6) attend_hot_kernel
 #define HW_WARPS (ATT_THREADS / 32)
 
 #define HW_NS 3      /* stages of each warp's cp.async ring: sub-tiles j + 1 and j + 2 in flight while j is computed */
-#define HW_PSTR 24   /* fp16 stride of a weight column in the transpose buffer (conflict-free stores and loads) */
 #define HW_LAZY 8.0f /* log2 of the largest weight before the reference max moves */
 
 /* Bytes of one sub-tile in a warp's ring, in the order its 16-byte chunks are copied: key codes
@@ -616,8 +615,8 @@ __host__ __device__ inline hotw_layout hotw_plan(uint32_t G, uint32_t bk, uint32
     size_t b = 0;
     L.qs = b; /* [G][128] rotated queries (fp32) */
     b = hot_align(b + (size_t)G * HW_D * sizeof(float));
-    L.pt = b; /* [warps][HL n-tiles][8 columns][HW_PSTR] the weights' transpose buffer (fp16) */
-    b = hot_align(b + (size_t)HW_WARPS * (G <= 4 ? 1 : 2) * 8 * HW_PSTR * 2);
+    L.pt = b; /* [warps][HL n-tiles][8 columns][DQCU_HOT_PSTR] the weights' transpose buffer (hot_pt_at) */
+    b = hot_align(b + (size_t)HW_WARPS * (G <= 4 ? 1 : 2) * 8 * DQCU_HOT_PSTR * 2);
     L.qd = b; /* [3 digits][G][128] the queries' base-128 digits (int8) */
     b = hot_align(b + 3 * (size_t)G * HW_D);
     L.qf = b; /* hw_query: [4][n-tiles][32] uint2, then [n-tiles][32] int4 */
@@ -759,21 +758,6 @@ struct hw_query {
     const int4 *init; /* [score n-tiles][32 lanes] */
 };
 
-/* Which digit (0 hi, 1 mid, 2 lo) of which head column n of score n-tile s holds; false for a zero
- * column. */
-template <int G>
-__device__ __forceinline__ bool hw_column(int s, uint32_t n, uint32_t &dg, uint32_t &h)
-{
-    if (G <= 4) {
-        h = n >> 1;
-        dg = s == 0 ? (n & 1u) : 2u;
-        return h < (uint32_t)G && !(s == 1 && (n & 1u));
-    }
-    h = n;
-    dg = (uint32_t)s;
-    return n < (uint32_t)G;
-}
-
 /* The block's threads write the fragments of every (k-step, n-tile, lane): b0 holds k-slots
  * 4t .. 4t + 3 of column g (channels 32t + 8ks + 0..3), b1 channels + 4..7, each digit doubled. */
 template <int G>
@@ -785,7 +769,7 @@ __device__ __forceinline__ void hw_query_build(uint2 *qb, int4 *qi, const int8_t
         const uint32_t ln = x % 32u, g = ln >> 2, t = ln & 3u, s = (x / 32u) % NS, ks = x / (32u * NS);
         if (ks < 4) {
             uint32_t dg, h, v[2] = {0u, 0u};
-            if (hw_column<G>((int)s, g, dg, h))
+            if (hot_score_column(G, (int)s, g, dg, h))
                 for (int hf = 0; hf < 2; hf++)
                     v[hf] = (*(const uint32_t *)(const void *)(qd + ((size_t)dg * G + h) * HW_D + 32u * t + 8u * ks +
                                                                4u * (uint32_t)hf)
@@ -796,7 +780,7 @@ __device__ __forceinline__ void hw_query_build(uint2 *qb, int4 *qi, const int8_t
             int in[2];
             for (uint32_t e = 0; e < 2; e++) {
                 uint32_t de, he;
-                in[e] = hw_column<G>((int)s, 2u * t + e, de, he) ? -mk1 * qds[de * G + he] : 0;
+                in[e] = hot_score_column(G, (int)s, 2u * t + e, de, he) ? -mk1 * qds[de * G + he] : 0;
             }
             qi[s * 32u + ln] = make_int4(in[0], in[1], in[0], in[1]);
         }
@@ -880,8 +864,7 @@ __device__ __forceinline__ void hw_subtile(const uint32_t *stg, const hw_query<G
         mid[r] = __fmaf_rn(sov.x, cv, sov.y);
 #pragma unroll
         for (int e = 0; e < HL; e++) {
-            const float dot = G <= 4 ? hot_digit_dot(C[0][2 * r], C[0][2 * r + 1], C[1][2 * r])
-                                     : hot_digit_dot(C[0][2 * r + e], C[1][2 * r + e], C[2][2 * r + e]);
+            const float dot = hot_tile_dot<G>(C, r, e);
             lg[e][r] = __fmaf_rn(scale, __fmaf_rn(sok.x, dot * xs[e], __fmaf_rn(sok.x, ck, sok.y) * qsm[e]), qm[e]);
             trig |= lg[e][r] > S.m[e] + HW_LAZY;
         }
@@ -905,15 +888,15 @@ __device__ __forceinline__ void hw_subtile(const uint32_t *stg, const hw_query<G
             S.off[e] = __fmaf_rn(pr, mid[r], S.off[e]);
             const float w = pr * (sv[r] * sc);
             const __half hi = __float2half_rn(w), lo = __float2half_rn(w - __half2float(hi));
-            uint16_t *col = pt + (e * 8 + 2 * t) * HW_PSTR + g + 8 * r;
+            uint16_t *col = pt + hot_pt_at(e, 2 * t, g + 8 * r);
             col[0] = __half_as_ushort(hi);
-            col[HW_PSTR] = __half_as_ushort(lo);
+            col[DQCU_HOT_PSTR] = __half_as_ushort(lo); /* column 2t + 1 */
         }
     __syncwarp();
     uint32_t pb[HL][2];
 #pragma unroll
     for (int e = 0; e < HL; e++) {
-        const uint16_t *col = pt + (e * 8 + g) * HW_PSTR + 2 * t;
+        const uint16_t *col = pt + hot_pt_at(e, g, 2 * t);
         pb[e][0] = *(const uint32_t *)(const void *)col;
         pb[e][1] = *(const uint32_t *)(const void *)(col + 8);
     }
@@ -968,7 +951,7 @@ __global__ void __launch_bounds__(ATT_THREADS, G <= 4 ? 4 : 2) attend_hotw_kerne
     const uint32_t ring = (uint32_t)__cvta_generic_to_shared(smem + L.ring) + warp * HW_NS * STB;
     const uint32_t *ringp = (const uint32_t *)(const void *)(smem + L.ring + (size_t)warp * HW_NS * STB);
     float *qs = (float *)(void *)(smem + L.qs);
-    uint16_t *pt = (uint16_t *)(void *)(smem + L.pt) + (size_t)warp * HL * 8 * HW_PSTR;
+    uint16_t *pt = (uint16_t *)(void *)(smem + L.pt) + (size_t)warp * HL * 8 * DQCU_HOT_PSTR;
     int8_t *qd = (int8_t *)(void *)(smem + L.qd);
     uint2 *qfb = (uint2 *)(void *)(smem + L.qf);
     int4 *qfi = (int4 *)(void *)(qfb + 4 * hw_nst(G) * 32);

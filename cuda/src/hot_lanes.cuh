@@ -269,4 +269,44 @@ DQCU_HD_INLINE float hot_digit_dot(int d_hi, int d_mid, int d_lo)
 #endif
 }
 
+/* The warp kernel's tile geometry (attend_hot.cu): lane (g, t) of a warp holds tokens g and g + 8
+ * of a 16-token sub-tile and HL heads h = HL·t + e (HL = 1 for G <= 4, 2 for G = 8).
+ * The score product S^T = K·Q^T's B operand (the query digits) has, for G <= 4, head h's hi digit
+ * in column 2h of n-tile 0, its mid in column 2h + 1, its lo in column 2h of n-tile 1 (column
+ * 2h + 1 zero); for G = 8 digit s of head h in column h of n-tile s. hot_score_column says which
+ * digit dg (0 hi, 1 mid, 2 lo) of which head h column n (0..7) of n-tile s holds: false for a
+ * zero column. */
+DQCU_HD_INLINE bool hot_score_column(int G, int s, uint32_t n, uint32_t &dg, uint32_t &h)
+{
+    if (G <= 4) {
+        h = n >> 1;
+        dg = s == 0 ? (n & 1u) : 2u;
+        return h < (uint32_t)G && !(s == 1 && (n & 1u));
+    }
+    h = n;
+    dg = (uint32_t)s;
+    return n < (uint32_t)G;
+}
+
+/* Lane (g, t)'s score of head e and token g + 8r, combined from its C fragments (C[s] of score
+ * n-tile s: c0, c1 row g, columns 2t, 2t + 1; c2, c3 row g + 8): hot_digit_dot of the hi, mid
+ * and lo products. */
+template <int G>
+DQCU_HD_INLINE float hot_tile_dot(const int (&C)[G <= 4 ? 2 : 3][4], int r, int e)
+{
+    if (G <= 4)
+        return hot_digit_dot(C[0][2 * r], C[0][2 * r + 1], C[1][2 * r]);
+    return hot_digit_dot(C[0][2 * r + e], C[1][2 * r + e], C[2][2 * r + e]);
+}
+
+/* The weights' transpose buffer of a warp (fp16, DQCU_HOT_PSTR a column: conflict-free stores and
+ * loads): lane (g, t) writes its weight of head e and token g + 8r as hi to column 2t, lo to
+ * column 2t + 1 of value n-tile e; the value product's B fragment of lane (g, t) is column g,
+ * tokens 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1). */
+#define DQCU_HOT_PSTR 24
+DQCU_HD_INLINE uint32_t hot_pt_at(int e, uint32_t col, uint32_t tok)
+{
+    return ((uint32_t)e * 8u + col) * DQCU_HOT_PSTR + tok;
+}
+
 #endif

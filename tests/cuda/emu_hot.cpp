@@ -15,6 +15,10 @@
  * The warp kernel's integer scores: hot_query_digits must split every query value exactly into
  * digits that fit its s8 operands, and the exact integer products (the IMMA's, with their starting
  * values) combined by hot_digit_dot must give Σ q·(m - c) within the digits' rounding bound.
+ * The warp kernel's sub-tile (check_warp_tile, G = 1, 2, 4, 8): its fragments gathered from a ring
+ * stage the way the kernel gathers them, multiplied as PTX lays out mma.m16n8k32 and m16n8k16,
+ * must give every lane's score products exactly and its value accumulators (through the weights'
+ * transpose buffer) to double's rounding.
  * checkcuda is the test on a GPU; this one catches a layout drift between lib and the device code
  * on any machine. Exit status 0, or 1 with the first mismatches printed. */
 #include <math.h>
@@ -213,9 +217,204 @@ static void check_digits(void)
     }
 }
 
+/* The warp kernel's sub-tile (attend_hot.cu, hw_subtile) at the level of its matrices: the
+ * fragments built from a ring stage as the kernel builds them (hot_lane_code, hot_score_column,
+ * hot_tile_dot, hot_pt_at, hot_value_operand), multiplied as mma.m16n8k32 and mma.m16n8k16
+ * multiply PTX's fragment layouts, against the direct sums: every lane's score products exactly,
+ * every lane's value accumulators to double's rounding. */
+template <int G, int BK, int BV>
+static void check_warp_tile(uint32_t MK, uint32_t MV)
+{
+    constexpr int HL = G <= 4 ? 1 : 2, NS = G <= 4 ? 2 : 3;
+    uint32_t mk[16][128], mv[16][128];
+    std::vector<uint32_t> stg(64 * BK + 64 * BV, 0u); /* key codes [group][word][16], value codes [group][word][8] */
+    for (uint32_t tok = 0; tok < 16; tok++)
+        for (uint32_t grp = 0; grp < 4; grp++) {
+            dqcu_hot_group gk, gv;
+            dqcu_hot_group_clear(gk);
+            dqcu_hot_group_clear(gv);
+            for (uint32_t c = 0; c < 32; c++) {
+                mk[tok][32 * grp + c] = (uint32_t)((uniform() * 0.5f + 0.5f) * (float)MK) % MK;
+                mv[tok][32 * grp + c] = (uint32_t)((uniform() * 0.5f + 0.5f) * (float)MV) % MV;
+                dqcu_hot_group_put(gk, 0, BK, c, mk[tok][32 * grp + c]);
+                dqcu_hot_group_put(gv, 1, BV, c, mv[tok][32 * grp + c]);
+            }
+            dqcu_hot_group_store(gk, stg.data(), 0, BK, 16, grp, tok);
+            dqcu_hot_group_store(gv, stg.data() + 64 * BK, 1, BV, 16, grp, tok);
+        }
+    /* the queries' digits (one exponent a head, as the kernel) */
+    static int8_t qd[3][8][128];
+    int qds[3][8] = {};
+    for (int h = 0; h < G; h++) {
+        float y[128], mx = 0.0f;
+        for (int i = 0; i < 128; i++) {
+            y[i] = ldexpf(uniform(), h % 5 - 2);
+            mx = fmaxf(mx, fabsf(y[i]));
+        }
+        int ex;
+        frexpf(mx, &ex);
+        for (int i = 0; i < 128; i++) {
+            int d[3];
+            hot_query_digits(y[i], ldexpf(1.0f, 19 - ex), d[0], d[1], d[2]);
+            for (int l = 0; l < 3; l++) {
+                qd[l][h][i] = (int8_t)d[l];
+                qds[l][h] += d[l];
+            }
+        }
+    }
+    /* scores: C = init + Σ_ks A·B over the 4 k-steps, A and B gathered from the lanes' fragments */
+    int C[NS][16][8];
+    for (int s = 0; s < NS; s++)
+        for (uint32_t ln = 0; ln < 32; ln++) {
+            const uint32_t g = ln >> 2, t = ln & 3u;
+            int in[2];
+            for (uint32_t e = 0; e < 2; e++) {
+                uint32_t dg, h;
+                in[e] = hot_score_column(G, s, 2 * t + e, dg, h) ? -(int)(MK - 1) * qds[dg][h] : 0;
+            }
+            C[s][g][2 * t] = C[s][g + 8][2 * t] = in[0];
+            C[s][g][2 * t + 1] = C[s][g + 8][2 * t + 1] = in[1];
+        }
+    for (int ks = 0; ks < 4; ks++) {
+        uint8_t A[16][32];
+        int8_t B[NS][32][8];
+        for (uint32_t ln = 0; ln < 32; ln++) {
+            const uint32_t g = ln >> 2, t = ln & 3u;
+            uint32_t w0[BK], w1[BK];
+            for (int i = 0; i < BK; i++) {
+                w0[i] = stg[(t * BK + (uint32_t)i) * 16 + g];
+                w1[i] = stg[(t * BK + (uint32_t)i) * 16 + g + 8];
+            }
+            const uint32_t a[4] = {hot_lane_code<BK, 8>(w0, 2 * ks), hot_lane_code<BK, 8>(w1, 2 * ks),
+                                   hot_lane_code<BK, 8>(w0, 2 * ks + 1), hot_lane_code<BK, 8>(w1, 2 * ks + 1)};
+            for (int j = 0; j < 4; j++) {
+                A[g][4 * t + j] = (uint8_t)(a[0] >> (8 * j));
+                A[g + 8][4 * t + j] = (uint8_t)(a[1] >> (8 * j));
+                A[g][16 + 4 * t + j] = (uint8_t)(a[2] >> (8 * j));
+                A[g + 8][16 + 4 * t + j] = (uint8_t)(a[3] >> (8 * j));
+            }
+            for (int s = 0; s < NS; s++) {
+                uint32_t dg, h, b[2] = {0u, 0u};
+                if (hot_score_column(G, s, g, dg, h))
+                    for (int hf = 0; hf < 2; hf++) {
+                        uint32_t x;
+                        memcpy(&x, &qd[dg][h][32 * t + 8 * ks + 4 * hf], 4);
+                        b[hf] = (x << 1) & 0xfefefefeu; /* the kernel's doubling of four s8 digits */
+                    }
+                for (int j = 0; j < 4; j++) {
+                    B[s][4 * t + j][g] = (int8_t)(uint8_t)(b[0] >> (8 * j));
+                    B[s][16 + 4 * t + j][g] = (int8_t)(uint8_t)(b[1] >> (8 * j));
+                }
+            }
+        }
+        for (int s = 0; s < NS; s++)
+            for (int row = 0; row < 16; row++)
+                for (int col = 0; col < 8; col++)
+                    for (int k = 0; k < 32; k++)
+                        C[s][row][col] += (int)A[row][k] * (int)B[s][k][col];
+    }
+    for (uint32_t ln = 0; ln < 32; ln++) {
+        const uint32_t g = ln >> 2, t = ln & 3u;
+        int Cl[NS][4];
+        for (int s = 0; s < NS; s++) {
+            Cl[s][0] = C[s][g][2 * t];
+            Cl[s][1] = C[s][g][2 * t + 1];
+            Cl[s][2] = C[s][g + 8][2 * t];
+            Cl[s][3] = C[s][g + 8][2 * t + 1];
+        }
+        for (int e = 0; e < HL; e++)
+            for (int r = 0; r < 2; r++) {
+                const uint32_t h = HL * t + (uint32_t)e, tok = g + 8 * (uint32_t)r;
+                if (h >= (uint32_t)G)
+                    continue;
+                long long D[3] = {0, 0, 0};
+                for (int l = 0; l < 3; l++)
+                    for (int i = 0; i < 128; i++)
+                        D[l] += (long long)qd[l][h][i] * (2LL * mk[tok][i] - (long long)(MK - 1));
+                const float got = hot_tile_dot<G>(Cl, r, e), want = hot_digit_dot((int)D[0], (int)D[1], (int)D[2]);
+                EXPECT(got == want, "G %d tile score lane %u head %u token %u: %.9g vs %.9g", G, ln, h, tok,
+                       (double)got, (double)want);
+            }
+    }
+    /* values: weights (fp16 hi + lo) through the transpose buffer; O^T = A·B per m-tile */
+    float w[16][8];
+    for (int tok = 0; tok < 16; tok++)
+        for (int h = 0; h < 8; h++)
+            w[tok][h] = ldexpf(uniform() * 0.5f + 0.5f, -(tok % 13)) * 128.0f;
+    std::vector<uint16_t> pt((size_t)HL * 8 * DQCU_HOT_PSTR, 0);
+    for (uint32_t ln = 0; ln < 32; ln++) {
+        const uint32_t g = ln >> 2, t = ln & 3u;
+        for (int e = 0; e < HL; e++)
+            for (uint32_t r = 0; r < 2; r++) {
+                const float x = w[g + 8 * r][HL * t + (uint32_t)e];
+                const uint32_t hi = dqcu_float_f16(x), lo = dqcu_float_f16(x - dqcu_f16_float(hi));
+                uint16_t *col = pt.data() + hot_pt_at(e, 2 * t, g + 8 * r);
+                col[0] = (uint16_t)hi;
+                col[DQCU_HOT_PSTR] = (uint16_t)lo;
+            }
+    }
+    const uint32_t cm = (MV - 1) * 0x00010001u;
+    for (int i = 0; i < 8; i++) {
+        double A[16][16], B[HL][16][8];
+        for (uint32_t ln = 0; ln < 32; ln++) {
+            const uint32_t g = ln >> 2, t = ln & 3u;
+            const uint32_t *vst = stg.data() + 64 * BK;
+            uint32_t u0[BV], u4[BV];
+            for (int k = 0; k < BV; k++) {
+                u0[k] = vst[(BV * g + (uint32_t)k) * 8 + t];
+                u4[k] = vst[(BV * g + (uint32_t)k) * 8 + t + 4];
+            }
+            const uint32_t a[4] = {hot_value_operand<BV>(u0, 2 * i, cm), hot_value_operand<BV>(u0, 2 * i + 1, cm),
+                                   hot_value_operand<BV>(u4, 2 * i, cm), hot_value_operand<BV>(u4, 2 * i + 1, cm)};
+            for (int hf = 0; hf < 2; hf++) {
+                A[g][2 * t + hf] = dqcu_f16_float((a[0] >> (16 * hf)) & 0xffffu);
+                A[g + 8][2 * t + hf] = dqcu_f16_float((a[1] >> (16 * hf)) & 0xffffu);
+                A[g][2 * t + 8 + hf] = dqcu_f16_float((a[2] >> (16 * hf)) & 0xffffu);
+                A[g + 8][2 * t + 8 + hf] = dqcu_f16_float((a[3] >> (16 * hf)) & 0xffffu);
+            }
+            for (int e = 0; e < HL; e++) {
+                const uint16_t *col = pt.data() + hot_pt_at(e, g, 2 * t);
+                for (int hf = 0; hf < 2; hf++) {
+                    B[e][2 * t + hf][g] = dqcu_f16_float(col[hf]);
+                    B[e][2 * t + 8 + hf][g] = dqcu_f16_float(col[8 + hf]);
+                }
+            }
+        }
+        for (uint32_t ln = 0; ln < 32; ln++) {
+            const uint32_t g = ln >> 2, t = ln & 3u;
+            for (int e = 0; e < HL; e++) {
+                const uint32_t h = HL * t + (uint32_t)e;
+                if (h >= (uint32_t)G)
+                    continue;
+                for (int rr = 0; rr < 2; rr++) { /* rows g (c0 hi + c1 lo), g + 8 (c2 + c3) */
+                    const uint32_t row = g + 8 * (uint32_t)rr, ch = 16 * g + 2 * (uint32_t)i + (uint32_t)rr;
+                    double got = 0.0, want = 0.0, mag = 0.0;
+                    for (int k = 0; k < 16; k++)
+                        got += A[row][k] * (B[e][k][2 * t] + B[e][k][2 * t + 1]);
+                    for (int tok = 0; tok < 16; tok++) {
+                        const double v = ldexp(2.0 * mv[tok][ch] - (double)(MV - 1), -24);
+                        want += (double)w[tok][h] * v;
+                        mag += fabs((double)w[tok][h] * v);
+                    }
+                    EXPECT(fabs(got - want) <= mag * 0x1p-21, "G %d tile value lane %u head %u channel %u: %.9g vs %.9g",
+                           G, ln, h, ch, got, want);
+                }
+            }
+        }
+    }
+}
+
 int main(void)
 {
     check_digits();
+    /* the warp kernel's fragments: every GQA group it takes, dq226's and the fixed-width widths */
+    check_warp_tile<1, 3, 3>(8, 6);
+    check_warp_tile<2, 3, 3>(8, 6);
+    check_warp_tile<4, 3, 3>(8, 6);
+    check_warp_tile<8, 3, 3>(8, 6);
+    check_warp_tile<4, 4, 4>(16, 9);
+    check_warp_tile<4, 3, 2>(6, 3);
+    check_warp_tile<8, 2, 1>(3, 2);
     /* every width of keys and values, at the smallest and the largest M it holds */
     check_profile<1, 8>(2, 256);
     check_profile<2, 7>(3, 65);
