@@ -857,28 +857,54 @@ static void test_fixed_refusals(Codecs &cs)
            cs.name.c_str(), dq_err_name(enc), dq_err_name(encw), dq_err_name(dec), dq_err_name(att), wsb);
 }
 
-/* The real KV captures of ../shared/data (or $DQ_DATA_DIR): float16 [.., 2 (K, V), layers, tokens,
- * kv_heads, head_dim] with the K/V axis at kv_axis_stride·... : each (sequence, layer)'s tokens cut
- * into whole windows of cs.W and encoded on the CPU and the GPU, byte for byte the same. A missing
- * file skips with a message. */
-static void test_real_windows(Codecs &cs, const char *model, uint32_t seqs, uint32_t layers, uint32_t tokens)
+/* The first byte at which a and b (n bytes, windows of wb bytes) differ, SIZE_MAX where they are the
+ * same; a difference is printed with its window and offset. */
+static size_t first_difference(const uint8_t *a, const uint8_t *b, size_t n, size_t wb)
 {
-    const char *dir = getenv("DQ_DATA_DIR");
-    std::string path = std::string(dir && *dir ? dir : "../shared/data") + "/" + model + "/kv_f16.bin";
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i]) {
+            printf("        first difference at byte %zu of window %zu (offset %zu)\n", i, i / wb, i % wb);
+            return i;
+        }
+    return SIZE_MAX;
+}
+
+/* Where the real KV captures are (--data DIR, else $DQ_DATA_DIR, else ../shared/data). */
+static const char *g_data_dir = "../shared/data";
+
+/* The first out.size() fp16 values of <data dir>/model/kv_f16.bin (shared/data/model when the data
+ * dir has no such file, for a run from the repository's parent). Returns how many were read: fewer
+ * when the file is absent or short; path is the file tried last. */
+static size_t read_real_kv(const char *model, std::vector<uint16_t> &out, std::string &path)
+{
+    path = std::string(g_data_dir) + "/" + model + "/kv_f16.bin";
     FILE *f = fopen(path.c_str(), "rb");
     if (!f) {
         path = std::string("shared/data/") + model + "/kv_f16.bin";
         f = fopen(path.c_str(), "rb");
     }
-    if (!f) {
-        printf("  skip  real windows %s: %s/kv_f16.bin not found (set DQ_DATA_DIR)\n", cs.name.c_str(), model);
-        return;
-    }
+    if (!f)
+        return 0;
+    const size_t got = fread(out.data(), sizeof(uint16_t), out.size(), f);
+    fclose(f);
+    return got;
+}
+
+/* The real KV captures (read_real_kv): float16 [.., 2 (K, V), layers, tokens, kv_heads, head_dim]:
+ * each (sequence, layer)'s tokens cut into whole windows of cs.W and encoded on the CPU and the
+ * GPU, byte for byte the same. A missing file skips with a message. */
+static void test_real_windows(Codecs &cs, const char *model, uint32_t seqs, uint32_t layers, uint32_t tokens)
+{
     const uint32_t n = cs.n, W = cs.W;
     const size_t per_kind = (size_t)layers * tokens * n, total = (size_t)seqs * 2 * per_kind;
     std::vector<uint16_t> raw(total);
-    const size_t got = fread(raw.data(), 2, total, f);
-    fclose(f);
+    std::string path;
+    const size_t got = read_real_kv(model, raw, path);
+    if (got == 0) {
+        printf("  skip  real windows %s: %s/kv_f16.bin not found (--data DIR or DQ_DATA_DIR)\n", cs.name.c_str(),
+               model);
+        return;
+    }
     if (got != total) {
         report(false, "real windows %s: %s holds %zu values, %zu expected", cs.name.c_str(), path.c_str(), got, total);
         return;
@@ -1004,14 +1030,9 @@ static void test_hot(Codecs &cs, Rng &r, const std::vector<uint32_t> &lens, uint
         dhot.download(gpu_hot.data(), gpu_hot.size());
         uint32_t corrupt = 0;
         dcorrupt.download(&corrupt, 1);
-        size_t diff = SIZE_MAX;
-        for (size_t i = 0; i < total * hb && diff == SIZE_MAX; i++)
-            if (gpu_hot[i] != cpu_hot[i])
-                diff = i;
+        const size_t diff = first_difference(gpu_hot.data(), cpu_hot.data(), total * hb, hb);
         report(diff == SIZE_MAX && corrupt == 0, "hot transcode %s: %zu windows (%zu B each) %s, corrupt %u",
                cs.name.c_str(), total, hb, diff == SIZE_MAX ? "identical" : "DIFFER", corrupt);
-        if (diff != SIZE_MAX)
-            printf("        first difference at byte %zu of window %zu (offset %zu)\n", diff, diff / hb, diff % hb);
     }
     if (total && dq_codec_profile(cs.c)->codec_type == DQ_CODEC_FIXED) {
         const int rrc = dqcu_rebuild_hot(cs.g, dhp.p, total, (uint8_t *const *)dhp.p, NULL, 0);
@@ -1034,14 +1055,9 @@ static void test_hot(Codecs &cs, Rng &r, const std::vector<uint32_t> &lens, uint
         dback.download(back.data(), back.size());
         uint32_t nbad = 0;
         dbad.download(&nbad, 1);
-        size_t diff = SIZE_MAX;
-        for (size_t i = 0; i < total * wb && diff == SIZE_MAX; i++)
-            if (back[i] != recs[i])
-                diff = i;
+        const size_t diff = first_difference(back.data(), recs.data(), total * wb, wb);
         report(diff == SIZE_MAX && nbad == 0, "hot rebuild %s: %zu records (%zu B each) %s, bad %u", cs.name.c_str(),
                total, wb, diff == SIZE_MAX ? "identical" : "DIFFER", nbad);
-        if (diff != SIZE_MAX)
-            printf("        first difference at byte %zu of window %zu (offset %zu)\n", diff, diff / wb, diff % wb);
         /* a value code that is not a level (where M_V is not a power of two): counted as bad */
         const uint32_t bv = dq_hot_bits(cs.c, DQ_KIND_V), mv = dq_codec_profile(cs.c)->levels[DQ_KIND_V];
         if ((1u << bv) > mv) {
@@ -1296,18 +1312,15 @@ static void test_hot_windows(Codecs &cs, const std::vector<uint8_t> &recs, const
            gpu == cpu ? "identical" : "DIFFER", cnt[0], back == recs ? "identical" : "DIFFER", cnt[1]);
 }
 
-/* Every layer of dir/bytellama-n1024's real cache ([2, layers, T, 8, 128] fp16, n = 1024 like
+/* Every layer of bytellama-n1024's real cache (read_real_kv) ([2, layers, T, 8, 128] fp16, n = 1024 like
  * Qwen3-8B) with profile: its whole windows encoded on the GPU (every encoder version) as by
  * libdquant, then libdquant's records decompressed, transcoded and rebuilt on the GPU. */
-static void test_real_cache(Rng &r, const char *dir, const char *profile, bool small, const std::vector<int> &enc_list)
+static void test_real_cache(Rng &r, const char *profile, bool small, const std::vector<int> &enc_list)
 {
     const uint32_t layers = 4, T = 512, kvh = 8, d = 128, n = kvh * d;
-    std::string path = std::string(dir) + "/bytellama-n1024/kv_f16.bin";
     std::vector<uint16_t> kv((size_t)2 * layers * T * n);
-    FILE *f = fopen(path.c_str(), "rb");
-    const size_t got = f ? fread(kv.data(), sizeof(uint16_t), kv.size(), f) : 0;
-    if (f)
-        fclose(f);
+    std::string path;
+    const size_t got = read_real_kv("bytellama-n1024", kv, path);
     if (got != kv.size()) {
         printf("real cache %s: %s absent or short (%zu of %zu values); skipped (--data DIR)\n", profile, path.c_str(),
                got, kv.size());
@@ -1349,7 +1362,7 @@ static void test_real_cache(Rng &r, const char *dir, const char *profile, bool s
 }
 
 /* Random profiles and inputs of version 2 (the built-ins first), then the real cache. */
-static void test_format2(Rng &r, bool small, const char *data_dir, const std::vector<int> &enc_list)
+static void test_format2(Rng &r, bool small, const std::vector<int> &enc_list)
 {
     std::vector<Cfg> cfgs = {
         {8, 128, 0, 0, 128, 128, 0, 0, 0, "dq226p"}, /* production: n = 1024, 3 + 3 bits */
@@ -1381,7 +1394,7 @@ static void test_format2(Rng &r, bool small, const char *data_dir, const std::ve
     }
     const char *profiles[] = {"dq226p", "dq196p", "dq226"};
     for (const char *p : profiles)
-        test_real_cache(r, data_dir, p, small, enc_list);
+        test_real_cache(r, p, small, enc_list);
 }
 
 /* ---- timing on the dq226 shape ---- */
@@ -1517,7 +1530,8 @@ int main(int argc, char **argv)
 {
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
     bool small = false, do_timing = true, hot_only = false, fixed_only = false, format2_only = false;
-    const char *data_dir = getenv("DQ_DATA_DIR") ? getenv("DQ_DATA_DIR") : "../shared/data";
+    if (getenv("DQ_DATA_DIR") && *getenv("DQ_DATA_DIR"))
+        g_data_dir = getenv("DQ_DATA_DIR");
     std::vector<int> enc_list, att_list;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seed") && i + 1 < argc)
@@ -1535,7 +1549,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--format2"))
             format2_only = true;
         else if (!strcmp(argv[i], "--data") && i + 1 < argc)
-            data_dir = argv[++i];
+            g_data_dir = argv[++i];
         else if (!strcmp(argv[i], "--encode-kernel") && i + 1 < argc) {
             if (!parse_versions(argv[++i], dqcu_encode_kernels, enc_list, "--encode-kernel"))
                 return 2;
@@ -1593,7 +1607,7 @@ int main(int argc, char **argv)
     if (enc_list.empty())
         all_versions(dqcu_encode_kernels, enc_list);
     if (format2_only) {
-        test_format2(r, small, data_dir, enc_list);
+        test_format2(r, small, enc_list);
         printf("\ncheckcuda: %d checks, %d failed (seed %llu)\n", g_checks, g_failures, (unsigned long long)seed);
         return g_failures ? 1 : 0;
     }
@@ -1713,7 +1727,7 @@ int main(int argc, char **argv)
         std::vector<uint32_t> lens = {64 * 128 + 17, 5 * 128, 130 * 128 + 100};
         test_attention(cs, r, lens, 4, att_list);
     }
-    test_format2(r, small, data_dir, enc_list);
+    test_format2(r, small, enc_list);
     printf("\ncheckcuda: %d checks, %d failed (seed %llu)\n", g_checks, g_failures, (unsigned long long)seed);
     if (do_timing && !small && g_failures == 0)
         timing(r, enc_list, att_list);
