@@ -867,8 +867,12 @@ int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **
     if (l->nwin + nseal > l->slots)
         DQD_CHECK_GOTO(add_segment(w, codec, l, (uint32_t)segment_windows(l->nwin + nseal - l->slots)), rc, undo);
     if (nseal) {
-        if (l->tail) {
-            /* The tail changes in place: keep the old one for a rollback. */
+        /* The tail changes in place where a piece leaves a rest behind its sealed windows or a
+         * later piece writes over it: keep the old one for a rollback. One piece that leaves no
+         * rest (a decode step's token filling its window, W == R) only reads it, and a rollback
+         * only puts the counts back: no copy to the host, no synchronization. */
+        const bool reads_tail = ntok <= piece && total == nseal * W;
+        if (l->tail && !reads_tail) {
             size_t tb = (size_t)l->tail * n * sizeof(uint16_t);
             txn->snap = malloc(2 * tb);
             if (!txn->snap) {

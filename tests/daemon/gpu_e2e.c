@@ -795,6 +795,45 @@ static void check_model(dqc_client *c, model *m, const scale *sc, const char *ta
         free(v);
         refseq_free(&s3);
     }
+    /* a decode step's token filling the window in every layer, NaN in the last one: the layers
+     * before sealed their window and are rolled back (with W == R the GPU append keeps no copy of
+     * the tail it only read); the same step again, valid, seals byte-identical windows */
+    {
+        refseq s4;
+        char k4[32];
+        snprintf(k4, sizeof k4, "%s-s4", tag);
+        refseq_init(&s4, m, k4);
+        const uint32_t R = dq_codec_profile(m->codec)->residual;
+        bool all = put_seq(c, &s4, R - 1, 700) == 0;
+        if (!all)
+            snprintf(why, sizeof why, "PUT of R - 1 = %u tokens: %s", R - 1, dqc_last_error(c));
+        size_t cnt = (size_t)m->layers * m->n;
+        float *k = random_tensor(cnt, m->n, DQ_DTYPE_F32, true, 701);
+        float *v = random_tensor(cnt, m->n, DQ_DTYPE_F32, false, 702);
+        float *kk = xmalloc(cnt * sizeof(float));
+        memcpy(kk, k, cnt * sizeof(float));
+        kk[(size_t)(m->layers - 1) * m->n + 5] = NAN;
+        int rc = all ? put_both(c, &s4, 0, m->layers, 1, DQ_DTYPE_F32, kk, v, false) : DQ_OK;
+        if (all && rc != DQ_NONFINITE) {
+            all = false;
+            snprintf(why, sizeof why, "a NaN in the last layer's sealing token gave %s", dq_err_name(rc));
+        }
+        if (all && !same_raw(c, &s4, why, sizeof why))
+            all = false;
+        rc = all ? put_both(c, &s4, 0, m->layers, 1, DQ_DTYPE_F32, k, v, true) : DQ_OK;
+        if (all && rc) {
+            all = false;
+            snprintf(why, sizeof why, "the valid sealing token after the rollback: %s", dq_err_name(rc));
+        }
+        if (all && !same_raw(c, &s4, why, sizeof why))
+            all = false;
+        snprintf(name, sizeof name, "%s_sealing_rollback", tag);
+        report(name, all, "%s", all ? "rolled back unchanged, then sealed identical to libdquant" : why);
+        free(kk);
+        free(k);
+        free(v);
+        refseq_free(&s4);
+    }
 out:
     refseq_free(&s1);
     refseq_free(&s2);
