@@ -329,29 +329,37 @@ static int aligned_token(const dqd_tier_item *it, const void **kd, const void **
     return rc;
 }
 
-/* Whether item it's append can go with others' in one dqd_gpu_append_tokens. */
-static bool batchable(const dqd_tier_item *it)
+/* Whether item it's append can go with others' in one dqd_gpu_append_tokens (seal false: it fits
+ * its layer's tail) or one dqd_gpu_append_seal_tokens (seal true: it fills the tail's window). */
+static bool batchable(const dqd_tier_item *it, bool seal)
 {
-    return it->gpu && it->checked && !it->batched && dqd_gpu_append_fits(it->codec, dqd_seq_glayer(it->seq, it->layer));
+    if (!it->gpu || !it->checked || it->batched)
+        return false;
+    const dqd_glayer *l = dqd_seq_glayer(it->seq, it->layer);
+    return seal ? dqd_gpu_append_seals_one(it->codec, l) : dqd_gpu_append_fits(it->codec, l);
 }
 
-/* The GPU appends of single tokens that fit their layer's tail: one dqd_gpu_append_tokens (one copy,
- * one launch) per codec instead of two copies and two conversions per item. Marks them batched;
- * false when one failed (its rc set). Without memory for the lists every item goes alone. */
+/* The GPU appends of single tokens: those that fit their layer's tail in one dqd_gpu_append_tokens
+ * (one copy, one launch) per codec instead of two copies and two conversions per item; those that
+ * fill their window in one dqd_gpu_append_seal_tokens (one encode, one synchronization) per codec
+ * instead of one per item. Marks them batched; false when one failed (its rc set). Without memory
+ * for the lists every item goes alone. */
 static bool append_gpu_tokens(dqd_ctx *ctx, dqd_tier_item *items, const size_t *append_idx, size_t nappend)
 {
     dqd_gtoken *tok = malloc(nappend * sizeof *tok);
     size_t *who = malloc(nappend * sizeof *who);
     void **tmp = calloc(2 * nappend, sizeof *tmp);
     bool ok = true;
-    for (size_t k0 = 0; tok && who && tmp && ok && k0 < nappend; k0++) {
+    for (size_t q = 0; q < 2 * nappend && tok && who && tmp && ok; q++) {
+        const bool seal = q >= nappend;
+        const size_t k0 = q % nappend;
         const dqd_tier_item *first = &items[append_idx[k0]];
-        if (!batchable(first))
+        if (!batchable(first, seal))
             continue;
         size_t cnt = 0;
         for (size_t k = k0; k < nappend; k++) {
             dqd_tier_item *it = &items[append_idx[k]];
-            if (it->codec != first->codec || !batchable(it))
+            if (it->codec != first->codec || !batchable(it, seal))
                 continue;
             const void *kd, *vd;
             if (dqd_tensor_aligned(&it->ak, &kd, &tmp[2 * k]) < 0 ||
@@ -361,7 +369,8 @@ static bool append_gpu_tokens(dqd_ctx *ctx, dqd_tier_item *items, const size_t *
             who[cnt] = append_idx[k];
             tok[cnt++] = (dqd_gtoken){it->seq->glayers[it->layer], &it->gtxn, kd, vd, dqd_tensor_dtype(&it->ak)};
         }
-        int rc = dqd_gpu_append_tokens(ctx->gpu, first->codec, tok, cnt);
+        int rc = seal ? dqd_gpu_append_seal_tokens(ctx->gpu, first->codec, tok, cnt)
+                      : dqd_gpu_append_tokens(ctx->gpu, first->codec, tok, cnt);
         for (size_t j = 0; rc < 0 && j < cnt; j++)
             items[who[j]].rc = rc;
         ok = rc == DQ_OK;

@@ -138,6 +138,16 @@ typedef struct dqd_gtoken {
     dq_dtype dtype;
 } dqd_gtoken;
 int dqd_gpu_append_tokens(dqd_gpu *g, dqd_codec *codec, const dqd_gtoken *tok, size_t count);
+/* Whether one more token seals layer l's tail into a window and leaves no rest (W == R, the tail
+ * at R - 1; not a hot-only layer): dqd_gpu_append_seal_tokens takes it. */
+bool dqd_gpu_append_seals_one(const dqd_codec *codec, const dqd_glayer *l);
+/* One token appended to each of count existing GPU layers of codec, as dqd_gpu_append_tokens but
+ * for layers that dqd_gpu_append_seals_one: their windows staged, encoded with one
+ * dqcu_encode_windows and transcoded with one dqcu_transcode_hot, and their statuses read once,
+ * per launch (the stage's and a pinned block's worth), where dqd_gpu_append takes each alone:
+ * an encode, a transcode and a synchronization per window. *tok[i].txn as dqd_gpu_append's; on
+ * failure the launch that failed is put back and those before stay applied. */
+int dqd_gpu_append_seal_tokens(dqd_gpu *g, dqd_codec *codec, const dqd_gtoken *tok, size_t count);
 /* The checks dq_layer_append makes, for a PUT of `layers` layers of ntok tokens each whose k and v
  * ([layers, ntok, kv_heads, head_dim] of dtype) are in device memory, in the order the host path
  * makes them: DQ_NONFINITE when any raw value is NaN/Inf (*bad_layer = UINT32_MAX), else the code

@@ -117,6 +117,18 @@ int dqd_gpu_append_tokens(dqd_gpu *g, dqd_codec *codec, const dqd_gtoken *tok, s
     return DQ_UNSUPPORTED;
 }
 
+bool dqd_gpu_append_seals_one(const dqd_codec *codec, const dqd_glayer *l)
+{
+    (void)codec, (void)l;
+    return false;
+}
+
+int dqd_gpu_append_seal_tokens(dqd_gpu *g, dqd_codec *codec, const dqd_gtoken *tok, size_t count)
+{
+    (void)g, (void)codec, (void)tok, (void)count;
+    return DQ_UNSUPPORTED;
+}
+
 int dqd_gpu_rollback(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot)
 {
     (void)g, (void)codec, (void)txn, (void)slot;

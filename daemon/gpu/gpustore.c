@@ -1058,6 +1058,162 @@ int dqd_gpu_append_tokens(dqd_gpu *g, dqd_codec *codec, const dqd_gtoken *tok, s
     return DQ_OK;
 }
 
+bool dqd_gpu_append_seals_one(const dqd_codec *codec, const dqd_glayer *l)
+{
+    return l && !l->hot_only && codec->profile.window == codec->profile.residual &&
+           (size_t)l->tail + 1 == codec->profile.residual;
+}
+
+/* The windows of tok[0 .. c) (each layer's tail and its new token) into the stage, encoded with
+ * one dqcu_encode_windows and transcoded with one dqcu_transcode_hot, their statuses read back
+ * once. On failure the layers are put back here (their txns stay unapplied). */
+static int seal_chunk(dqd_gwork *w, dqd_codec *codec, const dqcu_codec *dc, const dqd_gtoken *tok, size_t c)
+{
+    const size_t n = codec->n, W = codec->profile.window, row = n * sizeof(uint16_t);
+    const bool hot = tok[0].layer->hot_stride != 0;
+    const size_t off = align256(2 * c * sizeof(uint16_t *)), bytes = off + 2 * c * row;
+    const size_t pofs = align256(STATUS_OFF + c * sizeof(int32_t));
+    uint16_t *sk, *sv;
+    uint8_t *dev, *pin, *small;
+    uint8_t **hp = NULL;
+    int32_t *hs = NULL, *status;
+    uint8_t *const *drec;
+    size_t marked = 0;
+    int rc = DQ_OK, h, rd;
+    for (; marked < c; marked++) {
+        dqd_glayer *l = tok[marked].layer;
+        txn_mark(tok[marked].txn, l);
+        if (l->nwin + 1 > l->slots)
+            DQD_CHECK_GOTO(add_segment(w, codec, l, (uint32_t)segment_windows(l->nwin + 1 - l->slots)), rc, fail);
+    }
+    /* the stage: window j's K rows at sk + j·W·n, its V rows at sv + j·W·n; the tails copied in */
+    DQD_CHECK_GOTO(dqd_gwork_buf(w, DQD_GBUF_STAGE, 2 * c * W * row, (void **)&sk), rc, fail);
+    sv = sk + c * W * n;
+    for (size_t j = 0; j < c; j++) {
+        const dqd_glayer *l = tok[j].layer;
+        const size_t tb = (size_t)l->tail * row;
+        DQD_GCK_GOTO(cudaMemcpyAsync(sk + j * W * n, l->d_tail, tb, cudaMemcpyDeviceToDevice, w->stream), rc, fail);
+        DQD_GCK_GOTO(
+            cudaMemcpyAsync(sv + j * W * n, l->d_tail + tail_elems(codec), tb, cudaMemcpyDeviceToDevice, w->stream), rc,
+            fail);
+    }
+    /* the new tokens: rounded to BF16 on the host into one pinned block with their stage rows'
+     * addresses, then one copy and one scatter (as dqd_gpu_append_tokens) */
+    DQD_CHECK_GOTO(dqd_gwork_buf(w, DQD_GBUF_RAW, bytes, (void **)&dev), rc, fail);
+    pin = dqd_gpin_take(w, bytes, &h);
+    if (!pin) {
+        rc = DQ_INTERNAL;
+        goto fail;
+    }
+    for (size_t j = 0; j < c && rc == DQ_OK; j++) {
+        const size_t at = (j * W + tok[j].layer->tail) * n;
+        ((uint16_t **)(void *)pin)[2 * j] = sk + at;
+        ((uint16_t **)(void *)pin)[2 * j + 1] = sv + at;
+        uint16_t *rows = (uint16_t *)(void *)(pin + off) + 2 * j * n;
+        rc = dq_convert(tok[j].k, tok[j].dtype, rows, DQ_DTYPE_BF16, n);
+        if (rc == DQ_OK)
+            rc = dq_convert(tok[j].v, tok[j].dtype, rows + n, DQ_DTYPE_BF16, n);
+    }
+    if (rc == DQ_OK) {
+        const cudaError_t e = cudaMemcpyAsync(dev, pin, bytes, cudaMemcpyHostToDevice, w->stream);
+        if (e != cudaSuccess)
+            rc = dqd_gcuda_fail(e, "cudaMemcpyAsync", __FILE__, __LINE__);
+    }
+    rd = dqd_gpin_done(w, h);
+    if (rc == DQ_OK)
+        rc = rd;
+    if (rc < 0)
+        goto fail;
+    DQD_GCU_GOTO(dqcu_scatter_rows((const uint16_t *)(const void *)(dev + off), (uint32_t)n,
+                                   (uint16_t *const *)(void *)dev, (uint32_t)(2 * c), w->stream),
+                 rc, fail);
+    /* stats and statuses, then the record and hot slots' addresses (host mirrors h_win, h_hot) */
+    DQD_CHECK_GOTO(dqd_gwork_buf(w, DQD_GBUF_SMALL, pofs + 2 * c * sizeof(uint8_t *), (void **)&small), rc, fail);
+    hp = malloc(2 * c * sizeof *hp);
+    hs = malloc(c * sizeof *hs);
+    if (!hp || !hs) {
+        rc = DQ_NOMEM;
+        goto fail;
+    }
+    for (size_t j = 0; j < c; j++) {
+        const dqd_glayer *l = tok[j].layer;
+        hp[j] = l->h_win[l->nwin];
+        hp[c + j] = hot ? l->h_hot[l->nwin] : NULL;
+    }
+    DQD_CHECK_GOTO(dqd_gh2d(w, small + pofs, hp, 2 * c * sizeof *hp), rc, fail);
+    drec = (uint8_t *const *)(void *)(small + pofs);
+    status = (int32_t *)(void *)(small + STATUS_OFF);
+    DQD_GCK_GOTO(cudaMemsetAsync(small, 0, STATUS_OFF + c * sizeof(int32_t), w->stream), rc, fail);
+    DQD_GCU_GOTO(
+        dqcu_encode_windows(dc, sk, sv, DQ_DTYPE_BF16, c, drec, status, (dq_encode_stats *)(void *)small, w->stream),
+        rc, fail);
+    if (hot)
+        DQD_GCU_GOTO(dqcu_transcode_hot(dc, (const uint8_t *const *)drec, c, drec + c, NULL, w->stream), rc, fail);
+    DQD_CHECK_GOTO(dqd_gd2h(w, hs, status, c * sizeof *hs), rc, fail);
+    for (size_t j = 0; j < c; j++)
+        if (hs[j] != 0) {
+            rc = hs[j] < 0 ? hs[j] : DQ_INTERNAL;
+            DQD_WARN("GPU encoder refused window %zu of a batch of sealing appends: %s", j, dq_err_name(rc));
+            goto fail;
+        }
+    free(hp);
+    free(hs);
+    for (size_t j = 0; j < c; j++) {
+        dqd_glayer *l = tok[j].layer;
+        l->nwin++;
+        l->tail = 0;
+        if (hot) {
+            l->nhot = l->nwin;
+            hot_account(w->g, 1, 0, false);
+        }
+        tok[j].txn->applied = true;
+    }
+    atomic_fetch_add_explicit(&w->g->windows_encoded, c, memory_order_relaxed);
+    return DQ_OK;
+
+fail:
+    free(hp);
+    free(hs);
+    for (size_t j = 0; j < marked + (marked < c); j++) {
+        dqd_glayer *l = tok[j].layer;
+        if (undo(w, codec, tok[j].txn, &l) < 0)
+            tok[j].txn->broken = true;
+    }
+    return rc;
+}
+
+int dqd_gpu_append_seal_tokens(dqd_gpu *g, dqd_codec *codec, const dqd_gtoken *tok, size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        memset(tok[i].txn, 0, sizeof *tok[i].txn);
+    dqd_gwork *w;
+    const dqcu_codec *dc;
+    int rc = dqd_gwork_get(g, &w);
+    if (rc == DQ_OK)
+        rc = dqd_gcodec_get(g, codec, &dc);
+    if (rc < 0)
+        return rc;
+    /* windows per launch: the stage's (two windows at the least) and the pinned block's */
+    const size_t n = codec->n, W = codec->profile.window, row = n * sizeof(uint16_t);
+    size_t most = DQD_STAGE_BYTES / (2 * W * row);
+    const size_t most_pin = (DQD_GPIN_BYTES - 256) / (2 * sizeof(uint16_t *) + 2 * row);
+    most = most < 2 ? 2 : most;
+    most = most < most_pin ? most : most_pin;
+    if (most == 0)
+        return DQ_UNSUPPORTED;
+    for (size_t i0 = 0; i0 < count;) {
+        /* one hot-copy layout per launch (every layer of a daemon has the same) */
+        size_t c = 0;
+        while (i0 + c < count && c < most && (tok[i0 + c].layer->hot_stride != 0) == (tok[i0].layer->hot_stride != 0))
+            c++;
+        rc = seal_chunk(w, codec, dc, tok + i0, c);
+        if (rc < 0)
+            return rc;
+        i0 += c;
+    }
+    return DQ_OK;
+}
+
 int dqd_gpu_rollback(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **slot)
 {
     if (!txn->applied)

@@ -834,6 +834,50 @@ static void check_model(dqc_client *c, model *m, const scale *sc, const char *ta
         free(v);
         refseq_free(&s4);
     }
+    /* a decode step in which every item's token fills its window (three sequences at R - 1
+     * tokens, two layers each): the daemon seals them together (dqd_gpu_append_seal_tokens); a NaN
+     * in one item's token first: the whole ATTEND refused, nothing changed */
+    {
+        refseq sq[3];
+        char kq[32];
+        att_case cases[6];
+        size_t nc = 0;
+        const uint32_t R = dq_codec_profile(m->codec)->residual;
+        bool all = true;
+        for (int i = 0; i < 3; i++) {
+            snprintf(kq, sizeof kq, "%s-q%d", tag, i);
+            refseq_init(&sq[i], m, kq);
+            if (all && put_seq(c, &sq[i], R - 1, 800 + 2 * (uint64_t)i)) {
+                all = false;
+                snprintf(why, sizeof why, "PUT of R - 1 = %u tokens: %s", R - 1, dqc_last_error(c));
+            }
+            cases[nc++] = (att_case){&sq[i], 0, true};
+            cases[nc++] = (att_case){&sq[i], m->layers - 1, true};
+        }
+        int rc = DQ_OK, rl = DQ_OK;
+        if (all)
+            attend_bad_append(c, cases, nc, 4, false, 9, NAN, 810, &rc, &rl);
+        if (all && (rc != rl || rc != DQ_NONFINITE)) {
+            all = false;
+            snprintf(why, sizeof why, "a NaN in one sealing item: daemon %s, libdquant %s", dq_err_name(rc),
+                     dq_err_name(rl));
+        }
+        for (int i = 0; all && i < 3; i++)
+            all = same_raw(c, &sq[i], why, sizeof why);
+        double err = all ? attend_both(c, cases, nc, 820, &rc) : 0.0;
+        if (all && (rc || err > 1e-3)) {
+            all = false;
+            snprintf(why, sizeof why, "the sealing step: %s, max relative error %.3g", rc ? dqc_last_error(c) : "ok",
+                     err);
+        }
+        for (int i = 0; all && i < 3; i++)
+            all = same_raw(c, &sq[i], why, sizeof why);
+        snprintf(name, sizeof name, "%s_attend_sealing_together", tag);
+        report(name, all, "%s",
+               all ? "6 windows sealed in one ATTEND identical to libdquant; a NaN changed nothing" : why);
+        for (int i = 0; i < 3; i++)
+            refseq_free(&sq[i]);
+    }
 out:
     refseq_free(&s1);
     refseq_free(&s2);
