@@ -84,6 +84,13 @@ static uint64_t hot_stride_for(const dqd_gpu *g, const dqcu_codec *dc, const dqd
     return hot_slot_bytes(dqcu_hot_window_bytes(dc));
 }
 
+/* The calling thread's worker and codec's device codec. */
+static int work_codec(dqd_gpu *g, const dqd_codec *codec, dqd_gwork **w, const dqcu_codec **dc)
+{
+    int rc = dqd_gwork_get(g, w);
+    return rc == DQ_OK ? dqd_gcodec_get(g, codec, dc) : rc;
+}
+
 /* Adds to the hot stats (deltas may be negative: unsigned wrap-around); hot_only: the windows are
  * held without their records. */
 static void hot_account(dqd_gpu *g, int64_t windows, int64_t bytes, bool hot_only)
@@ -730,9 +737,7 @@ int dqd_gpu_check_tokens(dqd_gpu *g, dqd_codec *codec, const void *k, const void
     dqd_gwork *w;
     const dqcu_codec *dc;
     unsigned long long got[4];
-    int rc = dqd_gwork_get(g, &w);
-    if (rc == DQ_OK)
-        rc = dqd_gcodec_get(g, codec, &dc);
+    int rc = work_codec(g, codec, &w, &dc);
     if (rc == DQ_OK)
         rc = check_run(w, dc, k, v, dtype, layers * ntok, got);
     if (rc < 0)
@@ -816,9 +821,7 @@ int dqd_gpu_append(dqd_gpu *g, dqd_codec *codec, dqd_gappend *txn, dqd_glayer **
         return DQ_SHAPE;
     dqd_gwork *w;
     const dqcu_codec *dc;
-    int rc = dqd_gwork_get(g, &w);
-    if (rc == DQ_OK)
-        rc = dqd_gcodec_get(g, codec, &dc);
+    int rc = work_codec(g, codec, &w, &dc);
     if (rc < 0)
         return rc;
     const uint8_t *dk = k, *dv = v;
@@ -1188,9 +1191,7 @@ int dqd_gpu_append_seal_tokens(dqd_gpu *g, dqd_codec *codec, const dqd_gtoken *t
         memset(tok[i].txn, 0, sizeof *tok[i].txn);
     dqd_gwork *w;
     const dqcu_codec *dc;
-    int rc = dqd_gwork_get(g, &w);
-    if (rc == DQ_OK)
-        rc = dqd_gcodec_get(g, codec, &dc);
+    int rc = work_codec(g, codec, &w, &dc);
     if (rc < 0)
         return rc;
     /* windows per launch: the stage's (two windows at the least) and the pinned block's */
@@ -1246,9 +1247,7 @@ int dqd_gpu_promote(dqd_gpu *g, dqd_codec *codec, dq_layer **host, dqd_glayer **
     dqd_gwork *w = NULL;
     dqd_glayer *l = NULL;
     const dqcu_codec *dc;
-    int rc = dqd_gwork_get(g, &w);
-    if (rc == DQ_OK)
-        rc = dqd_gcodec_get(g, codec, &dc);
+    int rc = work_codec(g, codec, &w, &dc);
     if (rc == DQ_OK)
         rc = layer_new(w, codec, dc, &l);
     if (rc == DQ_OK && nwin)
@@ -1355,9 +1354,7 @@ static int decode_setup(dqd_gpu *g, dqd_codec *codec, const dqd_glayer *l, dq_ki
     const uint64_t total = dqd_glayer_tokens(l);
     if (first > total || count > total - first)
         return DQ_OUT_OF_BOUNDS;
-    int rc = dqd_gwork_get(g, w);
-    if (rc == DQ_OK)
-        rc = dqd_gcodec_get(g, codec, dc);
+    int rc = work_codec(g, codec, w, dc);
     if (rc == DQ_OK)
         rc = dqd_gwork_buf(*w, DQD_GBUF_SMALL, sizeof **dcor, (void **)dcor);
     if (rc < 0)
@@ -1512,9 +1509,7 @@ int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, 
 {
     dqd_gwork *w;
     const dqcu_codec *dc;
-    int rc = dqd_gwork_get(g, &w);
-    if (rc == DQ_OK)
-        rc = dqd_gcodec_get(g, codec, &dc);
+    int rc = work_codec(g, codec, &w, &dc);
     if (rc < 0)
         return rc;
     const size_t qs = (size_t)q_heads * codec->profile.head_dim;
