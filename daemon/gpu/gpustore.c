@@ -1003,6 +1003,54 @@ bool dqd_gpu_append_fits(const dqd_codec *codec, const dqd_glayer *l)
     return l && (size_t)l->tail + 1 < codec->profile.residual;
 }
 
+/* Tokens of a pinned block: its 2c row addresses (K, V of each token), then the 2c rows. */
+static size_t tokens_per_pin(size_t n)
+{
+    return (DQD_GPIN_BYTES - 256) / (2 * sizeof(uint16_t *) + 2 * n * sizeof(uint16_t));
+}
+
+/* The tokens tok[0 .. c) (c <= tokens_per_pin) rounded to BF16 on the host into one pinned block
+ * with the device addresses of their rows, then one copy and one dqcu_scatter_rows. Token j goes
+ * to row `tail` of its layer's tail (sk NULL) or of window j of a stage whose windows are W rows
+ * apart (K at sk, V at sv). */
+static int scatter_tokens(dqd_gwork *w, const dqd_codec *codec, const dqd_gtoken *tok, size_t c, uint16_t *sk,
+                          uint16_t *sv)
+{
+    const size_t n = codec->n, W = codec->profile.window, row = n * sizeof(uint16_t);
+    const size_t off = align256(2 * c * sizeof(uint16_t *)), bytes = off + 2 * c * row;
+    uint8_t *dev;
+    int rc = dqd_gwork_buf(w, DQD_GBUF_RAW, bytes, (void **)&dev);
+    if (rc < 0)
+        return rc;
+    int h;
+    uint8_t *pin = dqd_gpin_take(w, bytes, &h);
+    if (!pin)
+        return DQ_INTERNAL;
+    uint16_t **to = (uint16_t **)(void *)pin;
+    uint16_t *rows = (uint16_t *)(void *)(pin + off);
+    for (size_t j = 0; j < c; j++) {
+        const dqd_gtoken *t = &tok[j];
+        const dqd_glayer *l = t->layer;
+        const size_t at = (size_t)l->tail * n;
+        to[2 * j] = sk ? sk + j * W * n + at : l->d_tail + at;
+        to[2 * j + 1] = sk ? sv + j * W * n + at : l->d_tail + tail_elems(codec) + at;
+        rc = dq_convert(t->k, t->dtype, rows + 2 * j * n, DQ_DTYPE_BF16, n);
+        if (rc == DQ_OK)
+            rc = dq_convert(t->v, t->dtype, rows + (2 * j + 1) * n, DQ_DTYPE_BF16, n);
+        if (rc < 0) {
+            (void)dqd_gpin_done(w, h);
+            return rc;
+        }
+    }
+    DQD_GCK(cudaMemcpyAsync(dev, pin, bytes, cudaMemcpyHostToDevice, w->stream));
+    rc = dqd_gpin_done(w, h);
+    if (rc < 0)
+        return rc;
+    rc = dqcu_scatter_rows((const uint16_t *)(const void *)(dev + off), (uint32_t)n, (uint16_t *const *)(void *)dev,
+                           (uint32_t)(2 * c), w->stream);
+    return rc < 0 ? dqd_gcu_fail(rc, "dqcu_scatter_rows", __FILE__, __LINE__) : DQ_OK;
+}
+
 int dqd_gpu_append_tokens(dqd_gpu *g, dqd_codec *codec, const dqd_gtoken *tok, size_t count)
 {
     for (size_t i = 0; i < count; i++)
@@ -1011,45 +1059,14 @@ int dqd_gpu_append_tokens(dqd_gpu *g, dqd_codec *codec, const dqd_gtoken *tok, s
     int rc = dqd_gwork_get(g, &w);
     if (rc < 0)
         return rc;
-    const size_t n = codec->n, row = n * sizeof(uint16_t);
-    /* a block: the 2c row addresses (K, V of each layer), then the 2c rows */
-    const size_t most = (DQD_GPIN_BYTES - 256) / (2 * sizeof(uint16_t *) + 2 * row);
+    const size_t most = tokens_per_pin(codec->n);
     if (most == 0)
         return DQ_UNSUPPORTED;
     for (size_t i0 = 0; i0 < count;) {
         const size_t c = count - i0 < most ? count - i0 : most;
-        const size_t off = align256(2 * c * sizeof(uint16_t *)), bytes = off + 2 * c * row;
-        uint8_t *dev;
-        rc = dqd_gwork_buf(w, DQD_GBUF_RAW, bytes, (void **)&dev);
+        rc = scatter_tokens(w, codec, tok + i0, c, NULL, NULL);
         if (rc < 0)
             return rc;
-        int h;
-        uint8_t *pin = dqd_gpin_take(w, bytes, &h);
-        if (!pin)
-            return DQ_INTERNAL;
-        uint16_t **to = (uint16_t **)(void *)pin;
-        uint16_t *rows = (uint16_t *)(void *)(pin + off);
-        for (size_t j = 0; j < c; j++) {
-            const dqd_gtoken *t = &tok[i0 + j];
-            const dqd_glayer *l = t->layer;
-            to[2 * j] = l->d_tail + (size_t)l->tail * n;
-            to[2 * j + 1] = l->d_tail + tail_elems(codec) + (size_t)l->tail * n;
-            rc = dq_convert(t->k, t->dtype, rows + 2 * j * n, DQ_DTYPE_BF16, n);
-            if (rc == DQ_OK)
-                rc = dq_convert(t->v, t->dtype, rows + (2 * j + 1) * n, DQ_DTYPE_BF16, n);
-            if (rc < 0) {
-                (void)dqd_gpin_done(w, h);
-                return rc;
-            }
-        }
-        DQD_GCK(cudaMemcpyAsync(dev, pin, bytes, cudaMemcpyHostToDevice, w->stream));
-        rc = dqd_gpin_done(w, h);
-        if (rc < 0)
-            return rc;
-        rc = dqcu_scatter_rows((const uint16_t *)(const void *)(dev + off), (uint32_t)n, (uint16_t *const *)(void *)dev,
-                               (uint32_t)(2 * c), w->stream);
-        if (rc < 0)
-            return dqd_gcu_fail(rc, "dqcu_scatter_rows", __FILE__, __LINE__);
         for (size_t j = 0; j < c; j++) {
             dqd_glayer *l = tok[i0 + j].layer;
             txn_mark(tok[i0 + j].txn, l);
@@ -1074,15 +1091,14 @@ static int seal_chunk(dqd_gwork *w, dqd_codec *codec, const dqcu_codec *dc, cons
 {
     const size_t n = codec->n, W = codec->profile.window, row = n * sizeof(uint16_t);
     const bool hot = tok[0].layer->hot_stride != 0;
-    const size_t off = align256(2 * c * sizeof(uint16_t *)), bytes = off + 2 * c * row;
     const size_t pofs = align256(STATUS_OFF + c * sizeof(int32_t));
     uint16_t *sk, *sv;
-    uint8_t *dev, *pin, *small;
+    uint8_t *small;
     uint8_t **hp = NULL;
     int32_t *hs = NULL, *status;
     uint8_t *const *drec;
     size_t marked = 0;
-    int rc = DQ_OK, h, rd;
+    int rc = DQ_OK;
     for (; marked < c; marked++) {
         dqd_glayer *l = tok[marked].layer;
         txn_mark(tok[marked].txn, l);
@@ -1100,36 +1116,8 @@ static int seal_chunk(dqd_gwork *w, dqd_codec *codec, const dqcu_codec *dc, cons
             cudaMemcpyAsync(sv + j * W * n, l->d_tail + tail_elems(codec), tb, cudaMemcpyDeviceToDevice, w->stream), rc,
             fail);
     }
-    /* the new tokens: rounded to BF16 on the host into one pinned block with their stage rows'
-     * addresses, then one copy and one scatter (as dqd_gpu_append_tokens) */
-    DQD_CHECK_GOTO(dqd_gwork_buf(w, DQD_GBUF_RAW, bytes, (void **)&dev), rc, fail);
-    pin = dqd_gpin_take(w, bytes, &h);
-    if (!pin) {
-        rc = DQ_INTERNAL;
-        goto fail;
-    }
-    for (size_t j = 0; j < c && rc == DQ_OK; j++) {
-        const size_t at = (j * W + tok[j].layer->tail) * n;
-        ((uint16_t **)(void *)pin)[2 * j] = sk + at;
-        ((uint16_t **)(void *)pin)[2 * j + 1] = sv + at;
-        uint16_t *rows = (uint16_t *)(void *)(pin + off) + 2 * j * n;
-        rc = dq_convert(tok[j].k, tok[j].dtype, rows, DQ_DTYPE_BF16, n);
-        if (rc == DQ_OK)
-            rc = dq_convert(tok[j].v, tok[j].dtype, rows + n, DQ_DTYPE_BF16, n);
-    }
-    if (rc == DQ_OK) {
-        const cudaError_t e = cudaMemcpyAsync(dev, pin, bytes, cudaMemcpyHostToDevice, w->stream);
-        if (e != cudaSuccess)
-            rc = dqd_gcuda_fail(e, "cudaMemcpyAsync", __FILE__, __LINE__);
-    }
-    rd = dqd_gpin_done(w, h);
-    if (rc == DQ_OK)
-        rc = rd;
-    if (rc < 0)
-        goto fail;
-    DQD_GCU_GOTO(dqcu_scatter_rows((const uint16_t *)(const void *)(dev + off), (uint32_t)n,
-                                   (uint16_t *const *)(void *)dev, (uint32_t)(2 * c), w->stream),
-                 rc, fail);
+    /* the new tokens after them (row tail of each window) */
+    DQD_CHECK_GOTO(scatter_tokens(w, codec, tok, c, sk, sv), rc, fail);
     /* stats and statuses, then the record and hot slots' addresses (host mirrors h_win, h_hot) */
     DQD_CHECK_GOTO(dqd_gwork_buf(w, DQD_GBUF_SMALL, pofs + 2 * c * sizeof(uint8_t *), (void **)&small), rc, fail);
     hp = malloc(2 * c * sizeof *hp);
@@ -1197,7 +1185,7 @@ int dqd_gpu_append_seal_tokens(dqd_gpu *g, dqd_codec *codec, const dqd_gtoken *t
     /* windows per launch: the stage's (two windows at the least) and the pinned block's */
     const size_t n = codec->n, W = codec->profile.window, row = n * sizeof(uint16_t);
     size_t most = DQD_STAGE_BYTES / (2 * W * row);
-    const size_t most_pin = (DQD_GPIN_BYTES - 256) / (2 * sizeof(uint16_t *) + 2 * row);
+    const size_t most_pin = tokens_per_pin(n);
     most = most < 2 ? 2 : most;
     most = most < most_pin ? most : most_pin;
     if (most == 0)
