@@ -374,6 +374,7 @@ static int hot_plan_for(const dqcu_codec *dc, uint32_t nseq, uint32_t QH, uint32
     pl->smem = bf.smem;
     pl->ws_bytes = (size_t)nseq * (pl->nsplit + 1) * QH * (dc->d + 2) * sizeof(float);
     pl->prep_off = 0;
+    pl->slots = (uint64_t)sms * bf.per_sm;
     *nhg_out = best_g;
     return DQ_OK;
 }
@@ -471,7 +472,7 @@ extern "C" int dqcu_attend_hot(const dqcu_codec *dc, uint32_t q_heads, float sca
         return rc;
     if (workspace_bytes < pl.ws_bytes || ((uintptr_t)workspace & 15))
         return DQ_INVALID_ARGUMENT;
-    if ((uint64_t)(pl.nsplit + 1) * nhg > 65535)
+    if ((uint64_t)pl.nsplit * nhg + dc->kv_heads > 65535) /* the grid's rows, the tail's a KV head each at most */
         return DQ_UNSUPPORTED;
     att_params p = {};
     p.tab = dc->tab;

@@ -4,8 +4,9 @@
  * Grid: x = sequence, y = (split, head group): the sequence's tiles of 128 tokens are cut into
  * nsplit contiguous chunks and its KV heads into nhg groups, so that even one short sequence fills
  * the GPU (at (1, 8K) 64 tiles × 8 heads = 512 blocks where v7 had 64); split nsplit is the BF16
- * tail, head group by head group, in the grid's first row of blocks. Every block writes the partial rows (acc, max, sum) of its
- * query heads in its split; attend_merge_kernel merges the splits by their log-sum-exp.
+ * tail, a block per KV head, before or after the window blocks (hot_block_role). Every block
+ * writes the partial rows (acc, max, sum) of its query heads in its split; attend_merge_kernel
+ * merges the splits by their log-sum-exp.
  *
  * A window block (tiles of its chunk, KV heads of its group), per tile and KV head:
  *   1. keys: each warp computes the scores of two row tiles of 16 tokens on tensor cores
@@ -31,7 +32,32 @@ struct hot_params {
     uint32_t bk, bv; /* bits per key / value code */
     uint32_t hpb;    /* KV heads per block (KVH / nhg) */
     uint32_t nhg;    /* head groups */
+    uint32_t tail0;  /* the grid row of the tail's first block: 0 or nsplit·nhg */
 };
+
+/* Rows of blocks (grid y): nsplit·nhg window blocks and the tail's, a KV head each, either first
+ * (tail0 = 0) or after every window block (tail0 = nsplit·nhg; blocks are dispatched in grid
+ * order). dqcu__attend_hot_launch says which. */
+__host__ __device__ inline uint32_t hot_grid_y(const hot_params &p, uint32_t kv_heads)
+{
+    return p.a.nsplit * p.nhg + kv_heads;
+}
+
+/* What block row y attends: split (nsplit: the tail) and KV heads [kv0, kv1). */
+__device__ __forceinline__ void hot_block_role(const hot_params &p, uint32_t kv_heads, uint32_t y, uint32_t &split,
+                                               uint32_t &kv0, uint32_t &kv1)
+{
+    if (y >= p.tail0 && y < p.tail0 + kv_heads) {
+        split = p.a.nsplit;
+        kv0 = y - p.tail0;
+        kv1 = kv0 + 1;
+        return;
+    }
+    const uint32_t w = y < p.tail0 ? y : y - kv_heads;
+    split = w / p.nhg;
+    kv0 = (w % p.nhg) * p.hpb;
+    kv1 = kv0 + p.hpb;
+}
 
 __host__ __device__ inline size_t hot_align(size_t b)
 {
@@ -362,11 +388,9 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 6) attend_hot_kernel
     const hot_layout L = hot_plan(QH, d, G, p.hpb);
     const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5, nwarps = ATT_THREADS / 32;
     const size_t b = blockIdx.x;
-    /* the tail's blocks first (blockIdx.y < nhg): they are dispatched first and end long before
-     * the windows' at large batch, instead of starting after them */
-    const uint32_t yb = blockIdx.y / p.nhg, hg = blockIdx.y % p.nhg;
-    const uint32_t split = yb == 0 ? p.a.nsplit : yb - 1;
-    const uint32_t kv0 = hg * p.hpb, kv1 = kv0 + p.hpb, h0 = kv0 * G, h1 = kv1 * G;
+    uint32_t split, kv0, kv1;
+    hot_block_role(p, tb.kv_heads, blockIdx.y, split, kv0, kv1);
+    const uint32_t h0 = kv0 * G, h1 = kv1 * G;
     const dqcu_attn_seq sq = p.a.seqs[b];
     float *part = p.a.part + (((size_t)b * (p.a.nsplit + 1) + split) * QH) * accs;
     if (split == p.a.nsplit) {
@@ -928,9 +952,8 @@ __global__ void __launch_bounds__(ATT_THREADS, G <= 4 ? 4 : 2) attend_hotw_kerne
     const uint32_t QH = p.a.QH, W = tb.W, accs = HW_D + 2;
     const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5, g = lane >> 2, t = lane & 3u;
     const size_t b = blockIdx.x;
-    const uint32_t yb = blockIdx.y / p.nhg, hg = blockIdx.y % p.nhg;
-    const uint32_t split = yb == 0 ? p.a.nsplit : yb - 1;
-    const uint32_t kv0 = hg * p.hpb, kv1 = kv0 + p.hpb;
+    uint32_t split, kv0, kv1;
+    hot_block_role(p, tb.kv_heads, blockIdx.y, split, kv0, kv1);
     const dqcu_attn_seq sq = p.a.seqs[b];
     float *part = p.a.part + (((size_t)b * (p.a.nsplit + 1) + split) * QH) * accs;
     if (split == p.a.nsplit) {
@@ -1286,7 +1309,15 @@ int dqcu__attend_hot_launch(const dqcu_codec *dc, const att_params &a, const att
     p.bv = dqcu__hot_bits(dc->host.kind[1].M);
     p.nhg = nhg;
     p.hpb = dc->kv_heads / nhg;
-    const uint32_t nblk_y = (pl.nsplit + 1) * nhg;
+    /* The tail's blocks (a sequence's ≤ 127 BF16 tokens of one KV head, on CUDA cores) take longer
+     * than a window block at small batch and are on the critical path: first where every block of
+     * the grid is resident at once. Otherwise last: dispatched first they held back as many window
+     * blocks until they ended (run 111: (128, 8K+100) 1.73 → 2.10× BF16, with 8 KV heads a tail
+     * block), and a KV head each they fill the last round's free slots. */
+    p.tail0 = 0;
+    const uint32_t nblk_y = hot_grid_y(p, dc->kv_heads);
+    if ((uint64_t)nseq * nblk_y > pl.slots)
+        p.tail0 = pl.nsplit * nhg;
     const bool warp = dqcu__attend_hot_version(dc) == 2;
     switch (a.G) {
     case 1:

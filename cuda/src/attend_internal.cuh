@@ -43,6 +43,7 @@ struct att_plan {
     size_t smem;
     size_t ws_bytes;
     size_t prep_off; /* v7: offset of the prepared queries in the workspace */
+    uint64_t slots;  /* the hot kernel's: blocks resident at once on the GPU */
 };
 
 /* What a kernel version needs for one shape: dynamic shared memory per block, blocks per SM, and
