@@ -35,28 +35,16 @@ struct hot_params {
     uint32_t tail0;  /* the grid row of the tail's first block: 0 or nsplit·nhg */
 };
 
-/* Rows of blocks (grid y): nsplit·nhg window blocks and the tail's, a KV head each, either first
- * (tail0 = 0) or after every window block (tail0 = nsplit·nhg; blocks are dispatched in grid
- * order). dqcu__attend_hot_launch says which. */
+/* The grid's rows and what each attends: hot_block_role (hot_lanes.cuh) with this launch's plan. */
 __host__ __device__ inline uint32_t hot_grid_y(const hot_params &p, uint32_t kv_heads)
 {
-    return p.a.nsplit * p.nhg + kv_heads;
+    return hot_grid_rows(p.a.nsplit, p.nhg, kv_heads);
 }
 
-/* What block row y attends: split (nsplit: the tail) and KV heads [kv0, kv1). */
-__device__ __forceinline__ void hot_block_role(const hot_params &p, uint32_t kv_heads, uint32_t y, uint32_t &split,
-                                               uint32_t &kv0, uint32_t &kv1)
+__device__ __forceinline__ void hot_role(const hot_params &p, uint32_t kv_heads, uint32_t y, uint32_t &split,
+                                         uint32_t &kv0, uint32_t &kv1)
 {
-    if (y >= p.tail0 && y < p.tail0 + kv_heads) {
-        split = p.a.nsplit;
-        kv0 = y - p.tail0;
-        kv1 = kv0 + 1;
-        return;
-    }
-    const uint32_t w = y < p.tail0 ? y : y - kv_heads;
-    split = w / p.nhg;
-    kv0 = (w % p.nhg) * p.hpb;
-    kv1 = kv0 + p.hpb;
+    hot_block_role(p.a.nsplit, p.nhg, p.hpb, kv_heads, p.tail0, y, split, kv0, kv1);
 }
 
 __host__ __device__ inline size_t hot_align(size_t b)
@@ -389,7 +377,7 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 6) attend_hot_kernel
     const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5, nwarps = ATT_THREADS / 32;
     const size_t b = blockIdx.x;
     uint32_t split, kv0, kv1;
-    hot_block_role(p, tb.kv_heads, blockIdx.y, split, kv0, kv1);
+    hot_role(p, tb.kv_heads, blockIdx.y, split, kv0, kv1);
     const uint32_t h0 = kv0 * G, h1 = kv1 * G;
     const dqcu_attn_seq sq = p.a.seqs[b];
     float *part = p.a.part + (((size_t)b * (p.a.nsplit + 1) + split) * QH) * accs;
@@ -953,7 +941,7 @@ __global__ void __launch_bounds__(ATT_THREADS, G <= 4 ? 4 : 2) attend_hotw_kerne
     const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5, g = lane >> 2, t = lane & 3u;
     const size_t b = blockIdx.x;
     uint32_t split, kv0, kv1;
-    hot_block_role(p, tb.kv_heads, blockIdx.y, split, kv0, kv1);
+    hot_role(p, tb.kv_heads, blockIdx.y, split, kv0, kv1);
     const dqcu_attn_seq sq = p.a.seqs[b];
     float *part = p.a.part + (((size_t)b * (p.a.nsplit + 1) + split) * QH) * accs;
     if (split == p.a.nsplit) {

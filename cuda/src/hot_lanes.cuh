@@ -1,6 +1,7 @@
 /* The hot layout's lanes (dquant/hot.h) as the GPU kernels take them apart: where a code's bits
  * sit, a token's group of codes gathered and stored (the transcoders), a code read back (the
- * rebuild), and the tensor-core operands made from code words (the attention kernels). Host and
+ * rebuild), the tensor-core operands made from code words and the grid's rows of blocks (the
+ * attention kernels). Host and
  * device: tests/cuda/emu_hot.cpp compiles this header for the CPU and checks every function
  * against libdquant's layout on every code width, without a GPU; the three PTX instructions
  * used here have exact C equivalents on the host (dqcu_hot_prmt, dqcu_and_or, dqcu_sub_f16x2). */
@@ -307,6 +308,31 @@ DQCU_HD_INLINE float hot_tile_dot(const int (&C)[G <= 4 ? 2 : 3][4], int r, int 
 DQCU_HD_INLINE uint32_t hot_pt_at(int e, uint32_t col, uint32_t tok)
 {
     return ((uint32_t)e * 8u + col) * DQCU_HOT_PSTR + tok;
+}
+
+/* The hot kernels' grid (attend_hot.cu): a sequence's rows of blocks are nsplit·nhg window blocks
+ * (split i, head group j at row i·nhg + j: KV heads [j·hpb, (j + 1)·hpb)) and kv_heads blocks
+ * of the BF16 tail (split nsplit, one KV head each), the tail's from row tail0: 0 (first) or
+ * nsplit·nhg (after every window block; blocks are dispatched in grid order). */
+DQCU_HD_INLINE uint32_t hot_grid_rows(uint32_t nsplit, uint32_t nhg, uint32_t kv_heads)
+{
+    return nsplit * nhg + kv_heads;
+}
+
+/* What row y attends: split (nsplit: the tail) and KV heads [kv0, kv1). */
+DQCU_HD_INLINE void hot_block_role(uint32_t nsplit, uint32_t nhg, uint32_t hpb, uint32_t kv_heads, uint32_t tail0,
+                                   uint32_t y, uint32_t &split, uint32_t &kv0, uint32_t &kv1)
+{
+    if (y >= tail0 && y < tail0 + kv_heads) {
+        split = nsplit;
+        kv0 = y - tail0;
+        kv1 = kv0 + 1;
+        return;
+    }
+    const uint32_t w = y < tail0 ? y : y - kv_heads;
+    split = w / nhg;
+    kv0 = (w % nhg) * hpb;
+    kv1 = kv0 + hpb;
 }
 
 #endif

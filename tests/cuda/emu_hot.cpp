@@ -18,7 +18,8 @@
  * The warp kernel's sub-tile (check_warp_tile, G = 1, 2, 4, 8): its fragments gathered from a ring
  * stage the way the kernel gathers them, multiplied as PTX lays out mma.m16n8k32 and m16n8k16,
  * must give every lane's score products exactly and its value accumulators (through the weights'
- * transpose buffer) to double's rounding.
+ * transpose buffer) to double's rounding. The kernels' grid (check_grid): every split and KV head
+ * of a plan attended by exactly one row of blocks, with either placement of the tail's.
  * checkcuda is the test on a GPU; this one catches a layout drift between lib and the device code
  * on any machine. Exit status 0, or 1 with the first mismatches printed. */
 #include <math.h>
@@ -404,8 +405,41 @@ static void check_warp_tile(uint32_t MK, uint32_t MV)
     }
 }
 
+/* The hot kernels' grid (hot_block_role): every (split, KV head) of every plan shape attended by
+ * exactly one row, window rows with their head group's hpb heads and tail rows with one head each,
+ * the tail's rows [tail0, tail0 + kv_heads) for both placements, and the rows counted by
+ * hot_grid_rows. */
+static void check_grid(void)
+{
+    const uint32_t kvhs[] = {1, 2, 8, 16};
+    for (uint32_t kvh : kvhs)
+        for (uint32_t nhg = 1; nhg <= kvh; nhg *= 2)
+            for (uint32_t nsplit : {0u, 1u, 3u, 17u})
+                for (int last = 0; last < 2; last++) {
+                    const uint32_t hpb = kvh / nhg, tail0 = last ? nsplit * nhg : 0u;
+                    const uint32_t rows = hot_grid_rows(nsplit, nhg, kvh);
+                    std::vector<int> seen((size_t)(nsplit + 1) * kvh, 0);
+                    for (uint32_t y = 0; y < rows; y++) {
+                        uint32_t split, kv0, kv1;
+                        hot_block_role(nsplit, nhg, hpb, kvh, tail0, y, split, kv0, kv1);
+                        const bool tail = y >= tail0 && y < tail0 + kvh;
+                        EXPECT(split <= nsplit && kv0 < kv1 && kv1 <= kvh, "grid: row %u of %u -> split %u, heads [%u, %u)",
+                               y, rows, split, kv0, kv1);
+                        EXPECT((split == nsplit) == tail && kv1 - kv0 == (tail ? 1u : hpb),
+                               "grid: kvh %u nhg %u nsplit %u tail0 %u: row %u -> split %u, heads [%u, %u)", kvh, nhg,
+                               nsplit, tail0, y, split, kv0, kv1);
+                        for (uint32_t h = kv0; h < kv1 && h < kvh && split <= nsplit; h++)
+                            seen[(size_t)split * kvh + h]++;
+                    }
+                    for (size_t i = 0; i < seen.size(); i++)
+                        EXPECT(seen[i] == 1, "grid: kvh %u nhg %u nsplit %u tail0 %u: split %zu head %zu attended %d times",
+                               kvh, nhg, nsplit, tail0, i / kvh, i % kvh, seen[i]);
+                }
+}
+
 int main(void)
 {
+    check_grid();
     check_digits();
     /* the warp kernel's fragments: every GQA group it takes, dq226's and the fixed-width widths */
     check_warp_tile<1, 3, 3>(8, 6);
