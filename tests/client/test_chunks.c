@@ -578,7 +578,9 @@ Test(chunks, a_lease_survives_eviction_pressure_and_expires)
     uint32_t *ta;
     uint8_t ka[16], kb[16];
     dqc_client *c = two_chunks_under_pressure(21, &ta, ka, kb);
-    const uint32_t lease_ms = 1500;
+    /* long enough to outlast the fill below on a loaded 2-core machine under ASan (1.5 s did not:
+     * the lease ran out mid-fill and the leased chunk went too) */
+    const uint32_t lease_ms = 5000;
     dqc_lookup_result lr;
     OK(c, dqc_lookup(c, NS, MODEL, ka, 1, lease_ms, &lr));
     cr_assert_eq(lr.hits, 1u);
