@@ -570,8 +570,8 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 6) attend_hot_kernel
  * n-tile 1's column 2h its lo (2h + 1 zero), so lane (g, t)'s C fragments hold all three digit
  * products of head t for tokens g and g + 8; for G = 8 n-tile d's column h is head h's digit d.
  * Each product starts from -(M - 1)·Σdigit and so ends at Σ digit·(2m - (M - 1)) =
- * 2·Σ digit·(m - c); 2^14·D_hi + 2^7·D_mid + D_lo in fp32 is 2^(20 - e)·q'·(m - c) to fp32's
- * rounding (hot_digit_dot). Every lane's scores are real ones: no lane computes a softmax for an
+ * 2·Σ digit·(m - c); 2^14·D_hi + 2^7·D_mid + D_lo, summed in integers and rounded once to fp32,
+ * is 2^(20 - e)·q'·(m - c) (hot_digit_dot). Every lane's scores are real ones: no lane computes a softmax for an
  * empty row.
  *
  * The softmax is lazy: each head's reference max m (log2 units, the same in the 8 lanes holding
@@ -580,16 +580,21 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 6) attend_hot_kernel
  * rescaled), so the weights p = 2^(x - m) stay below 2^8 without a reduction per sub-tile.
  *
  * Values O^T = V^T·P^T on fp16 tensor cores (mma.m16n8k16): the A operand is the value codes as
- * the fp16 subnormals 2(m - c)·2^-24 (exact), straight from the half-word lanes: lane (g, t)
+ * the fp16 subnormals 2(m - c)·2^(s - 24) (exact), straight from the half-word lanes: lane (g, t)
  * reads, for group g / 2 and channels 16·(g % 2) .., the words of token pairs (2t, 2t + 1) and
- * (2t + 8, 2t + 9), and one shift, one mask and one subtraction make a channel's pair of centred
- * codes (hot_value_operand; row g of m-tile i: channel 16g + 2i, row g + 8: 16g + 2i + 1).
+ * (2t + 8, 2t + 9), and a mask and a subtraction make a channel's pair of centred codes where it
+ * sits in the word, scaled by 2^s (hot_value_operand_scaled: codes above fp16's mantissa after one
+ * shift of their word; row g of m-tile i: channel 16g + 2i, row g + 8: 16g + 2i + 1; each row's
+ * 2^s comes off when the warp's rows are written out): about 2 instructions a code, against 3
+ * for a shift, a mask and a subtraction (hot_value_operand, until run 116).
  * Centred: accumulating Σ w·m in the tensor cores' fp32 and cancelling its large offset at the
  * end lost up to 1.2e-3 of the result over 16K tokens (run 102). The B operand is the weights
  * p·s·2^E as fp16 hi + lo (column 2h head h's hi, 2h + 1 its lo; for G = 8 one n-tile per e),
- * moved through a small buffer in shared memory from the lanes that computed them (tokens g,
- * g + 8) to the lanes the fragment needs (column g): the accumulator's lane (g, t) then holds
- * head h's hi and lo sums side by side. The value scale s folds into the weights, the offset
+ * moved from the lanes that computed them (tokens g, g + 8) to the lanes the fragment needs
+ * (column g): for G <= 4 lane (g, t)'s (hi, lo) of token g + 8r is row g, columns 2t, 2t + 1 of
+ * an 8 x 8 fp16 matrix, and movmatrix.trans hands lane (g, t) column g's tokens 2t, 2t + 1, the
+ * fragment; for G = 8 (two heads a lane) through a small buffer in shared memory. The
+ * accumulator's lane (g, t) then holds head h's hi and lo sums side by side. The value scale s folds into the weights, the offset
  * (s·c + o) into a scalar per head (Σ p·mid); 2^E (warp-wide, moved with the same rescale when a
  * sub-tile's largest s would overflow it or has fallen 2^10 below it) keeps p·s·2^E below 2^15
  * and far above fp16's subnormals. The key means' term q'·μ is computed once per tile and head
@@ -627,8 +632,8 @@ __host__ __device__ inline hotw_layout hotw_plan(uint32_t G, uint32_t bk, uint32
     size_t b = 0;
     L.qs = b; /* [G][128] rotated queries (fp32) */
     b = hot_align(b + (size_t)G * HW_D * sizeof(float));
-    L.pt = b; /* [warps][HL n-tiles][8 columns][DQCU_HOT_PSTR] the weights' transpose buffer (hot_pt_at) */
-    b = hot_align(b + (size_t)HW_WARPS * (G <= 4 ? 1 : 2) * 8 * DQCU_HOT_PSTR * 2);
+    L.pt = b; /* G = 8: [warps][2 n-tiles][8 columns][DQCU_HOT_PSTR] the weights' transpose buffer (hot_pt_at) */
+    b = hot_align(b + (G <= 4 ? 0 : (size_t)HW_WARPS * 2 * 8 * DQCU_HOT_PSTR * 2));
     L.qd = b; /* [3 digits][G][128] the queries' base-128 digits (int8) */
     b = hot_align(b + 3 * (size_t)G * HW_D);
     L.qf = b; /* hw_query: [4][n-tiles][32] uint2, then [n-tiles][32] int4 */
@@ -675,12 +680,27 @@ __device__ __forceinline__ void hw_imma_from(int (&d)[4], const uint32_t (&a)[4]
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c.x), "r"(c.y), "r"(c.z), "r"(c.w));
 }
 
+/* 2^k for a compile-time k (|k| < 127) */
+__device__ __forceinline__ constexpr float hw_pow2(int k)
+{
+    return k >= 0 ? (float)(1u << (k & 31)) : 1.0f / (float)(1u << (-k & 31));
+}
+
 /* 2^x (ex2.approx.ftz: 2 ulp, results below 2^-126 flush to 0 — weights that small next to the
  * reference max's 1 do not count). */
 __device__ __forceinline__ float hw_ex2(float x)
 {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* Lane (g, t) gets elements (2t, g) and (2t + 1, g) of the 8 x 8 fp16 matrix whose row g, columns
+ * 2t, 2t + 1 lane (g, t) holds in x. */
+__device__ __forceinline__ uint32_t hw_transpose8(uint32_t x)
+{
+    uint32_t y;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
     return y;
 }
 
@@ -831,7 +851,7 @@ __device__ __forceinline__ void hw_rescale(hw_state<HL> &S, const float (&lg)[HL
 
 /* One sub-tile from its ring stage stg (see hw_issue). qm, xs, qsm: the lane's heads' key-mean
  * term, query scale 2^(e - 20) and Σ q'; ck, cv the centres (M - 1) / 2, cm = M_V - 1 in both
- * halves; pt: the warp's transpose buffer. */
+ * halves; pt: the warp's transpose buffer (G = 8). */
 template <int G, int BK, int BV>
 __device__ __forceinline__ void hw_subtile(const uint32_t *stg, const hw_query<G> &Q, const float (&qm)[hw_hl(G)],
                                            const float (&xs)[hw_hl(G)], const float (&qsm)[hw_hl(G)], float scale,
@@ -889,8 +909,9 @@ __device__ __forceinline__ void hw_subtile(const uint32_t *stg, const hw_query<G
     if (rs || __any_sync(DQCU_FULL, trig))
         hw_rescale<HL>(S, lg, smax, rs);
 
-    /* ---- the weights p·s·2^E as fp16 hi + lo, into the transpose buffer ---- */
+    /* ---- the weights p·s·2^E as fp16 hi + lo, moved to the value product's B fragments ---- */
     const float sc = __int_as_float((127 + S.E) << 23);
+    uint32_t pb[HL][2];
 #pragma unroll
     for (int e = 0; e < HL; e++)
 #pragma unroll
@@ -898,22 +919,26 @@ __device__ __forceinline__ void hw_subtile(const uint32_t *stg, const hw_query<G
             const float pr = hw_ex2(lg[e][r] - S.m[e]);
             S.l[e] += pr;
             S.off[e] = __fmaf_rn(pr, mid[r], S.off[e]);
-            const float w = pr * (sv[r] * sc);
-            const __half hi = __float2half_rn(w), lo = __float2half_rn(w - __half2float(hi));
-            uint16_t *col = pt + hot_pt_at(e, 2 * t, g + 8 * r);
-            col[0] = __half_as_ushort(hi);
-            col[DQCU_HOT_PSTR] = __half_as_ushort(lo); /* column 2t + 1 */
+            const uint32_t hl = hot_weight_pair(pr * (sv[r] * sc));
+            if constexpr (HL == 1) {
+                pb[0][r] = hw_transpose8(hl); /* column g's tokens 8r + 2t, 8r + 2t + 1 */
+            } else {
+                uint16_t *col = pt + hot_pt_at(e, 2 * t, g + 8 * r);
+                col[0] = (uint16_t)hl;
+                col[DQCU_HOT_PSTR] = (uint16_t)(hl >> 16); /* column 2t + 1 */
+            }
         }
-    __syncwarp();
-    uint32_t pb[HL][2];
+    if constexpr (HL > 1) {
+        __syncwarp();
 #pragma unroll
-    for (int e = 0; e < HL; e++) {
-        const uint16_t *col = pt + hot_pt_at(e, g, 2 * t);
-        pb[e][0] = *(const uint32_t *)(const void *)col;
-        pb[e][1] = *(const uint32_t *)(const void *)(col + 8);
+        for (int e = 0; e < HL; e++) {
+            const uint16_t *col = pt + hot_pt_at(e, g, 2 * t);
+            pb[e][0] = *(const uint32_t *)(const void *)col;
+            pb[e][1] = *(const uint32_t *)(const void *)(col + 8);
+        }
     }
 
-    /* ---- values on tensor cores, straight from the code words (fp16 subnormals 2(m - c)·2^-24) ---- */
+    /* ---- values on tensor cores, straight from the code words (fp16 subnormals 2(m - c)·2^(s - 24)) ---- */
     const uint32_t *vst = stg + 64u * BK;
     uint32_t u0[BV], u4[BV];
 #pragma unroll
@@ -921,10 +946,13 @@ __device__ __forceinline__ void hw_subtile(const uint32_t *stg, const hw_query<G
         u0[i] = vst[(BV * g + (uint32_t)i) * 8u + t];
         u4[i] = vst[(BV * g + (uint32_t)i) * 8u + t + 4u];
     }
+    const uint32_t ncm = cm | 0x80008000u;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        const uint32_t a0 = hot_value_operand<BV>(u0, 2 * i, cm), a1 = hot_value_operand<BV>(u0, 2 * i + 1, cm);
-        const uint32_t a2 = hot_value_operand<BV>(u4, 2 * i, cm), a3 = hot_value_operand<BV>(u4, 2 * i + 1, cm);
+        const uint32_t a0 = hot_value_operand_scaled<BV>(u0, 2 * i, cm, ncm);
+        const uint32_t a1 = hot_value_operand_scaled<BV>(u0, 2 * i + 1, cm, ncm);
+        const uint32_t a2 = hot_value_operand_scaled<BV>(u4, 2 * i, cm, ncm);
+        const uint32_t a3 = hot_value_operand_scaled<BV>(u4, 2 * i + 1, cm, ncm);
 #pragma unroll
         for (int e = 0; e < HL; e++)
             hw_mma(S.O[i][e], a0, a1, a2, a3, pb[e][0], pb[e][1]);
@@ -1086,7 +1114,7 @@ __global__ void __launch_bounds__(ATT_THREADS, G <= 4 ? 4 : 2) attend_hotw_kerne
             for (uint32_t j = j0; j < j1; j++, sj = sj + 1 == HW_NS ? 0 : sj + 1, sn = sn + 1 == HW_NS ? 0 : sn + 1) {
                 const uint32_t jn = j + HW_NS - 1;
                 __syncwarp(); /* every lane is done with the stage jn overwrites (sub-tile j - 1's) and
-                                 with the transpose buffer */
+                                 with the transpose buffer (G = 8) */
                 if (jn < j1)
                     hw_issue_sub<BK, BV>(srcs, wp, p.a.tpw, rt, jn, ring + sn * STB, lane);
                 hw_commit();
@@ -1117,9 +1145,9 @@ __global__ void __launch_bounds__(ATT_THREADS, G <= 4 ? 4 : 2) attend_hotw_kerne
             if (h < (uint32_t)G) {
                 float *mr = mrg + (warp * G + h) * HW_D + 16u * g;
 #pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    mr[2 * i] = (S.O[i][e][0] + S.O[i][e][1]) * un;
-                    mr[2 * i + 1] = (S.O[i][e][2] + S.O[i][e][3]) * un;
+                for (int i = 0; i < 8; i++) { /* rows of codes 2i, 2i + 1, each 2^s high */
+                    mr[2 * i] = (S.O[i][e][0] + S.O[i][e][1]) * (un * hw_pow2(-hot_value_scale<BV>(2 * i)));
+                    mr[2 * i + 1] = (S.O[i][e][2] + S.O[i][e][3]) * (un * hw_pow2(-hot_value_scale<BV>(2 * i + 1)));
                 }
                 if (g == 0) {
                     st[(warp * G + h) * 3] = S.m[e];

@@ -14,6 +14,9 @@
 #include <math.h>
 #include <string.h>
 #endif
+#ifdef __CUDACC__
+#include <cuda_fp16.h>
+#endif
 
 #ifdef __CUDACC__
 #define DQCU_HD_INLINE __host__ __device__ __forceinline__
@@ -90,6 +93,25 @@ static inline uint32_t dqcu_float_f16(float x)
 }
 #endif
 
+/* The two fp16 halves of a·b + c, rounded to nearest even (the host computes in float and
+ * rounds once more: exact wherever a·b + c is an fp16 value, the only use here). */
+DQCU_HD_INLINE uint32_t dqcu_fma_f16x2(uint32_t a, uint32_t b, uint32_t c)
+{
+#ifdef __CUDA_ARCH__
+    uint32_t r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+#else
+    uint32_t r = 0;
+    for (int h = 0; h < 2; h++) {
+        const uint32_t s = 16u * (uint32_t)h;
+        r |= dqcu_float_f16(fmaf(dqcu_f16_float((a >> s) & 0xffffu), dqcu_f16_float((b >> s) & 0xffffu),
+                                 dqcu_f16_float((c >> s) & 0xffffu)))
+             << s;
+    }
+    return r;
+#endif
+}
 /* The two fp16 halves of a minus those of b, rounded to nearest even. */
 DQCU_HD_INLINE uint32_t dqcu_sub_f16x2(uint32_t a, uint32_t b)
 {
@@ -243,6 +265,54 @@ DQCU_HD_INLINE uint32_t hot_value_operand(const uint32_t (&w)[B], int k, uint32_
     return dqcu_sub_f16x2(hot_lane_code<B, 16, 1>(w, k), cm);
 }
 
+/* The warp kernel's value operands, read in place: code k's pair as the fp16 subnormals
+ * (m - c)·2^p' (c = (M - 1) / 2) for a code at bit p' >= 1 of its half-word (a mask and one
+ * subtraction of (M - 1)·2^(p' - 1)), or 2m - (M - 1) for p' = 0 (a mask and one fma). A code that
+ * fits below bit 10 (fp16's mantissa: p + B <= 10) stays where it is (p' = p); the others are
+ * read after one shift of their word right by P1 - 1 (P1 = hot_value_p1: the first position that
+ * does not fit), which puts them at p' = p - P1 + 1 <= 10 - B. The operand is 2(m - c)·2^(s - 24),
+ * s = hot_value_scale(k): the kernel's accumulator row of code k carries 2^s, taken off at the end.
+ * Against hot_value_operand: one shift a word instead of one a code. Pooled codes (k >= q·B) are
+ * hot_value_operand's, s = 0. */
+template <int B>
+DQCU_HD_INLINE constexpr int hot_value_p1()
+{
+    return B * ((10 - B) / B + 1);
+}
+template <int B>
+DQCU_HD_INLINE constexpr int hot_value_scale(int k)
+{
+    return k >= (16 / B) * B              ? 0
+           : B * (k % (16 / B)) + B <= 10 ? (k % (16 / B) == 0 ? 0 : B * (k % (16 / B)) - 1)
+                                          : B * (k % (16 / B)) - hot_value_p1<B>();
+}
+/* cm = M - 1 in both halves (as hot_value_operand), ncm = cm with both signs set. */
+template <int B>
+DQCU_HD_INLINE uint32_t hot_value_operand_scaled(const uint32_t (&w)[B], int k, uint32_t cm, uint32_t ncm)
+{
+    constexpr int q = 16 / B, P1 = hot_value_p1<B>();
+    constexpr uint32_t mask = ((1u << B) - 1u) * 0x00010001u;
+    if (k >= q * B)
+        return hot_value_operand<B>(w, k, cm);
+    const int p = B * (k % q);
+    if (p + B <= 10)
+        return p == 0 ? dqcu_fma_f16x2(w[k / q] & mask, 0x40004000u, ncm) /* 2x - (M - 1) */
+                      : dqcu_sub_f16x2(w[k / q] & (mask << p), cm << (p - 1));
+    const int pp = p - P1 + 1;
+    return dqcu_sub_f16x2((w[k / q] >> (P1 - 1)) & (mask << pp), cm << (pp - 1));
+}
+/* A softmax weight w as the value product's B operand pair: fp16 hi = rn(w) in the low half
+ * (column 2h), lo = rn(w - hi) in the high half (column 2h + 1). */
+DQCU_HD_INLINE uint32_t hot_weight_pair(float w)
+{
+#ifdef __CUDA_ARCH__
+    const __half2 hl = __floats2half2_rn(w, w - __half2float(__float2half_rn(w)));
+    return *(const uint32_t *)(const void *)&hl;
+#else
+    const uint32_t hi = dqcu_float_f16(w);
+    return hi | dqcu_float_f16(w - dqcu_f16_float(hi)) << 16;
+#endif
+}
 /* The warp kernel's integer scores (attend_hot.cu): a rotated query value y, scaled by up =
  * 2^(19 - e) (|y| < 2^e), rounded to Q (|Q| <= 2^19) and split into balanced base-128 digits,
  * Q = 2^14·hi + 2^7·mid + lo with |hi| <= 33 and mid, lo in [-64, 63] (twice each fits an s8). */
@@ -259,15 +329,13 @@ DQCU_HD_INLINE void hot_query_digits(float y, float up, int &hi, int &mid, int &
     hi = (q1 - mid) >> 7;
 }
 
-/* The three exact integer products D = Σ digit·(2m - (M - 1)) combined in fp32:
- * 2^14·D_hi + 2^7·D_mid + D_lo = 2^(20 - e)·Σ q'·(m - c), to fp32's rounding. */
+/* The three exact integer products D = Σ digit·(2m - (M - 1)) combined exactly in integers and
+ * rounded once to fp32: 2^14·D_hi + 2^7·D_mid + D_lo = 2^(20 - e)·Σ q'·(m - c). No overflow for
+ * 128 channels of codes up to 4 bits: |D_hi| <= 33·15·128, |D_mid|, |D_lo| <= 64·15·128, so the sum
+ * stays below 1.07e9 < 2^31. */
 DQCU_HD_INLINE float hot_digit_dot(int d_hi, int d_mid, int d_lo)
 {
-#ifdef __CUDA_ARCH__
-    return __fmaf_rn(16384.0f, (float)d_hi, __fmaf_rn(128.0f, (float)d_mid, (float)d_lo));
-#else
-    return fmaf(16384.0f, (float)d_hi, fmaf(128.0f, (float)d_mid, (float)d_lo));
-#endif
+    return (float)(16384 * d_hi + 128 * d_mid + d_lo);
 }
 
 /* The warp kernel's tile geometry (attend_hot.cu): lane (g, t) of a warp holds tokens g and g + 8

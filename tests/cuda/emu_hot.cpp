@@ -148,6 +148,13 @@ static void check_profile(uint32_t MK, uint32_t MV)
                     EXPECT(t1 >= W || halves_are(vp, ldexpf(2.0f * (float)m0 - (float)(MV - 1), -24),
                                                  ldexpf(2.0f * (float)m1 - (float)(MV - 1), -24)),
                            "%s value pair %u channel %u: %08x (M %u)", name, pr, j, vp, MV);
+                    /* read in place: the same, 2^s higher */
+                    const uint32_t cm = (MV - 1) * 0x00010001u;
+                    const uint32_t vs = hot_value_operand_scaled<BV>(u, kk, cm, cm | 0x80008000u);
+                    const int sc = hot_value_scale<BV>(kk);
+                    EXPECT(sc >= 0 && sc <= 9 && (t1 >= W || halves_are(vs, ldexpf(2.0f * (float)m0 - (float)(MV - 1), sc - 24),
+                                                                        ldexpf(2.0f * (float)m1 - (float)(MV - 1), sc - 24))),
+                           "%s value pair %u channel %u: scaled %08x (M %u, s %d)", name, pr, j, vs, MV, sc);
                 }
             }
     /* the transcoders' writer */
@@ -343,15 +350,27 @@ static void check_warp_tile(uint32_t MK, uint32_t MV)
         for (int h = 0; h < 8; h++)
             w[tok][h] = ldexpf(uniform() * 0.5f + 0.5f, -(tok % 13)) * 128.0f;
     std::vector<uint16_t> pt((size_t)HL * 8 * DQCU_HOT_PSTR, 0);
+    /* G <= 4: lane (g, t)'s pairs (hi, lo) of token g + 8r, moved by movmatrix.trans (PTX: the 8 x 8
+     * matrix whose row g, columns 2t, 2t + 1 lane (g, t) holds; lane (g, t) receives elements
+     * (2t, g) and (2t + 1, g)) */
+    uint32_t wp[2][32], bt[2][32];
+    for (uint32_t ln = 0; ln < 32; ln++)
+        for (uint32_t r = 0; r < 2; r++)
+            wp[r][ln] = hot_weight_pair(w[(ln >> 2) + 8 * r][ln & 3u]);
+    for (uint32_t ln = 0; ln < 32; ln++) {
+        const uint32_t g = ln >> 2, t = ln & 3u;
+        for (uint32_t r = 0; r < 2; r++)
+            bt[r][ln] = ((wp[r][4 * (2 * t) + g / 2] >> (16 * (g % 2))) & 0xffffu) |
+                        ((wp[r][4 * (2 * t + 1) + g / 2] >> (16 * (g % 2))) & 0xffffu) << 16;
+    }
     for (uint32_t ln = 0; ln < 32; ln++) {
         const uint32_t g = ln >> 2, t = ln & 3u;
         for (int e = 0; e < HL; e++)
             for (uint32_t r = 0; r < 2; r++) {
-                const float x = w[g + 8 * r][HL * t + (uint32_t)e];
-                const uint32_t hi = dqcu_float_f16(x), lo = dqcu_float_f16(x - dqcu_f16_float(hi));
+                const uint32_t hl = hot_weight_pair(w[g + 8 * r][HL * t + (uint32_t)e]);
                 uint16_t *col = pt.data() + hot_pt_at(e, 2 * t, g + 8 * r);
-                col[0] = (uint16_t)hi;
-                col[DQCU_HOT_PSTR] = (uint16_t)lo;
+                col[0] = (uint16_t)hl;
+                col[DQCU_HOT_PSTR] = (uint16_t)(hl >> 16);
             }
     }
     const uint32_t cm = (MV - 1) * 0x00010001u;
@@ -365,8 +384,11 @@ static void check_warp_tile(uint32_t MK, uint32_t MV)
                 u0[k] = vst[(BV * g + (uint32_t)k) * 8 + t];
                 u4[k] = vst[(BV * g + (uint32_t)k) * 8 + t + 4];
             }
-            const uint32_t a[4] = {hot_value_operand<BV>(u0, 2 * i, cm), hot_value_operand<BV>(u0, 2 * i + 1, cm),
-                                   hot_value_operand<BV>(u4, 2 * i, cm), hot_value_operand<BV>(u4, 2 * i + 1, cm)};
+            const uint32_t ncm = cm | 0x80008000u;
+            const uint32_t a[4] = {hot_value_operand_scaled<BV>(u0, 2 * i, cm, ncm),
+                                   hot_value_operand_scaled<BV>(u0, 2 * i + 1, cm, ncm),
+                                   hot_value_operand_scaled<BV>(u4, 2 * i, cm, ncm),
+                                   hot_value_operand_scaled<BV>(u4, 2 * i + 1, cm, ncm)};
             for (int hf = 0; hf < 2; hf++) {
                 A[g][2 * t + hf] = dqcu_f16_float((a[0] >> (16 * hf)) & 0xffffu);
                 A[g + 8][2 * t + hf] = dqcu_f16_float((a[1] >> (16 * hf)) & 0xffffu);
@@ -376,8 +398,10 @@ static void check_warp_tile(uint32_t MK, uint32_t MV)
             for (int e = 0; e < HL; e++) {
                 const uint16_t *col = pt.data() + hot_pt_at(e, g, 2 * t);
                 for (int hf = 0; hf < 2; hf++) {
-                    B[e][2 * t + hf][g] = dqcu_f16_float(col[hf]);
-                    B[e][2 * t + 8 + hf][g] = dqcu_f16_float(col[8 + hf]);
+                    B[e][2 * t + hf][g] = HL == 1 ? dqcu_f16_float((bt[0][ln] >> (16 * hf)) & 0xffffu)
+                                                  : dqcu_f16_float(col[hf]);
+                    B[e][2 * t + 8 + hf][g] = HL == 1 ? dqcu_f16_float((bt[1][ln] >> (16 * hf)) & 0xffffu)
+                                                      : dqcu_f16_float(col[8 + hf]);
                 }
             }
         }
@@ -392,6 +416,7 @@ static void check_warp_tile(uint32_t MK, uint32_t MV)
                     double got = 0.0, want = 0.0, mag = 0.0;
                     for (int k = 0; k < 16; k++)
                         got += A[row][k] * (B[e][k][2 * t] + B[e][k][2 * t + 1]);
+                    got = ldexp(got, -hot_value_scale<BV>(2 * i + rr)); /* the row's 2^s */
                     for (int tok = 0; tok < 16; tok++) {
                         const double v = ldexp(2.0 * mv[tok][ch] - (double)(MV - 1), -24);
                         want += (double)w[tok][h] * v;
