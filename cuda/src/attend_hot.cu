@@ -624,7 +624,7 @@ __host__ __device__ constexpr int hw_nst(int G)
 }
 
 struct hotw_layout {
-    size_t qs, pt, qd, qf, qmu, wp, mrg, st, ring, total;
+    size_t qs, pt, qd, qf, qmu, wp, wt, mrg, st, ring, total;
 };
 __host__ __device__ inline hotw_layout hotw_plan(uint32_t G, uint32_t bk, uint32_t bv)
 {
@@ -642,6 +642,8 @@ __host__ __device__ inline hotw_layout hotw_plan(uint32_t G, uint32_t bk, uint32
     b = hot_align(b + (size_t)HW_ROUND * G * sizeof(float));
     L.wp = b; /* [HW_ROUND] the round's tiles' windows */
     b = hot_align(b + (size_t)HW_ROUND * sizeof(const uint8_t *));
+    L.wt = b; /* [HW_ROUND] the round's tiles' first tokens in their windows */
+    b = hot_align(b + (size_t)HW_ROUND * sizeof(uint32_t));
     L.mrg = b; /* [warps][G][128] the warps' accumulators */
     b = hot_align(b + (size_t)HW_WARPS * G * HW_D * sizeof(float));
     L.st = b; /* [warps][G] m, l, off; then qsum[G], 2^(e - 20)[G], Σdigit[3][G] (int) */
@@ -723,9 +725,10 @@ struct hw_src {
 };
 
 /* The offsets (from the window's start, for tokens from 0) of the 16-byte chunks lane copies for
- * KV head kvh: chunk q = lane + 32k of a sub-tile (see hw_stage_bytes). Key codes: row (group c,
- * word i) of 16 tokens, 4 chunks; value codes: row (group, word i of 2b_V) of 8 token pairs, 2
- * chunks; the (s, o) pairs. A sub-tile at tw0 adds 4·tw0 (2·tw0 to value codes). */
+ * KV head kvh: chunk q = lane + 32k of a sub-tile, in the stage's order (hot_stage_key_chunk,
+ * hot_stage_value_chunk: key codes, row (group t, word i) of 16 tokens, value codes, row (lane
+ * row g, word i) of 8 token pairs, the chunks of a row swizzled; then the (s, o) pairs). A
+ * sub-tile at tw0 adds 4·tw0 (2·tw0 to value codes). */
 template <int BK, int BV>
 __device__ __forceinline__ hw_src<BK, BV> hw_sources(const hot_params &p, uint32_t W, uint32_t kvh, uint32_t lane)
 {
@@ -735,12 +738,13 @@ __device__ __forceinline__ hw_src<BK, BV> hw_sources(const hot_params &p, uint32
 #pragma unroll
     for (uint32_t k = 0; k < (N + 31) / 32; k++) {
         const uint32_t q = lane + 32u * k;
-        if (q < NK) {
-            const uint32_t row = q >> 2, g = kvh * 4u + row / BK;
-            o.off[k] = p.off[2] + ((g * BK + row % BK) * W << 2) + ((q & 3u) << 4);
-        } else if (q < NK + NV) {
-            const uint32_t qq = q - NK, row = qq >> 1, g = kvh * 4u + row / (2 * BV);
-            o.off[k] = p.off[3] + ((g * 2 * BV + row % (2 * BV)) * (W / 2) << 2) + ((qq & 1u) << 4);
+        uint32_t r, i, c;
+        if (q < NK) { /* word i of group t: row (4·kvh + t)·b_K + i of W words */
+            hot_stage_key_chunk(q, r, i, c);
+            o.off[k] = p.off[2] + (((kvh * 4u + r) * BK + i) * W << 2) + (c << 4);
+        } else if (q < NK + NV) { /* word i of lane row g: row 8·kvh·b_V + b_V·g + i of W / 2 words */
+            hot_stage_value_chunk(q - NK, r, i, c);
+            o.off[k] = p.off[3] + ((kvh * 8u * BV + BV * r + i) * (W / 2) << 2) + (c << 4);
             o.pair |= 1u << k;
         } else {
             const uint32_t qq = q - NK - NV;
@@ -765,15 +769,15 @@ __device__ __forceinline__ void hw_issue(const hw_src<BK, BV> &src, const uint8_
     }
 }
 
-/* hw_issue of sub-tile j of the round of tiles from rt, whose windows the round's setup put in
- * shared memory (wp[i]: tile rt + i's; a global load here stalled every sub-tile, run 102). A
- * window holds tpw tiles; one tile per window needs no division, the common case W = 128. */
+/* hw_issue of sub-tile j of the round, whose tiles' windows and first tokens in them the round's
+ * setup put in shared memory (wp[i], wt[i]: a global load here stalled every sub-tile, run 102;
+ * tokens from the tiles a window holds, a division, took 3% of the samples in run 118). */
 template <int BK, int BV>
-__device__ __forceinline__ void hw_issue_sub(const hw_src<BK, BV> &src, const uint8_t *const *wp, uint32_t tpw,
-                                             uint32_t rt, uint32_t j, uint32_t dst, uint32_t lane)
+__device__ __forceinline__ void hw_issue_sub(const hw_src<BK, BV> &src, const uint8_t *const *wp, const uint32_t *wt,
+                                             uint32_t j, uint32_t dst, uint32_t lane)
 {
-    const uint32_t i = j / (ATT_T / 16), sub = 16u * (j % (ATT_T / 16));
-    hw_issue<BK, BV>(src, wp[i], tpw == 1 ? sub : ((rt + i) % tpw) * ATT_T + sub, dst, lane);
+    const uint32_t i = j / (ATT_T / 16);
+    hw_issue<BK, BV>(src, wp[i], wt[i] + 16u * (j % (ATT_T / 16)), dst, lane);
 }
 
 __device__ __forceinline__ void hw_commit()
@@ -863,8 +867,8 @@ __device__ __forceinline__ void hw_subtile(const uint32_t *stg, const hw_query<G
     uint32_t w0[BK], w1[BK];
 #pragma unroll
     for (int i = 0; i < BK; i++) {
-        w0[i] = stg[(t * BK + (uint32_t)i) * 16u + g];
-        w1[i] = stg[(t * BK + (uint32_t)i) * 16u + g + 8u];
+        w0[i] = stg[hot_stage_key_at(t, (uint32_t)i, g)];
+        w1[i] = stg[hot_stage_key_at(t, (uint32_t)i, g + 8u)];
     }
     const uint32_t *so = stg + 64u * (BK + BV);
     const uint32_t ks2[2] = {so[g], so[g + 8u]}, vs2[2] = {so[16u + g], so[24u + g]};
@@ -905,7 +909,8 @@ __device__ __forceinline__ void hw_subtile(const uint32_t *stg, const hw_query<G
     const float smax = __uint_as_float(
         __reduce_max_sync(DQCU_FULL, __float_as_uint(fmaxf(sv[0], sv[1])) & 0x7fffffffu));
     const uint32_t lim = (uint32_t)(127 + 7 - S.E) << 23; /* 2^(7 - E) */
-    const bool rs = smax >= __uint_as_float(lim) || (smax > 0.0f && smax < __uint_as_float(lim - (10u << 23)));
+    /* (no short-circuit: branches and byte flags for || and && took 6% of the samples, run 118) */
+    const bool rs = (smax >= __uint_as_float(lim)) | ((smax > 0.0f) & (smax < __uint_as_float(lim - (10u << 23))));
     if (rs || __any_sync(DQCU_FULL, trig))
         hw_rescale<HL>(S, lg, smax, rs);
 
@@ -943,8 +948,8 @@ __device__ __forceinline__ void hw_subtile(const uint32_t *stg, const hw_query<G
     uint32_t u0[BV], u4[BV];
 #pragma unroll
     for (int i = 0; i < BV; i++) {
-        u0[i] = vst[(BV * g + (uint32_t)i) * 8u + t];
-        u4[i] = vst[(BV * g + (uint32_t)i) * 8u + t + 4u];
+        u0[i] = vst[hot_stage_value_at(g, (uint32_t)i, t)];
+        u4[i] = vst[hot_stage_value_at(g, (uint32_t)i, t + 4u)];
     }
     const uint32_t ncm = cm | 0x80008000u;
 #pragma unroll
@@ -996,6 +1001,7 @@ __global__ void __launch_bounds__(ATT_THREADS, G <= 4 ? 4 : 2) attend_hotw_kerne
     int4 *qfi = (int4 *)(void *)(qfb + 4 * hw_nst(G) * 32);
     float *qmu = (float *)(void *)(smem + L.qmu);
     const uint8_t **wp = (const uint8_t **)(void *)(smem + L.wp);
+    uint32_t *wt = (uint32_t *)(void *)(smem + L.wt);
     float *mrg = (float *)(void *)(smem + L.mrg);
     float *st = (float *)(void *)(smem + L.st);
     float *qsum = st + HW_WARPS * G * 3, *qex = qsum + G;
@@ -1081,8 +1087,10 @@ __global__ void __launch_bounds__(ATT_THREADS, G <= 4 ? 4 : 2) attend_hotw_kerne
             /* the key-mean term of each tile's window and head: a warp per tile; the windows */
             for (uint32_t i = warp; i < rn; i += HW_WARPS) {
                 const uint8_t *win = sq.windows[(rt + i) / p.a.tpw];
-                if (lane == 0)
+                if (lane == 0) {
                     wp[i] = win;
+                    wt[i] = ((rt + i) % p.a.tpw) * ATT_T;
+                }
                 const uint16_t *mu2 = (const uint16_t *)(const void *)(win + 2u + kvh * HW_D + 4u * lane);
                 const uint32_t mw = (uint32_t)__ldg(mu2) | (uint32_t)__ldg(mu2 + 1) << 16;
                 const float sfm = dqcu_f16_le(win);
@@ -1107,7 +1115,7 @@ __global__ void __launch_bounds__(ATT_THREADS, G <= 4 ? 4 : 2) attend_hotw_kerne
             for (uint32_t k = 0; k + 1 < HW_NS; k++) {
                 const uint32_t j = j0 + k;
                 if (j < j1)
-                    hw_issue_sub<BK, BV>(srcs, wp, p.a.tpw, rt, j, ring + k * STB, lane);
+                    hw_issue_sub<BK, BV>(srcs, wp, wt, j, ring + k * STB, lane);
                 hw_commit();
             }
             uint32_t sj = 0, sn = HW_NS - 1; /* ring stages of sub-tiles j and j + HW_NS - 1 */
@@ -1116,7 +1124,7 @@ __global__ void __launch_bounds__(ATT_THREADS, G <= 4 ? 4 : 2) attend_hotw_kerne
                 __syncwarp(); /* every lane is done with the stage jn overwrites (sub-tile j - 1's) and
                                  with the transpose buffer (G = 8) */
                 if (jn < j1)
-                    hw_issue_sub<BK, BV>(srcs, wp, p.a.tpw, rt, jn, ring + sn * STB, lane);
+                    hw_issue_sub<BK, BV>(srcs, wp, wt, jn, ring + sn * STB, lane);
                 hw_commit();
                 asm volatile("cp.async.wait_group %0;" ::"n"(HW_NS - 1) : "memory");
                 __syncwarp(); /* the other lanes' copies of sub-tile j are visible */

@@ -378,6 +378,39 @@ DQCU_HD_INLINE uint32_t hot_pt_at(int e, uint32_t col, uint32_t tok)
     return ((uint32_t)e * 8u + col) * DQCU_HOT_PSTR + tok;
 }
 
+/* The warp kernel's ring stage (attend_hot.cu, hw_stage_bytes): the key codes, 4·B_K rows of 16
+ * words (one word a token), then the value codes, 8·B_V rows of 8 words (one word a token pair),
+ * then the (s, o) pairs. Key row 4i + t holds word i of channel group t; its four 16-byte chunks
+ * hold tokens 4c .. 4c + 3 at chunk c ^ 2·(t >> 1). Value row 8i + g holds word i of the lane rows
+ * g (group g / 2, channels 16·(g % 2) ..); its two chunks hold token pairs 4c .. 4c + 3 at chunk
+ * c ^ (g >> 2). So the kernel's loads are free of bank conflicts: lane (g, t) reads key word i of
+ * tokens g and g + 8 (32 lanes, 32 banks) and value word i of pairs t and t + 4 (run 118: the
+ * plain order had 2-way conflicts on the keys, 2- to 4-way on the values; 29% of the shared
+ * wavefronts). */
+/* The stage word (from the stage's start) of key word i of channel group t, token tok (0..15). */
+DQCU_HD_INLINE uint32_t hot_stage_key_at(uint32_t t, uint32_t i, uint32_t tok)
+{
+    return (4u * i + t) * 16u + 4u * ((tok >> 2) ^ (2u * ((t >> 1) & 1u))) + (tok & 3u);
+}
+/* The stage word (from the value codes' start) of value word i of lane row g, token pair pr (0..7). */
+DQCU_HD_INLINE uint32_t hot_stage_value_at(uint32_t g, uint32_t i, uint32_t pr)
+{
+    return (8u * i + g) * 8u + 4u * ((pr >> 2) ^ ((g >> 2) & 1u)) + (pr & 3u);
+}
+/* What the stage's 16-byte chunk q of the key codes (q < 16·B_K) holds: word i of group t, tokens
+ * 4c .. 4c + 3; of the value codes (q < 16·B_V from theirs): word i of lane row g, pairs 4c ... */
+DQCU_HD_INLINE void hot_stage_key_chunk(uint32_t q, uint32_t &t, uint32_t &i, uint32_t &c)
+{
+    t = (q >> 2) & 3u;
+    i = q >> 4;
+    c = (q & 3u) ^ (2u * ((t >> 1) & 1u));
+}
+DQCU_HD_INLINE void hot_stage_value_chunk(uint32_t q, uint32_t &g, uint32_t &i, uint32_t &c)
+{
+    g = (q >> 1) & 7u;
+    i = q >> 4;
+    c = (q & 1u) ^ ((g >> 2) & 1u);
+}
 /* The hot kernels' grid (attend_hot.cu): a sequence's rows of blocks are nsplit·nhg window blocks
  * (split i, head group j at row i·nhg + j: KV heads [j·hpb, (j + 1)·hpb)) and kv_heads blocks
  * of the BF16 tail (split nsplit, one KV head each), the tail's from row tail0: 0 (first) or

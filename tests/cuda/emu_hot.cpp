@@ -235,7 +235,10 @@ static void check_warp_tile(uint32_t MK, uint32_t MV)
 {
     constexpr int HL = G <= 4 ? 1 : 2, NS = G <= 4 ? 2 : 3;
     uint32_t mk[16][128], mv[16][128];
-    std::vector<uint32_t> stg(64 * BK + 64 * BV, 0u); /* key codes [group][word][16], value codes [group][word][8] */
+    /* the sub-tile's codes as the transcoder lays out a window of 16 tokens (key codes [group][word][16],
+     * value codes [group][word][8 pairs]), then copied into the ring stage's order chunk by chunk as
+     * hw_sources maps them (hot_stage_key_chunk, hot_stage_value_chunk) */
+    std::vector<uint32_t> plain(64 * BK + 64 * BV, 0u), stg(64 * BK + 64 * BV, 0u);
     for (uint32_t tok = 0; tok < 16; tok++)
         for (uint32_t grp = 0; grp < 4; grp++) {
             dqcu_hot_group gk, gv;
@@ -247,8 +250,31 @@ static void check_warp_tile(uint32_t MK, uint32_t MV)
                 dqcu_hot_group_put(gk, 0, BK, c, mk[tok][32 * grp + c]);
                 dqcu_hot_group_put(gv, 1, BV, c, mv[tok][32 * grp + c]);
             }
-            dqcu_hot_group_store(gk, stg.data(), 0, BK, 16, grp, tok);
-            dqcu_hot_group_store(gv, stg.data() + 64 * BK, 1, BV, 16, grp, tok);
+            dqcu_hot_group_store(gk, plain.data(), 0, BK, 16, grp, tok);
+            dqcu_hot_group_store(gv, plain.data() + 64 * BK, 1, BV, 16, grp, tok);
+        }
+    for (uint32_t q = 0; q < 16 * BK + 16 * BV; q++) {
+        uint32_t r, i, c, src;
+        if (q < 16 * BK) {
+            hot_stage_key_chunk(q, r, i, c);
+            src = (r * BK + i) * 16 + 4 * c;
+        } else {
+            hot_stage_value_chunk(q - 16 * BK, r, i, c);
+            src = 64 * BK + (BV * r + i) * 8 + 4 * c;
+        }
+        memcpy(&stg[4 * q], &plain[src], 16);
+    }
+    /* the kernel's stage loads: key word i of tokens g + 8r, value word i of pairs t + 4r, one bank
+     * a lane */
+    for (uint32_t i = 0; i < BK || i < BV; i++)
+        for (uint32_t r = 0; r < 2; r++) {
+            uint32_t kb = 0, vb = 0;
+            for (uint32_t ln = 0; ln < 32; ln++) {
+                kb |= 1u << (hot_stage_key_at(ln & 3u, i, (ln >> 2) + 8 * r) % 32);
+                vb |= 1u << (hot_stage_value_at(ln >> 2, i, (ln & 3u) + 4 * r) % 32);
+            }
+            EXPECT((i >= BK || kb == 0xffffffffu) && (i >= BV || vb == 0xffffffffu),
+                   "stage loads of word %u, half %u: banks %08x (keys) %08x (values)", i, r, kb, vb);
         }
     /* the queries' digits (one exponent a head, as the kernel) */
     static int8_t qd[3][8][128];
@@ -290,8 +316,8 @@ static void check_warp_tile(uint32_t MK, uint32_t MV)
             const uint32_t g = ln >> 2, t = ln & 3u;
             uint32_t w0[BK], w1[BK];
             for (int i = 0; i < BK; i++) {
-                w0[i] = stg[(t * BK + (uint32_t)i) * 16 + g];
-                w1[i] = stg[(t * BK + (uint32_t)i) * 16 + g + 8];
+                w0[i] = stg[hot_stage_key_at(t, (uint32_t)i, g)];
+                w1[i] = stg[hot_stage_key_at(t, (uint32_t)i, g + 8)];
             }
             const uint32_t a[4] = {hot_lane_code<BK, 8>(w0, 2 * ks), hot_lane_code<BK, 8>(w1, 2 * ks),
                                    hot_lane_code<BK, 8>(w0, 2 * ks + 1), hot_lane_code<BK, 8>(w1, 2 * ks + 1)};
@@ -381,8 +407,8 @@ static void check_warp_tile(uint32_t MK, uint32_t MV)
             const uint32_t *vst = stg.data() + 64 * BK;
             uint32_t u0[BV], u4[BV];
             for (int k = 0; k < BV; k++) {
-                u0[k] = vst[(BV * g + (uint32_t)k) * 8 + t];
-                u4[k] = vst[(BV * g + (uint32_t)k) * 8 + t + 4];
+                u0[k] = vst[hot_stage_value_at(g, (uint32_t)k, t)];
+                u4[k] = vst[hot_stage_value_at(g, (uint32_t)k, t + 4)];
             }
             const uint32_t ncm = cm | 0x80008000u;
             const uint32_t a[4] = {hot_value_operand_scaled<BV>(u0, 2 * i, cm, ncm),
