@@ -571,8 +571,8 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 6) attend_hot_kernel
  * products of head t for tokens g and g + 8; for G = 8 n-tile d's column h is head h's digit d.
  * Each product starts from -(M - 1)·Σdigit and so ends at Σ digit·(2m - (M - 1)) =
  * 2·Σ digit·(m - c); 2^14·D_hi + 2^7·D_mid + D_lo, summed in integers and rounded once to fp32,
- * is 2^(20 - e)·q'·(m - c) (hot_digit_dot). Every lane's scores are real ones: no lane computes a softmax for an
- * empty row.
+ * is 2^(20 - e)·q'·(m - c) (hot_digit_dot). Every lane's scores are real ones: no lane computes
+ * a softmax for an empty row.
  *
  * The softmax is lazy: each head's reference max m (log2 units, the same in the 8 lanes holding
  * the head) changes only when a score exceeds it by more than 2^8 (a vote per sub-tile; then the
@@ -580,13 +580,14 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 6) attend_hot_kernel
  * rescaled), so the weights p = 2^(x - m) stay below 2^8 without a reduction per sub-tile.
  *
  * Values O^T = V^T·P^T on fp16 tensor cores (mma.m16n8k16): the A operand is the value codes as
- * the fp16 subnormals 2(m - c)·2^(s - 24) (exact), straight from the half-word lanes: lane (g, t)
- * reads, for group g / 2 and channels 16·(g % 2) .., the words of token pairs (2t, 2t + 1) and
- * (2t + 8, 2t + 9), and a mask and a subtraction make a channel's pair of centred codes where it
- * sits in the word, scaled by 2^s (hot_value_operand_scaled: codes above fp16's mantissa after one
- * shift of their word; row g of m-tile i: channel 16g + 2i, row g + 8: 16g + 2i + 1; each row's
- * 2^s comes off when the warp's rows are written out): about 2 instructions a code, against 3
- * for a shift, a mask and a subtraction (hot_value_operand, until run 116).
+ * the fp16 subnormals 2(m - c)·2^(z - 24) (exact; z = hot_value_scale of the code), straight
+ * from the half-word lanes: lane (g, t) reads, for group g / 2 and channels 16·(g % 2) .., the
+ * words of token pairs (2t, 2t + 1) and (2t + 8, 2t + 9), and a mask and a subtraction make a
+ * channel's pair of centred codes where it sits in the word (hot_value_operand_scaled: codes
+ * above fp16's mantissa after one shift of their word; row g of m-tile i: channel 16g + 2i, row
+ * g + 8: 16g + 2i + 1; each row's 2^z comes off when the warp's rows are written out): about 2
+ * instructions a code, against 3 for a shift, a mask and a subtraction (hot_value_operand, until
+ * run 116).
  * Centred: accumulating Σ w·m in the tensor cores' fp32 and cancelling its large offset at the
  * end lost up to 1.2e-3 of the result over 16K tokens (run 102). The B operand is the weights
  * p·s·2^E as fp16 hi + lo (column 2h head h's hi, 2h + 1 its lo; for G = 8 one n-tile per e),
@@ -594,11 +595,12 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 6) attend_hot_kernel
  * (column g): for G <= 4 lane (g, t)'s (hi, lo) of token g + 8r is row g, columns 2t, 2t + 1 of
  * an 8 x 8 fp16 matrix, and movmatrix.trans hands lane (g, t) column g's tokens 2t, 2t + 1, the
  * fragment; for G = 8 (two heads a lane) through a small buffer in shared memory. The
- * accumulator's lane (g, t) then holds head h's hi and lo sums side by side. The value scale s folds into the weights, the offset
- * (s·c + o) into a scalar per head (Σ p·mid); 2^E (warp-wide, moved with the same rescale when a
- * sub-tile's largest s would overflow it or has fallen 2^10 below it) keeps p·s·2^E below 2^15
- * and far above fp16's subnormals. The key means' term q'·μ is computed once per tile and head
- * by a warp, in rounds of HW_ROUND tiles between two barriers. */
+ * accumulator's lane (g, t) then holds head h's hi and lo sums side by side. The value scale s
+ * folds into the weights, the offset (s·c + o) into a scalar per head (Σ p·mid); 2^E (warp-wide,
+ * moved with the same rescale when a sub-tile's largest s would overflow it or has fallen 2^10
+ * below it) keeps p·s·2^E below 2^15 and far above fp16's subnormals. The key means' term q'·μ
+ * is computed once per tile and head by a warp, in rounds of HW_ROUND tiles between two
+ * barriers. */
 #define HW_D 128
 #define HW_ROUND 32
 #define HW_WARPS (ATT_THREADS / 32)
@@ -943,7 +945,7 @@ __device__ __forceinline__ void hw_subtile(const uint32_t *stg, const hw_query<G
         }
     }
 
-    /* ---- values on tensor cores, straight from the code words (fp16 subnormals 2(m - c)·2^(s - 24)) ---- */
+    /* ---- values on tensor cores, straight from the code words (fp16 subnormals 2(m - c)·2^(z - 24)) ---- */
     const uint32_t *vst = stg + 64u * BK;
     uint32_t u0[BV], u4[BV];
 #pragma unroll
@@ -1153,7 +1155,7 @@ __global__ void __launch_bounds__(ATT_THREADS, G <= 4 ? 4 : 2) attend_hotw_kerne
             if (h < (uint32_t)G) {
                 float *mr = mrg + (warp * G + h) * HW_D + 16u * g;
 #pragma unroll
-                for (int i = 0; i < 8; i++) { /* rows of codes 2i, 2i + 1, each 2^s high */
+                for (int i = 0; i < 8; i++) { /* rows of codes 2i, 2i + 1, each 2^z high */
                     mr[2 * i] = (S.O[i][e][0] + S.O[i][e][1]) * (un * hw_pow2(-hot_value_scale<BV>(2 * i)));
                     mr[2 * i + 1] = (S.O[i][e][2] + S.O[i][e][3]) * (un * hw_pow2(-hot_value_scale<BV>(2 * i + 1)));
                 }

@@ -266,14 +266,15 @@ DQCU_HD_INLINE uint32_t hot_value_operand(const uint32_t (&w)[B], int k, uint32_
 }
 
 /* The warp kernel's value operands, read in place: code k's pair as the fp16 subnormals
- * (m - c)·2^p' (c = (M - 1) / 2) for a code at bit p' >= 1 of its half-word (a mask and one
- * subtraction of (M - 1)·2^(p' - 1)), or 2m - (M - 1) for p' = 0 (a mask and one fma). A code that
- * fits below bit 10 (fp16's mantissa: p + B <= 10) stays where it is (p' = p); the others are
- * read after one shift of their word right by P1 - 1 (P1 = hot_value_p1: the first position that
- * does not fit), which puts them at p' = p - P1 + 1 <= 10 - B. The operand is 2(m - c)·2^(s - 24),
- * s = hot_value_scale(k): the kernel's accumulator row of code k carries 2^s, taken off at the end.
- * Against hot_value_operand: one shift a word instead of one a code. Pooled codes (k >= q·B) are
- * hot_value_operand's, s = 0. */
+ * (m - c)·2^(p' - 24) (c = (M - 1) / 2) for a code at bit p' >= 1 of its half-word (a mask and
+ * one subtraction of (M - 1)·2^(p' - 1)), or (2m - (M - 1))·2^-24 for p' = 0 (a mask and one
+ * fma). A code that fits below bit 10 (fp16's mantissa: p + B <= 10) stays where it is
+ * (p' = p); the others are read after one shift of their word right by P1 - 1 (P1 =
+ * hot_value_p1: the first position that does not fit), which puts them at
+ * p' = p - P1 + 1 <= 10 - B. The operand is 2(m - c)·2^(z - 24), z = hot_value_scale(k): the
+ * kernel's accumulator row of code k carries 2^z, taken off at the end. Against
+ * hot_value_operand: one shift a word instead of one a code. Pooled codes (k >= q·B) are
+ * hot_value_operand's, z = 0. */
 template <int B>
 DQCU_HD_INLINE constexpr int hot_value_p1()
 {

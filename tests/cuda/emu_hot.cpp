@@ -152,9 +152,11 @@ static void check_profile(uint32_t MK, uint32_t MV)
                     const uint32_t cm = (MV - 1) * 0x00010001u;
                     const uint32_t vs = hot_value_operand_scaled<BV>(u, kk, cm, cm | 0x80008000u);
                     const int sc = hot_value_scale<BV>(kk);
-                    EXPECT(sc >= 0 && sc <= 9 && (t1 >= W || halves_are(vs, ldexpf(2.0f * (float)m0 - (float)(MV - 1), sc - 24),
-                                                                        ldexpf(2.0f * (float)m1 - (float)(MV - 1), sc - 24))),
-                           "%s value pair %u channel %u: scaled %08x (M %u, s %d)", name, pr, j, vs, MV, sc);
+                    const float c1 = (float)(MV - 1);
+                    EXPECT(sc >= 0 && sc <= 9 &&
+                               (t1 >= W || halves_are(vs, ldexpf(2.0f * (float)m0 - c1, sc - 24),
+                                                      ldexpf(2.0f * (float)m1 - c1, sc - 24))),
+                           "%s value pair %u channel %u: scaled %08x (M %u, scale %d)", name, pr, j, vs, MV, sc);
                 }
             }
     /* the transcoders' writer */
