@@ -148,7 +148,7 @@ static void check_profile(uint32_t MK, uint32_t MV)
                     EXPECT(t1 >= W || halves_are(vp, ldexpf(2.0f * (float)m0 - (float)(MV - 1), -24),
                                                  ldexpf(2.0f * (float)m1 - (float)(MV - 1), -24)),
                            "%s value pair %u channel %u: %08x (M %u)", name, pr, j, vp, MV);
-                    /* read in place: the same, 2^s higher */
+                    /* read in place: the same, 2^z higher (z = hot_value_scale) */
                     const uint32_t cm = (MV - 1) * 0x00010001u;
                     const uint32_t vs = hot_value_operand_scaled<BV>(u, kk, cm, cm | 0x80008000u);
                     const int sc = hot_value_scale<BV>(kk);
@@ -444,7 +444,7 @@ static void check_warp_tile(uint32_t MK, uint32_t MV)
                     double got = 0.0, want = 0.0, mag = 0.0;
                     for (int k = 0; k < 16; k++)
                         got += A[row][k] * (B[e][k][2 * t] + B[e][k][2 * t + 1]);
-                    got = ldexp(got, -hot_value_scale<BV>(2 * i + rr)); /* the row's 2^s */
+                    got = ldexp(got, -hot_value_scale<BV>(2 * i + rr)); /* the row's 2^z */
                     for (int tok = 0; tok < 16; tok++) {
                         const double v = ldexp(2.0 * mv[tok][ch] - (double)(MV - 1), -24);
                         want += (double)w[tok][h] * v;
