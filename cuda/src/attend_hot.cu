@@ -603,7 +603,8 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 6) attend_hot_kernel
  * is computed once per tile and head by a warp, in rounds of HW_ROUND tiles between two
  * barriers. */
 #define HW_D 128
-#define HW_ROUND 32
+#define HW_ROUND 64 /* tiles of a round: one KV head's whole chunk where the plan cuts chunks of <= 64 */
+#define HW_SETUP 2  /* tiles a warp sets up at a time in a round's setup (4 spilled at fixed226) */
 #define HW_WARPS (ATT_THREADS / 32)
 
 #define HW_NS 3      /* stages of each warp's cp.async ring: sub-tiles j + 1 and j + 2 in flight while j is computed */
@@ -1087,26 +1088,43 @@ __global__ void __launch_bounds__(ATT_THREADS, G <= 4 ? 4 : 2) attend_hotw_kerne
         }
         for (uint32_t rt = tile0; rt < tile1; rt += HW_ROUND) {
             const uint32_t rn = min((uint32_t)HW_ROUND, tile1 - rt);
-            /* the key-mean term of each tile's window and head: a warp per tile; the windows */
-            for (uint32_t i = warp; i < rn; i += HW_WARPS) {
-                const uint8_t *win = sq.windows[(rt + i) / p.a.tpw];
-                if (lane == 0) {
-                    wp[i] = win;
-                    wt[i] = ((rt + i) % p.a.tpw) * ATT_T;
+            /* the key-mean term of each tile's window and head: a warp per tile (tiles warp,
+             * warp + 4, ..), HW_SETUP of its tiles at a time with their loads issued together
+             * (until run 125 one tile after another, two dependent loads each, while the block waited
+             * ~HW_ROUND / 4 load latencies at the barrier below); the windows */
+            for (uint32_t i0 = warp; i0 < rn; i0 += HW_SETUP * HW_WARPS) {
+                const uint8_t *win[HW_SETUP];
+                uint32_t mw[HW_SETUP], sf[HW_SETUP];
+#pragma unroll
+                for (int u = 0; u < HW_SETUP; u++) /* past rn: the round's last tile again, not written */
+                    win[u] = sq.windows[(rt + min(i0 + (uint32_t)u * HW_WARPS, rn - 1)) / p.a.tpw];
+#pragma unroll
+                for (int u = 0; u < HW_SETUP; u++) {
+                    const uint16_t *mu2 = (const uint16_t *)(const void *)(win[u] + 2u + kvh * HW_D + 4u * lane);
+                    mw[u] = (uint32_t)__ldg(mu2) | (uint32_t)__ldg(mu2 + 1) << 16;
+                    sf[u] = __ldg((const uint16_t *)(const void *)win[u]);
                 }
-                const uint16_t *mu2 = (const uint16_t *)(const void *)(win + 2u + kvh * HW_D + 4u * lane);
-                const uint32_t mw = (uint32_t)__ldg(mu2) | (uint32_t)__ldg(mu2 + 1) << 16;
-                const float sfm = dqcu_f16_le(win);
 #pragma unroll
-                for (int hh = 0; hh < G; hh++) {
-                    float v = 0.0f;
+                for (int u = 0; u < HW_SETUP; u++) {
+                    const uint32_t i = i0 + (uint32_t)u * HW_WARPS;
+                    const float sfm = dqcu_f16_to_f32((uint16_t)sf[u]);
+                    float v[G];
 #pragma unroll
-                    for (int j = 0; j < 4; j++)
-                        v = __fmaf_rn(qs[hh * HW_D + 4u * lane + (uint32_t)j], (float)(int8_t)(uint8_t)(mw >> (8 * j)),
-                                      v);
-                    v = dqcu_warp_sum(v);
-                    if (lane == 0)
-                        qmu[i * G + (uint32_t)hh] = scale * (v * sfm);
+                    for (int hh = 0; hh < G; hh++) {
+                        v[hh] = 0.0f;
+#pragma unroll
+                        for (int j = 0; j < 4; j++)
+                            v[hh] = __fmaf_rn(qs[hh * HW_D + 4u * lane + (uint32_t)j],
+                                              (float)(int8_t)(uint8_t)(mw[u] >> (8 * j)), v[hh]);
+                        v[hh] = dqcu_warp_sum(v[hh]);
+                    }
+                    if (lane == 0 && i < rn) {
+                        wp[i] = win[u];
+                        wt[i] = ((rt + i) % p.a.tpw) * ATT_T;
+#pragma unroll
+                        for (int hh = 0; hh < G; hh++)
+                            qmu[i * G + (uint32_t)hh] = scale * (v[hh] * sfm);
+                    }
                 }
             }
             __syncthreads();
