@@ -330,10 +330,13 @@ static int hot_plan_for(const dqcu_codec *dc, uint32_t nseq, uint32_t QH, uint32
 {
     /* Head groups (blocks of hpb = kv_heads / nhg KV heads) and chunks (c tiles per block) by a cost
      * model: the rounds of blocks the GPU's slots run times a block's work in quarter head-tiles,
-     * c·(4·hpb + 1) + 4·hpb (a quarter per tile for its (s, o) and prefetches, one head-tile per KV
-     * head for the query preparation and the finish). Rounds, not blocks: 798 blocks on 792 slots
-     * take two rounds (run 80: e2e at batch 399 lost 10% to that). The fewest splits and groups win
-     * ties; no more splits than eight rounds' worth (no quantization left to gain). */
+     * c·(4·hpb + 1) + 20·hpb (a quarter per tile for its (s, o) and prefetches; five head-tiles per
+     * KV head for the query preparation, the ring's first copies and the finish: runs 125-126
+     * measured 14-21 quarters, from the time of the plans each weight picks at (32, 32K+13),
+     * (128, 8K+100) and (126, 32K+100); the weight 4 of runs 80-124 cut those shapes into
+     * chunks of 16 tiles over 8 KV heads, 6-9% slower). Rounds, not blocks: 798 blocks on 792
+     * slots take two rounds (run 80: e2e at batch 399 lost 10% to that). The fewest splits and
+     * groups win ties; no more splits than eight rounds' worth (no quantization left to gain). */
     const uint32_t tpw = (dc->W + ATT_T - 1) / ATT_T;
     const uint64_t tiles = (uint64_t)(max_tokens / dc->W) * tpw;
     const uint64_t sms = dc->sm_count > 0 ? (uint64_t)dc->sm_count : 1;
@@ -357,7 +360,7 @@ static int hot_plan_for(const dqcu_codec *dc, uint32_t nseq, uint32_t QH, uint32
             const uint64_t c = (tiles + ns - 1) / ns;
             if ((tiles + c - 1) / c != ns)
                 continue; /* ns splits of c tiles are not ns: a smaller ns has this c */
-            const uint64_t cost = (units * ns + slots - 1) / slots * (c * (4 * hpb + 1) + 4 * hpb);
+            const uint64_t cost = (units * ns + slots - 1) / slots * (c * (4 * hpb + 1) + 20 * hpb);
             if (cost < best) {
                 best = cost;
                 best_c = c;
