@@ -331,10 +331,10 @@ static int hot_plan_for(const dqcu_codec *dc, uint32_t nseq, uint32_t QH, uint32
     /* Head groups (blocks of hpb = kv_heads / nhg KV heads) and chunks (c tiles per block) by a cost
      * model: the rounds of blocks the GPU's slots run times a block's work in quarter head-tiles,
      * c·(4·hpb + 1) + 20·hpb (a quarter per tile for its (s, o) and prefetches; five head-tiles per
-     * KV head for the query preparation, the ring's first copies and the finish: runs 125-126
-     * measured 14-21 quarters, from the time of the plans each weight picks at (32, 32K+13),
-     * (128, 8K+100) and (126, 32K+100); the weight 4 of runs 80-124 cut those shapes into
-     * chunks of 16 tiles over 8 KV heads, 6-9% slower). Rounds, not blocks: 798 blocks on 792
+     * KV head for the query preparation, the ring's first copies and the finish: run 125 measured
+     * 14-21 quarters, from the time of the plans weights 4 and 40 pick at (32, 32K+13),
+     * (128, 8K+100) and (126, 32K+100); weight 4, kept from run 80 to run 124, cut the first two
+     * into chunks of 16 tiles over 8 KV heads, 6-9% slower). Rounds, not blocks: 798 blocks on 792
      * slots take two rounds (run 80: e2e at batch 399 lost 10% to that). The fewest splits and
      * groups win ties; no more splits than eight rounds' worth (no quantization left to gain). */
     const uint32_t tpw = (dc->W + ATT_T - 1) / ATT_T;
