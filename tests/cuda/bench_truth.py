@@ -41,7 +41,9 @@ Timing: GPU time on both sides. Each measurement captures one CUDA graph of many
 after warm-up and reports the median replay time divided by the calls. Inputs rotate through
 enough sets that every pass reads at least 4x the L2 (60 MB on the H200) from device memory, on
 both sides. Each attention side is timed twice (D-Quant before and after the BF16 candidates)
-and the pooled replays' median is reported, with both runs.
+and the pooled replays' median is reported, with both runs. --bf16 picks the candidates (names,
+comma-separated); --bf16 none times D-Quant alone (twice, back to back; no ratios), for A/B runs
+of D-Quant builds (the BF16 side times every candidate, 8 on the H200, at every shape).
 
 Robustness: each part runs in a child process (attention, BF16 end to end, D-Quant end to end)
 with its own time limit; every finished row is written at once, so a failure or a timeout in one
@@ -674,8 +676,37 @@ def rel_err(torch, out, ref) -> float:
 # -- BF16 attention candidates
 
 
-def bf16_candidates(gpu: Gpu) -> List[Tuple[str, Callable]]:
-    """(name, fn(q [B, QH, 1, D], k [B, KVH, T, D], v) -> tensor of B·QH·D values in (b, h, d) order)."""
+def parse_bf16(text: str) -> Optional[List[str]]:
+    """--bf16: "all" (None: every candidate), "none" ([]: the BF16 side not timed) or candidate
+    names, comma-separated."""
+    if text == "all":
+        return None
+    if text == "none":
+        return []
+    names = [x for x in text.split(",") if x]
+    if not names or any(x in ("all", "none") for x in names):
+        raise ValueError(f"--bf16 {text!r}: all, none or candidate names")
+    return names
+
+
+def pick_candidates(cands: List[Tuple[str, Callable]], which: Optional[List[str]]) -> List[Tuple[str, Callable]]:
+    """The candidates --bf16 names (all for None); a name no candidate has is an error."""
+    if which is None:
+        return cands
+    have = [c[0] for c in cands]
+    unknown = [x for x in which if x not in have]
+    if unknown:
+        raise ValueError(f"--bf16: no candidate {', '.join(unknown)} (have {', '.join(have)})")
+    return [c for c in cands if c[0] in which]
+
+
+def bf16_candidates(gpu: Gpu, which: Optional[List[str]]) -> List[Tuple[str, Callable]]:
+    """(name, fn(q [B, QH, 1, D], k [B, KVH, T, D], v) -> tensor of B·QH·D values in (b, h, d) order),
+    those of which (parse_bf16)."""
+    return pick_candidates(all_bf16_candidates(gpu), which)
+
+
+def all_bf16_candidates(gpu: Gpu) -> List[Tuple[str, Callable]]:
     import torch.nn.functional as F
 
     KVH, G, D, scale = gpu.KVH, gpu.G, gpu.D, gpu.scale
@@ -950,9 +981,9 @@ def host_check(gpu: Gpu, cs: CodecSet, records: Pool, idx, tk, tv, nwin: int, ta
 def phase_attn(args: argparse.Namespace, part: Part, deadline: float) -> None:
     gpu = (SimGpu if args.sim else Gpu)(args, part)
     shapes = parse_shapes(args.shapes)
-    cands = bf16_candidates(gpu)
+    cands = bf16_candidates(gpu, parse_bf16(args.bf16))
     part.meta(bf16_candidates=[c[0] for c in cands])
-    log(f"BF16 candidates: {', '.join(c[0] for c in cands)}")
+    log(f"BF16 candidates: {', '.join(c[0] for c in cands) or 'none (--bf16 none: D-Quant timed alone)'}")
     plans = {s: dq_attn_plan(s[0], s[1], gpu.wb, gpu.W, gpu.R, gpu.rot) for s in shapes}
     pool_n = max(p["windows_per_set"] * p["sets"] for p in plans.values())
     pool_n = max(1, min(pool_n, max(args.attn_pool, max(p["windows_per_set"] for p in plans.values()))))
@@ -998,6 +1029,16 @@ def phase_attn(args: argparse.Namespace, part: Part, deadline: float) -> None:
             part.row(row)
         gpu.cleanup()
     part.finish()
+
+
+def dq_times(row: Dict[str, Any], sd: Dict[str, Any], d2: Dict[str, Any]) -> None:
+    """A layout's row from its two timings (sd["d1"] before the BF16 side, d2 after it)."""
+    d1 = sd["d1"]
+    row["dq_ms_runs"] = [d1["ms"], d2["ms"]]
+    row["dq_ms"] = median(d1["times"] + d2["times"])
+    row["dq_method"] = d1["method"]
+    row["dq_calls_per_graph"] = d1["calls"]
+    row["dq_gbps"] = sd["plan"]["bytes_per_call"] / (row["dq_ms"] * 1e6)
 
 
 def attn_shape(gpu: Gpu, pools: Dict[str, Any], B: int, T: int, pl: Dict[str, Any], cands,
@@ -1068,6 +1109,12 @@ def attn_shape(gpu: Gpu, pools: Dict[str, Any], B: int, T: int, pl: Dict[str, An
         sides[lay] = {"issue": dq_issue, "S": S, "d1": d1, "plan": lp,
                       "keep": (win, rec, tk, tv, seqs, q, out, ws)}
 
+    if not cands:  # --bf16 none: D-Quant alone, timed twice back to back
+        for lay, sd in sides.items():
+            dq_times(rows[lay], sd, gpu.time_calls(sd["issue"], sd["S"]))
+            log(f"   [{lay}] dq {rows[lay]['dq_ms']:.4f} ms (runs {rows[lay]['dq_ms_runs'][0]:.4f} / "
+                f"{rows[lay]['dq_ms_runs'][1]:.4f}), BF16 not timed")
+        return
     # BF16: S' sets of K/V [B, KVH, T, D] and queries
     Sb = bplan["sets"]
     kk = torch.randn(Sb, B, KVH, T, D, device=DEV, dtype=torch.bfloat16)
@@ -1088,13 +1135,7 @@ def attn_shape(gpu: Gpu, pools: Dict[str, Any], B: int, T: int, pl: Dict[str, An
         msg = f"{r['ms']:.4f} ms/call ({r['method']} of {r['calls']} calls)" if "ms" in r else r["error"]
         log(f"   bf16 {name:<22} {msg}")
     for lay, sd in sides.items():
-        row = rows[lay]
-        d1, d2 = sd["d1"], gpu.time_calls(sd["issue"], sd["S"])
-        row["dq_ms_runs"] = [d1["ms"], d2["ms"]]
-        row["dq_ms"] = median(d1["times"] + d2["times"])
-        row["dq_method"] = d1["method"]
-        row["dq_calls_per_graph"] = d1["calls"]
-        row["dq_gbps"] = sd["plan"]["bytes_per_call"] / (row["dq_ms"] * 1e6)
+        dq_times(rows[lay], sd, gpu.time_calls(sd["issue"], sd["S"]))
     if best is None:
         raise RuntimeError("no BF16 attention ran correctly at this shape")
     b2 = gpu.time_calls(issue_for(dict(cands)[best]), Sb)
@@ -1206,7 +1247,7 @@ def phase_e2e_bf16(args: argparse.Namespace, part: Part, deadline: float) -> Non
     gpu = (SimGpu if args.sim else Gpu)(args, part)
     log(f"building the model's weights ({weight_bytes() / 1e9:.1f} GB) ...")
     model = Model(gpu.torch, MODEL, device=DEV)
-    cands = bf16_candidates(gpu)
+    cands = bf16_candidates(gpu, parse_bf16(args.bf16))
     for ctx in parse_contexts(args.e2e):
         pl = e2e_plan(ctx, args.budget_gb * 1e9, gpu.wb, gpu.W, gpu.R)
         row: Dict[str, Any] = {"context": ctx, "bf16_batch": pl["bf16_batch"], "bf16_kv_bytes": pl["bf16_kv_bytes"]}
@@ -1649,7 +1690,7 @@ def child_args(args: argparse.Namespace, phase: str, part_path: str, deadline: f
          "--budget-gb", str(args.budget_gb), "--attend-kernel", str(args.attend_kernel),
          "--hot-kernel", str(args.hot_kernel), "--reps", str(args.reps),
          "--target-ms", str(args.target_ms), "--rot-mb", str(args.rot_mb), "--e2e-pool", str(args.e2e_pool),
-         "--attn-pool", str(args.attn_pool), "--layouts", args.layouts]
+         "--attn-pool", str(args.attn_pool), "--layouts", args.layouts, "--bf16", args.bf16]
     if args.sim:
         a.append("--sim")
     if args.fake:
@@ -1836,6 +1877,26 @@ def self_test(args: argparse.Namespace) -> int:
         except ValueError:
             pass
     check(parse_contexts("none") == [] and parse_contexts("8292,32868") == [8292, 32868], "parse_contexts")
+    check(parse_bf16("all") is None and parse_bf16("none") == [] and parse_bf16("a,b") == ["a", "b"], "parse_bf16")
+    for bad in ("", ",", "all,a", "none,a"):
+        try:
+            parse_bf16(bad)
+            check(False, f"parse_bf16 accepted {bad!r}")
+        except ValueError:
+            pass
+    two = [("a", len), ("b", len)]
+    check(pick_candidates(two, None) == two and pick_candidates(two, ["b"]) == [("b", len)]
+          and pick_candidates(two, []) == [], "pick_candidates")
+    try:
+        pick_candidates(two, ["a", "c"])
+        check(False, "pick_candidates took an unknown name")
+    except ValueError as e:
+        check("no candidate c" in str(e), f"pick_candidates error: {e}")
+    proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), "--bf16", "none", "--phases",
+                           "attn,e2e-bf16", "--dry-run"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=60)
+    check(proc.returncode == 2 and "--bf16 none leaves phase e2e-bf16" in proc.stdout,
+          f"--bf16 none with e2e-bf16 refused: exit {proc.returncode}\n{proc.stdout}")
 
     # the binding against libdquant, when a build is at hand
     if args.build and (pathlib.Path(args.build) / "lib").is_dir():
@@ -1980,6 +2041,18 @@ def sim_checks(check: Callable[[bool, str], None]) -> None:
                 check(r.get("pool_distinct") is ("--quick" not in extra),
                       f"sim e2e pool distinct: {r.get('pool_distinct')}")
             log(f"sim run {' '.join(extra) or '(default)'}: {len(attn)} attention and {len(e2e)} e2e rows checked")
+        # --bf16 none (A/B runs): D-Quant timed alone, no BF16 figures, no ratio, no error
+        out = os.path.join(d, "sim-none.json")
+        proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), "--sim", "--json", out,
+                               "--time-budget", "300", "--bf16", "none", "--phases", "attn", "--layouts", "hot"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+        check(proc.returncode == 0, f"sim run --bf16 none exit {proc.returncode}:\n{proc.stdout}")
+        attn = [r for r in (read_part(out) or {}).get("rows", []) if r.get("kind") == "attention"]
+        check(len(attn) == len(parse_shapes(SIM_SHAPES)), f"sim --bf16 none: {len(attn)} rows")
+        for r in attn:
+            check(not r.get("error") and r.get("dq_ms", 0) > 0 and len(r.get("dq_ms_runs", [])) == 2
+                  and r.get("bf16_ms") is None and r.get("ratio") is None and "bf16_candidates" not in r,
+                  f"sim --bf16 none row {r}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -1999,6 +2072,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help=f"layouts of the D-Quant rows, of {', '.join(LAYOUTS)} (default {DEFAULT_LAYOUTS}; "
                          "containers: dq226 records + v7; hot: dq226 hot windows, dqcu_attend_hot; fixed226: "
                          "fixed226 encoded on the GPU, hot windows, dqcu_attend_hot)")
+    ap.add_argument("--bf16", default="all",
+                    help="BF16 candidates to time: all, none (A/B runs of D-Quant builds: no BF16 side, no "
+                         "ratios; not with phase e2e-bf16) or names, comma-separated")
     ap.add_argument("--attend-kernel", default="auto", help="dqcu_settings.attend_kernel: auto or a version")
     ap.add_argument("--hot-kernel", default="auto", help="dqcu_settings.hot_kernel: auto, 1 (block) or 2 (warp)")
     ap.add_argument("--reps", type=int, default=0, help="graph replays timed per measurement (default 7, quick 3)")
@@ -2043,10 +2119,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parse_shapes(args.shapes)
         parse_contexts(args.e2e)
         layouts = parse_layouts(args.layouts)
+        bf16 = parse_bf16(args.bf16)
     except ValueError as e:
         ap.error(str(e))
     if args.phases is None:
         args.phases = default_phases(layouts)
+    if bf16 == [] and not args.phase and "e2e-bf16" in args.phases.split(","):
+        ap.error("--bf16 none leaves phase e2e-bf16 nothing to time: leave it out of --phases")
     if args.budget_gb <= 0 or args.time_budget <= 0:
         ap.error("--budget-gb and --time-budget must be positive")
     if args.self_test:
