@@ -3,20 +3,26 @@
 # --prefix-share) against a dquantd whose VmRSS is sampled every second. Fails when the bench
 # reports a failed request, when the daemon does not exit cleanly, or when its RSS grows after the
 # warm-up by more than SOAK_RSS_PCT percent AND more than SOAK_RSS_MIB MiB (both, so that a few
-# pages of allocator noise on a small RSS do not fail it), comparing 10-second medians.
-#   SOAK_SECONDS  measured run (default 120; a longer soak: SOAK_SECONDS=1800 tests/tool/soak.sh,
+# pages of allocator noise on a small RSS do not fail it), comparing SOAK_WINDOW-second medians.
+# The store fills its --host-memory budget of 64 MiB in ~10 s and evicts from then on, but the RSS
+# settles for longer: the allocator's arenas grow towards their working set for ~140 s (one run on
+# 2 cores, sampled every 10 s: 99 MiB at 40 s, 101 at 60, 105 at 80-120, 107-109 at 140-240, then
+# 107-112 until 330 s, swinging by a few MiB). A baseline at 40 s read 7-10 MiB of that settling
+# as growth; from 90 s on, what remains is the swing, and a leak still moves the medians.
+#   SOAK_SECONDS  measured run (default 180; a longer soak: SOAK_SECONDS=1800 tests/tool/soak.sh,
 #                 with DQUANTD and DQUANT_CLI pointing at build/daemon/dquantd, build/client/tool/dquant)
-#   SOAK_WARMUP   seconds after which the RSS baseline is taken (default 40: the store has filled its
-#                 --host-memory budget of 64 MiB and evicts from then on)
+#   SOAK_WARMUP   seconds after which the RSS baseline is taken (default 90)
+#   SOAK_WINDOW   seconds of samples in each median (default 20)
 #   SOAK_RSS_PCT, SOAK_RSS_MIB   tolerance (default 5 and 8)
 set -euo pipefail
 : "${DQUANTD:?DQUANTD must name the dquantd binary}" "${DQUANT_CLI:?DQUANT_CLI must name the dquant tool}"
-SECONDS_RUN=${SOAK_SECONDS:-120}
-WARMUP=${SOAK_WARMUP:-40}
+SECONDS_RUN=${SOAK_SECONDS:-180}
+WARMUP=${SOAK_WARMUP:-90}
+WINDOW=${SOAK_WINDOW:-20}
 PCT=${SOAK_RSS_PCT:-5}
 MIB=${SOAK_RSS_MIB:-8}
-if [ "$WARMUP" -ge "$SECONDS_RUN" ]; then
-  echo "soak: SOAK_WARMUP ($WARMUP) must be shorter than SOAK_SECONDS ($SECONDS_RUN)" >&2
+if [ "$WINDOW" -lt 1 ] || [ $((WARMUP + 2 * WINDOW)) -gt "$SECONDS_RUN" ]; then
+  echo "soak: SOAK_WARMUP ($WARMUP) + 2 x SOAK_WINDOW ($WINDOW) must not exceed SOAK_SECONDS ($SECONDS_RUN)" >&2
   exit 2
 fi
 dir=$(mktemp -d /tmp/dqd-soak-XXXXXX)
@@ -52,13 +58,13 @@ drc=0
 wait "$pid" || drc=$?
 pid=
 
-# The baseline: the median of the 10 samples from the warm-up on (the bench's setup comes first,
-# so t counts from the start of the bench process); the end: the median of the last 10 samples.
+# The baseline: the median of the WINDOW samples from the warm-up on (the bench's setup comes first,
+# so t counts from the start of the bench process); the end: the median of the last WINDOW samples.
 # Medians, not single samples: the RSS of this load swings by ~7 MiB second to second (buffers of
 # in-flight requests), and one sample at the top of a swing is not growth; a leak moves the median.
 median() { sort -n | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'; }
-warm=$(awk -v w="$WARMUP" '$1 >= w && $1 < w + 10 { print $2 }' "$dir/rss" | median)
-end=$(tail -n 10 "$dir/rss" | awk '{ print $2 }' | median)
+warm=$(awk -v w="$WARMUP" -v n="$WINDOW" '$1 >= w && $1 < w + n { print $2 }' "$dir/rss" | median)
+end=$(tail -n "$WINDOW" "$dir/rss" | awk '{ print $2 }' | median)
 peak=$(awk 'BEGIN { m = 0 } $2 > m { m = $2 } END { print m }' "$dir/rss")
 n=$(wc -l <"$dir/rss")
 echo "soak: ${n} RSS samples over ${SECONDS_RUN} s; median after warm-up (${WARMUP} s) ${warm} KiB, median" \
