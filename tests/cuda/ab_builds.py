@@ -137,7 +137,7 @@ def bench(args: argparse.Namespace, names: List[str], extra: List[str], out: pat
                          f"{' '.join(cmd)}\n{p.stdout}\n")
                 lg.flush()
                 try:
-                    rows = json.load(open(js)).get("rows", [])
+                    rows = json.loads(pathlib.Path(js).read_text()).get("rows", [])
                 except (OSError, ValueError):
                     rows = []
                 errs = [r.get("error") for r in rows if r.get("error")]
@@ -195,12 +195,12 @@ def self_test(python: str) -> int:
             check(p.returncode == 0, f"sim A/B exit {p.returncode}:\n{p.stdout}")
             files = sorted(os.listdir(d))
             check(files == ["runs.json", "runs.log", "summary.txt"], f"output files {files}")
-            rep = json.load(open(os.path.join(d, "runs.json")))
+            rep = json.loads(pathlib.Path(d, "runs.json").read_text())
             check([(r["variant"], r["round"]) for r in rep["runs"]] == [("x", 1), ("y", 1), ("x", 2), ("y", 2)],
                   "runs alternate the variants round by round")
             check(all(len(r["rows"]) == 4 and all(x.get("bf16_ms") is None for x in r["rows"])
                       for r in rep["runs"]), "four attention rows a run, BF16 not timed")
-            summ = open(os.path.join(d, "summary.txt")).read()
+            summ = pathlib.Path(d, "summary.txt").read_text()
             check(summ.count("x1.0000") == 8, f"every shape's median against x:\n{summ}")
     log(f"self-test: {'FAILED ' + str(len(failures)) if failures else 'passed'}")
     return 1 if failures else 0
