@@ -607,7 +607,8 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 6) attend_hot_kernel
 #define HW_SETUP 2  /* tiles a warp sets up at a time in a round's setup (4 spilled at fixed226) */
 #define HW_WARPS (ATT_THREADS / 32)
 
-#define HW_NS 3      /* stages of each warp's cp.async ring: sub-tiles j + 1 and j + 2 in flight while j is computed */
+#define HW_RING \
+    2 /* a warp's ring: pairs of sub-tiles (a tile's w and w + 4), tile i + 1's in flight while i is computed */
 #define HW_LAZY 8.0f /* log2 of the largest weight before the reference max moves */
 
 /* Bytes of one sub-tile in a warp's ring, in the order its 16-byte chunks are copied: key codes
@@ -652,8 +653,8 @@ __host__ __device__ inline hotw_layout hotw_plan(uint32_t G, uint32_t bk, uint32
     b = hot_align(b + (size_t)HW_WARPS * G * HW_D * sizeof(float));
     L.st = b; /* [warps][G] m, l, off; then qsum[G], 2^(e - 20)[G], Σdigit[3][G] (int) */
     b = hot_align(b + ((size_t)HW_WARPS * G * 3 + 5 * G) * sizeof(float));
-    L.ring = b; /* [warps][HW_NS] sub-tiles */
-    b = hot_align(b + (size_t)HW_WARPS * HW_NS * hw_stage_bytes(bk, bv));
+    L.ring = b; /* [warps][HW_RING][2] sub-tiles */
+    b = hot_align(b + (size_t)HW_WARPS * HW_RING * 2 * hw_stage_bytes(bk, bv));
     L.total = b;
     return L;
 }
@@ -718,10 +719,9 @@ struct hw_state {
     float O[8][HL][4];    /* m-tile i: rows channel 16g + 2i (c0 hi, c1 lo), 16g + 2i + 1 (c2, c3) */
 };
 
-/* Copies sub-tile (tokens [tw0, tw0 + 16) of window win, KV head kvh) into the ring stage at
- * shared address dst: 16·(b_K + b_V) + 8 chunks of 16 bytes, cp.async (L2 only), the warp's lanes
- * taking every 32nd chunk. Every source is 16-byte aligned: the hot layout's regions are, W is a
- * multiple of 128 and tw0 of 16. */
+/* A sub-tile (tokens [tw0, tw0 + 16) of window win, KV head kvh) in a ring stage: 16·(b_K + b_V) + 8
+ * chunks of 16 bytes, the warp's lanes taking every 32nd chunk. Every source is 16-byte aligned:
+ * the hot layout's regions are, W is a multiple of 128 and tw0 of 16. */
 template <int BK, int BV>
 struct hw_src {
     uint32_t off[(16 * (BK + BV) + 8 + 31) / 32]; /* this lane's chunks: their offsets in a window at tw0 = 0 */
@@ -758,30 +758,31 @@ __device__ __forceinline__ hw_src<BK, BV> hw_sources(const hot_params &p, uint32
     return o;
 }
 
+/* Copies the warp's two sub-tiles of a tile (tokens tw0 + [0, 16) and tw0 + 64 + [0, 16): the
+ * second's sources are the first's 64 tokens on) into the two adjacent ring stages at shared
+ * address dst, with one commit group and one wait for both (runs 136–137: 1% against a sub-tile
+ * at a time; with the window pointers loaded a tile ahead, 3.5% on top of cp.async.ca, runs 140
+ * and 142). cp.async.ca, through L1, which merges the lanes reading one code row into one L2
+ * request of whole sectors: .cg (L2 only) sent each lane's 16 bytes as a request of its own, and
+ * L2 served two requests for most 32-byte sectors. At the end-to-end shape: 132 M requests for
+ * 148 M sectors against 67 M for 96 M (runs 139–140), attention a step 7% faster. */
 template <int BK, int BV>
-__device__ __forceinline__ void hw_issue(const hw_src<BK, BV> &src, const uint8_t *win, uint32_t tw0, uint32_t dst,
-                                         uint32_t lane)
+__device__ __forceinline__ void hw_issue_pair(const hw_src<BK, BV> &src, const uint8_t *win, uint32_t tw0, uint32_t dst,
+                                              uint32_t lane)
 {
-    constexpr uint32_t N = 16 * (BK + BV) + 8;
+    constexpr uint32_t N = 16 * (BK + BV) + 8, STB = hw_stage_bytes(BK, BV);
 #pragma unroll
     for (uint32_t k = 0; k < (N + 31) / 32; k++) {
         const uint32_t q = lane + 32u * k;
-        if (q < N)
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + 16u * q),
-                         "l"(win + src.off[k] + (((src.pair >> k) & 1u) ? 2u : 4u) * tw0)
+        const bool pr = (src.pair >> k) & 1u;
+        const uint8_t *a = win + src.off[k] + (pr ? 2u : 4u) * tw0;
+        if (q < N) {
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(dst + 16u * q), "l"(a) : "memory");
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(dst + STB + 16u * q),
+                         "l"(a + (pr ? 128u : 256u))
                          : "memory");
+        }
     }
-}
-
-/* hw_issue of sub-tile j of the round, whose tiles' windows and first tokens in them the round's
- * setup put in shared memory (wp[i], wt[i]: a global load here stalled every sub-tile, run 102;
- * tokens from the tiles a window holds, a division, took 3% of the samples in run 118). */
-template <int BK, int BV>
-__device__ __forceinline__ void hw_issue_sub(const hw_src<BK, BV> &src, const uint8_t *const *wp, const uint32_t *wt,
-                                             uint32_t j, uint32_t dst, uint32_t lane)
-{
-    const uint32_t i = j / (ATT_T / 16);
-    hw_issue<BK, BV>(src, wp[i], wt[i] + 16u * (j % (ATT_T / 16)), dst, lane);
 }
 
 __device__ __forceinline__ void hw_commit()
@@ -857,7 +858,7 @@ __device__ __forceinline__ void hw_rescale(hw_state<HL> &S, const float (&lg)[HL
     S.E = En;
 }
 
-/* One sub-tile from its ring stage stg (see hw_issue). qm, xs, qsm: the lane's heads' key-mean
+/* One sub-tile from its ring stage stg (see hw_issue_pair). qm, xs, qsm: the lane's heads' key-mean
  * term, query scale 2^(e - 20) and Σ q'; ck, cv the centres (M - 1) / 2, cm = M_V - 1 in both
  * halves; pt: the warp's transpose buffer (G = 8). */
 template <int G, int BK, int BV>
@@ -996,8 +997,8 @@ __global__ void __launch_bounds__(ATT_THREADS, G <= 4 ? 4 : 2) attend_hotw_kerne
     }
     const hotw_layout L = hotw_plan(G, BK, BV);
     constexpr uint32_t STB = hw_stage_bytes(BK, BV);
-    const uint32_t ring = (uint32_t)__cvta_generic_to_shared(smem + L.ring) + warp * HW_NS * STB;
-    const uint32_t *ringp = (const uint32_t *)(const void *)(smem + L.ring + (size_t)warp * HW_NS * STB);
+    const uint32_t ring = (uint32_t)__cvta_generic_to_shared(smem + L.ring) + warp * HW_RING * 2 * STB;
+    const uint32_t *ringp = (const uint32_t *)(const void *)(smem + L.ring + (size_t)warp * HW_RING * 2 * STB);
     float *qs = (float *)(void *)(smem + L.qs);
     uint16_t *pt = (uint16_t *)(void *)(smem + L.pt) + (size_t)warp * HL * 8 * DQCU_HOT_PSTR;
     int8_t *qd = (int8_t *)(void *)(smem + L.qd);
@@ -1128,38 +1129,51 @@ __global__ void __launch_bounds__(ATT_THREADS, G <= 4 ? 4 : 2) attend_hotw_kerne
                 }
             }
             __syncthreads();
-            /* the warp's j-th sub-tile of the round is sub-tile j·HW_WARPS + warp (j < j1 = 2·rn):
-             * the block's warps take a tile's sub-tiles side by side, so that each code row of a
-             * tile is read 4 sub-tiles at a time (256 bytes of a key row) rather than 64 bytes by
-             * one warp every 8 sub-tiles (run 123: 2% less time). Through the warp's ring:
-             * HW_NS - 1 copies in flight ahead of the one computed (a commit group per sub-tile,
-             * empty past the end, so that the count holds). */
-            const uint32_t j0 = 0, j1 = rn * (ATT_T / 16) / HW_WARPS;
+            /* tile i of the round: the warp's sub-tiles w and w + 4 (the block's warps take a tile's
+             * sub-tiles side by side, so that each code row of a tile is read 4 sub-tiles at a time,
+             * 256 bytes of a key row, rather than 64 bytes by one warp every 8 sub-tiles: run 123, 2%
+             * less time), copied together through the warp's ring of HW_RING pairs, HW_RING - 1 in
+             * flight ahead of the one computed (a commit group per pair, empty past the end, so that
+             * the count holds) */
 #pragma unroll
-            for (uint32_t k = 0; k + 1 < HW_NS; k++) {
-                const uint32_t j = j0 + k;
-                if (j < j1)
-                    hw_issue_sub<BK, BV>(srcs, wp, wt, j * HW_WARPS + warp, ring + k * STB, lane);
+            for (uint32_t k = 0; k + 1 < HW_RING; k++) {
+                if (k < rn)
+                    hw_issue_pair<BK, BV>(srcs, wp[k], wt[k] + 16u * warp, ring + k * 2 * STB, lane);
                 hw_commit();
             }
-            uint32_t sj = 0, sn = HW_NS - 1; /* ring stages of sub-tiles j and j + HW_NS - 1 */
-            for (uint32_t j = j0; j < j1; j++, sj = sj + 1 == HW_NS ? 0 : sj + 1, sn = sn + 1 == HW_NS ? 0 : sn + 1) {
-                const uint32_t jn = j + HW_NS - 1;
-                __syncwarp(); /* every lane is done with the stage jn overwrites (sub-tile j - 1's) and
-                                 with the transpose buffer (G = 8) */
-                if (jn < j1)
-                    hw_issue_sub<BK, BV>(srcs, wp, wt, jn * HW_WARPS + warp, ring + sn * STB, lane);
+            /* the window and first token of the tile the next copy takes, loaded a tile ahead (run
+             * 135: loaded where the copies use them, they were waited on at once) */
+            const uint8_t *nwin = wp[min(HW_RING - 1u, rn - 1u)];
+            uint32_t ntw = wt[min(HW_RING - 1u, rn - 1u)] + 16u * warp;
+            uint32_t si = 0, sn = HW_RING - 1; /* ring stages of tiles i and i + HW_RING - 1 */
+            for (uint32_t i = 0; i < rn;
+                 i++, si = si + 1 == HW_RING ? 0 : si + 1, sn = sn + 1 == HW_RING ? 0 : sn + 1) {
+                __syncwarp(); /* every lane is done with the stages tile i + HW_RING - 1 overwrites (tile
+                                 i - 1's) and with the transpose buffer (G = 8) */
+                if (i + HW_RING - 1 < rn)
+                    hw_issue_pair<BK, BV>(srcs, nwin, ntw, ring + sn * 2 * STB, lane);
                 hw_commit();
-                asm volatile("cp.async.wait_group %0;" ::"n"(HW_NS - 1) : "memory");
-                __syncwarp(); /* the other lanes' copies of sub-tile j are visible */
-                const uint32_t i = (j * HW_WARPS + warp) / (ATT_T / 16);
+                {
+                    const uint32_t ia = min(i + HW_RING, rn - 1u);
+                    nwin = wp[ia];
+                    ntw = wt[ia] + 16u * warp;
+                }
+                asm volatile("cp.async.wait_group %0;" ::"n"(HW_RING - 1) : "memory");
+                __syncwarp(); /* the other lanes' copies of tile i are visible */
                 float qm[HL];
 #pragma unroll
                 for (int e = 0; e < HL; e++) {
                     const uint32_t h = HL * t + (uint32_t)e;
                     qm[e] = h < (uint32_t)G ? qmu[i * G + h] : 0.0f;
                 }
-                hw_subtile<G, BK, BV>(ringp + sj * (STB / 4), Qf, qm, xs, qsm, scale, ck, cv, cm, S, pt, g, t);
+                /* (a loop, not unrolled: both sub-tiles inlined spilled at dq226, G = 4, run 136) */
+#pragma unroll 1
+                for (uint32_t u = 0; u < 2; u++) {
+                    if (u)
+                        __syncwarp(); /* the transpose buffer (G = 8) */
+                    hw_subtile<G, BK, BV>(ringp + (si * 2 + u) * (STB / 4), Qf, qm, xs, qsm, scale, ck, cv, cm, S, pt,
+                                          g, t);
+                }
             }
             __syncthreads(); /* qmu and wp are rewritten by the next round */
         }
