@@ -11,7 +11,9 @@
  * the device, among those not newer than dqcu_settings.attend_kernel (0: all). Removed versions
  * (GPU_NOTES.md has their designs and figures): v4 (two thread roles; it ran only where v5 could not
  * launch, and needs more shared memory than v5 for every shape) and v6 (v5 with cp.async rings;
- * measured slower than v5 except at batch 1, 8K). */
+ * measured slower than v5 except at batch 1, 8K). Format version 2 (joint pairs) runs on v7 alone
+ * (its pair tables, when both kinds have at most 8 levels); other version-2 profiles and the
+ * fixed-width family attend over hot windows (dqcu_attend_hot). */
 #include <math.h>
 #include <string.h>
 
@@ -168,7 +170,8 @@ static int att3_launch(const att_params &p, const att_plan &pl, uint32_t nseq, c
     return dqcu__attend3_launch(p, pl.smem, nseq, pl.nsplit + 1, stream);
 }
 
-/* newest first; the last one takes every shape dqcu_attend_check accepts */
+/* newest first; the last one takes every shape dqcu_attend_check accepts (version 1; version 2
+ * runs on the first alone) */
 static const att_impl att_impls[] = {
     {7, dqcu__attend7_fit, dqcu__attend7_launch, false},
     {5, dqcu__attend5_fit, dqcu__attend5_launch, false},
@@ -185,10 +188,15 @@ extern "C" const int *dqcu_attend_kernels(size_t *count)
     return att_versions;
 }
 
-/* The version that runs the windows of q_heads QH (dqcu_attend_check passed), its needs in f. */
+/* The version that runs the windows of q_heads QH (dqcu_attend_check passed), its needs in f;
+ * NULL when none takes the codec's containers (fixed-width, or version 2 that v7 does not take). */
 static const att_impl *att_pick(const dqcu_codec *dc, uint32_t QH, att_fit *f)
 {
+    if (dc->fixed)
+        return nullptr;
     const int want = dc->settings.attend_kernel;
+    if (dc->pairs)
+        return (want == 0 || want >= 7) && dqcu__attend7_fit(dc, QH, f) ? &att_impls[0] : nullptr;
     for (size_t i = 0; i + 1 < ATT_NIMPL; i++)
         if ((want == 0 || att_impls[i].version <= want) && att_impls[i].fit(dc, QH, f))
             return &att_impls[i];
@@ -214,19 +222,17 @@ extern "C" int dqcu_attend_kernel(const dqcu_codec *dc, uint32_t q_heads)
     const int rc = dqcu_attend_check(dc, q_heads);
     if (rc)
         return rc;
-    if (dc->fixed || dc->pairs) /* the hot layout only (version 2: and decode) */
-        return DQ_UNSUPPORTED;
     att_fit f;
-    return att_pick(dc, q_heads, &f)->version;
+    const att_impl *im = att_pick(dc, q_heads, &f);
+    return im ? im->version : DQ_UNSUPPORTED;
 }
 
 extern "C" size_t dqcu_attend_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq, uint32_t max_tokens)
 {
-    if (!dc || !q_heads || dc->fixed || dc->pairs)
+    if (!dc || !q_heads)
         return 0;
     att_fit f;
-    att_pick(dc, q_heads, &f);
-    return att_make_plan(dc, nseq, q_heads, max_tokens, f).ws_bytes;
+    return att_pick(dc, q_heads, &f) ? att_make_plan(dc, nseq, q_heads, max_tokens, f).ws_bytes : 0;
 }
 
 /* This host thread's side stream on device (created on first use, kept for the thread's life; one
@@ -253,7 +259,9 @@ extern "C" int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, 
     int rc = dqcu_attend_check(dc, q_heads);
     if (rc)
         return rc;
-    if (dc->fixed || dc->pairs) /* fixed-width and version-2 containers: dqcu_attend_hot over hot windows */
+    att_fit f;
+    const att_impl *im = att_pick(dc, q_heads, &f);
+    if (!im) /* fixed-width containers, version 2 beyond v7: dqcu_attend_hot over hot windows */
         return DQ_UNSUPPORTED;
     if (nseq > 0x7fffffffu)
         return DQ_INVALID_ARGUMENT;
@@ -262,13 +270,12 @@ extern "C" int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, 
         return rc;
     if (nseq == 0)
         return DQ_OK;
-    att_fit f;
-    const att_impl *im = att_pick(dc, q_heads, &f);
     const att_plan pl = att_make_plan(dc, nseq, q_heads, max_tokens, f);
     if (workspace_bytes < pl.ws_bytes || ((uintptr_t)workspace & 15))
         return DQ_INVALID_ARGUMENT;
     att_params p = {};
     p.tab = dc->tab;
+    p.tab2 = dc->pairs ? dc->tab2 : nullptr;
     p.seqs = seqs;
     p.q = q;
     p.part = (float *)workspace;

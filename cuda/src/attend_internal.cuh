@@ -16,7 +16,7 @@
 
 #include <cuda_fp16.h>
 
-#include "rans_cuda.cuh"
+#include "rans2_cuda.cuh"
 
 #define ATT_THREADS 128
 #define ATT_T 128             /* tokens per tile (= threads; the MMA's K: 8 k-steps of 16) */
@@ -26,6 +26,7 @@
 
 struct att_params {
     const dqcu_tables *tab;
+    const dqcu_rans2_tables *tab2; /* format version 2 (v7 only); NULL for version 1 */
     const dqcu_attn_seq *seqs;
     const float *q;
     float *part; /* [nseq][nsplit + 1][QH][d + 2] */

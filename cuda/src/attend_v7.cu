@@ -109,17 +109,42 @@ __device__ __forceinline__ void a7_refill(a7_in &in)
     in.idx &= 3u;
 }
 
-/* One decode step with the v7 entry e = 2m | (z - c) << 8 | f << 16 of z = x & 255. */
-__device__ __forceinline__ uint32_t a7_step(uint32_t &x, const uint32_t *tab, a7_in &in)
+/* One renormalization read: x = xn, or (xn << 8) | the window's byte idx (idx + 1) if xn < L. */
+__device__ __forceinline__ uint32_t a7_renorm(uint32_t xn, a7_in &in)
 {
-    const uint32_t e = tab[x & 0xffu];
-    const uint32_t xn = (e >> 16) * (x >> 8) + dqcu_prmt(e, 0u, 0x4441u);
     const uint32_t bw = dqcu_prmt(in.lo, in.hi, in.idx);
+    uint32_t x;
     asm("{\n\t.reg .pred p;\n\tsetp.lt.u32 p, %2, %4;\n\tmov.b32 %0, %2;\n\t@p prmt.b32 %0, %2, %3, 0x2104;\n\t"
         "@p add.u32 %1, %1, 1;\n\t}"
         : "=r"(x), "+r"(in.idx)
         : "r"(xn), "r"(bw), "n"(DQCU_RANS_L));
+    return x;
+}
+
+/* One decode step with the v7 entry e = 2m | (z - c) << 8 | f << 16 of z = x & 255. */
+__device__ __forceinline__ uint32_t a7_step(uint32_t &x, const uint32_t *tab, a7_in &in)
+{
+    const uint32_t e = tab[x & 0xffu];
+    x = a7_renorm((e >> 16) * (x >> 8) + dqcu_prmt(e, 0u, 0x4441u), in);
     return e;
+}
+
+/* One pair step of format version 2 (rans2_cuda.cuh dqcu_rans2_step) with the attention entry
+ * e = (z - c) | f << 12 | (2m1 | 2m2 << 4) << 24 of z = x & 4095 (dqcu_rans2_kind::att): at most
+ * two bytes, so a group of two pairs reads at most 4, as a group of 4 version-1 symbols. */
+__device__ __forceinline__ uint32_t a7p_step(uint32_t &x, const uint32_t *tab, a7_in &in)
+{
+    const uint32_t e = tab[x & (DQCU_RANS2_TOTAL - 1u)];
+    x = a7_renorm(a7_renorm(((e >> 12) & 0xfffu) * (x >> 12) + (e & 0xfffu), in), in);
+    return e;
+}
+
+/* The level bytes 2m of channels 4w .. 4w + 3 from their two pair entries (a7p_step): the pairs'
+ * nibbles, low ones to bytes 0 and 2, high ones to 1 and 3. */
+__device__ __forceinline__ uint32_t a7p_quad(uint32_t e0, uint32_t e1)
+{
+    const uint32_t pr = dqcu_prmt(e0, e1, 0x0073u); /* e0's top byte, e1's top byte */
+    return dqcu_prmt(pr & 0x0f0fu, (pr >> 4) & 0x0f0fu, 0x5140u);
 }
 
 /* Bytes of one sequence's prepared query (attend7_prep_kernel): the B fragments, then qsum and
@@ -188,11 +213,20 @@ __global__ void __launch_bounds__(ATT_THREADS) attend7_prep_kernel(att_params p)
     }
 }
 
-template <int G>
-__global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 5) attend7_kernel(att_params p)
+/* The blocks per SM attend7_kernel is compiled for: version 2's 2 × 16 KB decode tables leave
+ * room for 3 (run 143). */
+constexpr int a7_min_blocks(int G, bool pairs)
+{
+    return pairs ? 3 : G >= 8 ? 4 : 5;
+}
+
+/* PAIRS: format version 2 (p.tab2) */
+template <int G, bool PAIRS>
+__global__ void __launch_bounds__(ATT_THREADS, a7_min_blocks(G, PAIRS)) attend7_kernel(att_params p)
 {
     constexpr uint32_t NT = (2 * G + 7) / 8;
-    __shared__ uint32_t dtk[256], dtv[256];
+    constexpr uint32_t NTAB = PAIRS ? DQCU_RANS2_TOTAL : 256u;
+    __shared__ uint32_t dtk[NTAB], dtv[NTAB];
     extern __shared__ __align__(16) unsigned char smem[];
     const dqcu_tables &tb = *p.tab;
     const uint32_t QH = p.QH, d = tb.d, n = tb.n, W = tb.W, KVH = tb.kv_heads;
@@ -221,10 +255,17 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 5) attend7_kernel(at
     }
 
     const dqcu_kind_tab &kk = tb.kind[0], &kv_ = tb.kind[1];
-    /* entries re-packed: level byte 2m first, then z - c, then f */
-    for (uint32_t i = tid; i < 256; i += ATT_THREADS) {
-        dtk[i] = dqcu_prmt(kk.dec[i], 0u, 0x4102u);
-        dtv[i] = dqcu_prmt(kv_.dec[i], 0u, 0x4102u);
+    if (PAIRS) {
+        for (uint32_t i = tid; i < NTAB; i += ATT_THREADS) {
+            dtk[i] = p.tab2->kind[0].att[i];
+            dtv[i] = p.tab2->kind[1].att[i];
+        }
+    } else {
+        /* entries re-packed: level byte 2m first, then z - c, then f */
+        for (uint32_t i = tid; i < NTAB; i += ATT_THREADS) {
+            dtk[i] = dqcu_prmt(kk.dec[i], 0u, 0x4102u);
+            dtv[i] = dqcu_prmt(kv_.dec[i], 0u, 0x4102u);
+        }
     }
     const float ck = 0.5f * (float)(kk.M - 1), cv = 0.5f * (float)(kv_.M - 1);
     const uint32_t CK = kk.C, CV = kv_.C;
@@ -285,13 +326,24 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 5) attend7_kernel(at
                 for (uint32_t j4 = 0; j4 < d / 4; j4++) {
                     a7_refill(kin);
                     a7_refill(vin);
-                    uint32_t ek[4];
+                    if (PAIRS) {
+                        const uint32_t ek0 = a7p_step(xk, dtk, kin), ev0 = a7p_step(xv, dtv, vin);
+                        const uint32_t ek1 = a7p_step(xk, dtk, kin), ev1 = a7p_step(xv, dtv, vin);
+                        kdst[j4] = a7p_quad(ek0, ek1);
+                        const uint32_t vq = a7p_quad(ev0, ev1);
 #pragma unroll
-                    for (int u = 0; u < 4; u++) {
-                        ek[u] = a7_step(xk, dtk, kin);
-                        vdst[(size_t)u * ATT_VSTR] = (uint8_t)a7_step(xv, dtv, vin);
+                        for (int u = 0; u < 4; u++)
+                            vdst[(size_t)u * ATT_VSTR] = (uint8_t)(vq >> (8 * u));
+                    } else {
+                        uint32_t ek[4];
+#pragma unroll
+                        for (int u = 0; u < 4; u++) {
+                            ek[u] = a7_step(xk, dtk, kin);
+                            vdst[(size_t)u * ATT_VSTR] = (uint8_t)a7_step(xv, dtv, vin);
+                        }
+                        kdst[j4] = dqcu_prmt(dqcu_prmt(ek[0], ek[1], 0x0040u), dqcu_prmt(ek[2], ek[3], 0x0040u),
+                                             0x5410u);
                     }
-                    kdst[j4] = dqcu_prmt(dqcu_prmt(ek[0], ek[1], 0x0040u), dqcu_prmt(ek[2], ek[3], 0x0040u), 0x5410u);
                     vdst += 4 * ATT_VSTR;
                 }
             }
@@ -359,41 +411,53 @@ __global__ void __launch_bounds__(ATT_THREADS, G >= 8 ? 4 : 5) attend7_kernel(at
 bool dqcu__attend7_fit(const dqcu_codec *dc, uint32_t QH, att_fit *f)
 {
     /* one query per kernel for the process (one sm_90 binary serves every device) */
-    static const std::array<att_attr, 4> attrs = {att_query_attr(attend7_kernel<1>), att_query_attr(attend7_kernel<2>),
-                                                  att_query_attr(attend7_kernel<4>), att_query_attr(attend7_kernel<8>)};
+    static const std::array<att_attr, 4> attrs = {
+        att_query_attr(attend7_kernel<1, false>), att_query_attr(attend7_kernel<2, false>),
+        att_query_attr(attend7_kernel<4, false>), att_query_attr(attend7_kernel<8, false>)};
+    static const std::array<att_attr, 4> attrs2 = {
+        att_query_attr(attend7_kernel<1, true>), att_query_attr(attend7_kernel<2, true>),
+        att_query_attr(attend7_kernel<4, true>), att_query_attr(attend7_kernel<8, true>)};
     const uint32_t G = QH / dc->kv_heads;
     if (!att_mma_shape_ok(G, dc->d))
         return false;
+    if (dc->pairs && (dc->host.kind[0].M > DQCU_RANS2_ATT_MAX_LEVELS || dc->host.kind[1].M > DQCU_RANS2_ATT_MAX_LEVELS))
+        return false;
     f->smem = a7_smem_bytes(QH, dc->d, G);
-    f->per_sm = dqcu__attend_blocks_per_sm(dc, attrs[att_group_index(G)], f->smem);
+    f->per_sm = dqcu__attend_blocks_per_sm(dc, (dc->pairs ? attrs2 : attrs)[att_group_index(G)], f->smem);
     f->prep_bytes = a7_prep_bytes(QH, dc->d, G);
     return f->per_sm >= 1;
 }
 
-template <int G>
+template <int G, bool PAIRS>
 static int launch_v7(const att_params &p, const att_plan &pl, uint32_t nseq, cudaStream_t stream)
 {
     attend7_prep_kernel<G><<<nseq, ATT_THREADS, 0, stream>>>(p);
     DQCU_CHECK_LAUNCH();
-    int rc = att_allow_smem<attend7_kernel<G>>();
+    int rc = att_allow_smem<attend7_kernel<G, PAIRS>>();
     if (rc)
         return rc;
     dim3 grid(nseq, pl.nsplit);
-    attend7_kernel<G><<<grid, ATT_THREADS, pl.smem, stream>>>(p);
+    attend7_kernel<G, PAIRS><<<grid, ATT_THREADS, pl.smem, stream>>>(p);
     DQCU_CHECK_LAUNCH();
     return DQ_OK;
 }
 
-int dqcu__attend7_launch(const att_params &p, const att_plan &pl, uint32_t nseq, cudaStream_t stream)
+template <bool PAIRS>
+static int launch_v7_group(const att_params &p, const att_plan &pl, uint32_t nseq, cudaStream_t stream)
 {
     switch (p.G) {
     case 1:
-        return launch_v7<1>(p, pl, nseq, stream);
+        return launch_v7<1, PAIRS>(p, pl, nseq, stream);
     case 2:
-        return launch_v7<2>(p, pl, nseq, stream);
+        return launch_v7<2, PAIRS>(p, pl, nseq, stream);
     case 4:
-        return launch_v7<4>(p, pl, nseq, stream);
+        return launch_v7<4, PAIRS>(p, pl, nseq, stream);
     default:
-        return launch_v7<8>(p, pl, nseq, stream);
+        return launch_v7<8, PAIRS>(p, pl, nseq, stream);
     }
+}
+
+int dqcu__attend7_launch(const att_params &p, const att_plan &pl, uint32_t nseq, cudaStream_t stream)
+{
+    return p.tab2 ? launch_v7_group<true>(p, pl, nseq, stream) : launch_v7_group<false>(p, pl, nseq, stream);
 }

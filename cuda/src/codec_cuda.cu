@@ -93,6 +93,8 @@ static void kind_tab2(const dq__kind_tables *kt, dqcu_rans2_kind *t)
         const dq__rans2_entry *e = &kt->dec2.entry[z];
         t->dec[z] = (uint32_t)e->bias | (uint32_t)e->f << 12;
         t->sym[z] = (uint16_t)(e->m1 | e->m2 << 8);
+        if (kt->levels <= DQCU_RANS2_ATT_MAX_LEVELS)
+            t->att[z] = t->dec[z] | (uint32_t)(2u * e->m1 | 2u * e->m2 << 4) << 24;
     }
     const uint32_t P = kt->levels * kt->levels;
     for (uint32_t s = 0; s < P; s++) {

@@ -102,8 +102,8 @@ struct dqcu_codec {
     bool fixed;
     uint32_t fx_k[2], fx_w[2];
     /* format version 2 (joint pairs, rans2_cuda.cuh): its tables in device memory (NULL for
-     * version 1). Decode, the hot transcode and its inverse take it; the container attention and
-     * the encoder refuse it. */
+     * version 1). The encoders, decode, the hot transcode and its inverse take it; the container
+     * attention takes it with attention v7 when both kinds have at most 8 levels. */
     bool pairs;
     struct dqcu_rans2_tables *tab2;
 };

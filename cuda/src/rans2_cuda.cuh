@@ -13,6 +13,8 @@
 
 #define DQCU_RANS2_TOTAL DQ_RANS2_TOTAL
 #define DQCU_RANS2_PAIRS DQ_RANS2_MAX_PAIRS
+/* the container attention takes version 2 with at most this many levels per kind (2·m in a nibble) */
+#define DQCU_RANS2_ATT_MAX_LEVELS 8u
 
 /* One kind's version-2 tables in device memory. */
 struct dqcu_rans2_kind {
@@ -20,6 +22,9 @@ struct dqcu_rans2_kind {
     uint32_t dec[DQCU_RANS2_TOTAL];
     /* the pair of slot z: m1 | m2 << 8 */
     uint16_t sym[DQCU_RANS2_TOTAL];
+    /* the container attention's entry of slot z (attend_v7.cu), for M <= 8 (else zeros):
+     * (z - c) | f << 12 | (2·m1 | 2·m2 << 4) << 24 */
+    uint32_t att[DQCU_RANS2_TOTAL];
     /* encoder, per pair s = m1·M + m2: x_max = 2^19·f, magic, 4096 - f, cum | shift << 16, with
      * x / f == (x · magic) >> shift for every x < 2^31 (as version 1's dqcu_kind_tab::enc) */
     uint4 enc[DQCU_RANS2_PAIRS];

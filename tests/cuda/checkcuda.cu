@@ -1260,18 +1260,40 @@ static std::vector<uint8_t> test_encoders(Codecs &cs, Rng &r, const std::vector<
  * dqcu_encode_streams / dqcu_encode_windows (every encoder version), dqcu_decompress,
  * dqcu_transcode_hot and dqcu_rebuild_hot must equal libdquant byte for byte (statuses, statistics
  * and corrupt containers too: test_streams, test_windows, test_decompress, test_hot),
- * dqcu_attend_hot take its hot windows, and the container attention refuse it. */
+ * dqcu_attend_hot take its hot windows, and the container attention run v7 on its pairs where
+ * both kinds have at most 8 levels (test_attention) and refuse it beyond. */
 
-static void test_format2_refusals(Codecs &cs)
+/* Whether dqcu_attend takes the version-2 codec of cs (both kinds at most 8 levels, and a shape
+ * attention v7 takes: head_dim a multiple of 64 up to 256; GQA groups 1, 2, 4, 8). */
+static bool format2_attends(const Codecs &cs)
 {
-    const int att = dqcu_attend(cs.g, cs.kvh, 1.0f, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0);
-    const int ak = dqcu_attend_kernel(cs.g, cs.kvh);
-    const size_t wsb = dqcu_attend_workspace_size(cs.g, cs.kvh, 1, 128);
+    const dq_profile *p = dq_codec_profile(cs.c);
+    return p->levels[0] <= 8 && p->levels[1] <= 8 && cs.d % 64 == 0 && cs.d <= 256;
+}
+
+/* The container attention's answers for a version-2 codec with q_heads QH: v7 (a workspace, an
+ * empty call that succeeds) where format2_attends, else DQ_UNSUPPORTED and no workspace; versions
+ * older than 7 asked for refuse it either way. Decompress and the encoders take it. */
+static void test_format2_api(Codecs &cs, uint32_t QH)
+{
+    const bool takes = format2_attends(cs);
+    const int att = dqcu_attend(cs.g, QH, 1.0f, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0);
+    const int ak = dqcu_attend_kernel(cs.g, QH);
+    const size_t wsb = dqcu_attend_workspace_size(cs.g, QH, 1, 128);
     const int dec = dqcu_decompress(cs.g, DQ_KIND_K, NULL, 0, NULL, 0, 0, 0, NULL, DQ_DTYPE_F32, NULL, 0);
     const int encw = dqcu_encode_windows(cs.g, NULL, NULL, DQ_DTYPE_BF16, 0, NULL, NULL, NULL, 0);
-    report(att == DQ_UNSUPPORTED && ak == DQ_UNSUPPORTED && wsb == 0 && dec == DQ_OK && encw == DQ_OK,
-           "format 2 %s: attend %s, attend_kernel %s, workspace %zu, decompress %s, encode_windows %s", cs.name.c_str(),
-           dq_err_name(att), dq_err_name(ak), wsb, dq_err_name(dec), dq_err_name(encw));
+    g_att_version = 5;
+    set_gpu(cs);
+    const int old = dqcu_attend_kernel(cs.g, QH);
+    g_att_version = DQCU_KERNEL_AUTO;
+    set_gpu(cs);
+    const bool ok = takes ? att == DQ_OK && ak == 7 && wsb > 0
+                          : att == DQ_UNSUPPORTED && ak == DQ_UNSUPPORTED && wsb == 0;
+    report(ok && old == DQ_UNSUPPORTED && dec == DQ_OK && encw == DQ_OK,
+           "format 2 %s QH=%u: attend %s, attend_kernel %d (v5 asked: %s), workspace %zu, decompress %s, "
+           "encode_windows %s (expected %s)",
+           cs.name.c_str(), QH, dq_err_name(att), ak, dq_err_name(old), wsb, dq_err_name(dec), dq_err_name(encw),
+           takes ? "v7" : "UNSUPPORTED");
 }
 
 /* Windows given on the host (a real cache's): dqcu_transcode_hot equals dq_hot_transcode and
@@ -1331,7 +1353,7 @@ static void test_real_cache(Rng &r, const char *profile, bool small, const std::
     make_codecs(cfg, cs);
     printf("real cache bytellama-n1024, %s\n", cs.name.c_str());
     if (dq_codec_profile(cs.c)->format_version == DQ_FORMAT_VERSION_PAIRS)
-        test_format2_refusals(cs);
+        test_format2_api(cs, cs.kvh * 4);
     for (uint32_t l = 0; l < (small ? 1u : layers); l++) {
         dq_layer *hl = nullptr;
         DQ(dq_layer_create(cs.c, &hl));
@@ -1375,12 +1397,13 @@ static void test_format2(Rng &r, bool small, const std::vector<int> &enc_list)
         cfgs.push_back({1, 32, 32, 2, 32, 40, 0.1, 4.0, 0, NULL}); /* 1024 pairs, tight container */
         cfgs.push_back({2, 512, 2, 32, 64, 64, 1.0, 0.1, 0x9, NULL});
         cfgs.push_back({3, 128, 9, 7, 128, 150, 2.7, 2.0, 0x3, NULL});
+        cfgs.push_back({2, 256, 8, 2, 100, 120, 2.5, 1.2, 0x11, NULL}); /* attended: d = 256, W = 100 */
+        cfgs.push_back({1, 64, 2, 8, 32, 32, 0.1, 3.0, 0, NULL});       /* attended: tight keys, W = 32 */
     }
     for (const Cfg &cfg : cfgs) {
         Codecs cs;
         make_codecs(cfg, cs, DQ_FORMAT_VERSION_PAIRS);
         printf("%s (format 2)\n", cs.name.c_str());
-        test_format2_refusals(cs);
         const std::vector<uint8_t> valid = test_encoders(cs, r, enc_list, small ? 40 : 600, 5, small, true);
         test_decompress(cs, r, valid, small ? 4 : 12);
         const uint32_t W = cs.W;
@@ -1390,7 +1413,10 @@ static void test_format2(Rng &r, bool small, const std::vector<int> &enc_list)
         uint32_t G = 4;
         while (G > 1 && dqcu_attend_check(cs.g, cs.kvh * G) != DQ_OK)
             G >>= 1;
+        test_format2_api(cs, cs.kvh * G);
         test_hot(cs, r, lens, G);
+        if (format2_attends(cs))
+            test_attention(cs, r, lens, G, {DQCU_KERNEL_AUTO});
     }
     const char *profiles[] = {"dq226p", "dq196p", "dq226"};
     for (const char *p : profiles)

@@ -26,8 +26,10 @@
  * layout (dqcu_transcode_hot, dqcu_attend_hot); dqcu_decompress and dqcu_attend answer
  * DQ_UNSUPPORTED for them. Format version 2 (joint pairs: dq226p, dq196p; lib/src/rans2.h) has
  * the encoders, dqcu_decompress, dqcu_transcode_hot, dqcu_rebuild_hot (byte-identical to
- * libdquant, the same statuses and corrupt verdicts) and dqcu_attend_hot (its hot windows are
- * version 1's); dqcu_attend answers DQ_UNSUPPORTED (attention over its hot windows).
+ * libdquant, the same statuses and corrupt verdicts), dqcu_attend_hot (its hot windows are
+ * version 1's) and dqcu_attend (attention v7 decoding the pairs) when both kinds have at most 8
+ * levels (the built-ins); beyond that dqcu_attend answers DQ_UNSUPPORTED (attention over its hot
+ * windows).
  *
  * Kernel versions: a device codec runs the versions its dqcu_settings name (by default the fastest;
  * earlier versions stay for shapes the fastest cannot take and for comparisons).
@@ -203,7 +205,8 @@ DQCU_API int dqcu_attend_check(const dqcu_codec *dc, uint32_t q_heads);
  * codec (its settings and device), or dqcu_attend_check's error. */
 DQCU_API int dqcu_attend_kernel(const dqcu_codec *dc, uint32_t q_heads);
 
-/* Bytes of workspace dqcu_attend needs for nseq sequences of at most max_tokens tokens each. */
+/* Bytes of workspace dqcu_attend needs for nseq sequences of at most max_tokens tokens each (0
+ * where dqcu_attend answers DQ_UNSUPPORTED for the codec). */
 DQCU_API size_t dqcu_attend_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq, uint32_t max_tokens);
 
 /* Decode attention for a batch of nseq sequences of different lengths in one launch:
