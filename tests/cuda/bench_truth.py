@@ -101,22 +101,28 @@ DQ226_HOT_BYTES = 100368
 # fixed226 at n = 8 x 128: window record and hot window (3 + 2-bit codes), checked like dq226's
 FIXED226_WINDOW_BYTES, FIXED226_HOT_BYTES = 71042, 83984
 # how the sealed windows are held: "containers" (window records, attention v7 with rANS in its loop),
-# "hot" (transcoded to fixed-width codes, dqcu_attend_hot), or "fixed226" (the fixed-width profile
-# fixed226 encoded on the GPU, transcoded and attended in the hot layout; opt-in)
-LAYOUTS = ("containers", "hot", "fixed226")
+# "hot" (transcoded to fixed-width codes, dqcu_attend_hot), "fixed226" (the fixed-width profile
+# fixed226 encoded on the GPU, transcoded and attended in the hot layout; opt-in) or "containers2"
+# (dq226p: format version 2's records, joint-pair rANS in attention v7's loop; opt-in)
+LAYOUTS = ("containers", "hot", "fixed226", "containers2")
 DEFAULT_LAYOUTS = "containers,hot"
-LAYOUT_PROFILE = {"containers": PROFILE, "hot": PROFILE, "fixed226": "fixed226"}
-# (window record, hot window) bytes per profile, for --dry-run and --fake
+LAYOUT_PROFILE = {"containers": PROFILE, "hot": PROFILE, "fixed226": "fixed226", "containers2": "dq226p"}
+# the layouts attended over hot windows (dqcu_attend_hot); the others over window records (dqcu_attend)
+HOT_LAYOUTS = ("hot", "fixed226")
+# (window record, hot window) bytes per profile, for --dry-run and --fake (dq226p: dq226's containers)
 PROFILE_BYTES = {PROFILE: (DQ226_WINDOW_BYTES, DQ226_HOT_BYTES),
-                 "fixed226": (FIXED226_WINDOW_BYTES, FIXED226_HOT_BYTES)}
+                 "fixed226": (FIXED226_WINDOW_BYTES, FIXED226_HOT_BYTES),
+                 "dq226p": (DQ226_WINDOW_BYTES, DQ226_HOT_BYTES)}
+# profiles whose records only libdquant decodes on the host (dqcu_decompress has no fixed-width path)
+HOST_DECODE = ("fixed226",)
 
 DEFAULT_SHAPES = "1:8292,1:32868,1:131172,8:32825,32:32781,128:8292"  # 8K+100, 32K+100, 128K+100, ...
 DEFAULT_E2E = "8292,32868"
-PHASES = ("attn", "e2e-bf16", "e2e-dq", "e2e-hot", "e2e-fixed226")
+PHASES = ("attn", "e2e-bf16", "e2e-dq", "e2e-hot", "e2e-fixed226", "e2e-dq2")
 # the layout of each end-to-end D-Quant phase (the default phases: attn, e2e-bf16 and these of --layouts)
-E2E_LAYOUT = {"e2e-dq": "containers", "e2e-hot": "hot", "e2e-fixed226": "fixed226"}
+E2E_LAYOUT = {"e2e-dq": "containers", "e2e-hot": "hot", "e2e-fixed226": "fixed226", "e2e-dq2": "containers2"}
 # share of --time-budget a phase may take at most (the last takes what is left)
-PHASE_SHARE = {"attn": 0.45, "e2e-bf16": 0.2, "e2e-dq": 0.3, "e2e-hot": 0.25, "e2e-fixed226": 1.0}
+PHASE_SHARE = {"attn": 0.45, "e2e-bf16": 0.2, "e2e-dq": 0.3, "e2e-hot": 0.25, "e2e-fixed226": 1.0, "e2e-dq2": 1.0}
 REL_TOL_BF16 = 2e-2  # a BF16 attention's output against float64 (BF16 rounding: ~4e-3)
 REL_TOL_DQ = 1e-3  # dqcu_attend against float64 attention over the decoded containers (checkcuda's)
 DEV = "cuda"  # torch device of every tensor ("cpu" in the --sim self-check)
@@ -363,7 +369,7 @@ def _merge_e2e(args: argparse.Namespace, out: Dict[str, Any], bf: Dict[int, Any]
         return
     for ctx in sorted(set(bf) | set(dq)):
         b, d = bf.get(ctx, {}), dq.get(ctx, {})
-        what = "window records, attention v7" if layout == "containers" else "hot windows, dqcu_attend_hot"
+        what = "hot windows, dqcu_attend_hot" if layout in HOT_LAYOUTS else "window records, attention v7"
         r: Dict[str, Any] = {"kind": "e2e",
                              "layout": layout,
                              "profile": LAYOUT_PROFILE[layout],
@@ -437,7 +443,7 @@ def fake_phase(args: argparse.Namespace, phase: str, part: Part) -> None:
     part.meta(device={"name": "fake", "sms": 0, "l2_mb": 60.0, "torch": "none"}, copy_tbps=4.2,
               window_bytes=DQ226_WINDOW_BYTES)
     wb, W, R = DQ226_WINDOW_BYTES, DQ226_W, DQ226_R
-    per_token = {"containers": 2.6e-6, "hot": 0.6e-6, "fixed226": 0.5e-6}
+    per_token = {"containers": 2.6e-6, "hot": 0.6e-6, "fixed226": 0.5e-6, "containers2": 2.0e-6}
     if phase == "attn":
         for B, T in parse_shapes(args.shapes):
             for layout in parse_layouts(args.layouts):
@@ -462,7 +468,7 @@ def fake_phase(args: argparse.Namespace, phase: str, part: Part) -> None:
         layout = E2E_LAYOUT[phase]
         rec_b, hot_b = PROFILE_BYTES[LAYOUT_PROFILE[layout]]
         for ctx in parse_contexts(args.e2e):
-            b, _ = budget_batches(ctx, args.budget_gb * 1e9, rec_b if layout == "containers" else hot_b, W, R)
+            b, _ = budget_batches(ctx, args.budget_gb * 1e9, hot_b if layout in HOT_LAYOUTS else rec_b, W, R)
             attn = MODEL["layers"] * b * ctx * per_token[layout]
             step = 12.0 + attn
             part.row({"context": ctx, "batch": b, "step_ms": step, "attn_ms": attn, "seal_ms": 0.5,
@@ -540,17 +546,20 @@ class Gpu:
         if name not in self.codecs:
             hc = dqc.HostCodec(self.lib, name, self.KVH, self.D)
             dc = dqc.DeviceCodec(self.lib, hc, *self.kernel_args)
-            rc = dc.attend_hot_check(self.QH)
+            rc = dc.attend_hot_check(self.QH) if layout in HOT_LAYOUTS else dc.attend_check(self.QH)
             if rc:
-                raise RuntimeError(f"{name}: dqcu_attend_hot_check({self.QH} q heads): {self.lib.err_name(rc)}")
+                raise RuntimeError(f"{name}: the {layout} layout's attention check ({self.QH} q heads): "
+                                   f"{self.lib.err_name(rc)}")
             if hc.window != self.W or hc.residual != self.R:
                 raise RuntimeError(f"{name}: W {hc.window}, R {hc.residual}; {PROFILE} has {self.W}, {self.R}")
-            cs = CodecSet(name, hc, dc, hc.window_bytes, dc.hot_window_bytes(), True)
+            cs = CodecSet(name, hc, dc, hc.window_bytes, dc.hot_window_bytes(), name in HOST_DECODE)
             if (cs.wb, cs.hb) != PROFILE_BYTES.get(name, (cs.wb, cs.hb)):
                 self.part.note(f"{name}: window record {cs.wb} B, hot window {cs.hb} B (this script's table "
                                f"says {PROFILE_BYTES[name]})")
             self.part.meta(**{f"{name}_window_bytes": cs.wb, f"{name}_hot_window_bytes": cs.hb,
                               f"{name}_hot_kernel": dc.attend_hot_kernel(self.QH)})
+            if layout not in HOT_LAYOUTS:  # raises where dqcu_attend refuses the profile
+                self.part.meta(**{f"{name}_attend_kernel": dc.attend_kernel(self.QH)})
             log(f"{name}: window record {cs.wb} B, hot window {cs.hb} B per {hc.window} tokens")
             self.codecs[name] = cs
         return self.codecs[name]
@@ -934,9 +943,9 @@ def seq_table(gpu: Gpu, win, tails_k, tails_v, nwin: int, tail: int):
     return t
 
 
-def dq_check(gpu: Gpu, win_row, tk, tv, nwin: int, tail: int, q, out, nb: int) -> float:
+def dq_check(gpu: Gpu, cs: CodecSet, win_row, tk, tv, nwin: int, tail: int, q, out, nb: int) -> float:
     """dqcu_attend's output for nb sequences (already computed into out) against float64 attention
-    over the same containers decoded by dqcu_decompress (f32) and the tail."""
+    over the same containers (cs's records) decoded by dqcu_decompress (f32) and the tail."""
     torch = gpu.torch
     T = nwin * gpu.W + tail
     worst = 0.0
@@ -944,7 +953,7 @@ def dq_check(gpu: Gpu, win_row, tk, tv, nwin: int, tail: int, q, out, nb: int) -
         K = torch.empty(T, gpu.KVH, gpu.D, dtype=torch.float32, device=DEV)
         V = torch.empty_like(K)
         for kind, dst, tl in ((dqc.KIND_K, K, tk), (dqc.KIND_V, V, tv)):
-            gpu.dc.decompress(kind, win_row[b].data_ptr(), nwin, tl[b].data_ptr(), tail, 0, T, dst.data_ptr(),
+            cs.dc.decompress(kind, win_row[b].data_ptr(), nwin, tl[b].data_ptr(), tail, 0, T, dst.data_ptr(),
                               dqc.DTYPE_F32, gpu.stream())
         ref = ref_attention(torch, q[b], K, V, gpu.scale, gpu.G)
         worst = max(worst, rel_err(torch, out[b], ref))
@@ -997,6 +1006,11 @@ def phase_attn(args: argparse.Namespace, part: Part, deadline: float) -> None:
         if "hot" in layouts:
             pools["hot"] = HotPool(gpu, pool_n, records=pool)
             log(f"   transcoded to the hot layout: {pool_n * gpu.hb / 1e9:.2f} GB in {pools['hot'].transcode_s:.2f} s")
+    if "containers2" in layouts:
+        cs = gpu.cs("containers2")
+        log(f"encoding a pool of {pool_n} {cs.name} windows ({pool_n * cs.wb / 1e9:.2f} GB) ...")
+        pools["containers2"] = Pool(gpu, pool_n, seed=77, cs=cs)
+        log(f"   {pools['containers2'].encode_s:.2f} s")
     if "fixed226" in layouts:
         cs = gpu.cs("fixed226")
         log(f"encoding a pool of {pool_n} {cs.name} windows on the GPU and transcoding them "
@@ -1055,7 +1069,7 @@ def attn_shape(gpu: Gpu, pools: Dict[str, Any], B: int, T: int, pl: Dict[str, An
     bplan = bf16_attn_plan(B, T, gpu.rot)
     sides: Dict[str, Dict[str, Any]] = {}
     for lay, row in rows.items():
-        hot = lay != "containers"
+        hot = lay in HOT_LAYOUTS
         cs = gpu.cs(lay)
         src = pools[lay]
         lp = dq_attn_plan(B, T, cs.hb if hot else cs.wb, gpu.W, R, gpu.rot)
@@ -1068,7 +1082,7 @@ def attn_shape(gpu: Gpu, pools: Dict[str, Any], B: int, T: int, pl: Dict[str, An
         # S sets of B sequences, each its own windows (rotating through the pool) and tail
         idx = torch.arange(S * B * max(nwin, 1), device=DEV, dtype=torch.int64).view(S, B, max(nwin, 1))
         win = src.ptrs(idx).contiguous()
-        rec = None if cs.host_decode else pools["containers"].ptrs(idx).contiguous()
+        rec = None if cs.host_decode else (src.records if hot else src).ptrs(idx).contiguous()
         tk = torch.randn(S, B, R, KVH, D, device=DEV, dtype=torch.bfloat16)
         tv = torch.randn_like(tk)
         seqs = seq_table(gpu, win, tk, tv, nwin, tail)
@@ -1094,9 +1108,9 @@ def attn_shape(gpu: Gpu, pools: Dict[str, Any], B: int, T: int, pl: Dict[str, An
                 raise RuntimeError(f"[{lay}] the records of the checked windows are not kept")
             row["dq_rel_err"] = host_check(gpu, cs, src.records, ridx, tk[0], tv[0], nwin, tail, q[0], out, nb)
         else:
-            row["dq_rel_err"] = dq_check(gpu, rec[0], tk[0], tv[0], nwin, tail, q[0], out, nb)
+            row["dq_rel_err"] = dq_check(gpu, cs, rec[0], tk[0], tv[0], nwin, tail, q[0], out, nb)
         distinct = min(S * B * nwin, src.count)
-        row.update(profile=cs.name, dq_kernel="hot" if hot else gpu.kernel, nwin=nwin, tail=tail, dq_sets=S,
+        row.update(profile=cs.name, dq_kernel="hot" if hot else cs.dc.attend_kernel(QH), nwin=nwin, tail=tail, dq_sets=S,
                    dq_bytes_per_call=lp["bytes_per_call"], dq_distinct_windows=distinct)
         log(f"   dq [{lay}] check: rel err {row['dq_rel_err']:.2e} vs float64 over the decoded containers "
             f"({nb} sequences)")
@@ -1319,7 +1333,7 @@ def phase_e2e_dq(args: argparse.Namespace, part: Part, deadline: float, layout: 
     the hot layout (the batch from the hot windows' bytes)."""
     gpu = (SimGpu if args.sim else Gpu)(args, part)
     L, W, R = MODEL["layers"], gpu.W, gpu.R
-    hot = layout != "containers"
+    hot = layout in HOT_LAYOUTS
     cs = gpu.cs(layout)
     wbx = cs.hb if hot else cs.wb
     plans = [e2e_plan(c, args.budget_gb * 1e9, wbx, W, R) for c in parse_contexts(args.e2e)]
@@ -1383,7 +1397,7 @@ def e2e_dq_context(gpu: Gpu, model: Model, pool, pl: Dict[str, Any], reps: int, 
     if tail < 1 or tail > R:
         raise ValueError(f"tail {tail} outside 1..R: the step appends its token to the tail")
     e2e_check_memory(gpu, L * B * R * gpu.n * 4 + L * B * nwin * 8 + 1e9, "the tails")
-    hot = layout != "containers"
+    hot = layout in HOT_LAYOUTS
     cs = gpu.cs(layout)
     row["profile"] = cs.name
     idx = torch.arange(L * B * nwin, device=DEV, dtype=torch.int64).view(L, B, nwin)
@@ -1414,7 +1428,7 @@ def e2e_dq_context(gpu: Gpu, model: Model, pool, pl: Dict[str, Any], reps: int, 
         rec0 = pool.rec_ptrs(idx[0, :nb]) if hot else win[0]
         if rec0 is None:
             raise RuntimeError("the records of the checked windows are not kept")
-        row["dq_rel_err"] = dq_check(gpu, rec0.contiguous(), tk[0], tv[0], nwin, tail, qf, outf, nb)
+        row["dq_rel_err"] = dq_check(gpu, cs, rec0.contiguous(), tk[0], tv[0], nwin, tail, qf, outf, nb)
     log(f"   check: rel err {row['dq_rel_err']:.2e} vs float64 over the decoded containers")
     if not row["dq_rel_err"] < REL_TOL_DQ:
         raise RuntimeError(f"dqcu_attend differs from the decoded containers: {row['dq_rel_err']:.3e}")
@@ -1612,7 +1626,8 @@ class SimGpu(Gpu):
         self.hb = SIM_WB
         # the fixed-width profile's checks decode its records on the host, as on the GPU
         self.codecs = {PROFILE: CodecSet(PROFILE, None, self.dc, SIM_WB, SIM_WB, False),
-                       "fixed226": CodecSet("fixed226", FakeHostCodec(self.dc), self.dc, SIM_WB, SIM_WB, True)}
+                       "fixed226": CodecSet("fixed226", FakeHostCodec(self.dc), self.dc, SIM_WB, SIM_WB, True),
+                       "dq226p": CodecSet("dq226p", None, self.dc, SIM_WB, SIM_WB, False)}
         self.reps, self.target_ms = args.reps, args.target_ms
         self.copy_tbps = 0.0
         part.meta(device=self.dev, copy_tbps=0.0, attend_kernel=0, window_bytes=self.wb, W=self.W, R=self.R,
@@ -1918,7 +1933,7 @@ def self_test(args: argparse.Namespace) -> int:
     # the orchestration with fake phases: one shape fails (with the fixed-width layout too), then a
     # phase crashes
     with tempfile.TemporaryDirectory() as d:
-        for crash, lays in (("", "containers,hot,fixed226"), ("e2e-bf16", DEFAULT_LAYOUTS)):
+        for crash, lays in (("", "containers,hot,fixed226,containers2"), ("e2e-bf16", DEFAULT_LAYOUTS)):
             out = os.path.join(d, f"r{crash}.json")
             cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--fake", "--fake-fail", "8:32825",
                    "--json", out, "--time-budget", "120", "--layouts", lays]
@@ -1952,7 +1967,8 @@ def self_test(args: argparse.Namespace) -> int:
                           "e2e with the BF16 phase crashed: D-Quant kept, no ratio")
                 else:
                     check(abs(r["ratio"] - r["tokens_per_s"] / r["bf16_tokens_per_s"]) < 1e-12, "e2e ratio")
-                    want = {"containers": (528, 142), "hot": (399, 105), "fixed226": (470, 126)}[r["layout"]]
+                    want = {"containers": (528, 142), "hot": (399, 105), "fixed226": (470, 126),
+                            "containers2": (528, 142)}[r["layout"]]
                     check(r["batch"] in want and r["bf16_batch"] in (81, 20), "e2e batches")
                     check(r["profile"] == LAYOUT_PROFILE[r["layout"]] and r["profile"] in r["config"],
                           f"e2e row's profile: {r.get('profile')} in {r.get('config')}")
@@ -2014,7 +2030,7 @@ def self_test(args: argparse.Namespace) -> int:
 def sim_checks(check: Callable[[bool, str], None]) -> None:
     """The GPU phases on the CPU against the fake codec (subprocesses: --sim changes the model)."""
     with tempfile.TemporaryDirectory() as d:
-        for extra in (["--layouts", "containers,hot,fixed226"], ["--quick", "--e2e-pool", "7"]):
+        for extra in (["--layouts", "containers,hot,fixed226,containers2"], ["--quick", "--e2e-pool", "7"]):
             out = os.path.join(d, "sim.json")
             cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--sim", "--json", out,
                    "--time-budget", "300"] + extra
