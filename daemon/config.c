@@ -133,7 +133,8 @@ static const dqd_option options[] = {
      "lives on the GPU tier: its records are encoded (PUT) and decoded (GET) on the host, ATTEND runs "
      "over its hot windows. Container format version 2 (dq226p, dq196p) lives on the GPU tier with every "
      "layout (encoded and decoded on the GPU); ATTEND runs over its hot windows with hot and hot-only, and "
-     "on the host with containers (no version-2 container attention kernel). Other models use the records. "
+     "over its records with containers (attention v7 decoding the pairs; on the host for custom version-2 "
+     "profiles of more than 8 levels). Other models use the records. "
      "Results equal within float rounding."},
     {"attention-value-mass", "server", "attention_value_mass", OPT_MASS, FIELD(attention_value_mass), 0, 0, "off|TAU",
      "off",

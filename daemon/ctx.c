@@ -108,6 +108,7 @@ void dqd_ctx_gauges(const dqd_ctx *ctx, dqd_gauges *g)
     g->gpu_hot_windows = g->gpu_hot_bytes = g->gpu_hot_attend_items = 0;
     g->gpu_hot_only_windows = g->gpu_records_rebuilt = g->gpu_records_rebuilt_gpu = g->gpu_records_rebuilt_cpu = 0;
     g->gpu_windows_encoded = ctx->gpu ? dqd_gpu_encode_stats(ctx->gpu) : 0;
+    g->gpu_host_attend_items = ctx->gpu ? dqd_gpu_host_attend_stats(ctx->gpu) : 0;
     if (ctx->gpu) {
         dqd_gpu_hot_stats(ctx->gpu, &g->gpu_hot_windows, &g->gpu_hot_bytes, &g->gpu_hot_attend_items);
         dqd_gpu_hot_only_stats(ctx->gpu, &g->gpu_hot_only_windows, &g->gpu_records_rebuilt, &g->gpu_records_rebuilt_gpu,

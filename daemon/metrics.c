@@ -269,6 +269,11 @@ int dqd_metrics_render(const dqd_metrics *m, const dqd_gauges *g, char **out, si
     counter(&b, "dquant_gpu_windows_encoded_total",
             "Windows sealed on the GPU by its encoder (dqcu_encode_windows), D-Quant and fixed-width profiles.",
             g->gpu_windows_encoded);
+    counter(&b, "dquant_gpu_host_attend_items_total",
+            "ATTEND items of GPU-tier sequences computed on the host over a copy of the records: the "
+            "fixed-width family, and version-2 profiles beyond the container attention (more than 8 levels), "
+            "where no hot windows serve them.",
+            g->gpu_host_attend_items);
     gauge(&b, "dquant_gpu_memory_budget_bytes", "GPU-memory budget (0 on the cpu backend).",
           (double)g->store.gpu_budget);
     gauge(&b, "dquant_gpu_memory_reserved_bytes", "GPU budget reserved by writes in progress.",
@@ -489,6 +494,7 @@ int dqd_metrics_stats(const dqd_metrics *m, const dqd_gauges *g, Dquant__StatsRe
     add_counter(&kb, "gpu_records_rebuilt_gpu", g->gpu_records_rebuilt_gpu);
     add_counter(&kb, "gpu_records_rebuilt_cpu", g->gpu_records_rebuilt_cpu);
     add_counter(&kb, "gpu_windows_encoded", g->gpu_windows_encoded);
+    add_counter(&kb, "gpu_host_attend_items", g->gpu_host_attend_items);
     add_gauge(&kb, "gpu_budget", (double)g->store.gpu_budget);
     add_gauge(&kb, "gpu_memory_reserved", (double)g->store.gpu_reserved);
     add_gauge(&kb, "gpu_sequences", (double)g->store.gpu_sequences);

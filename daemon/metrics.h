@@ -62,6 +62,7 @@ typedef struct dqd_gauges {
     uint64_t gpu_records_rebuilt_gpu;        /* of those, on the device (dqcu_rebuild_hot) */
     uint64_t gpu_records_rebuilt_cpu; /* of those, on the CPU (dq_hot_rebuild: refused or failed on the device) */
     uint64_t gpu_windows_encoded;     /* windows sealed on the device (dqcu_encode_windows), total */
+    uint64_t gpu_host_attend_items;   /* ATTEND items of GPU layers computed on the host, total */
     uint64_t models;
     uint64_t inflight_requests;
     uint64_t frame_cache_bytes; /* freed frame buffers kept (framebuf.h) */

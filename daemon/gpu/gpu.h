@@ -97,6 +97,10 @@ void dqd_gpu_hot_only_stats(const dqd_gpu *g, uint64_t *windows, uint64_t *rebui
 /* Windows sealed on the device by dqcu_encode_windows (appends to GPU layers, every profile the GPU
  * tier holds) so far. */
 uint64_t dqd_gpu_encode_stats(const dqd_gpu *g);
+/* ATTEND items of GPU layers computed on the host so far (libdquant over a host copy of the
+ * records: the fixed-width family, and version-2 profiles the container attention refuses, when
+ * no hot windows serve them). */
+uint64_t dqd_gpu_host_attend_stats(const dqd_gpu *g);
 
 /* ---- worker threads (the caller holds the access the operation needs) ---- */
 

@@ -83,6 +83,7 @@ int dqd_gpu_create(const dqd_config *cfg, dqd_hostmem *mem, dqd_gpu **out, char 
     atomic_init(&g->records_rebuilt, 0);
     atomic_init(&g->records_rebuilt_gpu, 0);
     atomic_init(&g->windows_encoded, 0);
+    atomic_init(&g->host_attend_items, 0);
     atomic_init(&g->records_rebuilt_cpu, 0);
     DQD_GCK_GOTO(cudaSetDevice(dev), rc, fail);
     size_t free_b = 0, total_b = 0;
@@ -181,6 +182,11 @@ void dqd_gpu_hot_only_stats(const dqd_gpu *g, uint64_t *windows, uint64_t *rebui
 uint64_t dqd_gpu_encode_stats(const dqd_gpu *g)
 {
     return atomic_load_explicit(&((dqd_gpu *)g)->windows_encoded, memory_order_relaxed);
+}
+
+uint64_t dqd_gpu_host_attend_stats(const dqd_gpu *g)
+{
+    return atomic_load_explicit(&((dqd_gpu *)g)->host_attend_items, memory_order_relaxed);
 }
 
 const char *dqd_gpu_describe(const dqd_gpu *g)

@@ -86,6 +86,7 @@ struct dqd_gpu {
     _Atomic uint64_t records_rebuilt_gpu;    /* of those, on the device (dqcu_rebuild_hot) */
     _Atomic uint64_t records_rebuilt_cpu;    /* of those, on the CPU where the device refused or failed */
     _Atomic uint64_t windows_encoded;        /* windows sealed by dqcu_encode_windows (dqd_gpu_encode_stats) */
+    _Atomic uint64_t host_attend_items;      /* ATTEND items computed on the host (dqd_gpu_host_attend_stats) */
 };
 
 /* Logs a failed CUDA call, clears the thread's last error (so a later library call does not

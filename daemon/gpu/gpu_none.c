@@ -55,6 +55,12 @@ uint64_t dqd_gpu_encode_stats(const dqd_gpu *g)
     return 0;
 }
 
+uint64_t dqd_gpu_host_attend_stats(const dqd_gpu *g)
+{
+    (void)g;
+    return 0;
+}
+
 const char *dqd_gpu_describe(const dqd_gpu *g)
 {
     (void)g;

@@ -43,8 +43,9 @@ static bool codec_fixed(const dqd_codec *codec)
 }
 
 /* A profile of container format version 2 (joint pairs, dq226p and dq196p): libdquant-cuda
- * encodes, decodes, transcodes to hot windows and rebuilds it, but has no container attention for
- * it, so an ATTEND over its records runs libdquant on a host copy (attend_fixed). */
+ * encodes, decodes, transcodes to hot windows and rebuilds it, and attends over its records with
+ * attention v7 when both kinds have at most 8 levels (the built-ins); beyond that an ATTEND over
+ * its records runs libdquant on a host copy (attend_fixed). */
 static bool codec_pairs(const dqd_codec *codec)
 {
     return codec->profile.format_version == DQ_FORMAT_VERSION_PAIRS;
@@ -1515,11 +1516,12 @@ int dqd_gpu_attend(dqd_gpu *g, dqd_codec *codec, uint32_t q_heads, float scale, 
         bool hot = hot_ok && !records_only;
         for (size_t b = 0; b < nb && hot; b++)
             hot = items[i0 + b].layer->hot_stride && items[i0 + b].layer->nhot == items[i0 + b].layer->nwin;
-        if (!hot && (codec_fixed(codec) || codec_pairs(codec))) {
-            /* no container attention on the device for the fixed-width family and version 2 */
+        if (!hot && (codec_fixed(codec) || (codec_pairs(codec) && dqcu_attend_kernel(dc, q_heads) < 0))) {
+            /* no container attention on the device for the fixed-width family and version 2 beyond v7 */
             rc = attend_fixed(w, codec, q_heads, scale, items + i0, nb, dev);
             if (rc < 0)
                 return rc;
+            atomic_fetch_add_explicit(&g->host_attend_items, nb, memory_order_relaxed);
             records_only = false;
             i0 += nb;
             continue;

@@ -16,8 +16,9 @@
  * $DQ_FIXED_ATTEND_TOL (relative, tests/cuda/daemon_gpu.sh).
  * The container format version 2 (joint pairs: "dq226p", "dq196p") is checked the same way, a
  * zeroed rANS state being its corrupt record: unlike the family it lives on the GPU tier with every
- * layout (encoded and decoded on the device; ATTEND on the host with containers, as libdquant-cuda
- * has no version-2 container attention), and hot-only records are rebuilt on the GPU.
+ * layout (encoded and decoded on the device; ATTEND with containers by the device's container
+ * attention, v7 decoding the pairs: gpu_host_attend_items stays 0), and hot-only records are
+ * rebuilt on the GPU.
  * Skipped when $DQUANTD is unset. */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -236,6 +237,7 @@ static void serve(const char *pname)
     srv_put(c, &m, "s", ref, 0, n1);
     srv_put(c, &m, "s", ref, n1, n2);
     const uint64_t items0 = stat_counter(c, "gpu_hot_attend_items");
+    const uint64_t host0 = stat_counter(c, "gpu_host_attend_items");
     const uint64_t cpu0 = stat_counter(c, "gpu_records_rebuilt_cpu");
     const uint64_t gpu0 = stat_counter(c, "gpu_records_rebuilt_gpu");
     if (gpu_tier(&r)) {
@@ -274,6 +276,11 @@ static void serve(const char *pname)
         /* version 2 with containers: records on the GPU, nothing to rebuild */
         cr_assert_eq(stat_counter(c, "gpu_records_rebuilt"), 0, "%s: records rebuilt", pname);
     }
+    /* ATTEND over records on the GPU tier: version 2 (the built-ins' 8 levels or fewer) on the
+     * device's container attention, the fixed-width family on the host (where the hot kernel refused) */
+    const bool host_att = layout() && getenv("DQCU_FAKE_HOT_MAX_TOKENS") != NULL && !pairs(&r);
+    cr_assert_eq(stat_counter(c, "gpu_host_attend_items") - host0, host_att ? L : 0,
+                 "%s: ATTEND items computed on the host", pname);
     const uint64_t ntok = W + 17;
     float *x = kv(3, 1, 0, ntok, 0);
     compress_check(c, &r, 0, x, ntok);

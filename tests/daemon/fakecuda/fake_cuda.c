@@ -719,7 +719,7 @@ struct dqcu_codec {
     uint32_t n, W, R, d;
     size_t wb;
     bool fixed; /* a fixed-width profile: the encoders and the hot layout only */
-    bool pairs; /* format version 2: no container attention (dqcu_attend_hot over its hot windows) */
+    bool pairs; /* format version 2: container attention as v7 takes it (fake_attends) */
 };
 
 int dqcu_device_count(void)
@@ -838,6 +838,20 @@ const dq_profile *dqcu_codec_profile(const dqcu_codec *dc)
     return dc ? &dc->profile : NULL;
 }
 
+/* Whether the container attention takes dc's records (q_heads valid): not the fixed-width family;
+ * version 2 as the real v7 takes it (both kinds at most 8 levels, head_dim a multiple of 64 up to
+ * 256, a GQA group of 1, 2, 4 or 8, version 7 or auto asked for). */
+static bool fake_attends(const dqcu_codec *dc, uint32_t q_heads)
+{
+    if (dc->fixed)
+        return false;
+    if (!dc->pairs)
+        return true;
+    const uint32_t G = q_heads / dc->profile.kv_heads, want = (uint32_t)dc->settings.attend_kernel;
+    return dc->profile.levels[0] <= 8 && dc->profile.levels[1] <= 8 && dc->d % 64 == 0 && dc->d <= 256 &&
+           (G == 1 || G == 2 || G == 4 || G == 8) && (want == 0 || want >= 7);
+}
+
 /* one emulation for every version: the one asked for, 7 for auto */
 int dqcu_attend_kernel(const dqcu_codec *dc, uint32_t q_heads)
 {
@@ -845,7 +859,7 @@ int dqcu_attend_kernel(const dqcu_codec *dc, uint32_t q_heads)
         return DQ_INVALID_ARGUMENT;
     if (!q_heads || q_heads % dc->profile.kv_heads)
         return DQ_SHAPE;
-    if (dc->fixed || dc->pairs) /* the hot layout only (version 2: and decode) */
+    if (!fake_attends(dc, q_heads)) /* the hot layout only */
         return DQ_UNSUPPORTED;
     return dc->settings.attend_kernel ? dc->settings.attend_kernel : 7;
 }
@@ -1028,7 +1042,7 @@ int dqcu_decompress(const dqcu_codec *dc, dq_kind kind, const uint8_t *const *wi
 
 size_t dqcu_attend_workspace_size(const dqcu_codec *dc, uint32_t q_heads, uint32_t nseq, uint32_t max_tokens)
 {
-    if (!dc || !q_heads || dc->fixed || dc->pairs)
+    if (!dc || !q_heads || q_heads % dc->profile.kv_heads || !fake_attends(dc, q_heads))
         return 0;
     (void)max_tokens;
     return 64 + (size_t)nseq * 16;
@@ -1098,7 +1112,7 @@ int dqcu_attend(const dqcu_codec *dc, uint32_t q_heads, float scale, const dqcu_
         return DQ_INVALID_ARGUMENT;
     if (!q_heads || q_heads % dc->profile.kv_heads)
         return DQ_SHAPE;
-    if (dc->d < 32 || dc->d > 512 || dc->fixed || dc->pairs) /* dqcu_attend_hot over the hot windows */
+    if (dc->d < 32 || dc->d > 512 || !fake_attends(dc, q_heads)) /* dqcu_attend_hot over the hot windows */
         return DQ_UNSUPPORTED;
     if (!nseq)
         return DQ_OK;
