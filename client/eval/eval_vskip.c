@@ -2,6 +2,7 @@
 #include "eval_vskip.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -37,10 +38,11 @@ int eval_vskip_run(const eval_data *d, const eval_codec *c, const eval_opts *o, 
     float *ex = malloc(qh * hd * sizeof *ex), *out = malloc(qh * hd * sizeof *out);
     double *bound = malloc(qh * sizeof *bound);
     double *perr = calloc(ntau * npos, sizeof *perr); /* [tau][position] sums over layers and heads */
-    uint64_t *cnt = calloc(4 * ntau, sizeof *cnt);    /* decoded, sealed, used, attended per tau */
-    double *bsum = calloc(3 * ntau, sizeof *bsum);    /* bound/||o||, held, max err per tau */
+    uint64_t *cnt = calloc(6 * ntau, sizeof *cnt);    /* decoded, sealed, used, attended, blocks kept, blocks */
+    uint8_t *keep = malloc(T);
+    double *bsum = calloc(3 * ntau, sizeof *bsum); /* bound/||o||, held, max err per tau */
     double texact = 0, *tskip = calloc(ntau, sizeof *tskip);
-    if (rc == DQ_OK && (!ex || !out || !bound || !perr || !cnt || !bsum || !tskip))
+    if (rc == DQ_OK && (!ex || !out || !bound || !perr || !cnt || !bsum || !tskip || !keep))
         rc = DQ_NOMEM;
     if (rc != DQ_OK) {
         eval_fail(err, errlen, rc, "%s: %s", c->label, dq_strerror(rc));
@@ -66,16 +68,23 @@ int eval_vskip_run(const eval_data *d, const eval_codec *c, const eval_opts *o, 
             texact += now_s() - t0;
             const size_t tail = dq_layer_tail_tokens(layer);
             for (size_t ti = 0; ti < ntau && rc == DQ_OK; ti++) {
-                dq_vskip_out vo = {.bound = bound};
+                dq_vskip_out vo = {.bound = bound, .keep = keep};
                 t0 = now_s();
                 rc = dq_attend_vskip(codec, ws, (uint32_t)qh, (float)scale, taus[ti], &it, &vo, 1);
                 tskip[ti] += now_s() - t0;
                 if (rc != DQ_OK)
                     break;
-                cnt[4 * ti] += vo.values_decoded;
-                cnt[4 * ti + 1] += vo.values_sealed;
-                cnt[4 * ti + 2] += vo.values_decoded + tail;
-                cnt[4 * ti + 3] += t + 1;
+                cnt[6 * ti] += vo.values_decoded;
+                cnt[6 * ti + 1] += vo.values_sealed;
+                cnt[6 * ti + 2] += vo.values_decoded + tail;
+                cnt[6 * ti + 3] += t + 1;
+                for (size_t b0 = 0; b0 < vo.values_sealed; b0 += 16) {
+                    bool any = false;
+                    for (size_t s = b0; s < b0 + 16 && s < vo.values_sealed; s++)
+                        any |= keep[s] != 0;
+                    cnt[6 * ti + 4] += any;
+                    cnt[6 * ti + 5]++;
+                }
                 for (size_t h = 0; h < qh; h++) {
                     double e = 0, nn = 0;
                     for (size_t j = 0; j < hd; j++) {
@@ -109,8 +118,9 @@ int eval_vskip_run(const eval_data *d, const eval_codec *c, const eval_opts *o, 
         const double *num[1] = {pe}, *den[1] = {NULL};
         rc = eval_bootstrap(npos, 1, num, den, o->resamples, o->seed ^ 0x5c1bull, &r->rel_err);
         r->tau = taus[ti];
-        r->decoded = cnt[4 * ti + 1] ? (double)cnt[4 * ti] / (double)cnt[4 * ti + 1] : 1.0;
-        r->used = cnt[4 * ti + 3] ? (double)cnt[4 * ti + 2] / (double)cnt[4 * ti + 3] : 1.0;
+        r->decoded = cnt[6 * ti + 1] ? (double)cnt[6 * ti] / (double)cnt[6 * ti + 1] : 1.0;
+        r->used = cnt[6 * ti + 3] ? (double)cnt[6 * ti + 2] / (double)cnt[6 * ti + 3] : 1.0;
+        r->blocks16 = cnt[6 * ti + 5] ? (double)cnt[6 * ti + 4] / (double)cnt[6 * ti + 5] : 1.0;
         r->rel_err_max = bsum[3 * ti + 2];
         r->bound_rel = bsum[3 * ti] / (per * (double)npos);
         r->held = bsum[3 * ti + 1] / (per * (double)npos);
@@ -129,6 +139,7 @@ out:
     free(cnt);
     free(bsum);
     free(tskip);
+    free(keep);
     dq_workspace_free(ws);
     dq_codec_free(codec);
     return rc;

@@ -9,6 +9,9 @@
  *   - value streams decoded: sealed value streams decoded / sealed value streams (the union over
  *     the query heads), summed over positions and layers;
  *   - value tokens used: (decoded + tail tokens) / tokens attended, likewise;
+ *   - 16-token blocks decoded: of the aligned blocks of 16 sealed tokens (the GPU hot kernel's
+ *     value sub-tile, attend_hot.cu), those holding a decoded token: what a kernel that skips whole
+ *     sub-tiles could leave out;
  *   - output relative error ||o_τ − o|| / ||o|| against dq_attend (τ off) per query head, averaged
  *     over layers and heads per position, with a 95% percentile-bootstrap interval over positions,
  *     and its largest value;
@@ -26,6 +29,7 @@ typedef struct eval_vskip_row {
     double tau;
     double decoded;  /* sealed value streams decoded / sealed */
     double used;     /* (decoded + tail) / tokens attended */
+    double blocks16; /* aligned 16-token blocks of sealed tokens with a decoded token / all of them */
     eval_ci rel_err; /* mean over layers and heads per position; bootstrap over positions */
     double rel_err_max;
     double bound_rel; /* mean bound / ||o|| */

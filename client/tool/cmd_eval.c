@@ -65,7 +65,8 @@ static const char g_eval_help[] =
     "   each layer of sequence 0 is appended token by token as in decoding (sealed windows plus the BF16\n"
     "   tail), and at every evaluated position each query attends causally once exactly (dq_attend) and\n"
     "   once per TAU (dq_attend_vskip). Per TAU: the share of sealed value streams decoded, the share of\n"
-    "   value tokens used (decoded plus tail), the output relative error against the exact result\n"
+    "   value tokens used (decoded plus tail), the share of aligned 16-token blocks holding a decoded\n"
+    "   token (the GPU hot kernel's value granularity), the output relative error against the exact result\n"
     "   (mean over layers and heads, 95%% bootstrap interval over positions, and the largest), the\n"
     "   returned error bound relative to ||o||, the share of heads within it, and the time in each call.\n"
     "\n"
@@ -780,9 +781,10 @@ static int run_vskip(const eval_args *a, const eval_data *d)
                "interval over positions, %u resamples, seed %#" PRIx64 ".\n\n",
                a->opts.resamples, a->opts.seed);
         printf(
-            "| codec | tau | value streams decoded %% | value tokens used %% | out rel. err [95%% CI] | max rel. err | "
-            "bound / ||o|| (mean) | within bound %% | dq_attend s | dq_attend_vskip s |\n");
-        printf("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|\n");
+            "| codec | tau | value streams decoded %% | value tokens used %% | 16-token blocks decoded %% | out rel. "
+            "err "
+            "[95%% CI] | max rel. err | bound / ||o|| (mean) | within bound %% | dq_attend s | dq_attend_vskip s |\n");
+        printf("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|\n");
     }
     eval_vskip_row rows[MAX_TAUS];
     for (size_t i = 0; i < l.n; i++) {
@@ -794,17 +796,19 @@ static int run_vskip(const eval_args *a, const eval_data *d)
         for (size_t t = 0; t < ntau; t++) {
             const eval_vskip_row *r = &rows[t];
             if (a->json)
-                printf("{\"dataset\":\"%s\",\"codec\":\"%s\",\"value_mass\":%.9g,\"value_streams_decoded\":%.6f,"
-                       "\"value_tokens_used\":%.6f,\"out_rel_err\":{\"est\":%.9g,\"lo\":%.9g,\"hi\":%.9g},"
-                       "\"out_rel_err_max\":%.9g,\"bound_rel_mean\":%.9g,\"within_bound\":%.6f,\"positions\":%u,"
-                       "\"items\":%u,\"seconds_exact\":%.3f,\"seconds_vskip\":%.3f}\n",
-                       d->name, l.codecs[i].label, r->tau, r->decoded, r->used, r->rel_err.est, r->rel_err.lo,
-                       r->rel_err.hi, r->rel_err_max, r->bound_rel, r->held, r->positions, r->items, r->seconds_exact,
-                       r->seconds_vskip);
+                printf(
+                    "{\"dataset\":\"%s\",\"codec\":\"%s\",\"value_mass\":%.9g,\"value_streams_decoded\":%.6f,"
+                    "\"value_tokens_used\":%.6f,\"blocks16_decoded\":%.6f,\"out_rel_err\":{\"est\":%.9g,"
+                    "\"lo\":%.9g,\"hi\":%.9g},\"out_rel_err_max\":%.9g,\"bound_rel_mean\":%.9g,\"within_bound\":%.6f,"
+                    "\"positions\":%u,\"items\":%u,\"seconds_exact\":%.3f,\"seconds_vskip\":%.3f}\n",
+                    d->name, l.codecs[i].label, r->tau, r->decoded, r->used, r->blocks16, r->rel_err.est, r->rel_err.lo,
+                    r->rel_err.hi, r->rel_err_max, r->bound_rel, r->held, r->positions, r->items, r->seconds_exact,
+                    r->seconds_vskip);
             else
-                printf("| %s | %g | %.1f | %.1f | %.3g [%.3g, %.3g] | %.3g | %.3g | %.1f | %.2f | %.2f |\n",
-                       l.codecs[i].label, r->tau, 100 * r->decoded, 100 * r->used, r->rel_err.est, r->rel_err.lo,
-                       r->rel_err.hi, r->rel_err_max, r->bound_rel, 100 * r->held, r->seconds_exact, r->seconds_vskip);
+                printf("| %s | %g | %.1f | %.1f | %.1f | %.3g [%.3g, %.3g] | %.3g | %.3g | %.1f | %.2f | %.2f |\n",
+                       l.codecs[i].label, r->tau, 100 * r->decoded, 100 * r->used, 100 * r->blocks16, r->rel_err.est,
+                       r->rel_err.lo, r->rel_err.hi, r->rel_err_max, r->bound_rel, 100 * r->held, r->seconds_exact,
+                       r->seconds_vskip);
         }
         fflush(stdout);
     }

@@ -328,15 +328,20 @@ static void check_vskip(const eval_data *d, const eval_opts *o, const char *what
     eval_vskip_row rows[3];
     cr_assert_eq(eval_vskip_run(d, &c, o, taus, 3, rows, err, sizeof err), 0, "%s", err);
     for (int i = 0; i < 3; i++) {
-        cr_log_info("%s tau %g: %.1f%% of value streams decoded, %.1f%% of value tokens used, relative error %.3g "
-                    "[%.3g, %.3g], max %.3g, bound %.3g",
-                    what, taus[i], 100 * rows[i].decoded, 100 * rows[i].used, rows[i].rel_err.est, rows[i].rel_err.lo,
-                    rows[i].rel_err.hi, rows[i].rel_err_max, rows[i].bound_rel);
+        cr_log_info("%s tau %g: %.1f%% of value streams decoded, %.1f%% of value tokens used, %.1f%% of 16-token "
+                    "blocks, relative error %.3g [%.3g, %.3g], max %.3g, bound %.3g",
+                    what, taus[i], 100 * rows[i].decoded, 100 * rows[i].used, 100 * rows[i].blocks16,
+                    rows[i].rel_err.est, rows[i].rel_err.lo, rows[i].rel_err.hi, rows[i].rel_err_max,
+                    rows[i].bound_rel);
         cr_expect_eq(rows[i].held, 1.0, "%s tau %g: an error above its bound", what, taus[i]);
         cr_expect_leq(rows[i].rel_err.est, rows[i].bound_rel);
         cr_expect_geq(rows[i].used, rows[i].decoded * 0.999);
+        /* a 16-token block counts when any of its tokens is decoded (every sealed block is whole) */
+        cr_expect(rows[i].blocks16 >= rows[i].decoded && rows[i].blocks16 <= 1.0, "%s tau %g: blocks %g, tokens %g",
+                  what, taus[i], rows[i].blocks16, rows[i].decoded);
         if (i) {
             cr_expect_geq(rows[i].decoded, rows[i - 1].decoded);
+            cr_expect_geq(rows[i].blocks16, rows[i - 1].blocks16);
             cr_expect_leq(rows[i].rel_err.est, rows[i - 1].rel_err.est);
         }
     }
