@@ -144,8 +144,10 @@ static const dqd_option options[] = {
      "output error from their stored scale and offset (0.999 on bytellama-19m at 1K tokens: ~85% of value "
      "streams decoded, ~3e-4 relative error). off, 0 or 1: exact. D-Quant and fixed-width models on the host "
      "path only: "
-     "the cuda backend's GPU kernels ignore it for now (GPU-resident layers stay exact), other codecs are "
-     "always exact. Metrics attend_value_streams_decoded / _skipped count the sealed value streams."},
+     "the cuda backend's GPU kernels ignore it (GPU-resident layers stay exact: their values are computed 16 "
+     "tokens at a time, and on bytellama-n1024 every such block holds a token to keep at 0.999, so a GPU "
+     "kernel would skip nothing; tests/eval/RESULTS.md), other codecs are always exact. Metrics "
+     "attend_value_streams_decoded / _skipped count the sealed value streams."},
     {"nccl-timeout", "server", "nccl_timeout_ms", OPT_U32, FIELD(nccl_timeout_ms), 100, 3600000, "MS", "10000",
      "NCCL data path: longest wait for a communicator to form or a transfer to finish (plus 1 s per GB); "
      "past it the connection's communicator is aborted and the request fails."},
