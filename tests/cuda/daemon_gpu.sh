@@ -12,9 +12,10 @@
 #      to (ATTEND within 1e-3 of) in-process libdquant on the same inputs; bad input refused with
 #      libdquant's codes; small --gpu-memory: sequences move to host memory and back unchanged,
 #      pinned ones stay, small host memory too: evictions counted
-#   3b. with ATTEND_LAYOUT hot or hot-only: tests/daemon/test_dqd_fixed against the daemon (the
-#      fixed-width family and format version 2, dq226p/dq196p, on the GPU tier: PUT/GET/GET_RAW
-#      bit-identical, ATTEND within 1e-3)
+#   3b. tests/daemon/test_dqd_fixed against the daemon: format version 2 (dq226p/dq196p) on the
+#      GPU tier with every layout (with containers ATTEND reads its records: attention v7 decoding
+#      the pairs), the fixed-width family there with hot and hot-only (on the host with
+#      containers): PUT/GET/GET_RAW bit-identical, ATTEND within 1e-3
 #   4. gpu_e2e bench: PUT of a 32K-token, 36-layer prefill (Qwen3-8B shape: 8 KV heads x 128, 32
 #      query heads) and decode steps (36 sequential ATTEND calls, batch 1 and 32), through the daemon
 #      and in-process with libdquant-cuda; the batch-32 context shrinks if the time budget requires
@@ -129,18 +130,20 @@ if [ "${SKIP_CHECK:-0}" != 1 ]; then
     [ "$rc" = 0 ] || { status=1; say "CHECK FAILED ($fails failed checks); daemon logs: $OUT/check/*.log"; grep '"ok":false' "$OUT/check.jsonl" >&2 || true; }
 fi
 
-# 3b. the fixed-width family on the GPU tier (hot and hot-only): test_dqd_fixed against this daemon,
-# ATTEND within 1e-3 of dq_attend, the rest bit-identical to libdquant
-if [ "${SKIP_CHECK:-0}" != 1 ] && [ "${ATTEND_LAYOUT:-containers}" != containers ]; then
+# 3b. format version 2 (every layout) and the fixed-width family (hot and hot-only) on the GPU tier:
+# test_dqd_fixed against this daemon, ATTEND within 1e-3 of dq_attend, the rest bit-identical to
+# libdquant
+if [ "${SKIP_CHECK:-0}" != 1 ]; then
     FIXED_TEST=${FIXED_TEST_BIN:-$BUILD/tests/daemon/test_dqd_fixed}
-    say "test_dqd_fixed on the GPU tier (--gpu-attention-layout ${ATTEND_LAYOUT})"
+    layout=${ATTEND_LAYOUT:-containers}
+    say "test_dqd_fixed on the GPU tier (--gpu-attention-layout $layout)"
     t0=$(date +%s)
     set +e
-    DQUANTD=$DQUANTD DQ_FIXED_BACKEND=cuda DQ_FIXED_LAYOUT=$ATTEND_LAYOUT DQ_FIXED_ATTEND_TOL=1e-3 \
+    DQUANTD=$DQUANTD DQ_FIXED_BACKEND=cuda DQ_FIXED_LAYOUT=$layout DQ_FIXED_ATTEND_TOL=1e-3 \
         "$FIXED_TEST" -j1 >> "$LOG" 2>&1
     rc=$?
     set -e
-    json "{\"step\":\"fixed_family\",\"ok\":$([ "$rc" = 0 ] && echo true || echo false),\"layout\":\"${ATTEND_LAYOUT}\",\"exit\":$rc,\"seconds\":$(( $(date +%s) - t0 ))}"
+    json "{\"step\":\"fixed_family\",\"ok\":$([ "$rc" = 0 ] && echo true || echo false),\"layout\":\"$layout\",\"exit\":$rc,\"seconds\":$(( $(date +%s) - t0 ))}"
     [ "$rc" = 0 ] || { status=1; say "FIXED-WIDTH CHECK FAILED; see $LOG"; }
 fi
 
